@@ -1,0 +1,91 @@
+"""The one error hierarchy of dirmq.
+
+    DirmqError
+    ├── InvalidName             a queue name that could escape the root or break the format
+    ├── InvalidArgument         a bad value (negative timeout, oversized header, bad receipt text)
+    ├── QueueNotFound
+    ├── QueueExists
+    ├── QueueFull               capacity reached and the put timed out
+    ├── MessageTooLarge
+    ├── MessageNotFound         no message with that id is in the queue
+    ├── StaleReceipt            the lease behind a receipt is gone (expired and re-leased, or acked)
+    ├── CorruptMessage          a message file that does not decode (truncated, bad checksum)
+    ├── ConfigError             a queue configuration that does not parse or validate
+    └── StorageError            the filesystem refused: the message cannot be guaranteed stored
+        ├── DiskFull            ENOSPC / EDQUOT
+        └── StorageIOError      EIO and every other unexpected OSError
+
+Foreign errors (`OSError`) are mapped once, at the store boundary, by `storage_error`.
+Losing a race with another process (ENOENT/EEXIST on a claim) is a normal result, never an error.
+"""
+
+from __future__ import annotations
+
+import errno
+
+
+class DirmqError(Exception):
+    """Base of every error dirmq raises on purpose."""
+
+
+class InvalidName(DirmqError, ValueError):
+    pass
+
+
+class InvalidArgument(DirmqError, ValueError):
+    pass
+
+
+class QueueNotFound(DirmqError, LookupError):
+    pass
+
+
+class QueueExists(DirmqError):
+    pass
+
+
+class QueueFull(DirmqError):
+    pass
+
+
+class MessageTooLarge(DirmqError, ValueError):
+    pass
+
+
+class MessageNotFound(DirmqError, LookupError):
+    pass
+
+
+class StaleReceipt(DirmqError):
+    pass
+
+
+class CorruptMessage(DirmqError):
+    pass
+
+
+class ConfigError(DirmqError, ValueError):
+    pass
+
+
+class StorageError(DirmqError, OSError):
+    """The filesystem failed; what was being written is not stored (and nothing partial is visible)."""
+
+
+class DiskFull(StorageError):
+    pass
+
+
+class StorageIOError(StorageError):
+    pass
+
+
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+def storage_error(exc: OSError, what: str) -> StorageError:
+    """Map an `OSError` to the dirmq error a caller can act on (raise it `from exc`)."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in _DISK_FULL:
+        return DiskFull(exc.errno, f"{what}: disk full ({reason})")
+    return StorageIOError(exc.errno or errno.EIO, f"{what}: {reason}")

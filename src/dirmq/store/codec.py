@@ -1,0 +1,106 @@
+"""The message file codec: headers, a blank line, then the exact body bytes (readable with `cat`).
+
+    Dirmq-Format: 1
+    Content-Length: 9
+    Body-CRC32: 0a1b2c3d
+    Content-Type: text/plain; charset=UTF-8
+    X-Attr-Colour: blue
+
+    swordfish
+
+`Dirmq-Format`, `Content-Length` and `Body-CRC32` are written by the codec and checked on every
+read, so a truncated or damaged file is reported as `CorruptMessage`, never delivered. Headers
+whose names start with `Dirmq-` are reserved for the store; every other header is the user's and
+comes back on delivery exactly as given.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from dirmq.errors import CorruptMessage, InvalidArgument
+
+FORMAT_VERSION = 1
+MAX_HEADER_BYTES = 64 * 1024
+_TOKEN_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_RESERVED = frozenset({"content-length", "body-crc32"})
+RESERVED_PREFIX = "dirmq-"
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    headers: dict[str, str]
+    body: bytes
+    system: dict[str, str]
+
+
+def check_headers(headers: Mapping[str, str]) -> None:
+    """Raise `InvalidArgument` unless every header can be stored and returned unchanged."""
+    seen: set[str] = set()
+    for name, value in headers.items():
+        if not isinstance(name, str) or not _TOKEN_RE.fullmatch(name):
+            raise InvalidArgument(f"header name {name!r} is not an HTTP token")
+        lowered = name.lower()
+        if lowered in _RESERVED or lowered.startswith(RESERVED_PREFIX):
+            raise InvalidArgument(f"header {name!r} is reserved by dirmq")
+        if lowered in seen:
+            raise InvalidArgument(f"header {name!r} is given twice")
+        seen.add(lowered)
+        if not isinstance(value, str) or any(c in value for c in "\r\n\x00"):
+            raise InvalidArgument(f"header {name!r} has a value with CR, LF or NUL")
+
+
+def encode(body: bytes, headers: Mapping[str, str], system: Mapping[str, str] | None = None) -> bytes:
+    """The bytes of a message file. Headers must have passed `check_headers`."""
+    lines = [
+        f"Dirmq-Format: {FORMAT_VERSION}",
+        f"Content-Length: {len(body)}",
+        f"Body-CRC32: {zlib.crc32(body):08x}",
+    ]
+    if system:
+        lines.extend(f"Dirmq-{name}: {value}" for name, value in system.items())
+    lines.extend(f"{name}: {value}" for name, value in headers.items())
+    head = ("\n".join(lines) + "\n\n").encode("utf-8")
+    if len(head) > MAX_HEADER_BYTES:
+        raise InvalidArgument(f"headers take {len(head)} bytes; the limit is {MAX_HEADER_BYTES}")
+    return head + body
+
+
+def decode(data: bytes) -> Decoded:
+    """Parse a message file, checking its length and checksum; raise `CorruptMessage` if damaged."""
+    split = data.find(b"\n\n")
+    if split < 0:
+        raise CorruptMessage("no blank line after the headers (truncated file?)")
+    try:
+        head = data[:split].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptMessage("headers are not UTF-8") from exc
+    body = data[split + 2 :]
+    headers: dict[str, str] = {}
+    system: dict[str, str] = {}
+    length = crc = version = None
+    for line in head.split("\n"):
+        name, sep, value = line.partition(": ")
+        if not sep:
+            raise CorruptMessage(f"malformed header line {line[:80]!r}")
+        lowered = name.lower()
+        if lowered == "content-length":
+            length = value
+        elif lowered == "body-crc32":
+            crc = value
+        elif lowered == "dirmq-format":
+            version = value
+        elif lowered.startswith(RESERVED_PREFIX):
+            system[name[len(RESERVED_PREFIX) :]] = value
+        else:
+            headers[name] = value
+    if version != str(FORMAT_VERSION):
+        raise CorruptMessage(f"unknown or missing Dirmq-Format {version!r}")
+    if length is None or not length.isdigit() or int(length) != len(body):
+        raise CorruptMessage(f"body is {len(body)} bytes but Content-Length says {length!r}")
+    if crc is None or crc != f"{zlib.crc32(body):08x}":
+        raise CorruptMessage("body checksum mismatch")
+    return Decoded(headers, body, system)

@@ -1,0 +1,100 @@
+"""Per-queue configuration, stored as `@queue.json` in the queue directory.
+
+The file is replaced atomically (temp file, fsync, rename), so every process reads either the old
+or the new configuration, never a mix. Unknown keys are kept, so newer versions can add settings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from enum import Enum
+from typing import Any
+
+from dirmq.errors import ConfigError
+from dirmq.store.names import validate_queue_name
+
+
+class Durability(str, Enum):
+    WRITETHROUGH = "writethrough"  # file and directory fsynced before put returns
+    WRITEBACK = "writeback"  # visible at once, fsynced in the background within a bounded delay
+    MEMORY = "memory"  # never fsynced: survives a process crash, not a machine crash
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    visibility_timeout_s: float = 30.0
+    delay_s: float = 0.0
+    max_receives: int | None = None
+    dead_letter_queue: str | None = None
+    capacity: int | None = None
+    retention_s: float | None = None
+    max_message_bytes: int = 16 * 1024 * 1024
+    durability: Durability = Durability.WRITETHROUGH
+    writeback_delay_s: float = 0.5
+    peers: int = 0
+
+    def __post_init__(self) -> None:
+        _check_seconds("visibility_timeout_s", self.visibility_timeout_s, 0.0)
+        _check_seconds("delay_s", self.delay_s, 0.0)
+        _check_seconds("writeback_delay_s", self.writeback_delay_s, 0.001)
+        if self.retention_s is not None:
+            _check_seconds("retention_s", self.retention_s, 0.001)
+        _check_int("max_receives", self.max_receives, 1)
+        _check_int("capacity", self.capacity, 1)
+        _check_int("max_message_bytes", self.max_message_bytes, 1)
+        _check_int("peers", self.peers, 0)
+        if self.dead_letter_queue is not None:
+            validate_queue_name(self.dead_letter_queue)
+        if not isinstance(self.durability, Durability):
+            try:
+                object.__setattr__(self, "durability", Durability(self.durability))
+            except ValueError:
+                choices = ", ".join(d.value for d in Durability)
+                raise ConfigError(f"durability must be one of {choices}") from None
+
+    def updated(self, **changes: Any) -> QueueConfig:
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
+        return replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["durability"] = self.durability.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> QueueConfig:
+        if not isinstance(data, dict):
+            raise ConfigError("configuration must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError as exc:
+            raise ConfigError(str(exc)) from exc
+
+    def dumps(self) -> bytes:
+        return (json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def loads(cls, raw: bytes) -> QueueConfig:
+        try:
+            return cls.from_json(json.loads(raw))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"configuration is not valid JSON: {exc}") from exc
+
+
+def _check_seconds(name: str, value: object, minimum: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value < minimum:
+        raise ConfigError(f"{name} must be a finite number >= {minimum}, got {value!r}")
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if value is None and name not in ("max_message_bytes", "peers"):
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")

@@ -1,0 +1,161 @@
+"""The in-memory index one process keeps of one queue, so no per-message operation lists a directory.
+
+Built by one scan when first needed, then kept current by watcher events (every process's
+publishes, claims, acks and requeues show up as names appearing and disappearing). The index may be
+stale by a few microseconds: a claim of a name another process took a moment ago fails with ENOENT
+and the caller moves on. Heaps use lazy deletion and are rebuilt when mostly stale.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import random
+
+from dirmq.store import layout
+from dirmq.store.layout import Entry, parse_entry
+from dirmq.store.watch import Event
+
+
+class _TimedSet:
+    """id -> name for @leased or @delayed, with a heap on the time in the name."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+        self._heap: list[tuple[int, str, str]] = []
+
+    def add(self, entry: Entry, name: str) -> None:
+        self.names[entry.message_id] = name
+        heapq.heappush(self._heap, (entry.at_ms or 0, entry.message_id, name))
+        if len(self._heap) > 2 * len(self.names) + 1024:
+            self._heap = [(parse_at(n), i, n) for i, n in self.names.items()]
+            heapq.heapify(self._heap)
+
+    def discard(self, message_id: str, name: str) -> None:
+        if self.names.get(message_id) == name:
+            del self.names[message_id]
+
+    def earliest(self) -> tuple[int, str] | None:
+        """(time_ms, name) of the earliest live entry, or None."""
+        heap = self._heap
+        while heap:
+            at_ms, message_id, name = heap[0]
+            if self.names.get(message_id) == name:
+                return at_ms, name
+            heapq.heappop(heap)
+        return None
+
+    def pop_due(self, now_ms: int) -> list[str]:
+        """Remove and return the names whose time has come, earliest first."""
+        out: list[str] = []
+        while (first := self.earliest()) is not None and first[0] <= now_ms:
+            _at_ms, message_id, name = heapq.heappop(self._heap)
+            del self.names[message_id]
+            out.append(name)
+        return out
+
+    def clear(self) -> None:
+        self.names.clear()
+        self._heap.clear()
+
+
+def parse_at(name: str) -> int:
+    entry = parse_entry(name)
+    return entry.at_ms or 0 if entry else 0
+
+
+class QueueIndex:
+    def __init__(self) -> None:
+        self.ready: dict[str, str] = {}  # id -> name in @ready
+        self._ready_heap: list[str] = []
+        self.leased = _TimedSet()
+        self.delayed = _TimedSet()
+        self.slots: set[str] = set()
+
+    # -- building and updating -------------------------------------------------------------
+    def rescan(self, queue_dir: str) -> None:
+        """Replace the index with what the directories hold now."""
+        self.ready.clear()
+        self.leased.clear()
+        self.delayed.clear()
+        self.slots.clear()
+        for directory in (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS):
+            try:
+                names = os.listdir(os.path.join(queue_dir, directory))
+            except FileNotFoundError:
+                continue
+            for name in names:
+                self.add(directory, name)
+        self._ready_heap = list(self.ready)
+        heapq.heapify(self._ready_heap)
+
+    def apply(self, events: list[Event]) -> None:
+        for event in events:
+            if event.added:
+                self.add(event.directory, event.name)
+            else:
+                self.discard(event.directory, event.name)
+
+    def add(self, directory: str, name: str) -> None:
+        if directory == layout.SLOTS:
+            self.slots.add(name)
+            return
+        entry = parse_entry(name)
+        if entry is None:
+            return
+        if directory == layout.READY:
+            if entry.message_id not in self.ready:
+                heapq.heappush(self._ready_heap, entry.message_id)
+            self.ready[entry.message_id] = name
+            if len(self._ready_heap) > 2 * len(self.ready) + 1024:
+                self._ready_heap = list(self.ready)
+                heapq.heapify(self._ready_heap)
+        elif directory == layout.LEASED and entry.at_ms is not None:
+            self.leased.add(entry, name)
+        elif directory == layout.DELAYED and entry.at_ms is not None:
+            self.delayed.add(entry, name)
+
+    def discard(self, directory: str, name: str) -> None:
+        if directory == layout.SLOTS:
+            self.slots.discard(name)
+            return
+        entry = parse_entry(name)
+        if entry is None:
+            return
+        if directory == layout.READY:
+            if self.ready.get(entry.message_id) == name:
+                del self.ready[entry.message_id]
+        elif directory == layout.LEASED:
+            self.leased.discard(entry.message_id, name)
+        elif directory == layout.DELAYED:
+            self.delayed.discard(entry.message_id, name)
+
+    # -- queries -----------------------------------------------------------------------------
+    def pop_ready(self, peers: int = 0) -> str | None:
+        """Take the name of the oldest ready message out of the index (or, with `peers`, one of
+        the oldest `peers + 1`, chosen at random to spread many consumers over the head)."""
+        candidates: list[str] = []
+        heap = self._ready_heap
+        while heap and len(candidates) <= peers:
+            message_id = heapq.heappop(heap)
+            if message_id in self.ready and message_id not in candidates:
+                candidates.append(message_id)
+        if not candidates:
+            return None
+        chosen = candidates.pop(random.randrange(len(candidates))) if peers else candidates.pop()
+        for message_id in candidates:
+            heapq.heappush(heap, message_id)
+        return self.ready.pop(chosen)
+
+    def ready_ids_in_order(self) -> list[str]:
+        return sorted(self.ready)
+
+    def locate(self, message_id: str) -> tuple[str, str] | None:
+        """(state directory, name) of a message, or None if the index does not know it."""
+        if (name := self.ready.get(message_id)) is not None:
+            return layout.READY, name
+        if (name := self.leased.names.get(message_id)) is not None:
+            return layout.LEASED, name
+        if (name := self.delayed.names.get(message_id)) is not None:
+            return layout.DELAYED, name
+        return None

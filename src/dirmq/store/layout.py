@@ -1,0 +1,92 @@
+"""Where things live inside a queue directory, and how state is spelled in file names.
+
+    <queue>/@queue.json        configuration (replaced atomically)
+    <queue>/@tmp/              files being written: <id>.<host>.<pid>.tmp
+    <queue>/@ready/            <id>            never received
+                               <id>.<count>    received <count> times, then returned
+    <queue>/@leased/           <id>.<count>.<deadline_ms>
+    <queue>/@delayed/          <id>.<count>.<due_ms>
+    <queue>/@dead/             <id>.<count>    dead-lettered here (no dead-letter queue set)
+    <queue>/@corrupt/          files that failed to decode, kept for inspection
+    <queue>/@slots/            capacity tokens: symlink <n> -> <id>
+
+Everything a process needs to recover leases and delays is in the names: no file is opened.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import zlib
+from dataclasses import dataclass
+
+from dirmq.store.ids import ID_PATTERN
+
+CONFIG_FILE = "@queue.json"
+TMP = "@tmp"
+READY = "@ready"
+LEASED = "@leased"
+DELAYED = "@delayed"
+DEAD = "@dead"
+CORRUPT = "@corrupt"
+SLOTS = "@slots"
+STATE_DIRS = (TMP, READY, LEASED, DELAYED, DEAD, CORRUPT, SLOTS)
+ROOT_MARKER = "@dirmq.json"
+ROOT_TRASH = "@trash"
+
+_ENTRY_RE = re.compile(rf"({ID_PATTERN})(?:\.(\d{{1,9}}))?(?:\.(\d{{1,15}}))?")
+_RECEIPT_RE = re.compile(rf"({ID_PATTERN})\.(\d{{1,9}})")
+_TMP_RE = re.compile(rf"({ID_PATTERN})\.([0-9a-f]{{8}})\.(\d+)\.tmp")
+
+HOST_TAG = f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A parsed state-directory file name."""
+
+    message_id: str
+    count: int
+    at_ms: int | None  # lease deadline or delivery due time
+
+    @property
+    def receipt(self) -> str:
+        return f"{self.message_id}.{self.count}"
+
+
+def parse_entry(name: str) -> Entry | None:
+    """Parse any state file name; None for names that are not ours (they are left alone)."""
+    match = _ENTRY_RE.fullmatch(name)
+    if match is None:
+        return None
+    count, at_ms = match.group(2), match.group(3)
+    return Entry(match.group(1), int(count) if count else 0, int(at_ms) if at_ms else None)
+
+
+def ready_name(message_id: str, count: int) -> str:
+    return message_id if count == 0 else f"{message_id}.{count}"
+
+
+def timed_name(message_id: str, count: int, at_ms: int) -> str:
+    """Name in @leased (at_ms = deadline) or @delayed (at_ms = due time)."""
+    return f"{message_id}.{count}.{at_ms}"
+
+
+def dead_name(message_id: str, count: int) -> str:
+    return f"{message_id}.{count}"
+
+
+def parse_receipt(receipt: str) -> tuple[str, int] | None:
+    match = _RECEIPT_RE.fullmatch(receipt) if isinstance(receipt, str) else None
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+def tmp_name(message_id: str) -> str:
+    return f"{message_id}.{HOST_TAG}.{os.getpid()}.tmp"
+
+
+def parse_tmp(name: str) -> tuple[str, str, int] | None:
+    """(id, host tag, pid) of a temp file name, or None."""
+    match = _TMP_RE.fullmatch(name)
+    return (match.group(1), match.group(2), int(match.group(3))) if match else None

@@ -1,0 +1,73 @@
+"""Values that cross the store's API: what is published, what is delivered, what stats say."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """A message to publish. `delay_s=None` takes the queue's default delay."""
+
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A delivered (or peeked) message.
+
+    `receipt` is set only for a leased message: pass it to ack/nack/extend/dead_letter. It names
+    this lease, not the message: once the lease has expired and someone else received the message,
+    the old receipt is refused (`StaleReceipt`).
+    """
+
+    id: str
+    body: bytes
+    headers: dict[str, str]
+    receive_count: int
+    published_at_s: float
+    receipt: str | None = None
+    lease_deadline_s: float | None = None
+    state: str = "ready"
+
+    @property
+    def content_type(self) -> str | None:
+        return _lookup(self.headers, "content-type")
+
+    @property
+    def content_encoding(self) -> str | None:
+        return _lookup(self.headers, "content-encoding")
+
+
+def _lookup(headers: Mapping[str, str], lowered: str) -> str | None:
+    for name, value in headers.items():
+        if name.lower() == lowered:
+            return value
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    ready: int
+    in_flight: int
+    delayed: int
+    dead: int
+    oldest_ready_age_s: float | None
+
+    @property
+    def total(self) -> int:
+        """Messages that count towards capacity (ready, in flight and delayed)."""
+        return self.ready + self.in_flight + self.delayed
+
+
+@dataclass(frozen=True, slots=True)
+class SweepReport:
+    orphans_removed: int = 0
+    leases_requeued: int = 0
+    delayed_delivered: int = 0
+    dead_lettered: int = 0
+    expired_removed: int = 0
+    slots_released: int = 0

@@ -1,0 +1,58 @@
+"""Queue names, and the one function that turns a name into a path under the root.
+
+A queue name is one or more segments joined by `/` (`orders`, `fish/saltwater`). Every segment
+is 1-255 bytes of UTF-8, is not `.` or `..`, does not start with `@` (reserved for the queue's own
+state directories, see FORMAT.md) and has no control characters. The whole name is at most 1024
+bytes. A name that passes can never resolve outside the root.
+"""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+
+from dirmq.errors import InvalidName
+
+MAX_NAME_BYTES = 1024
+MAX_SEGMENT_BYTES = 255
+RESERVED_PREFIX = "@"
+
+
+def validate_queue_name(name: str) -> str:
+    """Return `name` unchanged if it is a valid queue name, else raise `InvalidName` saying why."""
+    if not isinstance(name, str) or not name:
+        raise InvalidName("queue name is empty")
+    encoded = name.encode("utf-8", "surrogatepass")
+    if len(encoded) > MAX_NAME_BYTES:
+        raise InvalidName(f"queue name is {len(encoded)} bytes; the limit is {MAX_NAME_BYTES}")
+    if name.startswith("/"):
+        raise InvalidName(f"queue name {name!r} is absolute; names are relative to the root")
+    for segment in name.split("/"):
+        _validate_segment(name, segment)
+    return name
+
+
+def _validate_segment(name: str, segment: str) -> None:
+    if not segment:
+        raise InvalidName(f"queue name {name!r} has an empty segment (leading, trailing or '//')")
+    if segment in (".", ".."):
+        raise InvalidName(f"queue name {name!r} has a {segment!r} segment")
+    if segment.startswith(RESERVED_PREFIX):
+        raise InvalidName(f"queue name {name!r}: segments may not start with '@' (reserved)")
+    if len(segment.encode("utf-8", "surrogatepass")) > MAX_SEGMENT_BYTES:
+        raise InvalidName(f"queue name {name!r}: a segment is over {MAX_SEGMENT_BYTES} bytes")
+    for char in segment:
+        category = unicodedata.category(char)
+        if category in ("Cc", "Cs") or char == "\\":
+            raise InvalidName(f"queue name {name!r} contains a forbidden character {char!r}")
+
+
+def queue_path(root: str, name: str) -> str:
+    """The directory of queue `name` under `root`, after validation; never outside `root`."""
+    validate_queue_name(name)
+    path = os.path.join(root, *name.split("/"))
+    # Belt and braces: validation already excludes every escape, this re-checks the result.
+    real_root = os.path.abspath(root)
+    if os.path.commonpath([real_root, os.path.abspath(path)]) != real_root:
+        raise InvalidName(f"queue name {name!r} resolves outside the root")
+    return path

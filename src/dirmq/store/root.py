@@ -1,0 +1,230 @@
+"""A root directory of queues: create, open, list, reconfigure and delete them.
+
+A queue is any directory under the root that holds `@queue.json`; names may nest
+(`fish/saltwater`), and a queue may have child queues. Deleting a queue first removes its
+configuration (so nobody opens it any more), then moves each state directory into `@trash`
+(atomically, so a concurrent put fails with QueueNotFound instead of stranding a message), then
+removes the trash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Iterator
+
+from dirmq.errors import ConfigError, QueueExists, QueueNotFound, storage_error
+from dirmq.store import layout
+from dirmq.store.config import QueueConfig
+from dirmq.store.fsio import GroupCommit, WritebackFlusher, fsync_dir, write_new_file
+from dirmq.store.names import queue_path, validate_queue_name
+from dirmq.store.queue import Queue
+
+ROOT_FORMAT = 1
+DEFAULT_ROOT = "./dirmq-data"
+
+
+def default_root() -> str:
+    return os.environ.get("DIRMQ_ROOT") or DEFAULT_ROOT
+
+
+class Store:
+    """Every queue under one root, as seen by this process. Thread-safe.
+
+    `watch_mode`: "auto" (inotify, or polling on network filesystems), "inotify" or "poll".
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        *,
+        create: bool = True,
+        watch_mode: str = "auto",
+        poll_interval_s: float = 0.5,
+    ) -> None:
+        self.root = os.path.abspath(os.fspath(root if root is not None else default_root()))
+        self.watch_mode = watch_mode
+        self.poll_interval_s = poll_interval_s
+        self.group_commit = GroupCommit()
+        self.writeback = WritebackFlusher(self.root)
+        self._queues: dict[str, Queue] = {}
+        self._lock = threading.Lock()
+        marker = os.path.join(self.root, layout.ROOT_MARKER)
+        if not os.path.exists(marker):
+            if not create:
+                raise QueueNotFound(f"{self.root} is not a dirmq root (no {layout.ROOT_MARKER})")
+            self._init_root(marker)
+
+    def _init_root(self, marker: str) -> None:
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            _atomic_write(marker, json.dumps({"format": ROOT_FORMAT}).encode() + b"\n")
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise storage_error(exc, f"initialising root {self.root}") from exc
+
+    # -- queues ----------------------------------------------------------------------------------
+    def create_queue(
+        self, name: str, config: QueueConfig | None = None, *, exist_ok: bool = True
+    ) -> Queue:
+        """Create queue `name` (and its parents' directories). With `exist_ok`, an existing
+        queue is returned unchanged; otherwise QueueExists."""
+        path = queue_path(self.root, name)
+        config_path = os.path.join(path, layout.CONFIG_FILE)
+        if os.path.exists(config_path):
+            if not exist_ok:
+                raise QueueExists(f"queue {name!r} already exists")
+            return self.queue(name)
+        config = config or QueueConfig()
+        try:
+            for directory in layout.STATE_DIRS:
+                os.makedirs(os.path.join(path, directory), exist_ok=True)
+            try:
+                # The config file appears last: a queue is visible only once complete.
+                _atomic_write(config_path, config.dumps(), exclusive=True)
+            except FileExistsError:
+                if not exist_ok:
+                    raise QueueExists(f"queue {name!r} already exists") from None
+        except OSError as exc:
+            if isinstance(exc, QueueExists):
+                raise
+            raise storage_error(exc, f"creating queue {name!r}") from exc
+        return self.queue(name)
+
+    def queue(self, name: str) -> Queue:
+        """Open an existing queue (QueueNotFound if absent). One object per name per Store."""
+        validate_queue_name(name)
+        with self._lock:
+            cached = self._queues.get(name)
+            if cached is not None and os.path.exists(os.path.join(cached.path, layout.CONFIG_FILE)):
+                return cached
+            path = queue_path(self.root, name)
+            config = self._read_config(name, path)
+            if cached is not None:
+                cached.close()
+            queue = Queue(self, name, path, config)
+            self._queues[name] = queue
+            return queue
+
+    def _read_config(self, name: str, path: str) -> QueueConfig:
+        try:
+            with open(os.path.join(path, layout.CONFIG_FILE), "rb") as f:
+                return QueueConfig.loads(f.read())
+        except (FileNotFoundError, NotADirectoryError):
+            raise QueueNotFound(f"queue {name!r} does not exist") from None
+        except ConfigError as exc:
+            raise ConfigError(f"queue {name!r}: {exc}") from exc
+
+    def exists(self, name: str) -> bool:
+        return os.path.exists(os.path.join(queue_path(self.root, name), layout.CONFIG_FILE))
+
+    def configure(self, name: str, **changes: object) -> QueueConfig:
+        """Change settings of queue `name`; other processes see them within 0.5 s."""
+        path = queue_path(self.root, name)
+        config = self._read_config(name, path).updated(**changes)
+        try:
+            _atomic_write(os.path.join(path, layout.CONFIG_FILE), config.dumps())
+        except OSError as exc:
+            raise storage_error(exc, f"configuring queue {name!r}") from exc
+        return config
+
+    def list_queues(self, prefix: str = "") -> list[str]:
+        """Names of every queue under the root, sorted, optionally filtered by name prefix."""
+        return sorted(n for n in self._walk() if n.startswith(prefix))
+
+    def _walk(self) -> Iterator[str]:
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames[:] = [d for d in dirnames if not d.startswith("@")]
+            if layout.CONFIG_FILE in filenames and dirpath != self.root:
+                yield os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+
+    def delete_queue(self, name: str) -> None:
+        """Delete queue `name` and every message in it, in flight or not. Child queues stay."""
+        path = queue_path(self.root, name)
+        try:
+            os.unlink(os.path.join(path, layout.CONFIG_FILE))
+        except FileNotFoundError:
+            raise QueueNotFound(f"queue {name!r} does not exist") from None
+        except OSError as exc:
+            raise storage_error(exc, f"deleting queue {name!r}") from exc
+        trash = os.path.join(self.root, layout.ROOT_TRASH)
+        os.makedirs(trash, exist_ok=True)
+        for directory in layout.STATE_DIRS:
+            try:
+                os.rename(os.path.join(path, directory), os.path.join(trash, uuid.uuid4().hex))
+            except FileNotFoundError:
+                continue
+        with self._lock:
+            cached = self._queues.pop(name, None)
+        if cached is not None:
+            cached.close()
+        self.empty_trash()
+        _remove_empty_parents(path, self.root)
+
+    def empty_trash(self) -> None:
+        trash = os.path.join(self.root, layout.ROOT_TRASH)
+        try:
+            entries = os.listdir(trash)
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            shutil.rmtree(os.path.join(trash, entry), ignore_errors=True)
+
+    def dead_letter_dir(self, name: str | None) -> str | None:
+        """The @ready directory of dead-letter queue `name`, or None if unset or absent."""
+        if not name:
+            return None
+        path = queue_path(self.root, name)
+        if not os.path.exists(os.path.join(path, layout.CONFIG_FILE)):
+            return None
+        return os.path.join(path, layout.READY)
+
+    def close(self) -> None:
+        self.writeback.flush_now()
+        with self._lock:
+            for queue in self._queues.values():
+                queue.close()
+            self._queues.clear()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _atomic_write(path: str, data: bytes, *, exclusive: bool = False) -> None:
+    """Write a small file durably under its final name, all or nothing."""
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    fd = write_new_file(tmp, data)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        if exclusive:
+            os.link(tmp, path)  # fails with EEXIST instead of replacing
+        else:
+            os.replace(tmp, path)
+    finally:
+        if exclusive or os.path.exists(tmp):
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+    fsync_dir(os.path.dirname(path))
+
+
+def _remove_empty_parents(path: str, root: str) -> None:
+    root = os.path.abspath(root)
+    current = os.path.abspath(path)
+    while current != root and current.startswith(root):
+        try:
+            os.rmdir(current)
+        except OSError:
+            return
+        current = os.path.dirname(current)
