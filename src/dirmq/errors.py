@@ -69,7 +69,7 @@ class ConfigError(DirmqError, ValueError):
 
 
 class StorageError(DirmqError, OSError):
-    """The filesystem failed; what was being written is not stored (and nothing partial is visible)."""
+    """The filesystem failed: what was being written is not stored, nothing partial is visible."""
 
 
 class DiskFull(StorageError):

@@ -53,7 +53,9 @@ def check_headers(headers: Mapping[str, str]) -> None:
             raise InvalidArgument(f"header {name!r} has a value with CR, LF or NUL")
 
 
-def encode(body: bytes, headers: Mapping[str, str], system: Mapping[str, str] | None = None) -> bytes:
+def encode(
+    body: bytes, headers: Mapping[str, str], system: Mapping[str, str] | None = None
+) -> bytes:
     """The bytes of a message file. Headers must have passed `check_headers`."""
     lines = [
         f"Dirmq-Format: {FORMAT_VERSION}",

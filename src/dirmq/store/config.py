@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from dirmq.errors import ConfigError
 from dirmq.store.names import validate_queue_name
 
 
-class Durability(str, Enum):
+class Durability(StrEnum):
     WRITETHROUGH = "writethrough"  # file and directory fsynced before put returns
     WRITEBACK = "writeback"  # visible at once, fsynced in the background within a bounded delay
     MEMORY = "memory"  # never fsynced: survives a process crash, not a machine crash

@@ -33,7 +33,7 @@ os.register_at_fork(after_in_child=_reset_node)
 
 
 def new_id(at_us: int | None = None) -> str:
-    """A fresh id. `at_us` pins the time part (used to import messages with their old timestamps)."""
+    """A fresh id. `at_us` pins the time part (to import messages with their old timestamps)."""
     global _last_us
     with _lock:
         if at_us is None:

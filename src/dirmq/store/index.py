@@ -1,4 +1,4 @@
-"""The in-memory index one process keeps of one queue, so no per-message operation lists a directory.
+"""The in-memory index one process keeps of a queue, so no per-message operation lists a directory.
 
 Built by one scan when first needed, then kept current by watcher events (every process's
 publishes, claims, acks and requeues show up as names appearing and disappearing). The index may be

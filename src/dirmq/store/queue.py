@@ -197,8 +197,10 @@ class Queue:
         with self._lock:
             if self._index is not None:
                 for f in pending:
-                    self._index.add(os.path.basename(os.path.dirname(f.final_path)),
-                                    os.path.basename(f.final_path))
+                    self._index.add(
+                        os.path.basename(os.path.dirname(f.final_path)),
+                        os.path.basename(f.final_path),
+                    )
         return ids
 
     def _check_outgoing(self, message: OutgoingMessage, config: QueueConfig) -> None:
@@ -213,7 +215,11 @@ class Queue:
         codec.check_headers(message.headers)
 
     def _write_tmp(
-        self, message_id: str, data: bytes, message: OutgoingMessage, config: QueueConfig,
+        self,
+        message_id: str,
+        data: bytes,
+        message: OutgoingMessage,
+        config: QueueConfig,
         now_ms: int,
     ) -> PendingFile:
         tmp_path = os.path.join(self._dir[layout.TMP], layout.tmp_name(message_id))
@@ -226,7 +232,9 @@ class Queue:
         delay_s = config.delay_s if message.delay_s is None else message.delay_s
         if delay_s > 0:
             due_ms = now_ms + round(delay_s * 1000)
-            final = os.path.join(self._dir[layout.DELAYED], layout.timed_name(message_id, 0, due_ms))
+            final = os.path.join(
+                self._dir[layout.DELAYED], layout.timed_name(message_id, 0, due_ms)
+            )
         else:
             final = os.path.join(self._dir[layout.READY], message_id)
         return PendingFile(fd, tmp_path, final)
@@ -341,9 +349,7 @@ class Queue:
                 timeout = min(remaining, self._next_due_s(index, now_ms))
             self._wait(timeout)
 
-    def get_one(
-        self, *, visibility_s: float | None = None, wait_s: float = 0.0
-    ) -> Message | None:
+    def get_one(self, *, visibility_s: float | None = None, wait_s: float = 0.0) -> Message | None:
         got = self.get(1, visibility_s=visibility_s, wait_s=wait_s)
         return got[0] if got else None
 
@@ -416,8 +422,9 @@ class Queue:
             if self._move(layout.LEASED, name, layout.READY, target):
                 index.add(layout.READY, target)
                 requeued += 1
-        return SweepReport(leases_requeued=requeued, delayed_delivered=delivered,
-                           dead_lettered=dead)
+        return SweepReport(
+            leases_requeued=requeued, delayed_delivered=delivered, dead_lettered=dead
+        )
 
     def _move(self, src_dir: str, src: str, dst_dir: str, dst: str) -> bool:
         """One state transition; False if another process got there first."""
@@ -438,8 +445,9 @@ class Queue:
         if target_dir is not None:
             target = os.path.join(target_dir, entry.message_id)
         else:
-            target = os.path.join(self._dir[layout.DEAD], layout.dead_name(entry.message_id,
-                                                                          entry.count))
+            target = os.path.join(
+                self._dir[layout.DEAD], layout.dead_name(entry.message_id, entry.count)
+            )
         try:
             os.rename(source, target)
         except FileNotFoundError:
@@ -500,7 +508,13 @@ class Queue:
         return None
 
     def _apply(
-        self, action: str, path: str, name: str, message_id: str, count: int, delay_s: float,
+        self,
+        action: str,
+        path: str,
+        name: str,
+        message_id: str,
+        count: int,
+        delay_s: float,
         index: QueueIndex,
     ) -> str | None:
         config = self.config
@@ -570,7 +584,7 @@ class Queue:
                 failures[receipt] = exc
         return failures
 
-    # -- by id --------------------------------------------------------------------------------------
+    # -- by id -------------------------------------------------------------------------------------
     def delete(self, message_id: str) -> bool:
         """Delete a message by id, whatever its state and whoever leased it (MQ semantics).
         Returns False if no such message is in the queue."""

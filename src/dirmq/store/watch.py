@@ -74,7 +74,7 @@ class InotifyWatcher:
             self._keys[wd] = key
 
     def fileno(self) -> int | None:
-        return self._fd
+        return int(self._fd)
 
     def wait(self, timeout_s: float) -> None:
         if timeout_s <= 0:
