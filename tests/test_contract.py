@@ -1,0 +1,437 @@
+"""The Queue contract: what every transport (library, HTTP client) must do identically."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import dirmq
+from dirmq import OutgoingMessage
+
+from .conftest import LocalTransport
+
+
+def test_put_get_ack_round_trip_keeps_body_and_headers(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    body = bytes(range(256)) * 3 + b"\n\n\r\n"
+    headers = {"Content-Type": "application/octet-stream", "X-Attr-Colour": "blue ü"}
+    message_id = q.put(body, headers)
+    message = q.get_one()
+    assert message is not None
+    assert (message.id, message.body, message.headers) == (message_id, body, headers)
+    assert message.receive_count == 1
+    assert message.content_type == "application/octet-stream"
+    assert abs(message.published_at_s - time.time()) < 5
+    q.ack(message.receipt)
+    assert q.get_one() is None
+    assert q.stats().total == 0
+
+
+def test_empty_queue_returns_nothing_without_waiting(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    started = time.monotonic()
+    assert q.get() == []
+    assert q.get_one() is None
+    assert time.monotonic() - started < 0.5
+
+
+def test_fifo_order_and_max_count(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    ids = [q.put(str(i).encode()) for i in range(25)]
+    got = q.get(10) + q.get(10) + q.get(10)
+    assert [m.id for m in got] == ids
+    assert [m.body for m in got] == [str(i).encode() for i in range(25)]
+
+
+def test_put_many_is_ordered_and_atomic_in_effect(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    ids = q.put_many([b"a", OutgoingMessage(b"b", {"X-Attr-K": "v"}), b"c"])
+    assert len(set(ids)) == 3 and ids == sorted(ids)
+    got = q.get(5)
+    assert [m.body for m in got] == [b"a", b"b", b"c"]
+    assert got[1].headers == {"X-Attr-K": "v"}
+
+
+def test_ids_sort_by_publish_time(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    ids = [q.put(b"x") for _ in range(50)]
+    assert ids == sorted(ids) and len(set(ids)) == 50
+
+
+def test_ack_twice_is_a_stale_receipt(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    q.put(b"x")
+    message = q.get_one()
+    assert message is not None and message.receipt is not None
+    q.ack(message.receipt)
+    with pytest.raises(dirmq.StaleReceipt):
+        q.ack(message.receipt)
+
+
+def test_garbage_receipt_is_rejected_clearly(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    for receipt in ["", "../../etc/passwd", "nonsense", "1.2.3"]:
+        with pytest.raises(dirmq.InvalidArgument):
+            q.ack(receipt)
+
+
+def test_expired_lease_returns_to_its_fifo_place(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    first, second, third = (q.put(b) for b in (b"1", b"2", b"3"))
+    leased = q.get_one(visibility_s=0.2)
+    assert leased is not None and leased.id == first
+    middle = q.get_one(visibility_s=60)
+    assert middle is not None and middle.id == second
+    time.sleep(0.3)  # the first lease expires while the third message waits, ready
+    again = q.get_one()
+    assert again is not None
+    assert again.id == first, "the requeued message must come back before later ones"
+    assert again.receive_count == 2
+    with pytest.raises(dirmq.StaleReceipt):
+        q.ack(leased.receipt)
+    q.ack(again.receipt)
+    last = q.get_one()
+    assert last is not None and last.id == third
+
+
+def test_blocking_get_wakes_when_a_lease_expires(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    q.put(b"x")
+    assert q.get_one(visibility_s=0.3) is not None
+    started = time.monotonic()
+    again = q.get_one(wait_s=5)
+    waited = time.monotonic() - started
+    assert again is not None
+    assert 0.2 < waited < 1.5
+
+
+def test_fractional_visibility_timeouts(transport: LocalTransport) -> None:
+    q = transport.make_queue(visibility_timeout_s=0.25)
+    q.put(b"x")
+    assert q.get_one() is not None
+    assert q.get_one() is None
+    assert q.get_one(wait_s=2) is not None
+
+
+def test_nack_returns_message_to_its_place_at_once(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    a, b = q.put(b"a"), q.put(b"b")
+    first = q.get_one()
+    assert first is not None and first.id == a
+    q.nack(first.receipt)
+    again = q.get_one()
+    assert again is not None and again.id == a and again.receive_count == 2
+    following = q.get_one()
+    assert following is not None and following.id == b
+
+
+def test_nack_with_delay(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    q.put(b"a")
+    first = q.get_one()
+    assert first is not None
+    q.nack(first.receipt, delay_s=0.3)
+    assert q.get_one() is None
+    assert q.stats().delayed == 1
+    started = time.monotonic()
+    again = q.get_one(wait_s=3)
+    assert again is not None and again.id == first.id
+    assert time.monotonic() - started > 0.15
+
+
+def test_extend_keeps_the_lease_and_the_receipt(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    q.put(b"a")
+    message = q.get_one(visibility_s=0.3)
+    assert message is not None
+    for _ in range(3):
+        time.sleep(0.15)
+        q.extend(message.receipt, 0.3)
+    assert q.get_one() is None, "a heartbeat must keep the message invisible"
+    q.ack(message.receipt)
+    assert q.stats().total == 0
+
+
+def test_extend_of_a_lost_lease_is_stale(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    q.put(b"a")
+    message = q.get_one(visibility_s=0.1)
+    assert message is not None
+    again = q.get_one(wait_s=2)
+    assert again is not None
+    with pytest.raises(dirmq.StaleReceipt):
+        q.extend(message.receipt, 10)
+
+
+def test_delay_hides_then_delivers(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    late = q.put(b"late", delay_s=0.4)
+    now = q.put(b"now")
+    got = q.get_one()
+    assert got is not None and got.id == now
+    assert q.get_one() is None
+    started = time.monotonic()
+    delivered = q.get_one(wait_s=3)
+    assert delivered is not None and delivered.id == late
+    assert time.monotonic() - started > 0.2
+
+
+def test_default_delay_from_config(transport: LocalTransport) -> None:
+    q = transport.make_queue(delay_s=0.3)
+    q.put(b"a")
+    assert q.get_one() is None
+    assert q.get_one(wait_s=3) is not None
+    q.put(b"b", delay_s=0)
+    assert q.get_one() is not None
+
+
+def test_delete_by_id_in_every_state(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    ready = q.put(b"ready")
+    leased = q.put(b"leased")
+    delayed = q.put(b"delayed", delay_s=60)
+    assert q.delete(ready)
+    got = q.get_one()
+    assert got is not None and got.id == leased
+    assert q.delete(leased)
+    assert q.delete(delayed)
+    assert not q.delete(ready)
+    assert q.stats().total == 0
+    with pytest.raises(dirmq.StaleReceipt):
+        q.ack(got.receipt)
+
+
+def test_delete_unknown_and_invalid_ids(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    assert not q.delete(dirmq.store.ids.new_id())
+    with pytest.raises(dirmq.InvalidArgument):
+        q.delete("../@queue.json")
+
+
+def test_nack_past_max_receives_dead_letters(transport: LocalTransport) -> None:
+    dlq = transport.make_queue("dlq")
+    q = transport.make_queue("work", max_receives=2, dead_letter_queue="dlq")
+    message_id = q.put(b"poison", {"X-Attr-A": "1"})
+    first = q.get_one()
+    assert first is not None
+    q.nack(first.receipt)
+    second = q.get_one()
+    assert second is not None and second.receive_count == 2
+    q.nack(second.receipt)
+    assert q.get_one() is None
+    assert q.stats().total == 0
+    dead = dlq.get_one()
+    assert dead is not None
+    assert (dead.id, dead.body, dead.headers) == (message_id, b"poison", {"X-Attr-A": "1"})
+
+
+def test_expired_lease_past_max_receives_dead_letters(transport: LocalTransport) -> None:
+    q = transport.make_queue("work", max_receives=1)
+    q.put(b"poison")
+    assert q.get_one(visibility_s=0.1) is not None
+    time.sleep(0.2)
+    assert q.get_one() is None
+    stats = q.stats()
+    assert (stats.total, stats.dead) == (0, 1)
+
+
+def test_explicit_dead_letter(transport: LocalTransport) -> None:
+    dlq = transport.make_queue("dlq")
+    q = transport.make_queue("work", dead_letter_queue="dlq")
+    message_id = q.put(b"bad")
+    m = q.get_one()
+    assert m is not None
+    q.dead_letter(m.receipt)
+    assert q.stats().total == 0
+    dead = dlq.get_one()
+    assert dead is not None and dead.id == message_id
+
+
+def test_peek_and_browse_do_not_lease(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    ids = [q.put(f"m{i}".encode()) for i in range(5)]
+    peeked = q.peek(ids[2])
+    assert peeked.body == b"m2" and peeked.receipt is None
+    assert [m.id for m in q.browse()] == ids
+    assert [m.id for m in q.browse(limit=2)] == ids[:2]
+    assert q.stats().ready == 5
+    with pytest.raises(dirmq.MessageNotFound):
+        q.peek(dirmq.store.ids.new_id())
+
+
+def test_stats_counts_each_state(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    for i in range(4):
+        q.put(str(i).encode())
+    q.put(b"later", delay_s=60)
+    assert q.get_one() is not None
+    stats = q.stats()
+    assert (stats.ready, stats.in_flight, stats.delayed, stats.dead) == (3, 1, 1, 0)
+    assert stats.oldest_ready_age_s is not None and stats.oldest_ready_age_s >= 0
+
+
+def test_purge_removes_everything(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    for i in range(10):
+        q.put(str(i).encode())
+    q.put(b"d", delay_s=60)
+    assert q.get_one() is not None
+    assert q.purge() == 11
+    assert q.stats().total == 0
+    q.put(b"after")
+    assert q.get_one() is not None
+
+
+def test_capacity_blocks_then_times_out(transport: LocalTransport) -> None:
+    q = transport.make_queue(capacity=2)
+    q.put(b"1")
+    q.put(b"2")
+    started = time.monotonic()
+    with pytest.raises(dirmq.QueueFull):
+        q.put(b"3", timeout_s=0.3)
+    assert 0.25 < time.monotonic() - started < 2
+    m = q.get_one()
+    assert m is not None
+    q.ack(m.receipt)
+    q.put(b"3", timeout_s=0)
+    assert q.stats().total == 2
+
+
+def test_capacity_put_unblocks_when_a_message_is_acked(transport: LocalTransport) -> None:
+    q = transport.make_queue(capacity=1)
+    q.put(b"1")
+    m = q.get_one()
+    assert m is not None
+    timer = threading.Timer(0.3, q.ack, args=(m.receipt,))
+    timer.start()
+    started = time.monotonic()
+    q.put(b"2", timeout_s=5)
+    timer.join()
+    assert time.monotonic() - started < 2
+
+
+def test_capacity_put_many_all_or_nothing(transport: LocalTransport) -> None:
+    q = transport.make_queue(capacity=3)
+    q.put(b"1")
+    with pytest.raises(dirmq.QueueFull):
+        q.put_many([b"a", b"b", b"c"], timeout_s=0.1)
+    assert q.stats().total == 1
+    q.put_many([b"a", b"b"], timeout_s=0)
+    assert q.stats().total == 3
+
+
+def test_message_size_limit(transport: LocalTransport) -> None:
+    q = transport.make_queue(max_message_bytes=10)
+    q.put(b"x" * 10)
+    with pytest.raises(dirmq.MessageTooLarge):
+        q.put(b"x" * 11)
+    assert q.stats().total == 1
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"Bad Name": "v"}, {"X-A": "line\nbreak"}, {"Content-Length": "3"}, {"Dirmq-Slot": "1"}],
+)
+def test_invalid_headers_are_refused(transport: LocalTransport, headers: dict[str, str]) -> None:
+    q = transport.make_queue()
+    with pytest.raises(dirmq.InvalidArgument):
+        q.put(b"x", headers)
+    assert q.stats().total == 0
+
+
+def test_blocking_get_wakes_on_publish_from_another_thread(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    timer = threading.Timer(0.2, q.put, args=(b"hello",))
+    timer.start()
+    started = time.monotonic()
+    message = q.get_one(wait_s=5)
+    timer.join()
+    assert message is not None and message.body == b"hello"
+    assert time.monotonic() - started < 1.0
+
+
+def test_get_wait_times_out_empty(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    started = time.monotonic()
+    assert q.get_one(wait_s=0.3) is None
+    assert 0.25 < time.monotonic() - started < 2
+
+
+def test_retention_drops_old_messages(transport: LocalTransport) -> None:
+    q = transport.make_queue(retention_s=0.2)
+    q.put(b"old")
+    time.sleep(0.3)
+    fresh = q.put(b"fresh")
+    got = q.get_one()
+    assert got is not None and got.id == fresh
+    assert q.stats().total == 1
+
+
+def test_visibility_zero_redelivers_at_once(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    q.put(b"x")
+    first = q.get_one(visibility_s=0)
+    second = q.get_one()
+    assert first is not None and second is not None and first.id == second.id
+    assert second.receive_count == 2
+
+
+def test_peers_option_still_delivers_everything_once(transport: LocalTransport) -> None:
+    q = transport.make_queue(peers=3)
+    ids = {q.put(str(i).encode()) for i in range(40)}
+    seen = []
+    while (m := q.get_one()) is not None:
+        seen.append(m.id)
+        q.ack(m.receipt)
+    assert sorted(seen) == sorted(ids)
+
+
+def test_invalid_arguments(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    with pytest.raises(dirmq.InvalidArgument):
+        q.get(0)
+    with pytest.raises(dirmq.InvalidArgument):
+        q.get(visibility_s=-1)
+    with pytest.raises(dirmq.InvalidArgument):
+        q.put(b"x", delay_s=float("nan"))
+    with pytest.raises(dirmq.InvalidArgument):
+        q.put("text")  # type: ignore[arg-type]
+
+
+def test_queue_lifecycle(transport: LocalTransport) -> None:
+    transport.make_queue("fish/saltwater")
+    transport.make_queue("fish")
+    transport.make_queue("snazzy party")
+    assert transport.list_queues() == ["fish", "fish/saltwater", "snazzy party"]
+    transport.delete_queue("fish")
+    assert transport.list_queues() == ["fish/saltwater", "snazzy party"]
+
+
+def test_deleted_queue_refuses_puts(transport: LocalTransport, store: dirmq.Store) -> None:
+    q = transport.make_queue("gone")
+    q.put(b"x")
+    assert q.get_one() is not None
+    transport.delete_queue("gone")
+    with pytest.raises(dirmq.QueueNotFound):
+        q.put(b"y")
+    with pytest.raises(dirmq.QueueNotFound):
+        store.queue("gone")
+    again = transport.make_queue("gone")
+    assert again.stats().total == 0, "in-flight messages are deleted with their queue"
+
+
+@pytest.mark.parametrize("name", ["", "/abs", "a/../b", "..", "a//b", "@ready", "a/@x", "x\x00y"])
+def test_invalid_queue_names(transport: LocalTransport, name: str) -> None:
+    with pytest.raises(dirmq.InvalidName):
+        transport.make_queue(name)
+
+
+def test_configuration_changes_apply(transport: LocalTransport) -> None:
+    q = transport.make_queue("c")
+    transport.configure("c", visibility_timeout_s=0.2)
+    time.sleep(0.6)  # configuration is re-read at most every 0.5 s
+    q.put(b"x")
+    assert q.get_one() is not None
+    assert q.get_one(wait_s=2) is not None
