@@ -1,0 +1,28 @@
+"""Start worker processes (tests/workers.py) as real OS processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def spawn(*args: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.workers", *map(str, args)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
+
+
+def kill(proc: subprocess.Popen[str]) -> str:
+    """SIGKILL a worker and reap it; returns whatever it printed that was not read yet."""
+    proc.kill()
+    out, _ = proc.communicate(timeout=30)
+    return out

@@ -1,0 +1,75 @@
+"""Worker processes for the multi-process and crash tests: `python -m tests.workers ROLE ...`.
+
+Each role prints one line per event to stdout (flushed), so the parent can follow it and kill
+the process at a precise moment.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import dirmq
+
+
+def produce(root: str, queue: str, first: int, count: int, batch: int) -> None:
+    q = dirmq.Store(root).queue(queue)
+    for start in range(first, first + count, batch):
+        bodies = [str(n).encode() for n in range(start, min(start + batch, first + count))]
+        if len(bodies) == 1:
+            q.put(bodies[0])
+        else:
+            q.put_many(bodies)
+    print("done", flush=True)
+
+
+def consume(root: str, queue: str, idle_s: float) -> None:
+    """Receive and ack until the queue has been empty for `idle_s`; print each body acked."""
+    q = dirmq.Store(root).queue(queue)
+    out = sys.stdout
+    while True:
+        got = q.get(10, wait_s=idle_s)
+        if not got:
+            break
+        for message in got:
+            q.ack(message.receipt or "")
+            out.write(message.body.decode() + "\n")
+    out.flush()
+
+
+def hold_leases(root: str, queue: str, count: int, visibility_s: float) -> None:
+    """Lease `count` messages, report their ids, then hang (the parent SIGKILLs us)."""
+    q = dirmq.Store(root).queue(queue)
+    for message in q.get(count, visibility_s=visibility_s):
+        print(message.id, flush=True)
+    print("holding", flush=True)
+    time.sleep(600)
+
+
+def write_forever(root: str, queue: str, size: int) -> None:
+    """Publish large messages until killed, reporting each id once `put` has returned."""
+    q = dirmq.Store(root).queue(queue)
+    body = os.urandom(size)
+    for _ in range(100_000):
+        print(q.put(body), flush=True)
+
+
+def ack_loop(root: str, queue: str) -> None:
+    """Receive and ack, printing each id *after* its ack returned, until killed or empty."""
+    q = dirmq.Store(root).queue(queue)
+    while (message := q.get_one(wait_s=5)) is not None:
+        q.ack(message.receipt or "")
+        print(message.id, flush=True)
+
+
+ROLES = {
+    "produce": lambda a: produce(a[0], a[1], int(a[2]), int(a[3]), int(a[4])),
+    "consume": lambda a: consume(a[0], a[1], float(a[2])),
+    "hold": lambda a: hold_leases(a[0], a[1], int(a[2]), float(a[3])),
+    "write": lambda a: write_forever(a[0], a[1], int(a[2])),
+    "ack": lambda a: ack_loop(a[0], a[1]),
+}
+
+if __name__ == "__main__":
+    ROLES[sys.argv[1]](sys.argv[2:])
