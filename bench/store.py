@@ -1,0 +1,887 @@
+"""Storage-core benchmark: dirmq against raw syscalls and other directory and SQLite queues.
+
+Run by hand from the project root (never collected by pytest):
+
+    .venv/bin/python bench/store.py            # full run, a few minutes
+    .venv/bin/python bench/store.py --quick    # smoke run, well under a minute
+
+It installs the peers it compares with (vsqs 0.3 and watchdog, dirq, persist-queue, litequeue)
+with pip if they are missing, prints a table and writes JSON (default `bench/results/store.json`).
+
+The box is shared and noisy, so every measurement is repeated `REPEATS` times, interleaved with
+the thing it is compared with, and reported as a median; the verdicts use ratios between subjects
+measured in the same run, never absolute times. Every loop is bounded both in count and in time.
+
+What is measured:
+1. durable single put: `Queue.put` (writethrough) against the same syscalls in a bare loop;
+2. `put_many` of 100 against single puts;
+3. publish and get+ack at 10k depth: dirmq, vsqs 0.3, dirq, persist-queue, litequeue;
+4. get+ack at a 1M backlog against a 1k backlog, on tmpfs, in a fresh process each time
+   (also the one-time index build and the RSS of the process holding the index);
+5. concurrent durable puts from 8 threads (group commit) against 1 thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import importlib.util
+import itertools
+import json
+import os
+import platform
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dirmq import Durability, QueueConfig, Store
+
+BODY = b"x" * 100
+REPEATS = 3
+SHM = "/dev/shm"
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "store.json"
+SECTIONS = ("put", "depth", "backlog", "threads")
+# (import name, distribution name, pip requirement)
+PEERS: tuple[tuple[str, str, str], ...] = (
+    ("watchdog", "watchdog", "watchdog"),
+    ("vsqs", "vsqs", "vsqs==0.3"),
+    ("dirq", "dirq", "dirq"),
+    ("persistqueue", "persist-queue", "persist-queue"),
+    ("litequeue", "litequeue", "litequeue"),
+)
+SQLITE_SYNC = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    put_ops: int  # single durable puts per trial
+    put_budget_s: float
+    many_calls: int  # put_many calls of `many_batch` per trial
+    many_batch: int
+    depth: int  # backlog at the start of each depth trial
+    publish_ops: int
+    get_ops: int
+    slow_ops: int  # publish and get+ack ops for vsqs (O(N) per op)
+    op_budget_s: float
+    backlog: int  # the big tmpfs backlog
+    small_backlog: int
+    backlog_gets: int
+    backlog_fill_budget_s: float
+    threads: int
+    thread_ops: int  # puts per thread per trial
+
+
+FULL = Sizes(
+    put_ops=400,
+    put_budget_s=6.0,
+    many_calls=30,
+    many_batch=100,
+    depth=10_000,
+    publish_ops=300,
+    get_ops=3000,
+    slow_ops=200,
+    op_budget_s=10.0,
+    backlog=1_000_000,
+    small_backlog=1000,
+    backlog_gets=20_000,
+    backlog_fill_budget_s=600.0,
+    threads=8,
+    thread_ops=150,
+)
+QUICK = Sizes(
+    put_ops=60,
+    put_budget_s=2.0,
+    many_calls=5,
+    many_batch=100,
+    depth=2000,
+    publish_ops=50,
+    get_ops=300,
+    slow_ops=40,
+    op_budget_s=3.0,
+    backlog=50_000,
+    small_backlog=1000,
+    backlog_gets=2000,
+    backlog_fill_budget_s=60.0,
+    threads=8,
+    thread_ops=20,
+)
+
+
+# -- peers -----------------------------------------------------------------------------------------
+def _peer_present(module: str, dist: str, requirement: str) -> bool:
+    if importlib.util.find_spec(module) is None:
+        return False
+    if "==" in requirement:
+        try:
+            return importlib.metadata.version(dist) == requirement.split("==", 1)[1]
+        except importlib.metadata.PackageNotFoundError:
+            return False
+    return True
+
+
+def ensure_peers() -> dict[str, str]:
+    """Install each missing peer with this interpreter's pip; {distribution: version or note}."""
+    versions: dict[str, str] = {}
+    for module, dist, requirement in PEERS:
+        if not _peer_present(module, dist, requirement):
+            print(f"installing {requirement} ...", file=sys.stderr, flush=True)
+            command = [sys.executable, "-m", "pip", "install", "-q", requirement]
+            try:
+                subprocess.run(command, check=False, timeout=900)
+            except subprocess.TimeoutExpired:
+                print(f"  pip timed out installing {requirement}", file=sys.stderr)
+            importlib.invalidate_caches()
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = "missing"
+    return versions
+
+
+# -- timing ----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Trial:
+    ops: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.ops / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, float]:
+        return {"ops": self.ops, "seconds": round(self.seconds, 6), "per_s": round(self.rate, 1)}
+
+
+def run_bounded(op: Callable[[], int], count: int, budget_s: float) -> Trial:
+    """Call `op` (which returns how many messages it handled) until `count` or `budget_s`."""
+    done = 0
+    start = time.perf_counter()
+    deadline = start + budget_s
+    while done < count and time.perf_counter() < deadline:
+        done += op()
+    return Trial(done, time.perf_counter() - start)
+
+
+def run_threads(op: Callable[[], int], threads: int, per_thread: int, budget_s: float) -> Trial:
+    """`threads` threads call `op` up to `per_thread` times each (or until `budget_s`)."""
+    barrier = threading.Barrier(threads + 1)
+    counts = [0] * threads
+    errors: list[BaseException] = []
+
+    def worker(slot: int) -> None:
+        barrier.wait()
+        deadline = time.perf_counter() + budget_s
+        done = 0
+        try:
+            while done < per_thread and time.perf_counter() < deadline:
+                done += op()
+        except BaseException as exc:
+            errors.append(exc)
+        counts[slot] = done
+
+    workers = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(threads)]
+    for w in workers:
+        w.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for w in workers:
+        w.join(timeout=budget_s + 60)
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return Trial(sum(counts), elapsed)
+
+
+def median_rate(trials: list[Trial]) -> float:
+    return statistics.median(t.rate for t in trials) if trials else 0.0
+
+
+def series(trials: list[Trial]) -> dict[str, Any]:
+    return {"median_per_s": round(median_rate(trials), 1), "trials": [t.to_json() for t in trials]}
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("inf")
+
+
+# -- results ---------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Report:
+    rows: list[tuple[str, str, str, str]] = field(default_factory=list)
+    targets: list[dict[str, Any]] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def row(self, bench: str, subject: str, result: str, note: str = "") -> None:
+        self.rows.append((bench, subject, result, note))
+        print(f"  {bench:<26} {subject:<22} {result:>18}  {note}", flush=True)
+
+    def target(self, name: str, value: float, goal: str, met: bool, detail: str) -> None:
+        self.targets.append(
+            {"name": name, "value": round(value, 3), "goal": goal, "met": met, "detail": detail}
+        )
+
+
+def rate_text(per_s: float) -> str:
+    return f"{per_s:,.0f} msg/s"
+
+
+# -- 1, 2: durable put -----------------------------------------------------------------------------
+class RawCreate:
+    """The syscalls of one durable create, straight from Python: the floor dirmq is held to.
+
+    open(O_CREAT|O_EXCL) a temp file, write 100 B, fsync it, rename it into the target directory,
+    fsync that directory (whose fd stays open, so the loop has nothing dirmq could shave off).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.tmp = os.path.join(path, "tmp")
+        self.dst = os.path.join(path, "new")
+        os.makedirs(self.tmp)
+        os.makedirs(self.dst)
+        self.dir_fd = os.open(self.dst, os.O_RDONLY | os.O_DIRECTORY)
+        self._names = itertools.count()
+
+    def put(self) -> int:
+        name = str(next(self._names))
+        tmp = os.path.join(self.tmp, name)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, BODY)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, os.path.join(self.dst, name))
+        os.fsync(self.dir_fd)
+        return 1
+
+    def close(self) -> None:
+        os.close(self.dir_fd)
+
+
+def bench_put(base: str, sizes: Sizes, report: Report) -> None:
+    print("\n[1, 2] durable put (writethrough) and put_many", flush=True)
+    raw = RawCreate(os.path.join(base, "raw-put"))
+    store = Store(os.path.join(base, "dirmq-put"))
+    queue = store.create_queue("put")
+    batch = [BODY] * sizes.many_batch
+
+    def single() -> int:
+        queue.put(BODY)
+        return 1
+
+    def many() -> int:
+        return len(queue.put_many(batch))
+
+    raw_t: list[Trial] = []
+    put_t: list[Trial] = []
+    many_t: list[Trial] = []
+    try:
+        single()  # warm-up: the first put creates the store's lazily made state
+        for _ in range(REPEATS):
+            raw_t.append(run_bounded(raw.put, sizes.put_ops, sizes.put_budget_s))
+            put_t.append(run_bounded(single, sizes.put_ops, sizes.put_budget_s))
+            many_t.append(
+                run_bounded(many, sizes.many_calls * sizes.many_batch, sizes.put_budget_s)
+            )
+    finally:
+        raw.close()
+        store.close()
+    raw_r, put_r, many_r = median_rate(raw_t), median_rate(put_t), median_rate(many_t)
+    report.row("durable single put", "raw syscalls (Python)", rate_text(raw_r), "fsync file+dir")
+    report.row("durable single put", "dirmq put()", rate_text(put_r), "writethrough")
+    report.row(
+        "durable put_many(100)", "dirmq put_many()", rate_text(many_r), "syncfs + 1 dir fsync"
+    )
+    put_ratio = ratio(put_r, raw_r)
+    many_ratio = ratio(many_r, put_r)
+    report.target(
+        "put vs raw durable create", put_ratio, ">= 0.8", put_ratio >= 0.8, "dirmq put / raw loop"
+    )
+    report.target(
+        "put_many(100) vs put", many_ratio, ">= 10", many_ratio >= 10, "msgs/s, batch vs single"
+    )
+    report.data["durable_put"] = {
+        "raw": series(raw_t),
+        "dirmq_put": series(put_t),
+        "dirmq_put_many": series(many_t) | {"batch": sizes.many_batch},
+        "ratio_put_vs_raw": round(put_ratio, 3),
+        "ratio_put_many_vs_put": round(many_ratio, 2),
+        "paired_ratios_put_vs_raw": [
+            round(ratio(p.rate, r.rate), 3) for p, r in zip(put_t, raw_t, strict=True)
+        ],
+    }
+
+
+# -- 3: queues at 10k depth ------------------------------------------------------------------------
+class Subject:
+    """One queue implementation under test. `fill` is fast and untimed; the rest is timed."""
+
+    name = "?"
+    slow = False  # O(N) per op: time only `Sizes.slow_ops` of them
+    durability = "?"
+
+    def fill(self, count: int) -> None:
+        raise NotImplementedError
+
+    def publish(self) -> int:
+        raise NotImplementedError
+
+    def get_ack(self) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class DirmqSubject(Subject):
+    name = "dirmq"
+    durability = "writethrough: fsync file + dir before put returns; ack = unlink"
+
+    def __init__(self, path: str) -> None:
+        self.store = Store(path)
+        self.queue = self.store.create_queue("bench")
+
+    def fill(self, count: int) -> None:
+        for start in range(0, count, 1000):
+            chunk = [BODY] * min(1000, count - start)
+            self.queue.put_many(chunk, durability=Durability.MEMORY)
+
+    def publish(self) -> int:
+        self.queue.put(BODY)
+        return 1
+
+    def get_ack(self) -> int:
+        message = self.queue.get_one(visibility_s=600)
+        if message is None or message.receipt is None:
+            raise RuntimeError("dirmq queue ran dry")
+        self.queue.ack(message.receipt)
+        return 1
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class VsqsSubject(Subject):
+    name = "vsqs 0.3"
+    slow = True
+    durability = "fsync file, never the dir; every op lists the dir"
+
+    def __init__(self, path: str) -> None:
+        from vsqs.queue import QueueManager
+
+        self.manager = QueueManager(path)
+        self.queue = self.manager.get_queue("bench")
+        # Older than any id publish() mints (its ids are the current time in microseconds).
+        self._next_id = time.time_ns() // 1000 - 10**10
+
+    def fill(self, count: int) -> None:
+        # vsqs's own format (a file named by its integer id), written directly: filling through
+        # publish() would list the whole directory per message, O(N^2).
+        for _ in range(count):
+            self._next_id += 1
+            with open(os.path.join(self.queue.path, str(self._next_id)), "xb") as f:
+                f.write(BODY)
+
+    def publish(self) -> int:
+        self.queue.publish(BODY)
+        return 1
+
+    def get_ack(self) -> int:
+        message_id, _data = self.queue.receive(visibility_timeout=600, timeout=0.01)
+        if message_id is None:
+            raise RuntimeError("vsqs queue ran dry")
+        self.queue.delete(message_id)
+        return 1
+
+    def close(self) -> None:
+        self.queue.close()
+        self.manager.close()
+        self.manager.observer.join(timeout=5)
+
+
+class DirqSubject(Subject):
+    name = "dirq QueueSimple"
+    durability = "no fsync at all (write, link, unlink)"
+
+    def __init__(self, path: str) -> None:
+        from dirq.QueueSimple import QueueSimple
+
+        self.queue = QueueSimple(path)
+        self._iterating = False
+
+    def fill(self, count: int) -> None:
+        for _ in range(count):
+            self.queue.add(BODY)
+
+    def publish(self) -> int:
+        self.queue.add(BODY)
+        return 1
+
+    def get_ack(self) -> int:
+        # dirq's consumer idiom: iterate names (cached per time bucket), lock, read, remove.
+        for _pass in range(2):
+            name = self.queue.next() if self._iterating else self.queue.first()
+            self._iterating = True
+            while name:
+                if self.queue.lock(name):
+                    self.queue.get(name)
+                    self.queue.remove(name)
+                    return 1
+                name = self.queue.next()
+            self._iterating = False
+        raise RuntimeError("dirq queue ran dry")
+
+
+def _sqlite_setting(conn: sqlite3.Connection) -> str:
+    sync = conn.execute("PRAGMA synchronous").fetchone()[0]
+    journal = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    return f"SQLite journal={journal}, synchronous={SQLITE_SYNC.get(sync, sync)}"
+
+
+class _FastFill:
+    """Fill a SQLite-backed peer with synchronous=OFF, then restore its own setting."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.saved = conn.execute("PRAGMA synchronous").fetchone()[0]
+
+    def __enter__(self) -> None:
+        self.conn.execute("PRAGMA synchronous=OFF")
+
+    def __exit__(self, *_exc: object) -> None:
+        self.conn.execute(f"PRAGMA synchronous={int(self.saved)}")
+
+
+class PersistQueueSubject(Subject):
+    name = "persist-queue SQLiteAck"
+
+    def __init__(self, path: str) -> None:
+        from persistqueue import SQLiteAckQueue
+
+        self.queue = SQLiteAckQueue(path, auto_resume=False)
+        self.durability = _sqlite_setting(self.queue._putter) + "; a commit per op; ack = UPDATE"
+
+    def fill(self, count: int) -> None:
+        with _FastFill(self.queue._putter):
+            for _ in range(count):
+                self.queue.put(BODY)
+
+    def publish(self) -> int:
+        self.queue.put(BODY)
+        return 1
+
+    def get_ack(self) -> int:
+        item = self.queue.get(block=False, raw=True)
+        self.queue.ack(id=item["pqid"])
+        return 1
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+class LiteQueueSubject(Subject):
+    name = "litequeue"
+    text = "x" * len(BODY)  # litequeue stores text
+
+    def __init__(self, path: str) -> None:
+        from litequeue import LiteQueue
+
+        os.makedirs(path)
+        self.queue = LiteQueue(os.path.join(path, "queue.sqlite3"))
+        self.durability = _sqlite_setting(self.queue.conn) + "; a commit per op; done = UPDATE"
+
+    def fill(self, count: int) -> None:
+        with _FastFill(self.queue.conn):
+            for _ in range(count):
+                self.queue.put(self.text)
+
+    def publish(self) -> int:
+        self.queue.put(self.text)
+        return 1
+
+    def get_ack(self) -> int:
+        message = self.queue.pop()
+        if message is None:
+            raise RuntimeError("litequeue ran dry")
+        self.queue.done(message.message_id)
+        return 1
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+SUBJECTS: tuple[tuple[str, type[Subject]], ...] = (
+    ("dirmq", DirmqSubject),
+    ("vsqs", VsqsSubject),
+    ("dirq", DirqSubject),
+    ("persist-queue", PersistQueueSubject),
+    ("litequeue", LiteQueueSubject),
+)
+
+
+def bench_depth(base: str, sizes: Sizes, versions: dict[str, str], report: Report) -> None:
+    print(f"\n[3] publish and get+ack at {sizes.depth:,} depth", flush=True)
+    subjects: list[Subject] = []
+    for dist, make in SUBJECTS:
+        if dist != "dirmq" and versions.get(dist, "missing") == "missing":
+            report.row("get+ack at depth", dist, "skipped", "not installable here")
+            continue
+        subjects.append(make(os.path.join(base, f"depth-{dist}")))
+    depth = {s.name: 0 for s in subjects}
+    publish: dict[str, list[Trial]] = {s.name: [] for s in subjects}
+    gets: dict[str, list[Trial]] = {s.name: [] for s in subjects}
+    try:
+        for _round in range(REPEATS):
+            for s in subjects:
+                s.fill(sizes.depth - depth[s.name])
+                depth[s.name] = sizes.depth
+                os.sync()  # every subject starts from flushed files, so unlink costs the same
+                time.sleep(0.5)  # let vsqs's watchdog thread digest the fill's events
+                depth[s.name] -= s.get_ack()  # untimed: builds indexes, drains inotify queues
+                count = sizes.slow_ops if s.slow else sizes.publish_ops
+                trial = run_bounded(s.publish, count, sizes.op_budget_s)
+                depth[s.name] += trial.ops
+                publish[s.name].append(trial)
+                count = min(sizes.slow_ops if s.slow else sizes.get_ops, depth[s.name] - 1)
+                trial = run_bounded(s.get_ack, count, sizes.op_budget_s)
+                depth[s.name] -= trial.ops
+                gets[s.name].append(trial)
+    finally:
+        for s in subjects:
+            s.close()
+    section: dict[str, Any] = {"depth": sizes.depth, "subjects": {}}
+    dirmq_get = median_rate(gets["dirmq"])
+    for s in subjects:
+        pub_r, get_r = median_rate(publish[s.name]), median_rate(gets[s.name])
+        report.row("publish at depth", s.name, rate_text(pub_r), s.durability)
+        section["subjects"][s.name] = {
+            "durability": s.durability,
+            "publish": series(publish[s.name]),
+            "get_ack": series(gets[s.name]),
+            "dirmq_get_ack_ratio": round(ratio(dirmq_get, get_r), 2),
+        }
+    for s in subjects:
+        get_r = median_rate(gets[s.name])
+        note = "" if s.name == "dirmq" else f"dirmq is {ratio(dirmq_get, get_r):,.1f}x"
+        report.row("get+ack at depth", s.name, rate_text(get_r), note)
+    if "vsqs 0.3" in gets:
+        vs = ratio(dirmq_get, median_rate(gets["vsqs 0.3"]))
+        report.target(
+            "get+ack at 10k depth vs vsqs 0.3", vs, ">= 50", vs >= 50, "dirmq / vsqs, msgs/s"
+        )
+    report.data["depth"] = section
+
+
+# -- 4: 1M backlog on tmpfs ------------------------------------------------------------------------
+def rss_kib() -> dict[str, int]:
+    out: dict[str, int] = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0])
+    return out
+
+
+def backlog_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Runs in a fresh process: open the queue, build the index, then time get+ack."""
+    before = rss_kib()
+    store = Store(spec["root"], create=False)
+    queue = store.queue(spec["name"])
+    start = time.perf_counter()
+    first = queue.get_one(visibility_s=3600)
+    assert first is not None and first.receipt is not None
+    queue.ack(first.receipt)
+    build_s = time.perf_counter() - start
+    with_index = rss_kib()
+    depth = queue.stats().ready
+    refill_to: int = spec["refill_to"]
+    latencies: list[float] = []
+    deadline = time.perf_counter() + spec["budget_s"]
+    clock = time.perf_counter
+    while len(latencies) < spec["gets"] and clock() < deadline:
+        if refill_to and queue.stats().ready <= refill_to // 2:
+            missing = refill_to - queue.stats().ready
+            queue.put_many([BODY] * missing, durability=Durability.MEMORY)
+            queue.stats()  # drains the inotify events of the refill outside the timed part
+        for _ in range(min(500, spec["gets"] - len(latencies))):
+            t0 = clock()
+            message = queue.get_one(visibility_s=3600)
+            if message is None or message.receipt is None:
+                raise RuntimeError("backlog queue ran dry")
+            queue.ack(message.receipt)
+            latencies.append(clock() - t0)
+    start = time.perf_counter()
+    names = len(os.listdir(os.path.join(queue.path, "@ready")))
+    scan_s = time.perf_counter() - start
+    store.close()
+    latencies.sort()
+    n = len(latencies)
+    return {
+        "depth_at_start": depth,
+        "gets": n,
+        "index_build_s": round(build_s, 4),
+        "listdir_ready_s": round(scan_s, 4),
+        "ready_names_after": names,
+        "mean_us": round(sum(latencies) / n * 1e6, 2),
+        "p50_us": round(latencies[n // 2] * 1e6, 2),
+        "p99_us": round(latencies[min(n - 1, n * 99 // 100)] * 1e6, 2),
+        "rss_kib_before_open": before.get("VmRSS", 0),
+        "rss_kib_with_index": with_index.get("VmRSS", 0),
+        "hwm_kib": rss_kib().get("VmHWM", 0),
+    }
+
+
+def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--child-backlog", json.dumps(spec)]
+    done = subprocess.run(
+        command, check=True, capture_output=True, text=True, timeout=spec["budget_s"] + 600
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def fill_memory(queue: Any, count: int, budget_s: float) -> Trial:
+    """Publish `count` messages without any flush, 10k per call (stops early past `budget_s`)."""
+    left = [count]
+
+    def chunk() -> int:
+        n = min(10_000, left[0])
+        left[0] -= n
+        return len(queue.put_many([BODY] * n, durability=Durability.MEMORY))
+
+    return run_bounded(chunk, count, budget_s)
+
+
+def bench_backlog(sizes: Sizes, report: Report) -> None:
+    print(f"\n[4] get+ack at a {sizes.backlog:,} backlog vs {sizes.small_backlog:,} (tmpfs)")
+    if not os.path.isdir(SHM):
+        report.row("backlog", "dirmq", "skipped", f"no {SHM}")
+        return
+    root = tempfile.mkdtemp(prefix="dirmq-bench-", dir=SHM)
+    try:
+        store = Store(root)
+        config = QueueConfig(durability=Durability.MEMORY)
+        big, small = store.create_queue("big", config), store.create_queue("small", config)
+        fill = fill_memory(big, sizes.backlog, sizes.backlog_fill_budget_s)
+        fill_memory(small, sizes.small_backlog, sizes.backlog_fill_budget_s)
+        store.close()
+        print(f"  filled {fill.ops:,} in {fill.seconds:.1f} s ({rate_text(fill.rate)})")
+        runs: dict[str, list[dict[str, Any]]] = {"big": [], "small": []}
+        for _round in range(REPEATS):
+            for name, refill in (("big", 0), ("small", sizes.small_backlog)):
+                spec = {
+                    "root": root,
+                    "name": name,
+                    "gets": sizes.backlog_gets,
+                    "refill_to": refill,
+                    "budget_s": 120.0,
+                }
+                runs[name].append(run_child(spec))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    def med(name: str, key: str) -> float:
+        return float(statistics.median(r[key] for r in runs[name]))
+
+    big_us, small_us = med("big", "mean_us"), med("small", "mean_us")
+    growth = ratio(big_us, small_us)
+    rss_index = med("big", "rss_kib_with_index") / 1024
+    rss_small = med("small", "rss_kib_with_index") / 1024
+    report.row("fill (memory, put_many)", f"{fill.ops:,} msgs", rate_text(fill.rate), "tmpfs")
+    report.row(
+        "get+ack, 1M backlog",
+        f"{fill.ops:,} msgs",
+        f"{big_us:,.1f} us/op",
+        f"p50 {med('big', 'p50_us'):.1f}, p99 {med('big', 'p99_us'):.1f} us",
+    )
+    report.row(
+        "get+ack, 1k backlog",
+        f"{sizes.small_backlog:,} msgs",
+        f"{small_us:,.1f} us/op",
+        f"p50 {med('small', 'p50_us'):.1f}, p99 {med('small', 'p99_us'):.1f} us",
+    )
+    report.row(
+        "index build (first get)",
+        f"{fill.ops:,} msgs",
+        f"{med('big', 'index_build_s'):.2f} s",
+        f"listdir alone {med('big', 'listdir_ready_s'):.2f} s",
+    )
+    report.row(
+        "RSS holding the index",
+        f"{fill.ops:,} msgs",
+        f"{rss_index:,.0f} MiB",
+        f"{rss_small:,.0f} MiB with a 1k index",
+    )
+    report.target(
+        "get at 1M backlog vs 1k",
+        growth,
+        "<= 2",
+        growth <= 2,
+        "mean get+ack time, 1M / 1k, index build excluded",
+    )
+    report.data["backlog"] = {
+        "filesystem": SHM,
+        "backlog": fill.ops,
+        "fill": fill.to_json(),
+        "small_backlog": sizes.small_backlog,
+        "runs": runs,
+        "median_mean_us_big": big_us,
+        "median_mean_us_small": small_us,
+        "ratio_big_vs_small": round(growth, 3),
+    }
+
+
+# -- 5: concurrent durable puts --------------------------------------------------------------------
+def bench_threads(base: str, sizes: Sizes, report: Report) -> None:
+    print(f"\n[5] durable puts from {sizes.threads} threads vs 1", flush=True)
+    store = Store(os.path.join(base, "dirmq-threads"))
+    queue = store.create_queue("threads")
+    raw = RawCreate(os.path.join(base, "raw-threads"))
+
+    def put() -> int:
+        queue.put(BODY)
+        return 1
+
+    one: list[Trial] = []
+    many: list[Trial] = []
+    raw_many: list[Trial] = []
+    try:
+        put()
+        for _ in range(REPEATS):
+            one.append(run_threads(put, 1, sizes.thread_ops * 2, sizes.put_budget_s))
+            many.append(run_threads(put, sizes.threads, sizes.thread_ops, sizes.put_budget_s))
+            raw_many.append(
+                run_threads(raw.put, sizes.threads, sizes.thread_ops, sizes.put_budget_s)
+            )
+    finally:
+        raw.close()
+        store.close()
+    one_r, many_r, raw_r = median_rate(one), median_rate(many), median_rate(raw_many)
+    n = sizes.threads
+    report.row("concurrent durable put", "dirmq, 1 thread", rate_text(one_r))
+    report.row(
+        "concurrent durable put",
+        f"dirmq, {n} threads",
+        rate_text(many_r),
+        f"{ratio(many_r, one_r):.1f}x 1 thread (group commit)",
+    )
+    report.row(
+        "concurrent durable put",
+        f"raw syscalls, {n} threads",
+        rate_text(raw_r),
+        f"dirmq is {ratio(many_r, raw_r):.2f}x",
+    )
+    report.data["concurrent_put"] = {
+        "threads": n,
+        "dirmq_1_thread": series(one),
+        "dirmq_n_threads": series(many),
+        "raw_n_threads": series(raw_many),
+        "ratio_n_vs_1": round(ratio(many_r, one_r), 2),
+        "ratio_dirmq_vs_raw_n_threads": round(ratio(many_r, raw_r), 2),
+    }
+
+
+# -- driver ----------------------------------------------------------------------------------------
+def filesystem_of(path: str) -> str:
+    best, kind = "", "?"
+    real = os.path.realpath(path)
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mount, fstype = parts[1], parts[2]
+            inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+            if inside and len(mount) > len(best):
+                best, kind = mount, fstype
+    return f"{kind} on {best}"
+
+
+def machine(base: str, versions: dict[str, str]) -> dict[str, Any]:
+    return {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "sqlite": sqlite3.sqlite_version,
+        "dirmq": importlib.metadata.version("dirmq"),
+        "peers": versions,
+        "disk_dir": base,
+        "disk_fs": filesystem_of(base),
+        "tmpfs_fs": filesystem_of(SHM) if os.path.isdir(SHM) else "absent",
+        "repeats": REPEATS,
+    }
+
+
+def print_summary(report: Report) -> None:
+    widths = [max(len(r[i]) for r in report.rows) for i in range(3)] if report.rows else [0] * 3
+    print(f"\n== results (medians of {REPEATS} runs) ==")
+    for bench, subject, result, note in report.rows:
+        print(f"{bench:<{widths[0]}}  {subject:<{widths[1]}}  {result:>{widths[2]}}  {note}")
+    print("\n== targets ==")
+    for t in report.targets:
+        verdict = "MET " if t["met"] else "MISS"
+        print(f"{verdict}  {t['name']:<36} {t['value']:>10.2f}  (goal {t['goal']}; {t['detail']})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    parser.add_argument("--dir", help="where disk-backed queues live (default: a temp dir in /tmp)")
+    parser.add_argument("--json", default=str(DEFAULT_JSON), help="where to write the results")
+    parser.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}"
+    )
+    parser.add_argument("--child-backlog", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child_backlog:
+        print(json.dumps(backlog_child(json.loads(args.child_backlog))))
+        return 0
+    sections = {s.strip() for s in args.only.split(",") if s.strip()}
+    unknown = sections - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    sizes = QUICK if args.quick else FULL
+    versions = ensure_peers()
+    parent = args.dir or tempfile.gettempdir()
+    os.makedirs(parent, exist_ok=True)
+    base = tempfile.mkdtemp(prefix="dirmq-bench-", dir=parent)
+    report = Report()
+    report.data["machine"] = machine(base, versions)
+    report.data["mode"] = "quick" if args.quick else "full"
+    print(f"dirmq store benchmark ({report.data['mode']}); disk queues in {base}")
+    print(f"  {report.data['machine']['disk_fs']}; peers: {versions}")
+    started = time.perf_counter()
+    try:
+        if "put" in sections:
+            bench_put(base, sizes, report)
+        if "depth" in sections:
+            bench_depth(base, sizes, versions, report)
+        if "backlog" in sections:
+            bench_backlog(sizes, report)
+        if "threads" in sections:
+            bench_threads(base, sizes, report)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    report.data["seconds"] = round(time.perf_counter() - started, 1)
+    report.data["table"] = [list(r) for r in report.rows]
+    report.data["targets"] = report.targets
+    print_summary(report)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report.data, indent=2) + "\n")
+    print(f"\nwrote {out} ({report.data['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Property tests of the message codec, queue names and file-name layout."""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import dirmq
+from dirmq.store import codec, layout
+from dirmq.store.ids import is_id, new_id
+from dirmq.store.names import queue_path, validate_queue_name
+
+header_names = st.from_regex(r"[A-Za-z][A-Za-z0-9-]{0,20}", fullmatch=True).filter(
+    lambda n: n.lower() not in ("content-length", "body-crc32") and not n.lower().startswith("dirmq-")
+)
+header_values = st.text(
+    alphabet=st.characters(blacklist_characters="\r\n\x00", blacklist_categories=("Cs",)),
+    max_size=50,
+)
+
+
+@given(st.binary(max_size=4096), st.dictionaries(header_names, header_values, max_size=5))
+def test_codec_round_trips_any_body_and_headers(body: bytes, headers: dict[str, str]) -> None:
+    lowered = {k.lower() for k in headers}
+    if len(lowered) != len(headers):
+        return
+    codec.check_headers(headers)
+    decoded = codec.decode(codec.encode(body, headers, {"Slot": "7"}))
+    assert decoded.body == body
+    assert decoded.headers == headers
+    assert decoded.system == {"Slot": "7"}
+
+
+@given(st.binary(min_size=1, max_size=512), st.data())
+def test_codec_detects_any_truncation(body: bytes, data: st.DataObject) -> None:
+    encoded = codec.encode(body, {"Content-Type": "x"})
+    cut = data.draw(st.integers(min_value=0, max_value=len(encoded) - 1))
+    with pytest.raises(dirmq.CorruptMessage):
+        codec.decode(encoded[:cut])
+
+
+@given(st.binary(min_size=1, max_size=512), st.data())
+def test_codec_detects_a_flipped_body_byte(body: bytes, data: st.DataObject) -> None:
+    encoded = bytearray(codec.encode(body, {}))
+    position = data.draw(st.integers(min_value=len(encoded) - len(body), max_value=len(encoded) - 1))
+    encoded[position] ^= 0x01
+    with pytest.raises(dirmq.CorruptMessage):
+        codec.decode(bytes(encoded))
+
+
+def test_message_file_is_readable_with_cat() -> None:
+    encoded = codec.encode(b"swordfish", {"Content-Type": "text/plain; charset=UTF-8"})
+    assert encoded == (
+        b"Dirmq-Format: 1\nContent-Length: 9\nBody-CRC32: "
+        + f"{zlib.crc32(b'swordfish'):08x}".encode()
+        + b"\nContent-Type: text/plain; charset=UTF-8\n\nswordfish"
+    )
+
+
+@given(st.text(max_size=60))
+def test_any_accepted_name_stays_under_the_root(name: str) -> None:
+    root = "/srv/dirmq-root"
+    try:
+        validate_queue_name(name)
+    except dirmq.InvalidName:
+        return
+    path = os.path.normpath(queue_path(root, name))
+    assert path.startswith(root + "/")
+    assert "@" not in {seg[:1] for seg in name.split("/")}
+
+
+@given(st.lists(st.from_regex(r"[a-z0-9 _.-]{1,12}", fullmatch=True), min_size=1, max_size=4))
+def test_ordinary_nested_names_are_accepted(segments: list[str]) -> None:
+    name = "/".join(segments)
+    if any(s in (".", "..") for s in segments):
+        with pytest.raises(dirmq.InvalidName):
+            validate_queue_name(name)
+    else:
+        assert validate_queue_name(name) == name
+
+
+def test_long_names_are_refused() -> None:
+    with pytest.raises(dirmq.InvalidName, match="limit"):
+        validate_queue_name("a/" * 600 + "a")
+    with pytest.raises(dirmq.InvalidName, match="255"):
+        validate_queue_name("x" * 256)
+
+
+def test_state_names_round_trip() -> None:
+    message_id = new_id()
+    assert is_id(message_id)
+    assert layout.parse_entry(layout.ready_name(message_id, 0)) == layout.Entry(message_id, 0, None)
+    assert layout.parse_entry(layout.ready_name(message_id, 3)) == layout.Entry(message_id, 3, None)
+    timed = layout.parse_entry(layout.timed_name(message_id, 2, 1_700_000_000_123))
+    assert timed == layout.Entry(message_id, 2, 1_700_000_000_123)
+    assert layout.parse_entry("garbage") is None
+    assert layout.parse_receipt(f"{message_id}.2") == (message_id, 2)
+    assert layout.parse_receipt(f"{message_id}/../x.2") is None
+
+
+def test_ids_are_unique_and_ordered_under_threads() -> None:
+    import threading
+
+    out: list[list[str]] = [[] for _ in range(4)]
+
+    def mint(slot: list[str]) -> None:
+        slot.extend(new_id() for _ in range(5000))
+
+    threads = [threading.Thread(target=mint, args=(slot,)) for slot in out]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [i for slot in out for i in slot]
+    assert len(set(every)) == len(every)
+    for slot in out:
+        assert slot == sorted(slot)
