@@ -45,11 +45,16 @@ class LocalTransport:
         self.store.configure(name, **changes)
 
 
-TRANSPORTS = ["local"]
+TRANSPORTS = ["local", "local-polling"]
 
 
 @pytest.fixture(params=TRANSPORTS)
-def transport(request: pytest.FixtureRequest, store: dirmq.Store) -> LocalTransport:
+def transport(request: pytest.FixtureRequest, root: Path) -> Iterator[LocalTransport]:
     if request.param == "local":
-        return LocalTransport(store)
-    raise AssertionError(request.param)  # pragma: no cover
+        store = dirmq.Store(root)
+    elif request.param == "local-polling":  # as on NFS, where inotify misses other hosts
+        store = dirmq.Store(root, watch_mode="poll", poll_interval_s=0.05)
+    else:  # pragma: no cover
+        raise AssertionError(request.param)
+    with store:
+        yield LocalTransport(store)

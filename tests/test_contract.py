@@ -409,7 +409,7 @@ def test_queue_lifecycle(transport: LocalTransport) -> None:
     assert transport.list_queues() == ["fish/saltwater", "snazzy party"]
 
 
-def test_deleted_queue_refuses_puts(transport: LocalTransport, store: dirmq.Store) -> None:
+def test_deleted_queue_refuses_puts(transport: LocalTransport) -> None:
     q = transport.make_queue("gone")
     q.put(b"x")
     assert q.get_one() is not None
@@ -417,7 +417,7 @@ def test_deleted_queue_refuses_puts(transport: LocalTransport, store: dirmq.Stor
     with pytest.raises(dirmq.QueueNotFound):
         q.put(b"y")
     with pytest.raises(dirmq.QueueNotFound):
-        store.queue("gone")
+        transport.store.queue("gone")
     again = transport.make_queue("gone")
     assert again.stats().total == 0, "in-flight messages are deleted with their queue"
 

@@ -39,8 +39,8 @@ from contextlib import contextmanager
 from types import TracebackType
 
 from dirmq.errors import DirmqError, QueueFull
-from dirmq.store import QueueConfig, Store
 from dirmq.store import Queue as StoreQueue
+from dirmq.store import QueueConfig, Store
 from dirmq.store.ids import is_id
 
 __all__ = ["Queue", "QueueException", "QueueFullException", "QueueManager"]

@@ -42,16 +42,15 @@ from dataclasses import dataclass
 from dirmq.errors import InvalidArgument, MessageTooLarge, storage_error
 from dirmq.store import Store, codec, layout
 from dirmq.store.fsio import PendingFile, fsync_dir, write_new_file
-from dirmq.store.ids import is_id
 
 __all__ = ["BATCH_SIZE", "ImportReport", "import_vsqs"]
 
 BATCH_SIZE = 256
 JOURNAL_PREFIX = ".dirmq-import-"
 _VSQS_NAME = re.compile(r"(\d{1,16})(?:\.(new|\d[0-9.eE+-]*))?")
-# vsqs 0.3 names files in microseconds; its README says milliseconds. Anything below this cannot be
-# a microsecond timestamp of this century (it is March 1973), so it is read as milliseconds.
-_MILLIS_BELOW = 10**14
+# vsqs 0.3 names files in microseconds; its README says milliseconds. Below 10**13, a name read as
+# microseconds would date from April 1970, and read as milliseconds from before 2286: milliseconds.
+_MILLIS_BELOW = 10**13
 _STATE_DIRS = (layout.READY, layout.LEASED, layout.DELAYED, layout.DEAD)
 
 
@@ -117,19 +116,22 @@ def import_vsqs(
     present = _ids_in_queue(queue.path)
     journal = _Journal.open(source_dir, store.root, queue_name)
     max_bytes = queue.config.max_message_bytes
-    for start in range(0, len(sources), BATCH_SIZE):
-        batch = sources[start : start + BATCH_SIZE]
-        _import_batch(batch, source_dir, queue.path, store, journal, present, max_bytes, tally)
-        if remove:
-            tally.removed += _remove_sources(source_dir, batch)
-        if progress is not None:
-            progress(len(batch))
+    try:
+        for start in range(0, len(sources), BATCH_SIZE):
+            batch = sources[start : start + BATCH_SIZE]
+            _import_batch(batch, source_dir, queue.path, store, journal, present, max_bytes, tally)
+            if remove:
+                tally.removed += _remove_sources(source_dir, batch)
+            if progress is not None:
+                progress(len(batch))
+    finally:
+        if journal is not None:
+            journal.close()
     journal_path = journal.path if journal is not None else None
-    if journal is not None:
-        journal.close()
-        if remove:
-            journal.discard()
-            journal_path = None
+    if journal is not None and remove:
+        # Every journaled source file is gone, so the journal has nothing left to protect.
+        journal.discard()
+        journal_path = None
     return ImportReport(
         imported=tally.imported,
         imported_in_flight=tally.imported_in_flight,
@@ -170,8 +172,11 @@ def _list_sources(source_dir: str, tally: _Tally) -> tuple[list[_Source], list[s
         if micros < _MILLIS_BELOW:
             micros *= 1000
         source = by_micros.setdefault(micros, _Source(micros, []))
-        # The ready name first: if both spellings were listed, the ready one is the current one.
-        source.names.insert(0, name) if match.group(2) is None else source.names.append(name)
+        if match.group(2) is None:
+            # The ready name first: if a listing caught both spellings, it is the current one.
+            source.names.insert(0, name)
+        else:
+            source.names.append(name)
     return [by_micros[m] for m in sorted(by_micros)], incomplete
 
 
@@ -229,20 +234,19 @@ def _import_batch(
                     f"most {max_bytes} (raise its max_message_bytes, then import again)"
                 )
             message_id = vsqs_message_id(source.micros, body)
-            assert is_id(message_id)
             settled.append(source.micros)
             if message_id in present:
                 tally.skipped_existing += 1
                 continue
             pending.append(_write_tmp(queue_path, message_id, body))
             written.append(message_id)
-            in_flight += name != str(source.micros) and "." in name
-        if pending:
-            store.group_commit.commit(pending)  # closes every fd, removes temps on failure
+            in_flight += "." in name
     except BaseException:
         for f in pending:
             _close_and_unlink(f)
         raise
+    if pending:
+        store.group_commit.commit(pending)  # closes every fd; on failure, removes the temps
     present.update(written)
     tally.imported += len(written)
     tally.imported_in_flight += in_flight
@@ -274,12 +278,14 @@ def _write_tmp(queue_path: str, message_id: str, body: bytes) -> PendingFile:
 
 
 def _close_and_unlink(pending: PendingFile) -> None:
-    # After a failed commit the fds are closed already (EBADF) and the temps gone (ENOENT).
-    for undo in (lambda: os.close(pending.fd), lambda: os.unlink(pending.tmp_path)):
-        try:
-            undo()
-        except OSError:
-            pass
+    try:
+        os.close(pending.fd)
+    except OSError:
+        pass
+    try:
+        os.unlink(pending.tmp_path)
+    except OSError:
+        pass
 
 
 def _remove_sources(source_dir: str, batch: list[_Source]) -> int:
@@ -310,6 +316,7 @@ class _Journal:
         self.path = path
         self._fd = fd
         self.done = done
+        self._entry_durable = bool(done)  # a journal with content has a durable directory entry
 
     @classmethod
     def open(cls, source_dir: str, root: str, queue_name: str) -> _Journal | None:
@@ -343,6 +350,9 @@ class _Journal:
             while view:
                 view = view[os.write(self._fd, view) :]
             os.fsync(self._fd)
+            if not self._entry_durable:
+                fsync_dir(os.path.dirname(self.path) or ".")
+                self._entry_durable = True
         except OSError as exc:
             raise storage_error(exc, f"writing {self.path}") from exc
         self.done.update(fresh)

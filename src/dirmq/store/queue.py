@@ -126,6 +126,9 @@ class Queue:
         index = QueueIndex()
         index.rescan(self.path)
         self._index = index
+        # Recovery on open: what crashed processes left behind is cleaned up now, not later.
+        self._remove_orphans()
+        self._promote(index, self._config, _now_ms())
 
     def fileno(self) -> int | None:
         """A file descriptor that becomes readable when the queue changes (None when polling)."""
@@ -304,6 +307,8 @@ class Queue:
         try:
             if os.readlink(path) == message_id:
                 os.unlink(path)
+                if self._index is not None:
+                    self._index.slots.discard(slot)
         except OSError:
             pass
 
@@ -366,7 +371,7 @@ class Queue:
             assert entry is not None
             source = os.path.join(ready_dir, name)
             if self._expired_by_retention(entry.message_id, config, now_ms):
-                self._remove_file(source, entry.message_id)
+                self._remove_file(layout.READY, name, entry.message_id)
                 continue
             count = entry.count + 1
             lease = layout.timed_name(entry.message_id, count, now_ms + visibility_ms)
@@ -462,7 +467,9 @@ class Queue:
         except OSError:
             pass
 
-    def _remove_file(self, path: str, message_id: str) -> bool:
+    def _remove_file(self, directory: str, name: str, message_id: str) -> bool:
+        """Unlink a message for good (and free its capacity token); False if already gone."""
+        path = os.path.join(self._dir[directory], name)
         self._release_slot_of(path, message_id)
         try:
             os.unlink(path)
@@ -470,6 +477,9 @@ class Queue:
             return False
         except OSError as exc:
             raise storage_error(exc, f"removing a message of queue {self.name!r}") from exc
+        finally:
+            if self._index is not None:
+                self._index.discard(directory, name)
         return True
 
     # -- settling leases --------------------------------------------------------------------------
@@ -596,8 +606,7 @@ class Queue:
                 if found is None:
                     return False
                 directory, name = found
-                if self._remove_file(os.path.join(self._dir[directory], name), message_id):
-                    self._synced_index().discard(directory, name)
+                if self._remove_file(directory, name, message_id):
                     return True
         return False
 
@@ -700,9 +709,7 @@ class Queue:
                     raise QueueNotFound(f"queue {self.name!r} does not exist") from None
                 for name in names:
                     entry = parse_entry(name)
-                    if entry is not None and self._remove_file(
-                        os.path.join(self._dir[directory], name), entry.message_id
-                    ):
+                    if entry is not None and self._remove_file(directory, name, entry.message_id):
                         removed += 1
                     if progress:
                         progress(1)
@@ -722,9 +729,9 @@ class Queue:
             if config.retention_s is not None:
                 now_ms = _now_ms()
                 for message_id, name in list(index.ready.items()):
-                    if self._expired_by_retention(message_id, config, now_ms) and self._remove_file(
-                        os.path.join(self._dir[layout.READY], name), message_id
-                    ):
+                    if self._expired_by_retention(
+                        message_id, config, now_ms
+                    ) and self._remove_file(layout.READY, name, message_id):
                         expired += 1
             released = self._release_leaked_slots(index)
             self._synced_index()

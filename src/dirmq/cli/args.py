@@ -1,0 +1,192 @@
+"""Argument types and options shared by the subcommands, and opening the store they name."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import NoReturn
+
+from dirmq.errors import InvalidName
+from dirmq.store import Store, default_root
+from dirmq.store.config import Durability
+from dirmq.store.names import validate_queue_name
+
+_NONE_WORDS = frozenset({"none", "off", "unset"})
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line: `dirmq: error: <message>`, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"dirmq: error: {message} (see '{self.prog} --help')", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def queue_name(text: str) -> str:
+    """A valid queue name (checked before anything touches the disk)."""
+    try:
+        return validate_queue_name(text)
+    except InvalidName as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def seconds(text: str) -> float:
+    """A finite, non-negative number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number of seconds")
+    return value
+
+
+def count(text: str) -> int:
+    """A non-negative integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
+
+
+def optional_seconds(text: str) -> float | None:
+    """Seconds, or `none` to unset the setting."""
+    return None if text.lower() in _NONE_WORDS else seconds(text)
+
+
+def optional_count(text: str) -> int | None:
+    """An integer, or `none` to unset the setting."""
+    return None if text.lower() in _NONE_WORDS else count(text)
+
+
+def optional_queue_name(text: str) -> str | None:
+    """A queue name, or `none` to unset the setting."""
+    return None if text.lower() in _NONE_WORDS else queue_name(text)
+
+
+def common_options() -> argparse.ArgumentParser:
+    """The options every subcommand takes (a parent parser)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--root",
+        default=None,
+        metavar="DIR",
+        help="the dirmq root directory (default: $DIRMQ_ROOT, else ./dirmq-data)",
+    )
+    return parent
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    """Queue settings; dests are `QueueConfig` field names, present only when given."""
+    group = parser.add_argument_group("queue settings ('none' unsets an optional one)")
+    add = group.add_argument
+    suppress = argparse.SUPPRESS
+    add(
+        "--visibility",
+        dest="visibility_timeout_s",
+        type=seconds,
+        default=suppress,
+        metavar="S",
+        help="visibility timeout (lease length) in seconds",
+    )
+    add(
+        "--delay",
+        dest="delay_s",
+        type=seconds,
+        default=suppress,
+        metavar="S",
+        help="default delivery delay of new messages in seconds",
+    )
+    add(
+        "--max-receives",
+        dest="max_receives",
+        type=optional_count,
+        default=suppress,
+        metavar="N",
+        help="dead-letter a message after N deliveries",
+    )
+    add(
+        "--dead-letter",
+        dest="dead_letter_queue",
+        type=optional_queue_name,
+        default=suppress,
+        metavar="QUEUE",
+        help="queue receiving dead letters (default: this queue's @dead)",
+    )
+    add(
+        "--capacity",
+        dest="capacity",
+        type=optional_count,
+        default=suppress,
+        metavar="N",
+        help="at most N messages ready, in flight or delayed",
+    )
+    add(
+        "--retention",
+        dest="retention_s",
+        type=optional_seconds,
+        default=suppress,
+        metavar="S",
+        help="drop ready messages older than S seconds",
+    )
+    add(
+        "--max-bytes",
+        dest="max_message_bytes",
+        type=count,
+        default=suppress,
+        metavar="N",
+        help="largest accepted message body in bytes",
+    )
+    add(
+        "--durability",
+        dest="durability",
+        choices=[d.value for d in Durability],
+        default=suppress,
+        help="when a put is acknowledged (default: writethrough)",
+    )
+    add(
+        "--writeback-delay",
+        dest="writeback_delay_s",
+        type=seconds,
+        default=suppress,
+        metavar="S",
+        help="longest delay before a writeback flush",
+    )
+    add(
+        "--peers",
+        dest="peers",
+        type=count,
+        default=suppress,
+        metavar="N",
+        help="take one of the oldest N+1 messages at random (spreads many consumers)",
+    )
+
+
+CONFIG_FIELDS = (
+    "visibility_timeout_s",
+    "delay_s",
+    "max_receives",
+    "dead_letter_queue",
+    "capacity",
+    "retention_s",
+    "max_message_bytes",
+    "durability",
+    "writeback_delay_s",
+    "peers",
+)
+
+
+def config_changes(args: argparse.Namespace) -> dict[str, object]:
+    """The settings given on the command line, by `QueueConfig` field name."""
+    return {name: getattr(args, name) for name in CONFIG_FIELDS if hasattr(args, name)}
+
+
+def open_store(args: argparse.Namespace, *, create: bool = False) -> Store:
+    """The store at `--root`. Without `create`, a directory that is not a dirmq root is refused
+    (QueueNotFound) rather than silently initialised by a read-only command."""
+    root: str = args.root or default_root()
+    return Store(root, create=create)

@@ -1,0 +1,82 @@
+"""Exit codes of the `dirmq` command, and the one table mapping errors to them.
+
+  0  ok
+  1  unexpected error (a bug: a traceback is printed)
+  2  usage error: bad arguments or option values, invalid queue name, queue already exists
+  3  empty or not found: no message on `get`, unknown message id
+  4  queue not found (or the root is not a dirmq root)
+  5  queue full: the put timed out at capacity
+  6  storage failure: disk full, I/O error, permission denied, damaged message file
+  7  stale receipt: the lease was lost (expired and redelivered, or already acknowledged)
+  8  fsck found problems it did not repair
+130  interrupted (Ctrl-C)
+"""
+
+from __future__ import annotations
+
+import sys
+
+from dirmq.errors import (
+    ConfigError,
+    CorruptMessage,
+    InvalidArgument,
+    InvalidName,
+    MessageNotFound,
+    MessageTooLarge,
+    QueueExists,
+    QueueFull,
+    QueueNotFound,
+    StaleReceipt,
+    StorageError,
+)
+
+OK = 0
+UNEXPECTED = 1
+USAGE = 2
+EMPTY = 3
+NO_QUEUE = 4
+FULL = 5
+STORAGE = 6
+STALE = 7
+FSCK_UNREPAIRED = 8
+INTERRUPTED = 130
+
+# First match wins: subclasses before their bases (StorageError is an OSError).
+ERROR_EXITS: tuple[tuple[type[BaseException], int], ...] = (
+    (InvalidName, USAGE),
+    (InvalidArgument, USAGE),
+    (ConfigError, USAGE),
+    (MessageTooLarge, USAGE),
+    (QueueExists, USAGE),
+    (MessageNotFound, EMPTY),
+    (QueueNotFound, NO_QUEUE),
+    (QueueFull, FULL),
+    (StaleReceipt, STALE),
+    (CorruptMessage, STORAGE),
+    (StorageError, STORAGE),
+    (OSError, STORAGE),  # foreign errors that reached the CLI unmapped (permissions, ...)
+)
+
+
+def exit_code_for(exc: BaseException) -> int | None:
+    """The exit code of an expected error, or None for an unexpected one (a bug)."""
+    for error_type, code in ERROR_EXITS:
+        if isinstance(exc, error_type):
+            return code
+    return None
+
+
+def describe(exc: BaseException) -> str:
+    """One line saying what went wrong (an OSError with a file name names it)."""
+    if isinstance(exc, StorageError) and exc.strerror:
+        return str(exc.strerror)  # already says what was being done, and why it failed
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def error(message: str) -> None:
+    """Print `dirmq: error: <message>` on stderr (the one format of every failure)."""
+    print(f"dirmq: error: {message}", file=sys.stderr)

@@ -1,0 +1,712 @@
+"""Check, and optionally repair, every invariant of the on-disk format under one root.
+
+Theory of operation. fsck walks the root with `os.scandir` (never following symlinks), and checks
+each queue directory it meets (a directory holding `@queue.json`) one file at a time: a message
+file is read, decoded (length and CRC) and dropped before the next is read, so memory grows with
+the number of ids (for the duplicate and capacity checks), never with the bodies. It takes no lock
+and is safe next to live processes: a file that disappears mid-check was moved by a normal
+transition and is skipped, and the two checks that a concurrent transition could fool (duplicate
+ids, leaked capacity slots) are confirmed by a second look before anything is reported or removed.
+
+Invariants, and what `repair=True` does about each (see `Kind`):
+
+    root marker @dirmq.json present, a JSON object with "format": 1   recreate (bad one moved aside)
+    @trash empty (an interrupted queue deletion)                      empty it
+    @queue.json parses and validates                                  move aside, write defaults
+    every state directory exists                                      mkdir
+    names in @ready/@dead carry no time, @leased/@delayed do          rename to the canonical name
+    names in state directories parse at all                           move to @corrupt
+    every message file decodes (Content-Length, Body-CRC32)           move to @corrupt
+    one file per message id across @ready/@leased/@delayed/@dead      keep one copy (see below)
+    no orphaned temp file in @tmp (dead writer, or older than 1 h)     unlink
+    no capacity slot pointing at an absent message (older than 60 s)  unlink
+    state directories without @queue.json (crashed create/delete)     remove when empty, else report
+    stray unknown files                                               report only (a notice)
+
+Which copy of a duplicated id is kept: the most advanced one, in the order
+leased > ready > delayed > dead, then the higher receive count, then the later time. A leased copy
+is kept first because a consumer holds its receipt: keeping it lets that consumer's ack settle the
+message, while keeping a ready copy would deliver it a second time. Live states beat @dead so a
+message that can still be delivered is never dropped (delivery is at-least-once).
+
+Expired leases and due delays are not damage (any get or sweep promotes them); they are counted.
+Files named `@queue.json.bad-*` are left by an earlier repair for a human to read, and are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import partial
+
+from dirmq.errors import ConfigError, CorruptMessage, InvalidArgument, InvalidName, storage_error
+from dirmq.store import codec, layout
+from dirmq.store.config import QueueConfig
+from dirmq.store.layout import Entry, parse_entry
+from dirmq.store.names import validate_queue_name
+from dirmq.store.queue import ORPHAN_GRACE_S, SLOT_GRACE_S, _is_orphan
+from dirmq.store.root import ROOT_FORMAT, _atomic_write
+
+# Message states in the order a duplicate is kept (first = kept first), and their name shapes.
+_MESSAGE_DIRS = (layout.LEASED, layout.READY, layout.DELAYED, layout.DEAD)
+_TIMED = frozenset({layout.LEASED, layout.DELAYED})
+_LIVE = frozenset({layout.READY, layout.LEASED, layout.DELAYED})  # hold a capacity slot
+_PROGRESS_BATCH = 256
+
+
+class Kind(StrEnum):
+    """What kind of problem a `Problem` is."""
+
+    ROOT_MARKER = "root-marker"  # @dirmq.json missing, unparseable or of an unknown format
+    TRASH = "trash"  # leftovers of an interrupted queue deletion in <root>/@trash
+    BAD_CONFIG = "bad-config"  # @queue.json does not parse or validate
+    MISSING_DIR = "missing-dir"  # a state directory of a queue is missing
+    BAD_NAME = "bad-name"  # a state-directory file name that does not fit its directory
+    CORRUPT = "corrupt"  # a message file that does not decode
+    UNREADABLE = "unreadable"  # a message file or directory the OS refused to read
+    DUPLICATE = "duplicate"  # one message id in several files
+    ORPHAN_TMP = "orphan-tmp"  # a temp file no writer will ever rename
+    LEAKED_SLOT = "leaked-slot"  # a capacity token whose message is gone
+    UNCONFIGURED = "unconfigured"  # state directories without @queue.json
+    BAD_QUEUE_NAME = "bad-queue-name"  # a queue directory whose path is not a valid queue name
+    MISSING_DLQ = "missing-dlq"  # notice: the dead-letter queue named in the config is absent
+    STRAY = "stray"  # notice: a file or directory dirmq does not know
+
+
+# Notices do not break an invariant the store relies on: they never make a report not `ok`.
+NOTICE_KINDS = frozenset({Kind.STRAY, Kind.MISSING_DLQ})
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One finding. `queue` is the queue name ("" for the root itself); `path` is absolute."""
+
+    queue: str
+    path: str
+    kind: Kind
+    detail: str
+    repaired: bool = False
+
+    @property
+    def notice(self) -> bool:
+        """True for findings that are reported but need no repair (stray files and the like)."""
+        return self.kind in NOTICE_KINDS
+
+
+@dataclass(frozen=True, slots=True)
+class FsckReport:
+    """What `fsck` found. `problems` is in discovery order (a tuple: the report is a value)."""
+
+    root: str
+    problems: tuple[Problem, ...] = ()
+    queues_checked: int = 0
+    messages_checked: int = 0
+    expired_leases: int = 0  # not damage: the next get or sweep requeues them
+    due_delayed: int = 0  # not damage: the next get or sweep delivers them
+    tmp_in_progress: int = 0  # temp files of live writers, left alone
+    corrupt_kept: int = 0  # files already quarantined in @corrupt, kept for inspection
+
+    @property
+    def unrepaired(self) -> tuple[Problem, ...]:
+        """Problems (not notices) still present after this run."""
+        return tuple(p for p in self.problems if not p.repaired and not p.notice)
+
+    @property
+    def repaired(self) -> tuple[Problem, ...]:
+        return tuple(p for p in self.problems if p.repaired)
+
+    @property
+    def ok(self) -> bool:
+        """True when every invariant holds now (nothing found, or everything found repaired)."""
+        return not self.unrepaired
+
+
+def fsck(
+    store_root: str | os.PathLike[str],
+    *,
+    repair: bool,
+    progress: Callable[[int], None] | None = None,
+) -> FsckReport:
+    """Check every queue under `store_root`; with `repair`, fix what can be fixed safely.
+
+    Without `repair` nothing on disk is changed. With it, no message that decodes is ever deleted
+    unless another copy of the same id is kept, and nothing that cannot be repaired without
+    guessing (an unknown root format, a queue directory holding messages but no configuration) is
+    touched. `progress` receives increments of entries examined. Raises `InvalidArgument` if
+    `store_root` is not a directory, `StorageError` if it cannot be read at all.
+    """
+    root = os.path.abspath(os.fspath(store_root))
+    if not os.path.isdir(root):
+        raise InvalidArgument(f"{root} is not a directory")
+    checker = _Checker(root, repair, progress)
+    try:
+        checker.walk(root, "")
+        checker.check_root()
+    except OSError as exc:
+        if isinstance(exc, InvalidArgument):
+            raise
+        raise storage_error(exc, f"checking {root}") from exc
+    finally:
+        checker.flush_progress()
+    return checker.report()
+
+
+@dataclass(slots=True)
+class _Counts:
+    queues: int = 0
+    messages: int = 0
+    expired: int = 0
+    due: int = 0
+    tmp_live: int = 0
+    corrupt_kept: int = 0
+
+
+@dataclass(slots=True)
+class _QueueScan:
+    """Per-queue bookkeeping: where each id was seen, which ids occur twice, live temp ids."""
+
+    path: str
+    name: str
+    seen: dict[str, str] = field(default_factory=dict)  # id -> state dir (first copy)
+    duplicates: set[str] = field(default_factory=set)
+    tmp_ids: set[str] = field(default_factory=set)
+    missing: set[str] = field(default_factory=set)  # state dirs absent after the dir check
+
+    def dir(self, state: str) -> str:
+        return os.path.join(self.path, state)
+
+
+class _Checker:
+    def __init__(self, root: str, repair: bool, progress: Callable[[int], None] | None) -> None:
+        self.root = root
+        self.repair = repair
+        self.problems: list[Problem] = []
+        self.counts = _Counts()
+        self._progress = progress
+        self._pending = 0
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+    def report(self) -> FsckReport:
+        c = self.counts
+        return FsckReport(
+            root=self.root,
+            problems=tuple(self.problems),
+            queues_checked=c.queues,
+            messages_checked=c.messages,
+            expired_leases=c.expired,
+            due_delayed=c.due,
+            tmp_in_progress=c.tmp_live,
+            corrupt_kept=c.corrupt_kept,
+        )
+
+    def add(self, queue: str, path: str, kind: Kind, detail: str, repaired: bool = False) -> None:
+        self.problems.append(Problem(queue, path, kind, detail, repaired))
+
+    def fix(
+        self, queue: str, path: str, kind: Kind, detail: str, action: Callable[[], str]
+    ) -> None:
+        """Record a problem; with repair, run `action` (it returns what it did) and say so."""
+        if not self.repair:
+            self.add(queue, path, kind, detail)
+            return
+        try:
+            done = action()
+        except OSError as exc:
+            self.add(queue, path, kind, f"{detail}; repair failed: {exc.strerror or exc}")
+            return
+        self.add(queue, path, kind, f"{detail}; {done}", repaired=True)
+
+    def tick(self) -> None:
+        self._pending += 1
+        if self._pending >= _PROGRESS_BATCH:
+            self.flush_progress()
+
+    def flush_progress(self) -> None:
+        if self._progress is not None and self._pending:
+            self._progress(self._pending)
+        self._pending = 0
+
+    # -- the root ----------------------------------------------------------------------------------
+    def check_root(self) -> None:
+        marker = os.path.join(self.root, layout.ROOT_MARKER)
+        try:
+            with open(marker, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            detail = f"{layout.ROOT_MARKER} is missing"
+            if self.counts.queues == 0 and _has_entries(self.root):
+                # Refuse to stamp an arbitrary, non-empty directory as a dirmq root.
+                self.add(
+                    "", marker, Kind.ROOT_MARKER, f"{detail}, and no queue either: not a root?"
+                )
+                return
+            self.fix("", marker, Kind.ROOT_MARKER, detail, self._write_marker)
+            return
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            data = None
+        if not isinstance(data, dict) or not isinstance(data.get("format"), int):
+            self.fix(
+                "",
+                marker,
+                Kind.ROOT_MARKER,
+                f"{layout.ROOT_MARKER} is not a JSON object with a format number",
+                lambda: self._set_aside(marker) + "; " + self._write_marker(),
+            )
+        elif data["format"] != ROOT_FORMAT:
+            # A newer dirmq wrote this root: nothing here may be "repaired" by an older reader.
+            self.add("", marker, Kind.ROOT_MARKER, f"unsupported root format {data['format']}")
+
+    def _write_marker(self) -> str:
+        marker = os.path.join(self.root, layout.ROOT_MARKER)
+        _atomic_write(marker, json.dumps({"format": ROOT_FORMAT}).encode() + b"\n")
+        return f"wrote a fresh {layout.ROOT_MARKER}"
+
+    def _set_aside(self, path: str) -> str:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target = f"{path}.bad-{stamp}"
+        n = 1
+        while os.path.lexists(target):
+            n += 1
+            target = f"{path}.bad-{stamp}-{n}"
+        os.rename(path, target)
+        return f"moved aside to {os.path.basename(target)}"
+
+    def _check_trash(self, path: str) -> None:
+        try:
+            leftovers = sorted(os.listdir(path))
+        except NotADirectoryError:
+            self.add("", path, Kind.STRAY, "expected a directory")
+            return
+        if not leftovers:
+            return
+
+        def empty() -> str:
+            for entry in leftovers:
+                target = os.path.join(path, entry)
+                if os.path.isdir(target) and not os.path.islink(target):
+                    shutil.rmtree(target)
+                else:
+                    os.unlink(target)
+            return "emptied"
+
+        detail = f"{len(leftovers)} leftover(s) of an interrupted queue deletion"
+        self.fix("", path, Kind.TRASH, detail, empty)
+
+    # -- the walk ----------------------------------------------------------------------------------
+    def walk(self, path: str, name: str) -> None:
+        """Check the directory `path` (queue `name`, or "" for the root) and everything below."""
+        with os.scandir(path) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        names = {e.name for e in entries}
+        is_queue = bool(name) and layout.CONFIG_FILE in names
+        if is_queue:
+            try:
+                validate_queue_name(name)
+            except InvalidName as exc:
+                self.add(name, path, Kind.BAD_QUEUE_NAME, f"{exc}; the store cannot open it")
+                return
+            self.check_queue(path, name)
+        elif name and names & set(layout.STATE_DIRS):
+            self.check_unconfigured(path, name, sorted(names & set(layout.STATE_DIRS)))
+        for entry in entries:
+            child = entry.name
+            if child.startswith("@"):
+                self._check_reserved(name, entry)
+            elif entry.is_dir(follow_symlinks=False):
+                self.walk(entry.path, f"{name}/{child}" if name else child)
+            elif not child.startswith(".nfs"):  # NFS "silly rename" files come and go
+                self.add(name, entry.path, Kind.STRAY, "unknown file")
+
+    def _check_reserved(self, name: str, entry: os.DirEntry[str]) -> None:
+        child = entry.name
+        if not name:
+            if child == layout.ROOT_MARKER or child.startswith(f"{layout.ROOT_MARKER}.bad-"):
+                return
+            if child == layout.ROOT_TRASH:
+                self._check_trash(entry.path)
+                return
+            if _is_config_tmp(child, layout.ROOT_MARKER):
+                self._check_config_tmp(name, entry.path)
+                return
+        elif child in layout.STATE_DIRS:
+            return  # checked with the queue, or reported as unconfigured
+        elif child == layout.CONFIG_FILE or child.startswith(f"{layout.CONFIG_FILE}.bad-"):
+            return
+        elif _is_config_tmp(child, layout.CONFIG_FILE):
+            self._check_config_tmp(name, entry.path)
+            return
+        self.add(name, entry.path, Kind.STRAY, "unknown entry (names starting '@' are reserved)")
+
+    def _check_config_tmp(self, name: str, path: str) -> None:
+        """A temp file of an atomic config write: a crash leftover once it is old."""
+        if not _older_than(path, ORPHAN_GRACE_S):
+            return
+        self.fix(
+            name, path, Kind.ORPHAN_TMP, "temp file of an unfinished config write", _unlink(path)
+        )
+
+    def check_unconfigured(self, path: str, name: str, state_dirs: list[str]) -> None:
+        """State directories without @queue.json: a create or delete that crashed midway."""
+        messages = 0
+        for state in state_dirs:
+            try:
+                messages += sum(1 for _ in _scandir(os.path.join(path, state)))
+            except NotADirectoryError:
+                messages += 1
+        if messages:
+            # Inventing a configuration would be guessing; `dirmq create NAME` adopts the files.
+            detail = (
+                f"state directories without {layout.CONFIG_FILE} hold {messages} file(s); "
+                f"'dirmq create {name}' adopts them, or remove the directories"
+            )
+            self.add(name, path, Kind.UNCONFIGURED, detail)
+            return
+
+        def remove() -> str:
+            for state in state_dirs:
+                os.rmdir(os.path.join(path, state))
+            return "removed the empty state directories"
+
+        detail = f"empty state directories without {layout.CONFIG_FILE} (a crashed create/delete)"
+        self.fix(name, path, Kind.UNCONFIGURED, detail, remove)
+
+    # -- one queue ---------------------------------------------------------------------------------
+    def check_queue(self, path: str, name: str) -> None:
+        self.counts.queues += 1
+        scan = _QueueScan(path, name)
+        self._check_config(scan)
+        self._check_dirs(scan)
+        self._check_tmp(scan)
+        for state in _MESSAGE_DIRS:
+            if state not in scan.missing:
+                self._check_messages(scan, state)
+        if scan.duplicates:
+            self._resolve_duplicates(scan)
+        self._check_slots(scan)
+        if layout.CORRUPT not in scan.missing:
+            self.counts.corrupt_kept += sum(1 for _ in _scandir(scan.dir(layout.CORRUPT)))
+
+    def _check_config(self, scan: _QueueScan) -> None:
+        config_path = os.path.join(scan.path, layout.CONFIG_FILE)
+        try:
+            with open(config_path, "rb") as f:
+                config = QueueConfig.loads(f.read())
+        except FileNotFoundError:
+            return  # deleted while we looked: the queue is going away
+        except ConfigError as exc:
+
+            def replace() -> str:
+                aside = self._set_aside(config_path)
+                _atomic_write(config_path, QueueConfig().dumps())
+                return f"{aside} and wrote the default configuration: review it"
+
+            self.fix(scan.name, config_path, Kind.BAD_CONFIG, str(exc), replace)
+            return
+        dlq = config.dead_letter_queue
+        if dlq and not os.path.exists(os.path.join(self.root, *dlq.split("/"), layout.CONFIG_FILE)):
+            detail = f"dead-letter queue {dlq!r} does not exist: dead messages stay in @dead"
+            self.add(scan.name, config_path, Kind.MISSING_DLQ, detail)
+
+    def _check_dirs(self, scan: _QueueScan) -> None:
+        for state in layout.STATE_DIRS:
+            directory = scan.dir(state)
+            if os.path.isdir(directory):
+                continue
+            if os.path.lexists(directory):
+                # Something else has the name: moving it aside would be guessing what it is.
+                self.add(scan.name, directory, Kind.MISSING_DIR, "exists but is not a directory")
+                scan.missing.add(state)
+                continue
+
+            def make(directory: str = directory) -> str:
+                os.mkdir(directory)
+                return "created"
+
+            self.fix(scan.name, directory, Kind.MISSING_DIR, "state directory missing", make)
+            if not os.path.isdir(directory):
+                scan.missing.add(state)
+
+    def _check_tmp(self, scan: _QueueScan) -> None:
+        if layout.TMP in scan.missing:
+            return
+        for entry in _scandir(scan.dir(layout.TMP)):
+            self.tick()
+            if _is_orphan(entry.path, entry.name):
+                self.fix(
+                    scan.name,
+                    entry.path,
+                    Kind.ORPHAN_TMP,
+                    _orphan_reason(entry.name),
+                    _unlink(entry.path),
+                )
+            else:
+                self.counts.tmp_live += 1
+                parsed = layout.parse_tmp(entry.name)
+                if parsed is not None:
+                    scan.tmp_ids.add(parsed[0])
+
+    def _check_messages(self, scan: _QueueScan, state: str) -> None:
+        now_ms = time.time_ns() // 1_000_000
+        directory = scan.dir(state)
+        renamed: set[str] = set()  # our own renames may show up again later in this listing
+        for entry in _scandir(directory):
+            name = entry.name
+            if name in renamed or name.startswith(".nfs"):
+                continue
+            self.tick()
+            if not entry.is_file(follow_symlinks=False):
+                self.add(scan.name, entry.path, Kind.STRAY, "not a regular file")
+                continue
+            parsed = parse_entry(name)
+            if parsed is None:
+                detail = f"not a message file name for {state}"
+                self.fix(
+                    scan.name,
+                    entry.path,
+                    Kind.BAD_NAME,
+                    detail,
+                    partial(self._quarantine, scan, entry.path, name),
+                )
+                continue
+            if not self._decodes(scan, entry.path, name):
+                continue
+            self.counts.messages += 1
+            canonical = _canonical(state, parsed, now_ms)
+            if canonical != name:
+                detail = f"name {name!r} does not fit {state} (should be like {canonical!r})"
+                self.fix(
+                    scan.name,
+                    entry.path,
+                    Kind.BAD_NAME,
+                    detail,
+                    partial(_rename_in, directory, name, canonical),
+                )
+                if self.repair and not os.path.lexists(entry.path):
+                    renamed.add(canonical)
+                    parsed = parse_entry(canonical) or parsed
+            if state == layout.LEASED and parsed.at_ms is not None and parsed.at_ms <= now_ms:
+                self.counts.expired += 1
+            elif state == layout.DELAYED and parsed.at_ms is not None and parsed.at_ms <= now_ms:
+                self.counts.due += 1
+            if parsed.message_id in scan.seen:
+                scan.duplicates.add(parsed.message_id)
+            else:
+                scan.seen[parsed.message_id] = state
+
+    def _decodes(self, scan: _QueueScan, path: str, name: str) -> bool:
+        """True if the file decodes; reports (and with repair quarantines) it otherwise."""
+        try:
+            _read_decoded(path)
+        except FileNotFoundError:
+            return False  # moved by a live process since the listing: not ours to judge now
+        except CorruptMessage as exc:
+            self.fix(
+                scan.name, path, Kind.CORRUPT, str(exc), partial(self._quarantine, scan, path, name)
+            )
+            return False
+        except OSError as exc:
+            self.add(scan.name, path, Kind.UNREADABLE, exc.strerror or str(exc))
+            return False
+        return True
+
+    def _quarantine(self, scan: _QueueScan, path: str, name: str) -> str:
+        target = os.path.join(scan.dir(layout.CORRUPT), name)
+        n = 1
+        while os.path.lexists(target):
+            n += 1
+            target = os.path.join(scan.dir(layout.CORRUPT), f"{name}.{n}")
+        os.rename(path, target)
+        return f"moved to {layout.CORRUPT}/{os.path.basename(target)}"
+
+    # -- duplicates --------------------------------------------------------------------------------
+    def _resolve_duplicates(self, scan: _QueueScan) -> None:
+        """Look again at the ids seen twice: a file renamed between two directory listings was
+        seen in both, and is one file (one inode), not two copies."""
+        copies: dict[str, list[_Copy]] = {i: [] for i in scan.duplicates}
+        for state in _MESSAGE_DIRS:
+            if state in scan.missing:
+                continue
+            for entry in _scandir(scan.dir(state)):
+                parsed = parse_entry(entry.name)
+                if parsed is None or parsed.message_id not in copies:
+                    continue
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                try:
+                    _read_decoded(entry.path)  # only good copies compete
+                    links = entry.stat(follow_symlinks=False).st_nlink
+                except (OSError, CorruptMessage):
+                    continue
+                copies[parsed.message_id].append(
+                    _Copy(state, entry.name, parsed, entry.inode(), links)
+                )
+        for message_id, found in copies.items():
+            inodes = {c.inode for c in found}
+            if len(found) < 2 or (len(inodes) == 1 and found[0].links < 2):
+                continue  # it moved while we listed; one file, no duplicate
+            found.sort(key=_keep_order)
+            keep, extra = found[0], found[1:]
+            where = ", ".join(f"{c.state}/{c.name}" for c in found)
+            detail = f"id {message_id} is in {len(found)} files ({where})"
+            self.fix(
+                scan.name,
+                os.path.join(scan.dir(keep.state), keep.name),
+                Kind.DUPLICATE,
+                detail,
+                partial(self._drop_copies, scan, keep, extra),
+            )
+
+    def _drop_copies(self, scan: _QueueScan, keep: _Copy, extra: list[_Copy]) -> str:
+        if not os.path.exists(os.path.join(scan.dir(keep.state), keep.name)):
+            # The kept copy moved since we looked: decide nothing on stale information.
+            raise FileNotFoundError(0, "the kept copy moved meanwhile; run fsck again")
+        for copy in extra:
+            try:
+                os.unlink(os.path.join(scan.dir(copy.state), copy.name))
+            except FileNotFoundError:
+                pass
+        scan.seen[keep.parsed.message_id] = keep.state
+        return f"kept {keep.state}/{keep.name}, removed {len(extra)} other cop(ies)"
+
+    # -- capacity slots ----------------------------------------------------------------------------
+    def _check_slots(self, scan: _QueueScan) -> None:
+        if layout.SLOTS in scan.missing:
+            return
+        suspects: dict[str, str] = {}  # slot path -> target id
+        for entry in _scandir(scan.dir(layout.SLOTS)):
+            self.tick()
+            if not entry.is_symlink():
+                self.add(scan.name, entry.path, Kind.STRAY, "not a capacity slot symlink")
+                continue
+            try:
+                target = os.readlink(entry.path)
+                age_s = time.time() - entry.stat(follow_symlinks=False).st_mtime
+            except FileNotFoundError:
+                continue  # released meanwhile
+            if scan.seen.get(target) in _LIVE or target in scan.tmp_ids:
+                continue
+            if age_s > SLOT_GRACE_S:  # younger: a put may be between taking it and writing
+                suspects[entry.path] = target
+        if not suspects:
+            return
+        # A message renamed backwards in our listing order (a nack: @leased -> @ready) can be
+        # missed by both listings; one more look at the live directories settles it.
+        present = self._live_ids(scan, set(suspects.values()))
+        for path, target in sorted(suspects.items()):
+            if target not in present:
+                self.fix(
+                    scan.name,
+                    path,
+                    Kind.LEAKED_SLOT,
+                    f"points at absent message {target}",
+                    partial(_release_slot, path, target),
+                )
+
+    def _live_ids(self, scan: _QueueScan, wanted: set[str]) -> set[str]:
+        present: set[str] = set()
+        for state in (layout.READY, layout.LEASED, layout.DELAYED):
+            if state in scan.missing:
+                continue
+            for entry in _scandir(scan.dir(state)):
+                parsed = parse_entry(entry.name)
+                if parsed is not None and parsed.message_id in wanted:
+                    present.add(parsed.message_id)
+        for entry in _scandir(scan.dir(layout.TMP)):
+            parsed_tmp = layout.parse_tmp(entry.name)
+            if parsed_tmp is not None and parsed_tmp[0] in wanted:
+                present.add(parsed_tmp[0])
+        return present
+
+
+@dataclass(frozen=True, slots=True)
+class _Copy:
+    state: str
+    name: str
+    parsed: Entry
+    inode: int
+    links: int
+
+
+def _keep_order(copy: _Copy) -> tuple[int, int, int]:
+    return (_MESSAGE_DIRS.index(copy.state), -copy.parsed.count, -(copy.parsed.at_ms or 0))
+
+
+def _canonical(state: str, entry: Entry, now_ms: int) -> str:
+    """The name `entry` should have in `state` (a missing lease/due time becomes "now")."""
+    if state in _TIMED:
+        at_ms = now_ms if entry.at_ms is None else entry.at_ms
+        return layout.timed_name(entry.message_id, entry.count, at_ms)
+    if state == layout.DEAD:
+        return layout.dead_name(entry.message_id, entry.count)
+    return layout.ready_name(entry.message_id, entry.count)
+
+
+def _rename_in(directory: str, name: str, new: str) -> str:
+    target = os.path.join(directory, new)
+    if os.path.lexists(target):
+        # Never replace: the other file is a second copy, left for the duplicate check.
+        raise FileExistsError(0, f"{new} already exists")
+    os.rename(os.path.join(directory, name), target)
+    return f"renamed to {new}"
+
+
+def _release_slot(path: str, target: str) -> str:
+    # Re-read the link: if someone re-took this slot meanwhile it points elsewhere, keep it.
+    if os.readlink(path) != target:
+        return "re-taken meanwhile, kept"
+    os.unlink(path)
+    return "released"
+
+
+def _unlink(path: str) -> Callable[[], str]:
+    def action() -> str:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return "removed"
+
+    return action
+
+
+def _orphan_reason(name: str) -> str:
+    parsed = layout.parse_tmp(name)
+    if parsed is not None and parsed[1] == layout.HOST_TAG:
+        return f"temp file of dead process {parsed[2]}"
+    return f"temp file older than {ORPHAN_GRACE_S:.0f} s"
+
+
+def _read_decoded(path: str) -> codec.Decoded:
+    with open(path, "rb") as f:
+        return codec.decode(f.read())
+
+
+def _scandir(path: str) -> Iterator[os.DirEntry[str]]:
+    """Entries of `path`, streamed (never a full list of a large directory); none if absent."""
+    try:
+        with os.scandir(path) as it:
+            yield from it
+    except FileNotFoundError:
+        return
+
+
+def _has_entries(path: str) -> bool:
+    return any(not e.name.startswith(layout.ROOT_MARKER) for e in _scandir(path))
+
+
+def _is_config_tmp(name: str, base: str) -> bool:
+    return name.startswith(f"{base}.") and name.endswith(".tmp")
+
+
+def _older_than(path: str, age_s: float) -> bool:
+    try:
+        return time.time() - os.lstat(path).st_mtime > age_s
+    except FileNotFoundError:
+        return False
