@@ -1,0 +1,231 @@
+"""Commands on messages: put, get, ack, nack, delete, peek.
+
+Bodies travel as raw bytes (stdin and `sys.stdout.buffer`), so any binary payload round-trips
+exactly. `get` writes the body before it acknowledges (`--ack`): if the output cannot be written,
+the message is not lost but returns to its FIFO place when the lease ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import time
+from typing import Any
+
+from dirmq.cli import exits
+from dirmq.cli.args import open_store, queue_name, seconds
+from dirmq.errors import InvalidArgument, MessageNotFound
+from dirmq.store import Message
+
+_PREVIEW_CHARS = 48
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Add the message commands to the subparsers action `sub`."""
+    p = sub.add_parser("put", parents=[common], help="publish stdin as one message, print its id")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument(
+        "--header",
+        action="append",
+        type=header,
+        default=[],
+        metavar="NAME:VALUE",
+        help="a message header (repeatable)",
+    )
+    p.add_argument("--content-type", metavar="TYPE", help="the Content-Type header")
+    p.add_argument("--delay", type=seconds, metavar="S", help="deliver after S seconds")
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        metavar="S",
+        help="at capacity, wait at most S seconds (default: wait as long as it takes)",
+    )
+    p.add_argument("--create", action="store_true", help="create the queue if it does not exist")
+    p.set_defaults(handler=cmd_put)
+
+    p = sub.add_parser(
+        "get", parents=[common], help="receive one message: body to stdout, receipt to stderr"
+    )
+    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument(
+        "--wait",
+        type=seconds,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for a message (default: 0)",
+    )
+    p.add_argument(
+        "--visibility",
+        type=seconds,
+        metavar="S",
+        help="lease length (default: the queue's visibility timeout)",
+    )
+    p.add_argument("--ack", action="store_true", help="acknowledge at once (after printing)")
+    p.add_argument("--json", action="store_true", help="print the whole message as JSON")
+    p.set_defaults(handler=cmd_get)
+
+    p = sub.add_parser("ack", parents=[common], help="acknowledge (delete) a received message")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument("receipt", metavar="RECEIPT")
+    p.set_defaults(handler=cmd_ack)
+
+    p = sub.add_parser("nack", parents=[common], help="give a received message back")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument("receipt", metavar="RECEIPT")
+    p.add_argument(
+        "--delay",
+        type=seconds,
+        default=0.0,
+        metavar="S",
+        help="make it ready again after S seconds (default: at once)",
+    )
+    p.set_defaults(handler=cmd_nack)
+
+    p = sub.add_parser("delete", parents=[common], help="delete a message by id, in any state")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument("id", metavar="ID")
+    p.set_defaults(handler=cmd_delete)
+
+    p = sub.add_parser(
+        "peek",
+        parents=[common],
+        help="show a message by id, or the oldest ready ones, without leasing",
+    )
+    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument("id", nargs="?", metavar="ID")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=10,
+        metavar="N",
+        help="without ID: show at most N messages (default: 10)",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object per message and line")
+    p.set_defaults(handler=cmd_peek)
+
+
+def header(text: str) -> tuple[str, str]:
+    """`NAME:VALUE` (spaces around the value are dropped, as in HTTP)."""
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME:VALUE")
+    return name.strip(), value.strip()
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    headers = dict(args.header)
+    if len(headers) != len(args.header):
+        raise InvalidArgument("a header is given twice")
+    if args.content_type is not None:
+        if any(name.lower() == "content-type" for name in headers):
+            raise InvalidArgument("Content-Type is given twice (--content-type and --header)")
+        headers["Content-Type"] = args.content_type
+    with open_store(args, create=args.create) as store:
+        name: str = args.queue
+        queue = store.create_queue(name) if args.create else store.queue(name)
+        # Read only once the queue is known to exist, so a typo fails before stdin is consumed.
+        body = sys.stdin.buffer.read()
+        message_id = queue.put(body, headers, delay_s=args.delay, timeout_s=args.timeout)
+    print(message_id)
+    return exits.OK
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        queue = store.queue(args.queue)
+        message = queue.get_one(visibility_s=args.visibility, wait_s=args.wait)
+        if message is None:
+            exits.error(f"queue {args.queue!r} is empty")
+            return exits.EMPTY
+        if args.json:
+            _print_json(message_json(message))
+        else:
+            sys.stdout.buffer.write(message.body)
+            sys.stdout.buffer.flush()
+        assert message.receipt is not None  # a leased message always has one
+        if args.ack:
+            queue.ack(message.receipt)
+        if not args.json:
+            print(message.id if args.ack else message.receipt, file=sys.stderr)
+    return exits.OK
+
+
+def cmd_ack(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        store.queue(args.queue).ack(args.receipt)
+    return exits.OK
+
+
+def cmd_nack(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        store.queue(args.queue).nack(args.receipt, delay_s=args.delay)
+    return exits.OK
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        if not store.queue(args.queue).delete(args.id):
+            raise MessageNotFound(f"no message {args.id} in queue {args.queue!r}")
+    return exits.OK
+
+
+def cmd_peek(args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise InvalidArgument(f"--limit must be at least 1, got {args.limit}")
+    with open_store(args) as store:
+        queue = store.queue(args.queue)
+        if args.id is not None:
+            message = queue.peek(args.id)
+            if args.json:
+                _print_json(message_json(message))
+            else:
+                sys.stdout.buffer.write(message.body)
+                sys.stdout.buffer.flush()
+            return exits.OK
+        shown = 0
+        for message in queue.browse(args.limit):
+            if args.json:
+                _print_json(message_json(message))
+            else:
+                if not shown:
+                    print(f"{'ID':<29}  {'RECEIVES':>8}  {'BYTES':>9}  {'AGE_S':>9}  BODY")
+                age_s = max(0.0, time.time() - message.published_at_s)
+                print(
+                    f"{message.id:<29}  {message.receive_count:>8}  {len(message.body):>9}  "
+                    f"{age_s:>9.1f}  {preview(message.body)}"
+                )
+            shown += 1
+    return exits.OK
+
+
+def message_json(message: Message) -> dict[str, object]:
+    """A message as JSON: the body as UTF-8 text when it is valid UTF-8, else base64."""
+    try:
+        body, encoding = message.body.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        body, encoding = base64.b64encode(message.body).decode("ascii"), "base64"
+    return {
+        "id": message.id,
+        "receipt": message.receipt,
+        "receive_count": message.receive_count,
+        "state": message.state,
+        "published_at_s": message.published_at_s,
+        "lease_deadline_s": message.lease_deadline_s,
+        "headers": message.headers,
+        "body": body,
+        "body_encoding": encoding,
+    }
+
+
+def preview(body: bytes) -> str:
+    """The start of a body on one line, control characters escaped."""
+    text = body[: _PREVIEW_CHARS * 4].decode("utf-8", "backslashreplace")
+    cut = text[:_PREVIEW_CHARS]
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in cut)
+    return shown + ("..." if len(text) > _PREVIEW_CHARS else "")
+
+
+def _print_json(data: dict[str, object]) -> None:
+    print(json.dumps(data, ensure_ascii=False), flush=True)
