@@ -184,8 +184,7 @@ def cmd_peek(args: argparse.Namespace) -> int:
                 sys.stdout.buffer.write(message.body)
                 sys.stdout.buffer.flush()
             return exits.OK
-        shown = 0
-        for message in queue.browse(args.limit):
+        for shown, message in enumerate(queue.browse(args.limit)):
             if args.json:
                 _print_json(message_json(message))
             else:
@@ -196,7 +195,6 @@ def cmd_peek(args: argparse.Namespace) -> int:
                     f"{message.id:<29}  {message.receive_count:>8}  {len(message.body):>9}  "
                     f"{age_s:>9.1f}  {preview(message.body)}"
                 )
-            shown += 1
     return exits.OK
 
 
@@ -228,4 +226,5 @@ def preview(body: bytes) -> str:
 
 
 def _print_json(data: dict[str, object]) -> None:
-    print(json.dumps(data, ensure_ascii=False), flush=True)
+    # ASCII escapes keep the output valid whatever the terminal's encoding.
+    print(json.dumps(data), flush=True)
