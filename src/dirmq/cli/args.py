@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from dirmq.errors import InvalidName
 from dirmq.store import Store, default_root
@@ -180,7 +180,7 @@ CONFIG_FIELDS = (
 )
 
 
-def config_changes(args: argparse.Namespace) -> dict[str, object]:
+def config_changes(args: argparse.Namespace) -> dict[str, Any]:
     """The settings given on the command line, by `QueueConfig` field name."""
     return {name: getattr(args, name) for name in CONFIG_FIELDS if hasattr(args, name)}
 

@@ -40,6 +40,7 @@ STORAGE = 6
 STALE = 7
 FSCK_UNREPAIRED = 8
 INTERRUPTED = 130
+BROKEN_PIPE = 141
 
 # First match wins: subclasses before their bases (StorageError is an OSError).
 ERROR_EXITS: tuple[tuple[type[BaseException], int], ...] = (

@@ -89,6 +89,16 @@ class QueueIndex:
         self._ready_heap = list(self.ready)
         heapq.heapify(self._ready_heap)
 
+    def rescan_leased(self, queue_dir: str) -> None:
+        """Re-read @leased only (a receipt we have not heard of, in polling mode)."""
+        self.leased.clear()
+        try:
+            names = os.listdir(os.path.join(queue_dir, layout.LEASED))
+        except FileNotFoundError:
+            return
+        for name in names:
+            self.add(layout.LEASED, name)
+
     def apply(self, events: list[Event]) -> None:
         for event in events:
             if event.added:

@@ -491,9 +491,9 @@ class Queue:
         message_id, count = parsed
         index = self._synced_index()
         name = index.leased.names.get(message_id)
-        if name is None:
-            # Polling mode (or a lease we have not heard of yet): look at the directory once.
-            index.rescan(self.path)
+        if name is None and self._watcher is not None and self._watcher.fileno() is None:
+            # Polling mode: another host's extend may not have been seen yet.
+            index.rescan_leased(self.path)
             name = index.leased.names.get(message_id)
         entry = parse_entry(name) if name else None
         if name is None or entry is None or entry.count != count:

@@ -1,0 +1,71 @@
+"""The `dirmq` command: queues and messages of a local root, from the shell.
+
+Every subcommand takes `--root DIR` (default `$DIRMQ_ROOT`, else `./dirmq-data`). Failures print
+one line, `dirmq: error: <message>`, on stderr and exit with a code from `dirmq.cli.exits` (the
+table is in docs/cli.md); a traceback is printed only for a bug.
+
+    commands    module
+    put get ack nack delete peek                    messages.py
+    ls stats create configure rm purge sweep        queues.py
+    fsck import-vsqs                                maintenance.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+from dirmq import __version__
+from dirmq.cli import exits, maintenance, messages, queues
+from dirmq.cli.args import Parser, common_options
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="dirmq",
+        description="A durable message queue whose storage is plain directories of files.",
+        epilog="Exit codes: 0 ok, 1 unexpected error, 2 usage, 3 empty/not found, 4 no such "
+        "queue, 5 queue full, 6 storage failure, 7 stale receipt, 8 fsck left problems.",
+    )
+    parser.add_argument("--version", action="version", version=f"dirmq {__version__}")
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=Parser
+    )
+    common = common_options()
+    messages.register(sub, common)
+    queues.register(sub, common)
+    maintenance.register(sub, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one `dirmq` command; return its exit status (never raises for an expected error)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else exits.USAGE
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        exits.error("interrupted")
+        return exits.INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`dirmq peek q | head`): stop quietly, and keep Python from
+        # failing again when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return exits.BROKEN_PIPE
+    except Exception as exc:
+        code = exits.exit_code_for(exc)
+        if code is None:
+            traceback.print_exc()
+            exits.error(f"unexpected {type(exc).__name__}: {exits.describe(exc)}")
+            return exits.UNEXPECTED
+        exits.error(exits.describe(exc))
+        return code

@@ -1,0 +1,92 @@
+"""Maintenance commands: fsck (check and repair the format) and import-vsqs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import asdict
+from typing import Any
+
+from dirmq.cli import exits
+from dirmq.cli.args import open_store, queue_name
+from dirmq.cli.progress import progress_bar
+from dirmq.store import default_root
+from dirmq.store.fsck import FsckReport, Problem, fsck
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Add the maintenance commands to the subparsers action `sub`."""
+    p = sub.add_parser(
+        "fsck",
+        parents=[common],
+        help="check every invariant of the root; --repair fixes what it can",
+    )
+    p.add_argument("--repair", action="store_true", help="repair what can be repaired safely")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler=cmd_fsck)
+
+    p = sub.add_parser(
+        "import-vsqs",
+        parents=[common],
+        help="move a VSQS 0.3 queue directory into a queue (resumable)",
+    )
+    p.add_argument("source", metavar="DIR", help="the VSQS queue directory")
+    p.add_argument(
+        "queue", type=queue_name, metavar="QUEUE", help="the dirmq queue (created if absent)"
+    )
+    p.add_argument(
+        "--remove",
+        action="store_true",
+        help="delete each source file once its message is durable in dirmq",
+    )
+    p.set_defaults(handler=cmd_import_vsqs)
+
+
+def cmd_fsck(args: argparse.Namespace) -> int:
+    root: str = args.root or default_root()
+    with progress_bar("fsck") as advance:
+        report = fsck(root, repair=args.repair, progress=advance)
+    if args.json:
+        print(json.dumps(report_json(report)))
+    else:
+        for problem in report.problems:
+            print(problem_line(problem, report.root))
+        print(summary(report))
+    return exits.OK if report.ok else exits.FSCK_UNREPAIRED
+
+
+def problem_line(problem: Problem, root: str) -> str:
+    status = "repaired" if problem.repaired else "notice" if problem.notice else "PROBLEM"
+    where = os.path.relpath(problem.path, root)
+    return f"{status:<8}  {problem.kind:<14}  {where}: {problem.detail}"
+
+
+def summary(report: FsckReport) -> str:
+    found = [p for p in report.problems if not p.notice]
+    notices = len(report.problems) - len(found)
+    return (
+        f"{report.queues_checked} queue(s), {report.messages_checked} message(s) checked: "
+        f"{len(found)} problem(s), {len(report.repaired)} repaired, "
+        f"{len(report.unrepaired)} left, {notices} notice(s); "
+        f"{report.expired_leases} expired lease(s) and {report.due_delayed} due delay(s) "
+        "wait for a sweep"
+    )
+
+
+def report_json(report: FsckReport) -> dict[str, object]:
+    data = asdict(report)
+    data["problems"] = [{**asdict(p), "notice": p.notice} for p in report.problems]
+    data["ok"] = report.ok
+    return data
+
+
+def cmd_import_vsqs(args: argparse.Namespace) -> int:
+    # Imported here: the compat layer is only needed by this one command.
+    from dirmq.compat.vsqs_import import import_vsqs
+
+    with open_store(args, create=True) as store, progress_bar("import") as advance:
+        report = import_vsqs(args.source, store, args.queue, remove=args.remove, progress=advance)
+    for key, value in asdict(report).items():
+        print(f"{key:<20} {'-' if value is None else value}")
+    return exits.OK
