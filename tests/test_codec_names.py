@@ -15,7 +15,9 @@ from dirmq.store.ids import is_id, new_id
 from dirmq.store.names import queue_path, validate_queue_name
 
 header_names = st.from_regex(r"[A-Za-z][A-Za-z0-9-]{0,20}", fullmatch=True).filter(
-    lambda n: n.lower() not in ("content-length", "body-crc32") and not n.lower().startswith("dirmq-")
+    lambda n: (
+        n.lower() not in ("content-length", "body-crc32") and not n.lower().startswith("dirmq-")
+    )
 )
 header_values = st.text(
     alphabet=st.characters(blacklist_characters="\r\n\x00", blacklist_categories=("Cs",)),
@@ -46,7 +48,9 @@ def test_codec_detects_any_truncation(body: bytes, data: st.DataObject) -> None:
 @given(st.binary(min_size=1, max_size=512), st.data())
 def test_codec_detects_a_flipped_body_byte(body: bytes, data: st.DataObject) -> None:
     encoded = bytearray(codec.encode(body, {}))
-    position = data.draw(st.integers(min_value=len(encoded) - len(body), max_value=len(encoded) - 1))
+    position = data.draw(
+        st.integers(min_value=len(encoded) - len(body), max_value=len(encoded) - 1)
+    )
     encoded[position] ^= 0x01
     with pytest.raises(dirmq.CorruptMessage):
         codec.decode(bytes(encoded))

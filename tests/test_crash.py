@@ -88,10 +88,13 @@ def test_sweep_on_open_after_kill_requeues_and_cleans(root: Path) -> None:
     # a temp file left by a dead process
     dead = spawn("consume", root, "s", 0.0)
     dead.communicate(timeout=30)
-    orphan = os.path.join(q.path, layout.TMP, f"{dirmq.store.ids.new_id()}.{layout.HOST_TAG}.{dead.pid}.tmp")
+    orphan = os.path.join(
+        q.path, layout.TMP, f"{dirmq.store.ids.new_id()}.{layout.HOST_TAG}.{dead.pid}.tmp"
+    )
     Path(orphan).write_bytes(b"partial")
     time.sleep(0.3)
-    report = dirmq.Store(root).queue("s").sweep()
-    assert report.orphans_removed == 1
-    assert report.leases_requeued == 1
-    assert not os.path.exists(orphan)
+    reopened = dirmq.Store(root).queue("s")
+    assert reopened.stats().ready == 1  # opening recovers: the dead lease is ready again
+    assert not os.path.exists(orphan), "opening the queue removes a dead writer's temp file"
+    message = reopened.get_one()
+    assert message is not None and message.receive_count == 2

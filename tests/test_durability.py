@@ -10,7 +10,8 @@ from collections import Counter
 import pytest
 
 import dirmq
-from dirmq.store import fsio, queue as queue_module
+from dirmq.store import fsio
+from dirmq.store import queue as queue_module
 
 
 @pytest.fixture

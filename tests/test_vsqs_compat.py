@@ -91,7 +91,8 @@ class Peer:
             env=env,
         )
         self._replies: queue.Queue[dict[str, Any]] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         assert self.reply().value == "ready"
 
     def _read(self) -> None:
@@ -133,6 +134,7 @@ class Peer:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        self._reader.join(timeout=10)  # it ends at EOF; closing its pipe under it would race
         assert self._proc.stdout is not None
         self._proc.stdout.close()
 
@@ -236,6 +238,19 @@ def test_an_expired_lease_wakes_a_blocked_receive_in_another_process(
     assert 0.2 <= reply.elapsed_s < 2.0
 
 
+def test_a_receive_without_timeout_wakes_on_a_publish_elsewhere(
+    peers: tuple[Peer, Peer], manager: QueueManager, qname: str
+) -> None:
+    a, _b = peers
+    q = manager.get_queue(qname)
+    a.send("receive", qname, 30, None)
+    a.assert_silent(0.2)
+    m_id = q.publish(b"wake up")
+    published_at = time.monotonic()
+    assert a.reply().value == [m_id, "wake up"]
+    assert time.monotonic() - published_at < 1.0
+
+
 def test_capacity_blocks_times_out_and_a_delete_elsewhere_makes_room(
     peers: tuple[Peer, Peer], manager: QueueManager, qname: str
 ) -> None:
@@ -311,6 +326,9 @@ def test_get_queue_stores_capacity_and_applies_it_at_once(
     # Immediately after the change, in the same process: the new capacity already binds.
     with pytest.raises(QueueFullException):
         q.publish(b"too many", timeout=0)
+    q.capacity = None  # vsqs code could assign the attribute; here it changes the setting
+    assert manager.store.queue(qname).config.capacity is None
+    q.publish(b"room again", timeout=0)
 
 
 def test_bad_arguments(manager: QueueManager, qname: str) -> None:
@@ -332,7 +350,8 @@ def test_bad_arguments(manager: QueueManager, qname: str) -> None:
 
 def test_ids_sort_in_publish_order_and_bodies_are_bytes(manager: QueueManager, qname: str) -> None:
     q = manager.get_queue(qname)
-    bodies = [bytes([n]) * n for n in range(1, 6)] + [b"", bytearray(b"ba")]
+    bodies: list[bytes | bytearray] = [bytes([n]) * n for n in range(1, 6)]
+    bodies += [b"", bytearray(b"ba")]
     ids = [q.publish(body) for body in bodies]
     assert ids == sorted(ids)
     got = [q.receive(timeout=0) for _ in bodies]
@@ -427,6 +446,21 @@ def test_rerun_does_not_bring_back_consumed_messages(
     assert q.stats().total == 3
 
 
+def test_a_torn_journal_line_is_not_trusted(tmp_path: Path, import_store: dirmq.Store) -> None:
+    source = tmp_path / "q"
+    expected = _fake_vsqs_dir(source)
+    journal = import_vsqs(str(source), import_store, "q").journal_path
+    assert journal is not None
+    _drain(import_store.queue("q"))  # everything consumed: only the journal remembers it
+    lines = Path(journal).read_bytes().split(b"\n")
+    # A crash mid-append: two whole lines, then the third one cut short before its newline.
+    Path(journal).write_bytes(b"\n".join(lines[:2]) + b"\n" + lines[2])
+    again = import_vsqs(str(source), import_store, "q")
+    assert (again.imported, again.skipped_existing) == (3, 2)
+    got = _drain(import_store.queue("q"))
+    assert [(id_time_us(m.id), m.body) for m in got] == expected[2:]
+
+
 def test_ids_in_the_queue_are_recognised_without_the_journal(
     tmp_path: Path, import_store: dirmq.Store
 ) -> None:
@@ -492,7 +526,7 @@ def test_import_in_place_then_use_through_the_compat_api(tmp_path: Path) -> None
     with QueueManager(root) as manager:
         q = manager.get_queue("jobs")
         report = import_vsqs(str(root / "jobs"), manager.store, "jobs", remove=True)
-        assert report.imported == 5
+        assert (report.imported, report.ignored) == (5, 3)  # README, .hidden, subdir; not @...
         assert [q.receive(timeout=0)[1] for _ in expected] == [body for _, body in expected]
         assert q.receive(timeout=0) == (None, None)
 

@@ -68,13 +68,6 @@ def _vsqs_errors(what: str) -> Iterator[None]:
         raise QueueException(f"{what}: {exc}") from exc
 
 
-def _refresh_config(queue: StoreQueue) -> None:
-    # Store.configure writes @queue.json but leaves this process's cached Queue on its old config
-    # for up to 0.5 s, so a capacity set by get_queue would not bind the publish that follows it.
-    # Re-read it now. (Reported as a store defect; harmless once the store refreshes by itself.)
-    queue._reload_config()
-
-
 class QueueManager:
     """Queues under one directory (a dirmq root; created if absent). Thread-safe."""
 
@@ -95,10 +88,9 @@ class QueueManager:
             initial = QueueConfig(capacity=capacity) if capacity is not None else None
             queue = self.store.create_queue(name, initial, exist_ok=True)
             if capacity is not None:
-                _refresh_config(queue)
+                queue.reload_config()  # another process may have changed it a moment ago
                 if queue.config.capacity != capacity:
                     self.store.configure(name, capacity=capacity)
-                    _refresh_config(queue)
         return Queue(self, queue)
 
     def close(self) -> None:
@@ -133,7 +125,13 @@ class Queue:
         with _vsqs_errors(f"reading queue {self.name!r}"):
             return self.queue.config.capacity
 
-    def publish(self, data: bytes, timeout: float | None = None) -> str:
+    @capacity.setter
+    def capacity(self, capacity: int | None) -> None:
+        """Store a new capacity for the queue (None: unbounded); it binds every process."""
+        with _vsqs_errors(f"configuring queue {self.name!r}"):
+            self.manager.store.configure(self.name, capacity=capacity)
+
+    def publish(self, data: bytes | bytearray | memoryview, timeout: float | None = None) -> str:
         """Store `data` as a new message and return its id.
 
         Returns once the message is on stable storage (the queue's durability permitting). At

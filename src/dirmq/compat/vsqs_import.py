@@ -42,8 +42,9 @@ from dataclasses import dataclass
 from dirmq.errors import InvalidArgument, MessageTooLarge, storage_error
 from dirmq.store import Store, codec, layout
 from dirmq.store.fsio import PendingFile, fsync_dir, write_new_file
+from dirmq.store.names import RESERVED_PREFIX
 
-__all__ = ["BATCH_SIZE", "ImportReport", "import_vsqs"]
+__all__ = ["BATCH_SIZE", "JOURNAL_PREFIX", "ImportReport", "import_vsqs", "vsqs_message_id"]
 
 BATCH_SIZE = 256
 JOURNAL_PREFIX = ".dirmq-import-"
@@ -65,8 +66,8 @@ class ImportReport:
     skipped_existing: int = 0  # imported by an earlier run (still in the queue, or journaled)
     vanished: int = 0  # listed, then gone before it could be read (a live vsqs process?)
     removed: int = 0  # source files unlinked (remove=True): imported or already imported
-    ignored: int = 0  # directory entries that are not vsqs message files
-    journal_path: str | None = None  # None if the source directory is read-only
+    ignored: int = 0  # foreign entries: neither vsqs messages nor dirmq's own `@...` entries
+    journal_path: str | None = None  # the journal left in the source directory, if any
 
 
 @dataclass(slots=True)
@@ -100,7 +101,8 @@ def import_vsqs(
     Idempotent and resumable (see the module docstring): rerunning after a crash or a completed
     run imports only what is not imported yet. With `remove`, source files are deleted once their
     messages are durable in dirmq; `.new` files and foreign entries are always left alone.
-    `progress(n)` is called after each batch with the number of vsqs message files it settled.
+    `progress(n)` reports `n` more vsqs message files settled: once for the `.new` files, then
+    after each batch.
 
     Imported messages take no capacity tokens, so they do not count against the queue's capacity.
     Raises `InvalidArgument` if `source_dir` is not a directory, `MessageTooLarge` if a message
@@ -114,7 +116,7 @@ def import_vsqs(
     if progress is not None and incomplete:
         progress(len(incomplete))
     present = _ids_in_queue(queue.path)
-    journal = _Journal.open(source_dir, store.root, queue_name)
+    journal = _Journal.load(source_dir, store.root, queue_name)
     max_bytes = queue.config.max_message_bytes
     try:
         for start in range(0, len(sources), BATCH_SIZE):
@@ -125,13 +127,11 @@ def import_vsqs(
             if progress is not None:
                 progress(len(batch))
     finally:
-        if journal is not None:
-            journal.close()
-    journal_path = journal.path if journal is not None else None
-    if journal is not None and remove:
-        # Every journaled source file is gone, so the journal has nothing left to protect.
+        journal.close()
+    if remove and journal.exists and not tally.vanished:
+        # Every journaled source file is gone, so the journal has nothing left to protect. (A
+        # vanished file may just have been renamed by a live vsqs process: keep the journal.)
         journal.discard()
-        journal_path = None
     return ImportReport(
         imported=tally.imported,
         imported_in_flight=tally.imported_in_flight,
@@ -140,7 +140,7 @@ def import_vsqs(
         vanished=tally.vanished,
         removed=tally.removed,
         ignored=tally.ignored,
-        journal_path=journal_path,
+        journal_path=journal.path if journal.exists else None,
     )
 
 
@@ -161,6 +161,8 @@ def _list_sources(source_dir: str, tally: _Tally) -> tuple[list[_Source], list[s
     by_micros: dict[int, _Source] = {}
     incomplete: list[str] = []
     for name in names:
+        if name.startswith((RESERVED_PREFIX, JOURNAL_PREFIX)):
+            continue  # dirmq's own entries, when a queue directory is imported in place
         match = _VSQS_NAME.fullmatch(name)
         if match is None or (match.group(2) not in (None, "new") and not _is_number(match[2])):
             tally.ignored += 1
@@ -207,7 +209,7 @@ def _import_batch(
     source_dir: str,
     queue_path: str,
     store: Store,
-    journal: _Journal | None,
+    journal: _Journal,
     present: set[str],
     max_bytes: int,
     tally: _Tally,
@@ -219,7 +221,7 @@ def _import_batch(
     in_flight = 0
     try:
         for source in batch:
-            if journal is not None and source.micros in journal.done:
+            if source.micros in journal.done:
                 tally.skipped_existing += 1
                 settled.append(source.micros)
                 continue
@@ -250,8 +252,7 @@ def _import_batch(
     present.update(written)
     tally.imported += len(written)
     tally.imported_in_flight += in_flight
-    if journal is not None:
-        journal.record(settled)
+    journal.record(settled)
 
 
 def _read_source(source_dir: str, source: _Source) -> tuple[str, bytes] | None:
@@ -310,60 +311,74 @@ def _remove_sources(source_dir: str, batch: list[_Source]) -> int:
 
 
 class _Journal:
-    """The vsqs timestamps already imported from one directory into one queue (append-only)."""
+    """The vsqs timestamps already imported from one directory into one queue (append-only).
 
-    def __init__(self, path: str, fd: int, done: set[int]) -> None:
+    The file is created by the first batch that has something to record, so a run that imports
+    nothing leaves no trace; in a read-only directory the journal is silently off.
+    """
+
+    def __init__(self, path: str, done: set[int]) -> None:
         self.path = path
-        self._fd = fd
         self.done = done
-        self._entry_durable = bool(done)  # a journal with content has a durable directory entry
+        self.exists = bool(done)
+        self._fd: int | None = None
+        self._writable = True
 
     @classmethod
-    def open(cls, source_dir: str, root: str, queue_name: str) -> _Journal | None:
-        """Open (or create) the journal; None if the directory cannot be written to."""
+    def load(cls, source_dir: str, root: str, queue_name: str) -> _Journal:
         key = zlib.crc32(f"{os.path.abspath(root)}\0{queue_name}".encode())
         path = os.path.join(source_dir, f"{JOURNAL_PREFIX}{key:08x}")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-                return None
-            raise storage_error(exc, f"opening {path}") from exc
-        try:
-            with open(fd, "rb", closefd=False) as f:
+            with open(path, "rb") as f:
                 raw = f.read()
+        except FileNotFoundError:
+            return cls(path, set())
         except OSError as exc:
-            os.close(fd)
             raise storage_error(exc, f"reading {path}") from exc
         # Only whole lines count: a crash mid-append leaves a torn last line without its newline.
-        lines = raw.split(b"\n")[:-1]
-        done = {int(line) for line in lines if line.isdigit()}
-        return cls(path, fd, done)
+        done = {int(line) for line in raw.split(b"\n")[:-1] if line.isdigit()}
+        journal = cls(path, done)
+        journal.exists = True
+        return journal
 
     def record(self, micros: list[int]) -> None:
+        """Append `micros` durably (they are in the queue, durable, by now)."""
         fresh = [m for m in micros if m not in self.done]
-        if not fresh:
+        if not fresh or not self._writable:
             return
-        data = b"".join(b"%d\n" % m for m in fresh)
         try:
-            view = memoryview(data)
+            if self._fd is None:
+                try:
+                    self._fd = os.open(
+                        self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644
+                    )
+                except OSError as exc:
+                    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                        self._writable = False
+                        return
+                    raise
+                self.exists = True
+                # The journal must survive a crash only if its entry does: flush it once.
+                fsync_dir(os.path.dirname(self.path) or ".")
+            view = memoryview(b"".join(b"%d\n" % m for m in fresh))
             while view:
                 view = view[os.write(self._fd, view) :]
             os.fsync(self._fd)
-            if not self._entry_durable:
-                fsync_dir(os.path.dirname(self.path) or ".")
-                self._entry_durable = True
         except OSError as exc:
             raise storage_error(exc, f"writing {self.path}") from exc
         self.done.update(fresh)
 
     def close(self) -> None:
-        os.close(self._fd)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def discard(self) -> None:
+        self.close()
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
         except OSError as exc:
             raise storage_error(exc, f"removing {self.path}") from exc
+        self.exists = False

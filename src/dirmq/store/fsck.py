@@ -176,6 +176,8 @@ class _QueueScan:
     duplicates: set[str] = field(default_factory=set)
     tmp_ids: set[str] = field(default_factory=set)
     missing: set[str] = field(default_factory=set)  # state dirs absent after the dir check
+    corrupt_ids: set[str] = field(default_factory=set)  # corrupt, still in place (report only)
+    quarantined: set[str] = field(default_factory=set)  # corrupt, moved to @corrupt by repair
 
     def dir(self, state: str) -> str:
         return os.path.join(self.path, state)
@@ -510,6 +512,9 @@ class _Checker:
             self.fix(
                 scan.name, path, Kind.CORRUPT, str(exc), partial(self._quarantine, scan, path, name)
             )
+            parsed = parse_entry(name)
+            if parsed is not None and os.path.lexists(path):
+                scan.corrupt_ids.add(parsed.message_id)  # still holds its capacity slot
             return False
         except OSError as exc:
             self.add(scan.name, path, Kind.UNREADABLE, exc.strerror or str(exc))
@@ -523,6 +528,9 @@ class _Checker:
             n += 1
             target = os.path.join(scan.dir(layout.CORRUPT), f"{name}.{n}")
         os.rename(path, target)
+        parsed = parse_entry(name)
+        if parsed is not None:
+            scan.quarantined.add(parsed.message_id)
         return f"moved to {layout.CORRUPT}/{os.path.basename(target)}"
 
     # -- duplicates --------------------------------------------------------------------------------
@@ -590,9 +598,12 @@ class _Checker:
                 age_s = time.time() - entry.stat(follow_symlinks=False).st_mtime
             except FileNotFoundError:
                 continue  # released meanwhile
-            if scan.seen.get(target) in _LIVE or target in scan.tmp_ids:
+            held = target in scan.tmp_ids or target in scan.corrupt_ids
+            if held or scan.seen.get(target) in _LIVE:
                 continue
-            if age_s > SLOT_GRACE_S:  # younger: a put may be between taking it and writing
+            # A young slot may belong to a put between taking it and writing its file; the
+            # slot of a message we just quarantined is known dead whatever its age.
+            if age_s > SLOT_GRACE_S or target in scan.quarantined:
                 suspects[entry.path] = target
         if not suspects:
             return

@@ -160,6 +160,10 @@ class QueueIndex:
     def ready_ids_in_order(self) -> list[str]:
         return sorted(self.ready)
 
+    def total(self) -> int:
+        """Messages that count towards capacity: ready, leased and delayed."""
+        return len(self.ready) + len(self.leased.names) + len(self.delayed.names)
+
     def locate(self, message_id: str) -> tuple[str, str] | None:
         """(state directory, name) of a message, or None if the index does not know it."""
         if (name := self.ready.get(message_id)) is not None:

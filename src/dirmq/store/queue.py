@@ -79,10 +79,11 @@ class Queue:
     def config(self) -> QueueConfig:
         """The current configuration (changes made by other processes show within 0.5 s)."""
         if time.monotonic() - self._config_checked > CONFIG_RECHECK_S:
-            self._reload_config()
+            self.reload_config()
         return self._config
 
-    def _reload_config(self) -> None:
+    def reload_config(self) -> None:
+        """Re-read @queue.json now if it changed (QueueNotFound if the queue is gone)."""
         config_path = os.path.join(self.path, layout.CONFIG_FILE)
         try:
             st = os.stat(config_path)
@@ -114,7 +115,7 @@ class Queue:
         return self._index
 
     def _open_index(self) -> None:
-        self._reload_config()
+        self.reload_config()
         directories = {d: self._dir[d] for d in _WATCHED}
         try:
             # The watcher starts before the scan, so nothing that happens in between is missed.
@@ -279,8 +280,11 @@ class Queue:
         slots_dir = self._dir[layout.SLOTS]
         while True:
             with self._lock:
-                used = self._synced_index().slots
-                if len(used) < capacity:
+                index = self._synced_index()
+                used = index.slots
+                # Tokens make the limit exact across processes; the index total also counts
+                # messages published before the queue had a capacity (they hold no token).
+                if max(len(used), index.total()) < capacity:
                     start = random.randrange(capacity)
                     for offset in range(capacity):
                         slot = str((start + offset) % capacity)
@@ -613,6 +617,10 @@ class Queue:
     def _locate(self, message_id: str) -> tuple[str, str] | None:
         index = self._synced_index()
         found = index.locate(message_id)
+        if found is None and self._watcher is not None and self._watcher.fileno() is None:
+            # Polling mode: another host may have published it since our last poll.
+            index.rescan(self.path)
+            found = index.locate(message_id)
         if found is None:
             dead = self._dead_names(message_id)
             if dead:
@@ -729,9 +737,9 @@ class Queue:
             if config.retention_s is not None:
                 now_ms = _now_ms()
                 for message_id, name in list(index.ready.items()):
-                    if self._expired_by_retention(
-                        message_id, config, now_ms
-                    ) and self._remove_file(layout.READY, name, message_id):
+                    if self._expired_by_retention(message_id, config, now_ms) and self._remove_file(
+                        layout.READY, name, message_id
+                    ):
                         expired += 1
             released = self._release_leaked_slots(index)
             self._synced_index()

@@ -130,6 +130,10 @@ class Store:
             _atomic_write(os.path.join(path, layout.CONFIG_FILE), config.dumps())
         except OSError as exc:
             raise storage_error(exc, f"configuring queue {name!r}") from exc
+        with self._lock:
+            cached = self._queues.get(name)
+        if cached is not None:
+            cached.reload_config()  # this process sees its own change at once
         return config
 
     def list_queues(self, prefix: str = "") -> list[str]:

@@ -1,0 +1,322 @@
+"""`dirmq.store.fsck`: every kind of damage is reported, repaired, and no good message is lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dirmq import InvalidArgument, QueueConfig, Store
+from dirmq.store import codec, layout
+from dirmq.store.fsck import FsckReport, Kind, fsck
+from dirmq.store.ids import new_id
+
+HOUR_AGO = time.time() - 7200
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "root"
+
+
+@pytest.fixture
+def store(root: Path) -> Iterator[Store]:
+    with Store(root) as s:
+        yield s
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def ready_file(queue_dir: Path, message_id: str) -> Path:
+    return queue_dir / layout.READY / message_id
+
+
+def snapshot(root: Path) -> dict[str, bytes | str]:
+    """Every path under `root` with its content (files) or target (symlinks)."""
+    tree: dict[str, bytes | str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath, name)
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                tree[rel] = "-> " + os.readlink(path)
+            elif path.is_dir():
+                tree[rel] = "dir"
+            else:
+                tree[rel] = path.read_bytes()
+    return tree
+
+
+def kinds(report: FsckReport) -> list[Kind]:
+    return sorted(p.kind for p in report.problems)
+
+
+def test_healthy_root_is_clean(store: Store, root: Path) -> None:
+    queue = store.create_queue("shop/orders", QueueConfig(capacity=10))
+    store.create_queue("shop")
+    for i in range(5):
+        queue.put(f"m{i}".encode())
+    queue.get_one(visibility_s=60)
+    queue.put(b"later", delay_s=60)
+    report = fsck(root, repair=False)
+    assert report.ok
+    assert report.problems == ()
+    assert report.queues_checked == 2
+    assert report.messages_checked == 6
+
+
+def test_expired_leases_and_due_delays_are_counted_not_reported(store: Store, root: Path) -> None:
+    queue = store.create_queue("q")
+    queue.put(b"leased")
+    assert queue.get_one(visibility_s=0) is not None
+    queue.put(b"delayed", delay_s=0.001)
+    time.sleep(0.01)
+    report = fsck(root, repair=False)
+    assert report.ok and report.problems == ()
+    assert (report.expired_leases, report.due_delayed) == (1, 1)
+
+
+def test_every_kind_of_damage_is_found_repaired_and_nothing_good_is_lost(
+    store: Store, root: Path
+) -> None:
+    queue = store.create_queue("q", QueueConfig(capacity=100))
+    q2 = store.create_queue("q2", QueueConfig(visibility_timeout_s=5))
+    qdir = Path(queue.path)
+    untouched = [queue.put(f"good {i}".encode()) for i in range(3)]
+    truncated, flipped, timed_ready, bare_leased, bare_delayed, timed_dead, duplicated = (
+        queue.put(f"message {i}".encode() * 10, {"X-N": str(i)}) for i in range(7)
+    )
+    q2_message = q2.put(b"survives a broken config")
+
+    # Corrupt files: one cut short, one with a byte of its body flipped.
+    path = ready_file(qdir, truncated)
+    path.write_bytes(path.read_bytes()[:30])
+    path = ready_file(qdir, flipped)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    # Names that do not fit their directory, and one that is no message name at all.
+    (qdir / layout.READY / "garbage.txt").write_bytes(b"not a message")
+    os.rename(ready_file(qdir, timed_ready), qdir / layout.READY / f"{timed_ready}.1.12345")
+    os.rename(ready_file(qdir, bare_leased), qdir / layout.LEASED / f"{bare_leased}.2")
+    os.rename(ready_file(qdir, bare_delayed), qdir / layout.DELAYED / bare_delayed)
+    os.rename(ready_file(qdir, timed_dead), qdir / layout.DEAD / f"{timed_dead}.3.999")
+    # One id in two states: a copy (another inode) in @leased under a live lease.
+    future_ms = int(time.time() * 1000) + 600_000
+    lease = qdir / layout.LEASED / layout.timed_name(duplicated, 1, future_ms)
+    shutil.copyfile(ready_file(qdir, duplicated), lease)
+    # An orphaned temp file of a writer that died, and one of a live writer (ours).
+    orphan = qdir / layout.TMP / f"{new_id()}.{layout.HOST_TAG}.{dead_pid()}.tmp"
+    orphan.write_bytes(b"half written")
+    live_tmp = qdir / layout.TMP / layout.tmp_name(new_id())
+    live_tmp.write_bytes(b"being written")
+    # A capacity slot held for a message that no longer exists, for long.
+    leaked = qdir / layout.SLOTS / "99"
+    os.symlink(new_id(), leaked)
+    os.utime(leaked, (HOUR_AGO, HOUR_AGO), follow_symlinks=False)
+    # A stray file (a notice), a missing state directory and a broken configuration.
+    (qdir / "notes.txt").write_text("operator notes")
+    q2dir = Path(q2.path)
+    os.rmdir(q2dir / layout.DELAYED)
+    (q2dir / layout.CONFIG_FILE).write_text('{"visibility_timeout_s": ')
+    store.close()
+
+    before = snapshot(root)
+    progress: list[int] = []
+    report = fsck(root, repair=False, progress=progress.append)
+    assert snapshot(root) == before, "fsck without repair must not change anything"
+    assert not report.ok
+    assert sum(progress) > 0
+    assert kinds(report) == sorted(
+        [Kind.CORRUPT] * 2
+        + [Kind.BAD_NAME] * 5
+        + [Kind.DUPLICATE, Kind.ORPHAN_TMP, Kind.LEAKED_SLOT, Kind.STRAY]
+        + [Kind.MISSING_DIR, Kind.BAD_CONFIG]
+    )
+    assert not any(p.repaired for p in report.problems)
+    assert report.tmp_in_progress == 1
+    by_kind = {p.kind: p for p in report.problems}
+    assert by_kind[Kind.BAD_CONFIG].queue == "q2"
+    assert by_kind[Kind.LEAKED_SLOT].path == str(leaked)
+    assert by_kind[Kind.ORPHAN_TMP].path == str(orphan)
+
+    repaired = fsck(root, repair=True)
+    assert repaired.ok
+    # Besides, the capacity slots of the two quarantined messages are released.
+    assert kinds(repaired) == sorted([*kinds(report), Kind.LEAKED_SLOT, Kind.LEAKED_SLOT])
+    assert all(p.repaired for p in repaired.problems if not p.notice)
+    [stray] = [p for p in repaired.problems if p.notice]
+    assert stray.kind is Kind.STRAY and not stray.repaired
+
+    (qdir / "notes.txt").unlink()
+    again = fsck(root, repair=False)
+    assert again.ok and again.problems == (), again.problems
+
+    # What was repaired, and how.
+    assert sorted(p.name for p in (qdir / layout.CORRUPT).iterdir()) == sorted(
+        ["garbage.txt", truncated, flipped]
+    )
+    assert not orphan.exists() and live_tmp.exists() and not leaked.is_symlink()
+    assert (q2dir / layout.DELAYED).is_dir()
+    assert json.loads((q2dir / layout.CONFIG_FILE).read_text()) == json.loads(QueueConfig().dumps())
+    [aside] = [p for p in q2dir.iterdir() if p.name.startswith(f"{layout.CONFIG_FILE}.bad-")]
+    assert aside.read_text() == '{"visibility_timeout_s": '
+    names = {d: os.listdir(qdir / d) for d in (layout.READY, layout.LEASED, layout.DELAYED)}
+    assert f"{timed_ready}.1" in names[layout.READY]
+    [renamed] = [n for n in names[layout.LEASED] if n.startswith(bare_leased)]
+    assert layout.parse_entry(renamed) == layout.Entry(bare_leased, 2, int(renamed.split(".")[2]))
+    [renamed] = names[layout.DELAYED]
+    assert renamed.startswith(f"{bare_delayed}.0.")
+    assert os.listdir(qdir / layout.DEAD) == [f"{timed_dead}.3"]
+    copies = [n for d in layout.STATE_DIRS for n in os.listdir(qdir / d) if duplicated in n]
+    assert copies == [lease.name], "the leased copy is the one kept"
+
+    # No good message was lost, and the queues work.
+    with Store(root) as after:
+        queue = after.queue("q")
+        for message_id in [*untouched, timed_ready, bare_leased, bare_delayed, duplicated]:
+            message = queue.peek(message_id)
+            assert message.body.startswith((b"good", b"message"))
+        assert queue.peek(timed_dead).state == "dead"
+        assert after.queue("q2").peek(q2_message).body == b"survives a broken config"
+        new = queue.put(b"after repair")
+        queue.sweep()  # delivers the due delayed message and the expired bare lease
+        got = {m.id: m for m in queue.get(20)}
+        assert set(got) == {*untouched, timed_ready, bare_leased, bare_delayed, new}
+        for message in got.values():
+            queue.ack(message.receipt or "")
+        assert after.queue("q2").get_one() is not None
+
+
+def test_hard_linked_duplicate_is_a_duplicate(store: Store, root: Path) -> None:
+    queue = store.create_queue("q")
+    message_id = queue.put(b"twice")
+    qdir = Path(queue.path)
+    os.link(ready_file(qdir, message_id), qdir / layout.DEAD / layout.dead_name(message_id, 1))
+    store.close()
+    report = fsck(root, repair=True)
+    assert kinds(report) == [Kind.DUPLICATE] and report.ok
+    assert os.listdir(qdir / layout.DEAD) == []
+    assert os.listdir(qdir / layout.READY) == [message_id]
+
+
+def test_duplicates_keep_the_most_advanced_copy(store: Store, root: Path) -> None:
+    queue = store.create_queue("q")
+    message_id = queue.put(b"many copies")
+    qdir = Path(queue.path)
+    source = ready_file(qdir, message_id)
+    shutil.copyfile(source, qdir / layout.DELAYED / layout.timed_name(message_id, 0, 1))
+    shutil.copyfile(source, qdir / layout.DEAD / layout.dead_name(message_id, 4))
+    shutil.copyfile(source, qdir / layout.READY / layout.ready_name(message_id, 2))
+    store.close()
+    report = fsck(root, repair=True)
+    assert kinds(report) == [Kind.DUPLICATE] and report.ok
+    remaining = [n for d in layout.STATE_DIRS for n in os.listdir(qdir / d)]
+    assert remaining == [layout.ready_name(message_id, 2)], "ready beats delayed and dead"
+
+
+def test_corrupt_copy_never_wins_over_a_good_one(store: Store, root: Path) -> None:
+    queue = store.create_queue("q")
+    message_id = queue.put(b"good copy")
+    qdir = Path(queue.path)
+    lease = qdir / layout.LEASED / layout.timed_name(message_id, 1, 1)
+    lease.write_bytes(codec.encode(b"good copy", {})[:-2])
+    store.close()
+    report = fsck(root, repair=True)
+    assert kinds(report) == [Kind.CORRUPT] and report.ok
+    assert os.listdir(qdir / layout.READY) == [message_id]
+
+
+def test_root_marker_missing_or_broken_is_rewritten(store: Store, root: Path) -> None:
+    store.create_queue("q")
+    marker = root / layout.ROOT_MARKER
+    marker.unlink()
+    report = fsck(root, repair=False)
+    assert kinds(report) == [Kind.ROOT_MARKER] and not report.ok
+    assert fsck(root, repair=True).ok
+    assert json.loads(marker.read_text()) == {"format": 1}
+    marker.write_text("[1, 2")
+    assert kinds(fsck(root, repair=True)) == [Kind.ROOT_MARKER]
+    assert json.loads(marker.read_text()) == {"format": 1}
+    assert fsck(root, repair=False).problems == ()
+
+
+def test_unknown_root_format_is_reported_and_left_alone(store: Store, root: Path) -> None:
+    (root / layout.ROOT_MARKER).write_text('{"format": 99}')
+    report = fsck(root, repair=True)
+    assert kinds(report) == [Kind.ROOT_MARKER] and not report.ok
+    assert json.loads((root / layout.ROOT_MARKER).read_text()) == {"format": 99}
+
+
+def test_a_directory_that_is_no_root_is_not_stamped(tmp_path: Path) -> None:
+    (tmp_path / "photo.jpg").write_bytes(b"\xff\xd8")
+    report = fsck(tmp_path, repair=True)
+    assert not report.ok
+    assert not (tmp_path / layout.ROOT_MARKER).exists()
+
+
+def test_not_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument):
+        fsck(tmp_path / "absent", repair=False)
+
+
+def test_interrupted_create_delete_and_trash(store: Store, root: Path) -> None:
+    store.create_queue("kept")
+    for directory in layout.STATE_DIRS:  # a create that crashed before writing its config
+        (root / "half" / directory).mkdir(parents=True)
+    (root / "orphaned" / layout.READY).mkdir(parents=True)  # messages left without config
+    (root / "orphaned" / layout.READY / new_id()).write_bytes(codec.encode(b"x", {}))
+    (root / layout.ROOT_TRASH / "abc" / "nested").mkdir(parents=True)  # a delete that crashed
+    (root / layout.ROOT_TRASH / "abc" / "nested" / "f").write_bytes(b"x")
+    report = fsck(root, repair=True)
+    assert kinds(report) == sorted([Kind.UNCONFIGURED, Kind.UNCONFIGURED, Kind.TRASH])
+    assert not report.ok  # the directory holding messages is left for a human
+    [left] = report.unrepaired
+    assert left.queue == "orphaned" and "dirmq create orphaned" in left.detail
+    assert os.listdir(root / "half") == []
+    assert os.listdir(root / layout.ROOT_TRASH) == []
+    store.create_queue("orphaned")  # adopts the files, as the report says
+    assert fsck(root, repair=False).problems == ()
+
+
+def test_old_config_temp_files_are_orphans(store: Store, root: Path) -> None:
+    queue = store.create_queue("q")
+    leftover = Path(queue.path) / f"{layout.CONFIG_FILE}.{'0' * 32}.tmp"
+    leftover.write_bytes(b"{}")
+    assert fsck(root, repair=False).problems == ()  # young: a write may be in progress
+    os.utime(leftover, (HOUR_AGO, HOUR_AGO))
+    report = fsck(root, repair=True)
+    assert kinds(report) == [Kind.ORPHAN_TMP] and report.ok
+    assert not leftover.exists()
+
+
+def test_slots_of_quarantined_messages_are_released(store: Store, root: Path) -> None:
+    queue = store.create_queue("q", QueueConfig(capacity=1))
+    message_id = queue.put(b"soon damaged")
+    path = ready_file(Path(queue.path), message_id)
+    path.write_bytes(path.read_bytes()[:-1])
+    store.close()
+    report = fsck(root, repair=False)
+    assert kinds(report) == [Kind.CORRUPT], "its slot is still held while the file is there"
+    report = fsck(root, repair=True)
+    assert kinds(report) == [Kind.CORRUPT, Kind.LEAKED_SLOT] and report.ok
+    with Store(root) as after:
+        after.queue("q").put(b"fits again", timeout_s=0)
+
+
+def test_missing_dead_letter_queue_is_a_notice(store: Store, root: Path) -> None:
+    store.create_queue("q", QueueConfig(dead_letter_queue="nowhere", max_receives=2))
+    report = fsck(root, repair=True)
+    assert kinds(report) == [Kind.MISSING_DLQ] and report.ok
