@@ -1,17 +1,18 @@
 """Durable file creation with group commit.
 
-Theory of operation. A put writes its message to `@tmp/` (no fsync yet) and hands the file to the
-root's `GroupCommit`. The first caller to arrive becomes the leader: it takes every file pending at
-that moment, makes their data durable (one `fsync` for a single file, one `syncfs` for several),
-renames each into its state directory, then makes the renames durable (one `fsync` per distinct
-directory). Callers that arrived meanwhile form the next group. So N concurrent puts, or one
-`put_many` of N, cost two flushes instead of 2N: this is how a file-per-message store gets past
-~1k durable messages/s on one disk.
+Theory of operation. A put writes its message to `@tmp/`, makes the data durable itself (one
+`fsync` for a single file, one `syncfs` for a batch), renames it into its state directory, and
+only then joins the root's `GroupCommit` to make the rename durable: the first caller to arrive
+becomes the leader and fsyncs every directory the waiting callers renamed into; callers that
+arrive meanwhile form the next group. Data fsyncs of concurrent writers run in parallel (the
+filesystem merges them into shared journal commits) and directory fsyncs are shared, so N
+concurrent puts cost about N/k + 1 flushes and one `put_many` of N costs two: this is how a
+file-per-message store gets past ~1k durable messages/s on one disk.
 
 A message becomes visible only after its data is durable, so a crash never exposes a partial
-file. If a flush fails (EIO, ENOSPC) nothing of that group is renamed: the temp files are removed
-and every caller gets a `StorageError`. After a failed fsync the page cache cannot be trusted, so
-the flush is never retried with the same files.
+file. If a flush fails (EIO, ENOSPC) the caller gets a `StorageError` and its files are removed
+(temp files before the rename, the renamed files if the directory flush failed). After a failed
+fsync the page cache cannot be trusted, so a flush is never retried with the same files.
 
 `writeback` renames at once and lets a background thread flush within `writeback_delay_s`;
 `memory` never flushes.
@@ -25,9 +26,9 @@ import errno
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from dirmq.errors import QueueNotFound, StorageError, storage_error
+from dirmq.errors import QueueNotFound, storage_error
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _syncfs = getattr(_libc, "syncfs", None)
@@ -86,91 +87,88 @@ class PendingFile:
 
 
 @dataclass(slots=True)
-class _Group:
-    files: list[PendingFile]
+class _Waiter:
+    dirs: set[str]
     done: bool = False
-    error: BaseException | None = None
-    renamed: list[bool] = field(default_factory=list)
+    error: OSError | None = None
 
 
 class GroupCommit:
-    """Leader/follower group commit shared by every queue of one root in this process."""
+    """Shares directory fsyncs between every thread publishing under one root in this process."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._pending: list[_Group] = []
+        self._waiting: list[_Waiter] = []
         self._leader_busy = False
 
     def commit(self, files: list[PendingFile]) -> None:
         """Make `files` durable and visible under their final names, or raise and leave nothing.
 
-        Raises `StorageError` if the flush failed, `QueueNotFound` if the target directory vanished
+        Raises `StorageError` if a flush failed, `QueueNotFound` if the target directory vanished
         (the queue was deleted meanwhile). Closes every fd either way.
         """
-        group = _Group(files)
+        try:
+            try:
+                if len(files) == 1:
+                    os.fsync(files[0].fd)
+                elif files:
+                    syncfs(files[0].fd)
+            finally:
+                for f in files:
+                    os.close(f.fd)
+        except OSError as exc:
+            for f in files:
+                _unlink_quietly(f.tmp_path)
+            raise storage_error(exc, "flushing new messages") from exc
+        renamed: list[str] = []
+        try:
+            for f in files:
+                os.rename(f.tmp_path, f.final_path)
+                renamed.append(f.final_path)
+            self._sync_dirs({os.path.dirname(path) for path in renamed})
+        except OSError as exc:
+            for f in files:
+                _unlink_quietly(f.tmp_path)
+            for path in renamed:  # all or nothing: a failed put leaves no message behind
+                _unlink_quietly(path)
+            if exc.errno == errno.ENOENT:
+                raise QueueNotFound(
+                    "the queue was deleted while messages were being stored"
+                ) from exc
+            raise storage_error(exc, "publishing messages") from exc
+
+    def _sync_dirs(self, dirs: set[str]) -> None:
+        """fsync `dirs`, sharing the work with every other thread waiting to do the same."""
+        waiter = _Waiter(dirs)
         with self._cond:
-            self._pending.append(group)
-            while not group.done:
+            self._waiting.append(waiter)
+            while not waiter.done:
                 if self._leader_busy:
                     self._cond.wait()
                     continue
                 self._leader_busy = True
-                batch, self._pending = self._pending, []
+                group, self._waiting = self._waiting, []
                 self._cond.release()
                 try:
-                    _flush(batch)
+                    _fsync_group(group)
                 finally:
                     self._cond.acquire()
                     self._leader_busy = False
                     self._cond.notify_all()
-        if group.error is not None:
-            raise group.error
+        if waiter.error is not None:
+            raise waiter.error
 
 
-def _flush(batch: list[_Group]) -> None:
-    files = [f for group in batch for f in group.files]
-    try:
+def _fsync_group(group: list[_Waiter]) -> None:
+    failed: dict[str, OSError] = {}
+    for path in set().union(*(w.dirs for w in group)):
         try:
-            if len(files) == 1:
-                os.fsync(files[0].fd)
-            else:
-                syncfs(files[0].fd)
-        finally:
-            for f in files:
-                os.close(f.fd)
-    except OSError as exc:
-        error = storage_error(exc, "flushing new messages")
-        for group in batch:
-            group.error = error
-            group.done = True
-        for f in files:
-            _unlink_quietly(f.tmp_path)
-        return
-    dirs: set[str] = set()
-    for group in batch:
-        for f in group.files:
-            try:
-                os.rename(f.tmp_path, f.final_path)
-                dirs.add(os.path.dirname(f.final_path))
-            except OSError as exc:
-                _unlink_quietly(f.tmp_path)
-                if group.error is None:
-                    group.error = _rename_error(exc)
-    try:
-        for path in dirs:
             fsync_dir(path)
-    except OSError as exc:
-        error = storage_error(exc, "flushing a queue directory")
-        for group in batch:
-            group.error = group.error or error
-    for group in batch:
-        group.done = True
-
-
-def _rename_error(exc: OSError) -> StorageError | QueueNotFound:
-    if exc.errno == errno.ENOENT:
-        return QueueNotFound("the queue was deleted while the message was being stored")
-    return storage_error(exc, "publishing a message")
+        except OSError as exc:
+            failed[path] = exc
+    for waiter in group:
+        waiter.error = next((failed[d] for d in waiter.dirs if d in failed), None)
+        waiter.done = True
 
 
 class WritebackFlusher:

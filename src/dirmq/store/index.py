@@ -16,6 +16,8 @@ from dirmq.store import layout
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.watch import Event
 
+_ID_LENGTH = 29  # see ids.py: 16 digits, a dash, 12 hex digits
+
 
 class _TimedSet:
     """id -> name for @leased or @delayed, with a heap on the time in the name."""
@@ -79,15 +81,29 @@ class QueueIndex:
         self.leased.clear()
         self.delayed.clear()
         self.slots.clear()
+        self._ready_heap = []
         for directory in (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS):
             try:
                 names = os.listdir(os.path.join(queue_dir, directory))
             except FileNotFoundError:
                 continue
-            for name in names:
-                self.add(directory, name)
+            if directory == layout.READY:
+                self._scan_ready(names)
+            else:
+                for name in names:
+                    self.add(directory, name)
         self._ready_heap = list(self.ready)
         heapq.heapify(self._ready_heap)
+
+    def _scan_ready(self, names: list[str]) -> None:
+        # The bulk of a backlog is never-received messages named by their bare id: take those
+        # without a regex or an Entry each (this is most of the index build time at 1M).
+        ready = self.ready
+        for name in names:
+            if len(name) == _ID_LENGTH and name[16] == "-" and name[:16].isdigit():
+                ready[name] = name
+            elif (entry := parse_entry(name)) is not None and entry.at_ms is None:
+                ready[entry.message_id] = name
 
     def rescan_leased(self, queue_dir: str) -> None:
         """Re-read @leased only (a receipt we have not heard of, in polling mode)."""

@@ -513,7 +513,8 @@ class Queue:
             with self._lock:
                 name, message_id, count = self._lease_name(receipt)
                 path = os.path.join(self._dir[layout.LEASED], name)
-                index = self._synced_index()
+                index = self._index
+                assert index is not None  # _lease_name synced it
                 try:
                     return self._apply(action, path, name, message_id, count, delay_s, index)
                 except FileNotFoundError:
