@@ -35,6 +35,23 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
+class _Everything:
+    def __contains__(self, _item: object) -> bool:
+        return True
+
+    def add(self, _item: object) -> None:
+        pass
+
+
+@pytest.fixture(autouse=True, params=["O_TMPFILE", "named temp files"])
+def temp_file_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run every fault test both with unnamed O_TMPFILE inodes and with named @tmp files
+    (the fallback for filesystems without O_TMPFILE, e.g. NFS)."""
+    if request.param == "named temp files":
+        monkeypatch.setattr(fsio, "_tmpfile_unsupported", _Everything())
+    return str(request.param)
+
+
 def _files(queue: dirmq.Queue, directory: str) -> list[str]:
     return os.listdir(os.path.join(queue.path, directory))
 
@@ -76,7 +93,7 @@ def test_eio_on_fsync_fails_the_put_and_leaves_nothing(
     with pytest.raises(dirmq.StorageError, match="Input/output error") as caught:
         q.put(b"lost")
     assert caught.value.errno == errno.EIO
-    monkeypatch.undo()
+    monkeypatch.setattr(fsio.os, "fsync", os.fsync)
     assert _files(q, layout.TMP) == []
     assert len(_files(q, layout.READY)) == 1
     q.put(b"after")
@@ -91,10 +108,11 @@ def test_eio_on_group_flush_fails_every_member(
     def broken_syncfs(fd: int) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
+    real_syncfs = fsio.syncfs
     monkeypatch.setattr(fsio, "syncfs", broken_syncfs)
     with pytest.raises(dirmq.StorageError):
         q.put_many([b"a", b"b", b"c"])
-    monkeypatch.undo()
+    monkeypatch.setattr(fsio, "syncfs", real_syncfs)
     assert _files(q, layout.TMP) == [] and _files(q, layout.READY) == []
     q.put_many([b"a", b"b"])
     assert q.stats().ready == 2
@@ -116,5 +134,5 @@ def test_write_error_mid_file_removes_the_partial_file(
     monkeypatch.setattr(fsio.os, "write", failing_write)
     with pytest.raises(dirmq.DiskFull):
         q.put(b"x" * 5000)
-    monkeypatch.undo()
+    monkeypatch.setattr(fsio.os, "write", real_write)
     assert _files(q, layout.TMP) == [] and _files(q, layout.READY) == []

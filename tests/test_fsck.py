@@ -15,6 +15,7 @@ import pytest
 
 from dirmq import InvalidArgument, QueueConfig, Store
 from dirmq.store import codec, layout
+from dirmq.store import fsck as fsck_module
 from dirmq.store.fsck import FsckReport, Kind, fsck
 from dirmq.store.ids import new_id
 
@@ -123,7 +124,7 @@ def test_every_kind_of_damage_is_found_repaired_and_nothing_good_is_lost(
     live_tmp = qdir / layout.TMP / layout.tmp_name(new_id())
     live_tmp.write_bytes(b"being written")
     # A capacity slot held for a message that no longer exists, for long.
-    leaked = qdir / layout.SLOTS / "99"
+    leaked = qdir / layout.SLOTS / "100"  # beyond the capacity: never taken by a put
     os.symlink(new_id(), leaked)
     os.utime(leaked, (HOUR_AGO, HOUR_AGO), follow_symlinks=False)
     # A stray file (a notice), a missing state directory and a broken configuration.
@@ -253,11 +254,74 @@ def test_root_marker_missing_or_broken_is_rewritten(store: Store, root: Path) ->
     assert fsck(root, repair=False).problems == ()
 
 
-def test_unknown_root_format_is_reported_and_left_alone(store: Store, root: Path) -> None:
+def test_unknown_root_format_is_checked_but_never_repaired(store: Store, root: Path) -> None:
+    queue = store.create_queue("q")
+    os.rmdir(Path(queue.path) / layout.DELAYED)
     (root / layout.ROOT_MARKER).write_text('{"format": 99}')
     report = fsck(root, repair=True)
-    assert kinds(report) == [Kind.ROOT_MARKER] and not report.ok
+    assert kinds(report) == [Kind.MISSING_DIR, Kind.ROOT_MARKER] and not report.ok
+    assert not any(p.repaired for p in report.problems)
     assert json.loads((root / layout.ROOT_MARKER).read_text()) == {"format": 99}
+    assert not (Path(queue.path) / layout.DELAYED).exists()
+
+
+def test_config_that_is_not_utf8_is_replaced(store: Store, root: Path) -> None:
+    queue = store.create_queue("q")
+    (Path(queue.path) / layout.CONFIG_FILE).write_bytes(b"\xff\xfe")
+    report = fsck(root, repair=True)
+    assert kinds(report) == [Kind.BAD_CONFIG] and report.ok
+
+
+def test_duplicate_with_a_badly_named_copy_keeps_the_well_named_one(
+    store: Store, root: Path
+) -> None:
+    queue = store.create_queue("q")
+    message_id = queue.put(b"x")
+    qdir = Path(queue.path)
+    os.rename(ready_file(qdir, message_id), qdir / layout.READY / f"{message_id}.1")
+    shutil.copyfile(
+        qdir / layout.READY / f"{message_id}.1", qdir / layout.READY / f"{message_id}.1.5"
+    )
+    store.close()
+    report = fsck(root, repair=True)
+    assert sorted(p.kind for p in report.repaired) == [Kind.DUPLICATE]
+    assert os.listdir(qdir / layout.READY) == [f"{message_id}.1"]
+    assert fsck(root, repair=False).problems == ()
+
+
+def test_messages_moving_during_the_scan_are_not_damage(
+    store: Store, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A nack between two listings shows one file twice; a due delay can hide from both."""
+    queue = store.create_queue("q", QueueConfig(capacity=10))
+    nacked = queue.put(b"nacked")
+    lease = queue.get_one(visibility_s=600)
+    assert lease is not None
+    hidden = queue.put(b"hidden", delay_s=600)
+    qdir = Path(queue.path)
+    for slot in (qdir / layout.SLOTS).iterdir():
+        os.utime(slot, (HOUR_AGO, HOUR_AGO), follow_symlinks=False)
+    [leased_name] = os.listdir(qdir / layout.LEASED)
+    [delayed_name] = os.listdir(qdir / layout.DELAYED)
+    store.close()
+    real = fsck_module._scandir
+    moved: set[str] = set()
+
+    def racing_scandir(path: str) -> Iterator[os.DirEntry[str]]:
+        yield from real(path)
+        state = os.path.basename(path)
+        if state == layout.LEASED and state not in moved:  # nack, once leased is listed
+            moved.add(state)
+            os.rename(qdir / layout.LEASED / leased_name, qdir / layout.READY / f"{nacked}.1")
+        if state == layout.READY and state not in moved:  # due, once ready is listed
+            moved.add(state)
+            os.rename(qdir / layout.DELAYED / delayed_name, ready_file(qdir, hidden))
+
+    monkeypatch.setattr(fsck_module, "_scandir", racing_scandir)
+    report = fsck(root, repair=True)
+    assert moved == {layout.LEASED, layout.READY}
+    assert report.problems == ()
+    assert len(os.listdir(qdir / layout.SLOTS)) == 2
 
 
 def test_a_directory_that_is_no_root_is_not_stamped(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def cmd_fsck(args: argparse.Namespace) -> int:
     root: str = args.root or default_root()
-    with progress_bar("fsck") as advance:
+    with progress_bar("fsck", unit="files") as advance:
         report = fsck(root, repair=args.repair, progress=advance)
     if args.json:
         print(json.dumps(report_json(report)))

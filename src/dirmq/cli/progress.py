@@ -13,7 +13,9 @@ SHOW_AFTER_S = 0.5
 
 
 @contextmanager
-def progress_bar(description: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
+def progress_bar(
+    description: str, total: int | None = None, unit: str = "msgs"
+) -> Iterator[Callable[[int], None]]:
     """Yield `advance(n)`; draws a bar on a terminal, does nothing when stderr is redirected
     (so logs and pipes never receive carriage-return noise). tqdm is imported only when drawn."""
     if not sys.stderr.isatty():
@@ -24,7 +26,7 @@ def progress_bar(description: str, total: int | None = None) -> Iterator[Callabl
     with tqdm(
         total=total,
         desc=description,
-        unit=" files",
+        unit=f" {unit}",
         file=sys.stderr,
         delay=SHOW_AFTER_S,
         leave=False,

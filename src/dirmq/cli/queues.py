@@ -104,7 +104,10 @@ def stats_json(name: str, stats: QueueStats) -> dict[str, object]:
     age = stats.oldest_ready_age_s
     return {
         "queue": name,
-        **asdict(stats),
+        "ready": stats.ready,
+        "in_flight": stats.in_flight,
+        "delayed": stats.delayed,
+        "dead": stats.dead,
         "total": stats.total,
         "oldest_ready_age_s": None if age is None else round(age, 3),
     }

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from dirmq.errors import InvalidArgument, MessageTooLarge, storage_error
 from dirmq.store import Store, codec, layout
-from dirmq.store.fsio import PendingFile, fsync_dir, write_new_file
+from dirmq.store.fsio import PendingFile, create_pending, fsync_dir
 from dirmq.store.names import RESERVED_PREFIX
 
 __all__ = ["BATCH_SIZE", "JOURNAL_PREFIX", "ImportReport", "import_vsqs", "vsqs_message_id"]
@@ -245,7 +245,7 @@ def _import_batch(
             in_flight += "." in name
     except BaseException:
         for f in pending:
-            _close_and_unlink(f)
+            f.discard()
         raise
     if pending:
         store.group_commit.commit(pending)  # closes every fd; on failure, removes the temps
@@ -270,23 +270,12 @@ def _read_source(source_dir: str, source: _Source) -> tuple[str, bytes] | None:
 
 
 def _write_tmp(queue_path: str, message_id: str, body: bytes) -> PendingFile:
-    tmp_path = os.path.join(queue_path, layout.TMP, layout.tmp_name(message_id))
+    final = os.path.join(queue_path, layout.READY, message_id)
+    tmp_dir = os.path.join(queue_path, layout.TMP)
     try:
-        fd = write_new_file(tmp_path, codec.encode(body, {}))
+        return create_pending(tmp_dir, layout.tmp_name(message_id), final, codec.encode(body, {}))
     except OSError as exc:
-        raise storage_error(exc, f"writing {tmp_path}") from exc
-    return PendingFile(fd, tmp_path, os.path.join(queue_path, layout.READY, message_id))
-
-
-def _close_and_unlink(pending: PendingFile) -> None:
-    try:
-        os.close(pending.fd)
-    except OSError:
-        pass
-    try:
-        os.unlink(pending.tmp_path)
-    except OSError:
-        pass
+        raise storage_error(exc, f"writing a message into {tmp_dir}") from exc
 
 
 def _remove_sources(source_dir: str, batch: list[_Source]) -> int:

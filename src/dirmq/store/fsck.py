@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
 
-from dirmq.errors import ConfigError, CorruptMessage, InvalidArgument, InvalidName, storage_error
+from dirmq.errors import CorruptMessage, InvalidArgument, InvalidName, storage_error
 from dirmq.store import codec, layout
 from dirmq.store.config import QueueConfig
 from dirmq.store.layout import Entry, parse_entry
@@ -145,6 +145,7 @@ def fsck(
         raise InvalidArgument(f"{root} is not a directory")
     checker = _Checker(root, repair, progress)
     try:
+        checker.check_format()
         checker.walk(root, "")
         checker.check_root()
     except OSError as exc:
@@ -234,12 +235,22 @@ class _Checker:
         self._pending = 0
 
     # -- the root ----------------------------------------------------------------------------------
+    def check_format(self) -> None:
+        """Before anything else: a root of a newer format is checked, never repaired."""
+        data = _read_marker(self.root)
+        found = data.get("format") if isinstance(data, dict) else None
+        if isinstance(found, int) and found != ROOT_FORMAT:
+            # Its rules may differ from ours: "repairing" it could destroy what it means.
+            self.repair = False
+            marker = os.path.join(self.root, layout.ROOT_MARKER)
+            detail = f"unsupported root format {found}: checked, nothing repaired"
+            self.add("", marker, Kind.ROOT_MARKER, detail)
+
     def check_root(self) -> None:
+        """After the walk: the root marker is missing or broken (format mismatch is done)."""
         marker = os.path.join(self.root, layout.ROOT_MARKER)
-        try:
-            with open(marker, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
+        data = _read_marker(self.root)
+        if data is _MISSING:
             detail = f"{layout.ROOT_MARKER} is missing"
             if self.counts.queues == 0 and _has_entries(self.root):
                 # Refuse to stamp an arbitrary, non-empty directory as a dirmq root.
@@ -248,12 +259,7 @@ class _Checker:
                 )
                 return
             self.fix("", marker, Kind.ROOT_MARKER, detail, self._write_marker)
-            return
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            data = None
-        if not isinstance(data, dict) or not isinstance(data.get("format"), int):
+        elif not isinstance(data, dict) or not isinstance(data.get("format"), int):
             self.fix(
                 "",
                 marker,
@@ -261,9 +267,6 @@ class _Checker:
                 f"{layout.ROOT_MARKER} is not a JSON object with a format number",
                 lambda: self._set_aside(marker) + "; " + self._write_marker(),
             )
-        elif data["format"] != ROOT_FORMAT:
-            # A newer dirmq wrote this root: nothing here may be "repaired" by an older reader.
-            self.add("", marker, Kind.ROOT_MARKER, f"unsupported root format {data['format']}")
 
     def _write_marker(self) -> str:
         marker = os.path.join(self.root, layout.ROOT_MARKER)
@@ -402,7 +405,7 @@ class _Checker:
                 config = QueueConfig.loads(f.read())
         except FileNotFoundError:
             return  # deleted while we looked: the queue is going away
-        except ConfigError as exc:
+        except ValueError as exc:  # ConfigError, and what the loader lets through (bad UTF-8)
 
             def replace() -> str:
                 aside = self._set_aside(config_path)
@@ -645,8 +648,14 @@ class _Copy:
     links: int
 
 
-def _keep_order(copy: _Copy) -> tuple[int, int, int]:
-    return (_MESSAGE_DIRS.index(copy.state), -copy.parsed.count, -(copy.parsed.at_ms or 0))
+def _keep_order(copy: _Copy) -> tuple[int, bool, int, int]:
+    fits = copy.name == _canonical(copy.state, copy.parsed, copy.parsed.at_ms or 0)
+    return (
+        _MESSAGE_DIRS.index(copy.state),
+        not fits,
+        -copy.parsed.count,
+        -(copy.parsed.at_ms or 0),
+    )
 
 
 def _canonical(state: str, entry: Entry, now_ms: int) -> str:
@@ -692,6 +701,23 @@ def _orphan_reason(name: str) -> str:
     if parsed is not None and parsed[1] == layout.HOST_TAG:
         return f"temp file of dead process {parsed[2]}"
     return f"temp file older than {ORPHAN_GRACE_S:.0f} s"
+
+
+_MISSING = object()
+
+
+def _read_marker(root: str) -> object:
+    """The parsed root marker; `_MISSING` if absent, None if it is not JSON."""
+    try:
+        with open(os.path.join(root, layout.ROOT_MARKER), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return _MISSING
+    try:
+        data: object = json.loads(raw)
+    except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
+        return None
+    return data
 
 
 def _read_decoded(path: str) -> codec.Decoded:

@@ -32,7 +32,7 @@ from dirmq.errors import (
 )
 from dirmq.store import codec, layout
 from dirmq.store.config import Durability, QueueConfig
-from dirmq.store.fsio import PendingFile, write_new_file
+from dirmq.store.fsio import PendingFile, create_pending
 from dirmq.store.ids import id_time_us, is_id, new_id
 from dirmq.store.index import QueueIndex
 from dirmq.store.layout import parse_entry, parse_receipt
@@ -193,7 +193,7 @@ class Queue:
             self._commit(pending, level, config)
         except BaseException:
             for f in pending:
-                _unlink_quietly(f.tmp_path)
+                f.discard()
             for message_id, slot in zip(ids, slots, strict=True):
                 if slot is not None:
                     self._release_slot(slot, message_id)
@@ -226,13 +226,6 @@ class Queue:
         config: QueueConfig,
         now_ms: int,
     ) -> PendingFile:
-        tmp_path = os.path.join(self._dir[layout.TMP], layout.tmp_name(message_id))
-        try:
-            fd = write_new_file(tmp_path, bytes(data))
-        except FileNotFoundError:
-            raise QueueNotFound(f"queue {self.name!r} does not exist") from None
-        except OSError as exc:
-            raise storage_error(exc, f"writing a message to queue {self.name!r}") from exc
         delay_s = config.delay_s if message.delay_s is None else message.delay_s
         if delay_s > 0:
             due_ms = now_ms + round(delay_s * 1000)
@@ -241,19 +234,23 @@ class Queue:
             )
         else:
             final = os.path.join(self._dir[layout.READY], message_id)
-        return PendingFile(fd, tmp_path, final)
+        try:
+            return create_pending(self._dir[layout.TMP], layout.tmp_name(message_id), final, data)
+        except FileNotFoundError:
+            raise QueueNotFound(f"queue {self.name!r} does not exist") from None
+        except OSError as exc:
+            raise storage_error(exc, f"writing a message to queue {self.name!r}") from exc
 
     def _commit(self, pending: list[PendingFile], level: Durability, config: QueueConfig) -> None:
         if level is Durability.WRITETHROUGH:
             self._store.group_commit.commit(pending)
             return
         for i, f in enumerate(pending):
-            os.close(f.fd)
             try:
-                os.rename(f.tmp_path, f.final_path)
+                f.publish()
             except OSError as exc:
                 for g in pending[i:]:
-                    _unlink_quietly(g.tmp_path)
+                    g.discard()
                 if exc.errno == errno.ENOENT:
                     raise QueueNotFound(f"queue {self.name!r} was deleted") from exc
                 raise storage_error(exc, f"publishing to queue {self.name!r}") from exc
