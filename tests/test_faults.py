@@ -89,11 +89,12 @@ def test_eio_on_fsync_fails_the_put_and_leaves_nothing(
     def broken_fsync(fd: int) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
+    real_fsync = os.fsync
     monkeypatch.setattr(fsio.os, "fsync", broken_fsync)
     with pytest.raises(dirmq.StorageError, match="Input/output error") as caught:
         q.put(b"lost")
     assert caught.value.errno == errno.EIO
-    monkeypatch.setattr(fsio.os, "fsync", os.fsync)
+    monkeypatch.setattr(fsio.os, "fsync", real_fsync)
     assert _files(q, layout.TMP) == []
     assert len(_files(q, layout.READY)) == 1
     q.put(b"after")
