@@ -11,6 +11,7 @@ ids, leaked capacity slots) are confirmed by a second look before anything is re
 Invariants, and what `repair=True` does about each (see `Kind`):
 
     root marker @dirmq.json present, a JSON object with "format": 1   recreate (bad one moved aside)
+    ... and of format 1 (another format: its rules may differ)        report; repair nothing at all
     @trash empty (an interrupted queue deletion)                      empty it
     @queue.json parses and validates                                  move aside, write defaults
     every state directory exists                                      mkdir
@@ -27,7 +28,8 @@ Which copy of a duplicated id is kept: the most advanced one, in the order
 leased > ready > delayed > dead, then the higher receive count, then the later time. A leased copy
 is kept first because a consumer holds its receipt: keeping it lets that consumer's ack settle the
 message, while keeping a ready copy would deliver it a second time. Live states beat @dead so a
-message that can still be delivered is never dropped (delivery is at-least-once).
+message that can still be delivered is never dropped (delivery is at-least-once). Among copies in
+one state, a well-formed name beats a malformed one. Only copies that decode compete.
 
 Expired leases and due delays are not damage (any get or sweep promotes them); they are counted.
 Files named `@queue.json.bad-*` are left by an earlier repair for a human to read, and are ignored.
@@ -105,7 +107,7 @@ class FsckReport:
     root: str
     problems: tuple[Problem, ...] = ()
     queues_checked: int = 0
-    messages_checked: int = 0
+    messages_checked: int = 0  # files with message names read, good or not
     expired_leases: int = 0  # not damage: the next get or sweep requeues them
     due_delayed: int = 0  # not damage: the next get or sweep delivers them
     tmp_in_progress: int = 0  # temp files of live writers, left alone
@@ -480,9 +482,9 @@ class _Checker:
                     partial(self._quarantine, scan, entry.path, name),
                 )
                 continue
+            self.counts.messages += 1
             if not self._decodes(scan, entry.path, name):
                 continue
-            self.counts.messages += 1
             canonical = _canonical(state, parsed, now_ms)
             if canonical != name:
                 detail = f"name {name!r} does not fit {state} (should be like {canonical!r})"

@@ -148,6 +148,24 @@ def create_pending(tmp_dir: str, tmp_name: str, final_path: str, data: bytes) ->
     return PendingFile(write_new_file(tmp_path, data), tmp_path, final_path)
 
 
+def overwrite_pending(path: str, final_path: str, data: bytes) -> PendingFile:
+    """Overwrite the existing (recycled) file at `path` with exactly `data`, to be published as
+    `final_path`. On failure the file is removed."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        _unlink_quietly(path)
+        raise
+    try:
+        _write_all(fd, data)
+        os.ftruncate(fd, len(data))
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(path)
+        raise
+    return PendingFile(fd, path, final_path)
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:

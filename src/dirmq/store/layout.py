@@ -9,6 +9,7 @@
     <queue>/@dead/             <id>.<count>    dead-lettered here (no dead-letter queue set)
     <queue>/@corrupt/          files that failed to decode, kept for inspection
     <queue>/@slots/            capacity tokens: symlink <n> -> <id>
+    <queue>/@free/             retired message files kept for reuse (see pool.py): <id>
 
 Everything a process needs to recover leases and delays is in the names: no file is opened.
 """
@@ -30,8 +31,9 @@ LEASED = "@leased"
 DELAYED = "@delayed"
 DEAD = "@dead"
 CORRUPT = "@corrupt"
+FREE = "@free"
 SLOTS = "@slots"
-STATE_DIRS = (TMP, READY, LEASED, DELAYED, DEAD, CORRUPT, SLOTS)
+STATE_DIRS = (TMP, READY, LEASED, DELAYED, DEAD, CORRUPT, SLOTS, FREE)
 ROOT_MARKER = "@dirmq.json"
 ROOT_TRASH = "@trash"
 

@@ -32,11 +32,12 @@ from dirmq.errors import (
 )
 from dirmq.store import codec, layout
 from dirmq.store.config import Durability, QueueConfig
-from dirmq.store.fsio import PendingFile, create_pending
+from dirmq.store.fsio import PendingFile, create_pending, overwrite_pending
 from dirmq.store.ids import id_time_us, is_id, new_id
 from dirmq.store.index import QueueIndex
 from dirmq.store.layout import parse_entry, parse_receipt
 from dirmq.store.message import Message, OutgoingMessage, QueueStats, SweepReport
+from dirmq.store.pool import DEFAULT_POOL_FILES, FilePool
 from dirmq.store.watch import RESCAN, Watcher, open_watcher
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ class Queue:
         self._config_checked = time.monotonic()
         self._index: QueueIndex | None = None
         self._watcher: Watcher | None = None
+        self._pool = FilePool(self._dir[layout.FREE])
 
     # -- configuration -------------------------------------------------------------------------
     @property
@@ -234,8 +236,12 @@ class Queue:
             )
         else:
             final = os.path.join(self._dir[layout.READY], message_id)
+        tmp_name = layout.tmp_name(message_id)
         try:
-            return create_pending(self._dir[layout.TMP], layout.tmp_name(message_id), final, data)
+            recycled = os.path.join(self._dir[layout.TMP], tmp_name)
+            if self._pool.claim(recycled):
+                return overwrite_pending(recycled, final, data)
+            return create_pending(self._dir[layout.TMP], tmp_name, final, data)
         except FileNotFoundError:
             raise QueueNotFound(f"queue {self.name!r} does not exist") from None
         except OSError as exc:
@@ -473,7 +479,7 @@ class Queue:
         path = os.path.join(self._dir[directory], name)
         self._release_slot_of(path, message_id)
         try:
-            os.unlink(path)
+            self._pool.retire(path, message_id)
         except FileNotFoundError:
             return False
         except OSError as exc:
@@ -532,7 +538,7 @@ class Queue:
         config = self.config
         if action == "ack":
             self._release_slot_of(path, message_id)
-            os.unlink(path)
+            self._pool.retire(path, message_id)
             index.leased.discard(message_id, name)
             return None
         if action == "extend":
@@ -740,6 +746,7 @@ class Queue:
                     ):
                         expired += 1
             released = self._release_leaked_slots(index)
+            self._pool.trim(keep=DEFAULT_POOL_FILES)
             self._synced_index()
         return SweepReport(
             orphans_removed=orphans,
