@@ -430,7 +430,7 @@ class Subject:
 
 class DirmqSubject(Subject):
     name = "dirmq"
-    durability = "writethrough: fsync file + dir before put returns; ack = unlink"
+    durability = "writethrough: fsync file + dir before put returns; ack recycles the file (@free)"
 
     def __init__(self, path: str) -> None:
         self.store = Store(path)
