@@ -1,6 +1,7 @@
 """dirmq: a durable message queue whose storage is plain directories of files."""
 
 from dirmq.errors import (
+    ConfigError,
     CorruptMessage,
     DirmqError,
     DiskFull,
@@ -27,6 +28,7 @@ from dirmq.store import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConfigError",
     "CorruptMessage",
     "DirmqError",
     "DiskFull",

@@ -6,8 +6,6 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from dirmq.store.queue import ProgressFn
-
 # A bar appears only if the work is still going after this long: quick runs print nothing.
 SHOW_AFTER_S = 0.5
 
@@ -37,16 +35,6 @@ def progress_bar(
             bar.update(n)
 
         yield advance
-
-
-class StoreProgress(ProgressFn):
-    """Adapts `advance(n)` to the store's `ProgressFn` type (taken by `Queue.purge`)."""
-
-    def __init__(self, advance: Callable[[int], None]) -> None:
-        self._advance = advance
-
-    def __call__(self, advanced: int) -> None:
-        self._advance(advanced)
 
 
 def _ignore(_n: int) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from dirmq.cli import exits
 from dirmq.cli.args import add_config_options, config_changes, open_store, queue_name
-from dirmq.cli.progress import StoreProgress, progress_bar
+from dirmq.cli.progress import progress_bar
 from dirmq.errors import DirmqError
 from dirmq.store import QueueConfig, QueueStats, Store
 
@@ -171,7 +171,7 @@ def cmd_purge(args: argparse.Namespace) -> int:
         queue = store.queue(args.queue)
         total = queue.stats().total
         with progress_bar(f"purge {args.queue}", total) as advance:
-            removed = queue.purge(StoreProgress(advance))
+            removed = queue.purge(advance)
     print(f"purged {removed} message(s)")
     return exits.OK
 

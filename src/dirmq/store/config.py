@@ -82,8 +82,10 @@ class QueueConfig:
     def loads(cls, raw: bytes) -> QueueConfig:
         try:
             return cls.from_json(json.loads(raw))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"configuration is not valid JSON: {exc}") from exc
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, InvalidName
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"configuration is not valid: {exc}") from exc
 
 
 def _check_seconds(name: str, value: object, minimum: float) -> None:

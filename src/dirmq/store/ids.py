@@ -32,14 +32,12 @@ _reset_node()
 os.register_at_fork(after_in_child=_reset_node)
 
 
-def new_id(at_us: int | None = None) -> str:
-    """A fresh id. `at_us` pins the time part (to import messages with their old timestamps)."""
+def new_id() -> str:
+    """A fresh id, greater than every id this process minted before."""
     global _last_us
     with _lock:
-        if at_us is None:
-            at_us = max(time.time_ns() // 1000, _last_us + 1)
-            _last_us = at_us
-        return f"{at_us:016d}-{_node}"
+        _last_us = max(time.time_ns() // 1000, _last_us + 1)
+        return f"{_last_us:016d}-{_node}"
 
 
 def is_id(text: str) -> bool:

@@ -17,7 +17,8 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from dirmq.errors import (
@@ -47,6 +48,7 @@ CONFIG_RECHECK_S = 0.5
 ORPHAN_GRACE_S = 3600.0  # temp files of processes we cannot check (other hosts) are kept this long
 SLOT_GRACE_S = 60.0
 _WATCHED = (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS)
+ProgressFn = Callable[[int], None]  # called with how many items were just processed
 
 
 def _now_ms() -> int:
@@ -75,6 +77,7 @@ class Queue:
         self._index: QueueIndex | None = None
         self._watcher: Watcher | None = None
         self._pool = FilePool(self._dir[layout.FREE])
+        self._recovered_on_open = SweepReport()
 
     # -- configuration -------------------------------------------------------------------------
     @property
@@ -129,9 +132,11 @@ class Queue:
         index = QueueIndex()
         index.rescan(self.path)
         self._index = index
-        # Recovery on open: what crashed processes left behind is cleaned up now, not later.
-        self._remove_orphans()
-        self._promote(index, self._config, _now_ms())
+        # Recovery on open: what crashed processes left behind is cleaned up now, not later;
+        # the next sweep() reports it.
+        orphans = self._remove_orphans()
+        promoted = self._promote(index, self._config, _now_ms())
+        self._recovered_on_open = replace(promoted, orphans_removed=orphans)
 
     def fileno(self) -> int | None:
         """A file descriptor that becomes readable when the queue changes (None when polling)."""
@@ -748,11 +753,12 @@ class Queue:
             released = self._release_leaked_slots(index)
             self._pool.trim(keep=DEFAULT_POOL_FILES)
             self._synced_index()
+            on_open, self._recovered_on_open = self._recovered_on_open, SweepReport()
         return SweepReport(
-            orphans_removed=orphans,
-            leases_requeued=promoted.leases_requeued,
-            delayed_delivered=promoted.delayed_delivered,
-            dead_lettered=promoted.dead_lettered,
+            orphans_removed=orphans + on_open.orphans_removed,
+            leases_requeued=promoted.leases_requeued + on_open.leases_requeued,
+            delayed_delivered=promoted.delayed_delivered + on_open.delayed_delivered,
+            dead_lettered=promoted.dead_lettered + on_open.dead_lettered,
             expired_removed=expired,
             slots_released=released,
         )
@@ -801,10 +807,6 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"<dirmq.Queue {self.name!r} at {self.path!r}>"
-
-
-class ProgressFn:  # pragma: no cover - typing helper
-    def __call__(self, advanced: int) -> None: ...
 
 
 def _at(name: str) -> int:

@@ -1,0 +1,64 @@
+"""Recovery on open and by sweep, file recycling, and damaged configuration."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import dirmq
+from dirmq.store import layout
+
+from .procs import kill, spawn
+
+
+def test_sweep_reports_what_opening_the_queue_recovered(root: Path) -> None:
+    q = dirmq.Store(root).create_queue("s", dirmq.QueueConfig(visibility_timeout_s=0))
+    q.put(b"a")
+    holder = spawn("hold", root, "s", 1, 0)
+    assert holder.stdout is not None
+    holder.stdout.readline()
+    kill(holder)
+    report = dirmq.Store(root).queue("s").sweep()
+    assert report.leases_requeued == 1
+    assert dirmq.Store(root).queue("s").sweep().leases_requeued == 0
+
+
+def test_acked_files_are_recycled_for_later_puts(store: dirmq.Store) -> None:
+    q = store.create_queue("r")
+    q.put(b"first message")
+    message = q.get_one()
+    assert message is not None
+    (leased,) = os.listdir(os.path.join(q.path, layout.LEASED))
+    inode = os.stat(os.path.join(q.path, layout.LEASED, leased)).st_ino
+    q.ack(message.receipt or "")
+    assert os.listdir(os.path.join(q.path, layout.FREE)) == [message.id]
+    new_id = q.put(b"second, a longer message body than the first")
+    assert os.listdir(os.path.join(q.path, layout.FREE)) == []
+    assert os.stat(os.path.join(q.path, layout.READY, new_id)).st_ino == inode
+    again = q.get_one()
+    assert again is not None and again.body == b"second, a longer message body than the first"
+    q.put(b"x")  # shorter than the recycled file's old content: truncated exactly
+    q.ack(again.receipt or "")
+    q.put(b"y")
+    assert [m.body for m in q.get(5)] == [b"x", b"y"]
+
+
+def test_large_files_are_not_recycled(store: dirmq.Store) -> None:
+    q = store.create_queue("big")
+    q.put(b"z" * (200 * 1024))
+    message = q.get_one()
+    assert message is not None
+    q.ack(message.receipt or "")
+    assert os.listdir(os.path.join(q.path, layout.FREE)) == []
+
+
+def test_unreadable_configuration_is_a_clear_error(store: dirmq.Store) -> None:
+    store.create_queue("c")
+    Path(store.root, "c", layout.CONFIG_FILE).write_bytes(b"\xff\xfe")
+    with pytest.raises(dirmq.ConfigError, match="'c'"):
+        dirmq.Store(store.root).queue("c")
+    Path(store.root, "c", layout.CONFIG_FILE).write_text('{"dead_letter_queue": "../x"}')
+    with pytest.raises(dirmq.ConfigError, match="'c'"):
+        dirmq.Store(store.root).queue("c")
