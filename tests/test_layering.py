@@ -32,6 +32,7 @@ def test_store_imports_without_asyncio_http_or_spark() -> None:
 def test_public_api_is_pinned() -> None:
     assert sorted(dirmq.__all__) == sorted(
         [
+            "ConfigError",
             "CorruptMessage",
             "DirmqError",
             "DiskFull",
