@@ -48,10 +48,11 @@ from functools import partial
 
 from dirmq.errors import CorruptMessage, InvalidArgument, InvalidName, storage_error
 from dirmq.store import codec, layout
+from dirmq.store.capacity import LEAK_GRACE_S
 from dirmq.store.config import QueueConfig
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.names import validate_queue_name
-from dirmq.store.queue import ORPHAN_GRACE_S, SLOT_GRACE_S, _is_orphan
+from dirmq.store.recovery import ORPHAN_GRACE_S, is_orphan
 from dirmq.store.root import ROOT_FORMAT, _atomic_write
 
 # Message states in the order a duplicate is kept (first = kept first), and their name shapes.
@@ -445,7 +446,7 @@ class _Checker:
             return
         for entry in _scandir(scan.dir(layout.TMP)):
             self.tick()
-            if _is_orphan(entry.path, entry.name):
+            if is_orphan(entry.path, entry.name):
                 self.fix(
                     scan.name,
                     entry.path,
@@ -608,7 +609,7 @@ class _Checker:
                 continue
             # A young slot may belong to a put between taking it and writing its file; the
             # slot of a message we just quarantined is known dead whatever its age.
-            if age_s > SLOT_GRACE_S or target in scan.quarantined:
+            if age_s > LEAK_GRACE_S or target in scan.quarantined:
                 suspects[entry.path] = target
         if not suspects:
             return

@@ -1,7 +1,7 @@
 """One queue: publish, lease, acknowledge, requeue, dead-letter, from any number of processes.
 
 Theory of operation. A message is one immutable file; its state is the directory it sits in and
-its name (see `layout`). Every transition is one `rename` (or the final `unlink`), so whichever
+its name (see `layout`). Every transition is one `rename` (see `files.py`), so whichever
 process performs it first wins and the others see ENOENT and move on: no locks, which is what makes
 the queue safe on NFS too. Each process keeps a `QueueIndex` fed by watcher events, so a get is a
 heap pop plus one rename whatever the backlog. Processes that wait (blocking `get`, a put at
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import os
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -22,7 +21,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from dirmq.errors import (
-    CorruptMessage,
     InvalidArgument,
     MessageNotFound,
     MessageTooLarge,
@@ -33,26 +31,23 @@ from dirmq.errors import (
 )
 from dirmq.store import codec, layout
 from dirmq.store.config import Durability, QueueConfig
+from dirmq.store.files import QueueFiles, expired_by_retention, now_ms
 from dirmq.store.fsio import PendingFile, create_pending, overwrite_pending
 from dirmq.store.ids import id_time_us, is_id, new_id
 from dirmq.store.index import QueueIndex
 from dirmq.store.layout import parse_entry, parse_receipt
 from dirmq.store.message import Message, OutgoingMessage, QueueStats, SweepReport
-from dirmq.store.pool import DEFAULT_POOL_FILES, FilePool
+from dirmq.store.pool import DEFAULT_POOL_FILES
+from dirmq.store.recovery import remove_orphans
 from dirmq.store.watch import RESCAN, Watcher, open_watcher
 
 if TYPE_CHECKING:
     from dirmq.store.root import Store
 
 CONFIG_RECHECK_S = 0.5
-ORPHAN_GRACE_S = 3600.0  # temp files of processes we cannot check (other hosts) are kept this long
-SLOT_GRACE_S = 60.0
 _WATCHED = (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS)
 ProgressFn = Callable[[int], None]  # called with how many items were just processed
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+_SETTLE_ACTIONS = ("ack", "nack", "extend", "dead_letter")
 
 
 def _check_seconds(name: str, value: float | None) -> None:
@@ -70,13 +65,12 @@ class Queue:
         self.path = path
         self._store = store
         self._lock = threading.RLock()
-        self._dir = {d: os.path.join(path, d) for d in layout.STATE_DIRS}
+        self._files = QueueFiles(store, name, path)
         self._config = config
         self._config_stamp: tuple[int, int] | None = None
         self._config_checked = time.monotonic()
         self._index: QueueIndex | None = None
         self._watcher: Watcher | None = None
-        self._pool = FilePool(self._dir[layout.FREE])
         self._recovered_on_open = SweepReport()
 
     # -- configuration -------------------------------------------------------------------------
@@ -105,23 +99,21 @@ class Queue:
     def _synced_index(self) -> QueueIndex:
         """The index, brought up to date with every change any process made (call under lock)."""
         if self._index is None or self._watcher is None:
-            self._open_index()
-            assert self._index is not None
-            return self._index
+            return self._open_index()
         result = self._watcher.drain()
-        if getattr(self._watcher, "lost", False):
+        if getattr(self._watcher, "lost", False):  # the queue directory was deleted or replaced
             self._watcher.close()
             self._watcher = None
-            self._open_index()
-        elif result == RESCAN:
+            return self._open_index()
+        if result == RESCAN:
             self._index.rescan(self.path)
         elif isinstance(result, list) and result:
             self._index.apply(result)
         return self._index
 
-    def _open_index(self) -> None:
+    def _open_index(self) -> QueueIndex:
         self.reload_config()
-        directories = {d: self._dir[d] for d in _WATCHED}
+        directories = {d: self._files.dir[d] for d in _WATCHED}
         try:
             # The watcher starts before the scan, so nothing that happens in between is missed.
             self._watcher = open_watcher(
@@ -134,9 +126,13 @@ class Queue:
         self._index = index
         # Recovery on open: what crashed processes left behind is cleaned up now, not later;
         # the next sweep() reports it.
-        orphans = self._remove_orphans()
-        promoted = self._promote(index, self._config, _now_ms())
+        orphans = remove_orphans(self._files.dir[layout.TMP])
+        promoted = self._files.promote(index, self._config, now_ms())
         self._recovered_on_open = replace(promoted, orphans_removed=orphans)
+        return index
+
+    def _polling(self) -> bool:
+        return self._watcher is not None and self._watcher.fileno() is None
 
     def fileno(self) -> int | None:
         """A file descriptor that becomes readable when the queue changes (None when polling)."""
@@ -193,17 +189,17 @@ class Queue:
             slots = list(self._acquire_slots(ids, config.capacity, deadline))
         pending: list[PendingFile] = []
         try:
-            now_ms = _now_ms()
+            at_ms = now_ms()
             for message_id, message, slot in zip(ids, outgoing, slots, strict=True):
                 data = codec.encode(message.body, message.headers, {"Slot": slot} if slot else None)
-                pending.append(self._write_tmp(message_id, data, message, config, now_ms))
+                pending.append(self._write_tmp(message_id, data, message, config, at_ms))
             self._commit(pending, level, config)
         except BaseException:
             for f in pending:
                 f.discard()
             for message_id, slot in zip(ids, slots, strict=True):
                 if slot is not None:
-                    self._release_slot(slot, message_id)
+                    self._files.slots.release(slot, message_id, self._index)
             raise
         with self._lock:
             if self._index is not None:
@@ -231,22 +227,22 @@ class Queue:
         data: bytes,
         message: OutgoingMessage,
         config: QueueConfig,
-        now_ms: int,
+        at_ms: int,
     ) -> PendingFile:
         delay_s = config.delay_s if message.delay_s is None else message.delay_s
         if delay_s > 0:
-            due_ms = now_ms + round(delay_s * 1000)
+            due_ms = at_ms + round(delay_s * 1000)
             final = os.path.join(
-                self._dir[layout.DELAYED], layout.timed_name(message_id, 0, due_ms)
+                self._files.dir[layout.DELAYED], layout.timed_name(message_id, 0, due_ms)
             )
         else:
-            final = os.path.join(self._dir[layout.READY], message_id)
+            final = os.path.join(self._files.dir[layout.READY], message_id)
         tmp_name = layout.tmp_name(message_id)
         try:
-            recycled = os.path.join(self._dir[layout.TMP], tmp_name)
-            if self._pool.claim(recycled):
+            recycled = os.path.join(self._files.dir[layout.TMP], tmp_name)
+            if self._files.pool.claim(recycled):
                 return overwrite_pending(recycled, final, data)
-            return create_pending(self._dir[layout.TMP], tmp_name, final, data)
+            return create_pending(self._files.dir[layout.TMP], tmp_name, final, data)
         except FileNotFoundError:
             raise QueueNotFound(f"queue {self.name!r} does not exist") from None
         except OSError as exc:
@@ -271,66 +267,30 @@ class Queue:
     # -- capacity ---------------------------------------------------------------------------------
     def _acquire_slots(
         self, ids: list[str], capacity: int, deadline: float | None
-    ) -> Iterator[str]:
-        """One capacity token (symlink @slots/<n> -> id) per message, waiting while full."""
-        taken: list[tuple[str, str]] = []
+    ) -> list[str | None]:
+        """One capacity token per message, waiting while the queue is full; all or none."""
+        taken: list[str | None] = []
         try:
             for message_id in ids:
-                slot = self._acquire_slot(message_id, capacity, deadline)
-                taken.append((slot, message_id))
+                taken.append(self._acquire_slot(message_id, capacity, deadline))
         except BaseException:
-            for slot, message_id in taken:
-                self._release_slot(slot, message_id)
+            for slot, message_id in zip(taken, ids, strict=False):
+                if slot is not None:
+                    self._files.slots.release(slot, message_id, self._index)
             raise
-        return iter(slot for slot, _ in taken)
+        return taken
 
     def _acquire_slot(self, message_id: str, capacity: int, deadline: float | None) -> str:
-        slots_dir = self._dir[layout.SLOTS]
         while True:
             with self._lock:
-                index = self._synced_index()
-                used = index.slots
-                # Tokens make the limit exact across processes; the index total also counts
-                # messages published before the queue had a capacity (they hold no token).
-                if max(len(used), index.total()) < capacity:
-                    start = random.randrange(capacity)
-                    for offset in range(capacity):
-                        slot = str((start + offset) % capacity)
-                        if slot in used:
-                            continue
-                        try:
-                            os.symlink(message_id, os.path.join(slots_dir, slot))
-                        except FileExistsError:
-                            used.add(slot)
-                            continue
-                        except FileNotFoundError:
-                            raise QueueNotFound(f"queue {self.name!r} does not exist") from None
-                        except OSError as exc:
-                            raise storage_error(exc, "reserving capacity") from exc
-                        used.add(slot)
-                        return slot
+                slot = self._files.slots.try_acquire(message_id, capacity, self._synced_index())
+            if slot is not None:
+                return slot
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise QueueFull(f"queue {self.name!r} is at its capacity of {capacity} messages")
+            # A consumer's ack anywhere frees a slot and wakes us through the watcher.
             self._wait(1.0 if remaining is None else min(remaining, 1.0))
-
-    def _release_slot(self, slot: str, message_id: str) -> None:
-        path = os.path.join(self._dir[layout.SLOTS], slot)
-        try:
-            if os.readlink(path) == message_id:
-                os.unlink(path)
-                if self._index is not None:
-                    self._index.slots.discard(slot)
-        except OSError:
-            pass
-
-    def _release_slot_of(self, path: str, message_id: str) -> None:
-        """Free the capacity token of the message file at `path` (read before it goes away)."""
-        if self._index is not None and not self._index.slots and self._config.capacity is None:
-            return
-        slot = _read_slot(path)
-        if slot is not None:
-            self._release_slot(slot, message_id)
 
     # -- receiving --------------------------------------------------------------------------------
     def get(
@@ -351,251 +311,45 @@ class Queue:
             with self._lock:
                 config = self.config
                 index = self._synced_index()
-                now_ms = _now_ms()
-                self._promote(index, config, now_ms)
+                at_ms = now_ms()
+                self._files.promote(index, config, at_ms)
                 visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
+                visibility_ms = round(visibility * 1000)
                 got: list[Message] = []
                 while len(got) < max_count:
-                    message = self._claim(index, config, now_ms, round(visibility * 1000))
+                    message = self._files.claim(index, config, at_ms, visibility_ms)
                     if message is None:
                         break
                     got.append(message)
                 remaining = deadline - time.monotonic()
                 if got or remaining <= 0:
                     return got
-                timeout = min(remaining, self._next_due_s(index, now_ms))
+                timeout = min(remaining, _next_due_s(index, at_ms))
             self._wait(timeout)
 
     def get_one(self, *, visibility_s: float | None = None, wait_s: float = 0.0) -> Message | None:
         got = self.get(1, visibility_s=visibility_s, wait_s=wait_s)
         return got[0] if got else None
 
-    def _next_due_s(self, index: QueueIndex, now_ms: int) -> float:
-        times = [t[0] for t in (index.leased.earliest(), index.delayed.earliest()) if t]
-        return max(0.001, (min(times) - now_ms) / 1000) if times else 60.0
-
-    def _claim(
-        self, index: QueueIndex, config: QueueConfig, now_ms: int, visibility_ms: int
-    ) -> Message | None:
-        ready_dir, leased_dir = self._dir[layout.READY], self._dir[layout.LEASED]
-        while (name := index.pop_ready(config.peers)) is not None:
-            entry = parse_entry(name)
-            assert entry is not None
-            source = os.path.join(ready_dir, name)
-            if self._expired_by_retention(entry.message_id, config, now_ms):
-                self._remove_file(layout.READY, name, entry.message_id)
-                continue
-            count = entry.count + 1
-            lease = layout.timed_name(entry.message_id, count, now_ms + visibility_ms)
-            target = os.path.join(leased_dir, lease)
-            try:
-                os.rename(source, target)
-            except FileNotFoundError:
-                continue  # another process claimed or deleted it first
-            except OSError as exc:
-                raise storage_error(exc, f"leasing a message of queue {self.name!r}") from exc
-            index.add(layout.LEASED, lease)
-            try:
-                decoded = _read_message(target)
-            except FileNotFoundError:
-                continue  # deleted by id a moment after our claim
-            except CorruptMessage:
-                self._quarantine(target, lease)
-                continue
-            return Message(
-                id=entry.message_id,
-                body=decoded.body,
-                headers=decoded.headers,
-                receive_count=count,
-                published_at_s=id_time_us(entry.message_id) / 1e6,
-                receipt=f"{entry.message_id}.{count}",
-                lease_deadline_s=(now_ms + visibility_ms) / 1000,
-                state="leased",
-            )
-        return None
-
-    def _expired_by_retention(self, message_id: str, config: QueueConfig, now_ms: int) -> bool:
-        if config.retention_s is None:
-            return False
-        return id_time_us(message_id) / 1000 + config.retention_s * 1000 < now_ms
-
-    def _promote(self, index: QueueIndex, config: QueueConfig, now_ms: int) -> SweepReport:
-        """Deliver due delayed messages and requeue (or dead-letter) expired leases."""
-        delivered = requeued = dead = 0
-        for name in index.delayed.pop_due(now_ms):
-            entry = parse_entry(name)
-            assert entry is not None
-            target = layout.ready_name(entry.message_id, entry.count)
-            if self._move(layout.DELAYED, name, layout.READY, target):
-                index.add(layout.READY, target)
-                delivered += 1
-        for name in index.leased.pop_due(now_ms):
-            entry = parse_entry(name)
-            assert entry is not None
-            if config.max_receives is not None and entry.count >= config.max_receives:
-                dead += self._dead_letter_file(layout.LEASED, name, config)
-                continue
-            target = layout.ready_name(entry.message_id, entry.count)
-            if self._move(layout.LEASED, name, layout.READY, target):
-                index.add(layout.READY, target)
-                requeued += 1
-        return SweepReport(
-            leases_requeued=requeued, delayed_delivered=delivered, dead_lettered=dead
-        )
-
-    def _move(self, src_dir: str, src: str, dst_dir: str, dst: str) -> bool:
-        """One state transition; False if another process got there first."""
-        try:
-            os.rename(os.path.join(self._dir[src_dir], src), os.path.join(self._dir[dst_dir], dst))
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise storage_error(exc, f"moving a message of queue {self.name!r}") from exc
-        return True
-
-    def _dead_letter_file(self, src_dir: str, name: str, config: QueueConfig) -> int:
-        entry = parse_entry(name)
-        assert entry is not None
-        source = os.path.join(self._dir[src_dir], name)
-        self._release_slot_of(source, entry.message_id)
-        target_dir = self._store.dead_letter_dir(config.dead_letter_queue)
-        if target_dir is not None:
-            target = os.path.join(target_dir, entry.message_id)
-        else:
-            target = os.path.join(
-                self._dir[layout.DEAD], layout.dead_name(entry.message_id, entry.count)
-            )
-        try:
-            os.rename(source, target)
-        except FileNotFoundError:
-            return 0
-        except OSError as exc:
-            raise storage_error(exc, f"dead-lettering a message of queue {self.name!r}") from exc
-        return 1
-
-    def _quarantine(self, path: str, name: str) -> None:
-        try:
-            os.rename(path, os.path.join(self._dir[layout.CORRUPT], name))
-        except OSError:
-            pass
-
-    def _remove_file(self, directory: str, name: str, message_id: str) -> bool:
-        """Unlink a message for good (and free its capacity token); False if already gone."""
-        path = os.path.join(self._dir[directory], name)
-        self._release_slot_of(path, message_id)
-        try:
-            self._pool.retire(path, message_id)
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise storage_error(exc, f"removing a message of queue {self.name!r}") from exc
-        finally:
-            if self._index is not None:
-                self._index.discard(directory, name)
-        return True
-
     # -- settling leases --------------------------------------------------------------------------
-    def _lease_name(self, receipt: str) -> tuple[str, str, int]:
-        """(leased file name, id, count) of the live lease behind `receipt`, or StaleReceipt."""
-        parsed = parse_receipt(receipt)
-        if parsed is None:
-            raise InvalidArgument(f"not a dirmq receipt: {str(receipt)[:80]!r}")
-        message_id, count = parsed
-        index = self._synced_index()
-        name = index.leased.names.get(message_id)
-        if name is None and self._watcher is not None and self._watcher.fileno() is None:
-            # Polling mode: another host's extend may not have been seen yet.
-            index.rescan_leased(self.path)
-            name = index.leased.names.get(message_id)
-        entry = parse_entry(name) if name else None
-        if name is None or entry is None or entry.count != count:
-            raise StaleReceipt(
-                f"receipt {receipt} of queue {self.name!r} is stale: the lease expired and the "
-                "message was delivered again, or it was already acknowledged"
-            )
-        return name, message_id, count
-
-    def _settle(self, receipt: str, action: str, delay_s: float = 0.0) -> str | None:
-        """Apply `action` to the lease behind `receipt`, retrying once if it moved meanwhile."""
-        for attempt in range(2):
-            with self._lock:
-                name, message_id, count = self._lease_name(receipt)
-                path = os.path.join(self._dir[layout.LEASED], name)
-                index = self._index
-                assert index is not None  # _lease_name synced it
-                try:
-                    return self._apply(action, path, name, message_id, count, delay_s, index)
-                except FileNotFoundError:
-                    if attempt:
-                        raise StaleReceipt(f"receipt {receipt} is stale") from None
-        return None
-
-    def _apply(
-        self,
-        action: str,
-        path: str,
-        name: str,
-        message_id: str,
-        count: int,
-        delay_s: float,
-        index: QueueIndex,
-    ) -> str | None:
-        config = self.config
-        if action == "ack":
-            self._release_slot_of(path, message_id)
-            self._pool.retire(path, message_id)
-            index.leased.discard(message_id, name)
-            return None
-        if action == "extend":
-            new = layout.timed_name(message_id, count, _now_ms() + round(delay_s * 1000))
-            os.rename(path, os.path.join(self._dir[layout.LEASED], new))
-            index.add(layout.LEASED, new)
-            return new
-        if action == "dead_letter" or (
-            config.max_receives is not None and count >= config.max_receives
-        ):
-            if not os.path.exists(path):
-                raise FileNotFoundError(path)
-            self._dead_letter_file(layout.LEASED, name, config)
-            index.leased.discard(message_id, name)
-            return None
-        if delay_s > 0:
-            new = layout.timed_name(message_id, count, _now_ms() + round(delay_s * 1000))
-            os.rename(path, os.path.join(self._dir[layout.DELAYED], new))
-            index.add(layout.DELAYED, new)
-        else:
-            new = layout.ready_name(message_id, count)
-            os.rename(path, os.path.join(self._dir[layout.READY], new))
-            index.add(layout.READY, new)
-        index.leased.discard(message_id, name)
-        return None
-
     def ack(self, receipt: str) -> None:
         """Delete the leased message behind `receipt`. StaleReceipt if that lease is gone."""
-        self._settle_mapped(receipt, "ack")
+        self._settle(receipt, "ack")
 
     def nack(self, receipt: str, delay_s: float = 0.0) -> None:
         """Give the message back: ready again at once (in its FIFO place), or after `delay_s`.
         Past the queue's max receives it is dead-lettered instead."""
         _check_seconds("delay_s", delay_s)
-        self._settle_mapped(receipt, "nack", delay_s)
+        self._settle(receipt, "nack", delay_s)
 
     def extend(self, receipt: str, visibility_s: float) -> None:
         """Heartbeat: the lease now ends `visibility_s` from now. The receipt stays valid."""
         _check_seconds("visibility_s", visibility_s)
-        self._settle_mapped(receipt, "extend", visibility_s)
+        self._settle(receipt, "extend", visibility_s)
 
     def dead_letter(self, receipt: str) -> None:
         """Move the leased message to the dead-letter queue (or this queue's @dead)."""
-        self._settle_mapped(receipt, "dead_letter")
-
-    def _settle_mapped(self, receipt: str, action: str, delay_s: float = 0.0) -> None:
-        try:
-            self._settle(receipt, action, delay_s)
-        except OSError as exc:
-            if isinstance(exc, StaleReceipt | QueueNotFound):
-                raise
-            raise storage_error(exc, f"{action} on queue {self.name!r}") from exc
+        self._settle(receipt, "dead_letter")
 
     def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]:
         """Ack several receipts; returns the failures by receipt (empty when all succeeded)."""
@@ -607,109 +361,115 @@ class Queue:
                 failures[receipt] = exc
         return failures
 
+    def _settle(self, receipt: str, action: str, delay_s: float = 0.0) -> None:
+        """Apply `action` to the lease behind `receipt`, retrying once if it moved meanwhile
+        (another process extended it between our lookup and our rename)."""
+        assert action in _SETTLE_ACTIONS
+        try:
+            for _attempt in range(2):
+                with self._lock:
+                    lease = self._lease_name(receipt)
+                    assert self._index is not None  # _lease_name synced it
+                    try:
+                        self._files.settle(self._index, self.config, action, lease, delay_s)
+                        return
+                    except FileNotFoundError:
+                        continue
+            raise StaleReceipt(f"receipt {receipt} of queue {self.name!r} is stale")
+        except OSError as exc:
+            if isinstance(exc, StaleReceipt | QueueNotFound):
+                raise
+            raise storage_error(exc, f"{action} on queue {self.name!r}") from exc
+
+    def _lease_name(self, receipt: str) -> str:
+        """The leased file name of the live lease behind `receipt`, or StaleReceipt."""
+        parsed = parse_receipt(receipt)
+        if parsed is None:
+            raise InvalidArgument(f"not a dirmq receipt: {str(receipt)[:80]!r}")
+        message_id, count = parsed
+        index = self._synced_index()
+        name = index.leased.names.get(message_id)
+        if name is None and self._polling():
+            # Polling mode: another host's extend may not have been seen yet.
+            index.rescan_leased(self.path)
+            name = index.leased.names.get(message_id)
+        entry = parse_entry(name) if name else None
+        if name is None or entry is None or entry.count != count:
+            raise StaleReceipt(
+                f"receipt {receipt} of queue {self.name!r} is stale: the lease expired and the "
+                "message was delivered again, or it was already acknowledged"
+            )
+        return name
+
     # -- by id -------------------------------------------------------------------------------------
     def delete(self, message_id: str) -> bool:
         """Delete a message by id, whatever its state and whoever leased it (MQ semantics).
         Returns False if no such message is in the queue."""
-        if not is_id(message_id):
-            raise InvalidArgument(f"not a dirmq message id: {str(message_id)[:80]!r}")
+        _check_id(message_id)
         with self._lock:
             for _attempt in range(2):
                 found = self._locate(message_id)
                 if found is None:
                     return False
-                directory, name = found
-                if self._remove_file(directory, name, message_id):
+                if self._files.remove(self._index, found[0], found[1], message_id):
                     return True
         return False
 
-    def _locate(self, message_id: str) -> tuple[str, str] | None:
-        index = self._synced_index()
-        found = index.locate(message_id)
-        if found is None and self._watcher is not None and self._watcher.fileno() is None:
-            # Polling mode: another host may have published it since our last poll.
-            index.rescan(self.path)
-            found = index.locate(message_id)
-        if found is None:
-            dead = self._dead_names(message_id)
-            if dead:
-                return layout.DEAD, dead[0]
-        return found
-
-    def _dead_names(self, message_id: str) -> list[str]:
-        try:
-            return [n for n in os.listdir(self._dir[layout.DEAD]) if n.startswith(message_id)]
-        except FileNotFoundError:
-            return []
-
     def peek(self, message_id: str) -> Message:
         """Read a message by id without leasing it; MessageNotFound if absent."""
-        if not is_id(message_id):
-            raise InvalidArgument(f"not a dirmq message id: {str(message_id)[:80]!r}")
+        _check_id(message_id)
         with self._lock:
             for _attempt in range(3):
                 found = self._locate(message_id)
                 if found is None:
                     break
-                message = self._read_at(*found)
+                message = self._files.read(*found)
                 if message is not None:
                     return message
         raise MessageNotFound(f"no message {message_id} in queue {self.name!r}")
 
+    def _locate(self, message_id: str) -> tuple[str, str] | None:
+        index = self._synced_index()
+        found = index.locate(message_id)
+        if found is None and self._polling():
+            # Polling mode: another host may have published it since our last poll.
+            index.rescan(self.path)
+            found = index.locate(message_id)
+        if found is None and (dead := self._files.dead_names(message_id)):
+            return layout.DEAD, dead[0]
+        return found
+
     def browse(self, limit: int | None = None) -> Iterator[Message]:
         """Ready messages in FIFO order, without leasing them (a snapshot; others may take them)."""
         with self._lock:
-            ids = self._synced_index().ready_ids_in_order()
-            names = [self._index.ready.get(i) for i in ids] if self._index else []
+            index = self._synced_index()
+            names = [index.ready[i] for i in index.ready_ids_in_order()]
         yielded = 0
         for name in names:
             if limit is not None and yielded >= limit:
                 return
-            if name is None:
-                continue
-            message = self._read_at(layout.READY, name)
+            message = self._files.read(layout.READY, name)
             if message is not None:
                 yielded += 1
                 yield message
 
-    def _read_at(self, directory: str, name: str) -> Message | None:
-        entry = parse_entry(name)
-        if entry is None:
-            return None
-        try:
-            decoded = _read_message(os.path.join(self._dir[directory], name))
-        except (FileNotFoundError, CorruptMessage):
-            return None
-        deadline = entry.at_ms / 1000 if directory == layout.LEASED and entry.at_ms else None
-        return Message(
-            id=entry.message_id,
-            body=decoded.body,
-            headers=decoded.headers,
-            receive_count=entry.count,
-            published_at_s=id_time_us(entry.message_id) / 1e6,
-            lease_deadline_s=deadline,
-            state=directory.lstrip("@"),
-        )
-
     # -- whole queue -------------------------------------------------------------------------------
     def stats(self) -> QueueStats:
+        """Counts by state. Expired leases and due delays count as ready (they are, to any get)."""
         with self._lock:
             index = self._synced_index()
-            now_ms = _now_ms()
-            expired = sum(1 for n in index.leased.names.values() if _at(n) <= now_ms)
-            due = sum(1 for n in index.delayed.names.values() if _at(n) <= now_ms)
-            oldest = min(index.ready, default=None)
-            if index.leased.names:
-                expired_ids = [i for i, n in index.leased.names.items() if _at(n) <= now_ms]
-                oldest = min([*expired_ids, *([oldest] if oldest else [])], default=None)
+            at_ms = now_ms()
+            expired = [i for i, n in index.leased.names.items() if _at(n) <= at_ms]
+            due = sum(1 for n in index.delayed.names.values() if _at(n) <= at_ms)
+            oldest = min([*expired, *index.ready], default=None)
             age = None if oldest is None else max(0.0, time.time() - id_time_us(oldest) / 1e6)
             try:
-                dead = len(os.listdir(self._dir[layout.DEAD]))
+                dead = len(os.listdir(self._files.dir[layout.DEAD]))
             except FileNotFoundError:
                 dead = 0
             return QueueStats(
-                ready=len(index.ready) + expired + due,
-                in_flight=len(index.leased.names) - expired,
+                ready=len(index.ready) + len(expired) + due,
+                in_flight=len(index.leased.names) - len(expired),
                 delayed=len(index.delayed.names) - due,
                 dead=dead,
                 oldest_ready_age_s=age,
@@ -719,40 +479,40 @@ class Queue:
         """Delete every message (ready, in flight, delayed); returns how many were removed."""
         removed = 0
         with self._lock:
+            index = self._synced_index()
             for directory in (layout.READY, layout.LEASED, layout.DELAYED):
                 try:
-                    names = os.listdir(self._dir[directory])
+                    names = os.listdir(self._files.dir[directory])
                 except FileNotFoundError:
                     raise QueueNotFound(f"queue {self.name!r} does not exist") from None
                 for name in names:
                     entry = parse_entry(name)
-                    if entry is not None and self._remove_file(directory, name, entry.message_id):
+                    if entry is not None and self._files.remove(
+                        index, directory, name, entry.message_id
+                    ):
                         removed += 1
                     if progress:
                         progress(1)
-            self._synced_index()
         return removed
 
     def sweep(self) -> SweepReport:
         """Recovery: remove orphaned temp files, requeue expired leases, deliver due delays,
-        drop messages past retention, free capacity tokens whose message is gone."""
+        drop messages past retention, free capacity tokens whose message is gone, trim the
+        pool of recycled files. Includes what opening the queue recovered."""
         with self._lock:
             config = self.config
             index = self._synced_index()
             index.rescan(self.path)
-            promoted = self._promote(index, config, _now_ms())
-            orphans = self._remove_orphans()
-            expired = 0
-            if config.retention_s is not None:
-                now_ms = _now_ms()
-                for message_id, name in list(index.ready.items()):
-                    if self._expired_by_retention(message_id, config, now_ms) and self._remove_file(
-                        layout.READY, name, message_id
-                    ):
-                        expired += 1
-            released = self._release_leaked_slots(index)
-            self._pool.trim(keep=DEFAULT_POOL_FILES)
-            self._synced_index()
+            at_ms = now_ms()
+            promoted = self._files.promote(index, config, at_ms)
+            orphans = remove_orphans(self._files.dir[layout.TMP])
+            expired = sum(
+                self._files.remove(index, layout.READY, name, message_id)
+                for message_id, name in list(index.ready.items())
+                if expired_by_retention(message_id, config, at_ms)
+            )
+            released = self._files.slots.release_leaked(index)
+            self._files.pool.trim(keep=DEFAULT_POOL_FILES)
             on_open, self._recovered_on_open = self._recovered_on_open, SweepReport()
         return SweepReport(
             orphans_removed=orphans + on_open.orphans_removed,
@@ -762,41 +522,6 @@ class Queue:
             expired_removed=expired,
             slots_released=released,
         )
-
-    def _remove_orphans(self) -> int:
-        removed = 0
-        tmp_dir = self._dir[layout.TMP]
-        try:
-            names = os.listdir(tmp_dir)
-        except FileNotFoundError:
-            return 0
-        for name in names:
-            path = os.path.join(tmp_dir, name)
-            if _is_orphan(path, name):
-                try:
-                    os.unlink(path)
-                    removed += 1
-                except FileNotFoundError:
-                    pass
-        return removed
-
-    def _release_leaked_slots(self, index: QueueIndex) -> int:
-        released = 0
-        slots_dir = self._dir[layout.SLOTS]
-        for slot in list(index.slots):
-            path = os.path.join(slots_dir, slot)
-            try:
-                target = os.readlink(path)
-                age_s = time.time() - os.lstat(path).st_mtime
-            except OSError:
-                continue
-            if index.locate(target) is None and age_s > SLOT_GRACE_S:
-                try:
-                    os.unlink(path)
-                    released += 1
-                except FileNotFoundError:
-                    pass
-        return released
 
     def close(self) -> None:
         with self._lock:
@@ -809,55 +534,17 @@ class Queue:
         return f"<dirmq.Queue {self.name!r} at {self.path!r}>"
 
 
+def _check_id(message_id: str) -> None:
+    if not is_id(message_id):
+        raise InvalidArgument(f"not a dirmq message id: {str(message_id)[:80]!r}")
+
+
+def _next_due_s(index: QueueIndex, at_ms: int) -> float:
+    """Seconds until the earliest lease or delay in the index falls due (60 if none)."""
+    times = [t[0] for t in (index.leased.earliest(), index.delayed.earliest()) if t]
+    return max(0.001, (min(times) - at_ms) / 1000) if times else 60.0
+
+
 def _at(name: str) -> int:
     entry = parse_entry(name)
     return entry.at_ms if entry and entry.at_ms is not None else 0
-
-
-def _read_message(path: str) -> codec.Decoded:
-    with open(path, "rb") as f:
-        return codec.decode(f.read())
-
-
-def _read_slot(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return None
-    marker = head.find(b"\nDirmq-Slot: ")
-    if marker < 0:
-        return None
-    end = head.find(b"\n", marker + 1)
-    return head[marker + len(b"\nDirmq-Slot: ") : end].decode("ascii", "replace") or None
-
-
-def _is_orphan(path: str, name: str) -> bool:
-    """A temp file no live writer will ever rename: its process died, or it is very old."""
-    parsed = layout.parse_tmp(name)
-    if parsed is not None and parsed[1] == layout.HOST_TAG:
-        try:
-            os.kill(parsed[2], 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        else:
-            if parsed[2] != os.getpid():
-                return _older_than(path, ORPHAN_GRACE_S)
-            return False
-    return _older_than(path, ORPHAN_GRACE_S)
-
-
-def _older_than(path: str, age_s: float) -> bool:
-    try:
-        return time.time() - os.lstat(path).st_mtime > age_s
-    except FileNotFoundError:
-        return False
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

@@ -1,0 +1,105 @@
+"""Capacity tokens: at most N messages in a queue, exactly, across processes and hosts.
+
+A publisher first creates the symlink `@slots/<n> -> <id>` for a free n < N (symlink creation is
+atomic and exclusive, so two processes can never hold the same slot), then writes the message
+with `Dirmq-Slot: <n>`. Whoever removes the message from the queue removes the slot whose link
+still points at that id. A crash between the two steps leaks a slot; `sweep` frees slots whose
+message has been gone for over a minute.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+from dirmq.errors import QueueNotFound, storage_error
+from dirmq.store.index import QueueIndex
+
+LEAK_GRACE_S = 60.0
+_SLOT_MARKER = b"\nDirmq-Slot: "
+
+
+class Slots:
+    """The `@slots/` directory of one queue. Callers hold the queue's lock."""
+
+    def __init__(self, queue_name: str, slots_dir: str) -> None:
+        self._queue_name = queue_name
+        self._dir = slots_dir
+
+    def try_acquire(self, message_id: str, capacity: int, index: QueueIndex) -> str | None:
+        """Take a free slot for `message_id`; None if the queue is full right now."""
+        used = index.slots
+        # Tokens make the limit exact across processes; the index total also counts messages
+        # published before the queue had a capacity (they hold no token).
+        if max(len(used), index.total()) >= capacity:
+            return None
+        start = random.randrange(capacity)  # spreads concurrent publishers over the free slots
+        for offset in range(capacity):
+            slot = str((start + offset) % capacity)
+            if slot in used:
+                continue
+            try:
+                os.symlink(message_id, os.path.join(self._dir, slot))
+            except FileExistsError:
+                used.add(slot)
+                continue
+            except FileNotFoundError:
+                raise QueueNotFound(f"queue {self._queue_name!r} does not exist") from None
+            except OSError as exc:
+                raise storage_error(exc, "reserving capacity") from exc
+            used.add(slot)
+            return slot
+        return None
+
+    def release(self, slot: str, message_id: str, index: QueueIndex | None) -> None:
+        """Free `slot` if it is still held by `message_id` (it may have been re-used)."""
+        path = os.path.join(self._dir, slot)
+        try:
+            if os.readlink(path) == message_id:
+                os.unlink(path)
+                if index is not None:
+                    index.slots.discard(slot)
+        except OSError:
+            pass
+
+    def release_of(self, path: str, message_id: str, index: QueueIndex | None) -> None:
+        """Free the slot recorded in the message file at `path` (read before it goes away)."""
+        if index is not None and not index.slots:
+            return  # no tokens in use: skip reading the file (the common case, on every ack)
+        slot = read_slot(path)
+        if slot is not None:
+            self.release(slot, message_id, index)
+
+    def release_leaked(self, index: QueueIndex) -> int:
+        """Free slots whose message left the queue over a minute ago; returns how many."""
+        released = 0
+        for slot in list(index.slots):
+            path = os.path.join(self._dir, slot)
+            try:
+                target = os.readlink(path)
+                age_s = time.time() - os.lstat(path).st_mtime
+            except OSError:
+                continue
+            if index.locate(target) is None and age_s > LEAK_GRACE_S:
+                try:
+                    os.unlink(path)
+                    index.slots.discard(slot)
+                    released += 1
+                except FileNotFoundError:
+                    pass
+        return released
+
+
+def read_slot(path: str) -> str | None:
+    """The `Dirmq-Slot` header of a message file, reading only its first block."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    marker = head.find(_SLOT_MARKER)
+    if marker < 0:
+        return None
+    end = head.find(b"\n", marker + 1)
+    return head[marker + len(_SLOT_MARKER) : end].decode("ascii", "replace") or None

@@ -1,0 +1,237 @@
+"""The files of one queue and the transitions between its state directories.
+
+Each method is one step of the state machine in `states.py`: a rename (or the final retirement
+of the file), which either happens completely or, when another process got there first, not at
+all (ENOENT, reported as False/None, never as an error). Callers pass the process's index so it
+stays in step with what this process itself did, without waiting for watcher events. Not
+thread-safe on its own: `Queue` serialises calls under its lock.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+
+from dirmq.errors import CorruptMessage, storage_error
+from dirmq.store import codec, layout
+from dirmq.store.capacity import Slots
+from dirmq.store.config import QueueConfig
+from dirmq.store.ids import id_time_us
+from dirmq.store.index import QueueIndex
+from dirmq.store.layout import parse_entry
+from dirmq.store.message import Message, SweepReport
+from dirmq.store.pool import FilePool
+
+if TYPE_CHECKING:
+    from dirmq.store.root import Store
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class QueueFiles:
+    def __init__(self, store: Store, name: str, path: str) -> None:
+        self.name = name
+        self.dir = {d: os.path.join(path, d) for d in layout.STATE_DIRS}
+        self.pool = FilePool(self.dir[layout.FREE])
+        self.slots = Slots(name, self.dir[layout.SLOTS])
+        self._store = store
+
+    def path(self, directory: str, name: str) -> str:
+        return os.path.join(self.dir[directory], name)
+
+    # -- reading ------------------------------------------------------------------------------
+    def read(self, directory: str, name: str) -> Message | None:
+        """The message stored as `directory/name`, without changing its state; None if it is
+        gone or corrupt."""
+        entry = parse_entry(name)
+        if entry is None:
+            return None
+        try:
+            decoded = read_message(self.path(directory, name))
+        except (FileNotFoundError, CorruptMessage):
+            return None
+        deadline = entry.at_ms / 1000 if directory == layout.LEASED and entry.at_ms else None
+        return Message(
+            id=entry.message_id,
+            body=decoded.body,
+            headers=decoded.headers,
+            receive_count=entry.count,
+            published_at_s=id_time_us(entry.message_id) / 1e6,
+            lease_deadline_s=deadline,
+            state=directory.lstrip("@"),
+        )
+
+    # -- transitions --------------------------------------------------------------------------
+    def claim(
+        self, index: QueueIndex, config: QueueConfig, at_ms: int, visibility_ms: int
+    ) -> Message | None:
+        """Lease the oldest ready message (ready -> leased); None when nothing is ready."""
+        while (name := index.pop_ready(config.peers)) is not None:
+            entry = parse_entry(name)
+            assert entry is not None
+            if expired_by_retention(entry.message_id, config, at_ms):
+                self.remove(index, layout.READY, name, entry.message_id)
+                continue
+            count = entry.count + 1
+            lease = layout.timed_name(entry.message_id, count, at_ms + visibility_ms)
+            target = self.path(layout.LEASED, lease)
+            if not self.move(layout.READY, name, layout.LEASED, lease):
+                continue  # another process claimed or deleted it first
+            index.add(layout.LEASED, lease)
+            try:
+                decoded = read_message(target)
+            except FileNotFoundError:
+                continue  # deleted by id a moment after our claim
+            except CorruptMessage:
+                self.quarantine(target, lease)
+                continue
+            return Message(
+                id=entry.message_id,
+                body=decoded.body,
+                headers=decoded.headers,
+                receive_count=count,
+                published_at_s=id_time_us(entry.message_id) / 1e6,
+                receipt=f"{entry.message_id}.{count}",
+                lease_deadline_s=(at_ms + visibility_ms) / 1000,
+                state="leased",
+            )
+        return None
+
+    def promote(self, index: QueueIndex, config: QueueConfig, at_ms: int) -> SweepReport:
+        """Deliver due delayed messages and requeue (or dead-letter) expired leases."""
+        delivered = requeued = dead = 0
+        for name in index.delayed.pop_due(at_ms):
+            entry = parse_entry(name)
+            assert entry is not None
+            target = layout.ready_name(entry.message_id, entry.count)
+            if self.move(layout.DELAYED, name, layout.READY, target):
+                index.add(layout.READY, target)
+                delivered += 1
+        for name in index.leased.pop_due(at_ms):
+            entry = parse_entry(name)
+            assert entry is not None
+            if config.max_receives is not None and entry.count >= config.max_receives:
+                dead += self.dead_letter(index, layout.LEASED, name, config)
+                continue
+            target = layout.ready_name(entry.message_id, entry.count)
+            if self.move(layout.LEASED, name, layout.READY, target):
+                index.add(layout.READY, target)
+                requeued += 1
+        return SweepReport(
+            leases_requeued=requeued, delayed_delivered=delivered, dead_lettered=dead
+        )
+
+    def settle(
+        self,
+        index: QueueIndex,
+        config: QueueConfig,
+        action: str,
+        lease: str,
+        delay_s: float,
+    ) -> None:
+        """Apply ack/extend/nack/dead_letter to the leased file `lease`.
+
+        Raises FileNotFoundError if the lease vanished meanwhile (the caller re-resolves).
+        """
+        entry = parse_entry(lease)
+        assert entry is not None and entry.at_ms is not None
+        message_id, count = entry.message_id, entry.count
+        path = self.path(layout.LEASED, lease)
+        if action == "ack":
+            self.slots.release_of(path, message_id, index)
+            self.pool.retire(path, message_id)
+            index.leased.discard(message_id, lease)
+            return
+        if action == "extend":
+            new = layout.timed_name(message_id, count, now_ms() + round(delay_s * 1000))
+            os.rename(path, self.path(layout.LEASED, new))
+            index.add(layout.LEASED, new)
+            return
+        if action == "dead_letter" or (
+            config.max_receives is not None and count >= config.max_receives
+        ):
+            if not self.dead_letter(index, layout.LEASED, lease, config):
+                raise FileNotFoundError(path)
+            return
+        if delay_s > 0:
+            directory = layout.DELAYED
+            new = layout.timed_name(message_id, count, now_ms() + round(delay_s * 1000))
+        else:
+            directory, new = layout.READY, layout.ready_name(message_id, count)
+        os.rename(path, self.path(directory, new))
+        index.add(directory, new)
+        index.leased.discard(message_id, lease)
+
+    def move(self, src_dir: str, src: str, dst_dir: str, dst: str) -> bool:
+        """One state transition; False if another process got there first."""
+        try:
+            os.rename(self.path(src_dir, src), self.path(dst_dir, dst))
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise storage_error(exc, f"moving a message of queue {self.name!r}") from exc
+        return True
+
+    def dead_letter(self, index: QueueIndex, src_dir: str, name: str, config: QueueConfig) -> int:
+        """Move a message to the dead-letter queue (or @dead); 1 if moved, 0 if it was gone."""
+        entry = parse_entry(name)
+        assert entry is not None
+        source = self.path(src_dir, name)
+        self.slots.release_of(source, entry.message_id, index)
+        target_dir = self._store.dead_letter_dir(config.dead_letter_queue)
+        if target_dir is not None:
+            target = os.path.join(target_dir, entry.message_id)
+        else:
+            target = self.path(layout.DEAD, layout.dead_name(entry.message_id, entry.count))
+        try:
+            os.rename(source, target)
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise storage_error(exc, f"dead-lettering a message of queue {self.name!r}") from exc
+        index.discard(src_dir, name)
+        return 1
+
+    def quarantine(self, path: str, name: str) -> None:
+        """Set a file that does not decode aside in @corrupt (never delivered, kept to inspect)."""
+        try:
+            os.rename(path, self.path(layout.CORRUPT, name))
+        except OSError:
+            pass
+
+    def remove(self, index: QueueIndex | None, directory: str, name: str, message_id: str) -> bool:
+        """Take a message out of the queue for good (freeing its capacity token); False if it
+        was already gone."""
+        path = self.path(directory, name)
+        self.slots.release_of(path, message_id, index)
+        try:
+            self.pool.retire(path, message_id)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise storage_error(exc, f"removing a message of queue {self.name!r}") from exc
+        finally:
+            if index is not None:
+                index.discard(directory, name)
+        return True
+
+    def dead_names(self, message_id: str) -> list[str]:
+        """Names in @dead for `message_id` (a scan of @dead: only for lookups by id that missed)."""
+        try:
+            return [n for n in os.listdir(self.dir[layout.DEAD]) if n.startswith(message_id)]
+        except FileNotFoundError:
+            return []
+
+
+def expired_by_retention(message_id: str, config: QueueConfig, at_ms: int) -> bool:
+    if config.retention_s is None:
+        return False
+    return id_time_us(message_id) / 1000 + config.retention_s * 1000 < at_ms
+
+
+def read_message(path: str) -> codec.Decoded:
+    with open(path, "rb") as f:
+        return codec.decode(f.read())

@@ -1,0 +1,57 @@
+"""Finding what crashed writers left behind in `@tmp/`.
+
+A temp file is an orphan when no live writer will ever publish it: its process (identified by
+host tag and pid in the name) is gone, or, for files we cannot attribute (another host, another
+naming), it is older than `ORPHAN_GRACE_S`. Unnamed O_TMPFILE inodes never need this: the kernel
+frees them when their writer dies.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from dirmq.store import layout
+
+ORPHAN_GRACE_S = 3600.0
+
+
+def is_orphan(path: str, name: str) -> bool:
+    parsed = layout.parse_tmp(name)
+    if parsed is not None and parsed[1] == layout.HOST_TAG:
+        pid = parsed[2]
+        if pid == os.getpid():
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        # The pid is alive but may have been reused by an unrelated process.
+    return older_than(path, ORPHAN_GRACE_S)
+
+
+def older_than(path: str, age_s: float) -> bool:
+    try:
+        return time.time() - os.lstat(path).st_mtime > age_s
+    except FileNotFoundError:
+        return False
+
+
+def remove_orphans(tmp_dir: str) -> int:
+    """Unlink every orphan in `tmp_dir`; returns how many."""
+    try:
+        names = os.listdir(tmp_dir)
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for name in names:
+        path = os.path.join(tmp_dir, name)
+        if is_orphan(path, name):
+            try:
+                os.unlink(path)
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed
