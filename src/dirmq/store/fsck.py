@@ -52,7 +52,7 @@ from dirmq.store.capacity import LEAK_GRACE_S
 from dirmq.store.config import QueueConfig
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.names import validate_queue_name
-from dirmq.store.recovery import ORPHAN_GRACE_S, is_orphan
+from dirmq.store.recovery import ORPHAN_GRACE_S, is_orphan, older_than
 from dirmq.store.root import ROOT_FORMAT, _atomic_write
 
 # Message states in the order a duplicate is kept (first = kept first), and their name shapes.
@@ -354,7 +354,7 @@ class _Checker:
 
     def _check_config_tmp(self, name: str, path: str) -> None:
         """A temp file of an atomic config write: a crash leftover once it is old."""
-        if not _older_than(path, ORPHAN_GRACE_S):
+        if not older_than(path, ORPHAN_GRACE_S):
             return
         self.fix(
             name, path, Kind.ORPHAN_TMP, "temp file of an unfinished config write", _unlink(path)
@@ -743,10 +743,3 @@ def _has_entries(path: str) -> bool:
 
 def _is_config_tmp(name: str, base: str) -> bool:
     return name.startswith(f"{base}.") and name.endswith(".tmp")
-
-
-def _older_than(path: str, age_s: float) -> bool:
-    try:
-        return time.time() - os.lstat(path).st_mtime > age_s
-    except FileNotFoundError:
-        return False
