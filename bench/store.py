@@ -15,6 +15,9 @@ measured in the same run, never absolute times. Every loop is bounded both in co
 What is measured:
 1. durable single put: `Queue.put` (writethrough) against the same syscalls in a bare loop;
 2. `put_many` of 100 against single puts;
+   1 and 2 twice: cold, into a queue nobody consumes (every message is a new inode), and in the
+   steady state of a queue in use, where the previous burst is consumed and acked (untimed)
+   before each timed burst, so puts recycle the retired files from `@free/`;
 3. publish and get+ack at 10k depth: dirmq, vsqs 0.3, dirq, persist-queue, litequeue;
 4. get+ack at a 1M backlog against a 1k backlog, on tmpfs, in a fresh process each time
    (also the one-time index build and the RSS of the process holding the index);
@@ -45,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from dirmq import Durability, QueueConfig, Store
+from dirmq.store import fsio
 
 BODY = b"x" * 100
 REPEATS = 3
@@ -332,45 +336,110 @@ class RawCreate:
         os.close(self.dir_fd)
 
 
+class RecycledQueue:
+    """A queue in use, for the steady-state puts: before each timed burst, what the previous
+    burst published is consumed and acked untimed, so the pool (`@free/`) holds retired files
+    and each timed put claims and overwrites one instead of creating an inode.
+
+    The acks leave dirty metadata (renames through `@leased/` into `@free/`) that the timed
+    burst's own flush then writes, as it would with consumers acking alongside; what is still
+    dirty after the burst is flushed untimed, so it is not charged to the next subject.
+    """
+
+    def __init__(self, store: Store, name: str, prefill: int, sync_fd: int) -> None:
+        self.queue = store.create_queue(name)
+        self.ready_dir = os.path.join(self.queue.path, "@ready")
+        self.sync_fd = sync_fd
+        self.queue.put_many([BODY] * prefill)  # fresh files; acked into the pool right away
+        self.drain()
+        self.pool = self._inodes(os.path.join(self.queue.path, "@free"))
+        self.seen: set[int] = set()  # inodes of every file the timed bursts published
+
+    @staticmethod
+    def _inodes(path: str) -> set[int]:
+        with os.scandir(path) as entries:
+            return {entry.inode() for entry in entries}
+
+    def drain(self) -> int:
+        """get(100) + ack_many until the queue is empty; returns how many were acked."""
+        done = 0
+        while got := self.queue.get(100, visibility_s=600):
+            failed = self.queue.ack_many(m.receipt for m in got if m.receipt is not None)
+            if failed:
+                raise RuntimeError(f"ack failed: {next(iter(failed.values()))!r}")
+            done += len(got)
+        return done
+
+    def burst(self, op: Callable[[], int], count: int, budget_s: float) -> Trial:
+        self.drain()
+        trial = run_bounded(op, count, budget_s)
+        self.seen |= self._inodes(self.ready_dir)
+        fsio.syncfs(self.sync_fd)
+        return trial
+
+    def fresh_inodes(self) -> int:
+        """Files the timed bursts created rather than recycled (0 when the pool never ran dry)."""
+        return len(self.seen - self.pool)
+
+
 def bench_put(base: str, sizes: Sizes, report: Report) -> None:
-    print("\n[1, 2] durable put (writethrough) and put_many", flush=True)
+    print("\n[1, 2] durable put (writethrough) and put_many: new files, then recycled", flush=True)
     raw = RawCreate(os.path.join(base, "raw-put"))
     store = Store(os.path.join(base, "dirmq-put"))
+    sync_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
     queue = store.create_queue("put")
     batch = [BODY] * sizes.many_batch
     budget = sizes.put_budget_s
+    prefill = 2 * max(sizes.many_batch, sizes.burst)
+    warm_one = RecycledQueue(store, "put-recycled", prefill, sync_fd)
+    warm_many = RecycledQueue(store, "put-many-recycled", prefill, sync_fd)
 
-    def single() -> int:
-        queue.put(BODY)
-        return 1
+    def put_to(q: Any) -> Callable[[], int]:
+        def single() -> int:
+            q.put(BODY)
+            return 1
 
-    def many() -> int:
-        return len(queue.put_many(batch))
+        return single
 
+    def put_many_to(q: Any) -> Callable[[], int]:
+        def many() -> int:
+            return len(q.put_many(batch))
+
+        return many
+
+    single, many = put_to(queue), put_many_to(queue)
+    warm_single, warm_batch = put_to(warm_one.queue), put_many_to(warm_many.queue)
+    # One burst of each in turn; names ending in "_warm" are the steady state (recycled files).
     bursts: dict[str, Callable[[], Trial]] = {
         "raw": lambda: run_bounded(raw.put_timed, sizes.burst, budget),
         "put": lambda: run_bounded(single, sizes.burst, budget),
         "put_many": lambda: run_bounded(many, sizes.many_batch, budget),
+        "put_warm": lambda: warm_one.burst(warm_single, sizes.burst, budget),
+        "put_many_warm": lambda: warm_many.burst(warm_batch, sizes.many_batch, budget),
     }
-    counts = {
-        "raw": sizes.put_ops,
-        "put": sizes.put_ops,
-        "put_many": sizes.many_calls * sizes.many_batch,
-    }
+    singles, batches = sizes.put_ops, sizes.many_calls * sizes.many_batch
+    counts = {"raw": singles, "put": singles, "put_many": batches}
+    counts |= {"put_warm": singles, "put_many_warm": batches}
     trials: list[dict[str, Trial]] = []
     try:
         single()  # warm-up: the first put creates the store's lazily made state
         for _ in range(REPEATS):
-            trials.append(interleave(bursts, counts, budget))
+            trials.append(interleave(bursts, counts, budget * 2))
     finally:
         raw.close()
         store.close()
-    raw_t, put_t, many_t = ([t[k] for t in trials] for k in ("raw", "put", "put_many"))
-    raw_r, put_r, many_r = median_rate(raw_t), median_rate(put_t), median_rate(many_t)
+        os.close(sync_fd)
+    by_name = {k: [t[k] for t in trials] for k in bursts}
+    rate = {k: median_rate(v) for k, v in by_name.items()}
     put_ratio = paired_ratio(trials, "put", "raw")
     many_ratio = paired_ratio(trials, "put_many", "put")
+    warm_put_raw = paired_ratio(trials, "put_warm", "raw")
+    warm_put_cold = paired_ratio(trials, "put_warm", "put")
+    warm_many_ratio = paired_ratio(trials, "put_many_warm", "put_warm")
+    warm_many_cold = paired_ratio(trials, "put_many_warm", "put_many")
+    fresh = warm_one.fresh_inodes() + warm_many.fresh_inodes()
     steps = raw.breakdown_us()
-    report.row("durable single put", "raw syscalls (Python)", rate_text(raw_r), "fsync file+dir")
+    report.row("durable single put", "raw syscalls (Python)", rate_text(rate["raw"]), "new files")
     report.row(
         "  raw, us per step",
         "mean of all raw puts",
@@ -379,31 +448,67 @@ def bench_put(base: str, sizes: Sizes, report: Report) -> None:
     )
     report.row(
         "durable single put",
-        "dirmq put()",
-        rate_text(put_r),
-        f"writethrough; {put_ratio:.2f}x raw (paired)",
+        "dirmq put(), new files",
+        rate_text(rate["put"]),
+        f"cold: O_TMPFILE + fsync + link + dir fsync; {put_ratio:.2f}x raw (paired)",
+    )
+    report.row(
+        "durable single put",
+        "dirmq put(), recycled",
+        rate_text(rate["put_warm"]),
+        f"steady state: overwrite a @free file; {warm_put_raw:.2f}x raw, "
+        f"{warm_put_cold:.2f}x cold put (paired)",
     )
     report.row(
         "durable put_many(100)",
-        "dirmq put_many()",
-        rate_text(many_r),
-        f"syncfs + 1 dir fsync; {many_ratio:.1f}x put (paired)",
+        "dirmq, new files",
+        rate_text(rate["put_many"]),
+        f"cold: syncfs + 1 dir fsync; {many_ratio:.1f}x cold put (paired)",
+    )
+    report.row(
+        "durable put_many(100)",
+        "dirmq, recycled files",
+        rate_text(rate["put_many_warm"]),
+        f"steady state; {warm_many_ratio:.1f}x steady put, {warm_many_cold:.2f}x cold "
+        f"put_many (paired); {fresh} inodes created",
     )
     report.target(
-        "put vs raw durable create", put_ratio, ">= 0.8", put_ratio >= 0.8, "dirmq put / raw loop"
+        "put vs raw durable create", put_ratio, ">= 0.8", put_ratio >= 0.8, "new files, both"
     )
     report.target(
-        "put_many(100) vs put", many_ratio, ">= 10", many_ratio >= 10, "msgs/s, batch vs single"
+        "put_many(100) vs put, cold",
+        many_ratio,
+        ">= 10",
+        many_ratio >= 10,
+        "msgs/s, batch vs single, new files",
+    )
+    report.target(
+        "put_many(100) vs put, steady state",
+        warm_many_ratio,
+        ">= 10",
+        warm_many_ratio >= 10,
+        "msgs/s, batch vs single, recycled files",
     )
     report.data["durable_put"] = {
-        "raw": series(raw_t),
+        "raw": series(by_name["raw"]),
         "raw_step_us": steps,
-        "dirmq_put": series(put_t),
-        "dirmq_put_many": series(many_t) | {"batch": sizes.many_batch},
+        "dirmq_put": series(by_name["put"]),
+        "dirmq_put_many": series(by_name["put_many"]) | {"batch": sizes.many_batch},
+        "dirmq_put_recycled": series(by_name["put_warm"]),
+        "dirmq_put_many_recycled": series(by_name["put_many_warm"]) | {"batch": sizes.many_batch},
+        "recycled_pool_prefill": prefill,
+        "recycled_inodes_created": fresh,
         "ratio_put_vs_raw": round(put_ratio, 3),
         "ratio_put_many_vs_put": round(many_ratio, 2),
+        "ratio_recycled_put_vs_raw": round(warm_put_raw, 3),
+        "ratio_recycled_put_vs_put": round(warm_put_cold, 3),
+        "ratio_recycled_put_many_vs_recycled_put": round(warm_many_ratio, 2),
+        "ratio_recycled_put_many_vs_put_many": round(warm_many_cold, 3),
         "ratios_per_trial_put_vs_raw": ratios_per_trial(trials, "put", "raw"),
         "ratios_per_trial_put_many_vs_put": ratios_per_trial(trials, "put_many", "put"),
+        "ratios_per_trial_recycled_put_many_vs_recycled_put": ratios_per_trial(
+            trials, "put_many_warm", "put_warm"
+        ),
     }
 
 
@@ -430,7 +535,10 @@ class Subject:
 
 class DirmqSubject(Subject):
     name = "dirmq"
-    durability = "writethrough: fsync file + dir before put returns; ack recycles the file (@free)"
+    durability = (
+        "writethrough: fsync file + dir before put returns; "
+        "ack renames into @free while it holds < 1,024 files, else unlinks"
+    )
 
     def __init__(self, path: str) -> None:
         self.store = Store(path)
@@ -630,7 +738,7 @@ def bench_depth(base: str, sizes: Sizes, versions: dict[str, str], report: Repor
             for s in subjects:
                 s.fill(sizes.depth - depth[s.name])
                 depth[s.name] = sizes.depth
-                os.sync()  # every subject starts from flushed files, so unlink costs the same
+                os.sync()  # every subject starts from flushed files, so removals cost the same
                 time.sleep(0.5)  # let vsqs's watchdog thread digest the fill's events
                 depth[s.name] -= s.get_ack()  # untimed: builds indexes, drains inotify queues
                 count = sizes.slow_ops if s.slow else sizes.publish_ops
@@ -974,8 +1082,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if "put" in sections:
             bench_put(base, sizes, report)
-        # Create-only sections first: on ext4 without a journal every create gets slower with
-        # each inode freed in the last minutes, and the depth section frees thousands.
+        # Create-mostly sections first: on ext4 without a journal every create gets slower with
+        # each inode freed in the last minutes, and the depth section frees thousands (the peers
+        # unlink every acked message, dirmq the ones its full @free pool cannot take).
         if "threads" in sections:
             bench_threads(base, sizes, report)
         if "depth" in sections:

@@ -8,6 +8,7 @@ table is in docs/cli.md); a traceback is printed only for a bug.
     put get ack nack delete peek                    messages.py
     ls stats create configure rm purge sweep        queues.py
     fsck import-vsqs                                maintenance.py
+    serve                                           server.py (imports dirmq.server lazily)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from dirmq import __version__
-from dirmq.cli import exits, maintenance, messages, queues
+from dirmq.cli import exits, maintenance, messages, queues, server
 from dirmq.cli.args import Parser, common_options
 
 __all__ = ["build_parser", "main"]
@@ -40,6 +41,7 @@ def build_parser() -> Parser:
     messages.register(sub, common)
     queues.register(sub, common)
     maintenance.register(sub, common)
+    server.register(sub, common)
     return parser
 
 

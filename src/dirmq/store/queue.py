@@ -210,6 +210,11 @@ class Queue:
                     )
         return ids
 
+    def validate(self, message: OutgoingMessage) -> None:
+        """Raise what `put` would raise for this message's content (size, headers, delay), so a
+        caller can refuse one bad message before batching it with good ones."""
+        self._check_outgoing(message, self.config)
+
     def _check_outgoing(self, message: OutgoingMessage, config: QueueConfig) -> None:
         if not isinstance(message.body, bytes | bytearray | memoryview):
             raise InvalidArgument(f"message body must be bytes, got {type(message.body).__name__}")
@@ -326,6 +331,15 @@ class Queue:
                     return got
                 timeout = min(remaining, _next_due_s(index, at_ms))
             self._wait(timeout)
+
+    def next_due_s(self) -> float | None:
+        """Seconds until the earliest lease expires or delayed message falls due (as this process
+        knows them), or None: when a waiter should look again even if nothing is published."""
+        with self._lock:
+            index = self._synced_index()
+            at_ms = now_ms()
+            times = [t[0] for t in (index.leased.earliest(), index.delayed.earliest()) if t]
+            return max(0.0, (min(times) - at_ms) / 1000) if times else None
 
     def get_one(self, *, visibility_s: float | None = None, wait_s: float = 0.0) -> Message | None:
         got = self.get(1, visibility_s=visibility_s, wait_s=wait_s)

@@ -1,0 +1,84 @@
+"""Request dispatch for the native API: route, call the handler, map errors to statuses, count."""
+
+from __future__ import annotations
+
+import json
+import time
+from importlib import resources
+
+from dirmq.errors import DirmqError
+from dirmq.server import native
+from dirmq.server.broker import Broker
+from dirmq.server.errors import error_response, json_error
+from dirmq.server.http import Request, Response, StreamResponse
+from dirmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from dirmq.server.metrics import Metrics
+from dirmq.server.routes import Route, parse_route
+
+_COUNTED: dict[native.Handler, str] = {
+    native.publish: "published",
+    native.receive: "delivered",
+    native.ack: "acked",
+}
+
+
+class NativeApp:
+    def __init__(self, broker: Broker, metrics: Metrics) -> None:
+        self.broker = broker
+        self.metrics = metrics
+        self._openapi = resources.files("dirmq.server").joinpath("openapi.json").read_bytes()
+
+    async def __call__(self, request: Request) -> Response | StreamResponse:
+        started = time.monotonic()
+        label = "invalid"
+        try:
+            route = parse_route(request.path)
+            label = route.label
+            response = await self._dispatch(request, route)
+        except DirmqError as exc:
+            response = error_response(exc)
+        except UnicodeDecodeError:
+            response = json_error(400, "InvalidName", "the path is not valid UTF-8 once decoded")
+        method = request.method if request.method in _METHODS else "other"
+        self.metrics.requests.labels(label, method, str(response.status)).inc()
+        self.metrics.latency.labels(label, method).observe(time.monotonic() - started)
+        return response
+
+    async def _dispatch(self, request: Request, route: Route) -> Response:
+        if route.kind == "server":
+            return self._server_path(request, route.queue)
+        method = "GET" if request.method == "HEAD" else request.method
+        handler = native.TABLE.get((route.kind, method))
+        if handler is None:
+            return native.method_not_allowed(route)
+        response = await handler(self.broker, request, route)
+        counter = _COUNTED.get(handler)
+        if counter is not None and response.status in (200, 201, 204):
+            self._count(counter, route.queue, request, response)
+        return response
+
+    def _count(self, counter: str, queue: str, request: Request, response: Response) -> None:
+        if counter == "published":
+            ids = dict(response.headers).get("X-Message-Id", "")
+            self.metrics.published.labels(queue).inc(len(ids.split(",")) if ids else 0)
+        elif counter == "delivered" and response.status == 200:
+            count = 1 if "max" not in request.query else response.body.count(b"\r\nX-Message-Id:")
+            self.metrics.delivered.labels(queue).inc(max(count, 1))
+        elif counter == "acked" and response.status == 204:
+            self.metrics.acked.labels(queue).inc()
+
+    def _server_path(self, request: Request, name: str) -> Response:
+        if request.method not in ("GET", "HEAD"):
+            return json_error(405, "MethodNotAllowed", f"/{name} is read-only (and reserved)")
+        if name == "health":
+            status = 503 if self.broker.closing else 200
+            body = {"status": "draining" if self.broker.closing else "ok"}
+            return Response(
+                status, json.dumps(body).encode() + b"\n", [("Content-Type", "application/json")]
+            )
+        if name == "metrics":
+            return Response(200, self.metrics.render(), [("Content-Type", METRICS_CONTENT_TYPE)])
+        return Response(200, self._openapi, [("Content-Type", "application/json")])
+
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})

@@ -1,0 +1,256 @@
+"""The store, for asyncio: group commit across concurrent requests, cheap long polls.
+
+Store calls block (fsync, rename), so they run on a thread pool. Two things need more than that:
+
+- Publishing. Every request's messages for one queue join the queue's pending batch; while one
+  `put_many` is flushing, the next batch gathers, so N concurrent publishers share each flush
+  (one syncfs + one directory fsync per batch) instead of queueing N flushes.
+- Long polls. A waiting receive is a future in the queue's waiter line, not a thread: thousands
+  cost a few KiB each. One task per queue with waiters sleeps on the queue's inotify descriptor
+  (any process's publish, nack or expiry wakes it) or until the next lease or delay falls due,
+  then leases messages for the waiters in arrival order. Messages leased for a waiter that gave up
+  meanwhile are handed back at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from dirmq.errors import DirmqError, StaleReceipt
+from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
+
+T = TypeVar("T")
+MAX_BATCH_MESSAGES = 1024
+IDLE_RECHECK_S = 30.0
+
+
+@dataclass(slots=True)
+class _Publish:
+    messages: list[OutgoingMessage]
+    durability: Durability | None
+    future: asyncio.Future[list[str]]
+
+
+@dataclass(slots=True)
+class _Waiter:
+    max_count: int
+    visibility_s: float | None
+    future: asyncio.Future[list[Message]] = field(repr=False)
+
+
+class Broker:
+    """One per worker process and root."""
+
+    def __init__(self, store: Store, threads: int = 32) -> None:
+        self.store = store
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="dirmq-store")
+        self._publishers: dict[str, _Publisher] = {}
+        self._receivers: dict[str, _Receiver] = {}
+        self.closing = False
+
+    async def call(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """Run a blocking store call on the thread pool."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    def queue(self, name: str) -> Queue:
+        return self.store.queue(name)
+
+    async def publish(
+        self,
+        queue: Queue,
+        messages: list[OutgoingMessage],
+        *,
+        durability: Durability | None = None,
+        timeout_s: float | None = None,
+    ) -> list[str]:
+        """Store `messages` (validated by the caller) and return their ids, all or none."""
+        if queue.config.capacity is not None:
+            # Capacity waits are per request (each has its own timeout): no shared batch.
+            return await self.call(
+                queue.put_many, messages, timeout_s=timeout_s, durability=durability
+            )
+        publisher = self._publishers.get(queue.name)
+        if publisher is None or publisher.queue is not queue:
+            publisher = self._publishers[queue.name] = _Publisher(self, queue)
+        return await publisher.publish(messages, durability)
+
+    async def receive(
+        self, queue: Queue, max_count: int, visibility_s: float | None, wait_s: float | None
+    ) -> list[Message]:
+        """Lease up to `max_count` messages, waiting up to `wait_s` (None: forever) for the
+        first."""
+        got = await self.call(queue.get, max_count, visibility_s=visibility_s)
+        if got or (wait_s is not None and wait_s <= 0) or self.closing:
+            return got
+        receiver = self._receivers.get(queue.name)
+        if receiver is None or receiver.queue is not queue:
+            receiver = self._receivers[queue.name] = _Receiver(self, queue)
+        return await receiver.wait(max_count, visibility_s, wait_s)
+
+    def close(self) -> None:
+        """Release every waiting receive (with nothing) and stop the thread pool."""
+        self.closing = True
+        for receiver in self._receivers.values():
+            receiver.release_all()
+        self._executor.shutdown(wait=False, cancel_futures=False)
+
+
+class _Publisher:
+    def __init__(self, broker: Broker, queue: Queue) -> None:
+        self.broker = broker
+        self.queue = queue
+        self._pending: list[_Publish] = []
+        self._flushing = False
+
+    async def publish(
+        self, messages: list[OutgoingMessage], durability: Durability | None
+    ) -> list[str]:
+        future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Publish(messages, durability, future))
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().create_task(self._flush())
+        # Shielded: a client that hangs up does not un-publish what is already being flushed.
+        return await asyncio.shield(future)
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch = self._take_batch()
+                messages = [m for p in batch for m in p.messages]
+                try:
+                    ids = await self.broker.call(
+                        self.queue.put_many, messages, durability=batch[0].durability
+                    )
+                except Exception as exc:  # every request of the batch gets the same failure
+                    for p in batch:
+                        if not p.future.done():
+                            p.future.set_exception(exc)
+                    continue
+                start = 0
+                for p in batch:
+                    end = start + len(p.messages)
+                    if not p.future.done():
+                        p.future.set_result(ids[start:end])
+                    start = end
+        finally:
+            self._flushing = False
+
+    def _take_batch(self) -> list[_Publish]:
+        """Pending requests with the first one's durability, up to MAX_BATCH_MESSAGES."""
+        durability = self._pending[0].durability
+        batch: list[_Publish] = []
+        rest: list[_Publish] = []
+        size = 0
+        for p in self._pending:
+            if p.durability == durability and (
+                not batch or size + len(p.messages) <= MAX_BATCH_MESSAGES
+            ):
+                batch.append(p)
+                size += len(p.messages)
+            else:
+                rest.append(p)
+        self._pending = rest
+        return batch
+
+
+class _Receiver:
+    def __init__(self, broker: Broker, queue: Queue) -> None:
+        self.broker = broker
+        self.queue = queue
+        self._waiters: deque[_Waiter] = deque()
+        self._task: asyncio.Task[None] | None = None
+
+    async def wait(
+        self, max_count: int, visibility_s: float | None, wait_s: float | None
+    ) -> list[Message]:
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(max_count, visibility_s, loop.create_future())
+        self._waiters.append(waiter)
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._watch())
+        try:
+            await asyncio.wait({waiter.future}, timeout=wait_s)
+        except asyncio.CancelledError:
+            await self._give_up(waiter)
+            raise
+        if waiter.future.done():
+            return waiter.future.result()
+        await self._give_up(waiter)
+        return []
+
+    async def _give_up(self, waiter: _Waiter) -> None:
+        if waiter.future.done() and not waiter.future.cancelled():
+            if waiter.future.exception() is None:
+                await self._give_back(waiter.future.result())
+        else:
+            waiter.future.cancel()
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            pass
+
+    async def _give_back(self, messages: list[Message]) -> None:
+        for message in messages:
+            try:
+                await self.broker.call(self.queue.nack, message.receipt or "")
+            except (StaleReceipt, DirmqError):
+                pass
+
+    def release_all(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.future.done():
+                waiter.future.set_result([])
+        self._waiters.clear()
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            fd = await self.broker.call(self.queue.fileno)
+            while self._live_waiters():
+                woken = asyncio.Event()
+                if fd is not None:
+                    loop.add_reader(fd, woken.set)
+                try:
+                    due = await self.broker.call(self.queue.next_due_s)
+                    idle = IDLE_RECHECK_S if fd is not None else self.broker.store.poll_interval_s
+                    timeout = idle if due is None else min(due + 0.001, idle)
+                    try:
+                        await asyncio.wait_for(woken.wait(), timeout)
+                    except TimeoutError:
+                        pass
+                finally:
+                    if fd is not None:
+                        loop.remove_reader(fd)
+                await self._dispatch()
+        except Exception as exc:  # e.g. the queue was deleted: every waiter learns why
+            for waiter in self._waiters:
+                if not waiter.future.done():
+                    waiter.future.set_exception(exc)
+            self._waiters.clear()
+
+    def _live_waiters(self) -> bool:
+        while self._waiters and self._waiters[0].future.done():
+            self._waiters.popleft()
+        return bool(self._waiters)
+
+    async def _dispatch(self) -> None:
+        while self._live_waiters():
+            waiter = self._waiters[0]
+            got = await self.broker.call(
+                self.queue.get, waiter.max_count, visibility_s=waiter.visibility_s
+            )
+            if not got:
+                return
+            if waiter.future.done():  # it gave up while we were leasing for it
+                await self._give_back(got)
+                continue
+            waiter.future.set_result(got)
+            self._waiters.popleft()

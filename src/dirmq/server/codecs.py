@@ -1,0 +1,125 @@
+"""Messages to and from HTTP: which request headers are stored with a message, how a delivered
+message is described in response headers, and the two batch formats (multipart/mixed and JSON
+lines)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterable
+
+from dirmq.errors import InvalidArgument
+from dirmq.server import framing
+from dirmq.server.durations import parse_duration
+from dirmq.store import Message, OutgoingMessage
+
+STORED_HEADERS = frozenset({"content-type", "content-encoding"})
+STORED_PREFIX = "x-attr-"
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+
+
+def stored_headers(raw_headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The headers kept with a published message: Content-Type, Content-Encoding, X-Attr-*."""
+    kept: dict[str, str] = {}
+    for name, value in raw_headers:
+        lowered = name.lower()
+        if lowered in STORED_HEADERS:
+            kept["-".join(p.capitalize() for p in lowered.split("-"))] = value
+        elif lowered.startswith(STORED_PREFIX):
+            kept[name] = value
+    return kept
+
+
+def delivery_headers(message: Message) -> list[tuple[str, str]]:
+    """Response headers describing a delivered (or peeked) message, then its stored headers."""
+    headers = [("X-Message-Id", message.id), ("X-Receive-Count", str(message.receive_count))]
+    headers.append(("X-Published-At", f"{message.published_at_s:.6f}"))
+    if message.receipt is not None:
+        headers.append(("X-Receipt", message.receipt))
+    if message.lease_deadline_s is not None:
+        headers.append(("X-Lease-Deadline", f"{message.lease_deadline_s:.3f}"))
+    if message.content_type is None:
+        headers.append(("Content-Type", DEFAULT_CONTENT_TYPE))
+    headers.extend(message.headers.items())
+    return headers
+
+
+def multipart_messages(messages: list[Message]) -> tuple[str, bytes]:
+    """(Content-Type, body) of a multipart/mixed response holding `messages`."""
+    boundary = framing.new_boundary()
+    body = framing.multipart_body(boundary, ((delivery_headers(m), m.body) for m in messages))
+    return f'multipart/mixed; boundary="{boundary}"', body
+
+
+def parse_batch(content_type: str, body: bytes) -> list[OutgoingMessage]:
+    """The messages of a batch publish body; InvalidArgument says what is wrong with which."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind == "multipart/mixed":
+        messages = []
+        for index, (headers, part_body) in enumerate(framing.parse_multipart(content_type, body)):
+            delay = _part_delay(headers, index)
+            messages.append(OutgoingMessage(part_body, stored_headers(headers.items()), delay))
+        return messages
+    if kind in ("application/x-ndjson", "application/jsonl", "application/json-lines"):
+        return [_json_line(line, i) for i, line in enumerate(body.splitlines()) if line.strip()]
+    raise InvalidArgument(f"not a batch content type: {kind!r}")
+
+
+def is_batch(content_type: str | None) -> bool:
+    if not content_type:
+        return False
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind in (
+        "multipart/mixed",
+        "application/x-ndjson",
+        "application/jsonl",
+        "application/json-lines",
+    )
+
+
+def _part_delay(headers: dict[str, str], index: int) -> float | None:
+    for name, value in headers.items():
+        if name.lower() == "x-delay":
+            return parse_duration(value, f"X-Delay of part {index}")
+    return None
+
+
+def _json_line(line: bytes, index: int) -> OutgoingMessage:
+    try:
+        item = json.loads(line)
+    except ValueError as exc:
+        raise InvalidArgument(f"line {index + 1} is not JSON: {exc}") from exc
+    if not isinstance(item, dict):
+        raise InvalidArgument(f"line {index + 1} must be a JSON object")
+    if "body_base64" in item:
+        try:
+            body = base64.b64decode(str(item["body_base64"]), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidArgument(f"line {index + 1}: body_base64 is not base64") from exc
+    elif isinstance(item.get("body"), str):
+        body = item["body"].encode("utf-8")
+    else:
+        raise InvalidArgument(f"line {index + 1} needs a string 'body' or 'body_base64'")
+    headers = item.get("headers", {})
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        raise InvalidArgument(f"line {index + 1}: 'headers' must map names to strings")
+    delay = item.get("delay")
+    delay_s = None if delay is None else parse_duration(str(delay), f"delay of line {index + 1}")
+    return OutgoingMessage(body, headers, delay_s)
+
+
+def message_json(message: Message) -> dict[str, object]:
+    """A message as JSON (browse): the body as UTF-8 text when it is, else base64."""
+    data: dict[str, object] = {
+        "id": message.id,
+        "receive_count": message.receive_count,
+        "published_at": message.published_at_s,
+        "state": message.state,
+        "headers": message.headers,
+    }
+    try:
+        data["body"] = message.body.decode("utf-8")
+    except UnicodeDecodeError:
+        data["body_base64"] = base64.b64encode(message.body).decode("ascii")
+    return data

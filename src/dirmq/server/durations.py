@@ -1,0 +1,48 @@
+"""Durations as HTTP parameters: Go's `time.ParseDuration` syntax (`150ms`, `2s`, `1h2m3.5s`),
+or plain seconds (`2`, `0.25`), which yaq and SQS users both expect."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from dirmq.errors import InvalidArgument
+
+_UNITS_S = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,  # U+00B5 MICRO SIGN
+    "μs": 1e-6,  # U+03BC GREEK SMALL LETTER MU
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_PLAIN = re.compile(r"\d+(?:\.\d*)?|\.\d+")
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+MAX_DURATION_S = 365 * 24 * 3600.0
+
+
+def parse_duration(text: str, name: str = "duration") -> float:
+    """Seconds in `text`; InvalidArgument (naming the parameter) if it is not a duration."""
+    original = text
+    text = text.strip()
+    if text.startswith("+"):
+        text = text[1:]
+    if _PLAIN.fullmatch(text):
+        seconds = float(text)
+    else:
+        position, seconds = 0, 0.0
+        for match in _PART.finditer(text):
+            if match.start() != position:
+                break
+            seconds += float(match.group(1)) * _UNITS_S[match.group(2)]
+            position = match.end()
+        if position != len(text) or not text:
+            raise InvalidArgument(
+                f"{name}={original!r} is not a duration: use seconds (2.5) or Go syntax "
+                "(150ms, 2s, 1h2m)"
+            )
+    if not math.isfinite(seconds) or seconds > MAX_DURATION_S:
+        raise InvalidArgument(f"{name}={original!r} is longer than a year")
+    return seconds

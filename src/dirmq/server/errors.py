@@ -1,0 +1,45 @@
+"""The one table from dirmq errors to HTTP status codes (the native API and yaq share it)."""
+
+from __future__ import annotations
+
+import json
+
+from dirmq import errors
+from dirmq.server.http import Response
+
+RETRY_AFTER_S = 1
+
+# Most specific first: the first matching class wins.
+STATUS_BY_ERROR: tuple[tuple[type[errors.DirmqError], int], ...] = (
+    (errors.InvalidName, 400),
+    (errors.InvalidArgument, 400),
+    (errors.ConfigError, 400),
+    (errors.QueueNotFound, 404),
+    (errors.MessageNotFound, 404),
+    (errors.QueueExists, 409),
+    (errors.StaleReceipt, 409),
+    (errors.MessageTooLarge, 413),
+    (errors.QueueFull, 504),
+    (errors.CorruptMessage, 500),
+    (errors.StorageError, 503),  # the message cannot be guaranteed stored: retry later
+)
+
+
+def status_of(exc: errors.DirmqError) -> int:
+    for error_type, status in STATUS_BY_ERROR:
+        if isinstance(exc, error_type):
+            return status
+    return 500
+
+
+def error_response(exc: errors.DirmqError) -> Response:
+    status = status_of(exc)
+    return json_error(status, type(exc).__name__, str(exc))
+
+
+def json_error(status: int, code: str, message: str) -> Response:
+    headers = [("Content-Type", "application/json")]
+    if status == 503:
+        headers.append(("Retry-After", str(RETRY_AFTER_S)))
+    body = json.dumps({"error": code, "message": message}).encode() + b"\n"
+    return Response(status, body, headers)

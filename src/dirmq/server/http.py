@@ -1,0 +1,389 @@
+"""The HTTP/1.1 server: an `asyncio.Protocol` with httptools (llhttp) doing all the parsing.
+
+This is the only module that touches sockets. It enforces the limits that protect the server
+from its clients (header and body size, slow or idle clients, connection count), handles
+keep-alive, pipelining (answered in order, one at a time), `Expect: 100-continue`, streaming
+responses with trailers, back-pressure from slow readers, and draining on shutdown. What a
+request means is the handler's business (`app.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from typing import cast
+from urllib.parse import parse_qsl
+
+import httptools
+
+from dirmq.server import framing
+
+log = logging.getLogger("dirmq.server")
+
+MAX_PIPELINED = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_header_bytes: int = 16 * 1024
+    max_body_bytes: int = 64 * 1024 * 1024
+    header_timeout_s: float = 10.0  # the whole request head must arrive within this
+    body_timeout_s: float = 60.0  # and its body within this after the head
+    idle_timeout_s: float = 75.0  # keep-alive connections with no request are closed
+    max_connections: int = 20_000
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    path: str  # as sent: still percent-encoded
+    query: dict[str, str]  # first value of each parameter, percent-decoded
+    headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
+    body: bytes
+    keep_alive: bool
+    raw_headers: list[tuple[str, str]] = field(default_factory=list)  # names as sent
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name)
+
+
+@dataclass(slots=True)
+class Response:
+    status: int
+    body: bytes = b""
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    # Runs once the response is handed to the socket (not if the client vanished first).
+    after: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclass(slots=True)
+class StreamResponse:
+    """A chunked response. `trailers` may be filled in by `body` before it finishes."""
+
+    status: int
+    body: AsyncIterator[bytes]
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    trailer_names: tuple[str, ...] = ()
+    trailers: list[tuple[str, str]] = field(default_factory=list)
+
+
+Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
+
+
+class _Reject(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def error_body(status: int, message: str) -> bytes:
+    return json.dumps({"error": framing.reason(status), "message": message}).encode() + b"\n"
+
+
+class _Clock:
+    """The Date header, formatted at most once a second."""
+
+    def __init__(self) -> None:
+        self._second = 0
+        self._text = ""
+
+    def date(self) -> str:
+        now = int(time.time())
+        if now != self._second:
+            self._second, self._text = now, formatdate(now, usegmt=True)
+        return self._text
+
+
+class HttpServer:
+    """Shared state of every connection of one listening server."""
+
+    def __init__(self, handler: Handler, limits: Limits | None = None) -> None:
+        self.handler = handler
+        self.limits = limits or Limits()
+        self.connections: set[HttpProtocol] = set()
+        self.draining = False
+        self.clock = _Clock()
+        self.requests_served = 0
+
+    def protocol(self) -> HttpProtocol:
+        return HttpProtocol(self)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Finish what is in progress, then close every connection (the listener is already
+        closed by the caller). Idle connections close now; busy ones after their response."""
+        self.draining = True
+        for connection in list(self.connections):
+            connection.close_if_idle()
+        deadline = time.monotonic() + timeout_s
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for connection in list(self.connections):
+            connection.abort()
+
+
+class HttpProtocol(asyncio.Protocol):
+    def __init__(self, server: HttpServer) -> None:
+        self._server = server
+        self._limits = server.limits
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._pending: deque[Request] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self._closed = False
+        self._reset_message()
+
+    def _reset_message(self) -> None:
+        self._url = b""
+        self._raw_headers: list[tuple[str, str]] = []
+        self._head_bytes = 0
+        self._body: list[bytes] = []
+        self._body_bytes = 0
+        self._in_message = False
+
+    # -- connection lifecycle -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self._transport = cast(asyncio.Transport, transport)
+        if len(self._server.connections) >= self._limits.max_connections:
+            message = "too many connections; retry shortly"
+            self._write_error(503, message, extra=(("Retry-After", "1"),))
+            self._transport.close()
+            self._closed = True
+            return
+        self._server.connections.add(self)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._arm(self._limits.idle_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._server.connections.discard(self)
+        self._disarm()
+        if self._task is not None:
+            self._task.cancel()  # e.g. a long poll whose client went away
+        self._can_write.set()
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    def close_if_idle(self) -> None:
+        if self._task is None and not self._in_message and self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    # -- timers ---------------------------------------------------------------------------------
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._timer = self._loop.call_later(seconds, self._timed_out)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        if self._in_message:
+            self._fail(408, "the request did not arrive in time")
+        elif self._task is None and self._transport is not None:
+            self._transport.close()  # idle keep-alive connection
+
+    # -- parsing (httptools callbacks) ----------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if self._closed:
+            return
+        try:
+            self._parser.feed_data(data)
+        except _Reject as reject:
+            self._fail(reject.status, reject.message)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, "protocol upgrades are not supported on this endpoint")
+        except httptools.HttpParserError as exc:
+            self._fail(400, f"malformed HTTP request: {exc}")
+
+    def on_message_begin(self) -> None:
+        self._reset_message()
+        self._in_message = True
+        self._arm(self._limits.header_timeout_s)
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._count_head(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)
+        self._raw_headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def _count_head(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > self._limits.max_header_bytes:
+            raise _Reject(431, f"request head over {self._limits.max_header_bytes} bytes")
+
+    def on_headers_complete(self) -> None:
+        length = self._find_header("content-length")
+        limit = self._limits.max_body_bytes
+        if length is not None and length.strip().isdigit() and int(length) > limit:
+            raise _Reject(413, f"body over {limit} bytes")
+        expect = self._find_header("expect")
+        if expect is not None and expect.lower() == "100-continue" and self._transport:
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self._arm(self._limits.body_timeout_s)
+
+    def _find_header(self, lowered: str) -> str | None:
+        return next((v for k, v in self._raw_headers if k.lower() == lowered), None)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > self._limits.max_body_bytes:
+            raise _Reject(413, f"body over {self._limits.max_body_bytes} bytes")
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        url = httptools.parse_url(self._url)
+        query = url.query.decode("latin-1") if url.query else ""
+        headers: dict[str, str] = {}
+        for raw_name, value in self._raw_headers:
+            name = raw_name.lower()
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        request = Request(
+            method=self._parser.get_method().decode("ascii", "replace"),
+            path=url.path.decode("latin-1") if url.path else "/",
+            query=_first_values(query),
+            headers=headers,
+            body=b"".join(self._body),
+            keep_alive=self._parser.should_keep_alive(),
+            raw_headers=self._raw_headers,
+        )
+        self._reset_message()
+        self._pending.append(request)
+        if len(self._pending) > MAX_PIPELINED and self._transport is not None:
+            self._transport.pause_reading()
+        self._start_next()
+
+    # -- answering ------------------------------------------------------------------------------
+    def _start_next(self) -> None:
+        if self._task is not None or not self._pending or self._closed:
+            return
+        if self._transport is not None and len(self._pending) <= MAX_PIPELINED:
+            self._transport.resume_reading()
+        request = self._pending.popleft()
+        self._task = self._loop.create_task(self._answer(request))
+
+    async def _answer(self, request: Request) -> None:
+        try:
+            try:
+                response = await self._server.handler(request)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("unhandled error answering %s %s", request.method, request.path)
+                response = Response(
+                    500,
+                    error_body(500, "internal server error"),
+                    [("Content-Type", "application/json")],
+                )
+            keep_alive = request.keep_alive and not self._server.draining
+            await self._send(request, response, keep_alive)
+            self._server.requests_served += 1
+            if isinstance(response, Response) and response.after is not None:
+                await response.after()
+        except asyncio.CancelledError:
+            return
+        except ConnectionError:
+            keep_alive = False
+        finally:
+            self._task = None
+        if self._transport is None or self._closed:
+            return
+        if not keep_alive:
+            self._transport.close()
+            return
+        if not self._in_message:
+            self._arm(self._limits.idle_timeout_s)
+        self._start_next()
+
+    def _base_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return [("Date", self._server.clock.date()), ("Server", "dirmq"), *headers]
+
+    async def _send(
+        self, request: Request, response: Response | StreamResponse, keep_alive: bool
+    ) -> None:
+        transport = self._transport
+        assert transport is not None
+        head_only = request.method == "HEAD"
+        headers = self._base_headers(response.headers)
+        if isinstance(response, Response):
+            head = framing.response_head(
+                response.status, headers, content_length=len(response.body), keep_alive=keep_alive
+            )
+            transport.write(
+                head if head_only or response.status in (204, 304) else head + response.body
+            )
+            return
+        transport.write(
+            framing.response_head(
+                response.status,
+                headers,
+                content_length=None,
+                keep_alive=keep_alive,
+                trailers=response.trailer_names,
+            )
+        )
+        body = response.body
+        try:
+            async for piece in body:
+                if self._closed:
+                    raise ConnectionResetError("client went away")
+                transport.write(framing.chunk(piece))
+                await self._can_write.wait()
+        finally:
+            aclose = getattr(body, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        transport.write(framing.last_chunk(response.trailers))
+
+    def _fail(self, status: int, message: str) -> None:
+        """Answer a request we could not parse or accept, then close the connection."""
+        self._closed = True
+        self._disarm()
+        if self._task is None:
+            self._write_error(status, message)
+        if self._transport is not None:
+            self._transport.close()
+
+    def _write_error(
+        self, status: int, message: str, extra: tuple[tuple[str, str], ...] = ()
+    ) -> None:
+        if self._transport is None:
+            return
+        body = error_body(status, message)
+        headers = self._base_headers([("Content-Type", "application/json"), *extra])
+        head = framing.response_head(status, headers, content_length=len(body), keep_alive=False)
+        self._transport.write(head + body)
+
+
+def _first_values(query: str) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        values.setdefault(name, value)
+    return values

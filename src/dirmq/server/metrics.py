@@ -1,0 +1,83 @@
+"""Prometheus metrics (prometheus-client): request counts and latencies, messages published,
+delivered and acknowledged, and per-queue depth read from the store at scrape time."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from dirmq.errors import DirmqError
+from dirmq.store import Store
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _DepthCollector(Collector):
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        depth = GaugeMetricFamily(
+            "dirmq_queue_messages", "Messages in a queue by state", labels=["queue", "state"]
+        )
+        age = GaugeMetricFamily(
+            "dirmq_queue_oldest_ready_age_seconds",
+            "Age of the oldest ready message",
+            labels=["queue"],
+        )
+        for name in self._store.list_queues():
+            try:
+                stats = self._store.queue(name).stats()
+            except DirmqError:
+                continue  # deleted while we looked
+            for state in ("ready", "in_flight", "delayed", "dead"):
+                depth.add_metric([name, state], getattr(stats, state))
+            if stats.oldest_ready_age_s is not None:
+                age.add_metric([name], stats.oldest_ready_age_s)
+        yield depth
+        yield age
+
+
+class Metrics:
+    """One registry per worker process; every series carries the worker's pid."""
+
+    def __init__(self, store: Store) -> None:
+        self.registry = CollectorRegistry()
+        worker = str(os.getpid())
+        self.requests = Counter(
+            "dirmq_http_requests",
+            "HTTP requests answered",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "dirmq_http_request_duration_seconds",
+            "Time to answer a request (long polls included)",
+            ["route", "method"],
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30),
+        )
+        self.published = Counter(
+            "dirmq_messages_published", "Messages published", ["queue"], registry=self.registry
+        )
+        self.delivered = Counter(
+            "dirmq_messages_delivered",
+            "Messages leased to consumers",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.acked = Counter(
+            "dirmq_messages_acked",
+            "Messages acknowledged or deleted",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.registry.register(_DepthCollector(store))
+        self.worker = worker
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

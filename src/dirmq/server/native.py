@@ -1,0 +1,256 @@
+"""The native HTTP API: a superset of SoftLayer MQ's six endpoints, with MQ's status codes.
+
+GET    /                                  queues (?prefix=)
+GET    /{queue}                           stats and configuration; 404 if absent
+PUT    /{queue}                           create (201) or reconfigure (200), optional JSON body
+DELETE /{queue}                           delete with every message, in flight or not (204)
+POST   /{queue}/messages                  publish: 201 + X-Message-Id; a batch if the body is
+                                          multipart/mixed or JSON lines (one group commit)
+GET    /{queue}/messages                  receive: 200 + body, 204 if empty; ?wait= ?visibility=
+                                          ?max= (multipart/mixed), ?peek=1 to browse as JSON
+DELETE /{queue}/messages                  purge
+GET    /{queue}/messages/{id}             peek, without leasing
+DELETE /{queue}/messages/{id|receipt}     ack: by id (MQ semantics) or by receipt (stale: 409)
+POST   /{queue}/messages/{receipt}/nack   ?delay=
+POST   /{queue}/messages/{receipt}/extend ?visibility=
+POST   /{queue}/messages/{receipt}/dead-letter
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+
+from dirmq.errors import InvalidArgument, MessageNotFound, QueueNotFound
+from dirmq.server import codecs
+from dirmq.server.broker import Broker
+from dirmq.server.durations import parse_duration
+from dirmq.server.errors import json_error
+from dirmq.server.http import Request, Response
+from dirmq.server.routes import Route
+from dirmq.store import Durability, Message, OutgoingMessage, Queue, QueueConfig
+from dirmq.store.ids import is_id
+from dirmq.store.layout import parse_receipt
+
+MAX_RECEIVE = 1000
+MAX_WAIT_S = 3600.0
+Handler = Callable[[Broker, Request, Route], Awaitable[Response]]
+
+
+def json_response(
+    status: int, data: object, headers: list[tuple[str, str]] | None = None
+) -> Response:
+    body = json.dumps(data, separators=(",", ":")).encode() + b"\n"
+    return Response(status, body, [("Content-Type", "application/json"), *(headers or [])])
+
+
+def _param(request: Request, name: str, header: str | None = None) -> str | None:
+    value = request.query.get(name)
+    if value is None and header is not None:
+        value = request.headers.get(header)
+    return value
+
+
+def _duration(request: Request, name: str, header: str | None = None) -> float | None:
+    value = _param(request, name, header)
+    return None if value is None else parse_duration(value, name)
+
+
+def _int(request: Request, name: str, low: int, high: int) -> int | None:
+    value = request.query.get(name)
+    if value is None:
+        return None
+    if not value.isdigit() or not low <= int(value) <= high:
+        raise InvalidArgument(f"{name}={value!r} must be an integer from {low} to {high}")
+    return int(value)
+
+
+def _durability(request: Request) -> Durability | None:
+    value = _param(request, "durability", "x-durability")
+    if value is None:
+        return None
+    try:
+        return Durability(value.lower())
+    except ValueError:
+        choices = ", ".join(d.value for d in Durability)
+        raise InvalidArgument(f"durability={value!r} must be one of {choices}") from None
+
+
+# -- queues ----------------------------------------------------------------------------------
+async def list_queues(broker: Broker, request: Request, route: Route) -> Response:
+    names = await broker.call(broker.store.list_queues, request.query.get("prefix", ""))
+    return json_response(200, {"queues": names})
+
+
+async def get_queue(broker: Broker, request: Request, route: Route) -> Response:
+    queue = broker.queue(route.queue)
+    stats = await broker.call(queue.stats)
+    return json_response(
+        200,
+        {
+            "name": queue.name,
+            "stats": asdict(stats) | {"total": stats.total},
+            "config": queue.config.to_json(),
+        },
+    )
+
+
+async def put_queue(broker: Broker, request: Request, route: Route) -> Response:
+    changes = _config_body(request.body)
+    store = broker.store
+    if await broker.call(store.exists, route.queue):
+        if changes:
+            await broker.call(store.configure, route.queue, **changes)
+        return await get_queue(broker, request, route)
+    config = QueueConfig().updated(**changes)
+    await broker.call(store.create_queue, route.queue, config)
+    response = await get_queue(broker, request, route)
+    response.status = 201
+    return response
+
+
+def _config_body(body: bytes) -> dict[str, object]:
+    if not body.strip():
+        return {}
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise InvalidArgument(f"queue configuration must be a JSON object: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidArgument("queue configuration must be a JSON object")
+    return data
+
+
+async def delete_queue(broker: Broker, request: Request, route: Route) -> Response:
+    await broker.call(broker.store.delete_queue, route.queue)
+    return Response(204)
+
+
+# -- messages --------------------------------------------------------------------------------
+async def publish(broker: Broker, request: Request, route: Route) -> Response:
+    queue = broker.queue(route.queue)  # 404 before anything is written: never strand a message
+    content_type = request.headers.get("content-type")
+    if codecs.is_batch(content_type):
+        messages = codecs.parse_batch(content_type or "", request.body)
+        if not messages:
+            raise InvalidArgument("the batch holds no messages")
+    else:
+        delay_s = _duration(request, "delay", "x-delay")
+        headers = codecs.stored_headers(request.raw_headers)
+        messages = [OutgoingMessage(request.body, headers, delay_s)]
+    for message in messages:
+        queue.validate(message)
+    ids = await broker.publish(
+        queue,
+        messages,
+        durability=_durability(request),
+        timeout_s=_duration(request, "timeout", "x-timeout") or 0.0,  # at capacity: 504 now
+    )
+    if len(ids) == 1 and not codecs.is_batch(content_type):
+        return json_response(201, {"id": ids[0]}, [("X-Message-Id", ids[0])])
+    return json_response(201, {"ids": ids}, [("X-Message-Id", ",".join(ids))])
+
+
+async def receive(broker: Broker, request: Request, route: Route) -> Response:
+    queue = broker.queue(route.queue)
+    if request.query.get("peek", "").lower() in ("1", "true", "yes"):
+        return await _browse(broker, queue, request)
+    max_count = _int(request, "max", 1, MAX_RECEIVE)
+    wait_s = _duration(request, "wait", "x-wait") or 0.0
+    if wait_s > MAX_WAIT_S:
+        raise InvalidArgument(f"wait must be at most {MAX_WAIT_S:.0f} s")
+    visibility_s = _duration(request, "visibility", "x-visibility")
+    messages = await broker.receive(queue, max_count or 1, visibility_s, wait_s)
+    if not messages:
+        return Response(204)
+    if max_count is None:
+        return message_response(messages[0])
+    content_type, body = codecs.multipart_messages(messages)
+    return Response(200, body, [("Content-Type", content_type)])
+
+
+async def _browse(broker: Broker, queue: Queue, request: Request) -> Response:
+    limit = _int(request, "max", 1, MAX_RECEIVE) or 100
+
+    def snapshot() -> list[Message]:
+        return list(queue.browse(limit))
+
+    messages = await broker.call(snapshot)
+    return json_response(200, {"messages": [codecs.message_json(m) for m in messages]})
+
+
+def message_response(message: Message) -> Response:
+    return Response(200, message.body, codecs.delivery_headers(message))
+
+
+async def purge(broker: Broker, request: Request, route: Route) -> Response:
+    queue = broker.queue(route.queue)
+    removed = await broker.call(queue.purge)
+    return json_response(200, {"purged": removed})
+
+
+async def peek(broker: Broker, request: Request, route: Route) -> Response:
+    queue = broker.queue(route.queue)
+    if not is_id(route.ref):
+        raise InvalidArgument(f"{route.ref!r} is not a message id")
+    return message_response(await broker.call(queue.peek, route.ref))
+
+
+async def ack(broker: Broker, request: Request, route: Route) -> Response:
+    queue = broker.queue(route.queue)
+    receipt = request.query.get("receipt") or request.headers.get("x-receipt")
+    if receipt is None and parse_receipt(route.ref) is not None:
+        receipt = route.ref
+    if receipt is not None:
+        await broker.call(queue.ack, receipt)
+        return Response(204)
+    if not is_id(route.ref):
+        raise InvalidArgument(f"{route.ref!r} is neither a message id nor a receipt")
+    if not await broker.call(queue.delete, route.ref):
+        raise MessageNotFound(f"no message {route.ref} in queue {route.queue!r}")
+    return Response(204)
+
+
+async def settle(broker: Broker, request: Request, route: Route) -> Response:
+    queue = broker.queue(route.queue)
+    if parse_receipt(route.ref) is None:
+        raise InvalidArgument(f"{route.ref!r} is not a receipt (<message id>.<receive count>)")
+    if route.action == "nack":
+        await broker.call(queue.nack, route.ref, _duration(request, "delay", "x-delay") or 0.0)
+    elif route.action == "extend":
+        visibility_s = _duration(request, "visibility", "x-visibility")
+        if visibility_s is None:
+            raise InvalidArgument("extend needs visibility= (e.g. 30s)")
+        await broker.call(queue.extend, route.ref, visibility_s)
+    else:
+        await broker.call(queue.dead_letter, route.ref)
+    return Response(204)
+
+
+TABLE: dict[tuple[str, str], Handler] = {
+    ("root", "GET"): list_queues,
+    ("queue", "GET"): get_queue,
+    ("queue", "PUT"): put_queue,
+    ("queue", "DELETE"): delete_queue,
+    ("messages", "POST"): publish,
+    ("messages", "GET"): receive,
+    ("messages", "DELETE"): purge,
+    ("message", "GET"): peek,
+    ("message", "DELETE"): ack,
+    ("action", "POST"): settle,
+}
+
+
+def allowed(kind: str) -> list[str]:
+    return sorted(method for k, method in TABLE if k == kind)
+
+
+def method_not_allowed(route: Route) -> Response:
+    methods = allowed(route.kind)
+    response = json_error(405, "MethodNotAllowed", f"use {', '.join(methods)} here")
+    response.headers.append(("Allow", ", ".join(methods)))
+    return response
+
+
+__all__ = ["TABLE", "QueueNotFound", "method_not_allowed"]

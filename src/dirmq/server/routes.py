@@ -1,0 +1,41 @@
+"""The shape of native API paths. The queue name is the path (percent-decoded, nested with `/`);
+a final `messages` segment, optionally followed by a message reference and an action, addresses
+its messages. `/`, `/health`, `/metrics` and `/openapi.json` are the server's own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+ACTIONS = frozenset({"nack", "extend", "dead-letter"})
+SERVER_PATHS = frozenset({"health", "metrics", "openapi.json"})
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    kind: str  # root | server | queue | messages | message | action
+    queue: str = ""
+    ref: str = ""  # message id or receipt
+    action: str = ""
+
+    @property
+    def label(self) -> str:
+        """A low-cardinality name for metrics."""
+        return self.queue if self.kind == "server" else self.kind
+
+
+def parse_route(path: str) -> Route:
+    decoded = unquote(path, errors="strict")
+    stripped = decoded.strip("/")
+    if not stripped:
+        return Route("root")
+    if stripped in SERVER_PATHS:
+        return Route("server", queue=stripped)
+    segments = stripped.split("/")
+    if len(segments) >= 2 and segments[-1] == "messages":
+        return Route("messages", "/".join(segments[:-1]))
+    if len(segments) >= 3 and segments[-2] == "messages":
+        return Route("message", "/".join(segments[:-2]), ref=segments[-1])
+    if len(segments) >= 4 and segments[-3] == "messages" and segments[-1] in ACTIONS:
+        return Route("action", "/".join(segments[:-3]), ref=segments[-2], action=segments[-1])
+    return Route("queue", stripped)

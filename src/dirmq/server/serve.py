@@ -1,0 +1,196 @@
+"""`dirmq serve`: listening sockets, worker processes, signals and graceful drain.
+
+With `--workers N` the parent binds the listening ports with SO_REUSEPORT, forks N workers that
+each bind their own socket to the same ports (the kernel spreads connections across them), then
+only supervises: it forwards SIGTERM/SIGINT and restarts a worker that died. Each worker is a
+complete brokerless dirmq process on the shared root, so workers need no coordination.
+
+SIGTERM drains: the listeners close, waiting long polls are answered (204), requests in
+progress finish (up to `drain_timeout_s`), then the process exits. Nothing that got a 2xx
+depends on the process surviving: a put is durable before its 201 is sent, so even SIGKILL
+loses no acknowledged message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import uvloop
+
+from dirmq.errors import InvalidArgument
+from dirmq.server.app import NativeApp
+from dirmq.server.broker import Broker
+from dirmq.server.http import Handler, HttpServer, Limits
+from dirmq.server.metrics import Metrics
+from dirmq.store import Store
+
+DEFAULT_LISTEN = "127.0.0.1:8080"
+BACKLOG = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    root: str
+    listen: str = DEFAULT_LISTEN
+    yaq_listen: str | None = None
+    workers: int = 1
+    drain_timeout_s: float = 10.0
+    limits: Limits = field(default_factory=Limits)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """`HOST:PORT`, `[v6]:PORT` or `:PORT` (all interfaces)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise InvalidArgument(f"listen address {text!r} must be HOST:PORT")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(BACKLOG)
+    sock.setblocking(False)
+    return sock
+
+
+@dataclass(slots=True)
+class _Endpoint:
+    name: str
+    host: str
+    port: int
+    sock: socket.socket
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+def _bind_all(options: ServeOptions) -> list[_Endpoint]:
+    endpoints = []
+    wanted = [("native", options.listen)]
+    if options.yaq_listen:
+        wanted.append(("yaq", options.yaq_listen))
+    for name, address in wanted:
+        host, port = parse_address(address)
+        sock = _listen(host, port, reuse_port=options.workers > 1)
+        endpoints.append(_Endpoint(name, host, sock.getsockname()[1], sock))
+    return endpoints
+
+
+async def run_worker(options: ServeOptions, endpoints: list[_Endpoint]) -> None:
+    """Serve until SIGTERM/SIGINT, then drain."""
+    loop = asyncio.get_running_loop()
+    store = Store(options.root)
+    broker = Broker(store)
+    metrics = Metrics(store)
+    http_servers: list[HttpServer] = []
+    listeners: list[asyncio.Server] = []
+    for endpoint in endpoints:
+        handler = _handler_for(endpoint.name, broker, metrics)
+        http = HttpServer(handler, options.limits)
+        http_servers.append(http)
+        listeners.append(await loop.create_server(http.protocol, sock=endpoint.sock))
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    for listener in listeners:
+        listener.close()
+    broker.close()  # waiting long polls answer now
+    await asyncio.gather(*(h.drain(options.drain_timeout_s) for h in http_servers))
+    store.close()
+
+
+def _handler_for(name: str, broker: Broker, metrics: Metrics) -> Handler:
+    if name == "yaq":
+        from dirmq.server.yaq import YaqApp
+
+        return YaqApp(broker)
+    return NativeApp(broker, metrics)
+
+
+def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int:
+    """Run the server in the foreground; returns the exit status."""
+    if options.workers < 1:
+        raise InvalidArgument("--workers must be at least 1")
+    Store(options.root)  # create the root now, so a bad path fails before we announce
+    endpoints = _bind_all(options)
+    for endpoint in endpoints:
+        announce(f"dirmq {endpoint.name} API listening on {endpoint.url}")
+    announce(
+        f"storing queues under {os.path.abspath(options.root)} "
+        f"({options.workers} worker{'s' if options.workers > 1 else ''})"
+    )
+    sys.stdout.flush()
+    if options.workers == 1:
+        uvloop.run(run_worker(options, endpoints))
+        return 0
+    return _supervise(options, endpoints)
+
+
+def _supervise(options: ServeOptions, endpoints: list[_Endpoint]) -> int:
+    children: dict[int, int] = {}  # pid -> worker number
+    stopping = False
+
+    def spawn(number: int) -> None:
+        pid = os.fork()
+        if pid == 0:  # the worker
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            own = (
+                endpoints
+                if number == 0
+                else [
+                    _Endpoint(e.name, e.host, e.port, _listen(e.host, e.port, reuse_port=True))
+                    for e in endpoints
+                ]
+            )
+            code = 0
+            try:
+                uvloop.run(run_worker(options, own))
+            except BaseException:  # a worker must never return into the parent's code
+                code = 1
+            os._exit(code)
+        children[pid] = number
+
+    def forward(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    for number in range(options.workers):
+        spawn(number)
+    status = 0
+    while children:
+        try:
+            pid, wait_status = os.wait()
+        except ChildProcessError:
+            break
+        if pid not in children:
+            continue
+        number = children.pop(pid)
+        if not stopping:
+            time.sleep(0.1)  # a worker crashed: replace it
+            spawn(number)
+        elif os.waitstatus_to_exitcode(wait_status) != 0:
+            status = 1
+    return status

@@ -1,0 +1,159 @@
+"""The yaq dialect (`--yaq-listen`): the yaq README's API, on dirmq queues.
+
+    POST {queue-path}[?timeout=]                  enqueue: 200; at capacity wait, 504 on timeout
+    GET  {queue-path}[?timeout=]                  dequeue one: 200 + body; waits (forever by
+                                                  default), 504 on timeout
+    GET  {queue-path}?quantity=N[&timeout=]       202, chunked multipart/mixed, one part per
+                                                  message as it is dequeued; the timeout applies
+                                                  to each message; an `X-Next-Message-Status`
+                                                  trailer (504, 500) when fewer than N came
+    GET  {queue-path}?quantity=unlimited          stream until the client disconnects
+
+The queue is the whole URL path, percent-decoded (`/fish/saltwater`, `/snazzy%20party`); queues
+are created on first use. yaq's root queue `/` is the dirmq queue named `_root`. Dequeue is
+destructive, as in yaq, but a message is acknowledged only after it was handed to the socket:
+one whose client vanished first is given back, never lost. Content-Type and Content-Encoding
+are kept. Decisions where yaq's README contradicts itself are in docs/yaq.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from urllib.parse import unquote
+
+from dirmq.errors import DirmqError, InvalidArgument, StaleReceipt
+from dirmq.server import codecs, framing
+from dirmq.server.broker import Broker
+from dirmq.server.durations import parse_duration
+from dirmq.server.errors import status_of
+from dirmq.server.http import Request, Response, StreamResponse
+from dirmq.store import Message, OutgoingMessage, Queue
+
+ROOT_QUEUE = "_root"
+LEASE_S = 60.0  # how long a dequeued message may take to reach the socket
+TRAILER = "X-Next-Message-Status"
+
+
+def _text(status: int, message: str) -> Response:
+    return Response(
+        status, message.encode() + b"\n", [("Content-Type", "text/plain; charset=utf-8")]
+    )
+
+
+class YaqApp:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    async def __call__(self, request: Request) -> Response | StreamResponse:
+        try:
+            name = unquote(request.path, errors="strict").strip("/") or ROOT_QUEUE
+            timeout = request.query.get("timeout")
+            timeout_s = None if timeout is None else parse_duration(timeout, "timeout")
+            if request.method == "POST":
+                return await self._enqueue(name, request, timeout_s)
+            if request.method in ("GET", "HEAD"):
+                return await self._dequeue(name, request, timeout_s)
+            return _text(405, "yaq queues take GET (dequeue) and POST (enqueue)")
+        except DirmqError as exc:
+            status = status_of(exc)
+            return _text(status if status < 500 or status == 504 else 500, str(exc))
+        except UnicodeDecodeError:
+            return _text(400, "the queue path is not valid UTF-8 once percent-decoded")
+
+    async def _queue(self, name: str) -> Queue:
+        return await self.broker.call(self.broker.store.create_queue, name)
+
+    async def _enqueue(self, name: str, request: Request, timeout_s: float | None) -> Response:
+        queue = await self._queue(name)
+        message = OutgoingMessage(request.body, codecs.stored_headers(request.raw_headers))
+        queue.validate(message)
+        (message_id,) = await self.broker.publish(queue, [message], timeout_s=timeout_s)
+        return Response(200, b"", [("X-Message-Id", message_id)])
+
+    async def _dequeue(
+        self, name: str, request: Request, timeout_s: float | None
+    ) -> Response | StreamResponse:
+        quantity_text = request.query.get("quantity", "1")
+        if quantity_text == "unlimited":
+            quantity: int | None = None
+        elif quantity_text.isdigit() and int(quantity_text) >= 1:
+            quantity = int(quantity_text)
+        else:
+            raise InvalidArgument(
+                f"quantity={quantity_text!r} must be a positive integer or 'unlimited'"
+            )
+        queue = await self._queue(name)
+        if quantity == 1:
+            messages = await self.broker.receive(queue, 1, LEASE_S, timeout_s)
+            if not messages:
+                return Response(504)  # as in yaq's transcript: no body
+            message = messages[0]
+            return Response(
+                200, message.body, _part_headers(message), after=self._acker(queue, message)
+            )
+        boundary = framing.new_boundary()
+        response = StreamResponse(
+            202,
+            body=_never(),
+            headers=[("Content-Type", f'multipart/mixed; boundary="{boundary}"')],
+            trailer_names=(TRAILER,),
+        )
+        response.body = self._stream(queue, boundary, quantity, timeout_s, response)
+        return response
+
+    def _acker(self, queue: Queue, message: Message):  # type: ignore[no-untyped-def]
+        async def ack() -> None:
+            try:
+                await self.broker.call(queue.ack, message.receipt or "")
+            except StaleReceipt:
+                pass  # the lease ran out while the client was reading: it will be redelivered
+
+        return ack
+
+    async def _stream(
+        self,
+        queue: Queue,
+        boundary: str,
+        quantity: int | None,
+        timeout_s: float | None,
+        response: StreamResponse,
+    ) -> AsyncIterator[bytes]:
+        sent = 0
+        unacked: Message | None = None
+        try:
+            while quantity is None or sent < quantity:
+                try:
+                    got = await self.broker.receive(queue, 1, LEASE_S, timeout_s)
+                except DirmqError as exc:
+                    response.trailers.append((TRAILER, str(status_of(exc))))
+                    break
+                if unacked is not None:  # the previous part reached the socket
+                    await self._acker(queue, unacked)()
+                    unacked = None
+                if not got:
+                    response.trailers.append((TRAILER, "504"))
+                    break
+                unacked = got[0]
+                yield framing.multipart_part(boundary, _part_headers(unacked), unacked.body)
+                sent += 1
+            if unacked is not None:
+                await self._acker(queue, unacked)()
+                unacked = None
+            yield framing.multipart_end(boundary)
+        finally:
+            if unacked is not None:  # the client went away before this part was written
+                await asyncio.shield(self.broker.call(queue.nack, unacked.receipt or ""))
+
+
+def _part_headers(message: Message) -> list[tuple[str, str]]:
+    headers = [(name, value) for name, value in message.headers.items()]
+    if message.content_type is None:
+        headers.append(("Content-Type", codecs.DEFAULT_CONTENT_TYPE))
+    headers.append(("X-Message-Id", message.id))
+    return headers
+
+
+async def _never() -> AsyncIterator[bytes]:
+    return
+    yield b""  # pragma: no cover
