@@ -34,7 +34,7 @@ def response_head(
     """The status line and headers. `content_length=None` selects chunked transfer coding."""
     lines = [f"HTTP/1.1 {status} {reason(status)}"]
     lines.extend(f"{name}: {value}" for name, value in headers)
-    if status == 204 or status == 304 or status < 200:
+    if status in {204, 304} or status < 200:
         pass  # these never have a body, nor a header announcing one (RFC 9110 8.6)
     elif content_length is None:
         lines.append("Transfer-Encoding: chunked")
