@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,9 @@ from typing import Any
 import pytest
 
 import dirmq
+from dirmq.client import RemoteStore
+
+from .servers import ServerProcess, start_server
 
 QueueFactory = Callable[..., Any]
 
@@ -24,32 +28,54 @@ def store(root: Path) -> Iterator[dirmq.Store]:
         yield s
 
 
-class LocalTransport:
-    """The brokerless library on a local directory."""
+class Transport:
+    """One way to reach queues; tests use queue names relative to `prefix`."""
 
-    name = "local"
-
-    def __init__(self, store: dirmq.Store) -> None:
+    def __init__(self, store: Any, prefix: str = "") -> None:
         self.store = store
+        self.prefix = prefix
 
-    def make_queue(self, name: str = "q", **config: Any) -> dirmq.Queue:
-        return self.store.create_queue(name, dirmq.QueueConfig(**config))
+    def _name(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def make_queue(self, name: str = "q", **config: Any) -> Any:
+        if config.get("dead_letter_queue"):
+            config["dead_letter_queue"] = self._name(config["dead_letter_queue"])
+        return self.store.create_queue(self._name(name), dirmq.QueueConfig(**config))
+
+    def open_queue(self, name: str) -> Any:
+        return self.store.queue(self._name(name))
 
     def delete_queue(self, name: str) -> None:
-        self.store.delete_queue(name)
+        self.store.delete_queue(self._name(name))
 
     def list_queues(self) -> list[str]:
-        return self.store.list_queues()
+        names = self.store.list_queues(self.prefix)
+        return [n[len(self.prefix) :] for n in names]
 
     def configure(self, name: str, **changes: Any) -> None:
-        self.store.configure(name, **changes)
+        self.store.configure(self._name(name), **changes)
 
 
-TRANSPORTS = ["local", "local-polling"]
+LocalTransport = Transport  # kept for readability in type hints
+TRANSPORTS = ["local", "local-polling", "http"]
+_prefixes = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = start_server(tmp_path_factory.mktemp("http-root"))
+    yield server
+    server.stop()
 
 
 @pytest.fixture(params=TRANSPORTS)
-def transport(request: pytest.FixtureRequest, root: Path) -> Iterator[LocalTransport]:
+def transport(request: pytest.FixtureRequest, root: Path) -> Iterator[Transport]:
+    if request.param == "http":
+        server: ServerProcess = request.getfixturevalue("http_server")
+        with RemoteStore(server.url) as remote:
+            yield Transport(remote, prefix=f"t{next(_prefixes)}/")
+        return
     if request.param == "local":
         store = dirmq.Store(root)
     elif request.param == "local-polling":  # as on NFS, where inotify misses other hosts
@@ -57,4 +83,4 @@ def transport(request: pytest.FixtureRequest, root: Path) -> Iterator[LocalTrans
     else:  # pragma: no cover
         raise AssertionError(request.param)
     with store:
-        yield LocalTransport(store)
+        yield Transport(store)

@@ -417,7 +417,7 @@ def test_deleted_queue_refuses_puts(transport: LocalTransport) -> None:
     with pytest.raises(dirmq.QueueNotFound):
         q.put(b"y")
     with pytest.raises(dirmq.QueueNotFound):
-        transport.store.queue("gone")
+        transport.open_queue("gone")
     again = transport.make_queue("gone")
     assert again.stats().total == 0, "in-flight messages are deleted with their queue"
 

@@ -23,7 +23,7 @@ from urllib.parse import parse_qsl
 
 import httptools
 
-from dirmq.server import framing
+from dirmq.wire import framing
 
 log = logging.getLogger("dirmq.server")
 
@@ -231,7 +231,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count_head(len(name) + len(value) + 4)
-        self._raw_headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        self._raw_headers.append((name.decode("latin-1"), _header_text(value)))
 
     def _count_head(self, size: int) -> None:
         self._head_bytes += size
@@ -380,6 +380,14 @@ class HttpProtocol(asyncio.Protocol):
         headers = self._base_headers([("Content-Type", "application/json"), *extra])
         head = framing.response_head(status, headers, content_length=len(body), keep_alive=False)
         self._transport.write(head + body)
+
+
+def _header_text(value: bytes) -> str:
+    """Header values are UTF-8 when they decode as such (what our client sends), else latin-1."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.decode("latin-1")
 
 
 def _first_values(query: str) -> dict[str, str]:

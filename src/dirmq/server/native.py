@@ -23,15 +23,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 
 from dirmq.errors import InvalidArgument, MessageNotFound, QueueNotFound
-from dirmq.server import codecs
 from dirmq.server.broker import Broker
-from dirmq.server.durations import parse_duration
 from dirmq.server.errors import json_error
 from dirmq.server.http import Request, Response
 from dirmq.server.routes import Route
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, QueueConfig
 from dirmq.store.ids import is_id
 from dirmq.store.layout import parse_receipt
+from dirmq.wire import messages as wire
+from dirmq.wire.durations import parse_duration
 
 MAX_RECEIVE = 1000
 MAX_WAIT_S = 3600.0
@@ -131,13 +131,13 @@ async def delete_queue(broker: Broker, request: Request, route: Route) -> Respon
 async def publish(broker: Broker, request: Request, route: Route) -> Response:
     queue = broker.queue(route.queue)  # 404 before anything is written: never strand a message
     content_type = request.headers.get("content-type")
-    if codecs.is_batch(content_type):
-        messages = codecs.parse_batch(content_type or "", request.body)
+    if wire.is_batch(content_type):
+        messages = wire.parse_batch(content_type or "", request.body)
         if not messages:
             raise InvalidArgument("the batch holds no messages")
     else:
         delay_s = _duration(request, "delay", "x-delay")
-        headers = codecs.stored_headers(request.raw_headers)
+        headers = wire.stored_headers(request.raw_headers)
         messages = [OutgoingMessage(request.body, headers, delay_s)]
     for message in messages:
         queue.validate(message)
@@ -147,7 +147,7 @@ async def publish(broker: Broker, request: Request, route: Route) -> Response:
         durability=_durability(request),
         timeout_s=_duration(request, "timeout", "x-timeout") or 0.0,  # at capacity: 504 now
     )
-    if len(ids) == 1 and not codecs.is_batch(content_type):
+    if len(ids) == 1 and not wire.is_batch(content_type):
         return json_response(201, {"id": ids[0]}, [("X-Message-Id", ids[0])])
     return json_response(201, {"ids": ids}, [("X-Message-Id", ",".join(ids))])
 
@@ -166,7 +166,7 @@ async def receive(broker: Broker, request: Request, route: Route) -> Response:
         return Response(204)
     if max_count is None:
         return message_response(messages[0])
-    content_type, body = codecs.multipart_messages(messages)
+    content_type, body = wire.multipart_messages(messages)
     return Response(200, body, [("Content-Type", content_type)])
 
 
@@ -177,11 +177,11 @@ async def _browse(broker: Broker, queue: Queue, request: Request) -> Response:
         return list(queue.browse(limit))
 
     messages = await broker.call(snapshot)
-    return json_response(200, {"messages": [codecs.message_json(m) for m in messages]})
+    return json_response(200, {"messages": [wire.message_json(m) for m in messages]})
 
 
 def message_response(message: Message) -> Response:
-    return Response(200, message.body, codecs.delivery_headers(message))
+    return Response(200, message.body, wire.delivery_headers(message))
 
 
 async def purge(broker: Broker, request: Request, route: Route) -> Response:

@@ -23,12 +23,13 @@ from collections.abc import AsyncIterator
 from urllib.parse import unquote
 
 from dirmq.errors import DirmqError, InvalidArgument, StaleReceipt
-from dirmq.server import codecs, framing
 from dirmq.server.broker import Broker
-from dirmq.server.durations import parse_duration
 from dirmq.server.errors import status_of
 from dirmq.server.http import Request, Response, StreamResponse
 from dirmq.store import Message, OutgoingMessage, Queue
+from dirmq.wire import framing
+from dirmq.wire import messages as wire
+from dirmq.wire.durations import parse_duration
 
 ROOT_QUEUE = "_root"
 LEASE_S = 60.0  # how long a dequeued message may take to reach the socket
@@ -66,7 +67,7 @@ class YaqApp:
 
     async def _enqueue(self, name: str, request: Request, timeout_s: float | None) -> Response:
         queue = await self._queue(name)
-        message = OutgoingMessage(request.body, codecs.stored_headers(request.raw_headers))
+        message = OutgoingMessage(request.body, wire.stored_headers(request.raw_headers))
         queue.validate(message)
         (message_id,) = await self.broker.publish(queue, [message], timeout_s=timeout_s)
         return Response(200, b"", [("X-Message-Id", message_id)])
@@ -149,7 +150,7 @@ class YaqApp:
 def _part_headers(message: Message) -> list[tuple[str, str]]:
     headers = [(name, value) for name, value in message.headers.items()]
     if message.content_type is None:
-        headers.append(("Content-Type", codecs.DEFAULT_CONTENT_TYPE))
+        headers.append(("Content-Type", wire.DEFAULT_CONTENT_TYPE))
     headers.append(("X-Message-Id", message.id))
     return headers
 

@@ -48,7 +48,8 @@ def response_head(
     for line in lines:
         if "\r" in line or "\n" in line:
             raise ValueError(f"header line with CR/LF: {line[:60]!r}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
+    # Values are sent as UTF-8 (obs-text to HTTP), so attribute values round-trip exactly.
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")
 
 
 def chunk(data: bytes) -> bytes:

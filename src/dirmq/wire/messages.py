@@ -10,9 +10,9 @@ import json
 from collections.abc import Iterable
 
 from dirmq.errors import InvalidArgument
-from dirmq.server import framing
-from dirmq.server.durations import parse_duration
 from dirmq.store import Message, OutgoingMessage
+from dirmq.wire import framing
+from dirmq.wire.durations import parse_duration
 
 STORED_HEADERS = frozenset({"content-type", "content-encoding"})
 STORED_PREFIX = "x-attr-"
@@ -39,8 +39,7 @@ def delivery_headers(message: Message) -> list[tuple[str, str]]:
         headers.append(("X-Receipt", message.receipt))
     if message.lease_deadline_s is not None:
         headers.append(("X-Lease-Deadline", f"{message.lease_deadline_s:.3f}"))
-    if message.content_type is None:
-        headers.append(("Content-Type", DEFAULT_CONTENT_TYPE))
+    # No Content-Type is invented: a message published without one is delivered without one.
     headers.extend(message.headers.items())
     return headers
 

@@ -1,0 +1,242 @@
+"""What the sync and async clients share: building requests and reading answers, as pure
+functions of (method, path, params, headers, body) and (status, headers, body)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from dirmq import errors
+from dirmq.store import Message, OutgoingMessage, QueueConfig, QueueStats
+from dirmq.store.codec import check_headers
+from dirmq.store.ids import is_id
+from dirmq.store.layout import parse_receipt
+from dirmq.store.names import validate_queue_name
+from dirmq.wire import framing
+from dirmq.wire.messages import STORED_HEADERS, STORED_PREFIX
+
+LONG_POLL_MARGIN_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    method: str
+    path: str
+    params: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, bytes] = field(default_factory=dict)
+    body: bytes = b""
+    timeout_s: float | None = None  # None: the client's default
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    headers: list[tuple[str, str]]  # names lower-case, values UTF-8 decoded
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers if k == name), None)
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def queue_path(name: str) -> str:
+    validate_queue_name(name)
+    return "/" + quote(name, safe="/")
+
+
+def seconds(value: float) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise errors.InvalidArgument(f"not a number of seconds: {value!r}")
+    if value < 0:
+        raise errors.InvalidArgument(f"a duration cannot be negative: {value!r}")
+    return repr(float(value))
+
+
+def check_message(message: OutgoingMessage) -> None:
+    """What the server would refuse (or silently drop), refused here with the library's error."""
+    if not isinstance(message.body, bytes | bytearray | memoryview):
+        raise errors.InvalidArgument(
+            f"message body must be bytes, got {type(message.body).__name__}"
+        )
+    check_headers(message.headers)
+    for name in message.headers:
+        lowered = name.lower()
+        if lowered not in STORED_HEADERS and not lowered.startswith(STORED_PREFIX):
+            raise errors.InvalidArgument(
+                f"header {name!r} cannot travel over HTTP: use Content-Type, Content-Encoding "
+                "or X-Attr-*"
+            )
+    if message.delay_s is not None:
+        seconds(message.delay_s)
+
+
+def publish_call(
+    name: str, messages: list[OutgoingMessage], durability: str | None, timeout_s: float | None
+) -> Call:
+    for message in messages:
+        check_message(message)
+    params: dict[str, str] = {}
+    if durability is not None:
+        params["durability"] = str(getattr(durability, "value", durability))
+    if timeout_s is not None:
+        params["timeout"] = seconds(timeout_s)
+    path = queue_path(name) + "/messages"
+    if len(messages) == 1:
+        (message,) = messages
+        headers = {k: v.encode() for k, v in message.headers.items()}
+        if message.delay_s is not None:
+            params["delay"] = seconds(message.delay_s)
+        return Call("POST", path, params, headers, bytes(message.body))
+    boundary = framing.new_boundary()
+    parts = []
+    for message in messages:
+        part_headers = list(message.headers.items())
+        if message.delay_s is not None:
+            part_headers.append(("X-Delay", seconds(message.delay_s)))
+        parts.append((part_headers, bytes(message.body)))
+    body = framing.multipart_body(boundary, parts)
+    content_type = f'multipart/mixed; boundary="{boundary}"'.encode()
+    return Call("POST", path, params, {"Content-Type": content_type}, body)
+
+
+def published_ids(answer: Answer) -> list[str]:
+    data = answer.json()
+    return [data["id"]] if "id" in data else list(data["ids"])
+
+
+def receive_call(name: str, max_count: int, visibility_s: float | None, wait_s: float) -> Call:
+    if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
+        raise errors.InvalidArgument(f"max_count must be a positive integer, got {max_count!r}")
+    params = {"max": str(max_count), "wait": seconds(wait_s)}
+    if visibility_s is not None:
+        params["visibility"] = seconds(visibility_s)
+    return Call(
+        "GET", queue_path(name) + "/messages", params, timeout_s=wait_s + LONG_POLL_MARGIN_S
+    )
+
+
+def received(answer: Answer) -> list[Message]:
+    if answer.status == 204:
+        return []
+    content_type = answer.header("content-type") or ""
+    if content_type.startswith("multipart/mixed"):
+        return [
+            message_from(list(headers.items()), body)
+            for headers, body in framing.parse_multipart(content_type, answer.body)
+        ]
+    return [message_from(answer.headers, answer.body)]
+
+
+def message_from(headers: Iterable[tuple[str, str]], body: bytes) -> Message:
+    own: dict[str, str] = {}
+    stored: dict[str, str] = {}
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered in (
+            "x-message-id",
+            "x-receive-count",
+            "x-published-at",
+            "x-receipt",
+            "x-lease-deadline",
+        ):
+            own[lowered] = value
+        elif lowered in STORED_HEADERS or lowered.startswith(STORED_PREFIX):
+            stored[_canonical(name) if lowered in STORED_HEADERS else name] = value
+    deadline = own.get("x-lease-deadline")
+    receipt = own.get("x-receipt")
+    return Message(
+        id=own["x-message-id"],
+        body=body,
+        headers=stored,
+        receive_count=int(own.get("x-receive-count", "0")),
+        published_at_s=float(own.get("x-published-at", "0")),
+        receipt=receipt,
+        lease_deadline_s=float(deadline) if deadline else None,
+        state="leased" if receipt else "ready",
+    )
+
+
+def _canonical(name: str) -> str:
+    return "-".join(part.capitalize() for part in name.lower().split("-"))
+
+
+def browsed(answer: Answer) -> list[Message]:
+    out = []
+    for item in answer.json()["messages"]:
+        body = (
+            base64.b64decode(item["body_base64"])
+            if "body_base64" in item
+            else item["body"].encode()
+        )
+        out.append(
+            Message(
+                id=item["id"],
+                body=body,
+                headers=dict(item["headers"]),
+                receive_count=item["receive_count"],
+                published_at_s=item["published_at"],
+                state=item["state"],
+            )
+        )
+    return out
+
+
+def stats_from(answer: Answer) -> QueueStats:
+    stats = dict(answer.json()["stats"])
+    stats.pop("total", None)
+    return QueueStats(**stats)
+
+
+def config_from(answer: Answer) -> QueueConfig:
+    return QueueConfig.from_json(answer.json()["config"])
+
+
+def config_body(config: QueueConfig | Mapping[str, Any] | None) -> bytes:
+    if config is None:
+        return b""
+    data = config.to_json() if isinstance(config, QueueConfig) else dict(config)
+    return json.dumps(data).encode()
+
+
+_ERRORS: dict[str, type[errors.DirmqError]] = {
+    cls.__name__: cls
+    for cls in vars(errors).values()
+    if isinstance(cls, type) and issubclass(cls, errors.DirmqError)
+}
+
+
+def raise_for(answer: Answer) -> None:
+    """Raise the library error the server reported (by its name), if the answer is an error."""
+    if answer.status < 400:
+        return
+    try:
+        data = answer.json()
+        code, message = str(data.get("error", "")), str(data.get("message", ""))
+    except (ValueError, AttributeError):
+        code, message = "", answer.body.decode("utf-8", "replace")[:300]
+    error_type = _ERRORS.get(code)
+    if error_type is None:
+        error_type = errors.StorageError if answer.status == 503 else errors.DirmqError
+    if issubclass(error_type, errors.StorageError):
+        raise error_type(0, message or f"HTTP {answer.status}")
+    raise error_type(message or f"HTTP {answer.status}")
+
+
+def ref(text: str, *, need_id: bool = False, need_receipt: bool = False) -> str:
+    """A message id or receipt for a URL path, checked first so nothing else reaches the path."""
+    if not isinstance(text, str):
+        raise errors.InvalidArgument(f"not a message id or receipt: {text!r}")
+    if need_id and not is_id(text):
+        raise errors.InvalidArgument(f"not a dirmq message id: {text[:80]!r}")
+    if need_receipt and parse_receipt(text) is None:
+        raise errors.InvalidArgument(f"not a dirmq receipt: {text[:80]!r}")
+    if not is_id(text) and parse_receipt(text) is None:
+        raise errors.InvalidArgument(f"not a dirmq receipt: {text[:80]!r}")
+    return text

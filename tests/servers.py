@@ -1,0 +1,66 @@
+"""Real dirmq servers for tests: `dirmq serve` in a subprocess on 127.0.0.1 port 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen[str]
+    url: str
+    yaq_url: str | None
+    root: Path
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
+        """Signal the server we started (by PID) and reap it; returns its exit code."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+        try:
+            self.proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+        return self.proc.returncode
+
+
+def start_server(root: Path, *extra: str, yaq: bool = False) -> ServerProcess:
+    args = [
+        sys.executable,
+        "-m",
+        "dirmq",
+        "serve",
+        "--root",
+        str(root),
+        "--listen",
+        "127.0.0.1:0",
+        *extra,
+    ]
+    if yaq:
+        args += ["--yaq-listen", "127.0.0.1:0"]
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    urls: dict[str, str] = {}
+    for line in proc.stdout:
+        if " API listening on " in line:
+            urls[line.split()[1]] = line.rsplit(" ", 1)[1].strip()
+        if line.startswith("storing queues under"):
+            break
+    else:
+        proc.wait()
+        raise RuntimeError(f"dirmq serve exited with {proc.returncode} before listening")
+    return ServerProcess(proc, urls["native"], urls.get("yaq"), root)
