@@ -41,7 +41,49 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="S",
         help="on SIGTERM, how long requests in progress may take to finish",
     )
-    p.add_argument("--max-connections", type=count, default=20_000, metavar="N")
+    limits = p.add_argument_group("limits that protect the server from its clients")
+    limits.add_argument(
+        "--max-connections",
+        type=count,
+        default=20_000,
+        metavar="N",
+        help="open connections beyond this get 503 (default 20000)",
+    )
+    limits.add_argument(
+        "--max-body-bytes",
+        type=count,
+        default=64 * 1024 * 1024,
+        metavar="N",
+        help="larger request bodies get 413 (default 64 MiB)",
+    )
+    limits.add_argument(
+        "--max-header-bytes",
+        type=count,
+        default=16 * 1024,
+        metavar="N",
+        help="a larger request line + headers gets 431 (default 16 KiB)",
+    )
+    limits.add_argument(
+        "--header-timeout",
+        type=seconds,
+        default=10.0,
+        metavar="S",
+        help="a request head slower than this gets 408 (default 10)",
+    )
+    limits.add_argument(
+        "--body-timeout",
+        type=seconds,
+        default=60.0,
+        metavar="S",
+        help="a request body slower than this gets 408 (default 60)",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=seconds,
+        default=75.0,
+        metavar="S",
+        help="idle keep-alive connections are closed after this (default 75)",
+    )
     p.set_defaults(handler=cmd_serve)
 
 
@@ -55,6 +97,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         yaq_listen=args.yaq_listen,
         workers=args.workers,
         drain_timeout_s=args.drain_timeout,
-        limits=Limits(max_connections=args.max_connections),
+        limits=Limits(
+            max_connections=args.max_connections,
+            max_body_bytes=args.max_body_bytes,
+            max_header_bytes=args.max_header_bytes,
+            header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout,
+            idle_timeout_s=args.idle_timeout,
+        ),
     )
     return serve(options)

@@ -213,12 +213,15 @@ class HttpProtocol(asyncio.Protocol):
             return
         try:
             self._parser.feed_data(data)
-        except _Reject as reject:
-            self._fail(reject.status, reject.message)
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not supported on this endpoint")
         except httptools.HttpParserError as exc:
-            self._fail(400, f"malformed HTTP request: {exc}")
+            # httptools wraps what our callbacks raise; a limit we enforced is the real answer.
+            reject = exc.__context__ if isinstance(exc.__context__, _Reject) else None
+            if reject is not None:
+                self._fail(reject.status, reject.message)
+            else:
+                self._fail(400, f"malformed HTTP request: {exc}")
 
     def on_message_begin(self) -> None:
         self._reset_message()

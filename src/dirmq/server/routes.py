@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import unquote
 
+from dirmq.store.names import validate_queue_name
+
 ACTIONS = frozenset({"nack", "extend", "dead-letter"})
 SERVER_PATHS = frozenset({"health", "metrics", "openapi.json"})
 
@@ -25,7 +27,15 @@ class Route:
 
 
 def parse_route(path: str) -> Route:
-    decoded = unquote(path, errors="strict")
+    """The route of a request path; InvalidName if the queue part is not a valid queue name
+    (checked before anything else, so a hostile path never reaches a handler)."""
+    route = _shape(unquote(path, errors="strict"))
+    if route.queue and route.kind != "server":
+        validate_queue_name(route.queue)
+    return route
+
+
+def _shape(decoded: str) -> Route:
     stripped = decoded.strip("/")
     if not stripped:
         return Route("root")
