@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -312,7 +311,8 @@ def test_capacity_timeout_is_504(http: httpx.Client) -> None:
 def test_long_poll_is_woken_by_a_library_publish_in_another_process(
     http: httpx.Client, server: ServerProcess, queue: str
 ) -> None:
-    code = f"import dirmq,time; time.sleep(0.5); dirmq.Store({str(server.root)!r}).queue({queue!r}).put(b'hello')"
+    store = f"dirmq.Store({str(server.root)!r})"
+    code = f"import dirmq, time; time.sleep(0.5); {store}.queue({queue!r}).put(b'hello')"
     publisher = subprocess.Popen([sys.executable, "-c", code])
     started = time.monotonic()
     got = http.get(f"/{queue}/messages", params={"wait": "10s"})
@@ -493,7 +493,3 @@ def test_library_sees_server_messages_and_back(
 def test_server_paths_are_not_queues(http: httpx.Client) -> None:
     assert http.put("/health").status_code == 405
     assert http.get("/nothing-here/messages").status_code == 404
-
-
-def _unused(_: Path) -> None:  # keep Path imported for type hints in fixtures
-    pass
