@@ -435,3 +435,33 @@ def test_configuration_changes_apply(transport: LocalTransport) -> None:
     q.put(b"x")
     assert q.get_one() is not None
     assert q.get_one(wait_s=2) is not None
+
+
+def test_dedup_id_publishes_once_within_the_window(transport: LocalTransport) -> None:
+    q = transport.make_queue(dedup_window_s=60)
+    first = q.put(b"order 42", dedup_id="order-42")
+    again = q.put(b"order 42, retried", dedup_id="order-42")
+    other = q.put(b"order 43", dedup_id="order-43")
+    assert again == first and other != first
+    batch = q.put_many(
+        [
+            OutgoingMessage(b"x", dedup_id="order-42"),
+            OutgoingMessage(b"y", dedup_id="b"),
+            OutgoingMessage(b"y again", dedup_id="b"),
+            b"plain",
+        ]
+    )
+    assert batch[0] == first and batch[1] == batch[2] and len(set(batch)) == 3
+    got = q.get(10)
+    assert [m.body for m in got] == [b"order 42", b"order 43", b"y", b"plain"]
+    for m in got:
+        q.ack(m.receipt)
+    assert q.put(b"after ack", dedup_id="order-42") == first, "dedup outlives consumption"
+
+
+def test_dedup_window_expires(transport: LocalTransport) -> None:
+    q = transport.make_queue(dedup_window_s=0.2)
+    first = q.put(b"a", dedup_id="k")
+    time.sleep(0.3)
+    assert q.put(b"a", dedup_id="k") != first
+    assert q.stats().ready == 2

@@ -62,3 +62,24 @@ def test_unreadable_configuration_is_a_clear_error(store: dirmq.Store) -> None:
     Path(store.root, "c", layout.CONFIG_FILE).write_text('{"dead_letter_queue": "../x"}')
     with pytest.raises(dirmq.ConfigError, match="'c'"):
         dirmq.Store(store.root).queue("c")
+
+
+def test_concurrent_publishers_with_one_dedup_id_store_one_message(root: Path) -> None:
+    import threading
+
+    dirmq.Store(root).create_queue("d")
+    results: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def publish() -> None:
+        queue = dirmq.Store(root).queue("d")  # a Store each: as separate processes would
+        barrier.wait()
+        results.append(queue.put(b"once", dedup_id="same"))
+
+    threads = [threading.Thread(target=publish) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(results)) == 1
+    assert dirmq.Store(root).queue("d").stats().ready == 1

@@ -7,9 +7,10 @@
     orders.put(b"hello")
 
 Errors are the library's (`QueueNotFound`, `StaleReceipt`, `StorageError`, ...), rebuilt from the
-server's answer. `dirmq.client.aio` has the same API for asyncio programs.
+server's answer. `AsyncRemoteStore` (`dirmq.client.aio`) has the same API for asyncio programs.
 """
 
+from dirmq.client.aio import AsyncRemoteQueue, AsyncRemoteStore
 from dirmq.client.remote import RemoteQueue, RemoteStore
 
-__all__ = ["RemoteQueue", "RemoteStore"]
+__all__ = ["AsyncRemoteQueue", "AsyncRemoteStore", "RemoteQueue", "RemoteStore"]

@@ -93,6 +93,8 @@ def publish_call(
         headers = {k: v.encode() for k, v in message.headers.items()}
         if message.delay_s is not None:
             params["delay"] = seconds(message.delay_s)
+        if message.dedup_id is not None:
+            headers["X-Dedup-Id"] = message.dedup_id.encode()
         return Call("POST", path, params, headers, bytes(message.body))
     boundary = framing.new_boundary()
     parts = []
@@ -100,6 +102,8 @@ def publish_call(
         part_headers = list(message.headers.items())
         if message.delay_s is not None:
             part_headers.append(("X-Delay", seconds(message.delay_s)))
+        if message.dedup_id is not None:
+            part_headers.append(("X-Dedup-Id", message.dedup_id))
         parts.append((part_headers, bytes(message.body)))
     body = framing.multipart_body(boundary, parts)
     content_type = f'multipart/mixed; boundary="{boundary}"'.encode()
@@ -240,3 +244,75 @@ def ref(text: str, *, need_id: bool = False, need_receipt: bool = False) -> str:
     if not is_id(text) and parse_receipt(text) is None:
         raise errors.InvalidArgument(f"not a dirmq receipt: {text[:80]!r}")
     return text
+
+
+# -- the remaining calls, one builder (and reader) each, as the sync client spells them inline ----
+def queue_call(name: str) -> Call:
+    """A queue's stats and configuration (QueueNotFound if absent): `stats_from`, `config_from`."""
+    return Call("GET", queue_path(name))
+
+
+def put_queue_call(name: str, config: QueueConfig | Mapping[str, Any] | None) -> Call:
+    """Create a queue with `config`, or reconfigure an existing one with these changes."""
+    return Call("PUT", queue_path(name), body=config_body(config))
+
+
+def delete_queue_call(name: str) -> Call:
+    return Call("DELETE", queue_path(name))
+
+
+def list_call(prefix: str) -> Call:
+    return Call("GET", "/", {"prefix": prefix} if prefix else {})
+
+
+def queue_names(answer: Answer) -> list[str]:
+    return list(answer.json()["queues"])
+
+
+def _message_path(name: str, message_ref: str, action: str | None = None) -> str:
+    path = f"{queue_path(name)}/messages/{message_ref}"
+    return path if action is None else f"{path}/{action}"
+
+
+def ack_call(name: str, receipt: str) -> Call:
+    return Call("DELETE", _message_path(name, ref(receipt)))
+
+
+def nack_call(name: str, receipt: str, delay_s: float) -> Call:
+    params = {"delay": seconds(delay_s)}
+    return Call("POST", _message_path(name, ref(receipt, need_receipt=True), "nack"), params)
+
+
+def extend_call(name: str, receipt: str, visibility_s: float) -> Call:
+    params = {"visibility": seconds(visibility_s)}
+    return Call("POST", _message_path(name, ref(receipt, need_receipt=True), "extend"), params)
+
+
+def dead_letter_call(name: str, receipt: str) -> Call:
+    return Call("POST", _message_path(name, ref(receipt, need_receipt=True), "dead-letter"))
+
+
+def delete_call(name: str, message_id: str) -> Call:
+    """Delete by id; the server answers MessageNotFound if there is no such message."""
+    return Call("DELETE", _message_path(name, ref(message_id, need_id=True)))
+
+
+def peek_call(name: str, message_id: str) -> Call:
+    return Call("GET", _message_path(name, ref(message_id, need_id=True)))
+
+
+def peeked(answer: Answer) -> Message:
+    return received(answer)[0]
+
+
+def browse_call(name: str, limit: int | None) -> Call:
+    """Browse ready messages as JSON (`browsed`): one answer of at most 1000 (the server's cap)."""
+    return Call("GET", queue_path(name) + "/messages", {"peek": "1", "max": str(limit or 1000)})
+
+
+def purge_call(name: str) -> Call:
+    return Call("DELETE", queue_path(name) + "/messages")
+
+
+def purged(answer: Answer) -> int:
+    return int(answer.json()["purged"])

@@ -110,8 +110,9 @@ class RemoteQueue:
         delay_s: float | None = None,
         timeout_s: float | None = None,
         durability: Durability | str | None = None,
+        dedup_id: str | None = None,
     ) -> str:
-        message = OutgoingMessage(body, headers or {}, delay_s)
+        message = OutgoingMessage(body, headers or {}, delay_s, dedup_id)
         return self.put_many([message], timeout_s=timeout_s, durability=durability)[0]
 
     def put_many(

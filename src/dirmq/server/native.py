@@ -138,7 +138,8 @@ async def publish(broker: Broker, request: Request, route: Route) -> Response:
     else:
         delay_s = _duration(request, "delay", "x-delay")
         headers = wire.stored_headers(request.raw_headers)
-        messages = [OutgoingMessage(request.body, headers, delay_s)]
+        dedup_id = _param(request, "dedup", "x-dedup-id")
+        messages = [OutgoingMessage(request.body, headers, delay_s, dedup_id)]
     for message in messages:
         queue.validate(message)
     ids = await broker.publish(

@@ -34,11 +34,13 @@ class QueueConfig:
     durability: Durability = Durability.WRITETHROUGH
     writeback_delay_s: float = 0.5
     peers: int = 0
+    dedup_window_s: float = 300.0
 
     def __post_init__(self) -> None:
         _check_seconds("visibility_timeout_s", self.visibility_timeout_s, 0.0)
         _check_seconds("delay_s", self.delay_s, 0.0)
         _check_seconds("writeback_delay_s", self.writeback_delay_s, 0.001)
+        _check_seconds("dedup_window_s", self.dedup_window_s, 0.0)
         if self.retention_s is not None:
             _check_seconds("retention_s", self.retention_s, 0.001)
         _check_int("max_receives", self.max_receives, 1)

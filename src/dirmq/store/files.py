@@ -17,6 +17,7 @@ from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import codec, layout
 from dirmq.store.capacity import Slots
 from dirmq.store.config import QueueConfig
+from dirmq.store.dedup import Dedup
 from dirmq.store.ids import id_time_us
 from dirmq.store.index import QueueIndex
 from dirmq.store.layout import parse_entry
@@ -37,6 +38,7 @@ class QueueFiles:
         self.dir = {d: os.path.join(path, d) for d in layout.STATE_DIRS}
         self.pool = FilePool(self.dir[layout.FREE])
         self.slots = Slots(name, self.dir[layout.SLOTS])
+        self.dedup = Dedup(self.dir[layout.DEDUP])
         self._store = store
 
     def path(self, directory: str, name: str) -> str:

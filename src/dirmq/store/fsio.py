@@ -87,6 +87,11 @@ class PendingFile:
     final_path: str
     open: bool = True
 
+    @property
+    def message_id(self) -> str:
+        """The id in the final name (`<id>` in @ready, `<id>.<count>.<due>` in @delayed)."""
+        return os.path.basename(self.final_path).split(".", 1)[0]
+
     def close(self) -> None:
         if self.open:
             self.open = False

@@ -10,6 +10,7 @@
     <queue>/@corrupt/          files that failed to decode, kept for inspection
     <queue>/@slots/            capacity tokens: symlink <n> -> <id>
     <queue>/@free/             retired message files kept for reuse (see pool.py): <id>
+    <queue>/@dedup/            dedup records: symlink <sha256(dedup id)[:40]> -> <id>
 
 Everything a process needs to recover leases and delays is in the names: no file is opened.
 """
@@ -32,8 +33,9 @@ DELAYED = "@delayed"
 DEAD = "@dead"
 CORRUPT = "@corrupt"
 FREE = "@free"
+DEDUP = "@dedup"
 SLOTS = "@slots"
-STATE_DIRS = (TMP, READY, LEASED, DELAYED, DEAD, CORRUPT, SLOTS, FREE)
+STATE_DIRS = (TMP, READY, LEASED, DELAYED, DEAD, CORRUPT, SLOTS, FREE, DEDUP)
 ROOT_MARKER = "@dirmq.json"
 ROOT_TRASH = "@trash"
 

@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, slots=True)
 class OutgoingMessage:
-    """A message to publish. `delay_s=None` takes the queue's default delay."""
+    """A message to publish. `delay_s=None` takes the queue's default delay. A message with a
+    `dedup_id` already published within the queue's dedup window is not stored again."""
 
     body: bytes
     headers: Mapping[str, str] = field(default_factory=dict)
     delay_s: float | None = None
+    dedup_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -157,15 +157,17 @@ class Queue:
         delay_s: float | None = None,
         timeout_s: float | None = None,
         durability: Durability | str | None = None,
+        dedup_id: str | None = None,
     ) -> str:
         """Publish one message and return its id.
 
         Returns only once the message is stored at the queue's durability level (`writethrough`:
         on stable storage). At capacity, blocks up to `timeout_s` (None: indefinitely) then
         raises `QueueFull`. Raises `StorageError` (nothing stored, nothing partial visible) if the
-        filesystem fails.
+        filesystem fails. With `dedup_id`, a message already published with that id within the
+        queue's `dedup_window_s` is not stored again and its id is returned.
         """
-        message = OutgoingMessage(body, headers or {}, delay_s)
+        message = OutgoingMessage(body, headers or {}, delay_s, dedup_id)
         return self.put_many([message], timeout_s=timeout_s, durability=durability)[0]
 
     def put_many(
@@ -175,13 +177,74 @@ class Queue:
         timeout_s: float | None = None,
         durability: Durability | str | None = None,
     ) -> list[str]:
-        """Publish several messages with one group commit; all are stored or none is."""
+        """Publish several messages with one group commit; all are stored or none is. Returns
+        their ids in order (for a deduplicated message, the original's id)."""
         _check_seconds("timeout_s", timeout_s)
         config = self.config
         level = Durability(durability) if durability is not None else config.durability
         outgoing = [m if isinstance(m, OutgoingMessage) else OutgoingMessage(m) for m in messages]
         for message in outgoing:
             self._check_outgoing(message, config)
+        if not any(m.dedup_id is not None for m in outgoing):
+            return [f.message_id for f in self._publish_files(outgoing, config, level, timeout_s)]
+        return self._put_deduplicated(outgoing, config, level, timeout_s)
+
+    def _put_deduplicated(
+        self,
+        outgoing: list[OutgoingMessage],
+        config: QueueConfig,
+        level: Durability,
+        timeout_s: float | None,
+    ) -> list[str]:
+        dedup = self._files.dedup
+        window_s = config.dedup_window_s
+        owner: dict[str, str] = {}  # dedup id -> message id, for repeats inside this batch
+        fresh: list[OutgoingMessage] = []
+        for message in outgoing:
+            key = message.dedup_id
+            if key is None:
+                fresh.append(message)
+            elif key not in owner:
+                existing = dedup.lookup(key, window_s)
+                if existing is None:
+                    fresh.append(message)
+                    owner[key] = ""  # to be stored
+                else:
+                    owner[key] = existing
+        stored = iter(self._publish_files(fresh, config, level, timeout_s))
+        result: list[str] = []
+        for message in outgoing:
+            key = message.dedup_id
+            if key is not None and owner[key]:
+                result.append(owner[key])
+                continue
+            published = next(stored)
+            if key is not None:
+                winner = dedup.record(key, published.message_id, window_s)
+                if winner != published.message_id:  # a concurrent publisher recorded it first
+                    self._withdraw(published)
+                owner[key] = winner
+                result.append(winner)
+            else:
+                result.append(published.message_id)
+        return result
+
+    def _withdraw(self, published: PendingFile) -> None:
+        directory = os.path.basename(os.path.dirname(published.final_path))
+        name = os.path.basename(published.final_path)
+        with self._lock:
+            self._files.remove(self._index, directory, name, published.message_id)
+
+    def _publish_files(
+        self,
+        outgoing: list[OutgoingMessage],
+        config: QueueConfig,
+        level: Durability,
+        timeout_s: float | None,
+    ) -> list[PendingFile]:
+        """Write and publish `outgoing` (already validated); the published files, in order."""
+        if not outgoing:
+            return []
         ids = [new_id() for _ in outgoing]
         slots: list[str | None] = [None] * len(ids)
         if config.capacity is not None:
@@ -208,7 +271,7 @@ class Queue:
                         os.path.basename(os.path.dirname(f.final_path)),
                         os.path.basename(f.final_path),
                     )
-        return ids
+        return pending
 
     def validate(self, message: OutgoingMessage) -> None:
         """Raise what `put` would raise for this message's content (size, headers, delay), so a
@@ -527,6 +590,7 @@ class Queue:
             )
             released = self._files.slots.release_leaked(index)
             self._files.pool.trim(keep=DEFAULT_POOL_FILES)
+            self._files.dedup.expire(config.dedup_window_s)
             on_open, self._recovered_on_open = self._recovered_on_open, SweepReport()
         return SweepReport(
             orphans_removed=orphans + on_open.orphans_removed,

@@ -58,7 +58,10 @@ def parse_batch(content_type: str, body: bytes) -> list[OutgoingMessage]:
         messages = []
         for index, (headers, part_body) in enumerate(framing.parse_multipart(content_type, body)):
             delay = _part_delay(headers, index)
-            messages.append(OutgoingMessage(part_body, stored_headers(headers.items()), delay))
+            dedup = next((v for k, v in headers.items() if k.lower() == "x-dedup-id"), None)
+            messages.append(
+                OutgoingMessage(part_body, stored_headers(headers.items()), delay, dedup)
+            )
         return messages
     if kind in ("application/x-ndjson", "application/jsonl", "application/json-lines"):
         return [_json_line(line, i) for i, line in enumerate(body.splitlines()) if line.strip()]
@@ -105,7 +108,10 @@ def _json_line(line: bytes, index: int) -> OutgoingMessage:
         raise InvalidArgument(f"line {index + 1}: 'headers' must map names to strings")
     delay = item.get("delay")
     delay_s = None if delay is None else parse_duration(str(delay), f"delay of line {index + 1}")
-    return OutgoingMessage(body, headers, delay_s)
+    dedup_id = item.get("dedup_id")
+    if dedup_id is not None and not isinstance(dedup_id, str):
+        raise InvalidArgument(f"line {index + 1}: 'dedup_id' must be a string")
+    return OutgoingMessage(body, headers, delay_s, dedup_id)
 
 
 def message_json(message: Message) -> dict[str, object]:

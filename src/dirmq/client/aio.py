@@ -1,0 +1,219 @@
+"""The asyncio HTTP client (httpx.AsyncClient): the sync client's API, every call awaitable.
+
+    from dirmq.client import AsyncRemoteStore
+
+    async with AsyncRemoteStore("http://127.0.0.1:8080") as store:
+        orders = await store.create_queue("shop/orders")
+        await orders.put(b"hello")
+        message = await orders.get_one(wait_s=20)
+        if message is not None:
+            await orders.ack(message.receipt)
+
+Differences from `RemoteStore` / `RemoteQueue`, all forced by `async`:
+
+- `close()` is `aclose()`, and `with` is `async with`.
+- `config` is a method, `await queue.config()`: a property cannot await its request.
+- `browse()` returns a list (`await queue.browse()`), not an iterator: the server answers a
+  browse in one response, so the whole snapshot is in memory anyway.
+
+Requests are built and answers read by `dirmq.client.protocol`, exactly as the sync client does;
+errors are the library's. A waiting `get` holds one pooled connection for its whole wait, so size
+`max_connections` to the number of concurrent long polls plus the other traffic (None: no limit).
+Cancelling a waiting `get` closes its connection, and the server hands back anything it leased for
+it. One `AsyncRemoteStore` belongs to one event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import httpx
+
+from dirmq import errors
+from dirmq.client import protocol as p
+from dirmq.client.remote import DEFAULT_TIMEOUT_S, answer_of
+from dirmq.store import Durability, Message, OutgoingMessage, QueueConfig, QueueStats
+
+DEFAULT_MAX_CONNECTIONS = 100
+
+
+class AsyncRemoteStore:
+    """The queues of one dirmq server, for one event loop (one connection pool)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._max_connections = max_connections
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            timeout=timeout_s,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=20),
+        )
+        self._timeout_s = timeout_s
+
+    async def request(self, call: p.Call) -> p.Answer:
+        """Send one call; raise the library's error for an error answer."""
+        try:
+            response = await self._http.request(
+                call.method,
+                call.path,
+                params=call.params or None,
+                headers={k.encode(): v for k, v in call.headers.items()} or None,
+                content=call.body or None,
+                timeout=call.timeout_s or self._timeout_s,
+            )
+        except httpx.PoolTimeout as exc:
+            raise errors.StorageIOError(
+                0,
+                f"no free connection to dirmq at {self.url}: all {self._max_connections} are busy "
+                "(each waiting get holds one; raise max_connections)",
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise errors.StorageIOError(0, f"cannot reach dirmq at {self.url}: {exc}") from exc
+        answer = answer_of(response)
+        p.raise_for(answer)
+        return answer
+
+    async def create_queue(
+        self, name: str, config: QueueConfig | None = None, *, exist_ok: bool = True
+    ) -> AsyncRemoteQueue:
+        if await self.exists(name):
+            if not exist_ok:
+                raise errors.QueueExists(f"queue {name!r} already exists")
+            return AsyncRemoteQueue(self, name)
+        await self.request(p.put_queue_call(name, config))
+        return AsyncRemoteQueue(self, name)
+
+    async def queue(self, name: str) -> AsyncRemoteQueue:
+        """The queue `name` (QueueNotFound if the server has no such queue)."""
+        await self.request(p.queue_call(name))
+        return AsyncRemoteQueue(self, name)
+
+    async def exists(self, name: str) -> bool:
+        try:
+            await self.request(p.queue_call(name))
+        except errors.QueueNotFound:
+            return False
+        return True
+
+    async def configure(self, name: str, **changes: Any) -> QueueConfig:
+        return p.config_from(await self.request(p.put_queue_call(name, changes)))
+
+    async def list_queues(self, prefix: str = "") -> list[str]:
+        return p.queue_names(await self.request(p.list_call(prefix)))
+
+    async def delete_queue(self, name: str) -> None:
+        await self.request(p.delete_queue_call(name))
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncRemoteStore:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncRemoteQueue:
+    """One queue on a dirmq server; every method is one HTTP request (`ack_many`: one per
+    receipt, in order)."""
+
+    def __init__(self, store: AsyncRemoteStore, name: str) -> None:
+        p.queue_path(name)  # InvalidName now, as the sync client
+        self.name = name
+        self._store = store
+
+    async def config(self) -> QueueConfig:
+        return p.config_from(await self._store.request(p.queue_call(self.name)))
+
+    async def put(
+        self,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
+        *,
+        delay_s: float | None = None,
+        timeout_s: float | None = None,
+        durability: Durability | str | None = None,
+    ) -> str:
+        message = OutgoingMessage(body, headers or {}, delay_s)
+        return (await self.put_many([message], timeout_s=timeout_s, durability=durability))[0]
+
+    async def put_many(
+        self,
+        messages: Iterable[bytes | OutgoingMessage],
+        *,
+        timeout_s: float | None = None,
+        durability: Durability | str | None = None,
+    ) -> list[str]:
+        outgoing = [m if isinstance(m, OutgoingMessage) else OutgoingMessage(m) for m in messages]
+        if not outgoing:
+            return []
+        call = p.publish_call(self.name, outgoing, durability, timeout_s)
+        return p.published_ids(await self._store.request(call))
+
+    async def get(
+        self, max_count: int = 1, *, visibility_s: float | None = None, wait_s: float = 0.0
+    ) -> list[Message]:
+        call = p.receive_call(self.name, max_count, visibility_s, wait_s)
+        return p.received(await self._store.request(call))
+
+    async def get_one(
+        self, *, visibility_s: float | None = None, wait_s: float = 0.0
+    ) -> Message | None:
+        got = await self.get(1, visibility_s=visibility_s, wait_s=wait_s)
+        return got[0] if got else None
+
+    async def ack(self, receipt: str) -> None:
+        await self._store.request(p.ack_call(self.name, receipt))
+
+    async def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]:
+        failures: dict[str, Exception] = {}
+        for receipt in receipts:
+            try:
+                await self.ack(receipt)
+            except (errors.StaleReceipt, errors.InvalidArgument) as exc:
+                failures[receipt] = exc
+        return failures
+
+    async def nack(self, receipt: str, delay_s: float = 0.0) -> None:
+        await self._store.request(p.nack_call(self.name, receipt, delay_s))
+
+    async def extend(self, receipt: str, visibility_s: float) -> None:
+        await self._store.request(p.extend_call(self.name, receipt, visibility_s))
+
+    async def dead_letter(self, receipt: str) -> None:
+        await self._store.request(p.dead_letter_call(self.name, receipt))
+
+    async def delete(self, message_id: str) -> bool:
+        try:
+            await self._store.request(p.delete_call(self.name, message_id))
+        except errors.MessageNotFound:
+            return False
+        return True
+
+    async def peek(self, message_id: str) -> Message:
+        return p.peeked(await self._store.request(p.peek_call(self.name, message_id)))
+
+    async def browse(self, limit: int | None = None) -> list[Message]:
+        """Ready messages in FIFO order, without leasing them: a list (one answer, at most 1000
+        messages, the server's cap), where the sync client returns an iterator."""
+        return p.browsed(await self._store.request(p.browse_call(self.name, limit)))
+
+    async def stats(self) -> QueueStats:
+        return p.stats_from(await self._store.request(p.queue_call(self.name)))
+
+    async def purge(self) -> int:
+        return p.purged(await self._store.request(p.purge_call(self.name)))
+
+    async def aclose(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<dirmq.client.AsyncRemoteQueue {self.name!r} at {self._store.url}>"
