@@ -12,10 +12,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# Until the HTTP server lands, `run` initialises the default root and lists its queues.
+# The HTTP server on $DIRMQ_ROOT (default ./dirmq-data), http://127.0.0.1:8080.
 run: $(STAMP)
-	$(BIN)/python -c "import dirmq; dirmq.Store()"
-	$(BIN)/dirmq ls
+	$(BIN)/dirmq serve
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
