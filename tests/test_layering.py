@@ -29,6 +29,33 @@ def test_store_imports_without_asyncio_http_or_spark() -> None:
     assert result.stdout.strip() == "ok"
 
 
+def _imports_cleanly(module: str, forbidden: set[str]) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import sys\n"
+        f"FORBIDDEN = {sorted(forbidden)!r}\n"
+        "class Forbid:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if any(name == f or name.startswith(f + '.') for f in FORBIDDEN):\n"
+        "            raise ImportError('forbidden import ' + name)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Forbid())\n"
+        f"import {module}\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+
+
+def test_imports_only_go_downwards() -> None:
+    layers = {
+        "dirmq.store": {"dirmq.wire", "dirmq.client", "dirmq.server", "dirmq.cli", "asyncio"},
+        "dirmq.wire": {"dirmq.client", "dirmq.server", "dirmq.cli", "asyncio"},
+        "dirmq.client": {"dirmq.server", "dirmq.cli"},
+        "dirmq.compat.vsqs": {"dirmq.server", "dirmq.client", "asyncio"},
+    }
+    for module, forbidden in layers.items():
+        result = _imports_cleanly(module, forbidden)
+        assert result.returncode == 0, f"{module}: {result.stderr}"
+
+
 def test_public_api_is_pinned() -> None:
     assert sorted(dirmq.__all__) == sorted(
         [
