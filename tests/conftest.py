@@ -12,6 +12,7 @@ import pytest
 import dirmq
 from dirmq.client import RemoteStore
 
+from .async_adapter import BlockingAsyncStore
 from .servers import ServerProcess, start_server
 
 QueueFactory = Callable[..., Any]
@@ -58,7 +59,7 @@ class Transport:
 
 
 LocalTransport = Transport  # kept for readability in type hints
-TRANSPORTS = ["local", "local-polling", "http"]
+TRANSPORTS = ["local", "local-polling", "http", "http-async"]
 _prefixes = itertools.count()
 
 
@@ -71,9 +72,10 @@ def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
 
 @pytest.fixture(params=TRANSPORTS)
 def transport(request: pytest.FixtureRequest, root: Path) -> Iterator[Transport]:
-    if request.param == "http":
+    if request.param in ("http", "http-async"):  # http-async: the asyncio client, made blocking
         server: ServerProcess = request.getfixturevalue("http_server")
-        with RemoteStore(server.url) as remote:
+        client = RemoteStore if request.param == "http" else BlockingAsyncStore
+        with client(server.url) as remote:
             yield Transport(remote, prefix=f"t{next(_prefixes)}/")
         return
     if request.param == "local":
