@@ -465,3 +465,35 @@ def test_dedup_window_expires(transport: LocalTransport) -> None:
     time.sleep(0.3)
     assert q.put(b"a", dedup_id="k") != first
     assert q.stats().ready == 2
+
+
+def test_groups_are_delivered_in_order_one_at_a_time(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    a1 = q.put_many([OutgoingMessage(b"a1", group="A")])[0]
+    a2 = q.put_many([OutgoingMessage(b"a2", group="A")])[0]
+    b1 = q.put_many([OutgoingMessage(b"b1", group="B")])[0]
+    q.put_many([OutgoingMessage(b"a3", group="A")])
+    u1 = q.put(b"u1")
+    got = q.get(10)
+    assert [m.id for m in got] == [a1, b1, u1], "one message per group in flight"
+    assert [m.group for m in got] == ["A", "B", None]
+    assert q.get(10) == []
+    q.ack(got[0].receipt)
+    second = q.get_one()
+    assert second is not None and second.id == a2
+    q.nack(got[1].receipt)
+    again = q.get_one()
+    assert again is not None and again.id == b1 and again.receive_count == 2
+    assert q.get_one() is None
+
+
+def test_a_group_keeps_its_order_through_an_expired_lease(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    ids = [q.put_many([OutgoingMessage(f"g{i}".encode(), group="G")])[0] for i in range(3)]
+    first = q.get_one(visibility_s=0.2)
+    assert first is not None and first.id == ids[0]
+    again = q.get_one(wait_s=3)
+    assert again is not None and again.id == ids[0] and again.receive_count == 2
+    q.ack(again.receipt)
+    following = q.get_one()
+    assert following is not None and following.id == ids[1]

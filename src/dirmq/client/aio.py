@@ -141,8 +141,9 @@ class AsyncRemoteQueue:
         delay_s: float | None = None,
         timeout_s: float | None = None,
         durability: Durability | str | None = None,
+        dedup_id: str | None = None,
     ) -> str:
-        message = OutgoingMessage(body, headers or {}, delay_s)
+        message = OutgoingMessage(body, headers or {}, delay_s, dedup_id)
         return (await self.put_many([message], timeout_s=timeout_s, durability=durability))[0]
 
     async def put_many(

@@ -95,6 +95,8 @@ def publish_call(
             params["delay"] = seconds(message.delay_s)
         if message.dedup_id is not None:
             headers["X-Dedup-Id"] = message.dedup_id.encode()
+        if message.group is not None:
+            headers["X-Group"] = message.group.encode()
         return Call("POST", path, params, headers, bytes(message.body))
     boundary = framing.new_boundary()
     parts = []
@@ -104,6 +106,8 @@ def publish_call(
             part_headers.append(("X-Delay", seconds(message.delay_s)))
         if message.dedup_id is not None:
             part_headers.append(("X-Dedup-Id", message.dedup_id))
+        if message.group is not None:
+            part_headers.append(("X-Group", message.group))
         parts.append((part_headers, bytes(message.body)))
     body = framing.multipart_body(boundary, parts)
     content_type = f'multipart/mixed; boundary="{boundary}"'.encode()
@@ -149,6 +153,7 @@ def message_from(headers: Iterable[tuple[str, str]], body: bytes) -> Message:
             "x-published-at",
             "x-receipt",
             "x-lease-deadline",
+            "x-group",
         ):
             own[lowered] = value
         elif lowered in STORED_HEADERS or lowered.startswith(STORED_PREFIX):
@@ -164,6 +169,7 @@ def message_from(headers: Iterable[tuple[str, str]], body: bytes) -> Message:
         receipt=receipt,
         lease_deadline_s=float(deadline) if deadline else None,
         state="leased" if receipt else "ready",
+        group=own.get("x-group"),
     )
 
 
@@ -187,6 +193,7 @@ def browsed(answer: Answer) -> list[Message]:
                 receive_count=item["receive_count"],
                 published_at_s=item["published_at"],
                 state=item["state"],
+                group=item.get("group"),
             )
         )
     return out

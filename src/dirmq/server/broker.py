@@ -52,6 +52,7 @@ class Broker:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="dirmq-store")
         self._publishers: dict[str, _Publisher] = {}
         self._receivers: dict[str, _Receiver] = {}
+        self._hub_fd: int | None = None
         self.closing = False
 
     async def call(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
@@ -94,9 +95,20 @@ class Broker:
             receiver = self._receivers[queue.name] = _Receiver(self, queue)
         return await receiver.wait(max_count, visibility_s, wait_s)
 
+    def watch_store(self) -> None:
+        """Pump the store's shared inotify descriptor from the event loop, so each queue's own
+        descriptor (which the receivers wait on) hears about changes without a thread."""
+        fd = self.store.watch_fileno()
+        if fd is not None and fd != self._hub_fd:
+            asyncio.get_running_loop().add_reader(fd, self.store.pump_watches)
+            self._hub_fd = fd
+
     def close(self) -> None:
         """Release every waiting receive (with nothing) and stop the thread pool."""
         self.closing = True
+        if self._hub_fd is not None:
+            asyncio.get_running_loop().remove_reader(self._hub_fd)
+            self._hub_fd = None
         for receiver in self._receivers.values():
             receiver.release_all()
         self._executor.shutdown(wait=False, cancel_futures=False)
@@ -214,6 +226,7 @@ class _Receiver:
         loop = asyncio.get_running_loop()
         try:
             fd = await self.broker.call(self.queue.fileno)
+            self.broker.watch_store()
             while self._live_waiters():
                 woken = asyncio.Event()
                 if fd is not None:

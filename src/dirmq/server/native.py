@@ -139,7 +139,8 @@ async def publish(broker: Broker, request: Request, route: Route) -> Response:
         delay_s = _duration(request, "delay", "x-delay")
         headers = wire.stored_headers(request.raw_headers)
         dedup_id = _param(request, "dedup", "x-dedup-id")
-        messages = [OutgoingMessage(request.body, headers, delay_s, dedup_id)]
+        group = _param(request, "group", "x-group")
+        messages = [OutgoingMessage(request.body, headers, delay_s, dedup_id, group)]
     for message in messages:
         queue.validate(message)
     ids = await broker.publish(

@@ -64,6 +64,7 @@ class QueueFiles:
             published_at_s=id_time_us(entry.message_id) / 1e6,
             lease_deadline_s=deadline,
             state=directory.lstrip("@"),
+            group=decoded.system.get("Group"),
         )
 
     # -- transitions --------------------------------------------------------------------------
@@ -78,7 +79,7 @@ class QueueFiles:
                 self.remove(index, layout.READY, name, entry.message_id)
                 continue
             count = entry.count + 1
-            lease = layout.timed_name(entry.message_id, count, at_ms + visibility_ms)
+            lease = layout.timed_name(entry.message_id, count, at_ms + visibility_ms, entry.group)
             target = self.path(layout.LEASED, lease)
             if not self.move(layout.READY, name, layout.LEASED, lease):
                 continue  # another process claimed or deleted it first
@@ -99,6 +100,7 @@ class QueueFiles:
                 receipt=f"{entry.message_id}.{count}",
                 lease_deadline_s=(at_ms + visibility_ms) / 1000,
                 state="leased",
+                group=decoded.system.get("Group"),
             )
         return None
 
@@ -108,7 +110,7 @@ class QueueFiles:
         for name in index.delayed.pop_due(at_ms):
             entry = parse_entry(name)
             assert entry is not None
-            target = layout.ready_name(entry.message_id, entry.count)
+            target = layout.ready_name(entry.message_id, entry.count, entry.group)
             if self.move(layout.DELAYED, name, layout.READY, target):
                 index.add(layout.READY, target)
                 delivered += 1
@@ -118,7 +120,7 @@ class QueueFiles:
             if config.max_receives is not None and entry.count >= config.max_receives:
                 dead += self.dead_letter(index, layout.LEASED, name, config)
                 continue
-            target = layout.ready_name(entry.message_id, entry.count)
+            target = layout.ready_name(entry.message_id, entry.count, entry.group)
             if self.move(layout.LEASED, name, layout.READY, target):
                 index.add(layout.READY, target)
                 requeued += 1
@@ -148,7 +150,9 @@ class QueueFiles:
             index.leased.discard(message_id, lease)
             return
         if action == "extend":
-            new = layout.timed_name(message_id, count, now_ms() + round(delay_s * 1000))
+            new = layout.timed_name(
+                message_id, count, now_ms() + round(delay_s * 1000), entry.group
+            )
             os.rename(path, self.path(layout.LEASED, new))
             index.add(layout.LEASED, new)
             return
@@ -160,9 +164,11 @@ class QueueFiles:
             return
         if delay_s > 0:
             directory = layout.DELAYED
-            new = layout.timed_name(message_id, count, now_ms() + round(delay_s * 1000))
+            new = layout.timed_name(
+                message_id, count, now_ms() + round(delay_s * 1000), entry.group
+            )
         else:
-            directory, new = layout.READY, layout.ready_name(message_id, count)
+            directory, new = layout.READY, layout.ready_name(message_id, count, entry.group)
         os.rename(path, self.path(directory, new))
         index.add(directory, new)
         index.leased.discard(message_id, lease)
@@ -185,9 +191,11 @@ class QueueFiles:
         self.slots.release_of(source, entry.message_id, index)
         target_dir = self._store.dead_letter_dir(config.dead_letter_queue)
         if target_dir is not None:
-            target = os.path.join(target_dir, entry.message_id)
+            target = os.path.join(target_dir, layout.ready_name(entry.message_id, 0, entry.group))
         else:
-            target = self.path(layout.DEAD, layout.dead_name(entry.message_id, entry.count))
+            target = self.path(
+                layout.DEAD, layout.dead_name(entry.message_id, entry.count, entry.group)
+            )
         try:
             os.rename(source, target)
         except FileNotFoundError:

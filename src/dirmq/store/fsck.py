@@ -665,10 +665,10 @@ def _canonical(state: str, entry: Entry, now_ms: int) -> str:
     """The name `entry` should have in `state` (a missing lease/due time becomes "now")."""
     if state in _TIMED:
         at_ms = now_ms if entry.at_ms is None else entry.at_ms
-        return layout.timed_name(entry.message_id, entry.count, at_ms)
+        return layout.timed_name(entry.message_id, entry.count, at_ms, entry.group)
     if state == layout.DEAD:
-        return layout.dead_name(entry.message_id, entry.count)
-    return layout.ready_name(entry.message_id, entry.count)
+        return layout.dead_name(entry.message_id, entry.count, entry.group)
+    return layout.ready_name(entry.message_id, entry.count, entry.group)
 
 
 def _rename_in(directory: str, name: str, new: str) -> str:

@@ -89,8 +89,9 @@ class PendingFile:
 
     @property
     def message_id(self) -> str:
-        """The id in the final name (`<id>` in @ready, `<id>.<count>.<due>` in @delayed)."""
-        return os.path.basename(self.final_path).split(".", 1)[0]
+        """The id in the final name (`<id>[~group]` in @ready, `<id>.0.<due>[~group]` in
+        @delayed)."""
+        return os.path.basename(self.final_path).split("~", 1)[0].split(".", 1)[0]
 
     def close(self) -> None:
         if self.open:

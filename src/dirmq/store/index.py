@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import os
 import random
+from collections import Counter
 
 from dirmq.store import layout
 from dirmq.store.layout import Entry, parse_entry
@@ -24,10 +25,21 @@ class _TimedSet:
 
     def __init__(self) -> None:
         self.names: dict[str, str] = {}
+        self.groups: Counter[str] = Counter()  # group tag -> live entries of that group
         self._heap: list[tuple[int, str, str]] = []
 
+    def _forget(self, message_id: str) -> None:
+        old = self.names.pop(message_id, None)
+        if old is not None and (tag := group_of(old)) is not None:
+            self.groups[tag] -= 1
+            if not self.groups[tag]:
+                del self.groups[tag]
+
     def add(self, entry: Entry, name: str) -> None:
+        self._forget(entry.message_id)
         self.names[entry.message_id] = name
+        if entry.group is not None:
+            self.groups[entry.group] += 1
         heapq.heappush(self._heap, (entry.at_ms or 0, entry.message_id, name))
         if len(self._heap) > 2 * len(self.names) + 1024:
             self._heap = [(parse_at(n), i, n) for i, n in self.names.items()]
@@ -35,7 +47,7 @@ class _TimedSet:
 
     def discard(self, message_id: str, name: str) -> None:
         if self.names.get(message_id) == name:
-            del self.names[message_id]
+            self._forget(message_id)
 
     def earliest(self) -> tuple[int, str] | None:
         """(time_ms, name) of the earliest live entry, or None."""
@@ -52,13 +64,20 @@ class _TimedSet:
         out: list[str] = []
         while (first := self.earliest()) is not None and first[0] <= now_ms:
             _at_ms, message_id, name = heapq.heappop(self._heap)
-            del self.names[message_id]
+            self._forget(message_id)
             out.append(name)
         return out
 
     def clear(self) -> None:
         self.names.clear()
+        self.groups.clear()
         self._heap.clear()
+
+
+def group_of(name: str) -> str | None:
+    """The group tag at the end of a state name, if any (cheaper than a full parse)."""
+    _head, sep, tag = name.rpartition("~")
+    return tag if sep else None
 
 
 def parse_at(name: str) -> int:
@@ -159,13 +178,30 @@ class QueueIndex:
     # -- queries -----------------------------------------------------------------------------
     def pop_ready(self, peers: int = 0) -> str | None:
         """Take the name of the oldest ready message out of the index (or, with `peers`, one of
-        the oldest `peers + 1`, chosen at random to spread many consumers over the head)."""
+        the oldest `peers + 1`, chosen at random to spread many consumers over the head).
+
+        A message of a group is taken only while no message of its group is leased, and only
+        if it is its group's oldest ready one: groups are delivered in order, one at a time.
+        """
         candidates: list[str] = []
+        passed: list[str] = []  # ready, but their group is busy: they stay where they are
+        groups_seen: set[str] = set()
+        busy = self.leased.groups
         heap = self._ready_heap
         while heap and len(candidates) <= peers:
             message_id = heapq.heappop(heap)
-            if message_id in self.ready and message_id not in candidates:
-                candidates.append(message_id)
+            name = self.ready.get(message_id)
+            if name is None or message_id in candidates or message_id in passed:
+                continue
+            tag = group_of(name)
+            if tag is not None:
+                if tag in busy or tag in groups_seen:
+                    passed.append(message_id)
+                    continue
+                groups_seen.add(tag)
+            candidates.append(message_id)
+        for message_id in passed:
+            heapq.heappush(heap, message_id)
         if not candidates:
             return None
         chosen = candidates.pop(random.randrange(len(candidates))) if peers else candidates.pop()

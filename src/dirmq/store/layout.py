@@ -7,6 +7,7 @@
     <queue>/@leased/           <id>.<count>.<deadline_ms>
     <queue>/@delayed/          <id>.<count>.<due_ms>
     <queue>/@dead/             <id>.<count>    dead-lettered here (no dead-letter queue set)
+    Any of these may end in ~<group tag> for a message of a group (FIFO per group).
     <queue>/@corrupt/          files that failed to decode, kept for inspection
     <queue>/@slots/            capacity tokens: symlink <n> -> <id>
     <queue>/@free/             retired message files kept for reuse (see pool.py): <id>
@@ -17,6 +18,7 @@ Everything a process needs to recover leases and delays is in the names: no file
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
@@ -38,12 +40,20 @@ SLOTS = "@slots"
 STATE_DIRS = (TMP, READY, LEASED, DELAYED, DEAD, CORRUPT, SLOTS, FREE, DEDUP)
 ROOT_MARKER = "@dirmq.json"
 ROOT_TRASH = "@trash"
+GROUP_TAG_LENGTH = 12
 
-_ENTRY_RE = re.compile(rf"({ID_PATTERN})(?:\.(\d{{1,9}}))?(?:\.(\d{{1,15}}))?")
+_ENTRY_RE = re.compile(
+    rf"({ID_PATTERN})(?:\.(\d{{1,9}}))?(?:\.(\d{{1,15}}))?(?:~([0-9a-f]{{{GROUP_TAG_LENGTH}}}))?"
+)
 _RECEIPT_RE = re.compile(rf"({ID_PATTERN})\.(\d{{1,9}})")
 _TMP_RE = re.compile(rf"({ID_PATTERN})\.([0-9a-f]{{8}})\.(\d+)\.tmp")
 
 HOST_TAG = f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+def group_tag(group: str) -> str:
+    """The short tag of a message group in file names (a hash: names stay portable)."""
+    return hashlib.sha256(group.encode()).hexdigest()[:GROUP_TAG_LENGTH]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +63,7 @@ class Entry:
     message_id: str
     count: int
     at_ms: int | None  # lease deadline or delivery due time
+    group: str | None = None  # tag of the message group (at most one leased per group)
 
     @property
     def receipt(self) -> str:
@@ -65,20 +76,26 @@ def parse_entry(name: str) -> Entry | None:
     if match is None:
         return None
     count, at_ms = match.group(2), match.group(3)
-    return Entry(match.group(1), int(count) if count else 0, int(at_ms) if at_ms else None)
+    return Entry(
+        match.group(1), int(count) if count else 0, int(at_ms) if at_ms else None, match.group(4)
+    )
 
 
-def ready_name(message_id: str, count: int) -> str:
-    return message_id if count == 0 else f"{message_id}.{count}"
+def _tagged(name: str, group: str | None) -> str:
+    return f"{name}~{group}" if group else name
 
 
-def timed_name(message_id: str, count: int, at_ms: int) -> str:
+def ready_name(message_id: str, count: int, group: str | None = None) -> str:
+    return _tagged(message_id if count == 0 else f"{message_id}.{count}", group)
+
+
+def timed_name(message_id: str, count: int, at_ms: int, group: str | None = None) -> str:
     """Name in @leased (at_ms = deadline) or @delayed (at_ms = due time)."""
-    return f"{message_id}.{count}.{at_ms}"
+    return _tagged(f"{message_id}.{count}.{at_ms}", group)
 
 
-def dead_name(message_id: str, count: int) -> str:
-    return f"{message_id}.{count}"
+def dead_name(message_id: str, count: int, group: str | None = None) -> str:
+    return _tagged(f"{message_id}.{count}", group)
 
 
 def parse_receipt(receipt: str) -> tuple[str, int] | None:

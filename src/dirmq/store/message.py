@@ -15,6 +15,7 @@ class OutgoingMessage:
     headers: Mapping[str, str] = field(default_factory=dict)
     delay_s: float | None = None
     dedup_id: str | None = None
+    group: str | None = None  # messages of one group are delivered in order, one at a time
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,7 @@ class Message:
     receipt: str | None = None
     lease_deadline_s: float | None = None
     state: str = "ready"
+    group: str | None = None
 
     @property
     def content_type(self) -> str | None:

@@ -117,7 +117,10 @@ class Queue:
         try:
             # The watcher starts before the scan, so nothing that happens in between is missed.
             self._watcher = open_watcher(
-                directories, self._store.watch_mode, self._store.poll_interval_s
+                directories,
+                self._store.watch_mode,
+                self._store.poll_interval_s,
+                self._store.inotify_hub,
             )
         except FileNotFoundError:
             raise QueueNotFound(f"queue {self.name!r} does not exist") from None
@@ -135,7 +138,9 @@ class Queue:
         return self._watcher is not None and self._watcher.fileno() is None
 
     def fileno(self) -> int | None:
-        """A file descriptor that becomes readable when the queue changes (None when polling)."""
+        """A file descriptor that becomes readable when the queue changes (None when polling).
+        Changes reach it when the Store's shared inotify descriptor is pumped: an event loop
+        must also watch `Store.watch_fileno()` and call `Store.pump_watches()`."""
         with self._lock:
             self._synced_index()
             assert self._watcher is not None
@@ -254,7 +259,10 @@ class Queue:
         try:
             at_ms = now_ms()
             for message_id, message, slot in zip(ids, outgoing, slots, strict=True):
-                data = codec.encode(message.body, message.headers, {"Slot": slot} if slot else None)
+                system = {"Slot": slot} if slot else {}
+                if message.group is not None:
+                    system["Group"] = message.group
+                data = codec.encode(message.body, message.headers, system)
                 pending.append(self._write_tmp(message_id, data, message, config, at_ms))
             self._commit(pending, level, config)
         except BaseException:
@@ -288,6 +296,15 @@ class Queue:
             )
         _check_seconds("delay_s", message.delay_s)
         codec.check_headers(message.headers)
+        for name, value in (("group", message.group), ("dedup_id", message.dedup_id)):
+            if value is not None and (
+                not isinstance(value, str)
+                or not value
+                or "\n" in value
+                or "\r" in value
+                or "\x00" in value
+            ):
+                raise InvalidArgument(f"{name} must be a non-empty single-line string")
 
     def _write_tmp(
         self,
@@ -298,13 +315,16 @@ class Queue:
         at_ms: int,
     ) -> PendingFile:
         delay_s = config.delay_s if message.delay_s is None else message.delay_s
+        tag = None if message.group is None else layout.group_tag(message.group)
         if delay_s > 0:
             due_ms = at_ms + round(delay_s * 1000)
             final = os.path.join(
-                self._files.dir[layout.DELAYED], layout.timed_name(message_id, 0, due_ms)
+                self._files.dir[layout.DELAYED], layout.timed_name(message_id, 0, due_ms, tag)
             )
         else:
-            final = os.path.join(self._files.dir[layout.READY], message_id)
+            final = os.path.join(
+                self._files.dir[layout.READY], layout.ready_name(message_id, 0, tag)
+            )
         tmp_name = layout.tmp_name(message_id)
         try:
             recycled = os.path.join(self._files.dir[layout.TMP], tmp_name)

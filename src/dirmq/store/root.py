@@ -22,6 +22,7 @@ from dirmq.store.config import QueueConfig
 from dirmq.store.fsio import GroupCommit, WritebackFlusher, fsync_dir, write_new_file
 from dirmq.store.names import queue_path, validate_queue_name
 from dirmq.store.queue import Queue
+from dirmq.store.watch import InotifyHub
 
 ROOT_FORMAT = 1
 DEFAULT_ROOT = "./dirmq-data"
@@ -52,6 +53,7 @@ class Store:
         self.writeback = WritebackFlusher(self.root)
         self._queues: dict[str, Queue] = {}
         self._lock = threading.Lock()
+        self._hub: InotifyHub | None = None
         marker = os.path.join(self.root, layout.ROOT_MARKER)
         if not os.path.exists(marker):
             if not create:
@@ -187,12 +189,31 @@ class Store:
             return None
         return os.path.join(path, layout.READY)
 
+    def inotify_hub(self) -> InotifyHub:
+        """The one inotify instance shared by every queue this Store watches."""
+        with self._lock:
+            if self._hub is None:
+                self._hub = InotifyHub()
+            return self._hub
+
+    def watch_fileno(self) -> int | None:
+        """The shared inotify descriptor, for an event loop to pump (`pump_watches`) when it
+        becomes readable; None until a queue is watched or when polling."""
+        return self._hub.fileno() if self._hub is not None else None
+
+    def pump_watches(self) -> None:
+        if self._hub is not None:
+            self._hub.pump()
+
     def close(self) -> None:
         self.writeback.flush_now()
         with self._lock:
             for queue in self._queues.values():
                 queue.close()
             self._queues.clear()
+            if self._hub is not None:
+                self._hub.close()
+                self._hub = None
 
     def __enter__(self) -> Store:
         return self

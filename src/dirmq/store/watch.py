@@ -14,7 +14,10 @@ import ctypes.util
 import os
 import select
 import struct
+import threading
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -54,60 +57,148 @@ class Watcher(Protocol):
     def close(self) -> None: ...
 
 
-class InotifyWatcher:
-    """Watches a fixed set of directories; `drain` returns events or RESCAN."""
+class InotifyHub:
+    """One inotify instance for every queue a Store watches (the kernel allows only 128
+    instances per user, and watches are cheap). Whoever pumps it (any thread draining a queue,
+    or an event loop reading `fileno()`) distributes events to each queue's `HubWatcher` and
+    wakes that watcher's eventfd."""
 
-    def __init__(self, directories: dict[str, str]) -> None:
+    def __init__(self) -> None:
         fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
             code = ctypes.get_errno()
             raise OSError(code, f"inotify_init1: {os.strerror(code)}")
-        self._fd = fd
-        self._keys: dict[int, str] = {}
-        self.lost = False  # a watched directory was deleted or moved (the queue is gone)
-        for key, path in directories.items():
-            wd = _libc.inotify_add_watch(fd, os.fsencode(path), _MASK | IN_ONLYDIR)
-            if wd < 0:
-                code = ctypes.get_errno()
-                self.close()
-                raise OSError(code, f"inotify_add_watch {path}: {os.strerror(code)}")
-            self._keys[wd] = key
+        self._fd = int(fd)
+        self._lock = threading.Lock()
+        self._subscribers: dict[int, list[tuple[HubWatcher, str]]] = {}
+        # A Store that is dropped without close() must not keep one of the user's 128
+        # inotify instances.
+        self._finalizer = weakref.finalize(self, _close_quietly, self._fd)
 
-    def fileno(self) -> int | None:
-        return int(self._fd)
+    def fileno(self) -> int:
+        return self._fd
 
-    def wait(self, timeout_s: float) -> None:
-        if timeout_s <= 0:
-            return
-        select.select([self._fd], [], [], timeout_s)
+    def subscribe(self, directories: dict[str, str]) -> HubWatcher:
+        watcher = HubWatcher(self)
+        with self._lock:
+            for key, path in directories.items():
+                wd = _libc.inotify_add_watch(self._fd, os.fsencode(path), _MASK | IN_ONLYDIR)
+                if wd < 0:
+                    code = ctypes.get_errno()
+                    self._remove(watcher)
+                    raise OSError(code, f"inotify_add_watch {path}: {os.strerror(code)}")
+                self._subscribers.setdefault(wd, []).append((watcher, key))
+                watcher.wds.append(wd)
+        return watcher
 
-    def drain(self) -> list[Event] | str:
-        events: list[Event] = []
-        overflow = False
-        while True:
-            try:
-                data = os.read(self._fd, 1 << 16)
-            except BlockingIOError:
-                break
-            offset = 0
-            while offset < len(data):
-                wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
-                offset += _EVENT.size
-                raw = data[offset : offset + length].rstrip(b"\0")
-                offset += length
-                if mask & IN_Q_OVERFLOW:
-                    overflow = True
-                elif mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED):
-                    self.lost = True
-                elif key := self._keys.get(wd):
+    def unsubscribe(self, watcher: HubWatcher) -> None:
+        with self._lock:
+            self._remove(watcher)
+
+    def _remove(self, watcher: HubWatcher) -> None:
+        for wd in watcher.wds:
+            remaining = [s for s in self._subscribers.get(wd, []) if s[0] is not watcher]
+            if remaining:
+                self._subscribers[wd] = remaining
+            else:
+                self._subscribers.pop(wd, None)
+                _libc.inotify_rm_watch(self._fd, wd)
+        watcher.wds.clear()
+
+    def pump(self) -> None:
+        """Read every pending event and hand each to the watchers of its directory."""
+        with self._lock:
+            woken: set[HubWatcher] = set()
+            while True:
+                try:
+                    data = os.read(self._fd, 1 << 16)
+                except BlockingIOError:
+                    break
+                except OSError:  # closed
+                    return
+                self._dispatch(data, woken)
+            for watcher in woken:
+                watcher.signal()
+
+    def _dispatch(self, data: bytes, woken: set[HubWatcher]) -> None:
+        offset = 0
+        while offset < len(data):
+            wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+            offset += _EVENT.size
+            raw = data[offset : offset + length].rstrip(b"\0")
+            offset += length
+            if mask & IN_Q_OVERFLOW:
+                for subscribers in self._subscribers.values():
+                    for watcher, _key in subscribers:
+                        watcher.overflowed = True
+                        woken.add(watcher)
+                continue
+            for watcher, key in self._subscribers.get(wd, []):
+                if mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED):
+                    watcher.lost = True
+                else:
                     added = bool(mask & (IN_MOVED_TO | IN_CREATE))
-                    events.append(Event(key, os.fsdecode(raw), added))
-        return RESCAN if overflow else events
+                    watcher.pending.append(Event(key, os.fsdecode(raw), added))
+                woken.add(watcher)
+
+    def take(self, watcher: HubWatcher) -> list[Event] | str:
+        """What `watcher` has been given since it last asked (RESCAN after an overflow)."""
+        with self._lock:
+            events, watcher.pending = watcher.pending, []
+            if watcher.overflowed:
+                watcher.overflowed = False
+                return RESCAN
+            return events
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
+        with self._lock:
+            self._finalizer()
             self._fd = -1
+            self._subscribers.clear()
+
+
+class HubWatcher:
+    """One queue's view of an `InotifyHub`; `fileno()` is an eventfd set when it has events."""
+
+    def __init__(self, hub: InotifyHub) -> None:
+        self._hub = hub
+        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._finalizer = weakref.finalize(self, _close_quietly, self._efd)
+        self.wds: list[int] = []
+        self.pending: list[Event] = []
+        self.overflowed = False
+        self.lost = False  # a watched directory was deleted or moved (the queue is gone)
+
+    def signal(self) -> None:
+        os.eventfd_write(self._efd, 1)
+
+    def fileno(self) -> int | None:
+        return self._efd
+
+    def wait(self, timeout_s: float) -> None:
+        if timeout_s <= 0 or self.pending or self.overflowed or self.lost:
+            return
+        deadline = time.monotonic() + timeout_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([self._efd, self._hub.fileno()], [], [], remaining)
+            if self._hub.fileno() in readable:
+                self._hub.pump()
+            if self._efd in readable or self.pending or self.overflowed or self.lost:
+                return
+
+    def drain(self) -> list[Event] | str:
+        self._hub.pump()
+        try:
+            os.eventfd_read(self._efd)
+        except BlockingIOError:
+            pass
+        return self._hub.take(self)
+
+    def close(self) -> None:
+        if self._efd >= 0:
+            self._hub.unsubscribe(self)
+            self._finalizer()
+            self._efd = -1
 
 
 class PollingWatcher:
@@ -136,6 +227,13 @@ class PollingWatcher:
         pass
 
 
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def needs_polling(path: str) -> bool:
     """True on network filesystems, where inotify misses other hosts' changes."""
     try:
@@ -148,9 +246,12 @@ def needs_polling(path: str) -> bool:
         return False
 
 
-def open_watcher(directories: dict[str, str], mode: str, poll_interval_s: float) -> Watcher:
-    """`mode`: "auto" (inotify unless on a network filesystem), "inotify" or "poll"."""
+def open_watcher(
+    directories: dict[str, str], mode: str, poll_interval_s: float, hub: Callable[[], InotifyHub]
+) -> Watcher:
+    """`mode`: "auto" (inotify unless on a network filesystem), "inotify" or "poll"; `hub`
+    gives the Store's shared inotify instance."""
     first = next(iter(directories.values()))
     if mode == "poll" or (mode == "auto" and needs_polling(first)):
         return PollingWatcher(poll_interval_s)
-    return InotifyWatcher(directories)
+    return hub().subscribe(directories)

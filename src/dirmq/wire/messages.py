@@ -39,6 +39,8 @@ def delivery_headers(message: Message) -> list[tuple[str, str]]:
         headers.append(("X-Receipt", message.receipt))
     if message.lease_deadline_s is not None:
         headers.append(("X-Lease-Deadline", f"{message.lease_deadline_s:.3f}"))
+    if message.group is not None:
+        headers.append(("X-Group", message.group))
     # No Content-Type is invented: a message published without one is delivered without one.
     headers.extend(message.headers.items())
     return headers
@@ -58,9 +60,15 @@ def parse_batch(content_type: str, body: bytes) -> list[OutgoingMessage]:
         messages = []
         for index, (headers, part_body) in enumerate(framing.parse_multipart(content_type, body)):
             delay = _part_delay(headers, index)
-            dedup = next((v for k, v in headers.items() if k.lower() == "x-dedup-id"), None)
+            lowered = {k.lower(): v for k, v in headers.items()}
             messages.append(
-                OutgoingMessage(part_body, stored_headers(headers.items()), delay, dedup)
+                OutgoingMessage(
+                    part_body,
+                    stored_headers(headers.items()),
+                    delay,
+                    lowered.get("x-dedup-id"),
+                    lowered.get("x-group"),
+                )
             )
         return messages
     if kind in ("application/x-ndjson", "application/jsonl", "application/json-lines"):
@@ -108,16 +116,18 @@ def _json_line(line: bytes, index: int) -> OutgoingMessage:
         raise InvalidArgument(f"line {index + 1}: 'headers' must map names to strings")
     delay = item.get("delay")
     delay_s = None if delay is None else parse_duration(str(delay), f"delay of line {index + 1}")
-    dedup_id = item.get("dedup_id")
-    if dedup_id is not None and not isinstance(dedup_id, str):
-        raise InvalidArgument(f"line {index + 1}: 'dedup_id' must be a string")
-    return OutgoingMessage(body, headers, delay_s, dedup_id)
+    dedup_id, group = item.get("dedup_id"), item.get("group")
+    for key, value in (("dedup_id", dedup_id), ("group", group)):
+        if value is not None and not isinstance(value, str):
+            raise InvalidArgument(f"line {index + 1}: {key!r} must be a string")
+    return OutgoingMessage(body, headers, delay_s, dedup_id, group)
 
 
 def message_json(message: Message) -> dict[str, object]:
     """A message as JSON (browse): the body as UTF-8 text when it is, else base64."""
     data: dict[str, object] = {
         "id": message.id,
+        "group": message.group,
         "receive_count": message.receive_count,
         "published_at": message.published_at_s,
         "state": message.state,
