@@ -11,6 +11,7 @@
     ├── StaleReceipt            the lease behind a receipt is gone (expired and re-leased, or acked)
     ├── CorruptMessage          a message file that does not decode (truncated, bad checksum)
     ├── ConfigError             a queue configuration that does not parse or validate
+    │   └── CorruptConfig       ... as stored in @queue.json (the operator must repair it)
     └── StorageError            the filesystem refused: the message cannot be guaranteed stored
         ├── DiskFull            ENOSPC / EDQUOT
         └── StorageIOError      EIO and every other unexpected OSError
@@ -65,6 +66,10 @@ class CorruptMessage(DirmqError):
 
 
 class ConfigError(DirmqError, ValueError):
+    pass
+
+
+class CorruptConfig(ConfigError):
     pass
 
 

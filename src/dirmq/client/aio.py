@@ -74,6 +74,10 @@ class AsyncRemoteStore:
                 f"no free connection to dirmq at {self.url}: all {self._max_connections} are busy "
                 "(each waiting get holds one; raise max_connections)",
             ) from exc
+        except httpx.TimeoutException as exc:
+            raise errors.StorageIOError(
+                0, f"dirmq at {self.url} did not answer in time ({type(exc).__name__})"
+            ) from exc
         except httpx.HTTPError as exc:
             raise errors.StorageIOError(0, f"cannot reach dirmq at {self.url}: {exc}") from exc
         answer = answer_of(response)

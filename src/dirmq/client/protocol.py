@@ -97,7 +97,7 @@ def publish_call(
             headers["X-Dedup-Id"] = message.dedup_id.encode()
         if message.group is not None:
             headers["X-Group"] = message.group.encode()
-        return Call("POST", path, params, headers, bytes(message.body))
+        return Call("POST", path, params, headers, bytes(message.body), _wait_budget(timeout_s))
     boundary = framing.new_boundary()
     parts = []
     for message in messages:
@@ -111,7 +111,12 @@ def publish_call(
         parts.append((part_headers, bytes(message.body)))
     body = framing.multipart_body(boundary, parts)
     content_type = f'multipart/mixed; boundary="{boundary}"'.encode()
-    return Call("POST", path, params, {"Content-Type": content_type}, body)
+    return Call("POST", path, params, {"Content-Type": content_type}, body, _wait_budget(timeout_s))
+
+
+def _wait_budget(timeout_s: float | None) -> float | None:
+    """A request that may wait server-side (at capacity) needs that long plus a margin."""
+    return None if not timeout_s else timeout_s + LONG_POLL_MARGIN_S
 
 
 def published_ids(answer: Answer) -> list[str]:

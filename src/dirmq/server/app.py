@@ -46,8 +46,10 @@ class NativeApp:
 
     async def _dispatch(self, request: Request, route: Route) -> Response:
         if route.kind == "server":
-            return self._server_path(request, route.queue)
-        method = "GET" if request.method == "HEAD" else request.method
+            return await self._server_path(request, route.queue)
+        # HEAD is GET without a body, but only where GET changes nothing: never a receive.
+        safe_head = request.method == "HEAD" and route.kind in ("root", "queue", "message")
+        method = "GET" if safe_head else request.method
         handler = native.TABLE.get((route.kind, method))
         if handler is None:
             return native.method_not_allowed(route)
@@ -67,9 +69,11 @@ class NativeApp:
         elif counter == "acked" and response.status == 204:
             self.metrics.acked.labels(queue).inc()
 
-    def _server_path(self, request: Request, name: str) -> Response:
+    async def _server_path(self, request: Request, name: str) -> Response:
         if request.method not in ("GET", "HEAD"):
-            return json_error(405, "MethodNotAllowed", f"/{name} is read-only (and reserved)")
+            response = json_error(405, "MethodNotAllowed", f"/{name} is read-only (and reserved)")
+            response.headers.append(("Allow", "GET, HEAD"))
+            return response
         if name == "health":
             status = 503 if self.broker.closing else 200
             body = {"status": "draining" if self.broker.closing else "ok"}
@@ -77,7 +81,9 @@ class NativeApp:
                 status, json.dumps(body).encode() + b"\n", [("Content-Type", "application/json")]
             )
         if name == "metrics":
-            return Response(200, self.metrics.render(), [("Content-Type", METRICS_CONTENT_TYPE)])
+            # Collecting reads every queue's stats: not on the event loop.
+            text = await self.broker.call(self.metrics.render)
+            return Response(200, text, [("Content-Type", METRICS_CONTENT_TYPE)])
         return Response(200, self._openapi, [("Content-Type", "application/json")])
 
 

@@ -15,6 +15,7 @@ Store calls block (fsync, rename), so they run on a thread pool. Two things need
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections import deque
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from dirmq.errors import DirmqError, StaleReceipt
+from dirmq.errors import DirmqError, QueueFull, StaleReceipt
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
 
 T = TypeVar("T")
@@ -73,21 +74,56 @@ class Broker:
     ) -> list[str]:
         """Store `messages` (validated by the caller) and return their ids, all or none."""
         if queue.config.capacity is not None:
-            # Capacity waits are per request (each has its own timeout): no shared batch.
-            return await self.call(
-                queue.put_many, messages, timeout_s=timeout_s, durability=durability
-            )
+            return await self._publish_at_capacity(queue, messages, durability, timeout_s)
         publisher = self._publishers.get(queue.name)
         if publisher is None or publisher.queue is not queue:
             publisher = self._publishers[queue.name] = _Publisher(self, queue)
         return await publisher.publish(messages, durability)
+
+    async def _publish_at_capacity(
+        self,
+        queue: Queue,
+        messages: list[OutgoingMessage],
+        durability: Durability | None,
+        timeout_s: float | None,
+    ) -> list[str]:
+        """Capacity waits are per request (each has its own timeout), and happen here, on the
+        event loop, not in a pool thread: a full queue must not starve every other request."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        changed = asyncio.Event()
+        unsubscribe = await self.call(
+            queue.subscribe, lambda: loop.call_soon_threadsafe(changed.set)
+        )
+        self.watch_store()
+        try:
+            while True:
+                changed.clear()
+                try:
+                    return await self.call(
+                        queue.put_many, messages, timeout_s=0.0, durability=durability
+                    )
+                except QueueFull:
+                    remaining = None if deadline is None else deadline - loop.time()
+                    if remaining is not None and remaining <= 0:
+                        raise
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(remaining or 1.0, 1.0))
+        finally:
+            unsubscribe()
 
     async def receive(
         self, queue: Queue, max_count: int, visibility_s: float | None, wait_s: float | None
     ) -> list[Message]:
         """Lease up to `max_count` messages, waiting up to `wait_s` (None: forever) for the
         first."""
-        got = await self.call(queue.get, max_count, visibility_s=visibility_s)
+        first = asyncio.ensure_future(self.call(queue.get, max_count, visibility_s=visibility_s))
+        try:
+            got = await asyncio.shield(first)
+        except asyncio.CancelledError:
+            # The client left while the pool thread was leasing for it: give those back.
+            first.add_done_callback(lambda done: self._give_back_later(queue, done))
+            raise
         if got or (wait_s is not None and wait_s <= 0) or self.closing:
             return got
         receiver = self._receivers.get(queue.name)
@@ -103,6 +139,12 @@ class Broker:
             asyncio.get_running_loop().add_reader(fd, self.store.pump_watches)
             self._hub_fd = fd
 
+    def _give_back_later(self, queue: Queue, done: asyncio.Future[list[Message]]) -> None:
+        if done.cancelled() or done.exception() is not None or not done.result():
+            return
+        for message in done.result():
+            self._executor.submit(_nack_quietly, queue, message.receipt or "")
+
     def close(self) -> None:
         """Release every waiting receive (with nothing) and stop the thread pool."""
         self.closing = True
@@ -112,6 +154,11 @@ class Broker:
         for receiver in self._receivers.values():
             receiver.release_all()
         self._executor.shutdown(wait=False, cancel_futures=False)
+
+
+def _nack_quietly(queue: Queue, receipt: str) -> None:
+    with contextlib.suppress(DirmqError):
+        queue.nack(receipt)
 
 
 class _Publisher:
@@ -224,30 +271,34 @@ class _Receiver:
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def notice() -> None:  # called by whichever thread pumps the store's inotify
+            loop.call_soon_threadsafe(woken.set)
+
+        unsubscribe: Callable[[], None] | None = None
         try:
-            fd = await self.broker.call(self.queue.fileno)
+            unsubscribe = await self.broker.call(self.queue.subscribe, notice)
+            polling = await self.broker.call(self.queue.fileno) is None
             self.broker.watch_store()
+            idle = self.broker.store.poll_interval_s if polling else IDLE_RECHECK_S
             while self._live_waiters():
-                woken = asyncio.Event()
-                if fd is not None:
-                    loop.add_reader(fd, woken.set)
+                due = await self.broker.call(self.queue.next_due_s)
+                timeout = idle if due is None else min(due + 0.001, idle)
                 try:
-                    due = await self.broker.call(self.queue.next_due_s)
-                    idle = IDLE_RECHECK_S if fd is not None else self.broker.store.poll_interval_s
-                    timeout = idle if due is None else min(due + 0.001, idle)
-                    try:
-                        await asyncio.wait_for(woken.wait(), timeout)
-                    except TimeoutError:
-                        pass
-                finally:
-                    if fd is not None:
-                        loop.remove_reader(fd)
+                    await asyncio.wait_for(woken.wait(), timeout)
+                except TimeoutError:
+                    pass
+                woken.clear()
                 await self._dispatch()
         except Exception as exc:  # e.g. the queue was deleted: every waiter learns why
             for waiter in self._waiters:
                 if not waiter.future.done():
                     waiter.future.set_exception(exc)
             self._waiters.clear()
+        finally:
+            if unsubscribe is not None:
+                unsubscribe()
 
     def _live_waiters(self) -> bool:
         while self._waiters and self._waiters[0].future.done():

@@ -13,6 +13,7 @@ RETRY_AFTER_S = 1
 STATUS_BY_ERROR: tuple[tuple[type[errors.DirmqError], int], ...] = (
     (errors.InvalidName, 400),
     (errors.InvalidArgument, 400),
+    (errors.CorruptConfig, 500),  # the stored file is bad: the server's fault, not the client's
     (errors.ConfigError, 400),
     (errors.QueueNotFound, 404),
     (errors.MessageNotFound, 404),

@@ -244,7 +244,8 @@ class HttpProtocol(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         length = self._find_header("content-length")
         limit = self._limits.max_body_bytes
-        if length is not None and length.strip().isdigit() and int(length) > limit:
+        digits = length.strip() if length is not None else ""
+        if digits.isascii() and digits.isdigit() and int(digits) > limit:
             raise _Reject(413, f"body over {limit} bytes")
         expect = self._find_header("expect")
         if expect is not None and expect.lower() == "100-continue" and self._transport:
@@ -309,7 +310,9 @@ class HttpProtocol(asyncio.Protocol):
             await self._send(request, response, keep_alive)
             self._server.requests_served += 1
             if isinstance(response, Response) and response.after is not None:
-                await response.after()
+                # Shielded: the bytes are out, so the follow-up (an ack) must happen even if
+                # the client hangs up this very moment and our task is cancelled.
+                await asyncio.shield(response.after())
         except asyncio.CancelledError:
             return
         except ConnectionError:
@@ -359,6 +362,14 @@ class HttpProtocol(asyncio.Protocol):
                     raise ConnectionResetError("client went away")
                 transport.write(framing.chunk(piece))
                 await self._can_write.wait()
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception:
+            # The head is gone already: the only honest signal left is an aborted connection
+            # (a client sees a truncated chunked body, never a hang).
+            log.exception("a streamed response failed")
+            transport.abort()
+            raise ConnectionResetError("stream failed") from None
         finally:
             aclose = getattr(body, "aclose", None)
             if aclose is not None:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
-from dirmq.errors import InvalidArgument, MessageNotFound, QueueNotFound
+from dirmq.errors import InvalidArgument, MessageNotFound, QueueExists, QueueNotFound
 from dirmq.server.broker import Broker
 from dirmq.server.errors import json_error
 from dirmq.server.http import Request, Response
@@ -61,7 +61,7 @@ def _int(request: Request, name: str, low: int, high: int) -> int | None:
     value = request.query.get(name)
     if value is None:
         return None
-    if not value.isdigit() or not low <= int(value) <= high:
+    if not (value.isascii() and value.isdigit()) or not low <= int(value) <= high:
         raise InvalidArgument(f"{name}={value!r} must be an integer from {low} to {high}")
     return int(value)
 
@@ -99,14 +99,16 @@ async def get_queue(broker: Broker, request: Request, route: Route) -> Response:
 async def put_queue(broker: Broker, request: Request, route: Route) -> Response:
     changes = _config_body(request.body)
     store = broker.store
-    if await broker.call(store.exists, route.queue):
+    config = QueueConfig().updated(**changes)  # 400 before anything happens if invalid
+    try:
+        await broker.call(store.create_queue, route.queue, config, exist_ok=False)
+        created = True
+    except QueueExists:  # it exists (or a concurrent PUT just made it): apply the changes
         if changes:
             await broker.call(store.configure, route.queue, **changes)
-        return await get_queue(broker, request, route)
-    config = QueueConfig().updated(**changes)
-    await broker.call(store.create_queue, route.queue, config)
+        created = False
     response = await get_queue(broker, request, route)
-    response.status = 201
+    response.status = 201 if created else 200
     return response
 
 
@@ -131,15 +133,24 @@ async def delete_queue(broker: Broker, request: Request, route: Route) -> Respon
 async def publish(broker: Broker, request: Request, route: Route) -> Response:
     queue = broker.queue(route.queue)  # 404 before anything is written: never strand a message
     content_type = request.headers.get("content-type")
+    delay_s = _duration(request, "delay", "x-delay")
+    dedup_id = _param(request, "dedup", "x-dedup-id")
+    group = _param(request, "group", "x-group")
     if wire.is_batch(content_type):
-        messages = wire.parse_batch(content_type or "", request.body)
+        if dedup_id is not None:
+            raise InvalidArgument("in a batch, give each message its own dedup id (X-Dedup-Id)")
+        messages = [
+            replace(
+                m,
+                delay_s=delay_s if m.delay_s is None else m.delay_s,
+                group=group if m.group is None else m.group,
+            )
+            for m in wire.parse_batch(content_type or "", request.body)
+        ]
         if not messages:
             raise InvalidArgument("the batch holds no messages")
     else:
-        delay_s = _duration(request, "delay", "x-delay")
         headers = wire.stored_headers(request.raw_headers)
-        dedup_id = _param(request, "dedup", "x-dedup-id")
-        group = _param(request, "group", "x-group")
         messages = [OutgoingMessage(request.body, headers, delay_s, dedup_id, group)]
     for message in messages:
         queue.validate(message)
@@ -202,7 +213,10 @@ async def peek(broker: Broker, request: Request, route: Route) -> Response:
 async def ack(broker: Broker, request: Request, route: Route) -> Response:
     queue = broker.queue(route.queue)
     receipt = request.query.get("receipt") or request.headers.get("x-receipt")
-    if receipt is None and parse_receipt(route.ref) is not None:
+    ref_is_receipt = parse_receipt(route.ref) is not None
+    if receipt is not None and receipt != route.ref and not receipt.startswith(f"{route.ref}."):
+        raise InvalidArgument(f"receipt {receipt!r} does not belong to message {route.ref!r}")
+    if receipt is None and ref_is_receipt:
         receipt = route.ref
     if receipt is not None:
         await broker.call(queue.ack, receipt)

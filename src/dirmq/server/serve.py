@@ -49,7 +49,7 @@ class ServeOptions:
 def parse_address(text: str) -> tuple[str, int]:
     """`HOST:PORT`, `[v6]:PORT` or `:PORT` (all interfaces)."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise InvalidArgument(f"listen address {text!r} must be HOST:PORT")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)

@@ -53,9 +53,12 @@ class YaqApp:
             timeout_s = None if timeout is None else parse_duration(timeout, "timeout")
             if request.method == "POST":
                 return await self._enqueue(name, request, timeout_s)
-            if request.method in ("GET", "HEAD"):
+            if request.method == "GET":
                 return await self._dequeue(name, request, timeout_s)
-            return _text(405, "yaq queues take GET (dequeue) and POST (enqueue)")
+            # Not even HEAD: a dequeue whose body is never sent would lose the message.
+            response = _text(405, "yaq queues take GET (dequeue) and POST (enqueue)")
+            response.headers.append(("Allow", "GET, POST"))
+            return response
         except DirmqError as exc:
             status = status_of(exc)
             return _text(status if status < 500 or status == 504 else 500, str(exc))
@@ -78,7 +81,7 @@ class YaqApp:
         quantity_text = request.query.get("quantity", "1")
         if quantity_text == "unlimited":
             quantity: int | None = None
-        elif quantity_text.isdigit() and int(quantity_text) >= 1:
+        elif quantity_text.isascii() and quantity_text.isdigit() and int(quantity_text) >= 1:
             quantity = int(quantity_text)
         else:
             raise InvalidArgument(
@@ -129,18 +132,19 @@ class YaqApp:
                 except DirmqError as exc:
                     response.trailers.append((TRAILER, str(status_of(exc))))
                     break
-                if unacked is not None:  # the previous part reached the socket
-                    await self._acker(queue, unacked)()
-                    unacked = None
+                except Exception:  # an unexpected failure still ends the body properly
+                    response.trailers.append((TRAILER, "500"))
+                    break
                 if not got:
                     response.trailers.append((TRAILER, "504"))
                     break
                 unacked = got[0]
                 yield framing.multipart_part(boundary, _part_headers(unacked), unacked.body)
-                sent += 1
-            if unacked is not None:
-                await self._acker(queue, unacked)()
+                # The part is written (the server asks for the next one only then): ack it now,
+                # not after the next message, which may take long to come.
+                await asyncio.shield(self._acker(queue, unacked)())
                 unacked = None
+                sent += 1
             yield framing.multipart_end(boundary)
         finally:
             if unacked is not None:  # the client went away before this part was written

@@ -21,6 +21,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from dirmq.errors import (
+    ConfigError,
+    CorruptConfig,
     InvalidArgument,
     MessageNotFound,
     MessageTooLarge,
@@ -72,6 +74,7 @@ class Queue:
         self._index: QueueIndex | None = None
         self._watcher: Watcher | None = None
         self._recovered_on_open = SweepReport()
+        self._listeners: list[Callable[[], None]] = []
 
     # -- configuration -------------------------------------------------------------------------
     @property
@@ -89,7 +92,13 @@ class Queue:
             stamp = (st.st_ino, st.st_mtime_ns)
             if stamp != self._config_stamp:
                 with open(config_path, "rb") as f:
-                    self._config = QueueConfig.loads(f.read())
+                    raw = f.read()
+                try:
+                    self._config = QueueConfig.loads(raw)
+                except ConfigError as exc:
+                    raise CorruptConfig(
+                        f"queue {self.name!r}: stored configuration: {exc}"
+                    ) from exc
                 self._config_stamp = stamp
         except FileNotFoundError:
             raise QueueNotFound(f"queue {self.name!r} does not exist") from None
@@ -124,6 +133,9 @@ class Queue:
             )
         except FileNotFoundError:
             raise QueueNotFound(f"queue {self.name!r} does not exist") from None
+        except OSError as exc:  # e.g. out of inotify watches: the operator must act
+            raise storage_error(exc, f"watching queue {self.name!r}") from exc
+        self._attach_listeners()
         index = QueueIndex()
         index.rescan(self.path)
         self._index = index
@@ -621,12 +633,37 @@ class Queue:
             slots_released=released,
         )
 
+    def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call `listener` (from whichever thread notices) when this queue may have changed:
+        any process published, acked or requeued, or the queue was closed or deleted. Returns
+        the function that unsubscribes. For event loops: pass something thread-safe, such as
+        `lambda: loop.call_soon_threadsafe(event.set)`; the Store's shared inotify descriptor
+        (`Store.watch_fileno`) must be pumped for changes to be noticed without a blocked get."""
+        with self._lock:
+            self._synced_index()
+            self._listeners.append(listener)
+            self._attach_listeners()
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def _attach_listeners(self) -> None:
+        if self._watcher is not None:
+            self._watcher.listeners = self._listeners
+
     def close(self) -> None:
         with self._lock:
             if self._watcher is not None:
                 self._watcher.close()
             self._watcher = None
             self._index = None
+            listeners = list(self._listeners)
+        for listener in listeners:  # let waiters look again: they will find out why
+            listener()
 
     def __repr__(self) -> str:
         return f"<dirmq.Queue {self.name!r} at {self.path!r}>"

@@ -16,7 +16,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 
-from dirmq.errors import ConfigError, QueueExists, QueueNotFound, storage_error
+from dirmq.errors import ConfigError, CorruptConfig, QueueExists, QueueNotFound, storage_error
 from dirmq.store import layout
 from dirmq.store.config import QueueConfig
 from dirmq.store.fsio import GroupCommit, WritebackFlusher, fsync_dir, write_new_file
@@ -119,7 +119,7 @@ class Store:
         except (FileNotFoundError, NotADirectoryError):
             raise QueueNotFound(f"queue {name!r} does not exist") from None
         except ConfigError as exc:
-            raise ConfigError(f"queue {name!r}: {exc}") from exc
+            raise CorruptConfig(f"queue {name!r}: stored configuration: {exc}") from exc
 
     def exists(self, name: str) -> bool:
         return os.path.exists(os.path.join(queue_path(self.root, name), layout.CONFIG_FILE))

@@ -51,6 +51,8 @@ RESCAN = "rescan"
 
 
 class Watcher(Protocol):
+    listeners: list[Callable[[], None]]
+
     def fileno(self) -> int | None: ...
     def wait(self, timeout_s: float) -> None: ...
     def drain(self) -> list[Event] | str: ...
@@ -119,6 +121,9 @@ class InotifyHub:
                 self._dispatch(data, woken)
             for watcher in woken:
                 watcher.signal()
+        for watcher in woken:  # outside the lock: a listener may drain right away
+            for listener in list(watcher.listeners):
+                listener()
 
     def _dispatch(self, data: bytes, woken: set[HubWatcher]) -> None:
         offset = 0
@@ -165,12 +170,14 @@ class HubWatcher:
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._finalizer = weakref.finalize(self, _close_quietly, self._efd)
         self.wds: list[int] = []
+        self.listeners: list[Callable[[], None]] = []  # called (any thread) when signalled
         self.pending: list[Event] = []
         self.overflowed = False
         self.lost = False  # a watched directory was deleted or moved (the queue is gone)
 
     def signal(self) -> None:
-        os.eventfd_write(self._efd, 1)
+        if self._efd >= 0:
+            os.eventfd_write(self._efd, 1)
 
     def fileno(self) -> int | None:
         return self._efd
@@ -205,6 +212,7 @@ class PollingWatcher:
     """For filesystems without cross-host inotify: asks for a rescan every `interval_s`."""
 
     def __init__(self, interval_s: float) -> None:
+        self.listeners: list[Callable[[], None]] = []  # polling notices nothing by itself
         self._interval_s = interval_s
         self._next = time.monotonic() + interval_s
 

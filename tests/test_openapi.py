@@ -1,0 +1,305 @@
+"""The OpenAPI document (`src/dirmq/server/openapi.json`): valid OpenAPI 3.1, served exactly as
+packaged, and true to the server. Every documented operation is sent a simple request against a
+real server and must answer a status it documents, with the documented body schema and
+required headers; every native route the server has is documented; and every path refuses,
+with 405, exactly the methods it does not document."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from openapi_schema_validator import OAS31Validator
+from openapi_spec_validator import validate
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+from dirmq.errors import InvalidArgument
+from dirmq.server import native
+from dirmq.server.routes import SERVER_PATHS, parse_route
+from dirmq.wire.durations import parse_duration
+
+from .servers import ServerProcess, start_server
+
+SPEC_BYTES = resources.files("dirmq.server").joinpath("openapi.json").read_bytes()
+SPEC: dict[str, Any] = json.loads(SPEC_BYTES)
+SPEC_URI = "urn:dirmq:openapi.json"
+REGISTRY: Registry[Any] = Registry().with_resource(
+    SPEC_URI, Resource.from_contents(SPEC, default_specification=DRAFT202012)
+)
+HTTP_METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
+TRANSPORT_STATUSES = {"400", "408", "413", "431", "500", "503"}
+MISSING_QUEUE = "oa-missing/q"
+SOME_ID = "0000000000000001-000000000000"
+
+
+@dataclass(frozen=True)
+class Operation:
+    path: str
+    method: str
+    spec: dict[str, Any]
+
+    @property
+    def op_id(self) -> str:
+        return str(self.spec["operationId"])
+
+    def parameter_names(self) -> set[str]:
+        path_item = SPEC["paths"][self.path]
+        params = [*path_item.get("parameters", []), *self.spec.get("parameters", [])]
+        return {resolve(p)["name"] for p in params}
+
+
+def resolve(obj: dict[str, Any]) -> dict[str, Any]:
+    """Follow a local `$ref` (`#/components/...`) to what it names."""
+    while "$ref" in obj:
+        node: dict[str, Any] = SPEC
+        for part in obj["$ref"].removeprefix("#/").split("/"):
+            node = node[part]
+        obj = node
+    return obj
+
+
+def operations() -> list[Operation]:
+    return [
+        Operation(path, method, item[method])
+        for path, item in SPEC["paths"].items()
+        for method in HTTP_METHODS
+        if method in item
+    ]
+
+
+def fill(template: str, queue: str, ref: str = SOME_ID, receipt: str = f"{SOME_ID}.1") -> str:
+    return template.replace("{queue}", queue).replace("{ref}", ref).replace("{receipt}", receipt)
+
+
+def pointer(*parts: str) -> str:
+    """A JSON pointer (RFC 6901), percent-encoded for use as a URI fragment."""
+    escaped = (part.replace("~", "~0").replace("/", "~1") for part in parts)
+    return quote("/" + "/".join(escaped), safe="/~")
+
+
+def check_documented(operation: Operation, response: httpx.Response) -> dict[str, Any]:
+    """Assert `response` is one `operation` documents (status, required headers, content type,
+    JSON body schema); return the documented response object."""
+    status = str(response.status_code)
+    where = f"{operation.method.upper()} {operation.path} -> {status}: {response.text[:200]}"
+    assert status in operation.spec["responses"], f"undocumented status: {where}"
+    documented: dict[str, Any] = operation.spec["responses"][status]
+    location = pointer("paths", operation.path, operation.method, "responses", status)
+    if "$ref" in documented:
+        location = str(documented["$ref"]).removeprefix("#")
+        documented = resolve(documented)
+    for name, header in documented.get("headers", {}).items():
+        if resolve(header).get("required"):
+            assert name in response.headers, f"missing header {name}: {where}"
+    content: dict[str, Any] = documented.get("content", {})
+    if not content:
+        assert response.content == b"", f"a body where none is documented: {where}"
+        return documented
+    media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    keys = {key.split(";")[0].strip().lower(): key for key in content}
+    key = keys.get(media_type) or keys.get("*/*")
+    assert key is not None, f"undocumented content type {media_type!r}: {where}"
+    if media_type == "application/json" and "schema" in content[key]:
+        schema_at = location + pointer("content", key, "schema")
+        validator = OAS31Validator({"$ref": f"{SPEC_URI}#{schema_at}"}, registry=REGISTRY)
+        validator.validate(response.json())
+    return documented
+
+
+# -- the document itself ------------------------------------------------------------------------
+def test_document_is_valid_openapi_3_1() -> None:
+    assert SPEC["openapi"].startswith("3.1.")
+    validate(SPEC)
+
+
+def test_every_native_route_and_server_path_is_documented() -> None:
+    documented = set()
+    for operation in operations():
+        route = parse_route(fill(operation.path, "some/queue"))
+        documented.add((route.kind, operation.method.upper()))
+    served = set(native.TABLE) | {("server", "GET")}
+    assert documented == served
+    server_paths = {p.strip("/") for p in SPEC["paths"] if parse_route(p).kind == "server"}
+    assert server_paths == SERVER_PATHS
+
+
+def test_every_native_operation_documents_the_transport_answers() -> None:
+    for operation in operations():
+        if parse_route(fill(operation.path, "q")).kind == "server":
+            continue
+        missing = TRANSPORT_STATUSES - set(operation.spec["responses"])
+        assert not missing, f"{operation.op_id} lacks {missing}"
+    unavailable = resolve({"$ref": "#/components/responses/Unavailable"})
+    assert resolve(unavailable["headers"]["Retry-After"])["required"] is True
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        *("2", "0.25", ".5", "5.", "150ms", "1h2m3.5s", "+2s", " 2s ", "1µs", "1μs", "10us", "0"),
+        *("", "-1", "bogus", "2x", "1h-2m", "s", "1 s", "1e3", "inf", "nan", "1.2.3s"),
+    ],
+)
+def test_duration_pattern_matches_the_parser(text: str) -> None:
+    pattern = resolve({"$ref": "#/components/schemas/Duration"})["pattern"]
+    try:
+        parse_duration(text)
+        parses = True
+    except InvalidArgument:
+        parses = False
+    assert (re.search(pattern, text) is not None) == parses
+
+
+# -- against a real server ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    started = start_server(tmp_path_factory.mktemp("openapi-root"))
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        yield client
+
+
+def test_served_document_is_exactly_the_packaged_file(http: httpx.Client) -> None:
+    response = http.get("/openapi.json")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    assert response.content == SPEC_BYTES
+
+
+@dataclass(frozen=True)
+class Case:
+    """A simple request for one operation, on a fresh queue holding one message."""
+
+    op_id: str
+    expected: int
+    params: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    fresh: bool = False  # the queue must not exist yet
+    lease: bool = False  # lease the message first (for the receipt)
+
+
+SETUP_HEADERS = {"Content-Encoding": "identity", "X-Group": "g1", "X-Attr-Colour": "blue"}
+MULTIPART = (
+    b"--XYZ\r\nContent-Type: text/plain\r\nX-Attr-N: 1\r\n\r\none\r\n"
+    b"--XYZ\r\nX-Delay: 1h\r\nX-Group: g\r\n\r\ntwo\r\n--XYZ--\r\n"
+)
+CASES = [
+    Case("health", 200),
+    Case("metrics", 200),
+    Case("openapi", 200),
+    Case("listQueues", 200, params={"prefix": "oa/"}),
+    Case("getQueue", 200),
+    Case("putQueue", 201, body=b'{"visibility_timeout_s": 5, "max_receives": 3}', fresh=True),
+    Case("putQueue", 200, body=b'{"delay_s": 0.5}'),
+    Case("putQueue", 200),
+    Case("deleteQueue", 204),
+    Case(
+        "publish",
+        201,
+        params={"delay": "1s", "durability": "writeback"},
+        headers={"Content-Type": "text/plain", "X-Dedup-Id": "d1", "X-Group": "g2"},
+        body=b"hello",
+    ),
+    Case("publish", 201, headers={"Content-Type": "multipart/mixed; boundary=XYZ"}, body=MULTIPART),
+    Case(
+        "publish",
+        201,
+        headers={"Content-Type": "application/x-ndjson"},
+        body=b'{"body": "a", "group": "g"}\n'
+        b'{"body_base64": "AAE=", "headers": {"X-Attr-K": "v"}, "delay": 0.5}\n',
+    ),
+    Case("receive", 200, params={"visibility": "30s"}),
+    Case("receive", 200, params={"max": "10", "wait": "0"}),
+    Case("receive", 200, params={"peek": "1", "max": "5"}),
+    Case("receive", 204, params={"wait": "10ms"}, lease=True),
+    Case("purge", 200),
+    Case("peekMessage", 200),
+    Case("deleteMessage", 204),
+    Case("deleteMessage", 204, lease=True),
+    Case("nack", 204, params={"delay": "100ms"}, lease=True),
+    Case("extend", 204, params={"visibility": "1m"}, lease=True),
+    Case("deadLetter", 204, lease=True),
+]
+
+
+def test_cases_cover_every_operation() -> None:
+    assert {c.op_id for c in CASES} == {o.op_id for o in operations()}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.op_id}-{c.expected}")
+def test_operation_answers_a_documented_status(http: httpx.Client, case: Case) -> None:
+    (operation,) = [o for o in operations() if o.op_id == case.op_id]
+    has_queue = "queue" in operation.parameter_names()
+    queue = f"oa/{case.op_id}"
+    message_id = receipt = SOME_ID
+    try:
+        if has_queue and not case.fresh:
+            assert http.put(f"/{queue}").status_code == 201
+            published = http.post(f"/{queue}/messages", content=b"hello", headers=SETUP_HEADERS)
+            message_id = published.headers["X-Message-Id"]
+            if case.lease:
+                receipt = http.get(f"/{queue}/messages").headers["X-Receipt"]
+        response = http.request(
+            operation.method.upper(),
+            fill(operation.path, queue, ref=receipt if case.lease else message_id, receipt=receipt),
+            params=case.params,
+            headers=case.headers,
+            content=case.body or None,
+        )
+        check_documented(operation, response)
+        assert response.status_code == case.expected, response.text
+        if case.op_id == "receive" and case.expected == 200 and "max" not in case.params:
+            documented = resolve(operation.spec["responses"]["200"])["headers"]
+            assert [h for h in documented if h not in response.headers] == []
+    finally:
+        if has_queue:
+            http.delete(f"/{queue}")
+
+
+@pytest.mark.parametrize(
+    "operation",
+    [o for o in operations() if "queue" in o.parameter_names()],
+    ids=lambda o: o.op_id,
+)
+def test_missing_queue_answers_a_documented_status(
+    http: httpx.Client, operation: Operation
+) -> None:
+    try:
+        response = http.request(operation.method.upper(), fill(operation.path, MISSING_QUEUE))
+        check_documented(operation, response)
+        expected = 201 if operation.op_id == "putQueue" else 404
+        assert response.status_code == expected, response.text
+    finally:
+        http.delete(f"/{MISSING_QUEUE}")
+
+
+@pytest.mark.parametrize("path", list(SPEC["paths"]))
+def test_undocumented_methods_get_405(http: httpx.Client, path: str) -> None:
+    documented = {m.upper() for m in HTTP_METHODS if m in SPEC["paths"][path]}
+    allowed = resolve({"$ref": "#/components/responses/MethodNotAllowed"})
+    filled = fill(path, MISSING_QUEUE)
+    is_server_path = parse_route(filled).kind == "server"
+    for method in ("GET", "PUT", "POST", "DELETE", "PATCH", "OPTIONS"):
+        if method in documented:
+            continue
+        response = http.request(method, filled)
+        assert response.status_code == 405, f"{method} {path}: {response.text}"
+        body = response.json()
+        assert set(body) == {"error", "message"} and body["error"] == "MethodNotAllowed"
+        if not is_server_path:  # the server's own paths send no Allow header (yet)
+            assert response.headers["allow"] == ", ".join(sorted(documented))
+            assert "Allow" in allowed["headers"]
