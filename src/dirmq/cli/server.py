@@ -28,6 +28,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="also serve the yaq dialect on this address",
     )
     p.add_argument(
+        "--sqs-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="also serve the Amazon SQS API on a port of its own (it is always served on "
+        "--listen too)",
+    )
+    p.add_argument(
         "--workers",
         type=count,
         default=1,
@@ -95,6 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         root=args.root or default_root(),
         listen=args.listen,
         yaq_listen=args.yaq_listen,
+        sqs_listen=args.sqs_listen,
         workers=args.workers,
         drain_timeout_s=args.drain_timeout,
         limits=Limits(

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from importlib import resources
 
 from dirmq.errors import DirmqError
 from dirmq.server import native
 from dirmq.server.broker import Broker
 from dirmq.server.errors import error_response, json_error
-from dirmq.server.http import Request, Response, StreamResponse
+from dirmq.server.http import Handler, Request, Response, StreamResponse
 from dirmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dirmq.server.metrics import Metrics
 from dirmq.server.routes import Route, parse_route
@@ -23,14 +24,26 @@ _COUNTED: dict[native.Handler, str] = {
 
 
 class NativeApp:
-    def __init__(self, broker: Broker, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        metrics: Metrics,
+        sqs: Handler | None = None,
+        is_sqs: Callable[[Request], bool] | None = None,
+    ) -> None:
         self.broker = broker
         self.metrics = metrics
+        # Another dialect on the same port (SQS): composed in serve.py, so this layer does not
+        # import the layers built on it.
+        self.sqs = sqs
+        self.is_sqs = is_sqs
         self._openapi = resources.files("dirmq.server").joinpath("openapi.json").read_bytes()
 
     async def __call__(self, request: Request) -> Response | StreamResponse:
         started = time.monotonic()
         label = "invalid"
+        if self.sqs is not None and self.is_sqs is not None and self.is_sqs(request):
+            return await self.sqs(request)
         try:
             route = parse_route(request.path)
             label = route.label

@@ -41,6 +41,7 @@ class ServeOptions:
     root: str
     listen: str = DEFAULT_LISTEN
     yaq_listen: str | None = None
+    sqs_listen: str | None = None
     workers: int = 1
     drain_timeout_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
@@ -85,6 +86,8 @@ def _bind_all(options: ServeOptions) -> list[_Endpoint]:
     wanted = [("native", options.listen)]
     if options.yaq_listen:
         wanted.append(("yaq", options.yaq_listen))
+    if options.sqs_listen:
+        wanted.append(("sqs", options.sqs_listen))
     for name, address in wanted:
         host, port = parse_address(address)
         sock = _listen(host, port, reuse_port=options.workers > 1)
@@ -117,11 +120,15 @@ async def run_worker(options: ServeOptions, endpoints: list[_Endpoint]) -> None:
 
 
 def _handler_for(name: str, broker: Broker, metrics: Metrics) -> Handler:
+    from dirmq.sqs.app import SqsApp, is_sqs_request
+
     if name == "yaq":
         from dirmq.server.yaq import YaqApp
 
         return YaqApp(broker)
-    return NativeApp(broker, metrics)
+    if name == "sqs":
+        return SqsApp(broker)
+    return NativeApp(broker, metrics, SqsApp(broker), is_sqs_request)
 
 
 def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -35,6 +35,9 @@ class QueueConfig:
     writeback_delay_s: float = 0.5
     peers: int = 0
     dedup_window_s: float = 300.0
+    # Settings of protocols above the store (SQS attributes and tags...), kept with the queue
+    # and opaque to the store: {"sqs": {...}}.
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_seconds("visibility_timeout_s", self.visibility_timeout_s, 0.0)
@@ -49,6 +52,8 @@ class QueueConfig:
         _check_int("peers", self.peers, 0)
         if self.dead_letter_queue is not None:
             validate_queue_name(self.dead_letter_queue)
+        if not isinstance(self.metadata, dict):
+            raise ConfigError("metadata must be a JSON object")
         if not isinstance(self.durability, Durability):
             try:
                 object.__setattr__(self, "durability", Durability(self.durability))

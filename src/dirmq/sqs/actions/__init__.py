@@ -1,0 +1,30 @@
+"""SQS actions by name. Each is `async (context, params) -> result`, params and result shaped as
+in the JSON protocol (the query protocol is translated to and from that shape)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from dirmq.sqs.context import Context
+
+Params = dict[str, Any]
+Result = dict[str, Any]
+Action = Callable[[Context, Params], Awaitable[Result]]
+
+REGISTRY: dict[str, Action] = {}
+
+
+def action(name: str) -> Callable[[Action], Action]:
+    def register(fn: Action) -> Action:
+        REGISTRY[name] = fn
+        return fn
+
+    return register
+
+
+def load() -> dict[str, Action]:
+    """Import every action module (each registers its actions) and return the registry."""
+    from dirmq.sqs.actions import messages, queues  # noqa: F401
+
+    return REGISTRY

@@ -1,0 +1,113 @@
+"""SQS requests: which ones they are, who sent them, and which action answers them.
+
+Served on the native API's port: a request is SQS's when it carries `X-Amz-Target: AmazonSQS.*`
+(JSON protocol) or an `Action` parameter in its query or form body (query protocol); nothing
+of the native API looks like that. `dirmq serve --sqs-listen` also gives SQS a port of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from dirmq import errors
+from dirmq.server.broker import Broker
+from dirmq.server.http import Request, Response
+from dirmq.sqs import protocol_json, protocol_query
+from dirmq.sqs.actions import load
+from dirmq.sqs.context import DEFAULT_ACCOUNT, DEFAULT_REGION, Context
+from dirmq.sqs.errors import SqsError
+
+log = logging.getLogger("dirmq.sqs")
+Authenticate = Callable[[Request], None]  # raises SqsError when the request is not allowed
+
+
+class Wire(Protocol):
+    """What each protocol module (protocol_json, protocol_query) provides."""
+
+    def parse(self, request: Request) -> tuple[str, dict[str, Any]]: ...
+    def render(self, action: str, result: dict[str, Any], request_id: str) -> Response: ...
+    def render_error(self, error: SqsError, request_id: str) -> Response: ...
+
+
+def is_sqs_request(request: Request) -> bool:
+    if protocol_json.is_json_request(request):
+        return True
+    if "Action" in request.query:
+        return True
+    content_type = (request.headers.get("content-type") or "").lower()
+    return (
+        request.method == "POST"
+        and content_type.startswith("application/x-www-form-urlencoded")
+        and b"Action=" in request.body
+    )
+
+
+class SqsApp:
+    def __init__(
+        self,
+        broker: Broker,
+        *,
+        account: str = DEFAULT_ACCOUNT,
+        region: str = DEFAULT_REGION,
+        authenticate: Authenticate | None = None,
+    ) -> None:
+        self.broker = broker
+        self.account = account
+        self.region = region
+        self.authenticate = authenticate
+        self.actions = load()
+
+    async def __call__(self, request: Request) -> Response:
+        request_id = protocol_json.new_request_id()
+        wire: Wire = protocol_json if protocol_json.is_json_request(request) else protocol_query
+        parse, render, render_error = wire.parse, wire.render, wire.render_error
+        action_name = ""
+        try:
+            if self.authenticate is not None:
+                self.authenticate(request)
+            action_name, params = parse(request)
+            handler = self.actions.get(action_name)
+            if handler is None:
+                raise SqsError(
+                    "InvalidAction",
+                    f"The action {action_name or '(none)'} is not valid for this endpoint.",
+                )
+            result = await self._run(handler, request, params)
+        except SqsError as error:
+            return render_error(error, request_id)
+        except errors.DirmqError as exc:
+            return render_error(_translate(exc), request_id)
+        except Exception:
+            log.exception("SQS %s failed", action_name)
+            return render_error(
+                SqsError("InternalError", "We encountered an internal error. Please try again."),
+                request_id,
+            )
+        return render(action_name, result, request_id)
+
+    async def _run(
+        self,
+        handler: Callable[[Context, dict[str, Any]], Awaitable[dict[str, Any]]],
+        request: Request,
+        params: dict[str, Any],
+    ) -> dict[str, Any]:
+        host = request.headers.get("host") or "localhost"
+        context = Context(self.broker, f"http://{host}", self.account, self.region)
+        return await handler(context, params)
+
+
+def _translate(exc: errors.DirmqError) -> SqsError:
+    """Library errors that reach the SQS layer, in AWS's words."""
+    if isinstance(exc, errors.QueueNotFound):
+        return SqsError("QueueDoesNotExist", "The specified queue does not exist.")
+    if isinstance(exc, errors.StaleReceipt):
+        return SqsError("ReceiptHandleIsInvalid", f"The receipt handle is not valid: {exc}")
+    if isinstance(exc, errors.StorageError):
+        return SqsError("ServiceUnavailable", f"The message could not be stored: {exc}")
+    if isinstance(exc, errors.MessageTooLarge):
+        return SqsError("InvalidParameterValue", str(exc))
+    if isinstance(exc, errors.InvalidArgument | errors.InvalidName | errors.ConfigError):
+        return SqsError("InvalidParameterValue", str(exc))
+    return SqsError("InternalError", str(exc))

@@ -1,0 +1,64 @@
+"""What every SQS action needs: the broker (store access for asyncio), the account and region it
+answers as, and the mapping between SQS queue names, URLs, ARNs and dirmq queues.
+
+SQS queue names (1-80 of [A-Za-z0-9_-], `.fifo` suffix for FIFO queues) are dirmq queue names
+as they are: the queue `orders` of the native API and the library is the SQS queue `orders`,
+URL `http://host:port/<account>/orders`. dirmq queues whose names are not valid SQS names
+(nested `a/b`, spaces) are invisible to SQS.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from dirmq.server.broker import Broker
+from dirmq.sqs.errors import SqsError
+
+DEFAULT_ACCOUNT = "000000000000"
+DEFAULT_REGION = "us-east-1"
+_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,80}")
+
+
+def valid_sqs_name(name: str) -> bool:
+    base = name[: -len(".fifo")] if name.endswith(".fifo") else name
+    return bool(_NAME_RE.fullmatch(base)) and len(name) <= 80
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    broker: Broker
+    base_url: str  # scheme://host:port the client used (from the Host header)
+    account: str = DEFAULT_ACCOUNT
+    region: str = DEFAULT_REGION
+
+    def queue_url(self, name: str) -> str:
+        return f"{self.base_url}/{self.account}/{name}"
+
+    def queue_arn(self, name: str) -> str:
+        return f"arn:aws:sqs:{self.region}:{self.account}:{name}"
+
+    def name_from_url(self, url: str | None) -> str:
+        """The queue name in a QueueUrl (any host: clients may use another name for us)."""
+        if not url:
+            raise SqsError("MissingParameter", "The request must contain the parameter QueueUrl.")
+        path = urlsplit(url).path if "://" in url else url
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        if not valid_sqs_name(name):
+            raise SqsError("QueueDoesNotExist", "The specified queue does not exist.")
+        return name
+
+    def name_from_arn(self, arn: str, parameter: str) -> str:
+        parts = arn.split(":")
+        if (
+            len(parts) != 6
+            or parts[0] != "arn"
+            or parts[2] != "sqs"
+            or not valid_sqs_name(parts[5])
+        ):
+            raise SqsError(
+                "InvalidParameterValue",
+                f"Value {arn} for parameter {parameter} is invalid. Reason: not an SQS queue ARN.",
+            )
+        return parts[5]
