@@ -35,6 +35,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "--listen too)",
     )
     p.add_argument(
+        "--sqs-credentials",
+        default=None,
+        metavar="FILE",
+        help="require AWS Signature V4 on SQS requests, by the access keys in FILE (lines "
+        "'ACCESS_KEY_ID SECRET_ACCESS_KEY', # comments); default: accept any credentials",
+    )
+    p.add_argument(
         "--workers",
         type=count,
         default=1,
@@ -103,6 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         listen=args.listen,
         yaq_listen=args.yaq_listen,
         sqs_listen=args.sqs_listen,
+        sqs_credentials=args.sqs_credentials,
         workers=args.workers,
         drain_timeout_s=args.drain_timeout,
         limits=Limits(

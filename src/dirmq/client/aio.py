@@ -209,6 +209,8 @@ class AsyncRemoteQueue:
     async def browse(self, limit: int | None = None) -> list[Message]:
         """Ready messages in FIFO order, without leasing them: a list (one answer, at most 1000
         messages, the server's cap), where the sync client returns an iterator."""
+        if limit == 0:
+            return []
         return p.browsed(await self._store.request(p.browse_call(self.name, limit)))
 
     async def stats(self) -> QueueStats:

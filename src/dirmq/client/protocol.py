@@ -319,7 +319,8 @@ def peeked(answer: Answer) -> Message:
 
 def browse_call(name: str, limit: int | None) -> Call:
     """Browse ready messages as JSON (`browsed`): one answer of at most 1000 (the server's cap)."""
-    return Call("GET", queue_path(name) + "/messages", {"peek": "1", "max": str(limit or 1000)})
+    count = 1000 if limit is None else max(1, min(limit, 1000))
+    return Call("GET", queue_path(name) + "/messages", {"peek": "1", "max": str(count)})
 
 
 def purge_call(name: str) -> Call:

@@ -40,6 +40,10 @@ class RemoteStore:
                 content=call.body or None,
                 timeout=call.timeout_s or self._timeout_s,
             )
+        except httpx.TimeoutException as exc:
+            raise errors.StorageIOError(
+                0, f"dirmq at {self.url} did not answer in time ({type(exc).__name__})"
+            ) from exc
         except httpx.HTTPError as exc:
             raise errors.StorageIOError(0, f"cannot reach dirmq at {self.url}: {exc}") from exc
         answer = answer_of(response)
@@ -53,32 +57,29 @@ class RemoteStore:
             if not exist_ok:
                 raise errors.QueueExists(f"queue {name!r} already exists")
             return RemoteQueue(self, name)
-        self.request(p.Call("PUT", p.queue_path(name), body=p.config_body(config)))
+        self.request(p.put_queue_call(name, config))
         return RemoteQueue(self, name)
 
     def queue(self, name: str) -> RemoteQueue:
         """The queue `name` (QueueNotFound if the server has no such queue)."""
-        self.request(p.Call("GET", p.queue_path(name)))
+        self.request(p.queue_call(name))
         return RemoteQueue(self, name)
 
     def exists(self, name: str) -> bool:
         try:
-            self.request(p.Call("GET", p.queue_path(name)))
+            self.request(p.queue_call(name))
         except errors.QueueNotFound:
             return False
         return True
 
     def configure(self, name: str, **changes: Any) -> QueueConfig:
-        return p.config_from(
-            self.request(p.Call("PUT", p.queue_path(name), body=p.config_body(changes)))
-        )
+        return p.config_from(self.request(p.put_queue_call(name, changes)))
 
     def list_queues(self, prefix: str = "") -> list[str]:
-        params = {"prefix": prefix} if prefix else {}
-        return list(self.request(p.Call("GET", "/", params)).json()["queues"])
+        return p.queue_names(self.request(p.list_call(prefix)))
 
     def delete_queue(self, name: str) -> None:
-        self.request(p.Call("DELETE", p.queue_path(name)))
+        self.request(p.delete_queue_call(name))
 
     def close(self) -> None:
         self._http.close()
@@ -91,16 +92,17 @@ class RemoteStore:
 
 
 class RemoteQueue:
-    """One queue on a dirmq server; every method is one HTTP request."""
+    """One queue on a dirmq server; every method is one HTTP request (`ack_many`: one per
+    receipt, in order)."""
 
     def __init__(self, store: RemoteStore, name: str) -> None:
+        p.queue_path(name)  # InvalidName now, not at the first request
         self.name = name
         self._store = store
-        self._path = p.queue_path(name)
 
     @property
     def config(self) -> QueueConfig:
-        return p.config_from(self._store.request(p.Call("GET", self._path)))
+        return p.config_from(self._store.request(p.queue_call(self.name)))
 
     def put(
         self,
@@ -122,6 +124,8 @@ class RemoteQueue:
         timeout_s: float | None = None,
         durability: Durability | str | None = None,
     ) -> list[str]:
+        """As `Queue.put_many`, except that `timeout_s=None` does not wait at capacity (an HTTP
+        request that may block forever is not useful): give a timeout to wait."""
         outgoing = [m if isinstance(m, OutgoingMessage) else OutgoingMessage(m) for m in messages]
         if not outgoing:
             return []
@@ -139,7 +143,7 @@ class RemoteQueue:
         return got[0] if got else None
 
     def ack(self, receipt: str) -> None:
-        self._store.request(p.Call("DELETE", f"{self._path}/messages/{p.ref(receipt)}"))
+        self._store.request(p.ack_call(self.name, receipt))
 
     def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]:
         failures: dict[str, Exception] = {}
@@ -151,42 +155,36 @@ class RemoteQueue:
         return failures
 
     def nack(self, receipt: str, delay_s: float = 0.0) -> None:
-        self._settle(receipt, "nack", {"delay": p.seconds(delay_s)})
+        self._store.request(p.nack_call(self.name, receipt, delay_s))
 
     def extend(self, receipt: str, visibility_s: float) -> None:
-        self._settle(receipt, "extend", {"visibility": p.seconds(visibility_s)})
+        self._store.request(p.extend_call(self.name, receipt, visibility_s))
 
     def dead_letter(self, receipt: str) -> None:
-        self._settle(receipt, "dead-letter", {})
-
-    def _settle(self, receipt: str, action: str, params: dict[str, str]) -> None:
-        path = f"{self._path}/messages/{p.ref(receipt, need_receipt=True)}/{action}"
-        self._store.request(p.Call("POST", path, params))
+        self._store.request(p.dead_letter_call(self.name, receipt))
 
     def delete(self, message_id: str) -> bool:
         try:
-            self._store.request(
-                p.Call("DELETE", f"{self._path}/messages/{p.ref(message_id, need_id=True)}")
-            )
+            self._store.request(p.delete_call(self.name, message_id))
         except errors.MessageNotFound:
             return False
         return True
 
     def peek(self, message_id: str) -> Message:
-        answer = self._store.request(
-            p.Call("GET", f"{self._path}/messages/{p.ref(message_id, need_id=True)}")
-        )
-        return p.received(answer)[0]
+        return p.peeked(self._store.request(p.peek_call(self.name, message_id)))
 
     def browse(self, limit: int | None = None) -> Iterator[Message]:
-        params = {"peek": "1", "max": str(limit or 1000)}
-        yield from p.browsed(self._store.request(p.Call("GET", f"{self._path}/messages", params)))
+        """Ready messages in FIFO order, without leasing them; over HTTP at most 1000 (one
+        answer)."""
+        if limit == 0:
+            return
+        yield from p.browsed(self._store.request(p.browse_call(self.name, limit)))
 
     def stats(self) -> QueueStats:
-        return p.stats_from(self._store.request(p.Call("GET", self._path)))
+        return p.stats_from(self._store.request(p.queue_call(self.name)))
 
     def purge(self) -> int:
-        return int(self._store.request(p.Call("DELETE", f"{self._path}/messages")).json()["purged"])
+        return p.purged(self._store.request(p.purge_call(self.name)))
 
     def close(self) -> None:
         pass

@@ -279,6 +279,7 @@ class _Receiver:
         unsubscribe: Callable[[], None] | None = None
         try:
             unsubscribe = await self.broker.call(self.queue.subscribe, notice)
+            woken.set()  # a change between a waiter's first look and our subscribing is missed
             polling = await self.broker.call(self.queue.fileno) is None
             self.broker.watch_store()
             idle = self.broker.store.poll_interval_s if polling else IDLE_RECHECK_S

@@ -45,6 +45,7 @@ class ServeOptions:
     workers: int = 1
     drain_timeout_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
+    sqs_credentials: str | None = None  # file of `KEY_ID SECRET` lines: SQS requires SigV4
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -104,7 +105,7 @@ async def run_worker(options: ServeOptions, endpoints: list[_Endpoint]) -> None:
     http_servers: list[HttpServer] = []
     listeners: list[asyncio.Server] = []
     for endpoint in endpoints:
-        handler = _handler_for(endpoint.name, broker, metrics)
+        handler = _handler_for(endpoint.name, broker, metrics, options.sqs_credentials)
         http = HttpServer(handler, options.limits)
         http_servers.append(http)
         listeners.append(await loop.create_server(http.protocol, sock=endpoint.sock))
@@ -119,16 +120,23 @@ async def run_worker(options: ServeOptions, endpoints: list[_Endpoint]) -> None:
     store.close()
 
 
-def _handler_for(name: str, broker: Broker, metrics: Metrics) -> Handler:
-    from dirmq.sqs.app import SqsApp, is_sqs_request
+def _handler_for(
+    name: str, broker: Broker, metrics: Metrics, sqs_credentials: str | None = None
+) -> Handler:
+    from dirmq.sqs.app import Authenticate, SqsApp, is_sqs_request
 
     if name == "yaq":
         from dirmq.server.yaq import YaqApp
 
         return YaqApp(broker)
+    authenticate: Authenticate | None = None
+    if sqs_credentials is not None:
+        from dirmq.sqs.auth import SigV4Authenticator
+
+        authenticate = SigV4Authenticator.from_file(sqs_credentials)
     if name == "sqs":
-        return SqsApp(broker)
-    return NativeApp(broker, metrics, SqsApp(broker), is_sqs_request)
+        return SqsApp(broker, authenticate=authenticate)
+    return NativeApp(broker, metrics, SqsApp(broker, authenticate=authenticate), is_sqs_request)
 
 
 def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int:
@@ -136,6 +144,10 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
     if options.workers < 1:
         raise InvalidArgument("--workers must be at least 1")
     Store(options.root)  # create the root now, so a bad path fails before we announce
+    if options.sqs_credentials is not None:
+        from dirmq.sqs.auth import load_credentials
+
+        load_credentials(options.sqs_credentials)  # a bad file fails before we announce
     endpoints = _bind_all(options)
     for endpoint in endpoints:
         announce(f"dirmq {endpoint.name} API listening on {endpoint.url}")

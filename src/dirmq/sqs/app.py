@@ -17,7 +17,7 @@ from dirmq.server.http import Request, Response
 from dirmq.sqs import protocol_json, protocol_query
 from dirmq.sqs.actions import load
 from dirmq.sqs.context import DEFAULT_ACCOUNT, DEFAULT_REGION, Context
-from dirmq.sqs.errors import SqsError
+from dirmq.sqs.errors import SqsError, missing, no_such_queue
 
 log = logging.getLogger("dirmq.sqs")
 Authenticate = Callable[[Request], None]  # raises SqsError when the request is not allowed
@@ -74,6 +74,7 @@ class SqsApp:
                     "InvalidAction",
                     f"The action {action_name or '(none)'} is not valid for this endpoint.",
                 )
+            _check_required(action_name, params)
             result = await self._run(handler, request, params)
         except SqsError as error:
             return render_error(error, request_id)
@@ -98,10 +99,18 @@ class SqsApp:
         return await handler(context, params)
 
 
+def _check_required(action: str, params: dict[str, Any]) -> None:
+    """MissingParameter for a required top-level parameter that is absent (AWS's wording)."""
+    shape = protocol_json.input_shape(action)
+    for name in getattr(shape, "required_members", ()) if shape is not None else ():
+        if params.get(name) is None:
+            raise missing(name)
+
+
 def _translate(exc: errors.DirmqError) -> SqsError:
     """Library errors that reach the SQS layer, in AWS's words."""
     if isinstance(exc, errors.QueueNotFound):
-        return SqsError("QueueDoesNotExist", "The specified queue does not exist.")
+        return no_such_queue()
     if isinstance(exc, errors.StaleReceipt):
         return SqsError("ReceiptHandleIsInvalid", f"The receipt handle is not valid: {exc}")
     if isinstance(exc, errors.StorageError):

@@ -285,7 +285,10 @@ class Queue:
                     self._files.slots.release(slot, message_id, self._index)
             raise
         with self._lock:
-            if self._index is not None:
+            # With inotify the index learns of these files from their own events, in order
+            # with everything else; adding them here could resurrect one that another thread
+            # claimed in between. Polling hears nothing, so there we add them ourselves.
+            if self._index is not None and self._polling():
                 for f in pending:
                     self._index.add(
                         os.path.basename(os.path.dirname(f.final_path)),

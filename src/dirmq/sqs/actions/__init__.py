@@ -25,6 +25,6 @@ def action(name: str) -> Callable[[Action], Action]:
 
 def load() -> dict[str, Action]:
     """Import every action module (each registers its actions) and return the registry."""
-    from dirmq.sqs.actions import messages, queues  # noqa: F401
+    from dirmq.sqs.actions import messages, move_tasks, queues  # noqa: F401
 
     return REGISTRY

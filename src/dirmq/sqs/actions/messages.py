@@ -1,59 +1,695 @@
-"""Message actions: SendMessage, ReceiveMessage, DeleteMessage (more to come)."""
+"""Message actions: SendMessage(Batch), ReceiveMessage, DeleteMessage(Batch),
+ChangeMessageVisibility(Batch).
+
+Messages are dirmq messages: SQS attributes are headers (see message_attributes.py), a FIFO
+queue's MessageGroupId is the store's message group (delivered in order, one in flight per
+group), its deduplication id the store's dedup id, and receipt handles are dirmq receipts, so
+what is sent over SQS can be received with the library or the native API and the other way round.
+
+Headers written besides the attributes:
+
+    X-Sqs-Message-Deduplication-Id   FIFO: the deduplication id (explicit or content-based)
+    X-Sqs-Message-Group-Id           standard queues: MessageGroupId (fair queues; the store's
+                                     groups would impose FIFO order, which standard queues lack)
+"""
 
 from __future__ import annotations
 
 import hashlib
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
+from dirmq.errors import (
+    InvalidArgument,
+    MessageNotFound,
+    MessageTooLarge,
+    QueueFull,
+    StaleReceipt,
+)
+from dirmq.sqs import attributes as queue_attributes
+from dirmq.sqs import message_attributes as attrs
 from dirmq.sqs.actions import Params, Result, action
 from dirmq.sqs.context import Context
 from dirmq.sqs.errors import SqsError
-from dirmq.sqs.ids import sqs_message_id
-from dirmq.store import OutgoingMessage
+from dirmq.sqs.ids import parse_receipt_handle, sequence_number, sqs_message_id
+from dirmq.sqs.md5 import md5_of_attributes, md5_of_body
+from dirmq.sqs.receive_attempts import Attempt, ReceiveMemory, memory_for
+from dirmq.store import Message, OutgoingMessage, Queue, QueueConfig
+from dirmq.store.codec import MAX_HEADER_BYTES
+
+MAX_MESSAGE_BYTES = 1024 * 1024
+MAX_BATCH_ENTRIES = 10
+MAX_RECEIVE = 10
+MAX_VISIBILITY_S = 12 * 60 * 60
+MAX_WAIT_S = 20
+MAX_DELAY_S = 15 * 60
+DEDUP_HEADER = "X-Sqs-Message-Deduplication-Id"
+GROUP_HEADER = "X-Sqs-Message-Group-Id"
+SYSTEM_ATTRIBUTES = (
+    "SenderId",
+    "SentTimestamp",
+    "ApproximateReceiveCount",
+    "ApproximateFirstReceiveTimestamp",
+    "SequenceNumber",
+    "MessageDeduplicationId",
+    "MessageGroupId",
+    "AWSTraceHeader",
+)
+_FIFO_ID_RE = re.compile(r"[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}")
+_BATCH_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,80}")
+# Headers besides the codec's own lines: Dirmq-Group (a 128-character group), Dirmq-Slot.
+_SYSTEM_HEADER_ALLOWANCE = 512
+
+
+# -- the queue's SQS settings -----------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class QueueKind:
+    fifo: bool
+    content_dedup: bool
+    dedup_per_group: bool  # DeduplicationScope=messageGroup
+    max_message_bytes: int
+    wait_default_s: int
+
+
+def queue_kind(config: QueueConfig) -> QueueKind:
+    """What SendMessage and ReceiveMessage need from a queue's attributes."""
+    fifo = queue_attributes.is_fifo(config)
+    return QueueKind(
+        fifo=fifo,
+        content_dedup=queue_attributes.content_based_dedup(config),
+        dedup_per_group=fifo and queue_attributes.dedup_scope(config) == "messageGroup",
+        max_message_bytes=max(1, min(queue_attributes.max_message_size(config), MAX_MESSAGE_BYTES)),
+        wait_default_s=min(max(queue_attributes.receive_wait_default(config), 0), MAX_WAIT_S),
+    )
+
+
+# -- parameters -------------------------------------------------------------------------------
+def _integer(params: Mapping[str, Any], name: str, low: int, high: int, reason: str) -> int | None:
+    value = params.get(name)
+    if value is None:
+        return None
+    if isinstance(value, str) and re.fullmatch(r"-?\d{1,12}", value.strip()):
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise SqsError(
+            "InvalidParameterValue",
+            f"Value {value} for parameter {name} is invalid. Reason: {reason}",
+        )
+    return value
+
+
+def _fifo_id(value: object, parameter: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _FIFO_ID_RE.fullmatch(value):
+        raise SqsError(
+            "InvalidParameterValue",
+            f"Value {value} for parameter {parameter} is invalid. Reason: {parameter} can only "
+            "include alphanumeric and punctuation characters. 1 to 128 in length.",
+        )
+    return value
+
+
+def _queue(ctx: Context, params: Params) -> Queue:
+    return ctx.broker.queue(ctx.name_from_url(params.get("QueueUrl")))
+
+
+# -- sending ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A validated message, ready to publish, and what to answer once it is."""
+
+    outgoing: OutgoingMessage
+    md5_body: str
+    md5_attributes: str | None
+    md5_system: str | None
+
+
+def _body(entry: Mapping[str, Any]) -> str:
+    body = entry.get("MessageBody")
+    if not isinstance(body, str) or not body:
+        raise SqsError("MissingParameter", "The request must contain the parameter MessageBody.")
+    bad = attrs.first_invalid_character(body)
+    if bad is not None:
+        raise SqsError(
+            "InvalidMessageContents",
+            f"Invalid binary character '{attrs.describe_character(bad)}' was found in the "
+            f"message body, the set of allowed characters is {attrs.ALLOWED_CHARACTERS}",
+        )
+    return body
+
+
+def _delay(entry: Mapping[str, Any], kind: QueueKind) -> float | None:
+    delay = _integer(
+        entry, "DelaySeconds", 0, MAX_DELAY_S, f"DelaySeconds must be >= 0 and <= {MAX_DELAY_S}."
+    )
+    if delay is None:
+        return None
+    if kind.fifo:
+        if delay != 0:  # FIFO queues delay only by queue; 0 means "the queue's delay"
+            raise SqsError(
+                "InvalidParameterValue",
+                f"Value {delay} for parameter DelaySeconds is invalid. Reason: The request "
+                "include parameter that is not valid for this queue type.",
+            )
+        return None
+    return float(delay)
+
+
+def entry_size(entry: Mapping[str, Any]) -> int:
+    """What an entry counts towards a batch's 1 MiB, as far as it can be told before
+    validating it (body and attribute bytes)."""
+    body = entry.get("MessageBody")
+    size = len(body.encode("utf-8", "surrogatepass")) if isinstance(body, str) else 0
+    raw = entry.get("MessageAttributes")
+    if isinstance(raw, Mapping):
+        for name, spec in raw.items():
+            size += len(str(name).encode("utf-8", "surrogatepass"))
+            if isinstance(spec, Mapping):
+                for key in ("DataType", "StringValue", "BinaryValue"):
+                    value = spec.get(key)
+                    if isinstance(value, str) and key == "BinaryValue":
+                        size += len(value) * 3 // 4
+                    elif isinstance(value, str):
+                        size += len(value.encode("utf-8", "surrogatepass"))
+                    elif isinstance(value, bytes | bytearray):
+                        size += len(value)
+    return size
+
+
+def prepare(
+    entry: Mapping[str, Any], kind: QueueKind, queue: Queue, *, batch: bool = False
+) -> Prepared:
+    """Validate one message of a SendMessage(Batch) as SQS does; SqsError says why not."""
+    body = _body(entry)
+    attributes = attrs.parse_attributes(entry.get("MessageAttributes"))
+    trace = attrs.parse_system_attributes(entry.get("MessageSystemAttributes"))
+    size = len(body.encode("utf-8")) + attrs.total_size(attributes)
+    if size > kind.max_message_bytes:
+        verb = "cannot be validated" if batch else "are invalid"
+        raise SqsError(
+            "InvalidParameterValue",
+            f"One or more parameters {verb}. Reason: Message must be shorter than "
+            f"{kind.max_message_bytes} bytes.",
+        )
+    delay_s = _delay(entry, kind)
+    group = _fifo_id(entry.get("MessageGroupId"), "MessageGroupId")
+    dedup = _fifo_id(entry.get("MessageDeduplicationId"), "MessageDeduplicationId")
+    headers = attrs.to_headers(attributes, trace)
+    store_group = store_dedup = None
+    if kind.fifo:
+        if group is None:
+            raise SqsError(
+                "InvalidParameterValue" if batch else "MissingParameter",
+                "The request must contain the parameter MessageGroupId.",
+            )
+        if dedup is None and kind.content_dedup:
+            dedup = hashlib.sha256(body.encode("utf-8")).hexdigest()
+        if dedup is None:
+            raise SqsError(
+                "InvalidParameterValue",
+                "The queue should either have ContentBasedDeduplication enabled or "
+                "MessageDeduplicationId provided explicitly",
+            )
+        headers[DEDUP_HEADER] = dedup
+        store_group = group
+        # Group and dedup ids hold no spaces, so "<group> <dedup id>" is unambiguous.
+        store_dedup = f"{group} {dedup}" if kind.dedup_per_group else dedup
+    else:
+        if dedup is not None:
+            raise SqsError(
+                "InvalidParameterValue",
+                f"Value {dedup} for parameter MessageDeduplicationId is invalid. Reason: The "
+                "request includes a parameter that is not valid for this queue type.",
+            )
+        if group is not None:
+            headers[GROUP_HEADER] = group
+    head = sum(len(n) + len(v.encode("utf-8")) + 3 for n, v in headers.items())
+    if head + _SYSTEM_HEADER_ALLOWANCE > MAX_HEADER_BYTES:
+        raise SqsError(
+            "InvalidParameterValue",
+            f"One or more parameters are invalid. Reason: the message attributes take {head} "
+            f"bytes once stored; dirmq keeps at most {MAX_HEADER_BYTES - _SYSTEM_HEADER_ALLOWANCE}"
+            " bytes of attributes per message.",
+        )
+    outgoing = OutgoingMessage(
+        body.encode("utf-8"), headers, delay_s, dedup_id=store_dedup, group=store_group
+    )
+    try:
+        queue.validate(outgoing)
+    except MessageTooLarge:
+        raise SqsError(
+            "InvalidParameterValue",
+            "One or more parameters are invalid. Reason: Message must be shorter than "
+            f"{queue.config.max_message_bytes} bytes.",
+        ) from None
+    except InvalidArgument as exc:
+        raise SqsError("InvalidParameterValue", str(exc)) from None
+    values = attrs.md5_values(attributes)
+    system = None if trace is None else {attrs.TRACE_ATTRIBUTE: ("String", trace)}
+    return Prepared(
+        outgoing,
+        md5_of_body(body),
+        md5_of_attributes(values),
+        None if system is None else md5_of_attributes(system),
+    )
+
+
+def _sent(prepared: Prepared, message_id: str, kind: QueueKind) -> Result:
+    result: Result = {
+        "MessageId": sqs_message_id(message_id),
+        "MD5OfMessageBody": prepared.md5_body,
+    }
+    if prepared.md5_attributes is not None:
+        result["MD5OfMessageAttributes"] = prepared.md5_attributes
+    if prepared.md5_system is not None:
+        result["MD5OfMessageSystemAttributes"] = prepared.md5_system
+    if kind.fifo:
+        result["SequenceNumber"] = sequence_number(message_id)
+    return result
+
+
+async def _publish(ctx: Context, queue: Queue, messages: list[OutgoingMessage]) -> list[str]:
+    try:
+        return await ctx.broker.publish(queue, messages, timeout_s=0.0)
+    except QueueFull as exc:
+        # A dirmq capacity, which SQS queues lack: SDKs back off and retry a throttled request.
+        raise SqsError("RequestThrottled", f"The queue is full: {exc}") from None
 
 
 @action("SendMessage")
 async def send_message(ctx: Context, params: Params) -> Result:
-    name = ctx.name_from_url(params.get("QueueUrl"))
-    body = params.get("MessageBody")
-    if not isinstance(body, str) or not body:
-        raise SqsError("MissingParameter", "The request must contain the parameter MessageBody.")
-    data = body.encode("utf-8")
-    queue = ctx.broker.queue(name)
-    (message_id,) = await ctx.broker.publish(queue, [OutgoingMessage(data)])
+    queue = _queue(ctx, params)
+    kind = queue_kind(queue.config)
+    prepared = prepare(params, kind, queue)
+    (message_id,) = await _publish(ctx, queue, [prepared.outgoing])
+    return _sent(prepared, message_id, kind)
+
+
+def _batch_entries(params: Params, entry_name: str) -> list[Mapping[str, Any]]:
+    """The Entries of a batch request, checked as a whole as SQS does: 1 to 10 entries whose
+    Ids are valid and distinct."""
+    entries = params.get("Entries")
+    if entries is None:
+        raise SqsError("MissingParameter", "The request must contain the parameter Entries.")
+    if not isinstance(entries, list) or not entries:
+        raise SqsError(
+            "EmptyBatchRequest", f"There should be at least one {entry_name} in the request."
+        )
+    if len(entries) > MAX_BATCH_ENTRIES:
+        raise SqsError(
+            "TooManyEntriesInBatchRequest",
+            f"Maximum number of entries per request are {MAX_BATCH_ENTRIES}. "
+            f"You have sent {len(entries)}.",
+        )
+    seen: set[str] = set()
+    for entry in entries:
+        entry_id = entry.get("Id") if isinstance(entry, Mapping) else None
+        if not isinstance(entry_id, str) or not _BATCH_ID_RE.fullmatch(entry_id):
+            raise SqsError(
+                "InvalidBatchEntryId",
+                "A batch entry id can only contain alphanumeric characters, hyphens and "
+                "underscores. It can be at most 80 letters long.",
+            )
+        if entry_id in seen:
+            raise SqsError("BatchEntryIdsNotDistinct", f"Id {entry_id} repeated.")
+        seen.add(entry_id)
+    return entries
+
+
+def _failure(entry_id: str, error: SqsError) -> Result:
     return {
-        "MessageId": sqs_message_id(message_id),
-        "MD5OfMessageBody": hashlib.md5(data).hexdigest(),
+        "Id": entry_id,
+        "SenderFault": error.kind.sender_fault,
+        "Code": error.kind.code,
+        "Message": error.message,
     }
+
+
+@action("SendMessageBatch")
+async def send_message_batch(ctx: Context, params: Params) -> Result:
+    queue = _queue(ctx, params)
+    entries = _batch_entries(params, "SendMessageBatchRequestEntry")
+    kind = queue_kind(queue.config)
+    total = sum(entry_size(e) for e in entries)
+    if total > MAX_MESSAGE_BYTES:
+        raise SqsError(
+            "BatchRequestTooLong",
+            f"Batch requests cannot be longer than {MAX_MESSAGE_BYTES} bytes. "
+            f"You have sent {total} bytes.",
+        )
+    if kind.fifo and any(e.get("MessageGroupId") is None for e in entries):
+        raise SqsError(
+            "InvalidParameterValue", "The request must contain the parameter MessageGroupId."
+        )
+    if (
+        kind.fifo
+        and not kind.content_dedup
+        and any(e.get("MessageDeduplicationId") is None for e in entries)
+    ):
+        raise SqsError(
+            "InvalidParameterValue",
+            "The queue should either have ContentBasedDeduplication enabled or "
+            "MessageDeduplicationId provided explicitly",
+        )
+    failed: list[Result] = []
+    good: list[tuple[str, Prepared]] = []
+    for entry in entries:
+        try:
+            good.append((entry["Id"], prepare(entry, kind, queue, batch=True)))
+        except SqsError as error:
+            if error.kind.code == "UnsupportedOperation":
+                raise SqsError(
+                    "UnsupportedOperation",
+                    "Message attribute list values in SendMessageBatch operation are not "
+                    "supported.",
+                ) from None
+            failed.append(_failure(entry["Id"], error))
+    successful: list[Result] = []
+    if good:
+        ids = await _publish(ctx, queue, [p.outgoing for _, p in good])
+        for (entry_id, prepared), message_id in zip(good, ids, strict=True):
+            successful.append({"Id": entry_id, **_sent(prepared, message_id, kind)})
+    return {"Successful": successful, "Failed": failed}
+
+
+# -- receiving --------------------------------------------------------------------------------
+def _names(params: Params, key: str) -> list[str]:
+    value = params.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise SqsError("InvalidParameterValue", f"{key} must be a list of names.")
+    return [v for v in value if isinstance(v, str)]
+
+
+def _system_attributes(
+    ctx: Context,
+    message: Message,
+    kind: QueueKind,
+    wanted: set[str],
+    memory: ReceiveMemory,
+    queue_name: str,
+) -> dict[str, str]:
+    sent_ms = round(message.published_at_s * 1000)
+    first_ms = _first_receive(memory, queue_name, message, sent_ms)  # noted even if not asked
+    if not wanted:
+        return {}
+    everything = "All" in wanted
+    values: dict[str, Callable[[], str | None]] = {
+        "SenderId": lambda: ctx.account,
+        "SentTimestamp": lambda: str(sent_ms),
+        "ApproximateReceiveCount": lambda: str(message.receive_count),
+        "ApproximateFirstReceiveTimestamp": lambda: str(first_ms),
+        "SequenceNumber": lambda: sequence_number(message.id) if kind.fifo else None,
+        "MessageDeduplicationId": lambda: _header(message, DEDUP_HEADER) if kind.fifo else None,
+        "MessageGroupId": lambda: message.group or _header(message, GROUP_HEADER),
+        "AWSTraceHeader": lambda: attrs.trace_header(message.headers),
+    }
+    result: dict[str, str] = {}
+    for name in SYSTEM_ATTRIBUTES:
+        if everything or name in wanted:
+            value = values[name]()
+            if value is not None:
+                result[name] = value
+    return result
+
+
+def _first_receive(memory: ReceiveMemory, queue: str, message: Message, sent_ms: int) -> int:
+    now = round(time.time() * 1000)
+    known = memory.first_receive_ms(queue, message.id, message.receive_count, now)
+    return known if known >= 0 else sent_ms
+
+
+def _header(message: Message, name: str) -> str | None:
+    lowered = name.lower()
+    for key, value in message.headers.items():
+        if key.lower() == lowered:
+            return value
+    return None
+
+
+def render_message(
+    ctx: Context,
+    message: Message,
+    kind: QueueKind,
+    attribute_names: list[str],
+    system_names: set[str],
+    memory: ReceiveMemory,
+    queue_name: str,
+) -> Result:
+    # Bodies published by the library may be any bytes; SQS bodies are text.
+    body = message.body.decode("utf-8", "replace")
+    rendered: Result = {
+        "MessageId": sqs_message_id(message.id),
+        "ReceiptHandle": message.receipt,
+        "MD5OfBody": md5_of_body(body),
+        "Body": body,
+    }
+    system = _system_attributes(ctx, message, kind, system_names, memory, queue_name)
+    if system:
+        rendered["Attributes"] = system
+    selected = attrs.select(attrs.from_headers(message.headers), attribute_names)
+    if selected:
+        rendered["MD5OfMessageAttributes"] = md5_of_attributes(attrs.md5_values(selected))
+        rendered["MessageAttributes"] = {n: a.to_json() for n, a in selected.items()}
+    return rendered
 
 
 @action("ReceiveMessage")
 async def receive_message(ctx: Context, params: Params) -> Result:
-    name = ctx.name_from_url(params.get("QueueUrl"))
-    queue = ctx.broker.queue(name)
-    count = int(params.get("MaxNumberOfMessages", 1))
-    wait_s = float(params.get("WaitTimeSeconds", 0))
-    visibility = params.get("VisibilityTimeout")
-    got = await ctx.broker.receive(
-        queue, count, None if visibility is None else float(visibility), wait_s
+    queue = _queue(ctx, params)
+    kind = queue_kind(queue.config)
+    count = _integer(
+        params, "MaxNumberOfMessages", 1, MAX_RECEIVE, "Must be between 1 and 10, if provided."
     )
-    messages = [
-        {
-            "MessageId": sqs_message_id(m.id),
-            "ReceiptHandle": m.receipt,
-            "MD5OfBody": hashlib.md5(m.body).hexdigest(),
-            "Body": m.body.decode("utf-8", "replace"),
-        }
-        for m in got
-    ]
+    visibility = _integer(
+        params,
+        "VisibilityTimeout",
+        0,
+        MAX_VISIBILITY_S,
+        f"Must be >= 0 and <= {MAX_VISIBILITY_S}, if provided.",
+    )
+    wait = _integer(
+        params, "WaitTimeSeconds", 0, MAX_WAIT_S, f"Must be >= 0 and <= {MAX_WAIT_S}, if provided."
+    )
+    attribute_names = _names(params, "MessageAttributeNames")
+    system_names = set(_names(params, "AttributeNames")) | set(
+        _names(params, "MessageSystemAttributeNames")
+    )
+    attempt_id = _fifo_id(params.get("ReceiveRequestAttemptId"), "ReceiveRequestAttemptId")
+    memory = memory_for(ctx.broker)
+
+    async def receive() -> list[Result]:
+        got = await ctx.broker.receive(
+            queue,
+            count or 1,
+            None if visibility is None else float(visibility),
+            float(kind.wait_default_s if wait is None else wait),
+        )
+        return [
+            render_message(ctx, m, kind, attribute_names, system_names, memory, queue.name)
+            for m in got
+        ]
+
+    if not kind.fifo or attempt_id is None:
+        messages = await receive()
+    else:
+        async with memory.lock(queue.name, attempt_id):
+            retried = await _retry_or_receive(ctx, queue, memory, attempt_id, visibility)
+            if retried is not None:
+                messages = retried
+            else:
+                messages = await receive()
+                if messages:
+                    receipts = [m["ReceiptHandle"] for m in messages]
+                    memory.remember(queue.name, attempt_id, Attempt(receipts, messages))
     return {"Messages": messages} if messages else {}
+
+
+async def _retry_or_receive(
+    ctx: Context, queue: Queue, memory: ReceiveMemory, attempt_id: str, visibility: int | None
+) -> list[Result] | None:
+    """The answer of an earlier receive with this attempt id, its leases restarted; None when
+    there is none (or none of its messages is still in flight under its receipts)."""
+    attempt = memory.attempt(queue.name, attempt_id)
+    if attempt is None:
+        return None
+    visibility_s = float(queue.config.visibility_timeout_s if visibility is None else visibility)
+    live: list[Result] = []
+    for receipt, rendered in zip(attempt.receipts, attempt.messages, strict=True):
+        try:
+            await ctx.broker.call(queue.extend, receipt, visibility_s)
+        except (StaleReceipt, InvalidArgument):
+            continue  # deleted, or its visibility changed: no longer part of this attempt
+        live.append(rendered)
+    if not live:
+        memory.forget(queue.name, attempt_id)
+        return None
+    return live
+
+
+# -- settling ----------------------------------------------------------------------------------
+def _receipt(handle: object) -> tuple[str, str, int]:
+    parsed = parse_receipt_handle(handle)
+    if parsed is None:
+        if not isinstance(handle, str) or not handle:
+            raise SqsError(
+                "MissingParameter", "The request must contain the parameter ReceiptHandle."
+            )
+        raise SqsError(
+            "ReceiptHandleIsInvalid",
+            f'The input receipt handle "{handle}" is not a valid receipt handle.',
+        )
+    assert isinstance(handle, str)
+    return handle, parsed[0], parsed[1]
+
+
+async def _current(ctx: Context, queue: Queue, message_id: str) -> Message | None:
+    """The message as it is now (any state but dead-lettered), or None if it is gone."""
+    try:
+        message = await ctx.broker.call(queue.peek, message_id)
+    except MessageNotFound:
+        return None
+    return None if message.state == "dead" else message
+
+
+def _expired(handle: str) -> SqsError:
+    return SqsError(
+        "InvalidParameterValue",
+        f"Value {handle} for parameter ReceiptHandle is invalid. Reason: The receipt handle has "
+        "expired.",
+    )
+
+
+async def delete_one(ctx: Context, queue: Queue, kind: QueueKind, raw_handle: object) -> None:
+    handle, message_id, _count = _receipt(raw_handle)
+    try:
+        await ctx.broker.call(queue.ack, handle)
+        return
+    except StaleReceipt:
+        pass
+    # An old receipt. SQS: deleting a deleted message succeeds; on a standard queue an old
+    # handle still deletes the message; on a FIFO queue it has expired.
+    current = await _current(ctx, queue, message_id)
+    if current is None:
+        return
+    if kind.fifo:
+        raise _expired(handle)
+    await ctx.broker.call(queue.delete, message_id)
 
 
 @action("DeleteMessage")
 async def delete_message(ctx: Context, params: Params) -> Result:
-    name = ctx.name_from_url(params.get("QueueUrl"))
-    handle = params.get("ReceiptHandle")
-    if not isinstance(handle, str) or not handle:
-        raise SqsError("MissingParameter", "The request must contain the parameter ReceiptHandle.")
-    queue = ctx.broker.queue(name)
-    await ctx.broker.call(queue.ack, handle)
+    queue = _queue(ctx, params)
+    await delete_one(ctx, queue, queue_kind(queue.config), params.get("ReceiptHandle"))
     return {}
+
+
+@action("DeleteMessageBatch")
+async def delete_message_batch(ctx: Context, params: Params) -> Result:
+    queue = _queue(ctx, params)
+    entries = _batch_entries(params, "DeleteMessageBatchRequestEntry")
+    kind = queue_kind(queue.config)
+    successful: list[Result] = []
+    failed: list[Result] = []
+    for entry in entries:
+        try:
+            await delete_one(ctx, queue, kind, entry.get("ReceiptHandle"))
+        except SqsError as error:
+            failed.append(_failure(entry["Id"], error))
+        else:
+            successful.append({"Id": entry["Id"]})
+    return {"Successful": successful, "Failed": failed}
+
+
+def _visibility(params: Mapping[str, Any]) -> int:
+    value = _integer(
+        params,
+        "VisibilityTimeout",
+        0,
+        MAX_VISIBILITY_S,
+        f"Must be >= 0 and <= {MAX_VISIBILITY_S}, if provided.",
+    )
+    if value is None:
+        raise SqsError(
+            "MissingParameter", "The request must contain the parameter VisibilityTimeout."
+        )
+    return value
+
+
+async def change_visibility_one(
+    ctx: Context, queue: Queue, kind: QueueKind, raw_handle: object, visibility: int
+) -> None:
+    handle, message_id, _count = _receipt(raw_handle)
+
+    async def apply(receipt: str) -> None:
+        if visibility == 0:
+            await ctx.broker.call(queue.nack, receipt)  # visible again now (or dead-lettered)
+        else:
+            await ctx.broker.call(queue.extend, receipt, float(visibility))
+
+    try:
+        await apply(handle)
+        return
+    except StaleReceipt:
+        pass
+    current = await _current(ctx, queue, message_id)
+    if current is None:
+        raise SqsError(
+            "InvalidParameterValue",
+            f"Value {handle} for parameter ReceiptHandle is invalid. Reason: Message does not "
+            "exist or is not available for visibility timeout change.",
+        )
+    if kind.fifo:
+        raise _expired(handle)
+    if current.state == "leased":
+        # Received again since: SQS applies an old handle of a standard queue to the message
+        # as it is now.
+        try:
+            await apply(f"{message_id}.{current.receive_count}")
+            return
+        except StaleReceipt:
+            pass
+    elif current.state == "ready" and visibility == 0:
+        return  # already visible
+    raise SqsError(
+        "MessageNotInflight",
+        f"The message referred to by receipt handle {handle} is not in flight.",
+    )
+
+
+@action("ChangeMessageVisibility")
+async def change_message_visibility(ctx: Context, params: Params) -> Result:
+    queue = _queue(ctx, params)
+    kind = queue_kind(queue.config)
+    handle = params.get("ReceiptHandle")
+    _receipt(handle)  # an invalid handle is reported before an invalid timeout
+    await change_visibility_one(ctx, queue, kind, handle, _visibility(params))
+    return {}
+
+
+@action("ChangeMessageVisibilityBatch")
+async def change_message_visibility_batch(ctx: Context, params: Params) -> Result:
+    queue = _queue(ctx, params)
+    entries = _batch_entries(params, "ChangeMessageVisibilityBatchRequestEntry")
+    kind = queue_kind(queue.config)
+    successful: list[Result] = []
+    failed: list[Result] = []
+    for entry in entries:
+        try:
+            handle = entry.get("ReceiptHandle")
+            _receipt(handle)
+            visibility = _visibility(entry)
+            await change_visibility_one(ctx, queue, kind, handle, visibility)
+        except SqsError as error:
+            failed.append(_failure(entry["Id"], error))
+        else:
+            successful.append({"Id": entry["Id"]})
+    return {"Successful": successful, "Failed": failed}
+
+
+__all__ = ["Prepared", "QueueKind", "prepare", "queue_kind", "render_message"]
