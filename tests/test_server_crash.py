@@ -34,6 +34,7 @@ def test_sigkill_under_load_loses_no_acknowledged_message(tmp_path: Path) -> Non
         admin.put("/load", json={"visibility_timeout_s": 1})
     published: list[str] = []
     acked: list[str] = []
+    acking: list[str] = []  # DELETE sent; its answer may be lost to the kill
     lock = threading.Lock()
     stop = threading.Event()
 
@@ -59,6 +60,8 @@ def test_sigkill_under_load_loses_no_acknowledged_message(tmp_path: Path) -> Non
                     got = client.get("/load/messages", params={"wait": "0.2"})
                     if got.status_code != 200:
                         continue
+                    with lock:
+                        acking.append(got.headers["X-Message-Id"])
                     done = client.delete(f"/load/messages/{got.headers['X-Receipt']}")
                 except httpx.HTTPError:
                     return
@@ -86,7 +89,11 @@ def test_sigkill_under_load_loses_no_acknowledged_message(tmp_path: Path) -> Non
         restarted.stop()
     assert not remaining & set(acked), "an acknowledged message came back"
     lost = set(published) - set(acked) - remaining
-    assert not lost, f"{len(lost)} messages that got a 201 are gone"
+    # A DELETE the server carried out just before the kill, whose 204 never reached the
+    # client, removed a message legitimately: at most one per consumer.
+    unconfirmed = lost & set(acking)
+    assert len(unconfirmed) <= 2
+    assert not lost - unconfirmed, f"{len(lost - unconfirmed)} messages that got a 201 are gone"
 
 
 def test_sigterm_drains_gracefully(tmp_path: Path) -> None:

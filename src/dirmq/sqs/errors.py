@@ -98,7 +98,6 @@ KINDS: dict[str, ErrorKind] = {
         _kind("BatchRequestTooLong", 400, _SQS + "BatchRequestTooLong"),
         _kind("InvalidBatchEntryId", 400, _SQS + "InvalidBatchEntryId"),
         _kind("UnsupportedOperation", 400, _SQS + "UnsupportedOperation"),
-        _kind("InvalidAddress", 404, "InvalidAddress"),
         _kind("InvalidAction", 400, "InvalidAction"),
         _kind("InvalidSecurity", 403, "InvalidSecurity"),
         _kind("InvalidClientTokenId", 403, "InvalidClientTokenId"),

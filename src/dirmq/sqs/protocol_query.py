@@ -14,7 +14,8 @@ Requests: the flat `Name.1.Sub=value` parameters become a tree, read along the i
 booleans are converted; blobs stay base64 text, as in JSON. A request posted to a queue's URL
 without a QueueUrl parameter (older SDKs do that) gets that URL. Results are written along the
 output shape inside `<XResponse><XResult>...</XResult><ResponseMetadata>`, escaped (carriage
-returns as `&#13;`, so they survive XML's line-end normalisation).
+returns as `&#13;`, so they survive XML's line-end normalisation; characters XML cannot carry
+replaced).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import base64
 import copy
 import functools
+import re
 from typing import Any
 from urllib.parse import parse_qsl
 from xml.sax.saxutils import escape
@@ -30,6 +32,7 @@ from dirmq.server.http import Request, Response
 from dirmq.sqs.errors import SqsError, invalid_value
 
 XMLNS = "http://queue.amazonaws.com/doc/2012-11-05/"
+_NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 CONTENT_TYPE = "text/xml"
 
 # The query protocol's names that botocore's (JSON) model no longer carries.
@@ -333,4 +336,6 @@ def _scalar_text(kind: str, value: Any) -> str:
 
 
 def _text(value: str) -> str:
-    return escape(value, {"\r": "&#13;"})
+    """Character data: escaped, carriage returns kept, and characters XML 1.0 cannot carry at
+    all (which AWS never accepts into a message) replaced, so the document stays well-formed."""
+    return escape(_NOT_XML.sub("\ufffd", value), {"\r": "&#13;"})

@@ -113,8 +113,9 @@ def _fifo_id(value: object, parameter: str) -> str | None:
     return value
 
 
-def _queue(ctx: Context, params: Params) -> Queue:
-    return ctx.broker.queue(ctx.name_from_url(params.get("QueueUrl")))
+async def _queue(ctx: Context, params: Params) -> Queue:
+    name = ctx.name_from_url(params.get("QueueUrl"))
+    return await ctx.broker.call(ctx.broker.queue, name)  # opening reads its configuration
 
 
 # -- sending ----------------------------------------------------------------------------------
@@ -282,7 +283,7 @@ async def _publish(ctx: Context, queue: Queue, messages: list[OutgoingMessage]) 
 
 @action("SendMessage")
 async def send_message(ctx: Context, params: Params) -> Result:
-    queue = _queue(ctx, params)
+    queue = await _queue(ctx, params)
     kind = queue_kind(queue.config)
     prepared = prepare(params, kind, queue)
     (message_id,) = await _publish(ctx, queue, [prepared.outgoing])
@@ -331,7 +332,7 @@ def _failure(entry_id: str, error: SqsError) -> Result:
 
 @action("SendMessageBatch")
 async def send_message_batch(ctx: Context, params: Params) -> Result:
-    queue = _queue(ctx, params)
+    queue = await _queue(ctx, params)
     entries = _batch_entries(params, "SendMessageBatchRequestEntry")
     kind = queue_kind(queue.config)
     total = sum(entry_size(e) for e in entries)
@@ -461,7 +462,7 @@ def render_message(
 
 @action("ReceiveMessage")
 async def receive_message(ctx: Context, params: Params) -> Result:
-    queue = _queue(ctx, params)
+    queue = await _queue(ctx, params)
     kind = queue_kind(queue.config)
     count = _integer(
         params, "MaxNumberOfMessages", 1, MAX_RECEIVE, "Must be between 1 and 10, if provided."
@@ -519,17 +520,19 @@ async def _retry_or_receive(
     if attempt is None:
         return None
     visibility_s = float(queue.config.visibility_timeout_s if visibility is None else visibility)
-    live: list[Result] = []
+    live: list[tuple[str, Result]] = []
     for receipt, rendered in zip(attempt.receipts, attempt.messages, strict=True):
         try:
             await ctx.broker.call(queue.extend, receipt, visibility_s)
         except (StaleReceipt, InvalidArgument):
-            continue  # deleted, or its visibility changed: no longer part of this attempt
-        live.append(rendered)
+            continue  # deleted, or returned to the queue: no longer part of this attempt
+        live.append((receipt, rendered))
     if not live:
         memory.forget(queue.name, attempt_id)
         return None
-    return live
+    attempt.receipts = [receipt for receipt, _ in live]
+    attempt.messages = [rendered for _, rendered in live]
+    return attempt.messages
 
 
 # -- settling ----------------------------------------------------------------------------------
@@ -584,14 +587,14 @@ async def delete_one(ctx: Context, queue: Queue, kind: QueueKind, raw_handle: ob
 
 @action("DeleteMessage")
 async def delete_message(ctx: Context, params: Params) -> Result:
-    queue = _queue(ctx, params)
+    queue = await _queue(ctx, params)
     await delete_one(ctx, queue, queue_kind(queue.config), params.get("ReceiptHandle"))
     return {}
 
 
 @action("DeleteMessageBatch")
 async def delete_message_batch(ctx: Context, params: Params) -> Result:
-    queue = _queue(ctx, params)
+    queue = await _queue(ctx, params)
     entries = _batch_entries(params, "DeleteMessageBatchRequestEntry")
     kind = queue_kind(queue.config)
     successful: list[Result] = []
@@ -664,7 +667,7 @@ async def change_visibility_one(
 
 @action("ChangeMessageVisibility")
 async def change_message_visibility(ctx: Context, params: Params) -> Result:
-    queue = _queue(ctx, params)
+    queue = await _queue(ctx, params)
     kind = queue_kind(queue.config)
     handle = params.get("ReceiptHandle")
     _receipt(handle)  # an invalid handle is reported before an invalid timeout
@@ -674,7 +677,7 @@ async def change_message_visibility(ctx: Context, params: Params) -> Result:
 
 @action("ChangeMessageVisibilityBatch")
 async def change_message_visibility_batch(ctx: Context, params: Params) -> Result:
-    queue = _queue(ctx, params)
+    queue = await _queue(ctx, params)
     entries = _batch_entries(params, "ChangeMessageVisibilityBatchRequestEntry")
     kind = queue_kind(queue.config)
     successful: list[Result] = []

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dirmq.errors import QueueExists, QueueNotFound
+from dirmq.errors import DirmqError, QueueExists, QueueNotFound
 from dirmq.sqs import attributes as attrs
 from dirmq.sqs.actions import Params, Result, action
 from dirmq.sqs.context import Context, valid_sqs_name
@@ -380,7 +380,7 @@ async def list_dead_letter_source_queues(ctx: Context, params: Params) -> Result
                 continue
             try:
                 config = store.queue(name).config
-            except QueueNotFound:
+            except DirmqError:  # gone meanwhile, or an unreadable configuration: not a source
                 continue
             if attrs.redrive_target(config) == queue.name:
                 found.append(name)
