@@ -4,6 +4,8 @@ no acknowledged message comes back."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -85,9 +87,9 @@ def test_sweep_on_open_after_kill_requeues_and_cleans(root: Path) -> None:
     holder.stdout.readline()
     holder.stdout.readline()
     kill(holder)
-    # a temp file left by a dead process
-    dead = spawn("consume", root, "s", 0.0)
-    dead.communicate(timeout=30)
+    # a temp file left by a dead process (one that never touched the queue)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
     orphan = os.path.join(
         q.path, layout.TMP, f"{dirmq.store.ids.new_id()}.{layout.HOST_TAG}.{dead.pid}.tmp"
     )
