@@ -1,0 +1,2178 @@
+"""HTTP server benchmark: `dirmq serve` against Redis 7 with an append-only file, on loopback.
+
+Run by hand from the project root (never collected by pytest):
+
+    .venv/bin/python bench/http.py                   # full run, 5 to 7 minutes
+    .venv/bin/python bench/http.py --quick           # smoke run, about a minute
+    .venv/bin/python bench/http.py --profile DIR     # also py-spy each dirmq server under load
+    .venv/bin/python bench/http.py --only publish,latency --json /tmp/out.json
+
+It installs what it needs itself: Debian's `redis-server` (apt-get) when it is missing, and the
+`redis` and `py-spy` packages (pip, into this interpreter). It starts its own Redis (127.0.0.1,
+a free port, `--appendonly yes --appendfsync always --save ''`, in a temp dir) and its own
+`dirmq serve` processes (127.0.0.1:0), and at the end stops exactly those, by PID, even when a
+step fails. It prints a table and writes JSON (default `bench/results/http.json`).
+
+The load generator is this script run as child processes (`--child-load`): raw uvloop sockets,
+HTTP/1.1 keep-alive (or RESP for Redis), exactly one request in flight per connection (no
+pipelining), request bytes built once, and only the status line, Content-Length and X-Receipt
+parsed. Clients and servers share the machine's cores, so every row also says how many cores
+each side used (from /proc/<pid>/stat and the clients' own process time).
+
+The box is shared and noisy: each section runs its subjects in rounds, one trial of each per round
+in a rotating order, and reports medians; the verdicts against Redis use the median of per-round
+ratios. Every loop is bounded both in count and in time.
+
+What is measured:
+1. durable publish (writethrough, dirmq root on disk under /tmp), 64 connections, 100 B bodies,
+   one worker and two; the batch endpoint (JSON lines, 100 per request); Redis LPUSH with
+   `appendfsync always`, 50 clients; and the same syscalls in a bare loop (the floor);
+2. `writeback` publish on tmpfs (/dev/shm), 2 workers and 1; Redis LPUSH with `everysec`; the
+   bare-loop floor on tmpfs;
+3. get+ack (GET /{q}/messages, then DELETE /{q}/messages/{receipt}) on a prefilled queue, 64
+   connections; Redis LMOVE+LREM (the reliable-queue pattern: also two round trips and an ack)
+   and plain RPOP, 50 clients;
+4. 10,000 held long polls (GET ?wait=60s on an empty queue, root on tmpfs): the server's extra
+   RSS, then 10,000 messages published and how fast every poller gets its one; Redis BLPOP alike;
+5. publish-to-wake latency: a parked long poll, a publish on another connection, the time from
+   sending the POST to the poller holding the message; Redis BLPOP/LPUSH alike.
+
+They run in the order 1, 2, 5, 4, 3: get+ack unlinks the acked files its pool cannot keep, and on
+ext4 without a journal every inode freed in the last minutes makes each later inode allocation
+slower (the allocator re-checks them), so it goes last; the run probes one allocation's cost at
+its start and at its end.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this file's directory comes first on sys.path, and this file is `http`:
+# take it off, or `import http.client` (here and in libraries) would find this file.
+sys.path.remove(os.path.dirname(os.path.abspath(__file__)))
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import ctypes
+import ctypes.util
+import functools
+import http.client
+import importlib
+import importlib.metadata
+import importlib.util
+import itertools
+import json
+import math
+import platform
+import queue
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = str(Path(__file__).resolve())
+DEFAULT_JSON = REPO / "bench" / "results" / "http.json"
+HOST = "127.0.0.1"
+SHM = "/dev/shm"
+BODY = b"x" * 100
+CONNECTIONS = 64  # dirmq load: concurrent connections, one request in flight on each
+REDIS_CLIENTS = 50
+BATCH = 100  # messages per batch request
+SECTIONS = ("publish", "writeback", "latency", "longpoll", "getack")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+CONNECT_GATE = 64  # long polls: connections in the making at once, over all load processes
+PARK_S = 0.01  # latency: how long a poll sits before the publish (it is parked by then)
+# (import name, distribution, pip requirement)
+PIP_NEEDS = (("redis", "redis", "redis"), ("py_spy", "py-spy", "py-spy"))
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    rounds: int
+    trial_s: float  # each throughput trial runs this long...
+    trial_ops: int  # ...or until this many messages, whichever comes first
+    dirmq_prefill: int  # messages queued before each dirmq get+ack trial
+    redis_prefill: int
+    longpolls: int
+    longpoll_procs: int
+    latency_samples: int
+
+
+FULL = Sizes(
+    rounds=3,
+    trial_s=4.0,
+    trial_ops=1_000_000,
+    dirmq_prefill=40_000,
+    redis_prefill=250_000,
+    longpolls=10_000,
+    longpoll_procs=4,
+    latency_samples=500,
+)
+QUICK = Sizes(
+    rounds=1,
+    trial_s=1.0,
+    trial_ops=200_000,
+    dirmq_prefill=5_000,
+    redis_prefill=50_000,
+    longpolls=1_000,
+    longpoll_procs=2,
+    latency_samples=50,
+)
+
+
+# -- installing what the benchmark needs -------------------------------------------------------
+def _apt_install(package: str) -> None:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", package]
+    if subprocess.run(install, env=env, check=False, timeout=900).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], env=env, check=False, timeout=900)
+        subprocess.run(install, env=env, check=True, timeout=900)
+
+
+def ensure_redis_server() -> str:
+    """Install Debian's redis-server if missing; return its version."""
+    if shutil.which("redis-server") is None:
+        print("installing redis-server (apt-get) ...", file=sys.stderr, flush=True)
+        _apt_install("redis-server")
+    out = subprocess.run(
+        ["redis-server", "--version"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    version = next((w[2:] for w in out.split() if w.startswith("v=")), out.strip())
+    if int(version.split(".")[0]) < 7:
+        print(f"warning: redis-server {version} is older than 7", file=sys.stderr)
+    return version
+
+
+def ensure_pip() -> dict[str, str]:
+    versions: dict[str, str] = {}
+    for module, dist, requirement in PIP_NEEDS:
+        present = importlib.util.find_spec(module) is not None
+        if module == "py_spy":  # a binary, not a module
+            present = shutil.which("py-spy") is not None or _venv_bin("py-spy").exists()
+        if not present:
+            print(f"installing {requirement} (pip) ...", file=sys.stderr, flush=True)
+            command = [sys.executable, "-m", "pip", "install", "-q", requirement]
+            subprocess.run(command, check=False, timeout=900)
+            importlib.invalidate_caches()
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = "missing"
+    return versions
+
+
+def _venv_bin(name: str) -> Path:
+    return Path(sys.executable).parent / name
+
+
+def py_spy_path() -> str | None:
+    local = _venv_bin("py-spy")
+    return str(local) if local.exists() else shutil.which("py-spy")
+
+
+# -- processes we start, and only those ----------------------------------------------------------
+def _stat_fields(pid: int) -> list[str]:
+    """Fields of /proc/<pid>/stat after the command name (field 3 onwards)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = _stat_fields(pid)
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return total
+
+
+def vm_rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def child_pids(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+class Processes:
+    """Every process this benchmark started (and the workers they forked), to be stopped by PID."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen[Any]] = []
+        self.forked: list[tuple[int, str]] = []  # (pid, start time): never signal a reused pid
+
+    def start(self, args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        proc: subprocess.Popen[Any] = subprocess.Popen(args, **kwargs)
+        self.started.append(proc)
+        return proc
+
+    def adopt(self, pid: int) -> None:
+        with contextlib.suppress(OSError):
+            self.forked.append((pid, _stat_fields(pid)[19]))
+
+    @staticmethod
+    def stop(proc: subprocess.Popen[Any], timeout_s: float = 20.0) -> None:
+        """SIGTERM (a dirmq server drains), then SIGKILL after `timeout_s`; reap it."""
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    @staticmethod
+    def reap(proc: subprocess.Popen[Any], timeout_s: float) -> None:
+        """Wait for a process that ends by itself; kill it (by PID) if it does not."""
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.started):
+            try:
+                self.stop(proc)
+            except Exception as exc:
+                print(f"could not stop pid {proc.pid}: {exc!r}", file=sys.stderr)
+        for pid, started in self.forked:  # a worker whose supervisor died without it
+            try:
+                if _stat_fields(pid)[19] == started:
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, IndexError):
+                pass
+
+
+def _drain_output(stream: Any, tail: collections.deque[str]) -> None:
+    for line in stream:
+        tail.append(line.rstrip("\n"))
+
+
+@dataclass
+class DirmqServer:
+    proc: subprocess.Popen[str]
+    port: int
+    root: str
+    workers: list[int]  # the PIDs that serve requests
+    label: str
+    log: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=50))
+
+    @property
+    def pids(self) -> list[int]:
+        return [self.proc.pid, *[p for p in self.workers if p != self.proc.pid]]
+
+
+def start_dirmq(procs: Processes, root: str, workers: int, label: str) -> DirmqServer:
+    args = [sys.executable, "-m", "dirmq", "serve", "--root", root, "--listen", f"{HOST}:0"]
+    args += ["--workers", str(workers)]
+    proc = procs.start(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read_until_started() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+            if line.startswith("storing queues under"):
+                break
+        lines.put(None)
+
+    reader = threading.Thread(target=read_until_started, daemon=True)
+    reader.start()
+    url = ""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            raise RuntimeError(f"dirmq serve ({label}) did not start within 30 s") from None
+        if line is None:
+            break
+        if " native API listening on " in line:
+            url = line.rsplit(" ", 1)[1].strip()
+    if not url:
+        raise RuntimeError(f"dirmq serve ({label}) exited with {proc.poll()} before listening")
+    reader.join(timeout=5)
+    server = DirmqServer(proc, int(url.rsplit(":", 1)[1]), root, [proc.pid], label)
+    threading.Thread(target=_drain_output, args=(proc.stdout, server.log), daemon=True).start()
+    if workers > 1:
+        deadline = time.monotonic() + 10
+        while len(child_pids(proc.pid)) < workers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server.workers = child_pids(proc.pid)
+        for pid in server.workers:
+            procs.adopt(pid)
+        if len(server.workers) != workers:
+            raise RuntimeError(f"{label}: {len(server.workers)} of {workers} workers started")
+    wait_http(server.port)
+    return server
+
+
+def wait_http(port: int, budget_s: float = 10.0) -> None:
+    deadline = time.monotonic() + budget_s
+    while True:
+        try:
+            if http_call(port, "GET", "/health", timeout_s=2)[0] == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no healthy dirmq on port {port}")
+        time.sleep(0.05)
+
+
+@dataclass
+class RedisServer:
+    proc: subprocess.Popen[bytes]
+    port: int
+    version: str
+    client: Any  # redis.Redis, for setup and checks (the load goes through raw sockets)
+
+    @property
+    def pids(self) -> list[int]:
+        return [self.proc.pid]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def start_redis(procs: Processes, directory: str, version: str) -> RedisServer:
+    import redis
+
+    os.makedirs(directory, exist_ok=True)
+    port = free_port()
+    args = ["redis-server", "--bind", HOST, "--port", str(port), "--dir", directory]
+    args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+    args += ["--maxclients", "15000"]  # the held long polls: 10,000 at once
+    args += ["--daemonize", "no", "--logfile", os.path.join(directory, "redis.log")]
+    proc = procs.start(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(host=HOST, port=port, socket_timeout=60)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            if client.ping():
+                break
+        except redis.ConnectionError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"redis-server did not start (exit {proc.poll()})")
+        time.sleep(0.05)
+    fsync = client.config_get("appendfsync")["appendfsync"]
+    if fsync != "always":
+        raise RuntimeError(f"redis appendfsync is {fsync!r}, not 'always'")
+    return RedisServer(proc, port, version, client)
+
+
+# -- control-plane calls from this process ---------------------------------------------------------
+def http_call(
+    port: int,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout_s)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        data = response.read()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, data
+    finally:
+        conn.close()
+
+
+def create_queue(port: int, name: str, durability: str | None = None) -> None:
+    config = {} if durability is None else {"durability": durability}
+    status, _, body = http_call(port, "PUT", f"/{name}", json.dumps(config).encode())
+    if status not in (200, 201):
+        raise RuntimeError(f"PUT /{name}: {status} {body[:200]!r}")
+
+
+def warm_up(port: int, name: str) -> None:
+    """One publish, one get, one ack: the queue's index, watcher and publisher exist after it."""
+    status, _, _ = http_call(port, "POST", f"/{name}/messages", BODY)
+    if status != 201:
+        raise RuntimeError(f"warm-up publish to {name}: {status}")
+    status, headers, _ = http_call(port, "GET", f"/{name}/messages")
+    if status != 200:
+        raise RuntimeError(f"warm-up get from {name}: {status}")
+    status, _, _ = http_call(port, "DELETE", f"/{name}/messages/{headers['x-receipt']}")
+    if status != 204:
+        raise RuntimeError(f"warm-up ack on {name}: {status}")
+
+
+def queue_stats(port: int, name: str) -> dict[str, Any]:
+    status, _, body = http_call(port, "GET", f"/{name}")
+    if status != 200:
+        raise RuntimeError(f"GET /{name}: {status}")
+    stats: dict[str, Any] = json.loads(body)["stats"]
+    return stats
+
+
+# -- wire formats ----------------------------------------------------------------------------------
+def http_request(
+    method: str, path: str, body: bytes = b"", headers: Iterable[tuple[str, str]] = ()
+) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {HOST}"]
+    lines += [f"{name}: {value}" for name, value in headers]
+    if body or method in ("POST", "PUT"):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def batch_body(count: int) -> bytes:
+    """JSON lines: `count` messages of 100 B."""
+    return b"".join(b'{"body":"' + BODY + b'"}\n' for _ in range(count))
+
+
+def resp_command(*args: bytes) -> bytes:
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        parts.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+    return b"".join(parts)
+
+
+# A parsed reply: (bytes consumed, code, head, payload). For HTTP the code is the status and the
+# payload the body; for RESP the code is the type byte (":" 58, "$" 36, "*" 42, "-" 45, "+" 43)
+# and the payload the value (None for a nil bulk string or array).
+Reply = tuple[int, int, bytes, bytes | None]
+RESP_INT, RESP_BULK, RESP_ARRAY = ord(":"), ord("$"), ord("*")
+
+
+def parse_http(buf: bytearray) -> Reply | None:
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    head = bytes(buf[:end])
+    status = int(head[9:12])
+    at = head.find(b"\r\nContent-Length: ")
+    if at < 0:
+        at = head.lower().find(b"\r\ncontent-length: ")
+    length = 0
+    if at >= 0:
+        stop = head.find(b"\r\n", at + 2)
+        length = int(head[at + 18 : stop if stop >= 0 else len(head)])
+    elif b"\r\ntransfer-encoding: chunked" in head.lower():
+        raise RuntimeError("chunked responses are not expected here")
+    total = end + 4 + length
+    if len(buf) < total:
+        return None
+    return total, status, head, bytes(buf[end + 4 : total])
+
+
+def parse_resp(buf: bytearray) -> Reply | None:
+    """Simple strings, errors, integers, bulk strings, and flat arrays of bulk strings (whose
+    last element is the payload, as BLPOP answers `key, value`)."""
+    end = buf.find(b"\r\n")
+    if end < 0:
+        return None
+    kind = buf[0]
+    if kind == RESP_BULK:
+        size = int(buf[1:end])
+        if size < 0:
+            return end + 2, kind, b"", None
+        stop = end + 2 + size
+        if len(buf) < stop + 2:
+            return None
+        return stop + 2, kind, b"", bytes(buf[end + 2 : stop])
+    if kind == RESP_ARRAY:
+        count = int(buf[1:end])
+        pos, last = end + 2, None
+        if count < 0:
+            return pos, kind, b"", None
+        for _ in range(count):
+            line_end = buf.find(b"\r\n", pos)
+            if line_end < 0:
+                return None
+            stop = line_end + 2 + int(buf[pos + 1 : line_end])
+            if len(buf) < stop + 2:
+                return None
+            last, pos = bytes(buf[line_end + 2 : stop]), stop + 2
+        return pos, kind, b"", last
+    return end + 2, kind, b"", bytes(buf[1:end])
+
+
+def header_value(head: bytes, name: bytes) -> bytes | None:
+    at = head.find(b"\r\n" + name + b": ")
+    if at < 0:
+        return None
+    start = at + len(name) + 4
+    stop = head.find(b"\r\n", start)
+    return head[start : stop if stop >= 0 else len(head)]
+
+
+# -- the load generator (runs in child processes) --------------------------------------------------
+class Tally:
+    """What one load process did; shared by its connections."""
+
+    def __init__(self, max_ops: int) -> None:
+        self.max_ops = max_ops
+        self.deadline = math.inf  # perf_counter() time; set at "go"
+        self.ops = 0
+        self.requests = 0
+        self.dry = 0  # connections that found the queue empty
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.times: list[float] = []  # long polls: wall-clock time each message arrived
+
+    def more(self) -> bool:
+        return self.ops < self.max_ops and time.perf_counter() < self.deadline
+
+    def error(self, code: int, payload: bytes | None) -> None:
+        detail = (payload or b"")[:80].decode("latin-1")
+        self.errors[f"{code}: {detail}" if code < 100 else str(code)] += 1
+
+
+class Script:
+    """What one connection sends: the first request, then the next one from each reply
+    (None: this connection is done)."""
+
+    def __init__(self, tally: Tally) -> None:
+        self.tally = tally
+
+    def first(self) -> bytes:
+        raise NotImplementedError
+
+    def next(self, code: int, head: bytes, payload: bytes | None) -> bytes | None:
+        raise NotImplementedError
+
+
+class Repeat(Script):
+    """The same request again and again; each reply with code `ok` counts `per_ok` messages."""
+
+    def __init__(self, tally: Tally, request: bytes, ok: int, per_ok: int) -> None:
+        super().__init__(tally)
+        self.request, self.ok, self.per_ok = request, ok, per_ok
+
+    def first(self) -> bytes:
+        return self.request
+
+    def next(self, code: int, head: bytes, payload: bytes | None) -> bytes | None:
+        tally = self.tally
+        tally.requests += 1
+        if code == self.ok:
+            tally.ops += self.per_ok
+        else:
+            tally.error(code, payload)
+        return self.request if tally.more() else None
+
+
+class Pop(Script):
+    """Redis RPOP until the list is empty (a nil reply ends this connection)."""
+
+    def __init__(self, tally: Tally, request: bytes) -> None:
+        super().__init__(tally)
+        self.request = request
+
+    def first(self) -> bytes:
+        return self.request
+
+    def next(self, code: int, head: bytes, payload: bytes | None) -> bytes | None:
+        tally = self.tally
+        tally.requests += 1
+        if code != RESP_BULK:
+            tally.error(code, payload)
+            return None
+        if payload is None:
+            tally.dry += 1
+            return None
+        tally.ops += 1
+        return self.request if tally.more() else None
+
+
+class GetAck(Script):
+    """dirmq: GET a message (leasing it), then DELETE it by its receipt; one op per ack."""
+
+    def __init__(self, tally: Tally, queue_name: str) -> None:
+        super().__init__(tally)
+        self.get = http_request("GET", f"/{queue_name}/messages")
+        self.ack_prefix = f"DELETE /{queue_name}/messages/".encode()
+        self.ack_suffix = f" HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()
+        self.acking = False
+
+    def first(self) -> bytes:
+        return self.get
+
+    def next(self, code: int, head: bytes, payload: bytes | None) -> bytes | None:
+        tally = self.tally
+        tally.requests += 1
+        if self.acking:
+            self.acking = False
+            if code == 204:
+                tally.ops += 1
+            else:
+                tally.error(code, payload)
+            return self.get if tally.more() else None
+        if code == 204:
+            tally.dry += 1
+            return None
+        receipt = header_value(head, b"X-Receipt") if code == 200 else None
+        if receipt is None:
+            tally.error(code, payload)
+            return None
+        self.acking = True
+        return self.ack_prefix + receipt + self.ack_suffix
+
+
+class MoveRemove(Script):
+    """Redis reliable queue: LMOVE src -> processing, then LREM it from processing (the ack)."""
+
+    def __init__(self, tally: Tally, source: str, processing: str) -> None:
+        super().__init__(tally)
+        self.move = resp_command(b"LMOVE", source.encode(), processing.encode(), b"RIGHT", b"LEFT")
+        self.processing = processing.encode()
+        self.acking = False
+
+    def first(self) -> bytes:
+        return self.move
+
+    def next(self, code: int, head: bytes, payload: bytes | None) -> bytes | None:
+        tally = self.tally
+        tally.requests += 1
+        if self.acking:
+            self.acking = False
+            if code == RESP_INT:
+                tally.ops += 1
+            else:
+                tally.error(code, payload)
+            return self.move if tally.more() else None
+        if code != RESP_BULK:
+            tally.error(code, payload)
+            return None
+        if payload is None:
+            tally.dry += 1
+            return None
+        self.acking = True
+        return resp_command(b"LREM", self.processing, b"1", payload)
+
+
+class LongPoll(Script):
+    """One long poll; counts the message (or the empty answer) and ends."""
+
+    def __init__(self, tally: Tally, request: bytes, ok: int) -> None:
+        super().__init__(tally)
+        self.request, self.ok = request, ok
+
+    def first(self) -> bytes:
+        return self.request
+
+    def next(self, code: int, head: bytes, payload: bytes | None) -> bytes | None:
+        tally = self.tally
+        tally.requests += 1
+        if code == self.ok and payload is not None:
+            tally.ops += 1
+            tally.times.append(time.time())
+        elif code in (204, RESP_ARRAY):  # waited it out with nothing
+            tally.dry += 1
+        else:
+            tally.error(code, payload)
+        return None
+
+
+def make_script(spec: dict[str, Any], tally: Tally) -> Script:
+    kind = spec["script"]
+    request = spec.get("request", "").encode("latin-1")
+    if kind == "repeat":
+        return Repeat(tally, request, spec["ok"], spec["per_ok"])
+    if kind == "pop":
+        return Pop(tally, request)
+    if kind == "getack":
+        return GetAck(tally, spec["queue"])
+    if kind == "move_remove":
+        return MoveRemove(tally, spec["source"], spec["processing"])
+    if kind == "longpoll":
+        return LongPoll(tally, request, spec["ok"])
+    raise ValueError(f"unknown script {kind!r}")
+
+
+class LoadConnection(asyncio.Protocol):
+    """One client connection driven by a Script, one request in flight."""
+
+    def __init__(self, parse: Callable[[bytearray], Reply | None], script: Script) -> None:
+        self.parse = parse
+        self.script = script
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def start(self) -> None:
+        assert self.transport is not None
+        self.transport.write(self.script.first())
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while not self.done.done():
+            reply = self.parse(self.buf)
+            if reply is None:
+                return
+            used, code, head, payload = reply
+            del self.buf[:used]
+            request = self.script.next(code, head, payload)
+            if request is None:
+                self.done.set_result(True)
+                return
+            assert self.transport is not None
+            self.transport.write(request)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.script.tally.errors["connection closed"] += 1
+            self.done.set_result(False)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def _load(spec: dict[str, Any]) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    tally = Tally(int(spec["max_ops"]))
+    parse = parse_http if spec["proto"] == "http" else parse_resp
+    # Connections in the making at once: the server's accept queue is finite (see hold_polls).
+    gate = asyncio.Semaphore(int(spec.get("connect_concurrency", 100)))
+
+    async def connect() -> LoadConnection:
+        async with gate:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: LoadConnection(parse, make_script(spec, tally)), HOST, spec["port"]
+                ),
+                30,
+            )
+            return conn
+
+    conns = await asyncio.gather(*(connect() for _ in range(int(spec["conns"]))))
+    print("ready", flush=True)
+    line = await loop.run_in_executor(None, sys.stdin.readline)
+    if line.strip() != "go":
+        for conn in conns:
+            conn.close()
+        return {"error": "aborted before go"}
+    cpu0, start = time.process_time(), time.time()
+    tally.deadline = time.perf_counter() + float(spec["duration_s"])
+    for conn in conns:
+        conn.start()
+    print("sent", flush=True)
+    grace_s = 30.0
+    _, pending = await asyncio.wait(
+        [c.done for c in conns], timeout=float(spec["duration_s"]) + grace_s
+    )
+    end = time.time()
+    for conn in conns:
+        conn.close()
+    return {
+        "ops": tally.ops,
+        "requests": tally.requests,
+        "dry": tally.dry,
+        "unfinished": len(pending),
+        "errors": dict(tally.errors),
+        "start": start,
+        "end": end,
+        "cpu_s": time.process_time() - cpu0,
+        "times": tally.times,
+    }
+
+
+def raise_fd_limit() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return hard
+    return soft
+
+
+def child_main(spec_json: str) -> int:
+    import uvloop
+
+    raise_fd_limit()
+    result = uvloop.run(_load(json.loads(spec_json)))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+# -- driving load processes from the parent --------------------------------------------------------
+class LoadChild:
+    def __init__(self, procs: Processes, spec: dict[str, Any]) -> None:
+        self.proc = procs.start(
+            [sys.executable, SCRIPT, "--child-load", json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def _line(self, timeout_s: float) -> str:
+        try:
+            line = self.lines.get(timeout=timeout_s)
+        except queue.Empty:
+            raise RuntimeError(f"load process {self.proc.pid} silent for {timeout_s} s") from None
+        if line is None:
+            raise RuntimeError(f"load process {self.proc.pid} exited ({self.proc.poll()})")
+        return line
+
+    def expect(self, word: str, timeout_s: float) -> None:
+        line = self._line(timeout_s)
+        if line != word:
+            raise RuntimeError(f"load process {self.proc.pid} said {line[:200]!r}, not {word!r}")
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def result(self, timeout_s: float) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self._line(timeout_s))
+        return data
+
+
+def split(total: int, parts: int) -> list[int]:
+    parts = max(1, min(parts, total))
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    ops: int
+    seconds: float
+    server_cpu_s: float
+    client_cpu_s: float
+    errors: dict[str, int]
+    dry: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.ops / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def server_cores(self) -> float:
+        return self.server_cpu_s / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def client_cores(self) -> float:
+        return self.client_cpu_s / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ops": self.ops,
+            "seconds": round(self.seconds, 4),
+            "per_s": round(self.rate, 1),
+            "server_cores": round(self.server_cores, 2),
+            "client_cores": round(self.client_cores, 2),
+            "errors": self.errors,
+            "dry_connections": self.dry,
+        }
+
+
+def run_load(
+    procs: Processes,
+    spec: dict[str, Any],
+    conns: int,
+    nprocs: int,
+    server_pids: list[int],
+) -> Trial:
+    """Run `spec` on `conns` connections spread over `nprocs` load processes, all started at
+    once after every connection is open; the rate is all ops over the union of their windows."""
+    children = [LoadChild(procs, {**spec, "conns": n}) for n in split(conns, nprocs)]
+    try:
+        for child in children:
+            child.expect("ready", 60)
+        cpu0 = cpu_seconds(server_pids)
+        for child in children:
+            child.go()
+        for child in children:
+            child.expect("sent", 30)
+        results = [c.result(float(spec["duration_s"]) + 60) for c in children]
+        server_cpu = cpu_seconds(server_pids) - cpu0
+    finally:
+        for child in children:
+            if child.proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    child.proc.stdin.close()
+            procs.reap(child.proc, 15)
+    errors: collections.Counter[str] = collections.Counter()
+    for r in results:
+        errors.update(r["errors"])
+        if r["unfinished"]:
+            errors["unfinished connections"] += r["unfinished"]
+    seconds = max(r["end"] for r in results) - min(r["start"] for r in results)
+    return Trial(
+        ops=sum(r["ops"] for r in results),
+        seconds=seconds,
+        server_cpu_s=server_cpu,
+        client_cpu_s=sum(r["cpu_s"] for r in results),
+        errors=dict(errors),
+        dry=sum(r["dry"] for r in results),
+    )
+
+
+# -- results ---------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Report:
+    rows: list[tuple[str, str, str, str]] = field(default_factory=list)
+    targets: list[dict[str, Any]] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def row(self, bench: str, subject: str, result: str, note: str = "") -> None:
+        self.rows.append((bench, subject, result, note))
+        print(f"  {bench:<30} {subject:<34} {result:>16}  {note}", flush=True)
+
+    def target(self, name: str, value: float, goal: str, met: bool, detail: str) -> None:
+        self.targets.append(
+            {"name": name, "value": round(value, 3), "goal": goal, "met": met, "detail": detail}
+        )
+
+
+def rate_text(per_s: float) -> str:
+    return f"{per_s:,.0f} msg/s"
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.inf
+
+
+def median_of(trials: list[Trial], key: Callable[[Trial], float]) -> float:
+    return statistics.median(key(t) for t in trials) if trials else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def run_rounds(
+    title: str, subjects: dict[str, Callable[[int], Trial]], rounds: int
+) -> dict[str, list[Trial]]:
+    """One trial of each subject per round, the order rotated each round."""
+    names = list(subjects)
+    trials: dict[str, list[Trial]] = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            trial = subjects[name](r)
+            trials[name].append(trial)
+            errors = f", errors {trial.errors}" if trial.errors else ""
+            print(
+                f"    {title} round {r + 1}: {name:<28} {rate_text(trial.rate):>14} "
+                f"(server {trial.server_cores:.2f} cores, load {trial.client_cores:.2f}){errors}",
+                flush=True,
+            )
+    return trials
+
+
+def paired(trials: dict[str, list[Trial]], top: str, bottom: str) -> list[float]:
+    return [
+        round(ratio(a.rate, b.rate), 3) for a, b in zip(trials[top], trials[bottom], strict=True)
+    ]
+
+
+def series(trials: list[Trial]) -> dict[str, Any]:
+    return {
+        "median_per_s": round(median_of(trials, lambda t: t.rate), 1),
+        "median_server_cores": round(median_of(trials, lambda t: t.server_cores), 2),
+        "median_client_cores": round(median_of(trials, lambda t: t.client_cores), 2),
+        "trials": [t.to_json() for t in trials],
+    }
+
+
+def cores_note(trials: list[Trial]) -> str:
+    server = median_of(trials, lambda t: t.server_cores)
+    client = median_of(trials, lambda t: t.client_cores)
+    return f"server {server:.2f} + load {client:.2f} cores"
+
+
+def check_clean(name: str, trials: list[Trial]) -> None:
+    for trial in trials:
+        if trial.errors:
+            print(f"  warning: {name} had errors: {trial.errors}", file=sys.stderr)
+
+
+# -- profiling -------------------------------------------------------------------------------------
+def summarize_profile(path: str, top: int = 25) -> dict[str, Any]:
+    """Self and inclusive sample counts per function from py-spy's raw (collapsed) output."""
+    self_count: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    with open(path) as f:
+        for line in f:
+            stack, _, count_text = line.rstrip("\n").rpartition(" ")
+            if not stack or not count_text.isdigit():
+                continue
+            count = int(count_text)
+            total += count
+            frames = [_frame_name(frame) for frame in stack.split(";")]
+            frames = [frame for frame in frames if frame]
+            if not frames:
+                continue
+            self_count[frames[-1]] += count
+            for frame in set(frames):
+                inclusive[frame] += count
+
+    def share(counter: collections.Counter[str]) -> list[tuple[str, float]]:
+        return (
+            [(k, round(100 * v / total, 1)) for k, v in counter.most_common(top)] if total else []
+        )
+
+    return {"samples": total, "self_pct": share(self_count), "inclusive_pct": share(inclusive)}
+
+
+def _frame_name(frame: str) -> str:
+    """`func (path/to/file.py:123)` -> `func (file.py)`; process and thread frames dropped."""
+    name, _, where = frame.partition(" (")
+    if not where:
+        return ""
+    file_part = where.rstrip(")").rsplit(":", 1)[0]
+    if not file_part.endswith((".py", ".pyx", ".so")) and "/" not in file_part:
+        return ""  # "process 123:..." or "thread (0x...)" pseudo frames
+    return f"{name} ({os.path.basename(file_part)})"
+
+
+def profile_trial(
+    ctx: Context,
+    name: str,
+    server: DirmqServer | RedisServer,
+    run: Callable[[], Trial],
+    prepare: Callable[[], None] | None = None,
+) -> None:
+    """One more trial (not in the table) with py-spy recording the server: stacks of every
+    thread that is not idle, written as collapsed stacks (`--format raw`; render them with
+    flamegraph.pl or speedscope) and summarized as self and inclusive shares per function."""
+    if ctx.profile_dir is None:
+        return
+    spy = py_spy_path()
+    if spy is None:
+        print("  py-spy is missing: no profile", file=sys.stderr)
+        return
+    out = os.path.join(ctx.profile_dir, f"{name}.txt")
+    args = [spy, "record", "--pid", str(server.proc.pid), "--rate", "200", "--nonblocking"]
+    args += ["--format", "raw", "--output", out]
+    if isinstance(server, DirmqServer) and len(server.workers) > 1:
+        args.append("--subprocesses")
+    if prepare is not None:
+        prepare()  # not profiled
+    spy_proc = ctx.procs.start(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # py-spy attaches
+    try:
+        trial = run()
+    finally:
+        if spy_proc.poll() is None:
+            os.kill(spy_proc.pid, signal.SIGINT)  # py-spy writes its output on SIGINT
+        ctx.procs.reap(spy_proc, 60)
+    if not os.path.exists(out) or os.path.getsize(out) == 0:
+        print(f"  py-spy wrote no profile for {name} (exit {spy_proc.returncode})", file=sys.stderr)
+        return
+    summary = summarize_profile(out)
+    summary |= {"profiled_trial": trial.to_json(), "raw": out}
+    ctx.report.data.setdefault("profiles", {})[name] = summary
+    print(f"  profile {name}: {rate_text(trial.rate)} under py-spy; top self time:", flush=True)
+    for frame, pct in summary["self_pct"][:12]:
+        print(f"      {pct:5.1f}%  {frame}", flush=True)
+
+
+# -- the run's context -----------------------------------------------------------------------------
+@dataclass
+class Context:
+    sizes: Sizes
+    procs: Processes
+    report: Report
+    disk: str  # temp dir on disk (/tmp)
+    shm: str  # temp dir on tmpfs
+    load_procs: int
+    redis_version: str
+    profile_dir: str | None
+    servers: dict[str, DirmqServer] = field(default_factory=dict)
+    _redis: RedisServer | None = None
+
+    def dirmq(self, label: str, filesystem: str, workers: int) -> DirmqServer:
+        if label not in self.servers:
+            parent = self.disk if filesystem == "disk" else self.shm
+            root = os.path.join(parent, label)
+            server = start_dirmq(self.procs, root, workers, label)
+            self.servers[label] = server
+            print(f"  started dirmq {label}: port {server.port}, pids {server.pids}", flush=True)
+        return self.servers[label]
+
+    @property
+    def redis(self) -> RedisServer:
+        if self._redis is None:
+            self._redis = start_redis(
+                self.procs, os.path.join(self.disk, "redis"), self.redis_version
+            )
+            print(f"  started redis {self.redis_version}: port {self._redis.port}", flush=True)
+        return self._redis
+
+    def load(
+        self,
+        server: DirmqServer | RedisServer,
+        spec: dict[str, Any],
+        conns: int,
+        nprocs: int | None = None,
+    ) -> Trial:
+        proto = "http" if isinstance(server, DirmqServer) else "resp"
+        full = {"proto": proto, "port": server.port, "duration_s": self.sizes.trial_s}
+        full |= {"max_ops": self.sizes.trial_ops}
+        full |= spec
+        return run_load(self.procs, full, conns, nprocs or self.load_procs, server.pids)
+
+
+def publish_spec(
+    queue_name: str, batch: int = 1, headers: tuple[tuple[str, str], ...] = ()
+) -> dict[str, Any]:
+    if batch == 1:
+        request = http_request("POST", f"/{queue_name}/messages", BODY, headers)
+    else:
+        batch_headers = (("Content-Type", "application/x-ndjson"), *headers)
+        request = http_request("POST", f"/{queue_name}/messages", batch_body(batch), batch_headers)
+    return {"script": "repeat", "request": request.decode("latin-1"), "ok": 201, "per_ok": batch}
+
+
+def lpush_spec(key: str) -> dict[str, Any]:
+    request = resp_command(b"LPUSH", key.encode(), BODY)
+    return {"script": "repeat", "request": request.decode("latin-1"), "ok": RESP_INT, "per_ok": 1}
+
+
+# -- the filesystem's floor -----------------------------------------------------------------------
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_AT_FDCWD, _AT_SYMLINK_FOLLOW = -100, 0x400
+
+
+class RawPuts:
+    """What a batch of puts asks of the filesystem, in a bare loop in this process, no HTTP: per
+    message an `O_TMPFILE` open and a write, then `linkat` into place; when durable, one `syncfs`
+    before the links and one directory fsync after them per batch (dirmq's writethrough group
+    commit). Its rate is the most one core gets from these syscalls here; its CPU time says how
+    much of that is the kernel's (e.g. inode allocation)."""
+
+    def __init__(self, directory: str, durable: bool, batch: int = CONNECTIONS) -> None:
+        self.tmp = os.path.join(directory, "tmp")
+        self.ready = os.path.join(directory, "ready")
+        os.makedirs(self.tmp, exist_ok=True)
+        os.makedirs(self.ready, exist_ok=True)
+        self.durable, self.batch = durable, batch
+        self.names = itertools.count()
+        self.data = b"Content-Length: 100\n\n" + BODY  # about what dirmq writes
+
+    def _put_batch(self) -> int:
+        fds = []
+        try:
+            for _ in range(self.batch):
+                fd = os.open(self.tmp, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+                fds.append(fd)
+                os.write(fd, self.data)
+            if self.durable and _libc.syncfs(fds[0]) != 0:
+                raise OSError(ctypes.get_errno(), "syncfs")
+            for fd in fds:
+                target = os.path.join(self.ready, str(next(self.names))).encode()
+                source = f"/proc/self/fd/{fd}".encode()
+                if _libc.linkat(_AT_FDCWD, source, _AT_FDCWD, target, _AT_SYMLINK_FOLLOW) != 0:
+                    raise OSError(ctypes.get_errno(), "linkat")
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if self.durable:
+            dir_fd = os.open(self.ready, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        return self.batch
+
+    def trial(self, count: int, budget_s: float) -> Trial:
+        done = 0
+        cpu0 = time.process_time()
+        start = time.perf_counter()
+        deadline = start + budget_s
+        while done < count and time.perf_counter() < deadline:
+            done += self._put_batch()
+        elapsed = time.perf_counter() - start
+        return Trial(done, elapsed, time.process_time() - cpu0, 0.0, {})
+
+
+def inode_alloc_us(directory: str, count: int = 500) -> dict[str, float]:
+    """Mean wall and system-CPU microseconds of one `O_TMPFILE` open (an inode allocation),
+    keeping the inodes allocated as dirmq does until its link."""
+    os.makedirs(directory, exist_ok=True)
+    fds: list[int] = []
+    usage0, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    try:
+        for _ in range(count):
+            fds.append(os.open(directory, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+        elapsed = time.perf_counter() - start
+        usage1 = resource.getrusage(resource.RUSAGE_SELF)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return {
+        "wall_us": round(elapsed / count * 1e6, 1),
+        "sys_us": round((usage1.ru_stime - usage0.ru_stime) / count * 1e6, 1),
+    }
+
+
+# -- 1: durable publish ----------------------------------------------------------------------------
+def bench_publish(ctx: Context) -> None:
+    print(
+        f"\n[1] durable publish: {CONNECTIONS} connections, 100 B, root on disk; "
+        f"Redis LPUSH appendfsync always, {REDIS_CLIENTS} clients",
+        flush=True,
+    )
+    w1 = ctx.dirmq("disk-w1", "disk", 1)
+    w2 = ctx.dirmq("disk-w2", "disk", 2)
+    redis = ctx.redis
+
+    def dirmq_single(server: DirmqServer, prefix: str) -> Callable[[int], Trial]:
+        def trial(r: int) -> Trial:
+            name = f"{prefix}-{r}"
+            create_queue(server.port, name)
+            warm_up(server.port, name)
+            return ctx.load(server, publish_spec(name), CONNECTIONS)
+
+        return trial
+
+    def dirmq_batch(r: int) -> Trial:
+        name = f"batch-{r}"
+        create_queue(w1.port, name)
+        warm_up(w1.port, name)
+        return ctx.load(w1, publish_spec(name, BATCH), CONNECTIONS)
+
+    def redis_lpush(r: int) -> Trial:
+        key = f"pub-{r}"
+        redis.client.delete(key)
+        return ctx.load(redis, lpush_spec(key), REDIS_CLIENTS)
+
+    raw = RawPuts(os.path.join(ctx.disk, "raw-writethrough"), durable=True)
+    alloc = inode_alloc_us(os.path.join(ctx.disk, "inode-probe"))
+    print(f"  inode allocation on disk: {alloc}", flush=True)
+    subjects = {
+        "dirmq 1 worker": dirmq_single(w1, "pub"),
+        "redis always": redis_lpush,
+        "dirmq batch 1 worker": dirmq_batch,
+        "dirmq 2 workers": dirmq_single(w2, "pub2"),
+        "raw syscalls": lambda r: raw.trial(ctx.sizes.trial_ops, ctx.sizes.trial_s),
+    }
+    trials = run_rounds("publish", subjects, ctx.sizes.rounds)
+    for name, ts in trials.items():
+        check_clean(name, ts)
+    rate = {k: median_of(v, lambda t: t.rate) for k, v in trials.items()}
+    vs_redis = paired(trials, "dirmq 1 worker", "redis always")
+    vs_redis_w2 = paired(trials, "dirmq 2 workers", "redis always")
+    batch_vs_redis = paired(trials, "dirmq batch 1 worker", "redis always")
+    best = max(rate["dirmq 1 worker"], rate["dirmq 2 workers"])
+    best_ratio = max(statistics.median(vs_redis), statistics.median(vs_redis_w2))
+    report = ctx.report
+    report.row(
+        "durable publish (writethrough)",
+        f"dirmq, 1 worker, {CONNECTIONS} conns",
+        rate_text(rate["dirmq 1 worker"]),
+        f"{statistics.median(vs_redis):.2f}x Redis always (paired); "
+        + cores_note(trials["dirmq 1 worker"]),
+    )
+    report.row(
+        "durable publish (writethrough)",
+        f"dirmq, 2 workers, {CONNECTIONS} conns",
+        rate_text(rate["dirmq 2 workers"]),
+        f"{statistics.median(vs_redis_w2):.2f}x Redis always (paired); "
+        + cores_note(trials["dirmq 2 workers"]),
+    )
+    report.row(
+        "durable publish (writethrough)",
+        f"Redis LPUSH always, {REDIS_CLIENTS} clients",
+        rate_text(rate["redis always"]),
+        "AOF fsync before reply; " + cores_note(trials["redis always"]),
+    )
+    report.row(
+        f"durable batch publish ({BATCH}/req)",
+        f"dirmq, 1 worker, {CONNECTIONS} conns",
+        rate_text(rate["dirmq batch 1 worker"]),
+        f"JSON lines; {statistics.median(batch_vs_redis):.2f}x Redis always (paired); "
+        + cores_note(trials["dirmq batch 1 worker"]),
+    )
+    vs_raw = paired(trials, "dirmq 1 worker", "raw syscalls")
+    report.row(
+        "filesystem floor, writethrough",
+        f"raw syscalls, 1 thread, batches of {CONNECTIONS}",
+        rate_text(rate["raw syscalls"]),
+        f"no HTTP; dirmq 1 worker is {statistics.median(vs_raw):.2f}x (paired); "
+        f"{median_of(trials['raw syscalls'], lambda t: t.server_cores):.2f} cores; "
+        f"one inode allocation {alloc['wall_us']:.0f} us ({alloc['sys_us']:.0f} us system CPU)",
+    )
+    report.target(
+        "durable publish msg/s (best of 1, 2 workers)",
+        best,
+        ">= 10,000",
+        best >= 10_000,
+        f"1 worker {rate['dirmq 1 worker']:,.0f}, 2 workers {rate['dirmq 2 workers']:,.0f}",
+    )
+    report.target(
+        "durable publish vs Redis always",
+        best_ratio,
+        ">= 0.2 (aim >= 1)",
+        best_ratio >= 0.2,
+        f"median of paired ratios; 1 worker {statistics.median(vs_redis):.2f}, "
+        f"2 workers {statistics.median(vs_redis_w2):.2f}",
+    )
+    report.data["durable_publish"] = {
+        "connections": CONNECTIONS,
+        "redis_clients": REDIS_CLIENTS,
+        "batch": BATCH,
+        "subjects": {k: series(v) for k, v in trials.items()},
+        "ratios_per_round_w1_vs_redis": vs_redis,
+        "ratios_per_round_w2_vs_redis": vs_redis_w2,
+        "ratios_per_round_batch_vs_redis": batch_vs_redis,
+        "ratios_per_round_w1_vs_raw": vs_raw,
+        "inode_alloc_us_at_start": alloc,
+    }
+    profile_trial(ctx, "publish-writethrough-w1", w1, lambda: dirmq_single(w1, "prof")(0))
+    profile_trial(ctx, "publish-batch-w1", w1, lambda: dirmq_batch(ctx.sizes.rounds))
+
+
+# -- 2: writeback on tmpfs -------------------------------------------------------------------------
+def bench_writeback(ctx: Context) -> None:
+    print("\n[2] writeback publish on tmpfs: 2 workers and 1; Redis LPUSH everysec", flush=True)
+    w2 = ctx.dirmq("shm-w2", "shm", 2)
+    w1 = ctx.dirmq("shm-w1", "shm", 1)
+    redis = ctx.redis
+
+    def dirmq_writeback(server: DirmqServer) -> Callable[[int], Trial]:
+        def trial(r: int) -> Trial:
+            name = f"wb-{r}"
+            create_queue(server.port, name, "writeback")
+            warm_up(server.port, name)
+            return ctx.load(server, publish_spec(name), CONNECTIONS)
+
+        return trial
+
+    def redis_everysec(r: int) -> Trial:
+        key = f"wb-{r}"
+        redis.client.delete(key)
+        redis.client.config_set("appendfsync", "everysec")
+        try:
+            return ctx.load(redis, lpush_spec(key), REDIS_CLIENTS)
+        finally:
+            redis.client.config_set("appendfsync", "always")
+
+    raw = RawPuts(os.path.join(ctx.shm, "raw-writeback"), durable=False)
+    subjects = {
+        "dirmq 2 workers": dirmq_writeback(w2),
+        "redis everysec": redis_everysec,
+        "dirmq 1 worker": dirmq_writeback(w1),
+        "raw syscalls": lambda r: raw.trial(ctx.sizes.trial_ops, ctx.sizes.trial_s),
+    }
+    trials = run_rounds("writeback", subjects, ctx.sizes.rounds)
+    for name, ts in trials.items():
+        check_clean(name, ts)
+    rate = {k: median_of(v, lambda t: t.rate) for k, v in trials.items()}
+    vs_redis = paired(trials, "dirmq 2 workers", "redis everysec")
+    scaling = paired(trials, "dirmq 2 workers", "dirmq 1 worker")
+    report = ctx.report
+    report.row(
+        "writeback publish, tmpfs",
+        f"dirmq, 2 workers, {CONNECTIONS} conns",
+        rate_text(rate["dirmq 2 workers"]),
+        f"{statistics.median(vs_redis):.2f}x Redis everysec, "
+        f"{statistics.median(scaling):.2f}x 1 worker (paired); "
+        + cores_note(trials["dirmq 2 workers"]),
+    )
+    report.row(
+        "writeback publish, tmpfs",
+        f"dirmq, 1 worker, {CONNECTIONS} conns",
+        rate_text(rate["dirmq 1 worker"]),
+        cores_note(trials["dirmq 1 worker"]),
+    )
+    report.row(
+        "writeback publish",
+        f"Redis LPUSH everysec, {REDIS_CLIENTS} clients",
+        rate_text(rate["redis everysec"]),
+        "AOF on disk, fsync once a second; " + cores_note(trials["redis everysec"]),
+    )
+    vs_raw = paired(trials, "dirmq 1 worker", "raw syscalls")
+    report.row(
+        "filesystem floor, tmpfs",
+        "raw syscalls, 1 thread",
+        rate_text(rate["raw syscalls"]),
+        f"no HTTP, no fsync; dirmq 1 worker is {statistics.median(vs_raw):.2f}x (paired)",
+    )
+    value = rate["dirmq 2 workers"]
+    report.target(
+        "writeback tmpfs msg/s, 2 workers",
+        value,
+        ">= 40,000",
+        value >= 40_000,
+        f"{statistics.median(vs_redis):.2f}x Redis everysec (paired)",
+    )
+    report.data["writeback_publish"] = {
+        "subjects": {k: series(v) for k, v in trials.items()},
+        "ratios_per_round_w2_vs_redis_everysec": vs_redis,
+        "ratios_per_round_w2_vs_w1": scaling,
+        "ratios_per_round_w1_vs_raw": vs_raw,
+    }
+    profile_trial(ctx, "publish-writeback-w2", w2, lambda: dirmq_writeback(w2)(ctx.sizes.rounds))
+
+
+# -- 3: get+ack ------------------------------------------------------------------------------------
+def prefill_dirmq(ctx: Context, server: DirmqServer, name: str, count: int) -> None:
+    """Fill `name` with at least `count` messages (batches, writeback: untimed), then flush."""
+    create_queue(server.port, name)
+    spec = publish_spec(name, BATCH, (("X-Durability", "writeback"),))
+    spec |= {"max_ops": count, "duration_s": 300.0}
+    trial = ctx.load(server, spec, 8, 1)
+    if trial.errors or trial.ops < count:
+        raise RuntimeError(f"prefill of {name}: {trial.ops} of {count}, errors {trial.errors}")
+    os.sync()
+    warm_up(server.port, name)
+
+
+def prefill_redis(redis: RedisServer, key: str, count: int) -> None:
+    redis.client.delete(key)
+    pipe = redis.client.pipeline(transaction=False)
+    for start in range(0, count, 1000):
+        pipe.rpush(key, *([BODY] * min(1000, count - start)))
+    pipe.execute()
+
+
+def bench_getack(ctx: Context) -> None:
+    print(
+        f"\n[3] get+ack on a prefilled queue: dirmq {CONNECTIONS} conns; Redis LMOVE+LREM and "
+        f"RPOP, {REDIS_CLIENTS} clients, appendfsync always",
+        flush=True,
+    )
+    server = ctx.dirmq("disk-w1", "disk", 1)
+    redis = ctx.redis
+    sizes = ctx.sizes
+
+    def dirmq_getack(r: int, prefill: bool = True) -> Trial:
+        name = f"getack-{r}"
+        if prefill:
+            prefill_dirmq(ctx, server, name, sizes.dirmq_prefill)
+        spec = {"script": "getack", "queue": name, "max_ops": int(sizes.dirmq_prefill * 0.9)}
+        return ctx.load(server, spec, CONNECTIONS)
+
+    def redis_move_remove(r: int) -> Trial:
+        key, processing = f"ga-{r}", f"ga-{r}-processing"
+        prefill_redis(redis, key, sizes.redis_prefill)
+        redis.client.delete(processing)
+        spec: dict[str, Any] = {"script": "move_remove", "source": key, "processing": processing}
+        spec["max_ops"] = int(sizes.redis_prefill * 0.9)
+        return ctx.load(redis, spec, REDIS_CLIENTS)
+
+    def redis_rpop(r: int) -> Trial:
+        key = f"pop-{r}"
+        prefill_redis(redis, key, sizes.redis_prefill)
+        request = resp_command(b"RPOP", key.encode()).decode("latin-1")
+        spec = {"script": "pop", "request": request, "max_ops": int(sizes.redis_prefill * 0.9)}
+        return ctx.load(redis, spec, REDIS_CLIENTS)
+
+    subjects: dict[str, Callable[[int], Trial]] = {
+        "dirmq get+ack": dirmq_getack,
+        "redis lmove+lrem": redis_move_remove,
+        "redis rpop": redis_rpop,
+    }
+    trials = run_rounds("get+ack", subjects, sizes.rounds)
+    for name, ts in trials.items():
+        check_clean(name, ts)
+    rate = {k: median_of(v, lambda t: t.rate) for k, v in trials.items()}
+    vs_move = paired(trials, "dirmq get+ack", "redis lmove+lrem")
+    vs_pop = paired(trials, "dirmq get+ack", "redis rpop")
+    report = ctx.report
+    report.row(
+        "get+ack, disk",
+        f"dirmq, 1 worker, {CONNECTIONS} conns",
+        rate_text(rate["dirmq get+ack"]),
+        f"2 requests per msg; {statistics.median(vs_move):.2f}x Redis LMOVE+LREM, "
+        f"{statistics.median(vs_pop):.2f}x RPOP (paired); " + cores_note(trials["dirmq get+ack"]),
+    )
+    report.row(
+        "get+ack",
+        f"Redis LMOVE+LREM always, {REDIS_CLIENTS} cl.",
+        rate_text(rate["redis lmove+lrem"]),
+        "reliable queue, 2 commands per msg; " + cores_note(trials["redis lmove+lrem"]),
+    )
+    report.row(
+        "get (no ack)",
+        f"Redis RPOP always, {REDIS_CLIENTS} clients",
+        rate_text(rate["redis rpop"]),
+        "at-most-once, 1 command per msg; " + cores_note(trials["redis rpop"]),
+    )
+    report.data["get_ack"] = {
+        "dirmq_prefill": sizes.dirmq_prefill,
+        "redis_prefill": sizes.redis_prefill,
+        "subjects": {k: series(v) for k, v in trials.items()},
+        "ratios_per_round_vs_lmove_lrem": vs_move,
+        "ratios_per_round_vs_rpop": vs_pop,
+    }
+    profile_trial(
+        ctx,
+        "getack-w1",
+        server,
+        lambda: dirmq_getack(sizes.rounds, prefill=False),
+        lambda: prefill_dirmq(ctx, server, f"getack-{sizes.rounds}", sizes.dirmq_prefill),
+    )
+
+
+# -- 4: held long polls ----------------------------------------------------------------------------
+def wait_idle(pids: list[int], budget_s: float, quiet_s: float = 0.6) -> float:
+    """Wait until the processes use (almost) no CPU for `quiet_s`; returns the time waited."""
+    start = time.monotonic()
+    last, quiet_since = cpu_seconds(pids), time.monotonic()
+    while time.monotonic() - start < budget_s:
+        time.sleep(0.1)
+        now = cpu_seconds(pids)
+        if now - last > 0.02:
+            last, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_s:
+            break
+    return time.monotonic() - start
+
+
+@dataclass(frozen=True, slots=True)
+class HeldPolls:
+    held: int
+    accepted: int  # connections the server held before the polls were sent
+    connect_s: float
+    rss_before_kib: int
+    rss_after_kib: int
+    parked_s: float  # from "go" until the server held every poll, idle
+    publish_s: float
+    served: int
+    empty: int
+    errors: dict[str, int]
+    delivery_s: list[float]  # per served message: from the first publish to its arrival
+
+    @property
+    def extra_kib_per_poll(self) -> float:
+        return (self.rss_after_kib - self.rss_before_kib) / self.held if self.held else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        last = max(self.delivery_s, default=math.nan)
+        return {
+            "held": self.held,
+            "accepted_before_polling": self.accepted,
+            "connect_s": round(self.connect_s, 2),
+            "rss_before_mib": round(self.rss_before_kib / 1024, 1),
+            "rss_after_mib": round(self.rss_after_kib / 1024, 1),
+            "extra_mib": round((self.rss_after_kib - self.rss_before_kib) / 1024, 1),
+            "extra_kib_per_poll": round(self.extra_kib_per_poll, 2),
+            "parked_s": round(self.parked_s, 2),
+            "publish_s": round(self.publish_s, 3),
+            "served": self.served,
+            "empty": self.empty,
+            "errors": self.errors,
+            "delivery_p50_s": round(percentile(self.delivery_s, 50), 3),
+            "delivery_p99_s": round(percentile(self.delivery_s, 99), 3),
+            "delivery_last_s": round(last, 3),
+            "served_per_s": round(self.served / last, 1) if last > 0 else None,
+        }
+
+
+def listen_backlog(port: int) -> int | None:
+    """The accept-queue limit of the socket listening on `port` (`ss`'s Send-Q), if known."""
+    try:
+        out = subprocess.run(
+            ["ss", "-ltnH", f"sport = :{port}"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    fields = out.split()
+    return int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else None
+
+
+def hold_polls(
+    ctx: Context,
+    server: DirmqServer | RedisServer,
+    request: bytes,
+    ok: int,
+    publish: Callable[[int], None],
+) -> HeldPolls:
+    """Open `longpolls` connections, wait until the server has accepted them all, send one long
+    poll on each, measure the server's RSS before and while they are held, then `publish(n)` and
+    collect who got what.
+
+    Connections are opened a few at a time (`CONNECT_GATE` in flight over all load processes)
+    and the polls are sent only once the server holds every connection: a burst of thousands of
+    handshakes overflows a short accept queue, and a connection whose handshake the server
+    dropped looks established to the client but is accepted only after retransmissions."""
+    n = ctx.sizes.longpolls
+    pid = server.pids[-1]  # the one process that serves
+    wait_idle([pid], 10)
+    rss_before, fds_before = vm_rss_kib(pid), fd_count(pid)
+    nprocs = ctx.sizes.longpoll_procs
+    spec = {
+        "proto": "http" if isinstance(server, DirmqServer) else "resp",
+        "port": server.port,
+        "script": "longpoll",
+        "request": request.decode("latin-1"),
+        "ok": ok,
+        "duration_s": 75.0,
+        "max_ops": n,
+        "connect_concurrency": max(1, CONNECT_GATE // nprocs),
+    }
+    opened = time.monotonic()
+    children = [LoadChild(ctx.procs, {**spec, "conns": share}) for share in split(n, nprocs)]
+    try:
+        for child in children:
+            child.expect("ready", 180)
+        accepted = _wait_accepted(pid, fds_before + n, budget_s=90)
+        connect_s = time.monotonic() - opened
+        go = time.monotonic()
+        for child in children:
+            child.go()
+        for child in children:
+            child.expect("sent", 60)
+        wait_idle([pid], 30)
+        parked_s = time.monotonic() - go
+        rss_after = vm_rss_kib(pid)
+        published_at = time.time()
+        publish(n)
+        publish_s = time.time() - published_at
+        results = [c.result(150) for c in children]
+    finally:
+        for child in children:
+            if child.proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    child.proc.stdin.close()
+            ctx.procs.reap(child.proc, 15)
+    errors: collections.Counter[str] = collections.Counter()
+    for r in results:
+        errors.update(r["errors"])
+        if r["unfinished"]:
+            errors["unfinished connections"] += r["unfinished"]
+    return HeldPolls(
+        held=n,
+        accepted=accepted - fds_before,
+        connect_s=connect_s,
+        rss_before_kib=rss_before,
+        rss_after_kib=rss_after,
+        parked_s=parked_s,
+        publish_s=publish_s,
+        served=sum(r["ops"] for r in results),
+        empty=sum(r["dry"] for r in results),
+        errors=dict(errors),
+        delivery_s=sorted(t - published_at for r in results for t in r["times"]),
+    )
+
+
+def _wait_accepted(pid: int, wanted_fds: int, budget_s: float) -> int:
+    """Wait until `pid` has `wanted_fds` open, or its count stops growing for 15 s."""
+    deadline = time.monotonic() + budget_s
+    count, grew_at = fd_count(pid), time.monotonic()
+    while count < wanted_fds and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = fd_count(pid)
+        if now > count:
+            count, grew_at = now, time.monotonic()
+        elif time.monotonic() - grew_at > 15:
+            break
+    return count
+
+
+def bench_longpoll(ctx: Context) -> None:
+    n = ctx.sizes.longpolls
+    print(f"\n[4] {n:,} held long polls (wait=60s), then {n:,} messages published", flush=True)
+    # On tmpfs: section 1 measures the disk; this one the wake-up path and memory.
+    server = ctx.dirmq("longpoll", "shm", 1)
+    redis = ctx.redis
+    name = "lp"
+    create_queue(server.port, name)
+    warm_up(server.port, name)
+    status, _, _ = http_call(server.port, "GET", f"/{name}/messages?wait=0.2s")
+    if status != 204:
+        raise RuntimeError(f"warm-up long poll: {status}")
+
+    def publish_dirmq(count: int) -> None:
+        conn = http.client.HTTPConnection(HOST, server.port, timeout=60)
+        body = batch_body(BATCH)
+        try:
+            for start in range(0, count, BATCH):
+                size = min(BATCH, count - start)
+                conn.request(
+                    "POST",
+                    f"/{name}/messages",
+                    body=body if size == BATCH else batch_body(size),
+                    headers={"Content-Type": "application/x-ndjson"},
+                )
+                response = conn.getresponse()
+                response.read()
+                if response.status != 201:
+                    raise RuntimeError(f"publish to {name}: {response.status}")
+        finally:
+            conn.close()
+
+    def publish_redis(count: int) -> None:
+        for start in range(0, count, BATCH):
+            redis.client.lpush("lp", *([BODY] * min(BATCH, count - start)))
+
+    # A long lease, so the queue's stats afterwards still show who got a message.
+    request = http_request("GET", f"/{name}/messages?wait=60s&visibility=600s")
+    backlog = {"dirmq": listen_backlog(server.port), "redis": listen_backlog(redis.port)}
+    print(f"  accept-queue limits of the listening sockets: {backlog}", flush=True)
+    dirmq_polls = hold_polls(ctx, server, request, 200, publish_dirmq)
+    stats = queue_stats(server.port, name)
+    redis.client.delete("lp")
+    redis_polls = hold_polls(
+        ctx, redis, resp_command(b"BLPOP", b"lp", b"60"), RESP_ARRAY, publish_redis
+    )
+    report = ctx.report
+    for label, polls in (("dirmq, 1 worker", dirmq_polls), ("Redis BLPOP", redis_polls)):
+        info = polls.to_json()
+        report.row(
+            f"{n:,} held long polls: RSS",
+            label,
+            f"+{info['extra_mib']:,.1f} MiB",
+            f"{info['extra_kib_per_poll']:.1f} KiB per poll "
+            f"({info['rss_before_mib']} -> {info['rss_after_mib']} MiB); "
+            f"{info['accepted_before_polling']:,} connections accepted in "
+            f"{info['connect_s']:.1f} s, polls parked {info['parked_s']:.1f} s after sending",
+        )
+        report.row(
+            f"{n:,} held long polls: wake",
+            label,
+            f"{info['served']:,} served",
+            f"last after {info['delivery_last_s']:.2f} s (p50 {info['delivery_p50_s']:.2f} s), "
+            f"{info['served_per_s'] or 0:,.0f}/s; publishing took {info['publish_s']:.2f} s"
+            + (f"; errors {polls.errors}" if polls.errors else ""),
+        )
+    extra_mib = (dirmq_polls.rss_after_kib - dirmq_polls.rss_before_kib) / 1024
+    report.target(
+        f"extra RSS for {n:,} held long polls (MiB)",
+        extra_mib,
+        f"<= {100 * n / 10_000:.0f} MB",
+        extra_mib * 1.048576 <= 100 * n / 10_000,
+        f"{dirmq_polls.extra_kib_per_poll:.1f} KiB per poll; "
+        f"Redis {redis_polls.extra_kib_per_poll:.1f} KiB",
+    )
+    report.target(
+        "held long polls that got a message",
+        dirmq_polls.served,
+        f"= {n:,}",
+        dirmq_polls.served == n,
+        f"last one {max(dirmq_polls.delivery_s, default=math.nan):.2f} s after the first "
+        f"publish; queue afterwards: {stats}",
+    )
+    report.data["held_long_polls"] = {
+        "listen_backlog": backlog,
+        "dirmq": dirmq_polls.to_json() | {"queue_stats_after": stats},
+        "redis": redis_polls.to_json(),
+    }
+
+
+# -- 5: publish-to-wake latency --------------------------------------------------------------------
+class Rpc(asyncio.Protocol):
+    """A connection for request/response in turn; replies carry their arrival time."""
+
+    def __init__(self, parse: Callable[[bytearray], Reply | None]) -> None:
+        self.parse = parse
+        self.buf = bytearray()
+        self.waiting: collections.deque[asyncio.Future[tuple[float, Reply]]] = collections.deque()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, data: bytes) -> asyncio.Future[tuple[float, Reply]]:
+        future: asyncio.Future[tuple[float, Reply]] = asyncio.get_running_loop().create_future()
+        self.waiting.append(future)
+        assert self.transport is not None
+        self.transport.write(data)
+        return future
+
+    def data_received(self, data: bytes) -> None:
+        arrived = time.perf_counter()
+        self.buf += data
+        while self.waiting:
+            reply = self.parse(self.buf)
+            if reply is None:
+                return
+            del self.buf[: reply[0]]
+            future = self.waiting.popleft()
+            if not future.done():
+                future.set_result((arrived, reply))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        while self.waiting:
+            future = self.waiting.popleft()
+            if not future.done():
+                future.set_exception(ConnectionResetError("connection lost"))
+
+
+@dataclass
+class WakeSubject:
+    name: str
+    port: int
+    parse: Callable[[bytearray], Reply | None]
+    poll: bytes
+    publish: bytes
+    poll_ok: int
+    publish_ok: int
+    ack: Callable[[Reply], bytes | None]  # untimed clean-up after each sample
+    wake_s: list[float] = field(default_factory=list)
+    publish_s: list[float] = field(default_factory=list)
+    early: int = 0
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+async def _measure_wake(subjects: list[WakeSubject], samples: int, budget_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    conns: dict[str, tuple[Rpc, Rpc]] = {}
+    for s in subjects:
+        pair: list[Rpc] = []
+        for _ in range(2):
+            _, rpc = await loop.create_connection(functools.partial(Rpc, s.parse), HOST, s.port)
+            pair.append(rpc)
+        conns[s.name] = (pair[0], pair[1])
+    deadline = time.monotonic() + budget_s
+    for _ in range(samples):
+        if time.monotonic() > deadline:
+            break
+        for s in subjects:
+            poller, publisher = conns[s.name]
+            polled = poller.send(s.poll)
+            await asyncio.sleep(PARK_S)
+            if polled.done():  # answered before anything was published: not a wake-up
+                s.early += 1
+                await polled
+                continue
+            sent = time.perf_counter()
+            published = publisher.send(s.publish)
+            try:
+                woke, reply = await asyncio.wait_for(polled, 10)
+                acked, pub_reply = await asyncio.wait_for(published, 10)
+            except (TimeoutError, ConnectionError) as exc:
+                s.errors[type(exc).__name__] += 1
+                return
+            if reply[1] != s.poll_ok or pub_reply[1] != s.publish_ok:
+                s.errors[f"poll {reply[1]}, publish {pub_reply[1]}"] += 1
+                continue
+            s.wake_s.append(woke - sent)
+            s.publish_s.append(acked - sent)
+            clean_up = s.ack(reply)
+            if clean_up is not None:
+                await asyncio.wait_for(publisher.send(clean_up), 10)
+    for poller, publisher in conns.values():
+        for rpc in (poller, publisher):
+            if rpc.transport is not None:
+                rpc.transport.close()
+
+
+def bench_latency(ctx: Context) -> None:
+    print(
+        f"\n[5] publish-to-wake latency, one server process, {ctx.sizes.latency_samples} samples",
+        flush=True,
+    )
+    import uvloop
+
+    server = ctx.dirmq("disk-w1", "disk", 1)
+    redis = ctx.redis
+    create_queue(server.port, "wake")
+    create_queue(server.port, "wake-wb", "writeback")
+    for name in ("wake", "wake-wb"):
+        warm_up(server.port, name)
+    redis.client.delete("wake")
+
+    def dirmq_ack(name: str) -> Callable[[Reply], bytes | None]:
+        def ack(reply: Reply) -> bytes | None:
+            receipt = header_value(reply[2], b"X-Receipt")
+            if receipt is None:
+                return None
+            return http_request("DELETE", f"/{name}/messages/{receipt.decode()}")
+
+        return ack
+
+    def dirmq_subject(label: str, name: str) -> WakeSubject:
+        return WakeSubject(
+            label,
+            server.port,
+            parse_http,
+            http_request("GET", f"/{name}/messages?wait=10s"),
+            http_request("POST", f"/{name}/messages", BODY),
+            200,
+            201,
+            dirmq_ack(name),
+        )
+
+    subjects = [
+        dirmq_subject("dirmq writethrough", "wake"),
+        dirmq_subject("dirmq writeback", "wake-wb"),
+        WakeSubject(
+            "redis always",
+            redis.port,
+            parse_resp,
+            resp_command(b"BLPOP", b"wake", b"10"),
+            resp_command(b"LPUSH", b"wake", BODY),
+            RESP_ARRAY,
+            RESP_INT,
+            lambda reply: None,
+        ),
+    ]
+    samples = ctx.sizes.latency_samples
+    uvloop.run(_measure_wake(subjects, samples, budget_s=max(60.0, samples * 0.2)))
+    report = ctx.report
+    data: dict[str, Any] = {"park_s": PARK_S, "samples": samples}
+    for s in subjects:
+        wake_ms = [x * 1000 for x in s.wake_s]
+        pub_ms = [x * 1000 for x in s.publish_s]
+        summary = {
+            "n": len(wake_ms),
+            "wake_p50_ms": round(percentile(wake_ms, 50), 3),
+            "wake_p99_ms": round(percentile(wake_ms, 99), 3),
+            "wake_max_ms": round(max(wake_ms, default=math.nan), 3),
+            "publish_p50_ms": round(percentile(pub_ms, 50), 3),
+            "publish_p99_ms": round(percentile(pub_ms, 99), 3),
+            "early": s.early,
+            "errors": dict(s.errors),
+        }
+        data[s.name] = summary
+        report.row(
+            "publish-to-wake latency",
+            s.name,
+            f"p99 {summary['wake_p99_ms']:.2f} ms",
+            f"p50 {summary['wake_p50_ms']:.2f} ms, max {summary['wake_max_ms']:.1f} ms; "
+            f"publish reply p50 {summary['publish_p50_ms']:.2f} / p99 "
+            f"{summary['publish_p99_ms']:.2f} ms; n={summary['n']}"
+            + (f"; errors {dict(s.errors)}" if s.errors else ""),
+        )
+    default = data["dirmq writethrough"]
+    report.target(
+        "publish-to-wake p99 (ms), writethrough",
+        default["wake_p99_ms"],
+        "<= 5",
+        default["wake_p99_ms"] <= 5 and default["n"] >= samples * 0.9,
+        f"p50 {default['wake_p50_ms']:.2f} ms; writeback p99 "
+        f"{data['dirmq writeback']['wake_p99_ms']:.2f} ms; Redis always p99 "
+        f"{data['redis always']['wake_p99_ms']:.2f} ms",
+    )
+    report.data["wake_latency"] = data
+
+
+# -- driver ----------------------------------------------------------------------------------------
+def filesystem_of(path: str) -> str:
+    """Filesystem type, mount point and device of `path`; for ext4, whether it has a journal."""
+    best, kind, device = "", "?", "?"
+    real = os.path.realpath(path)
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mount, fstype = parts[1], parts[2]
+            inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+            if inside and len(mount) > len(best):
+                best, kind, device = mount, fstype, parts[0]
+    text = f"{kind} on {best} ({device})"
+    if kind == "ext4":
+        name = os.path.basename(os.path.realpath(device))
+        try:
+            journals = os.listdir("/proc/fs/jbd2")
+        except OSError:
+            journals = []
+        journaled = any(j.split("-")[0] == name for j in journals)
+        text += ", with a journal" if journaled else ", no journal"
+    return text
+
+
+def source_revision() -> str:
+    """The commit the servers ran, and whether src/ had uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "src"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head} + uncommitted changes in src/" if dirty else head
+
+
+def machine(ctx: Context, versions: dict[str, str], fd_limit: int) -> dict[str, Any]:
+    return {
+        "source": source_revision(),
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": os.getloadavg(),
+        "dirmq": importlib.metadata.version("dirmq"),
+        "redis_server": ctx.redis_version,
+        "pip": versions,
+        "disk_dir": ctx.disk,
+        "disk_fs": filesystem_of(ctx.disk),
+        "tmpfs_dir": ctx.shm,
+        "tmpfs_fs": filesystem_of(ctx.shm),
+        "fd_limit": fd_limit,
+        "load_processes": ctx.load_procs,
+        "note": "load generator and servers share the same cores",
+    }
+
+
+def print_summary(report: Report, rounds: int) -> None:
+    widths = [max(len(r[i]) for r in report.rows) for i in range(3)] if report.rows else [0] * 3
+    print(f"\n== results (medians of {rounds} rounds; clients and servers share the cores) ==")
+    for bench, subject, result, note in report.rows:
+        print(f"{bench:<{widths[0]}}  {subject:<{widths[1]}}  {result:>{widths[2]}}  {note}")
+    print("\n== targets ==")
+    for t in report.targets:
+        verdict = "MET " if t["met"] else "MISS"
+        print(f"{verdict}  {t['name']:<44} {t['value']:>12,.2f}  (goal {t['goal']}; {t['detail']})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    parser.add_argument("--dir", help="where disk-backed roots live (default: a temp dir in /tmp)")
+    parser.add_argument("--json", default=str(DEFAULT_JSON), help="where to write the results")
+    parser.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}"
+    )
+    parser.add_argument(
+        "--load-procs", type=int, default=2, help="load generator processes (default 2)"
+    )
+    parser.add_argument("--profile", metavar="DIR", help="py-spy the servers into DIR")
+    parser.add_argument("--child-load", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child_load:
+        return child_main(args.child_load)
+    sections = {s.strip() for s in args.only.split(",") if s.strip()}
+    unknown = sections - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
+    sizes = QUICK if args.quick else FULL
+    redis_version = ensure_redis_server()
+    versions = ensure_pip()
+    fd_limit = raise_fd_limit()  # the servers and load processes inherit it
+    if fd_limit < sizes.longpolls + 1000 and "longpoll" in sections:
+        print(f"warning: fd limit {fd_limit} is low for {sizes.longpolls} polls", file=sys.stderr)
+    parent = args.dir or tempfile.gettempdir()
+    os.makedirs(parent, exist_ok=True)
+    disk = tempfile.mkdtemp(prefix="dirmq-http-bench-", dir=parent)
+    shm = tempfile.mkdtemp(prefix="dirmq-http-bench-", dir=SHM if os.path.isdir(SHM) else parent)
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+    report = Report()
+    ctx = Context(
+        sizes=sizes,
+        procs=Processes(),
+        report=report,
+        disk=disk,
+        shm=shm,
+        load_procs=args.load_procs,
+        redis_version=redis_version,
+        profile_dir=os.path.abspath(args.profile) if args.profile else None,
+    )
+    report.data["machine"] = machine(ctx, versions, fd_limit)
+    report.data["mode"] = "quick" if args.quick else "full"
+    print(f"dirmq HTTP benchmark ({report.data['mode']}); disk roots in {disk}, tmpfs in {shm}")
+    print(f"  {report.data['machine']['disk_fs']}; redis-server {redis_version}; {versions}")
+    print(
+        f"  {os.cpu_count()} cores shared by servers and {args.load_procs} load processes",
+        flush=True,
+    )
+    started = time.perf_counter()
+    try:
+        if "publish" in sections:
+            bench_publish(ctx)
+        if "writeback" in sections:
+            bench_writeback(ctx)
+        # get+ack last: acks beyond the recycling pool unlink files, and on ext4 without a
+        # journal every inode freed in the last minutes slows each later inode allocation.
+        if "latency" in sections:
+            bench_latency(ctx)
+        if "longpoll" in sections:
+            bench_longpoll(ctx)
+        if "getack" in sections:
+            bench_getack(ctx)
+        report.data["inode_alloc_us_at_end"] = inode_alloc_us(os.path.join(disk, "inode-end"))
+    except BaseException:
+        for server in ctx.servers.values():
+            if server.log:
+                print(f"last output of dirmq {server.label}:", file=sys.stderr)
+                print("\n".join(server.log), file=sys.stderr)
+        raise
+    finally:
+        ctx.procs.stop_all()
+        shutil.rmtree(disk, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+    report.data["machine"]["loadavg_at_end"] = os.getloadavg()
+    report.data["seconds"] = round(time.perf_counter() - started, 1)
+    report.data["table"] = [list(r) for r in report.rows]
+    report.data["targets"] = report.targets
+    print_summary(report, sizes.rounds)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report.data, indent=2) + "\n")
+    print(f"\nwrote {out} ({report.data['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""Dead-letter queue redrive over the SQS API (StartMessageMoveTask, ListMessageMoveTasks,
+CancelMessageMoveTask) with boto3 against a real `dirmq serve`.
+
+Queues are wired with the native API (`PUT /{queue}` with dead_letter_queue/max_receives) and
+inspected with the library on the same root, so these tests need only the SQS actions under
+test plus Create/Send/Receive/Delete."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+import dirmq
+from dirmq.sqs.actions.move_tasks import decode_handle, encode_handle
+
+from .servers import ServerProcess, start_server
+
+ACCOUNT = "000000000000"
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = start_server(tmp_path_factory.mktemp("sqs-move") / "root")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def sqs(server: ServerProcess) -> Any:
+    return boto3.client(
+        "sqs",
+        endpoint_url=server.url,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+    )
+
+
+@pytest.fixture(scope="module")
+def store(server: ServerProcess) -> Iterator[dirmq.Store]:
+    with dirmq.Store(server.root, create=False) as s:
+        yield s
+
+
+def arn(name: str) -> str:
+    return f"arn:aws:sqs:us-east-1:{ACCOUNT}:{name}"
+
+
+def fresh(prefix: str) -> str:
+    return f"{prefix}-{next(_names)}"
+
+
+def native_put(server: ServerProcess, queue: str, config: dict[str, Any]) -> None:
+    request = urllib.request.Request(
+        f"{server.url}/{queue}", data=json.dumps(config).encode(), method="PUT"
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status in (200, 201)
+
+
+def pipe(
+    server: ServerProcess, store: dirmq.Store, count: int, *, fifo: bool = False
+) -> tuple[str, str]:
+    """A source queue whose dead-letter queue holds `count` messages m0, m1, ..."""
+    suffix = ".fifo" if fifo else ""
+    source, dlq = fresh("src") + suffix, fresh("dlq") + suffix
+    native_put(server, dlq, {})
+    native_put(server, source, {"dead_letter_queue": dlq, "max_receives": 1})
+    if count:
+        store.queue(dlq).put_many([f"m{i}".encode() for i in range(count)])
+    return source, dlq
+
+
+def ready(store: dirmq.Store, name: str) -> int:
+    return store.queue(name).stats().ready
+
+
+def bodies(store: dirmq.Store, name: str) -> list[bytes]:
+    return [m.body for m in store.queue(name).browse()]
+
+
+def wait_for(
+    sqs: Any, dlq: str, done: Callable[[dict[str, Any]], bool], timeout_s: float = 15
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        results = sqs.list_message_move_tasks(SourceArn=arn(dlq))["Results"]
+        if results and done(results[0]):
+            return dict(results[0])
+        assert time.monotonic() < deadline, f"task never got there: {results}"
+        time.sleep(0.05)
+
+
+def finished(entry: dict[str, Any]) -> bool:
+    return entry["Status"] not in ("RUNNING", "CANCELLING")
+
+
+def error_of(call: Callable[[], object]) -> tuple[str, int, str]:
+    with pytest.raises(ClientError) as info:
+        call()
+    response = info.value.response
+    return (
+        response["Error"]["Code"],
+        response["ResponseMetadata"]["HTTPStatusCode"],
+        response["Error"]["Message"],
+    )
+
+
+# -- moving ----------------------------------------------------------------------------------------
+
+
+def test_redrive_back_to_the_source(server: ServerProcess, sqs: Any, store: dirmq.Store) -> None:
+    """End to end: messages die after maxReceiveCount, then go back where they came from."""
+    source, dlq = pipe(server, store, 0)
+    source_url = f"{server.url}/{ACCOUNT}/{source}"
+    sent = {f"order {i}" for i in range(12)}
+    for body in sent:
+        sqs.send_message(QueueUrl=source_url, MessageBody=body)
+    received = 0
+    deadline = time.monotonic() + 10
+    while received < len(sent):  # received once each, never deleted: dead after one receive
+        assert time.monotonic() < deadline
+        got = sqs.receive_message(
+            QueueUrl=source_url, MaxNumberOfMessages=10, VisibilityTimeout=0
+        ).get("Messages", [])
+        received += len(got)
+    deadline = time.monotonic() + 10
+    while ready(store, dlq) < len(sent):
+        sqs.receive_message(QueueUrl=source_url, VisibilityTimeout=0)  # promotes dead leases
+        assert time.monotonic() < deadline
+    assert ready(store, source) == 0
+
+    handle = sqs.start_message_move_task(SourceArn=arn(dlq))["TaskHandle"]
+    assert decode_handle(handle)[1] == arn(dlq)
+    entry = wait_for(sqs, dlq, finished)
+    assert entry["Status"] == "COMPLETED"
+    assert entry["ApproximateNumberOfMessagesMoved"] == len(sent)
+    assert entry["ApproximateNumberOfMessagesToMove"] == len(sent)
+    assert entry["SourceArn"] == arn(dlq)
+    assert "DestinationArn" not in entry and "TaskHandle" not in entry
+    assert abs(entry["StartedTimestamp"] / 1000 - time.time()) < 60
+
+    assert ready(store, dlq) == 0 and store.queue(dlq).stats().in_flight == 0
+    back: list[str] = []
+    while len(back) < len(sent):
+        assert time.monotonic() < deadline + 10
+        got = sqs.receive_message(QueueUrl=source_url, MaxNumberOfMessages=10)["Messages"]
+        for message in got:
+            back.append(message["Body"])
+            sqs.delete_message(QueueUrl=source_url, ReceiptHandle=message["ReceiptHandle"])
+    assert sorted(back) == sorted(sent)  # all back, each once
+    assert ready(store, source) == 0
+
+
+def test_redrive_to_a_destination_keeps_headers_and_groups(
+    server: ServerProcess, sqs: Any, store: dirmq.Store
+) -> None:
+    source, dlq = pipe(server, store, 0, fifo=True)
+    destination = fresh("dst") + ".fifo"
+    native_put(server, destination, {})
+    store.queue(dlq).put_many(
+        [
+            dirmq.OutgoingMessage(b"a1", {"X-Colour": "blue"}, group="a"),
+            dirmq.OutgoingMessage(b"b1", {"X-Colour": "red"}, group="b"),
+            dirmq.OutgoingMessage(b"a2", {"X-Colour": "green"}, group="a"),
+        ]
+    )
+    sqs.start_message_move_task(SourceArn=arn(dlq), DestinationArn=arn(destination))
+    entry = wait_for(sqs, dlq, finished)
+    assert entry["Status"] == "COMPLETED", entry
+    assert entry["DestinationArn"] == arn(destination)
+    assert entry["ApproximateNumberOfMessagesMoved"] == 3
+    moved = {m.body: m for m in store.queue(destination).browse()}
+    assert set(moved) == {b"a1", b"b1", b"a2"}
+    assert moved[b"a1"].headers == {"X-Colour": "blue"} and moved[b"a1"].group == "a"
+    assert moved[b"b1"].group == "b" and moved[b"a2"].headers == {"X-Colour": "green"}
+    # Group order survives: a2 only once a1 is done.
+    queue = store.queue(destination)
+    first = queue.get(10, visibility_s=60)
+    assert sorted(m.body for m in first) == [b"a1", b"b1"]
+    for message in first:
+        queue.ack(message.receipt or "")
+    assert [m.body for m in queue.get(10, visibility_s=60)] == [b"a2"]
+    assert ready(store, dlq) == 0 and ready(store, source) == 0
+
+
+def test_rate_limit_and_running_entry(server: ServerProcess, sqs: Any, store: dirmq.Store) -> None:
+    source, dlq = pipe(server, store, 15)
+    started = time.monotonic()
+    handle = sqs.start_message_move_task(SourceArn=arn(dlq), MaxNumberOfMessagesPerSecond=10)[
+        "TaskHandle"
+    ]
+    running = sqs.list_message_move_tasks(SourceArn=arn(dlq), MaxResults=10)["Results"]
+    assert len(running) == 1
+    assert running[0]["Status"] == "RUNNING"
+    assert running[0]["TaskHandle"] == handle
+    assert running[0]["MaxNumberOfMessagesPerSecond"] == 10
+    assert running[0]["ApproximateNumberOfMessagesToMove"] == 15
+    entry = wait_for(sqs, dlq, finished)
+    assert entry["Status"] == "COMPLETED"
+    assert time.monotonic() - started >= 0.9  # 10 at once, the other 5 a second later
+    assert sorted(bodies(store, source)) == sorted(f"m{i}".encode() for i in range(15))
+
+
+def test_empty_dlq_completes_at_once(server: ServerProcess, sqs: Any, store: dirmq.Store) -> None:
+    _source, dlq = pipe(server, store, 0)
+    sqs.start_message_move_task(SourceArn=arn(dlq))
+    entry = wait_for(sqs, dlq, finished)
+    assert entry["Status"] == "COMPLETED"
+    assert entry["ApproximateNumberOfMessagesMoved"] == 0
+    assert entry["ApproximateNumberOfMessagesToMove"] == 0
+
+
+def test_cancel(server: ServerProcess, sqs: Any, store: dirmq.Store) -> None:
+    source, dlq = pipe(server, store, 20)
+    handle = sqs.start_message_move_task(SourceArn=arn(dlq), MaxNumberOfMessagesPerSecond=2)[
+        "TaskHandle"
+    ]
+    wait_for(sqs, dlq, lambda e: e["ApproximateNumberOfMessagesMoved"] >= 2)
+    moved_at_cancel = sqs.cancel_message_move_task(TaskHandle=handle)[
+        "ApproximateNumberOfMessagesMoved"
+    ]
+    assert 2 <= moved_at_cancel < 20
+    entry = wait_for(sqs, dlq, finished)
+    assert entry["Status"] == "CANCELLED"
+    assert "TaskHandle" not in entry
+    moved = entry["ApproximateNumberOfMessagesMoved"]
+    assert moved < 20
+    # Nothing lost, nothing doubled: what moved is in the source, the rest still in the DLQ.
+    assert ready(store, source) == moved
+    assert ready(store, dlq) == 20 - moved
+    assert sorted(bodies(store, source) + bodies(store, dlq)) == sorted(
+        f"m{i}".encode() for i in range(20)
+    )
+    code, status, message = error_of(lambda: sqs.cancel_message_move_task(TaskHandle=handle))
+    assert (code, status, message) == ("ResourceNotFoundException", 404, "Task does not exist.")
+    # A new task may start now; the list shows both, newest first.
+    sqs.start_message_move_task(SourceArn=arn(dlq))
+    wait_for(sqs, dlq, finished)
+    history = sqs.list_message_move_tasks(SourceArn=arn(dlq), MaxResults=10)["Results"]
+    assert [e["Status"] for e in history] == ["COMPLETED", "CANCELLED"]
+    assert ready(store, source) == 20 and ready(store, dlq) == 0
+
+
+def test_one_running_task_per_source(server: ServerProcess, sqs: Any, store: dirmq.Store) -> None:
+    _source, dlq = pipe(server, store, 5)
+    handle = sqs.start_message_move_task(SourceArn=arn(dlq), MaxNumberOfMessagesPerSecond=1)[
+        "TaskHandle"
+    ]
+    code, status, message = error_of(lambda: sqs.start_message_move_task(SourceArn=arn(dlq)))
+    assert (code, status) == ("InvalidParameterValue", 400)
+    assert message.startswith("There is already a task running.")
+    sqs.cancel_message_move_task(TaskHandle=handle)
+    wait_for(sqs, dlq, finished)
+
+
+def test_deleted_destination_fails_the_task(
+    server: ServerProcess, sqs: Any, store: dirmq.Store
+) -> None:
+    _source, dlq = pipe(server, store, 10)
+    destination = fresh("dst")
+    native_put(server, destination, {})
+    sqs.start_message_move_task(
+        SourceArn=arn(dlq), DestinationArn=arn(destination), MaxNumberOfMessagesPerSecond=2
+    )
+    wait_for(sqs, dlq, lambda e: e["ApproximateNumberOfMessagesMoved"] >= 1)
+    sqs.delete_queue(QueueUrl=f"{server.url}/{ACCOUNT}/{destination}")
+    entry = wait_for(sqs, dlq, finished)
+    assert entry["Status"] == "FAILED"
+    assert entry["FailureReason"] == "AWS.SimpleQueueService.NonExistentQueue"
+    # The batch in hand went back: every message not moved is still in the DLQ.
+    assert ready(store, dlq) == 10 - entry["ApproximateNumberOfMessagesMoved"]
+
+
+def test_several_sources_need_a_destination(
+    server: ServerProcess, sqs: Any, store: dirmq.Store
+) -> None:
+    first, dlq = pipe(server, store, 3)
+    second = fresh("src")
+    native_put(server, second, {"dead_letter_queue": dlq, "max_receives": 2})
+    code, _status, message = error_of(lambda: sqs.start_message_move_task(SourceArn=arn(dlq)))
+    assert code == "InvalidParameterValue"
+    assert "DestinationArn" in message and first in message and second in message
+    sqs.start_message_move_task(SourceArn=arn(dlq), DestinationArn=arn(second))
+    assert wait_for(sqs, dlq, finished)["Status"] == "COMPLETED"
+    assert ready(store, second) == 3 and ready(store, first) == 0
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+def test_start_errors(server: ServerProcess, sqs: Any, store: dirmq.Store) -> None:
+    _source, dlq = pipe(server, store, 1)
+    plain = fresh("plain")
+    native_put(server, plain, {})
+
+    def start(**params: Any) -> tuple[str, int, str]:
+        return error_of(lambda: sqs.start_message_move_task(**params))
+
+    assert start(SourceArn=arn("no-such-queue")) == (
+        "ResourceNotFoundException",
+        404,
+        "The resource that you specified for the SourceArn parameter doesn't exist.",
+    )
+    assert start(SourceArn=arn(plain)) == (
+        "InvalidParameterValue",
+        400,
+        "Source queue must be configured as a Dead Letter Queue.",
+    )
+    assert start(SourceArn=arn(dlq), DestinationArn=arn("no-such-queue")) == (
+        "ResourceNotFoundException",
+        404,
+        "The resource that you specified for the DestinationArn parameter doesn't exist.",
+    )
+    for rate in (0, 501):
+        code, _, message = start(SourceArn=arn(dlq), MaxNumberOfMessagesPerSecond=rate)
+        assert code == "InvalidParameterValue" and "MaxNumberOfMessagesPerSecond" in message
+    assert start(SourceArn="not-an-arn")[0] == "InvalidParameterValue"
+    assert start(SourceArn=arn(dlq), DestinationArn=arn(dlq))[0] == "InvalidParameterValue"
+    fifo = fresh("dst") + ".fifo"
+    native_put(server, fifo, {})
+    assert start(SourceArn=arn(dlq), DestinationArn=arn(fifo))[0] == "InvalidParameterValue"
+    assert ready(store, dlq) == 1  # nothing started
+
+
+def test_list_and_cancel_errors(server: ServerProcess, sqs: Any, store: dirmq.Store) -> None:
+    _source, dlq = pipe(server, store, 0)
+    assert sqs.list_message_move_tasks(SourceArn=arn(dlq))["Results"] == []
+    assert error_of(lambda: sqs.list_message_move_tasks(SourceArn=arn("nope")))[:2] == (
+        "ResourceNotFoundException",
+        404,
+    )
+    for bad in (0, 11):
+        code, _, message = error_of(
+            lambda bad=bad: sqs.list_message_move_tasks(SourceArn=arn(dlq), MaxResults=bad)
+        )
+        assert code == "InvalidParameterValue" and "MaxResults" in message
+
+    def cancel(handle: str) -> tuple[str, int, str]:
+        return error_of(lambda: sqs.cancel_message_move_task(TaskHandle=handle))
+
+    assert cancel("foobared") == (
+        "InvalidParameterValue",
+        400,
+        "Value for parameter TaskHandle is invalid.",
+    )
+    assert cancel(encode_handle("10f57157-fc38-4da9-a113-4de7e12d05dd", arn("gone"))) == (
+        "ResourceNotFoundException",
+        404,
+        "The resource that you specified for the SourceArn parameter doesn't exist.",
+    )
+    assert cancel(encode_handle("10f57157-fc38-4da9-a113-4de7e12d05aa", arn(dlq))) == (
+        "ResourceNotFoundException",
+        404,
+        "Task does not exist.",
+    )
+
+
+def test_task_handle_shape() -> None:
+    handle = encode_handle("dc16951e-021e-44bd-bf36-11d72fc73c50", arn("dead"))
+    assert json.loads(base64.b64decode(handle)) == {
+        "taskId": "dc16951e-021e-44bd-bf36-11d72fc73c50",
+        "sourceArn": arn("dead"),
+    }
+    assert decode_handle(handle) == ("dc16951e-021e-44bd-bf36-11d72fc73c50", arn("dead"))
