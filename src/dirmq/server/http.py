@@ -49,6 +49,7 @@ class Request:
     body: bytes
     keep_alive: bool
     raw_headers: list[tuple[str, str]] = field(default_factory=list)  # names as sent
+    raw_query: str = ""  # as sent, still percent-encoded (signatures are computed over it)
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
@@ -277,6 +278,7 @@ class HttpProtocol(asyncio.Protocol):
             body=b"".join(self._body),
             keep_alive=self._parser.should_keep_alive(),
             raw_headers=self._raw_headers,
+            raw_query=query,
         )
         self._reset_message()
         self._pending.append(request)

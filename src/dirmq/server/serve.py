@@ -108,7 +108,9 @@ async def run_worker(options: ServeOptions, endpoints: list[_Endpoint]) -> None:
         handler = _handler_for(endpoint.name, broker, metrics, options.sqs_credentials)
         http = HttpServer(handler, options.limits)
         http_servers.append(http)
-        listeners.append(await loop.create_server(http.protocol, sock=endpoint.sock))
+        listeners.append(
+            await loop.create_server(http.protocol, sock=endpoint.sock, backlog=BACKLOG)
+        )
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)

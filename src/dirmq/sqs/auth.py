@@ -140,12 +140,17 @@ class SigV4Authenticator:
 
     def __call__(self, request: Request) -> None:
         authorization = request.headers.get("authorization")
+        # The canonical query is computed from the query exactly as sent (repeated parameters
+        # included), minus the signature itself for a presigned URL.
+        pairs = [p for p in request.raw_query.split("&") if p] or [
+            f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in request.query.items()
+        ]
         if authorization:
             sig = _from_header(authorization, request)
-            params = dict(request.query)
+            query = "&".join(pairs)
         elif "X-Amz-Signature" in request.query or "X-Amz-Credential" in request.query:
             sig = _from_query(request.query)
-            params = {k: v for k, v in request.query.items() if k != "X-Amz-Signature"}
+            query = "&".join(p for p in pairs if not p.startswith("X-Amz-Signature="))
         else:
             raise SqsError("MissingAuthenticationToken", "Request is missing Authentication Token")
         secret = self.secrets.get(sig.key_id)
@@ -154,7 +159,7 @@ class SigV4Authenticator:
                 "InvalidClientTokenId", "The security token included in the request is invalid."
             )
         self._check_scope_and_time(sig)
-        expected = self._expected(sig, secret, request, params)
+        expected = self._expected(sig, secret, request, query)
         if not hmac.compare_digest(expected.encode(), sig.signature.encode()):
             raise SqsError("SignatureDoesNotMatch", _MISMATCH)
 
@@ -194,9 +199,7 @@ class SigV4Authenticator:
         if at - now > self.max_skew_s:
             raise SqsError("SignatureDoesNotMatch", _not_yet(sig.amz_date, now, self))
 
-    def _expected(
-        self, sig: _Signature, secret: str, request: Request, params: dict[str, str]
-    ) -> str:
+    def _expected(self, sig: _Signature, secret: str, request: Request, query: str) -> str:
         body_hash = hashlib.sha256(request.body).hexdigest()
         claimed = request.headers.get("x-amz-content-sha256")
         if claimed is not None and claimed != body_hash:
@@ -211,8 +214,8 @@ class SigV4Authenticator:
         host = request.headers.get("host") or ""
         received = _Received(
             method=request.method,
-            url=f"http://{host}{request.path}",
-            params=params,
+            url=f"http://{host}{request.path}" + (f"?{query}" if query else ""),
+            params={},
             # Only for botocore's X-Amz-Content-SHA256 lookup, which the check above makes moot.
             headers=HTTPHeaders(),
             body=request.body,

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -26,6 +27,7 @@ from dirmq.store.watch import InotifyHub
 
 ROOT_FORMAT = 1
 DEFAULT_ROOT = "./dirmq-data"
+EXISTS_RECHECK_S = 0.5
 
 
 def default_root() -> str:
@@ -52,6 +54,7 @@ class Store:
         self.group_commit = GroupCommit()
         self.writeback = WritebackFlusher(self.root)
         self._queues: dict[str, Queue] = {}
+        self._checked: dict[str, float] = {}  # name -> when its @queue.json was last seen
         self._lock = threading.Lock()
         self._hub: InotifyHub | None = None
         marker = os.path.join(self.root, layout.ROOT_MARKER)
@@ -98,11 +101,20 @@ class Store:
         return self.queue(name)
 
     def queue(self, name: str) -> Queue:
-        """Open an existing queue (QueueNotFound if absent). One object per name per Store."""
+        """Open an existing queue (QueueNotFound if absent). One object per name per Store.
+
+        An open queue is re-checked for existence at most every 0.5 s (as its configuration is):
+        this is on every request's path in the server."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._queues.get(name)
+            if cached is not None and now - self._checked.get(name, 0.0) < EXISTS_RECHECK_S:
+                return cached
         validate_queue_name(name)
         with self._lock:
             cached = self._queues.get(name)
             if cached is not None and os.path.exists(os.path.join(cached.path, layout.CONFIG_FILE)):
+                self._checked[name] = now
                 return cached
             path = queue_path(self.root, name)
             config = self._read_config(name, path)
@@ -110,6 +122,7 @@ class Store:
                 cached.close()
             queue = Queue(self, name, path, config)
             self._queues[name] = queue
+            self._checked[name] = now
             return queue
 
     def _read_config(self, name: str, path: str) -> QueueConfig:
@@ -166,6 +179,7 @@ class Store:
                 continue
         with self._lock:
             cached = self._queues.pop(name, None)
+            self._checked.pop(name, None)
         if cached is not None:
             cached.close()
         self.empty_trash()
