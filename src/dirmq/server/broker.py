@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dirmq.errors import DirmqError, QueueFull, StaleReceipt
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
@@ -53,6 +53,8 @@ class Broker:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="dirmq-store")
         self._publishers: dict[str, _Publisher] = {}
         self._receivers: dict[str, _Receiver] = {}
+        self._getters: dict[str, _Batcher] = {}
+        self._ackers: dict[str, _Batcher] = {}
         self._hub_fd: int | None = None
         self.closing = False
 
@@ -117,11 +119,14 @@ class Broker:
     ) -> list[Message]:
         """Lease up to `max_count` messages, waiting up to `wait_s` (None: forever) for the
         first."""
-        first = asyncio.ensure_future(self.call(queue.get, max_count, visibility_s=visibility_s))
+        getter = self._getters.get(queue.name)
+        if getter is None or getter.queue is not queue:
+            getter = self._getters[queue.name] = _Batcher(self, queue, "get")
+        first: asyncio.Future[list[Message]] = getter.submit((max_count, visibility_s))
         try:
             got = await asyncio.shield(first)
         except asyncio.CancelledError:
-            # The client left while the pool thread was leasing for it: give those back.
+            # The client left while a pool thread was leasing for it: give those back.
             first.add_done_callback(lambda done: self._give_back_later(queue, done))
             raise
         if got or (wait_s is not None and wait_s <= 0) or self.closing:
@@ -138,6 +143,14 @@ class Broker:
         if fd is not None and fd != self._hub_fd:
             asyncio.get_running_loop().add_reader(fd, self.store.pump_watches)
             self._hub_fd = fd
+
+    async def ack(self, queue: Queue, receipt: str) -> None:
+        """Acknowledge, sharing one pool call with every ack of the queue that arrives while
+        the previous batch is being applied (one thread, no lock contention)."""
+        acker = self._ackers.get(queue.name)
+        if acker is None or acker.queue is not queue:
+            acker = self._ackers[queue.name] = _Batcher(self, queue, "ack")
+        await asyncio.shield(acker.submit(receipt))
 
     def _give_back_later(self, queue: Queue, done: asyncio.Future[list[Message]]) -> None:
         if done.cancelled() or done.exception() is not None or not done.result():
@@ -159,6 +172,83 @@ class Broker:
 def _nack_quietly(queue: Queue, receipt: str) -> None:
     with contextlib.suppress(DirmqError):
         queue.nack(receipt)
+
+
+class _Batcher:
+    """Requests of one kind (leases, acks) to one queue, applied in one pool call per batch:
+    whatever arrives while a batch is being applied forms the next one. Concurrent requests then
+    cost one thread and one pass over the queue's lock instead of a thread each, queued on it."""
+
+    def __init__(self, broker: Broker, queue: Queue, kind: str) -> None:
+        self.broker = broker
+        self.queue = queue
+        self.kind = kind
+        self._pending: list[tuple[Any, asyncio.Future[Any]]] = []
+        self._running = False
+        self._task: asyncio.Task[None] | None = None  # referenced, so it is not collected
+
+    def submit(self, item: Any) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._pending.append((item, future))
+        if not self._running:
+            self._running = True
+            self._task = loop.create_task(self._run())
+        return future
+
+    async def _run(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = (
+                    self._pending[:MAX_BATCH_MESSAGES],
+                    self._pending[MAX_BATCH_MESSAGES:],
+                )
+                try:
+                    if self.kind == "ack":
+                        await self._acks(batch)
+                    else:
+                        await self._gets(batch)
+                except Exception as exc:  # every request of the batch gets the failure
+                    for _item, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+        finally:
+            self._running = False
+
+    async def _acks(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> None:
+        failures = await self.broker.call(self.queue.ack_many, [item for item, _ in batch])
+        for receipt, future in batch:
+            if future.done():
+                continue
+            if receipt in failures:
+                future.set_exception(failures[receipt])
+            else:
+                future.set_result(None)
+
+    async def _gets(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> None:
+        # One lease call per visibility timeout asked for (almost always just one).
+        by_visibility: dict[float | None, list[tuple[Any, asyncio.Future[Any]]]] = {}
+        for entry in batch:
+            by_visibility.setdefault(entry[0][1], []).append(entry)
+        for visibility_s, entries in by_visibility.items():
+            wanted = min(sum(item[0] for item, _ in entries), 1000)
+            got: list[Message] = await self.broker.call(
+                self.queue.get, wanted, visibility_s=visibility_s
+            )
+            for (max_count, _visibility), future in entries:
+                share, got = got[:max_count], got[max_count:]
+                if future.done():
+                    if share:
+                        await self.broker.call(_give_back, self.queue, share)
+                else:
+                    future.set_result(share)
+            if got:  # a caller gave up while we were leasing
+                await self.broker.call(_give_back, self.queue, got)
+
+
+def _give_back(queue: Queue, messages: list[Message]) -> None:
+    for message in messages:
+        _nack_quietly(queue, message.receipt or "")
 
 
 class _Publisher:

@@ -219,7 +219,7 @@ async def ack(broker: Broker, request: Request, route: Route) -> Response:
     if receipt is None and ref_is_receipt:
         receipt = route.ref
     if receipt is not None:
-        await broker.call(queue.ack, receipt)
+        await broker.ack(queue, receipt)
         return Response(204)
     if not is_id(route.ref):
         raise InvalidArgument(f"{route.ref!r} is neither a message id nor a receipt")
