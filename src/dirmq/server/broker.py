@@ -169,6 +169,12 @@ class Broker:
         self._executor.shutdown(wait=False, cancel_futures=False)
 
 
+def _expire(future: asyncio.Future[list[Message]]) -> None:
+    """A long poll's wait is over: it answers empty (unless messages got there first)."""
+    if not future.done():
+        future.set_result([])
+
+
 def _nack_quietly(queue: Queue, receipt: str) -> None:
     with contextlib.suppress(DirmqError):
         queue.nack(receipt)
@@ -325,15 +331,26 @@ class _Receiver:
         self._waiters.append(waiter)
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._watch())
+        # A parked poll is just this future and one timer: thousands must stay cheap.
+        future = waiter.future
+        timer = None if wait_s is None else loop.call_later(wait_s, _expire, future)
         try:
-            await asyncio.wait({waiter.future}, timeout=wait_s)
+            got = await future  # cancelling the request cancels the future: see _give_up
         except asyncio.CancelledError:
             await self._give_up(waiter)
             raise
-        if waiter.future.done():
-            return waiter.future.result()
-        await self._give_up(waiter)
-        return []
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if not got:
+            self._forget(waiter)
+        return got
+
+    def _forget(self, waiter: _Waiter) -> None:
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            pass
 
     async def _give_up(self, waiter: _Waiter) -> None:
         if waiter.future.done() and not waiter.future.cancelled():

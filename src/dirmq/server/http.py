@@ -131,6 +131,26 @@ class HttpServer:
 
 
 class HttpProtocol(asyncio.Protocol):
+    # Slots: thousands of connections sit parked in long polls; each must stay small.
+    __slots__ = (
+        "_body",
+        "_body_bytes",
+        "_can_write",
+        "_closed",
+        "_head_bytes",
+        "_in_message",
+        "_limits",
+        "_loop",
+        "_parser",
+        "_pending",
+        "_raw_headers",
+        "_server",
+        "_task",
+        "_timer",
+        "_transport",
+        "_url",
+    )
+
     def __init__(self, server: HttpServer) -> None:
         self._server = server
         self._limits = server.limits
