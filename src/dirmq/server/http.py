@@ -157,11 +157,12 @@ class HttpProtocol(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
-        self._pending: deque[Request] = deque()
+        # Created on first use: most connections never pipeline nor fill their write buffer, and
+        # a deque or an Event per parked long poll adds up.
+        self._pending: deque[Request] | None = None
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._can_write = asyncio.Event()
-        self._can_write.set()
+        self._can_write: asyncio.Event | None = None  # set while writable; None: never paused
         self._closed = False
         self._reset_message()
 
@@ -195,13 +196,17 @@ class HttpProtocol(asyncio.Protocol):
         self._disarm()
         if self._task is not None:
             self._task.cancel()  # e.g. a long poll whose client went away
-        self._can_write.set()
+        if self._can_write is not None:
+            self._can_write.set()
 
     def pause_writing(self) -> None:
+        if self._can_write is None:
+            self._can_write = asyncio.Event()
         self._can_write.clear()
 
     def resume_writing(self) -> None:
-        self._can_write.set()
+        if self._can_write is not None:
+            self._can_write.set()
 
     def close_if_idle(self) -> None:
         if self._task is None and not self._in_message and self._transport is not None:
@@ -301,6 +306,8 @@ class HttpProtocol(asyncio.Protocol):
             raw_query=query,
         )
         self._reset_message()
+        if self._pending is None:
+            self._pending = deque()
         self._pending.append(request)
         if len(self._pending) > MAX_PIPELINED and self._transport is not None:
             self._transport.pause_reading()
@@ -383,7 +390,8 @@ class HttpProtocol(asyncio.Protocol):
                 if self._closed:
                     raise ConnectionResetError("client went away")
                 transport.write(framing.chunk(piece))
-                await self._can_write.wait()
+                if self._can_write is not None:
+                    await self._can_write.wait()
         except (asyncio.CancelledError, ConnectionError):
             raise
         except Exception:
