@@ -1,0 +1,331 @@
+"""Spark benchmark: the dirmq data source against Spark's built-in binaryFile source.
+
+Run by hand from the project root (never collected by pytest):
+
+    .venv/bin/python bench/spark.py                  # full run, about 6 minutes
+    .venv/bin/python bench/spark.py --quick          # smoke run, about a minute
+    .venv/bin/python bench/spark.py --dir /dev/shm   # queues and files on tmpfs
+
+It needs the `spark` extra (pyspark 4.x, pyarrow) and Java 17, prints a table and writes JSON
+(default `bench/results/spark.json`). One local[2] SparkSession serves every measurement; both
+sources are warmed up once before the timed runs, and trials of the subjects alternate.
+
+What is measured, with the same N small messages (~100-byte JSON events) each time:
+1. streaming end-to-end into parquet, Trigger.AvailableNow, timed from `start()` to the end of
+   the query: dirmq (a queue of N messages, leased, written, acknowledged: the queue is empty at
+   the end) against binaryFile (a directory of N files), with Spark's default settings and with
+   `spark.sql.files.openCostInBytes` lowered so that small files pack into few partitions;
+2. batch reads: `count()` and a parquet write of a dirmq snapshot against binaryFile's `count()`,
+   and a batch write of the same rows back into a queue;
+3. the ceiling the store sets: two plain Python processes leasing and acknowledging the same N
+   messages with `get(1000)` + `ack`, no Spark involved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from dirmq import QueueConfig, Store
+
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "spark.json"
+TARGET_STREAM = 25_000
+TARGET_BATCH = 50_000
+
+
+def body(i: int) -> bytes:
+    return b'{"event": %d, "user": "u%d", "amount": %d.25, "kind": "click", "pad": "%s"}' % (
+        i,
+        i % 97,
+        i % 1000,
+        b"x" * 16,
+    )
+
+
+# -- fixtures -------------------------------------------------------------------------------------
+def fill_queue(root: Path, count: int) -> None:
+    with Store(root) as store:
+        queue = store.create_queue("events", QueueConfig(durability="writeback"))
+        for start in range(0, count, 1000):
+            queue.put_many([body(i) for i in range(start, min(count, start + 1000))])
+    os.sync()
+
+
+def fill_files(directory: Path, count: int) -> None:
+    directory.mkdir(parents=True)
+    for i in range(count):
+        (directory / f"m{i:09d}").write_bytes(body(i))
+    os.sync()
+
+
+def spark_session() -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    from dirmq.spark import DirmqDataSource
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("dirmq-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(DirmqDataSource)
+    return spark
+
+
+# -- measurements ---------------------------------------------------------------------------------
+def stream_dirmq(spark: Any, base: Path, count: int) -> dict[str, Any]:
+    root = base / "dirmq"
+    fill_queue(root, count)
+    started = time.perf_counter()
+    query = (
+        spark.readStream.format("dirmq")
+        .option("path", str(root))
+        .option("queue", "events")
+        .option("consumer", "bench")
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(base / "dirmq-out"))
+        .option("checkpointLocation", str(base / "dirmq-ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    elapsed = time.perf_counter() - started
+    rows = spark.read.parquet(str(base / "dirmq-out")).count()
+    with Store(root) as store:
+        left = store.queue("events").stats().total
+    assert rows == count and left == 0, (rows, left)
+    return _result(count, elapsed, query.recentProgress)
+
+
+def stream_binary_files(
+    spark: Any, base: Path, count: int, open_cost: str | None
+) -> dict[str, Any]:
+    source = base / "files"
+    fill_files(source, count)
+    default_cost = spark.conf.get("spark.sql.files.openCostInBytes")
+    if open_cost is not None:
+        spark.conf.set("spark.sql.files.openCostInBytes", open_cost)
+    try:
+        schema = spark.read.format("binaryFile").load(str(source)).schema
+        started = time.perf_counter()
+        query = (
+            spark.readStream.format("binaryFile")
+            .schema(schema)
+            .load(str(source))
+            .writeStream.format("parquet")
+            .option("path", str(base / "files-out"))
+            .option("checkpointLocation", str(base / "files-ck"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        elapsed = time.perf_counter() - started
+    finally:
+        spark.conf.set("spark.sql.files.openCostInBytes", default_cost)
+    assert spark.read.parquet(str(base / "files-out")).count() == count
+    return _result(count, elapsed, query.recentProgress)
+
+
+def batch_dirmq(spark: Any, base: Path, count: int) -> dict[str, Any]:
+    root = base / "dirmq"
+    fill_queue(root, count)
+    reader = spark.read.format("dirmq").option("path", str(root)).option("queue", "events")
+    started = time.perf_counter()
+    assert reader.load().count() == count
+    counted = time.perf_counter() - started
+    started = time.perf_counter()
+    reader.load().write.parquet(str(base / "snapshot"))
+    written = time.perf_counter() - started
+    with Store(root) as store:
+        assert store.queue("events").stats().ready == count  # nothing consumed
+        store.create_queue("copy", QueueConfig(durability="writeback"))
+    bodies = spark.read.parquet(str(base / "snapshot")).select("body").cache()
+    bodies.count()
+    started = time.perf_counter()
+    bodies.write.format("dirmq").option("path", str(root)).option("queue", "copy").mode(
+        "append"
+    ).save()
+    published = time.perf_counter() - started
+    bodies.unpersist()
+    with Store(root) as store:
+        assert store.queue("copy").stats().ready == count
+    return {
+        "count_rows_per_s": count / counted,
+        "parquet_rows_per_s": count / written,
+        "write_rows_per_s": count / published,
+    }
+
+
+def batch_binary_files(spark: Any, base: Path, count: int) -> dict[str, Any]:
+    source = base / "files"
+    fill_files(source, count)
+    started = time.perf_counter()
+    assert spark.read.format("binaryFile").load(str(source)).count() == count
+    return {"count_rows_per_s": count / (time.perf_counter() - started)}
+
+
+def _consume(root: str) -> int:
+    with Store(root) as store:
+        queue = store.queue("events")
+        done = 0
+        for _ in range(10_000_000):  # bounded: far more rounds than messages / 1000
+            got = queue.get(1000, visibility_s=600)
+            if not got:
+                return done
+            for message in got:
+                queue.ack(message.receipt or "")
+            done += len(got)
+        return done
+
+
+def store_ceiling(base: Path, count: int, processes: int) -> dict[str, Any]:
+    root = base / "dirmq"
+    fill_queue(root, count)
+    started = time.perf_counter()
+    with get_context("spawn").Pool(processes) as pool:
+        done = sum(pool.map(_consume, [str(root)] * processes))
+    elapsed = time.perf_counter() - started
+    assert done == count
+    return {"msgs_per_s": count / elapsed, "seconds": elapsed}
+
+
+def _result(count: int, elapsed: float, progress: list[dict[str, Any]]) -> dict[str, Any]:
+    busy = [p for p in progress if p["numInputRows"]]
+    in_batches_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in busy)
+    return {
+        "msgs_per_s": count / elapsed,
+        "seconds": elapsed,
+        "batches": len(busy),
+        "in_batch_msgs_per_s": count / (in_batches_ms / 1000) if in_batches_ms else None,
+    }
+
+
+# -- running --------------------------------------------------------------------------------------
+def trial(where: Path, run: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    base = Path(tempfile.mkdtemp(prefix="dirmq-spark-bench-", dir=where))
+    try:
+        return run(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def median(results: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(r[key] for r in results if r.get(key) is not None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="small counts, one trial")
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="where queues/files live")
+    parser.add_argument("--messages", type=int, help="messages (and files) per run")
+    parser.add_argument("--json", default=str(DEFAULT_JSON), help="where to write the results")
+    args = parser.parse_args(argv)
+    count = args.messages or (5_000 if args.quick else 50_000)
+    trials = 1 if args.quick else 3
+    where = Path(args.dir)
+
+    spark = spark_session()
+    print(f"warming up Spark; then {trials} trial(s) of {count} messages under {where}", flush=True)
+    trial(where, lambda b: stream_dirmq(spark, b, 2000))
+    trial(where, lambda b: stream_binary_files(spark, b, 2000, "8192"))
+
+    results: dict[str, list[dict[str, Any]]] = {
+        "stream_dirmq": [],
+        "stream_binaryfile_tuned": [],
+        "stream_binaryfile_default": [],
+        "batch_dirmq": [],
+        "batch_binaryfile": [],
+        "store_ceiling_2proc": [],
+    }
+    plan: list[tuple[str, Callable[[Path], dict[str, Any]]]] = [
+        ("stream_dirmq", lambda b: stream_dirmq(spark, b, count)),
+        ("stream_binaryfile_tuned", lambda b: stream_binary_files(spark, b, count, "8192")),
+        ("batch_dirmq", lambda b: batch_dirmq(spark, b, count)),
+        ("store_ceiling_2proc", lambda b: store_ceiling(b, count, 2)),
+    ]
+    for n in range(trials):
+        for name, run in plan:
+            results[name].append(trial(where, run))
+            print(f"  trial {n + 1} {name}: {results[name][-1]}", flush=True)
+    once: list[tuple[str, Callable[[Path], dict[str, Any]]]] = [
+        ("stream_binaryfile_default", lambda b: stream_binary_files(spark, b, count, None)),
+        ("batch_binaryfile", lambda b: batch_binary_files(spark, b, count)),
+    ]
+    for name, run in once:
+        results[name].append(trial(where, run))
+        print(f"  {name}: {results[name][-1]}", flush=True)
+    spark.stop()
+
+    stream = median(results["stream_dirmq"], "msgs_per_s")
+    tuned = median(results["stream_binaryfile_tuned"], "msgs_per_s")
+    default = median(results["stream_binaryfile_default"], "msgs_per_s")
+    batch_count = median(results["batch_dirmq"], "count_rows_per_s")
+    rows = [
+        ("streaming into parquet", "dirmq (availableNow, acked)", stream),
+        (
+            "",
+            "  of which inside micro-batches",
+            median(results["stream_dirmq"], "in_batch_msgs_per_s"),
+        ),
+        ("", "binaryFile, openCostInBytes=8192", tuned),
+        ("", "binaryFile, Spark defaults", default),
+        (
+            "store ceiling (no Spark)",
+            "2 processes get(1000)+ack",
+            median(results["store_ceiling_2proc"], "msgs_per_s"),
+        ),
+        ("batch read", "dirmq count()", batch_count),
+        ("", "dirmq -> parquet", median(results["batch_dirmq"], "parquet_rows_per_s")),
+        ("", "binaryFile count()", median(results["batch_binaryfile"], "count_rows_per_s")),
+        (
+            "batch write",
+            "parquet -> dirmq (writeback)",
+            median(results["batch_dirmq"], "write_rows_per_s"),
+        ),
+    ]
+    print(f"\n{'benchmark':26} {'subject':36} {'msgs/s':>10}")
+    for section, subject, value in rows:
+        print(f"{section:26} {subject:36} {value:>10,.0f}")
+    print(
+        f"\nstreaming: {stream:,.0f} msg/s vs target {TARGET_STREAM:,} "
+        f"({'met' if stream >= TARGET_STREAM else 'MISSED'}); "
+        f"{stream / max(tuned, default):.1f}x the built-in binaryFile source"
+    )
+    print(
+        f"batch read: {batch_count:,.0f} rows/s vs target {TARGET_BATCH:,} "
+        f"({'met' if batch_count >= TARGET_BATCH else 'MISSED'})"
+    )
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    machine = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "dir": str(where),
+        "kernel": platform.release(),
+    }
+    report = {"messages": count, "trials": trials, "machine": machine, "results": results}
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"JSON written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Leasing the messages of one micro-batch, and producing them again when Spark replays it.
+
+Two placements, one contract (see `ledger.py`): a batch's messages are recorded durably before
+any of its rows reaches Spark, and a replay produces the recorded messages.
+
+- path mode: each read task leases its own share (`quota`) from the queue, on the executor, and
+  records its receipts under its partition number. Leasing (a rename and a read per message) is
+  the expensive part of a batch, and this spreads it over every executor core.
+- url mode: executors may share no filesystem with the driver, so the driver leases the whole
+  batch over HTTP, records the rows in the ledger and ships each partition's rows inside the
+  partition object.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark.sql.datasource import InputPartition
+
+from dirmq.errors import MessageNotFound
+from dirmq.spark.connect import QueueHandle
+from dirmq.spark.ledger import Ledger
+from dirmq.spark.rows import messages_batch
+from dirmq.spark.upkeep import give_back, settle_receipts
+from dirmq.store import Message
+from dirmq.store.layout import parse_receipt
+
+log = logging.getLogger("dirmq.spark")
+GET_CHUNK = 1000  # messages per get(): the server's limit, and a bound on time under the lock
+ROWS_PER_BATCH = 10_000  # rows per Arrow record batch handed to Spark
+
+
+@dataclass
+class LeasePartition(InputPartition):
+    """Partition `part` of batch `seq` (path mode): lease up to `quota` messages, or replay.
+    `settle` names records of batches Spark has already committed, (seq, part): the task
+    acknowledges them once its own rows are out, so acknowledging runs on every executor."""
+
+    seq: int
+    part: int
+    quota: int
+    settle: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class RowsPartition(InputPartition):
+    """Partition `part` of batch `seq` (url mode): the rows the driver leased, as Arrow IPC."""
+
+    seq: int
+    part: int
+    data: bytes
+
+
+def split(count: int, parts: int) -> list[int]:
+    """`count` as `parts` near-equal non-negative quotas (the first ones get the remainder)."""
+    base, extra = divmod(count, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def lease(
+    queue: QueueHandle, count: int, lease_s: float, *, first_wait_s: float = 0.0
+) -> list[Message]:
+    """Lease up to `count` messages, oldest first; fewer if the queue runs dry. Only the first
+    get may wait (`first_wait_s`) for a message to arrive."""
+    got: list[Message] = []
+    wait_s = first_wait_s
+    while len(got) < count:
+        chunk = queue.get(min(GET_CHUNK, count - len(got)), visibility_s=lease_s, wait_s=wait_s)
+        if not chunk:
+            break
+        got.extend(chunk)
+        wait_s = 0.0
+    return got
+
+
+def read_leased(
+    queue: QueueHandle, ledger: Ledger, partition: LeasePartition, lease_s: float
+) -> Iterator[pa.RecordBatch]:
+    """The rows of a path-mode partition: its recorded messages on a replay, else fresh leases,
+    recorded before the first row is produced."""
+    receipts = ledger.part(partition.seq, partition.part)
+    if receipts is None:
+        messages = lease(queue, partition.quota, lease_s)
+        mine = [m.receipt for m in messages if m.receipt is not None]
+        if ledger.record_part(partition.seq, partition.part, mine):
+            yield from _batches(messages)
+            settle_committed(queue, ledger, partition.settle)
+            return
+        # Another attempt of this task recorded first: its messages are the batch's.
+        give_back(queue, mine)
+        receipts = ledger.part(partition.seq, partition.part) or []
+    yield from _batches(replay(queue, receipts))
+    settle_committed(queue, ledger, partition.settle)
+
+
+def settle_committed(queue: QueueHandle, ledger: Ledger, records: list[tuple[int, int]]) -> None:
+    """Acknowledge the messages of committed batches' records, then remove the records. A
+    failure here must not fail the batch: the driver settles whatever is left."""
+    try:
+        for seq, part in records:
+            receipts = ledger.part(seq, part)
+            if receipts is not None:
+                settle_receipts(queue, receipts)
+                ledger.drop_part(seq, part)
+    except Exception as exc:
+        log.warning("dirmq: acknowledging committed batches failed (the driver will): %s", exc)
+
+
+def replay(queue: QueueHandle, receipts: list[str]) -> list[Message]:
+    """The messages behind recorded receipts, read by id (whatever their lease state now). A
+    message that is gone was acknowledged by someone who received it after our lease expired:
+    it has been processed, and is skipped."""
+    found = []
+    missing = 0
+    for receipt in receipts:
+        parsed = parse_receipt(receipt)
+        if parsed is None:
+            continue
+        try:
+            found.append(queue.peek(parsed[0]))
+        except MessageNotFound:
+            missing += 1
+    if missing:
+        log.warning(
+            "dirmq: replaying a batch of %s: %d of %d messages were acknowledged elsewhere "
+            "after their lease expired, and are skipped",
+            queue.name,
+            missing,
+            len(receipts),
+        )
+    return found
+
+
+def _batches(messages: list[Message]) -> Iterator[pa.RecordBatch]:
+    for start in range(0, len(messages), ROWS_PER_BATCH):
+        yield messages_batch(messages[start : start + ROWS_PER_BATCH], "leased")
+
+
+# -- url mode -------------------------------------------------------------------------------------
+def leased_table(messages: list[Message]) -> pa.Table:
+    """Rows for the ledger: the read schema plus each message's `receipt`."""
+    batch = messages_batch(messages, "leased")
+    receipts = pa.array([m.receipt for m in messages], pa.string())
+    return pa.Table.from_batches([batch]).append_column("receipt", receipts)
+
+
+def rows_partitions(seq: int, table: pa.Table, parts: int) -> list[RowsPartition]:
+    """The recorded rows of batch `seq`, without receipts, in `parts` IPC-encoded slices."""
+    rows = table.drop_columns(["receipt"])
+    result = []
+    offset = 0
+    for part, size in enumerate(split(rows.num_rows, parts)):
+        if size:
+            sink = pa.BufferOutputStream()
+            piece = rows.slice(offset, size)
+            with pa.ipc.new_stream(sink, piece.schema) as writer:
+                writer.write_table(piece)
+            result.append(RowsPartition(seq, part, sink.getvalue().to_pybytes()))
+        offset += size
+    return result
+
+
+def read_rows(partition: RowsPartition) -> Iterator[pa.RecordBatch]:
+    reader = pa.ipc.open_stream(pa.py_buffer(partition.data))
+    yield from reader

@@ -1,0 +1,191 @@
+"""The options of the `dirmq` data source, parsed and checked once, where Spark hands them over.
+
+Spark passes options as a case-insensitive mapping of strings. Every option has one meaning in
+every mode it applies to; an option that makes no sense for the operation is ignored, a value
+that is malformed is refused with `InvalidArgument` naming the option.
+
+    path | url            where the queues are: a dirmq root on a filesystem every executor
+                          mounts, or a `dirmq serve` URL (exactly one of the two)
+    queue                 the queue name (required)
+    consumer              streaming reads: the durable name of this reader (required)
+    stateDir              where the Spark layer keeps its own files (batch ledgers, staging,
+                          sink markers); default `<path>/@spark`; required for streaming reads
+                          over `url`
+    numPartitions         read parallelism (default: the driver's CPU count)
+    maxMessagesPerTrigger streaming reads: the default read limit per micro-batch
+    maxMessagesPerBatch   streaming reads: a hard cap per micro-batch (default 20000)
+    leaseSeconds          streaming reads: lease length, kept alive while a batch runs (120)
+    pollWaitSeconds       streaming reads over `url`: how long an idle poll waits (0.25)
+    states                batch reads: which states to include (default ready,leased,delayed
+                          through `path`; ready, the only choice, through `url`)
+    createQueue           writes: create the queue if it is missing (default false)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from dirmq.errors import InvalidArgument
+from dirmq.store.names import validate_queue_name
+
+STATES = ("ready", "leased", "delayed", "dead")
+DEFAULT_STATES = ("ready", "leased", "delayed")
+DEFAULT_MAX_BATCH = 20_000
+DEFAULT_LEASE_S = 120.0
+DEFAULT_POLL_WAIT_S = 0.25
+STATE_SUBDIR = "@spark"
+_CONSUMER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    queue: str
+    path: str | None = None
+    url: str | None = None
+    consumer: str | None = None
+    state_dir: str | None = None
+    num_partitions: int | None = None
+    max_per_trigger: int | None = None
+    max_per_batch: int = DEFAULT_MAX_BATCH
+    lease_s: float = DEFAULT_LEASE_S
+    poll_wait_s: float = DEFAULT_POLL_WAIT_S
+    states: tuple[str, ...] | None = None  # None: the mode's default (see snapshot.py)
+    create_queue: bool = False
+
+    @property
+    def location(self) -> str:
+        """The path or URL, for messages."""
+        return self.path if self.path is not None else str(self.url)
+
+    def partitions_for(self, count: int) -> int:
+        """How many read partitions `count` messages get: the option, or the CPU count, never
+        more than one per 100 messages (tiny batches are not worth splitting)."""
+        wanted = self.num_partitions or os.cpu_count() or 1
+        return max(1, min(wanted, math.ceil(count / 100)))
+
+    def state_root(self) -> str | None:
+        """The Spark layer's own directory: `stateDir`, or `<path>/@spark` for a local root."""
+        if self.state_dir is not None:
+            return self.state_dir
+        if self.path is not None:
+            return os.path.join(self.path, STATE_SUBDIR)
+        return None
+
+    def consumer_dir(self) -> str:
+        """The ledger directory of this streaming consumer (see `ledger.py`)."""
+        root = self.state_root()
+        if root is None:
+            raise InvalidArgument(
+                "a streaming read over `url` needs the `stateDir` option: a directory on the "
+                "driver (or shared) where the consumer's batch ledger is kept across restarts"
+            )
+        if self.consumer is None:
+            raise InvalidArgument(
+                "a streaming read needs the `consumer` option: a durable name for this reader, "
+                "unique per query (messages are leased and acknowledged under it)"
+            )
+        return os.path.join(root, "consumers", *self.queue.split("/"), "@" + self.consumer)
+
+    def sink_dir(self) -> str | None:
+        """Where streaming writes keep their per-query markers (None: no state directory)."""
+        root = self.state_root()
+        return None if root is None else os.path.join(root, "sinks", *self.queue.split("/"))
+
+    def staging_dir(self) -> str | None:
+        """Where writes stage rows until the job commits (None over `url`: rows travel in the
+        commit messages instead)."""
+        if self.path is None:
+            return None
+        root = self.state_root()
+        assert root is not None
+        return os.path.join(root, "staging")
+
+
+def parse_options(raw: Mapping[str, str]) -> Options:
+    """Check Spark's option mapping (keys in any case) and return the parsed `Options`."""
+    options = {str(k).lower(): str(v) for k, v in raw.items()}
+    path = options.get("path") or None
+    url = options.get("url") or None
+    if (path is None) == (url is None):
+        raise InvalidArgument(
+            "give exactly one of the options `path` (a dirmq root reached through the "
+            "filesystem) or `url` (a dirmq server)"
+        )
+    queue = options.get("queue")
+    if not queue:
+        raise InvalidArgument("the option `queue` (the queue name) is required")
+    validate_queue_name(queue)
+    consumer = options.get("consumer") or None
+    if consumer is not None and not _CONSUMER_RE.fullmatch(consumer):
+        raise InvalidArgument(
+            f"consumer {consumer!r}: use 1-128 letters, digits, '.', '_' or '-', starting "
+            "with a letter or digit"
+        )
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise InvalidArgument(f"url {url!r} must start with http:// or https://")
+    return Options(
+        queue=queue,
+        path=os.path.abspath(path) if path is not None else None,
+        url=url,
+        consumer=consumer,
+        state_dir=os.path.abspath(options["statedir"]) if options.get("statedir") else None,
+        num_partitions=_int(options, "numpartitions", "numPartitions", None),
+        max_per_trigger=_int(options, "maxmessagespertrigger", "maxMessagesPerTrigger", None),
+        max_per_batch=_int(options, "maxmessagesperbatch", "maxMessagesPerBatch", None)
+        or DEFAULT_MAX_BATCH,
+        lease_s=_seconds(options, "leaseseconds", "leaseSeconds", DEFAULT_LEASE_S),
+        poll_wait_s=_seconds(options, "pollwaitseconds", "pollWaitSeconds", DEFAULT_POLL_WAIT_S),
+        states=_states(options.get("states")),
+        create_queue=_bool(options, "createqueue", "createQueue"),
+    )
+
+
+def _int(options: dict[str, str], key: str, name: str, default: int | None) -> int | None:
+    text = options.get(key)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgument(f"option {name} must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise InvalidArgument(f"option {name} must be a positive integer, got {text!r}")
+    return value
+
+
+def _seconds(options: dict[str, str], key: str, name: str, default: float) -> float:
+    text = options.get(key)
+    if text is None or text == "":
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidArgument(f"option {name} must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _bool(options: dict[str, str], key: str, name: str) -> bool:
+    text = options.get(key, "false").strip().lower()
+    if text not in ("true", "false"):
+        raise InvalidArgument(f"option {name} must be true or false, got {text!r}")
+    return text == "true"
+
+
+def _states(text: str | None) -> tuple[str, ...] | None:
+    if not text:
+        return None
+    if text.strip().lower() == "all":
+        return STATES
+    chosen = tuple(dict.fromkeys(s.strip().lower() for s in text.split(",") if s.strip()))
+    unknown = [s for s in chosen if s not in STATES]
+    if unknown or not chosen:
+        raise InvalidArgument(
+            f"option states: {text!r}; choose from {', '.join(STATES)} (comma-separated) or all"
+        )
+    return chosen

@@ -1,0 +1,207 @@
+"""Structured Streaming from a work queue: each micro-batch leases messages to a named consumer,
+records them (`ledger.py`), and acknowledges them only after Spark has committed the batch.
+
+Offsets are `{"seq": n, "messages": m, "partitions": p}`: batch number n of this consumer, with m
+messages planned over p read partitions. What PySpark 4.x does, and what follows from it:
+
+- `latestOffset(start, limit)` is called only once Spark has written the commit record of the
+  batch ending at `start`. So that call is where every batch up to `start` is acknowledged
+  (`commit(end)`, which Spark calls late or never for the last batch, asks for the same).
+- After a failure Spark calls `partitions(start, end)` again with the offsets of its log, without
+  calling `latestOffset`: the ledger holds what the batch leased, so it replays exactly that.
+- Whatever the ledger holds beyond `start` when `latestOffset(start)` is called was planned but
+  never logged by Spark (or belongs to a discarded checkpoint): it is given back to the queue.
+- `initialOffset` is called at every start, even from a checkpoint: it has no side effect.
+- With no data, `latestOffset` is called ~80 times a second: it asks the queue for its ready
+  count (path mode: in memory, no I/O), or long-polls briefly (url mode).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+
+from dirmq.errors import InvalidArgument
+from dirmq.spark.connect import QueueHandle, open_queue
+from dirmq.spark.leasing import (
+    LeasePartition,
+    RowsPartition,
+    lease,
+    leased_table,
+    read_leased,
+    read_rows,
+    rows_partitions,
+    split,
+)
+from dirmq.spark.ledger import Ledger
+from dirmq.spark.options import Options
+from dirmq.spark.upkeep import Upkeep, give_back
+
+log = logging.getLogger("dirmq.spark")
+SETTLE_TIMEOUT_S = 600.0
+
+Offset = dict[str, Any]
+
+
+def offset(seq: int, messages: int = 0, partitions: int = 0) -> Offset:
+    return {"seq": seq, "messages": messages, "partitions": partitions}
+
+
+class _Driver:
+    """What the stream reader holds on the driver once the query runs (never pickled)."""
+
+    def __init__(self, options: Options) -> None:
+        self.queue: QueueHandle = open_queue(options)
+        self.ledger = Ledger(options.consumer_dir())
+        self.first_acked = self.ledger.acked()
+        # Path mode: records of committed batches up to here went to a later batch's tasks.
+        self.handed = self.first_acked
+        # Path mode: ready messages not yet planned, as last counted (stats() is skipped while
+        # this alone fills a batch: counting processes every change others made meanwhile).
+        self.unplanned = 0
+        self.upkeep = Upkeep(self.queue, self.ledger, options.lease_s)
+
+    def discard_after(self, seq: int) -> None:
+        """Give back what batches beyond `seq` leased: Spark never logged them."""
+        for later in self.ledger.seqs():
+            if later > seq:
+                log.info("dirmq: batch %d was never run by Spark; releasing its messages", later)
+                give_back(self.queue, self.ledger.receipts(later))
+                self.ledger.drop(later)
+
+
+class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: Options) -> None:
+        options.consumer_dir()  # refuse a missing consumer or state directory now
+        self._options = options
+        self._driver_state: _Driver | None = None
+        self._budget: int | None = None  # availableNow: messages left to plan
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_driver_state"] = None
+        return state
+
+    def _driver(self) -> _Driver:
+        if self._driver_state is None:
+            self._driver_state = _Driver(self._options)
+        return self._driver_state
+
+    # -- planning, on the driver ----------------------------------------------------------------
+    def initialOffset(self) -> Offset:  # noqa: N802
+        return offset(Ledger(self._options.consumer_dir()).acked())
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        if self._options.max_per_trigger is not None:
+            return ReadMaxRows(self._options.max_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        # "Available now" is what is ready now: plan at most that many messages in total.
+        self._budget = self._driver().queue.stats().ready
+
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:  # noqa: N802
+        driver = self._driver()
+        seq = int(start["seq"])
+        # Spark has committed every batch up to `start`. Path mode: the records handed to the
+        # tasks of those batches were acknowledged there; the driver settles what they left.
+        # The batch ending at `start` itself goes to the next batch's tasks, if there is one.
+        handed = seq if self._options.path is None else min(seq, driver.handed)
+        driver.upkeep.settle_through(handed)
+        driver.discard_after(seq)
+        cap = self._options.max_per_batch
+        if isinstance(limit, ReadMaxRows):
+            cap = min(cap, limit.max_rows)
+        if self._budget is not None:
+            cap = min(cap, self._budget)
+        following = max(seq, driver.first_acked) + 1
+        planned = self._plan(driver, following, cap, limit) if cap > 0 else None
+        if planned is None:
+            driver.upkeep.wait_settled(seq, SETTLE_TIMEOUT_S)
+            return start
+        if self._budget is not None:
+            self._budget -= planned["messages"]
+        return planned
+
+    def _plan(self, driver: _Driver, seq: int, cap: int, limit: ReadLimit) -> Offset | None:
+        options = self._options
+        if options.path is not None:
+            if driver.unplanned < cap:
+                driver.unplanned = driver.queue.stats().ready
+            ready = driver.unplanned
+            if isinstance(limit, ReadMinRows) and ready < limit.min_rows:
+                return None
+            count = min(cap, ready)
+            if count <= 0:
+                return None
+            driver.unplanned -= count
+            return offset(seq, count, options.partitions_for(count))
+        messages = lease(driver.queue, cap, options.lease_s, first_wait_s=options.poll_wait_s)
+        if not messages:
+            return None
+        driver.ledger.write_rows(seq, leased_table(messages))
+        return offset(seq, len(messages), options.partitions_for(len(messages)))
+
+    def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
+        seq, count, parts = int(end["seq"]), int(end["messages"]), int(end["partitions"])
+        if count <= 0 or seq <= int(start["seq"]):
+            return []
+        ledger = self._driver().ledger
+        if seq <= ledger.acked():
+            log.warning("dirmq: batch %d was already acknowledged; it produces nothing now", seq)
+            return []
+        if self._options.path is not None:
+            return self._lease_partitions(int(start["seq"]), seq, split(count, parts))
+        table = ledger.rows(seq)
+        if table is None:
+            log.warning("dirmq: batch %d has no record; its messages return to the queue", seq)
+            return []
+        return list(rows_partitions(seq, table, parts))
+
+    def _lease_partitions(
+        self, committed: int, seq: int, quotas: list[int]
+    ) -> list[InputPartition]:
+        """Path mode: the read tasks of batch `seq`, also charged with acknowledging the records
+        of committed batches that nobody settles yet (spread over the tasks, by record)."""
+        driver = self._driver()
+        ledger = driver.ledger
+        records = [
+            (earlier, part)
+            for earlier in ledger.seqs()
+            if driver.handed < earlier <= committed
+            for part in ledger.part_numbers(earlier)
+        ]
+        tasks = [LeasePartition(seq, i, q) for i, q in enumerate(quotas) if q]
+        for n, record in enumerate(records):
+            tasks[n % len(tasks)].settle.append(record)
+        driver.handed = max(driver.handed, committed)
+        return list(tasks)
+
+    def commit(self, end: Offset) -> None:
+        if self._options.path is None:
+            self._driver().upkeep.settle_through(int(end["seq"]))
+
+    def stop(self) -> None:
+        if self._driver_state is not None:
+            self._driver_state.upkeep.close()
+
+    # -- reading, on the executors --------------------------------------------------------------
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, RowsPartition):
+            return read_rows(partition)
+        if not isinstance(partition, LeasePartition):
+            raise InvalidArgument(f"not a dirmq partition: {partition!r}")
+        options = self._options
+        queue = open_queue(options)
+        return read_leased(queue, Ledger(options.consumer_dir()), partition, options.lease_s)

@@ -1,0 +1,155 @@
+"""The driver's background duties for one streaming consumer, on one thread.
+
+- Settling: once Spark has committed the batches up to `seq`, acknowledge every message they
+  recorded, remove their records, and move the ledger's `acked` mark. Spark only learns that a
+  batch is committed when it plans the next one (that is when it calls `latestOffset(start)` and
+  `commit(end)`), so settling is asked for there. While data keeps coming, acknowledging batch
+  N overlaps with running batch N+1; when the source is idle (or at the end of an availableNow
+  run), `latestOffset` waits for the settling to finish before it answers "no new data".
+- Heartbeats: every lease period / 4, extend the leases of recorded batches that are not yet
+  settled and were last extended (or recorded) more than a third of a lease period ago, so a
+  long batch keeps its messages.
+
+A receipt whose lease has expired cannot be acknowledged: the message is then deleted by id,
+because Spark has committed it (if someone else received it meanwhile, they see it once more,
+which is the at-least-once case the documentation describes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from dirmq.errors import InvalidArgument, MessageNotFound, StaleReceipt
+from dirmq.spark.connect import QueueHandle
+from dirmq.spark.ledger import Ledger
+from dirmq.store.layout import parse_receipt
+
+log = logging.getLogger("dirmq.spark")
+
+
+class Upkeep:
+    def __init__(self, queue: QueueHandle, ledger: Ledger, lease_s: float) -> None:
+        self._queue = queue
+        self._ledger = ledger
+        self._lease_s = lease_s
+        self._cond = threading.Condition()
+        self._target = ledger.acked()  # settle everything up to here
+        self._done = self._target  # settled up to here
+        self._attempted = self._target  # the last settling attempt covered up to here
+        self._error: Exception | None = None
+        self._extended: dict[int, float] = {}
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="dirmq-spark-upkeep", daemon=True)
+        self._thread.start()
+
+    # -- asked for by the stream reader ----------------------------------------------------------
+    def settle_through(self, seq: int) -> None:
+        """Ask for every batch up to `seq` to be settled (returns at once)."""
+        with self._cond:
+            if seq > self._target:
+                self._target = seq
+                self._cond.notify_all()
+
+    def wait_settled(self, seq: int, timeout_s: float) -> None:
+        """Block until batches up to `seq` are settled; re-raise the error if settling failed."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self.settle_through(seq)
+            while self._attempted < seq and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"settling the batches up to {seq} took over {timeout_s} s")
+                self._cond.wait(remaining)
+            if self._done < seq and self._error is not None:
+                error, self._error = self._error, None
+                self._attempted = self._done  # the next call tries again
+                raise error
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # -- the thread -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        interval_s = self._lease_s / 4
+        next_beat = time.monotonic() + interval_s
+        while True:
+            with self._cond:
+                while not self._closed and self._target <= self._attempted:
+                    remaining = next_beat - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                if self._closed:
+                    return
+                target = self._target
+            if target > self._attempted:
+                self._settle(target)
+            if time.monotonic() >= next_beat:
+                self._heartbeat()
+                next_beat = time.monotonic() + interval_s
+
+    def _settle(self, target: int) -> None:
+        error: Exception | None = None
+        try:
+            for seq in self._ledger.seqs():
+                if seq > target:
+                    break
+                settle_receipts(self._queue, self._ledger.receipts(seq))
+                self._ledger.drop(seq)
+                self._extended.pop(seq, None)
+            self._ledger.set_acked(target)
+        except Exception as exc:  # reported to the stream reader, retried on its next call
+            log.warning("dirmq: acknowledging batches up to %d failed: %s", target, exc)
+            error = exc
+        with self._cond:
+            self._attempted = max(self._attempted, target)
+            if error is None:
+                self._done = max(self._done, target)
+            else:
+                self._error = error
+            self._cond.notify_all()
+
+    def _heartbeat(self) -> None:
+        now = time.time()
+        try:
+            for seq in self._ledger.seqs():
+                if seq <= self._done:
+                    continue
+                last = self._extended.get(seq) or self._ledger.recorded_at(seq)
+                if last is None or now - last < self._lease_s / 3:
+                    continue
+                for receipt in self._ledger.receipts(seq):
+                    try:
+                        self._queue.extend(receipt, self._lease_s)
+                    except (StaleReceipt, InvalidArgument):
+                        pass  # expired already: the batch replays it by id if it must
+                self._extended[seq] = time.time()
+        except Exception as exc:  # the next beat tries again
+            log.warning("dirmq: extending leases failed: %s", exc)
+
+
+def settle_receipts(queue: QueueHandle, receipts: list[str]) -> None:
+    """Acknowledge `receipts`; a message whose lease has expired is deleted by id instead."""
+    for receipt in receipts:
+        try:
+            queue.ack(receipt)
+        except StaleReceipt:
+            parsed = parse_receipt(receipt)
+            if parsed is not None:
+                try:
+                    queue.delete(parsed[0])
+                except MessageNotFound:
+                    pass
+
+
+def give_back(queue: QueueHandle, receipts: list[str]) -> None:
+    """Return leased messages to the queue at once (their batch will never run)."""
+    for receipt in receipts:
+        try:
+            queue.nack(receipt)
+        except StaleReceipt:
+            pass

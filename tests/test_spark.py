@@ -1,0 +1,375 @@
+"""The PySpark data source on a real local[2] SparkSession: batch write/read, streaming reads
+that survive a failed task, availableNow, HTTP mode, streaming writes.
+
+Sinks that must be idempotent are directories of files named by message id, written by
+`foreach` writers defined inside the tests (so they travel to the executors by value).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")  # an install without the `spark` extra skips this module
+
+from pyspark.errors import StreamingQueryException
+
+import dirmq
+from dirmq.spark.options import STATE_SUBDIR
+
+from .servers import start_server
+from .spark_fixtures import spark_fixture  # noqa: F401
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _fill(queue: dirmq.Queue, count: int, prefix: str = "m") -> list[bytes]:
+    bodies = [f'{{"n": {i}, "tag": "{prefix}{i}"}}'.encode() for i in range(count)]
+    for start in range(0, count, 500):
+        queue.put_many(bodies[start : start + 500])
+    return bodies
+
+
+def _listing(queue_dir: Path) -> dict[str, list[str]]:
+    return {
+        d.name: sorted(os.listdir(d))
+        for d in sorted(queue_dir.iterdir())
+        if d.is_dir() and d.name in ("@ready", "@leased", "@delayed", "@dead")
+    }
+
+
+def _id_sink(sink: Path, fail_flag: Path | None = None, fail_at: int = -1) -> Any:
+    """A foreach writer that stores each row as `<sink>/<id>` (idempotent) and logs
+    `(epoch, id)`; the first time it meets the row whose body has "n": fail_at while
+    `fail_flag` exists, it removes the flag and fails the task, mid-batch."""
+    sink_dir, log_dir, flag = str(sink), str(sink) + ".log", str(fail_flag) if fail_flag else ""
+
+    class IdSink:
+        def open(self, partition_id: int, epoch_id: int) -> bool:
+            self.epoch = epoch_id
+            os.makedirs(sink_dir, exist_ok=True)
+            os.makedirs(log_dir, exist_ok=True)
+            name = f"{epoch_id}-{partition_id}-{os.getpid()}"
+            self.log = open(os.path.join(log_dir, name), "a")  # noqa: SIM115
+            return True
+
+        def process(self, row: Any) -> None:
+            self.log.write(f"{self.epoch} {row.id} {row.receive_count}\n")
+            self.log.flush()
+            tmp = os.path.join(sink_dir, f".{row.id}.tmp")
+            with open(tmp, "wb") as f:
+                f.write(row.body)
+            os.replace(tmp, os.path.join(sink_dir, row.id))
+            if flag and json.loads(row.body)["n"] == fail_at and os.path.exists(flag):
+                os.unlink(flag)
+                raise RuntimeError("injected failure in the middle of a batch")
+
+        def close(self, error: BaseException | None) -> None:
+            self.log.close()
+
+    return IdSink()
+
+
+def _sink_log(sink: Path) -> list[tuple[int, str, int]]:
+    entries = []
+    log_dir = Path(str(sink) + ".log")
+    for path in log_dir.iterdir():
+        for line in path.read_text().splitlines():
+            epoch, message_id, count = line.split()
+            entries.append((int(epoch), message_id, int(count)))
+    return entries
+
+
+def _stream(spark: Any, **options: str) -> Any:
+    reader = spark.readStream.format("dirmq")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+# -- batch ----------------------------------------------------------------------------------------
+def test_write_then_read_back(spark: Any, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    store = dirmq.Store(root)
+    store.create_queue("shop/orders")
+    rows = [
+        (f"order {i}".encode(), {"X-Attr-Shop": f"s{i % 3}"}, "text/plain", None, None)
+        for i in range(50)
+    ]
+    rows.append((b"\x00\xffbinary", {}, None, "g1", 0.0))
+    rows.append((b"later", {}, None, None, 3600.0))
+    df = spark.createDataFrame(
+        rows,
+        "body binary, headers map<string,string>, content_type string, `group` string, "
+        "delay_s double",
+    )
+    df.write.format("dirmq").option("path", str(root)).option("queue", "shop/orders").mode(
+        "append"
+    ).save()
+    stats = store.queue("shop/orders").stats()
+    assert (stats.ready, stats.delayed) == (51, 1)
+
+    back = (
+        spark.read.format("dirmq")
+        .option("path", str(root))
+        .option("queue", "shop/orders")
+        .option("states", "all")
+        .load()
+        .collect()
+    )
+    assert len(back) == 52
+    by_body = {bytes(r.body): r for r in back}
+    assert by_body[b"order 7"].headers == {"X-Attr-Shop": "s1", "Content-Type": "text/plain"}
+    assert by_body[b"order 7"].content_type == "text/plain"
+    assert by_body[b"order 7"].state == "ready" and by_body[b"order 7"].receive_count == 0
+    assert by_body[b"\x00\xffbinary"].group == "g1"
+    assert by_body[b"later"].state == "delayed"
+    assert [r.id for r in back] == sorted(r.id for r in back)  # FIFO order within partitions
+    assert {r.published_at.year for r in back} == {by_body[b"later"].published_at.year}
+    assert not list((root / STATE_SUBDIR / "staging").iterdir())  # staging cleaned up
+
+
+def test_batch_read_leaves_the_queue_untouched(spark: Any, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    store = dirmq.Store(root)
+    queue = store.create_queue("q")
+    _fill(queue, 300)
+    leased = queue.get(40, visibility_s=600)
+    before = _listing(Path(queue.path))
+    stats_before = queue.stats()
+
+    df = spark.read.format("dirmq").option("path", str(root)).option("queue", "q").load()
+    rows = df.collect()
+    assert len(rows) == 300
+    assert sum(r.state == "leased" for r in rows) == 40
+    assert {r.id for r in rows if r.state == "leased"} == {m.id for m in leased}
+    assert df.rdd.getNumPartitions() == 2
+    assert _listing(Path(queue.path)) == before
+    assert queue.stats().total == stats_before.total
+    queue.ack(leased[0].receipt or "")  # the leases are still ours
+
+
+def test_a_failed_write_publishes_nothing(spark: Any, tmp_path: Path) -> None:
+    from pyspark.sql import functions as f
+    from pyspark.sql.types import StringType
+
+    root = tmp_path / "root"
+    queue = dirmq.Store(root).create_queue("q")
+
+    def explode(n: int) -> str:
+        if n == 170:
+            raise ValueError("a row the job cannot produce")
+        return f"row {n}"
+
+    bad = f.udf(explode, StringType(), useArrow=False)
+    df = spark.range(200).repartition(2).select(bad("id").alias("body"))
+    with pytest.raises(Exception, match="a row the job cannot produce"):
+        df.write.format("dirmq").option("path", str(root)).option("queue", "q").mode(
+            "append"
+        ).save()
+    assert queue.stats().total == 0
+    staging = root / STATE_SUBDIR / "staging"
+    assert not staging.exists() or not list(staging.iterdir())
+
+
+# -- streaming reads ------------------------------------------------------------------------------
+def test_a_failed_task_replays_its_batch_exactly_once_into_an_idempotent_sink(
+    spark: Any, tmp_path: Path
+) -> None:
+    root, sink, flag = tmp_path / "root", tmp_path / "sink", tmp_path / "fail-once"
+    queue = dirmq.Store(root).create_queue("events")
+    bodies = _fill(queue, 300)
+    flag.touch()
+
+    def run() -> Any:
+        stream = _stream(
+            spark, path=str(root), queue="events", consumer="etl", maxMessagesPerTrigger="100"
+        )
+        return (
+            stream.writeStream.foreach(_id_sink(sink, flag, fail_at=150))
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    first = run()
+    with pytest.raises(StreamingQueryException, match="injected failure"):
+        first.awaitTermination()
+    assert not flag.exists()
+    stats = queue.stats()
+    # Batch 1 is leased; batch 0 was committed, and acknowledged by batch 1's tasks unless
+    # they were cancelled first; batch 2 was never planned.
+    assert stats.ready == 100 and stats.in_flight in (100, 200)
+
+    second = run()
+    second.awaitTermination()
+    assert second.exception() is None
+
+    written = {p.name: p.read_bytes() for p in sink.iterdir() if not p.name.startswith(".")}
+    assert sorted(written.values()) == sorted(bodies)  # every message, exactly once by id
+    log = _sink_log(sink)
+    failed_batch = {mid for epoch, mid, _ in log if epoch == 1}
+    assert len(failed_batch) == 100  # the replay of batch 1 produced the same 100 messages
+    assert {epoch for epoch, _, _ in log} == {0, 1, 2}
+    assert all(count == 1 for _, _, count in log)  # nothing was ever leased twice
+    assert queue.stats().total == 0  # all acknowledged, the last batch included
+    assert not list((root / STATE_SUBDIR / "consumers" / "events" / "@etl" / "batches").iterdir())
+
+
+def test_available_now_drains_the_queue_and_a_second_run_finds_nothing(
+    spark: Any, tmp_path: Path
+) -> None:
+    root, out = tmp_path / "root", tmp_path / "parquet"
+    queue = dirmq.Store(root).create_queue("q")
+    _fill(queue, 1000)
+
+    def run() -> Any:
+        query = (
+            _stream(spark, path=str(root), queue="q", consumer="drain")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        return query
+
+    first = run()
+    assert sum(p["numInputRows"] for p in first.recentProgress) == 1000
+    assert queue.stats().total == 0
+    _fill(queue, 5, prefix="late")  # arrives between the runs
+    second = run()
+    assert sum(p["numInputRows"] for p in second.recentProgress) == 5
+    third = run()
+    assert sum(p["numInputRows"] for p in third.recentProgress) == 0
+    table = spark.read.parquet(str(out))
+    assert table.count() == 1005 and table.select("id").distinct().count() == 1005
+
+
+def test_a_long_batch_keeps_its_leases(spark: Any, tmp_path: Path) -> None:
+    root, sink = tmp_path / "root", tmp_path / "sink"
+    queue = dirmq.Store(root).create_queue("slow")
+    _fill(queue, 60)
+    from pyspark.sql import functions as f
+
+    slow = f.udf(lambda body: __import__("time").sleep(0.1) or body, "binary", useArrow=False)
+    query = (
+        _stream(
+            spark,
+            path=str(root),
+            queue="slow",
+            consumer="slow",
+            leaseSeconds="2",
+            maxMessagesPerTrigger="30",
+            numPartitions="1",
+        )
+        .withColumn("body", slow("body"))  # 30 rows x 0.1 s: each batch outlives its lease
+        .writeStream.foreach(_id_sink(sink))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    log = _sink_log(sink)
+    assert len(log) == 60 and len({mid for _, mid, _ in log}) == 60
+    assert all(count == 1 for _, _, count in log)  # no lease expired and was taken again
+    assert queue.stats().total == 0
+
+
+# -- streaming writes -----------------------------------------------------------------------------
+def test_streaming_queue_to_queue_with_a_failed_sink_task(spark: Any, tmp_path: Path) -> None:
+    from pyspark.sql import functions as f
+
+    root, flag = tmp_path / "root", tmp_path / "fail-once"
+    store = dirmq.Store(root)
+    source = store.create_queue("in")
+    target = store.create_queue("out")
+    bodies = _fill(source, 200)
+    flag.touch()
+    flag_path = str(flag)
+
+    def fail_once(n: int) -> int:
+        if n == 150 and os.path.exists(flag_path):
+            os.unlink(flag_path)
+            raise RuntimeError("injected sink failure")
+        return n
+
+    check = f.udf(fail_once, "int", useArrow=False)
+
+    def run() -> Any:
+        stream = _stream(
+            spark, path=str(root), queue="in", consumer="copy", maxMessagesPerTrigger="100"
+        )
+        parsed = stream.select(
+            "body",
+            check(f.get_json_object(f.col("body").cast("string"), "$.n").cast("int")).alias("n"),
+        )
+        return (
+            parsed.select(
+                "body",
+                f.map_from_arrays(
+                    f.array(f.lit("X-Attr-N")), f.array(f.col("n").cast("string"))
+                ).alias("headers"),
+            )
+            .writeStream.format("dirmq")
+            .option("path", str(root))
+            .option("queue", "out")
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    first = run()
+    with pytest.raises(StreamingQueryException, match="injected sink failure"):
+        first.awaitTermination()
+    assert target.stats().total == 100  # batch 0 published; batch 1 failed, published nothing
+    second = run()
+    second.awaitTermination()
+    copied = sorted(m.body for m in target.browse())
+    assert copied == sorted(bodies)
+    assert source.stats().total == 0
+
+
+# -- over HTTP ------------------------------------------------------------------------------------
+def test_http_mode(spark: Any, tmp_path: Path) -> None:
+    server = start_server(tmp_path / "served")
+    try:
+        url = server.url
+        df = spark.createDataFrame([(f"event {i}",) for i in range(250)], "body string")
+        df.write.format("dirmq").option("url", url).option("queue", "web/in").option(
+            "createQueue", "true"
+        ).mode("append").save()
+        snapshot = spark.read.format("dirmq").option("url", url).option("queue", "web/in")
+        rows = snapshot.option("states", "ready").load().collect()
+        assert sorted(bytes(r.body) for r in rows) == sorted(
+            f"event {i}".encode() for i in range(250)
+        )
+
+        out = tmp_path / "parquet"
+        query = (
+            _stream(
+                spark,
+                url=url,
+                queue="web/in",
+                consumer="web",
+                stateDir=str(tmp_path / "state"),
+                maxMessagesPerTrigger="100",
+            )
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        assert [p["numInputRows"] for p in query.recentProgress][:3] == [100, 100, 50]
+        assert spark.read.parquet(str(out)).select("id").distinct().count() == 250
+        with dirmq.client.RemoteStore(url) as remote:
+            assert remote.queue("web/in").stats().total == 0
+    finally:
+        server.stop()

@@ -1,0 +1,458 @@
+"""The Spark layer's protocol without a SparkSession: the stream reader driven the way PySpark
+drives it (latestOffset, partitions, read, restarts), the ledger, the upkeep thread, the
+writers' commit/abort and their exactly-once markers, and option parsing. Fast and exact where
+the Spark tests can only observe the outcome.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+import pyarrow as pa
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+import dirmq
+from dirmq.errors import InvalidArgument, InvalidName
+from dirmq.spark import DirmqDataSource, connect
+from dirmq.spark.leasing import LeasePartition, split
+from dirmq.spark.ledger import Ledger
+from dirmq.spark.options import parse_options
+from dirmq.spark.rows import READ_SCHEMA
+from dirmq.spark.stream import DirmqStreamReader
+from dirmq.spark.upkeep import Upkeep, settle_receipts
+from dirmq.spark.writing import (
+    DirmqBatchWriter,
+    DirmqStreamWriter,
+    StagedRows,
+    publish,
+    with_dedup_ids,
+)
+
+
+@pytest.fixture(autouse=True)
+def _close_cached_handles() -> Iterator[None]:
+    yield
+    connect.close_all()  # the Stores and HTTP clients the reader opened in this process
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "root"
+
+
+@pytest.fixture
+def queue(root: Path) -> Iterator[dirmq.Queue]:
+    with dirmq.Store(root) as store:
+        yield store.create_queue("jobs")
+
+
+def _reader(root: Path, **extra: str) -> DirmqStreamReader:
+    options = {"path": str(root), "queue": "jobs", "consumer": "c", "numPartitions": "2"}
+    return DirmqStreamReader(parse_options({**options, **extra}))
+
+
+def _read(reader: DirmqStreamReader, start: dict[str, Any], end: dict[str, Any]) -> list[str]:
+    ids: list[str] = []
+    for partition in reader.partitions(start, end):
+        for batch in reader.read(partition):
+            ids.extend(batch.column("id").to_pylist())
+    return ids
+
+
+# -- the stream reader's protocol -----------------------------------------------------------------
+def test_batches_are_recorded_replayed_and_acknowledged_after_the_commit(
+    root: Path, queue: dirmq.Queue
+) -> None:
+    published = queue.put_many([b"m%d" % i for i in range(500)])
+    reader = _reader(root)
+    try:
+        start = reader.initialOffset()
+        assert start == {"seq": 0, "messages": 0, "partitions": 0}
+        first = reader.latestOffset(start, ReadMaxRows(200))
+        assert first == {"seq": 1, "messages": 200, "partitions": 2}
+        batch1 = _read(reader, start, first)
+        assert sorted(batch1) == published[:200]
+        assert _read(reader, start, first) == batch1  # a retried task replays its record
+        assert queue.stats().in_flight == 200
+
+        # Spark committed batch 1 and plans batch 2: its tasks acknowledge batch 1.
+        second = reader.latestOffset(first, ReadMaxRows(200))
+        assert second["seq"] == 2
+        partitions = reader.partitions(first, second)
+        assert all(isinstance(p, LeasePartition) for p in partitions)
+        handed = sorted(r for p in partitions for r in p.settle)  # type: ignore[attr-defined]
+        assert handed == [(1, 0), (1, 1)]
+        batch2 = [i for p in partitions for b in reader.read(p) for i in b.column("id").to_pylist()]
+        assert sorted(batch2) == published[200:400]
+        assert queue.stats().in_flight == 200  # batch 1 acknowledged, batch 2 leased
+    finally:
+        reader.stop()
+
+    # The driver restarts; Spark replays batch 2 from its log, without calling latestOffset.
+    again = _reader(root)
+    try:
+        assert sorted(_read(again, first, second)) == sorted(batch2)
+        third = again.latestOffset(second, ReadAllAvailable())
+        assert third["messages"] == 100
+        assert sorted(_read(again, second, third)) == published[400:]
+        assert again.latestOffset(third, ReadAllAvailable()) == third  # idle: settles batch 3
+        assert queue.stats().total == 0
+        assert Ledger(again._options.consumer_dir()).seqs() == []
+    finally:
+        again.stop()
+
+
+def test_a_batch_spark_never_logged_is_given_back(root: Path, queue: dirmq.Queue) -> None:
+    queue.put_many([b"m%d" % i for i in range(10)])
+    reader = _reader(root, numPartitions="1")
+    try:
+        start = reader.initialOffset()
+        planned = reader.latestOffset(start, ReadAllAvailable())
+        _read(reader, start, planned)  # leased and recorded...
+        assert queue.stats().in_flight == 10
+        # ...but Spark asks again from the same start: that batch was never logged.
+        replanned = reader.latestOffset(start, ReadAllAvailable())
+        assert replanned == planned and queue.stats().ready == 10
+        assert len(_read(reader, start, replanned)) == 10
+    finally:
+        reader.stop()
+
+
+def test_a_batch_already_acknowledged_produces_nothing(root: Path, queue: dirmq.Queue) -> None:
+    queue.put_many([b"a", b"b"])
+    reader = _reader(root)
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, ReadAllAvailable())
+        _read(reader, start, end)
+        assert reader.latestOffset(end, ReadAllAvailable()) == end  # settles it
+        assert reader.partitions(start, end) == []  # an old checkpoint replaying it: nothing
+    finally:
+        reader.stop()
+
+
+def test_available_now_plans_only_what_was_ready(root: Path, queue: dirmq.Queue) -> None:
+    queue.put_many([b"early"] * 30)
+    reader = _reader(root, maxMessagesPerTrigger="20")
+    try:
+        reader.prepareForTriggerAvailableNow()
+        queue.put_many([b"late"] * 10)
+        start = reader.initialOffset()
+        limit = reader.getDefaultReadLimit()
+        assert limit == ReadMaxRows(20)
+        first = reader.latestOffset(start, limit)
+        second = reader.latestOffset(first, limit)
+        assert (first["messages"], second["messages"]) == (20, 10)
+        assert reader.latestOffset(second, limit) == second
+    finally:
+        reader.stop()
+
+
+def test_a_new_checkpoint_starts_where_the_consumer_acknowledged(
+    root: Path, queue: dirmq.Queue
+) -> None:
+    queue.put_many([b"x"] * 4)
+    reader = _reader(root)
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, ReadAllAvailable())
+        _read(reader, start, end)
+        reader.latestOffset(end, ReadAllAvailable())
+    finally:
+        reader.stop()
+    assert _reader(root).initialOffset()["seq"] == end["seq"]
+
+
+def test_the_reader_pickles_without_its_driver_state(root: Path, queue: dirmq.Queue) -> None:
+    import pickle
+
+    reader = _reader(root)
+    try:
+        reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+        copy = pickle.loads(pickle.dumps(reader))
+        assert copy._driver_state is None
+    finally:
+        reader.stop()
+
+
+# -- ledger and upkeep ----------------------------------------------------------------------------
+def test_the_first_record_of_a_partition_wins(tmp_path: Path) -> None:
+    ledger = Ledger(str(tmp_path / "ledger"))
+    assert ledger.record_part(3, 0, ["a.1"])
+    assert not ledger.record_part(3, 0, ["b.1"])
+    assert ledger.part(3, 0) == ["a.1"] and ledger.seqs() == [3]
+    ledger.set_acked(3)
+    ledger.set_acked(2)  # never backwards
+    assert ledger.acked() == 3
+
+
+def test_settling_deletes_what_an_expired_lease_cannot_acknowledge(queue: dirmq.Queue) -> None:
+    queue.put_many([b"fresh", b"expired"])
+    [fresh, expired] = queue.get(2, visibility_s=60)
+    queue.nack(expired.receipt or "")  # as if the lease had expired
+    settle_receipts(queue, [fresh.receipt or "", expired.receipt or ""])
+    assert queue.stats().total == 0
+
+
+def test_the_heartbeat_keeps_recorded_leases_alive(tmp_path: Path, queue: dirmq.Queue) -> None:
+    queue.put(b"slow")
+    [message] = queue.get(1, visibility_s=1.2)
+    ledger = Ledger(str(tmp_path / "ledger"))
+    ledger.record_part(1, 0, [message.receipt or ""])
+    upkeep = Upkeep(queue, ledger, lease_s=1.2)  # beats every 0.3 s
+    try:
+        time.sleep(3.0)  # the first lease would have expired twice over
+        assert queue.stats().in_flight == 1
+        assert queue.get(1) == []
+        upkeep.wait_settled(1, 10)
+        assert queue.stats().total == 0
+    finally:
+        upkeep.close()
+
+
+# -- writers --------------------------------------------------------------------------------------
+_BODY = StructType([StructField("body", BinaryType())])
+
+
+def _staged(rows: list[bytes], partition: int = 0, **ids: Any) -> StagedRows:
+    table = pa.table({"body": pa.array(rows, pa.binary())})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return StagedRows(partition, len(rows), data=sink.getvalue().to_pybytes(), **ids)
+
+
+def test_a_batch_write_publishes_on_commit_in_task_order(root: Path, queue: dirmq.Queue) -> None:
+    writer = DirmqBatchWriter(parse_options({"path": str(root), "queue": "jobs"}), _BODY)
+    writer.commit([_staged([b"c"], 1), None, _staged([b"a", b"b"], 0)])
+    assert [m.body for m in queue.browse()] == [b"a", b"b", b"c"]
+    writer.abort([_staged([b"never"])])
+    assert queue.stats().ready == 3
+
+
+def test_a_retried_micro_batch_is_published_once(root: Path, queue: dirmq.Queue) -> None:
+    options = parse_options({"path": str(root), "queue": "jobs"})
+    staged = [_staged([b"same", b"same", b"other"], query_id="q1", batch_id=7)]
+    DirmqStreamWriter(options, _BODY).commit(list(staged), 7)
+    DirmqStreamWriter(options, _BODY).commit(list(staged), 7)  # Spark re-runs the batch
+    assert sorted(m.body for m in queue.browse()) == [b"other", b"same", b"same"]
+
+
+def test_an_interrupted_commit_publishes_only_the_rest_on_retry(
+    root: Path, queue: dirmq.Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dirmq.spark import writing
+
+    options = parse_options({"path": str(root), "queue": "jobs"})
+    rows = [b"r%d" % (i % 700) for i in range(1200)]  # duplicates included, over 3 chunks
+    staged = [_staged(rows[:600], 0, query_id="q", batch_id=1), _staged(rows[600:], 1)]
+    staged[1].query_id, staged[1].batch_id = "q", 1
+    calls = 0
+    real_put_many = queue.put_many
+
+    def crash_on_second_chunk(messages: Any, **kwargs: Any) -> list[str]:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise OSError("the driver died here")
+        return real_put_many(messages, **kwargs)
+
+    monkeypatch.setattr(queue, "put_many", crash_on_second_chunk)
+    monkeypatch.setattr(writing, "open_queue", lambda *_a, **_k: queue)
+    with pytest.raises(OSError, match="died"):
+        DirmqStreamWriter(options, _BODY).commit(list(staged), 1)
+    assert queue.stats().ready == writing.PUT_CHUNK
+    DirmqStreamWriter(options, _BODY).commit(list(staged), 1)
+    assert sorted(m.body for m in queue.browse(limit=5000)) == sorted(rows)
+
+
+def test_dedup_ids_do_not_depend_on_row_order() -> None:
+    a = pa.table({"body": pa.array([b"x", b"y", b"x"], pa.binary())})
+    b = pa.table({"body": pa.array([b"x", b"x", b"y"], pa.binary())})
+    ids_a = {m.dedup_id for m in with_dedup_ids("q", 1, [a])}
+    ids_b = {m.dedup_id for m in with_dedup_ids("q", 1, [b])}
+    assert ids_a == ids_b and len(ids_a) == 3
+    assert ids_a.isdisjoint(m.dedup_id for m in with_dedup_ids("q", 2, [a]))
+
+
+def test_publish_chunks(queue: dirmq.Queue) -> None:
+    assert publish(queue, (dirmq.OutgoingMessage(b"%d" % i) for i in range(1001))) == 1001
+
+
+# -- options and schemas --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"queue": "q"}, "exactly one of"),
+        ({"path": "/r", "url": "http://x", "queue": "q"}, "exactly one of"),
+        ({"path": "/r"}, "queue"),
+        ({"url": "ftp://x", "queue": "q"}, "http"),
+        ({"path": "/r", "queue": "q", "maxMessagesPerTrigger": "0"}, "positive integer"),
+        ({"path": "/r", "queue": "q", "leaseSeconds": "nan"}, "positive number"),
+        ({"path": "/r", "queue": "q", "states": "ready,gone"}, "states"),
+        ({"path": "/r", "queue": "q", "consumer": "../x"}, "consumer"),
+        ({"path": "/r", "queue": "q", "createQueue": "yes"}, "true or false"),
+    ],
+)
+def test_bad_options_are_refused(options: dict[str, str], error: str) -> None:
+    with pytest.raises(InvalidArgument, match=error):
+        parse_options(options)
+
+
+def test_options_are_case_insensitive_and_names_are_checked() -> None:
+    parsed = parse_options({"PATH": "/r", "Queue": "a/b", "MAXMESSAGESPERTRIGGER": "5"})
+    assert (parsed.queue, parsed.max_per_trigger) == ("a/b", 5)
+    with pytest.raises(InvalidName):
+        parse_options({"path": "/r", "queue": "../escape"})
+    with pytest.raises(InvalidArgument, match="stateDir"):
+        parse_options({"url": "http://h", "queue": "q", "consumer": "c"}).consumer_dir()
+    assert split(5, 3) == [2, 2, 1] and split(1, 3) == [1, 0, 0]
+
+
+def test_the_data_source_refuses_what_it_cannot_do(root: Path, queue: dirmq.Queue) -> None:
+    source = DirmqDataSource({"path": str(root), "queue": "jobs"})
+    assert DirmqDataSource.name() == "dirmq" and source.schema() == READ_SCHEMA
+    with pytest.raises(InvalidArgument, match="append"):
+        source.writer(_BODY, overwrite=True)
+    with pytest.raises(InvalidArgument, match="columns"):
+        source.reader(_BODY)
+    with pytest.raises(InvalidArgument, match="consumer"):
+        source.streamReader(READ_SCHEMA)
+    extra = StructType([StructField("body", StringType()), StructField("colour", StringType())])
+    with pytest.raises(InvalidArgument, match="colour"):
+        source.writer(extra, overwrite=False)
+
+
+def test_a_snapshot_of_a_missing_queue_is_an_error(root: Path, queue: dirmq.Queue) -> None:
+    from dirmq.errors import QueueNotFound
+    from dirmq.spark.snapshot import DirmqSnapshotReader
+
+    reader = DirmqSnapshotReader(parse_options({"path": str(root), "queue": "nope"}))
+    with pytest.raises(QueueNotFound):
+        reader.partitions()
+
+
+def test_the_spark_layer_sits_above_store_and_client() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import dirmq.spark, dirmq.spark.stream, dirmq.spark.snapshot, dirmq.spark.writing\n"
+        "above = ('dirmq.server', 'dirmq.cli', 'dirmq.sqs')\n"
+        "print([m for m in sys.modules if m.split('.')[:2] in [a.split('.') for a in above]])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+# -- over HTTP ------------------------------------------------------------------------------------
+def test_url_mode_leases_on_the_driver_and_replays_the_recorded_rows(
+    http_server: Any, tmp_path: Path
+) -> None:
+    from dirmq.client import RemoteStore
+    from dirmq.spark.leasing import RowsPartition
+
+    name = f"spark-{tmp_path.name}"
+    options = {
+        "url": http_server.url,
+        "queue": name,
+        "consumer": "c",
+        "stateDir": str(tmp_path / "state"),
+        "numPartitions": "2",
+        "pollWaitSeconds": "0.05",
+    }
+    with RemoteStore(http_server.url) as remote:
+        queue = remote.create_queue(name)
+        published = queue.put_many([b"r%d" % i for i in range(300)])
+        reader = DirmqStreamReader(parse_options(options))
+        try:
+            start = reader.initialOffset()
+            first = reader.latestOffset(start, ReadMaxRows(200))
+            assert first == {"seq": 1, "messages": 200, "partitions": 2}
+            assert queue.stats().in_flight == 200  # leased by the driver, before any task
+            parts = reader.partitions(start, first)
+            assert all(isinstance(p, RowsPartition) for p in parts)
+            batch1 = _read(reader, start, first)
+            assert sorted(batch1) == published[:200]
+        finally:
+            reader.stop()
+        again = DirmqStreamReader(parse_options(options))  # the driver restarted
+        try:
+            assert _read(again, start, first) == batch1
+            second = again.latestOffset(first, ReadAllAvailable())
+            assert sorted(_read(again, first, second)) == published[200:]
+            assert again.latestOffset(second, ReadAllAvailable()) == second
+            assert queue.stats().total == 0
+        finally:
+            again.stop()
+        remote.delete_queue(name)
+
+
+def test_url_mode_snapshots_refuse_what_the_server_cannot_list(
+    http_server: Any, tmp_path: Path
+) -> None:
+    from dirmq.client import RemoteStore
+    from dirmq.spark.snapshot import DirmqSnapshotReader
+
+    name = f"spark-{tmp_path.name}"
+    with RemoteStore(http_server.url) as remote:
+        queue = remote.create_queue(name)
+        for start in range(0, 1001, 500):
+            queue.put_many([b"x"] * min(500, 1001 - start))
+        options = {"url": http_server.url, "queue": name}
+        with pytest.raises(InvalidArgument, match="more than 1000"):
+            DirmqSnapshotReader(parse_options(options)).partitions()
+        with pytest.raises(InvalidArgument, match="ready messages only"):
+            DirmqSnapshotReader(parse_options({**options, "states": "all"})).partitions()
+        remote.delete_queue(name)
+
+
+def test_a_write_task_refuses_a_row_the_queue_would_refuse(root: Path, tmp_path: Path) -> None:
+    from dirmq.errors import MessageTooLarge
+    from dirmq.spark.writing import stage
+
+    with dirmq.Store(root) as store:
+        store.create_queue("small", dirmq.QueueConfig(max_message_bytes=10))
+    options = parse_options({"path": str(root), "queue": "small"})
+    good = pa.record_batch({"body": pa.array([b"ok"], pa.binary())})
+    staged = stage(options, str(tmp_path / "job"), iter([good]))
+    assert staged.rows == 1 and staged.path is not None
+    big = pa.record_batch({"body": pa.array([b"ok", b"far too long"], pa.binary())})
+    with pytest.raises(MessageTooLarge):
+        stage(options, str(tmp_path / "job"), iter([big]))
+    reserved = pa.record_batch(
+        {
+            "body": pa.array([b"x"], pa.binary()),
+            "headers": pa.array([[("Dirmq-Slot", "1")]], pa.map_(pa.string(), pa.string())),
+        }
+    )
+    with pytest.raises(InvalidArgument, match="reserved"):
+        stage(options, str(tmp_path / "job"), iter([reserved]))
+
+
+def test_url_mode_stream_writes_are_deduplicated_without_a_state_dir(
+    http_server: Any, tmp_path: Path
+) -> None:
+    from dirmq.client import RemoteStore
+
+    name = f"spark-{tmp_path.name}"
+    with RemoteStore(http_server.url) as remote:
+        queue = remote.create_queue(name)
+        options = parse_options({"url": http_server.url, "queue": name})
+        staged = [_staged([b"a", b"b", b"a"], query_id="q", batch_id=3)]
+        DirmqStreamWriter(options, _BODY).commit(list(staged), 3)
+        DirmqStreamWriter(options, _BODY).commit(list(staged), 3)
+        assert sorted(m.body for m in queue.browse()) == [b"a", b"a", b"b"]
+        remote.delete_queue(name)
