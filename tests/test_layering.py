@@ -50,6 +50,7 @@ def test_imports_only_go_downwards() -> None:
         "dirmq.wire": {"dirmq.client", "dirmq.server", "dirmq.cli", "asyncio"},
         "dirmq.client": {"dirmq.server", "dirmq.cli"},
         "dirmq.compat.vsqs": {"dirmq.server", "dirmq.client", "asyncio"},
+        "dirmq.spark": {"dirmq.server", "dirmq.sqs", "dirmq.cli"},
     }
     for module, forbidden in layers.items():
         result = _imports_cleanly(module, forbidden)
