@@ -32,7 +32,7 @@ from dirmq.spark.leasing import ROWS_PER_BATCH, split
 from dirmq.spark.options import DEFAULT_STATES, Options
 from dirmq.spark.rows import messages_batch
 from dirmq.store import Message, codec, layout
-from dirmq.store.ids import id_time_us
+from dirmq.store.files import stored_message
 from dirmq.store.layout import parse_entry
 from dirmq.store.names import queue_path
 
@@ -140,17 +140,7 @@ class DirmqSnapshotReader(DataSourceReader):
             return None  # never delivered either; `dirmq fsck` reports it
         except OSError as exc:
             raise storage_error(exc, f"reading a message of queue {self._options.queue!r}") from exc
-        deadline = entry.at_ms / 1000 if state_dir == layout.LEASED and entry.at_ms else None
-        return Message(
-            id=entry.message_id,
-            body=decoded.body,
-            headers=decoded.headers,
-            receive_count=entry.count,
-            published_at_s=id_time_us(entry.message_id) / 1e6,
-            lease_deadline_s=deadline,
-            state=state_dir.lstrip("@"),
-            group=decoded.system.get("Group"),
-        )
+        return stored_message(entry, state_dir, decoded)
 
     def _moved(self, message_id: str) -> Message | None:
         assert self._options.path is not None

@@ -20,7 +20,7 @@ from dirmq.store.config import QueueConfig
 from dirmq.store.dedup import Dedup
 from dirmq.store.ids import id_time_us
 from dirmq.store.index import QueueIndex
-from dirmq.store.layout import parse_entry
+from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.message import Message, SweepReport
 from dirmq.store.pool import FilePool
 
@@ -55,17 +55,7 @@ class QueueFiles:
             decoded = read_message(self.path(directory, name))
         except (FileNotFoundError, CorruptMessage):
             return None
-        deadline = entry.at_ms / 1000 if directory == layout.LEASED and entry.at_ms else None
-        return Message(
-            id=entry.message_id,
-            body=decoded.body,
-            headers=decoded.headers,
-            receive_count=entry.count,
-            published_at_s=id_time_us(entry.message_id) / 1e6,
-            lease_deadline_s=deadline,
-            state=directory.lstrip("@"),
-            group=decoded.system.get("Group"),
-        )
+        return stored_message(entry, directory, decoded)
 
     # -- transitions --------------------------------------------------------------------------
     def claim(
@@ -234,6 +224,21 @@ class QueueFiles:
             return [n for n in os.listdir(self.dir[layout.DEAD]) if n.startswith(message_id)]
         except FileNotFoundError:
             return []
+
+
+def stored_message(entry: Entry, directory: str, decoded: codec.Decoded) -> Message:
+    """The message a state file holds, as it stands (no receipt: it is not being leased)."""
+    deadline = entry.at_ms / 1000 if directory == layout.LEASED and entry.at_ms else None
+    return Message(
+        id=entry.message_id,
+        body=decoded.body,
+        headers=decoded.headers,
+        receive_count=entry.count,
+        published_at_s=id_time_us(entry.message_id) / 1e6,
+        lease_deadline_s=deadline,
+        state=directory.lstrip("@"),
+        group=decoded.system.get("Group"),
+    )
 
 
 def expired_by_retention(message_id: str, config: QueueConfig, at_ms: int) -> bool:
