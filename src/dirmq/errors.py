@@ -9,6 +9,9 @@
     ├── MessageTooLarge
     ├── MessageNotFound         no message with that id is in the queue
     ├── StaleReceipt            the lease behind a receipt is gone (expired and re-leased, or acked)
+    ├── DuplicateMessage        a pub/sub message id that was already published
+    ├── SubscriptionBusy        a pub/sub subscription name already attached elsewhere
+    ├── DeliveryNotFound        a pub/sub delivery that is no longer held (aborted or settled)
     ├── CorruptMessage          a message file that does not decode (truncated, bad checksum)
     ├── ConfigError             a queue configuration that does not parse or validate
     │   └── CorruptConfig       ... as stored in @queue.json (the operator must repair it)
@@ -58,6 +61,18 @@ class MessageNotFound(DirmqError, LookupError):
 
 
 class StaleReceipt(DirmqError):
+    pass
+
+
+class DuplicateMessage(DirmqError):
+    pass
+
+
+class SubscriptionBusy(DirmqError):
+    pass
+
+
+class DeliveryNotFound(DirmqError, LookupError):
     pass
 
 

@@ -1,0 +1,462 @@
+"""`PubSub`: publish to channels, subscribe with filters, over one dirmq root, from any process.
+
+Publishing writes the message once (`messages/<id>`, exclusively: a duplicate id is refused),
+then routes it by hard links: `anyone` into the shared pool, `everyone` into the inbox of each
+attached matching subscription, `future` into the retained log. Subscriptions take entries into
+their `taken/` directory by rename (see `subscription.py`); every later transition is one rename
+too (see `transitions.py`). Nothing is held in memory that a crash could lose: a restarted
+process, or any other one, finishes what a dead one left half done (`sweep`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dirmq.errors import (
+    CorruptMessage,
+    DuplicateMessage,
+    InvalidArgument,
+    StorageError,
+    SubscriptionBusy,
+    storage_error,
+)
+from dirmq.pubsub.layout import (
+    PubSubPaths,
+    split_outbox,
+    split_timed,
+    timed_name,
+)
+from dirmq.pubsub.model import (
+    Envelope,
+    Filter,
+    Mode,
+    Outcome,
+    Persistence,
+    Published,
+    check_name,
+    make_envelope,
+)
+from dirmq.pubsub.outcomes import OutcomeReporter
+from dirmq.pubsub.presence import PresenceIndex
+from dirmq.pubsub.retained import RetainedLog
+from dirmq.pubsub.transitions import Transitions, now_ms, read_entry
+from dirmq.store.codec import check_headers, encode
+from dirmq.store.fsio import create_pending, fsync_dir, syncfs
+from dirmq.store.ids import new_id
+from dirmq.store.names import validate_queue_name
+from dirmq.store.root import Store
+
+if TYPE_CHECKING:
+    from dirmq.pubsub.subscription import Subscription
+
+log = logging.getLogger("dirmq.pubsub")
+
+DEFAULT_ACCEPT_TIMEOUT_S = 60.0
+DEFAULT_PROCESS_TIMEOUT_S = 30.0
+RECOVER_AFTER_S = 10.0  # a half-published message this old belongs to a dead publisher
+OUTBOX_GRACE_S = 5.0  # an unreported outcome this old was left by a crash or a failed report
+MESSAGES_SWEEP_EVERY_S = 10.0
+
+
+@dataclass(slots=True)
+class SweepReport:
+    timed_out: int = 0
+    aborted: int = 0
+    reported: int = 0
+    recovered: int = 0
+    removed: int = 0
+
+
+class PubSub:
+    """Publish/subscribe over the store rooted at `store.root`. Thread-safe."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        presence_timeout_s: float = 10.0,
+        sweep_interval_s: float = 1.0,
+        dedup_window_s: float = 3600.0,
+    ) -> None:
+        self.store = store
+        self.paths = PubSubPaths.under(store.root)
+        try:
+            for directory in self.paths.shared_dirs():
+                os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise storage_error(exc, "creating the pub/sub directories") from exc
+        self.retained = RetainedLog(self.paths)
+        self.reporter = OutcomeReporter(store)
+        self.transitions = Transitions(self.paths, self.reporter)
+        self.presence = PresenceIndex(self.paths, presence_timeout_s)
+        self.sweep_interval_s = sweep_interval_s
+        self.dedup_window_s = dedup_window_s
+        self._sweep_lock = threading.Lock()
+        self._next_sweep = 0.0
+        self._next_messages_sweep = 0.0
+
+    # -- publishing ------------------------------------------------------------------------------
+    def publish(
+        self,
+        channel: str,
+        body: bytes,
+        *,
+        subject: str = "",
+        mode: Mode | str = Mode.ANYONE,
+        headers: Mapping[str, str] | None = None,
+        message_id: str | None = None,
+        acks: Iterable[str] | str = (),
+        reply_to: str | None = None,
+        accept_timeout_s: float = DEFAULT_ACCEPT_TIMEOUT_S,
+        process_timeout_s: float = DEFAULT_PROCESS_TIMEOUT_S,
+        persistence: Persistence | str = Persistence.WRITETHROUGH,
+    ) -> Published:
+        """Publish `body` to `channel`; returns once stored at `persistence`.
+
+        `acks` are the outcomes to report into the queue `reply_to` (created if absent).
+        Raises DuplicateMessage for an id already published (within the dedup window once
+        finished), InvalidArgument for bad input, StorageError if it cannot be stored (then
+        nothing of it is visible)."""
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise InvalidArgument("the body must be bytes")
+        headers = dict(headers or {})
+        check_headers(headers)
+        if reply_to:
+            validate_queue_name(reply_to)
+        envelope = make_envelope(
+            message_id=message_id or new_id(),
+            channel=channel,
+            subject=subject,
+            mode=mode,
+            published_us=time.time_ns() // 1000,
+            accept_timeout_s=accept_timeout_s,
+            process_timeout_s=process_timeout_s,
+            persistence=persistence,
+            acks=acks,
+            reply_to=reply_to,
+        )
+        canonical = self._write_canonical(
+            envelope, encode(bytes(body), headers, envelope.system_headers())
+        )
+        try:
+            published, dirs = self._route(envelope, canonical)
+            self._flush(envelope.persistence, {self.paths.messages, *dirs})
+        except OSError as exc:
+            self._unpublish(envelope, canonical)
+            raise storage_error(exc, f"publishing to channel {channel!r}") from exc
+        self._mark_live(envelope, canonical)
+        self.maybe_sweep()
+        return published
+
+    def _write_canonical(self, envelope: Envelope, data: bytes) -> str:
+        canonical = self.paths.canonical(envelope.id)
+        tmp_name = f"{envelope.id}.{uuid.uuid4().hex}.tmp"
+        try:
+            pending = create_pending(self.paths.tmp, tmp_name, canonical, data)
+            try:
+                if envelope.persistence is Persistence.WRITETHROUGH:
+                    os.fsync(pending.fd)
+                pending.publish()
+            except FileExistsError:
+                pending.discard()
+                raise DuplicateMessage(
+                    f"message id {envelope.id!r} was already published"
+                ) from None
+            except BaseException:
+                pending.discard()
+                raise
+        except OSError as exc:
+            raise storage_error(exc, "writing a pub/sub message") from exc
+        # A finished message keeps its id (as .live, then .end) for the dedup window. Checked
+        # after the exclusive link, in this order, so a concurrent rename cannot slip between.
+        for state in ("live", "end"):
+            if os.path.exists(self.paths.canonical(envelope.id, state)):
+                os.unlink(canonical)
+                raise DuplicateMessage(f"message id {envelope.id!r} was already published")
+        return canonical
+
+    def _route(self, envelope: Envelope, canonical: str) -> tuple[Published, set[str]]:
+        if envelope.mode is Mode.ANYONE:
+            name = timed_name(envelope.key, envelope.accept_deadline_ms)
+            with contextlib.suppress(FileExistsError):  # recovery re-routing
+                os.link(canonical, os.path.join(self.paths.anyone, name))
+            return Published(envelope.id, envelope.mode), {self.paths.anyone}
+        if envelope.mode is Mode.FUTURE:
+            seq = self.retained.append(canonical)
+            return Published(envelope.id, envelope.mode, seq=seq), {self.paths.retained}
+        dirs: set[str] = set()
+        name = timed_name(envelope.key, envelope.accept_deadline_ms)
+        published_ms = envelope.published_us // 1000
+        for sub in self.presence.attached():
+            if sub.attached_ms > published_ms or not sub.filter.matches(
+                envelope.channel, envelope.subject
+            ):
+                continue
+            inbox = self.paths.inbox(sub.name)
+            try:
+                os.link(canonical, os.path.join(inbox, name))
+            except FileExistsError:
+                pass
+            except FileNotFoundError:  # the subscription was deleted meanwhile
+                continue
+            dirs.add(inbox)
+        return Published(envelope.id, envelope.mode, subscribers=len(dirs)), dirs
+
+    def _flush(self, persistence: Persistence, dirs: set[str]) -> None:
+        if persistence is Persistence.WRITETHROUGH:
+            if len(dirs) <= 3:
+                for directory in dirs:
+                    fsync_dir(directory)
+            else:  # one flush of the filesystem beats fsyncing 100 inboxes one by one
+                fd = os.open(self.paths.messages, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    syncfs(fd)
+                finally:
+                    os.close(fd)
+        elif persistence is Persistence.WRITEBACK:
+            self.store.writeback.mark_dirty(0.5, time.monotonic())
+
+    def _unpublish(self, envelope: Envelope, canonical: str) -> None:
+        """Best effort after a failed publish: remove what was linked, so nothing is delivered
+        that the publisher was told failed. (A retained entry cannot be withdrawn.)"""
+        name = timed_name(envelope.key, envelope.accept_deadline_ms)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self.paths.anyone, name))
+        if envelope.mode is Mode.EVERYONE:
+            for sub in self.presence.attached():
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.paths.inbox(sub.name), name))
+        with contextlib.suppress(OSError):
+            os.unlink(canonical)
+
+    def _mark_live(self, envelope: Envelope, canonical: str) -> None:
+        """Report `queued`, then mark the message routed. A crash before the rename leaves the
+        bare name, which the sweeper finishes (routing is idempotent, reports are deduplicated)."""
+        try:
+            self.reporter.report(envelope, Outcome.QUEUED)
+            os.rename(canonical, self.paths.canonical(envelope.id, "live"))
+        except (StorageError, OSError) as exc:
+            log.warning("queued outcome of %s deferred to the sweeper: %s", envelope.id, exc)
+
+    # -- subscriptions ---------------------------------------------------------------------------
+    def subscribe(
+        self,
+        name: str | None = None,
+        *,
+        channels: Iterable[str] = (),
+        subjects: Iterable[str] = (),
+        replay_from: int | None = None,
+    ) -> Subscription:
+        """Attach subscription `name` (durable: its retained-log position and inbox survive
+        detaching) or an anonymous one. SubscriptionBusy if `name` is attached elsewhere."""
+        from dirmq.pubsub.subscription import Subscription
+
+        return Subscription(
+            self,
+            check_name("subscription name", name or f"anon-{uuid.uuid4().hex[:16]}"),
+            Filter(tuple(channels), tuple(subjects)),
+            replay_from=replay_from,
+        )
+
+    def subscriptions(self) -> list[dict[str, object]]:
+        from dirmq.pubsub.presence import read_subscription
+
+        result: list[dict[str, object]] = []
+        for name in sorted(os.listdir(self.paths.subs)):
+            found = read_subscription(self.paths, name)
+            if found is None:
+                continue
+            result.append(
+                {
+                    "name": name,
+                    "filter": found[0].to_json(),
+                    "attached": self.presence.is_fresh(name),
+                    "inbox": _count(self.paths.inbox(name)),
+                    "taken": _count(self.paths.taken(name)),
+                }
+            )
+        return result
+
+    def delete_subscription(self, name: str) -> None:
+        """Remove a detached subscription; what waited in its inbox times out (reported)."""
+        check_name("subscription name", name)
+        if self.presence.is_fresh(name):
+            raise SubscriptionBusy(f"subscription {name!r} is attached; detach it first")
+        inbox = self.paths.inbox(name)
+        for directory in (self.paths.taken(name), inbox):
+            for entry in _listdir(directory):
+                self._expire(os.path.join(directory, entry), name, Outcome.TIMEOUT)
+        shutil.rmtree(self.paths.sub(name), ignore_errors=True)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "anyone_waiting": _count(self.paths.anyone),
+            "retained": self.retained.head(),
+            "attached": len(self.presence.attached()),
+            "subscriptions": _count(self.paths.subs),
+            "unreported_outcomes": _count(self.paths.outbox),
+        }
+
+    # -- sweeping --------------------------------------------------------------------------------
+    def maybe_sweep(self) -> SweepReport | None:
+        """Sweep if this process has not for `sweep_interval_s` (cheap to call often)."""
+        now = time.monotonic()
+        if now < self._next_sweep or not self._sweep_lock.acquire(blocking=False):
+            return None
+        try:
+            self._next_sweep = now + self.sweep_interval_s
+            return self._sweep_locked(now)
+        finally:
+            self._sweep_lock.release()
+
+    def sweep(self) -> SweepReport:
+        """Time out, abort, report and recover whatever is due, for every subscription."""
+        with self._sweep_lock:
+            return self._sweep_locked(time.monotonic(), messages=True)
+
+    def _sweep_locked(self, now: float, *, messages: bool = False) -> SweepReport:
+        report = SweepReport()
+        at_ms = now_ms()
+        for entry in _listdir(self.paths.anyone):
+            timed = split_timed(entry)
+            if timed is not None and 0 < timed[1] < at_ms:
+                report.timed_out += self._expire(
+                    os.path.join(self.paths.anyone, entry), "", Outcome.TIMEOUT
+                )
+        for name in _listdir(self.paths.subs):
+            taken = self.paths.taken(name)
+            for entry in _listdir(taken):
+                timed = split_timed(entry)
+                if timed is not None and timed[1] < at_ms:
+                    report.aborted += self.abort_entry(os.path.join(taken, entry), name, timed)
+            inbox = self.paths.inbox(name)
+            for entry in _listdir(inbox):
+                timed = split_timed(entry)
+                if timed is not None and 0 < timed[1] < at_ms:
+                    report.timed_out += self._expire(
+                        os.path.join(inbox, entry), name, Outcome.TIMEOUT
+                    )
+        wall = time.time()
+        for entry in _listdir(self.paths.present):
+            path = os.path.join(self.paths.present, entry)
+            with contextlib.suppress(FileNotFoundError):
+                if wall - os.stat(path).st_mtime > self.presence.timeout_s:
+                    os.unlink(path)  # its session died: it no longer gets `everyone` messages
+                    self.presence.invalidate()
+        report.reported += self._replay_outbox(wall)
+        if messages or now >= self._next_messages_sweep:
+            self._next_messages_sweep = now + MESSAGES_SWEEP_EVERY_S
+            self._sweep_messages(wall, report)
+        return report
+
+    def _expire(self, path: str, subscriber: str, outcome: Outcome) -> int:
+        timed = split_timed(os.path.basename(path))
+        try:
+            entry = read_entry(path)
+        except FileNotFoundError:
+            return 0
+        except CorruptMessage as exc:
+            log.error("removing damaged pub/sub entry %s: %s", path, exc)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return 0
+        key = timed[0] if timed else os.path.basename(path)
+        return int(self.transitions.settle(path, key, entry.envelope, subscriber, outcome))
+
+    def abort_entry(self, path: str, subscriber: str, timed: tuple[str, int]) -> int:
+        try:
+            entry = read_entry(path)
+        except FileNotFoundError:
+            return 0
+        except CorruptMessage as exc:
+            log.error("removing damaged pub/sub entry %s: %s", path, exc)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return 0
+        key, deadline = timed
+        return int(self.transitions.abort(path, key, entry.envelope, subscriber, deadline))
+
+    def _replay_outbox(self, wall: float) -> int:
+        reported = 0
+        for name in _listdir(self.paths.outbox):
+            parsed = split_outbox(name)
+            path = os.path.join(self.paths.outbox, name)
+            try:
+                if parsed is None or wall - os.stat(path).st_ctime < OUTBOX_GRACE_S:
+                    continue
+                entry = read_entry(path)
+            except (FileNotFoundError, CorruptMessage):
+                continue
+            _key, subscriber, outcome, attempt = parsed
+            try:
+                what = Outcome(outcome)
+            except ValueError:
+                continue
+            reported += self.transitions.report_from_outbox(
+                path, entry.envelope, what, subscriber, attempt
+            )
+        return reported
+
+    def _sweep_messages(self, wall: float, report: SweepReport) -> None:
+        for name in _listdir(self.paths.messages):
+            path = os.path.join(self.paths.messages, name)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            age = wall - st.st_ctime
+            if name.endswith(".end"):
+                if age > self.dedup_window_s:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                        report.removed += 1
+            elif name.endswith(".live"):
+                if st.st_nlink == 1:  # no pool, inbox, taken or log entry is left: finished
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rename(path, path[: -len(".live")] + ".end")
+            elif "." not in name and age > RECOVER_AFTER_S:
+                report.recovered += self._recover(path)
+
+    def _recover(self, canonical: str) -> int:
+        """Finish the publish of a message whose publisher died after writing it."""
+        try:
+            entry = read_entry(canonical)
+            routed = os.stat(canonical).st_nlink > 1
+        except FileNotFoundError:
+            return 0
+        except CorruptMessage as exc:
+            log.error("removing damaged pub/sub message %s: %s", canonical, exc)
+            os.unlink(canonical)
+            return 0
+        envelope = entry.envelope
+        if not routed:
+            try:
+                self._route(envelope, canonical)
+            except OSError as exc:
+                log.warning("could not recover %s yet: %s", envelope.id, exc)
+                return 0
+        self._mark_live(envelope, canonical)
+        return 1
+
+    def close(self) -> None:
+        """Nothing to release (subscriptions are closed by their owners); for symmetry."""
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
+
+
+def _count(path: str) -> int:
+    return len(_listdir(path))
