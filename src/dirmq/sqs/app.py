@@ -95,7 +95,13 @@ class SqsApp:
         params: dict[str, Any],
     ) -> dict[str, Any]:
         host = request.headers.get("host") or "localhost"
-        context = Context(self.broker, f"http://{host}", self.account, self.region)
+        context = Context(
+            self.broker,
+            f"http://{host}",
+            self.account,
+            self.region,
+            request.headers.get("x-amzn-trace-id"),
+        )
         return await handler(context, params)
 
 

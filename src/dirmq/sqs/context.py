@@ -32,6 +32,9 @@ class Context:
     base_url: str  # scheme://host:port the client used (from the Host header)
     account: str = DEFAULT_ACCOUNT
     region: str = DEFAULT_REGION
+    # The request's X-Amzn-Trace-Id header: AWS stores it as the AWSTraceHeader of the messages
+    # a SendMessage(Batch) carries unless they give that system attribute themselves.
+    trace_header: str | None = None
 
     def queue_url(self, name: str) -> str:
         return f"{self.base_url}/{self.account}/{name}"

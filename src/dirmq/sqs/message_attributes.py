@@ -286,13 +286,7 @@ def parse_system_attributes(raw: object) -> str | None:
                 f"Message system attribute '{name}' must be of type 'String'.",
             )
         value = spec.get("StringValue")
-        if (
-            not isinstance(value, str)
-            or not value
-            or not value.isprintable()
-            or not value.isascii()
-            or len(value) > 4096
-        ):
+        if usable_trace_header(value) is None:
             raise SqsError(
                 "InvalidParameterValue",
                 f"Message system attribute '{name}' must contain a non-empty, printable ASCII "
@@ -300,6 +294,19 @@ def parse_system_attributes(raw: object) -> str | None:
             )
         trace = value
     return trace
+
+
+def usable_trace_header(value: object) -> str | None:
+    """`value` if it can be an AWSTraceHeader (printable ASCII, 1-4096 characters)."""
+    if (
+        isinstance(value, str)
+        and value
+        and value.isprintable()
+        and value.isascii()
+        and len(value) <= 4096
+    ):
+        return value
+    return None
 
 
 def total_size(attributes: Mapping[str, Attribute]) -> int:

@@ -124,6 +124,9 @@ def form_parameters(request: Request) -> dict[str, str]:
     return params
 
 
+_ACCOUNT_ACTIONS = frozenset({"CreateQueue", "ListQueues"})
+
+
 def parse(request: Request) -> tuple[str, dict[str, Any]]:
     flat = form_parameters(request)
     action = flat.get("Action", "")
@@ -132,6 +135,9 @@ def parse(request: Request) -> tuple[str, dict[str, Any]]:
         raise SqsError(
             "InvalidAction", f"The action {action or '(none)'} is not valid for this endpoint."
         )
+    if action in _ACCOUNT_ACTIONS and request.path.strip("/"):
+        # AWS answers actions on the account, not a queue, only at the service's root.
+        raise SqsError("InvalidAction", f"The action {action} is not valid for this endpoint.")
     shape = op.input_shape
     if shape is None:
         return action, {}

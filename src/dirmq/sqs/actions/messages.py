@@ -72,6 +72,9 @@ class QueueKind:
     dedup_per_group: bool  # DeduplicationScope=messageGroup
     max_message_bytes: int
     wait_default_s: int
+    # The last PurgeQueue, as a suffix of the store's dedup ids: AWS forgets deduplication ids
+    # when a queue is purged, and a new suffix makes the store's older records unreachable.
+    dedup_epoch: str
 
 
 def queue_kind(config: QueueConfig) -> QueueKind:
@@ -83,7 +86,13 @@ def queue_kind(config: QueueConfig) -> QueueKind:
         dedup_per_group=fifo and queue_attributes.dedup_scope(config) == "messageGroup",
         max_message_bytes=max(1, min(queue_attributes.max_message_size(config), MAX_MESSAGE_BYTES)),
         wait_default_s=min(max(queue_attributes.receive_wait_default(config), 0), MAX_WAIT_S),
+        dedup_epoch=_dedup_epoch(config) if fifo else "",
     )
+
+
+def _dedup_epoch(config: QueueConfig) -> str:
+    purged = queue_attributes.sqs_meta(config).get("purged")
+    return f" purged:{purged!r}" if isinstance(purged, int | float) else ""
 
 
 # -- parameters -------------------------------------------------------------------------------
@@ -182,12 +191,19 @@ def entry_size(entry: Mapping[str, Any]) -> int:
 
 
 def prepare(
-    entry: Mapping[str, Any], kind: QueueKind, queue: Queue, *, batch: bool = False
+    entry: Mapping[str, Any],
+    kind: QueueKind,
+    queue: Queue,
+    *,
+    batch: bool = False,
+    trace_header: str | None = None,
 ) -> Prepared:
-    """Validate one message of a SendMessage(Batch) as SQS does; SqsError says why not."""
+    """Validate one message of a SendMessage(Batch) as SQS does; SqsError says why not.
+    `trace_header` is the request's X-Amzn-Trace-Id, the AWSTraceHeader unless one is given."""
     body = _body(entry)
     attributes = attrs.parse_attributes(entry.get("MessageAttributes"))
-    trace = attrs.parse_system_attributes(entry.get("MessageSystemAttributes"))
+    given_trace = attrs.parse_system_attributes(entry.get("MessageSystemAttributes"))
+    trace = given_trace if given_trace is not None else attrs.usable_trace_header(trace_header)
     size = len(body.encode("utf-8")) + attrs.total_size(attributes)
     if size > kind.max_message_bytes:
         verb = "cannot be validated" if batch else "are invalid"
@@ -218,7 +234,7 @@ def prepare(
         headers[DEDUP_HEADER] = dedup
         store_group = group
         # Group and dedup ids hold no spaces, so "<group> <dedup id>" is unambiguous.
-        store_dedup = f"{group} {dedup}" if kind.dedup_per_group else dedup
+        store_dedup = (f"{group} {dedup}" if kind.dedup_per_group else dedup) + kind.dedup_epoch
     else:
         if dedup is not None:
             raise SqsError(
@@ -250,7 +266,8 @@ def prepare(
     except InvalidArgument as exc:
         raise SqsError("InvalidParameterValue", str(exc)) from None
     values = attrs.md5_values(attributes)
-    system = None if trace is None else {attrs.TRACE_ATTRIBUTE: ("String", trace)}
+    # Only system attributes of the request are digested (AWS: none for the HTTP header's).
+    system = None if given_trace is None else {attrs.TRACE_ATTRIBUTE: ("String", given_trace)}
     return Prepared(
         outgoing,
         md5_of_body(body),
@@ -285,7 +302,7 @@ async def _publish(ctx: Context, queue: Queue, messages: list[OutgoingMessage]) 
 async def send_message(ctx: Context, params: Params) -> Result:
     queue = await _queue(ctx, params)
     kind = queue_kind(queue.config)
-    prepared = prepare(params, kind, queue)
+    prepared = prepare(params, kind, queue, trace_header=ctx.trace_header)
     (message_id,) = await _publish(ctx, queue, [prepared.outgoing])
     return _sent(prepared, message_id, kind)
 
@@ -360,7 +377,8 @@ async def send_message_batch(ctx: Context, params: Params) -> Result:
     good: list[tuple[str, Prepared]] = []
     for entry in entries:
         try:
-            good.append((entry["Id"], prepare(entry, kind, queue, batch=True)))
+            prepared = prepare(entry, kind, queue, batch=True, trace_header=ctx.trace_header)
+            good.append((entry["Id"], prepared))
         except SqsError as error:
             if error.kind.code == "UnsupportedOperation":
                 raise SqsError(
@@ -560,6 +578,17 @@ async def _current(ctx: Context, queue: Queue, message_id: str) -> Message | Non
     return None if message.state == "dead" else message
 
 
+def _lease_over(current: Message, count: int) -> bool:
+    """Whether the lease of receive `count` has passed its deadline. The store still settles
+    such a lease until the message is received again; AWS refuses a FIFO receipt at once."""
+    return (
+        current.state == "leased"
+        and current.receive_count == count
+        and current.lease_deadline_s is not None
+        and current.lease_deadline_s <= time.time()
+    )
+
+
 def _expired(handle: str) -> SqsError:
     return SqsError(
         "InvalidParameterValue",
@@ -569,7 +598,13 @@ def _expired(handle: str) -> SqsError:
 
 
 async def delete_one(ctx: Context, queue: Queue, kind: QueueKind, raw_handle: object) -> None:
-    handle, message_id, _count = _receipt(raw_handle)
+    handle, message_id, count = _receipt(raw_handle)
+    if kind.fifo:
+        current = await _current(ctx, queue, message_id)
+        if current is None:
+            return
+        if _lease_over(current, count):
+            raise _expired(handle)
     try:
         await ctx.broker.call(queue.ack, handle)
         return
@@ -627,7 +662,11 @@ def _visibility(params: Mapping[str, Any]) -> int:
 async def change_visibility_one(
     ctx: Context, queue: Queue, kind: QueueKind, raw_handle: object, visibility: int
 ) -> None:
-    handle, message_id, _count = _receipt(raw_handle)
+    handle, message_id, count = _receipt(raw_handle)
+    if kind.fifo:
+        current = await _current(ctx, queue, message_id)
+        if current is not None and _lease_over(current, count):
+            raise _expired(handle)
 
     async def apply(receipt: str) -> None:
         if visibility == 0:

@@ -17,6 +17,7 @@ from typing import Any
 
 from dirmq.errors import DirmqError, QueueExists, QueueNotFound
 from dirmq.sqs import attributes as attrs
+from dirmq.sqs import protocol_json
 from dirmq.sqs.actions import Params, Result, action
 from dirmq.sqs.context import Context, valid_sqs_name
 from dirmq.sqs.errors import SqsError, invalid_value, missing, no_such_queue
@@ -28,6 +29,21 @@ MAX_RESULTS = 1000
 MAX_TAGS = 50
 MAX_TAG_KEY = 128
 MAX_TAG_VALUE = 256
+MAX_PERMISSION_ACTIONS = 7
+# What AddPermission may grant to another account; the other actions are the owner's alone.
+SHAREABLE_ACTIONS = frozenset(
+    {
+        "*",
+        "ChangeMessageVisibility",
+        "DeleteMessage",
+        "GetQueueAttributes",
+        "GetQueueUrl",
+        "ListDeadLetterSourceQueues",
+        "PurgeQueue",
+        "ReceiveMessage",
+        "SendMessage",
+    }
+)
 _NAME_RULES = "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in length"
 _FIFO_NAME_RULES = (
     "The name of a FIFO queue can only include alphanumeric characters, hyphens, or "
@@ -170,7 +186,8 @@ async def create_queue(ctx: Context, params: Params) -> Result:
     if not valid_sqs_name(name) or (not fifo and name.endswith(".fifo")):
         raise SqsError("InvalidParameterValue", _NAME_RULES)
     new_tags = _string_map(params, "tags")
-    _check_tags(new_tags, {})
+    _check_tags(new_tags)
+    _check_tag_count(name, new_tags, {})
     change = attrs.validate(requested, fifo=fifo, creating=True, current=None)
     store = ctx.broker.store
     try:
@@ -312,7 +329,7 @@ async def purge_queue(ctx: Context, params: Params) -> Result:
 
 
 # -- tags -----------------------------------------------------------------------------------------
-def _check_tags(new: dict[str, str], current: dict[str, str]) -> None:
+def _check_tags(new: dict[str, str]) -> None:
     for key, value in new.items():
         if not 1 <= len(key) <= MAX_TAG_KEY:
             raise invalid_value("Tags", key, f"Tag keys must be 1 to {MAX_TAG_KEY} characters.")
@@ -320,10 +337,11 @@ def _check_tags(new: dict[str, str], current: dict[str, str]) -> None:
             raise invalid_value(
                 "Tags", value, f"Tag values must be at most {MAX_TAG_VALUE} characters."
             )
+
+
+def _check_tag_count(name: str, new: dict[str, str], current: dict[str, str]) -> None:
     if len({**current, **new}) > MAX_TAGS:
-        raise SqsError(
-            "InvalidParameterValue", f"Too many tags: a queue can have at most {MAX_TAGS} tags."
-        )
+        raise SqsError("InvalidParameterValue", f"Too many tags added for queue {name}.")
 
 
 @action("TagQueue")
@@ -332,7 +350,9 @@ async def tag_queue(ctx: Context, params: Params) -> Result:
     new = _string_map(params, "Tags")
     if not new:
         raise missing("Tags")
-    _check_tags(new, attrs.tags(queue.config))
+    current = attrs.tags(queue.config)
+    _check_tags(new)
+    _check_tag_count(queue.name, new, current)
 
     def update(meta: dict[str, Any]) -> None:
         current = meta.get("tags")
@@ -400,10 +420,25 @@ async def add_permission(ctx: Context, params: Params) -> Result:
     actions = params.get("Actions") or []
     if not isinstance(label, str) or not valid_sqs_name(label) or label.endswith(".fifo"):
         raise invalid_value("Label", label, _NAME_RULES)
-    if not accounts:
-        raise missing("AWSAccountIds")
     if not actions:
         raise missing("Actions")
+    if not accounts:
+        raise invalid_value("PrincipalId", "[]", "Unable to verify.")
+    if len(actions) > MAX_PERMISSION_ACTIONS:
+        raise SqsError(
+            "OverLimit",
+            f"{len(actions)} Actions were found, maximum allowed is {MAX_PERMISSION_ACTIONS}.",
+        )
+    for granted_action in actions:
+        if granted_action not in SHAREABLE_ACTIONS:
+            known = granted_action in protocol_json.service_model().operation_names
+            raise invalid_value(
+                "ActionName",
+                f"SQS:{granted_action}",
+                "Only the queue owner is allowed to invoke this action."
+                if known
+                else "Please refer to the appropriate WSDL for a list of valid actions.",
+            )
     arn = ctx.queue_arn(queue.name)
     stored = attrs.stored_attributes(queue.config).get("Policy")
     policy: dict[str, Any] = (
