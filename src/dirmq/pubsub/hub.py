@@ -100,6 +100,8 @@ class PubSub:
         self.presence = PresenceIndex(self.paths, presence_timeout_s)
         self.sweep_interval_s = sweep_interval_s
         self.dedup_window_s = dedup_window_s
+        self.recover_after_s = RECOVER_AFTER_S
+        self.outbox_grace_s = OUTBOX_GRACE_S
         self._sweep_lock = threading.Lock()
         self._next_sweep = 0.0
         self._next_messages_sweep = 0.0
@@ -391,7 +393,7 @@ class PubSub:
             parsed = split_outbox(name)
             path = os.path.join(self.paths.outbox, name)
             try:
-                if parsed is None or wall - os.stat(path).st_ctime < OUTBOX_GRACE_S:
+                if parsed is None or wall - os.stat(path).st_ctime < self.outbox_grace_s:
                     continue
                 entry = read_entry(path)
             except (FileNotFoundError, CorruptMessage):
@@ -423,7 +425,7 @@ class PubSub:
                 if st.st_nlink == 1:  # no pool, inbox, taken or log entry is left: finished
                     with contextlib.suppress(FileNotFoundError):
                         os.rename(path, path[: -len(".live")] + ".end")
-            elif "." not in name and age > RECOVER_AFTER_S:
+            elif "." not in name and age > self.recover_after_s:
                 report.recovered += self._recover(path)
 
     def _recover(self, canonical: str) -> int:

@@ -345,12 +345,22 @@ class Subscription:
             seq = key_seq(key)
         return Delivery(key, entry.envelope, entry.body, entry.headers, deadline, seq)
 
-    def _abort_expired(self) -> None:
+    def _abort_expired(self) -> list[str]:
         at_ms = now_ms()
+        expired = []
         for key, (path, envelope, deadline) in list(self._taken.items()):
             if deadline < at_ms:
                 del self._taken[key]
                 self.hub.transitions.abort(path, key, envelope, self.name, deadline)
+                expired.append(key)
+        return expired
+
+    def expire(self) -> list[str]:
+        """Abort (return) held deliveries whose deadline passed, without taking anything; their
+        keys. For event loops that wait on `fileno()` rather than in `receive`."""
+        with self._lock:
+            self._check_open()
+            return self._abort_expired()
 
     def _next_deadline_s(self) -> float:
         if not self._taken:
