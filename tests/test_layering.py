@@ -51,6 +51,14 @@ def test_imports_only_go_downwards() -> None:
         "dirmq.client": {"dirmq.server", "dirmq.cli"},
         "dirmq.compat.vsqs": {"dirmq.server", "dirmq.client", "asyncio"},
         "dirmq.spark": {"dirmq.server", "dirmq.sqs", "dirmq.cli"},
+        "dirmq.pubsub": {
+            "dirmq.wire",
+            "dirmq.client",
+            "dirmq.server",
+            "dirmq.sqs",
+            "dirmq.cli",
+            "asyncio",
+        },
     }
     for module, forbidden in layers.items():
         result = _imports_cleanly(module, forbidden)
