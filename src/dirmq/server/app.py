@@ -14,6 +14,7 @@ from dirmq.server.errors import error_response, json_error
 from dirmq.server.http import Handler, Request, Response, StreamResponse
 from dirmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dirmq.server.metrics import Metrics
+from dirmq.server.pubsub import PubSubApi, is_pubsub_path
 from dirmq.server.routes import Route, parse_route
 
 _COUNTED: dict[native.Handler, str] = {
@@ -30,9 +31,11 @@ class NativeApp:
         metrics: Metrics,
         sqs: Handler | None = None,
         is_sqs: Callable[[Request], bool] | None = None,
+        pubsub: PubSubApi | None = None,
     ) -> None:
         self.broker = broker
         self.metrics = metrics
+        self.pubsub = pubsub if pubsub is not None else PubSubApi(broker, metrics)
         # Another dialect on the same port (SQS): composed in serve.py, so this layer does not
         # import the layers built on it.
         self.sqs = sqs
@@ -45,9 +48,13 @@ class NativeApp:
         if self.sqs is not None and self.is_sqs is not None and self.is_sqs(request):
             return await self.sqs(request)
         try:
-            route = parse_route(request.path)
-            label = route.label
-            response = await self._dispatch(request, route)
+            if is_pubsub_path(request.path):  # before the queue routes: `@` starts no queue name
+                label = "pubsub"
+                response = await self.pubsub(request)
+            else:
+                route = parse_route(request.path)
+                label = route.label
+                response = await self._dispatch(request, route)
         except DirmqError as exc:
             response = error_response(exc)
         except UnicodeDecodeError:

@@ -1,12 +1,13 @@
 """Prometheus metrics (prometheus-client): request counts and latencies, messages published,
-delivered and acknowledged, and per-queue depth read from the store at scrape time."""
+delivered and acknowledged, pub/sub publishes, deliveries, settlements and attached streams,
+and per-queue depth read from the store at scrape time."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -74,6 +75,28 @@ class Metrics:
             "dirmq_messages_acked",
             "Messages acknowledged or deleted",
             ["queue"],
+            registry=self.registry,
+        )
+        self.pubsub_published = Counter(
+            "dirmq_pubsub_published",
+            "Pub/sub messages published, by delivery mode",
+            ["mode"],
+            registry=self.registry,
+        )
+        self.pubsub_delivered = Counter(
+            "dirmq_pubsub_delivered",
+            "Pub/sub deliveries sent to streaming subscribers",
+            registry=self.registry,
+        )
+        self.pubsub_settled = Counter(
+            "dirmq_pubsub_settled",
+            "Pub/sub deliveries of streaming subscribers settled, by outcome",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.pubsub_attached = Gauge(
+            "dirmq_pubsub_attached_subscriptions",
+            "Pub/sub subscriptions streaming from this worker",
             registry=self.registry,
         )
         self.registry.register(_DepthCollector(store))

@@ -30,6 +30,7 @@ from dirmq.server.app import NativeApp
 from dirmq.server.broker import Broker
 from dirmq.server.http import Handler, HttpServer, Limits
 from dirmq.server.metrics import Metrics
+from dirmq.server.pubsub import PubSubApi
 from dirmq.store import Store
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -102,10 +103,12 @@ async def run_worker(options: ServeOptions, endpoints: list[_Endpoint]) -> None:
     store = Store(options.root)
     broker = Broker(store)
     metrics = Metrics(store)
+    pubsub = PubSubApi(broker, metrics)
+    pubsub.start()
     http_servers: list[HttpServer] = []
     listeners: list[asyncio.Server] = []
     for endpoint in endpoints:
-        handler = _handler_for(endpoint.name, broker, metrics, options.sqs_credentials)
+        handler = _handler_for(endpoint.name, broker, metrics, options.sqs_credentials, pubsub)
         http = HttpServer(handler, options.limits)
         http_servers.append(http)
         listeners.append(
@@ -117,13 +120,18 @@ async def run_worker(options: ServeOptions, endpoints: list[_Endpoint]) -> None:
     await stop.wait()
     for listener in listeners:
         listener.close()
+    await pubsub.close()  # event streams end (held deliveries go back) while the pool still runs
     broker.close()  # waiting long polls answer now
     await asyncio.gather(*(h.drain(options.drain_timeout_s) for h in http_servers))
     store.close()
 
 
 def _handler_for(
-    name: str, broker: Broker, metrics: Metrics, sqs_credentials: str | None = None
+    name: str,
+    broker: Broker,
+    metrics: Metrics,
+    sqs_credentials: str | None = None,
+    pubsub: PubSubApi | None = None,
 ) -> Handler:
     from dirmq.sqs.app import Authenticate, SqsApp, is_sqs_request
 
@@ -138,7 +146,8 @@ def _handler_for(
         authenticate = SigV4Authenticator.from_file(sqs_credentials)
     if name == "sqs":
         return SqsApp(broker, authenticate=authenticate)
-    return NativeApp(broker, metrics, SqsApp(broker, authenticate=authenticate), is_sqs_request)
+    sqs = SqsApp(broker, authenticate=authenticate)
+    return NativeApp(broker, metrics, sqs, is_sqs_request, pubsub)
 
 
 def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int:

@@ -1,0 +1,472 @@
+"""Publish/subscribe over HTTP, under `/@pubsub` (no queue name starts with `@`).
+
+POST   /@pubsub/publish                                   publish (query parameters, raw body)
+GET    /@pubsub/subscribe                                 a subscription as server-sent events
+POST   /@pubsub/subscriptions/{name}/deliveries/{key}/{action}   done|dismiss|abort|heartbeat
+GET    /@pubsub/subscriptions                             every subscription (JSON list)
+DELETE /@pubsub/subscriptions/{name}                      remove a detached subscription
+GET    /@pubsub                                           counters (`PubSub.stats`)
+
+Everything durable happens in `dirmq.pubsub` on the shared root; this module only maps HTTP onto
+it. A stream is one `Subscription` of this process, fed from the event loop: its eventfd (set
+when the store's shared inotify descriptor, pumped by the loop, reports a change) or a timer
+(the next delivery deadline, the keep-alive, a periodic re-check) wakes it; each step runs on the
+broker's thread pool. At most `window` deliveries are outstanding; settling one (a POST, which
+must reach this process) frees its slot. A sweeper task runs `PubSub.maybe_sweep` every
+`SWEEP_EVERY_S` whether or not anyone is subscribed, so accept timeouts, crashed sessions'
+deliveries and unreported outcomes are handled by any live server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, unquote
+
+from dirmq.errors import DeliveryNotFound, InvalidArgument, MessageTooLarge
+from dirmq.pubsub import Delivery, Mode, PubSub, Subscription
+from dirmq.pubsub.hub import DEFAULT_ACCEPT_TIMEOUT_S, DEFAULT_PROCESS_TIMEOUT_S
+from dirmq.pubsub.layout import PubSubPaths
+from dirmq.pubsub.model import check_name
+from dirmq.server.broker import Broker
+from dirmq.server.errors import json_error
+from dirmq.server.http import Request, Response, StreamResponse
+from dirmq.server.metrics import Metrics
+from dirmq.wire import messages as wire
+from dirmq.wire.durations import parse_duration
+
+log = logging.getLogger("dirmq.server")
+
+PREFIX = "/@pubsub"
+SWEEP_EVERY_S = 0.5
+KEEPALIVE_S = 15.0
+RECHECK_S = 5.0  # a stream looks again even without a wake-up (belt and braces)
+DEFAULT_WINDOW = 16
+MAX_WINDOW = 1000
+MAX_BODY_BYTES = 16 * 1024 * 1024  # as a queue's default max_message_bytes
+CLOSE_WAIT_S = 5.0
+ACTIONS = ("done", "dismiss", "abort", "heartbeat")
+_KEY_RE = re.compile(r"\d{16}_[A-Za-z0-9_-]{1,128}(\+\d+)?")
+SSE_HEADERS = [
+    ("Content-Type", "text/event-stream"),
+    ("Cache-Control", "no-cache"),
+    ("X-Accel-Buffering", "no"),  # proxies such as nginx must not hold events back
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PubSubRoute:
+    kind: str  # stats | publish | subscribe | subscriptions | subscription | delivery
+    name: str = ""
+    key: str = ""
+    action: str = ""
+
+
+def is_pubsub_path(path: str) -> bool:
+    return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+def parse_pubsub_route(path: str) -> PubSubRoute | None:
+    """The route of a `/@pubsub...` path (percent-encoded, as sent), or None if it has none."""
+    segments = [unquote(s, errors="strict") for s in path[len(PREFIX) :].strip("/").split("/")]
+    match segments:
+        case [""]:
+            return PubSubRoute("stats")
+        case ["publish"]:
+            return PubSubRoute("publish")
+        case ["subscribe"]:
+            return PubSubRoute("subscribe")
+        case ["subscriptions"]:
+            return PubSubRoute("subscriptions")
+        case ["subscriptions", name]:
+            return PubSubRoute("subscription", name=name)
+        case ["subscriptions", name, "deliveries", key, action] if action in ACTIONS:
+            return PubSubRoute("delivery", name=name, key=key, action=action)
+    return None
+
+
+METHODS: dict[str, tuple[str, ...]] = {
+    "stats": ("GET",),
+    "publish": ("POST",),
+    "subscribe": ("GET",),
+    "subscriptions": ("GET",),
+    "subscription": ("DELETE",),
+    "delivery": ("POST",),
+}
+
+
+def _json(status: int, data: object, headers: list[tuple[str, str]] | None = None) -> Response:
+    body = json.dumps(data, separators=(",", ":")).encode() + b"\n"
+    return Response(status, body, [("Content-Type", "application/json"), *(headers or [])])
+
+
+def _duration(request: Request, name: str, default: float) -> float:
+    value = request.query.get(name)
+    return default if value is None else parse_duration(value, name)
+
+
+def _int(value: str | None, name: str, low: int, high: int, default: int | None) -> int | None:
+    if value is None:
+        return default
+    if not (value.isascii() and value.isdigit()) or not low <= int(value) <= high:
+        raise InvalidArgument(f"{name}={value!r} must be an integer from {low} to {high}")
+    return int(value)
+
+
+def delivery_json(delivery: Delivery) -> dict[str, object]:
+    envelope = delivery.envelope
+    return {
+        "key": delivery.key,
+        "id": delivery.id,
+        "channel": delivery.channel,
+        "subject": delivery.subject,
+        "mode": delivery.mode.value,
+        "seq": delivery.seq,
+        "deadline_ms": delivery.deadline_ms,
+        "headers": delivery.headers,
+        "body_base64": base64.b64encode(delivery.body).decode("ascii"),
+        # The rest of the envelope, so a client can rebuild the library's `Delivery`.
+        "published_us": envelope.published_us,
+        "accept_timeout_s": envelope.accept_timeout_s,
+        "process_timeout_s": envelope.process_timeout_s,
+        "persistence": envelope.persistence.value,
+        "acks": sorted(a.value for a in envelope.acks),
+        "reply_to": envelope.reply_to,
+    }
+
+
+def sse_event(event: str, data: object, event_id: str | None = None) -> bytes:
+    # json.dumps escapes every control character, so `data` is always exactly one line.
+    lines = [f"event: {event}"]
+    if event_id is not None:
+        lines.append(f"id: {event_id}")
+    lines.append("data: " + json.dumps(data, separators=(",", ":")))
+    return ("\n".join(lines) + "\n\n").encode()
+
+
+class PubSubApi:
+    """The `/@pubsub` handlers of one worker process, and its attached streams."""
+
+    def __init__(self, broker: Broker, metrics: Metrics) -> None:
+        self.broker = broker
+        self.metrics = metrics
+        self._hub: PubSub | None = None
+        self._streams: dict[str, _Stream] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self.closing = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """At startup: sweep a root that already has pub/sub state (a restart after a crash
+        must report and return what the dead process left). A root that never used pub/sub gets
+        its `@pubsub` directory on the first pub/sub request."""
+        if os.path.isdir(PubSubPaths.under(self.broker.store.root).base):
+            self._start_hub(self._new_hub())
+
+    def _new_hub(self) -> PubSub:
+        return PubSub(self.broker.store, sweep_interval_s=SWEEP_EVERY_S)
+
+    def _start_hub(self, hub: PubSub) -> PubSub:
+        if self._hub is None:
+            self._hub = hub
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+        return self._hub
+
+    async def hub(self) -> PubSub:
+        if self._hub is not None:
+            return self._hub
+        return self._start_hub(await self.broker.call(self._new_hub))
+
+    async def _sweep_forever(self) -> None:
+        assert self._hub is not None
+        while not self.closing:
+            await asyncio.sleep(SWEEP_EVERY_S)
+            try:
+                await self.broker.call(self._hub.maybe_sweep)
+            except Exception:  # a bad moment (disk full) must not stop sweeping for good
+                log.exception("pub/sub sweep failed")
+
+    async def close(self) -> None:
+        """Before the broker's pool stops: end every stream (clients see the end of the event
+        stream; what they held goes back) and stop sweeping."""
+        self.closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for stream in list(self._streams.values()):
+            stream.stop()
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while self._streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    # -- dispatch --------------------------------------------------------------------------------
+    async def __call__(self, request: Request) -> Response | StreamResponse:
+        route = parse_pubsub_route(request.path)
+        if route is None:
+            return json_error(404, "NotFound", f"no pub/sub endpoint at {request.path}")
+        allowed = METHODS[route.kind]
+        if request.method not in allowed:
+            response = json_error(405, "MethodNotAllowed", f"use {', '.join(allowed)} here")
+            response.headers.append(("Allow", ", ".join(allowed)))
+            return response
+        handler = self._handlers()[route.kind]
+        return await handler(request, route)
+
+    def _handlers(
+        self,
+    ) -> dict[str, Callable[[Request, PubSubRoute], Awaitable[Response | StreamResponse]]]:
+        return {
+            "stats": self.stats,
+            "publish": self.publish,
+            "subscribe": self.subscribe,
+            "subscriptions": self.list_subscriptions,
+            "subscription": self.delete_subscription,
+            "delivery": self.settle,
+        }
+
+    # -- handlers --------------------------------------------------------------------------------
+    async def stats(self, request: Request, route: PubSubRoute) -> Response:
+        hub = await self.hub()
+        stats = await self.broker.call(hub.stats)
+        return _json(200, {**stats, "streams": len(self._streams)})
+
+    async def publish(self, request: Request, route: PubSubRoute) -> Response:
+        query = request.query
+        channel = query.get("channel")
+        if channel is None:
+            raise InvalidArgument("publish needs channel= (the channel to publish to)")
+        if len(request.body) > MAX_BODY_BYTES:
+            raise MessageTooLarge(
+                f"message is {len(request.body)} bytes; pub/sub accepts at most {MAX_BODY_BYTES}"
+            )
+        kwargs = {
+            "subject": query.get("subject", ""),
+            "mode": query.get("mode", Mode.ANYONE.value),
+            "headers": wire.stored_headers(request.raw_headers),
+            "message_id": query.get("id") or None,
+            "acks": query.get("acks", ""),
+            "reply_to": query.get("reply_to") or None,
+            "accept_timeout_s": _duration(request, "accept_timeout", DEFAULT_ACCEPT_TIMEOUT_S),
+            "process_timeout_s": _duration(request, "process_timeout", DEFAULT_PROCESS_TIMEOUT_S),
+            "persistence": query.get("persistence", "writethrough"),
+        }
+        hub = await self.hub()
+        # Shielded: a publisher that hangs up does not interrupt a publish half written (the
+        # sweeper would finish it, but later).
+        published = await asyncio.shield(
+            self.broker.call(hub.publish, channel, request.body, **kwargs)
+        )
+        self.metrics.pubsub_published.labels(published.mode.value).inc()
+        return _json(
+            201,
+            {
+                "id": published.id,
+                "mode": published.mode.value,
+                "seq": published.seq,
+                "subscribers": published.subscribers,
+            },
+            [("X-Message-Id", published.id)],
+        )
+
+    async def subscribe(self, request: Request, route: PubSubRoute) -> StreamResponse:
+        if self.closing:
+            raise InvalidArgument("the server is shutting down")
+        channels: list[str] = []
+        subjects: list[str] = []
+        for key, value in parse_qsl(request.raw_query, keep_blank_values=True):
+            if key == "channel":
+                channels.append(value)
+            elif key == "subject":
+                subjects.append(value)
+        name = request.query.get("name") or None
+        replay_from = _int(request.query.get("from"), "from", 1, 2**62, None)
+        window = _int(request.query.get("window"), "window", 1, MAX_WINDOW, DEFAULT_WINDOW)
+        assert window is not None
+        hub = await self.hub()
+        sub = await self.broker.call(
+            hub.subscribe,
+            name,
+            channels=[c for c in channels if c],
+            subjects=[s for s in subjects if s],
+            replay_from=replay_from,
+        )
+        stream = _Stream(self, sub, window, anonymous=name is None)
+        self._streams[sub.name] = stream
+        self.metrics.pubsub_attached.inc()
+        return StreamResponse(200, _Body(stream), list(SSE_HEADERS))
+
+    async def settle(self, request: Request, route: PubSubRoute) -> Response:
+        check_name("subscription name", route.name)
+        if not _KEY_RE.fullmatch(route.key):
+            raise InvalidArgument(f"{route.key[:200]!r} is not a delivery key")
+        stream = self._streams.get(route.name)
+        if stream is None:
+            raise DeliveryNotFound(
+                f"subscription {route.name!r} is not attached to this server process (with "
+                "--workers N, settle on the worker holding the stream)"
+            )
+        extend_s = None
+        if route.action == "heartbeat" and "extend" in request.query:
+            extend_s = parse_duration(request.query["extend"], "extend")
+        return await stream.settle(route.key, route.action, extend_s)
+
+    async def list_subscriptions(self, request: Request, route: PubSubRoute) -> Response:
+        hub = await self.hub()
+        return _json(200, await self.broker.call(hub.subscriptions))
+
+    async def delete_subscription(self, request: Request, route: PubSubRoute) -> Response:
+        check_name("subscription name", route.name)
+        hub = await self.hub()
+        if not await self.broker.call(os.path.isdir, hub.paths.sub(route.name)):
+            return json_error(404, "SubscriptionNotFound", f"no subscription {route.name!r}")
+        await self.broker.call(hub.delete_subscription, route.name)
+        return Response(204)
+
+    def forget(self, stream: _Stream) -> None:
+        if self._streams.get(stream.sub.name) is stream:
+            del self._streams[stream.sub.name]
+            self.metrics.pubsub_attached.dec()
+
+
+class _Stream:
+    """One attached subscription feeding one event stream."""
+
+    def __init__(self, api: PubSubApi, sub: Subscription, window: int, *, anonymous: bool) -> None:
+        self.api = api
+        self.sub = sub
+        self.window = window
+        self.anonymous = anonymous
+        # Deadlines of what we sent, only to time the next wake-up: the subscription itself
+        # decides what is held and what expired (`held`, `expire`).
+        self.deadlines: dict[str, int] = {}
+        self.wake = asyncio.Event()
+        self.stopped = False
+        self.closed = False
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.wake.set()
+
+    def _readable(self, fd: int) -> None:
+        # Reset the eventfd here (level-triggered readers would spin otherwise); the events
+        # themselves wait in the watcher for the next `receive`.
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.eventfd_read(fd)
+        self.wake.set()
+
+    def _step(self) -> tuple[list[Delivery], list[str]]:
+        """In a pool thread: return what passed its deadline, then take up to the window."""
+        expired = self.sub.expire()
+        taken: list[Delivery] = []
+        while len(self.sub.held()) < self.window:
+            delivery = self.sub.receive(0)
+            if delivery is None:
+                break
+            taken.append(delivery)
+        return taken, expired
+
+    async def events(self) -> AsyncGenerator[bytes, None]:
+        loop = asyncio.get_running_loop()
+        broker = self.api.broker
+        metrics = self.api.metrics
+        yield sse_event("attached", {"name": self.sub.name, "cursor": self.sub.cursor})
+        fd = self.sub.fileno()
+        if fd is not None:
+            loop.add_reader(fd, self._readable, fd)
+            broker.watch_store()  # the loop pumps the shared inotify descriptor into our eventfd
+        recheck = RECHECK_S if fd is not None else broker.store.poll_interval_s
+        last_sent = loop.time()
+        try:
+            while not self.stopped:
+                self.wake.clear()
+                taken, expired = await broker.call(self._step)
+                for key in expired:
+                    self.deadlines.pop(key, None)
+                    metrics.pubsub_settled.labels("aborted").inc()
+                if taken:
+                    frames = []
+                    for delivery in taken:
+                        self.deadlines[delivery.key] = delivery.deadline_ms
+                        frames.append(sse_event("message", delivery_json(delivery), delivery.key))
+                    metrics.pubsub_delivered.inc(len(taken))
+                    last_sent = loop.time()
+                    yield b"".join(frames)
+                    continue
+                timeout = min(recheck, max(0.0, last_sent + KEEPALIVE_S - loop.time()))
+                if self.deadlines:
+                    soonest = (min(self.deadlines.values()) - time.time() * 1000) / 1000
+                    timeout = min(timeout, max(0.0, soonest) + 0.002)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), timeout)
+                if loop.time() - last_sent >= KEEPALIVE_S:
+                    last_sent = loop.time()
+                    yield b": keepalive\n\n"
+        finally:
+            if fd is not None:
+                with contextlib.suppress(ValueError, OSError):
+                    loop.remove_reader(fd)
+
+    async def settle(self, key: str, action: str, extend_s: float | None) -> Response:
+        sub = self.sub
+        try:
+            if action == "heartbeat":
+                deadline = await self.api.broker.call(sub.heartbeat, key, extend_s)
+                if key in self.deadlines:
+                    self.deadlines[key] = deadline
+                return _json(200, {"deadline_ms": deadline})
+            method = {"done": sub.done, "dismiss": sub.dismiss, "abort": sub.abort}[action]
+            try:
+                await self.api.broker.call(method, key)
+            finally:
+                # Settled, or no longer held (expired): either way its slot may be free.
+                self.deadlines.pop(key, None)
+                self.wake.set()
+        except InvalidArgument:
+            if self.closed:  # the stream ended meanwhile: everything it held went back
+                raise DeliveryNotFound(f"delivery {key} is no longer held") from None
+            raise
+        outcome = {"done": "done", "dismiss": "dismissed", "abort": "aborted"}[action]
+        self.api.metrics.pubsub_settled.labels(outcome).inc()
+        return Response(204)
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.api.forget(self)
+        hub = self.sub.hub
+        try:
+            await self.api.broker.call(self.sub.close)
+            if self.anonymous:  # nobody can attach to it again: leave nothing behind
+                await self.api.broker.call(hub.delete_subscription, self.sub.name)
+        except Exception:
+            log.exception("closing subscription %s", self.sub.name)
+
+
+class _Body:
+    """The stream's body: closing it (the client left, the stream ended, the server stops)
+    closes the subscription, even if the stream never started."""
+
+    def __init__(self, stream: _Stream) -> None:
+        self._stream = stream
+        self._events = stream.events()
+
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._events.aclose()
+        finally:
+            # Shielded: the connection's task is usually being cancelled right now.
+            await asyncio.shield(self._stream.close())
