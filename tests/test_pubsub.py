@@ -401,6 +401,7 @@ def test_a_subscriber_killed_while_holding_messages_loses_none(hub: PubSub, stor
     assert proc.stdout.readline().strip() == "holding"
     proc.kill()
     proc.communicate(timeout=30)
+    hub.subscribe("victim").close()  # its name is free at once: its process is gone
     got: list[Delivery] = []
     with hub.subscribe("survivor") as sub:  # its own sweeps return the dead one's messages
         deadline = time.monotonic() + 10

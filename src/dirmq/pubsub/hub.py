@@ -349,11 +349,11 @@ class PubSub:
                     )
         wall = time.time()
         for entry in _listdir(self.paths.present):
-            path = os.path.join(self.paths.present, entry)
-            with contextlib.suppress(FileNotFoundError):
-                if wall - os.stat(path).st_mtime > self.presence.timeout_s:
-                    os.unlink(path)  # its session died: it no longer gets `everyone` messages
-                    self.presence.invalidate()
+            if not self.presence.is_fresh(entry):
+                with contextlib.suppress(FileNotFoundError):
+                    # Its session died: it no longer gets `everyone` messages.
+                    os.unlink(os.path.join(self.paths.present, entry))
+                self.presence.invalidate()
         report.reported += self._replay_outbox(wall)
         if messages or now >= self._next_messages_sweep:
             self._next_messages_sweep = now + MESSAGES_SWEEP_EVERY_S

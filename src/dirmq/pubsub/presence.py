@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 from dirmq.pubsub.layout import PubSubPaths
@@ -56,13 +58,8 @@ class PresenceIndex:
             if stamp == self._stamp and now - self._read_at < MAX_CACHE_S:
                 return self._attached
         fresh: list[Attached] = []
-        wall = time.time()
         for name in sorted(os.listdir(self._paths.present)):
-            try:
-                age = wall - os.stat(os.path.join(self._paths.present, name)).st_mtime
-            except FileNotFoundError:
-                continue
-            if age > self.timeout_s:
+            if not self.is_fresh(name):
                 continue
             found = read_subscription(self._paths, name)
             if found is not None:
@@ -72,8 +69,32 @@ class PresenceIndex:
         return fresh
 
     def is_fresh(self, name: str) -> bool:
+        """Attached: refreshed within the timeout by a session that is not known to be dead."""
+        path = os.path.join(self._paths.present, name)
         try:
-            age = time.time() - os.stat(os.path.join(self._paths.present, name)).st_mtime
+            age = time.time() - os.stat(path).st_mtime
+            with open(path, encoding="utf-8") as f:
+                owner = f.read()
         except FileNotFoundError:
             return False
-        return age <= self.timeout_s
+        return age <= self.timeout_s and not _owner_died(owner)
+
+
+def new_session() -> str:
+    """What a session writes in its presence file: host, pid and a random token."""
+    return f"{socket.gethostname()} {os.getpid()} {uuid.uuid4().hex}"
+
+
+def _owner_died(owner: str) -> bool:
+    """True when the session was on this host and its process is gone (a killed server restarts
+    and its subscribers re-attach at once, without waiting for the presence timeout)."""
+    parts = owner.split()
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False

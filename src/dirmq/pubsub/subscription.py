@@ -34,6 +34,7 @@ from dirmq.errors import (
 )
 from dirmq.pubsub.layout import key_seq, retained_key, split_timed
 from dirmq.pubsub.model import Delivery, Envelope, Filter, Outcome, check_timeout
+from dirmq.pubsub.presence import new_session
 from dirmq.pubsub.transitions import Entry, now_ms, read_entry
 from dirmq.store.watch import RESCAN, open_watcher
 
@@ -64,7 +65,7 @@ class Subscription:
         self._pool_skipped: set[str] = set()  # examined, not for us
         self._retained_next: tuple[int, Entry] | None = None
         self._skip_retained: set[str] = set()
-        self._session = uuid.uuid4().hex
+        self._session = new_session()
         if replay_from is not None and replay_from < 1:
             raise InvalidArgument("replay_from is a retained sequence number, 1 or more")
         try:
