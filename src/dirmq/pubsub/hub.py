@@ -50,7 +50,7 @@ from dirmq.pubsub.presence import PresenceIndex
 from dirmq.pubsub.retained import RetainedLog
 from dirmq.pubsub.transitions import Transitions, now_ms, read_entry
 from dirmq.store.codec import check_headers, encode
-from dirmq.store.fsio import create_pending, fsync_dir, syncfs
+from dirmq.store.fsio import create_pending, syncfs
 from dirmq.store.ids import new_id
 from dirmq.store.names import validate_queue_name
 from dirmq.store.root import Store
@@ -151,7 +151,9 @@ class PubSub:
         )
         try:
             published, dirs = self._route(envelope, canonical)
-            self._flush(envelope.persistence, {self.paths.messages, *dirs})
+            # The routed links are what must survive; `messages/` only serves dedup and
+            # recovery, which a machine crash may cost (documented in docs/pubsub.md).
+            self._flush(envelope.persistence, dirs)
         except OSError as exc:
             self._unpublish(envelope, canonical)
             raise storage_error(exc, f"publishing to channel {channel!r}") from exc
@@ -215,9 +217,8 @@ class PubSub:
 
     def _flush(self, persistence: Persistence, dirs: set[str]) -> None:
         if persistence is Persistence.WRITETHROUGH:
-            if len(dirs) <= 3:
-                for directory in dirs:
-                    fsync_dir(directory)
+            if len(dirs) <= 3:  # shared with concurrent publishers of this process
+                self.store.group_commit._sync_dirs(dirs)
             else:  # one flush of the filesystem beats fsyncing 100 inboxes one by one
                 fd = os.open(self.paths.messages, os.O_RDONLY | os.O_DIRECTORY)
                 try:
