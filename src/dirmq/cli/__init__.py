@@ -9,6 +9,7 @@ table is in docs/cli.md); a traceback is printed only for a bug.
     ls stats create configure rm purge sweep        queues.py
     fsck import-vsqs                                maintenance.py
     serve                                           server.py (imports dirmq.server lazily)
+    publish subscribe                               pubsub.py
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from dirmq import __version__
-from dirmq.cli import exits, maintenance, messages, queues, server
+from dirmq.cli import exits, maintenance, messages, pubsub, queues, server
 from dirmq.cli.args import Parser, common_options
 
 __all__ = ["build_parser", "main"]
@@ -31,7 +32,8 @@ def build_parser() -> Parser:
         prog="dirmq",
         description="A durable message queue whose storage is plain directories of files.",
         epilog="Exit codes: 0 ok, 1 unexpected error, 2 usage, 3 empty/not found, 4 no such "
-        "queue, 5 queue full, 6 storage failure, 7 stale receipt, 8 fsck left problems.",
+        "queue, 5 queue full, 6 storage failure, 7 stale receipt, 8 fsck left problems, "
+        "9 duplicate message id, 10 subscription busy.",
     )
     parser.add_argument("--version", action="version", version=f"dirmq {__version__}")
     sub = parser.add_subparsers(
@@ -41,6 +43,7 @@ def build_parser() -> Parser:
     messages.register(sub, common)
     queues.register(sub, common)
     maintenance.register(sub, common)
+    pubsub.register(sub, common)
     server.register(sub, common)
     return parser
 

@@ -7,8 +7,11 @@
   4  queue not found (or the root is not a dirmq root)
   5  queue full: the put timed out at capacity
   6  storage failure: disk full, I/O error, permission denied, damaged message file
-  7  stale receipt: the lease was lost (expired and redelivered, or already acknowledged)
+  7  stale receipt: the lease was lost (expired and redelivered, or already acknowledged), or a
+     pub/sub delivery is no longer held
   8  fsck found problems it did not repair
+  9  duplicate: a pub/sub message id that was already published
+ 10  busy: the pub/sub subscription name is attached in another process
 130  interrupted (Ctrl-C)
 """
 
@@ -19,6 +22,8 @@ import sys
 from dirmq.errors import (
     ConfigError,
     CorruptMessage,
+    DeliveryNotFound,
+    DuplicateMessage,
     InvalidArgument,
     InvalidName,
     MessageNotFound,
@@ -28,6 +33,7 @@ from dirmq.errors import (
     QueueNotFound,
     StaleReceipt,
     StorageError,
+    SubscriptionBusy,
 )
 
 OK = 0
@@ -39,6 +45,8 @@ FULL = 5
 STORAGE = 6
 STALE = 7
 FSCK_UNREPAIRED = 8
+DUPLICATE = 9
+BUSY = 10
 INTERRUPTED = 130
 BROKEN_PIPE = 141
 
@@ -53,6 +61,9 @@ ERROR_EXITS: tuple[tuple[type[BaseException], int], ...] = (
     (QueueNotFound, NO_QUEUE),
     (QueueFull, FULL),
     (StaleReceipt, STALE),
+    (DeliveryNotFound, STALE),
+    (DuplicateMessage, DUPLICATE),
+    (SubscriptionBusy, BUSY),
     (CorruptMessage, STORAGE),
     (StorageError, STORAGE),
     (OSError, STORAGE),  # foreign errors that reached the CLI unmapped (permissions, ...)
