@@ -467,3 +467,11 @@ def test_disk_full_refuses_the_publish_and_leaves_nothing(tmp_path: Path) -> Non
         hub.publish("c", b"fits")
         with hub.subscribe("w") as sub:
             assert bodies(drain(sub)) == [b"fits"]
+
+
+def test_an_anonymous_subscription_leaves_nothing_behind(hub: PubSub, store: Store) -> None:
+    with hub.subscribe(channels=["c"]) as sub:
+        assert sub.name.startswith("anon-")
+        hub.publish("c", b"x", mode="everyone", acks="timeout", reply_to=REPLY)
+    assert hub.subscriptions() == []
+    assert [o[1] for o in outcomes(store)] == ["timeout"]  # it never took it: reported

@@ -260,7 +260,8 @@ class PubSub:
         replay_from: int | None = None,
     ) -> Subscription:
         """Attach subscription `name` (durable: its retained-log position and inbox survive
-        detaching) or an anonymous one. SubscriptionBusy if `name` is attached elsewhere."""
+        detaching) or, without a name, an anonymous one that is removed when closed.
+        SubscriptionBusy if `name` is attached elsewhere."""
         from dirmq.pubsub.subscription import Subscription
 
         return Subscription(
@@ -268,6 +269,7 @@ class PubSub:
             check_name("subscription name", name or f"anon-{uuid.uuid4().hex[:16]}"),
             Filter(tuple(channels), tuple(subjects)),
             replay_from=replay_from,
+            durable=name is not None,
         )
 
     def subscriptions(self) -> list[dict[str, object]]:

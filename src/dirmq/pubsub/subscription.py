@@ -48,11 +48,18 @@ CURSOR_SAVE_S = 0.5
 
 class Subscription:
     def __init__(
-        self, hub: PubSub, name: str, filter: Filter, *, replay_from: int | None = None
+        self,
+        hub: PubSub,
+        name: str,
+        filter: Filter,
+        *,
+        replay_from: int | None = None,
+        durable: bool = True,
     ) -> None:
         self.hub = hub
         self.name = name
         self.filter = filter
+        self.durable = durable  # False: removed (inbox and all) when closed
         self._paths = hub.paths
         self._lock = threading.RLock()
         self._closed = False
@@ -72,16 +79,20 @@ class Subscription:
             self._attach(replay_from)
         except OSError as exc:
             raise storage_error(exc, f"attaching subscription {name!r}") from exc
-        self._watcher = open_watcher(
-            {
-                "anyone": self._paths.anyone,
-                "inbox": self._paths.inbox(name),
-                "retained": self._paths.retained,
-            },
-            hub.store.watch_mode,
-            hub.store.poll_interval_s,
-            hub.store.inotify_hub,
-        )
+        try:
+            self._watcher = open_watcher(
+                {
+                    "anyone": self._paths.anyone,
+                    "inbox": self._paths.inbox(name),
+                    "retained": self._paths.retained,
+                },
+                hub.store.watch_mode,
+                hub.store.poll_interval_s,
+                hub.store.inotify_hub,
+            )
+        except OSError as exc:  # e.g. out of inotify watches: do not keep the name busy
+            self._detach()
+            raise storage_error(exc, f"watching for subscription {name!r}") from exc
         self._rescan()
         self._stop = threading.Event()
         self._keeper = threading.Thread(
@@ -458,10 +469,15 @@ class Subscription:
         self._keeper.join()
         with contextlib.suppress(OSError):
             self._save_cursor()
+        self._detach()
+        self._watcher.close()
+        if not self.durable:
+            self.hub.delete_subscription(self.name)
+
+    def _detach(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self._paths.present, self.name))
         self.hub.presence.invalidate()
-        self._watcher.close()
 
     def __enter__(self) -> Subscription:
         return self
