@@ -8,9 +8,18 @@
 
 Errors are the library's (`QueueNotFound`, `StaleReceipt`, `StorageError`, ...), rebuilt from the
 server's answer. `AsyncRemoteStore` (`dirmq.client.aio`) has the same API for asyncio programs.
+`RemotePubSub` (`dirmq.client.pubsub`) is the pub/sub API (`dirmq.pubsub.PubSub`) over HTTP.
 """
 
 from dirmq.client.aio import AsyncRemoteQueue, AsyncRemoteStore
+from dirmq.client.pubsub import RemotePubSub, RemoteSubscription
 from dirmq.client.remote import RemoteQueue, RemoteStore
 
-__all__ = ["AsyncRemoteQueue", "AsyncRemoteStore", "RemoteQueue", "RemoteStore"]
+__all__ = [
+    "AsyncRemoteQueue",
+    "AsyncRemoteStore",
+    "RemotePubSub",
+    "RemoteQueue",
+    "RemoteStore",
+    "RemoteSubscription",
+]

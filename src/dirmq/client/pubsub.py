@@ -1,0 +1,336 @@
+"""Publish/subscribe over HTTP (httpx, like `RemoteStore`): the library's `PubSub` and
+`Subscription` API, talking to a `dirmq serve` instance's `/@pubsub` endpoints.
+
+    from dirmq.client.pubsub import RemotePubSub
+    with RemotePubSub("http://127.0.0.1:8080") as hub:
+        with hub.subscribe("billing-1", channels=["orders"]) as sub:
+            hub.publish("orders", b"{}", acks="done", reply_to="outcomes/shop")
+            delivery = sub.receive(wait_s=5)
+            if delivery is not None:
+                sub.done(delivery)
+
+A subscription is one server-sent event stream (read by a background thread into a local
+buffer, so `receive(wait_s)` can time out) plus a POST per settlement. The server sends at most
+`window` deliveries that are not settled yet. Outcomes reach the publisher in its `reply_to`
+queue: read them with `RemoteStore(url).queue(reply_to)`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import queue
+import socket
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from dirmq import errors
+from dirmq.client import protocol as p
+from dirmq.client.remote import DEFAULT_TIMEOUT_S, answer_of
+from dirmq.pubsub.model import (
+    Delivery,
+    Envelope,
+    Mode,
+    Outcome,
+    Persistence,
+    Published,
+    check_name,
+)
+from dirmq.store import OutgoingMessage
+
+DEFAULT_ACCEPT_TIMEOUT_S = 60.0
+DEFAULT_PROCESS_TIMEOUT_S = 30.0
+# The server sends a keep-alive comment every 15 s: a stream silent for this long is dead.
+STREAM_READ_TIMEOUT_S = 60.0
+
+
+class RemotePubSub:
+    """Pub/sub on one dirmq server. Thread-safe (one connection pool)."""
+
+    def __init__(self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, bytes] | None = None,
+        body: bytes = b"",
+    ) -> p.Answer:
+        try:
+            response = self._http.request(
+                method,
+                path,
+                params=dict(params or {}) or None,
+                headers={k.encode(): v for k, v in (headers or {}).items()} or None,
+                content=body or None,
+            )
+        except httpx.TimeoutException as exc:
+            raise errors.StorageIOError(
+                0, f"dirmq at {self.url} did not answer in time ({type(exc).__name__})"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise errors.StorageIOError(0, f"cannot reach dirmq at {self.url}: {exc}") from exc
+        answer = answer_of(response)
+        p.raise_for(answer)
+        return answer
+
+    def publish(
+        self,
+        channel: str,
+        body: bytes,
+        *,
+        subject: str = "",
+        mode: Mode | str = Mode.ANYONE,
+        headers: Mapping[str, str] | None = None,
+        message_id: str | None = None,
+        acks: Iterable[str] | str = (),
+        reply_to: str | None = None,
+        accept_timeout_s: float = DEFAULT_ACCEPT_TIMEOUT_S,
+        process_timeout_s: float = DEFAULT_PROCESS_TIMEOUT_S,
+        persistence: Persistence | str = Persistence.WRITETHROUGH,
+    ) -> Published:
+        """As `PubSub.publish`. Only Content-Type, Content-Encoding and X-Attr-* headers travel
+        over HTTP (others are refused here, as the server would drop them)."""
+        p.check_message(OutgoingMessage(body, dict(headers or {})))
+        params = {
+            "channel": channel,
+            "subject": subject,
+            "mode": str(getattr(mode, "value", mode)),
+            "accept_timeout": p.seconds(accept_timeout_s),
+            "process_timeout": p.seconds(process_timeout_s),
+            "persistence": str(getattr(persistence, "value", persistence)),
+        }
+        wanted = acks.split(",") if isinstance(acks, str) else [str(a) for a in acks]
+        if any(a.strip() for a in wanted):
+            params["acks"] = ",".join(a.strip() for a in wanted if a.strip())
+        if reply_to:
+            params["reply_to"] = reply_to
+        if message_id is not None:
+            params["id"] = message_id
+        encoded = {k: v.encode() for k, v in (headers or {}).items()}
+        data = self.request("POST", "/@pubsub/publish", params, encoded, bytes(body)).json()
+        return Published(data["id"], Mode(data["mode"]), data.get("seq"), data.get("subscribers"))
+
+    def subscribe(
+        self,
+        name: str | None = None,
+        *,
+        channels: Iterable[str] = (),
+        subjects: Iterable[str] = (),
+        replay_from: int | None = None,
+        window: int = 16,
+    ) -> RemoteSubscription:
+        """Attach subscription `name` (anonymous if None) with a filter; SubscriptionBusy if it
+        is attached elsewhere."""
+        return RemoteSubscription(self, name, list(channels), list(subjects), replay_from, window)
+
+    def subscriptions(self) -> list[dict[str, Any]]:
+        return list(self.request("GET", "/@pubsub/subscriptions").json())
+
+    def delete_subscription(self, name: str) -> None:
+        self.request("DELETE", f"/@pubsub/subscriptions/{check_name('subscription name', name)}")
+
+    def stats(self) -> dict[str, int]:
+        return dict(self.request("GET", "/@pubsub").json())
+
+    def open_stream(self, params: list[tuple[str, str]]) -> httpx.Response:
+        request = self._http.build_request(
+            "GET",
+            "/@pubsub/subscribe",
+            params=tuple(params),
+            headers={"Accept": "text/event-stream"},
+            timeout=httpx.Timeout(DEFAULT_TIMEOUT_S, read=STREAM_READ_TIMEOUT_S),
+        )
+        try:
+            response = self._http.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise errors.StorageIOError(0, f"cannot reach dirmq at {self.url}: {exc}") from exc
+        if response.status_code != 200:
+            response.read()
+            response.close()
+            p.raise_for(answer_of(response))
+            raise errors.DirmqError(f"subscribe answered HTTP {response.status_code}")
+        return response
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RemotePubSub:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def read_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
+    """(event, data) of each server-sent event; comments (keep-alives) are skipped.
+
+    Parsed here rather than with httpx-sse: the stream is our own server's (one-line `data`,
+    `event`, `id`, comments), which takes these few lines, and it spares a dependency."""
+    event, data = "message", list[str]()
+    for line in lines:
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = "message", list[str]()
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field == "event":
+                event = value
+            elif field == "data":
+                data.append(value)
+
+
+def delivery_from(data: Mapping[str, Any]) -> Delivery:
+    envelope = Envelope(
+        id=data["id"],
+        channel=data["channel"],
+        subject=data["subject"],
+        mode=Mode(data["mode"]),
+        published_us=int(data["published_us"]),
+        accept_timeout_s=float(data["accept_timeout_s"]),
+        process_timeout_s=float(data["process_timeout_s"]),
+        persistence=Persistence(data["persistence"]),
+        acks=frozenset(Outcome(a) for a in data["acks"]),
+        reply_to=data.get("reply_to"),
+    )
+    return Delivery(
+        key=data["key"],
+        envelope=envelope,
+        body=base64.b64decode(data["body_base64"]),
+        headers=dict(data["headers"]),
+        deadline_ms=int(data["deadline_ms"]),
+        seq=data.get("seq"),
+    )
+
+
+class _StreamEnded:
+    def __init__(self, error: errors.DirmqError) -> None:
+        self.error = error
+
+
+class RemoteSubscription:
+    """The library's `Subscription` API over one event stream. Thread-safe."""
+
+    def __init__(
+        self,
+        hub: RemotePubSub,
+        name: str | None,
+        channels: list[str],
+        subjects: list[str],
+        replay_from: int | None,
+        window: int,
+    ) -> None:
+        self.hub = hub
+        params = [("channel", c) for c in channels] + [("subject", s) for s in subjects]
+        if name is not None:
+            params.append(("name", check_name("subscription name", name)))
+        if replay_from is not None:
+            params.append(("from", str(replay_from)))
+        params.append(("window", str(window)))
+        self._response = hub.open_stream(params)
+        self._events = read_events(self._response.iter_lines())
+        self._closed = False
+        self._buffer: queue.Queue[Delivery | _StreamEnded] = queue.Queue()
+        try:
+            kind, data = next(self._events)
+            if kind != "attached":
+                raise errors.DirmqError(f"the stream began with {kind!r}, not 'attached'")
+            attached = json.loads(data)
+        except (StopIteration, httpx.HTTPError, ValueError) as exc:
+            self._response.close()
+            raise errors.StorageIOError(0, f"the subscription stream broke: {exc}") from exc
+        self.name: str = attached["name"]
+        self.cursor: int = attached["cursor"]
+        self._reader = threading.Thread(
+            target=self._read, name=f"dirmq-remote-sub-{self.name}", daemon=True
+        )
+        self._reader.start()
+
+    def _read(self) -> None:
+        ended: errors.DirmqError = errors.StorageIOError(0, "the server ended the stream")
+        try:
+            for kind, data in self._events:
+                if kind == "message":
+                    self._buffer.put(delivery_from(json.loads(data)))
+        except Exception as exc:  # whatever broke the stream, `receive` must learn of it
+            ended = errors.StorageIOError(0, f"the subscription stream broke: {exc}")
+        finally:
+            self._buffer.put(_StreamEnded(ended))
+
+    def receive(self, wait_s: float = 0.0) -> Delivery | None:
+        """The next delivery, or None after `wait_s` seconds without one. StorageIOError once
+        the stream has ended (the server stopped or the connection broke)."""
+        self._check_open()
+        try:
+            item = self._buffer.get(timeout=wait_s) if wait_s > 0 else self._buffer.get_nowait()
+        except queue.Empty:
+            return None
+        if isinstance(item, _StreamEnded):
+            self._buffer.put(item)  # every later call learns it too
+            raise item.error
+        return item
+
+    def _path(self, key: str, action: str) -> str:
+        return f"/@pubsub/subscriptions/{self.name}/deliveries/{quote(key, safe='')}/{action}"
+
+    def _settle(self, delivery: Delivery | str, action: str, params: dict[str, str]) -> p.Answer:
+        self._check_open()
+        key = delivery if isinstance(delivery, str) else delivery.key
+        return self.hub.request("POST", self._path(key, action), params)
+
+    def done(self, delivery: Delivery | str) -> None:
+        self._settle(delivery, "done", {})
+
+    def dismiss(self, delivery: Delivery | str) -> None:
+        self._settle(delivery, "dismiss", {})
+
+    def abort(self, delivery: Delivery | str) -> None:
+        self._settle(delivery, "abort", {})
+
+    def heartbeat(self, delivery: Delivery | str, extend_s: float | None = None) -> int:
+        params = {} if extend_s is None else {"extend": p.seconds(extend_s)}
+        deadline = int(self._settle(delivery, "heartbeat", params).json()["deadline_ms"])
+        if not isinstance(delivery, str):
+            delivery.deadline_ms = deadline
+        return deadline
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.InvalidArgument(f"subscription {self.name!r} is closed")
+
+    def close(self) -> None:
+        """Detach: the server gives back every delivery not settled yet."""
+        if self._closed:
+            return
+        self._closed = True
+        # Shutting the socket down wakes the reader thread blocked in recv(); closing the
+        # response alone would leave it there until the next keep-alive.
+        stream = self._response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(httpx.HTTPError, OSError, RuntimeError):
+            self._response.close()
+        self._reader.join(timeout=5)
+
+    def __enter__(self) -> RemoteSubscription:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<dirmq.client.RemoteSubscription {self.name!r} at {self.hub.url}>"
