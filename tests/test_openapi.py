@@ -23,6 +23,8 @@ from referencing.jsonschema import DRAFT202012
 
 from dirmq.errors import InvalidArgument
 from dirmq.server import native
+from dirmq.server.pubsub import METHODS as PUBSUB_METHODS
+from dirmq.server.pubsub import is_pubsub_path, parse_pubsub_route
 from dirmq.server.routes import SERVER_PATHS, parse_route
 from dirmq.wire.durations import parse_duration
 
@@ -38,6 +40,7 @@ HTTP_METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "tra
 TRANSPORT_STATUSES = {"400", "408", "413", "431", "500", "503"}
 MISSING_QUEUE = "oa-missing/q"
 SOME_ID = "0000000000000001-000000000000"
+SOME_KEY = f"0000000000000001_{SOME_ID}"
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,17 @@ def operations() -> list[Operation]:
 
 
 def fill(template: str, queue: str, ref: str = SOME_ID, receipt: str = f"{SOME_ID}.1") -> str:
-    return template.replace("{queue}", queue).replace("{ref}", ref).replace("{receipt}", receipt)
+    filled = template.replace("{queue}", queue).replace("{ref}", ref).replace("{receipt}", receipt)
+    return filled.replace("{name}", "oa-sub").replace("{key}", SOME_KEY).replace("{action}", "done")
+
+
+def kind_of(path: str) -> str:
+    """The route kind of a filled path: pub/sub's own, else the native grammar's."""
+    if is_pubsub_path(path):
+        route = parse_pubsub_route(path)
+        assert route is not None, path
+        return f"pubsub:{route.kind}"
+    return parse_route(path).kind
 
 
 def pointer(*parts: str) -> str:
@@ -123,17 +136,17 @@ def test_document_is_valid_openapi_3_1() -> None:
 def test_every_native_route_and_server_path_is_documented() -> None:
     documented = set()
     for operation in operations():
-        route = parse_route(fill(operation.path, "some/queue"))
-        documented.add((route.kind, operation.method.upper()))
+        documented.add((kind_of(fill(operation.path, "some/queue")), operation.method.upper()))
     served = set(native.TABLE) | {("server", "GET")}
+    served |= {(f"pubsub:{kind}", m) for kind, methods in PUBSUB_METHODS.items() for m in methods}
     assert documented == served
-    server_paths = {p.strip("/") for p in SPEC["paths"] if parse_route(p).kind == "server"}
+    server_paths = {p.strip("/") for p in SPEC["paths"] if kind_of(fill(p, "q")) == "server"}
     assert server_paths == SERVER_PATHS
 
 
 def test_every_native_operation_documents_the_transport_answers() -> None:
     for operation in operations():
-        if parse_route(fill(operation.path, "q")).kind == "server":
+        if kind_of(fill(operation.path, "q")) == "server":
             continue
         missing = TRANSPORT_STATUSES - set(operation.spec["responses"])
         assert not missing, f"{operation.op_id} lacks {missing}"
@@ -233,6 +246,21 @@ CASES = [
     Case("nack", 204, params={"delay": "100ms"}, lease=True),
     Case("extend", 204, params={"visibility": "1m"}, lease=True),
     Case("deadLetter", 204, lease=True),
+    Case("pubsubStats", 200),
+    Case(
+        "pubsubPublish",
+        201,
+        params={"channel": "oa", "subject": "s", "mode": "future", "acks": "queued"}
+        | {"reply_to": "oa/replies", "accept_timeout": "1m", "process_timeout": "30s"}
+        | {"persistence": "writeback"},
+        headers={"Content-Type": "text/plain", "X-Attr-K": "v"},
+        body=b"hello",
+    ),
+    Case("pubsubPublish", 400, params={"channel": "oa", "mode": "sometimes"}),
+    Case("pubsubSubscribe", 400, params={"window": "0"}),  # 200 (a stream): see below
+    Case("pubsubSubscriptions", 200),
+    Case("pubsubDeleteSubscription", 404),
+    Case("pubsubSettle", 404),
 ]
 
 
@@ -292,7 +320,7 @@ def test_undocumented_methods_get_405(http: httpx.Client, path: str) -> None:
     documented = {m.upper() for m in HTTP_METHODS if m in SPEC["paths"][path]}
     allowed = resolve({"$ref": "#/components/responses/MethodNotAllowed"})
     filled = fill(path, MISSING_QUEUE)
-    is_server_path = parse_route(filled).kind == "server"
+    is_server_path = kind_of(filled) == "server"
     for method in ("GET", "PUT", "POST", "DELETE", "PATCH", "OPTIONS"):
         if method in documented:
             continue
@@ -303,3 +331,20 @@ def test_undocumented_methods_get_405(http: httpx.Client, path: str) -> None:
         if not is_server_path:  # the server's own paths send no Allow header (yet)
             assert response.headers["allow"] == ", ".join(sorted(documented))
             assert "Allow" in allowed["headers"]
+
+
+def test_pubsub_stream_and_duplicate_answer_documented_statuses(http: httpx.Client) -> None:
+    (subscribe,) = [o for o in operations() if o.op_id == "pubsubSubscribe"]
+    (publish,) = [o for o in operations() if o.op_id == "pubsubPublish"]
+    with http.stream("GET", "/@pubsub/subscribe", params={"name": "oa-stream"}) as stream:
+        assert stream.status_code == 200
+        media_type = stream.headers["content-type"]
+        assert media_type in resolve(subscribe.spec["responses"]["200"])["content"]
+        busy = http.get("/@pubsub/subscribe", params={"name": "oa-stream"})
+        check_documented(subscribe, busy)
+        assert busy.status_code == 409
+    params = {"channel": "oa", "id": "oa-once"}
+    check_documented(publish, http.post("/@pubsub/publish", params=params))
+    duplicate = http.post("/@pubsub/publish", params=params)
+    check_documented(publish, duplicate)
+    assert duplicate.status_code == 409
