@@ -19,10 +19,23 @@ that is malformed is refused with `InvalidArgument` naming the option.
     states                batch reads: which states to include (default ready,leased,delayed
                           through `path`; ready, the only choice, through `url`)
     createQueue           writes: create the queue if it is missing (default false)
+
+Instead of `queue`, `stream=retained` reads the pub/sub retained log (the `future` messages,
+by sequence number; see retained.py), batch or streaming, through `path` only:
+
+    stream                `retained` (the only stream so far)
+    channels / subjects   comma-separated prefixes, as in a pub/sub filter (empty: all)
+    startingOffsets       earliest (default) | latest (streaming only) | a sequence number
+                          (the first one to read) | {"seq": n}
+    endingOffsets         batch reads: latest (default) | n (exclusive: reads up to n - 1)
+    failOnDataLoss        fail when an entry of the range is missing or damaged (default
+                          true); false: skip it with a warning
+    numPartitions, maxMessagesPerTrigger   as above (the limit counts log entries)
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -39,6 +52,16 @@ DEFAULT_LEASE_S = 120.0
 DEFAULT_POLL_WAIT_S = 0.25
 STATE_SUBDIR = "@spark"
 _CONSUMER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+RETAINED = "retained"
+EARLIEST = "earliest"
+LATEST = "latest"
+
+
+def partitions_for(num_partitions: int | None, count: int) -> int:
+    """How many read partitions `count` items get: `num_partitions`, or the CPU count, never
+    more than one per 100 items (tiny batches are not worth splitting)."""
+    wanted = num_partitions or os.cpu_count() or 1
+    return max(1, min(wanted, math.ceil(count / 100)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +85,7 @@ class Options:
         return self.path if self.path is not None else str(self.url)
 
     def partitions_for(self, count: int) -> int:
-        """How many read partitions `count` messages get: the option, or the CPU count, never
-        more than one per 100 messages (tiny batches are not worth splitting)."""
-        wanted = self.num_partitions or os.cpu_count() or 1
-        return max(1, min(wanted, math.ceil(count / 100)))
+        return partitions_for(self.num_partitions, count)
 
     def state_root(self) -> str | None:
         """The Spark layer's own directory: `stateDir`, or `<path>/@spark` for a local root."""
@@ -103,6 +123,85 @@ class Options:
         root = self.state_root()
         assert root is not None
         return os.path.join(root, "staging")
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedOptions:
+    """The options of a read of the retained log (`stream=retained`)."""
+
+    path: str
+    channels: tuple[str, ...] = ()
+    subjects: tuple[str, ...] = ()
+    starting: int | str = EARLIEST  # EARLIEST, LATEST or the first sequence number to read
+    ending: int | str = LATEST  # LATEST or the sequence number to stop before (batch reads)
+    fail_on_data_loss: bool = True
+    num_partitions: int | None = None
+    max_per_trigger: int | None = None
+
+
+def wants_retained(raw: Mapping[str, str]) -> bool:
+    """Whether the options ask for the retained log (`stream`) rather than a queue."""
+    return any(str(k).lower() == "stream" and str(v) for k, v in raw.items())
+
+
+def parse_retained_options(raw: Mapping[str, str]) -> RetainedOptions:
+    """Check the options of a retained-log read (keys in any case)."""
+    options = {str(k).lower(): str(v) for k, v in raw.items()}
+    stream = options.get("stream", "").strip().lower()
+    if stream != RETAINED:
+        raise InvalidArgument(
+            f"option stream: {options.get('stream')!r}; the only stream is `retained` (the "
+            "pub/sub retained log); to read a queue, give `queue` instead"
+        )
+    if options.get("queue"):
+        raise InvalidArgument("give either `queue` or `stream=retained`, not both")
+    if options.get("url"):
+        raise InvalidArgument(
+            "the retained stream can only be read through `path` (a root every executor "
+            "mounts): the dirmq server has no endpoint that reads the retained log yet"
+        )
+    path = options.get("path")
+    if not path:
+        raise InvalidArgument("reading the retained stream needs the option `path` (the root)")
+    return RetainedOptions(
+        path=os.path.abspath(path),
+        channels=_prefixes(options.get("channels")),
+        subjects=_prefixes(options.get("subjects")),
+        starting=_offset_option(options, "startingoffsets", "startingOffsets", EARLIEST),
+        ending=_offset_option(options, "endingoffsets", "endingOffsets", LATEST),
+        fail_on_data_loss=_bool(options, "failondataloss", "failOnDataLoss", default=True),
+        num_partitions=_int(options, "numpartitions", "numPartitions", None),
+        max_per_trigger=_int(options, "maxmessagespertrigger", "maxMessagesPerTrigger", None),
+    )
+
+
+def _prefixes(text: str | None) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(p.strip() for p in (text or "").split(",") if p.strip()))
+
+
+def _offset_option(options: dict[str, str], key: str, name: str, default: str) -> int | str:
+    """`earliest`, `latest`, a sequence number, or Spark-style JSON `{"seq": n}`."""
+    text = options.get(key, "").strip()
+    if not text:
+        return default
+    if text.lower() in (EARLIEST, LATEST):
+        return text.lower()
+    value: object = text
+    if text.startswith("{"):
+        try:
+            value = json.loads(text).get("seq")
+        except (ValueError, AttributeError):
+            value = None
+    try:
+        seq = int(str(value))
+    except ValueError:
+        seq = 0
+    if seq < 1:
+        raise InvalidArgument(
+            f"option {name}: {text!r}; expected earliest, latest, a sequence number (1 or "
+            'more) or {"seq": n}'
+        )
+    return seq
 
 
 def parse_options(raw: Mapping[str, str]) -> Options:
@@ -170,8 +269,8 @@ def _seconds(options: dict[str, str], key: str, name: str, default: float) -> fl
     return value
 
 
-def _bool(options: dict[str, str], key: str, name: str) -> bool:
-    text = options.get(key, "false").strip().lower()
+def _bool(options: dict[str, str], key: str, name: str, default: bool = False) -> bool:
+    text = (options.get(key) or str(default)).strip().lower()
     if text not in ("true", "false"):
         raise InvalidArgument(f"option {name} must be true or false, got {text!r}")
     return text == "true"

@@ -11,6 +11,13 @@ Read schema (batch and streaming alike):
     state         STRING     ready | leased | delayed | dead (streaming rows: leased)
     group         STRING     the message group, if any
 
+Reads of the pub/sub retained log (`stream=retained`) produce `id`, `body`, `headers`,
+`content_type` and `published_at` as above (publish time from the envelope), then
+
+    seq           LONG       the entry's sequence number in the retained log (1, 2, 3...)
+    channel       STRING     the channel it was published to
+    subject       STRING     its subject ("" when none was given)
+
 Rows leave as Arrow record batches built with the exact Arrow schema Spark derives from the
 Spark schema, so Spark takes them without a per-row conversion.
 
@@ -43,6 +50,7 @@ from pyspark.sql.types import (
 )
 
 from dirmq.errors import InvalidArgument
+from dirmq.pubsub.transitions import Entry
 from dirmq.store import Message, OutgoingMessage
 
 READ_SCHEMA = StructType(
@@ -58,6 +66,15 @@ READ_SCHEMA = StructType(
     ]
 )
 ARROW_READ_SCHEMA: pa.Schema = to_arrow_schema(READ_SCHEMA, timezone="UTC")
+RETAINED_SCHEMA = StructType(
+    [
+        *READ_SCHEMA.fields[:5],  # id, body, headers, content_type, published_at
+        StructField("seq", LongType()),
+        StructField("channel", StringType()),
+        StructField("subject", StringType()),
+    ]
+)
+ARROW_RETAINED_SCHEMA: pa.Schema = to_arrow_schema(RETAINED_SCHEMA, timezone="UTC")
 
 _NUMBERS = (DoubleType, FloatType, IntegerType, LongType, ShortType, DecimalType)
 WRITE_COLUMNS: dict[str, tuple[type[DataType], ...]] = {
@@ -70,11 +87,11 @@ WRITE_COLUMNS: dict[str, tuple[type[DataType], ...]] = {
 }
 
 
-def check_read_schema(schema: StructType) -> None:
+def check_read_schema(schema: StructType, ours: StructType = READ_SCHEMA) -> None:
     """Refuse a user-given schema other than ours (the source cannot produce other columns)."""
-    if schema.fieldNames() != READ_SCHEMA.fieldNames():
+    if schema.fieldNames() != ours.fieldNames():
         raise InvalidArgument(
-            f"the dirmq source produces the columns {', '.join(READ_SCHEMA.fieldNames())}; "
+            f"the dirmq source produces the columns {', '.join(ours.fieldNames())}; "
             f"got a schema with {', '.join(schema.fieldNames())} (select columns after load())"
         )
 
@@ -97,6 +114,29 @@ def messages_batch(messages: Sequence[Message], state: str | None = None) -> pa.
         ],
         schema=ARROW_READ_SCHEMA,
     )
+
+
+def retained_batch(entries: Sequence[tuple[int, Entry]]) -> pa.RecordBatch:
+    """One Arrow record batch of retained-log entries, (seq, entry) pairs, in RETAINED_SCHEMA."""
+    envelopes = [e.envelope for _, e in entries]
+    headers = [e.headers for _, e in entries]
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([env.id for env in envelopes], pa.string()),
+            pa.array([e.body for _, e in entries], pa.binary()),
+            pa.array([list(h.items()) for h in headers], ARROW_RETAINED_SCHEMA[2].type),
+            pa.array([_content_type(h) for h in headers], pa.string()),
+            pa.array([env.published_us for env in envelopes], ARROW_RETAINED_SCHEMA[4].type),
+            pa.array([seq for seq, _ in entries], pa.int64()),
+            pa.array([env.channel for env in envelopes], pa.string()),
+            pa.array([env.subject for env in envelopes], pa.string()),
+        ],
+        schema=ARROW_RETAINED_SCHEMA,
+    )
+
+
+def _content_type(headers: Mapping[str, str]) -> str | None:
+    return next((v for k, v in headers.items() if k.lower() == "content-type"), None)
 
 
 def check_write_schema(schema: StructType) -> None:

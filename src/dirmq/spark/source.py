@@ -5,6 +5,8 @@
     df.write.format("dirmq").option("path", root).option("queue", "out").mode("append").save()
     stream = (spark.readStream.format("dirmq").option("path", root).option("queue", "events")
               .option("consumer", "etl").load())
+    retained = (spark.readStream.format("dirmq").option("path", root)
+                .option("stream", "retained").option("channels", "orders").load())
 
 Spark creates the data source from its options in every process that needs it (driver,
 planners, executors); each method below only builds the reader or writer for one operation.
@@ -22,30 +24,58 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from dirmq.errors import InvalidArgument
-from dirmq.spark.options import Options, parse_options
-from dirmq.spark.rows import READ_SCHEMA, check_read_schema
+from dirmq.spark.options import (
+    Options,
+    RetainedOptions,
+    parse_options,
+    parse_retained_options,
+    wants_retained,
+)
+from dirmq.spark.rows import READ_SCHEMA, RETAINED_SCHEMA, check_read_schema
 
 
 class DirmqDataSource(DataSource):
-    """Read (batch snapshot, streaming work queue) and write (batch, streaming) dirmq queues."""
+    """Read (batch snapshot, streaming work queue) and write (batch, streaming) dirmq queues;
+    read (batch, streaming) the pub/sub retained log with `stream=retained`."""
 
     @classmethod
     def name(cls) -> str:
         return "dirmq"
 
     def _options(self) -> Options:
+        if wants_retained(self.options):
+            raise InvalidArgument(
+                "the retained log cannot be written through Spark: it holds what is published "
+                "with mode `future` (dirmq.pubsub); write to a `queue` instead"
+            )
         return parse_options(self.options)
 
+    def _retained(self) -> RetainedOptions | None:
+        return parse_retained_options(self.options) if wants_retained(self.options) else None
+
     def schema(self) -> StructType:
-        return READ_SCHEMA
+        # Parsing here reports a bad option at load(), before any reader exists.
+        return READ_SCHEMA if self._retained() is None else RETAINED_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        retained = self._retained()
+        if retained is not None:
+            from dirmq.spark.retained import DirmqRetainedReader
+
+            check_read_schema(schema, RETAINED_SCHEMA)
+            return DirmqRetainedReader(retained)
         from dirmq.spark.snapshot import DirmqSnapshotReader
 
         check_read_schema(schema)
         return DirmqSnapshotReader(self._options())
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        retained = self._retained()
+        if retained is not None:
+            from dirmq.spark.retained import DirmqRetainedStreamReader
+
+            check_read_schema(schema, RETAINED_SCHEMA)
+            return DirmqRetainedStreamReader(retained)
         from dirmq.spark.stream import DirmqStreamReader
 
         check_read_schema(schema)

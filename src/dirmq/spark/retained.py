@@ -1,0 +1,277 @@
+"""Reading the pub/sub retained log (`stream=retained`): batch and streaming, by sequence number.
+
+The log (`<root>/@pubsub/retained/<seq>`, see docs/FORMAT.md "Pub/sub") is dense from 1 and
+never shrinks, so a sequence number is a complete offset: `{"seq": n}` is the next entry to
+read, and a micro-batch is the range [start, end). Nothing is leased, acknowledged or written:
+`commit` does nothing, a checkpoint alone says where a query is, and any number of queries can
+replay the log from any point.
+
+The driver only finds the log's head (see `LogHead`) and cuts ranges; the executors read and
+filter the entries of their range themselves. An entry missing (or damaged) inside a range that
+was planned is lost data: `failOnDataLoss` decides between failing the query and skipping it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+
+from dirmq.errors import CorruptMessage, DirmqError, InvalidArgument, storage_error
+from dirmq.pubsub.layout import SEQ_DIGITS, PubSubPaths
+from dirmq.pubsub.model import Filter
+from dirmq.pubsub.transitions import Entry, read_entry
+from dirmq.spark.leasing import ROWS_PER_BATCH, split
+from dirmq.spark.options import EARLIEST, LATEST, RetainedOptions, partitions_for
+from dirmq.spark.rows import retained_batch
+
+log = logging.getLogger("dirmq.spark")
+
+Offset = dict[str, Any]
+
+
+class RetainedDataLoss(DirmqError):
+    """An entry the read needs is missing or damaged, and `failOnDataLoss` is true."""
+
+
+@dataclass
+class SeqRange(InputPartition):
+    """Retained entries `first` to `end - 1`."""
+
+    first: int
+    end: int
+
+
+class LogHead:
+    """The highest sequence number in the retained log, kept current cheaply.
+
+    The directory is listed once; after that appends are found by probing `head + 1` (then
+    galloping) with stat(2), since the log is dense. While nothing is appended, a call costs
+    that one stat plus one of the directory: its mtime moving without an append at the head
+    means a deletion or a link into a hole, and only then is the directory listed again.
+    """
+
+    def __init__(self, paths: PubSubPaths) -> None:
+        self._paths = paths
+        self._seen_mtime: int | None = None
+        self.head = 0
+        self.rescan()
+
+    def rescan(self) -> int:
+        mtime = self._dir_mtime()  # before listing: a change during the listing shows later
+        try:
+            names = os.listdir(self._paths.retained)
+        except FileNotFoundError:  # no `future` message was ever published
+            names = []
+        except OSError as exc:
+            raise storage_error(exc, "listing the retained log") from exc
+        self.head = max((int(n) for n in names if len(n) == SEQ_DIGITS and n.isdigit()), default=0)
+        self._seen_mtime = mtime
+        return self.head
+
+    def current(self) -> int:
+        if self._exists(self.head + 1):
+            self._seen_mtime = self._dir_mtime()
+            self._advance()
+        elif self._dir_mtime() != self._seen_mtime:
+            self.rescan()
+        return self.head
+
+    def _advance(self) -> None:
+        """Move `head` to the last entry, knowing `head + 1` exists: gallop, then bisect."""
+        low, step = self.head + 1, 1
+        high = low + step
+        while self._exists(high):
+            low, step = high, step * 2
+            high = low + step
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self._exists(middle):
+                low = middle
+            else:
+                high = middle
+        self.head = low
+
+    def _exists(self, seq: int) -> bool:
+        try:
+            os.stat(self._paths.retained_entry(seq))
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise storage_error(exc, "probing the retained log") from exc
+        return True
+
+    def _dir_mtime(self) -> int | None:
+        try:
+            return os.stat(self._paths.retained).st_mtime_ns
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise storage_error(exc, "probing the retained log") from exc
+
+
+def _check_root(options: RetainedOptions) -> PubSubPaths:
+    # A missing retained directory is an empty log; a missing root is surely a typo.
+    if not os.path.isdir(options.path):
+        raise InvalidArgument(f"path {options.path!r} is not a directory (a dirmq root)")
+    return PubSubPaths.under(options.path)
+
+
+def seq_ranges(first: int, end: int, num_partitions: int | None) -> list[InputPartition]:
+    """[first, end) as contiguous ranges, one per read partition."""
+    count = max(0, end - first)
+    if count == 0:
+        return []
+    result: list[InputPartition] = []
+    for size in split(count, partitions_for(num_partitions, count)):
+        result.append(SeqRange(first, first + size))
+        first += size
+    return result
+
+
+def data_loss(options: RetainedOptions, what: str) -> None:
+    """Fail with a clear error, or (failOnDataLoss=false) warn and let the caller skip."""
+    if options.fail_on_data_loss:
+        raise RetainedDataLoss(
+            f"{what}: the retained log under {options.path} lost data (files deleted, or not "
+            "the root this query was started on). Set the option failOnDataLoss=false to "
+            "skip lost entries"
+        )
+    log.warning("dirmq: %s; skipped (failOnDataLoss=false)", what)
+
+
+def read_range(options: RetainedOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """The rows of the entries of a `SeqRange` that match the filter, in sequence order."""
+    if not isinstance(partition, SeqRange):
+        raise InvalidArgument(f"not a dirmq retained-log partition: {partition!r}")
+    paths = PubSubPaths.under(options.path)
+    wanted = Filter(options.channels, options.subjects)
+    rows: list[tuple[int, Entry]] = []
+    for seq in range(partition.first, partition.end):
+        path = paths.retained_entry(seq)
+        try:
+            entry = read_entry(path)
+        except FileNotFoundError:
+            data_loss(options, f"retained entry {seq} is missing ({path})")
+            continue
+        except CorruptMessage as exc:
+            data_loss(options, f"retained entry {seq} is damaged ({path}: {exc})")
+            continue
+        except OSError as exc:
+            raise storage_error(exc, f"reading retained entry {seq}") from exc
+        if wanted.matches(entry.envelope.channel, entry.envelope.subject):
+            rows.append((seq, entry))
+            if len(rows) == ROWS_PER_BATCH:
+                yield retained_batch(rows)
+                rows = []
+    if rows:
+        yield retained_batch(rows)
+
+
+class DirmqRetainedReader(DataSourceReader):
+    """Batch read of [startingOffsets, endingOffsets) of the retained log."""
+
+    def __init__(self, options: RetainedOptions) -> None:
+        if options.starting == LATEST:
+            raise InvalidArgument(
+                "startingOffsets=latest is for streaming reads; a batch read starts at earliest "
+                "(the default) or at a sequence number"
+            )
+        starting, ending = options.starting, options.ending
+        if isinstance(starting, int) and isinstance(ending, int) and starting > ending:
+            raise InvalidArgument(f"startingOffsets {starting} is after endingOffsets {ending}")
+        self._options = options
+
+    def partitions(self) -> list[InputPartition]:
+        options = self._options
+        head = LogHead(_check_root(options)).head
+        first = 1 if options.starting == EARLIEST else int(options.starting)
+        # An ending offset beyond the head reads up to the head: later entries do not exist yet.
+        end = head + 1 if options.ending == LATEST else min(int(options.ending), head + 1)
+        return seq_ranges(first, end, options.num_partitions) or [SeqRange(first, first)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_range(self._options, partition)
+
+
+class DirmqRetainedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Streaming read of the retained log; offsets `{"seq": n}`, the next entry to read."""
+
+    def __init__(self, options: RetainedOptions) -> None:
+        self._options = options
+        self._head: LogHead | None = None  # driver only: never pickled
+        self._until: int | None = None  # availableNow: the end offset fixed at its start
+        self._warned_shrunk = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_head"] = None
+        return state
+
+    def _log_head(self) -> LogHead:
+        if self._head is None:
+            self._head = LogHead(_check_root(self._options))
+        return self._head
+
+    def initialOffset(self) -> Offset:  # noqa: N802
+        # Only a new query uses this (a restarted one starts from its checkpoint).
+        starting = self._options.starting
+        if starting == EARLIEST:
+            return {"seq": 1}
+        if starting == LATEST:
+            return {"seq": self._log_head().current() + 1}
+        return {"seq": int(starting)}
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        if self._options.max_per_trigger is not None:
+            return ReadMaxRows(self._options.max_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        self._until = self._log_head().current() + 1
+
+    def reportLatestOffset(self) -> Offset | None:  # noqa: N802
+        return {"seq": self._log_head().head + 1}
+
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:  # noqa: N802
+        first = int(start["seq"])
+        head = self._log_head().current()
+        if head < first - 1 and first != self._options.starting:
+            # The log ends before entries this query has read: it lost its tail (or this is
+            # another root). A new query's own startingOffsets may point ahead: not a loss.
+            if not self._warned_shrunk:
+                self._warned_shrunk = not self._options.fail_on_data_loss
+                data_loss(
+                    self._options,
+                    f"the retained log ends at {head} but this query has read up to {first - 1}",
+                )
+            return start
+        end = head + 1
+        if self._until is not None:
+            end = min(end, self._until)
+        if isinstance(limit, ReadMaxRows):
+            end = min(end, first + limit.max_rows)
+        elif isinstance(limit, ReadMinRows) and end - first < limit.min_rows:
+            return start
+        return {"seq": end} if end > first else start
+
+    def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
+        return seq_ranges(int(start["seq"]), int(end["seq"]), self._options.num_partitions)
+
+    def commit(self, end: Offset) -> None:
+        pass  # nothing to acknowledge: the log is replayable, the checkpoint is the position
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_range(self._options, partition)
