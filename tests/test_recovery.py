@@ -33,9 +33,11 @@ def test_acked_files_are_recycled_for_later_puts(store: dirmq.Store) -> None:
     (leased,) = os.listdir(os.path.join(q.path, layout.LEASED))
     inode = os.stat(os.path.join(q.path, layout.LEASED, leased)).st_ino
     q.ack(message.receipt or "")
-    assert os.listdir(os.path.join(q.path, layout.FREE)) == [message.id]
+    (own,) = os.listdir(os.path.join(q.path, layout.FREE))  # this process's own pool
+    own_pool = os.path.join(q.path, layout.FREE, own)
+    assert os.listdir(own_pool) == [message.id]
     new_id = q.put(b"second, a longer message body than the first")
-    assert os.listdir(os.path.join(q.path, layout.FREE)) == []
+    assert os.listdir(own_pool) == []
     assert os.stat(os.path.join(q.path, layout.READY, new_id)).st_ino == inode
     again = q.get_one()
     assert again is not None and again.body == b"second, a longer message body than the first"
@@ -51,7 +53,7 @@ def test_large_files_are_not_recycled(store: dirmq.Store) -> None:
     message = q.get_one()
     assert message is not None
     q.ack(message.receipt or "")
-    assert os.listdir(os.path.join(q.path, layout.FREE)) == []
+    assert [f for _, _, files in os.walk(os.path.join(q.path, layout.FREE)) for f in files] == []
 
 
 def test_unreadable_configuration_is_a_clear_error(store: dirmq.Store) -> None:

@@ -21,6 +21,8 @@ Invariants, and what `repair=True` does about each (see `Kind`):
     one file per message id across @ready/@leased/@delayed/@dead      keep one copy (see below)
     no orphaned temp file in @tmp (dead writer, or older than 1 h)     unlink
     no capacity slot pointing at an absent message (older than 60 s)  unlink
+    no file in @free sharing its inode with another name              unlink the @free name
+    the recycled-file pool of a dead process in @free (pool.py)       files back to @free (notice)
     state directories without @queue.json (crashed create/delete)     remove when empty, else report
     stray unknown files                                               report only (a notice)
 
@@ -52,6 +54,7 @@ from dirmq.store.capacity import LEAK_GRACE_S
 from dirmq.store.config import QueueConfig
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.names import validate_queue_name
+from dirmq.store.pool import DEFAULT_POOL_FILES, Owner, pool_owner, reclaim_pool
 from dirmq.store.recovery import ORPHAN_GRACE_S, is_orphan, older_than
 from dirmq.store.root import ROOT_FORMAT, _atomic_write
 
@@ -74,6 +77,8 @@ class Kind(StrEnum):
     UNREADABLE = "unreadable"  # a message file or directory the OS refused to read
     DUPLICATE = "duplicate"  # one message id in several files
     ORPHAN_TMP = "orphan-tmp"  # a temp file no writer will ever rename
+    ORPHAN_POOL = "orphan-pool"  # the recycled-file pool of a process that is gone
+    LINKED_FREE = "linked-free"  # a recycled file that is also another name's (a message's)
     LEAKED_SLOT = "leaked-slot"  # a capacity token whose message is gone
     UNCONFIGURED = "unconfigured"  # state directories without @queue.json
     BAD_QUEUE_NAME = "bad-queue-name"  # a queue directory whose path is not a valid queue name
@@ -82,7 +87,8 @@ class Kind(StrEnum):
 
 
 # Notices do not break an invariant the store relies on: they never make a report not `ok`.
-NOTICE_KINDS = frozenset({Kind.STRAY, Kind.MISSING_DLQ})
+# A dead process's pool is not damage either: the next open of the queue reclaims it.
+NOTICE_KINDS = frozenset({Kind.STRAY, Kind.MISSING_DLQ, Kind.ORPHAN_POOL})
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,6 +404,8 @@ class _Checker:
         if scan.duplicates:
             self._resolve_duplicates(scan)
         self._check_slots(scan)
+        if layout.FREE not in scan.missing:
+            self._check_free(scan)
         if layout.CORRUPT not in scan.missing:
             self.counts.corrupt_kept += sum(1 for _ in _scandir(scan.dir(layout.CORRUPT)))
 
@@ -459,6 +467,43 @@ class _Checker:
                 parsed = layout.parse_tmp(entry.name)
                 if parsed is not None:
                     scan.tmp_ids.add(parsed[0])
+
+    def _check_free(self, scan: _QueueScan) -> None:
+        """@free holds garbage, but two things in it matter: the pool of a dead process must not
+        stay there forever, and no recycled file may be another name's inode (overwriting it
+        would change that file: a message, after a crash on a filesystem without a journal)."""
+        free_dir = scan.dir(layout.FREE)
+        entries = list(_scandir(free_dir))
+        room = DEFAULT_POOL_FILES - sum(1 for e in entries if not e.is_dir(follow_symlinks=False))
+        for entry in entries:
+            self.tick()
+            if entry.is_dir(follow_symlinks=False):
+                owner = pool_owner(entry.name, entry.path)
+                if owner is Owner.UNKNOWN:
+                    self.add(scan.name, entry.path, Kind.STRAY, "unknown directory in @free")
+                elif owner is not Owner.ALIVE:
+                    why = "dead process" if owner is Owner.DEAD else "another host, idle 1 h"
+                    self.fix(
+                        scan.name,
+                        entry.path,
+                        Kind.ORPHAN_POOL,
+                        f"recycled-file pool of a {why}",
+                        partial(_reclaim_pool, entry.path, free_dir, owner, room),
+                    )
+                    room = 0  # what it returned fills the shared pool; no need to be exact
+                continue
+            try:
+                links = entry.stat(follow_symlinks=False).st_nlink
+            except FileNotFoundError:
+                continue  # claimed by a put meanwhile
+            if links > 1:
+                self.fix(
+                    scan.name,
+                    entry.path,
+                    Kind.LINKED_FREE,
+                    f"recycled file has {links} names: it may be a message's",
+                    _unlink(entry.path),
+                )
 
     def _check_messages(self, scan: _QueueScan, state: str) -> None:
         now_ms = time.time_ns() // 1_000_000
@@ -678,6 +723,11 @@ def _rename_in(directory: str, name: str, new: str) -> str:
         raise FileExistsError(0, f"{new} already exists")
     os.rename(os.path.join(directory, name), target)
     return f"renamed to {new}"
+
+
+def _reclaim_pool(path: str, free_dir: str, owner: Owner, room: int) -> str:
+    handled = reclaim_pool(path, free_dir, owner, max(room, 0))
+    return f"reclaimed {handled} file(s)"
 
 
 def _release_slot(path: str, target: str) -> str:

@@ -154,9 +154,12 @@ def create_pending(tmp_dir: str, tmp_name: str, final_path: str, data: bytes) ->
     return PendingFile(write_new_file(tmp_path, data), tmp_path, final_path)
 
 
-def overwrite_pending(path: str, final_path: str, data: bytes) -> PendingFile:
+def overwrite_pending(
+    path: str, final_path: str, data: bytes, size: int | None = None
+) -> PendingFile:
     """Overwrite the existing (recycled) file at `path` with exactly `data`, to be published as
-    `final_path`. On failure the file is removed."""
+    `final_path`. `size` is the file's current size if known: a file no longer than `data` needs
+    no `ftruncate` (a syscall per message in a batch). On failure the file is removed."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     except OSError:
@@ -164,7 +167,8 @@ def overwrite_pending(path: str, final_path: str, data: bytes) -> PendingFile:
         raise
     try:
         _write_all(fd, data)
-        os.ftruncate(fd, len(data))
+        if size is None or size > len(data):
+            os.ftruncate(fd, len(data))
     except BaseException:
         os.close(fd)
         _unlink_quietly(path)

@@ -75,3 +75,4 @@ class SweepReport:
     dead_lettered: int = 0
     expired_removed: int = 0
     slots_released: int = 0
+    pools_reclaimed: int = 0  # recycled-file pools of dead processes emptied (see pool.py)

@@ -4,25 +4,218 @@ Why: creating an inode is the most expensive step of a put on ext4 under a queue
 allocator avoids and re-checks recently freed inodes: 0.3-1 ms per create measured here, against
 ~10 µs to reopen and overwrite an existing file), and an unlink costs more than a rename. So a
 message that leaves the queue for good (ack, delete, purge, retention) is renamed into `@free/`
-(named by its id, which is unique), and a later put claims such a file by renaming it into `@tmp/`
-and overwriting it, then publishes it exactly like a new file (flush, rename into `@ready/`).
+and a later put overwrites it and publishes it exactly like a new file (flush, then rename into
+`@ready/`).
 
-Nothing here is ever visible as a message: `@free/` holds garbage, and a claimed file is a named
-temp file until its new content is durable, so a crash mid-overwrite leaves an orphan temp file
-that recovery removes. Only files of at most `MAX_RECYCLED_BYTES` are kept, at most `capacity` of
-them per queue and process view, so the pool never holds much disk. Claims race by rename, like
-everything else: the loser gets ENOENT and tries the next name.
+Two pools per queue:
+- the process's own pool, `@free/<host>.<pid>.<start>-<nonce>/`: a directory only this process
+  touches while it lives, so a put overwrites one of its files in place and publishes it with a
+  single rename (no claim rename: nobody else can take it). Retirements made by this process go
+  there first, up to `OWN_POOL_FILES`. One per process and queue (shared by every `Store` of the
+  process; a forked child starts its own).
+- the shared pool, the plain files of `@free/`: retirements beyond that, and the pools of dead
+  processes. A put claims one by renaming it into `@tmp/` (the loser of a race gets ENOENT and
+  tries the next name), then overwrites it.
+
+Nothing here is ever visible as a message: `@free/` holds garbage, and a file being overwritten
+is published only once its new content is durable, so a crash mid-overwrite leaves garbage in a
+pool (or an orphan temp file that recovery removes). The pool of a dead process is reclaimed by
+`reclaim_pools` (on queue open, by sweep and by fsck): its files go back to the shared pool. Only
+files of at most `MAX_RECYCLED_BYTES` are kept, at most `capacity` shared and `OWN_POOL_FILES`
+own per queue and process, so the pools never hold much disk.
 """
 
 from __future__ import annotations
 
+import atexit
+import errno
 import os
+import re
 import threading
 import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from dirmq.store import layout
+from dirmq.store.fsio import PendingFile, overwrite_pending
 
 MAX_RECYCLED_BYTES = 64 * 1024
 DEFAULT_POOL_FILES = 1024
+OWN_POOL_FILES = 256
 RELIST_INTERVAL_S = 1.0
+ORPHAN_POOL_GRACE_S = 3600.0  # a pool of another host: its owner is presumed dead after this
+
+_POOL_DIR_RE = re.compile(r"([0-9a-f]{8})\.(\d+)\.(\d+)-([0-9a-f]{8})")
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot), or None if unknown or gone.
+
+    With the pid it names one process for good: a pid reused by a later process has another
+    start time, so a dead process's pool is never taken for a live one's (or the other way)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def pool_dir_name() -> str:
+    """This process's own pool directory name (a fresh nonce each time: never reused)."""
+    pid = os.getpid()
+    return f"{layout.HOST_TAG}.{pid}.{_start_ticks(pid) or 0}-{os.urandom(4).hex()}"
+
+
+class Owner(Enum):
+    """Whose a pool directory is, as far as this process can tell."""
+
+    ALIVE = "alive"  # its process runs (or might: another host, not old): leave it alone
+    DEAD = "dead"  # its process is gone for sure: its files may be reused
+    STALE = "stale"  # another host's, untouched for an hour: delete, never reuse (see below)
+    UNKNOWN = "unknown"  # not a pool directory name
+
+
+def pool_owner(name: str, path: str) -> Owner:
+    match = _POOL_DIR_RE.fullmatch(name)
+    if match is None:
+        return Owner.UNKNOWN
+    host, pid, start = match.group(1), int(match.group(2)), int(match.group(3))
+    if host != layout.HOST_TAG:
+        # Liveness on another host cannot be checked; an owner that is merely idle could
+        # still be overwriting a file it took, so its files are only ever deleted (a put of
+        # its that loses its file fails), never handed to another writer.
+        try:
+            idle_s = time.time() - os.lstat(path).st_mtime
+        except FileNotFoundError:
+            return Owner.ALIVE
+        return Owner.STALE if idle_s > ORPHAN_POOL_GRACE_S else Owner.ALIVE
+    ticks = _start_ticks(pid)
+    if ticks is not None:
+        return Owner.ALIVE if start in (0, ticks) else Owner.DEAD
+    try:  # no /proc: the pid alone must do (a reused pid keeps a dead pool until it exits)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return Owner.DEAD
+    except PermissionError:
+        pass
+    return Owner.ALIVE
+
+
+def reclaim_pool(pool_dir: str, free_dir: str, owner: Owner, room: int) -> int:
+    """Empty and remove the pool directory of a process that is gone; returns files handled.
+
+    A dead owner's files go back to the shared pool (up to `room` of them), the rest are
+    unlinked. A file that also has another name is only unlinked: after a machine crash on a
+    filesystem without ordered metadata, a rename can survive at its target while its source
+    entry comes back, so a pool name can share its inode with a published message; overwriting
+    it would change that message."""
+    handled = 0
+    try:
+        entries = list(os.scandir(pool_dir))
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        try:
+            st = entry.stat(follow_symlinks=False)
+            reuse = (
+                owner is Owner.DEAD
+                and room > 0
+                and entry.is_file(follow_symlinks=False)
+                and st.st_nlink == 1
+                and st.st_size <= MAX_RECYCLED_BYTES
+            )
+            if reuse:
+                os.rename(entry.path, os.path.join(free_dir, entry.name))
+                room -= 1
+            else:
+                os.unlink(entry.path)
+            handled += 1
+        except FileNotFoundError:
+            continue  # another process reclaimed it first
+        except IsADirectoryError:
+            continue  # not ours to guess about; the rmdir below fails and fsck reports it
+    try:
+        os.rmdir(pool_dir)
+    except OSError:
+        pass
+    return handled
+
+
+def reclaim_pools(free_dir: str, capacity: int = DEFAULT_POOL_FILES) -> int:
+    """Reclaim the pools of dead processes in `free_dir`, keeping the shared pool within
+    `capacity` files; returns how many pools."""
+    reclaimed = 0
+    try:
+        with os.scandir(free_dir) as it:
+            entries = list(it)
+    except FileNotFoundError:
+        return 0
+    dirs = [e for e in entries if e.is_dir(follow_symlinks=False)]
+    room = capacity - (len(entries) - len(dirs))
+    for entry in dirs:
+        owner = pool_owner(entry.name, entry.path)
+        if owner in (Owner.DEAD, Owner.STALE):
+            room -= reclaim_pool(entry.path, free_dir, owner, room)
+            reclaimed += 1
+    return reclaimed
+
+
+@dataclass(slots=True)
+class _OwnPool:
+    """This process's pool in one queue: files it alone may overwrite, with their sizes."""
+
+    dir: str
+    files: list[tuple[str, int]] = field(default_factory=list)
+    made: bool = False  # the directory exists (made lazily, by the first retirement)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_own_pools: dict[str, _OwnPool] = {}  # @free path -> this process's pool there
+_own_lock = threading.Lock()
+
+
+def _forget_own_pools() -> None:
+    # A forked child must not write into its parent's pool: it starts its own.
+    global _own_lock
+    _own_pools.clear()
+    _own_lock = threading.Lock()
+
+
+def release_own_pools() -> int:
+    """Hand this process's own pools over to the shared pools (at exit: what a dead process
+    leaves is reclaimed anyway, but only when someone next opens the queue). Returns files."""
+    moved = 0
+    for free_dir, pool in list(_own_pools.items()):
+        with pool.lock:
+            files, pool.files = pool.files, []
+            made, pool.made = pool.made, False
+        for name, _size in files:
+            try:
+                os.rename(f"{pool.dir}/{name}", os.path.join(free_dir, name))
+                moved += 1
+            except OSError:
+                pass
+        if made:
+            try:
+                os.rmdir(pool.dir)
+            except OSError:
+                pass  # a file retired meanwhile: reclaimed as a dead process's pool later
+    return moved
+
+
+os.register_at_fork(after_in_child=_forget_own_pools)
+atexit.register(release_own_pools)
+
+
+def _own_pool(free_dir: str) -> _OwnPool:
+    pool = _own_pools.get(free_dir)
+    if pool is None:
+        with _own_lock:
+            pool = _own_pools.get(free_dir)
+            if pool is None:
+                pool = _own_pools[free_dir] = _OwnPool(os.path.join(free_dir, pool_dir_name()))
+    return pool
 
 
 class FilePool:
@@ -31,18 +224,24 @@ class FilePool:
     def __init__(self, free_dir: str, capacity: int = DEFAULT_POOL_FILES) -> None:
         self._dir = free_dir
         self._capacity = capacity
-        self._known: list[str] = []
+        self._known: list[str] = []  # shared pool files, as last listed
         self._lock = threading.Lock()
         self._listed_at = 0.0
 
     def retire(self, path: str, message_id: str) -> None:
         """Remove the message file at `path` for good (FileNotFoundError if it is already gone).
 
-        It is recycled when small and the pool has room, else unlinked.
+        It is recycled when small and a pool has room (this process's own first), else unlinked.
         """
+        size = os.lstat(path).st_size
+        if size > MAX_RECYCLED_BYTES:
+            os.unlink(path)
+            return
+        if self._retire_own(path, message_id, size):
+            return
         with self._lock:
             full = len(self._known) >= self._capacity
-        if not full and os.lstat(path).st_size <= MAX_RECYCLED_BYTES:
+        if not full:
             try:
                 os.rename(path, os.path.join(self._dir, message_id))
             except FileNotFoundError:
@@ -55,8 +254,58 @@ class FilePool:
             return
         os.unlink(path)
 
+    def _retire_own(self, path: str, message_id: str, size: int) -> bool:
+        own = _own_pool(self._dir)
+        with own.lock:
+            if len(own.files) >= OWN_POOL_FILES:
+                return False
+            if not own.made:
+                try:
+                    os.mkdir(own.dir)
+                except FileExistsError:
+                    pass
+                except FileNotFoundError:
+                    return False  # no @free (an older queue, or the queue is going away)
+                own.made = True
+        try:
+            os.rename(path, f"{own.dir}/{message_id}")
+        except FileNotFoundError:
+            if not os.path.lexists(path):
+                raise
+            with own.lock:  # our directory was removed (queue deleted and recreated?)
+                own.made = False
+                own.files.clear()
+            return False
+        with own.lock:
+            own.files.append((message_id, size))
+        return True
+
+    def overwrite(self, tmp_path: str, final_path: str, data: bytes) -> PendingFile | None:
+        """A recycled file holding exactly `data`, to be published as `final_path`, or None if
+        no pool has one. Takes from this process's own pool first (no rename needed); else
+        claims a shared file by renaming it to `tmp_path`. On a write error the file is removed
+        and the error propagates."""
+        own = _own_pool(self._dir)
+        while True:
+            with own.lock:
+                if not own.files:
+                    break
+                name, size = own.files.pop()
+            try:
+                return overwrite_pending(f"{own.dir}/{name}", final_path, data, size)
+            except FileNotFoundError as exc:
+                if exc.errno != errno.ENOENT or exc.filename is None:
+                    raise
+                with own.lock:  # our pool directory is gone: the next retirement remakes it
+                    own.files.clear()
+                    own.made = False
+                break
+        if not self.claim(tmp_path):
+            return None
+        return overwrite_pending(tmp_path, final_path, data)
+
     def claim(self, tmp_path: str) -> bool:
-        """Move a pool file to `tmp_path` for overwriting; False if the pool is empty."""
+        """Move a shared pool file to `tmp_path` for overwriting; False if the pool is empty."""
         while True:
             with self._lock:
                 if not self._known and not self._relist():
@@ -76,16 +325,19 @@ class FilePool:
         self._listed_at = now
         try:
             with os.scandir(self._dir) as entries:
-                self._known = [entry.name for entry in entries][: self._capacity]
+                self._known = [e.name for e in entries if e.is_file(follow_symlinks=False)]
+            del self._known[self._capacity :]
         except FileNotFoundError:
             self._known = []
         return bool(self._known)
 
     def trim(self, keep: int = 0) -> int:
-        """Unlink pool files beyond `keep`; returns how many were removed."""
+        """Unlink shared pool files beyond `keep`; returns how many were removed. (The pools of
+        live processes are theirs; `reclaim_pools` handles those of dead ones.)"""
         removed = 0
         try:
-            names = os.listdir(self._dir)
+            with os.scandir(self._dir) as entries:
+                names = [e.name for e in entries if e.is_file(follow_symlinks=False)]
         except FileNotFoundError:
             return 0
         for name in names[keep:]:
@@ -98,3 +350,9 @@ class FilePool:
             self._known = []
             self._listed_at = 0.0
         return removed
+
+    def own_files(self) -> int:
+        """How many files this process's own pool holds (for tests and stats)."""
+        own = _own_pool(self._dir)
+        with own.lock:
+            return len(own.files)

@@ -34,12 +34,12 @@ from dirmq.errors import (
 from dirmq.store import codec, layout
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.files import QueueFiles, expired_by_retention, now_ms
-from dirmq.store.fsio import PendingFile, create_pending, overwrite_pending
+from dirmq.store.fsio import PendingFile, create_pending
 from dirmq.store.ids import id_time_us, is_id, new_id
 from dirmq.store.index import QueueIndex
 from dirmq.store.layout import parse_entry, parse_receipt
 from dirmq.store.message import Message, OutgoingMessage, QueueStats, SweepReport
-from dirmq.store.pool import DEFAULT_POOL_FILES
+from dirmq.store.pool import DEFAULT_POOL_FILES, reclaim_pools
 from dirmq.store.recovery import remove_orphans
 from dirmq.store.watch import RESCAN, Watcher, open_watcher
 
@@ -142,8 +142,9 @@ class Queue:
         # Recovery on open: what crashed processes left behind is cleaned up now, not later;
         # the next sweep() reports it.
         orphans = remove_orphans(self._files.dir[layout.TMP])
+        pools = reclaim_pools(self._files.dir[layout.FREE])
         promoted = self._files.promote(index, self._config, now_ms())
-        self._recovered_on_open = replace(promoted, orphans_removed=orphans)
+        self._recovered_on_open = replace(promoted, orphans_removed=orphans, pools_reclaimed=pools)
         return index
 
     def _polling(self) -> bool:
@@ -343,8 +344,9 @@ class Queue:
         tmp_name = layout.tmp_name(message_id)
         try:
             recycled = os.path.join(self._files.dir[layout.TMP], tmp_name)
-            if self._files.pool.claim(recycled):
-                return overwrite_pending(recycled, final, data)
+            pending = self._files.pool.overwrite(recycled, final, data)
+            if pending is not None:
+                return pending
             return create_pending(self._files.dir[layout.TMP], tmp_name, final, data)
         except FileNotFoundError:
             raise QueueNotFound(f"queue {self.name!r} does not exist") from None
@@ -609,8 +611,9 @@ class Queue:
 
     def sweep(self) -> SweepReport:
         """Recovery: remove orphaned temp files, requeue expired leases, deliver due delays,
-        drop messages past retention, free capacity tokens whose message is gone, trim the
-        pool of recycled files. Includes what opening the queue recovered."""
+        drop messages past retention, free capacity tokens whose message is gone, return the
+        recycled-file pools of dead processes to the shared pool and trim it. Includes what
+        opening the queue recovered."""
         with self._lock:
             config = self.config
             index = self._synced_index()
@@ -624,6 +627,7 @@ class Queue:
                 if expired_by_retention(message_id, config, at_ms)
             )
             released = self._files.slots.release_leaked(index)
+            pools = reclaim_pools(self._files.dir[layout.FREE])
             self._files.pool.trim(keep=DEFAULT_POOL_FILES)
             self._files.dedup.expire(config.dedup_window_s)
             on_open, self._recovered_on_open = self._recovered_on_open, SweepReport()
@@ -634,6 +638,7 @@ class Queue:
             dead_lettered=promoted.dead_lettered + on_open.dead_lettered,
             expired_removed=expired,
             slots_released=released,
+            pools_reclaimed=pools + on_open.pools_reclaimed,
         )
 
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:

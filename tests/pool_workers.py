@@ -1,0 +1,61 @@
+"""Worker processes for the recycled-file pool tests: `python -m tests.pool_workers ROLE ...`.
+
+Each role prints one line per event to stdout (flushed), so the parent can follow it and kill
+the process at a precise moment.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+
+import dirmq
+
+
+def body_for(n: int) -> bytes:
+    """A body that says how long it must be (sizes vary, so recycled files grow and shrink)."""
+    return f"{n}:".encode() + b"x" * (n % 3000)
+
+
+def well_formed(body: bytes) -> bool:
+    head, _, rest = body.partition(b":")
+    return head.isdigit() and len(rest) == int(head) % 3000
+
+
+def ack_some(root: str, queue: str, count: int, then: str) -> None:
+    """Lease and ack `count` messages (filling this process's own pool), print "acked", then
+    exit normally (`then` = "exit") or hang until SIGKILLed ("hang")."""
+    q = dirmq.Store(root).queue(queue)
+    for message in q.get(count):
+        q.ack(message.receipt or "")
+    print("acked", flush=True)
+    if then == "hang":
+        time.sleep(600)
+
+
+def churn(root: str, queue: str) -> None:
+    """Publish batches and ack about half of what it gets, forever: puts overwrite the files its
+    own acks retired. Prints "put <ids>" once put_many returned, "acked <id>" once ack did."""
+    q = dirmq.Store(root).queue(queue)
+    rng = random.Random()
+    while True:
+        ids = q.put_many([body_for(rng.randrange(100_000)) for _ in range(rng.randrange(1, 40))])
+        print("put", *ids, flush=True)
+        for message in q.get(len(ids) // 2 + 1):
+            if not well_formed(message.body):
+                print("malformed", message.id, flush=True)
+            try:
+                q.ack(message.receipt or "")
+            except dirmq.StaleReceipt:  # a slow patch outlasted the lease: someone else's now
+                continue
+            print("acked", message.id, flush=True)
+
+
+ROLES = {
+    "ack_some": lambda a: ack_some(a[0], a[1], int(a[2]), a[3]),
+    "churn": lambda a: churn(a[0], a[1]),
+}
+
+if __name__ == "__main__":
+    ROLES[sys.argv[1]](sys.argv[2:])
