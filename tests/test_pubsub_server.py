@@ -481,6 +481,34 @@ def test_sigkill_mid_delivery_loses_nothing_and_still_reports(tmp_path: Path) ->
         assert second.stop() == 0  # and it shuts down cleanly
 
 
+def test_sigterm_ends_streams_and_returns_what_they_held(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    first = start_server(root)
+    try:
+        with RemotePubSub(first.url, timeout_s=10) as hub:
+            sub = hub.subscribe("worker")
+            message = hub.publish("c", b"x", acks="aborted,done", reply_to=REPLY)
+            assert sub.receive(wait_s=2) is not None
+            started = time.monotonic()
+            assert first.stop() == 0  # drains: the stream ends, the delivery goes back
+            assert time.monotonic() - started < 5
+            with pytest.raises(StorageError, match="ended the stream"):
+                sub.receive(wait_s=2)
+            sub.close()
+    finally:
+        first.stop(signal.SIGKILL)
+    second = start_server(root)
+    try:
+        with RemotePubSub(second.url, timeout_s=10) as hub, hub.subscribe("worker") as sub:
+            assert [d.id for d in drain(sub)] == [message.id]
+        assert [o[1:] for o in outcomes(second.url)] == [
+            ("aborted", "worker"),
+            ("done", "worker"),
+        ]
+    finally:
+        second.stop()
+
+
 # -- bad input ----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("params", "status", "error", "words"),

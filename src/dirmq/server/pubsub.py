@@ -440,7 +440,6 @@ class _Stream:
         if self.closed:
             return
         self.closed = True
-        self.api.forget(self)
         hub = self.sub.hub
         try:
             await self.api.broker.call(self.sub.close)
@@ -448,6 +447,8 @@ class _Stream:
                 await self.api.broker.call(hub.delete_subscription, self.sub.name)
         except Exception:
             log.exception("closing subscription %s", self.sub.name)
+        finally:
+            self.api.forget(self)  # last: a shutdown waits for this before stopping the pool
 
 
 class _Body:
