@@ -5,7 +5,8 @@
 
 Batch reads are snapshots that consume nothing; streaming reads lease messages to a named
 consumer and acknowledge them once Spark has committed each micro-batch; writes publish a job's
-(or a micro-batch's) rows only when it commits. See docs/spark.md.
+(or a micro-batch's) rows only when it commits. With `stream=retained` it reads the pub/sub
+retained log instead, batch or streaming, by sequence number. See docs/spark.md.
 """
 
 from dirmq.spark.source import DirmqDataSource
