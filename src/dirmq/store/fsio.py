@@ -177,10 +177,11 @@ def overwrite_pending(
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+    written = os.write(fd, data)
+    if written < len(data):  # rare (a signal, a full disk): no memoryview on the common path
+        view = memoryview(data)[written:]
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 @dataclass(slots=True)
@@ -213,7 +214,8 @@ class GroupCommit:
             for f in files:
                 f.publish()
                 published.append(f.final_path)
-            self._sync_dirs({os.path.dirname(path) for path in published})
+            # Final paths are always "<dir>/<name>" (rpartition: a third of os.path.dirname).
+            self._sync_dirs({path.rpartition("/")[0] for path in published})
         except OSError as exc:
             for f in files:
                 f.discard()

@@ -280,26 +280,28 @@ class FilePool:
             own.files.append((message_id, size))
         return True
 
-    def overwrite(self, tmp_path: str, final_path: str, data: bytes) -> PendingFile | None:
-        """A recycled file holding exactly `data`, to be published as `final_path`, or None if
-        no pool has one. Takes from this process's own pool first (no rename needed); else
-        claims a shared file by renaming it to `tmp_path`. On a write error the file is removed
-        and the error propagates."""
+    def overwrite_own(self, final_path: str, data: bytes) -> PendingFile | None:
+        """A file of this process's own pool, overwritten with exactly `data`, to be published
+        as `final_path` (a rename, like a temp file); None if the own pool is empty. On a write
+        error the file is removed and the error propagates."""
         own = _own_pool(self._dir)
-        while True:
-            with own.lock:
-                if not own.files:
-                    break
-                name, size = own.files.pop()
-            try:
-                return overwrite_pending(f"{own.dir}/{name}", final_path, data, size)
-            except FileNotFoundError as exc:
-                if exc.errno != errno.ENOENT or exc.filename is None:
-                    raise
-                with own.lock:  # our pool directory is gone: the next retirement remakes it
-                    own.files.clear()
-                    own.made = False
-                break
+        with own.lock:
+            if not own.files:
+                return None
+            name, size = own.files.pop()
+        try:
+            return overwrite_pending(f"{own.dir}/{name}", final_path, data, size)
+        except FileNotFoundError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+            with own.lock:  # our pool directory is gone: the next retirement remakes it
+                own.files.clear()
+                own.made = False
+            return None
+
+    def overwrite_shared(self, tmp_path: str, final_path: str, data: bytes) -> PendingFile | None:
+        """A shared pool file, claimed by renaming it to `tmp_path` and overwritten with exactly
+        `data`; None if the shared pool is empty."""
         if not self.claim(tmp_path):
             return None
         return overwrite_pending(tmp_path, final_path, data)

@@ -204,7 +204,7 @@ class Queue:
         for message in outgoing:
             self._check_outgoing(message, config)
         if not any(m.dedup_id is not None for m in outgoing):
-            return [f.message_id for f in self._publish_files(outgoing, config, level, timeout_s)]
+            return self._publish_files(outgoing, config, level, timeout_s)[0]
         return self._put_deduplicated(outgoing, config, level, timeout_s)
 
     def _put_deduplicated(
@@ -229,7 +229,7 @@ class Queue:
                     owner[key] = ""  # to be stored
                 else:
                     owner[key] = existing
-        stored = iter(self._publish_files(fresh, config, level, timeout_s))
+        stored = iter(self._publish_files(fresh, config, level, timeout_s)[1])
         result: list[str] = []
         for message in outgoing:
             key = message.dedup_id
@@ -259,10 +259,11 @@ class Queue:
         config: QueueConfig,
         level: Durability,
         timeout_s: float | None,
-    ) -> list[PendingFile]:
-        """Write and publish `outgoing` (already validated); the published files, in order."""
+    ) -> tuple[list[str], list[PendingFile]]:
+        """Write and publish `outgoing` (already validated); their ids and published files, in
+        order."""
         if not outgoing:
-            return []
+            return [], []
         ids = [new_id() for _ in outgoing]
         slots: list[str | None] = [None] * len(ids)
         if config.capacity is not None:
@@ -295,7 +296,7 @@ class Queue:
                         os.path.basename(os.path.dirname(f.final_path)),
                         os.path.basename(f.final_path),
                     )
-        return pending
+        return ids, pending
 
     def validate(self, message: OutgoingMessage) -> None:
         """Raise what `put` would raise for this message's content (size, headers, delay), so a
@@ -334,20 +335,20 @@ class Queue:
         tag = None if message.group is None else layout.group_tag(message.group)
         if delay_s > 0:
             due_ms = at_ms + round(delay_s * 1000)
-            final = os.path.join(
-                self._files.dir[layout.DELAYED], layout.timed_name(message_id, 0, due_ms, tag)
-            )
+            name = layout.timed_name(message_id, 0, due_ms, tag)
+            final = f"{self._files.dir[layout.DELAYED]}/{name}"
         else:
-            final = os.path.join(
-                self._files.dir[layout.READY], layout.ready_name(message_id, 0, tag)
-            )
-        tmp_name = layout.tmp_name(message_id)
+            final = f"{self._files.dir[layout.READY]}/{layout.ready_name(message_id, 0, tag)}"
         try:
-            recycled = os.path.join(self._files.dir[layout.TMP], tmp_name)
-            pending = self._files.pool.overwrite(recycled, final, data)
+            pool = self._files.pool
+            pending = pool.overwrite_own(final, data)
             if pending is not None:
                 return pending
-            return create_pending(self._files.dir[layout.TMP], tmp_name, final, data)
+            tmp_dir, tmp_name = self._files.dir[layout.TMP], layout.tmp_name(message_id)
+            pending = pool.overwrite_shared(f"{tmp_dir}/{tmp_name}", final, data)
+            if pending is not None:
+                return pending
+            return create_pending(tmp_dir, tmp_name, final, data)
         except FileNotFoundError:
             raise QueueNotFound(f"queue {self.name!r} does not exist") from None
         except OSError as exc:
