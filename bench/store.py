@@ -17,7 +17,8 @@ What is measured:
 2. `put_many` of 100 against single puts;
    1 and 2 twice: cold, into a queue nobody consumes (every message is a new inode), and in the
    steady state of a queue in use, where the previous burst is consumed and acked (untimed)
-   before each timed burst, so puts recycle the retired files from `@free/`;
+   before each timed burst, so puts recycle the retired files from this process's own pool in
+   `@free/`; plus `put_many` recycling from the shared pool (acks made by another process);
 3. publish and get+ack at 10k depth: dirmq, vsqs 0.3, dirq, persist-queue, litequeue;
 4. get+ack at a 1M backlog against a 1k backlog, on tmpfs, in a fresh process each time
    (also the one-time index build and the RSS of the process holding the index);
@@ -49,6 +50,7 @@ from typing import Any
 
 from dirmq import Durability, QueueConfig, Store
 from dirmq.store import fsio
+from dirmq.store.pool import release_own_pool
 
 BODY = b"x" * 100
 REPEATS = 3
@@ -338,18 +340,23 @@ class RawCreate:
 
 class RecycledQueue:
     """A queue in use, for the steady-state puts: before each timed burst, what the previous
-    burst published is consumed and acked untimed, so the pool (`@free/`) holds retired files
-    and each timed put claims and overwrites one instead of creating an inode.
+    burst published is consumed and acked untimed, so this process's own pool in `@free/` holds
+    retired files and each timed put overwrites one in place instead of creating an inode.
+    With `shared`, the acked files are then handed to the shared pool (untimed), as if another
+    process had acked them, so each timed put claims one by a rename first.
 
     The acks leave dirty metadata (renames through `@leased/` into `@free/`) that the timed
     burst's own flush then writes, as it would with consumers acking alongside; what is still
     dirty after the burst is flushed untimed, so it is not charged to the next subject.
     """
 
-    def __init__(self, store: Store, name: str, prefill: int, sync_fd: int) -> None:
+    def __init__(
+        self, store: Store, name: str, prefill: int, sync_fd: int, shared: bool = False
+    ) -> None:
         self.queue = store.create_queue(name)
         self.ready_dir = os.path.join(self.queue.path, "@ready")
         self.sync_fd = sync_fd
+        self.shared = shared
         self.queue.put_many([BODY] * prefill)  # fresh files; acked into the pool right away
         self.drain()
         self.pool = self._inodes(os.path.join(self.queue.path, "@free"))
@@ -357,8 +364,15 @@ class RecycledQueue:
 
     @staticmethod
     def _inodes(path: str) -> set[int]:
+        """Inodes of the files under `path` (the pools are directories in @free)."""
+        found: set[int] = set()
         with os.scandir(path) as entries:
-            return {entry.inode() for entry in entries}
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    found |= RecycledQueue._inodes(entry.path)
+                else:
+                    found.add(entry.inode())
+        return found
 
     def drain(self) -> int:
         """get(100) + ack_many until the queue is empty; returns how many were acked."""
@@ -368,6 +382,8 @@ class RecycledQueue:
             if failed:
                 raise RuntimeError(f"ack failed: {next(iter(failed.values()))!r}")
             done += len(got)
+        if self.shared:
+            release_own_pool(os.path.join(self.queue.path, "@free"))
         return done
 
     def burst(self, op: Callable[[], int], count: int, budget_s: float) -> Trial:
@@ -393,6 +409,7 @@ def bench_put(base: str, sizes: Sizes, report: Report) -> None:
     prefill = 2 * max(sizes.many_batch, sizes.burst)
     warm_one = RecycledQueue(store, "put-recycled", prefill, sync_fd)
     warm_many = RecycledQueue(store, "put-many-recycled", prefill, sync_fd)
+    shared_many = RecycledQueue(store, "put-many-shared", prefill, sync_fd, shared=True)
 
     def put_to(q: Any) -> Callable[[], int]:
         def single() -> int:
@@ -409,6 +426,7 @@ def bench_put(base: str, sizes: Sizes, report: Report) -> None:
 
     single, many = put_to(queue), put_many_to(queue)
     warm_single, warm_batch = put_to(warm_one.queue), put_many_to(warm_many.queue)
+    shared_batch = put_many_to(shared_many.queue)
     # One burst of each in turn; names ending in "_warm" are the steady state (recycled files).
     bursts: dict[str, Callable[[], Trial]] = {
         "raw": lambda: run_bounded(raw.put_timed, sizes.burst, budget),
@@ -416,10 +434,11 @@ def bench_put(base: str, sizes: Sizes, report: Report) -> None:
         "put_many": lambda: run_bounded(many, sizes.many_batch, budget),
         "put_warm": lambda: warm_one.burst(warm_single, sizes.burst, budget),
         "put_many_warm": lambda: warm_many.burst(warm_batch, sizes.many_batch, budget),
+        "put_many_shared": lambda: shared_many.burst(shared_batch, sizes.many_batch, budget),
     }
     singles, batches = sizes.put_ops, sizes.many_calls * sizes.many_batch
     counts = {"raw": singles, "put": singles, "put_many": batches}
-    counts |= {"put_warm": singles, "put_many_warm": batches}
+    counts |= {"put_warm": singles, "put_many_warm": batches, "put_many_shared": batches}
     trials: list[dict[str, Trial]] = []
     try:
         single()  # warm-up: the first put creates the store's lazily made state
@@ -437,7 +456,8 @@ def bench_put(base: str, sizes: Sizes, report: Report) -> None:
     warm_put_cold = paired_ratio(trials, "put_warm", "put")
     warm_many_ratio = paired_ratio(trials, "put_many_warm", "put_warm")
     warm_many_cold = paired_ratio(trials, "put_many_warm", "put_many")
-    fresh = warm_one.fresh_inodes() + warm_many.fresh_inodes()
+    shared_many_ratio = paired_ratio(trials, "put_many_shared", "put_warm")
+    fresh = warm_one.fresh_inodes() + warm_many.fresh_inodes() + shared_many.fresh_inodes()
     steps = raw.breakdown_us()
     report.row("durable single put", "raw syscalls (Python)", rate_text(rate["raw"]), "new files")
     report.row(
@@ -456,7 +476,7 @@ def bench_put(base: str, sizes: Sizes, report: Report) -> None:
         "durable single put",
         "dirmq put(), recycled",
         rate_text(rate["put_warm"]),
-        f"steady state: overwrite a @free file; {warm_put_raw:.2f}x raw, "
+        f"steady state: overwrite an own-pool file; {warm_put_raw:.2f}x raw, "
         f"{warm_put_cold:.2f}x cold put (paired)",
     )
     report.row(
@@ -469,8 +489,15 @@ def bench_put(base: str, sizes: Sizes, report: Report) -> None:
         "durable put_many(100)",
         "dirmq, recycled files",
         rate_text(rate["put_many_warm"]),
-        f"steady state; {warm_many_ratio:.1f}x steady put, {warm_many_cold:.2f}x cold "
-        f"put_many (paired); {fresh} inodes created",
+        f"steady state, own pool; {warm_many_ratio:.1f}x steady put, {warm_many_cold:.2f}x "
+        f"cold put_many (paired); {fresh} inodes created",
+    )
+    report.row(
+        "durable put_many(100)",
+        "dirmq, shared pool",
+        rate_text(rate["put_many_shared"]),
+        f"steady state, acked by another process (claim rename each); "
+        f"{shared_many_ratio:.1f}x steady put (paired)",
     )
     report.target(
         "put vs raw durable create", put_ratio, ">= 0.8", put_ratio >= 0.8, "new files, both"
@@ -496,6 +523,8 @@ def bench_put(base: str, sizes: Sizes, report: Report) -> None:
         "dirmq_put_many": series(by_name["put_many"]) | {"batch": sizes.many_batch},
         "dirmq_put_recycled": series(by_name["put_warm"]),
         "dirmq_put_many_recycled": series(by_name["put_many_warm"]) | {"batch": sizes.many_batch},
+        "dirmq_put_many_shared_pool": series(by_name["put_many_shared"])
+        | {"batch": sizes.many_batch},
         "recycled_pool_prefill": prefill,
         "recycled_inodes_created": fresh,
         "ratio_put_vs_raw": round(put_ratio, 3),
@@ -504,10 +533,14 @@ def bench_put(base: str, sizes: Sizes, report: Report) -> None:
         "ratio_recycled_put_vs_put": round(warm_put_cold, 3),
         "ratio_recycled_put_many_vs_recycled_put": round(warm_many_ratio, 2),
         "ratio_recycled_put_many_vs_put_many": round(warm_many_cold, 3),
+        "ratio_shared_pool_put_many_vs_recycled_put": round(shared_many_ratio, 2),
         "ratios_per_trial_put_vs_raw": ratios_per_trial(trials, "put", "raw"),
         "ratios_per_trial_put_many_vs_put": ratios_per_trial(trials, "put_many", "put"),
         "ratios_per_trial_recycled_put_many_vs_recycled_put": ratios_per_trial(
             trials, "put_many_warm", "put_warm"
+        ),
+        "ratios_per_trial_shared_pool_put_many_vs_recycled_put": ratios_per_trial(
+            trials, "put_many_shared", "put_warm"
         ),
     }
 

@@ -42,7 +42,7 @@ from dirmq.store.fsio import PendingFile, overwrite_pending
 MAX_RECYCLED_BYTES = 64 * 1024
 DEFAULT_POOL_FILES = 1024
 OWN_POOL_FILES = 256
-RELIST_INTERVAL_S = 1.0
+RELIST_INTERVAL_S = 0.05  # after a listing of @free that found nothing
 ORPHAN_POOL_GRACE_S = 3600.0  # a pool of another host: its owner is presumed dead after this
 
 _POOL_DIR_RE = re.compile(r"([0-9a-f]{8})\.(\d+)\.(\d+)-([0-9a-f]{8})")
@@ -182,26 +182,34 @@ def _forget_own_pools() -> None:
     _own_lock = threading.Lock()
 
 
-def release_own_pools() -> int:
-    """Hand this process's own pools over to the shared pools (at exit: what a dead process
-    leaves is reclaimed anyway, but only when someone next opens the queue). Returns files."""
+def release_own_pool(free_dir: str) -> int:
+    """Hand this process's own pool in `free_dir` over to the shared pool there; returns how
+    many files moved. Files taken by puts in flight are not affected."""
+    pool = _own_pools.get(free_dir)
+    if pool is None:
+        return 0
+    with pool.lock:
+        files, pool.files = pool.files, []
+        made, pool.made = pool.made, False
     moved = 0
-    for free_dir, pool in list(_own_pools.items()):
-        with pool.lock:
-            files, pool.files = pool.files, []
-            made, pool.made = pool.made, False
-        for name, _size in files:
-            try:
-                os.rename(f"{pool.dir}/{name}", os.path.join(free_dir, name))
-                moved += 1
-            except OSError:
-                pass
-        if made:
-            try:
-                os.rmdir(pool.dir)
-            except OSError:
-                pass  # a file retired meanwhile: reclaimed as a dead process's pool later
+    for name, _size in files:
+        try:
+            os.rename(f"{pool.dir}/{name}", os.path.join(free_dir, name))
+            moved += 1
+        except OSError:
+            pass
+    if made:
+        try:
+            os.rmdir(pool.dir)
+        except OSError:
+            pass  # a file retired meanwhile: reclaimed as a dead process's pool later
     return moved
+
+
+def release_own_pools() -> int:
+    """Hand every own pool of this process over to the shared pools (run at exit: what a dead
+    process leaves is reclaimed too, but only when someone next opens the queue)."""
+    return sum(release_own_pool(free_dir) for free_dir in list(_own_pools))
 
 
 os.register_at_fork(after_in_child=_forget_own_pools)
@@ -320,17 +328,19 @@ class FilePool:
             return True
 
     def _relist(self) -> bool:
-        """Learn what other processes retired, at most once a second (call under the lock)."""
+        """Learn what other processes retired (call under the lock). A listing that found files
+        paid for itself (one entry scanned per file claimed), so the next may follow at once;
+        after one that found none, wait `RELIST_INTERVAL_S` (puts create files meanwhile)."""
         now = time.monotonic()
         if now - self._listed_at < RELIST_INTERVAL_S:
             return False
-        self._listed_at = now
         try:
             with os.scandir(self._dir) as entries:
                 self._known = [e.name for e in entries if e.is_file(follow_symlinks=False)]
             del self._known[self._capacity :]
         except FileNotFoundError:
             self._known = []
+        self._listed_at = 0.0 if self._known else now
         return bool(self._known)
 
     def trim(self, keep: int = 0) -> int:
