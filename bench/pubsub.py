@@ -30,7 +30,8 @@ One trial = one system, one fan-out N, a fixed number of messages M (100 B bodie
   With --no-loop the trial runs in a directory under --dir and the device counter is the whole
   disk's, other processes' writes included: only an upper bound.
 
-Systems: dirmq `everyone`, persistence writethrough; dirmq `anyone` (N=1 only); Redis pub/sub
+Systems: dirmq `everyone`, persistence writethrough; dirmq `anyone` (N=1 only); dirmq `future`
+(the retained log, read by each subscription from its cursor: Redis streams' model); Redis pub/sub
 (PUBLISH, N SUBSCRIBE connections); Redis streams (XADD; N consumer groups, one
 XREADGROUP/XACK consumer each), `appendonly yes, appendfsync always`, so a delivery survives a
 crash of the machine as dirmq's do. A fresh Redis server per trial, on the same filesystem.
@@ -133,8 +134,8 @@ def _run(*args: str) -> str:
 
 
 @contextlib.contextmanager
-def loop_disk(base: str) -> Iterator[Disk]:
-    """A journaled ext4 on a loop device of our own, mounted for the run, then torn down."""
+def loop_disk(base: str, journal: bool) -> Iterator[Disk]:
+    """An ext4 on a loop device of our own, mounted for the run, then torn down."""
     work = tempfile.mkdtemp(prefix="dirmq-bench-pubsub-", dir=base)
     image, mount = os.path.join(work, "fs.img"), os.path.join(work, "mnt")
     os.mkdir(mount)
@@ -144,14 +145,22 @@ def loop_disk(base: str) -> Iterator[Disk]:
         with open(image, "wb") as f:
             f.truncate(IMAGE_BYTES)
         # No lazy init: a background ext4lazyinit would write during the trials.
-        _run("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", image)
+        features = [] if journal else ["-O", "^has_journal"]
+        _run(
+            "mkfs.ext4",
+            "-q",
+            "-F",
+            *features,
+            "-E",
+            "lazy_itable_init=0,lazy_journal_init=0",
+            image,
+        )
         loop = _run("losetup", "--find", "--show", image)
         _run("mount", "-t", "ext4", loop, mount)
         mounted = True
         device = os.path.basename(loop)
-        yield Disk(
-            mount, device, True, f"ext4 with a journal on {loop} (image on {base})", image, loop
-        )
+        kind = "with a journal" if journal else "without a journal"
+        yield Disk(mount, device, True, f"ext4 {kind} on {loop} (image on {base})", image, loop)
     finally:
         if mounted:
             subprocess.run(["umount", mount], check=False, timeout=300)
@@ -661,7 +670,7 @@ def main() -> int:
     parser.add_argument("--fanout", default="1,10,100", help="subscriber counts (default 1,10,100)")
     parser.add_argument(
         "--systems",
-        default="dirmq-everyone,dirmq-anyone,redis-pubsub,redis-streams",
+        default="dirmq-everyone,dirmq-anyone,dirmq-future,redis-pubsub,redis-streams",
         help="which systems (dirmq-anyone runs with N=1 only)",
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per trial, at most")
@@ -671,13 +680,16 @@ def main() -> int:
         action="store_true",
         help="use a plain directory under --dir (its device is shared: bytes are an upper bound)",
     )
+    parser.add_argument(
+        "--no-journal", action="store_true", help="make the loop-mounted ext4 without a journal"
+    )
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args()
     fanouts = [int(n) for n in args.fanout.split(",")]
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     redis_version = ensure_redis()
     trials: list[Trial] = []
-    opened = plain_disk(args.dir) if args.no_loop else loop_disk(args.dir)
+    opened = plain_disk(args.dir) if args.no_loop else loop_disk(args.dir, not args.no_journal)
     with opened as disk:
         print(f"filesystem: {disk.description}", flush=True)
         info = machine(disk, redis_version)

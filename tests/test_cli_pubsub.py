@@ -174,6 +174,7 @@ def test_wait_is_an_idle_timeout(ps: PubSubRun) -> None:
     elapsed = time.monotonic() - started
     assert result.returncode == exits.EMPTY
     assert 0.5 <= elapsed < 10
+    assert list((ps.root / "@pubsub" / "subs").iterdir()) == []  # the anonymous one is gone
 
 
 def test_subscriber_started_first_is_woken_by_the_publisher(ps: PubSubRun) -> None:

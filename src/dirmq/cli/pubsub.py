@@ -291,9 +291,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         try:
             received = _consume(subscription, args, stop)
         finally:
-            subscription.close()  # gives back whatever is still held
-            if args.name is None:  # nobody can attach to an anonymous one again
-                hub.delete_subscription(subscription.name)
+            subscription.close()  # gives back what it holds; an anonymous one is removed
     if stop.signum == signal.SIGINT:
         return exits.INTERRUPTED
     if stop.signum is None and received == 0 and args.wait is not None:
