@@ -575,3 +575,13 @@ def test_client_refuses_what_the_server_would(hub: RemotePubSub) -> None:
         hub.publish("c", b"x", headers={"Authorization": "secret"})
     with pytest.raises(InvalidArgument, match="no reply_to"):
         hub.publish("c", b"x", acks="done")
+
+
+def test_an_sqs_looking_publish_is_still_a_publish(shared_http: httpx.Client) -> None:
+    response = shared_http.post(
+        "/@pubsub/publish",
+        params={"channel": "forms", "Action": "SendMessage"},
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+        content=b"Action=SendMessage&MessageBody=x",
+    )
+    assert response.status_code == 201, response.text

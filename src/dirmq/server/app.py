@@ -45,10 +45,13 @@ class NativeApp:
     async def __call__(self, request: Request) -> Response | StreamResponse:
         started = time.monotonic()
         label = "invalid"
-        if self.sqs is not None and self.is_sqs is not None and self.is_sqs(request):
+        # `/@pubsub` first: no queue name (native or SQS) starts with `@`, and a publish body or
+        # parameter that looks like an SQS request (`Action=`) is still a publish.
+        pubsub = is_pubsub_path(request.path)
+        if not pubsub and self.sqs is not None and self.is_sqs is not None and self.is_sqs(request):
             return await self.sqs(request)
         try:
-            if is_pubsub_path(request.path):  # before the queue routes: `@` starts no queue name
+            if pubsub:
                 label = "pubsub"
                 response = await self.pubsub(request)
             else:
