@@ -10,8 +10,11 @@ actions can trust the types of what they are given; `null` members count as abse
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import os
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from dirmq.server.http import Request, Response
@@ -118,5 +121,17 @@ def render_error(error: SqsError, request_id: str) -> Response:
     return Response(kind.status, body.encode(), headers)
 
 
+# Request ids in AWS's UUID form: a random prefix per process and a counter, which is unique
+# without a uuid4 (an os.urandom call) per request. Drawn again in a forked worker.
+_ids: tuple[int, str, Iterator[int]] = (-1, "", iter(()))
+
+
 def new_request_id() -> str:
-    return str(uuid.uuid4())
+    global _ids
+    pid, prefix, counter = _ids
+    if pid != os.getpid():
+        h = uuid.uuid4().hex
+        prefix = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-"
+        counter = itertools.count(int(h[20:], 16))
+        _ids = (os.getpid(), prefix, counter)
+    return f"{prefix}{next(counter) & 0xFFFFFFFFFFFF:012x}"

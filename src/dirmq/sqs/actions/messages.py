@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,23 @@ class QueueKind:
     dedup_epoch: str
 
 
+# The last QueueKind computed for each configuration object: a queue keeps its QueueConfig
+# until the configuration changes, so a message request usually finds it here.
+_KINDS: weakref.WeakKeyDictionary[Queue, tuple[QueueConfig, QueueKind]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def kind_of(queue: Queue) -> QueueKind:
+    config = queue.config
+    cached = _KINDS.get(queue)
+    if cached is not None and cached[0] is config:
+        return cached[1]
+    kind = queue_kind(config)
+    _KINDS[queue] = (config, kind)
+    return kind
+
+
 def queue_kind(config: QueueConfig) -> QueueKind:
     """What SendMessage and ReceiveMessage need from a queue's attributes."""
     fifo = queue_attributes.is_fifo(config)
@@ -124,7 +142,9 @@ def _fifo_id(value: object, parameter: str) -> str | None:
 
 async def _queue(ctx: Context, params: Params) -> Queue:
     name = ctx.name_from_url(params.get("QueueUrl"))
-    return await ctx.broker.call(ctx.broker.queue, name)  # opening reads its configuration
+    # On the event loop, as the native API does: an open queue is cached (at most a stat every
+    # 0.5 s), and a thread-pool round trip per message request cost more than the call.
+    return ctx.broker.queue(name)
 
 
 # -- sending ----------------------------------------------------------------------------------
@@ -301,7 +321,7 @@ async def _publish(ctx: Context, queue: Queue, messages: list[OutgoingMessage]) 
 @action("SendMessage")
 async def send_message(ctx: Context, params: Params) -> Result:
     queue = await _queue(ctx, params)
-    kind = queue_kind(queue.config)
+    kind = kind_of(queue)
     prepared = prepare(params, kind, queue, trace_header=ctx.trace_header)
     (message_id,) = await _publish(ctx, queue, [prepared.outgoing])
     return _sent(prepared, message_id, kind)
@@ -351,7 +371,7 @@ def _failure(entry_id: str, error: SqsError) -> Result:
 async def send_message_batch(ctx: Context, params: Params) -> Result:
     queue = await _queue(ctx, params)
     entries = _batch_entries(params, "SendMessageBatchRequestEntry")
-    kind = queue_kind(queue.config)
+    kind = kind_of(queue)
     total = sum(entry_size(e) for e in entries)
     if total > MAX_MESSAGE_BYTES:
         raise SqsError(
@@ -481,7 +501,7 @@ def render_message(
 @action("ReceiveMessage")
 async def receive_message(ctx: Context, params: Params) -> Result:
     queue = await _queue(ctx, params)
-    kind = queue_kind(queue.config)
+    kind = kind_of(queue)
     count = _integer(
         params, "MaxNumberOfMessages", 1, MAX_RECEIVE, "Must be between 1 and 10, if provided."
     )
@@ -623,7 +643,7 @@ async def delete_one(ctx: Context, queue: Queue, kind: QueueKind, raw_handle: ob
 @action("DeleteMessage")
 async def delete_message(ctx: Context, params: Params) -> Result:
     queue = await _queue(ctx, params)
-    await delete_one(ctx, queue, queue_kind(queue.config), params.get("ReceiptHandle"))
+    await delete_one(ctx, queue, kind_of(queue), params.get("ReceiptHandle"))
     return {}
 
 
@@ -631,7 +651,7 @@ async def delete_message(ctx: Context, params: Params) -> Result:
 async def delete_message_batch(ctx: Context, params: Params) -> Result:
     queue = await _queue(ctx, params)
     entries = _batch_entries(params, "DeleteMessageBatchRequestEntry")
-    kind = queue_kind(queue.config)
+    kind = kind_of(queue)
     successful: list[Result] = []
     failed: list[Result] = []
     for entry in entries:
@@ -707,7 +727,7 @@ async def change_visibility_one(
 @action("ChangeMessageVisibility")
 async def change_message_visibility(ctx: Context, params: Params) -> Result:
     queue = await _queue(ctx, params)
-    kind = queue_kind(queue.config)
+    kind = kind_of(queue)
     handle = params.get("ReceiptHandle")
     _receipt(handle)  # an invalid handle is reported before an invalid timeout
     await change_visibility_one(ctx, queue, kind, handle, _visibility(params))
@@ -718,7 +738,7 @@ async def change_message_visibility(ctx: Context, params: Params) -> Result:
 async def change_message_visibility_batch(ctx: Context, params: Params) -> Result:
     queue = await _queue(ctx, params)
     entries = _batch_entries(params, "ChangeMessageVisibilityBatchRequestEntry")
-    kind = queue_kind(queue.config)
+    kind = kind_of(queue)
     successful: list[Result] = []
     failed: list[Result] = []
     for entry in entries:
