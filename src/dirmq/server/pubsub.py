@@ -297,7 +297,7 @@ class PubSubApi:
             subjects=[s for s in subjects if s],
             replay_from=replay_from,
         )
-        stream = _Stream(self, sub, window, anonymous=name is None)
+        stream = _Stream(self, sub, window)
         self._streams[sub.name] = stream
         self.metrics.pubsub_attached.inc()
         return StreamResponse(200, _Body(stream), list(SSE_HEADERS))
@@ -338,11 +338,10 @@ class PubSubApi:
 class _Stream:
     """One attached subscription feeding one event stream."""
 
-    def __init__(self, api: PubSubApi, sub: Subscription, window: int, *, anonymous: bool) -> None:
+    def __init__(self, api: PubSubApi, sub: Subscription, window: int) -> None:
         self.api = api
         self.sub = sub
         self.window = window
-        self.anonymous = anonymous
         # Deadlines of what we sent, only to time the next wake-up: the subscription itself
         # decides what is held and what expired (`held`, `expire`).
         self.deadlines: dict[str, int] = {}
@@ -440,11 +439,10 @@ class _Stream:
         if self.closed:
             return
         self.closed = True
-        hub = self.sub.hub
         try:
+            # Held deliveries go back; an anonymous subscription is removed (the library's
+            # `close` does both).
             await self.api.broker.call(self.sub.close)
-            if self.anonymous:  # nobody can attach to it again: leave nothing behind
-                await self.api.broker.call(hub.delete_subscription, self.sub.name)
         except Exception:
             log.exception("closing subscription %s", self.sub.name)
         finally:
