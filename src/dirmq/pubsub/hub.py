@@ -65,6 +65,7 @@ DEFAULT_PROCESS_TIMEOUT_S = 30.0
 RECOVER_AFTER_S = 10.0  # a half-published message this old belongs to a dead publisher
 OUTBOX_GRACE_S = 5.0  # an unreported outcome this old was left by a crash or a failed report
 MESSAGES_SWEEP_EVERY_S = 10.0
+SWEPT_STAMP = "swept"  # its mtime: when some process last swept
 
 
 @dataclass(slots=True)
@@ -313,12 +314,24 @@ class PubSub:
 
     # -- sweeping --------------------------------------------------------------------------------
     def maybe_sweep(self) -> SweepReport | None:
-        """Sweep if this process has not for `sweep_interval_s` (cheap to call often)."""
+        """Sweep if no process has for `sweep_interval_s` (cheap to call often).
+
+        `@pubsub/swept`'s mtime says when any process last swept, so 100 subscriber processes
+        share one sweep a second instead of each listing every subscription (two racing
+        processes may both sweep: harmless, every transition is decided by one rename)."""
         now = time.monotonic()
         if now < self._next_sweep or not self._sweep_lock.acquire(blocking=False):
             return None
         try:
             self._next_sweep = now + self.sweep_interval_s
+            stamp = os.path.join(self.paths.base, SWEPT_STAMP)
+            try:
+                if time.time() - os.stat(stamp).st_mtime < self.sweep_interval_s:
+                    return None
+                os.utime(stamp)
+            except FileNotFoundError:
+                with contextlib.suppress(OSError), open(stamp, "ab"):
+                    pass
             return self._sweep_locked(now)
         finally:
             self._sweep_lock.release()

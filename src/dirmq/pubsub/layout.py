@@ -8,6 +8,7 @@
       anyone/<key>.<accept-ms>       `anyone` messages waiting for a subscriber
       retained/<seq, 16 digits>      the `future` log: dense sequence numbers from 1, kept
       present/<subscriber>           one per attached subscription; mtime is its heartbeat
+      swept                          mtime: when any process last swept
       outbox/<key>~<sub>~<outcome>~<n>   an outcome decided but not yet reported
       subs/<subscriber>/subscription.json   its filter
       subs/<subscriber>/cursor       next retained sequence number to deliver

@@ -15,6 +15,7 @@ close, so after a crash a few retained messages may be delivered again (at-least
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import json
 import logging
@@ -36,7 +37,7 @@ from dirmq.pubsub.layout import key_seq, retained_key, split_timed
 from dirmq.pubsub.model import Delivery, Envelope, Filter, Outcome, check_timeout
 from dirmq.pubsub.presence import new_session
 from dirmq.pubsub.transitions import Entry, now_ms, read_entry
-from dirmq.store.watch import RESCAN, open_watcher
+from dirmq.store.watch import RESCAN, PollingWatcher, Watcher, open_watcher
 
 if TYPE_CHECKING:
     from dirmq.pubsub.hub import PubSub
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("dirmq.pubsub")
 
 CURSOR_SAVE_S = 0.5
+_OUT_OF_INOTIFY = {errno.EMFILE, errno.ENOSPC}
 
 
 class Subscription:
@@ -79,6 +81,7 @@ class Subscription:
             self._attach(replay_from)
         except OSError as exc:
             raise storage_error(exc, f"attaching subscription {name!r}") from exc
+        self._watcher: Watcher
         try:
             self._watcher = open_watcher(
                 {
@@ -90,9 +93,13 @@ class Subscription:
                 hub.store.poll_interval_s,
                 hub.store.inotify_hub,
             )
-        except OSError as exc:  # e.g. out of inotify watches: do not keep the name busy
-            self._detach()
-            raise storage_error(exc, f"watching for subscription {name!r}") from exc
+        except OSError as exc:
+            if exc.errno not in _OUT_OF_INOTIFY:
+                self._detach()  # do not keep the name busy
+                raise storage_error(exc, f"watching for subscription {name!r}") from exc
+            # The user's 128 inotify instances (or its watches) are used up: poll instead.
+            log.warning("subscription %s polls (no inotify left: %s)", name, exc)
+            self._watcher = PollingWatcher(hub.store.poll_interval_s)
         self._rescan()
         self._stop = threading.Event()
         self._keeper = threading.Thread(
