@@ -74,9 +74,9 @@ def test_own_pool_recycles_without_a_claim_rename(
     renames: list[tuple[str, str]] = []
     real_rename = os.rename
 
-    def counting_rename(src: str, dst: str) -> None:
+    def counting_rename(src: str, dst: str, **dir_fds: int | None) -> None:
         renames.append((src, dst))
-        real_rename(src, dst)
+        real_rename(src, dst, **dir_fds)
 
     monkeypatch.setattr(os, "rename", counting_rename)
     ids = q.put_many([b"shorter", b"a longer body than either file held before" * 2])

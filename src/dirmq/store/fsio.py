@@ -26,6 +26,7 @@ import errno
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 from dirmq.errors import QueueNotFound, storage_error
@@ -67,11 +68,26 @@ def write_new_file(path: str, data: bytes) -> int:
     return fd
 
 
-def _unlink_quietly(path: str) -> None:
+def _unlink_quietly(path: str, directory: DirHandle | None = None) -> None:
     try:
-        os.unlink(path)
+        os.unlink(path, dir_fd=None if directory is None else directory.fd)
     except OSError:
         pass
+
+
+class DirHandle:
+    """An open directory, to name files relative to it (a shorter path walk per syscall).
+
+    Its descriptor is closed only when nothing refers to the handle any more: a file named
+    relative to it holds it, so a rename can never follow a closed descriptor's number into
+    whatever directory or socket reused it."""
+
+    __slots__ = ("__weakref__", "fd")
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # Not at exit: atexit hooks (pool.release_own_pools) may still use it; the OS closes it.
+        weakref.finalize(self, os.close, self.fd).atexit = False
 
 
 @dataclass(slots=True)
@@ -79,13 +95,15 @@ class PendingFile:
     """A written, unflushed new file and the name it takes once durable.
 
     `tmp_path` is None for an unnamed `O_TMPFILE` inode: it has no name until it is linked into
-    place, so a crash before that leaves nothing behind at all.
+    place, so a crash before that leaves nothing behind at all. With `tmp_dir`, `tmp_path` is
+    relative to that directory.
     """
 
     fd: int
     tmp_path: str | None
     final_path: str
     open: bool = True
+    tmp_dir: DirHandle | None = None
 
     @property
     def message_id(self) -> str:
@@ -103,6 +121,8 @@ class PendingFile:
         try:
             if self.tmp_path is None:
                 _link_fd(self.fd, self.final_path)
+            elif self.tmp_dir is not None:
+                os.rename(self.tmp_path, self.final_path, src_dir_fd=self.tmp_dir.fd)
             else:
                 os.rename(self.tmp_path, self.final_path)
         finally:
@@ -112,7 +132,7 @@ class PendingFile:
         """Close and remove an unpublished file (idempotent)."""
         self.close()
         if self.tmp_path is not None:
-            _unlink_quietly(self.tmp_path)
+            _unlink_quietly(self.tmp_path, self.tmp_dir)
 
 
 _AT_FDCWD = -100
@@ -155,15 +175,21 @@ def create_pending(tmp_dir: str, tmp_name: str, final_path: str, data: bytes) ->
 
 
 def overwrite_pending(
-    path: str, final_path: str, data: bytes, size: int | None = None
+    path: str,
+    final_path: str,
+    data: bytes,
+    size: int | None = None,
+    directory: DirHandle | None = None,
 ) -> PendingFile:
-    """Overwrite the existing (recycled) file at `path` with exactly `data`, to be published as
-    `final_path`. `size` is the file's current size if known: a file no longer than `data` needs
-    no `ftruncate` (a syscall per message in a batch). On failure the file is removed."""
+    """Overwrite the existing (recycled) file at `path` (relative to `directory` if given) with
+    exactly `data`, to be published as `final_path`. `size` is the file's current size if known:
+    a file no longer than `data` needs no `ftruncate` (a syscall per message in a batch). On
+    failure the file is removed."""
+    dir_fd = None if directory is None else directory.fd
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
-        _unlink_quietly(path)
+        _unlink_quietly(path, directory)
         raise
     try:
         _write_all(fd, data)
@@ -171,9 +197,9 @@ def overwrite_pending(
             os.ftruncate(fd, len(data))
     except BaseException:
         os.close(fd)
-        _unlink_quietly(path)
+        _unlink_quietly(path, directory)
         raise
-    return PendingFile(fd, path, final_path)
+    return PendingFile(fd, path, final_path, tmp_dir=directory)
 
 
 def _write_all(fd: int, data: bytes) -> None:

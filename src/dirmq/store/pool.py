@@ -28,7 +28,6 @@ own per queue and process, so the pools never hold much disk.
 from __future__ import annotations
 
 import atexit
-import errno
 import os
 import re
 import threading
@@ -37,7 +36,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from dirmq.store import layout
-from dirmq.store.fsio import PendingFile, overwrite_pending
+from dirmq.store.fsio import DirHandle, PendingFile, overwrite_pending
 
 MAX_RECYCLED_BYTES = 64 * 1024
 DEFAULT_POOL_FILES = 1024
@@ -163,12 +162,23 @@ def reclaim_pools(free_dir: str, capacity: int = DEFAULT_POOL_FILES) -> int:
 
 @dataclass(slots=True)
 class _OwnPool:
-    """This process's pool in one queue: files it alone may overwrite, with their sizes."""
+    """This process's pool in one queue: files it alone may overwrite, with their sizes.
+
+    `files` are names relative to `handle`, the open pool directory (None until the first
+    retirement makes it, and again once it is found gone). Both change together, under `lock`.
+    """
 
     dir: str
     files: list[tuple[str, int]] = field(default_factory=list)
-    made: bool = False  # the directory exists (made lazily, by the first retirement)
+    handle: DirHandle | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def forget(self, handle: DirHandle) -> None:
+        """The directory behind `handle` is gone: drop what we knew of it (once)."""
+        with self.lock:
+            if self.handle is handle:
+                self.handle = None
+                self.files.clear()
 
 
 _own_pools: dict[str, _OwnPool] = {}  # @free path -> this process's pool there
@@ -190,19 +200,20 @@ def release_own_pool(free_dir: str) -> int:
         return 0
     with pool.lock:
         files, pool.files = pool.files, []
-        made, pool.made = pool.made, False
+        handle, pool.handle = pool.handle, None
+    if handle is None:
+        return 0
     moved = 0
     for name, _size in files:
         try:
-            os.rename(f"{pool.dir}/{name}", os.path.join(free_dir, name))
+            os.rename(name, os.path.join(free_dir, name), src_dir_fd=handle.fd)
             moved += 1
         except OSError:
             pass
-    if made:
-        try:
-            os.rmdir(pool.dir)
-        except OSError:
-            pass  # a file retired meanwhile: reclaimed as a dead process's pool later
+    try:
+        os.rmdir(pool.dir)
+    except OSError:
+        pass  # a file retired meanwhile: reclaimed as a dead process's pool later
     return moved
 
 
@@ -267,25 +278,28 @@ class FilePool:
         with own.lock:
             if len(own.files) >= OWN_POOL_FILES:
                 return False
-            if not own.made:
+            if own.handle is None:
                 try:
                     os.mkdir(own.dir)
                 except FileExistsError:
                     pass
                 except FileNotFoundError:
                     return False  # no @free (an older queue, or the queue is going away)
-                own.made = True
+                try:
+                    own.handle = DirHandle(own.dir)
+                except FileNotFoundError:
+                    return False
+            handle = own.handle
         try:
-            os.rename(path, f"{own.dir}/{message_id}")
+            os.rename(path, message_id, dst_dir_fd=handle.fd)
         except FileNotFoundError:
             if not os.path.lexists(path):
                 raise
-            with own.lock:  # our directory was removed (queue deleted and recreated?)
-                own.made = False
-                own.files.clear()
+            own.forget(handle)  # our directory was removed (by hand?): remade next time
             return False
         with own.lock:
-            own.files.append((message_id, size))
+            if own.handle is handle:  # else it sits in a forgotten directory: garbage
+                own.files.append((message_id, size))
         return True
 
     def overwrite_own(self, final_path: str, data: bytes) -> PendingFile | None:
@@ -294,17 +308,14 @@ class FilePool:
         error the file is removed and the error propagates."""
         own = _own_pool(self._dir)
         with own.lock:
-            if not own.files:
+            if not own.files or own.handle is None:
                 return None
             name, size = own.files.pop()
+            handle = own.handle
         try:
-            return overwrite_pending(f"{own.dir}/{name}", final_path, data, size)
-        except FileNotFoundError as exc:
-            if exc.errno != errno.ENOENT:
-                raise
-            with own.lock:  # our pool directory is gone: the next retirement remakes it
-                own.files.clear()
-                own.made = False
+            return overwrite_pending(name, final_path, data, size, handle)
+        except FileNotFoundError:
+            own.forget(handle)  # our pool directory is gone: the next retirement remakes it
             return None
 
     def overwrite_shared(self, tmp_path: str, final_path: str, data: bytes) -> PendingFile | None:
