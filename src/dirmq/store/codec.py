@@ -57,6 +57,13 @@ def encode(
     body: bytes, headers: Mapping[str, str], system: Mapping[str, str] | None = None
 ) -> bytes:
     """The bytes of a message file. Headers must have passed `check_headers`."""
+    if not headers and not system:  # the common bare message: one formatting step
+        return b"Dirmq-Format: %d\nContent-Length: %d\nBody-CRC32: %08x\n\n%b" % (
+            FORMAT_VERSION,
+            len(body),
+            zlib.crc32(body),
+            body,
+        )
     lines = [
         f"Dirmq-Format: {FORMAT_VERSION}",
         f"Content-Length: {len(body)}",

@@ -40,6 +40,15 @@ def new_id() -> str:
         return f"{_last_us:016d}-{_node}"
 
 
+def new_ids(count: int) -> list[str]:
+    """`count` fresh ids in increasing order (one lock for the lot: a batch's ids)."""
+    global _last_us
+    with _lock:
+        first = max(time.time_ns() // 1000, _last_us + 1)
+        _last_us = first + count - 1
+        return [f"{us:016d}-{_node}" for us in range(first, first + count)]
+
+
 def is_id(text: str) -> bool:
     return _ID_RE.fullmatch(text) is not None
 

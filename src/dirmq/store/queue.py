@@ -35,7 +35,7 @@ from dirmq.store import codec, layout
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.files import QueueFiles, expired_by_retention, now_ms
 from dirmq.store.fsio import PendingFile, create_pending
-from dirmq.store.ids import id_time_us, is_id, new_id
+from dirmq.store.ids import id_time_us, is_id, new_ids
 from dirmq.store.index import QueueIndex
 from dirmq.store.layout import parse_entry, parse_receipt
 from dirmq.store.message import Message, OutgoingMessage, QueueStats, SweepReport
@@ -264,7 +264,7 @@ class Queue:
         order."""
         if not outgoing:
             return [], []
-        ids = [new_id() for _ in outgoing]
+        ids = new_ids(len(outgoing))
         slots: list[str | None] = [None] * len(ids)
         if config.capacity is not None:
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
