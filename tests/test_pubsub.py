@@ -284,13 +284,39 @@ def test_per_message_timeouts_are_honoured(hub: PubSub) -> None:
         assert bodies(drain(sub)) == [b"long"]
 
 
-def test_deleting_a_subscription_reports_what_it_never_got(hub: PubSub, store: Store) -> None:
+def test_everyone_not_taken_in_time_is_reported_as_timed_out(hub: PubSub, store: Store) -> None:
     sub = hub.subscribe("gone")
-    hub.publish("c", b"x", mode="everyone", acks="timeout", reply_to=REPLY)
-    sub.close()
+    published = hub.publish(
+        "c", b"x", mode="everyone", acks="timeout", reply_to=REPLY, accept_timeout_s=0.1
+    )
+    sub.close()  # durable: it may come back, so nothing is reported yet
+    assert outcomes(store) == []
+    time.sleep(0.2)
+    hub.prune_grace_ms = 0
+    hub.sweep()  # the newest entry stays (it keeps the numbering) but times out
+    assert outcomes(store) == [(published.id, "timeout", "gone")]
+    hub.publish("c", b"next", mode="everyone")
+    assert hub.sweep().removed == 1  # once it is not the newest, it is pruned
+    assert outcomes(store) == []
+    with hub.subscribe("gone") as again:
+        assert again.receive(wait_s=0.1) is None
     hub.delete_subscription("gone")
-    assert [o[1:] for o in outcomes(store)] == [("timeout", "gone")]
     assert [s["name"] for s in hub.subscriptions()] == []
+
+
+def test_a_returning_subscription_gets_what_was_published_while_it_was_attached(
+    hub: PubSub,
+) -> None:
+    sub = hub.subscribe("back")
+    hub.publish("c", b"while attached", mode="everyone")
+    held = sub.receive(wait_s=1)
+    assert held is not None
+    hub.publish("c", b"while attached 2", mode="everyone")
+    sub.close()  # gives back the one it held; the second was never taken
+    hub.publish("c", b"while away", mode="everyone")
+    with hub.subscribe("back") as sub:
+        hub.publish("c", b"after", mode="everyone")
+        assert bodies(drain(sub)) == [b"while attached", b"while attached 2", b"after"]
 
 
 # -- identity, input ----------------------------------------------------------------------------
@@ -340,19 +366,23 @@ def test_every_persistence_level_delivers(hub: PubSub, persistence: str) -> None
         assert bodies(drain(sub)) == [b"x"]
 
 
-def test_fan_out_writes_the_body_once(hub: PubSub) -> None:
+def test_fan_out_writes_the_body_once_and_links_it_once(hub: PubSub) -> None:
     subs = [hub.subscribe(f"s{i}") for i in range(10)]
-    hub.publish("c", b"x" * 10_000, mode="everyone", message_id="big")
+    assert hub.publish("c", b"x" * 10_000, mode="everyone", message_id="big").subscribers == 10
     inode = os.stat(hub.paths.canonical("big", "live")).st_ino
-    inboxes = [os.listdir(hub.paths.inbox(f"s{i}")) for i in range(10)]
-    assert all(len(names) == 1 for names in inboxes)
-    assert {
-        os.stat(os.path.join(hub.paths.inbox(f"s{i}"), names[0])).st_ino
-        for i, names in enumerate(inboxes)
-    } == {inode}
+    entries = os.listdir(hub.paths.broadcast)
+    assert len(entries) == 1
+    assert os.stat(os.path.join(hub.paths.broadcast, entries[0])).st_ino == inode
     for sub in subs:
         assert bodies(drain(sub)) == [b"x" * 10_000]
         sub.close()
+    for i in range(10):  # subscriptions keep positions, not copies
+        assert sorted(os.listdir(hub.paths.sub(f"s{i}"))) == [
+            "cursor",
+            "subscription.json",
+            "taken",
+        ]
+        assert os.listdir(hub.paths.taken(f"s{i}")) == []
 
 
 def test_polling_mode_delivers_without_inotify(tmp_path: Path) -> None:

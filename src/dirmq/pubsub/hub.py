@@ -1,11 +1,11 @@
 """`PubSub`: publish to channels, subscribe with filters, over one dirmq root, from any process.
 
 Publishing writes the message once (`messages/<id>`, exclusively: a duplicate id is refused),
-then routes it by hard links: `anyone` into the shared pool, `everyone` into the inbox of each
-attached matching subscription, `future` into the retained log. Subscriptions take entries into
-their `taken/` directory by rename (see `subscription.py`); every later transition is one rename
-too (see `transitions.py`). Nothing is held in memory that a crash could lose: a restarted
-process, or any other one, finishes what a dead one left half done (`sweep`).
+then routes it with one hard link: `anyone` into the shared pool, `everyone` into the broadcast
+log, `future` into the retained log. Subscriptions take pool entries into their `taken/`
+directory by rename, and read the logs from their own positions (see `subscription.py`); every
+transition of a file is one rename (see `transitions.py`). A restarted process, or any other
+one, finishes what a dead one left half done (`sweep`).
 """
 
 from __future__ import annotations
@@ -30,11 +30,14 @@ from dirmq.errors import (
     storage_error,
 )
 from dirmq.pubsub.layout import (
+    BROADCAST,
     PubSubPaths,
+    log_key,
     split_outbox,
     split_timed,
     timed_name,
 )
+from dirmq.pubsub.logs import SeqLog
 from dirmq.pubsub.model import (
     Envelope,
     Filter,
@@ -46,11 +49,10 @@ from dirmq.pubsub.model import (
     make_envelope,
 )
 from dirmq.pubsub.outcomes import OutcomeReporter
-from dirmq.pubsub.presence import PresenceIndex
-from dirmq.pubsub.retained import RetainedLog
+from dirmq.pubsub.presence import PresenceIndex, read_subscription
 from dirmq.pubsub.transitions import Transitions, now_ms, read_entry
 from dirmq.store.codec import check_headers, encode
-from dirmq.store.fsio import create_pending, syncfs
+from dirmq.store.fsio import create_pending
 from dirmq.store.ids import new_id
 from dirmq.store.names import validate_queue_name
 from dirmq.store.root import Store
@@ -65,6 +67,7 @@ DEFAULT_PROCESS_TIMEOUT_S = 30.0
 RECOVER_AFTER_S = 10.0  # a half-published message this old belongs to a dead publisher
 OUTBOX_GRACE_S = 5.0  # an unreported outcome this old was left by a crash or a failed report
 MESSAGES_SWEEP_EVERY_S = 10.0
+PRUNE_GRACE_MS = 5000  # broadcast entries outlive their accept deadline by this much
 SWEPT_STAMP = "swept"  # its mtime: when some process last swept
 
 
@@ -95,7 +98,8 @@ class PubSub:
                 os.makedirs(directory, exist_ok=True)
         except OSError as exc:
             raise storage_error(exc, "creating the pub/sub directories") from exc
-        self.retained = RetainedLog(self.paths)
+        self.retained = SeqLog(self.paths.retained, prunable=False)
+        self.broadcast = SeqLog(self.paths.broadcast, prunable=True)
         self.reporter = OutcomeReporter(store)
         self.transitions = Transitions(self.paths, self.reporter)
         self.presence = PresenceIndex(self.paths, presence_timeout_s)
@@ -103,6 +107,8 @@ class PubSub:
         self.dedup_window_s = dedup_window_s
         self.recover_after_s = RECOVER_AFTER_S
         self.outbox_grace_s = OUTBOX_GRACE_S
+        self.prune_grace_ms = PRUNE_GRACE_MS
+        self._head_reported = 0  # the newest broadcast entry, once its timeouts are reported
         self._sweep_lock = threading.Lock()
         self._next_sweep = 0.0
         self._next_messages_sweep = 0.0
@@ -198,47 +204,30 @@ class PubSub:
         if envelope.mode is Mode.FUTURE:
             seq = self.retained.append(canonical)
             return Published(envelope.id, envelope.mode, seq=seq), {self.paths.retained}
-        dirs: set[str] = set()
-        name = timed_name(envelope.key, envelope.accept_deadline_ms)
+        self.broadcast.append(canonical)
         published_ms = envelope.published_us // 1000
-        for sub in self.presence.attached():
-            if sub.attached_ms > published_ms or not sub.filter.matches(
-                envelope.channel, envelope.subject
-            ):
-                continue
-            inbox = self.paths.inbox(sub.name)
-            try:
-                os.link(canonical, os.path.join(inbox, name))
-            except FileExistsError:
-                pass
-            except FileNotFoundError:  # the subscription was deleted meanwhile
-                continue
-            dirs.add(inbox)
-        return Published(envelope.id, envelope.mode, subscribers=len(dirs)), dirs
+        attached = sum(
+            1
+            for sub in self.presence.attached()
+            if sub.attached_ms <= published_ms
+            and sub.filter.matches(envelope.channel, envelope.subject)
+        )
+        return Published(envelope.id, envelope.mode, subscribers=attached), {self.paths.broadcast}
 
     def _flush(self, persistence: Persistence, dirs: set[str]) -> None:
         if persistence is Persistence.WRITETHROUGH:
-            if len(dirs) <= 3:  # shared with concurrent publishers of this process
-                self.store.group_commit._sync_dirs(dirs)
-            else:  # one flush of the filesystem beats fsyncing 100 inboxes one by one
-                fd = os.open(self.paths.messages, os.O_RDONLY | os.O_DIRECTORY)
-                try:
-                    syncfs(fd)
-                finally:
-                    os.close(fd)
+            # Shared with concurrent publishers of this process.
+            self.store.group_commit._sync_dirs(dirs)
         elif persistence is Persistence.WRITEBACK:
             self.store.writeback.mark_dirty(0.5, time.monotonic())
 
     def _unpublish(self, envelope: Envelope, canonical: str) -> None:
         """Best effort after a failed publish: remove what was linked, so nothing is delivered
-        that the publisher was told failed. (A retained entry cannot be withdrawn.)"""
+        that the publisher was told failed. A log entry cannot be withdrawn (a hole would stop
+        its readers): a message whose flush failed after it entered a log may be delivered."""
         name = timed_name(envelope.key, envelope.accept_deadline_ms)
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(self.paths.anyone, name))
-        if envelope.mode is Mode.EVERYONE:
-            for sub in self.presence.attached():
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(self.paths.inbox(sub.name), name))
         with contextlib.suppress(OSError):
             os.unlink(canonical)
 
@@ -260,9 +249,9 @@ class PubSub:
         subjects: Iterable[str] = (),
         replay_from: int | None = None,
     ) -> Subscription:
-        """Attach subscription `name` (durable: its retained-log position and inbox survive
-        detaching) or, without a name, an anonymous one that is removed when closed.
-        SubscriptionBusy if `name` is attached elsewhere."""
+        """Attach subscription `name` (durable: its log positions survive detaching) or,
+        without a name, an anonymous one that is removed when closed. SubscriptionBusy if
+        `name` is attached elsewhere."""
         from dirmq.pubsub.subscription import Subscription
 
         return Subscription(
@@ -274,39 +263,43 @@ class PubSub:
         )
 
     def subscriptions(self) -> list[dict[str, object]]:
-        from dirmq.pubsub.presence import read_subscription
+        from dirmq.pubsub.subscription import load_state
 
         result: list[dict[str, object]] = []
-        for name in sorted(os.listdir(self.paths.subs)):
+        for name in sorted(_listdir(self.paths.subs)):
             found = read_subscription(self.paths, name)
             if found is None:
                 continue
+            state, _saved = load_state(self.paths.cursor(name))
             result.append(
                 {
                     "name": name,
                     "filter": found[0].to_json(),
                     "attached": self.presence.is_fresh(name),
-                    "inbox": _count(self.paths.inbox(name)),
+                    "retained_next": _position(state, "retained"),
+                    "broadcast_next": _position(state, "broadcast"),
                     "taken": _count(self.paths.taken(name)),
                 }
             )
         return result
 
     def delete_subscription(self, name: str) -> None:
-        """Remove a detached subscription; what waited in its inbox times out (reported)."""
+        """Remove a detached subscription (`anyone` messages it held go back to the pool)."""
         check_name("subscription name", name)
         if self.presence.is_fresh(name):
             raise SubscriptionBusy(f"subscription {name!r} is attached; detach it first")
-        inbox = self.paths.inbox(name)
-        for directory in (self.paths.taken(name), inbox):
-            for entry in _listdir(directory):
-                self._expire(os.path.join(directory, entry), name, Outcome.TIMEOUT)
+        taken = self.paths.taken(name)
+        for entry in _listdir(taken):
+            timed = split_timed(entry)
+            if timed is not None:
+                self.abort_entry(os.path.join(taken, entry), name, timed)
         shutil.rmtree(self.paths.sub(name), ignore_errors=True)
 
     def stats(self) -> dict[str, int]:
         return {
             "anyone_waiting": _count(self.paths.anyone),
-            "retained": self.retained.head(),
+            "retained": self.retained.refresh_head(),
+            "broadcast": self.broadcast.refresh_head(),
             "attached": len(self.presence.attached()),
             "subscriptions": _count(self.paths.subs),
             "unreported_outcomes": _count(self.paths.outbox),
@@ -356,13 +349,6 @@ class PubSub:
                 timed = split_timed(entry)
                 if timed is not None and timed[1] < at_ms:
                     report.aborted += self.abort_entry(os.path.join(taken, entry), name, timed)
-            inbox = self.paths.inbox(name)
-            for entry in _listdir(inbox):
-                timed = split_timed(entry)
-                if timed is not None and 0 < timed[1] < at_ms:
-                    report.timed_out += self._expire(
-                        os.path.join(inbox, entry), name, Outcome.TIMEOUT
-                    )
         wall = time.time()
         for entry in _listdir(self.paths.present):
             if not self.presence.is_fresh(entry):
@@ -370,11 +356,97 @@ class PubSub:
                     # Its session died: it no longer gets `everyone` messages.
                     os.unlink(os.path.join(self.paths.present, entry))
                 self.presence.invalidate()
+        report.removed += self._prune_broadcast(at_ms)
         report.reported += self._replay_outbox(wall)
         if messages or now >= self._next_messages_sweep:
             self._next_messages_sweep = now + MESSAGES_SWEEP_EVERY_S
             self._sweep_messages(wall, report)
         return report
+
+    def _prune_broadcast(self, at_ms: int) -> int:
+        """Remove the prefix of the broadcast log nobody may accept any more (never the newest
+        entry), reporting `timeout` for the subscriptions that were attached and never read it."""
+        log_ = self.broadcast
+        head = log_.refresh_head()
+        floor = seq = log_.floor()
+        positions: list[tuple[str, Filter, int, int, int | None]] | None = None
+        removed = 0
+        while seq < head:
+            path = log_.path(seq)
+            try:
+                envelope = read_entry(path).envelope
+            except FileNotFoundError:
+                seq += 1
+                continue
+            except CorruptMessage as exc:
+                log.error("removing damaged broadcast entry %s: %s", path, exc)
+                envelope = None
+            if envelope is not None:
+                if envelope.accept_deadline_ms + self.prune_grace_ms > at_ms:
+                    break
+                if envelope.wants(Outcome.TIMEOUT):
+                    if positions is None:
+                        positions = self._broadcast_positions()
+                    self._report_unread(path, seq, envelope, positions)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                removed += 1
+            seq += 1
+        if seq != floor:
+            log_.set_floor(seq)
+        if seq == head and head != self._head_reported:
+            # The newest entry stays (it keeps the numbering), but its timeouts are due too.
+            try:
+                envelope = read_entry(log_.path(head)).envelope
+            except (FileNotFoundError, CorruptMessage):
+                return removed
+            if envelope.accept_deadline_ms + self.prune_grace_ms <= at_ms:
+                self._head_reported = head
+                if envelope.wants(Outcome.TIMEOUT):
+                    positions = positions or self._broadcast_positions()
+                    self._report_unread(log_.path(head), head, envelope, positions)
+        return removed
+
+    def _broadcast_positions(self) -> list[tuple[str, Filter, int, int, int | None]]:
+        """(name, filter, attached ms, next broadcast seq, detached µs) of every subscription."""
+        from dirmq.pubsub.subscription import load_state
+
+        found = []
+        for name in _listdir(self.paths.subs):
+            record = read_subscription(self.paths, name)
+            state, _saved = load_state(self.paths.cursor(name))
+            position = _position(state, "broadcast")
+            if record is None or position is None:
+                continue
+            detached = state.get("detached_us")
+            found.append(
+                (
+                    name,
+                    record[0],
+                    record[1],
+                    position,
+                    detached if isinstance(detached, int) else None,
+                )
+            )
+        return found
+
+    def _report_unread(
+        self,
+        path: str,
+        seq: int,
+        envelope: Envelope,
+        positions: list[tuple[str, Filter, int, int, int | None]],
+    ) -> None:
+        published_ms = envelope.published_us // 1000
+        key = log_key(envelope.key, BROADCAST, seq)
+        for name, filter_, attached_ms, next_seq, detached_us in positions:
+            if (
+                next_seq <= seq
+                and attached_ms <= published_ms
+                and (detached_us is None or detached_us >= envelope.published_us)
+                and filter_.matches(envelope.channel, envelope.subject)
+            ):
+                self.transitions.report_linked(path, key, envelope, name, Outcome.TIMEOUT, 0)
 
     def _expire(self, path: str, subscriber: str, outcome: Outcome) -> int:
         timed = split_timed(os.path.basename(path))
@@ -438,7 +510,7 @@ class PubSub:
                         os.unlink(path)
                         report.removed += 1
             elif name.endswith(".live"):
-                if st.st_nlink == 1:  # no pool, inbox, taken or log entry is left: finished
+                if st.st_nlink == 1:  # no pool, taken or log entry is left: finished
                     with contextlib.suppress(FileNotFoundError):
                         os.rename(path, path[: -len(".live")] + ".end")
             elif "." not in name and age > self.recover_after_s:
@@ -474,6 +546,13 @@ def _listdir(path: str) -> list[str]:
         return os.listdir(path)
     except FileNotFoundError:
         return []
+
+
+def _position(state: dict[str, object], log_name: str) -> int | None:
+    found = state.get(log_name)
+    if isinstance(found, dict) and isinstance(found.get("next"), int):
+        return int(found["next"])
+    return None
 
 
 def _count(path: str) -> int:

@@ -6,25 +6,27 @@
       messages/<id>.live             ... routed (its `queued` outcome is out)
       messages/<id>.end              ... finished; kept for the dedup window, then removed
       anyone/<key>.<accept-ms>       `anyone` messages waiting for a subscriber
+      broadcast/<seq, 16 digits>     the `everyone` log, pruned after the accept timeout
+      broadcast.floor                its lowest remaining sequence number
       retained/<seq, 16 digits>      the `future` log: dense sequence numbers from 1, kept
       present/<subscriber>           one per attached subscription; mtime is its heartbeat
       swept                          mtime: when any process last swept
       outbox/<key>~<sub>~<outcome>~<n>   an outcome decided but not yet reported
-      subs/<subscriber>/subscription.json   its filter
-      subs/<subscriber>/cursor       next retained sequence number to deliver
-      subs/<subscriber>/inbox/<key>.<accept-ms>   `everyone` copies, and returned deliveries
-      subs/<subscriber>/taken/<key>.<deadline-ms> deliveries it holds (accepted)
+      subs/<subscriber>/subscription.json   its filter, when it attached
+      subs/<subscriber>/cursor       its positions in the two logs (JSON)
+      subs/<subscriber>/taken/<key>.<deadline-ms> `anyone` deliveries it holds (accepted)
 
-Every entry except `retained/`'s and the queue of outcomes is a hard link to the message's one
-file in `messages/`: fan-out to N subscribers costs one write and N links. `<key>` is
-`<publish-µs, 16 digits>_<id>`, plus `+<seq>` for a delivery of a retained message, so names
-sort by publish time. `<accept-ms>` is the epoch millisecond after which an entry nobody accepted
-times out (0: never).
+Every entry is a hard link to the message's one file, first written as `messages/<id>`:
+fan-out costs one write and one link whatever the number of subscribers, because subscriptions
+read the logs from their own cursors. `<key>` is `<publish-µs, 16 digits>_<id>`, so names sort
+by publish time; a delivery from a log has the key `<key>+<b|r><seq>`. `<accept-ms>` is the
+epoch millisecond after which an entry nobody accepted times out.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 PUBSUB_DIR = "@pubsub"
@@ -56,6 +58,10 @@ class PubSubPaths:
         return os.path.join(self.base, "retained")
 
     @property
+    def broadcast(self) -> str:
+        return os.path.join(self.base, "broadcast")
+
+    @property
     def present(self) -> str:
         return os.path.join(self.base, "present")
 
@@ -73,6 +79,7 @@ class PubSubPaths:
             self.messages,
             self.anyone,
             self.retained,
+            self.broadcast,
             self.present,
             self.outbox,
             self.subs,
@@ -80,9 +87,6 @@ class PubSubPaths:
 
     def sub(self, name: str) -> str:
         return os.path.join(self.subs, name)
-
-    def inbox(self, name: str) -> str:
-        return os.path.join(self.subs, name, "inbox")
 
     def taken(self, name: str) -> str:
         return os.path.join(self.subs, name, "taken")
@@ -93,11 +97,11 @@ class PubSubPaths:
     def subscription_file(self, name: str) -> str:
         return os.path.join(self.subs, name, "subscription.json")
 
-    def canonical(self, message_id: str, state: str = "") -> str:
-        return os.path.join(self.messages, message_id + (f".{state}" if state else ""))
-
     def retained_entry(self, seq: int) -> str:
         return os.path.join(self.retained, seq_name(seq))
+
+    def canonical(self, message_id: str, state: str = "") -> str:
+        return os.path.join(self.messages, message_id + (f".{state}" if state else ""))
 
 
 def seq_name(seq: int) -> str:
@@ -117,14 +121,27 @@ def split_timed(name: str) -> tuple[str, int] | None:
     return key, int(ms)
 
 
-def retained_key(message_key: str, seq: int) -> str:
-    return f"{message_key}+{seq}"
+RETAINED = "r"
+BROADCAST = "b"
+_DELIVERY_KEY_RE = re.compile(r"\d{16}_[A-Za-z0-9_-]{1,128}(\+[rb]\d+)?")
 
 
-def key_seq(key: str) -> int | None:
-    """The retained sequence number in a delivery key, if it has one."""
-    _, plus, seq = key.rpartition("+")
-    return int(seq) if plus and seq.isdigit() else None
+def is_delivery_key(text: str) -> bool:
+    """True for a key a subscription hands out (`<key>` or `<key>+<r|b><seq>`)."""
+    return _DELIVERY_KEY_RE.fullmatch(text) is not None
+
+
+def log_key(message_key: str, log: str, seq: int) -> str:
+    """The key of a delivery from log `log` (RETAINED or BROADCAST)."""
+    return f"{message_key}+{log}{seq}"
+
+
+def split_log_key(key: str) -> tuple[str, int] | None:
+    """(log, seq) of a delivery from a log, or None for an `anyone` delivery."""
+    _, plus, tail = key.rpartition("+")
+    if not plus or len(tail) < 2 or tail[0] not in (RETAINED, BROADCAST) or not tail[1:].isdigit():
+        return None
+    return tail[0], int(tail[1:])
 
 
 def key_id(key: str) -> str:

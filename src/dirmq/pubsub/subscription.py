@@ -1,15 +1,19 @@
 """A subscription attached in this process: takes matching messages and settles them.
 
-Three sources feed it, oldest publish time first: its inbox (`everyone` copies and deliveries
-returned to it), the shared `anyone` pool (first subscription to rename an entry into its
-`taken/` wins) and the retained log, read from its cursor. Each process keeps an index of the
-pool and inbox fed by inotify (or polling), so taking a message never lists a directory.
+Three sources feed it, oldest publish time first: the shared `anyone` pool (the first
+subscription to rename an entry into its `taken/` wins) and two logs read from its own
+positions: `broadcast/` (`everyone`) and `retained/` (`future`). Each process keeps an index of
+the pool fed by inotify (or polling), so taking a message never lists a directory.
+
+A delivery from a log changes no file at all: what the subscription holds, and what it gave
+back (aborted), lives in memory; its positions (next sequence number, and the held/returned ones
+below it) are saved to `cursor` at most every `CURSOR_SAVE_S` and on close. That is what makes
+fan-out to 100 subscribers cost one write. After a crash, the deliveries since the last save
+come again (at-least-once).
 
 A taken message must be settled (`done`, `dismiss`), kept alive (`heartbeat`) or given back
 (`abort`) before its deadline; otherwise it is aborted: an `anyone` message returns to the pool
-for any subscriber, others return to this subscription's inbox. Closing the subscription gives
-back everything it holds. The retained cursor is saved at most every `CURSOR_SAVE_S` and on
-close, so after a crash a few retained messages may be delivered again (at-least-once).
+for any subscriber, a log delivery to this subscription. Closing gives back everything held.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import os
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from dirmq.errors import (
     CorruptMessage,
@@ -33,7 +38,8 @@ from dirmq.errors import (
     SubscriptionBusy,
     storage_error,
 )
-from dirmq.pubsub.layout import key_seq, retained_key, split_timed
+from dirmq.pubsub.layout import BROADCAST, RETAINED, log_key, split_log_key, split_timed
+from dirmq.pubsub.logs import SeqLog
 from dirmq.pubsub.model import Delivery, Envelope, Filter, Outcome, check_timeout
 from dirmq.pubsub.presence import new_session
 from dirmq.pubsub.transitions import Entry, now_ms, read_entry
@@ -46,6 +52,40 @@ log = logging.getLogger("dirmq.pubsub")
 
 CURSOR_SAVE_S = 0.5
 _OUT_OF_INOTIFY = {errno.EMFILE, errno.ENOSPC}
+
+
+@dataclass(slots=True)
+class _Feed:
+    """This subscription's reading of one log."""
+
+    letter: str  # RETAINED or BROADCAST
+    log: SeqLog
+    next_seq: int
+    held: set[int] = field(default_factory=set)
+    retry: list[int] = field(default_factory=list)  # heap of returned sequence numbers
+    returned: dict[int, tuple[Entry, int]] = field(
+        default_factory=dict
+    )  # seq -> (entry, accept ms)
+    pending_after_attach: list[int] = field(default_factory=list)  # returned by a past session
+    peeked: tuple[int, Entry] | None = None
+    # `broadcast` after re-attaching: entries up to `skip_through` published while it was away
+    # (after `away_since_us`) were not for it.
+    skip_through: int = 0
+    away_since_us: int | None = None
+    maybe_pruned: bool = True
+
+    def state(self) -> dict[str, Any]:
+        return {"next": self.next_seq, "pending": sorted(self.held | set(self.retry))}
+
+
+@dataclass(slots=True)
+class _Held:
+    deadline: int
+    envelope: Envelope
+    path: str  # taken/ entry (anyone) or log entry
+    feed: _Feed | None = None  # None: an `anyone` delivery
+    seq: int = 0
+    entry: Entry | None = None
 
 
 class Subscription:
@@ -61,20 +101,17 @@ class Subscription:
         self.hub = hub
         self.name = name
         self.filter = filter
-        self.durable = durable  # False: removed (inbox and all) when closed
+        self.durable = durable  # False: removed when closed
         self._paths = hub.paths
         self._lock = threading.RLock()
         self._closed = False
-        self._taken: dict[str, tuple[str, Envelope, int]] = {}  # key -> (path, envelope, deadline)
-        self._inbox: list[str] = []  # heap of names; `_inbox_names` says which still exist
-        self._inbox_names: set[str] = set()
+        self._held: dict[str, _Held] = {}
         self._pool: list[str] = []  # heap of matching pool names
         self._pool_envelopes: dict[str, Envelope] = {}  # matching pool names that exist
         self._pool_unread: set[str] = set()  # pool names not examined yet
         self._pool_skipped: set[str] = set()  # examined, not for us
-        self._retained_next: tuple[int, Entry] | None = None
-        self._skip_retained: set[str] = set()
         self._session = new_session()
+        self._saved_state: dict[str, Any] | None = None
         if replay_from is not None and replay_from < 1:
             raise InvalidArgument("replay_from is a retained sequence number, 1 or more")
         try:
@@ -86,8 +123,8 @@ class Subscription:
             self._watcher = open_watcher(
                 {
                     "anyone": self._paths.anyone,
-                    "inbox": self._paths.inbox(name),
                     "retained": self._paths.retained,
+                    "broadcast": self._paths.broadcast,
                 },
                 hub.store.watch_mode,
                 hub.store.poll_interval_s,
@@ -110,7 +147,6 @@ class Subscription:
     # -- attaching -------------------------------------------------------------------------------
     def _attach(self, replay_from: int | None) -> None:
         paths = self._paths
-        os.makedirs(paths.inbox(self.name), exist_ok=True)
         os.makedirs(paths.taken(self.name), exist_ok=True)
         present = os.path.join(paths.present, self.name)
         if self.hub.presence.is_fresh(self.name):
@@ -130,33 +166,43 @@ class Subscription:
         os.write(fd, self._session.encode())
         os.close(fd)
         self.hub.presence.invalidate()
-        self._cursor = replay_from if replay_from is not None else self._saved_cursor()
-        self._cursor_saved = -1
-        # Deliveries a previous session of this subscription held go back (aborted).
+        state, saved_us = load_state(paths.cursor(self.name))
+        self._retained = self._feed(RETAINED, self.hub.retained, state.get("retained"), 1)
+        if replay_from is not None:
+            self._retained = _Feed(RETAINED, self.hub.retained, replay_from)
+        broadcast = self.hub.broadcast
+        head = broadcast.scan()
+        self._broadcast = self._feed(BROADCAST, broadcast, state.get("broadcast"), head + 1)
+        if "broadcast" in state:
+            self._broadcast.skip_through = head
+            detached = state.get("detached_us")
+            self._broadcast.away_since_us = detached if isinstance(detached, int) else saved_us
+        self._save_state(detached_us=None)
+        # Deliveries of `anyone` messages a previous session held go back to the pool.
         taken = paths.taken(self.name)
         for entry in os.listdir(taken):
             timed = split_timed(entry)
             if timed is not None:
                 self.hub.abort_entry(os.path.join(taken, entry), self.name, timed)
-        # Retained messages already waiting in the inbox must not come again from the log.
-        for entry in os.listdir(paths.inbox(self.name)):
-            timed = split_timed(entry)
-            if timed is not None and key_seq(timed[0]) is not None:
-                self._skip_retained.add(timed[0])
 
-    def _saved_cursor(self) -> int:
-        try:
-            with open(self._paths.cursor(self.name), "rb") as f:
-                return max(1, int(f.read().strip() or b"1"))
-        except (FileNotFoundError, ValueError):
-            return 1
+    @staticmethod
+    def _feed(letter: str, seq_log: SeqLog, saved: object, start: int) -> _Feed:
+        if not isinstance(saved, dict):
+            return _Feed(letter, seq_log, start)
+        feed = _Feed(letter, seq_log, max(1, int(saved.get("next", start))))
+        feed.pending_after_attach = [int(s) for s in saved.get("pending", []) if int(s) > 0]
+        return feed
 
-    def _save_cursor(self) -> None:
+    def _save_state(self, *, detached_us: int | None) -> None:
         with self._lock:
-            cursor = self._cursor
-        if cursor != self._cursor_saved:
-            _replace(self._paths.cursor(self.name), str(cursor).encode())
-            self._cursor_saved = cursor
+            state = {
+                "retained": self._retained.state(),
+                "broadcast": self._broadcast.state(),
+                "detached_us": detached_us,
+            }
+        if state != self._saved_state:
+            _replace(self._paths.cursor(self.name), json.dumps(state).encode())
+            self._saved_state = state
 
     def _keep_alive(self) -> None:
         present = os.path.join(self._paths.present, self.name)
@@ -172,21 +218,19 @@ class Subscription:
             except OSError as exc:
                 log.warning("subscription %s heartbeat failed: %s", self.name, exc)
             try:
-                self._save_cursor()
+                self._save_state(detached_us=None)
             except OSError as exc:
-                log.warning("subscription %s cursor not saved: %s", self.name, exc)
+                log.warning("subscription %s positions not saved: %s", self.name, exc)
 
     # -- indexing --------------------------------------------------------------------------------
     def _rescan(self) -> None:
-        self._inbox_names = set(_listdir(self._paths.inbox(self.name)))
-        self._inbox = list(self._inbox_names)
-        heapq.heapify(self._inbox)
         names = set(_listdir(self._paths.anyone))
         self._pool_envelopes = {n: e for n, e in self._pool_envelopes.items() if n in names}
         self._pool = list(self._pool_envelopes)
         heapq.heapify(self._pool)
         self._pool_skipped &= names
         self._pool_unread = names - self._pool_skipped - set(self._pool_envelopes)
+        self._broadcast.maybe_pruned = True
 
     def _absorb_events(self) -> None:
         events = self._watcher.drain()
@@ -196,19 +240,15 @@ class Subscription:
         for event in events:
             if isinstance(event, str):
                 continue
-            if event.directory == "inbox":
-                if event.added and event.name not in self._inbox_names:
-                    self._inbox_names.add(event.name)
-                    heapq.heappush(self._inbox, event.name)
-                elif not event.added:
-                    self._inbox_names.discard(event.name)
-            elif event.directory == "anyone":
+            if event.directory == "anyone":
                 if event.added:
                     self._pool_unread.add(event.name)
                 else:
                     self._pool_unread.discard(event.name)
                     self._pool_skipped.discard(event.name)
                     self._pool_envelopes.pop(event.name, None)
+            elif event.directory == "broadcast" and not event.added:
+                self._broadcast.maybe_pruned = True
 
     def _examine_pool(self) -> None:
         for name in self._pool_unread:
@@ -227,26 +267,64 @@ class Subscription:
                 self._pool_skipped.add(name)
         self._pool_unread.clear()
 
-    def _retained_head(self) -> tuple[int, Entry] | None:
-        while self._retained_next is None:
-            seq = self._cursor
+    def _load_pending(self, feed: _Feed) -> None:
+        """Deliveries a past session held or gave back come first, once."""
+        for seq in feed.pending_after_attach:
             try:
-                entry = read_entry(self.hub.retained.path(seq))
+                entry = read_entry(feed.log.path(seq))
+            except (FileNotFoundError, CorruptMessage):
+                continue  # pruned (it timed out) or damaged
+            if seq not in feed.returned:
+                feed.returned[seq] = (entry, self._retry_accept_ms(feed, entry.envelope))
+                heapq.heappush(feed.retry, seq)
+        feed.pending_after_attach = []
+
+    def _feed_head(self, feed: _Feed) -> tuple[str, int, Entry] | None:
+        """The next delivery `feed` offers: (key, seq, entry), without taking it."""
+        if feed.pending_after_attach:
+            self._load_pending(feed)
+        if feed.retry:
+            seq = feed.retry[0]
+            entry = feed.returned[seq][0]
+            return log_key(entry.envelope.key, feed.letter, seq), seq, entry
+        while feed.peeked is None:
+            seq = feed.next_seq
+            try:
+                entry = read_entry(feed.log.path(seq))
             except FileNotFoundError:
+                if feed.log.prunable and feed.maybe_pruned:
+                    feed.maybe_pruned = False
+                    floor = feed.log.floor()
+                    if floor > seq:  # what we had not read yet timed out and was pruned
+                        feed.next_seq = floor
+                        continue
+                if os.path.exists(feed.log.path(seq + 1)):  # a hole: someone deleted it
+                    log.error("log entry %s is missing; skipping it", feed.log.path(seq))
+                    feed.next_seq += 1
+                    continue
                 return None
             except CorruptMessage as exc:
-                log.error("skipping damaged retained message %d: %s", seq, exc)
-                self._cursor += 1
+                log.error("skipping damaged log entry %s: %s", feed.log.path(seq), exc)
+                feed.next_seq += 1
                 continue
-            envelope = entry.envelope
-            key = retained_key(envelope.key, seq)
-            if key in self._skip_retained or not self.filter.matches(
-                envelope.channel, envelope.subject
-            ):
-                self._cursor += 1
+            if not self._wanted(feed, seq, entry.envelope):
+                feed.next_seq += 1
                 continue
-            self._retained_next = (seq, entry)
-        return self._retained_next
+            feed.peeked = (seq, entry)
+        seq, entry = feed.peeked
+        return log_key(entry.envelope.key, feed.letter, seq), seq, entry
+
+    def _wanted(self, feed: _Feed, seq: int, envelope: Envelope) -> bool:
+        if not self.filter.matches(envelope.channel, envelope.subject):
+            return False
+        if feed.away_since_us is not None and seq <= feed.skip_through:
+            return envelope.published_us <= feed.away_since_us
+        return True
+
+    def _retry_accept_ms(self, feed: _Feed, envelope: Envelope) -> int:
+        if feed.letter == RETAINED:
+            return 0  # retained messages never time out
+        return now_ms() + int(envelope.accept_timeout_s * 1000)
 
     # -- taking ----------------------------------------------------------------------------------
     def receive(self, wait_s: float = 0.0) -> Delivery | None:
@@ -271,52 +349,21 @@ class Subscription:
     def _take_next(self) -> Delivery | None:
         while True:
             self._examine_pool()
-            while self._inbox and self._inbox[0] not in self._inbox_names:
-                heapq.heappop(self._inbox)
             while self._pool and self._pool[0] not in self._pool_envelopes:
                 heapq.heappop(self._pool)
-            retained = self._retained_head()
-            choices: list[tuple[str, str]] = []
-            if self._inbox:
-                choices.append((self._inbox[0], "inbox"))
+            choices: list[tuple[str, _Feed | None]] = []
             if self._pool:
-                choices.append((self._pool[0], "pool"))
-            if retained is not None:
-                seq, entry = retained
-                choices.append((retained_key(entry.envelope.key, seq), "retained"))
+                choices.append((self._pool[0], None))
+            for feed in (self._retained, self._broadcast):
+                head = self._feed_head(feed)
+                if head is not None:
+                    choices.append((head[0], feed))
             if not choices:
                 return None
-            name, source = min(choices)
-            if source == "inbox":
-                delivery = self._take_inbox(name)
-            elif source == "pool":
-                delivery = self._take_pool(name)
-            else:
-                delivery = self._take_retained()
+            name, source = min(choices, key=lambda choice: choice[0])
+            delivery = self._take_pool(name) if source is None else self._take_feed(source)
             if delivery is not None:
                 return delivery
-
-    def _take_inbox(self, name: str) -> Delivery | None:
-        heapq.heappop(self._inbox)
-        self._inbox_names.discard(name)
-        timed = split_timed(name)
-        path = os.path.join(self._paths.inbox(self.name), name)
-        if timed is None:
-            return None
-        key, accept_ms = timed
-        try:
-            entry = read_entry(path)
-        except FileNotFoundError:
-            return None
-        except CorruptMessage as exc:
-            log.error("removing damaged inbox entry %s: %s", path, exc)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            return None
-        if 0 < accept_ms < now_ms():
-            self.hub.transitions.settle(path, key, entry.envelope, self.name, Outcome.TIMEOUT)
-            return None
-        return self._accept(path, key, entry, link=False)
 
     def _take_pool(self, name: str) -> Delivery | None:
         heapq.heappop(self._pool)
@@ -329,7 +376,7 @@ class Subscription:
         if 0 < accept_ms < now_ms():
             self.hub.transitions.settle(path, key, envelope, "", Outcome.TIMEOUT)
             return None
-        taken = self.hub.transitions.accept(path, key, envelope, self.name, link=False)
+        taken = self.hub.transitions.accept(path, key, envelope, self.name)
         if taken is None:  # another subscriber was first
             return None
         try:
@@ -337,41 +384,53 @@ class Subscription:
         except (FileNotFoundError, CorruptMessage) as exc:
             log.error("taken pool entry %s unreadable: %s", taken[0], exc)
             return None
-        return self._delivered(key, taken, entry, None)
+        self._held[key] = _Held(taken[1], envelope, taken[0])
+        return Delivery(key, envelope, entry.body, entry.headers, taken[1], None)
 
-    def _take_retained(self) -> Delivery | None:
-        assert self._retained_next is not None
-        seq, entry = self._retained_next
-        self._retained_next = None
-        self._cursor = seq + 1
-        key = retained_key(entry.envelope.key, seq)
-        return self._accept(self.hub.retained.path(seq), key, entry, link=True, seq=seq)
-
-    def _accept(
-        self, path: str, key: str, entry: Entry, *, link: bool, seq: int | None = None
-    ) -> Delivery | None:
-        taken = self.hub.transitions.accept(path, key, entry.envelope, self.name, link=link)
-        if taken is None:
+    def _take_feed(self, feed: _Feed) -> Delivery | None:
+        at_ms = now_ms()
+        if feed.retry:
+            seq = heapq.heappop(feed.retry)
+            entry, accept_ms = feed.returned.pop(seq)
+        else:
+            assert feed.peeked is not None
+            seq, entry = feed.peeked
+            feed.peeked = None
+            feed.next_seq = seq + 1
+            accept_ms = entry.envelope.accept_deadline_ms if feed.letter == BROADCAST else 0
+        envelope = entry.envelope
+        key = log_key(envelope.key, feed.letter, seq)
+        path = feed.log.path(seq)
+        transitions = self.hub.transitions
+        if 0 < accept_ms < at_ms:
+            transitions.report_linked(path, key, envelope, self.name, Outcome.TIMEOUT, 0)
             return None
-        return self._delivered(key, taken, entry, seq)
+        deadline = at_ms + int(envelope.process_timeout_s * 1000)
+        feed.held.add(seq)
+        self._held[key] = _Held(deadline, envelope, path, feed, seq, entry)
+        transitions.report_linked(path, key, envelope, self.name, Outcome.ACCEPTED, deadline)
+        public_seq = seq if feed.letter == RETAINED else None
+        return Delivery(key, envelope, entry.body, entry.headers, deadline, public_seq)
 
-    def _delivered(
-        self, key: str, taken: tuple[str, int], entry: Entry, seq: int | None
-    ) -> Delivery:
-        path, deadline = taken
-        self._taken[key] = (path, entry.envelope, deadline)
-        if seq is None:
-            seq = key_seq(key)
-        return Delivery(key, entry.envelope, entry.body, entry.headers, deadline, seq)
+    def _abort(self, key: str, held: _Held) -> None:
+        """Give a held delivery back (aborted). The caller removed it from `_held`."""
+        feed = held.feed
+        if feed is None:
+            self.hub.transitions.abort(held.path, key, held.envelope, self.name, held.deadline)
+            return
+        feed.held.discard(held.seq)
+        assert held.entry is not None
+        feed.returned[held.seq] = (held.entry, self._retry_accept_ms(feed, held.envelope))
+        heapq.heappush(feed.retry, held.seq)
+        self.hub.transitions.report_linked(
+            held.path, key, held.envelope, self.name, Outcome.ABORTED, held.deadline
+        )
 
     def _abort_expired(self) -> list[str]:
         at_ms = now_ms()
-        expired = []
-        for key, (path, envelope, deadline) in list(self._taken.items()):
-            if deadline < at_ms:
-                del self._taken[key]
-                self.hub.transitions.abort(path, key, envelope, self.name, deadline)
-                expired.append(key)
+        expired = [key for key, held in self._held.items() if held.deadline < at_ms]
+        for key in expired:
+            self._abort(key, self._held.pop(key))
         return expired
 
     def expire(self) -> list[str]:
@@ -382,9 +441,9 @@ class Subscription:
             return self._abort_expired()
 
     def _next_deadline_s(self) -> float:
-        if not self._taken:
+        if not self._held:
             return 3600.0
-        soonest = min(deadline for _p, _e, deadline in self._taken.values())
+        soonest = min(held.deadline for held in self._held.values())
         return max(0.0, (soonest - now_ms()) / 1000 + 0.001)
 
     # -- settling --------------------------------------------------------------------------------
@@ -399,9 +458,13 @@ class Subscription:
     def _settle(self, delivery: Delivery | str, outcome: Outcome) -> None:
         key = delivery if isinstance(delivery, str) else delivery.key
         with self._lock:
-            path, envelope, _deadline = self._held(key)
-            del self._taken[key]
-            if not self.hub.transitions.settle(path, key, envelope, self.name, outcome):
+            held = self._take_held(key)
+            if held.feed is not None:
+                held.feed.held.discard(held.seq)
+                self.hub.transitions.report_linked(
+                    held.path, key, held.envelope, self.name, outcome, 0
+                )
+            elif not self.hub.transitions.settle(held.path, key, held.envelope, self.name, outcome):
                 raise DeliveryNotFound(
                     f"delivery {key} is no longer held (its deadline passed and it was returned)"
                 )
@@ -411,18 +474,20 @@ class Subscription:
         process timeout). Returns the new deadline (epoch ms)."""
         key = delivery if isinstance(delivery, str) else delivery.key
         with self._lock:
-            path, envelope, _deadline = self._held(key)
-            seconds = envelope.process_timeout_s if extend_s is None else extend_s
+            held = self._find_held(key)
+            seconds = held.envelope.process_timeout_s if extend_s is None else extend_s
             deadline = now_ms() + int(check_timeout("extension", seconds) * 1000)
-            new_path = os.path.join(os.path.dirname(path), f"{key}.{deadline}")
-            try:
-                os.rename(path, new_path)
-            except FileNotFoundError:
-                del self._taken[key]
-                raise DeliveryNotFound(f"delivery {key} is no longer held") from None
-            except OSError as exc:
-                raise storage_error(exc, "extending a delivery") from exc
-            self._taken[key] = (new_path, envelope, deadline)
+            if held.feed is None:  # the deadline is in the taken/ entry's name
+                new_path = os.path.join(os.path.dirname(held.path), f"{key}.{deadline}")
+                try:
+                    os.rename(held.path, new_path)
+                except FileNotFoundError:
+                    del self._held[key]
+                    raise DeliveryNotFound(f"delivery {key} is no longer held") from None
+                except OSError as exc:
+                    raise storage_error(exc, "extending a delivery") from exc
+                held.path = new_path
+            held.deadline = deadline
             if not isinstance(delivery, str):
                 delivery.deadline_ms = deadline
             return deadline
@@ -431,26 +496,31 @@ class Subscription:
         """Give the message back now (reported as `aborted`)."""
         key = delivery if isinstance(delivery, str) else delivery.key
         with self._lock:
-            path, envelope, deadline = self._held(key)
-            del self._taken[key]
-            self.hub.transitions.abort(path, key, envelope, self.name, deadline)
+            self._abort(key, self._take_held(key))
 
-    def _held(self, key: str) -> tuple[str, Envelope, int]:
+    def _find_held(self, key: str) -> _Held:
         self._check_open()
-        found = self._taken.get(key)
-        if found is None:
+        held = self._held.get(key)
+        if held is None:
+            if split_log_key(key) is None and "_" not in key:
+                raise DeliveryNotFound(f"{key!r} is not a delivery key")
             raise DeliveryNotFound(f"delivery {key} is not held by subscription {self.name!r}")
-        return found
+        return held
+
+    def _take_held(self, key: str) -> _Held:
+        held = self._find_held(key)
+        del self._held[key]
+        return held
 
     def held(self) -> list[str]:
         with self._lock:
-            return list(self._taken)
+            return list(self._held)
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
     def cursor(self) -> int:
         """The next retained sequence number this subscription will look at."""
-        return self._cursor
+        return self._retained.next_seq
 
     def fileno(self) -> int | None:
         """Readable when something may have arrived (for event loops); None when polling."""
@@ -461,25 +531,47 @@ class Subscription:
             raise InvalidArgument(f"subscription {self.name!r} is closed")
 
     def close(self) -> None:
-        """Detach: give back every held delivery, save the cursor, stop being `attached`."""
+        """Detach: give back every held delivery, save the positions, stop being attached."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            for key, (path, envelope, deadline) in list(self._taken.items()):
+            for key in list(self._held):
                 try:
-                    self.hub.transitions.abort(path, key, envelope, self.name, deadline)
+                    self._abort(key, self._held.pop(key))
                 except (StorageError, OSError) as exc:  # the sweeper returns it at its deadline
                     log.warning("delivery %s not returned at close: %s", key, exc)
-            self._taken.clear()
         self._stop.set()
         self._keeper.join()
         with contextlib.suppress(OSError):
-            self._save_cursor()
+            self._save_state(detached_us=time.time_ns() // 1000)
         self._detach()
         self._watcher.close()
         if not self.durable:
+            self._report_never_taken(self._broadcast)
             self.hub.delete_subscription(self.name)
+
+    def _report_never_taken(self, feed: _Feed) -> None:
+        """An anonymous subscription goes for good: the `everyone` messages it was attached for
+        and never took time out (reported), rather than vanish."""
+        for seq, (entry, _accept) in feed.returned.items():
+            key = log_key(entry.envelope.key, feed.letter, seq)
+            self.hub.transitions.report_linked(
+                feed.log.path(seq), key, entry.envelope, self.name, Outcome.TIMEOUT, 0
+            )
+        head = feed.log.refresh_head()
+        while (found := self._feed_head_unreturned(feed)) is not None and found[1] <= head:
+            key, seq, entry = found
+            feed.peeked = None
+            feed.next_seq = seq + 1
+            self.hub.transitions.report_linked(
+                feed.log.path(seq), key, entry.envelope, self.name, Outcome.TIMEOUT, 0
+            )
+
+    def _feed_head_unreturned(self, feed: _Feed) -> tuple[str, int, Entry] | None:
+        feed.retry.clear()
+        feed.pending_after_attach = []
+        return self._feed_head(feed)
 
     def _detach(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -494,6 +586,19 @@ class Subscription:
 
     def __repr__(self) -> str:
         return f"Subscription({self.name!r}, {self.filter})"
+
+
+def load_state(path: str) -> tuple[dict[str, Any], int | None]:
+    """A subscription's saved positions and when they were saved (µs), or ({}, None)."""
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read() or b"{}")
+            saved_us = os.fstat(f.fileno()).st_mtime_ns // 1000
+    except (FileNotFoundError, ValueError):
+        return {}, None
+    if isinstance(data, int):  # format of the first release: the retained position only
+        return {"retained": {"next": data, "pending": []}}, saved_us
+    return (data if isinstance(data, dict) else {}), saved_us
 
 
 def _replace(path: str, data: bytes) -> None:

@@ -5,10 +5,12 @@ EEXIST) and does nothing, so concurrent subscribers, sweepers and processes neve
 When the publisher asked for the outcome, the decision goes through `outbox/` first:
 
     settle (done, dismissed, timeout):  rename entry -> outbox;  report;  unlink outbox
-    abort  (returned to the queue):     link entry -> outbox;  rename entry -> pool/inbox;
+    abort  (`anyone`, back to the pool): link entry -> outbox;  rename entry -> pool;
                                         report;  unlink outbox
-    accept (a subscriber takes it):     rename/link source -> taken;  link taken -> outbox;
+    accept (a subscriber takes it):     rename pool entry -> taken;  link taken -> outbox;
                                         report;  unlink outbox
+    a delivery from a log (`everyone`, `future`) changes no file: its outcomes are reported
+    with `report_linked` (link the log entry -> outbox; report; unlink outbox)
 
 so a crash (or a failed report: disk full, reply queue deleted) leaves an outbox entry that the
 sweeper reports later; reports carry a dedup id, so a report is never stored twice.
@@ -22,13 +24,8 @@ import time
 from dataclasses import dataclass
 
 from dirmq.errors import DirmqError
-from dirmq.pubsub.layout import (
-    PubSubPaths,
-    key_seq,
-    outbox_name,
-    timed_name,
-)
-from dirmq.pubsub.model import Envelope, Mode, Outcome
+from dirmq.pubsub.layout import PubSubPaths, outbox_name, timed_name
+from dirmq.pubsub.model import Envelope, Outcome
 from dirmq.pubsub.outcomes import OutcomeReporter
 from dirmq.store.codec import decode
 
@@ -99,19 +96,11 @@ class Transitions:
         self.report_from_outbox(box, envelope, outcome, subscriber, 0)
         return True
 
-    def return_path(self, key: str, envelope: Envelope, subscriber: str, at_ms: int) -> str:
-        """Where an aborted delivery goes back to: the shared pool for `anyone`, else the
-        subscriber's inbox (a retained message never times out there)."""
-        accept_ms = at_ms + int(envelope.accept_timeout_s * 1000)
-        if envelope.mode is Mode.ANYONE:
-            return os.path.join(self.paths.anyone, timed_name(key, accept_ms))
-        if key_seq(key) is not None:
-            accept_ms = 0
-        return os.path.join(self.paths.inbox(subscriber), timed_name(key, accept_ms))
-
     def abort(self, path: str, key: str, envelope: Envelope, subscriber: str, attempt: int) -> bool:
-        """Return a taken delivery to its queue (aborted); False if it was settled meanwhile."""
-        target = self.return_path(key, envelope, subscriber, now_ms())
+        """Return a taken `anyone` delivery to the pool (aborted), with a fresh accept window;
+        False if it was settled meanwhile."""
+        accept_ms = now_ms() + int(envelope.accept_timeout_s * 1000)
+        target = os.path.join(self.paths.anyone, timed_name(key, accept_ms))
         box = None
         if envelope.wants(Outcome.ABORTED):
             box = self._outbox(key, subscriber, Outcome.ABORTED, attempt)
@@ -129,29 +118,42 @@ class Transitions:
             self.report_from_outbox(box, envelope, Outcome.ABORTED, subscriber, attempt)
         return True
 
+    def report_linked(
+        self,
+        path: str,
+        key: str,
+        envelope: Envelope,
+        subscriber: str,
+        outcome: Outcome,
+        attempt: int,
+    ) -> None:
+        """Report the outcome of a delivery that has no file of its own (from a log), through an
+        outbox link to the log entry `path`; straight away if the entry is gone (pruned)."""
+        if not envelope.wants(outcome):
+            return
+        box = self._outbox(key, subscriber, outcome, attempt)
+        try:
+            os.link(path, box)
+        except FileExistsError:  # reported already, or being reported
+            return
+        except FileNotFoundError:
+            try:
+                self.reporter.report(envelope, outcome, subscriber, attempt)
+            except (DirmqError, OSError) as exc:
+                log.error("outcome %s of %s lost: %s", outcome, envelope.id, exc)
+            return
+        self.report_from_outbox(box, envelope, outcome, subscriber, attempt)
+
     def accept(
-        self, source: str, key: str, envelope: Envelope, subscriber: str, *, link: bool
+        self, source: str, key: str, envelope: Envelope, subscriber: str
     ) -> tuple[str, int] | None:
-        """Take `source` into the subscriber's `taken/` (rename, or link for a retained entry);
-        returns (path, deadline ms), or None if another subscriber took it first."""
+        """Take pool entry `source` into the subscriber's `taken/`; returns (path, deadline ms),
+        or None if another subscriber took it first."""
         deadline = now_ms() + int(envelope.process_timeout_s * 1000)
         taken = os.path.join(self.paths.taken(subscriber), timed_name(key, deadline))
         try:
-            if link:
-                os.link(source, taken)
-            else:
-                os.rename(source, taken)
-        except (FileNotFoundError, FileExistsError):
+            os.rename(source, taken)
+        except FileNotFoundError:
             return None
-        if envelope.wants(Outcome.ACCEPTED):
-            box = self._outbox(key, subscriber, Outcome.ACCEPTED, deadline)
-            try:
-                os.link(taken, box)
-            except OSError as exc:  # reported without the safety net rather than not at all
-                log.warning("no outbox entry for the acceptance of %s: %s", envelope.id, exc)
-                box = ""
-            if box:
-                self.report_from_outbox(box, envelope, Outcome.ACCEPTED, subscriber, deadline)
-            else:
-                self.reporter.report(envelope, Outcome.ACCEPTED, subscriber, deadline)
+        self.report_linked(taken, key, envelope, subscriber, Outcome.ACCEPTED, deadline)
         return taken, deadline

@@ -25,7 +25,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from urllib.parse import parse_qsl, unquote
 from dirmq.errors import DeliveryNotFound, InvalidArgument, MessageTooLarge
 from dirmq.pubsub import Delivery, Mode, PubSub, Subscription
 from dirmq.pubsub.hub import DEFAULT_ACCEPT_TIMEOUT_S, DEFAULT_PROCESS_TIMEOUT_S
-from dirmq.pubsub.layout import PubSubPaths
+from dirmq.pubsub.layout import PubSubPaths, is_delivery_key
 from dirmq.pubsub.model import check_name
 from dirmq.server.broker import Broker
 from dirmq.server.errors import json_error
@@ -54,7 +53,6 @@ MAX_WINDOW = 1000
 MAX_BODY_BYTES = 16 * 1024 * 1024  # as a queue's default max_message_bytes
 CLOSE_WAIT_S = 5.0
 ACTIONS = ("done", "dismiss", "abort", "heartbeat")
-_KEY_RE = re.compile(r"\d{16}_[A-Za-z0-9_-]{1,128}(\+\d+)?")
 SSE_HEADERS = [
     ("Content-Type", "text/event-stream"),
     ("Cache-Control", "no-cache"),
@@ -304,7 +302,7 @@ class PubSubApi:
 
     async def settle(self, request: Request, route: PubSubRoute) -> Response:
         check_name("subscription name", route.name)
-        if not _KEY_RE.fullmatch(route.key):
+        if not is_delivery_key(route.key):
             raise InvalidArgument(f"{route.key[:200]!r} is not a delivery key")
         stream = self._streams.get(route.name)
         if stream is None:
