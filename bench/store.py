@@ -357,7 +357,11 @@ class RecycledQueue:
         self.ready_dir = os.path.join(self.queue.path, "@ready")
         self.sync_fd = sync_fd
         self.shared = shared
-        self.queue.put_many([BODY] * prefill)  # fresh files; acked into the pool right away
+        # Fresh files, acked into the pool right away. Published through another Store: its
+        # listing of the still empty shared pool must not make this queue's first look at it
+        # wait (a fruitless listing of @free is repeated at most once a second).
+        with Store(store.root) as other:
+            other.queue(name).put_many([BODY] * prefill)
         self.drain()
         self.pool = self._inodes(os.path.join(self.queue.path, "@free"))
         self.seen: set[int] = set()  # inodes of every file the timed bursts published

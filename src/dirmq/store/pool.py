@@ -41,7 +41,7 @@ from dirmq.store.fsio import DirHandle, PendingFile, overwrite_pending
 MAX_RECYCLED_BYTES = 64 * 1024
 DEFAULT_POOL_FILES = 1024
 OWN_POOL_FILES = 256
-RELIST_INTERVAL_S = 0.05  # after a listing of @free that found nothing
+RELIST_INTERVAL_S = 1.0  # after a listing of @free that found nothing
 ORPHAN_POOL_GRACE_S = 3600.0  # a pool of another host: its owner is presumed dead after this
 
 _POOL_DIR_RE = re.compile(r"([0-9a-f]{8})\.(\d+)\.(\d+)-([0-9a-f]{8})")
