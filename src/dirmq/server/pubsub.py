@@ -6,6 +6,8 @@ POST   /@pubsub/subscriptions/{name}/deliveries/{key}/{action}   done|dismiss|ab
 GET    /@pubsub/subscriptions                             every subscription (JSON list)
 DELETE /@pubsub/subscriptions/{name}                      remove a detached subscription
 GET    /@pubsub                                           counters (`PubSub.stats`)
+GET    /@pubsub/retained                                  a page of the retained log (JSON lines)
+GET    /@pubsub/retained/head                             the retained log's head
 
 Everything durable happens in `dirmq.pubsub` on the shared root; this module only maps HTTP onto
 it. A stream is one `Subscription` of this process, fed from the event loop: its eventfd (set
@@ -15,6 +17,11 @@ broker's thread pool. At most `window` deliveries are outstanding; settling one 
 must reach this process) frees its slot. A sweeper task runs `PubSub.maybe_sweep` every
 `SWEEP_EVERY_S` whether or not anyone is subscribed, so accept timeouts, crashed sessions'
 deliveries and unreported outcomes are handled by any live server.
+
+Reading the retained log (`GET /@pubsub/retained`) consumes nothing and holds no state: a page
+is `[from, from + limit)` cut at the head, one JSON line per entry (the body in base64, as in the
+event stream) and one marker line per entry that is missing or damaged, so a reader (the Spark
+source over `url`) can tell data loss from filtering. `X-Next-Seq` is where the next page starts.
 """
 
 from __future__ import annotations
@@ -25,16 +32,25 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote
 
-from dirmq.errors import DeliveryNotFound, InvalidArgument, MessageTooLarge
+from dirmq.errors import (
+    CorruptMessage,
+    DeliveryNotFound,
+    InvalidArgument,
+    MessageTooLarge,
+    storage_error,
+)
 from dirmq.pubsub import Delivery, Mode, PubSub, Subscription
 from dirmq.pubsub.hub import DEFAULT_ACCEPT_TIMEOUT_S, DEFAULT_PROCESS_TIMEOUT_S
 from dirmq.pubsub.layout import PubSubPaths, is_delivery_key
-from dirmq.pubsub.model import check_name
+from dirmq.pubsub.logs import SeqLog
+from dirmq.pubsub.model import Envelope, Filter, check_name
+from dirmq.pubsub.transitions import Entry, read_entry
 from dirmq.server.broker import Broker
 from dirmq.server.errors import json_error
 from dirmq.server.http import Request, Response, StreamResponse
@@ -50,6 +66,14 @@ KEEPALIVE_S = 15.0
 RECHECK_S = 5.0  # a stream looks again even without a wake-up (belt and braces)
 DEFAULT_WINDOW = 16
 MAX_WINDOW = 1000
+MAX_SEQ = 2**62
+DEFAULT_RETAINED_LIMIT = 100
+MAX_RETAINED_LIMIT = 1000
+# A page stops early once its bodies reach this (at least one entry is always sent): 1000
+# entries of up to 16 MiB each must not become one response held in memory.
+MAX_PAGE_BODY_BYTES = 8 * 1024 * 1024
+NDJSON = "application/x-ndjson"
+RETAINED_PARAMETERS = ("from", "limit", "channel", "subject")
 MAX_BODY_BYTES = 16 * 1024 * 1024  # as a queue's default max_message_bytes
 CLOSE_WAIT_S = 5.0
 ACTIONS = ("done", "dismiss", "abort", "heartbeat")
@@ -62,7 +86,9 @@ SSE_HEADERS = [
 
 @dataclass(frozen=True, slots=True)
 class PubSubRoute:
-    kind: str  # stats | publish | subscribe | subscriptions | subscription | delivery
+    # stats | publish | subscribe | subscriptions | subscription | delivery | retained |
+    # retained_head
+    kind: str
     name: str = ""
     key: str = ""
     action: str = ""
@@ -82,6 +108,10 @@ def parse_pubsub_route(path: str) -> PubSubRoute | None:
             return PubSubRoute("publish")
         case ["subscribe"]:
             return PubSubRoute("subscribe")
+        case ["retained"]:
+            return PubSubRoute("retained")
+        case ["retained", "head"]:
+            return PubSubRoute("retained_head")
         case ["subscriptions"]:
             return PubSubRoute("subscriptions")
         case ["subscriptions", name]:
@@ -98,6 +128,8 @@ METHODS: dict[str, tuple[str, ...]] = {
     "subscriptions": ("GET",),
     "subscription": ("DELETE",),
     "delivery": ("POST",),
+    "retained": ("GET",),
+    "retained_head": ("GET",),
 }
 
 
@@ -131,7 +163,13 @@ def delivery_json(delivery: Delivery) -> dict[str, object]:
         "deadline_ms": delivery.deadline_ms,
         "headers": delivery.headers,
         "body_base64": base64.b64encode(delivery.body).decode("ascii"),
-        # The rest of the envelope, so a client can rebuild the library's `Delivery`.
+        **_envelope_rest(envelope),
+    }
+
+
+def _envelope_rest(envelope: Envelope) -> dict[str, object]:
+    """The rest of the envelope, so a client can rebuild the library's `Delivery` or `Entry`."""
+    return {
         "published_us": envelope.published_us,
         "accept_timeout_s": envelope.accept_timeout_s,
         "process_timeout_s": envelope.process_timeout_s,
@@ -139,6 +177,96 @@ def delivery_json(delivery: Delivery) -> dict[str, object]:
         "acks": sorted(a.value for a in envelope.acks),
         "reply_to": envelope.reply_to,
     }
+
+
+def retained_entry_json(seq: int, entry: Entry) -> dict[str, object]:
+    envelope = entry.envelope
+    return {
+        "seq": seq,
+        "id": envelope.id,
+        "channel": envelope.channel,
+        "subject": envelope.subject,
+        "mode": envelope.mode.value,
+        "headers": entry.headers,
+        "body_base64": base64.b64encode(entry.body).decode("ascii"),
+        **_envelope_rest(envelope),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedPage:
+    lines: list[bytes]  # one JSON document each, without the newline
+    next_seq: int
+    missing: int
+
+
+def read_retained_page(
+    paths: PubSubPaths, first: int, limit: int, wanted: Filter, head: int
+) -> RetainedPage:
+    """Entries `first` .. `first + limit - 1` (never past `head`) that match `wanted`, plus a
+    marker for each one that is missing or damaged: the log is dense and never shrinks, so a
+    reader must learn of a loss rather than see a filtered-out entry. Blocking: a pool thread."""
+    end = min(first + limit, head + 1)
+    lines: list[bytes] = []
+    missing = body_bytes = 0
+    seq = first
+    while seq < end and body_bytes < MAX_PAGE_BODY_BYTES:
+        path = paths.retained_entry(seq)
+        marker: dict[str, object] | None = None
+        try:
+            entry = read_entry(path)
+        except FileNotFoundError:
+            marker = {"seq": seq, "missing": "absent"}
+        except CorruptMessage as exc:
+            marker = {"seq": seq, "missing": "damaged", "error": str(exc)}
+        except OSError as exc:
+            raise storage_error(exc, f"reading retained entry {seq}") from exc
+        if marker is not None:
+            missing += 1
+            lines.append(json.dumps(marker, separators=(",", ":")).encode())
+        elif wanted.matches(entry.envelope.channel, entry.envelope.subject):
+            body_bytes += len(entry.body)
+            line = json.dumps(retained_entry_json(seq, entry), separators=(",", ":"))
+            lines.append(line.encode())
+        seq += 1
+    return RetainedPage(lines, seq, missing)
+
+
+class RetainedHead:
+    """The retained log's head as readers should see it, kept current without listing.
+
+    `SeqLog.refresh_head` finds appends by probing `head + 1`, but never looks past a hole: an
+    entry deleted just above the head would hide everything appended after it. So, as the
+    Spark source's `LogHead` does, the directory is listed again when its mtime moved without
+    an append at the head (a deletion, or a link past a hole). The head never goes down: a
+    deleted tail is read as missing entries, not as a shorter log.
+    """
+
+    def __init__(self, log: SeqLog) -> None:
+        self._log = log
+        self._head = 0
+        self._seen_mtime: int | None = None
+        self._lock = threading.Lock()  # requests run on several pool threads
+
+    def current(self) -> int:
+        with self._lock:
+            mtime = self._dir_mtime()  # before probing: a change meanwhile shows next time
+            head = max(self._log.refresh_head(), self._head)
+            while os.path.exists(self._log.path(head + 1)):
+                head += 1
+            if head == self._head and mtime != self._seen_mtime:
+                head = max(head, self._log.scan())
+            self._seen_mtime = mtime
+            self._head = head
+            return head
+
+    def _dir_mtime(self) -> int | None:
+        try:
+            return os.stat(self._log.directory).st_mtime_ns
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise storage_error(exc, "probing the retained log") from exc
 
 
 def sse_event(event: str, data: object, event_id: str | None = None) -> bytes:
@@ -157,6 +285,7 @@ class PubSubApi:
         self.broker = broker
         self.metrics = metrics
         self._hub: PubSub | None = None
+        self._retained_head: RetainedHead | None = None
         self._streams: dict[str, _Stream] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self.closing = False
@@ -227,6 +356,8 @@ class PubSubApi:
             "subscriptions": self.list_subscriptions,
             "subscription": self.delete_subscription,
             "delivery": self.settle,
+            "retained": self.read_retained,
+            "retained_head": self.retained_head,
         }
 
     # -- handlers --------------------------------------------------------------------------------
@@ -299,6 +430,53 @@ class PubSubApi:
         self._streams[sub.name] = stream
         self.metrics.pubsub_attached.inc()
         return StreamResponse(200, _Body(stream), list(SSE_HEADERS))
+
+    def _head(self, hub: PubSub) -> int:
+        if self._retained_head is None:
+            self._retained_head = RetainedHead(hub.retained)
+        return self._retained_head.current()
+
+    async def read_retained(self, request: Request, route: PubSubRoute) -> Response:
+        channels: list[str] = []
+        subjects: list[str] = []
+        for key, value in parse_qsl(request.raw_query, keep_blank_values=True):
+            if key == "channel" and value:
+                channels.append(value)
+            elif key == "subject" and value:
+                subjects.append(value)
+            elif key not in RETAINED_PARAMETERS:
+                # Refused rather than ignored: `max=` (the queue API's word) would otherwise
+                # quietly read a default-sized page.
+                raise InvalidArgument(
+                    f"unknown parameter {key[:100]!r}; the retained log takes "
+                    + ", ".join(f"{p}=" for p in RETAINED_PARAMETERS)
+                )
+        wanted = Filter(tuple(channels), tuple(subjects))
+        first = _int(request.query.get("from"), "from", 1, MAX_SEQ, 1)
+        limit = _int(
+            request.query.get("limit"), "limit", 1, MAX_RETAINED_LIMIT, DEFAULT_RETAINED_LIMIT
+        )
+        assert first is not None and limit is not None
+        hub = await self.hub()
+
+        def page() -> tuple[RetainedPage, int]:
+            head = self._head(hub)
+            return read_retained_page(hub.paths, first, limit, wanted, head), head
+
+        result, head = await self.broker.call(page)
+        body = b"".join(line + b"\n" for line in result.lines)
+        headers = [
+            ("Content-Type", NDJSON),
+            ("X-Next-Seq", str(result.next_seq)),
+            ("X-Retained-Head", str(head)),
+            ("X-Missing-Count", str(result.missing)),
+        ]
+        return Response(200, body, headers)
+
+    async def retained_head(self, request: Request, route: PubSubRoute) -> Response:
+        hub = await self.hub()
+        head = await self.broker.call(self._head, hub)
+        return _json(200, {"head": head}, [("X-Retained-Head", str(head))])
 
     async def settle(self, request: Request, route: PubSubRoute) -> Response:
         check_name("subscription name", route.name)
