@@ -13,6 +13,9 @@ A subscription is one server-sent event stream (read by a background thread into
 buffer, so `receive(wait_s)` can time out) plus a POST per settlement. The server sends at most
 `window` deliveries that are not settled yet. Outcomes reach the publisher in its `reply_to`
 queue: read them with `RemoteStore(url).queue(reply_to)`.
+
+`read_retained` pages through the retained log (`future` messages) by sequence number without
+consuming anything; `retained_head` is its highest sequence number.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import json
 import queue
 import socket
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -41,12 +45,24 @@ from dirmq.pubsub.model import (
     Published,
     check_name,
 )
+from dirmq.pubsub.transitions import Entry
 from dirmq.store import OutgoingMessage
 
 DEFAULT_ACCEPT_TIMEOUT_S = 60.0
 DEFAULT_PROCESS_TIMEOUT_S = 30.0
 # The server sends a keep-alive comment every 15 s: a stream silent for this long is dead.
 STREAM_READ_TIMEOUT_S = 60.0
+MAX_RETAINED_LIMIT = 1000  # the server's cap on entries examined per page
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedPage:
+    """One page of the retained log: `GET /@pubsub/retained`."""
+
+    entries: list[tuple[int, Entry]]  # (seq, entry) that matched the filter, in seq order
+    missing: list[tuple[int, str]]  # (seq, why): entries of the range that are gone or damaged
+    next_seq: int  # where the next page starts (== from_seq: nothing to read there yet)
+    head: int  # the log's highest sequence number when the page was read
 
 
 class RemotePubSub:
@@ -60,15 +76,17 @@ class RemotePubSub:
         self,
         method: str,
         path: str,
-        params: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
         headers: Mapping[str, bytes] | None = None,
         body: bytes = b"",
     ) -> p.Answer:
+        # A sequence of pairs lets a parameter repeat (channel=a&channel=b).
+        pairs = list(params.items() if isinstance(params, Mapping) else params or ())
         try:
             response = self._http.request(
                 method,
                 path,
-                params=dict(params or {}) or None,
+                params=tuple(pairs) or None,
                 headers={k.encode(): v for k, v in (headers or {}).items()} or None,
                 content=body or None,
             )
@@ -141,6 +159,44 @@ class RemotePubSub:
     def stats(self) -> dict[str, int]:
         return dict(self.request("GET", "/@pubsub").json())
 
+    def read_retained(
+        self,
+        from_seq: int = 1,
+        limit: int = 100,
+        *,
+        channels: Iterable[str] = (),
+        subjects: Iterable[str] = (),
+    ) -> RetainedPage:
+        """Retained entries `from_seq` .. `from_seq + limit - 1` (at most 1000 examined; the
+        server may stop earlier after a few MiB of bodies) that match the filter. Nothing is
+        consumed. Continue from `next_seq`; a page that ends before the range (`next_seq` less
+        than `from_seq + limit`) reached the head or the size cap."""
+        if not 1 <= limit <= MAX_RETAINED_LIMIT:
+            raise errors.InvalidArgument(f"limit must be from 1 to {MAX_RETAINED_LIMIT}")
+        if from_seq < 1:
+            raise errors.InvalidArgument(f"from_seq must be 1 or more, not {from_seq}")
+        params = [("from", str(from_seq)), ("limit", str(limit))]
+        params += [("channel", c) for c in channels] + [("subject", s) for s in subjects]
+        answer = self.request("GET", "/@pubsub/retained", params)
+        entries: list[tuple[int, Entry]] = []
+        missing: list[tuple[int, str]] = []
+        for line in answer.body.splitlines():
+            if not line.strip():
+                continue
+            data = json.loads(line)
+            seq = int(data["seq"])
+            if "missing" in data:
+                why = str(data["missing"])
+                missing.append((seq, f"{why}: {data['error']}" if data.get("error") else why))
+            else:
+                body = base64.b64decode(data["body_base64"])
+                entries.append((seq, Entry(envelope_from(data), body, dict(data["headers"]))))
+        return RetainedPage(entries, missing, _int_header(answer, "x-next-seq"), _head(answer))
+
+    def retained_head(self) -> int:
+        """The retained log's highest sequence number (0 while it is empty)."""
+        return _head(self.request("GET", "/@pubsub/retained/head"))
+
     def open_stream(self, params: list[tuple[str, str]]) -> httpx.Response:
         request = self._http.build_request(
             "GET",
@@ -192,8 +248,19 @@ def read_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
                 data.append(value)
 
 
-def delivery_from(data: Mapping[str, Any]) -> Delivery:
-    envelope = Envelope(
+def _int_header(answer: p.Answer, name: str) -> int:
+    value = answer.header(name)
+    if value is None or not value.isdigit():
+        raise errors.DirmqError(f"the server's answer has no valid {name} header: {value!r}")
+    return int(value)
+
+
+def _head(answer: p.Answer) -> int:
+    return _int_header(answer, "x-retained-head")
+
+
+def envelope_from(data: Mapping[str, Any]) -> Envelope:
+    return Envelope(
         id=data["id"],
         channel=data["channel"],
         subject=data["subject"],
@@ -205,9 +272,12 @@ def delivery_from(data: Mapping[str, Any]) -> Delivery:
         acks=frozenset(Outcome(a) for a in data["acks"]),
         reply_to=data.get("reply_to"),
     )
+
+
+def delivery_from(data: Mapping[str, Any]) -> Delivery:
     return Delivery(
         key=data["key"],
-        envelope=envelope,
+        envelope=envelope_from(data),
         body=base64.b64decode(data["body_base64"]),
         headers=dict(data["headers"]),
         deadline_ms=int(data["deadline_ms"]),
