@@ -124,6 +124,11 @@ def check_documented(operation: Operation, response: httpx.Response) -> dict[str
         schema_at = location + pointer("content", key, "schema")
         validator = OAS31Validator({"$ref": f"{SPEC_URI}#{schema_at}"}, registry=REGISTRY)
         validator.validate(response.json())
+    if "x-line-schema" in content[key]:  # JSON lines: each line against the line schema
+        schema_at = location + pointer("content", key, "x-line-schema")
+        validator = OAS31Validator({"$ref": f"{SPEC_URI}#{schema_at}"}, registry=REGISTRY)
+        for line in response.text.splitlines():
+            validator.validate(json.loads(line))
     return documented
 
 
@@ -261,6 +266,9 @@ CASES = [
     Case("pubsubSubscriptions", 200),
     Case("pubsubDeleteSubscription", 404),
     Case("pubsubSettle", 404),
+    Case("pubsubRetained", 200, params={"from": "1", "limit": "10", "channel": "oa"}),
+    Case("pubsubRetained", 400, params={"limit": "0"}),
+    Case("pubsubRetainedHead", 200),
 ]
 
 
