@@ -505,3 +505,23 @@ def test_an_anonymous_subscription_leaves_nothing_behind(hub: PubSub, store: Sto
         hub.publish("c", b"x", mode="everyone", acks="timeout", reply_to=REPLY)
     assert hub.subscriptions() == []
     assert [o[1] for o in outcomes(store)] == ["timeout"]  # it never took it: reported
+
+
+def test_a_deleted_log_entry_is_skipped_not_waited_for(hub: PubSub) -> None:
+    for i in range(3):
+        hub.publish("feed", f"r{i}".encode(), mode="future")
+    os.unlink(hub.paths.retained_entry(2))  # an operator's mistake: a hole
+    with hub.subscribe("reader") as sub:
+        assert bodies(drain(sub)) == [b"r0", b"r2"]
+
+
+def test_a_pruned_broadcast_prefix_is_skipped(hub: PubSub) -> None:
+    sub = hub.subscribe("slow")
+    hub.publish("c", b"old", mode="everyone", accept_timeout_s=0.1)
+    hub.publish("c", b"new", mode="everyone")
+    time.sleep(0.2)
+    hub.prune_grace_ms = 0
+    assert hub.sweep().removed == 1
+    assert hub.broadcast.floor() == 2
+    assert bodies(drain(sub)) == [b"new"]
+    sub.close()

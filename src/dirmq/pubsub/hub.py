@@ -370,7 +370,7 @@ class PubSub:
         head = log_.refresh_head()
         floor = seq = log_.floor()
         positions: list[tuple[str, Filter, int, int, int | None]] | None = None
-        removed = 0
+        doomed: list[str] = []
         while seq < head:
             path = log_.path(seq)
             try:
@@ -388,12 +388,15 @@ class PubSub:
                     if positions is None:
                         positions = self._broadcast_positions()
                     self._report_unread(path, seq, envelope, positions)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-                removed += 1
+            doomed.append(path)
             seq += 1
+        removed = 0
         if seq != floor:
-            log_.set_floor(seq)
+            log_.set_floor(seq)  # first: a reader that finds an entry gone looks here
+            for path in doomed:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                    removed += 1
         if seq == head and head != self._head_reported:
             # The newest entry stays (it keeps the numbering), but its timeouts are due too.
             try:

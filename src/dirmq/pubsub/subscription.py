@@ -298,7 +298,14 @@ class Subscription:
                     if floor > seq:  # what we had not read yet timed out and was pruned
                         feed.next_seq = floor
                         continue
-                if os.path.exists(feed.log.path(seq + 1)):  # a hole: someone deleted it
+                # `seq + 1` is linked only once `seq` exists: if it is there and `seq` still is
+                # not (checked again: it may have appeared since our open), it was deleted.
+                if os.path.exists(feed.log.path(seq + 1)):
+                    if os.path.exists(feed.log.path(seq)):
+                        continue
+                    if feed.log.floor() > seq:
+                        feed.next_seq = feed.log.floor()
+                        continue
                     log.error("log entry %s is missing; skipping it", feed.log.path(seq))
                     feed.next_seq += 1
                     continue
