@@ -16,11 +16,13 @@ pytest.importorskip("pyspark")  # an install without the `spark` extra skips thi
 
 from pyspark.errors import StreamingQueryException
 
+from dirmq.client.pubsub import RemotePubSub
 from dirmq.pubsub import PubSub
 from dirmq.pubsub.layout import PubSubPaths
 from dirmq.spark.retained import LogHead
 from dirmq.store import Store
 
+from .servers import start_server
 from .spark_fixtures import spark_fixture  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
@@ -108,10 +110,10 @@ def test_batch_read_with_filters_and_offsets(spark: Any, hub: PubSub) -> None:
 
 
 def test_bad_options_are_refused_at_load(spark: Any, hub: PubSub) -> None:
-    with pytest.raises(Exception, match="only be read through `path`"):
-        spark.read.format("dirmq").option("url", "http://127.0.0.1:1").option(
-            "stream", "retained"
-        ).load()
+    with pytest.raises(Exception, match="exactly one of the options `path`"):
+        _read(spark, hub, url="http://127.0.0.1:1")
+    with pytest.raises(Exception, match="must start with http"):
+        spark.read.format("dirmq").option("url", "ftp://x").option("stream", "retained").load()
     with pytest.raises(Exception, match="either `queue` or `stream=retained`"):
         _read(spark, hub, queue="q")
     with pytest.raises(Exception, match="startingOffsets"):
@@ -200,6 +202,61 @@ def test_fail_on_data_loss(spark: Any, hub: PubSub, tmp_path: Path) -> None:
         tmp_path / "skip.ckpt",
     )
     assert _seqs(spark.read.parquet(str(tmp_path / "skip"))) == [s for s in range(1, 21) if s != 10]
+
+
+# -- over `url` -----------------------------------------------------------------------------------
+def test_over_url_batch_stream_and_data_loss(spark: Any, tmp_path: Path) -> None:
+    server = start_server(tmp_path / "served")
+    try:
+        with RemotePubSub(server.url) as remote:
+            for i in range(30):
+                remote.publish(
+                    CHANNELS[i % 3],
+                    f"m{i}".encode(),
+                    subject=SUBJECTS[i % 2],
+                    mode="future",
+                    headers={"Content-Type": "text/plain"},
+                )
+
+        def read(**options: str) -> Any:
+            reader = spark.read.format("dirmq").option("url", server.url)
+            for key, value in {"stream": "retained", **options}.items():
+                reader = reader.option(key, value)
+            return reader.load()
+
+        def stream(**options: str) -> Any:
+            reader = spark.readStream.format("dirmq").option("url", server.url)
+            for key, value in {"stream": "retained", **options}.items():
+                reader = reader.option(key, value)
+            return reader.load()
+
+        rows = read(numPartitions="3").orderBy("seq").collect()
+        assert [r.seq for r in rows] == list(range(1, 31))
+        first = rows[0]
+        assert first.body == b"m0" and first.channel == "orders.eu" and first.subject == "created"
+        assert first.content_type == "text/plain" and first.published_at is not None
+        paid_audit = read(channels="audit, x", subjects="paid")
+        assert _seqs(paid_audit) == [s for s in range(1, 31) if (s - 1) % 6 == 5]
+        assert _seqs(read(startingOffsets="5", endingOffsets="8")) == [5, 6, 7]
+
+        out, checkpoint = tmp_path / "out", tmp_path / "ckpt"
+        query = _run_available_now(stream(maxMessagesPerTrigger="7"), out, checkpoint)
+        assert [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]] == [
+            7,
+            7,
+            7,
+            7,
+            2,
+        ]
+        assert _seqs(spark.read.parquet(str(out))) == list(range(1, 31))
+
+        # The server's explicit markers carry failOnDataLoss over HTTP.
+        os.unlink(PubSubPaths.under(str(server.root)).retained_entry(10))
+        with pytest.raises(Exception, match="retained entry 10 is missing"):
+            read().collect()
+        assert _seqs(read(failOnDataLoss="false")) == [s for s in range(1, 31) if s != 10]
+    finally:
+        server.stop()
 
 
 # -- the driver's head probe ----------------------------------------------------------------------

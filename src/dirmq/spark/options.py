@@ -21,9 +21,11 @@ that is malformed is refused with `InvalidArgument` naming the option.
     createQueue           writes: create the queue if it is missing (default false)
 
 Instead of `queue`, `stream=retained` reads the pub/sub retained log (the `future` messages,
-by sequence number; see retained.py), batch or streaming, through `path` only:
+by sequence number; see retained.py), batch or streaming, through `path` or `url`:
 
     stream                `retained` (the only stream so far)
+    path | url            the root every executor mounts, or a `dirmq serve` URL (executors
+                          then page through their ranges with `GET /@pubsub/retained`)
     channels / subjects   comma-separated prefixes, as in a pub/sub filter (empty: all)
     startingOffsets       earliest (default) | latest (streaming only) | a sequence number
                           (the first one to read) | {"seq": n}
@@ -129,7 +131,8 @@ class Options:
 class RetainedOptions:
     """The options of a read of the retained log (`stream=retained`)."""
 
-    path: str
+    path: str | None = None  # exactly one of `path` and `url`
+    url: str | None = None
     channels: tuple[str, ...] = ()
     subjects: tuple[str, ...] = ()
     starting: int | str = EARLIEST  # EARLIEST, LATEST or the first sequence number to read
@@ -137,6 +140,11 @@ class RetainedOptions:
     fail_on_data_loss: bool = True
     num_partitions: int | None = None
     max_per_trigger: int | None = None
+
+    @property
+    def location(self) -> str:
+        """The root or the server, for messages."""
+        return self.path if self.path is not None else str(self.url)
 
 
 def wants_retained(raw: Mapping[str, str]) -> bool:
@@ -155,16 +163,18 @@ def parse_retained_options(raw: Mapping[str, str]) -> RetainedOptions:
         )
     if options.get("queue"):
         raise InvalidArgument("give either `queue` or `stream=retained`, not both")
-    if options.get("url"):
+    path = options.get("path") or None
+    url = options.get("url") or None
+    if (path is None) == (url is None):
         raise InvalidArgument(
-            "the retained stream can only be read through `path` (a root every executor "
-            "mounts): the dirmq server has no endpoint that reads the retained log yet"
+            "reading the retained stream needs exactly one of the options `path` (the root, "
+            "mounted by every executor) or `url` (a dirmq server)"
         )
-    path = options.get("path")
-    if not path:
-        raise InvalidArgument("reading the retained stream needs the option `path` (the root)")
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise InvalidArgument(f"url {url!r} must start with http:// or https://")
     return RetainedOptions(
-        path=os.path.abspath(path),
+        path=os.path.abspath(path) if path is not None else None,
+        url=url,
         channels=_prefixes(options.get("channels")),
         subjects=_prefixes(options.get("subjects")),
         starting=_offset_option(options, "startingoffsets", "startingOffsets", EARLIEST),

@@ -9,6 +9,11 @@ replay the log from any point.
 The driver only finds the log's head (see `LogHead`) and cuts ranges; the executors read and
 filter the entries of their range themselves. An entry missing (or damaged) inside a range that
 was planned is lost data: `failOnDataLoss` decides between failing the query and skipping it.
+
+Over `url` the same plan holds with the server in between: the driver asks
+`GET /@pubsub/retained/head` (`RemoteHead`) and each read task pages through its range with
+`GET /@pubsub/retained` (at most 1000 entries a request, filtered by the server), whose explicit
+`missing` markers stand for the `FileNotFoundError`/`CorruptMessage` of a local read.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from dirmq.client.pubsub import MAX_RETAINED_LIMIT, RemotePubSub
 from dirmq.errors import CorruptMessage, DirmqError, InvalidArgument, storage_error
 from dirmq.pubsub.layout import SEQ_DIGITS, PubSubPaths
 from dirmq.pubsub.model import Filter
@@ -122,11 +128,38 @@ class LogHead:
             raise storage_error(exc, "probing the retained log") from exc
 
 
+class RemoteHead:
+    """`LogHead` over `url`: every `current()` is one `GET /@pubsub/retained/head` (the server
+    keeps the head current cheaply, the same way)."""
+
+    def __init__(self, url: str) -> None:
+        self._client = RemotePubSub(url)
+        self.head = 0
+        self.current()
+
+    def current(self) -> int:
+        self.head = self._client.retained_head()
+        return self.head
+
+    def close(self) -> None:
+        self._client.close()
+
+
+Head = LogHead | RemoteHead
+
+
 def _check_root(options: RetainedOptions) -> PubSubPaths:
     # A missing retained directory is an empty log; a missing root is surely a typo.
+    assert options.path is not None
     if not os.path.isdir(options.path):
         raise InvalidArgument(f"path {options.path!r} is not a directory (a dirmq root)")
     return PubSubPaths.under(options.path)
+
+
+def open_head(options: RetainedOptions) -> Head:
+    if options.url is not None:
+        return RemoteHead(options.url)
+    return LogHead(_check_root(options))
 
 
 def seq_ranges(first: int, end: int, num_partitions: int | None) -> list[InputPartition]:
@@ -145,8 +178,8 @@ def data_loss(options: RetainedOptions, what: str) -> None:
     """Fail with a clear error, or (failOnDataLoss=false) warn and let the caller skip."""
     if options.fail_on_data_loss:
         raise RetainedDataLoss(
-            f"{what}: the retained log under {options.path} lost data (files deleted, or not "
-            "the root this query was started on). Set the option failOnDataLoss=false to "
+            f"{what}: the retained log at {options.location} lost data (files deleted, or "
+            "not the root this query was started on). Set the option failOnDataLoss=false to "
             "skip lost entries"
         )
     log.warning("dirmq: %s; skipped (failOnDataLoss=false)", what)
@@ -156,9 +189,23 @@ def read_range(options: RetainedOptions, partition: InputPartition) -> Iterator[
     """The rows of the entries of a `SeqRange` that match the filter, in sequence order."""
     if not isinstance(partition, SeqRange):
         raise InvalidArgument(f"not a dirmq retained-log partition: {partition!r}")
+    entries = (
+        _remote_entries(options, partition) if options.url else _local_entries(options, partition)
+    )
+    rows: list[tuple[int, Entry]] = []
+    for row in entries:
+        rows.append(row)
+        if len(rows) == ROWS_PER_BATCH:
+            yield retained_batch(rows)
+            rows = []
+    if rows:
+        yield retained_batch(rows)
+
+
+def _local_entries(options: RetainedOptions, partition: SeqRange) -> Iterator[tuple[int, Entry]]:
+    assert options.path is not None
     paths = PubSubPaths.under(options.path)
     wanted = Filter(options.channels, options.subjects)
-    rows: list[tuple[int, Entry]] = []
     for seq in range(partition.first, partition.end):
         path = paths.retained_entry(seq)
         try:
@@ -172,12 +219,36 @@ def read_range(options: RetainedOptions, partition: InputPartition) -> Iterator[
         except OSError as exc:
             raise storage_error(exc, f"reading retained entry {seq}") from exc
         if wanted.matches(entry.envelope.channel, entry.envelope.subject):
-            rows.append((seq, entry))
-            if len(rows) == ROWS_PER_BATCH:
-                yield retained_batch(rows)
-                rows = []
-    if rows:
-        yield retained_batch(rows)
+            yield seq, entry
+
+
+def _remote_entries(options: RetainedOptions, partition: SeqRange) -> Iterator[tuple[int, Entry]]:
+    """The range, page by page from the server (which filters); its missing markers are
+    data loss, exactly as a missing file is for a local read."""
+    assert options.url is not None
+    seq = partition.first
+    with RemotePubSub(options.url) as client:
+        while seq < partition.end:
+            page = client.read_retained(
+                seq,
+                min(MAX_RETAINED_LIMIT, partition.end - seq),
+                channels=options.channels,
+                subjects=options.subjects,
+            )
+            for lost, why in page.missing:
+                state = "missing" if why == "absent" else why
+                data_loss(options, f"retained entry {lost} is {state} (at {options.url})")
+            yield from page.entries
+            if page.next_seq <= seq:
+                # Planned from a head the server no longer has (its tail went, or this is
+                # another root): the rest of the range is lost as well.
+                data_loss(
+                    options,
+                    f"retained entries {seq} to {partition.end - 1} are past the head "
+                    f"({page.head}) of the log at {options.url}",
+                )
+                return
+            seq = page.next_seq
 
 
 class DirmqRetainedReader(DataSourceReader):
@@ -196,7 +267,10 @@ class DirmqRetainedReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         options = self._options
-        head = LogHead(_check_root(options)).head
+        log_head = open_head(options)
+        head = log_head.head
+        if isinstance(log_head, RemoteHead):
+            log_head.close()
         first = 1 if options.starting == EARLIEST else int(options.starting)
         # An ending offset beyond the head reads up to the head: later entries do not exist yet.
         end = head + 1 if options.ending == LATEST else min(int(options.ending), head + 1)
@@ -211,7 +285,7 @@ class DirmqRetainedStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
 
     def __init__(self, options: RetainedOptions) -> None:
         self._options = options
-        self._head: LogHead | None = None  # driver only: never pickled
+        self._head: Head | None = None  # driver only: never pickled
         self._until: int | None = None  # availableNow: the end offset fixed at its start
         self._warned_shrunk = False
 
@@ -220,10 +294,15 @@ class DirmqRetainedStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         state["_head"] = None
         return state
 
-    def _log_head(self) -> LogHead:
+    def _log_head(self) -> Head:
         if self._head is None:
-            self._head = LogHead(_check_root(self._options))
+            self._head = open_head(self._options)
         return self._head
+
+    def stop(self) -> None:
+        if isinstance(self._head, RemoteHead):
+            self._head.close()
+        self._head = None
 
     def initialOffset(self) -> Offset:  # noqa: N802
         # Only a new query uses this (a restarted one starts from its checkpoint).
