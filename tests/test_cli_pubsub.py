@@ -304,3 +304,18 @@ def test_bad_input_is_a_usage_error(ps: PubSubRun, args: tuple[str, ...]) -> Non
     result = ps(*args, stdin=b"body")
     assert result.returncode == exits.USAGE, result.stderr.decode()
     one_error_line(result)
+
+
+def test_fsck_checks_and_repairs_pubsub(ps: PubSubRun) -> None:
+    ps.publish("c", b"x")
+    checked = ps.ok("fsck")
+    assert b"pub/sub:" in checked.stdout
+    garbage = ps.root / "@pubsub" / "anyone" / "garbage"
+    garbage.write_bytes(b"x")
+    found = ps("fsck")
+    assert found.returncode == exits.FSCK_UNREPAIRED
+    assert b"foreign" in found.stdout
+    repaired = ps.ok("fsck", "--repair")
+    assert b"repaired" in repaired.stdout
+    assert not garbage.exists()
+    assert json.loads(ps.ok("fsck", "--json").stdout)["pubsub"]["ok"] is True

@@ -525,3 +525,27 @@ def test_a_pruned_broadcast_prefix_is_skipped(hub: PubSub) -> None:
     assert hub.broadcast.floor() == 2
     assert bodies(drain(sub)) == [b"new"]
     sub.close()
+
+
+def test_check_finds_and_repairs_damage(hub: PubSub, store: Store) -> None:
+    from dirmq.pubsub.check import check_pubsub
+
+    hub.publish("c", b"fine")
+    damaged = hub.publish("c", b"to be damaged", message_id="bad")
+    for i in range(3):
+        hub.publish("feed", f"r{i}".encode(), mode="future")
+    os.unlink(hub.paths.retained_entry(2))
+    entry = next(n for n in os.listdir(hub.paths.anyone) if damaged.id in n)
+    os.unlink(os.path.join(hub.paths.anyone, entry))  # replace the link by a damaged copy
+    Path(hub.paths.anyone, entry).write_bytes(b"Dirmq-Format: 1\nContent-Length: 99\n\nshort")
+    Path(hub.paths.anyone, "garbage").write_bytes(b"x")
+    report = check_pubsub(store.root)
+    assert report is not None and not report.ok
+    kinds = sorted(f.kind for f in report.findings)
+    assert kinds == ["corrupt", "foreign", "hole"]
+    repaired = check_pubsub(store.root, repair=True)
+    assert repaired is not None
+    assert [f.kind for f in repaired.findings if not f.repaired] == ["hole"]  # reported only
+    assert sorted(os.listdir(os.path.join(hub.paths.base, "@corrupt")))[0].startswith(entry)
+    with hub.subscribe("w") as sub:
+        assert bodies(drain(sub)) == [b"fine", b"r0", b"r2"]

@@ -11,6 +11,7 @@ from typing import Any
 from dirmq.cli import exits
 from dirmq.cli.args import open_store, queue_name
 from dirmq.cli.progress import progress_bar
+from dirmq.pubsub.check import Finding, PubSubReport, check_pubsub
 from dirmq.store import default_root
 from dirmq.store.fsck import FsckReport, Problem, fsck
 
@@ -47,13 +48,43 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     root: str = args.root or default_root()
     with progress_bar("fsck", unit="files") as advance:
         report = fsck(root, repair=args.repair, progress=advance)
+    pubsub = check_pubsub(root, repair=args.repair)
     if args.json:
-        print(json.dumps(report_json(report)))
+        data = report_json(report)
+        if pubsub is not None:
+            data["pubsub"] = {
+                "findings": [asdict(f) for f in pubsub.findings],
+                "entries_checked": pubsub.entries_checked,
+                "ok": pubsub.ok,
+            }
+            data["ok"] = report.ok and pubsub.ok
+        print(json.dumps(data))
     else:
         for problem in report.problems:
             print(problem_line(problem, report.root))
+        if pubsub is not None:
+            for finding in pubsub.findings:
+                print(finding_line(finding, report.root))
         print(summary(report))
-    return exits.OK if report.ok else exits.FSCK_UNREPAIRED
+        if pubsub is not None:
+            print(pubsub_summary(pubsub))
+    ok = report.ok and (pubsub is None or pubsub.ok)
+    return exits.OK if ok else exits.FSCK_UNREPAIRED
+
+
+def finding_line(finding: Finding, root: str) -> str:
+    status = "repaired" if finding.repaired else "notice" if finding.notice else "PROBLEM"
+    where = os.path.relpath(finding.path, root)
+    return f"{status:<8}  {finding.kind:<14}  {where}: {finding.detail}"
+
+
+def pubsub_summary(report: PubSubReport) -> str:
+    found = [f for f in report.findings if not f.notice]
+    left = [f for f in found if not f.repaired]
+    return (
+        f"pub/sub: {report.entries_checked} entr(ies) checked: {len(found)} problem(s), "
+        f"{len(found) - len(left)} repaired, {len(left)} left"
+    )
 
 
 def problem_line(problem: Problem, root: str) -> str:
