@@ -67,7 +67,8 @@ def test_own_pool_recycles_without_a_claim_rename(
     for message in got:
         q.ack(message.receipt or "")
     (own,) = pool_dirs(q)
-    assert own.name.startswith(f"{layout.HOST_TAG}.{os.getpid()}.")
+    host, _pid_ns, pid, _rest = own.name.split(".")
+    assert (host, pid) == (layout.HOST_TAG, str(os.getpid()))
     assert sorted(os.listdir(own)) == sorted(m.id for m in got)
     assert loose_files(q) == []
 
@@ -161,7 +162,7 @@ def test_pool_of_a_killed_process_is_reclaimed_and_reused(root: Path) -> None:
     assert worker.stdout.readline().strip() == "acked"
     kill_reading_all(worker)
     (dead,) = pool_dirs(q)
-    assert dead.name.split(".")[1] == str(worker.pid)
+    assert dead.name.split(".")[2] == str(worker.pid)
     retired = {os.stat(p).st_ino for p in dead.iterdir()}
     assert len(retired) == 20
 
@@ -235,7 +236,7 @@ def test_fsck_unlinks_a_recycled_file_that_is_also_a_message(store: dirmq.Store)
 def test_reclaiming_never_reuses_a_file_with_another_name(root: Path) -> None:
     q = dirmq.Store(root).create_queue("r")
     message_id = q.put(b"published")
-    dead = free_dir(q) / f"{layout.HOST_TAG}.{_dead_pid()}.1-0badc0de"
+    dead = free_dir(q) / f"{layout.HOST_TAG}.{pool._PID_NS}.{_dead_pid()}.1-0badc0de"
     dead.mkdir()
     os.link(Path(q.path, layout.READY, message_id), dead / "x")
     (dead / "y").write_bytes(b"garbage")

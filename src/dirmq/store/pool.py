@@ -8,11 +8,11 @@ and a later put overwrites it and publishes it exactly like a new file (flush, t
 `@ready/`).
 
 Two pools per queue:
-- the process's own pool, `@free/<host>.<pid>.<start>-<nonce>/`: a directory only this process
-  touches while it lives, so a put overwrites one of its files in place and publishes it with a
-  single rename (no claim rename: nobody else can take it). Retirements made by this process go
-  there first, up to `OWN_POOL_FILES`. One per process and queue (shared by every `Store` of the
-  process; a forked child starts its own).
+- the process's own pool, `@free/<host>.<pidns>.<pid>.<start>-<nonce>/`: a directory only this
+  process touches while it lives, so a put overwrites one of its files in place and publishes it
+  with a single rename (no claim rename: nobody else can take it). Retirements made by this
+  process go there first, up to `OWN_POOL_FILES`. One per process and queue (shared by every
+  `Store` of the process; a forked child starts its own).
 - the shared pool, the plain files of `@free/`: retirements beyond that, and the pools of dead
   processes. A put claims one by renaming it into `@tmp/` (the loser of a race gets ENOENT and
   tries the next name), then overwrites it.
@@ -44,7 +44,19 @@ OWN_POOL_FILES = 256
 RELIST_INTERVAL_S = 1.0  # after a listing of @free that found nothing
 ORPHAN_POOL_GRACE_S = 3600.0  # a pool of another host: its owner is presumed dead after this
 
-_POOL_DIR_RE = re.compile(r"([0-9a-f]{8})\.(\d+)\.(\d+)-([0-9a-f]{8})")
+_POOL_DIR_RE = re.compile(r"([0-9a-f]{8})\.(\d+)\.(\d+)\.(\d+)-([0-9a-f]{8})")
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (0 if unknown): pids mean something only inside it, and
+    containers sharing a root may well share a host name."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+_PID_NS = _pid_namespace()
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -63,7 +75,8 @@ def _start_ticks(pid: int) -> int | None:
 def pool_dir_name() -> str:
     """This process's own pool directory name (a fresh nonce each time: never reused)."""
     pid = os.getpid()
-    return f"{layout.HOST_TAG}.{pid}.{_start_ticks(pid) or 0}-{os.urandom(4).hex()}"
+    start = _start_ticks(pid) or 0
+    return f"{layout.HOST_TAG}.{_PID_NS}.{pid}.{start}-{os.urandom(4).hex()}"
 
 
 class Owner(Enum):
@@ -79,11 +92,11 @@ def pool_owner(name: str, path: str) -> Owner:
     match = _POOL_DIR_RE.fullmatch(name)
     if match is None:
         return Owner.UNKNOWN
-    host, pid, start = match.group(1), int(match.group(2)), int(match.group(3))
-    if host != layout.HOST_TAG:
-        # Liveness on another host cannot be checked; an owner that is merely idle could
-        # still be overwriting a file it took, so its files are only ever deleted (a put of
-        # its that loses its file fails), never handed to another writer.
+    host, pid_ns, pid, start = match.group(1), *map(int, match.group(2, 3, 4))
+    if host != layout.HOST_TAG or (pid_ns and _PID_NS and pid_ns != _PID_NS):
+        # Liveness on another host (or in another pid namespace) cannot be checked; an owner
+        # that is merely idle could still be overwriting a file it took, so its files are only
+        # ever deleted (a put of its that loses its file fails), never handed to another writer.
         try:
             idle_s = time.time() - os.lstat(path).st_mtime
         except FileNotFoundError:
