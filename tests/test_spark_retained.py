@@ -19,7 +19,7 @@ from pyspark.errors import StreamingQueryException
 from dirmq.client.pubsub import RemotePubSub
 from dirmq.pubsub import PubSub
 from dirmq.pubsub.layout import PubSubPaths
-from dirmq.spark.retained import LogHead
+from dirmq.pubsub.logs import LogHead
 from dirmq.store import Store
 
 from .servers import start_server
@@ -262,7 +262,7 @@ def test_over_url_batch_stream_and_data_loss(spark: Any, tmp_path: Path) -> None
 # -- the driver's head probe ----------------------------------------------------------------------
 def test_log_head_probes_without_listing(hub: PubSub, monkeypatch: pytest.MonkeyPatch) -> None:
     _publish(hub, 3)
-    head = LogHead(PubSubPaths.under(_root(hub)))
+    head = LogHead(PubSubPaths.under(_root(hub)).retained)
     assert head.head == 3
     listings = []
     real_listdir = os.listdir

@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 
+from dirmq.errors import storage_error
 from dirmq.pubsub.layout import SEQ_DIGITS, seq_name
 
 _RESCAN_AFTER = 64  # EEXIST in a row: our idea of the head is stale, list the directory
@@ -100,3 +102,82 @@ class SeqLog:
         if seq < self.floor():
             return True
         return seq > 1 and not os.path.exists(self.path(seq - 1))
+
+
+class LogHead:
+    """The highest sequence number of a log as readers should see it, kept current cheaply.
+
+    The directory is listed once; after that appends are found by probing `head + 1` (then
+    galloping) with stat(2), since the log is dense. While nothing is appended, a call costs
+    that stat plus one of the directory: its mtime moving without an append at the head means
+    a deletion or a link past a hole, and only then is the directory listed again. The head
+    never goes down: a deleted tail reads as missing entries, not as a shorter log.
+    Thread-safe (the server asks from several pool threads).
+    """
+
+    def __init__(self, directory: str, known: Callable[[], int] | None = None) -> None:
+        self._directory = directory
+        self._known = known  # a writer's own idea of the head (the server's SeqLog), if any
+        self._lock = threading.Lock()
+        self._seen_mtime: int | None = None
+        self.head = 0
+        self.rescan()
+
+    def rescan(self) -> int:
+        with self._lock:
+            mtime = self._dir_mtime()  # before listing: a change during the listing shows later
+            try:
+                names = os.listdir(self._directory)
+            except FileNotFoundError:  # nothing was ever appended
+                names = []
+            except OSError as exc:
+                raise storage_error(exc, f"listing {self._directory}") from exc
+            found = (int(n) for n in names if len(n) == SEQ_DIGITS and n.isdigit())
+            self.head = max(self.head, max(found, default=0))
+            self._seen_mtime = mtime
+            return self.head
+
+    def current(self) -> int:
+        with self._lock:
+            mtime = self._dir_mtime()  # before probing: a change meanwhile shows next time
+            changed = mtime != self._seen_mtime
+            if self._exists(self.head + 1):
+                self._advance()
+                # Galloping assumes no holes; an entry right after where it stopped means one.
+                changed = self._exists(self.head + 2)
+            self._seen_mtime = mtime
+            if self._known is not None:
+                self.head = max(self.head, self._known())
+        return self.rescan() if changed else self.head
+
+    def _advance(self) -> None:
+        """Move `head` to the last entry, knowing `head + 1` exists: gallop, then bisect."""
+        low, step = self.head + 1, 1
+        high = low + step
+        while self._exists(high):
+            low, step = high, step * 2
+            high = low + step
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self._exists(middle):
+                low = middle
+            else:
+                high = middle
+        self.head = low
+
+    def _exists(self, seq: int) -> bool:
+        try:
+            os.stat(os.path.join(self._directory, seq_name(seq)))
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise storage_error(exc, f"probing {self._directory}") from exc
+        return True
+
+    def _dir_mtime(self) -> int | None:
+        try:
+            return os.stat(self._directory).st_mtime_ns
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise storage_error(exc, f"probing {self._directory}") from exc

@@ -32,7 +32,6 @@ import contextlib
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ from dirmq.errors import (
 from dirmq.pubsub import Delivery, Mode, PubSub, Subscription
 from dirmq.pubsub.hub import DEFAULT_ACCEPT_TIMEOUT_S, DEFAULT_PROCESS_TIMEOUT_S
 from dirmq.pubsub.layout import PubSubPaths, is_delivery_key
-from dirmq.pubsub.logs import SeqLog
+from dirmq.pubsub.logs import LogHead
 from dirmq.pubsub.model import Envelope, Filter, check_name
 from dirmq.pubsub.transitions import Entry, read_entry
 from dirmq.server.broker import Broker
@@ -232,43 +231,6 @@ def read_retained_page(
     return RetainedPage(lines, seq, missing)
 
 
-class RetainedHead:
-    """The retained log's head as readers should see it, kept current without listing.
-
-    `SeqLog.refresh_head` finds appends by probing `head + 1`, but never looks past a hole: an
-    entry deleted just above the head would hide everything appended after it. So, as the
-    Spark source's `LogHead` does, the directory is listed again when its mtime moved without
-    an append at the head (a deletion, or a link past a hole). The head never goes down: a
-    deleted tail is read as missing entries, not as a shorter log.
-    """
-
-    def __init__(self, log: SeqLog) -> None:
-        self._log = log
-        self._head = 0
-        self._seen_mtime: int | None = None
-        self._lock = threading.Lock()  # requests run on several pool threads
-
-    def current(self) -> int:
-        with self._lock:
-            mtime = self._dir_mtime()  # before probing: a change meanwhile shows next time
-            head = max(self._log.refresh_head(), self._head)
-            while os.path.exists(self._log.path(head + 1)):
-                head += 1
-            if head == self._head and mtime != self._seen_mtime:
-                head = max(head, self._log.scan())
-            self._seen_mtime = mtime
-            self._head = head
-            return head
-
-    def _dir_mtime(self) -> int | None:
-        try:
-            return os.stat(self._log.directory).st_mtime_ns
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise storage_error(exc, "probing the retained log") from exc
-
-
 def sse_event(event: str, data: object, event_id: str | None = None) -> bytes:
     # json.dumps escapes every control character, so `data` is always exactly one line.
     lines = [f"event: {event}"]
@@ -285,7 +247,7 @@ class PubSubApi:
         self.broker = broker
         self.metrics = metrics
         self._hub: PubSub | None = None
-        self._retained_head: RetainedHead | None = None
+        self._retained_head: LogHead | None = None
         self._streams: dict[str, _Stream] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self.closing = False
@@ -433,7 +395,7 @@ class PubSubApi:
 
     def _head(self, hub: PubSub) -> int:
         if self._retained_head is None:
-            self._retained_head = RetainedHead(hub.retained)
+            self._retained_head = LogHead(hub.retained.directory, hub.retained.refresh_head)
         return self._retained_head.current()
 
     async def read_retained(self, request: Request, route: PubSubRoute) -> Response:

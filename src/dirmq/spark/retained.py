@@ -36,7 +36,8 @@ from pyspark.sql.streaming.datasource import (
 
 from dirmq.client.pubsub import MAX_RETAINED_LIMIT, RemotePubSub
 from dirmq.errors import CorruptMessage, DirmqError, InvalidArgument, storage_error
-from dirmq.pubsub.layout import SEQ_DIGITS, PubSubPaths
+from dirmq.pubsub.layout import PubSubPaths
+from dirmq.pubsub.logs import LogHead
 from dirmq.pubsub.model import Filter
 from dirmq.pubsub.transitions import Entry, read_entry
 from dirmq.spark.leasing import ROWS_PER_BATCH, split
@@ -58,74 +59,6 @@ class SeqRange(InputPartition):
 
     first: int
     end: int
-
-
-class LogHead:
-    """The highest sequence number in the retained log, kept current cheaply.
-
-    The directory is listed once; after that appends are found by probing `head + 1` (then
-    galloping) with stat(2), since the log is dense. While nothing is appended, a call costs
-    that one stat plus one of the directory: its mtime moving without an append at the head
-    means a deletion or a link into a hole, and only then is the directory listed again.
-    """
-
-    def __init__(self, paths: PubSubPaths) -> None:
-        self._paths = paths
-        self._seen_mtime: int | None = None
-        self.head = 0
-        self.rescan()
-
-    def rescan(self) -> int:
-        mtime = self._dir_mtime()  # before listing: a change during the listing shows later
-        try:
-            names = os.listdir(self._paths.retained)
-        except FileNotFoundError:  # no `future` message was ever published
-            names = []
-        except OSError as exc:
-            raise storage_error(exc, "listing the retained log") from exc
-        self.head = max((int(n) for n in names if len(n) == SEQ_DIGITS and n.isdigit()), default=0)
-        self._seen_mtime = mtime
-        return self.head
-
-    def current(self) -> int:
-        if self._exists(self.head + 1):
-            self._seen_mtime = self._dir_mtime()
-            self._advance()
-        elif self._dir_mtime() != self._seen_mtime:
-            self.rescan()
-        return self.head
-
-    def _advance(self) -> None:
-        """Move `head` to the last entry, knowing `head + 1` exists: gallop, then bisect."""
-        low, step = self.head + 1, 1
-        high = low + step
-        while self._exists(high):
-            low, step = high, step * 2
-            high = low + step
-        while high - low > 1:
-            middle = (low + high) // 2
-            if self._exists(middle):
-                low = middle
-            else:
-                high = middle
-        self.head = low
-
-    def _exists(self, seq: int) -> bool:
-        try:
-            os.stat(self._paths.retained_entry(seq))
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise storage_error(exc, "probing the retained log") from exc
-        return True
-
-    def _dir_mtime(self) -> int | None:
-        try:
-            return os.stat(self._paths.retained).st_mtime_ns
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise storage_error(exc, "probing the retained log") from exc
 
 
 class RemoteHead:
@@ -159,7 +92,7 @@ def _check_root(options: RetainedOptions) -> PubSubPaths:
 def open_head(options: RetainedOptions) -> Head:
     if options.url is not None:
         return RemoteHead(options.url)
-    return LogHead(_check_root(options))
+    return LogHead(_check_root(options).retained)
 
 
 def seq_ranges(first: int, end: int, num_partitions: int | None) -> list[InputPartition]:
