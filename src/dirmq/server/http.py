@@ -28,6 +28,9 @@ from dirmq.wire import framing
 log = logging.getLogger("dirmq.server")
 
 MAX_PIPELINED = 16
+MAX_SWEEP_S = 0.5  # timeouts fire at most this late (less when a limit is shorter)
+_NO_BODY = frozenset({204, 304})
+_METHOD_NAMES = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,17 +93,31 @@ def error_body(status: int, message: str) -> bytes:
 
 
 class _Clock:
-    """The Date header, formatted at most once a second."""
+    """The Date header, formatted at most once a second, and each status line with the Date and
+    Server headers as bytes, built at most once a second per status."""
 
     def __init__(self) -> None:
         self._second = 0
         self._text = ""
+        self._prefixes: dict[int, bytes] = {}
 
     def date(self) -> str:
         now = int(time.time())
         if now != self._second:
             self._second, self._text = now, formatdate(now, usegmt=True)
+            self._prefixes = {}
         return self._text
+
+    def prefix(self, status: int) -> bytes:
+        """`HTTP/1.1 <status> <reason>`, `Date` and `Server`, each line ending in CRLF."""
+        date = self.date()
+        prefix = self._prefixes.get(status)
+        if prefix is None:
+            line = (
+                f"HTTP/1.1 {status} {framing.reason(status)}\r\nDate: {date}\r\nServer: dirmq\r\n"
+            )
+            prefix = self._prefixes[status] = line.encode()
+        return prefix
 
 
 class HttpServer:
@@ -113,9 +130,29 @@ class HttpServer:
         self.draining = False
         self.clock = _Clock()
         self.requests_served = 0
+        # One timer for every connection's deadline instead of a timer per connection armed
+        # and cancelled three times a request: a timeout fires up to one sweep period late.
+        shortest = min(limits_of(self.limits))
+        self._sweep_s = min(MAX_SWEEP_S, max(shortest / 4, 0.01))
+        self._sweeper: asyncio.TimerHandle | None = None
 
     def protocol(self) -> HttpProtocol:
         return HttpProtocol(self)
+
+    def watch(self, connection: HttpProtocol) -> None:
+        self.connections.add(connection)
+        if self._sweeper is None:
+            loop = asyncio.get_running_loop()
+            self._sweeper = loop.call_later(self._sweep_s, self._sweep, loop)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        expired = [c for c in self.connections if 0.0 < c.deadline <= now]
+        for connection in expired:
+            connection.timed_out()
+        self._sweeper = (
+            loop.call_later(self._sweep_s, self._sweep, loop) if self.connections else None
+        )
 
     async def drain(self, timeout_s: float) -> None:
         """Finish what is in progress, then close every connection (the listener is already
@@ -130,6 +167,10 @@ class HttpServer:
             connection.abort()
 
 
+def limits_of(limits: Limits) -> tuple[float, float, float]:
+    return (limits.header_timeout_s, limits.body_timeout_s, limits.idle_timeout_s)
+
+
 class HttpProtocol(asyncio.Protocol):
     # Slots: thousands of connections sit parked in long polls; each must stay small.
     __slots__ = (
@@ -138,6 +179,7 @@ class HttpProtocol(asyncio.Protocol):
         "_can_write",
         "_closed",
         "_head_bytes",
+        "_headers",
         "_in_message",
         "_limits",
         "_loop",
@@ -146,9 +188,9 @@ class HttpProtocol(asyncio.Protocol):
         "_raw_headers",
         "_server",
         "_task",
-        "_timer",
         "_transport",
         "_url",
+        "deadline",
     )
 
     def __init__(self, server: HttpServer) -> None:
@@ -161,7 +203,7 @@ class HttpProtocol(asyncio.Protocol):
         # a deque or an Event per parked long poll adds up.
         self._pending: deque[Request] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0  # loop time at which the connection times out; 0: never
         self._can_write: asyncio.Event | None = None  # set while writable; None: never paused
         self._closed = False
         self._reset_message()
@@ -169,6 +211,7 @@ class HttpProtocol(asyncio.Protocol):
     def _reset_message(self) -> None:
         self._url = b""
         self._raw_headers: list[tuple[str, str]] = []
+        self._headers: dict[str, str] = {}
         self._head_bytes = 0
         self._body: list[bytes] = []
         self._body_bytes = 0
@@ -184,7 +227,7 @@ class HttpProtocol(asyncio.Protocol):
             self._transport.close()
             self._closed = True
             return
-        self._server.connections.add(self)
+        self._server.watch(self)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -216,18 +259,15 @@ class HttpProtocol(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
-    # -- timers ---------------------------------------------------------------------------------
+    # -- timers (HttpServer._sweep checks every connection's deadline) ---------------------------
     def _arm(self, seconds: float) -> None:
-        self._disarm()
-        self._timer = self._loop.call_later(seconds, self._timed_out)
+        self.deadline = self._loop.time() + seconds
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.deadline = 0.0
 
-    def _timed_out(self) -> None:
-        self._timer = None
+    def timed_out(self) -> None:
+        self.deadline = 0.0
         if self._in_message:
             self._fail(408, "the request did not arrive in time")
         elif self._task is None and self._transport is not None:
@@ -260,7 +300,11 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count_head(len(name) + len(value) + 4)
-        self._raw_headers.append((name.decode("latin-1"), _header_text(value)))
+        text_name, text = name.decode("latin-1"), _header_text(value)
+        self._raw_headers.append((text_name, text))
+        key = text_name.lower()
+        headers = self._headers
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
 
     def _count_head(self, size: int) -> None:
         self._head_bytes += size
@@ -268,18 +312,18 @@ class HttpProtocol(asyncio.Protocol):
             raise _Reject(431, f"request head over {self._limits.max_header_bytes} bytes")
 
     def on_headers_complete(self) -> None:
-        length = self._find_header("content-length")
+        headers = self._headers
+        length = headers.get("content-length")
         limit = self._limits.max_body_bytes
-        digits = length.strip() if length is not None else ""
-        if digits.isascii() and digits.isdigit() and int(digits) > limit:
-            raise _Reject(413, f"body over {limit} bytes")
-        expect = self._find_header("expect")
-        if expect is not None and expect.lower() == "100-continue" and self._transport:
+        if length is not None:
+            # The first value (repeats are joined with ", "; llhttp refuses differing ones).
+            digits = length.split(",", 1)[0].strip()
+            if digits.isascii() and digits.isdigit() and int(digits) > limit:
+                raise _Reject(413, f"body over {limit} bytes")
+        expect = headers.get("expect")
+        if expect is not None and expect.strip().lower() == "100-continue" and self._transport:
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self._arm(self._limits.body_timeout_s)
-
-    def _find_header(self, lowered: str) -> str | None:
-        return next((v for k, v in self._raw_headers if k.lower() == lowered), None)
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -288,24 +332,30 @@ class HttpProtocol(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        self._disarm()
-        url = httptools.parse_url(self._url)
-        query = url.query.decode("latin-1") if url.query else ""
-        headers: dict[str, str] = {}
-        for raw_name, value in self._raw_headers:
-            name = raw_name.lower()
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        self.deadline = 0.0
+        raw_url = self._url
+        if raw_url[:1] == b"/" and b"?" not in raw_url and b"#" not in raw_url:
+            path, query = raw_url.decode("latin-1"), ""  # the usual origin-form: nothing to split
+        else:
+            url = httptools.parse_url(raw_url)
+            path = url.path.decode("latin-1") if url.path else "/"
+            query = url.query.decode("latin-1") if url.query else ""
+        method = self._parser.get_method()
+        body = self._body
         request = Request(
-            method=self._parser.get_method().decode("ascii", "replace"),
-            path=url.path.decode("latin-1") if url.path else "/",
-            query=_first_values(query),
-            headers=headers,
-            body=b"".join(self._body),
-            keep_alive=self._parser.should_keep_alive(),
-            raw_headers=self._raw_headers,
-            raw_query=query,
+            _METHOD_NAMES.get(method) or method.decode("ascii", "replace"),
+            path,
+            _first_values(query) if query else {},
+            self._headers,
+            body[0] if len(body) == 1 else b"".join(body),
+            self._parser.should_keep_alive(),
+            self._raw_headers,
+            query,
         )
         self._reset_message()
+        if self._task is None and not self._pending and not self._closed:
+            self._task = self._loop.create_task(self._answer(request))  # the usual case
+            return
         if self._pending is None:
             self._pending = deque()
         self._pending.append(request)
@@ -365,16 +415,19 @@ class HttpProtocol(asyncio.Protocol):
     ) -> None:
         transport = self._transport
         assert transport is not None
-        head_only = request.method == "HEAD"
-        headers = self._base_headers(response.headers)
         if isinstance(response, Response):
-            head = framing.response_head(
-                response.status, headers, content_length=len(response.body), keep_alive=keep_alive
+            status, content = response.status, response.body
+            head = _response_head(
+                self._server.clock.prefix(status),
+                response.headers,
+                status,
+                len(content),
+                keep_alive,
             )
-            transport.write(
-                head if head_only or response.status in (204, 304) else head + response.body
-            )
+            no_body = status in _NO_BODY or request.method == "HEAD"
+            transport.write(head if no_body else head + content)
             return
+        headers = self._base_headers(response.headers)
         transport.write(
             framing.response_head(
                 response.status,
@@ -424,6 +477,20 @@ class HttpProtocol(asyncio.Protocol):
         headers = self._base_headers([("Content-Type", "application/json"), *extra])
         head = framing.response_head(status, headers, content_length=len(body), keep_alive=False)
         self._transport.write(head + body)
+
+
+def _response_head(
+    prefix: bytes, headers: list[tuple[str, str]], status: int, length: int, keep_alive: bool
+) -> bytes:
+    """What `framing.response_head` makes of a response with a body of `length` bytes (byte for
+    byte, the CR/LF check included), from the status line, Date and Server already encoded."""
+    fields = "".join([f"{name}: {value}\r\n" for name, value in headers])
+    if fields.count("\n") != len(headers) or fields.count("\r") != len(headers):
+        raise ValueError(f"header line with CR/LF: {fields[:60]!r}")
+    tail = b"" if status in _NO_BODY or status < 200 else b"Content-Length: %d\r\n" % length
+    if not keep_alive:
+        tail += b"Connection: close\r\n"
+    return prefix + fields.encode() + tail + b"\r\n"
 
 
 def _header_text(value: bytes) -> str:
