@@ -73,6 +73,9 @@ class _Feed:
     skip_through: int = 0
     away_since_us: int | None = None
     maybe_pruned: bool = True
+    # Something may have been appended since the last probe found nothing (an inotify event,
+    # a rescan): probing an idle log on every receive would cost an open and a stat.
+    dirty: bool = True
 
     def state(self) -> dict[str, Any]:
         return {"next": self.next_seq, "pending": sorted(self.held | set(self.retry))}
@@ -231,6 +234,7 @@ class Subscription:
         self._pool_skipped &= names
         self._pool_unread = names - self._pool_skipped - set(self._pool_envelopes)
         self._broadcast.maybe_pruned = True
+        self._retained.dirty = self._broadcast.dirty = True
 
     def _absorb_events(self) -> None:
         events = self._watcher.drain()
@@ -247,8 +251,12 @@ class Subscription:
                     self._pool_unread.discard(event.name)
                     self._pool_skipped.discard(event.name)
                     self._pool_envelopes.pop(event.name, None)
-            elif event.directory == "broadcast" and not event.added:
-                self._broadcast.maybe_pruned = True
+            elif event.directory == "retained":
+                self._retained.dirty = True
+            elif event.directory == "broadcast":
+                self._broadcast.dirty = True
+                if not event.added:
+                    self._broadcast.maybe_pruned = True
 
     def _examine_pool(self) -> None:
         for name in self._pool_unread:
@@ -288,6 +296,8 @@ class Subscription:
             entry = feed.returned[seq][0]
             return log_key(entry.envelope.key, feed.letter, seq), seq, entry
         while feed.peeked is None:
+            if not feed.dirty:
+                return None
             seq = feed.next_seq
             try:
                 entry = read_entry(feed.log.path(seq))
@@ -309,6 +319,7 @@ class Subscription:
                     log.error("log entry %s is missing; skipping it", feed.log.path(seq))
                     feed.next_seq += 1
                     continue
+                feed.dirty = False
                 return None
             except CorruptMessage as exc:
                 log.error("skipping damaged log entry %s: %s", feed.log.path(seq), exc)
@@ -578,6 +589,7 @@ class Subscription:
     def _feed_head_unreturned(self, feed: _Feed) -> tuple[str, int, Entry] | None:
         feed.retry.clear()
         feed.pending_after_attach = []
+        feed.dirty = True
         return self._feed_head(feed)
 
     def _detach(self) -> None:
