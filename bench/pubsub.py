@@ -26,7 +26,8 @@ One trial = one system, one fan-out N, a fixed number of messages M (100 B bodie
   ends of the window are a syncfs of that filesystem. Also reported: write_bytes of
   /proc/<pid>/io summed over the processes involved (misses the journal and metadata, which
   the kernel writes on nobody's account) and the logical bytes (dirmq: the size of the one
-  message file, plus N hard links; Redis streams: AOF growth).
+  message file, plus its one hard link into the pool or a log, whatever N; Redis streams: AOF
+  growth).
   With --no-loop the trial runs in a directory under --dir and the device counter is the whole
   disk's, other processes' writes included: only an upper bound.
 
@@ -548,7 +549,7 @@ def run_trial(
                 trial.logical_bytes_per_msg = aof / messages
         else:
             trial.logical_bytes_per_msg = message_file_bytes(work)
-            trial.links_per_msg = fanout
+            trial.links_per_msg = 1  # into the pool or a log: subscriptions read positions
         trial.process_bytes_per_msg = process_bytes / messages
         subs = [r for r in results if r.role == "subscriber"]
         pubs = [r for r in results if r.role == "publisher"]
