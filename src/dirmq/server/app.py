@@ -17,6 +17,8 @@ from dirmq.server.metrics import Metrics
 from dirmq.server.pubsub import PubSubApi, is_pubsub_path
 from dirmq.server.routes import Route, parse_route
 
+ROUTE_CACHE = 4096  # paths without a message reference, parsed and validated once
+
 _COUNTED: dict[native.Handler, str] = {
     native.publish: "published",
     native.receive: "delivered",
@@ -41,13 +43,14 @@ class NativeApp:
         self.sqs = sqs
         self.is_sqs = is_sqs
         self._openapi = resources.files("dirmq.server").joinpath("openapi.json").read_bytes()
+        self._routes: dict[str, Route] = {}
 
     async def __call__(self, request: Request) -> Response | StreamResponse:
         started = time.monotonic()
         label = "invalid"
         # `/@pubsub` first: no queue name (native or SQS) starts with `@`, and a publish body or
         # parameter that looks like an SQS request (`Action=`) is still a publish.
-        pubsub = is_pubsub_path(request.path)
+        pubsub = request.path.startswith("/@") and is_pubsub_path(request.path)
         if not pubsub and self.sqs is not None and self.is_sqs is not None and self.is_sqs(request):
             return await self.sqs(request)
         try:
@@ -55,7 +58,7 @@ class NativeApp:
                 label = "pubsub"
                 response = await self.pubsub(request)
             else:
-                route = parse_route(request.path)
+                route = self._route(request.path)
                 label = route.label
                 response = await self._dispatch(request, route)
         except DirmqError as exc:
@@ -63,9 +66,18 @@ class NativeApp:
         except UnicodeDecodeError:
             response = json_error(400, "InvalidName", "the path is not valid UTF-8 once decoded")
         method = request.method if request.method in _METHODS else "other"
-        self.metrics.requests.labels(label, method, str(response.status)).inc()
-        self.metrics.latency.labels(label, method).observe(time.monotonic() - started)
+        self.metrics.answered(label, method, response.status, time.monotonic() - started)
         return response
+
+    def _route(self, path: str) -> Route:
+        route = self._routes.get(path)
+        if route is None:
+            route = parse_route(path)
+            if not route.ref:  # per-message paths would only churn the cache
+                if len(self._routes) >= ROUTE_CACHE:
+                    self._routes.clear()
+                self._routes[path] = route
+        return route
 
     async def _dispatch(self, request: Request, route: Route) -> Response:
         if route.kind == "server":
@@ -83,14 +95,15 @@ class NativeApp:
         return response
 
     def _count(self, counter: str, queue: str, request: Request, response: Response) -> None:
+        metrics = self.metrics
         if counter == "published":
-            ids = dict(response.headers).get("X-Message-Id", "")
-            self.metrics.published.labels(queue).inc(len(ids.split(",")) if ids else 0)
+            ids = next((v for k, v in response.headers if k == "X-Message-Id"), "")
+            metrics.count(metrics.published, queue, ids.count(",") + 1 if ids else 0)
         elif counter == "delivered" and response.status == 200:
             count = 1 if "max" not in request.query else response.body.count(b"\r\nX-Message-Id:")
-            self.metrics.delivered.labels(queue).inc(max(count, 1))
+            metrics.count(metrics.delivered, queue, max(count, 1))
         elif counter == "acked" and response.status == 204:
-            self.metrics.acked.labels(queue).inc()
+            metrics.count(metrics.acked, queue)
 
     async def _server_path(self, request: Request, name: str) -> Response:
         if request.method not in ("GET", "HEAD"):

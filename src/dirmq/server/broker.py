@@ -2,9 +2,11 @@
 
 Store calls block (fsync, rename), so they run on a thread pool. Two things need more than that:
 
-- Publishing. Every request's messages for one queue join the queue's pending batch; while one
+- Publishing. Every request's messages for one queue join the queue's pending line; while one
   `put_many` is flushing, the next batch gathers, so N concurrent publishers share each flush
-  (one syncfs + one directory fsync per batch) instead of queueing N flushes.
+  (one syncfs + one directory fsync per batch) instead of queueing N flushes. One pool thread
+  drains a queue's line batch after batch for as long as it is not empty, and wakes the event
+  loop once per batch: no executor round trip nor task per batch, no task per request.
 - Long polls. A waiting receive is a future in the queue's waiter line, not a thread: thousands
   cost a few KiB each. One task per queue with waiters sleeps on the queue's inotify descriptor
   (any process's publish, nack or expiry wakes it) or until the next lease or delay falls due,
@@ -17,17 +19,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from dirmq.errors import DirmqError, QueueFull, StaleReceipt
+from dirmq.errors import DirmqError, QueueFull, StaleReceipt, StorageError
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
 
 T = TypeVar("T")
 MAX_BATCH_MESSAGES = 1024
+BATCHES_PER_TURN = 16  # then a drain goes to the back of the pool's line: other calls get a turn
 IDLE_RECHECK_S = 30.0
 
 
@@ -80,7 +84,9 @@ class Broker:
         publisher = self._publishers.get(queue.name)
         if publisher is None or publisher.queue is not queue:
             publisher = self._publishers[queue.name] = _Publisher(self, queue)
-        return await publisher.publish(messages, durability)
+        # Not shielded, nor needing to be: a request that is cancelled (its client hung up)
+        # cancels only this future; its messages stay in the line and are stored all the same.
+        return await publisher.submit(messages, durability)
 
     async def _publish_at_capacity(
         self,
@@ -258,53 +264,88 @@ def _give_back(queue: Queue, messages: list[Message]) -> None:
 
 
 class _Publisher:
+    """The pending line of one queue's publishes, drained by one pool thread at a time."""
+
     def __init__(self, broker: Broker, queue: Queue) -> None:
         self.broker = broker
         self.queue = queue
-        self._pending: list[_Publish] = []
-        self._flushing = False
+        self._loop = asyncio.get_running_loop()
+        self._pending: deque[_Publish] = deque()
+        self._lock = threading.Lock()  # the line and `_draining` change together
+        self._draining = False  # a pool thread is in `_drain` and will see what is appended
 
-    async def publish(
+    def submit(
         self, messages: list[OutgoingMessage], durability: Durability | None
-    ) -> list[str]:
-        future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Publish(messages, durability, future))
-        if not self._flushing:
-            self._flushing = True
-            asyncio.get_running_loop().create_task(self._flush())
-        # Shielded: a client that hangs up does not un-publish what is already being flushed.
-        return await asyncio.shield(future)
-
-    async def _flush(self) -> None:
+    ) -> asyncio.Future[list[str]]:
+        future: asyncio.Future[list[str]] = self._loop.create_future()
+        with self._lock:
+            self._pending.append(_Publish(messages, durability, future))
+            if self._draining:
+                return future
+            self._draining = True
         try:
-            while self._pending:
+            self.broker._executor.submit(self._drain)
+        except RuntimeError:  # the pool is shut down: nothing will drain the line
+            self._abandon()
+        return future
+
+    def _drain(self) -> None:
+        """In a pool thread: store batch after batch until the line is empty."""
+        for _turn in range(BATCHES_PER_TURN):
+            with self._lock:
+                if not self._pending:
+                    self._draining = False
+                    return
                 batch = self._take_batch()
+            outcome: list[str] | BaseException
+            try:
                 messages = [m for p in batch for m in p.messages]
-                try:
-                    ids = await self.broker.call(
-                        self.queue.put_many, messages, durability=batch[0].durability
-                    )
-                except Exception as exc:  # every request of the batch gets the same failure
-                    for p in batch:
-                        if not p.future.done():
-                            p.future.set_exception(exc)
-                    continue
-                start = 0
-                for p in batch:
-                    end = start + len(p.messages)
-                    if not p.future.done():
-                        p.future.set_result(ids[start:end])
-                    start = end
-        finally:
-            self._flushing = False
+                outcome = self.queue.put_many(messages, durability=batch[0].durability)
+            except BaseException as exc:  # every request of the batch gets the same failure
+                outcome = exc
+            try:
+                self._loop.call_soon_threadsafe(self._settle, batch, outcome)
+            except RuntimeError:  # the loop is closed: nobody waits for these any more
+                pass
+        try:
+            self.broker._executor.submit(self._drain)  # still `_draining`: the line stays ours
+        except RuntimeError:  # shut down meanwhile: the rest is never stored, nor acknowledged
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._abandon)
+
+    def _abandon(self) -> None:
+        """On the event loop: fail what waits in the line (503: nothing of it was stored)."""
+        with self._lock:
+            pending, self._pending = list(self._pending), deque()
+            self._draining = False
+        for p in pending:
+            if not p.future.done():
+                p.future.set_exception(StorageError("the server is shutting down; retry"))
+
+    @staticmethod
+    def _settle(batch: list[_Publish], outcome: list[str] | BaseException) -> None:
+        if isinstance(outcome, BaseException):
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(outcome)
+            return
+        start = 0
+        for p in batch:
+            end = start + len(p.messages)
+            if not p.future.done():
+                p.future.set_result(outcome[start:end])
+            start = end
 
     def _take_batch(self) -> list[_Publish]:
-        """Pending requests with the first one's durability, up to MAX_BATCH_MESSAGES."""
-        durability = self._pending[0].durability
+        """Pending requests with the first one's durability, up to MAX_BATCH_MESSAGES (at least
+        one request), in order; the others stay in the line."""
+        pending = self._pending
+        durability = pending[0].durability
         batch: list[_Publish] = []
         rest: list[_Publish] = []
         size = 0
-        for p in self._pending:
+        while pending:
+            p = pending.popleft()
             if p.durability == durability and (
                 not batch or size + len(p.messages) <= MAX_BATCH_MESSAGES
             ):
@@ -312,7 +353,7 @@ class _Publisher:
                 size += len(p.messages)
             else:
                 rest.append(p)
-        self._pending = rest
+        pending.extend(rest)
         return batch
 
 

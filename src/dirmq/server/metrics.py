@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -101,6 +102,27 @@ class Metrics:
         )
         self.registry.register(_DepthCollector(store))
         self.worker = worker
+        # Label children, looked up once: `.labels()` costs a lock and a tuple check per call.
+        self._answered: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._per_queue: dict[tuple[Counter, str], Any] = {}
+
+    def answered(self, route: str, method: str, status: int, seconds: float) -> None:
+        """Count a request (route and method are low-cardinality labels) and its latency."""
+        children = self._answered.get((route, method, status))
+        if children is None:
+            children = self._answered[route, method, status] = (
+                self.requests.labels(route, method, str(status)),
+                self.latency.labels(route, method),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def count(self, counter: Counter, queue: str, amount: int = 1) -> None:
+        """`counter.labels(queue).inc(amount)`, for the per-queue message counters."""
+        child = self._per_queue.get((counter, queue))
+        if child is None:
+            child = self._per_queue[counter, queue] = counter.labels(queue)
+        child.inc(amount)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -133,10 +133,13 @@ async def delete_queue(broker: Broker, request: Request, route: Route) -> Respon
 async def publish(broker: Broker, request: Request, route: Route) -> Response:
     queue = broker.queue(route.queue)  # 404 before anything is written: never strand a message
     content_type = request.headers.get("content-type")
+    batch = wire.is_batch(content_type)
+    if not request.query and request.headers.keys().isdisjoint(_PUBLISH_HEADERS) and not batch:
+        return await _publish_plain(broker, queue, request)  # no options: the usual request
     delay_s = _duration(request, "delay", "x-delay")
     dedup_id = _param(request, "dedup", "x-dedup-id")
     group = _param(request, "group", "x-group")
-    if wire.is_batch(content_type):
+    if batch:
         if dedup_id is not None:
             raise InvalidArgument("in a batch, give each message its own dedup id (X-Dedup-Id)")
         messages = [
@@ -160,9 +163,27 @@ async def publish(broker: Broker, request: Request, route: Route) -> Response:
         durability=_durability(request),
         timeout_s=_duration(request, "timeout", "x-timeout") or 0.0,  # at capacity: 504 now
     )
-    if len(ids) == 1 and not wire.is_batch(content_type):
-        return json_response(201, {"id": ids[0]}, [("X-Message-Id", ids[0])])
+    if len(ids) == 1 and not batch:
+        return _published(ids[0])
     return json_response(201, {"ids": ids}, [("X-Message-Id", ",".join(ids))])
+
+
+# Where a publish's options may come from, besides the query (see `publish`).
+_PUBLISH_HEADERS = frozenset({"x-delay", "x-dedup-id", "x-group", "x-durability", "x-timeout"})
+
+
+async def _publish_plain(broker: Broker, queue: Queue, request: Request) -> Response:
+    """`publish` of one message with no delay, dedup id, group, durability nor timeout."""
+    message = OutgoingMessage(request.body, wire.stored_headers(request.raw_headers))
+    queue.validate(message)
+    (message_id,) = await broker.publish(queue, [message], timeout_s=0.0)
+    return _published(message_id)
+
+
+def _published(message_id: str) -> Response:
+    # json_response's bytes: an id is digits, hex and a dash (nothing to escape).
+    body = b'{"id":"%s"}\n' % message_id.encode()
+    return Response(201, body, [("Content-Type", "application/json"), ("X-Message-Id", message_id)])
 
 
 async def receive(broker: Broker, request: Request, route: Route) -> Response:
