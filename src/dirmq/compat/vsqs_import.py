@@ -272,8 +272,9 @@ def _read_source(source_dir: str, source: _Source) -> tuple[str, bytes] | None:
 def _write_tmp(queue_path: str, message_id: str, body: bytes) -> PendingFile:
     final = os.path.join(queue_path, layout.READY, message_id)
     tmp_dir = os.path.join(queue_path, layout.TMP)
+    data = codec.encode(body, {}, message_id=message_id)
     try:
-        return create_pending(tmp_dir, layout.tmp_name(message_id), final, codec.encode(body, {}))
+        return create_pending(tmp_dir, layout.tmp_name(message_id), final, data)
     except OSError as exc:
         raise storage_error(exc, f"writing a message into {tmp_dir}") from exc
 

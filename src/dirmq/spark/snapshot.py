@@ -133,10 +133,10 @@ class DirmqSnapshotReader(DataSourceReader):
         try:
             if dir_fd < 0:
                 raise FileNotFoundError(name)
-            decoded = codec.decode(_read_at(dir_fd, name))
+            decoded = codec.decode(_read_at(dir_fd, name), entry.message_id)
         except FileNotFoundError:
             return self._moved(entry.message_id)
-        except CorruptMessage:
+        except CorruptMessage:  # damaged, or another message's content (codec.py: Dirmq-Id)
             return None  # never delivered either; `dirmq fsck` reports it
         except OSError as exc:
             raise storage_error(exc, f"reading a message of queue {self._options.queue!r}") from exc

@@ -3,6 +3,7 @@
     Dirmq-Format: 1
     Content-Length: 9
     Body-CRC32: 0a1b2c3d
+    Dirmq-Id: 1716000000000000-0123456789ab
     Content-Type: text/plain; charset=UTF-8
     X-Attr-Colour: blue
 
@@ -12,6 +13,14 @@
 read, so a truncated or damaged file is reported as `CorruptMessage`, never delivered. Headers
 whose names start with `Dirmq-` are reserved for the store; every other header is the user's and
 comes back on delivery exactly as given.
+
+`Dirmq-Id` is the id of the message the file was written for. A reader that knows the file's
+name passes the id in it to `decode`, and a file holding another message is corrupt too: a
+recycled file (pool.py) is overwritten in place and renamed before its data is flushed under
+`writeback`/`memory`, so a crash can leave an acknowledged message's intact bytes, checksum and
+all, under a new name; and on a filesystem without ordered metadata a crash can bring a renamed
+file back under an older name. Files written before the header existed have none and are not
+checked. (Pub/sub files carry `Dirmq-Pubsub-Id` instead: their names are keys, not ids.)
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ MAX_HEADER_BYTES = 64 * 1024
 _TOKEN_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _RESERVED = frozenset({"content-length", "body-crc32"})
 RESERVED_PREFIX = "dirmq-"
+ID = "Id"  # Dirmq-Id, in `Decoded.system`
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,14 +64,20 @@ def check_headers(headers: Mapping[str, str]) -> None:
 
 
 def encode(
-    body: bytes, headers: Mapping[str, str], system: Mapping[str, str] | None = None
+    body: bytes,
+    headers: Mapping[str, str],
+    system: Mapping[str, str] | None = None,
+    *,
+    message_id: str | None = None,
 ) -> bytes:
-    """The bytes of a message file. Headers must have passed `check_headers`."""
-    if not headers and not system:  # the common bare message: one formatting step
-        return b"Dirmq-Format: %d\nContent-Length: %d\nBody-CRC32: %08x\n\n%b" % (
+    """The bytes of a message file. Headers must have passed `check_headers`. A queue message
+    passes its `message_id` (written as `Dirmq-Id`, checked against the file's name on read)."""
+    if not headers and not system and message_id is not None:  # the common bare message
+        return b"Dirmq-Format: %d\nContent-Length: %d\nBody-CRC32: %08x\nDirmq-Id: %s\n\n%b" % (
             FORMAT_VERSION,
             len(body),
             zlib.crc32(body),
+            message_id.encode("ascii"),
             body,
         )
     lines = [
@@ -69,6 +85,8 @@ def encode(
         f"Content-Length: {len(body)}",
         f"Body-CRC32: {zlib.crc32(body):08x}",
     ]
+    if message_id is not None:
+        lines.append(f"Dirmq-{ID}: {message_id}")
     if system:
         lines.extend(f"Dirmq-{name}: {value}" for name, value in system.items())
     lines.extend(f"{name}: {value}" for name, value in headers.items())
@@ -78,8 +96,11 @@ def encode(
     return head + body
 
 
-def decode(data: bytes) -> Decoded:
-    """Parse a message file, checking its length and checksum; raise `CorruptMessage` if damaged."""
+def decode(data: bytes, message_id: str | None = None) -> Decoded:
+    """Parse a message file, checking its length and checksum; raise `CorruptMessage` if damaged.
+
+    With `message_id` (the id in the file's name), a file whose `Dirmq-Id` names another message
+    is corrupt as well (see the module docstring); a file without `Dirmq-Id` passes."""
     split = data.find(b"\n\n")
     if split < 0:
         raise CorruptMessage("no blank line after the headers (truncated file?)")
@@ -112,4 +133,9 @@ def decode(data: bytes) -> Decoded:
         raise CorruptMessage(f"body is {len(body)} bytes but Content-Length says {length!r}")
     if crc is None or crc != f"{zlib.crc32(body):08x}":
         raise CorruptMessage("body checksum mismatch")
+    if message_id is not None and system.get(ID, message_id) != message_id:
+        raise CorruptMessage(
+            f"the file holds message {system[ID][:80]!r}, not {message_id}: a recycled file's "
+            "old content or a rename undone by a crash"
+        )
     return Decoded(headers, body, system)

@@ -52,7 +52,7 @@ class QueueFiles:
         if entry is None:
             return None
         try:
-            decoded = read_message(self.path(directory, name))
+            decoded = read_message(self.path(directory, name), entry.message_id)
         except (FileNotFoundError, CorruptMessage):
             return None
         return stored_message(entry, directory, decoded)
@@ -75,7 +75,7 @@ class QueueFiles:
                 continue  # another process claimed or deleted it first
             index.add(layout.LEASED, lease)
             try:
-                decoded = read_message(target)
+                decoded = read_message(target, entry.message_id)
             except FileNotFoundError:
                 continue  # deleted by id a moment after our claim
             except CorruptMessage:
@@ -247,6 +247,8 @@ def expired_by_retention(message_id: str, config: QueueConfig, at_ms: int) -> bo
     return id_time_us(message_id) / 1000 + config.retention_s * 1000 < at_ms
 
 
-def read_message(path: str) -> codec.Decoded:
+def read_message(path: str, message_id: str) -> codec.Decoded:
+    """Decode the file at `path`, named for `message_id`: one holding another message (see
+    codec.py) is `CorruptMessage`, like a damaged one."""
     with open(path, "rb") as f:
-        return codec.decode(f.read())
+        return codec.decode(f.read(), message_id)

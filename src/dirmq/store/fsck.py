@@ -17,7 +17,8 @@ Invariants, and what `repair=True` does about each (see `Kind`):
     every state directory exists                                      mkdir
     names in @ready/@dead carry no time, @leased/@delayed do          rename to the canonical name
     names in state directories parse at all                           move to @corrupt
-    every message file decodes (Content-Length, Body-CRC32)           move to @corrupt
+    every message file decodes (Content-Length, Body-CRC32), and its  move to @corrupt
+      Dirmq-Id (if any) is the id in its name
     one file per message id across @ready/@leased/@delayed/@dead      keep one copy (see below)
     no orphaned temp file in @tmp (dead writer, or older than 1 h)     unlink
     no capacity slot pointing at an absent message (older than 60 s)  unlink
@@ -529,7 +530,7 @@ class _Checker:
                 )
                 continue
             self.counts.messages += 1
-            if not self._decodes(scan, entry.path, name):
+            if not self._decodes(scan, entry.path, name, parsed.message_id):
                 continue
             canonical = _canonical(state, parsed, now_ms)
             if canonical != name:
@@ -553,19 +554,19 @@ class _Checker:
             else:
                 scan.seen[parsed.message_id] = state
 
-    def _decodes(self, scan: _QueueScan, path: str, name: str) -> bool:
-        """True if the file decodes; reports (and with repair quarantines) it otherwise."""
+    def _decodes(self, scan: _QueueScan, path: str, name: str, message_id: str) -> bool:
+        """True if the file decodes as message `message_id`; reports (and with repair
+        quarantines) it otherwise."""
         try:
-            _read_decoded(path)
+            _read_decoded(path, message_id)
         except FileNotFoundError:
             return False  # moved by a live process since the listing: not ours to judge now
         except CorruptMessage as exc:
             self.fix(
                 scan.name, path, Kind.CORRUPT, str(exc), partial(self._quarantine, scan, path, name)
             )
-            parsed = parse_entry(name)
-            if parsed is not None and os.path.lexists(path):
-                scan.corrupt_ids.add(parsed.message_id)  # still holds its capacity slot
+            if os.path.lexists(path):
+                scan.corrupt_ids.add(message_id)  # still holds its capacity slot
             return False
         except OSError as exc:
             self.add(scan.name, path, Kind.UNREADABLE, exc.strerror or str(exc))
@@ -599,7 +600,7 @@ class _Checker:
                 if not entry.is_file(follow_symlinks=False):
                     continue
                 try:
-                    _read_decoded(entry.path)  # only good copies compete
+                    _read_decoded(entry.path, parsed.message_id)  # only good copies compete
                     links = entry.stat(follow_symlinks=False).st_nlink
                 except (OSError, CorruptMessage):
                     continue
@@ -773,9 +774,9 @@ def _read_marker(root: str) -> object:
     return data
 
 
-def _read_decoded(path: str) -> codec.Decoded:
+def _read_decoded(path: str, message_id: str) -> codec.Decoded:
     with open(path, "rb") as f:
-        return codec.decode(f.read())
+        return codec.decode(f.read(), message_id)
 
 
 def _scandir(path: str) -> Iterator[os.DirEntry[str]]:

@@ -276,7 +276,7 @@ class Queue:
                 system = {"Slot": slot} if slot else {}
                 if message.group is not None:
                     system["Group"] = message.group
-                data = codec.encode(message.body, message.headers, system)
+                data = codec.encode(message.body, message.headers, system, message_id=message_id)
                 pending.append(self._write_tmp(message_id, data, message, config, at_ms))
             self._commit(pending, level, config)
         except BaseException:
