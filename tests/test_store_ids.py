@@ -167,3 +167,19 @@ def test_spark_snapshot_skips_a_file_of_another_message(store: dirmq.Store) -> N
     ]
     assert [(r["id"], r["body"]) for r in rows] == [(kept, b"kept")]
 
+
+def test_fsck_knows_the_upper_layers_directories_at_the_root(store: dirmq.Store) -> None:
+    memory_queue(store)
+    for reserved in ("@pubsub", "@spark"):
+        os.makedirs(Path(store.root, reserved, "anything"))
+    Path(store.root, "@other").mkdir()
+    report = fsck(store.root, repair=False)
+    assert [(p.kind, os.path.basename(p.path)) for p in report.problems] == [(Kind.STRAY, "@other")]
+    os.rmdir(Path(store.root, "@spark", "anything"))
+    os.rmdir(Path(store.root, "@spark"))
+    Path(store.root, "@spark").write_bytes(b"not a directory")
+    strays = [p for p in fsck(store.root, repair=True).problems if p.kind is Kind.STRAY]
+    assert sorted((os.path.basename(p.path), p.detail) for p in strays) == [
+        ("@other", "unknown entry (names starting '@' are reserved)"),
+        ("@spark", "expected a directory"),
+    ]

@@ -13,6 +13,7 @@ Invariants, and what `repair=True` does about each (see `Kind`):
     root marker @dirmq.json present, a JSON object with "format": 1   recreate (bad one moved aside)
     ... and of format 1 (another format: its rules may differ)        report; repair nothing at all
     @trash empty (an interrupted queue deletion)                      empty it
+    @pubsub, @spark at the root (the upper layers', FORMAT.md)        known: left to their layers
     @queue.json parses and validates                                  move aside, write defaults
     every state directory exists                                      mkdir
     names in @ready/@dead carry no time, @leased/@delayed do          rename to the canonical name
@@ -347,6 +348,10 @@ class _Checker:
             if child == layout.ROOT_TRASH:
                 self._check_trash(entry.path)
                 return
+            if child in layout.ROOT_UPPER_DIRS:
+                if not entry.is_dir(follow_symlinks=False):
+                    self.add(name, entry.path, Kind.STRAY, "expected a directory")
+                return  # an upper layer's (pub/sub: `dirmq fsck` checks it via pubsub.check)
             if _is_config_tmp(child, layout.ROOT_MARKER):
                 self._check_config_tmp(name, entry.path)
                 return

@@ -40,6 +40,9 @@ SLOTS = "@slots"
 STATE_DIRS = (TMP, READY, LEASED, DELAYED, DEAD, CORRUPT, SLOTS, FREE, DEDUP)
 ROOT_MARKER = "@dirmq.json"
 ROOT_TRASH = "@trash"
+# Root directories of the layers above the store (docs/FORMAT.md): pub/sub, the Spark source.
+# Named here so fsck knows them without importing those layers; each layer checks its own.
+ROOT_UPPER_DIRS = frozenset({"@pubsub", "@spark"})
 GROUP_TAG_LENGTH = 12
 
 _ENTRY_RE = re.compile(
