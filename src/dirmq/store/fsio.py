@@ -15,7 +15,8 @@ file. If a flush fails (EIO, ENOSPC) the caller gets a `StorageError` and its fi
 fsync the page cache cannot be trusted, so a flush is never retried with the same files.
 
 `writeback` renames at once and lets a background thread flush within `writeback_delay_s`;
-`memory` never flushes.
+`memory` never flushes. There a crash can leave a recycled file (pool.py) under its new name with
+its old content, a complete older message: the codec's `Dirmq-Id` check makes that corrupt.
 """
 
 from __future__ import annotations

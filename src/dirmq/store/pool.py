@@ -18,11 +18,16 @@ Two pools per queue:
   tries the next name), then overwrites it.
 
 Nothing here is ever visible as a message: `@free/` holds garbage, and a file being overwritten
-is published only once its new content is durable, so a crash mid-overwrite leaves garbage in a
-pool (or an orphan temp file that recovery removes). The pool of a dead process is reclaimed by
-`reclaim_pools` (on queue open, by sweep and by fsck): its files go back to the shared pool. Only
-files of at most `MAX_RECYCLED_BYTES` are kept, at most `capacity` shared and `OWN_POOL_FILES`
-own per queue and process, so the pools never hold much disk.
+is published like a new file. With `writethrough` that is once its new content is durable, so a
+crash mid-overwrite leaves garbage in a pool (or an orphan temp file that recovery removes).
+With `writeback`/`memory` the rename may reach the disk before the data, leaving the file's old
+content, an acknowledged message, under the new name: its `Dirmq-Id` names the old message, so
+readers treat it as corrupt (codec.py), never deliver it again.
+
+The pool of a dead process is reclaimed by `reclaim_pools` (on queue open, by sweep and by
+fsck): its files go back to the shared pool. Only files of at most `MAX_RECYCLED_BYTES` are
+kept, at most `capacity` shared and `OWN_POOL_FILES` own per queue and process, so the pools
+never hold much disk.
 """
 
 from __future__ import annotations
