@@ -10,10 +10,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def spawn(*args: object) -> subprocess.Popen[str]:
+def spawn(*args: object, module: str = "tests.workers") -> subprocess.Popen[str]:
+    """`python -m module *args` with the checkout importable (the roles live in `module`)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.workers", *map(str, args)],
+        [sys.executable, "-m", module, *map(str, args)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,

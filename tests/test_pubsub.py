@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +20,8 @@ from dirmq.errors import (
 )
 from dirmq.pubsub import Delivery, PubSub, Subscription
 from dirmq.store import Store
+from tests import procs
 from tests.disks import small_tmpfs
-from tests.procs import REPO
 
 REPLY = "outcomes/publisher"
 
@@ -396,14 +395,7 @@ def test_polling_mode_delivers_without_inotify(tmp_path: Path) -> None:
 
 # -- processes, crashes, faults -----------------------------------------------------------------
 def spawn(*args: object) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.pubsub_workers", *map(str, args)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=env,
-    )
+    return procs.spawn(*args, module="tests.pubsub_workers")
 
 
 def test_a_publish_in_another_process_wakes_a_waiting_subscriber(hub: PubSub) -> None:

@@ -28,8 +28,12 @@ from dirmq.cli.args import count, open_store, queue_name
 from dirmq.cli.messages import header
 from dirmq.errors import DeliveryNotFound, InvalidArgument
 from dirmq.pubsub import Delivery, Mode, Persistence, PubSub, Subscription
-from dirmq.pubsub.hub import DEFAULT_ACCEPT_TIMEOUT_S, DEFAULT_PROCESS_TIMEOUT_S
-from dirmq.pubsub.model import check_name, parse_outcomes
+from dirmq.pubsub.model import (
+    DEFAULT_ACCEPT_TIMEOUT_S,
+    DEFAULT_PROCESS_TIMEOUT_S,
+    check_name,
+    parse_outcomes,
+)
 from dirmq.wire.durations import parse_duration
 
 # Longest wait inside the library before the loop looks at the signal flag again.

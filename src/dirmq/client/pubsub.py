@@ -37,6 +37,8 @@ from dirmq import errors
 from dirmq.client import protocol as p
 from dirmq.client.remote import DEFAULT_TIMEOUT_S, answer_of
 from dirmq.pubsub.model import (
+    DEFAULT_ACCEPT_TIMEOUT_S,
+    DEFAULT_PROCESS_TIMEOUT_S,
     Delivery,
     Envelope,
     Mode,
@@ -48,8 +50,6 @@ from dirmq.pubsub.model import (
 from dirmq.pubsub.transitions import Entry
 from dirmq.store import OutgoingMessage
 
-DEFAULT_ACCEPT_TIMEOUT_S = 60.0
-DEFAULT_PROCESS_TIMEOUT_S = 30.0
 # The server sends a keep-alive comment every 15 s: a stream silent for this long is dead.
 STREAM_READ_TIMEOUT_S = 60.0
 MAX_RETAINED_LIMIT = 1000  # the server's cap on entries examined per page

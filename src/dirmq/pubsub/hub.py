@@ -39,6 +39,8 @@ from dirmq.pubsub.layout import (
 )
 from dirmq.pubsub.logs import SeqLog
 from dirmq.pubsub.model import (
+    DEFAULT_ACCEPT_TIMEOUT_S,
+    DEFAULT_PROCESS_TIMEOUT_S,
     Envelope,
     Filter,
     Mode,
@@ -62,8 +64,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dirmq.pubsub")
 
-DEFAULT_ACCEPT_TIMEOUT_S = 60.0
-DEFAULT_PROCESS_TIMEOUT_S = 30.0
 RECOVER_AFTER_S = 10.0  # a half-published message this old belongs to a dead publisher
 OUTBOX_GRACE_S = 5.0  # an unreported outcome this old was left by a crash or a failed report
 MESSAGES_SWEEP_EVERY_S = 10.0
@@ -452,31 +452,19 @@ class PubSub:
                 self.transitions.report_linked(path, key, envelope, name, Outcome.TIMEOUT, 0)
 
     def _expire(self, path: str, subscriber: str, outcome: Outcome) -> int:
+        envelope = _envelope_or_discard(path)
+        if envelope is None:
+            return 0
         timed = split_timed(os.path.basename(path))
-        try:
-            entry = read_entry(path)
-        except FileNotFoundError:
-            return 0
-        except CorruptMessage as exc:
-            log.error("removing damaged pub/sub entry %s: %s", path, exc)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            return 0
         key = timed[0] if timed else os.path.basename(path)
-        return int(self.transitions.settle(path, key, entry.envelope, subscriber, outcome))
+        return int(self.transitions.settle(path, key, envelope, subscriber, outcome))
 
     def abort_entry(self, path: str, subscriber: str, timed: tuple[str, int]) -> int:
-        try:
-            entry = read_entry(path)
-        except FileNotFoundError:
-            return 0
-        except CorruptMessage as exc:
-            log.error("removing damaged pub/sub entry %s: %s", path, exc)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        envelope = _envelope_or_discard(path)
+        if envelope is None:
             return 0
         key, deadline = timed
-        return int(self.transitions.abort(path, key, entry.envelope, subscriber, deadline))
+        return int(self.transitions.abort(path, key, envelope, subscriber, deadline))
 
     def _replay_outbox(self, wall: float) -> int:
         reported = 0
@@ -542,6 +530,19 @@ class PubSub:
 
     def close(self) -> None:
         """Nothing to release (subscriptions are closed by their owners); for symmetry."""
+
+
+def _envelope_or_discard(path: str) -> Envelope | None:
+    """The envelope of the entry at `path`; None if it is gone, or damaged (then removed)."""
+    try:
+        return read_entry(path).envelope
+    except FileNotFoundError:
+        return None
+    except CorruptMessage as exc:
+        log.error("removing damaged pub/sub entry %s: %s", path, exc)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return None
 
 
 def _listdir(path: str) -> list[str]:

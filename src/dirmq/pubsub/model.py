@@ -18,6 +18,8 @@ MAX_NAME_CHARS = 128
 # Message ids and subscriber names end up in file names next to `.`, `+`, `~` separators.
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+DEFAULT_ACCEPT_TIMEOUT_S = 60.0
+DEFAULT_PROCESS_TIMEOUT_S = 30.0
 
 
 class Mode(StrEnum):
