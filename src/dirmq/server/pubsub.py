@@ -45,10 +45,15 @@ from dirmq.errors import (
     storage_error,
 )
 from dirmq.pubsub import Delivery, Mode, PubSub, Subscription
-from dirmq.pubsub.hub import DEFAULT_ACCEPT_TIMEOUT_S, DEFAULT_PROCESS_TIMEOUT_S
 from dirmq.pubsub.layout import PubSubPaths, is_delivery_key
 from dirmq.pubsub.logs import LogHead
-from dirmq.pubsub.model import Envelope, Filter, check_name
+from dirmq.pubsub.model import (
+    DEFAULT_ACCEPT_TIMEOUT_S,
+    DEFAULT_PROCESS_TIMEOUT_S,
+    Envelope,
+    Filter,
+    check_name,
+)
 from dirmq.pubsub.transitions import Entry, read_entry
 from dirmq.server.broker import Broker
 from dirmq.server.errors import json_error
