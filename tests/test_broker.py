@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import dirmq
-from dirmq.server.broker import Broker
+from dirmq.errors import QueueNotFound, StorageError
+from dirmq.server.broker import Broker, on_memory_filesystem
 from dirmq.store import OutgoingMessage
 
 
@@ -18,14 +22,47 @@ def run(coro: object) -> object:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
-def test_concurrent_publishes_share_flushes(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = dirmq.Store(root)
+def _memory_root(tmp_path: Path) -> Path:
+    if not on_memory_filesystem("/dev/shm"):
+        pytest.skip("no tmpfs at /dev/shm")
+    return Path(tempfile.mkdtemp(dir="/dev/shm", prefix="dirmq-test-")) / "root"
+
+
+@pytest.fixture(params=["disk", "memory"])
+def any_root(request: pytest.FixtureRequest, root: Path, tmp_path: Path) -> Iterator[Path]:
+    """A root in the test's temp dir (a pool thread drains publishes), and one on tmpfs (the
+    event loop does)."""
+    if request.param == "disk":
+        if on_memory_filesystem(str(tmp_path)):
+            pytest.skip("the temp dir is on a memory filesystem")
+        yield root
+        return
+    memory = _memory_root(tmp_path)
+    try:
+        yield memory
+    finally:
+        shutil.rmtree(memory.parent, ignore_errors=True)
+
+
+def test_memory_filesystems_are_recognised(tmp_path: Path) -> None:
+    _memory_root(tmp_path)  # skips without /dev/shm
+    assert on_memory_filesystem("/dev/shm")
+    assert not on_memory_filesystem("/proc")
+    assert not on_memory_filesystem(str(tmp_path / "absent"))
+
+
+def test_concurrent_publishes_share_flushes(
+    any_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = dirmq.Store(any_root)
     queue = store.create_queue("g")
     calls: list[int] = []
+    threads: set[int] = set()
     real = dirmq.Queue.put_many
 
     def counting(self: dirmq.Queue, messages: list[OutgoingMessage], **kw: object) -> list[str]:
         calls.append(len(messages))
+        threads.add(threading.get_ident())
         return real(self, messages, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(dirmq.Queue, "put_many", counting)
@@ -46,6 +83,66 @@ def test_concurrent_publishes_share_flushes(root: Path, monkeypatch: pytest.Monk
     assert sum(calls) == 200
     assert len(calls) < 50, f"200 concurrent publishes took {len(calls)} flushes"
     assert queue.stats().ready == 200
+    on_loop = threads == {threading.get_ident()}  # asyncio.run ran the loop in this thread
+    assert on_loop == on_memory_filesystem(str(any_root))
+
+
+def test_a_failed_flush_fails_every_request_of_its_batch(any_root: Path) -> None:
+    store = dirmq.Store(any_root)
+    queue = store.create_queue("gone")
+
+    async def main() -> list[object]:
+        broker = Broker(store)
+        try:
+            await broker.publish(queue, [OutgoingMessage(b"first")])  # the line exists
+            store.delete_queue("gone")
+            return await asyncio.gather(
+                *(broker.publish(queue, [OutgoingMessage(b"x")]) for _ in range(20)),
+                return_exceptions=True,
+            )
+        finally:
+            broker.close()
+
+    results = run(main())
+    assert isinstance(results, list)
+    assert all(isinstance(r, QueueNotFound) for r in results), results
+
+
+def test_a_cancelled_publish_is_stored_all_the_same(any_root: Path) -> None:
+    store = dirmq.Store(any_root)
+    queue = store.create_queue("c")
+
+    async def main() -> None:
+        broker = Broker(store)
+        try:
+            publishes = [
+                asyncio.ensure_future(broker.publish(queue, [OutgoingMessage(b"%d" % i)]))
+                for i in range(10)
+            ]
+            await asyncio.sleep(0)  # each is in the line
+            publishes[3].cancel()
+            await asyncio.gather(*publishes, return_exceptions=True)
+            await broker.publish(queue, [OutgoingMessage(b"last")])
+        finally:
+            broker.close()
+
+    run(main())
+    assert queue.stats().ready == 11
+
+
+def test_publishes_after_close_fail_instead_of_hanging(root: Path) -> None:
+    store = dirmq.Store(root)
+    queue = store.create_queue("late")
+
+    async def main() -> None:
+        broker = Broker(store)
+        broker.close()
+        with pytest.raises(StorageError):
+            await asyncio.wait_for(broker.publish(queue, [OutgoingMessage(b"x")]), 5)
+
+    if on_memory_filesystem(str(root.parent)):
+        pytest.skip("the event loop drains publishes on a memory filesystem")
+    run(main())
 
 
 def test_long_polls_are_all_served_when_woken_by_other_threads(root: Path) -> None:
