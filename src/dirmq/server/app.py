@@ -95,15 +95,16 @@ class NativeApp:
         return response
 
     def _count(self, counter: str, queue: str, request: Request, response: Response) -> None:
-        metrics = self.metrics
         if counter == "published":
-            ids = next((v for k, v in response.headers if k == "X-Message-Id"), "")
-            metrics.count(metrics.published, queue, ids.count(",") + 1 if ids else 0)
+            for name, ids in response.headers:
+                if name == "X-Message-Id":
+                    self.metrics.count(counter, queue, ids.count(",") + 1 if ids else 0)
+                    return
         elif counter == "delivered" and response.status == 200:
             count = 1 if "max" not in request.query else response.body.count(b"\r\nX-Message-Id:")
-            metrics.count(metrics.delivered, queue, max(count, 1))
+            self.metrics.count(counter, queue, max(count, 1))
         elif counter == "acked" and response.status == 204:
-            metrics.count(metrics.acked, queue)
+            self.metrics.count(counter, queue)
 
     async def _server_path(self, request: Request, name: str) -> Response:
         if request.method not in ("GET", "HEAD"):
