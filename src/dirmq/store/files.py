@@ -19,7 +19,7 @@ from dirmq.store.capacity import Slots
 from dirmq.store.config import QueueConfig
 from dirmq.store.dedup import Dedup
 from dirmq.store.ids import id_time_us
-from dirmq.store.index import QueueIndex
+from dirmq.store.index import GroupRuns, QueueIndex
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.message import Message, SweepReport
 from dirmq.store.pool import FilePool
@@ -59,10 +59,18 @@ class QueueFiles:
 
     # -- transitions --------------------------------------------------------------------------
     def claim(
-        self, index: QueueIndex, config: QueueConfig, at_ms: int, visibility_ms: int
+        self,
+        index: QueueIndex,
+        config: QueueConfig,
+        at_ms: int,
+        visibility_ms: int,
+        runs: GroupRuns | None = None,
     ) -> Message | None:
-        """Lease the oldest ready message (ready -> leased); None when nothing is ready."""
-        while (name := index.pop_ready(config.peers)) is not None:
+        """Lease the oldest ready message (ready -> leased); None when nothing is ready.
+
+        `runs` is the state of the get this claim is part of (which groups it holds)."""
+        runs = GroupRuns() if runs is None else runs
+        while (name := index.pop_ready(config.peers, runs)) is not None:
             entry = parse_entry(name)
             assert entry is not None
             if expired_by_retention(entry.message_id, config, at_ms):
@@ -72,8 +80,14 @@ class QueueFiles:
             lease = layout.timed_name(entry.message_id, count, at_ms + visibility_ms, entry.group)
             target = self.path(layout.LEASED, lease)
             if not self.move(layout.READY, name, layout.LEASED, lease):
-                continue  # another process claimed or deleted it first
+                # Another process claimed or deleted it first. If it was a group's, that
+                # process may hold the group now: leasing the group's next one would break it.
+                if entry.group is not None:
+                    runs.lost.add(entry.group)
+                continue
             index.add(layout.LEASED, lease)
+            if entry.group is not None:
+                runs.taken[entry.group] += 1
             try:
                 decoded = read_message(target, entry.message_id)
             except FileNotFoundError:

@@ -74,6 +74,32 @@ class _TimedSet:
         self._heap.clear()
 
 
+class GroupRuns:
+    """The groups one get has leased messages of, so it may lease their next ones too.
+
+    A group is leased by one get at a time: every process sees its @leased names (they end in
+    the group's tag) and holds the group back until none is left. The get that leased them is
+    the exception, up to `limit` messages of the group (None: no limit); a group whose message
+    it lost to another process's rename is closed to it (its index was behind: someone else
+    has the group now).
+    """
+
+    __slots__ = ("limit", "lost", "taken")
+
+    def __init__(self, limit: int | None = 1) -> None:
+        self.limit = limit
+        self.taken: Counter[str] = Counter()
+        self.lost: set[str] = set()
+
+    def allows(self, tag: str, busy: Counter[str]) -> bool:
+        if tag in self.lost:
+            return False
+        taken = self.taken[tag]
+        if taken:
+            return self.limit is None or taken < self.limit
+        return tag not in busy
+
+
 def group_of(name: str) -> str | None:
     """The group tag at the end of a state name, if any (cheaper than a full parse)."""
     _head, sep, tag = name.rpartition("~")
@@ -176,12 +202,13 @@ class QueueIndex:
             self.delayed.discard(entry.message_id, name)
 
     # -- queries -----------------------------------------------------------------------------
-    def pop_ready(self, peers: int = 0) -> str | None:
+    def pop_ready(self, peers: int = 0, runs: GroupRuns | None = None) -> str | None:
         """Take the name of the oldest ready message out of the index (or, with `peers`, one of
         the oldest `peers + 1`, chosen at random to spread many consumers over the head).
 
-        A message of a group is taken only while no message of its group is leased, and only
-        if it is its group's oldest ready one: groups are delivered in order, one at a time.
+        A message of a group is taken only if it is its group's oldest ready one, and only
+        while no message of its group is leased, except by the get that `runs` tracks (which
+        may go on taking its group's next messages, within its limit per group).
         """
         candidates: list[str] = []
         passed: list[str] = []  # ready, but their group is busy: they stay where they are
@@ -195,7 +222,8 @@ class QueueIndex:
                 continue
             tag = group_of(name)
             if tag is not None:
-                if tag in busy or tag in groups_seen:
+                free = tag not in busy if runs is None else runs.allows(tag, busy)
+                if not free or tag in groups_seen:
                     passed.append(message_id)
                     continue
                 groups_seen.add(tag)

@@ -66,7 +66,7 @@ class Entry:
     message_id: str
     count: int
     at_ms: int | None  # lease deadline or delivery due time
-    group: str | None = None  # tag of the message group (at most one leased per group)
+    group: str | None = None  # tag of the message group (leased by one get at a time)
 
     @property
     def receipt(self) -> str:

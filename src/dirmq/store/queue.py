@@ -36,7 +36,7 @@ from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.files import QueueFiles, expired_by_retention, now_ms
 from dirmq.store.fsio import PendingFile, create_pending
 from dirmq.store.ids import id_time_us, is_id, new_ids
-from dirmq.store.index import QueueIndex
+from dirmq.store.index import GroupRuns, QueueIndex
 from dirmq.store.layout import parse_entry, parse_receipt
 from dirmq.store.message import Message, OutgoingMessage, QueueStats, SweepReport
 from dirmq.store.pool import DEFAULT_POOL_FILES, reclaim_pools
@@ -400,16 +400,35 @@ class Queue:
 
     # -- receiving --------------------------------------------------------------------------------
     def get(
-        self, max_count: int = 1, *, visibility_s: float | None = None, wait_s: float = 0.0
+        self,
+        max_count: int = 1,
+        *,
+        visibility_s: float | None = None,
+        wait_s: float = 0.0,
+        max_per_group: int | None = 1,
     ) -> list[Message]:
         """Lease up to `max_count` messages, oldest first.
 
         Waits up to `wait_s` for the first message (returns [] if none came). Each message stays
         invisible to others for `visibility_s` (default: the queue's visibility timeout); ack it
         with its receipt before then, or it returns to its FIFO place.
+
+        Messages of a group come in order, and only from a group none of whose messages is in
+        flight. This get may take up to `max_per_group` consecutive messages of such a group
+        (None: as many as it can, like SQS FIFO); the group then stays held back from every
+        other get, in any process, until none of them is in flight (acked, returned, expired).
+        Keep the default of 1 when the messages of one get are shared among several consumers.
         """
         if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
             raise InvalidArgument(f"max_count must be a positive integer, got {max_count!r}")
+        if max_per_group is not None and (
+            isinstance(max_per_group, bool)
+            or not isinstance(max_per_group, int)
+            or max_per_group < 1
+        ):
+            raise InvalidArgument(
+                f"max_per_group must be a positive integer or None, got {max_per_group!r}"
+            )
         _check_seconds("visibility_s", visibility_s)
         _check_seconds("wait_s", wait_s)
         deadline = time.monotonic() + wait_s
@@ -422,8 +441,9 @@ class Queue:
                 visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
                 visibility_ms = round(visibility * 1000)
                 got: list[Message] = []
+                runs = GroupRuns(max_per_group)
                 while len(got) < max_count:
-                    message = self._files.claim(index, config, at_ms, visibility_ms)
+                    message = self._files.claim(index, config, at_ms, visibility_ms, runs)
                     if message is None:
                         break
                     got.append(message)
