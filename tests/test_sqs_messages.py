@@ -614,7 +614,7 @@ def test_standard_queue_message_group_is_an_attribute(sqs: Client, make_queue: M
 
 
 # -- FIFO ------------------------------------------------------------------------------------
-def test_fifo_order_and_one_in_flight_per_group(sqs: Client, make_queue: MakeQueue) -> None:
+def test_fifo_order_and_groups_in_flight(sqs: Client, make_queue: MakeQueue) -> None:
     url = make_queue(fifo=True)
     sequence: dict[str, list[int]] = {"a": [], "b": []}
     for i in range(3):
@@ -629,26 +629,116 @@ def test_fifo_order_and_one_in_flight_per_group(sqs: Client, make_queue: MakeQue
             sequence[group].append(int(sent["SequenceNumber"]))
     assert all(s == sorted(s) and len(set(s)) == 3 for s in sequence.values())
 
-    first = receive_all(sqs, url, VisibilityTimeout=30, AttributeNames=["All"])
-    # One message per group at a time, each its group's oldest.
-    assert sorted(m["Body"] for m in first) == ["a0", "b0"]
+    first = sqs.receive_message(
+        QueueUrl=url, MaxNumberOfMessages=3, VisibilityTimeout=30, AttributeNames=["All"]
+    )["Messages"]
+    # In sending order: a group's messages in a row, groups interleaved.
+    assert [m["Body"] for m in first] == ["a0", "b0", "a1"]
     for message in first:
         attributes = message["Attributes"]
-        assert attributes["MessageGroupId"] == message["Body"][0]
+        group, n = message["Body"][0], int(message["Body"][1])
+        assert attributes["MessageGroupId"] == group
         assert attributes["MessageDeduplicationId"] == message["Body"]
-        assert attributes["SequenceNumber"] == str(sequence[message["Body"][0]][0])
-    assert receive_all(sqs, url) == []  # both groups have a message in flight
-    a0 = next(m for m in first if m["Body"] == "a0")
+        assert attributes["SequenceNumber"] == str(sequence[group][n])
+    assert receive_all(sqs, url) == []  # both groups have messages in flight
+    a0, b0, a1 = first
     sqs.delete_message(QueueUrl=url, ReceiptHandle=a0["ReceiptHandle"])
-    (a1,) = receive_all(sqs, url, VisibilityTimeout=30)
-    assert a1["Body"] == "a1"
-    # Returning b0 puts it back first in its group.
-    b0 = next(m for m in first if m["Body"] == "b0")
+    assert receive_all(sqs, url) == [], "a1 is still in flight"
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=a1["ReceiptHandle"])
+    (a2,) = receive_all(sqs, url, VisibilityTimeout=30)
+    assert a2["Body"] == "a2"
+    # Returning b0 puts it back first in its group, ahead of the rest of the group.
     sqs.change_message_visibility(
         QueueUrl=url, ReceiptHandle=b0["ReceiptHandle"], VisibilityTimeout=0
     )
-    (again,) = receive_all(sqs, url)
-    assert again["Body"] == "b0"
+    assert [m["Body"] for m in receive_all(sqs, url)] == ["b0", "b1", "b2"]
+
+
+def _send_groups(sqs: Client, url: str, order: str) -> None:
+    """One message per letter of `order`, in its group; bodies g0, h0, g1..."""
+    sent: dict[str, int] = {}
+    for group in order:
+        n = sent.get(group, 0)
+        sent[group] = n + 1
+        sqs.send_message(
+            QueueUrl=url,
+            MessageBody=f"{group}{n}",
+            MessageGroupId=group,
+            MessageDeduplicationId=f"{group}{n}",
+        )
+
+
+def test_fifo_receive_returns_several_messages_of_a_group(
+    sqs: Client, make_queue: MakeQueue
+) -> None:
+    url = make_queue(fifo=True)
+    _send_groups(sqs, url, "ghghg")
+    got = receive_all(sqs, url, VisibilityTimeout=2)
+    bodies = [m["Body"] for m in got]
+    assert bodies == ["g0", "h0", "g1", "h1", "g2"]
+    assert [b for b in bodies if b[0] == "g"] == ["g0", "g1", "g2"]
+    assert receive_all(sqs, url) == [], "every group is in flight"
+    again = receive_all(sqs, url, WaitTimeSeconds=5)  # the visibility timeout passes
+    assert [m["Body"] for m in again] == bodies, "back in their order"
+    assert {m["MessageId"] for m in again} == {m["MessageId"] for m in got}
+    sqs.delete_message_batch(
+        QueueUrl=url,
+        Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(again)],
+    )
+    assert receive_all(sqs, url) == []
+
+
+def test_fifo_group_is_held_until_all_of_a_receive_is_deleted(
+    sqs: Client, make_queue: MakeQueue
+) -> None:
+    url = make_queue(fifo=True)
+    _send_groups(sqs, url, "ggg")
+    first = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2, VisibilityTimeout=30)
+    g0, g1 = first["Messages"]
+    assert [g0["Body"], g1["Body"]] == ["g0", "g1"]
+    assert receive_all(sqs, url) == []
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=g0["ReceiptHandle"])
+    assert receive_all(sqs, url) == [], "g1 is still in flight"
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=g1["ReceiptHandle"])
+    assert [m["Body"] for m in receive_all(sqs, url)] == ["g2"]
+
+
+def test_concurrent_fifo_receives_never_share_a_group(sqs: Client, make_queue: MakeQueue) -> None:
+    """Receives that arrive together each lease on their own: one gets the group's run, the
+    others nothing (merged into one lease and split, they could share it)."""
+    url = make_queue(fifo=True)
+    _send_groups(sqs, url, "g" * 10)
+    results: list[list[str]] = []
+    barrier = threading.Barrier(6)
+
+    def receive() -> None:
+        barrier.wait()
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2, VisibilityTimeout=30)
+        results.append([m["Body"] for m in got.get("Messages", [])])
+
+    threads = [threading.Thread(target=receive) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(results, key=len) == [[], [], [], [], [], ["g0", "g1"]]
+
+
+def test_fifo_long_poll_wakes_when_the_group_is_released(
+    sqs: Client, make_queue: MakeQueue
+) -> None:
+    url = make_queue(fifo=True)
+    _send_groups(sqs, url, "gg")
+    (g0,) = sqs.receive_message(QueueUrl=url, VisibilityTimeout=30)["Messages"]
+    waited: list[list[dict[str, Any]]] = []
+    poll = threading.Thread(target=lambda: waited.append(receive_all(sqs, url, WaitTimeSeconds=10)))
+    started = time.monotonic()
+    poll.start()
+    time.sleep(0.5)
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=g0["ReceiptHandle"])
+    poll.join(15)
+    assert [m["Body"] for m in waited[0]] == ["g1"]
+    assert time.monotonic() - started < 5
 
 
 def test_fifo_deduplication(sqs: Client, make_queue: MakeQueue) -> None:
@@ -686,11 +776,11 @@ def test_fifo_deduplication(sqs: Client, make_queue: MakeQueue) -> None:
     )
     ids = {s["Id"]: s["MessageId"] for s in batch["Successful"]}
     assert ids["x"] == ids["y"] and ids["z"] == first["MessageId"]
-    bodies = []
-    while message := receive_all(sqs, url):
-        bodies.append(message[0]["Body"])
-        sqs.delete_message(QueueUrl=url, ReceiptHandle=message[0]["ReceiptHandle"])
-    assert bodies == ["one", "two"]
+    got = receive_all(sqs, url)
+    assert [m["Body"] for m in got] == ["one", "two"]
+    for message in got:
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+    assert receive_all(sqs, url) == []
     # Deleted messages still deduplicate for the interval (SQS keeps the id, so does dirmq).
     sqs.send_message(
         QueueUrl=url, MessageBody="one", MessageGroupId="g", MessageDeduplicationId="d1"

@@ -2,9 +2,11 @@
 ChangeMessageVisibility(Batch).
 
 Messages are dirmq messages: SQS attributes are headers (see message_attributes.py), a FIFO
-queue's MessageGroupId is the store's message group (delivered in order, one in flight per
-group), its deduplication id the store's dedup id, and receipt handles are dirmq receipts, so
-what is sent over SQS can be received with the library or the native API and the other way round.
+queue's MessageGroupId is the store's message group (delivered in order; a receive takes as
+many consecutive messages of a group as fit, and no other receive gets any of the group while
+one of them is in flight), its deduplication id the store's dedup id, and receipt handles are
+dirmq receipts, so what is sent over SQS can be received with the library or the native API and
+the other way round.
 
 Headers written besides the attributes:
 
@@ -35,6 +37,7 @@ from dirmq.sqs import message_attributes as attrs
 from dirmq.sqs.actions import Params, Result, action
 from dirmq.sqs.context import Context
 from dirmq.sqs.errors import SqsError
+from dirmq.sqs.fifo_receive import receive_fifo
 from dirmq.sqs.ids import parse_receipt_handle, sequence_number, sqs_message_id
 from dirmq.sqs.md5 import md5_of_attributes, md5_of_body
 from dirmq.sqs.receive_attempts import Attempt, ReceiveMemory, memory_for
@@ -523,12 +526,12 @@ async def receive_message(ctx: Context, params: Params) -> Result:
     memory = memory_for(ctx.broker)
 
     async def receive() -> list[Result]:
-        got = await ctx.broker.receive(
-            queue,
-            count or 1,
-            None if visibility is None else float(visibility),
-            float(kind.wait_default_s if wait is None else wait),
-        )
+        visibility_s = None if visibility is None else float(visibility)
+        wait_s = float(kind.wait_default_s if wait is None else wait)
+        if kind.fifo:  # whole runs of a group, so a get of this request's own (see the module)
+            got = await receive_fifo(ctx.broker, queue, count or 1, visibility_s, wait_s)
+        else:
+            got = await ctx.broker.receive(queue, count or 1, visibility_s, wait_s)
         return [
             render_message(ctx, m, kind, attribute_names, system_names, memory, queue.name)
             for m in got

@@ -341,7 +341,8 @@ async def _move(broker: Broker, task: MoveTask, source: Queue, destination: Queu
             delay = started + task.moved / task.rate - loop.time()
             if delay > 0 and await _cancelled_within(task, delay):
                 return
-        got = await broker.call(source.get, want, visibility_s=LEASE_S)
+        # One consumer: a group's consecutive messages move together, in their order.
+        got = await broker.call(source.get, want, visibility_s=LEASE_S, max_per_group=None)
         if not got:
             return  # the DLQ ran dry before the count taken at the start
         try:
