@@ -176,3 +176,16 @@ def test_a_lost_claim_closes_the_group_to_that_get(root: Path) -> None:
         taken = fast.queue("race").get(1)
         assert _bodies(taken) == ["g0"]
         assert q.get(10, max_per_group=None) == []
+
+
+def test_peers_mode_keeps_each_run_in_order(groups_store: dirmq.Store) -> None:
+    """With `peers`, a get picks among the oldest ready messages at random, but of a group only
+    its oldest is a candidate: runs stay in order."""
+    q = groups_store.create_queue("peers", dirmq.QueueConfig(peers=4))
+    _fill(q, "ggghhgxh")
+    got = _bodies(q.get(10, max_per_group=None))
+    assert sorted(got) == ["g0", "g1", "g2", "g3", "h0", "h1", "h2", "x0"]
+    for group in "ghx":
+        run = [b for b in got if b[0] == group]
+        assert run == sorted(run)
+    assert q.get(10, max_per_group=None) == []
