@@ -135,7 +135,11 @@ async def publish(broker: Broker, request: Request, route: Route) -> Response:
     content_type = request.headers.get("content-type")
     batch = wire.is_batch(content_type)
     if not request.query and request.headers.keys().isdisjoint(_PUBLISH_HEADERS) and not batch:
-        return await _publish_plain(broker, queue, request)  # no options: the usual request
+        # No delay, dedup id, group, durability nor timeout: the usual request, in one step.
+        message = OutgoingMessage(request.body, wire.stored_headers(request.raw_headers))
+        queue.validate(message)
+        (message_id,) = await broker.publish(queue, [message], timeout_s=0.0)
+        return _published(message_id)
     delay_s = _duration(request, "delay", "x-delay")
     dedup_id = _param(request, "dedup", "x-dedup-id")
     group = _param(request, "group", "x-group")
@@ -170,14 +174,6 @@ async def publish(broker: Broker, request: Request, route: Route) -> Response:
 
 # Where a publish's options may come from, besides the query (see `publish`).
 _PUBLISH_HEADERS = frozenset({"x-delay", "x-dedup-id", "x-group", "x-durability", "x-timeout"})
-
-
-async def _publish_plain(broker: Broker, queue: Queue, request: Request) -> Response:
-    """`publish` of one message with no delay, dedup id, group, durability nor timeout."""
-    message = OutgoingMessage(request.body, wire.stored_headers(request.raw_headers))
-    queue.validate(message)
-    (message_id,) = await broker.publish(queue, [message], timeout_s=0.0)
-    return _published(message_id)
 
 
 def _published(message_id: str) -> Response:
