@@ -22,7 +22,7 @@ def run(coro: object) -> object:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
-def _memory_root(tmp_path: Path) -> Path:
+def _memory_root() -> Path:
     if not on_memory_filesystem("/dev/shm"):
         pytest.skip("no tmpfs at /dev/shm")
     return Path(tempfile.mkdtemp(dir="/dev/shm", prefix="dirmq-test-")) / "root"
@@ -37,7 +37,7 @@ def any_root(request: pytest.FixtureRequest, root: Path, tmp_path: Path) -> Iter
             pytest.skip("the temp dir is on a memory filesystem")
         yield root
         return
-    memory = _memory_root(tmp_path)
+    memory = _memory_root()
     try:
         yield memory
     finally:
@@ -45,8 +45,8 @@ def any_root(request: pytest.FixtureRequest, root: Path, tmp_path: Path) -> Iter
 
 
 def test_memory_filesystems_are_recognised(tmp_path: Path) -> None:
-    _memory_root(tmp_path)  # skips without /dev/shm
-    assert on_memory_filesystem("/dev/shm")
+    if not on_memory_filesystem("/dev/shm"):
+        pytest.skip("no tmpfs at /dev/shm")
     assert not on_memory_filesystem("/proc")
     assert not on_memory_filesystem(str(tmp_path / "absent"))
 
