@@ -106,8 +106,19 @@ def parse_receipt(receipt: str) -> tuple[str, int] | None:
     return (match.group(1), int(match.group(2))) if match else None
 
 
+_pid = os.getpid()  # not a getpid(2) per message; a forked child takes its own
+
+
+def _after_fork() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def tmp_name(message_id: str) -> str:
-    return f"{message_id}.{HOST_TAG}.{os.getpid()}.tmp"
+    return f"{message_id}.{HOST_TAG}.{_pid}.tmp"
 
 
 def parse_tmp(name: str) -> tuple[str, str, int] | None:

@@ -50,6 +50,7 @@ CONFIG_RECHECK_S = 0.5
 _WATCHED = (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS)
 ProgressFn = Callable[[int], None]  # called with how many items were just processed
 _SETTLE_ACTIONS = ("ack", "nack", "extend", "dead_letter")
+_MAX_VALIDATED = 4096  # validated messages remembered per queue (a server batch is <= 1024)
 
 
 def _check_seconds(name: str, value: float | None) -> None:
@@ -75,6 +76,9 @@ class Queue:
         self._watcher: Watcher | None = None
         self._recovered_on_open = SweepReport()
         self._listeners: list[Callable[[], None]] = []
+        # Messages `validate` passed, by id(): (the message, the config it passed against). The
+        # reference keeps the id from being reused while the record lives.
+        self._validated: dict[int, tuple[OutgoingMessage, QueueConfig]] = {}
 
     # -- configuration -------------------------------------------------------------------------
     @property
@@ -201,8 +205,11 @@ class Queue:
         config = self.config
         level = Durability(durability) if durability is not None else config.durability
         outgoing = [m if isinstance(m, OutgoingMessage) else OutgoingMessage(m) for m in messages]
+        validated = self._validated
         for message in outgoing:
-            self._check_outgoing(message, config)
+            record = validated.pop(id(message), None) if validated else None
+            if record is None or record[0] is not message or record[1] is not config:
+                self._check_outgoing(message, config)
         if not any(m.dedup_id is not None for m in outgoing):
             return self._publish_files(outgoing, config, level, timeout_s)[0]
         return self._put_deduplicated(outgoing, config, level, timeout_s)
@@ -300,8 +307,19 @@ class Queue:
 
     def validate(self, message: OutgoingMessage) -> None:
         """Raise what `put` would raise for this message's content (size, headers, delay), so a
-        caller can refuse one bad message before batching it with good ones."""
-        self._check_outgoing(message, self.config)
+        caller can refuse one bad message before batching it with good ones.
+
+        A message that passes is not checked again by the next `put_many` that stores it, as
+        long as the queue's configuration is unchanged (the server validates every message
+        before it joins a batch). The message is frozen, and a `bytes` body immutable; headers
+        must not be changed in between."""
+        config = self.config
+        self._check_outgoing(message, config)
+        if type(message.body) is bytes:
+            validated = self._validated
+            if len(validated) >= _MAX_VALIDATED:  # records of messages never stored: forget
+                validated.clear()
+            validated[id(message)] = (message, config)
 
     def _check_outgoing(self, message: OutgoingMessage, config: QueueConfig) -> None:
         if not isinstance(message.body, bytes | bytearray | memoryview):
