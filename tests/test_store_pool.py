@@ -255,7 +255,8 @@ def test_killed_churning_process_loses_nothing_and_exposes_nothing_partial(root:
     q = dirmq.Store(root).create_queue("churn", dirmq.QueueConfig(visibility_timeout_s=1.0))
     confirmed: set[str] = set()
     acked: set[str] = set()
-    for delay_s in (0.05, 0.11, 0.23, 0.31, 0.47):
+    kills = (0.05, 0.11, 0.23, 0.31, 0.47)
+    for delay_s in kills:
         worker = spawn("churn", root, "churn")
         time.sleep(delay_s)
         for line in kill_reading_all(worker).splitlines():
@@ -274,7 +275,8 @@ def test_killed_churning_process_loses_nothing_and_exposes_nothing_partial(root:
         seen.add(message.id)
         reopened.ack(message.receipt or "")
     assert not seen & acked, "an acknowledged message came back"
-    # A message acked by the killed worker just before it could print so is neither.
+    # A message acked by a killed worker just before it could print so is neither: at most
+    # one per kill (the worker acks one message at a time).
     lost = confirmed - acked - seen
-    assert len(lost) <= 1, f"put returned but the message is gone: {sorted(lost)[:5]}"
+    assert len(lost) <= len(kills), f"put returned but the message is gone: {sorted(lost)[:5]}"
     assert os.listdir(Path(q.path, layout.CORRUPT)) == []
