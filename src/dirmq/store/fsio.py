@@ -14,6 +14,12 @@ file. If a flush fails (EIO, ENOSPC) the caller gets a `StorageError` and its fi
 (temp files before the rename, the renamed files if the directory flush failed). After a failed
 fsync the page cache cannot be trusted, so a flush is never retried with the same files.
 
+Why `syncfs` for a batch rather than a flush per file: on this project's unjournalled ext4, a
+batch of 16-64 files cost 1.1-7 ms either way, and which won changed from one minute to the next
+(per-file `fdatasync` from 16 threads, or `sync_file_range` then `fdatasync`, won after mass
+deletions; `syncfs` on a quiet disk and for 16 files: docs/benchmarks-http.md). Per-file flushes
+also grow with the batch, while `syncfs` stays one call.
+
 `writeback` renames at once and lets a background thread flush within `writeback_delay_s`;
 `memory` never flushes. There a crash can leave a recycled file (pool.py) under its new name with
 its old content, a complete older message: the codec's `Dirmq-Id` check makes that corrupt.
