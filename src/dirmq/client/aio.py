@@ -32,7 +32,7 @@ import httpx
 
 from dirmq import errors
 from dirmq.client import protocol as p
-from dirmq.client.remote import DEFAULT_TIMEOUT_S, answer_of
+from dirmq.client.remote import DEFAULT_TIMEOUT_S, checked, unreachable
 from dirmq.store import Durability, Message, OutgoingMessage, QueueConfig, QueueStats
 
 DEFAULT_MAX_CONNECTIONS = 100
@@ -74,15 +74,9 @@ class AsyncRemoteStore:
                 f"no free connection to dirmq at {self.url}: all {self._max_connections} are busy "
                 "(each waiting get holds one; raise max_connections)",
             ) from exc
-        except httpx.TimeoutException as exc:
-            raise errors.StorageIOError(
-                0, f"dirmq at {self.url} did not answer in time ({type(exc).__name__})"
-            ) from exc
         except httpx.HTTPError as exc:
-            raise errors.StorageIOError(0, f"cannot reach dirmq at {self.url}: {exc}") from exc
-        answer = answer_of(response)
-        p.raise_for(answer)
-        return answer
+            raise unreachable(self.url, exc) from exc
+        return checked(response)
 
     async def create_queue(
         self, name: str, config: QueueConfig | None = None, *, exist_ok: bool = True

@@ -35,7 +35,7 @@ import httpx
 
 from dirmq import errors
 from dirmq.client import protocol as p
-from dirmq.client.remote import DEFAULT_TIMEOUT_S, answer_of
+from dirmq.client.remote import DEFAULT_TIMEOUT_S, checked, unreachable
 from dirmq.pubsub.model import (
     DEFAULT_ACCEPT_TIMEOUT_S,
     DEFAULT_PROCESS_TIMEOUT_S,
@@ -90,15 +90,9 @@ class RemotePubSub:
                 headers={k.encode(): v for k, v in (headers or {}).items()} or None,
                 content=body or None,
             )
-        except httpx.TimeoutException as exc:
-            raise errors.StorageIOError(
-                0, f"dirmq at {self.url} did not answer in time ({type(exc).__name__})"
-            ) from exc
         except httpx.HTTPError as exc:
-            raise errors.StorageIOError(0, f"cannot reach dirmq at {self.url}: {exc}") from exc
-        answer = answer_of(response)
-        p.raise_for(answer)
-        return answer
+            raise unreachable(self.url, exc) from exc
+        return checked(response)
 
     def publish(
         self,
@@ -208,11 +202,11 @@ class RemotePubSub:
         try:
             response = self._http.send(request, stream=True)
         except httpx.HTTPError as exc:
-            raise errors.StorageIOError(0, f"cannot reach dirmq at {self.url}: {exc}") from exc
+            raise unreachable(self.url, exc) from exc
         if response.status_code != 200:
             response.read()
             response.close()
-            p.raise_for(answer_of(response))
+            checked(response)
             raise errors.DirmqError(f"subscribe answered HTTP {response.status_code}")
         return response
 

@@ -21,6 +21,22 @@ def answer_of(response: httpx.Response) -> p.Answer:
     return p.Answer(response.status_code, headers, response.content)
 
 
+def checked(response: httpx.Response) -> p.Answer:
+    """The answer, or the dirmq error the server reported in it."""
+    answer = answer_of(response)
+    p.raise_for(answer)
+    return answer
+
+
+def unreachable(url: str, exc: httpx.HTTPError) -> errors.StorageIOError:
+    """What a caller gets when the server cannot be reached or does not answer in time."""
+    if isinstance(exc, httpx.TimeoutException):
+        return errors.StorageIOError(
+            0, f"dirmq at {url} did not answer in time ({type(exc).__name__})"
+        )
+    return errors.StorageIOError(0, f"cannot reach dirmq at {url}: {exc}")
+
+
 class RemoteStore:
     """The queues of one dirmq server. Thread-safe (one connection pool)."""
 
@@ -40,15 +56,9 @@ class RemoteStore:
                 content=call.body or None,
                 timeout=call.timeout_s or self._timeout_s,
             )
-        except httpx.TimeoutException as exc:
-            raise errors.StorageIOError(
-                0, f"dirmq at {self.url} did not answer in time ({type(exc).__name__})"
-            ) from exc
         except httpx.HTTPError as exc:
-            raise errors.StorageIOError(0, f"cannot reach dirmq at {self.url}: {exc}") from exc
-        answer = answer_of(response)
-        p.raise_for(answer)
-        return answer
+            raise unreachable(self.url, exc) from exc
+        return checked(response)
 
     def create_queue(
         self, name: str, config: QueueConfig | None = None, *, exist_ok: bool = True
