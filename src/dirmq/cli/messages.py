@@ -198,12 +198,16 @@ def cmd_peek(args: argparse.Namespace) -> int:
     return exits.OK
 
 
-def message_json(message: Message) -> dict[str, object]:
-    """A message as JSON: the body as UTF-8 text when it is valid UTF-8, else base64."""
+def body_json(body: bytes) -> dict[str, str]:
+    """`body` and `body_encoding` fields: UTF-8 text when the body is valid UTF-8, else base64."""
     try:
-        body, encoding = message.body.decode("utf-8"), "utf-8"
+        return {"body": body.decode("utf-8"), "body_encoding": "utf-8"}
     except UnicodeDecodeError:
-        body, encoding = base64.b64encode(message.body).decode("ascii"), "base64"
+        return {"body": base64.b64encode(body).decode("ascii"), "body_encoding": "base64"}
+
+
+def message_json(message: Message) -> dict[str, object]:
+    """A message as JSON (see `body_json` for the body)."""
     return {
         "id": message.id,
         "receipt": message.receipt,
@@ -212,8 +216,7 @@ def message_json(message: Message) -> dict[str, object]:
         "published_at_s": message.published_at_s,
         "lease_deadline_s": message.lease_deadline_s,
         "headers": message.headers,
-        "body": body,
-        "body_encoding": encoding,
+        **body_json(message.body),
     }
 
 

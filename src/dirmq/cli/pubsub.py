@@ -9,7 +9,6 @@ waits, so no transition is ever cut in half by a signal.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import math
 import os
@@ -25,7 +24,7 @@ from typing import Any
 
 from dirmq.cli import exits
 from dirmq.cli.args import count, open_store, queue_name
-from dirmq.cli.messages import header
+from dirmq.cli.messages import body_json, header
 from dirmq.errors import DeliveryNotFound, InvalidArgument
 from dirmq.pubsub import Delivery, Mode, Persistence, PubSub, Subscription
 from dirmq.pubsub.model import (
@@ -338,11 +337,7 @@ def _print(delivery: Delivery, *, as_json: bool) -> None:
 
 
 def delivery_json(delivery: Delivery) -> dict[str, object]:
-    """A delivery as JSON: the body as UTF-8 text when it is valid UTF-8, else base64."""
-    try:
-        body, encoding = delivery.body.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        body, encoding = base64.b64encode(delivery.body).decode("ascii"), "base64"
+    """A delivery as JSON (see `body_json` for the body)."""
     return {
         "id": delivery.id,
         "channel": delivery.channel,
@@ -350,8 +345,7 @@ def delivery_json(delivery: Delivery) -> dict[str, object]:
         "mode": delivery.mode.value,
         "seq": delivery.seq,
         "headers": delivery.headers,
-        "body": body,
-        "body_encoding": encoding,
+        **body_json(delivery.body),
     }
 
 

@@ -308,8 +308,7 @@ class _Publisher:
                 batch = self._take_batch()
             outcome: list[str] | BaseException
             try:
-                messages = [m for p in batch for m in p.messages]
-                outcome = self.queue.put_many(messages, durability=batch[0].durability)
+                outcome = self._store(batch)
             except BaseException as exc:  # every request of the batch gets the same failure
                 outcome = exc
             try:
@@ -321,6 +320,11 @@ class _Publisher:
         except RuntimeError:  # shut down meanwhile: the rest is never stored, nor acknowledged
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._abandon)
+
+    def _store(self, batch: list[_Publish]) -> list[str]:
+        """One group commit for every message of the batch's requests."""
+        messages = [m for p in batch for m in p.messages]
+        return self.queue.put_many(messages, durability=batch[0].durability)
 
     def _abandon(self) -> None:
         """On the event loop: fail what waits in the line (503: nothing of it was stored)."""
@@ -341,8 +345,7 @@ class _Publisher:
                 batch = self._take_batch()
             outcome: list[str] | BaseException
             try:
-                messages = [m for p in batch for m in p.messages]
-                outcome = self.queue.put_many(messages, durability=batch[0].durability)
+                outcome = self._store(batch)
             except Exception as exc:  # every request of the batch gets the same failure
                 outcome = exc
             self._settle(batch, outcome)
