@@ -12,7 +12,15 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 import dirmq
-from dirmq.server.http import HttpServer, Limits, Request, Response, _Clock, _response_head
+from dirmq.server.http import (
+    Deferred,
+    HttpServer,
+    Limits,
+    Request,
+    Response,
+    _Clock,
+    _response_head,
+)
 from dirmq.server.metrics import LATENCY_BUCKETS, Metrics
 from dirmq.wire import framing
 
@@ -139,3 +147,106 @@ def test_a_slow_request_head_gets_408() -> None:
 
     written = asyncio.run(main())
     assert re.match(rb"HTTP/1\.1 408 ", written), written
+
+
+# -- the fast path (answers without a Task) ---------------------------------------------------
+def _fast_server(fast_outcomes: dict[str, object]) -> HttpServer:
+    """A server whose fast handler answers `/now` at once, `/later` through a future the test
+    completes, raises for `/boom`, and leaves anything else to the ordinary handler."""
+
+    def fast(request: Request) -> Response | Deferred | None:
+        if request.path == "/now":
+            return Response(200, b"now")
+        if request.path == "/boom":
+            raise RuntimeError("a bug")
+        if request.path == "/later":
+            future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+            fast_outcomes.setdefault("futures", []).append(future)  # type: ignore[union-attr]
+            return future, lambda done: Response(200, done.result())
+        return None
+
+    return HttpServer(_ok, fast=fast)
+
+
+def test_fast_answers_keep_pipelined_order_and_fall_back() -> None:
+    async def main() -> bytes:
+        outcomes: dict[str, object] = {}
+        protocol, transport = _fast_server(outcomes).protocol(), _Transport()
+        protocol.connection_made(transport)
+        protocol.data_received(
+            b"GET /later HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /now HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /boom HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /now HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        await asyncio.sleep(0.01)
+        assert transport.written == b""  # /later holds every answer behind it
+        futures = outcomes["futures"]
+        assert isinstance(futures, list)
+        futures[0].set_result(b"later")
+        for _ in range(50):
+            await asyncio.sleep(0.005)
+            if transport.written.count(b"HTTP/1.1") == 5:
+                break
+        return transport.written
+
+    written = asyncio.run(main())
+    bodies = [part.rsplit(b"\r\n\r\n", 1)[-1] for part in written.split(b"HTTP/1.1 ")[1:]]
+    assert bodies[:3] == [b"later", b"now", b"ok"]
+    assert written.split(b"HTTP/1.1 ")[4].startswith(b"500 ")
+    assert bodies[4] == b"now"
+
+
+def test_a_fast_answer_whose_client_left_is_not_sent() -> None:
+    async def main() -> tuple[bool, bytes]:
+        outcomes: dict[str, object] = {}
+        protocol, transport = _fast_server(outcomes).protocol(), _Transport()
+        protocol.connection_made(transport)
+        protocol.data_received(b"GET /later HTTP/1.1\r\nHost: x\r\n\r\n")
+        protocol.connection_lost(None)
+        futures = outcomes["futures"]
+        assert isinstance(futures, list)
+        await asyncio.sleep(0.01)
+        return futures[0].cancelled(), transport.written
+
+    assert asyncio.run(main()) == (True, b"")
+
+
+def test_a_plain_publish_answers_as_the_general_path_does(tmp_path: Path) -> None:
+    """The same publish through the fast path and through `publish` (an option forces it):
+    same status, same headers but the id, same body shape, same metrics."""
+    from dirmq.server.app import NativeApp
+    from dirmq.server.broker import Broker
+
+    async def main() -> tuple[list[bytes], bytes, int]:
+        store = dirmq.Store(tmp_path / "root")
+        store.create_queue("q")
+        broker, metrics = Broker(store), Metrics(store)
+        app = NativeApp(broker, metrics)
+        server = HttpServer(app, fast=app.fast)
+        protocol, transport = server.protocol(), _Transport()
+        protocol.connection_made(transport)
+        protocol.data_received(
+            b"POST /q/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na"
+            b"POST /q/messages HTTP/1.1\r\nHost: x\r\nX-Delay: 0\r\nContent-Length: 1\r\n\r\nb"
+            b"POST /nope/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nc"
+        )
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if transport.written.count(b"HTTP/1.1") == 3:
+                break
+        broker.close()
+        depth = store.queue("q").stats().ready
+        store.close()
+        return transport.written.split(b"HTTP/1.1 ")[1:], metrics.render(), depth
+
+    answers, exposition, depth = asyncio.run(main())
+    ids = [re.sub(rb"[0-9a-f]{8,}[-0-9a-f]*", b"ID", a) for a in answers]
+    date = re.compile(rb"Date: [^\r]*")
+    assert date.sub(b"", ids[0]) == date.sub(b"", ids[1])
+    assert ids[0].startswith(b"201 Created")
+    assert answers[2].startswith(b"404 ")
+    assert depth == 2
+    assert b'dirmq_messages_published_total{queue="q"} 2.0' in exposition
+    assert b'route="messages",status="201"} 2.0' in exposition

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from dirmq.errors import DirmqError
 from dirmq.server import native
 from dirmq.server.broker import Broker
 from dirmq.server.errors import error_response, json_error
-from dirmq.server.http import Handler, Request, Response, StreamResponse
+from dirmq.server.http import Deferred, Handler, Request, Response, StreamResponse
 from dirmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dirmq.server.metrics import Metrics
 from dirmq.server.pubsub import PubSubApi, is_pubsub_path
@@ -68,6 +69,38 @@ class NativeApp:
         method = request.method if request.method in _METHODS else "other"
         self.metrics.answered(label, method, response.status, time.monotonic() - started)
         return response
+
+    def fast(self, request: Request) -> Deferred | None:
+        """The plain publish, answered without a Task (see `http.FastHandler`); anything else,
+        and every error, is left to `__call__`."""
+        if request.method != "POST" or request.path.startswith("/@"):
+            return None
+        if self.is_sqs is not None and self.is_sqs(request):
+            return None
+        try:
+            route = self._route(request.path)
+        except (DirmqError, UnicodeDecodeError):
+            return None
+        if route.kind != "messages":
+            return None
+        started = time.monotonic()
+        future = native.publish_now(self.broker, request, route)
+        if future is None:
+            return None
+        metrics, queue = self.metrics, route.queue
+
+        def finish(done: asyncio.Future[list[str]]) -> Response:
+            try:
+                (message_id,) = done.result()
+            except DirmqError as exc:
+                response = error_response(exc)
+            else:
+                response = native.published(message_id)
+                metrics.count("published", queue)
+            metrics.answered("messages", "POST", response.status, time.monotonic() - started)
+            return response
+
+        return future, finish
 
     def _route(self, path: str) -> Route:
         route = self._routes.get(path)

@@ -86,12 +86,24 @@ class Broker:
         """Store `messages` (validated by the caller) and return their ids, all or none."""
         if queue.config.capacity is not None:
             return await self._publish_at_capacity(queue, messages, durability, timeout_s)
+        # Not shielded, nor needing to be: a request that is cancelled (its client hung up)
+        # cancels only this future; its messages stay in the line and are stored all the same.
+        return await self._publisher(queue).submit(messages, durability)
+
+    def publish_nowait(
+        self, queue: Queue, messages: list[OutgoingMessage]
+    ) -> asyncio.Future[list[str]] | None:
+        """`publish` at the queue's own durability without a coroutine: the ids' future, or None
+        if the queue has a capacity (whose waits need `publish`)."""
+        if queue.config.capacity is not None:
+            return None
+        return self._publisher(queue).submit(messages, None)
+
+    def _publisher(self, queue: Queue) -> _Publisher:
         publisher = self._publishers.get(queue.name)
         if publisher is None or publisher.queue is not queue:
             publisher = self._publishers[queue.name] = _Publisher(self, queue)
-        # Not shielded, nor needing to be: a request that is cancelled (its client hung up)
-        # cancels only this future; its messages stay in the line and are stored all the same.
-        return await publisher.submit(messages, durability)
+        return publisher
 
     async def _publish_at_capacity(
         self,

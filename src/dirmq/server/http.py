@@ -10,6 +10,7 @@ request means is the handler's business (`app.py`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import socket
@@ -18,7 +19,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from email.utils import formatdate
-from typing import cast
+from typing import Any, cast
 from urllib.parse import parse_qsl
 
 import httptools
@@ -79,6 +80,12 @@ class StreamResponse:
 
 
 Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
+# The answer, once `future` is done, is `finish(future)` (which sees its exception, if any).
+Deferred = tuple["asyncio.Future[Any]", Callable[["asyncio.Future[Any]"], Response]]
+# A synchronous first look at a request: its response now, later (Deferred), or None to leave
+# the request to the Handler. It spares the common requests a Task and a chain of coroutines.
+# Its responses have no `after`.
+FastHandler = Callable[[Request], "Response | Deferred | None"]
 
 
 class _Reject(Exception):
@@ -123,8 +130,11 @@ class _Clock:
 class HttpServer:
     """Shared state of every connection of one listening server."""
 
-    def __init__(self, handler: Handler, limits: Limits | None = None) -> None:
+    def __init__(
+        self, handler: Handler, limits: Limits | None = None, fast: FastHandler | None = None
+    ) -> None:
         self.handler = handler
+        self.fast = fast
         self.limits = limits or Limits()
         self.connections: set[HttpProtocol] = set()
         self.draining = False
@@ -202,7 +212,8 @@ class HttpProtocol(asyncio.Protocol):
         # Created on first use: most connections never pipeline nor fill their write buffer, and
         # a deque or an Event per parked long poll adds up.
         self._pending: deque[Request] | None = None
-        self._task: asyncio.Task[None] | None = None
+        # The request being answered: its Task, or the future a fast answer waits for.
+        self._task: asyncio.Future[Any] | None = None
         self.deadline = 0.0  # loop time at which the connection times out; 0: never
         self._can_write: asyncio.Event | None = None  # set while writable; None: never paused
         self._closed = False
@@ -354,7 +365,7 @@ class HttpProtocol(asyncio.Protocol):
         )
         self._reset_message()
         if self._task is None and not self._pending and not self._closed:
-            self._task = self._loop.create_task(self._answer(request))  # the usual case
+            self._begin(request)  # the usual case
             return
         if self._pending is None:
             self._pending = deque()
@@ -369,8 +380,57 @@ class HttpProtocol(asyncio.Protocol):
             return
         if self._transport is not None and len(self._pending) <= MAX_PIPELINED:
             self._transport.resume_reading()
-        request = self._pending.popleft()
+        self._begin(request=self._pending.popleft())
+
+    def _begin(self, request: Request) -> None:
+        fast = self._server.fast
+        if fast is not None:
+            try:
+                result = fast(request)
+            except Exception:
+                log.exception("unhandled error answering %s %s", request.method, request.path)
+                result = _internal_error()
+            if result is not None:
+                if isinstance(result, Response):
+                    self._task = None
+                    self._reply(request, result)
+                    return
+                future, finish = result
+                self._task = future
+                future.add_done_callback(functools.partial(self._finish, request, finish))
+                return
         self._task = self._loop.create_task(self._answer(request))
+
+    def _finish(
+        self,
+        request: Request,
+        finish: Callable[[asyncio.Future[Any]], Response],
+        future: asyncio.Future[Any],
+    ) -> None:
+        """A fast answer's future is done: reply (unless the connection went away)."""
+        self._task = None
+        if future.cancelled():
+            return
+        try:
+            response = finish(future)
+        except Exception:
+            log.exception("unhandled error answering %s %s", request.method, request.path)
+            response = _internal_error()
+        self._reply(request, response)
+
+    def _reply(self, request: Request, response: Response) -> None:
+        """Send a fast answer's response, then what `_answer` does after its own."""
+        if self._transport is None or self._closed:
+            return
+        keep_alive = request.keep_alive and not self._server.draining
+        self._transport.write(self._head_and_body(request, response, keep_alive))
+        self._server.requests_served += 1
+        if not keep_alive:
+            self._transport.close()
+            return
+        if not self._in_message:
+            self._arm(self._limits.idle_timeout_s)
+        self._start_next()
 
     async def _answer(self, request: Request) -> None:
         try:
@@ -380,11 +440,7 @@ class HttpProtocol(asyncio.Protocol):
                 raise
             except Exception:
                 log.exception("unhandled error answering %s %s", request.method, request.path)
-                response = Response(
-                    500,
-                    error_body(500, "internal server error"),
-                    [("Content-Type", "application/json")],
-                )
+                response = _internal_error()
             keep_alive = request.keep_alive and not self._server.draining
             await self._send(request, response, keep_alive)
             self._server.requests_served += 1
@@ -407,6 +463,13 @@ class HttpProtocol(asyncio.Protocol):
             self._arm(self._limits.idle_timeout_s)
         self._start_next()
 
+    def _head_and_body(self, request: Request, response: Response, keep_alive: bool) -> bytes:
+        status, content = response.status, response.body
+        head = _response_head(
+            self._server.clock.prefix(status), response.headers, status, len(content), keep_alive
+        )
+        return head if status in _NO_BODY or request.method == "HEAD" else head + content
+
     def _base_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
         return [("Date", self._server.clock.date()), ("Server", "dirmq"), *headers]
 
@@ -416,16 +479,7 @@ class HttpProtocol(asyncio.Protocol):
         transport = self._transport
         assert transport is not None
         if isinstance(response, Response):
-            status, content = response.status, response.body
-            head = _response_head(
-                self._server.clock.prefix(status),
-                response.headers,
-                status,
-                len(content),
-                keep_alive,
-            )
-            no_body = status in _NO_BODY or request.method == "HEAD"
-            transport.write(head if no_body else head + content)
+            transport.write(self._head_and_body(request, response, keep_alive))
             return
         headers = self._base_headers(response.headers)
         transport.write(
@@ -477,6 +531,12 @@ class HttpProtocol(asyncio.Protocol):
         headers = self._base_headers([("Content-Type", "application/json"), *extra])
         head = framing.response_head(status, headers, content_length=len(body), keep_alive=False)
         self._transport.write(head + body)
+
+
+def _internal_error() -> Response:
+    return Response(
+        500, error_body(500, "internal server error"), [("Content-Type", "application/json")]
+    )
 
 
 def _response_head(

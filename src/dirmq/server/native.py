@@ -18,11 +18,12 @@ POST   /{queue}/messages/{receipt}/dead-letter
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, replace
 
-from dirmq.errors import InvalidArgument, MessageNotFound, QueueExists, QueueNotFound
+from dirmq.errors import DirmqError, InvalidArgument, MessageNotFound, QueueExists, QueueNotFound
 from dirmq.server.broker import Broker
 from dirmq.server.errors import json_error
 from dirmq.server.http import Request, Response
@@ -139,7 +140,7 @@ async def publish(broker: Broker, request: Request, route: Route) -> Response:
         message = OutgoingMessage(request.body, wire.stored_headers(request.raw_headers))
         queue.validate(message)
         (message_id,) = await broker.publish(queue, [message], timeout_s=0.0)
-        return _published(message_id)
+        return published(message_id)
     delay_s = _duration(request, "delay", "x-delay")
     dedup_id = _param(request, "dedup", "x-dedup-id")
     group = _param(request, "group", "x-group")
@@ -168,15 +169,33 @@ async def publish(broker: Broker, request: Request, route: Route) -> Response:
         timeout_s=_duration(request, "timeout", "x-timeout") or 0.0,  # at capacity: 504 now
     )
     if len(ids) == 1 and not batch:
-        return _published(ids[0])
+        return published(ids[0])
     return json_response(201, {"ids": ids}, [("X-Message-Id", ",".join(ids))])
+
+
+def publish_now(broker: Broker, request: Request, route: Route) -> asyncio.Future[list[str]] | None:
+    """The usual publish (one message, no options, no capacity) handed to the queue's line
+    without a coroutine: its ids' future, or None when `publish` must take the request (any
+    option, a batch, a capacity, or an error to report)."""
+    if request.query or not request.headers.keys().isdisjoint(_PUBLISH_HEADERS):
+        return None
+    content_type = request.headers.get("content-type")
+    if wire.is_batch(content_type):
+        return None
+    try:
+        queue = broker.queue(route.queue)
+        message = OutgoingMessage(request.body, wire.stored_headers(request.raw_headers))
+        queue.validate(message)
+    except DirmqError:
+        return None
+    return broker.publish_nowait(queue, [message])
 
 
 # Where a publish's options may come from, besides the query (see `publish`).
 _PUBLISH_HEADERS = frozenset({"x-delay", "x-dedup-id", "x-group", "x-durability", "x-timeout"})
 
 
-def _published(message_id: str) -> Response:
+def published(message_id: str) -> Response:
     # json_response's bytes: an id is digits, hex and a dash (nothing to escape).
     body = b'{"id":"%s"}\n' % message_id.encode()
     return Response(201, body, [("Content-Type", "application/json"), ("X-Message-Id", message_id)])

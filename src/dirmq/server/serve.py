@@ -110,7 +110,8 @@ async def run_worker(options: ServeOptions, endpoints: list[_Endpoint]) -> None:
     listeners: list[asyncio.Server] = []
     for endpoint in endpoints:
         handler = _handler_for(endpoint.name, broker, metrics, options.sqs_credentials, pubsub)
-        http = HttpServer(handler, options.limits)
+        fast = handler.fast if isinstance(handler, NativeApp) else None
+        http = HttpServer(handler, options.limits, fast)
         http_servers.append(http)
         listeners.append(
             await loop.create_server(http.protocol, sock=endpoint.sock, backlog=BACKLOG)
