@@ -68,6 +68,7 @@ import json
 import math
 import platform
 import queue
+import re
 import resource
 import shutil
 import signal
@@ -154,6 +155,18 @@ def ensure_redis_server() -> str:
     if int(version.split(".")[0]) < 7:
         print(f"warning: redis-server {version} is older than 7", file=sys.stderr)
     return version
+
+
+def ensure_wrk() -> str:
+    """Install Debian's wrk if missing; return its version."""
+    if shutil.which("wrk") is None:
+        print("installing wrk (apt-get) ...", file=sys.stderr, flush=True)
+        _apt_install("wrk")
+    out = subprocess.run(
+        ["wrk", "--version"], check=False, capture_output=True, text=True, timeout=30
+    )
+    words = (out.stdout + out.stderr).split()
+    return words[1] if len(words) > 1 else "?"
 
 
 def ensure_pip() -> dict[str, str]:
@@ -1189,6 +1202,63 @@ def lpush_spec(key: str) -> dict[str, Any]:
     return {"script": "repeat", "request": request.decode("latin-1"), "ok": RESP_INT, "per_ok": 1}
 
 
+# -- wrk: a load generator in C --------------------------------------------------------------------
+WRK_SCRIPT = f"""wrk.method = "POST"
+wrk.body = string.rep("x", {len(BODY)})
+wrk.headers["Content-Type"] = "text/plain"
+"""
+
+
+def _wrk_seconds(value: str, unit: str) -> float:
+    return float(value) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}[unit]
+
+
+def wrk_publish(ctx: Context, server: DirmqServer, queue_name: str) -> Trial:
+    """`wrk -t1` publishing `BODY` on `CONNECTIONS` keep-alive connections for one trial's
+    duration (one request in flight per connection, as the Python load generator). Its CPU is
+    what the kernel reports for it as our child (RUSAGE_CHILDREN around its life)."""
+    script = os.path.join(ctx.shm, "wrk-publish.lua")
+    Path(script).write_text(WRK_SCRIPT)
+    seconds = max(1, round(ctx.sizes.trial_s))
+    url = f"http://{HOST}:{server.port}/{queue_name}/messages"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu0 = cpu_seconds(server.pids)
+    proc = ctx.procs.start(
+        ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s", "-s", script, url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    out, _ = proc.communicate(timeout=seconds + 60)
+    server_cpu = cpu_seconds(server.pids) - cpu0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = re.search(r"(\d+) requests in ([\d.]+)(us|ms|s|m)\b", out)
+    if proc.returncode != 0 or done is None:
+        raise RuntimeError(f"wrk failed ({proc.returncode}): {out[-500:]!r}")
+    errors: dict[str, int] = {}
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if non_2xx:
+        errors["non-2xx"] = int(non_2xx.group(1))
+    socket_errors = re.search(r"Socket errors: (.*)", out)
+    if socket_errors:
+        errors["socket errors: " + socket_errors.group(1).strip()] = 1
+    client_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return Trial(
+        ops=int(done.group(1)) - errors.get("non-2xx", 0),
+        seconds=_wrk_seconds(done.group(2), done.group(3)),
+        server_cpu_s=server_cpu,
+        client_cpu_s=client_cpu,
+        errors=errors,
+    )
+
+
+def delete_queue(port: int, name: str) -> None:
+    """Untimed, after a trial: every trial then starts from the same filesystem state."""
+    status, _, body = http_call(port, "DELETE", f"/{name}", timeout_s=600)
+    if status != 204:
+        raise RuntimeError(f"DELETE /{name}: {status} {body[:200]!r}")
+
+
 # -- the filesystem's floor -----------------------------------------------------------------------
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _AT_FDCWD, _AT_SYMLINK_FOLLOW = -100, 0x400
@@ -1243,7 +1313,12 @@ class RawPuts:
         while done < count and time.perf_counter() < deadline:
             done += self._put_batch()
         elapsed = time.perf_counter() - start
-        return Trial(done, elapsed, time.process_time() - cpu0, 0.0, {})
+        cpu = time.process_time() - cpu0
+        if not self.durable:  # on tmpfs, untimed: the next trial starts from an empty directory
+            # (not on the disk: on ext4 without a journal, freed inodes slow later allocations)
+            shutil.rmtree(self.ready)
+            os.makedirs(self.ready)
+        return Trial(done, elapsed, cpu, 0.0, {})
 
 
 def inode_alloc_us(directory: str, count: int = 500) -> dict[str, float]:
@@ -1390,12 +1465,17 @@ def bench_writeback(ctx: Context) -> None:
     w1 = ctx.dirmq("shm-w1", "shm", 1)
     redis = ctx.redis
 
-    def dirmq_writeback(server: DirmqServer) -> Callable[[int], Trial]:
+    def dirmq_writeback(server: DirmqServer, wrk: bool = False) -> Callable[[int], Trial]:
         def trial(r: int) -> Trial:
-            name = f"wb-{r}"
+            name = f"wb-{r}{'-wrk' if wrk else ''}"
             create_queue(server.port, name, "writeback")
             warm_up(server.port, name)
-            return ctx.load(server, publish_spec(name), CONNECTIONS)
+            try:
+                if wrk:
+                    return wrk_publish(ctx, server, name)
+                return ctx.load(server, publish_spec(name), CONNECTIONS)
+            finally:
+                delete_queue(server.port, name)
 
         return trial
 
@@ -1414,6 +1494,7 @@ def bench_writeback(ctx: Context) -> None:
         "redis everysec": redis_everysec,
         "dirmq 1 worker": dirmq_writeback(w1),
         "raw syscalls": lambda r: raw.trial(ctx.sizes.trial_ops, ctx.sizes.trial_s),
+        "dirmq 2 workers, wrk": dirmq_writeback(w2, wrk=True),
     }
     trials = run_rounds("writeback", subjects, ctx.sizes.rounds)
     for name, ts in trials.items():
@@ -1429,6 +1510,14 @@ def bench_writeback(ctx: Context) -> None:
         f"{statistics.median(vs_redis):.2f}x Redis everysec, "
         f"{statistics.median(scaling):.2f}x 1 worker (paired); "
         + cores_note(trials["dirmq 2 workers"]),
+    )
+    vs_python_load = paired(trials, "dirmq 2 workers, wrk", "dirmq 2 workers")
+    report.row(
+        "writeback publish, tmpfs",
+        f"dirmq, 2 workers, {CONNECTIONS} conns, wrk load",
+        rate_text(rate["dirmq 2 workers, wrk"]),
+        f"{statistics.median(vs_python_load):.2f}x the same with the Python load (paired); "
+        + cores_note(trials["dirmq 2 workers, wrk"]),
     )
     report.row(
         "writeback publish, tmpfs",
@@ -1457,11 +1546,20 @@ def bench_writeback(ctx: Context) -> None:
         value >= 40_000,
         f"{statistics.median(vs_redis):.2f}x Redis everysec (paired)",
     )
+    value = rate["dirmq 2 workers, wrk"]
+    report.target(
+        "writeback tmpfs msg/s, 2 workers, wrk load",
+        value,
+        ">= 40,000",
+        value >= 40_000,
+        "the same server driven by wrk (C) instead of the Python load generator",
+    )
     report.data["writeback_publish"] = {
         "subjects": {k: series(v) for k, v in trials.items()},
         "ratios_per_round_w2_vs_redis_everysec": vs_redis,
         "ratios_per_round_w2_vs_w1": scaling,
         "ratios_per_round_w1_vs_raw": vs_raw,
+        "ratios_per_round_wrk_vs_python_load": vs_python_load,
     }
     profile_trial(ctx, "publish-writeback-w2", w2, lambda: dirmq_writeback(w2)(ctx.sizes.rounds))
 
@@ -2108,7 +2206,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
     sizes = QUICK if args.quick else FULL
     redis_version = ensure_redis_server()
-    versions = ensure_pip()
+    wrk_version = ensure_wrk()
+    versions = ensure_pip() | {"wrk": wrk_version}
     fd_limit = raise_fd_limit()  # the servers and load processes inherit it
     if fd_limit < sizes.longpolls + 1000 and "longpoll" in sections:
         print(f"warning: fd limit {fd_limit} is low for {sizes.longpolls} polls", file=sys.stderr)

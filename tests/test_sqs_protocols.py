@@ -386,3 +386,78 @@ def test_characters_xml_cannot_carry_are_replaced() -> None:
         {"body": response.body, "headers": {}, "status_code": 200}, operation.output_shape
     )
     assert parsed["Tags"] == {"k": "a\ufffdb\ufffdc"}
+
+
+def test_query_answered_in_json_when_the_client_accepts_it(
+    http: httpx.Client, server: ServerProcess
+) -> None:
+    """AWS answers a query request with `Accept: application/json` in JSON (the shapes that
+    LocalStack's AWS-validated tests record); without the header, XML as before."""
+    accept = {"Accept": "application/json"}
+    name = unique("json")
+    created = http.get(
+        "/",
+        params={"Action": "CreateQueue", "QueueName": name, "Version": "2012-11-05"},
+        headers=accept,
+    )
+    assert created.status_code == 200
+    assert created.headers["content-type"] == "application/json"
+    doc = created.json()
+    url = doc["CreateQueueResponse"]["CreateQueueResult"]["QueueUrl"]
+    assert url == f"{server.url}/000000000000/{name}"
+    assert (
+        doc["CreateQueueResponse"]["ResponseMetadata"]["RequestId"]
+        == (created.headers["x-amzn-requestid"])
+    )
+
+    listed = http.get(
+        "/", params={"Action": "ListQueues", "QueueNamePrefix": name}, headers=accept
+    ).json()
+    assert listed["ListQueuesResponse"]["ListQueuesResult"]["queueUrls"] == [url]
+    assert b"<ListQueuesResponse" in http.get("/", params={"Action": "ListQueues"}).content
+
+    body = '{"a": "b <&>"}'
+    query(http, "SendMessage", QueueUrl=url, MessageBody=body)
+    received = http.get(
+        "/",
+        params={
+            "Action": "ReceiveMessage",
+            "QueueUrl": url,
+            "AttributeName.1": "All",
+            "VisibilityTimeout": "0",
+        },
+        headers=accept,
+    ).json()
+    (message,) = received["ReceiveMessageResponse"]["ReceiveMessageResult"]["messages"]
+    assert message["Body"] == body
+    assert {"Name": "ApproximateReceiveCount", "Value": "1"} in message["Attributes"]
+
+    attributes = http.get(
+        url, params={"Action": "GetQueueAttributes", "AttributeName.1": "All"}, headers=accept
+    ).json()["GetQueueAttributesResponse"]["GetQueueAttributesResult"]["Attributes"]
+    assert {"Name": "QueueArn", "Value": f"arn:aws:sqs:us-east-1:000000000000:{name}"} in (
+        attributes
+    )
+
+    error = http.get("/", params={"Action": "Brew"}, headers=accept)
+    assert error.status_code == 400
+    assert error.json()["Error"] == {
+        "Type": "Sender",
+        "Code": "InvalidAction",
+        "Message": "The action Brew is not valid for this endpoint.",
+    }
+    assert error.json()["RequestId"] == error.headers["x-amzn-requestid"]
+
+
+def test_a_get_of_a_queue_url_without_an_action(http: httpx.Client, server: ServerProcess) -> None:
+    """AWS: 404 and an UnknownOperationException, whatever the Accept header says."""
+    name = unique("noaction")
+    url = query(http, "CreateQueue", QueueName=name).text.split("<QueueUrl>")[1].split("<")[0]
+    path = url.removeprefix(server.url)
+    for headers in ({}, {"Accept": "application/json"}):
+        response = http.get(path, headers=headers)
+        assert response.status_code == 404
+        assert "<UnknownOperationException" in response.text
+    # A native queue of that very name is still the native API's.
+    assert http.put(f"/000000000000/native-{name}").status_code == 201
+    assert http.get(f"/000000000000/native-{name}").json()["name"] == f"000000000000/native-{name}"

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 from importlib import resources
 
-from dirmq.errors import DirmqError
+from dirmq.errors import DirmqError, QueueNotFound
 from dirmq.server import native
 from dirmq.server.broker import Broker
 from dirmq.server.errors import error_response, json_error
@@ -64,6 +65,8 @@ class NativeApp:
                 response = await self._dispatch(request, route)
         except DirmqError as exc:
             response = error_response(exc)
+            if self.sqs is not None and _is_sqs_queue_url(request, exc):
+                response = _sqs_unknown_operation()
         except UnicodeDecodeError:
             response = json_error(400, "InvalidName", "the path is not valid UTF-8 once decoded")
         method = request.method if request.method in _METHODS else "other"
@@ -155,6 +158,24 @@ class NativeApp:
             text = await self.broker.call(self.metrics.render)
             return Response(200, text, [("Content-Type", METRICS_CONTENT_TYPE)])
         return Response(200, self._openapi, [("Content-Type", "application/json")])
+
+
+_SQS_QUEUE_URL = re.compile(r"/[0-9]{12}/[A-Za-z0-9_-]{1,80}(\.fifo)?/?")
+
+
+def _is_sqs_queue_url(request: Request, exc: DirmqError) -> bool:
+    """A GET of an SQS queue URL without an Action that names no native queue: AWS's answer is
+    an UnknownOperationException, not the native API's 404."""
+    return (
+        request.method == "GET"
+        and isinstance(exc, QueueNotFound)
+        and _SQS_QUEUE_URL.fullmatch(request.path) is not None
+    )
+
+
+def _sqs_unknown_operation() -> Response:
+    body = b'<?xml version="1.0"?><UnknownOperationException/>'
+    return Response(404, body, [("Content-Type", "text/xml")])
 
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from dirmq import errors
 from dirmq.server.broker import Broker
 from dirmq.server.http import Request, Response
-from dirmq.sqs import protocol_json, protocol_query
+from dirmq.sqs import protocol_json, protocol_query, protocol_query_json
 from dirmq.sqs.actions import load
 from dirmq.sqs.context import DEFAULT_ACCOUNT, DEFAULT_REGION, Context
 from dirmq.sqs.errors import SqsError, missing, no_such_queue
@@ -61,7 +61,10 @@ class SqsApp:
 
     async def __call__(self, request: Request) -> Response:
         request_id = protocol_json.new_request_id()
-        wire: Wire = protocol_json if protocol_json.is_json_request(request) else protocol_query
+        wire: Wire = protocol_json
+        if not protocol_json.is_json_request(request):
+            json_answer = protocol_query_json.wants_json(request)
+            wire = protocol_query_json if json_answer else protocol_query
         parse, render, render_error = wire.parse, wire.render, wire.render_error
         action_name = ""
         try:
