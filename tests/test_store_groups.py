@@ -163,6 +163,34 @@ def test_nack_of_the_first_keeps_it_first(groups_store: dirmq.Store) -> None:
     assert [m.receive_count for m in again] == [2, 2]
 
 
+def test_a_delayed_nack_keeps_the_group_held_and_the_message_first(
+    groups_store: dirmq.Store,
+) -> None:
+    """A group message given back with a delay waits in flight (as SQS's
+    ChangeMessageVisibility does): the group's later messages are not delivered before it."""
+    q = groups_store.create_queue("nack-delay")
+    _fill(q, "ggh")
+    (g0, h0) = q.get(10, visibility_s=30)
+    q.nack(g0.receipt or "", delay_s=0.4)
+    assert _bodies(q.get(10)) == [], "g1 must not overtake g0; h0 is in flight"
+    assert q.stats().delayed == 0
+    time.sleep(0.6)
+    again = q.get(10, max_per_group=None)
+    assert _bodies(again)[:2] == ["g0", "g1"]
+    assert again[0].receive_count == 2
+    q.ack(h0.receipt or "")
+
+
+def test_an_ungrouped_delayed_nack_waits_as_a_delayed_message(groups_store: dirmq.Store) -> None:
+    q = groups_store.create_queue("nack-delay-plain")
+    q.put(b"a")
+    q.put(b"b")
+    (a,) = q.get(1)
+    q.nack(a.receipt or "", delay_s=30)
+    assert q.stats().delayed == 1
+    assert _bodies(q.get(10)) == ["b"]
+
+
 def test_a_lost_claim_closes_the_group_to_that_get(root: Path) -> None:
     """An index that has not yet seen another process lease a group's head must not lease
     the head's successor: the rename of the head fails, and the group is closed to that get."""

@@ -154,17 +154,19 @@ class QueueFiles:
             index.leased.discard(message_id, lease)
             return
         if action == "extend":
-            new = layout.timed_name(
-                message_id, count, now_ms() + round(delay_s * 1000), entry.group
-            )
-            os.rename(path, self.path(layout.LEASED, new))
-            index.add(layout.LEASED, new)
+            self._lease_until(index, path, entry, delay_s)
             return
         if action == "dead_letter" or (
             config.max_receives is not None and count >= config.max_receives
         ):
             if not self.dead_letter(index, layout.LEASED, lease, config):
                 raise FileNotFoundError(path)
+            return
+        if delay_s > 0 and entry.group is not None:
+            # A group message given back with a delay stays in flight until then, holding its
+            # group (as SQS's ChangeMessageVisibility does): in @delayed, the group's next
+            # message would overtake it. Its receipt stays valid meanwhile.
+            self._lease_until(index, path, entry, delay_s)
             return
         if delay_s > 0:
             directory = layout.DELAYED
@@ -176,6 +178,13 @@ class QueueFiles:
         os.rename(path, self.path(directory, new))
         index.add(directory, new)
         index.leased.discard(message_id, lease)
+
+    def _lease_until(self, index: QueueIndex, path: str, entry: Entry, seconds: float) -> None:
+        """The lease at `path` now ends `seconds` from now."""
+        due_ms = now_ms() + round(seconds * 1000)
+        new = layout.timed_name(entry.message_id, entry.count, due_ms, entry.group)
+        os.rename(path, self.path(layout.LEASED, new))
+        index.add(layout.LEASED, new)
 
     def move(self, src_dir: str, src: str, dst_dir: str, dst: str) -> bool:
         """One state transition; False if another process got there first."""
