@@ -749,3 +749,45 @@ def test_aws_cli(server: ServerProcess, tmp_path: Path) -> None:
     )
     assert got["Attributes"]["DelaySeconds"] == "3"
     assert got["Attributes"]["QueueArn"] == arn(name)
+
+
+def test_queue_deleted_recently_when_asked_for(tmp_path: Path, name: str) -> None:
+    """With --sqs-delay-recently-deleted, CreateQueue of a name deleted less than 60 s ago is
+    refused with AWS's error, by every worker (the deletion is a file under the root); once
+    the minute is over it succeeds. Without the flag (the module's server) it succeeds at once."""
+    root = tmp_path / "root"
+    srv = start_server(root, "--sqs-delay-recently-deleted", "--workers", "2")
+    try:
+        client = make_client(srv)
+        url = client.create_queue(QueueName=name)["QueueUrl"]
+        client.delete_queue(QueueUrl=url)
+        for _ in range(6):  # on either worker
+            with pytest.raises(ClientError) as refused:
+                client.create_queue(QueueName=name)
+            error = refused.value.response["Error"]
+            assert error["Code"] == "AWS.SimpleQueueService.QueueDeletedRecently"
+            assert error["Message"] == (
+                "You must wait 60 seconds after deleting a queue before you can create another "
+                "with the same name."
+            )
+        other = client.create_queue(QueueName=f"{name}-other")["QueueUrl"]
+        assert other.endswith(f"/{name}-other")
+        marker = root / "@sqs" / "deleted" / name
+        minute_ago = time.time() - 61
+        os.utime(marker, (minute_ago, minute_ago))
+        assert client.create_queue(QueueName=name)["QueueUrl"] == url
+        assert not marker.exists()
+        assert subprocess.run(
+            [sys.executable, "-m", "dirmq", "fsck", "--root", str(root)],
+            capture_output=True,
+            check=False,
+        ).returncode == 0, "fsck knows @sqs"
+        client.close()
+    finally:
+        assert srv.stop() == 0
+
+
+def test_a_deleted_queue_can_be_created_again_at_once_by_default(sqs: Any, name: str) -> None:
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    sqs.delete_queue(QueueUrl=url)
+    assert sqs.create_queue(QueueName=name)["QueueUrl"] == url

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from dirmq.cli.args import count, seconds
+from dirmq.sqs.deleted import WINDOW_S
 from dirmq.store import default_root
 
 
@@ -40,6 +41,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="require AWS Signature V4 on SQS requests, by the access keys in FILE (lines "
         "'ACCESS_KEY_ID SECRET_ACCESS_KEY', # comments); default: accept any credentials",
+    )
+    p.add_argument(
+        "--sqs-delay-recently-deleted",
+        action="store_true",
+        help="refuse SQS CreateQueue of a name deleted less than 60 s ago "
+        "(QueueDeletedRecently), as AWS does; default: allow it at once",
     )
     p.add_argument(
         "--workers",
@@ -111,6 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         yaq_listen=args.yaq_listen,
         sqs_listen=args.sqs_listen,
         sqs_credentials=args.sqs_credentials,
+        sqs_deleted_wait_s=WINDOW_S if args.sqs_delay_recently_deleted else None,
         workers=args.workers,
         drain_timeout_s=args.drain_timeout,
         limits=Limits(

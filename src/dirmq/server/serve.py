@@ -48,6 +48,7 @@ class ServeOptions:
     drain_timeout_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
     sqs_credentials: str | None = None  # file of `KEY_ID SECRET` lines: SQS requires SigV4
+    sqs_deleted_wait_s: float | None = None  # CreateQueue after DeleteQueue: AWS's 60 s wait
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -109,7 +110,7 @@ async def run_worker(options: ServeOptions, endpoints: list[_Endpoint]) -> None:
     http_servers: list[HttpServer] = []
     listeners: list[asyncio.Server] = []
     for endpoint in endpoints:
-        handler = _handler_for(endpoint.name, broker, metrics, options.sqs_credentials, pubsub)
+        handler = _handler_for(endpoint.name, broker, metrics, options, pubsub)
         fast = handler.fast if isinstance(handler, NativeApp) else None
         http = HttpServer(handler, options.limits, fast)
         http_servers.append(http)
@@ -135,7 +136,7 @@ def _handler_for(
     name: str,
     broker: Broker,
     metrics: Metrics,
-    sqs_credentials: str | None = None,
+    options: ServeOptions,
     pubsub: PubSubApi | None = None,
 ) -> Handler:
     from dirmq.sqs.app import Authenticate, SqsApp, is_sqs_request
@@ -145,13 +146,13 @@ def _handler_for(
 
         return YaqApp(broker)
     authenticate: Authenticate | None = None
-    if sqs_credentials is not None:
+    if options.sqs_credentials is not None:
         from dirmq.sqs.auth import SigV4Authenticator
 
-        authenticate = SigV4Authenticator.from_file(sqs_credentials)
+        authenticate = SigV4Authenticator.from_file(options.sqs_credentials)
+    sqs = SqsApp(broker, authenticate=authenticate, deleted_wait_s=options.sqs_deleted_wait_s)
     if name == "sqs":
-        return SqsApp(broker, authenticate=authenticate)
-    sqs = SqsApp(broker, authenticate=authenticate)
+        return sqs
     return NativeApp(broker, metrics, sqs, is_sqs_request, pubsub)
 
 

@@ -52,8 +52,10 @@ class SqsApp:
         account: str = DEFAULT_ACCOUNT,
         region: str = DEFAULT_REGION,
         authenticate: Authenticate | None = None,
+        deleted_wait_s: float | None = None,
     ) -> None:
         self.broker = broker
+        self.deleted_wait_s = deleted_wait_s  # see sqs/deleted.py; None: off
         self.account = account
         self.region = region
         self.authenticate = authenticate
@@ -104,6 +106,7 @@ class SqsApp:
             self.account,
             self.region,
             request.headers.get("x-amzn-trace-id"),
+            self.deleted_wait_s,
         )
         return await handler(context, params)
 

@@ -35,6 +35,8 @@ class Context:
     # The request's X-Amzn-Trace-Id header: AWS stores it as the AWSTraceHeader of the messages
     # a SendMessage(Batch) carries unless they give that system attribute themselves.
     trace_header: str | None = None
+    # Refuse CreateQueue of a name deleted less than this long ago (AWS: 60 s); None: never.
+    deleted_wait_s: float | None = None
 
     def queue_url(self, name: str) -> str:
         return f"{self.base_url}/{self.account}/{name}"

@@ -42,7 +42,8 @@ ROOT_MARKER = "@dirmq.json"
 ROOT_TRASH = "@trash"
 # Root directories of the layers above the store (docs/FORMAT.md): pub/sub, the Spark source.
 # Named here so fsck knows them without importing those layers; each layer checks its own.
-ROOT_UPPER_DIRS = frozenset({"@pubsub", "@spark"})
+SQS_DIR = "@sqs"  # the SQS layer's own files (sqs/deleted.py)
+ROOT_UPPER_DIRS = frozenset({"@pubsub", "@spark", SQS_DIR})
 GROUP_TAG_LENGTH = 12
 
 _ENTRY_RE = re.compile(

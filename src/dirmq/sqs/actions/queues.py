@@ -20,6 +20,9 @@ from dirmq.sqs import attributes as attrs
 from dirmq.sqs import protocol_json
 from dirmq.sqs.actions import Params, Result, action
 from dirmq.sqs.context import Context, valid_sqs_name
+from dirmq.sqs.deleted import MESSAGE as DELETED_RECENTLY
+from dirmq.sqs.deleted import deleted_recently
+from dirmq.sqs.deleted import record as record_deletion
 from dirmq.sqs.errors import SqsError, invalid_value, missing, no_such_queue
 from dirmq.store import Queue, QueueConfig
 from dirmq.store.layout import CONFIG_FILE
@@ -195,6 +198,10 @@ async def create_queue(ctx: Context, params: Params) -> Result:
     except QueueNotFound:
         existing = None
     if existing is None:
+        root = ctx.broker.store.root
+        wait_s = ctx.deleted_wait_s
+        if wait_s is not None and await ctx.broker.call(deleted_recently, root, name, wait_s):
+            raise SqsError("QueueDeletedRecently", DELETED_RECENTLY)
         target = await _check_redrive(ctx, name, fifo, change)
         now = int(time.time())
         settings: dict[str, Any] = {**attrs.SQS_DEFAULT_CONFIG, **change.config}
@@ -244,6 +251,8 @@ async def delete_queue(ctx: Context, params: Params) -> Result:
         await ctx.broker.call(ctx.broker.store.delete_queue, name)
     except QueueNotFound:
         raise no_such_queue() from None
+    if ctx.deleted_wait_s is not None:
+        await ctx.broker.call(record_deletion, ctx.broker.store.root, name)
     return {}
 
 
