@@ -777,11 +777,14 @@ def test_queue_deleted_recently_when_asked_for(tmp_path: Path, name: str) -> Non
         os.utime(marker, (minute_ago, minute_ago))
         assert client.create_queue(QueueName=name)["QueueUrl"] == url
         assert not marker.exists()
-        assert subprocess.run(
-            [sys.executable, "-m", "dirmq", "fsck", "--root", str(root)],
-            capture_output=True,
-            check=False,
-        ).returncode == 0, "fsck knows @sqs"
+        assert (
+            subprocess.run(
+                [sys.executable, "-m", "dirmq", "fsck", "--root", str(root)],
+                capture_output=True,
+                check=False,
+            ).returncode
+            == 0
+        ), "fsck knows @sqs"
         client.close()
     finally:
         assert srv.stop() == 0
