@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -904,6 +905,60 @@ def test_receive_request_attempt_id(sqs: Client, make_queue: MakeQueue) -> None:
     assert [m["MessageId"] for m in retry] == [m["MessageId"] for m in first[1:]]
     error = error_of(sqs.receive_message, QueueUrl=url, ReceiveRequestAttemptId="has space")
     assert error["Code"] == "InvalidParameterValue"
+
+
+def test_a_receive_attempt_survives_a_restart_and_spans_workers(tmp_path: Path) -> None:
+    """The attempt record is a file under the root: a retry that reaches another worker, or a
+    server restarted since, gets the same messages and receipts."""
+    root = tmp_path / "root"
+    first_server = start_server(root, "--workers", "2")
+    try:
+        client = boto3.client(
+            "sqs",
+            endpoint_url=first_server.url,
+            region_name="us-east-1",
+            aws_access_key_id="test",
+            aws_secret_access_key="test",
+            config=Config(retries={"max_attempts": 1}),
+        )
+        url = client.create_queue(
+            QueueName="attempts.fifo",
+            Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"},
+        )["QueueUrl"]
+        for i in range(4):
+            client.send_message(QueueUrl=url, MessageBody=f"a{i}", MessageGroupId=f"g{i % 2}")
+        first = receive_all(client, url, ReceiveRequestAttemptId="lost", VisibilityTimeout=60)
+        assert len(first) == 4
+        handles = [(m["MessageId"], m["ReceiptHandle"]) for m in first]
+        for _ in range(4):  # new connections: either worker answers
+            fresh = boto3.client(
+                "sqs",
+                endpoint_url=first_server.url,
+                region_name="us-east-1",
+                aws_access_key_id="test",
+                aws_secret_access_key="test",
+            )
+            again = receive_all(fresh, url, ReceiveRequestAttemptId="lost", VisibilityTimeout=60)
+            assert [(m["MessageId"], m["ReceiptHandle"]) for m in again] == handles
+            fresh.close()
+    finally:
+        assert first_server.stop() == 0
+    second_server = start_server(root)
+    try:
+        client = boto3.client(
+            "sqs",
+            endpoint_url=second_server.url,
+            region_name="us-east-1",
+            aws_access_key_id="test",
+            aws_secret_access_key="test",
+        )
+        url = client.get_queue_url(QueueName="attempts.fifo")["QueueUrl"]
+        again = receive_all(client, url, ReceiveRequestAttemptId="lost", VisibilityTimeout=60)
+        assert [(m["MessageId"], m["ReceiptHandle"]) for m in again] == handles
+        client.delete_queue(QueueUrl=url)
+        assert not (root / "@sqs" / "attempts" / "attempts.fifo").exists()
+    finally:
+        assert second_server.stop() == 0
 
 
 # -- dead letters ----------------------------------------------------------------------------

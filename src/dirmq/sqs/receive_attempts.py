@@ -1,26 +1,35 @@
-"""What ReceiveMessage remembers between requests, in this server process only.
+"""What ReceiveMessage remembers between requests.
 
 - ReceiveRequestAttemptId (FIFO queues): the messages a receive returned, by attempt id, for
   five minutes, so a client that lost the answer and retries with the same id gets the same
-  messages and receipt handles (their visibility timeout restarts). Kept in memory: a retry
-  that reaches another server process, or this one after a restart, receives afresh (the
-  messages of the lost answer then come back when their visibility timeout ends).
+  messages and receipt handles (their visibility timeout restarts). Kept as files,
+  `<root>/@sqs/attempts/<queue>/<sha256 of the id>.json`, so a retry that reaches another
+  worker or process serving the root, or this one after a restart, gets the same answer. Not
+  flushed: after a crash of the machine a retry may receive afresh (the messages of the lost
+  answer then come back when their visibility timeout ends, their group held until then).
 - ApproximateFirstReceiveTimestamp: the store counts receives but does not record when the
-  first one happened, so the time is remembered here when this process hands out a first
-  receive (a bounded table; elsewhere the sent time stands in for it).
+  first one happened, so the time is remembered here, in memory, when this process hands out a
+  first receive (a bounded table; elsewhere the sent time stands in for it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import shutil
 import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from dirmq.store import layout
+
 ATTEMPT_TTL_S = 300.0
-MAX_ATTEMPTS = 10_000
+PRUNE_EVERY_S = 60.0
 MAX_FIRST_RECEIVES = 100_000
 
 
@@ -28,48 +37,83 @@ MAX_FIRST_RECEIVES = 100_000
 class Attempt:
     receipts: list[str]
     messages: list[dict[str, Any]]  # as rendered for the first answer
-    created: float = field(default_factory=time.monotonic)
+    created: float = field(default_factory=time.time)  # wall clock: shared between processes
 
 
 class ReceiveMemory:
-    def __init__(self) -> None:
-        self._attempts: OrderedDict[tuple[str, str], Attempt] = OrderedDict()
+    """Attempt records of one root (file operations: call them off the event loop) and this
+    process's first-receive times."""
+
+    def __init__(self, root: str) -> None:
+        self._dir = os.path.join(root, layout.SQS_DIR, "attempts")
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._first: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._pruned: dict[str, float] = {}
 
     # -- attempts --------------------------------------------------------------------------------
     def lock(self, queue: str, attempt_id: str) -> asyncio.Lock:
-        """Serialises receives that share an attempt id (a retry racing the original)."""
+        """Serialises receives that share an attempt id in this process (a retry racing the
+        original)."""
         key = (queue, attempt_id)
         lock = self._locks.get(key)
         if lock is None:
+            if len(self._locks) > 1000:
+                for stale in [k for k, held in self._locks.items() if not held.locked()]:
+                    del self._locks[stale]
             lock = self._locks[key] = asyncio.Lock()
         return lock
 
     def attempt(self, queue: str, attempt_id: str) -> Attempt | None:
-        self._prune()
-        return self._attempts.get((queue, attempt_id))
+        path = self._path(queue, attempt_id)
+        try:
+            with open(path, "rb") as f:
+                data = json.loads(f.read())
+            attempt = Attempt(data["receipts"], data["messages"], float(data["created"]))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            attempt = None  # unreadable: as if it had expired
+        if attempt is None or time.time() - attempt.created >= ATTEMPT_TTL_S:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return None
+        return attempt
 
     def remember(self, queue: str, attempt_id: str, attempt: Attempt) -> None:
-        key = (queue, attempt_id)
-        self._attempts.pop(key, None)
-        self._attempts[key] = attempt
-        self._prune()
+        path = self._path(queue, attempt_id)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        data = {"created": attempt.created, "receipts": attempt.receipts}
+        data["messages"] = attempt.messages
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(json.dumps(data, separators=(",", ":")).encode())
+        os.replace(tmp, path)  # a reader sees the old record or the new one, never half
+        self._prune(queue)
 
     def forget(self, queue: str, attempt_id: str) -> None:
-        self._attempts.pop((queue, attempt_id), None)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(queue, attempt_id))
 
-    def _prune(self) -> None:
-        now = time.monotonic()
-        while self._attempts:
-            key, oldest = next(iter(self._attempts.items()))
-            if now - oldest.created < ATTEMPT_TTL_S and len(self._attempts) <= MAX_ATTEMPTS:
-                break
-            del self._attempts[key]
-        if len(self._locks) > 2 * MAX_ATTEMPTS or len(self._locks) > len(self._attempts) + 1000:
-            for key in [k for k, lock in self._locks.items() if not lock.locked()]:
-                if key not in self._attempts:
-                    del self._locks[key]
+    def forget_queue(self, queue: str) -> None:
+        """The queue was deleted: its attempts with it."""
+        shutil.rmtree(os.path.join(self._dir, queue), ignore_errors=True)
+
+    def _path(self, queue: str, attempt_id: str) -> str:
+        digest = hashlib.sha256(attempt_id.encode()).hexdigest()[:40]
+        return os.path.join(self._dir, queue, f"{digest}.json")
+
+    def _prune(self, queue: str) -> None:
+        """Remove the queue's expired records, at most once a minute per queue."""
+        now = time.time()
+        if now - self._pruned.get(queue, 0.0) < PRUNE_EVERY_S:
+            return
+        self._pruned[queue] = now
+        directory = os.path.join(self._dir, queue)
+        with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if now - entry.stat().st_mtime >= ATTEMPT_TTL_S + 60:
+                        os.unlink(entry.path)
 
     # -- first receives --------------------------------------------------------------------------
     def first_receive_ms(self, queue: str, message_id: str, receive_count: int, now_ms: int) -> int:
@@ -90,9 +134,9 @@ class ReceiveMemory:
 _MEMORIES: weakref.WeakKeyDictionary[object, ReceiveMemory] = weakref.WeakKeyDictionary()
 
 
-def memory_for(owner: object) -> ReceiveMemory:
+def memory_for(owner: object, root: str) -> ReceiveMemory:
     """The memory of one broker (one per server process and root)."""
     memory = _MEMORIES.get(owner)
     if memory is None:
-        memory = _MEMORIES[owner] = ReceiveMemory()
+        memory = _MEMORIES[owner] = ReceiveMemory(root)
     return memory

@@ -523,7 +523,7 @@ async def receive_message(ctx: Context, params: Params) -> Result:
         _names(params, "MessageSystemAttributeNames")
     )
     attempt_id = _fifo_id(params.get("ReceiveRequestAttemptId"), "ReceiveRequestAttemptId")
-    memory = memory_for(ctx.broker)
+    memory = memory_for(ctx.broker, ctx.broker.store.root)
 
     async def receive() -> list[Result]:
         visibility_s = None if visibility is None else float(visibility)
@@ -548,7 +548,8 @@ async def receive_message(ctx: Context, params: Params) -> Result:
                 messages = await receive()
                 if messages:
                     receipts = [m["ReceiptHandle"] for m in messages]
-                    memory.remember(queue.name, attempt_id, Attempt(receipts, messages))
+                    attempt = Attempt(receipts, messages)
+                    await ctx.broker.call(memory.remember, queue.name, attempt_id, attempt)
     return {"Messages": messages} if messages else {}
 
 
@@ -557,7 +558,7 @@ async def _retry_or_receive(
 ) -> list[Result] | None:
     """The answer of an earlier receive with this attempt id, its leases restarted; None when
     there is none (or none of its messages is still in flight under its receipts)."""
-    attempt = memory.attempt(queue.name, attempt_id)
+    attempt = await ctx.broker.call(memory.attempt, queue.name, attempt_id)
     if attempt is None:
         return None
     visibility_s = float(queue.config.visibility_timeout_s if visibility is None else visibility)
@@ -569,10 +570,12 @@ async def _retry_or_receive(
             continue  # deleted, or returned to the queue: no longer part of this attempt
         live.append((receipt, rendered))
     if not live:
-        memory.forget(queue.name, attempt_id)
+        await ctx.broker.call(memory.forget, queue.name, attempt_id)
         return None
-    attempt.receipts = [receipt for receipt, _ in live]
-    attempt.messages = [rendered for _, rendered in live]
+    if len(live) < len(attempt.receipts):
+        attempt.receipts = [receipt for receipt, _ in live]
+        attempt.messages = [rendered for _, rendered in live]
+        await ctx.broker.call(memory.remember, queue.name, attempt_id, attempt)
     return attempt.messages
 
 

@@ -24,6 +24,7 @@ from dirmq.sqs.deleted import MESSAGE as DELETED_RECENTLY
 from dirmq.sqs.deleted import deleted_recently
 from dirmq.sqs.deleted import record as record_deletion
 from dirmq.sqs.errors import SqsError, invalid_value, missing, no_such_queue
+from dirmq.sqs.receive_attempts import memory_for
 from dirmq.store import Queue, QueueConfig
 from dirmq.store.layout import CONFIG_FILE
 
@@ -251,8 +252,10 @@ async def delete_queue(ctx: Context, params: Params) -> Result:
         await ctx.broker.call(ctx.broker.store.delete_queue, name)
     except QueueNotFound:
         raise no_such_queue() from None
+    root = ctx.broker.store.root
+    await ctx.broker.call(memory_for(ctx.broker, root).forget_queue, name)
     if ctx.deleted_wait_s is not None:
-        await ctx.broker.call(record_deletion, ctx.broker.store.root, name)
+        await ctx.broker.call(record_deletion, root, name)
     return {}
 
 
