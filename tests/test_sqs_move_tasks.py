@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import signal
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -375,3 +376,72 @@ def test_task_handle_shape() -> None:
         "sourceArn": arn("dead"),
     }
     assert decode_handle(handle) == ("dc16951e-021e-44bd-bf36-11d72fc73c50", arn("dead"))
+
+
+# -- tasks shared between processes ----------------------------------------------------------------
+
+
+def _client(server: ServerProcess) -> Any:
+    """A client of its own: a new connection, which either worker of the server may take."""
+    return boto3.client(
+        "sqs",
+        endpoint_url=server.url,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+    )
+
+
+def test_every_worker_sees_and_cancels_the_same_task(tmp_path: Any) -> None:
+    """With 2 workers a task lives in files under the root: listing, the one-task rule and
+    cancelling work whichever worker a request reaches."""
+    server = start_server(tmp_path / "root", "--workers", "2")
+    try:
+        with dirmq.Store(server.root, create=False) as store:
+            _source, dlq = pipe(server, store, 30)
+            handle = _client(server).start_message_move_task(
+                SourceArn=arn(dlq), MaxNumberOfMessagesPerSecond=2
+            )["TaskHandle"]
+            for _ in range(6):
+                sqs = _client(server)
+                (entry,) = sqs.list_message_move_tasks(SourceArn=arn(dlq))["Results"]
+                assert (entry["Status"], entry["TaskHandle"]) == ("RUNNING", handle)
+                code, _status, message = error_of(
+                    lambda sqs=sqs: sqs.start_message_move_task(SourceArn=arn(dlq))
+                )
+                assert code == "InvalidParameterValue", message
+            _client(server).cancel_message_move_task(TaskHandle=handle)
+            for _ in range(4):
+                status = _client(server).list_message_move_tasks(SourceArn=arn(dlq))["Results"]
+                assert status[0]["Status"] in ("CANCELLING", "CANCELLED")
+            entry = wait_for(_client(server), dlq, finished)
+            assert entry["Status"] == "CANCELLED"
+            assert entry["ApproximateNumberOfMessagesMoved"] < 30
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_task_whose_server_was_killed_resumes_after_a_restart(tmp_path: Any) -> None:
+    """SIGKILL mid-task; the next server picks the task up at start-up and finishes it: every
+    message ends in the destination exactly once, none stays in the DLQ."""
+    root = tmp_path / "root"
+    server = start_server(root)
+    with dirmq.Store(root, create=False) as store:
+        source, dlq = pipe(server, store, 40)
+        sqs = _client(server)
+        sqs.start_message_move_task(SourceArn=arn(dlq), MaxNumberOfMessagesPerSecond=10)
+        wait_for(sqs, dlq, lambda e: e["ApproximateNumberOfMessagesMoved"] >= 10)
+        server.stop(signal.SIGKILL)
+        moved_before = ready(store, source)
+        assert 10 <= moved_before < 40
+    server = start_server(root)
+    try:
+        sqs = _client(server)
+        entry = wait_for(sqs, dlq, finished, timeout_s=90)  # a batch in flight waits LEASE_S
+        assert entry["Status"] == "COMPLETED"
+        with dirmq.Store(root, create=False) as store:
+            assert sorted(bodies(store, source)) == sorted(f"m{i}".encode() for i in range(40))
+            assert ready(store, dlq) == 0
+    finally:
+        assert server.stop() == 0

@@ -117,6 +117,10 @@ async def run_worker(options: ServeOptions, endpoints: list[_Endpoint]) -> None:
         listeners.append(
             await loop.create_server(http.protocol, sock=endpoint.sock, backlog=BACKLOG)
         )
+    # SQS message move tasks whose process died (a crash, a restart) carry on here.
+    from dirmq.sqs.actions.move_tasks import tasks_of
+
+    resume_move_tasks = loop.create_task(tasks_of(broker).resume_all())
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -124,6 +128,7 @@ async def run_worker(options: ServeOptions, endpoints: list[_Endpoint]) -> None:
     # sight, a full collection under load walks only what requests allocate.
     gc.freeze()
     await stop.wait()
+    resume_move_tasks.cancel()
     for listener in listeners:
         listener.close()
     await pubsub.close()  # event streams end (held deliveries go back) while the pool still runs

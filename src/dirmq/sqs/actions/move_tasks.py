@@ -26,10 +26,12 @@ dead-lettering does not record that origin, so when several queues name the DLQ 
 policy, StartMessageMoveTask refuses (InvalidParameterValue) and asks for a DestinationArn; with
 exactly one such queue, that queue is the destination.
 
-Task state lives in the memory of the server process: ListMessageMoveTasks and
-CancelMessageMoveTask see the tasks this process started (with `--workers N`, the worker that
-took the request), and a restart forgets them (messages in the middle of a move are safe, as
-above). "One active task per source queue" is enforced per process too.
+Task state is kept in files under the root (`move_task_files.py`), so every worker and process
+serving it sees the same tasks: ListMessageMoveTasks and CancelMessageMoveTask work from any of
+them, "one active task per source queue" holds across them, and a task whose process died
+(SIGKILL, a restart) is resumed by the next process that starts, lists or looks at that
+source's tasks, from the count it had recorded (a batch in flight at the crash is back in the
+DLQ within LEASE_S, or in both queues, as above).
 """
 
 from __future__ import annotations
@@ -44,12 +46,14 @@ import time
 import uuid
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 from dirmq import errors
 from dirmq.server.broker import Broker
 from dirmq.sqs.actions import Params, Result, action
 from dirmq.sqs.context import Context, valid_sqs_name
 from dirmq.sqs.errors import SqsError
+from dirmq.sqs.move_task_files import TaskFiles
 from dirmq.store import Message, OutgoingMessage, Queue, Store
 
 log = logging.getLogger("dirmq.sqs")
@@ -63,10 +67,10 @@ ACTIVE = (RUNNING, CANCELLING)
 BATCH = 100  # messages per step without a rate
 MAX_RATE = 500
 MAX_RESULTS = 10
-HISTORY = 10  # tasks remembered per source queue
 LEASE_S = 60.0  # how long a batch stays invisible in the DLQ while it is being moved
 FULL_RETRY_S = 1.0  # destination at capacity: try again after this
 DEDUP_PREFIX = "dirmq-move "
+CANCEL_POLL_S = 0.25
 
 
 @dataclass(slots=True, eq=False)
@@ -84,6 +88,39 @@ class MoveTask:
     failure: str | None = None
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
     runner: asyncio.Task[None] | None = None
+    cancel_requested: bool = False  # by any process (a `.cancel` file), as last read
+
+    def record(self) -> dict[str, object]:
+        """What the task's file holds."""
+        return {
+            "task_id": self.task_id,
+            "source": self.source,
+            "source_arn": self.source_arn,
+            "destination": self.destination,
+            "destination_arn": self.destination_arn,
+            "rate": self.rate,
+            "to_move": self.to_move,
+            "started_ms": self.started_ms,
+            "status": self.status,
+            "moved": self.moved,
+            "failure": self.failure,
+        }
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> MoveTask:
+        return cls(
+            task_id=str(data["task_id"]),
+            source=str(data["source"]),
+            source_arn=str(data["source_arn"]),
+            destination=str(data["destination"]),
+            destination_arn=data.get("destination_arn"),
+            rate=data.get("rate"),
+            to_move=int(data["to_move"]),
+            started_ms=int(data["started_ms"]),
+            status=str(data["status"]),
+            moved=int(data.get("moved", 0)),
+            failure=data.get("failure"),
+        )
 
     @property
     def handle(self) -> str:
@@ -91,9 +128,10 @@ class MoveTask:
 
     def describe(self) -> Result:
         entry: Result = {}
-        if self.status == RUNNING:
+        status = CANCELLING if self.status == RUNNING and self.cancel_requested else self.status
+        if status == RUNNING:
             entry["TaskHandle"] = self.handle
-        entry["Status"] = self.status
+        entry["Status"] = status
         entry["SourceArn"] = self.source_arn
         if self.destination_arn is not None:
             entry["DestinationArn"] = self.destination_arn
@@ -108,23 +146,52 @@ class MoveTask:
 
 
 class MoveTasks:
-    """The move tasks of one server process (one Broker), newest first per source queue."""
+    """The move tasks of one root as this process sees them: the files (every process's tasks)
+    and the runners of the tasks this process owns."""
 
-    def __init__(self) -> None:
-        self.by_source: dict[str, list[MoveTask]] = {}
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.files = TaskFiles(broker.store.root)
+        self.running: dict[str, MoveTask] = {}  # task id -> the task this process runs
 
-    def active(self, source: str) -> MoveTask | None:
-        return next((t for t in self.by_source.get(source, []) if t.status in ACTIVE), None)
+    async def list(self, source: str) -> list[MoveTask]:
+        """Every remembered task of `source`, newest first, after resuming orphans."""
+        records = await self.broker.call(self.files.load, source)
+        shown = []
+        for record, cancel_requested in records:
+            task = MoveTask.from_record(record)
+            task.cancel_requested = cancel_requested
+            mine = self.running.get(task.task_id)
+            if mine is not None:
+                mine.cancel_requested = mine.cancel_requested or task.cancel_requested
+                shown.append(mine)
+                continue
+            if task.status in ACTIVE:
+                owner = await self.broker.call(self.files.try_own, task)
+                if owner:  # its process is gone: carry on from its record
+                    log.info("resuming move task %s from %s", task.task_id, task.source)
+                    self.start(task)
+            shown.append(task)
+        return shown
 
-    def add(self, task: MoveTask) -> None:
-        tasks = self.by_source.setdefault(task.source, [])
-        tasks.insert(0, task)
-        # Forget the oldest finished ones (a running task is never forgotten).
-        while len(tasks) > HISTORY and tasks[-1].status not in ACTIVE:
-            tasks.pop()
+    def start(self, task: MoveTask) -> None:
+        """Run `task`, whose lock this process holds."""
+        self.running[task.task_id] = task
+        task.runner = asyncio.get_running_loop().create_task(self._run(task))
 
-    def find(self, source: str, task_id: str) -> MoveTask | None:
-        return next((t for t in self.by_source.get(source, []) if t.task_id == task_id), None)
+    async def _run(self, task: MoveTask) -> None:
+        try:
+            await run(self.broker, task, self.files)
+        finally:
+            self.running.pop(task.task_id, None)
+            with contextlib.suppress(OSError):
+                await self.broker.call(self.files.finish, task)
+
+    async def resume_all(self) -> None:
+        """At start-up: resume the tasks whose process died (a crash, a restart)."""
+        for source in await self.broker.call(self.files.sources):
+            with contextlib.suppress(errors.DirmqError, OSError):
+                await self.list(source)
 
 
 _REGISTRY: weakref.WeakKeyDictionary[Broker, MoveTasks] = weakref.WeakKeyDictionary()
@@ -133,7 +200,7 @@ _REGISTRY: weakref.WeakKeyDictionary[Broker, MoveTasks] = weakref.WeakKeyDiction
 def tasks_of(broker: Broker) -> MoveTasks:
     tasks = _REGISTRY.get(broker)
     if tasks is None:
-        tasks = _REGISTRY[broker] = MoveTasks()
+        tasks = _REGISTRY[broker] = MoveTasks(broker)
     return tasks
 
 
@@ -256,12 +323,7 @@ async def start_message_move_task(ctx: Context, params: Params) -> Result:
     broker = ctx.broker
     plan = await broker.call(_plan, broker.store, source, destination)
     tasks = tasks_of(broker)
-    if tasks.active(source) is not None:  # checked after the last await: no race
-        raise SqsError(
-            "InvalidParameterValue",
-            "There is already a task running. Only one active task is allowed for a source "
-            "queue arn at a given time.",
-        )
+    await tasks.list(source)  # resumes an orphan, which then counts as the active task
     task = MoveTask(
         task_id=str(uuid.uuid4()),
         source=source,
@@ -272,8 +334,13 @@ async def start_message_move_task(ctx: Context, params: Params) -> Result:
         to_move=plan.to_move,
         started_ms=int(time.time() * 1000),
     )
-    tasks.add(task)
-    task.runner = asyncio.get_running_loop().create_task(run(broker, task))
+    if not await broker.call(tasks.files.create, task):
+        raise SqsError(
+            "InvalidParameterValue",
+            "There is already a task running. Only one active task is allowed for a source "
+            "queue arn at a given time.",
+        )
+    tasks.start(task)
     return {"TaskHandle": task.handle}
 
 
@@ -284,7 +351,7 @@ async def list_message_move_tasks(ctx: Context, params: Params) -> Result:
     assert limit is not None
     if not await ctx.broker.call(ctx.broker.store.exists, source):
         raise _not_found("SourceArn")
-    found = tasks_of(ctx.broker).by_source.get(source, [])[:limit]
+    found = (await tasks_of(ctx.broker).list(source))[:limit]
     return {"Results": [t.describe() for t in found]}
 
 
@@ -299,24 +366,28 @@ async def cancel_message_move_task(ctx: Context, params: Params) -> Result:
         ) from None
     if not await ctx.broker.call(ctx.broker.store.exists, source):
         raise _not_found("SourceArn")
-    task = tasks_of(ctx.broker).find(source, task_id)
-    if task is None or task.status != RUNNING:
+    tasks = tasks_of(ctx.broker)
+    task = next((t for t in await tasks.list(source) if t.task_id == task_id), None)
+    if task is None or task.status != RUNNING or task.cancel_requested:
         # Only a RUNNING task can be cancelled; list results show a handle only for those.
         raise SqsError("ResourceNotFoundException", "Task does not exist.")
-    task.status = CANCELLING
-    task.cancel.set()
+    await ctx.broker.call(tasks.files.request_cancel, task)
+    task.cancel_requested = True
+    task.cancel.set()  # a no-op unless this process runs it (others see the file)
     return {"ApproximateNumberOfMessagesMoved": task.moved}
 
 
 # -- the mover -----------------------------------------------------------------------------------
 
 
-async def run(broker: Broker, task: MoveTask) -> None:
-    """Move messages until done, cancelled or failed; always leaves a final status."""
+async def run(broker: Broker, task: MoveTask, files: TaskFiles) -> None:
+    """Move messages until done, cancelled or failed; always leaves a final status (in the
+    task's file: `files.finish` after this)."""
+    watcher = asyncio.get_running_loop().create_task(_watch_cancel(broker, task, files))
     try:
         source = await broker.call(broker.queue, task.source)
         destination = await broker.call(broker.queue, task.destination)
-        await _move(broker, task, source, destination)
+        await _move(broker, task, source, destination, files)
     except Exception as exc:
         task.failure = failure_reason(exc)
         task.status = FAILED
@@ -328,10 +399,24 @@ async def run(broker: Broker, task: MoveTask) -> None:
             exc,
         )
         return
+    finally:
+        watcher.cancel()
     task.status = CANCELLED if task.cancel.is_set() else COMPLETED
 
 
-async def _move(broker: Broker, task: MoveTask, source: Queue, destination: Queue) -> None:
+async def _watch_cancel(broker: Broker, task: MoveTask, files: TaskFiles) -> None:
+    """Another process cancels by a file: look for it a few times a second."""
+    while not task.cancel.is_set():
+        await asyncio.sleep(CANCEL_POLL_S)
+        with contextlib.suppress(OSError):
+            if await broker.call(files.cancel_requested, task):
+                task.cancel_requested = True
+                task.cancel.set()
+
+
+async def _move(
+    broker: Broker, task: MoveTask, source: Queue, destination: Queue, files: TaskFiles
+) -> None:
     loop = asyncio.get_running_loop()
     started = loop.time()
     while task.moved < task.to_move and not task.cancel.is_set():
@@ -361,6 +446,7 @@ async def _move(broker: Broker, task: MoveTask, source: Queue, destination: Queu
         # meanwhile (lease expired, someone else took it) is that consumer's copy now.
         await broker.call(source.ack_many, [m.receipt or "" for m in got])
         task.moved += len(got)
+        await broker.call(files.save, task)  # a process resuming it starts from here
 
 
 def _copy(message: Message) -> OutgoingMessage:
