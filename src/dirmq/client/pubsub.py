@@ -26,6 +26,7 @@ import json
 import queue
 import socket
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,7 @@ from dirmq.store import OutgoingMessage
 
 # The server sends a keep-alive comment every 15 s: a stream silent for this long is dead.
 STREAM_READ_TIMEOUT_S = 60.0
+DETACH_WAIT_S = 2.0  # close() waits this long at most for the server to see the detach
 MAX_RETAINED_LIMIT = 1000  # the server's cap on entries examined per page
 
 
@@ -389,6 +391,21 @@ class RemoteSubscription:
         with contextlib.suppress(httpx.HTTPError, OSError, RuntimeError):
             self._response.close()
         self._reader.join(timeout=5)
+        self._wait_detached(DETACH_WAIT_S)
+
+    def _wait_detached(self, budget_s: float) -> None:
+        """The server detaches when it sees the stream end, a moment after we close it: wait
+        for that (bounded), so that the name is free once `close` returns (a new attach or a
+        DELETE right after it is not refused as busy)."""
+        deadline = time.monotonic() + budget_s
+        while time.monotonic() < deadline:
+            try:
+                listed = self.hub.subscriptions()
+            except errors.DirmqError:
+                return  # the server is gone: nothing is attached there any more
+            if not any(s.get("name") == self.name and s.get("attached") for s in listed):
+                return
+            time.sleep(0.01)
 
     def __enter__(self) -> RemoteSubscription:
         return self
