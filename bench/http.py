@@ -143,14 +143,20 @@ def _apt_install(package: str) -> None:
         subprocess.run(install, env=env, check=True, timeout=900)
 
 
+def ensure_debian_tool(command: str, package: str) -> str:
+    """Install Debian's `package` if `command` is missing; return `command --version`'s text."""
+    if shutil.which(command) is None:
+        print(f"installing {package} (apt-get) ...", file=sys.stderr, flush=True)
+        _apt_install(package)
+    out = subprocess.run(
+        [command, "--version"], check=False, capture_output=True, text=True, timeout=30
+    )
+    return out.stdout + out.stderr
+
+
 def ensure_redis_server() -> str:
     """Install Debian's redis-server if missing; return its version."""
-    if shutil.which("redis-server") is None:
-        print("installing redis-server (apt-get) ...", file=sys.stderr, flush=True)
-        _apt_install("redis-server")
-    out = subprocess.run(
-        ["redis-server", "--version"], capture_output=True, text=True, check=True, timeout=30
-    ).stdout
+    out = ensure_debian_tool("redis-server", "redis-server")
     version = next((w[2:] for w in out.split() if w.startswith("v=")), out.strip())
     if int(version.split(".")[0]) < 7:
         print(f"warning: redis-server {version} is older than 7", file=sys.stderr)
@@ -159,13 +165,7 @@ def ensure_redis_server() -> str:
 
 def ensure_wrk() -> str:
     """Install Debian's wrk if missing; return its version."""
-    if shutil.which("wrk") is None:
-        print("installing wrk (apt-get) ...", file=sys.stderr, flush=True)
-        _apt_install("wrk")
-    out = subprocess.run(
-        ["wrk", "--version"], check=False, capture_output=True, text=True, timeout=30
-    )
-    words = (out.stdout + out.stderr).split()
+    words = ensure_debian_tool("wrk", "wrk").split()
     return words[1] if len(words) > 1 else "?"
 
 

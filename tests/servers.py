@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,3 +65,19 @@ def start_server(root: Path, *extra: str, yaq: bool = False) -> ServerProcess:
         proc.wait()
         raise RuntimeError(f"dirmq serve exited with {proc.returncode} before listening")
     return ServerProcess(proc, urls["native"], urls.get("yaq"), root)
+
+
+def sqs_client(url: str) -> Any:
+    """A boto3 SQS client of the server at `url` (any credentials do; retries off, so a test
+    sees every error). Each one opens its own connections."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "sqs",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+    )

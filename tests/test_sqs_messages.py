@@ -15,16 +15,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import httpx
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ClientError
 
 import dirmq
 from dirmq.sqs.md5 import md5_of_attributes
 
-from .servers import ServerProcess, start_server
+from .servers import ServerProcess, sqs_client, start_server
 
 Client = Any  # boto3's SQS client (untyped)
 _names = itertools.count()
@@ -39,14 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def sqs(server: ServerProcess) -> Client:
-    return boto3.client(
-        "sqs",
-        endpoint_url=server.url,
-        region_name="us-east-1",
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-        config=Config(retries={"max_attempts": 1}),
-    )
+    return sqs_client(server.url)
 
 
 MakeQueue = Callable[..., str]
@@ -913,14 +904,7 @@ def test_a_receive_attempt_survives_a_restart_and_spans_workers(tmp_path: Path) 
     root = tmp_path / "root"
     first_server = start_server(root, "--workers", "2")
     try:
-        client = boto3.client(
-            "sqs",
-            endpoint_url=first_server.url,
-            region_name="us-east-1",
-            aws_access_key_id="test",
-            aws_secret_access_key="test",
-            config=Config(retries={"max_attempts": 1}),
-        )
+        client = sqs_client(first_server.url)
         url = client.create_queue(
             QueueName="attempts.fifo",
             Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"},
@@ -931,13 +915,7 @@ def test_a_receive_attempt_survives_a_restart_and_spans_workers(tmp_path: Path) 
         assert len(first) == 4
         handles = [(m["MessageId"], m["ReceiptHandle"]) for m in first]
         for _ in range(4):  # new connections: either worker answers
-            fresh = boto3.client(
-                "sqs",
-                endpoint_url=first_server.url,
-                region_name="us-east-1",
-                aws_access_key_id="test",
-                aws_secret_access_key="test",
-            )
+            fresh = sqs_client(first_server.url)
             again = receive_all(fresh, url, ReceiveRequestAttemptId="lost", VisibilityTimeout=60)
             assert [(m["MessageId"], m["ReceiptHandle"]) for m in again] == handles
             fresh.close()
@@ -945,13 +923,7 @@ def test_a_receive_attempt_survives_a_restart_and_spans_workers(tmp_path: Path) 
         assert first_server.stop() == 0
     second_server = start_server(root)
     try:
-        client = boto3.client(
-            "sqs",
-            endpoint_url=second_server.url,
-            region_name="us-east-1",
-            aws_access_key_id="test",
-            aws_secret_access_key="test",
-        )
+        client = sqs_client(second_server.url)
         url = client.get_queue_url(QueueName="attempts.fifo")["QueueUrl"]
         again = receive_all(client, url, ReceiveRequestAttemptId="lost", VisibilityTimeout=60)
         assert [(m["MessageId"], m["ReceiptHandle"]) for m in again] == handles

@@ -16,15 +16,13 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ClientError
 
 import dirmq
 from dirmq.sqs.actions.move_tasks import decode_handle, encode_handle
 
-from .servers import ServerProcess, start_server
+from .servers import ServerProcess, sqs_client, start_server
 
 ACCOUNT = "000000000000"
 _names = itertools.count()
@@ -39,14 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def sqs(server: ServerProcess) -> Any:
-    return boto3.client(
-        "sqs",
-        endpoint_url=server.url,
-        region_name="us-east-1",
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-        config=Config(retries={"max_attempts": 1, "mode": "standard"}),
-    )
+    return sqs_client(server.url)
 
 
 @pytest.fixture(scope="module")
@@ -383,14 +374,7 @@ def test_task_handle_shape() -> None:
 
 def _client(server: ServerProcess) -> Any:
     """A client of its own: a new connection, which either worker of the server may take."""
-    return boto3.client(
-        "sqs",
-        endpoint_url=server.url,
-        region_name="us-east-1",
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-        config=Config(retries={"max_attempts": 1, "mode": "standard"}),
-    )
+    return sqs_client(server.url)
 
 
 def test_every_worker_sees_and_cancels_the_same_task(tmp_path: Any) -> None:

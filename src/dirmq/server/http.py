@@ -425,6 +425,12 @@ class HttpProtocol(asyncio.Protocol):
         keep_alive = request.keep_alive and not self._server.draining
         self._transport.write(self._head_and_body(request, response, keep_alive))
         self._server.requests_served += 1
+        self._next_request(keep_alive)
+
+    def _next_request(self, keep_alive: bool) -> None:
+        """A response is out: close, or wait for (or start) the next request."""
+        if self._transport is None or self._closed:
+            return
         if not keep_alive:
             self._transport.close()
             return
@@ -454,14 +460,7 @@ class HttpProtocol(asyncio.Protocol):
             keep_alive = False
         finally:
             self._task = None
-        if self._transport is None or self._closed:
-            return
-        if not keep_alive:
-            self._transport.close()
-            return
-        if not self._in_message:
-            self._arm(self._limits.idle_timeout_s)
-        self._start_next()
+        self._next_request(keep_alive)
 
     def _head_and_body(self, request: Request, response: Response, keep_alive: bool) -> bytes:
         status, content = response.status, response.body
