@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from dirmq.errors import CorruptMessage, InvalidArgument
 
 FORMAT_VERSION = 1
-MAX_HEADER_BYTES = 64 * 1024
+# Room for SQS's 1 MiB of message attributes (binary ones stored as base64: 4/3 of that).
+MAX_HEADER_BYTES = 2 * 1024 * 1024
 _TOKEN_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _RESERVED = frozenset({"content-length", "body-crc32"})
 RESERVED_PREFIX = "dirmq-"
