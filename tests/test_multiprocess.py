@@ -6,6 +6,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 import dirmq
 
 from .procs import kill, spawn
@@ -63,3 +65,36 @@ def test_delete_by_id_from_a_process_that_did_not_receive_it(store: dirmq.Store)
     assert q.delete(message_id), "delete by id must work on another process's lease"
     kill(holder)
     assert q.stats().total == 0
+
+
+def test_ack_many_sees_what_another_store_did_to_the_leases(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ack_many syncs its index once per chunk. A lease that another store (process) extends
+    right after that sync is still acked (looked up again), one it acks is reported stale, and
+    the rest of the batch is acked all the same."""
+    with dirmq.Store(root) as here, dirmq.Store(root) as there:
+        here.create_queue("q")
+        q_here, q_there = here.queue("q"), there.queue("q")
+        for i in range(5):
+            q_here.put(f"m{i}".encode())
+        receipts = [m.receipt or "" for m in q_here.get(5, visibility_s=60)]
+        synced = q_here._synced_index
+        behind_its_back: list[str] = []
+
+        def sync_then_change() -> object:
+            index = synced()
+            if not behind_its_back:  # once: between the chunk's sync and its acks
+                q_there.extend(receipts[1], 120)
+                q_there.ack(receipts[3])
+                behind_its_back.append("done")
+            return index
+
+        monkeypatch.setattr(q_here, "_synced_index", sync_then_change)
+        failures = q_here.ack_many(receipts)
+        assert behind_its_back == ["done"]
+        assert list(failures) == [receipts[3]]
+        assert isinstance(failures[receipts[3]], dirmq.StaleReceipt)
+        monkeypatch.undo()
+        stats = q_here.stats()
+        assert (stats.ready, stats.in_flight) == (0, 0)

@@ -42,7 +42,7 @@ class QueueFiles:
         self._store = store
 
     def path(self, directory: str, name: str) -> str:
-        return os.path.join(self.dir[directory], name)
+        return f"{self.dir[directory]}/{name}"  # names hold no "/": no os.path.join needed
 
     # -- reading ------------------------------------------------------------------------------
     def read(self, directory: str, name: str) -> Message | None:

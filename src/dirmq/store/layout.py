@@ -18,6 +18,7 @@ Everything a process needs to recover leases and delays is in the names: no file
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -74,8 +75,12 @@ class Entry:
         return f"{self.message_id}.{self.count}"
 
 
+@functools.lru_cache(maxsize=8192)
 def parse_entry(name: str) -> Entry | None:
-    """Parse any state file name; None for names that are not ours (they are left alone)."""
+    """Parse any state file name; None for names that are not ours (they are left alone).
+
+    Cached: a name is parsed where it is made, again when inotify reports it, and once more
+    when it leaves its directory; an `Entry` is immutable."""
     match = _ENTRY_RE.fullmatch(name)
     if match is None:
         return None

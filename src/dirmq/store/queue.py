@@ -50,6 +50,7 @@ CONFIG_RECHECK_S = 0.5
 _WATCHED = (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS)
 ProgressFn = Callable[[int], None]  # called with how many items were just processed
 _SETTLE_ACTIONS = ("ack", "nack", "extend", "dead_letter")
+_ACK_CHUNK = 64  # acks of one ack_many applied per lock hold (and per index sync)
 _MAX_VALIDATED = 4096  # validated messages remembered per queue (a server batch is <= 1024)
 
 
@@ -505,28 +506,47 @@ class Queue:
         self._settle(receipt, "dead_letter")
 
     def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]:
-        """Ack several receipts; returns the failures by receipt (empty when all succeeded)."""
+        """Ack several receipts; returns the failures by receipt (empty when all succeeded).
+
+        The index is brought up to date once per chunk, not once per receipt: our own acks
+        update it as they go, and a lease that changed elsewhere meanwhile is looked up again
+        after a fresh sync before it is called stale."""
         failures: dict[str, Exception] = {}
-        for receipt in receipts:
-            try:
-                self.ack(receipt)
-            except (StaleReceipt, InvalidArgument) as exc:
-                failures[receipt] = exc
+        pending = list(receipts)
+        for start in range(0, len(pending), _ACK_CHUNK):
+            with self._lock:
+                self._synced_index()
+                for receipt in pending[start : start + _ACK_CHUNK]:
+                    try:
+                        self._settle(receipt, "ack", index_fresh=True)
+                    except (StaleReceipt, InvalidArgument) as exc:
+                        failures[receipt] = exc
         return failures
 
-    def _settle(self, receipt: str, action: str, delay_s: float = 0.0) -> None:
+    def _settle(
+        self, receipt: str, action: str, delay_s: float = 0.0, index_fresh: bool = False
+    ) -> None:
         """Apply `action` to the lease behind `receipt`, retrying once if it moved meanwhile
-        (another process extended it between our lookup and our rename)."""
+        (another process extended it between our lookup and our rename). `index_fresh`: the
+        caller synced the index under the lock it holds, so the first lookup may skip that."""
         assert action in _SETTLE_ACTIONS
+        sync = not index_fresh
         try:
-            for _attempt in range(2):
+            for _attempt in range(3 if index_fresh else 2):
                 with self._lock:
-                    lease = self._lease_name(receipt)
-                    assert self._index is not None  # _lease_name synced it
+                    try:
+                        lease = self._lease_name(receipt, sync)
+                    except StaleReceipt:
+                        if sync:
+                            raise
+                        sync = True  # unknown to our index as it was: look again, up to date
+                        continue
+                    assert self._index is not None  # synced by us or by the caller
                     try:
                         self._files.settle(self._index, self.config, action, lease, delay_s)
                         return
                     except FileNotFoundError:
+                        sync = True
                         continue
             raise StaleReceipt(f"receipt {receipt} of queue {self.name!r} is stale")
         except OSError as exc:
@@ -534,13 +554,14 @@ class Queue:
                 raise
             raise storage_error(exc, f"{action} on queue {self.name!r}") from exc
 
-    def _lease_name(self, receipt: str) -> str:
-        """The leased file name of the live lease behind `receipt`, or StaleReceipt."""
+    def _lease_name(self, receipt: str, sync: bool = True) -> str:
+        """The leased file name of the live lease behind `receipt`, or StaleReceipt. `sync`
+        False: trust the index as it is (the caller synced it under the lock it holds)."""
         parsed = parse_receipt(receipt)
         if parsed is None:
             raise InvalidArgument(f"not a dirmq receipt: {str(receipt)[:80]!r}")
         message_id, count = parsed
-        index = self._synced_index()
+        index = self._synced_index() if sync or self._index is None else self._index
         name = index.leased.names.get(message_id)
         if name is None and self._polling():
             # Polling mode: another host's extend may not have been seen yet.
