@@ -18,7 +18,7 @@ What is measured, with the same N small messages (~100-byte JSON events) each ti
 2. batch reads: `count()` and a parquet write of a dirmq snapshot against binaryFile's `count()`,
    and a batch write of the same rows back into a queue;
 3. the ceiling the store sets: two plain Python processes leasing and acknowledging the same N
-   messages with `get(1000)` + `ack`, no Spark involved.
+   messages with `get(1000)` + `ack_many`, no Spark involved.
 """
 
 from __future__ import annotations
@@ -190,8 +190,7 @@ def _consume(root: str) -> int:
             got = queue.get(1000, visibility_s=600)
             if not got:
                 return done
-            for message in got:
-                queue.ack(message.receipt or "")
+            queue.ack_many([message.receipt or "" for message in got])
             done += len(got)
         return done
 
@@ -289,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         ("", "binaryFile, Spark defaults", default),
         (
             "store ceiling (no Spark)",
-            "2 processes get(1000)+ack",
+            "2 processes get(1000)+ack_many",
             median(results["store_ceiling_2proc"], "msgs_per_s"),
         ),
         ("batch read", "dirmq count()", batch_count),

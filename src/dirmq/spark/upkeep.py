@@ -133,17 +133,17 @@ class Upkeep:
 
 
 def settle_receipts(queue: QueueHandle, receipts: list[str]) -> None:
-    """Acknowledge `receipts`; a message whose lease has expired is deleted by id instead."""
-    for receipt in receipts:
-        try:
-            queue.ack(receipt)
-        except StaleReceipt:
-            parsed = parse_receipt(receipt)
-            if parsed is not None:
-                try:
-                    queue.delete(parsed[0])
-                except MessageNotFound:
-                    pass
+    """Acknowledge `receipts` (one `ack_many`: the store syncs its index once per chunk, not
+    once per receipt); a message whose lease has expired is deleted by id instead."""
+    for receipt, failure in queue.ack_many(receipts).items():
+        if not isinstance(failure, StaleReceipt):
+            raise failure
+        parsed = parse_receipt(receipt)
+        if parsed is not None:
+            try:
+                queue.delete(parsed[0])
+            except MessageNotFound:
+                pass
 
 
 def give_back(queue: QueueHandle, receipts: list[str]) -> None:
