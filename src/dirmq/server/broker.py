@@ -313,15 +313,13 @@ class _Publisher:
     def _drain(self) -> None:
         """In a pool thread: store batch after batch until the line is empty."""
         for _turn in range(BATCHES_PER_TURN):
-            with self._lock:
-                if not self._pending:
-                    self._draining = False
-                    return
-                batch = self._take_batch()
+            batch = self._next_batch()
+            if batch is None:
+                return
             outcome: list[str] | BaseException
             try:
                 outcome = self._store(batch)
-            except BaseException as exc:  # every request of the batch gets the same failure
+            except BaseException as exc:  # not Exception: still the batch's, not the thread's
                 outcome = exc
             try:
                 self._loop.call_soon_threadsafe(self._settle, batch, outcome)
@@ -333,10 +331,22 @@ class _Publisher:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._abandon)
 
-    def _store(self, batch: list[_Publish]) -> list[str]:
-        """One group commit for every message of the batch's requests."""
+    def _next_batch(self) -> list[_Publish] | None:
+        """The next batch from the line; None (and the line no longer drained) when empty."""
+        with self._lock:
+            if not self._pending:
+                self._draining = False
+                return None
+            return self._take_batch()
+
+    def _store(self, batch: list[_Publish]) -> list[str] | BaseException:
+        """One group commit for every message of the batch's requests: their ids, or the
+        failure every request of the batch gets."""
         messages = [m for p in batch for m in p.messages]
-        return self.queue.put_many(messages, durability=batch[0].durability)
+        try:
+            return self.queue.put_many(messages, durability=batch[0].durability)
+        except Exception as exc:
+            return exc
 
     def _abandon(self) -> None:
         """On the event loop: fail what waits in the line (503: nothing of it was stored)."""
@@ -349,18 +359,8 @@ class _Publisher:
 
     def _drain_here(self) -> None:
         """On the event loop: store everything in the line (a memory filesystem never waits)."""
-        while True:
-            with self._lock:
-                if not self._pending:
-                    self._draining = False
-                    return
-                batch = self._take_batch()
-            outcome: list[str] | BaseException
-            try:
-                outcome = self._store(batch)
-            except Exception as exc:  # every request of the batch gets the same failure
-                outcome = exc
-            self._settle(batch, outcome)
+        while (batch := self._next_batch()) is not None:
+            self._settle(batch, self._store(batch))
 
     @staticmethod
     def _settle(batch: list[_Publish], outcome: list[str] | BaseException) -> None:

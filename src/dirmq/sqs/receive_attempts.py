@@ -82,8 +82,11 @@ class ReceiveMemory:
     def remember(self, queue: str, attempt_id: str, attempt: Attempt) -> None:
         path = self._path(queue, attempt_id)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        data = {"created": attempt.created, "receipts": attempt.receipts}
-        data["messages"] = attempt.messages
+        data = {
+            "created": attempt.created,
+            "receipts": attempt.receipts,
+            "messages": attempt.messages,
+        }
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
             f.write(json.dumps(data, separators=(",", ":")).encode())
