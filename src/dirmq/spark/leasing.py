@@ -3,9 +3,12 @@
 Two placements, one contract (see `ledger.py`): a batch's messages are recorded durably before
 any of its rows reaches Spark, and a replay produces the recorded messages.
 
-- path mode: each read task leases its own share (`quota`) from the queue, on the executor, and
-  records its receipts under its partition number. Leasing (a rename and a read per message) is
-  the expensive part of a batch, and this spreads it over every executor core.
+- path mode: each read task leases its own share of the batch, on the executor, and records its
+  receipts (and lease names) under its partition number. Leasing (a rename and a read per
+  message) is the expensive part of a batch, and this spreads it over every executor core. The
+  driver names each task's messages (`names`: disjoint slices of the oldest ready ones), so the
+  tasks never race each other for the head of the queue; when it cannot (the head holds a
+  message group, whose order only `get` keeps), each task gets a count (`quota`) instead.
 - url mode: executors may share no filesystem with the driver, so the driver leases the whole
   batch over HTTP, records the rows in the ledger and ships each partition's rows inside the
   partition object.
@@ -24,8 +27,8 @@ from dirmq.errors import MessageNotFound
 from dirmq.spark.connect import QueueHandle
 from dirmq.spark.ledger import Ledger
 from dirmq.spark.rows import messages_batch
-from dirmq.spark.upkeep import give_back, settle_receipts
-from dirmq.store import Message
+from dirmq.spark.upkeep import give_back, settle_record
+from dirmq.store import Message, Queue
 from dirmq.store.layout import parse_receipt
 
 log = logging.getLogger("dirmq.spark")
@@ -35,13 +38,15 @@ ROWS_PER_BATCH = 10_000  # rows per Arrow record batch handed to Spark
 
 @dataclass
 class LeasePartition(InputPartition):
-    """Partition `part` of batch `seq` (path mode): lease up to `quota` messages, or replay.
-    `settle` names records of batches Spark has already committed, (seq, part): the task
-    acknowledges them once its own rows are out, so acknowledging runs on every executor."""
+    """Partition `part` of batch `seq` (path mode): lease the ready messages `names` (those
+    still there) or else up to `quota` messages, or replay the record. `settle` names records of
+    batches Spark has already committed, (seq, part): the task acknowledges them once its own
+    rows are out, so acknowledging runs on every executor."""
 
     seq: int
     part: int
     quota: int
+    names: list[str] = field(default_factory=list)
     settle: list[tuple[int, int]] = field(default_factory=list)
 
 
@@ -76,6 +81,15 @@ def lease(
     return got
 
 
+def claim_named(queue: Queue, names: list[str], lease_s: float) -> list[tuple[str, Message]]:
+    """Lease the named ready messages that are still there, in chunks (the queue's lock is not
+    held for a whole batch)."""
+    got: list[tuple[str, Message]] = []
+    for start in range(0, len(names), GET_CHUNK):
+        got.extend(queue.claim_named(names[start : start + GET_CHUNK], visibility_s=lease_s))
+    return got
+
+
 def read_leased(
     queue: QueueHandle, ledger: Ledger, partition: LeasePartition, lease_s: float
 ) -> Iterator[pa.RecordBatch]:
@@ -83,9 +97,15 @@ def read_leased(
     recorded before the first row is produced."""
     receipts = ledger.part(partition.seq, partition.part)
     if receipts is None:
-        messages = lease(queue, partition.quota, lease_s)
-        mine = [m.receipt for m in messages if m.receipt is not None]
-        if ledger.record_part(partition.seq, partition.part, mine):
+        leases: list[str] | None = None
+        if partition.names and isinstance(queue, Queue):
+            named = claim_named(queue, partition.names, lease_s)
+            leases = [lease for lease, _ in named]
+            messages = [message for _, message in named]
+        else:
+            messages = lease(queue, partition.quota, lease_s)
+        mine = [m.receipt or "" for m in messages]
+        if ledger.record_part(partition.seq, partition.part, mine, leases):
             yield from _batches(messages)
             settle_committed(queue, ledger, partition.settle)
             return
@@ -101,9 +121,9 @@ def settle_committed(queue: QueueHandle, ledger: Ledger, records: list[tuple[int
     failure here must not fail the batch: the driver settles whatever is left."""
     try:
         for seq, part in records:
-            receipts = ledger.part(seq, part)
-            if receipts is not None:
-                settle_receipts(queue, receipts)
+            record = ledger.part_record(seq, part)
+            if record is not None:
+                settle_record(queue, record)
                 ledger.drop_part(seq, part)
     except Exception as exc:
         log.warning("dirmq: acknowledging committed batches failed (the driver will): %s", exc)

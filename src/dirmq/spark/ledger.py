@@ -3,8 +3,11 @@
     <stateDir>/consumers/<queue>/@<consumer>/
       acked                                   the highest batch sequence number acknowledged
       batches/<seq, 20 digits>/
-        part-<n, 5 digits>.json               {"receipts": [...]}: what read partition n leased
-                                              (path mode; written by the executor's task)
+        part-<n, 5 digits>.json               {"receipts": [...], "leases": [...]}: what read
+                                              partition n leased (path mode; written by the
+                                              executor's task). "leases", when present, are
+                                              the lease file names, aligned with the receipts:
+                                              they acknowledge without the queue's index.
         rows.arrow                            the leased rows, with a `receipt` column (url
                                               mode; written by the driver)
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
@@ -28,6 +32,14 @@ from dirmq.errors import storage_error
 from dirmq.spark import durable
 
 _ROWS = "rows.arrow"
+
+
+@dataclass(frozen=True)
+class Record:
+    """What one record holds: receipts, and the aligned lease names (empty if not recorded)."""
+
+    receipts: list[str]
+    leases: list[str]
 
 
 class Ledger:
@@ -59,22 +71,38 @@ class Ledger:
             raise storage_error(exc, f"listing {self._batches}") from exc
         return sorted(int(n) for n in names if n.isdigit())
 
-    def record_part(self, seq: int, part: int, receipts: list[str]) -> bool:
-        """Record what partition `part` of batch `seq` leased; False if a record exists."""
-        data = json.dumps({"receipts": receipts}).encode()
-        return durable.create_file(self._part_path(seq, part), data)
+    def record_part(
+        self, seq: int, part: int, receipts: list[str], leases: list[str] | None = None
+    ) -> bool:
+        """Record what partition `part` of batch `seq` leased (`leases`: their lease names, in
+        the same order, when known); False if a record exists."""
+        record: dict[str, list[str]] = {"receipts": receipts}
+        if leases is not None:
+            assert len(leases) == len(receipts)
+            record["leases"] = leases
+        return durable.create_file(self._part_path(seq, part), json.dumps(record).encode())
+
+    def part_record(self, seq: int, part: int) -> Record | None:
+        raw = durable.read_file(self._part_path(seq, part))
+        if raw is None:
+            return None
+        record = json.loads(raw)
+        return Record(list(record["receipts"]), list(record.get("leases") or []))
 
     def part(self, seq: int, part: int) -> list[str] | None:
-        raw = durable.read_file(self._part_path(seq, part))
-        return None if raw is None else list(json.loads(raw)["receipts"])
+        record = self.part_record(seq, part)
+        return None if record is None else record.receipts
 
-    def parts(self, seq: int) -> dict[int, list[str]]:
-        """Every partition record of batch `seq`, by partition number."""
-        found = {}
-        for part in self.part_numbers(seq):
-            receipts = self.part(seq, part)
-            if receipts is not None:
-                found[part] = receipts
+    def records(self, seq: int) -> list[Record]:
+        """Every record of batch `seq`: its partitions' (path mode) or its rows' (url mode)."""
+        found = [
+            record
+            for part in self.part_numbers(seq)
+            if (record := self.part_record(seq, part)) is not None
+        ]
+        table = self.rows(seq)
+        if table is not None:
+            found.append(Record(table.column("receipt").to_pylist(), []))
         return found
 
     def _part_path(self, seq: int, part: int) -> str:
@@ -93,11 +121,7 @@ class Ledger:
 
     def receipts(self, seq: int) -> list[str]:
         """Every receipt batch `seq` holds, whichever way it was recorded."""
-        found = [r for receipts in self.parts(seq).values() for r in receipts]
-        table = self.rows(seq)
-        if table is not None:
-            found.extend(table.column("receipt").to_pylist())
-        return found
+        return [r for record in self.records(seq) for r in record.receipts]
 
     def recorded_at(self, seq: int) -> float | None:
         """When batch `seq` was last recorded (its directory's mtime), or None."""

@@ -33,6 +33,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from dirmq.errors import InvalidArgument
+from dirmq.spark.backlog import ReadyBacklog
 from dirmq.spark.connect import QueueHandle, open_queue
 from dirmq.spark.leasing import (
     LeasePartition,
@@ -47,6 +48,7 @@ from dirmq.spark.leasing import (
 from dirmq.spark.ledger import Ledger
 from dirmq.spark.options import Options
 from dirmq.spark.upkeep import Upkeep, give_back
+from dirmq.store import Queue
 
 log = logging.getLogger("dirmq.spark")
 SETTLE_TIMEOUT_S = 600.0
@@ -71,6 +73,9 @@ class _Driver:
         # this alone fills a batch: counting processes every change others made meanwhile).
         self.unplanned = 0
         self.upkeep = Upkeep(self.queue, self.ledger, options.lease_s)
+        # Path mode: the ready messages to plan from, and the names planned for each batch.
+        self.backlog = ReadyBacklog(self.queue) if isinstance(self.queue, Queue) else None
+        self.planned: dict[int, list[str]] = {}
 
     def discard_after(self, seq: int) -> None:
         """Give back what batches beyond `seq` leased: Spark never logged them."""
@@ -120,6 +125,7 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         handed = seq if self._options.path is None else min(seq, driver.handed)
         driver.upkeep.settle_through(handed)
         driver.discard_after(seq)
+        driver.planned = {s: names for s, names in driver.planned.items() if s > seq}
         cap = self._options.max_per_batch
         if isinstance(limit, ReadMaxRows):
             cap = min(cap, limit.max_rows)
@@ -136,7 +142,14 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _plan(self, driver: _Driver, seq: int, cap: int, limit: ReadLimit) -> Offset | None:
         options = self._options
-        if options.path is not None:
+        if driver.backlog is not None:
+            minimum = limit.min_rows if isinstance(limit, ReadMinRows) else 0
+            names = driver.backlog.take(cap, minimum)
+            if names:
+                driver.planned[seq] = names
+                driver.unplanned = 0  # the count below is stale now: count again when needed
+                return offset(seq, len(names), options.partitions_for(len(names)))
+        if options.path is not None:  # the head holds a message group: plan a count to `get`
             if driver.unplanned < cap:
                 driver.unplanned = driver.queue.stats().ready
             ready = driver.unplanned
@@ -162,7 +175,7 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.warning("dirmq: batch %d was already acknowledged; it produces nothing now", seq)
             return []
         if self._options.path is not None:
-            return self._lease_partitions(int(start["seq"]), seq, split(count, parts))
+            return self._lease_partitions(int(start["seq"]), seq, count, parts)
         table = ledger.rows(seq)
         if table is None:
             log.warning("dirmq: batch %d has no record; its messages return to the queue", seq)
@@ -170,19 +183,32 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return list(rows_partitions(seq, table, parts))
 
     def _lease_partitions(
-        self, committed: int, seq: int, quotas: list[int]
+        self, committed: int, seq: int, count: int, parts: int
     ) -> list[InputPartition]:
-        """Path mode: the read tasks of batch `seq`, also charged with acknowledging the records
-        of committed batches that nobody settles yet (spread over the tasks, by record)."""
+        """Path mode: the read tasks of batch `seq`, each given its own slice of the oldest
+        `count` ready messages (or, when the head holds a message group, a count to `get`), and
+        charged with acknowledging the records of committed batches that nobody settles yet
+        (spread over the tasks, by record)."""
         driver = self._driver()
         ledger = driver.ledger
+        names = driver.planned.get(seq)
+        if names is None and isinstance(driver.queue, Queue):  # a replay after a restart
+            names = driver.queue.ready_names(count)
+        if names:
+            quotas = split(len(names), min(parts, len(names)))
+            starts = [sum(quotas[:i]) for i in range(len(quotas))]
+            tasks = [
+                LeasePartition(seq, i, 0, names[s : s + q])
+                for i, (s, q) in enumerate(zip(starts, quotas, strict=True))
+            ]
+        else:
+            tasks = [LeasePartition(seq, i, q) for i, q in enumerate(split(count, parts)) if q]
         records = [
             (earlier, part)
             for earlier in ledger.seqs()
             if driver.handed < earlier <= committed
             for part in ledger.part_numbers(earlier)
         ]
-        tasks = [LeasePartition(seq, i, q) for i, q in enumerate(quotas) if q]
         for n, record in enumerate(records):
             tasks[n % len(tasks)].settle.append(record)
         driver.handed = max(driver.handed, committed)

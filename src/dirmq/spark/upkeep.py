@@ -23,7 +23,8 @@ import time
 
 from dirmq.errors import InvalidArgument, MessageNotFound, StaleReceipt
 from dirmq.spark.connect import QueueHandle
-from dirmq.spark.ledger import Ledger
+from dirmq.spark.ledger import Ledger, Record
+from dirmq.store import Queue
 from dirmq.store.layout import parse_receipt
 
 log = logging.getLogger("dirmq.spark")
@@ -98,7 +99,8 @@ class Upkeep:
             for seq in self._ledger.seqs():
                 if seq > target:
                     break
-                settle_receipts(self._queue, self._ledger.receipts(seq))
+                for record in self._ledger.records(seq):
+                    settle_record(self._queue, record)
                 self._ledger.drop(seq)
                 self._extended.pop(seq, None)
             self._ledger.set_acked(target)
@@ -130,6 +132,16 @@ class Upkeep:
                 self._extended[seq] = time.time()
         except Exception as exc:  # the next beat tries again
             log.warning("dirmq: extending leases failed: %s", exc)
+
+
+def settle_record(queue: QueueHandle, record: Record) -> None:
+    """Acknowledge what one ledger record leased: by lease name where it has them (a local
+    queue: no index lookups), and by receipt whatever has moved since (an extended lease)."""
+    receipts = record.receipts
+    if record.leases and isinstance(queue, Queue):
+        moved = set(queue.ack_leases(record.leases))
+        receipts = [r for r, lease in zip(receipts, record.leases, strict=True) if lease in moved]
+    settle_receipts(queue, receipts)
 
 
 def settle_receipts(queue: QueueHandle, receipts: list[str]) -> None:

@@ -52,6 +52,14 @@ class Slots:
             return slot
         return None
 
+    def any_held(self) -> bool:
+        """Whether any token exists now (one directory read, for callers without an index)."""
+        try:
+            with os.scandir(self._dir) as entries:
+                return next(entries, None) is not None
+        except FileNotFoundError:
+            return False
+
     def release(self, slot: str, message_id: str, index: QueueIndex | None) -> None:
         """Free `slot` if it is still held by `message_id` (it may have been re-used)."""
         path = os.path.join(self._dir, slot)

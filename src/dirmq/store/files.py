@@ -73,40 +73,91 @@ class QueueFiles:
         while (name := index.pop_ready(config.peers, runs)) is not None:
             entry = parse_entry(name)
             assert entry is not None
-            if expired_by_retention(entry.message_id, config, at_ms):
-                self.remove(index, layout.READY, name, entry.message_id)
-                continue
-            count = entry.count + 1
-            lease = layout.timed_name(entry.message_id, count, at_ms + visibility_ms, entry.group)
-            target = self.path(layout.LEASED, lease)
-            if not self.move(layout.READY, name, layout.LEASED, lease):
+            lease = self._take(index, config, name, entry, at_ms, visibility_ms)
+            if lease is None:
                 # Another process claimed or deleted it first. If it was a group's, that
                 # process may hold the group now: leasing the group's next one would break it.
                 if entry.group is not None:
                     runs.lost.add(entry.group)
                 continue
-            index.add(layout.LEASED, lease)
             if entry.group is not None:
                 runs.taken[entry.group] += 1
-            try:
-                decoded = read_message(target, entry.message_id)
-            except FileNotFoundError:
-                continue  # deleted by id a moment after our claim
-            except CorruptMessage:
-                self.quarantine(target, lease)
-                continue
-            return Message(
-                id=entry.message_id,
-                body=decoded.body,
-                headers=decoded.headers,
-                receive_count=count,
-                published_at_s=id_time_us(entry.message_id) / 1e6,
-                receipt=f"{entry.message_id}.{count}",
-                lease_deadline_s=(at_ms + visibility_ms) / 1000,
-                state="leased",
-                group=decoded.system.get("Group"),
-            )
+            message = self._open_lease(lease, entry, at_ms + visibility_ms)
+            if message is not None:
+                return message
         return None
+
+    def claim_named(
+        self,
+        index: QueueIndex | None,
+        config: QueueConfig,
+        names: list[str],
+        at_ms: int,
+        visibility_ms: int,
+    ) -> list[tuple[str, Message]]:
+        """Lease exactly the @ready files `names` that are still there, in order: (lease name,
+        message) pairs. For cooperating consumers given disjoint names by one planner, so no two
+        of them race for the same head. Group names must not be passed (their order needs
+        `claim`)."""
+        leased = []
+        for name in names:
+            entry = parse_entry(name)
+            if entry is None or entry.at_ms is not None or entry.group is not None:
+                raise ValueError(f"not the name of a ready message outside groups: {name!r}")
+            lease = self._take(index, config, name, entry, at_ms, visibility_ms)
+            if lease is None:
+                continue
+            message = self._open_lease(lease, entry, at_ms + visibility_ms)
+            if message is not None:
+                leased.append((lease, message))
+        return leased
+
+    def _take(
+        self,
+        index: QueueIndex | None,
+        config: QueueConfig,
+        name: str,
+        entry: Entry,
+        at_ms: int,
+        visibility_ms: int,
+    ) -> str | None:
+        """Rename @ready/`name` into @leased; its lease name, or None when it was gone (or past
+        the queue's retention, and removed now)."""
+        if expired_by_retention(entry.message_id, config, at_ms):
+            self.remove(index, layout.READY, name, entry.message_id)
+            return None
+        lease = layout.timed_name(
+            entry.message_id, entry.count + 1, at_ms + visibility_ms, entry.group
+        )
+        if not self.move(layout.READY, name, layout.LEASED, lease):
+            return None
+        if index is not None:
+            index.discard(layout.READY, name)
+            index.add(layout.LEASED, lease)
+        return lease
+
+    def _open_lease(self, lease: str, entry: Entry, deadline_ms: int) -> Message | None:
+        """The message just leased as @leased/`lease` (None if it vanished or is corrupt)."""
+        target = self.path(layout.LEASED, lease)
+        try:
+            decoded = read_message(target, entry.message_id)
+        except FileNotFoundError:
+            return None  # deleted by id a moment after our claim
+        except CorruptMessage:
+            self.quarantine(target, lease)
+            return None
+        count = entry.count + 1
+        return Message(
+            id=entry.message_id,
+            body=decoded.body,
+            headers=decoded.headers,
+            receive_count=count,
+            published_at_s=id_time_us(entry.message_id) / 1e6,
+            receipt=f"{entry.message_id}.{count}",
+            lease_deadline_s=deadline_ms / 1000,
+            state="leased",
+            group=decoded.system.get("Group"),
+        )
 
     def promote(self, index: QueueIndex, config: QueueConfig, at_ms: int) -> SweepReport:
         """Deliver due delayed messages and requeue (or dead-letter) expired leases."""
@@ -178,6 +229,22 @@ class QueueFiles:
         os.rename(path, self.path(directory, new))
         index.add(directory, new)
         index.leased.discard(message_id, lease)
+
+    def retire_lease(
+        self, index: QueueIndex | None, lease: str, message_id: str, tokens: bool
+    ) -> bool:
+        """Acknowledge @leased/`lease` by name; False if it is not there. `tokens`: capacity
+        tokens may be held (the file is read for its slot before it goes)."""
+        path = self.path(layout.LEASED, lease)
+        if tokens:
+            self.slots.release_of(path, message_id, index)
+        try:
+            self.pool.retire(path, message_id)
+        except FileNotFoundError:
+            return False
+        if index is not None:
+            index.leased.discard(message_id, lease)
+        return True
 
     def _lease_until(self, index: QueueIndex, path: str, entry: Entry, seconds: float) -> None:
         """The lease at `path` now ends `seconds` from now."""

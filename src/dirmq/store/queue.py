@@ -13,6 +13,7 @@ themselves. Expired leases return to `@ready` under their original id, i.e. thei
 from __future__ import annotations
 
 import errno
+import heapq
 import os
 import threading
 import time
@@ -471,6 +472,88 @@ class Queue:
                     return got
                 timeout = min(remaining, _next_due_s(index, at_ms))
             self._wait(timeout)
+
+    # -- planned claims (cooperating consumers) -----------------------------------------------
+    def ready_names(self, limit: int | None = None, *, promote: bool = True) -> list[str]:
+        """The file names of the oldest ready messages (all, or the oldest `limit`), oldest
+        first, without leasing them: a plan that one coordinator splits among cooperating
+        consumers, each of which `claim_named`s its share, so that no two of them race for the
+        head of the queue. Due delayed messages and expired leases are made ready first (unless
+        `promote` is false). The list stops before the first message of a group (a group's
+        order needs `get`).
+
+        Read from the directories, not from the index: a planner that lists once per batch
+        does not pay for following every claim and ack of the consumers it plans for."""
+        try:
+            with self._lock:
+                config = self.config
+                if promote:
+                    self._promote_listed(config, now_ms())
+                names = os.listdir(self._files.dir[layout.READY])
+        except FileNotFoundError:
+            raise QueueNotFound(f"queue {self.name!r} does not exist") from None
+        except OSError as exc:
+            raise storage_error(exc, f"listing queue {self.name!r}") from exc
+        oldest = sorted(names) if limit is None else heapq.nsmallest(limit, names)
+        planned = []
+        for name in oldest:  # ids are fixed-width: names sort in id order
+            entry = parse_entry(name)
+            if entry is None or entry.at_ms is not None:
+                continue
+            if entry.group is not None:
+                break
+            planned.append(name)
+        return planned
+
+    def _promote_listed(self, config: QueueConfig, at_ms: int) -> None:
+        """`promote` from listings of @leased and @delayed instead of the index."""
+        listed = QueueIndex()
+        for directory in (layout.LEASED, layout.DELAYED):
+            for name in os.listdir(self._files.dir[directory]):
+                entry = parse_entry(name)
+                if entry is not None and entry.at_ms is not None and entry.at_ms <= at_ms:
+                    listed.add(directory, name)
+        self._files.promote(listed, config, at_ms)
+
+    def claim_named(
+        self, names: list[str], *, visibility_s: float | None = None
+    ) -> list[tuple[str, Message]]:
+        """Lease the ready messages `names` (from `ready_names`) that nobody took meanwhile, in
+        order: (lease name, message) pairs. The lease name acknowledges the message with
+        `ack_leases`. This process's index is neither opened nor synced for it."""
+        _check_seconds("visibility_s", visibility_s)
+        try:
+            with self._lock:
+                config = self.config
+                visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
+                return self._files.claim_named(
+                    self._index, config, names, now_ms(), round(visibility * 1000)
+                )
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        except OSError as exc:
+            raise storage_error(exc, f"leasing messages of queue {self.name!r}") from exc
+
+    def ack_leases(self, leases: Iterable[str]) -> list[str]:
+        """Acknowledge leased messages by their lease names (from `claim_named`), without the
+        index; returns the names that are no longer there (extended, expired or acknowledged
+        since): settle those by receipt (`ack_many`)."""
+        missing = []
+        try:
+            with self._lock:
+                index = self._index
+                tokens = bool(index.slots) if index is not None else self._files.slots.any_held()
+                for lease in leases:
+                    entry = parse_entry(lease)
+                    if entry is None or entry.at_ms is None:
+                        raise InvalidArgument(f"not a lease name: {str(lease)[:80]!r}")
+                    if not self._files.retire_lease(index, lease, entry.message_id, tokens):
+                        missing.append(lease)
+        except OSError as exc:
+            if isinstance(exc, QueueNotFound):
+                raise
+            raise storage_error(exc, f"ack on queue {self.name!r}") from exc
+        return missing
 
     def next_due_s(self) -> float | None:
         """Seconds until the earliest lease expires or delayed message falls due (as this process
