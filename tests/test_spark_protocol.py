@@ -27,7 +27,7 @@ from dirmq.spark.ledger import Ledger
 from dirmq.spark.options import parse_options
 from dirmq.spark.rows import READ_SCHEMA
 from dirmq.spark.stream import DirmqStreamReader
-from dirmq.spark.upkeep import Upkeep, settle_receipts
+from dirmq.spark.upkeep import Upkeep, settle_receipts, settle_record
 from dirmq.spark.writing import (
     DirmqBatchWriter,
     DirmqStreamWriter,
@@ -108,6 +108,46 @@ def test_batches_are_recorded_replayed_and_acknowledged_after_the_commit(
         assert Ledger(again._options.consumer_dir()).seqs() == []
     finally:
         again.stop()
+
+
+def test_read_tasks_are_given_disjoint_names_and_skip_what_others_took(
+    root: Path, queue: dirmq.Queue
+) -> None:
+    published = queue.put_many([b"m%d" % i for i in range(400)])
+    reader = _reader(root)
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, ReadMaxRows(300))
+        partitions = reader.partitions(start, end)
+        names = [p.names for p in partitions]  # type: ignore[attr-defined]
+        assert names == [published[:150], published[150:300]]
+        # Another consumer of the queue takes a planned message before the task runs.
+        with dirmq.Store(root) as other:
+            [stolen] = other.queue("jobs").get(1)
+        assert stolen.id == published[0]
+        got = [i for p in partitions for b in reader.read(p) for i in b.column("id").to_pylist()]
+        assert got == published[1:300]
+        following = reader.latestOffset(end, ReadAllAvailable())
+        assert sorted(_read(reader, end, following)) == published[300:]
+        reader.latestOffset(following, ReadAllAvailable())  # idle: settles everything
+        assert queue.stats().total == 1  # only the other consumer's lease is left
+    finally:
+        reader.stop()
+
+
+def test_a_group_at_the_head_is_leased_with_get(root: Path, queue: dirmq.Queue) -> None:
+    ids = queue.put_many([dirmq.OutgoingMessage(b"g%d" % i, group="g") for i in range(3)])
+    reader = _reader(root, numPartitions="1")
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, ReadAllAvailable())
+        [partition] = reader.partitions(start, end)
+        assert isinstance(partition, LeasePartition) and partition.names == []
+        assert partition.quota == 3
+        got = [i for b in reader.read(partition) for i in b.column("id").to_pylist()]
+        assert got == ids[:1]  # one message of a group in flight at a time, in order
+    finally:
+        reader.stop()
 
 
 def test_a_batch_spark_never_logged_is_given_back(root: Path, queue: dirmq.Queue) -> None:
@@ -199,6 +239,21 @@ def test_settling_deletes_what_an_expired_lease_cannot_acknowledge(queue: dirmq.
     [fresh, expired] = queue.get(2, visibility_s=60)
     queue.nack(expired.receipt or "")  # as if the lease had expired
     settle_receipts(queue, [fresh.receipt or "", expired.receipt or ""])
+    assert queue.stats().total == 0
+
+
+def test_a_record_settles_by_lease_name_and_by_receipt_what_moved(
+    tmp_path: Path, queue: dirmq.Queue
+) -> None:
+    queue.put_many([b"a", b"b", b"c"])
+    got = queue.claim_named(queue.ready_names(), visibility_s=60)
+    receipts = [m.receipt or "" for _, m in got]
+    ledger = Ledger(str(tmp_path / "ledger"))
+    ledger.record_part(1, 0, receipts, [lease for lease, _ in got])
+    queue.extend(receipts[0], 120)  # a heartbeat renamed this lease
+    [record] = ledger.records(1)
+    assert record.receipts == receipts and len(record.leases) == 3
+    settle_record(queue, record)
     assert queue.stats().total == 0
 
 

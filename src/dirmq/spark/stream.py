@@ -125,7 +125,7 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         handed = seq if self._options.path is None else min(seq, driver.handed)
         driver.upkeep.settle_through(handed)
         driver.discard_after(seq)
-        driver.planned = {s: names for s, names in driver.planned.items() if s > seq}
+        driver.planned.clear()  # plans beyond `seq` were never logged by Spark (discarded above)
         cap = self._options.max_per_batch
         if isinstance(limit, ReadMaxRows):
             cap = min(cap, limit.max_rows)

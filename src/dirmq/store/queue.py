@@ -497,6 +497,9 @@ class Queue:
         oldest = sorted(names) if limit is None else heapq.nsmallest(limit, names)
         planned = []
         for name in oldest:  # ids are fixed-width: names sort in id order
+            if is_id(name):  # never received: most of a backlog, named by the bare id
+                planned.append(name)
+                continue
             entry = parse_entry(name)
             if entry is None or entry.at_ms is not None:
                 continue

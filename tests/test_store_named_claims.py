@@ -1,0 +1,112 @@
+"""Planned claims: one coordinator lists the oldest ready messages (`ready_names`) and hands
+disjoint slices to cooperating consumers, which lease exactly their names (`claim_named`) and
+acknowledge by lease name (`ack_leases`). Each consumer here is its own Store, as each Spark
+task is its own process."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import dirmq
+from dirmq import OutgoingMessage, QueueConfig
+from dirmq.errors import InvalidArgument, QueueFull
+
+
+def test_ready_names_are_the_oldest_ready_messages_in_order(root: Path) -> None:
+    with dirmq.Store(root) as store:
+        queue = store.create_queue("q")
+        ids = queue.put_many([b"m%d" % i for i in range(6)])
+        queue.put(b"later", delay_s=60)
+        [leased] = queue.get(1)
+        assert leased.id == ids[0]
+        assert queue.ready_names() == ids[1:]
+        assert queue.ready_names(2) == ids[1:3]
+        queue.nack(leased.receipt or "")  # given back: first again, named with its count
+        assert queue.ready_names(1) == [f"{ids[0]}.1"]
+
+
+def test_ready_names_stop_before_a_message_group(root: Path) -> None:
+    with dirmq.Store(root) as store:
+        queue = store.create_queue("q")
+        first = queue.put(b"plain")
+        queue.put_many([OutgoingMessage(b"g", group="g")])
+        queue.put(b"after the group")
+        assert queue.ready_names() == [first]
+
+
+def test_ready_names_promote_expired_leases_and_due_delays(root: Path) -> None:
+    with dirmq.Store(root) as store:
+        queue = store.create_queue("q")
+        delayed = queue.put(b"soon", delay_s=0.05)
+        queue.put(b"expires")
+        [message] = queue.get(1, visibility_s=0.05)
+        time.sleep(0.15)
+        assert queue.ready_names(promote=False) == []
+        assert sorted(queue.ready_names()) == sorted([delayed, f"{message.id}.1"])
+
+
+def test_claim_named_leases_exactly_the_names_still_there(root: Path) -> None:
+    with dirmq.Store(root) as planner, dirmq.Store(root) as a, dirmq.Store(root) as b:
+        ids = planner.create_queue("q").put_many([b"m%d" % i for i in range(10)])
+        names = planner.queue("q").ready_names()
+        # Another consumer takes one of a's names before a gets to it.
+        [taken] = b.queue("q").claim_named([names[2]], visibility_s=60)
+        got = a.queue("q").claim_named(names[:5], visibility_s=60)
+        assert [m.id for _, m in got] == [ids[0], ids[1], ids[3], ids[4]]
+        assert all(m.receive_count == 1 and m.state == "leased" for _, m in got)
+        assert taken[1].id == ids[2]
+        stats = planner.queue("q").stats()
+        assert (stats.ready, stats.in_flight) == (5, 5)
+        # Leases taken by name are ordinary leases: receipts work, and they expire.
+        a.queue("q").nack(got[0][1].receipt or "")
+        assert planner.queue("q").stats().ready == 6
+
+
+def test_claim_named_refuses_names_that_are_not_plain_ready_ones(root: Path) -> None:
+    with dirmq.Store(root) as store:
+        queue = store.create_queue("q")
+        queue.put_many([OutgoingMessage(b"g", group="g")])
+        [group_name] = [n for n in (root / "q" / "@ready").iterdir()]
+        for bad in (group_name.name, "not-a-name", "0000000000000001-000000000000.1.5"):
+            with pytest.raises(InvalidArgument):
+                queue.claim_named([bad])
+
+
+def test_claim_named_drops_what_is_past_retention(root: Path) -> None:
+    with dirmq.Store(root) as store:
+        queue = store.create_queue("q", QueueConfig(retention_s=0.05))
+        queue.put(b"old")
+        names = queue.ready_names()
+        time.sleep(0.1)
+        assert queue.claim_named(names) == []
+        assert queue.stats().total == 0
+
+
+def test_ack_leases_acknowledges_by_name_and_reports_what_moved(root: Path) -> None:
+    with dirmq.Store(root) as planner, dirmq.Store(root) as worker, dirmq.Store(root) as acker:
+        planner.create_queue("q").put_many([b"m%d" % i for i in range(4)])
+        got = worker.queue("q").claim_named(planner.queue("q").ready_names(), visibility_s=60)
+        leases = [lease for lease, _ in got]
+        worker.queue("q").extend(got[1][1].receipt or "", 120)  # renames that lease
+        # A third process, which never opened its index, acknowledges.
+        assert acker.queue("q").ack_leases(leases) == [leases[1]]
+        assert planner.queue("q").stats().in_flight == 1
+        assert acker.queue("q").ack_many([got[1][1].receipt or ""]) == {}
+        assert planner.queue("q").stats().total == 0
+        with pytest.raises(InvalidArgument):
+            acker.queue("q").ack_leases(["nonsense"])
+
+
+def test_ack_leases_frees_capacity_tokens(root: Path) -> None:
+    with dirmq.Store(root) as planner, dirmq.Store(root) as worker:
+        queue = planner.create_queue("q", QueueConfig(capacity=2))
+        queue.put_many([b"a", b"b"])
+        with pytest.raises(QueueFull):
+            queue.put(b"c", timeout_s=0)
+        got = worker.queue("q").claim_named(queue.ready_names())
+        with dirmq.Store(root) as fresh:  # no index: the tokens are found on disk
+            assert fresh.queue("q").ack_leases([lease for lease, _ in got]) == []
+        assert len(queue.put_many([b"c", b"d"], timeout_s=1)) == 2
