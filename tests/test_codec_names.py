@@ -56,6 +56,26 @@ def test_codec_detects_a_flipped_body_byte(body: bytes, data: st.DataObject) -> 
         codec.decode(bytes(encoded))
 
 
+@given(st.binary(max_size=4096), st.data())
+def test_bare_messages_take_the_fast_path_and_keep_every_check(
+    body: bytes, data: st.DataObject
+) -> None:
+    message_id = new_id()
+    encoded = codec.encode(body, {}, message_id=message_id)
+    decoded = codec.decode(encoded, message_id)
+    assert (decoded.body, decoded.headers, decoded.system) == (body, {}, {"Id": message_id})
+    with pytest.raises(dirmq.CorruptMessage):  # another message's file
+        codec.decode(encoded, new_id())
+    cut = data.draw(st.integers(min_value=0, max_value=len(encoded) - 1))
+    with pytest.raises(dirmq.CorruptMessage):
+        codec.decode(encoded[:cut], message_id)
+    if body:
+        flipped = bytearray(encoded)
+        flipped[data.draw(st.integers(len(encoded) - len(body), len(encoded) - 1))] ^= 0x01
+        with pytest.raises(dirmq.CorruptMessage):
+            codec.decode(bytes(flipped), message_id)
+
+
 def test_message_file_is_readable_with_cat() -> None:
     encoded = codec.encode(b"swordfish", {"Content-Type": "text/plain; charset=UTF-8"})
     assert encoded == (

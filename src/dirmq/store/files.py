@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from dirmq.store.root import Store
 
 
+_FIRST_READ = 64 * 1024  # one read() takes a whole message file of up to this size
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -340,5 +343,14 @@ def expired_by_retention(message_id: str, config: QueueConfig, at_ms: int) -> bo
 def read_message(path: str, message_id: str) -> codec.Decoded:
     """Decode the file at `path`, named for `message_id`: one holding another message (see
     codec.py) is `CorruptMessage`, like a damaged one."""
-    with open(path, "rb") as f:
-        return codec.decode(f.read(), message_id)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, _FIRST_READ)
+        if len(data) == _FIRST_READ:  # a large message: read on to the end
+            chunks = [data]
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+    finally:
+        os.close(fd)
+    return codec.decode(data, message_id)

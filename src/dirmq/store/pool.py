@@ -270,15 +270,16 @@ class FilePool:
 
         It is recycled when small and a pool has room (this process's own first), else unlinked.
         """
+        if len(_own_pool(self._dir).files) >= OWN_POOL_FILES and self._full():
+            os.unlink(path)  # both pools are full (as far as we know): no need for its size
+            return
         size = os.lstat(path).st_size
         if size > MAX_RECYCLED_BYTES:
             os.unlink(path)
             return
         if self._retire_own(path, message_id, size):
             return
-        with self._lock:
-            full = len(self._known) >= self._capacity
-        if not full:
+        if not self._full():
             try:
                 os.rename(path, os.path.join(self._dir, message_id))
             except FileNotFoundError:
@@ -290,6 +291,10 @@ class FilePool:
                 self._known.append(message_id)
             return
         os.unlink(path)
+
+    def _full(self) -> bool:
+        with self._lock:
+            return len(self._known) >= self._capacity
 
     def _retire_own(self, path: str, message_id: str, size: int) -> bool:
         own = _own_pool(self._dir)
