@@ -52,6 +52,7 @@ from dirmq.store import Queue
 
 log = logging.getLogger("dirmq.spark")
 SETTLE_TIMEOUT_S = 600.0
+FINAL_BATCH = 1000  # availableNow: messages left for the last batch
 
 Offset = dict[str, Any]
 
@@ -131,6 +132,10 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             cap = min(cap, limit.max_rows)
         if self._budget is not None:
             cap = min(cap, self._budget)
+            if cap == self._budget > FINAL_BATCH:
+                # The run's last batch is acknowledged by the driver alone once Spark has
+                # committed it, while the executors wait: keep it small.
+                cap -= FINAL_BATCH
         following = max(seq, driver.first_acked) + 1
         planned = self._plan(driver, following, cap, limit) if cap > 0 else None
         if planned is None:

@@ -1,4 +1,4 @@
-"""The driver's background duties for one streaming consumer, on one thread.
+"""The driver's background duties for one streaming consumer, on one thread (and a small pool).
 
 - Settling: once Spark has committed the batches up to `seq`, acknowledge every message they
   recorded, remove their records, and move the ledger's `acked` mark. Spark only learns that a
@@ -6,6 +6,8 @@
   `commit(end)`), so settling is asked for there. While data keeps coming, acknowledging batch
   N overlaps with running batch N+1; when the source is idle (or at the end of an availableNow
   run), `latestOffset` waits for the settling to finish before it answers "no new data".
+- The last batch before the source idles (or ends, with availableNow) has no later tasks to
+  settle it: the driver acknowledges it alone, its records on `SETTLE_THREADS` threads.
 - Heartbeats: every lease period / 4, extend the leases of recorded batches that are not yet
   settled and were last extended (or recorded) more than a third of a lease period ago, so a
   long batch keeps its messages.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from dirmq.errors import InvalidArgument, MessageNotFound, StaleReceipt
 from dirmq.spark.connect import QueueHandle
@@ -28,6 +31,7 @@ from dirmq.store import Queue
 from dirmq.store.layout import parse_receipt
 
 log = logging.getLogger("dirmq.spark")
+SETTLE_THREADS = 2
 
 
 class Upkeep:
@@ -42,6 +46,7 @@ class Upkeep:
         self._error: Exception | None = None
         self._extended: dict[int, float] = {}
         self._closed = False
+        self._pool = ThreadPoolExecutor(SETTLE_THREADS, thread_name_prefix="dirmq-spark-settle")
         self._thread = threading.Thread(target=self._run, name="dirmq-spark-upkeep", daemon=True)
         self._thread.start()
 
@@ -85,6 +90,7 @@ class Upkeep:
                         break
                     self._cond.wait(remaining)
                 if self._closed:
+                    self._pool.shutdown(wait=False)
                     return
                 target = self._target
             if target > self._attempted:
@@ -99,8 +105,10 @@ class Upkeep:
             for seq in self._ledger.seqs():
                 if seq > target:
                     break
-                for record in self._ledger.records(seq):
-                    settle_record(self._queue, record)
+                records = self._ledger.records(seq)
+                # Renames and unlinks release the GIL: the records settle side by side.
+                for future in [self._pool.submit(settle_record, self._queue, r) for r in records]:
+                    future.result()
                 self._ledger.drop(seq)
                 self._extended.pop(seq, None)
             self._ledger.set_acked(target)

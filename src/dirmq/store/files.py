@@ -233,20 +233,17 @@ class QueueFiles:
         index.add(directory, new)
         index.leased.discard(message_id, lease)
 
-    def retire_lease(
-        self, index: QueueIndex | None, lease: str, message_id: str, tokens: bool
-    ) -> bool:
+    def retire_lease(self, lease: str, message_id: str, tokens: bool) -> bool:
         """Acknowledge @leased/`lease` by name; False if it is not there. `tokens`: capacity
-        tokens may be held (the file is read for its slot before it goes)."""
+        tokens may be held (the file is read for its slot before it goes). Needs no lock: the
+        caller updates its index."""
         path = self.path(layout.LEASED, lease)
         if tokens:
-            self.slots.release_of(path, message_id, index)
+            self.slots.release_of(path, message_id, None)
         try:
             self.pool.retire(path, message_id)
         except FileNotFoundError:
             return False
-        if index is not None:
-            index.leased.discard(message_id, lease)
         return True
 
     def _lease_until(self, index: QueueIndex, path: str, entry: Entry, seconds: float) -> None:

@@ -540,22 +540,30 @@ class Queue:
     def ack_leases(self, leases: Iterable[str]) -> list[str]:
         """Acknowledge leased messages by their lease names (from `claim_named`), without the
         index; returns the names that are no longer there (extended, expired or acknowledged
-        since): settle those by receipt (`ack_many`)."""
+        since): settle those by receipt (`ack_many`). The queue's lock is not held for the
+        renames and unlinks, so several threads acknowledging in parallel overlap them."""
+        entries = []
+        for lease in leases:
+            entry = parse_entry(lease)
+            if entry is None or entry.at_ms is None:
+                raise InvalidArgument(f"not a lease name: {str(lease)[:80]!r}")
+            entries.append((lease, entry.message_id))
         missing = []
+        done = []
         try:
-            with self._lock:
-                index = self._index
-                tokens = bool(index.slots) if index is not None else self._files.slots.any_held()
-                for lease in leases:
-                    entry = parse_entry(lease)
-                    if entry is None or entry.at_ms is None:
-                        raise InvalidArgument(f"not a lease name: {str(lease)[:80]!r}")
-                    if not self._files.retire_lease(index, lease, entry.message_id, tokens):
-                        missing.append(lease)
+            tokens = self._files.slots.any_held()
+            for lease, message_id in entries:
+                if self._files.retire_lease(lease, message_id, tokens):
+                    done.append((message_id, lease))
+                else:
+                    missing.append(lease)
         except OSError as exc:
-            if isinstance(exc, QueueNotFound):
-                raise
             raise storage_error(exc, f"ack on queue {self.name!r}") from exc
+        finally:
+            with self._lock:
+                if self._index is not None:
+                    for message_id, lease in done:
+                        self._index.leased.discard(message_id, lease)
         return missing
 
     def next_due_s(self) -> float | None:
