@@ -6,7 +6,8 @@ messages once and hands out the oldest ones batch by batch, listing again when f
 than a batch asks for, or after `STALE_S`. A name another consumer took meanwhile is skipped by
 the task that claims it; a message that became ready since (published, given back, due) is seen
 at the next listing. When the source polls an empty queue (~80 times a second) the listing is
-repeated at most every `RELIST_S`, and due messages are promoted at most every `PROMOTE_S`.
+repeated at most every `RELIST_S` (or 20 times its own duration, for a large queue whose head is
+a message group the plan cannot name), and due messages are promoted at most every `PROMOTE_S`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class ReadyBacklog:
         self._names: list[str] = []
         self._next = 0  # index of the first name not handed out yet
         self._listed_at = float("-inf")
+        self._relist_s = RELIST_S  # the shortest interval between two listings
         self._promoted_at = float("-inf")
 
     def take(self, count: int, min_count: int = 0) -> list[str]:
@@ -33,7 +35,7 @@ class ReadyBacklog:
         `min_count` are ready)."""
         now = time.monotonic()
         left = len(self._names) - self._next
-        if (left < max(count, min_count) and now - self._listed_at >= RELIST_S) or (
+        if (left < max(count, min_count) and now - self._listed_at >= self._relist_s) or (
             now - self._listed_at >= STALE_S
         ):
             self._relist(now)
@@ -48,6 +50,7 @@ class ReadyBacklog:
         promote = now - self._promoted_at >= PROMOTE_S
         self._names = self._queue.ready_names(promote=promote)
         self._next = 0
-        self._listed_at = now
+        self._listed_at = time.monotonic()
+        self._relist_s = max(RELIST_S, 20 * (self._listed_at - now))
         if promote:
             self._promoted_at = now

@@ -13,7 +13,7 @@ that is malformed is refused with `InvalidArgument` naming the option.
                           over `url`
     numPartitions         read parallelism (default: the driver's CPU count)
     maxMessagesPerTrigger streaming reads: the default read limit per micro-batch
-    maxMessagesPerBatch   streaming reads: a hard cap per micro-batch (default 20000)
+    maxMessagesPerBatch   streaming reads: a hard cap per micro-batch (default 50000)
     leaseSeconds          streaming reads: lease length, kept alive while a batch runs (120)
     pollWaitSeconds       streaming reads over `url`: how long an idle poll waits (0.25)
     states                batch reads: which states to include (default ready,leased,delayed
@@ -49,7 +49,7 @@ from dirmq.store.names import validate_queue_name
 
 STATES = ("ready", "leased", "delayed", "dead")
 DEFAULT_STATES = ("ready", "leased", "delayed")
-DEFAULT_MAX_BATCH = 20_000
+DEFAULT_MAX_BATCH = 50_000
 DEFAULT_LEASE_S = 120.0
 DEFAULT_POLL_WAIT_S = 0.25
 STATE_SUBDIR = "@spark"
