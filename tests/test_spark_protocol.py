@@ -135,6 +135,49 @@ def test_read_tasks_are_given_disjoint_names_and_skip_what_others_took(
         reader.stop()
 
 
+def test_a_restarted_driver_replays_every_recorded_partition(
+    root: Path, queue: dirmq.Queue
+) -> None:
+    published = queue.put_many([b"m%d" % i for i in range(400)])
+    reader = _reader(root)
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, ReadMaxRows(400))
+        assert end["partitions"] == 2
+        first_run = _read(reader, start, end)
+        assert sorted(first_run) == published
+    finally:
+        reader.stop()
+    queue.put(b"one new message")  # fewer ready than partitions when the driver comes back
+    again = _reader(root)
+    try:
+        assert sorted(_read(again, start, end)) == published
+        following = again.latestOffset(end, ReadAllAvailable())
+        assert following["messages"] == 1
+        _read(again, end, following)
+        again.latestOffset(following, ReadAllAvailable())
+        assert queue.stats().total == 0
+    finally:
+        again.stop()
+
+
+def test_available_now_keeps_its_last_batch_small(root: Path, queue: dirmq.Queue) -> None:
+    queue.put_many([b"x"] * 3500)
+    reader = _reader(root, maxMessagesPerBatch="2000")
+    try:
+        reader.prepareForTriggerAvailableNow()
+        offsets = [reader.initialOffset()]
+        for _ in range(4):
+            offsets.append(reader.latestOffset(offsets[-1], ReadAllAvailable()))
+            _read(reader, offsets[-2], offsets[-1])
+        # 2000 + 1500 would leave 1500 for the driver to acknowledge alone, with every
+        # executor waiting: the last batch gets 1000 (FINAL_BATCH), the one before the rest.
+        assert [o["messages"] for o in offsets[1:4]] == [2000, 500, 1000]
+        assert offsets[4] == offsets[3] and queue.stats().total == 0
+    finally:
+        reader.stop()
+
+
 def test_a_group_at_the_head_is_leased_with_get(root: Path, queue: dirmq.Queue) -> None:
     ids = queue.put_many([dirmq.OutgoingMessage(b"g%d" % i, group="g") for i in range(3)])
     reader = _reader(root, numPartitions="1")

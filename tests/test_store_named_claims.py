@@ -6,13 +6,14 @@ task is its own process."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 import dirmq
 from dirmq import OutgoingMessage, QueueConfig
-from dirmq.errors import InvalidArgument, QueueFull
+from dirmq.errors import InvalidArgument, QueueFull, QueueNotFound
 
 
 def test_ready_names_are_the_oldest_ready_messages_in_order(root: Path) -> None:
@@ -63,6 +64,9 @@ def test_claim_named_leases_exactly_the_names_still_there(root: Path) -> None:
         # Leases taken by name are ordinary leases: receipts work, and they expire.
         a.queue("q").nack(got[0][1].receipt or "")
         assert planner.queue("q").stats().ready == 6
+        [short] = a.queue("q").claim_named(planner.queue("q").ready_names(1), visibility_s=0.05)
+        time.sleep(0.1)
+        assert planner.queue("q").get(1)[0].id == short[1].id
 
 
 def test_claim_named_refuses_names_that_are_not_plain_ready_ones(root: Path) -> None:
@@ -110,3 +114,36 @@ def test_ack_leases_frees_capacity_tokens(root: Path) -> None:
         with dirmq.Store(root) as fresh:  # no index: the tokens are found on disk
             assert fresh.queue("q").ack_leases([lease for lease, _ in got]) == []
         assert len(queue.put_many([b"c", b"d"], timeout_s=1)) == 2
+
+
+def test_promotion_from_listings_dead_letters_and_frees_the_token(root: Path) -> None:
+    with dirmq.Store(root) as store:
+        queue = store.create_queue("q", QueueConfig(capacity=1, max_receives=1))
+        queue.put(b"poison")
+        queue.claim_named(queue.ready_names(), visibility_s=0.05)
+        time.sleep(0.1)
+        assert queue.ready_names() == []  # expired on its last receive: dead-lettered
+        assert queue.stats().dead == 1
+        queue.put(b"next", timeout_s=0)  # its capacity token was freed
+
+
+def test_ack_leases_from_several_threads(root: Path) -> None:
+    with dirmq.Store(root) as store:
+        queue = store.create_queue("q", QueueConfig(capacity=400))
+        queue.put_many([b"m%d" % i for i in range(400)])
+        leases = [lease for lease, _ in queue.claim_named(queue.ready_names())]
+        with ThreadPoolExecutor(4) as pool:
+            missing = list(pool.map(queue.ack_leases, [leases[i::4] for i in range(4)]))
+        assert missing == [[], [], [], []]
+        assert queue.stats().total == 0
+        assert len(queue.put_many([b"n%d" % i for i in range(400)], timeout_s=0)) == 400
+
+
+def test_claim_named_on_a_deleted_queue_is_an_error(root: Path) -> None:
+    with dirmq.Store(root) as store:
+        queue = store.create_queue("q")
+        queue.put(b"x")
+        names = queue.ready_names()
+        store.delete_queue("q")
+        with pytest.raises(QueueNotFound):
+            queue.claim_named(names)

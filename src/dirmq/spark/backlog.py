@@ -6,8 +6,10 @@ messages once and hands out the oldest ones batch by batch, listing again when f
 than a batch asks for, or after `STALE_S`. A name another consumer took meanwhile is skipped by
 the task that claims it; a message that became ready since (published, given back, due) is seen
 at the next listing. When the source polls an empty queue (~80 times a second) the listing is
-repeated at most every `RELIST_S` (or 20 times its own duration, for a large queue whose head is
-a message group the plan cannot name), and due messages are promoted at most every `PROMOTE_S`.
+repeated at most every `RELIST_S` (or 20 times its own duration after a listing that found
+nothing to plan: a large queue whose head is a message group), and due messages are promoted at
+most every `PROMOTE_S`. While no names are to be had, the source plans batches as counts that
+each read task leases with `get` (`stream.py`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class ReadyBacklog:
         self._names = self._queue.ready_names(promote=promote)
         self._next = 0
         self._listed_at = time.monotonic()
-        self._relist_s = max(RELIST_S, 20 * (self._listed_at - now))
+        # A listing that found nothing to plan (an empty queue, or a message group at its head)
+        # is not repeated sooner than 20 times its own duration: a large queue held by a group
+        # must not be listed on every poll.
+        took_s = self._listed_at - now
+        self._relist_s = RELIST_S if self._names else max(RELIST_S, 20 * took_s)
         if promote:
             self._promoted_at = now

@@ -12,8 +12,9 @@ messages planned over p read partitions. What PySpark 4.x does, and what follows
 - Whatever the ledger holds beyond `start` when `latestOffset(start)` is called was planned but
   never logged by Spark (or belongs to a discarded checkpoint): it is given back to the queue.
 - `initialOffset` is called at every start, even from a checkpoint: it has no side effect.
-- With no data, `latestOffset` is called ~80 times a second: it asks the queue for its ready
-  count (path mode: in memory, no I/O), or long-polls briefly (url mode).
+- With no data, `latestOffset` is called ~80 times a second: path mode lists `@ready` at most
+  every 50 ms (`backlog.py`) and otherwise asks the queue's index for its ready count; url mode
+  long-polls briefly.
 """
 
 from __future__ import annotations
@@ -190,24 +191,25 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _lease_partitions(
         self, committed: int, seq: int, count: int, parts: int
     ) -> list[InputPartition]:
-        """Path mode: the read tasks of batch `seq`, each given its own slice of the oldest
-        `count` ready messages (or, when the head holds a message group, a count to `get`), and
-        charged with acknowledging the records of committed batches that nobody settles yet
-        (spread over the tasks, by record)."""
+        """Path mode: the read tasks of batch `seq`, each given its own slice of the batch's
+        planned names (or a count to `get`), and charged with acknowledging the records of
+        committed batches that nobody settles yet (spread over the tasks, by record)."""
         driver = self._driver()
         ledger = driver.ledger
+        # The tasks follow from the offset alone (a replay must find every partition's record);
+        # a plan names each task's messages, without one (a restart, or a batch planned as a
+        # count) each task leases its share with `get`.
+        quotas = split(count, parts)
         names = driver.planned.get(seq)
-        if names is None and isinstance(driver.queue, Queue):  # a replay after a restart
-            names = driver.queue.ready_names(count)
-        if names:
-            quotas = split(len(names), min(parts, len(names)))
+        if names is not None and len(names) == count:
             starts = [sum(quotas[:i]) for i in range(len(quotas))]
             tasks = [
-                LeasePartition(seq, i, 0, names[s : s + q])
-                for i, (s, q) in enumerate(zip(starts, quotas, strict=True))
+                LeasePartition(seq, i, 0, names[start : start + quota])
+                for i, (start, quota) in enumerate(zip(starts, quotas, strict=True))
+                if quota
             ]
         else:
-            tasks = [LeasePartition(seq, i, q) for i, q in enumerate(split(count, parts)) if q]
+            tasks = [LeasePartition(seq, i, q) for i, q in enumerate(quotas) if q]
         records = [
             (earlier, part)
             for earlier in ledger.seqs()

@@ -21,7 +21,8 @@ _SLOT_MARKER = b"\nDirmq-Slot: "
 
 
 class Slots:
-    """The `@slots/` directory of one queue. Callers hold the queue's lock."""
+    """The `@slots/` directory of one queue. Callers hold the queue's lock, except for
+    `release` and `any_held` with no index (plain filesystem calls, safe from any thread)."""
 
     def __init__(self, queue_name: str, slots_dir: str) -> None:
         self._queue_name = queue_name

@@ -4,7 +4,8 @@ Each method is one step of the state machine in `states.py`: a rename (or the fi
 of the file), which either happens completely or, when another process got there first, not at
 all (ENOENT, reported as False/None, never as an error). Callers pass the process's index so it
 stays in step with what this process itself did, without waiting for watcher events. Not
-thread-safe on its own: `Queue` serialises calls under its lock.
+thread-safe on its own: `Queue` serialises calls under its lock, except `retire_lease`, which
+touches no index (the pool and the capacity tokens have their own safety).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import codec, layout
-from dirmq.store.capacity import Slots
+from dirmq.store.capacity import Slots, read_slot
 from dirmq.store.config import QueueConfig
 from dirmq.store.dedup import Dedup
 from dirmq.store.ids import id_time_us
@@ -101,12 +102,11 @@ class QueueFiles:
         """Lease exactly the @ready files `names` that are still there, in order: (lease name,
         message) pairs. For cooperating consumers given disjoint names by one planner, so no two
         of them race for the same head. Group names must not be passed (their order needs
-        `claim`)."""
+        `claim`; the caller checked them)."""
         leased = []
         for name in names:
             entry = parse_entry(name)
-            if entry is None or entry.at_ms is not None or entry.group is not None:
-                raise ValueError(f"not the name of a ready message outside groups: {name!r}")
+            assert entry is not None and entry.at_ms is None and entry.group is None
             lease = self._take(index, config, name, entry, at_ms, visibility_ms)
             if lease is None:
                 continue
@@ -238,12 +238,13 @@ class QueueFiles:
         tokens may be held (the file is read for its slot before it goes). Needs no lock: the
         caller updates its index."""
         path = self.path(layout.LEASED, lease)
-        if tokens:
-            self.slots.release_of(path, message_id, None)
+        slot = read_slot(path) if tokens else None  # read before the file goes
         try:
             self.pool.retire(path, message_id)
         except FileNotFoundError:
-            return False
+            return False  # moved (extended, expired): its token stays with it
+        if slot is not None:
+            self.slots.release(slot, message_id, None)
         return True
 
     def _lease_until(self, index: QueueIndex, path: str, entry: Entry, seconds: float) -> None:
@@ -343,11 +344,12 @@ def read_message(path: str, message_id: str) -> codec.Decoded:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         data = os.read(fd, _FIRST_READ)
-        if len(data) == _FIRST_READ:  # a large message: read on to the end
+        if data:  # read on to the end: network filesystems may return short reads
             chunks = [data]
             while chunk := os.read(fd, 1 << 20):
                 chunks.append(chunk)
-            data = b"".join(chunks)
+            if len(chunks) > 1:
+                data = b"".join(chunks)
     finally:
         os.close(fd)
     return codec.decode(data, message_id)

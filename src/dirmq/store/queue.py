@@ -516,6 +516,10 @@ class Queue:
                 entry = parse_entry(name)
                 if entry is not None and entry.at_ms is not None and entry.at_ms <= at_ms:
                     listed.add(directory, name)
+        if not listed.leased.names and not listed.delayed.names:
+            return
+        if self._files.slots.any_held():  # a dead-lettered message must free its token
+            listed.slots.update(os.listdir(self._files.dir[layout.SLOTS]))
         self._files.promote(listed, config, at_ms)
 
     def claim_named(
@@ -525,17 +529,22 @@ class Queue:
         order: (lease name, message) pairs. The lease name acknowledges the message with
         `ack_leases`. This process's index is neither opened nor synced for it."""
         _check_seconds("visibility_s", visibility_s)
+        for name in names:
+            entry = parse_entry(name)
+            if entry is None or entry.at_ms is not None or entry.group is not None:
+                raise InvalidArgument(f"not the name of a ready message outside groups: {name!r}")
         try:
             with self._lock:
                 config = self.config
                 visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
-                return self._files.claim_named(
+                leased = self._files.claim_named(
                     self._index, config, names, now_ms(), round(visibility * 1000)
                 )
-        except ValueError as exc:
-            raise InvalidArgument(str(exc)) from None
         except OSError as exc:
             raise storage_error(exc, f"leasing messages of queue {self.name!r}") from exc
+        if names and not leased:
+            self.reload_config()  # every name gone: QueueNotFound if the queue is
+        return leased
 
     def ack_leases(self, leases: Iterable[str]) -> list[str]:
         """Acknowledge leased messages by their lease names (from `claim_named`), without the
