@@ -147,3 +147,12 @@ def test_claim_named_on_a_deleted_queue_is_an_error(root: Path) -> None:
         store.delete_queue("q")
         with pytest.raises(QueueNotFound):
             queue.claim_named(names)
+
+
+def test_a_message_larger_than_one_read_is_read_whole(root: Path) -> None:
+    body = bytes(range(256)) * 1024  # 256 KiB: several reads
+    with dirmq.Store(root) as store:
+        queue = store.create_queue("q", QueueConfig(max_message_bytes=1 << 20))
+        queue.put(body)
+        [(_, message)] = queue.claim_named(queue.ready_names())
+        assert message.body == body

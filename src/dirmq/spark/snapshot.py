@@ -31,13 +31,12 @@ from dirmq.spark.connect import local_store, open_queue
 from dirmq.spark.leasing import ROWS_PER_BATCH, split
 from dirmq.spark.options import DEFAULT_STATES, Options
 from dirmq.spark.rows import messages_batch
-from dirmq.store import Message, codec, layout
-from dirmq.store.files import stored_message
+from dirmq.store import Message, layout
+from dirmq.store.files import read_at, stored_message
 from dirmq.store.layout import parse_entry
 from dirmq.store.names import queue_path
 
 HTTP_BROWSE_LIMIT = 1000
-_READ_SIZE = 256 * 1024
 _DIRS = {
     "ready": layout.READY,
     "leased": layout.LEASED,
@@ -133,7 +132,7 @@ class DirmqSnapshotReader(DataSourceReader):
         try:
             if dir_fd < 0:
                 raise FileNotFoundError(name)
-            decoded = codec.decode(_read_at(dir_fd, name), entry.message_id)
+            decoded = read_at(dir_fd, name, entry.message_id)
         except FileNotFoundError:
             return self._moved(entry.message_id)
         except CorruptMessage:  # damaged, or another message's content (codec.py: Dirmq-Id)
@@ -158,18 +157,6 @@ def _open_dir(path: str) -> int:
         return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return -1
-
-
-def _read_at(dir_fd: int, name: str) -> bytes:
-    """The whole content of file `name` in the directory `dir_fd`."""
-    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        chunks = [os.read(fd, _READ_SIZE)]
-        while len(chunks[-1]) == _READ_SIZE:
-            chunks.append(os.read(fd, _READ_SIZE))
-        return b"".join(chunks) if len(chunks) > 1 else chunks[0]
-    finally:
-        os.close(fd)
 
 
 def list_entries(directory: str, states: tuple[str, ...]) -> list[tuple[str, str]]:

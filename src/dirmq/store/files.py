@@ -338,18 +338,38 @@ def expired_by_retention(message_id: str, config: QueueConfig, at_ms: int) -> bo
     return id_time_us(message_id) / 1000 + config.retention_s * 1000 < at_ms
 
 
+def read_at(dir_fd: int, name: str, message_id: str) -> codec.Decoded:
+    """`read_message` of the file `name` in the directory open as `dir_fd`."""
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    return _decode_fd(fd, message_id)
+
+
 def read_message(path: str, message_id: str) -> codec.Decoded:
     """Decode the file at `path`, named for `message_id`: one holding another message (see
     codec.py) is `CorruptMessage`, like a damaged one."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    return _decode_fd(os.open(path, os.O_RDONLY | os.O_CLOEXEC), message_id)
+
+
+def _decode_fd(fd: int, message_id: str) -> codec.Decoded:
+    """Decode the file open as `fd`, and close it. One read takes a whole message file of up to
+    `_FIRST_READ` bytes; when that does not decode, the rest is read before deciding."""
     try:
         data = os.read(fd, _FIRST_READ)
-        if data:  # read on to the end: network filesystems may return short reads
-            chunks = [data]
-            while chunk := os.read(fd, 1 << 20):
-                chunks.append(chunk)
-            if len(chunks) > 1:
-                data = b"".join(chunks)
+        try:
+            return codec.decode(data, message_id)
+        except CorruptMessage:
+            # Maybe a read cut short (a large file, or a network filesystem): read on to the
+            # end, then decide.
+            rest = _read_to_end(fd)
+            if not rest:
+                raise
+            return codec.decode(data + rest, message_id)
     finally:
         os.close(fd)
-    return codec.decode(data, message_id)
+
+
+def _read_to_end(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
