@@ -50,6 +50,8 @@ GROUP_TAG_LENGTH = 12
 _ENTRY_RE = re.compile(
     rf"({ID_PATTERN})(?:\.(\d{{1,9}}))?(?:\.(\d{{1,15}}))?(?:~([0-9a-f]{{{GROUP_TAG_LENGTH}}}))?"
 )
+_BARE_ID_RE = re.compile(ID_PATTERN)
+_ID_LENGTH = 29  # 16 digits, a dash, 12 hex digits (ids.py)
 _RECEIPT_RE = re.compile(rf"({ID_PATTERN})\.(\d{{1,9}})")
 _TMP_RE = re.compile(rf"({ID_PATTERN})\.([0-9a-f]{{8}})\.(\d+)\.tmp")
 
@@ -75,12 +77,19 @@ class Entry:
         return f"{self.message_id}.{self.count}"
 
 
-@functools.lru_cache(maxsize=8192)
 def parse_entry(name: str) -> Entry | None:
     """Parse any state file name; None for names that are not ours (they are left alone).
 
-    Cached: a name is parsed where it is made, again when inotify reports it, and once more
+    A bare id (a message never received: most of a backlog) takes one match; other names are
+    cached: a name is parsed where it is made, again when inotify reports it, and once more
     when it leaves its directory; an `Entry` is immutable."""
+    if len(name) == _ID_LENGTH and _BARE_ID_RE.fullmatch(name):
+        return Entry(name, 0, None)
+    return _parse_entry(name)
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_entry(name: str) -> Entry | None:
     match = _ENTRY_RE.fullmatch(name)
     if match is None:
         return None
