@@ -77,7 +77,7 @@ class _Driver:
         self.upkeep = Upkeep(self.queue, self.ledger, options.lease_s)
         # Path mode: the ready messages to plan from, and the names planned for each batch.
         self.backlog = ReadyBacklog(self.queue) if isinstance(self.queue, Queue) else None
-        self.planned: dict[int, list[str]] = {}
+        self.planned: tuple[int, list[str]] | None = None  # (batch, its names)
 
     def discard_after(self, seq: int) -> None:
         """Give back what batches beyond `seq` leased: Spark never logged them."""
@@ -127,7 +127,7 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         handed = seq if self._options.path is None else min(seq, driver.handed)
         driver.upkeep.settle_through(handed)
         driver.discard_after(seq)
-        driver.planned.clear()  # plans beyond `seq` were never logged by Spark (discarded above)
+        driver.planned = None  # a plan beyond `seq` was never logged by Spark (discarded above)
         cap = self._options.max_per_batch
         if isinstance(limit, ReadMaxRows):
             cap = min(cap, limit.max_rows)
@@ -152,7 +152,7 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             minimum = limit.min_rows if isinstance(limit, ReadMinRows) else 0
             names = driver.backlog.take(cap, minimum)
             if names:
-                driver.planned[seq] = names
+                driver.planned = (seq, names)
                 driver.unplanned = 0  # the count below is stale now: count again when needed
                 return offset(seq, len(names), options.partitions_for(len(names)))
         if options.path is not None:  # the head holds a message group: plan a count to `get`
@@ -200,7 +200,7 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # a plan names each task's messages, without one (a restart, or a batch planned as a
         # count) each task leases its share with `get`.
         quotas = split(count, parts)
-        names = driver.planned.get(seq)
+        names = driver.planned[1] if driver.planned and driver.planned[0] == seq else None
         if names is not None and len(names) == count:
             starts = [sum(quotas[:i]) for i in range(len(quotas))]
             tasks = [

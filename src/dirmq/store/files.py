@@ -95,18 +95,16 @@ class QueueFiles:
         self,
         index: QueueIndex | None,
         config: QueueConfig,
-        names: list[str],
+        entries: list[tuple[str, Entry]],
         at_ms: int,
         visibility_ms: int,
     ) -> list[tuple[str, Message]]:
-        """Lease exactly the @ready files `names` that are still there, in order: (lease name,
-        message) pairs. For cooperating consumers given disjoint names by one planner, so no two
-        of them race for the same head. Group names must not be passed (their order needs
-        `claim`; the caller checked them)."""
+        """Lease exactly the @ready files named in `entries` (name, parsed name) that are still
+        there, in order: (lease name, message) pairs. For cooperating consumers given disjoint
+        names by one planner, so no two of them race for the same head. Group names must not be
+        passed (their order needs `claim`; the caller checked them)."""
         leased = []
-        for name in names:
-            entry = parse_entry(name)
-            assert entry is not None and entry.at_ms is None and entry.group is None
+        for name, entry in entries:
             lease = self._take(index, config, name, entry, at_ms, visibility_ms)
             if lease is None:
                 continue

@@ -497,9 +497,6 @@ class Queue:
         oldest = sorted(names) if limit is None else heapq.nsmallest(limit, names)
         planned = []
         for name in oldest:  # ids are fixed-width: names sort in id order
-            if is_id(name):  # never received: most of a backlog, named by the bare id
-                planned.append(name)
-                continue
             entry = parse_entry(name)
             if entry is None or entry.at_ms is not None:
                 continue
@@ -529,16 +526,18 @@ class Queue:
         order: (lease name, message) pairs. The lease name acknowledges the message with
         `ack_leases`. This process's index is neither opened nor synced for it."""
         _check_seconds("visibility_s", visibility_s)
+        entries = []
         for name in names:
             entry = parse_entry(name)
             if entry is None or entry.at_ms is not None or entry.group is not None:
                 raise InvalidArgument(f"not the name of a ready message outside groups: {name!r}")
+            entries.append((name, entry))
         try:
             with self._lock:
                 config = self.config
                 visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
                 leased = self._files.claim_named(
-                    self._index, config, names, now_ms(), round(visibility * 1000)
+                    self._index, config, entries, now_ms(), round(visibility * 1000)
                 )
         except OSError as exc:
             raise storage_error(exc, f"leasing messages of queue {self.name!r}") from exc
