@@ -153,6 +153,41 @@ def test_batch_read_leaves_the_queue_untouched(spark: Any, tmp_path: Path) -> No
     queue.ack(leased[0].receipt or "")  # the leases are still ours
 
 
+def test_a_declared_schema_reads_only_those_columns(spark: Any, tmp_path: Path) -> None:
+    root, out = tmp_path / "root", tmp_path / "parquet"
+    queue = dirmq.Store(root).create_queue("q")
+    bodies = _fill(queue, 400)
+    declared = "body binary, id string, published_at timestamp"
+
+    snapshot = (
+        spark.read.format("dirmq").schema(declared).option("path", str(root)).option("queue", "q")
+    )
+    rows = snapshot.load().collect()
+    assert rows[0].__fields__ == ["body", "id", "published_at"]
+    assert sorted(bytes(r.body) for r in rows) == sorted(bodies)
+
+    stream = spark.readStream.format("dirmq").schema("id string, body binary")
+    stream = stream.option("path", str(root)).option("queue", "q").option("consumer", "narrow")
+    query = (
+        stream.load()
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    written = spark.read.parquet(str(out))
+    assert written.columns == ["id", "body"]
+    assert written.count() == 400 and written.select("id").distinct().count() == 400
+    assert queue.stats().total == 0
+
+    with pytest.raises(Exception, match="no column 'colour'"):
+        spark.read.format("dirmq").schema("colour string").option("path", str(root)).option(
+            "queue", "q"
+        ).load().collect()
+
+
 def test_a_failed_write_publishes_nothing(spark: Any, tmp_path: Path) -> None:
     from pyspark.sql import functions as f
     from pyspark.sql.types import StringType

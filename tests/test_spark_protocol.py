@@ -420,13 +420,57 @@ def test_the_data_source_refuses_what_it_cannot_do(root: Path, queue: dirmq.Queu
     assert DirmqDataSource.name() == "dirmq" and source.schema() == READ_SCHEMA
     with pytest.raises(InvalidArgument, match="append"):
         source.writer(_BODY, overwrite=True)
-    with pytest.raises(InvalidArgument, match="columns"):
-        source.reader(_BODY)
+    with pytest.raises(InvalidArgument, match="'body' is binary in the dirmq source, not string"):
+        source.reader(StructType([StructField("body", StringType())]))
     with pytest.raises(InvalidArgument, match="consumer"):
         source.streamReader(READ_SCHEMA)
     extra = StructType([StructField("body", StringType()), StructField("colour", StringType())])
     with pytest.raises(InvalidArgument, match="colour"):
         source.writer(extra, overwrite=False)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ([], "at least one column"),
+        ([("colour", StringType())], "no column 'colour'; its columns are id, body, headers"),
+        ([("id", BinaryType())], "'id' is string in the dirmq source, not binary"),
+        ([("id", StringType()), ("id", StringType())], "declared twice"),
+    ],
+)
+def test_a_declared_schema_must_be_made_of_the_source_columns(
+    root: Path, queue: dirmq.Queue, fields: list[tuple[str, Any]], error: str
+) -> None:
+    source = DirmqDataSource({"path": str(root), "queue": "jobs", "consumer": "c"})
+    schema = StructType([StructField(name, kind) for name, kind in fields])
+    for make in (source.reader, source.streamReader):
+        with pytest.raises(InvalidArgument, match=error):
+            make(schema)
+
+
+def test_declared_columns_are_the_only_ones_built_in_their_order(
+    root: Path, queue: dirmq.Queue
+) -> None:
+    queue.put_many([dirmq.OutgoingMessage(b, {"X-Attr-K": "v"}) for b in (b"a", b"b", b"c")])
+    declared = StructType([StructField("body", BinaryType()), StructField("id", StringType())])
+    source = DirmqDataSource({"path": str(root), "queue": "jobs", "consumer": "c"})
+    snapshot = source.reader(declared)
+    [batch] = [b for p in snapshot.partitions() for b in snapshot.read(p)]
+    assert batch.schema.names == ["body", "id"] and batch.column(0).to_pylist() == [
+        b"a",
+        b"b",
+        b"c",
+    ]
+
+    stream = source.streamReader(declared)
+    try:
+        start = stream.initialOffset()
+        end = stream.latestOffset(start, ReadAllAvailable())
+        rows = [b for p in stream.partitions(start, end) for b in stream.read(p)]
+        assert all(b.schema.names == ["body", "id"] for b in rows)
+        assert sorted(v for b in rows for v in b.column("body").to_pylist()) == [b"a", b"b", b"c"]
+    finally:
+        stream.stop()
 
 
 def test_a_snapshot_of_a_missing_queue_is_an_error(root: Path, queue: dirmq.Queue) -> None:
@@ -486,9 +530,13 @@ def test_url_mode_leases_on_the_driver_and_replays_the_recorded_rows(
             assert sorted(batch1) == published[:200]
         finally:
             reader.stop()
-        again = DirmqStreamReader(parse_options(options))  # the driver restarted
+        # The driver restarted, and the query now declares fewer columns than the run that
+        # recorded the rows: the record holds them all, the replay gives the declared ones.
+        again = DirmqStreamReader(parse_options(options), ("id", "receive_count"))
         try:
             assert _read(again, start, first) == batch1
+            replayed = [b for p in again.partitions(start, first) for b in again.read(p)]
+            assert {tuple(b.schema.names) for b in replayed} == {("id", "receive_count")}
             second = again.latestOffset(first, ReadAllAvailable())
             assert sorted(_read(again, first, second)) == published[200:]
             assert again.latestOffset(second, ReadAllAvailable()) == second

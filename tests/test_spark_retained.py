@@ -105,6 +105,10 @@ def test_batch_read_with_filters_and_offsets(spark: Any, hub: PubSub) -> None:
     assert _seqs(_read(spark, hub, startingOffsets="25", endingOffsets="1000")) == list(
         range(25, 31)
     )
+    narrow = spark.read.format("dirmq").schema("seq long, subject string")
+    narrow = narrow.option("path", _root(hub)).option("stream", "retained").load()
+    assert narrow.columns == ["seq", "subject"]
+    assert sorted(r.seq for r in narrow.collect()) == list(range(1, 31))
     # Nothing was consumed: the log is intact.
     assert len(os.listdir(PubSubPaths.under(_root(hub)).retained)) == 30
 

@@ -26,7 +26,7 @@ from pyspark.sql.datasource import InputPartition
 from dirmq.errors import MessageNotFound
 from dirmq.spark.connect import QueueHandle
 from dirmq.spark.ledger import Ledger
-from dirmq.spark.rows import messages_batch
+from dirmq.spark.rows import READ_COLUMNS, Columns, messages_batch, project
 from dirmq.spark.upkeep import give_back, settle_record
 from dirmq.store import Message, Queue
 from dirmq.store.layout import parse_receipt
@@ -91,7 +91,11 @@ def claim_named(queue: Queue, names: list[str], lease_s: float) -> list[tuple[st
 
 
 def read_leased(
-    queue: QueueHandle, ledger: Ledger, partition: LeasePartition, lease_s: float
+    queue: QueueHandle,
+    ledger: Ledger,
+    partition: LeasePartition,
+    lease_s: float,
+    columns: Columns = READ_COLUMNS,
 ) -> Iterator[pa.RecordBatch]:
     """The rows of a path-mode partition: its recorded messages on a replay, else fresh leases,
     recorded before the first row is produced."""
@@ -106,13 +110,13 @@ def read_leased(
             messages = lease(queue, partition.quota, lease_s)
         mine = [m.receipt or "" for m in messages]
         if ledger.record_part(partition.seq, partition.part, mine, leases):
-            yield from _batches(messages)
+            yield from _batches(messages, columns)
             settle_committed(queue, ledger, partition.settle)
             return
         # Another attempt of this task recorded first: its messages are the batch's.
         give_back(queue, mine)
         receipts = ledger.part(partition.seq, partition.part) or []
-    yield from _batches(replay(queue, receipts))
+    yield from _batches(replay(queue, receipts), columns)
     settle_committed(queue, ledger, partition.settle)
 
 
@@ -154,14 +158,15 @@ def replay(queue: QueueHandle, receipts: list[str]) -> list[Message]:
     return found
 
 
-def _batches(messages: list[Message]) -> Iterator[pa.RecordBatch]:
+def _batches(messages: list[Message], columns: Columns) -> Iterator[pa.RecordBatch]:
     for start in range(0, len(messages), ROWS_PER_BATCH):
-        yield messages_batch(messages[start : start + ROWS_PER_BATCH], "leased")
+        yield messages_batch(messages[start : start + ROWS_PER_BATCH], "leased", columns)
 
 
 # -- url mode -------------------------------------------------------------------------------------
 def leased_table(messages: list[Message]) -> pa.Table:
-    """Rows for the ledger: the read schema plus each message's `receipt`."""
+    """Rows for the ledger: every column of the read schema (a restart may declare other
+    columns than the run that recorded them) plus each message's `receipt`."""
     batch = messages_batch(messages, "leased")
     receipts = pa.array([m.receipt for m in messages], pa.string())
     return pa.Table.from_batches([batch]).append_column("receipt", receipts)
@@ -183,6 +188,8 @@ def rows_partitions(seq: int, table: pa.Table, parts: int) -> list[RowsPartition
     return result
 
 
-def read_rows(partition: RowsPartition) -> Iterator[pa.RecordBatch]:
-    reader = pa.ipc.open_stream(pa.py_buffer(partition.data))
-    yield from reader
+def read_rows(
+    partition: RowsPartition, columns: Columns = READ_COLUMNS
+) -> Iterator[pa.RecordBatch]:
+    for batch in pa.ipc.open_stream(pa.py_buffer(partition.data)):
+        yield project(batch, columns)

@@ -42,7 +42,7 @@ from dirmq.pubsub.model import Filter
 from dirmq.pubsub.transitions import Entry, read_entry
 from dirmq.spark.leasing import ROWS_PER_BATCH, split
 from dirmq.spark.options import EARLIEST, LATEST, RetainedOptions, partitions_for
-from dirmq.spark.rows import retained_batch
+from dirmq.spark.rows import RETAINED_COLUMNS, Columns, retained_batch
 
 log = logging.getLogger("dirmq.spark")
 
@@ -118,7 +118,9 @@ def data_loss(options: RetainedOptions, what: str) -> None:
     log.warning("dirmq: %s; skipped (failOnDataLoss=false)", what)
 
 
-def read_range(options: RetainedOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+def read_range(
+    options: RetainedOptions, partition: InputPartition, columns: Columns = RETAINED_COLUMNS
+) -> Iterator[pa.RecordBatch]:
     """The rows of the entries of a `SeqRange` that match the filter, in sequence order."""
     if not isinstance(partition, SeqRange):
         raise InvalidArgument(f"not a dirmq retained-log partition: {partition!r}")
@@ -129,10 +131,10 @@ def read_range(options: RetainedOptions, partition: InputPartition) -> Iterator[
     for row in entries:
         rows.append(row)
         if len(rows) == ROWS_PER_BATCH:
-            yield retained_batch(rows)
+            yield retained_batch(rows, columns)
             rows = []
     if rows:
-        yield retained_batch(rows)
+        yield retained_batch(rows, columns)
 
 
 def _local_entries(options: RetainedOptions, partition: SeqRange) -> Iterator[tuple[int, Entry]]:
@@ -187,7 +189,7 @@ def _remote_entries(options: RetainedOptions, partition: SeqRange) -> Iterator[t
 class DirmqRetainedReader(DataSourceReader):
     """Batch read of [startingOffsets, endingOffsets) of the retained log."""
 
-    def __init__(self, options: RetainedOptions) -> None:
+    def __init__(self, options: RetainedOptions, columns: Columns = RETAINED_COLUMNS) -> None:
         if options.starting == LATEST:
             raise InvalidArgument(
                 "startingOffsets=latest is for streaming reads; a batch read starts at earliest "
@@ -197,6 +199,7 @@ class DirmqRetainedReader(DataSourceReader):
         if isinstance(starting, int) and isinstance(ending, int) and starting > ending:
             raise InvalidArgument(f"startingOffsets {starting} is after endingOffsets {ending}")
         self._options = options
+        self._columns = columns
 
     def partitions(self) -> list[InputPartition]:
         options = self._options
@@ -210,14 +213,15 @@ class DirmqRetainedReader(DataSourceReader):
         return seq_ranges(first, end, options.num_partitions) or [SeqRange(first, first)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return read_range(self._options, partition)
+        return read_range(self._options, partition, self._columns)
 
 
 class DirmqRetainedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Streaming read of the retained log; offsets `{"seq": n}`, the next entry to read."""
 
-    def __init__(self, options: RetainedOptions) -> None:
+    def __init__(self, options: RetainedOptions, columns: Columns = RETAINED_COLUMNS) -> None:
         self._options = options
+        self._columns = columns
         self._head: Head | None = None  # driver only: never pickled
         self._until: int | None = None  # availableNow: the end offset fixed at its start
         self._warned_shrunk = False
@@ -286,4 +290,4 @@ class DirmqRetainedStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         pass  # nothing to acknowledge: the log is replayable, the checkpoint is the position
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return read_range(self._options, partition)
+        return read_range(self._options, partition, self._columns)

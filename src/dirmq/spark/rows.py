@@ -18,6 +18,11 @@ Reads of the pub/sub retained log (`stream=retained`) produce `id`, `body`, `hea
     channel       STRING     the channel it was published to
     subject       STRING     its subject ("" when none was given)
 
+A read may declare fewer columns (`spark.read.format("dirmq").schema("id string, body
+binary")`): any of the columns above, in any order, with the types above. Only those are built,
+which saves the Python worker and the JVM the rest (the headers map most of all): a projection
+Spark itself cannot push into a Python data source.
+
 Rows leave as Arrow record batches built with the exact Arrow schema Spark derives from the
 Spark schema, so Spark takes them without a per-row conversion.
 
@@ -28,7 +33,8 @@ Write columns: `body` (BINARY or STRING, required) and, optionally, `headers`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import cache
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -87,52 +93,99 @@ WRITE_COLUMNS: dict[str, tuple[type[DataType], ...]] = {
 }
 
 
-def check_read_schema(schema: StructType, ours: StructType = READ_SCHEMA) -> None:
-    """Refuse a user-given schema other than ours (the source cannot produce other columns)."""
-    if schema.fieldNames() != ours.fieldNames():
-        raise InvalidArgument(
-            f"the dirmq source produces the columns {', '.join(ours.fieldNames())}; "
-            f"got a schema with {', '.join(schema.fieldNames())} (select columns after load())"
-        )
+Columns = tuple[str, ...]
+READ_COLUMNS: Columns = tuple(READ_SCHEMA.fieldNames())
+RETAINED_COLUMNS: Columns = tuple(RETAINED_SCHEMA.fieldNames())
 
 
-def messages_batch(messages: Sequence[Message], state: str | None = None) -> pa.RecordBatch:
-    """One Arrow record batch of `messages` in the read schema (`state` overrides theirs)."""
+def read_columns(schema: StructType, ours: StructType = READ_SCHEMA) -> Columns:
+    """The columns a user-given schema asks for: any of ours, each at most once, in any order,
+    with our types (nullability aside). Anything else is refused: the source cannot make it."""
+    types = {f.name: f.dataType for f in ours.fields}
+    names = schema.fieldNames()
+    if not names:
+        raise InvalidArgument("a dirmq read needs at least one column")
+    for field in schema.fields:
+        expected = types.get(field.name)
+        if expected is None:
+            raise InvalidArgument(
+                f"the dirmq source has no column {field.name!r}; its columns are "
+                f"{', '.join(ours.fieldNames())} (declare a subset of them, or none)"
+            )
+        if field.dataType != expected:
+            raise InvalidArgument(
+                f"column {field.name!r} is {expected.simpleString()} in the dirmq source, "
+                f"not {field.dataType.simpleString()}"
+            )
+    if len(set(names)) != len(names):
+        raise InvalidArgument(f"a column is declared twice in {', '.join(names)}")
+    return tuple(names)
+
+
+@cache
+def arrow_schema(columns: Columns, full: pa.Schema = ARROW_READ_SCHEMA) -> pa.Schema:
+    return pa.schema([full.field(name) for name in columns])
+
+
+Builder = Callable[[Sequence[Message], str | None], pa.Array]
+_MESSAGE_COLUMNS: dict[str, Builder] = {
+    "id": lambda ms, _: pa.array([m.id for m in ms], pa.string()),
+    "body": lambda ms, _: pa.array([m.body for m in ms], pa.binary()),
+    "headers": lambda ms, _: pa.array(
+        [list(m.headers.items()) for m in ms], ARROW_READ_SCHEMA.field("headers").type
+    ),
+    "content_type": lambda ms, _: pa.array([m.content_type for m in ms], pa.string()),
+    "published_at": lambda ms, _: pa.array(
+        [round(m.published_at_s * 1_000_000) for m in ms],
+        ARROW_READ_SCHEMA.field("published_at").type,
+    ),
+    "receive_count": lambda ms, _: pa.array([m.receive_count for m in ms], pa.int32()),
+    "state": lambda ms, state: pa.array([state or m.state for m in ms], pa.string()),
+    "group": lambda ms, _: pa.array([m.group for m in ms], pa.string()),
+}
+
+
+def messages_batch(
+    messages: Sequence[Message], state: str | None = None, columns: Columns = READ_COLUMNS
+) -> pa.RecordBatch:
+    """One Arrow record batch of `messages` with `columns` of the read schema (`state`
+    overrides the messages' own)."""
     return pa.RecordBatch.from_arrays(
-        [
-            pa.array([m.id for m in messages], pa.string()),
-            pa.array([m.body for m in messages], pa.binary()),
-            pa.array([list(m.headers.items()) for m in messages], ARROW_READ_SCHEMA[2].type),
-            pa.array([m.content_type for m in messages], pa.string()),
-            pa.array(
-                [round(m.published_at_s * 1_000_000) for m in messages],
-                ARROW_READ_SCHEMA[4].type,
-            ),
-            pa.array([m.receive_count for m in messages], pa.int32()),
-            pa.array([state or m.state for m in messages], pa.string()),
-            pa.array([m.group for m in messages], pa.string()),
-        ],
-        schema=ARROW_READ_SCHEMA,
+        [_MESSAGE_COLUMNS[name](messages, state) for name in columns],
+        schema=arrow_schema(columns),
     )
 
 
-def retained_batch(entries: Sequence[tuple[int, Entry]]) -> pa.RecordBatch:
-    """One Arrow record batch of retained-log entries, (seq, entry) pairs, in RETAINED_SCHEMA."""
+def retained_batch(
+    entries: Sequence[tuple[int, Entry]], columns: Columns = RETAINED_COLUMNS
+) -> pa.RecordBatch:
+    """One Arrow record batch of retained-log entries, (seq, entry) pairs, with `columns` of
+    RETAINED_SCHEMA."""
     envelopes = [e.envelope for _, e in entries]
     headers = [e.headers for _, e in entries]
+    build: dict[str, Callable[[], pa.Array]] = {
+        "id": lambda: pa.array([env.id for env in envelopes], pa.string()),
+        "body": lambda: pa.array([e.body for _, e in entries], pa.binary()),
+        "headers": lambda: pa.array(
+            [list(h.items()) for h in headers], ARROW_RETAINED_SCHEMA.field("headers").type
+        ),
+        "content_type": lambda: pa.array([_content_type(h) for h in headers], pa.string()),
+        "published_at": lambda: pa.array(
+            [env.published_us for env in envelopes],
+            ARROW_RETAINED_SCHEMA.field("published_at").type,
+        ),
+        "seq": lambda: pa.array([seq for seq, _ in entries], pa.int64()),
+        "channel": lambda: pa.array([env.channel for env in envelopes], pa.string()),
+        "subject": lambda: pa.array([env.subject for env in envelopes], pa.string()),
+    }
     return pa.RecordBatch.from_arrays(
-        [
-            pa.array([env.id for env in envelopes], pa.string()),
-            pa.array([e.body for _, e in entries], pa.binary()),
-            pa.array([list(h.items()) for h in headers], ARROW_RETAINED_SCHEMA[2].type),
-            pa.array([_content_type(h) for h in headers], pa.string()),
-            pa.array([env.published_us for env in envelopes], ARROW_RETAINED_SCHEMA[4].type),
-            pa.array([seq for seq, _ in entries], pa.int64()),
-            pa.array([env.channel for env in envelopes], pa.string()),
-            pa.array([env.subject for env in envelopes], pa.string()),
-        ],
-        schema=ARROW_RETAINED_SCHEMA,
+        [build[name]() for name in columns], schema=arrow_schema(columns, ARROW_RETAINED_SCHEMA)
     )
+
+
+def project(batch: pa.RecordBatch, columns: Columns) -> pa.RecordBatch:
+    """`batch` (recorded with every column) cut down to `columns`, in their order."""
+    return batch if tuple(batch.schema.names) == columns else batch.select(list(columns))
 
 
 def _content_type(headers: Mapping[str, str]) -> str | None:

@@ -30,7 +30,7 @@ from dirmq.errors import (
 from dirmq.spark.connect import local_store, open_queue
 from dirmq.spark.leasing import ROWS_PER_BATCH, split
 from dirmq.spark.options import DEFAULT_STATES, Options
-from dirmq.spark.rows import messages_batch
+from dirmq.spark.rows import READ_COLUMNS, Columns, messages_batch, project
 from dirmq.store import Message, layout
 from dirmq.store.files import read_at, stored_message
 from dirmq.store.layout import parse_entry
@@ -60,9 +60,10 @@ class BrowsedPartition(InputPartition):
 
 
 class DirmqSnapshotReader(DataSourceReader):
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, columns: Columns = READ_COLUMNS) -> None:
         self._options = options
         self._states = options.states or DEFAULT_STATES
+        self._columns = columns
 
     def partitions(self) -> list[InputPartition]:
         options = self._options
@@ -101,7 +102,8 @@ class DirmqSnapshotReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, BrowsedPartition):
-            yield from pa.ipc.open_stream(pa.py_buffer(partition.data))
+            for batch in pa.ipc.open_stream(pa.py_buffer(partition.data)):
+                yield project(batch, self._columns)
             return
         if not isinstance(partition, FilesPartition):
             raise InvalidArgument(f"not a dirmq partition: {partition!r}")
@@ -117,14 +119,14 @@ class DirmqSnapshotReader(DataSourceReader):
                 if message is not None:
                     messages.append(message)
                 if len(messages) == ROWS_PER_BATCH:
-                    yield messages_batch(messages)
+                    yield messages_batch(messages, columns=self._columns)
                     messages = []
         finally:
             for fd in dir_fds.values():
                 if fd >= 0:
                     os.close(fd)
         if messages:
-            yield messages_batch(messages)
+            yield messages_batch(messages, columns=self._columns)
 
     def _read_one(self, dir_fd: int, state_dir: str, name: str) -> Message | None:
         entry = parse_entry(name)

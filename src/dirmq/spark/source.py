@@ -31,7 +31,7 @@ from dirmq.spark.options import (
     parse_retained_options,
     wants_retained,
 )
-from dirmq.spark.rows import READ_SCHEMA, RETAINED_SCHEMA, check_read_schema
+from dirmq.spark.rows import READ_SCHEMA, RETAINED_SCHEMA, read_columns
 
 
 class DirmqDataSource(DataSource):
@@ -62,24 +62,20 @@ class DirmqDataSource(DataSource):
         if retained is not None:
             from dirmq.spark.retained import DirmqRetainedReader
 
-            check_read_schema(schema, RETAINED_SCHEMA)
-            return DirmqRetainedReader(retained)
+            return DirmqRetainedReader(retained, read_columns(schema, RETAINED_SCHEMA))
         from dirmq.spark.snapshot import DirmqSnapshotReader
 
-        check_read_schema(schema)
-        return DirmqSnapshotReader(self._options())
+        return DirmqSnapshotReader(self._options(), read_columns(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
         retained = self._retained()
         if retained is not None:
             from dirmq.spark.retained import DirmqRetainedStreamReader
 
-            check_read_schema(schema, RETAINED_SCHEMA)
-            return DirmqRetainedStreamReader(retained)
+            return DirmqRetainedStreamReader(retained, read_columns(schema, RETAINED_SCHEMA))
         from dirmq.spark.stream import DirmqStreamReader
 
-        check_read_schema(schema)
-        return DirmqStreamReader(self._options())
+        return DirmqStreamReader(self._options(), read_columns(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from dirmq.spark.writing import DirmqBatchWriter

@@ -48,6 +48,7 @@ from dirmq.spark.leasing import (
 )
 from dirmq.spark.ledger import Ledger
 from dirmq.spark.options import Options
+from dirmq.spark.rows import READ_COLUMNS, Columns
 from dirmq.spark.upkeep import Upkeep, give_back
 from dirmq.store import Queue
 
@@ -89,9 +90,10 @@ class _Driver:
 
 
 class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, columns: Columns = READ_COLUMNS) -> None:
         options.consumer_dir()  # refuse a missing consumer or state directory now
         self._options = options
+        self._columns = columns
         self._driver_state: _Driver | None = None
         self._budget: int | None = None  # availableNow: messages left to plan
 
@@ -232,9 +234,10 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- reading, on the executors --------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, RowsPartition):
-            return read_rows(partition)
+            return read_rows(partition, self._columns)
         if not isinstance(partition, LeasePartition):
             raise InvalidArgument(f"not a dirmq partition: {partition!r}")
         options = self._options
         queue = open_queue(options)
-        return read_leased(queue, Ledger(options.consumer_dir()), partition, options.lease_s)
+        ledger = Ledger(options.consumer_dir())
+        return read_leased(queue, ledger, partition, options.lease_s, self._columns)
