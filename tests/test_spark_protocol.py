@@ -135,6 +135,36 @@ def test_read_tasks_are_given_disjoint_names_and_skip_what_others_took(
         reader.stop()
 
 
+def test_a_task_records_its_leases_then_reads_them_in_bounded_batches(
+    root: Path, queue: dirmq.Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dirmq.spark import leasing
+
+    monkeypatch.setattr(leasing, "BATCH_BYTES", 1000)  # 10 bodies of 100 bytes
+    monkeypatch.setattr(leasing, "READ_CHUNK", 7)
+    published = queue.put_many([b"%0100d" % i for i in range(50)])
+    reader = _reader(root, numPartitions="1")
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, ReadAllAvailable())
+        first = reader.partitions(start, end)[0]
+        assert isinstance(first, LeasePartition) and len(first.names) == 50  # one task
+        rows = reader.read(first)
+        batch = next(rows)
+        # The record was written before the first row: every lease, though only 10 were read.
+        record = Ledger(reader._options.consumer_dir()).part_record(1, 0)
+        assert record is not None and len(record.leases) == len(record.receipts) == 50
+        assert [batch.num_rows] + [b.num_rows for b in rows] == [10] * 5
+
+        # A heartbeat renames a lease; a retried task reads its record by lease name, and the
+        # moved one by id.
+        queue.extend(record.receipts[3], 600)
+        replayed = [i for b in reader.read(first) for i in b.column("id").to_pylist()]
+        assert replayed == published
+    finally:
+        reader.stop()
+
+
 def test_a_restarted_driver_replays_every_recorded_partition(
     root: Path, queue: dirmq.Queue
 ) -> None:

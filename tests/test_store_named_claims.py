@@ -156,3 +156,44 @@ def test_a_message_larger_than_one_read_is_read_whole(root: Path) -> None:
         queue.put(body)
         [(_, message)] = queue.claim_named(queue.ready_names())
         assert message.body == body
+
+
+def test_lease_named_leases_without_reading_and_read_leases_reads_in_order(root: Path) -> None:
+    with dirmq.Store(root) as planner, dirmq.Store(root) as worker, dirmq.Store(root) as other:
+        ids = planner.create_queue("q").put_many([b"m%d" % i for i in range(6)])
+        leases = worker.queue("q").lease_named(planner.queue("q").ready_names(), visibility_s=60)
+        assert len(leases) == 6
+        assert other.queue("q").get(10, wait_s=0) == []  # leased already, though unread
+        first = worker.queue("q").read_leases(leases[:4])
+        rest = worker.queue("q").read_leases(leases[4:])
+        assert [m.id for m in first + rest] == ids
+        assert [m.body for m in first] == [b"m0", b"m1", b"m2", b"m3"]
+        assert all(m.state == "leased" and m.receive_count == 1 for m in first + rest)
+        assert other.queue("q").ack_many([m.receipt or "" for m in first + rest]) == {}
+        assert planner.queue("q").stats().total == 0
+
+
+def test_read_leases_follows_a_moved_lease_and_skips_what_is_gone(root: Path) -> None:
+    with dirmq.Store(root) as store:
+        queue = store.create_queue("q")
+        ids = queue.put_many([b"extended", b"acked", b"damaged", b"fine"])
+        leases = queue.lease_named(queue.ready_names(), visibility_s=60)
+        queue.extend(f"{ids[0]}.1", 120)  # a heartbeat renamed the lease file
+        queue.delete(ids[1])  # acknowledged by id, MQ style, by someone else
+        (Path(queue.path) / "@leased" / leases[2]).write_bytes(b"\x00garbage")
+        got = queue.read_leases(leases)
+        assert [m.body for m in got] == [b"extended", b"fine"]
+        assert got[0].receipt == f"{ids[0]}.1"
+        assert len(list((Path(queue.path) / "@corrupt").iterdir())) == 1
+        with pytest.raises(InvalidArgument):
+            queue.read_leases([ids[3]])  # a ready name, not a lease name
+
+
+def test_lease_named_on_a_deleted_queue_is_an_error(root: Path) -> None:
+    with dirmq.Store(root) as store:
+        queue = store.create_queue("q")
+        queue.put(b"x")
+        names = queue.ready_names()
+        store.delete_queue("q")
+        with pytest.raises(QueueNotFound):
+            queue.lease_named(names)

@@ -17,7 +17,7 @@ any of its rows reaches Spark, and a replay produces the recorded messages.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -25,15 +25,17 @@ from pyspark.sql.datasource import InputPartition
 
 from dirmq.errors import MessageNotFound
 from dirmq.spark.connect import QueueHandle
-from dirmq.spark.ledger import Ledger
+from dirmq.spark.ledger import Ledger, Record
 from dirmq.spark.rows import READ_COLUMNS, Columns, messages_batch, project
 from dirmq.spark.upkeep import give_back, settle_record
 from dirmq.store import Message, Queue
-from dirmq.store.layout import parse_receipt
+from dirmq.store.layout import parse_entry, parse_receipt
 
 log = logging.getLogger("dirmq.spark")
 GET_CHUNK = 1000  # messages per get(): the server's limit, and a bound on time under the lock
 ROWS_PER_BATCH = 10_000  # rows per Arrow record batch handed to Spark
+BATCH_BYTES = 32 * 1024 * 1024  # and bodies per batch: what a read task holds at a time
+READ_CHUNK = 256  # leased messages read per store call
 
 
 @dataclass
@@ -81,13 +83,13 @@ def lease(
     return got
 
 
-def claim_named(queue: Queue, names: list[str], lease_s: float) -> list[tuple[str, Message]]:
+def lease_named(queue: Queue, names: list[str], lease_s: float) -> list[str]:
     """Lease the named ready messages that are still there, in chunks (the queue's lock is not
-    held for a whole batch)."""
-    got: list[tuple[str, Message]] = []
+    held for a whole batch); their lease names. Nothing is read yet."""
+    leases: list[str] = []
     for start in range(0, len(names), GET_CHUNK):
-        got.extend(queue.claim_named(names[start : start + GET_CHUNK], visibility_s=lease_s))
-    return got
+        leases.extend(queue.lease_named(names[start : start + GET_CHUNK], visibility_s=lease_s))
+    return leases
 
 
 def read_leased(
@@ -98,26 +100,53 @@ def read_leased(
     columns: Columns = READ_COLUMNS,
 ) -> Iterator[pa.RecordBatch]:
     """The rows of a path-mode partition: its recorded messages on a replay, else fresh leases,
-    recorded before the first row is produced."""
-    receipts = ledger.part(partition.seq, partition.part)
-    if receipts is None:
-        leases: list[str] | None = None
+    recorded before the first row is produced. Named leases are read after the record is
+    written, a chunk at a time, so a task holds one Arrow batch of messages, not its share."""
+    seq, part = partition.seq, partition.part
+    record = ledger.part_record(seq, part)
+    if record is None:
         if partition.names and isinstance(queue, Queue):
-            named = claim_named(queue, partition.names, lease_s)
-            leases = [lease for lease, _ in named]
-            messages = [message for _, message in named]
+            leases = lease_named(queue, partition.names, lease_s)
+            mine = [_receipt(lease) for lease in leases]
+            if ledger.record_part(seq, part, mine, leases):
+                yield from _batches(read_leases(queue, leases), columns)
+                settle_committed(queue, ledger, partition.settle)
+                return
         else:
             messages = lease(queue, partition.quota, lease_s)
-        mine = [m.receipt or "" for m in messages]
-        if ledger.record_part(partition.seq, partition.part, mine, leases):
-            yield from _batches(messages, columns)
-            settle_committed(queue, ledger, partition.settle)
-            return
+            mine = [m.receipt or "" for m in messages]
+            if ledger.record_part(seq, part, mine):
+                yield from _batches(messages, columns)
+                settle_committed(queue, ledger, partition.settle)
+                return
         # Another attempt of this task recorded first: its messages are the batch's.
         give_back(queue, mine)
-        receipts = ledger.part(partition.seq, partition.part) or []
-    yield from _batches(replay(queue, receipts), columns)
+        record = ledger.part_record(seq, part) or Record([], [])
+    if record.leases and isinstance(queue, Queue):
+        replayed = read_leases(queue, record.leases)
+    else:
+        replayed = replay(queue, record.receipts)
+    yield from _batches(replayed, columns)
     settle_committed(queue, ledger, partition.settle)
+
+
+def _receipt(lease: str) -> str:
+    entry = parse_entry(lease)
+    assert entry is not None
+    return entry.receipt
+
+
+def read_leases(queue: Queue, leases: list[str]) -> Iterator[Message]:
+    """The messages behind our lease names, `READ_CHUNK` at a time. One whose lease moved (a
+    heartbeat extended it) is read by id; one that is gone is skipped (see `replay`)."""
+    missing = 0
+    for start in range(0, len(leases), READ_CHUNK):
+        chunk = leases[start : start + READ_CHUNK]
+        found = queue.read_leases(chunk)
+        missing += len(chunk) - len(found)
+        yield from found
+    if missing:
+        _warn_missing(queue.name, missing, len(leases))
 
 
 def settle_committed(queue: QueueHandle, ledger: Ledger, records: list[tuple[int, int]]) -> None:
@@ -133,34 +162,45 @@ def settle_committed(queue: QueueHandle, ledger: Ledger, records: list[tuple[int
         log.warning("dirmq: acknowledging committed batches failed (the driver will): %s", exc)
 
 
-def replay(queue: QueueHandle, receipts: list[str]) -> list[Message]:
+def replay(queue: QueueHandle, receipts: list[str]) -> Iterator[Message]:
     """The messages behind recorded receipts, read by id (whatever their lease state now). A
     message that is gone was acknowledged by someone who received it after our lease expired:
     it has been processed, and is skipped."""
-    found = []
     missing = 0
     for receipt in receipts:
         parsed = parse_receipt(receipt)
         if parsed is None:
             continue
         try:
-            found.append(queue.peek(parsed[0]))
+            yield queue.peek(parsed[0])
         except MessageNotFound:
             missing += 1
     if missing:
-        log.warning(
-            "dirmq: replaying a batch of %s: %d of %d messages were acknowledged elsewhere "
-            "after their lease expired, and are skipped",
-            queue.name,
-            missing,
-            len(receipts),
-        )
-    return found
+        _warn_missing(queue.name, missing, len(receipts))
 
 
-def _batches(messages: list[Message], columns: Columns) -> Iterator[pa.RecordBatch]:
-    for start in range(0, len(messages), ROWS_PER_BATCH):
-        yield messages_batch(messages[start : start + ROWS_PER_BATCH], "leased", columns)
+def _warn_missing(queue_name: str, missing: int, total: int) -> None:
+    log.warning(
+        "dirmq: reading a batch of %s: %d of %d messages were acknowledged elsewhere after "
+        "their lease expired, and are skipped",
+        queue_name,
+        missing,
+        total,
+    )
+
+
+def _batches(messages: Iterable[Message], columns: Columns) -> Iterator[pa.RecordBatch]:
+    """Arrow batches of at most `ROWS_PER_BATCH` rows and about `BATCH_BYTES` of bodies."""
+    rows: list[Message] = []
+    size = 0
+    for message in messages:
+        rows.append(message)
+        size += len(message.body)
+        if len(rows) == ROWS_PER_BATCH or size >= BATCH_BYTES:
+            yield messages_batch(rows, "leased", columns)
+            rows, size = [], 0
+    if rows:
+        yield messages_batch(rows, "leased", columns)
 
 
 # -- url mode -------------------------------------------------------------------------------------

@@ -86,7 +86,8 @@ class QueueFiles:
                 continue
             if entry.group is not None:
                 runs.taken[entry.group] += 1
-            message = self._open_lease(lease, entry, at_ms + visibility_ms)
+            deadline_ms = at_ms + visibility_ms
+            message = self.open_lease(lease, entry.message_id, entry.count + 1, deadline_ms)
             if message is not None:
                 return message
         return None
@@ -103,15 +104,29 @@ class QueueFiles:
         there, in order: (lease name, message) pairs. For cooperating consumers given disjoint
         names by one planner, so no two of them race for the same head. Group names must not be
         passed (their order needs `claim`; the caller checked them)."""
+        deadline_ms = at_ms + visibility_ms
         leased = []
-        for name, entry in entries:
-            lease = self._take(index, config, name, entry, at_ms, visibility_ms)
-            if lease is None:
-                continue
-            message = self._open_lease(lease, entry, at_ms + visibility_ms)
+        for lease, entry in self.take_named(index, config, entries, at_ms, visibility_ms):
+            message = self.open_lease(lease, entry.message_id, entry.count + 1, deadline_ms)
             if message is not None:
                 leased.append((lease, message))
         return leased
+
+    def take_named(
+        self,
+        index: QueueIndex | None,
+        config: QueueConfig,
+        entries: list[tuple[str, Entry]],
+        at_ms: int,
+        visibility_ms: int,
+    ) -> list[tuple[str, Entry]]:
+        """`claim_named` without reading: (lease name, parsed ready name) of each file taken."""
+        taken = []
+        for name, entry in entries:
+            lease = self._take(index, config, name, entry, at_ms, visibility_ms)
+            if lease is not None:
+                taken.append((lease, entry))
+        return taken
 
     def _take(
         self,
@@ -137,24 +152,25 @@ class QueueFiles:
             index.add(layout.LEASED, lease)
         return lease
 
-    def _open_lease(self, lease: str, entry: Entry, deadline_ms: int) -> Message | None:
-        """The message just leased as @leased/`lease` (None if it vanished or is corrupt)."""
+    def open_lease(
+        self, lease: str, message_id: str, count: int, deadline_ms: int
+    ) -> Message | None:
+        """The message leased as @leased/`lease` (None if it vanished or is corrupt)."""
         target = self.path(layout.LEASED, lease)
         try:
-            decoded = read_message(target, entry.message_id)
+            decoded = read_message(target, message_id)
         except FileNotFoundError:
-            return None  # deleted by id a moment after our claim
+            return None  # deleted by id, or its lease moved on (extended, expired)
         except CorruptMessage:
             self.quarantine(target, lease)
             return None
-        count = entry.count + 1
         return Message(
-            id=entry.message_id,
+            id=message_id,
             body=decoded.body,
             headers=decoded.headers,
             receive_count=count,
-            published_at_s=id_time_us(entry.message_id) / 1e6,
-            receipt=f"{entry.message_id}.{count}",
+            published_at_s=id_time_us(message_id) / 1e6,
+            receipt=f"{message_id}.{count}",
             lease_deadline_s=deadline_ms / 1000,
             state="leased",
             group=decoded.system.get("Group"),

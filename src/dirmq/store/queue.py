@@ -526,12 +526,7 @@ class Queue:
         order: (lease name, message) pairs. The lease name acknowledges the message with
         `ack_leases`. This process's index is neither opened nor synced for it."""
         _check_seconds("visibility_s", visibility_s)
-        entries = []
-        for name in names:
-            entry = parse_entry(name)
-            if entry is None or entry.at_ms is not None or entry.group is not None:
-                raise InvalidArgument(f"not the name of a ready message outside groups: {name!r}")
-            entries.append((name, entry))
+        entries = _ready_entries(names)
         try:
             with self._lock:
                 config = self.config
@@ -544,6 +539,48 @@ class Queue:
         if names and not leased:
             self.reload_config()  # every name gone: QueueNotFound if the queue is
         return leased
+
+    def lease_named(self, names: list[str], *, visibility_s: float | None = None) -> list[str]:
+        """`claim_named` without reading the messages: the lease names of those taken, in
+        order. Read them with `read_leases`, a chunk at a time: a consumer that must record
+        what it leased before processing any of it then never holds the whole lot in memory."""
+        _check_seconds("visibility_s", visibility_s)
+        entries = _ready_entries(names)
+        try:
+            with self._lock:
+                config = self.config
+                visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
+                taken = self._files.take_named(
+                    self._index, config, entries, now_ms(), round(visibility * 1000)
+                )
+        except OSError as exc:
+            raise storage_error(exc, f"leasing messages of queue {self.name!r}") from exc
+        if names and not taken:
+            self.reload_config()  # every name gone: QueueNotFound if the queue is
+        return [lease for lease, _ in taken]
+
+    def read_leases(self, leases: Iterable[str]) -> list[Message]:
+        """The messages behind lease names (from `lease_named`), in order. One whose lease
+        file has moved since (extended, expired) is read by id wherever it is now; one that is
+        gone (acknowledged) or damaged (set aside in @corrupt) is left out. A message read
+        by id has a receipt only while it is still under this lease."""
+        found = []
+        for lease in leases:
+            entry = parse_entry(lease)
+            if entry is None or entry.at_ms is None:
+                raise InvalidArgument(f"not a lease name: {str(lease)[:80]!r}")
+            try:
+                message = self._files.open_lease(lease, entry.message_id, entry.count, entry.at_ms)
+                if message is None:
+                    message = self.peek(entry.message_id)
+                    if message.state == "leased" and message.receive_count == entry.count:
+                        message = replace(message, receipt=entry.receipt)  # still our lease
+            except MessageNotFound:
+                continue
+            except OSError as exc:
+                raise storage_error(exc, f"reading a message of queue {self.name!r}") from exc
+            found.append(message)
+        return found
 
     def ack_leases(self, leases: Iterable[str]) -> list[str]:
         """Acknowledge leased messages by their lease names (from `claim_named`), without the
@@ -837,6 +874,17 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"<dirmq.Queue {self.name!r} at {self.path!r}>"
+
+
+def _ready_entries(names: list[str]) -> list[tuple[str, layout.Entry]]:
+    """`names` parsed, all of them ready messages outside groups (else InvalidArgument)."""
+    entries = []
+    for name in names:
+        entry = parse_entry(name)
+        if entry is None or entry.at_ms is not None or entry.group is not None:
+            raise InvalidArgument(f"not the name of a ready message outside groups: {name!r}")
+        entries.append((name, entry))
+    return entries
 
 
 def _check_id(message_id: str) -> None:
