@@ -269,6 +269,32 @@ def test_available_now_plans_only_what_was_ready(root: Path, queue: dirmq.Queue)
         reader.stop()
 
 
+def test_available_now_budgets_from_the_listing_its_first_batch_plans_from(
+    root: Path, queue: dirmq.Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = queue.put_many([b"p%d" % i for i in range(4)])
+    queue.put_many([dirmq.OutgoingMessage(b"g%d" % i, group="g") for i in range(2)])
+    listings: list[bool] = []
+    real = dirmq.Queue.ready_names
+
+    def counted(self: dirmq.Queue, *args: Any, **kwargs: Any) -> list[str]:
+        listings.append(kwargs.get("groups", False))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(dirmq.Queue, "ready_names", counted)
+    reader = _reader(root, numPartitions="1")
+    try:
+        monkeypatch.setattr(dirmq.Queue, "stats", None)  # the index is not built for a count
+        reader.prepareForTriggerAvailableNow()
+        assert reader._budget == 6  # the group's messages are ready too
+        first = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+        [partition] = reader.partitions(reader.initialOffset(), first)
+        assert isinstance(partition, LeasePartition) and partition.names == plain
+        assert listings == [True]  # one listing served the count and the plan
+    finally:
+        reader.stop()
+
+
 def test_a_new_checkpoint_starts_where_the_consumer_acknowledged(
     root: Path, queue: dirmq.Queue
 ) -> None:

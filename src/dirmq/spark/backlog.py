@@ -48,9 +48,17 @@ class ReadyBacklog:
         self._next += len(taken)
         return taken
 
-    def _relist(self, now: float) -> None:
+    def count_ready(self) -> int:
+        """How many messages are ready, groups included, from a fresh listing (which the next
+        `take` plans from): cheaper than the queue's index on a large backlog."""
+        return len(self._relist(time.monotonic(), groups=True))
+
+    def _relist(self, now: float, groups: bool = False) -> list[str]:
+        """List `@ready`; keep the names up to the first group's; return every name listed."""
         promote = now - self._promoted_at >= PROMOTE_S
-        self._names = self._queue.ready_names(promote=promote)
+        listed = self._queue.ready_names(promote=promote, groups=groups)
+        grouped = next((i for i, name in enumerate(listed) if "~" in name), None)
+        self._names = listed if grouped is None else listed[:grouped]
         self._next = 0
         self._listed_at = time.monotonic()
         # A listing that found nothing to plan (an empty queue, or a message group at its head)
@@ -60,3 +68,4 @@ class ReadyBacklog:
         self._relist_s = RELIST_S if self._names else max(RELIST_S, 20 * took_s)
         if promote:
             self._promoted_at = now
+        return listed

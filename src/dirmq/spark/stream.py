@@ -118,7 +118,11 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
         # "Available now" is what is ready now: plan at most that many messages in total.
-        self._budget = self._driver().queue.stats().ready
+        driver = self._driver()
+        if driver.backlog is not None:
+            self._budget = driver.backlog.count_ready()  # a listing the first batch plans from
+        else:
+            self._budget = driver.queue.stats().ready
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:  # noqa: N802
         driver = self._driver()

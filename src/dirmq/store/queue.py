@@ -474,13 +474,15 @@ class Queue:
             self._wait(timeout)
 
     # -- planned claims (cooperating consumers) -----------------------------------------------
-    def ready_names(self, limit: int | None = None, *, promote: bool = True) -> list[str]:
+    def ready_names(
+        self, limit: int | None = None, *, promote: bool = True, groups: bool = False
+    ) -> list[str]:
         """The file names of the oldest ready messages (all, or the oldest `limit`), oldest
         first, without leasing them: a plan that one coordinator splits among cooperating
         consumers, each of which `claim_named`s its share, so that no two of them race for the
         head of the queue. Due delayed messages and expired leases are made ready first (unless
         `promote` is false). The list stops before the first message of a group (a group's
-        order needs `get`).
+        order needs `get`), unless `groups` is true: then it holds every ready message.
 
         Read from the directories, not from the index: a planner that lists once per batch
         does not pay for following every claim and ack of the consumers it plans for."""
@@ -500,7 +502,7 @@ class Queue:
             entry = parse_entry(name)
             if entry is None or entry.at_ms is not None:
                 continue
-            if entry.group is not None:
+            if entry.group is not None and not groups:
                 break
             planned.append(name)
         return planned
