@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,8 +165,8 @@ def test_lease_named_leases_without_reading_and_read_leases_reads_in_order(root:
         leases = worker.queue("q").lease_named(planner.queue("q").ready_names(), visibility_s=60)
         assert len(leases) == 6
         assert other.queue("q").get(10, wait_s=0) == []  # leased already, though unread
-        first = worker.queue("q").read_leases(leases[:4])
-        rest = worker.queue("q").read_leases(leases[4:])
+        first = list(worker.queue("q").read_leases(leases[:4]))
+        rest = list(worker.queue("q").read_leases(leases[4:]))
         assert [m.id for m in first + rest] == ids
         assert [m.body for m in first] == [b"m0", b"m1", b"m2", b"m3"]
         assert all(m.state == "leased" and m.receive_count == 1 for m in first + rest)
@@ -178,15 +179,15 @@ def test_read_leases_follows_a_moved_lease_and_skips_what_is_gone(root: Path) ->
         queue = store.create_queue("q")
         ids = queue.put_many([b"extended", b"acked", b"damaged", b"fine"])
         leases = queue.lease_named(queue.ready_names(), visibility_s=60)
-        queue.extend(f"{ids[0]}.1", 120)  # a heartbeat renamed the lease file
+        queue.extend(f"{ids[0]}.1", 300)  # a heartbeat renamed the lease file
         queue.delete(ids[1])  # acknowledged by id, MQ style, by someone else
         (Path(queue.path) / "@leased" / leases[2]).write_bytes(b"\x00garbage")
-        got = queue.read_leases(leases)
-        assert [m.body for m in got] == [b"extended", b"fine"]
-        assert got[0].receipt == f"{ids[0]}.1"
+        got = list(queue.read_leases(leases))
+        assert [m.body for m in got] == [b"fine", b"extended"]  # the moved one comes last
+        assert got[1].receipt == f"{ids[0]}.1"
         assert len(list((Path(queue.path) / "@corrupt").iterdir())) == 1
         with pytest.raises(InvalidArgument):
-            queue.read_leases([ids[3]])  # a ready name, not a lease name
+            list(queue.read_leases([ids[3]]))  # a ready name, not a lease name
 
 
 def test_lease_named_on_a_deleted_queue_is_an_error(root: Path) -> None:
@@ -197,3 +198,44 @@ def test_lease_named_on_a_deleted_queue_is_an_error(root: Path) -> None:
         store.delete_queue("q")
         with pytest.raises(QueueNotFound):
             queue.lease_named(names)
+
+
+def test_moved_leases_are_found_on_a_polling_store_whose_index_lags(root: Path) -> None:
+    # An executor on a network filesystem polls: its index can be a poll interval behind the
+    # heartbeats that rename its leases. Reading must not depend on it.
+    with (
+        dirmq.Store(root) as driver,
+        dirmq.Store(root, watch_mode="poll", poll_interval_s=60) as executor,
+    ):
+        ids = driver.create_queue("q").put_many([b"m0", b"m1", b"m2"])
+        queue = executor.queue("q")
+        leases = queue.lease_named(queue.ready_names(), visibility_s=120)
+        receipts = [f"{i}.1" for i in ids]
+        driver.queue("q").extend(receipts[0], 300)  # a new deadline: a new name
+        assert [m.body for m in queue.read_leases(leases[:1])] == [b"m0"]
+        driver.queue("q").extend(receipts[1], 300)  # after the executor's index was built
+        got = list(queue.read_leases(leases[1:]))
+        assert [m.body for m in got] == [b"m2", b"m1"]  # moved ones come after their chunk
+        assert got[1].receipt == receipts[1]
+        assert sorted(m.id for m in queue.read_ids(set(ids))) == ids
+
+
+def test_read_leases_reads_one_file_at_a_time(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dirmq.store import files
+
+    reads: list[str] = []
+    real = files.read_message
+
+    def counted(path: str, message_id: str) -> Any:
+        reads.append(message_id)
+        return real(path, message_id)
+
+    with dirmq.Store(root) as store:
+        queue = store.create_queue("q")
+        queue.put_many([b"m%d" % i for i in range(50)])
+        leases = queue.lease_named(queue.ready_names())
+        monkeypatch.setattr(files, "read_message", counted)
+        messages = queue.read_leases(leases)
+        next(messages)
+        assert len(reads) == 1  # the caller holds what it took, no more
+        assert len(list(messages)) == 49

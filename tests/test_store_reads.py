@@ -51,3 +51,22 @@ def test_a_file_we_may_not_open_without_atime_is_read_anyway(
         monkeypatch.setattr(os, "open", open_as_non_owner)
         assert [queue.peek(i).body for i in ids] == [b"a", b"b"]
     assert [a for a in attempts if a] == [True]  # asked once, then no more
+
+
+def test_a_thread_whose_noatime_open_fails_retries_though_another_cleared_the_flag(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = os.open
+
+    def another_thread_got_there_first(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & files._NOATIME:
+            monkeypatch.setattr(files, "_read_flags", flags & ~files._NOATIME)
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        return real_open(path, flags, *args, **kwargs)
+
+    with dirmq.Store(root) as store:
+        queue = store.create_queue("q")
+        message_id = queue.put(b"a")
+        monkeypatch.setattr(files, "_read_flags", files._read_flags | files._NOATIME)
+        monkeypatch.setattr(os, "open", another_thread_got_there_first)
+        assert queue.peek(message_id).body == b"a"

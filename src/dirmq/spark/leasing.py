@@ -35,7 +35,6 @@ log = logging.getLogger("dirmq.spark")
 GET_CHUNK = 1000  # messages per get(): the server's limit, and a bound on time under the lock
 ROWS_PER_BATCH = 10_000  # rows per Arrow record batch handed to Spark
 BATCH_BYTES = 32 * 1024 * 1024  # and bodies per batch: what a read task holds at a time
-READ_CHUNK = 256  # leased messages read per store call
 
 
 @dataclass
@@ -137,16 +136,14 @@ def _receipt(lease: str) -> str:
 
 
 def read_leases(queue: Queue, leases: list[str]) -> Iterator[Message]:
-    """The messages behind our lease names, `READ_CHUNK` at a time. One whose lease moved (a
-    heartbeat extended it) is read by id; one that is gone is skipped (see `replay`)."""
-    missing = 0
-    for start in range(0, len(leases), READ_CHUNK):
-        chunk = leases[start : start + READ_CHUNK]
-        found = queue.read_leases(chunk)
-        missing += len(chunk) - len(found)
-        yield from found
-    if missing:
-        _warn_missing(queue.name, missing, len(leases))
+    """The messages behind our lease names, one at a time (see `Queue.read_leases`). One that
+    is gone is skipped (see `replay`)."""
+    produced = 0
+    for message in queue.read_leases(leases):
+        produced += 1
+        yield message
+    if produced < len(leases):
+        _warn_missing(queue.name, len(leases) - produced, len(leases))
 
 
 def settle_committed(queue: QueueHandle, ledger: Ledger, records: list[tuple[int, int]]) -> None:
@@ -163,20 +160,26 @@ def settle_committed(queue: QueueHandle, ledger: Ledger, records: list[tuple[int
 
 
 def replay(queue: QueueHandle, receipts: list[str]) -> Iterator[Message]:
-    """The messages behind recorded receipts, read by id (whatever their lease state now). A
-    message that is gone was acknowledged by someone who received it after our lease expired:
-    it has been processed, and is skipped."""
-    missing = 0
-    for receipt in receipts:
-        parsed = parse_receipt(receipt)
-        if parsed is None:
-            continue
+    """The messages behind recorded receipts, read by id (whatever their lease state now): from
+    listings of the queue's directories when it is local (an executor's index, polling on a
+    network filesystem, can be seconds behind), else one `peek` each. A message that is gone
+    was acknowledged by someone who received it after our lease expired: it has been
+    processed, and is skipped."""
+    ids = [parsed[0] for receipt in receipts if (parsed := parse_receipt(receipt)) is not None]
+    produced = 0
+    for message in queue.read_ids(ids) if isinstance(queue, Queue) else _peeked(queue, ids):
+        produced += 1
+        yield message
+    if produced < len(ids):
+        _warn_missing(queue.name, len(ids) - produced, len(ids))
+
+
+def _peeked(queue: QueueHandle, ids: list[str]) -> Iterator[Message]:
+    for message_id in ids:
         try:
-            yield queue.peek(parsed[0])
+            yield queue.peek(message_id)
         except MessageNotFound:
-            missing += 1
-    if missing:
-        _warn_missing(queue.name, missing, len(receipts))
+            pass
 
 
 def _warn_missing(queue_name: str, missing: int, total: int) -> None:

@@ -100,7 +100,7 @@ RETAINED_COLUMNS: Columns = tuple(RETAINED_SCHEMA.fieldNames())
 
 def read_columns(schema: StructType, ours: StructType = READ_SCHEMA) -> Columns:
     """The columns a user-given schema asks for: any of ours, each at most once, in any order,
-    with our types (nullability aside). Anything else is refused: the source cannot make it."""
+    with our types, nullable. Anything else is refused: the source cannot make it."""
     types = {f.name: f.dataType for f in ours.fields}
     names = schema.fieldNames()
     if not names:
@@ -116,6 +116,11 @@ def read_columns(schema: StructType, ours: StructType = READ_SCHEMA) -> Columns:
             raise InvalidArgument(
                 f"column {field.name!r} is {expected.simpleString()} in the dirmq source, "
                 f"not {field.dataType.simpleString()}"
+            )
+        if not field.nullable:  # PySpark compares the Arrow schemas, nullability included
+            raise InvalidArgument(
+                f"column {field.name!r} is declared NOT NULL; the dirmq source's columns are "
+                "nullable (declare it without NOT NULL)"
             )
     if len(set(names)) != len(names):
         raise InvalidArgument(f"a column is declared twice in {', '.join(names)}")

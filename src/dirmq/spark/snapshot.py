@@ -94,7 +94,7 @@ class DirmqSnapshotReader(DataSourceReader):
                 f"queue {queue.name!r} holds more than {HTTP_BROWSE_LIMIT} ready messages, the "
                 "most a dirmq server returns to one browse call: read it through `path`"
             )
-        table = pa.Table.from_batches([messages_batch(messages)])
+        table = pa.Table.from_batches([messages_batch(messages, columns=self._columns)])
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)

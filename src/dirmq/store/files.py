@@ -62,6 +62,23 @@ class QueueFiles:
             return None
         return stored_message(entry, directory, decoded)
 
+    def locate_listed(self, message_ids: set[str]) -> dict[str, tuple[str, str]]:
+        """(state directory, file name) of each of `message_ids` found by listing the state
+        directories, not through an index."""
+        found: dict[str, tuple[str, str]] = {}
+        for directory in (layout.LEASED, layout.READY, layout.DELAYED, layout.DEAD):
+            try:
+                names = os.listdir(self.dir[directory])
+            except FileNotFoundError:
+                continue
+            for name in names:
+                message_id = name[: layout.ID_LENGTH]
+                if message_id in message_ids and message_id not in found:
+                    entry = parse_entry(name)
+                    if entry is not None and entry.message_id == message_id:
+                        found[message_id] = (directory, name)
+        return found
+
     # -- transitions --------------------------------------------------------------------------
     def claim(
         self,
@@ -88,7 +105,7 @@ class QueueFiles:
             if entry.group is not None:
                 runs.taken[entry.group] += 1
             deadline_ms = at_ms + visibility_ms
-            message = self.open_lease(lease, entry.message_id, entry.count + 1, deadline_ms)
+            message = self._open_claimed(lease, entry.message_id, entry.count + 1, deadline_ms)
             if message is not None:
                 return message
         return None
@@ -108,7 +125,7 @@ class QueueFiles:
         deadline_ms = at_ms + visibility_ms
         leased = []
         for lease, entry in self.take_named(index, config, entries, at_ms, visibility_ms):
-            message = self.open_lease(lease, entry.message_id, entry.count + 1, deadline_ms)
+            message = self._open_claimed(lease, entry.message_id, entry.count + 1, deadline_ms)
             if message is not None:
                 leased.append((lease, message))
         return leased
@@ -153,15 +170,22 @@ class QueueFiles:
             index.add(layout.LEASED, lease)
         return lease
 
+    def _open_claimed(
+        self, lease: str, message_id: str, count: int, deadline_ms: int
+    ) -> Message | None:
+        try:
+            return self.open_lease(lease, message_id, count, deadline_ms)
+        except FileNotFoundError:
+            return None  # deleted by id a moment after our claim
+
     def open_lease(
         self, lease: str, message_id: str, count: int, deadline_ms: int
     ) -> Message | None:
-        """The message leased as @leased/`lease` (None if it vanished or is corrupt)."""
+        """The message leased as @leased/`lease`: None if it is corrupt (set aside now);
+        FileNotFoundError if it is not there (deleted by id, or its lease moved on)."""
         target = self.path(layout.LEASED, lease)
         try:
             decoded = read_message(target, message_id)
-        except FileNotFoundError:
-            return None  # deleted by id, or its lease moved on (extended, expired)
         except CorruptMessage:
             self.quarantine(target, lease)
             return None
@@ -364,13 +388,14 @@ def _open_to_read(name: str, dir_fd: int | None = None) -> int:
     metadata write per message. Only the file's owner (or CAP_FOWNER) may ask for that: after
     an EPERM, this process reads without it."""
     global _read_flags
+    flags = _read_flags  # one read of the global: another thread may clear the flag meanwhile
     try:
-        return os.open(name, _read_flags, dir_fd=dir_fd)
+        return os.open(name, flags, dir_fd=dir_fd)
     except PermissionError as exc:
-        if exc.errno != errno.EPERM or not _read_flags & _NOATIME:
+        if exc.errno != errno.EPERM or not flags & _NOATIME:
             raise
-        _read_flags &= ~_NOATIME
-        return os.open(name, _read_flags, dir_fd=dir_fd)
+        _read_flags = flags & ~_NOATIME
+        return os.open(name, flags & ~_NOATIME, dir_fd=dir_fd)
 
 
 def read_at(dir_fd: int, name: str, message_id: str) -> codec.Decoded:

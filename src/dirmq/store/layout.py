@@ -51,7 +51,7 @@ _ENTRY_RE = re.compile(
     rf"({ID_PATTERN})(?:\.(\d{{1,9}}))?(?:\.(\d{{1,15}}))?(?:~([0-9a-f]{{{GROUP_TAG_LENGTH}}}))?"
 )
 _BARE_ID_RE = re.compile(ID_PATTERN)
-_ID_LENGTH = 29  # 16 digits, a dash, 12 hex digits (ids.py)
+ID_LENGTH = 29  # 16 digits, a dash, 12 hex digits (ids.py)
 _RECEIPT_RE = re.compile(rf"({ID_PATTERN})\.(\d{{1,9}})")
 _TMP_RE = re.compile(rf"({ID_PATTERN})\.([0-9a-f]{{8}})\.(\d+)\.tmp")
 
@@ -83,7 +83,7 @@ def parse_entry(name: str) -> Entry | None:
     A bare id (a message never received: most of a backlog) takes one match; other names are
     cached: a name is parsed where it is made, again when inotify reports it, and once more
     when it leaves its directory; an `Entry` is immutable."""
-    if len(name) == _ID_LENGTH and _BARE_ID_RE.fullmatch(name):
+    if len(name) == ID_LENGTH and _BARE_ID_RE.fullmatch(name):
         return Entry(name, 0, None)
     return _parse_entry(name)
 

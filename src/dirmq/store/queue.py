@@ -17,7 +17,7 @@ import heapq
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -53,6 +53,9 @@ ProgressFn = Callable[[int], None]  # called with how many items were just proce
 _SETTLE_ACTIONS = ("ack", "nack", "extend", "dead_letter")
 _ACK_CHUNK = 64  # acks of one ack_many applied per lock hold (and per index sync)
 _MAX_VALIDATED = 4096  # validated messages remembered per queue (a server batch is <= 1024)
+
+
+READ_CHUNK = 256  # `read_leases`: lease files opened before moved ones are looked for
 
 
 def _check_seconds(name: str, value: float | None) -> None:
@@ -561,28 +564,64 @@ class Queue:
             self.reload_config()  # every name gone: QueueNotFound if the queue is
         return [lease for lease, _ in taken]
 
-    def read_leases(self, leases: Iterable[str]) -> list[Message]:
-        """The messages behind lease names (from `lease_named`), in order. One whose lease
-        file has moved since (extended, expired) is read by id wherever it is now; one that is
-        gone (acknowledged) or damaged (set aside in @corrupt) is left out. A message read
-        by id has a receipt only while it is still under this lease."""
-        found = []
+    def read_leases(self, leases: Iterable[str]) -> Iterator[Message]:
+        """The messages behind lease names (from `lease_named`), one at a time: a consumer
+        holds what it has not passed on yet, nothing more. One whose lease file has moved since
+        (a heartbeat extended it, or it expired) is found by `read_ids` and comes after the
+        others of its chunk of `READ_CHUNK`; it has a receipt only while it is still under this
+        lease. One that is gone (acknowledged by id) or damaged (set aside in @corrupt) is
+        left out."""
+        chunk: list[tuple[str, layout.Entry, int]] = []
         for lease in leases:
             entry = parse_entry(lease)
             if entry is None or entry.at_ms is None:
                 raise InvalidArgument(f"not a lease name: {str(lease)[:80]!r}")
+            chunk.append((lease, entry, entry.at_ms))
+            if len(chunk) == READ_CHUNK:
+                yield from self._read_lease_chunk(chunk)
+                chunk = []
+        yield from self._read_lease_chunk(chunk)
+
+    def _read_lease_chunk(self, chunk: list[tuple[str, layout.Entry, int]]) -> Iterator[Message]:
+        moved: dict[str, layout.Entry] = {}
+        for lease, entry, deadline_ms in chunk:
             try:
-                message = self._files.open_lease(lease, entry.message_id, entry.count, entry.at_ms)
-                if message is None:
-                    message = self.peek(entry.message_id)
-                    if message.state == "leased" and message.receive_count == entry.count:
-                        message = replace(message, receipt=entry.receipt)  # still our lease
-            except MessageNotFound:
+                message = self._files.open_lease(lease, entry.message_id, entry.count, deadline_ms)
+            except FileNotFoundError:
+                moved[entry.message_id] = entry
                 continue
             except OSError as exc:
                 raise storage_error(exc, f"reading a message of queue {self.name!r}") from exc
-            found.append(message)
-        return found
+            if message is not None:  # None: damaged, set aside
+                yield message
+        for found in self.read_ids(moved):
+            entry = moved[found.id]
+            if found.state == "leased" and found.receive_count == entry.count:
+                found = replace(found, receipt=entry.receipt)  # noqa: PLW2901 (still our lease)
+            yield found
+
+    def read_ids(self, message_ids: Collection[str]) -> Iterator[Message]:
+        """Read messages by id wherever they are now (ready, leased, delayed, dead), without
+        leasing them, from one listing of the state directories rather than the index: for a
+        consumer that recorded what it received and must find it again, on any filesystem
+        (a polling index can be seconds behind), without building an index of the whole
+        queue. Ids not found are left out. A message that moves between the listing and its
+        read is looked for again (three listings at most)."""
+        wanted = set(message_ids)
+        for _attempt in range(3):
+            if not wanted:
+                return
+            located = self._files.locate_listed(wanted)
+            for message_id, (directory, name) in located.items():
+                message = self._files.read(directory, name)
+                if message is not None:
+                    wanted.discard(message_id)
+                    yield message
+                elif not os.path.lexists(self._files.path(directory, name)):
+                    continue  # it moved on: the next listing finds it
+                else:
+                    wanted.discard(message_id)  # damaged: never delivered
+            wanted &= {i for i in wanted if i in located}  # never listed: gone
 
     def ack_leases(self, leases: Iterable[str]) -> list[str]:
         """Acknowledge leased messages by their lease names (from `claim_named`), without the
