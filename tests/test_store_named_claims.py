@@ -140,14 +140,15 @@ def test_ack_leases_from_several_threads(root: Path) -> None:
         assert len(queue.put_many([b"n%d" % i for i in range(400)], timeout_s=0)) == 400
 
 
-def test_claim_named_on_a_deleted_queue_is_an_error(root: Path) -> None:
+@pytest.mark.parametrize("claim", ["claim_named", "lease_named"])
+def test_claiming_names_on_a_deleted_queue_is_an_error(root: Path, claim: str) -> None:
     with dirmq.Store(root) as store:
         queue = store.create_queue("q")
         queue.put(b"x")
         names = queue.ready_names()
         store.delete_queue("q")
         with pytest.raises(QueueNotFound):
-            queue.claim_named(names)
+            getattr(queue, claim)(names)
 
 
 def test_a_message_larger_than_one_read_is_read_whole(root: Path) -> None:
@@ -188,16 +189,6 @@ def test_read_leases_follows_a_moved_lease_and_skips_what_is_gone(root: Path) ->
         assert len(list((Path(queue.path) / "@corrupt").iterdir())) == 1
         with pytest.raises(InvalidArgument):
             list(queue.read_leases([ids[3]]))  # a ready name, not a lease name
-
-
-def test_lease_named_on_a_deleted_queue_is_an_error(root: Path) -> None:
-    with dirmq.Store(root) as store:
-        queue = store.create_queue("q")
-        queue.put(b"x")
-        names = queue.ready_names()
-        store.delete_queue("q")
-        with pytest.raises(QueueNotFound):
-            queue.lease_named(names)
 
 
 def test_moved_leases_are_found_on_a_polling_store_whose_index_lags(root: Path) -> None:

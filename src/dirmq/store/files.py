@@ -110,26 +110,6 @@ class QueueFiles:
                 return message
         return None
 
-    def claim_named(
-        self,
-        index: QueueIndex | None,
-        config: QueueConfig,
-        entries: list[tuple[str, Entry]],
-        at_ms: int,
-        visibility_ms: int,
-    ) -> list[tuple[str, Message]]:
-        """Lease exactly the @ready files named in `entries` (name, parsed name) that are still
-        there, in order: (lease name, message) pairs. For cooperating consumers given disjoint
-        names by one planner, so no two of them race for the same head. Group names must not be
-        passed (their order needs `claim`; the caller checked them)."""
-        deadline_ms = at_ms + visibility_ms
-        leased = []
-        for lease, entry in self.take_named(index, config, entries, at_ms, visibility_ms):
-            message = self._open_claimed(lease, entry.message_id, entry.count + 1, deadline_ms)
-            if message is not None:
-                leased.append((lease, message))
-        return leased
-
     def take_named(
         self,
         index: QueueIndex | None,
@@ -138,7 +118,11 @@ class QueueFiles:
         at_ms: int,
         visibility_ms: int,
     ) -> list[tuple[str, Entry]]:
-        """`claim_named` without reading: (lease name, parsed ready name) of each file taken."""
+        """Lease exactly the @ready files named in `entries` (name, parsed name) that are still
+        there, in order, without reading them: (lease name, parsed ready name) of each file
+        taken. For cooperating consumers given disjoint names by one planner, so no two of them
+        race for the same head. Group names must not be passed (their order needs `claim`;
+        the caller checked them)."""
         taken = []
         for name, entry in entries:
             lease = self._take(index, config, name, entry, at_ms, visibility_ms)

@@ -530,39 +530,46 @@ class Queue:
         """Lease the ready messages `names` (from `ready_names`) that nobody took meanwhile, in
         order: (lease name, message) pairs. The lease name acknowledges the message with
         `ack_leases`. This process's index is neither opened nor synced for it."""
-        _check_seconds("visibility_s", visibility_s)
-        entries = _ready_entries(names)
-        try:
-            with self._lock:
-                config = self.config
-                visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
-                leased = self._files.claim_named(
-                    self._index, config, entries, now_ms(), round(visibility * 1000)
+        taken, deadline_ms = self._take_named(names, visibility_s)
+        leased = []
+        for lease, entry in taken:
+            try:
+                message = self._files.open_lease(
+                    lease, entry.message_id, entry.count + 1, deadline_ms
                 )
-        except OSError as exc:
-            raise storage_error(exc, f"leasing messages of queue {self.name!r}") from exc
-        if names and not leased:
-            self.reload_config()  # every name gone: QueueNotFound if the queue is
+            except FileNotFoundError:
+                continue  # deleted by id a moment after our claim
+            except OSError as exc:
+                raise storage_error(exc, f"reading a message of queue {self.name!r}") from exc
+            if message is not None:  # None: damaged, set aside
+                leased.append((lease, message))
         return leased
 
     def lease_named(self, names: list[str], *, visibility_s: float | None = None) -> list[str]:
         """`claim_named` without reading the messages: the lease names of those taken, in
-        order. Read them with `read_leases`, a chunk at a time: a consumer that must record
-        what it leased before processing any of it then never holds the whole lot in memory."""
+        order. Read them with `read_leases`, one at a time: a consumer that must record what
+        it leased before processing any of it then never holds the whole lot in memory."""
+        taken, _deadline_ms = self._take_named(names, visibility_s)
+        return [lease for lease, _ in taken]
+
+    def _take_named(
+        self, names: list[str], visibility_s: float | None
+    ) -> tuple[list[tuple[str, layout.Entry]], int]:
+        """Rename the named ready files into @leased: (lease name, parsed ready name) of each
+        one taken, and their lease deadline."""
         _check_seconds("visibility_s", visibility_s)
         entries = _ready_entries(names)
         try:
             with self._lock:
                 config = self.config
                 visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
-                taken = self._files.take_named(
-                    self._index, config, entries, now_ms(), round(visibility * 1000)
-                )
+                at_ms, visibility_ms = now_ms(), round(visibility * 1000)
+                taken = self._files.take_named(self._index, config, entries, at_ms, visibility_ms)
         except OSError as exc:
             raise storage_error(exc, f"leasing messages of queue {self.name!r}") from exc
         if names and not taken:
             self.reload_config()  # every name gone: QueueNotFound if the queue is
-        return [lease for lease, _ in taken]
+        return taken, at_ms + visibility_ms
 
     def read_leases(self, leases: Iterable[str]) -> Iterator[Message]:
         """The messages behind lease names (from `lease_named`), one at a time: a consumer
