@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,3 +48,17 @@ def spark_fixture() -> Iterator[Any]:
     global _session
     session.stop()
     _session = None
+
+
+def run_available_now(df: Any, out: Path, checkpoint: Path) -> Any:
+    """Run the streaming `df` into parquet at `out` with Trigger.AvailableNow; the finished
+    query."""
+    query = (
+        df.writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return query

@@ -22,7 +22,7 @@ import dirmq
 from dirmq.spark.options import STATE_SUBDIR
 
 from .servers import start_server
-from .spark_fixtures import spark_fixture  # noqa: F401
+from .spark_fixtures import run_available_now, spark_fixture  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -168,15 +168,7 @@ def test_a_declared_schema_reads_only_those_columns(spark: Any, tmp_path: Path) 
 
     stream = spark.readStream.format("dirmq").schema("id string, body binary")
     stream = stream.option("path", str(root)).option("queue", "q").option("consumer", "narrow")
-    query = (
-        stream.load()
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
+    run_available_now(stream.load(), out, tmp_path / "checkpoint")
     written = spark.read.parquet(str(out))
     assert written.columns == ["id", "body"]
     assert written.count() == 400 and written.select("id").distinct().count() == 400
@@ -263,16 +255,8 @@ def test_available_now_drains_the_queue_and_a_second_run_finds_nothing(
     _fill(queue, 1000)
 
     def run() -> Any:
-        query = (
-            _stream(spark, path=str(root), queue="q", consumer="drain")
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        return query
+        df = _stream(spark, path=str(root), queue="q", consumer="drain")
+        return run_available_now(df, out, tmp_path / "checkpoint")
 
     first = run()
     assert sum(p["numInputRows"] for p in first.recentProgress) == 1000

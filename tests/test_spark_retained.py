@@ -23,7 +23,7 @@ from dirmq.pubsub.logs import LogHead
 from dirmq.store import Store
 
 from .servers import start_server
-from .spark_fixtures import spark_fixture  # noqa: F401
+from .spark_fixtures import run_available_now, spark_fixture  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -71,18 +71,6 @@ def _stream(spark: Any, hub: PubSub, **options: str) -> Any:
 
 def _seqs(df: Any) -> list[int]:
     return sorted(row.seq for row in df.select("seq").collect())
-
-
-def _run_available_now(df: Any, out: Path, checkpoint: Path) -> Any:
-    query = (
-        df.writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    return query
 
 
 # -- batch ----------------------------------------------------------------------------------------
@@ -134,11 +122,11 @@ def test_bad_options_are_refused_at_load(spark: Any, hub: PubSub) -> None:
 # -- streaming ------------------------------------------------------------------------------------
 def test_stream_from_earliest_latest_and_a_number(spark: Any, hub: PubSub, tmp_path: Path) -> None:
     _publish(hub, 20)
-    earliest = _run_available_now(_stream(spark, hub), tmp_path / "a", tmp_path / "a.ckpt")
+    earliest = run_available_now(_stream(spark, hub), tmp_path / "a", tmp_path / "a.ckpt")
     assert sum(p["numInputRows"] for p in earliest.recentProgress) == 20
     assert _seqs(spark.read.parquet(str(tmp_path / "a"))) == list(range(1, 21))
     numbered = _stream(spark, hub, startingOffsets="15")
-    _run_available_now(numbered, tmp_path / "b", tmp_path / "b.ckpt")
+    run_available_now(numbered, tmp_path / "b", tmp_path / "b.ckpt")
     assert _seqs(spark.read.parquet(str(tmp_path / "b"))) == list(range(15, 21))
 
     query = (
@@ -165,7 +153,7 @@ def test_restart_continues_exactly_and_max_per_trigger(
 
     def run() -> list[int]:
         df = _stream(spark, hub, maxMessagesPerTrigger="7", numPartitions="2")
-        query = _run_available_now(df, out, checkpoint)
+        query = run_available_now(df, out, checkpoint)
         return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
 
     _publish(hub, 30)
@@ -177,7 +165,7 @@ def test_restart_continues_exactly_and_max_per_trigger(
     assert seqs == list(range(1, 41))
 
     # Nothing was consumed: a new query from earliest replays the whole log.
-    again = _run_available_now(_stream(spark, hub), tmp_path / "again", tmp_path / "again.ckpt")
+    again = run_available_now(_stream(spark, hub), tmp_path / "again", tmp_path / "again.ckpt")
     assert sum(p["numInputRows"] for p in again.recentProgress) == 40
 
 
@@ -200,7 +188,7 @@ def test_fail_on_data_loss(spark: Any, hub: PubSub, tmp_path: Path) -> None:
     with pytest.raises(StreamingQueryException, match="failOnDataLoss=false"):
         failing.awaitTermination()
 
-    _run_available_now(
+    run_available_now(
         _stream(spark, hub, failOnDataLoss="false", maxMessagesPerTrigger="8"),
         tmp_path / "skip",
         tmp_path / "skip.ckpt",
@@ -244,7 +232,7 @@ def test_over_url_batch_stream_and_data_loss(spark: Any, tmp_path: Path) -> None
         assert _seqs(read(startingOffsets="5", endingOffsets="8")) == [5, 6, 7]
 
         out, checkpoint = tmp_path / "out", tmp_path / "ckpt"
-        query = _run_available_now(stream(maxMessagesPerTrigger="7"), out, checkpoint)
+        query = run_available_now(stream(maxMessagesPerTrigger="7"), out, checkpoint)
         assert [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]] == [
             7,
             7,
