@@ -57,7 +57,9 @@ class ReadyBacklog:
         """List `@ready`; keep the names up to the first group's; return every name listed."""
         promote = now - self._promoted_at >= PROMOTE_S
         listed = self._queue.ready_names(promote=promote, groups=groups)
-        grouped = next((i for i, name in enumerate(listed) if "~" in name), None)
+        grouped = (
+            next((i for i, name in enumerate(listed) if "~" in name), None) if groups else None
+        )
         self._names = listed if grouped is None else listed[:grouped]
         self._next = 0
         self._listed_at = time.monotonic()

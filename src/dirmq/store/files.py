@@ -105,7 +105,7 @@ class QueueFiles:
             if entry.group is not None:
                 runs.taken[entry.group] += 1
             deadline_ms = at_ms + visibility_ms
-            message = self._open_claimed(lease, entry.message_id, entry.count + 1, deadline_ms)
+            message = self.open_claimed(lease, entry.message_id, entry.count + 1, deadline_ms)
             if message is not None:
                 return message
         return None
@@ -154,9 +154,10 @@ class QueueFiles:
             index.add(layout.LEASED, lease)
         return lease
 
-    def _open_claimed(
+    def open_claimed(
         self, lease: str, message_id: str, count: int, deadline_ms: int
     ) -> Message | None:
+        """`open_lease` of a file just claimed: None if it is already gone or damaged."""
         try:
             return self.open_lease(lease, message_id, count, deadline_ms)
         except FileNotFoundError:

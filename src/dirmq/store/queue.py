@@ -53,8 +53,6 @@ ProgressFn = Callable[[int], None]  # called with how many items were just proce
 _SETTLE_ACTIONS = ("ack", "nack", "extend", "dead_letter")
 _ACK_CHUNK = 64  # acks of one ack_many applied per lock hold (and per index sync)
 _MAX_VALIDATED = 4096  # validated messages remembered per queue (a server batch is <= 1024)
-
-
 READ_CHUNK = 256  # `read_leases`: lease files opened before moved ones are looked for
 
 
@@ -532,17 +530,14 @@ class Queue:
         `ack_leases`. This process's index is neither opened nor synced for it."""
         taken, deadline_ms = self._take_named(names, visibility_s)
         leased = []
-        for lease, entry in taken:
-            try:
-                message = self._files.open_lease(
-                    lease, entry.message_id, entry.count + 1, deadline_ms
-                )
-            except FileNotFoundError:
-                continue  # deleted by id a moment after our claim
-            except OSError as exc:
-                raise storage_error(exc, f"reading a message of queue {self.name!r}") from exc
-            if message is not None:  # None: damaged, set aside
-                leased.append((lease, message))
+        try:
+            for lease, entry in taken:
+                count = entry.count + 1
+                message = self._files.open_claimed(lease, entry.message_id, count, deadline_ms)
+                if message is not None:
+                    leased.append((lease, message))
+        except OSError as exc:
+            raise storage_error(exc, f"reading a message of queue {self.name!r}") from exc
         return leased
 
     def lease_named(self, names: list[str], *, visibility_s: float | None = None) -> list[str]:
@@ -628,7 +623,7 @@ class Queue:
                     continue  # it moved on: the next listing finds it
                 else:
                     wanted.discard(message_id)  # damaged: never delivered
-            wanted &= {i for i in wanted if i in located}  # never listed: gone
+            wanted.intersection_update(located)  # the ones never listed are gone
 
     def ack_leases(self, leases: Iterable[str]) -> list[str]:
         """Acknowledge leased messages by their lease names (from `claim_named`), without the
