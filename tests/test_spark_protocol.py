@@ -22,6 +22,7 @@ from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 import dirmq
 from dirmq.errors import InvalidArgument, InvalidName
 from dirmq.spark import DirmqDataSource, connect
+from dirmq.spark import options as options_module
 from dirmq.spark.leasing import LeasePartition, split
 from dirmq.spark.ledger import Ledger
 from dirmq.spark.options import parse_options
@@ -190,6 +191,24 @@ def test_a_restarted_driver_replays_every_recorded_partition(
         again.stop()
 
 
+def test_a_restarted_driver_names_the_messages_of_a_batch_nobody_recorded(
+    root: Path, queue: dirmq.Queue
+) -> None:
+    published = queue.put_many([b"m%d" % i for i in range(300)])
+    reader = _reader(root)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(200))  # logged by Spark, then the driver died
+    reader.stop()
+    again = _reader(root)
+    try:
+        partitions = again.partitions(start, end)
+        assert all(isinstance(p, LeasePartition) and p.names and not p.quota for p in partitions)
+        got = [i for p in partitions for b in again.read(p) for i in b.column("id").to_pylist()]
+        assert sorted(got) == published[:200]
+    finally:
+        again.stop()
+
+
 def test_available_now_keeps_its_last_batch_small(root: Path, queue: dirmq.Queue) -> None:
     queue.put_many([b"x"] * 3500)
     reader = _reader(root, maxMessagesPerBatch="2000")
@@ -220,6 +239,39 @@ def test_a_group_at_the_head_is_leased_with_get(root: Path, queue: dirmq.Queue) 
         assert got == ids[:1]  # one message of a group in flight at a time, in order
     finally:
         reader.stop()
+
+
+def test_batches_held_in_memory_get_the_smaller_default_cap(
+    root: Path, queue: dirmq.Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Named batches are streamed a file at a time; a count plan (a group at the head) is held
+    # by its tasks until recorded, so its default cap is the smaller one.
+    monkeypatch.setattr(options_module, "DEFAULT_MAX_BATCH", 6)
+    monkeypatch.setattr(options_module, "DEFAULT_MAX_HELD_BATCH", 2)
+    queue.put_many([b"plain"] * 8)
+    queue.put_many([dirmq.OutgoingMessage(b"g%d" % i, group=f"g{i}") for i in range(9)])
+    reader = _reader(root)
+    try:
+        offsets = [reader.initialOffset()]
+        for _ in range(4):
+            offsets.append(reader.latestOffset(offsets[-1], ReadAllAvailable()))
+            _read(reader, offsets[-2], offsets[-1])
+        assert [o["messages"] for o in offsets[1:]] == [6, 2, 2, 2]  # named, named, count...
+        capped = _reader(root, maxMessagesPerBatch="3")  # an explicit cap holds for both
+        assert capped.latestOffset(offsets[-1], ReadAllAvailable())["messages"] == 3
+        capped.stop()
+    finally:
+        reader.stop()
+
+
+def test_the_default_batch_caps_follow_where_messages_are_held() -> None:
+    local = parse_options({"path": "/r", "queue": "q"})
+    assert local.batch_cap(held=False) == options_module.DEFAULT_MAX_BATCH == 200_000
+    assert local.batch_cap(held=True) == options_module.DEFAULT_MAX_HELD_BATCH == 50_000
+    remote = parse_options({"url": "http://h", "queue": "q"})
+    assert remote.batch_cap(held=False) == remote.batch_cap(held=True) == 50_000
+    capped = parse_options({"path": "/r", "queue": "q", "maxMessagesPerBatch": "7"})
+    assert capped.batch_cap(held=False) == capped.batch_cap(held=True) == 7
 
 
 def test_a_batch_spark_never_logged_is_given_back(root: Path, queue: dirmq.Queue) -> None:

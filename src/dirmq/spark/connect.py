@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from dirmq.client import RemoteStore, protocol
 from dirmq.errors import MessageTooLarge, QueueNotFound
 from dirmq.spark.options import Options
 from dirmq.store import Message, OutgoingMessage, QueueConfig, QueueStats, Store
+
+if TYPE_CHECKING:  # the HTTP client (httpx) is imported only by processes that use `url`:
+    from dirmq.client import RemoteStore  # ~80 ms at the start of every Python worker
 
 
 class QueueHandle(Protocol):
@@ -80,6 +82,8 @@ def local_store(root: str) -> Store:
 
 
 def remote_store(url: str) -> RemoteStore:
+    from dirmq.client import RemoteStore
+
     with _lock:
         _forget_after_fork()
         remote = _remotes.get(url)
@@ -128,6 +132,8 @@ def message_checker(options: Options) -> Callable[[OutgoingMessage], None]:
     delay, group), so a write task can refuse a bad row before anything is published."""
     if options.path is not None:
         return local_store(options.path).queue(options.queue).validate
+    from dirmq.client import protocol
+
     limit = open_queue(options).config.max_message_bytes
 
     def check(message: OutgoingMessage) -> None:

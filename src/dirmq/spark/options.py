@@ -13,7 +13,9 @@ that is malformed is refused with `InvalidArgument` naming the option.
                           over `url`
     numPartitions         read parallelism (default: the driver's CPU count)
     maxMessagesPerTrigger streaming reads: the default read limit per micro-batch
-    maxMessagesPerBatch   streaming reads: a hard cap per micro-batch (default 50000)
+    maxMessagesPerBatch   streaming reads: a hard cap per micro-batch (default 200000 when
+                          the read tasks lease by name through `path`; 50000 when a batch's
+                          messages are held in memory: over `url`, or planned as a count)
     leaseSeconds          streaming reads: lease length, kept alive while a batch runs (120)
     pollWaitSeconds       streaming reads over `url`: how long an idle poll waits (0.25)
     states                batch reads: which states to include (default ready,leased,delayed
@@ -49,7 +51,12 @@ from dirmq.store.names import validate_queue_name
 
 STATES = ("ready", "leased", "delayed", "dead")
 DEFAULT_STATES = ("ready", "leased", "delayed")
-DEFAULT_MAX_BATCH = 50_000
+# Messages per micro-batch. Each batch costs Spark ~0.25 s whatever its size, so batches that
+# tasks stream a file at a time (path mode, planned by name) are large; a batch whose messages
+# are held in memory until recorded (by the driver over `url`, by each task when planned as a
+# count) stays smaller.
+DEFAULT_MAX_BATCH = 200_000
+DEFAULT_MAX_HELD_BATCH = 50_000
 DEFAULT_LEASE_S = 120.0
 DEFAULT_POLL_WAIT_S = 0.25
 STATE_SUBDIR = "@spark"
@@ -75,7 +82,7 @@ class Options:
     state_dir: str | None = None
     num_partitions: int | None = None
     max_per_trigger: int | None = None
-    max_per_batch: int = DEFAULT_MAX_BATCH
+    max_per_batch: int | None = None  # None: `batch_cap` picks the default
     lease_s: float = DEFAULT_LEASE_S
     poll_wait_s: float = DEFAULT_POLL_WAIT_S
     states: tuple[str, ...] | None = None  # None: the mode's default (see snapshot.py)
@@ -88,6 +95,13 @@ class Options:
 
     def partitions_for(self, count: int) -> int:
         return partitions_for(self.num_partitions, count)
+
+    def batch_cap(self, *, held: bool) -> int:
+        """The most messages one micro-batch may take: `maxMessagesPerBatch`, or the default
+        for batches streamed by name (`held` false, path mode) or held in memory."""
+        if self.max_per_batch is not None:
+            return self.max_per_batch
+        return DEFAULT_MAX_HELD_BATCH if held or self.path is None else DEFAULT_MAX_BATCH
 
     def state_root(self) -> str | None:
         """The Spark layer's own directory: `stateDir`, or `<path>/@spark` for a local root."""
@@ -244,8 +258,7 @@ def parse_options(raw: Mapping[str, str]) -> Options:
         state_dir=os.path.abspath(options["statedir"]) if options.get("statedir") else None,
         num_partitions=_int(options, "numpartitions", "numPartitions", None),
         max_per_trigger=_int(options, "maxmessagespertrigger", "maxMessagesPerTrigger", None),
-        max_per_batch=_int(options, "maxmessagesperbatch", "maxMessagesPerBatch", None)
-        or DEFAULT_MAX_BATCH,
+        max_per_batch=_int(options, "maxmessagesperbatch", "maxMessagesPerBatch", None),
         lease_s=_seconds(options, "leaseseconds", "leaseSeconds", DEFAULT_LEASE_S),
         poll_wait_s=_seconds(options, "pollwaitseconds", "pollWaitSeconds", DEFAULT_POLL_WAIT_S),
         states=_states(options.get("states")),

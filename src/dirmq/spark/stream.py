@@ -134,7 +134,7 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         driver.upkeep.settle_through(handed)
         driver.discard_after(seq)
         driver.planned = None  # a plan beyond `seq` was never logged by Spark (discarded above)
-        cap = self._options.max_per_batch
+        cap = self._options.batch_cap(held=False)
         if isinstance(limit, ReadMaxRows):
             cap = min(cap, limit.max_rows)
         if self._budget is not None:
@@ -161,6 +161,7 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 driver.planned = (seq, names)
                 driver.unplanned = 0  # the count below is stale now: count again when needed
                 return offset(seq, len(names), options.partitions_for(len(names)))
+        cap = min(cap, options.batch_cap(held=True))  # what follows holds its messages
         if options.path is not None:  # the head holds a message group: plan a count to `get`
             if driver.unplanned < cap:
                 driver.unplanned = driver.queue.stats().ready
@@ -203,10 +204,15 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         driver = self._driver()
         ledger = driver.ledger
         # The tasks follow from the offset alone (a replay must find every partition's record);
-        # a plan names each task's messages, without one (a restart, or a batch planned as a
-        # count) each task leases its share with `get`.
+        # a plan names each task's messages, without one (a batch planned as a count: a group
+        # at the head) each task leases its share with `get`.
         quotas = split(count, parts)
         names = driver.planned[1] if driver.planned and driver.planned[0] == seq else None
+        if names is None and driver.backlog is not None and not ledger.part_numbers(seq):
+            # A restart: Spark runs the batch it logged without planning it again. None of it
+            # was recorded, so any `count` ready messages will do: name them, and the tasks
+            # stream them instead of holding what `get` returns until it is recorded.
+            names = driver.backlog.take(count, count)
         if names is not None and len(names) == count:
             starts = [sum(quotas[:i]) for i in range(len(quotas))]
             tasks = [
