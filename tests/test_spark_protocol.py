@@ -209,6 +209,69 @@ def test_a_restarted_driver_names_the_messages_of_a_batch_nobody_recorded(
         again.stop()
 
 
+def test_a_restarted_batch_with_a_partial_record_leases_no_more_than_a_held_batch(
+    root: Path, queue: dirmq.Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(options_module, "DEFAULT_MAX_HELD_BATCH", 4)
+    published = queue.put_many([b"m%d" % i for i in range(300)])
+    reader = _reader(root)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(200))
+    first = reader.partitions(start, end)[0]
+    recorded = [i for b in reader.read(first) for i in b.column("id").to_pylist()]
+    reader.stop()  # the driver died with partition 0 recorded, partition 1 never run
+    again = _reader(root)
+    try:
+        partitions = again.partitions(start, end)
+        assert [(p.names, p.quota) for p in partitions if isinstance(p, LeasePartition)] == [
+            ([], 2),
+            ([], 2),
+        ]
+        got = [i for p in partitions for b in again.read(p) for i in b.column("id").to_pylist()]
+        assert sorted(got) == sorted(recorded + published[100:102])  # the record, then 2 more
+    finally:
+        again.stop()
+
+
+def test_a_restarted_batch_is_charged_to_the_available_now_budget(
+    root: Path, queue: dirmq.Queue
+) -> None:
+    queue.put_many([b"m%d" % i for i in range(300)])
+    reader = _reader(root)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(200))
+    reader.stop()
+    again = _reader(root)
+    try:
+        again.prepareForTriggerAvailableNow()  # 300 ready, 200 of them for the logged batch
+        _read(again, start, end)
+        queue.put_many([b"late"] * 50)  # published after the run started: not for this run
+        following = again.latestOffset(end, ReadAllAvailable())
+        assert following["messages"] == 100
+        _read(again, end, following)
+        assert again.latestOffset(following, ReadAllAvailable()) == following
+        assert queue.stats().ready == 50
+    finally:
+        again.stop()
+
+
+def test_only_a_local_filesystem_gets_the_large_default_batches(
+    root: Path, queue: dirmq.Queue
+) -> None:
+    queue.put_many([b"x"] * 3)
+    local = _reader(root)
+    polled = DirmqStreamReader(parse_options({"path": str(root), "queue": "jobs", "consumer": "p"}))
+    try:
+        local.latestOffset(local.initialOffset(), ReadAllAvailable())
+        assert local._driver().large_batches
+        connect.local_store(str(root)).watch_mode = "poll"  # as on NFS: renewals are slow
+        polled.latestOffset(polled.initialOffset(), ReadAllAvailable())
+        assert not polled._driver().large_batches
+    finally:
+        local.stop()
+        polled.stop()
+
+
 def test_available_now_keeps_its_last_batch_small(root: Path, queue: dirmq.Queue) -> None:
     queue.put_many([b"x"] * 3500)
     reader = _reader(root, maxMessagesPerBatch="2000")

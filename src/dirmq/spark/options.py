@@ -14,8 +14,10 @@ that is malformed is refused with `InvalidArgument` naming the option.
     numPartitions         read parallelism (default: the driver's CPU count)
     maxMessagesPerTrigger streaming reads: the default read limit per micro-batch
     maxMessagesPerBatch   streaming reads: a hard cap per micro-batch (default 200000 when
-                          the read tasks lease by name through `path`; 50000 when a batch's
-                          messages are held in memory: over `url`, or planned as a count)
+                          the read tasks lease by name through `path` on a local filesystem;
+                          50000 on a network filesystem, where renewing leases is slow, and
+                          when a batch's messages are held in memory: over `url`, or planned
+                          as a count)
     leaseSeconds          streaming reads: lease length, kept alive while a batch runs (120)
     pollWaitSeconds       streaming reads over `url`: how long an idle poll waits (0.25)
     states                batch reads: which states to include (default ready,leased,delayed
@@ -98,7 +100,8 @@ class Options:
 
     def batch_cap(self, *, held: bool) -> int:
         """The most messages one micro-batch may take: `maxMessagesPerBatch`, or the default
-        for batches streamed by name (`held` false, path mode) or held in memory."""
+        for batches streamed by name on a local filesystem (`held` false, path mode) or for
+        the others (held in memory, or with leases slow to renew)."""
         if self.max_per_batch is not None:
             return self.max_per_batch
         return DEFAULT_MAX_HELD_BATCH if held or self.path is None else DEFAULT_MAX_BATCH

@@ -51,6 +51,8 @@ from dirmq.spark.options import Options
 from dirmq.spark.rows import READ_COLUMNS, Columns
 from dirmq.spark.upkeep import Upkeep, give_back
 from dirmq.store import Queue
+from dirmq.store.names import queue_path
+from dirmq.store.watch import needs_polling
 
 log = logging.getLogger("dirmq.spark")
 SETTLE_TIMEOUT_S = 600.0
@@ -78,7 +80,22 @@ class _Driver:
         self.upkeep = Upkeep(self.queue, self.ledger, options.lease_s)
         # Path mode: the ready messages to plan from, and the names planned for each batch.
         self.backlog = ReadyBacklog(self.queue) if isinstance(self.queue, Queue) else None
-        self.planned: tuple[int, list[str]] | None = None  # (batch, its names)
+        # (batch, its names; [] for a batch planned as a count): None for a batch this driver
+        # did not plan (a restart).
+        self.planned: tuple[int, list[str]] | None = None
+        # Large batches need cheap lease renewals: one rename per message and heartbeat, which
+        # a network filesystem (polled) makes slow. There, batches keep the smaller default.
+        self.large_batches = (
+            self.backlog is not None
+            and options.path is not None
+            and not self.queue_polled(options.path, options.queue)
+        )
+
+    @staticmethod
+    def queue_polled(root: str, queue: str) -> bool:
+        from dirmq.spark.connect import local_store
+
+        return local_store(root).watch_mode == "poll" or needs_polling(queue_path(root, queue))
 
     def discard_after(self, seq: int) -> None:
         """Give back what batches beyond `seq` leased: Spark never logged them."""
@@ -134,7 +151,7 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         driver.upkeep.settle_through(handed)
         driver.discard_after(seq)
         driver.planned = None  # a plan beyond `seq` was never logged by Spark (discarded above)
-        cap = self._options.batch_cap(held=False)
+        cap = self._options.batch_cap(held=not driver.large_batches)
         if isinstance(limit, ReadMaxRows):
             cap = min(cap, limit.max_rows)
         if self._budget is not None:
@@ -172,6 +189,7 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if count <= 0:
                 return None
             driver.unplanned -= count
+            driver.planned = (seq, [])  # planned here, as a count
             return offset(seq, count, options.partitions_for(count))
         messages = lease(driver.queue, cap, options.lease_s, first_wait_s=options.poll_wait_s)
         if not messages:
@@ -208,11 +226,8 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # at the head) each task leases its share with `get`.
         quotas = split(count, parts)
         names = driver.planned[1] if driver.planned and driver.planned[0] == seq else None
-        if names is None and driver.backlog is not None and not ledger.part_numbers(seq):
-            # A restart: Spark runs the batch it logged without planning it again. None of it
-            # was recorded, so any `count` ready messages will do: name them, and the tasks
-            # stream them instead of holding what `get` returns until it is recorded.
-            names = driver.backlog.take(count, count)
+        if names is None:  # a restart: Spark runs the batch it logged without planning it again
+            names, quotas = self._replan(driver, seq, quotas)
         if names is not None and len(names) == count:
             starts = [sum(quotas[:i]) for i in range(len(quotas))]
             tasks = [
@@ -232,6 +247,26 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             tasks[n % len(tasks)].settle.append(record)
         driver.handed = max(driver.handed, committed)
         return list(tasks)
+
+    def _replan(
+        self, driver: _Driver, seq: int, quotas: list[int]
+    ) -> tuple[list[str] | None, list[int]]:
+        """Names, or else quotas, for a batch this driver did not plan. When none of it was
+        recorded any ready messages will do: named ones are streamed, not held. Partitions
+        that lease with `get` hold what they lease until it is recorded, so their quotas are
+        cut to what a batch held in memory may take (a batch may come out smaller). An
+        availableNow budget is charged with what the unrecorded partitions will lease."""
+        recorded = set(driver.ledger.part_numbers(seq))
+        names = None
+        if not recorded and driver.backlog is not None:
+            names = driver.backlog.take(sum(quotas), sum(quotas)) or None
+        if names is None:
+            held = split(self._options.batch_cap(held=True), len(quotas))
+            quotas = [min(quota, most) for quota, most in zip(quotas, held, strict=True)]
+        if self._budget is not None:
+            fresh = sum(q for part, q in enumerate(quotas) if part not in recorded)
+            self._budget = max(0, self._budget - fresh)
+        return names, quotas
 
     def commit(self, end: Offset) -> None:
         if self._options.path is None:
