@@ -6,6 +6,7 @@ the Spark tests can only observe the outcome.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -445,6 +446,18 @@ def test_the_first_record_of_a_partition_wins(tmp_path: Path) -> None:
     ledger.set_acked(3)
     ledger.set_acked(2)  # never backwards
     assert ledger.acked() == 3
+
+
+def test_a_batch_is_as_old_as_its_oldest_record(tmp_path: Path) -> None:
+    ledger = Ledger(str(tmp_path))
+    assert ledger.record_part(1, 0, ["a.1"]) and ledger.record_part(1, 1, ["b.1"])
+    for part, age_s in ((0, 100), (1, 90)):
+        then = time.time() - age_s
+        os.utime(os.path.join(ledger.batch_dir(1), f"part-{part:05d}.json"), (then, then))
+    ledger.drop_part(1, 0)  # settling part 0 touches the directory, not part 1's age
+    recorded = ledger.recorded_at(1)
+    assert recorded is not None and 89 < time.time() - recorded < 92
+    assert ledger.recorded_at(2) is None
 
 
 def test_settling_deletes_what_an_expired_lease_cannot_acknowledge(queue: dirmq.Queue) -> None:

@@ -124,11 +124,20 @@ class Ledger:
         return [r for record in self.records(seq) for r in record.receipts]
 
     def recorded_at(self, seq: int) -> float | None:
-        """When batch `seq` was last recorded (its directory's mtime), or None."""
+        """When the oldest record of batch `seq` was written, or None. Not the directory's
+        mtime: settling one part moves that, and would delay renewing the others' leases."""
+        directory = self.batch_dir(seq)
         try:
-            return os.stat(self.batch_dir(seq)).st_mtime
+            names = os.listdir(directory)
         except FileNotFoundError:
             return None
+        times = []
+        for name in names:
+            try:
+                times.append(os.stat(os.path.join(directory, name)).st_mtime)
+            except FileNotFoundError:
+                continue  # settled meanwhile
+        return min(times, default=None)
 
     def part_numbers(self, seq: int) -> list[int]:
         """The partitions of batch `seq` that have a record."""
