@@ -260,9 +260,12 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         names = None
         if not recorded and driver.backlog is not None:
             names = driver.backlog.take(sum(quotas), sum(quotas)) or None
-        if names is None:
+        if names is None:  # a recorded partition replays its record, whatever its quota
             held = split(self._options.batch_cap(held=True), len(quotas))
-            quotas = [min(quota, most) for quota, most in zip(quotas, held, strict=True)]
+            quotas = [
+                quota if part in recorded else min(quota, most)
+                for part, (quota, most) in enumerate(zip(quotas, held, strict=True))
+            ]
         if self._budget is not None:
             fresh = sum(q for part, q in enumerate(quotas) if part not in recorded)
             self._budget = max(0, self._budget - fresh)
