@@ -35,7 +35,7 @@ from pyspark.sql.streaming.datasource import (
 
 from dirmq.errors import InvalidArgument
 from dirmq.spark.backlog import ReadyBacklog
-from dirmq.spark.connect import QueueHandle, open_queue
+from dirmq.spark.connect import QueueHandle, local_store, open_queue
 from dirmq.spark.leasing import (
     LeasePartition,
     RowsPartition,
@@ -52,7 +52,7 @@ from dirmq.spark.rows import READ_COLUMNS, Columns
 from dirmq.spark.upkeep import Upkeep, give_back
 from dirmq.store import Queue
 from dirmq.store.names import queue_path
-from dirmq.store.watch import needs_polling
+from dirmq.store.watch import polls
 
 log = logging.getLogger("dirmq.spark")
 SETTLE_TIMEOUT_S = 600.0
@@ -88,14 +88,10 @@ class _Driver:
         self.large_batches = (
             self.backlog is not None
             and options.path is not None
-            and not self.queue_polled(options.path, options.queue)
+            and not polls(
+                local_store(options.path).watch_mode, queue_path(options.path, options.queue)
+            )
         )
-
-    @staticmethod
-    def queue_polled(root: str, queue: str) -> bool:
-        from dirmq.spark.connect import local_store
-
-        return local_store(root).watch_mode == "poll" or needs_polling(queue_path(root, queue))
 
     def discard_after(self, seq: int) -> None:
         """Give back what batches beyond `seq` leased: Spark never logged them."""

@@ -254,12 +254,16 @@ def needs_polling(path: str) -> bool:
         return False
 
 
+def polls(mode: str, path: str) -> bool:
+    """Whether a queue at `path` is watched by polling under watch mode `mode`: "auto"
+    (inotify unless on a network filesystem), "inotify" or "poll"."""
+    return mode == "poll" or (mode == "auto" and needs_polling(path))
+
+
 def open_watcher(
     directories: dict[str, str], mode: str, poll_interval_s: float, hub: Callable[[], InotifyHub]
 ) -> Watcher:
-    """`mode`: "auto" (inotify unless on a network filesystem), "inotify" or "poll"; `hub`
-    gives the Store's shared inotify instance."""
-    first = next(iter(directories.values()))
-    if mode == "poll" or (mode == "auto" and needs_polling(first)):
+    """`mode`: as in `polls`; `hub` gives the Store's shared inotify instance."""
+    if polls(mode, next(iter(directories.values()))):
         return PollingWatcher(poll_interval_s)
     return hub().subscribe(directories)
