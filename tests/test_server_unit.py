@@ -13,10 +13,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 import dirmq
 from dirmq.server.http import (
-    Deferred,
+    LATER,
     HttpServer,
+    Later,
     Limits,
     Request,
+    Respond,
     Response,
     _Clock,
     _response_head,
@@ -150,19 +152,19 @@ def test_a_slow_request_head_gets_408() -> None:
 
 
 # -- the fast path (answers without a Task) ---------------------------------------------------
-def _fast_server(fast_outcomes: dict[str, object]) -> HttpServer:
-    """A server whose fast handler answers `/now` at once, `/later` through a future the test
-    completes, raises for `/boom`, and leaves anything else to the ordinary handler."""
+def _fast_server(later: list[Respond]) -> HttpServer:
+    """A server whose fast handler answers `/now` at once, `/later` when the test calls the
+    `respond` it appends to `later`, raises for `/boom`, and leaves anything else to the
+    ordinary handler."""
 
-    def fast(request: Request) -> Response | Deferred | None:
+    def fast(request: Request, respond: Respond) -> Response | Later | None:
         if request.path == "/now":
             return Response(200, b"now")
         if request.path == "/boom":
             raise RuntimeError("a bug")
         if request.path == "/later":
-            future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-            fast_outcomes.setdefault("futures", []).append(future)  # type: ignore[union-attr]
-            return future, lambda done: Response(200, done.result())
+            later.append(respond)
+            return LATER
         return None
 
     return HttpServer(_ok, fast=fast)
@@ -170,47 +172,53 @@ def _fast_server(fast_outcomes: dict[str, object]) -> HttpServer:
 
 def test_fast_answers_keep_pipelined_order_and_fall_back() -> None:
     async def main() -> bytes:
-        outcomes: dict[str, object] = {}
-        protocol, transport = _fast_server(outcomes).protocol(), _Transport()
+        later: list[Respond] = []
+        protocol, transport = _fast_server(later).protocol(), _Transport()
         protocol.connection_made(transport)
         protocol.data_received(
             b"GET /later HTTP/1.1\r\nHost: x\r\n\r\n"
             b"GET /now HTTP/1.1\r\nHost: x\r\n\r\n"
             b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
             b"GET /boom HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /later HTTP/1.1\r\nHost: x\r\n\r\n"
             b"GET /now HTTP/1.1\r\nHost: x\r\n\r\n"
         )
         await asyncio.sleep(0.01)
         assert transport.written == b""  # /later holds every answer behind it
-        futures = outcomes["futures"]
-        assert isinstance(futures, list)
-        futures[0].set_result(b"later")
+        assert len(later) == 1
+        later[0](Response(200, b"later"))
         for _ in range(50):
             await asyncio.sleep(0.005)
-            if transport.written.count(b"HTTP/1.1") == 5:
+            if len(later) == 2:
+                break
+        later[1](RuntimeError("the store broke"))  # an unexpected error: logged, then a 500
+        for _ in range(50):
+            await asyncio.sleep(0.005)
+            if transport.written.count(b"HTTP/1.1") == 6:
                 break
         return transport.written
 
     written = asyncio.run(main())
-    bodies = [part.rsplit(b"\r\n\r\n", 1)[-1] for part in written.split(b"HTTP/1.1 ")[1:]]
+    answers = written.split(b"HTTP/1.1 ")[1:]
+    bodies = [part.rsplit(b"\r\n\r\n", 1)[-1] for part in answers]
     assert bodies[:3] == [b"later", b"now", b"ok"]
-    assert written.split(b"HTTP/1.1 ")[4].startswith(b"500 ")
-    assert bodies[4] == b"now"
+    assert answers[3].startswith(b"500 ")
+    assert answers[4].startswith(b"500 ")
+    assert bodies[5] == b"now"
 
 
 def test_a_fast_answer_whose_client_left_is_not_sent() -> None:
-    async def main() -> tuple[bool, bytes]:
-        outcomes: dict[str, object] = {}
-        protocol, transport = _fast_server(outcomes).protocol(), _Transport()
+    async def main() -> bytes:
+        later: list[Respond] = []
+        protocol, transport = _fast_server(later).protocol(), _Transport()
         protocol.connection_made(transport)
         protocol.data_received(b"GET /later HTTP/1.1\r\nHost: x\r\n\r\n")
         protocol.connection_lost(None)
-        futures = outcomes["futures"]
-        assert isinstance(futures, list)
         await asyncio.sleep(0.01)
-        return futures[0].cancelled(), transport.written
+        later[0](Response(200, b"too late"))
+        return transport.written
 
-    assert asyncio.run(main()) == (True, b"")
+    assert asyncio.run(main()) == b""
 
 
 def test_a_plain_publish_answers_as_the_general_path_does(tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -13,7 +12,7 @@ from dirmq.errors import DirmqError, QueueNotFound
 from dirmq.server import native
 from dirmq.server.broker import Broker
 from dirmq.server.errors import error_response, json_error
-from dirmq.server.http import Deferred, Handler, Request, Response, StreamResponse
+from dirmq.server.http import LATER, Handler, Later, Request, Respond, Response, StreamResponse
 from dirmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dirmq.server.metrics import Metrics
 from dirmq.server.pubsub import PubSubApi, is_pubsub_path
@@ -73,7 +72,7 @@ class NativeApp:
         self.metrics.answered(label, method, response.status, time.monotonic() - started)
         return response
 
-    def fast(self, request: Request) -> Deferred | None:
+    def fast(self, request: Request, respond: Respond) -> Response | Later | None:
         """The plain publish, answered without a Task (see `http.FastHandler`); anything else,
         and every error, is left to `__call__`."""
         if request.method != "POST" or request.path.startswith("/@"):
@@ -87,23 +86,21 @@ class NativeApp:
         if route.kind != "messages":
             return None
         started = time.monotonic()
-        future = native.publish_now(self.broker, request, route)
-        if future is None:
-            return None
         metrics, queue = self.metrics, route.queue
 
-        def finish(done: asyncio.Future[list[str]]) -> Response:
-            try:
-                (message_id,) = done.result()
-            except DirmqError as exc:
-                response = error_response(exc)
+        def settle(outcome: list[str] | BaseException) -> None:
+            if isinstance(outcome, DirmqError):
+                response = error_response(outcome)
+            elif isinstance(outcome, BaseException):
+                respond(outcome)  # logged and answered 500 there
+                return
             else:
-                response = native.published(message_id)
+                response = native.published(outcome[0])
                 metrics.count("published", queue)
             metrics.answered("messages", "POST", response.status, time.monotonic() - started)
-            return response
+            respond(response)
 
-        return future, finish
+        return LATER if native.publish_now(self.broker, request, route, settle) else None
 
     def _route(self, path: str) -> Route:
         route = self._routes.get(path)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import threading
 from collections import deque
@@ -34,17 +35,37 @@ from dirmq.errors import DirmqError, QueueFull, StaleReceipt, StorageError
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
 
 T = TypeVar("T")
+log = logging.getLogger("dirmq.server")
 MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
 MAX_BATCH_MESSAGES = 1024
 BATCHES_PER_TURN = 16  # then a drain goes to the back of the pool's line: other calls get a turn
 IDLE_RECHECK_S = 30.0
 
 
+# Called on the event loop with a publish's ids, or with the error that failed it.
+Settle = Callable[[list[str] | BaseException], None]
+
+
 @dataclass(slots=True)
 class _Publish:
     messages: list[OutgoingMessage]
     durability: Durability | None
-    future: asyncio.Future[list[str]]
+    # Exactly one of the two: a future (`publish`), or a callback (`publish_nowait`: no hop
+    # through the event loop between storing and answering).
+    future: asyncio.Future[list[str]] | None
+    settle: Settle | None = None
+
+    def finish(self, outcome: list[str] | BaseException) -> None:
+        if self.settle is not None:
+            try:
+                self.settle(outcome)
+            except Exception:  # one request's bug must not keep the rest of the batch waiting
+                log.exception("settling a publish failed")
+        elif self.future is not None and not self.future.done():
+            if isinstance(outcome, BaseException):
+                self.future.set_exception(outcome)
+            else:
+                self.future.set_result(outcome)
 
 
 @dataclass(slots=True)
@@ -90,14 +111,14 @@ class Broker:
         # cancels only this future; its messages stay in the line and are stored all the same.
         return await self._publisher(queue).submit(messages, durability)
 
-    def publish_nowait(
-        self, queue: Queue, messages: list[OutgoingMessage]
-    ) -> asyncio.Future[list[str]] | None:
-        """`publish` at the queue's own durability without a coroutine: the ids' future, or None
-        if the queue has a capacity (whose waits need `publish`)."""
+    def publish_nowait(self, queue: Queue, messages: list[OutgoingMessage], settle: Settle) -> bool:
+        """`publish` at the queue's own durability without a coroutine nor a future: `settle`
+        gets the ids (or the error) on the event loop. False, and nothing done, if the queue has
+        a capacity (whose waits need `publish`)."""
         if queue.config.capacity is not None:
-            return None
-        return self._publisher(queue).submit(messages, None)
+            return False
+        self._publisher(queue).enqueue(_Publish(messages, None, None, settle))
+        return True
 
     def _publisher(self, queue: Queue) -> _Publisher:
         publisher = self._publishers.get(queue.name)
@@ -296,19 +317,23 @@ class _Publisher:
         self, messages: list[OutgoingMessage], durability: Durability | None
     ) -> asyncio.Future[list[str]]:
         future: asyncio.Future[list[str]] = self._loop.create_future()
+        self.enqueue(_Publish(messages, durability, future))
+        return future
+
+    def enqueue(self, publish: _Publish) -> None:
+        """Append to the line; start draining it unless a drain is already under way."""
         with self._lock:
-            self._pending.append(_Publish(messages, durability, future))
+            self._pending.append(publish)
             if self._draining:
-                return future
+                return
             self._draining = True
         if self._inline:
             self._loop.call_soon(self._drain_here)  # after this iteration's other requests
-            return future
+            return
         try:
             self.broker._executor.submit(self._drain)
         except RuntimeError:  # the pool is shut down: nothing will drain the line
             self._abandon()
-        return future
 
     def _drain(self) -> None:
         """In a pool thread: store batch after batch until the line is empty."""
@@ -354,8 +379,7 @@ class _Publisher:
             pending, self._pending = list(self._pending), deque()
             self._draining = False
         for p in pending:
-            if not p.future.done():
-                p.future.set_exception(StorageError("the server is shutting down; retry"))
+            p.finish(StorageError("the server is shutting down; retry"))
 
     def _drain_here(self) -> None:
         """On the event loop: store everything in the line (a memory filesystem never waits)."""
@@ -366,14 +390,12 @@ class _Publisher:
     def _settle(batch: list[_Publish], outcome: list[str] | BaseException) -> None:
         if isinstance(outcome, BaseException):
             for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(outcome)
+                p.finish(outcome)
             return
         start = 0
         for p in batch:
             end = start + len(p.messages)
-            if not p.future.done():
-                p.future.set_result(outcome[start:end])
+            p.finish(outcome[start:end])
             start = end
 
     def _take_batch(self) -> list[_Publish]:

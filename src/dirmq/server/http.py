@@ -80,12 +80,28 @@ class StreamResponse:
 
 
 Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
-# The answer, once `future` is done, is `finish(future)` (which sees its exception, if any).
-Deferred = tuple["asyncio.Future[Any]", Callable[["asyncio.Future[Any]"], Response]]
-# A synchronous first look at a request: its response now, later (Deferred), or None to leave
-# the request to the Handler. It spares the common requests a Task and a chain of coroutines.
-# Its responses have no `after`.
-FastHandler = Callable[[Request], "Response | Deferred | None"]
+# How a fast handler answers later: once, on the event loop, with the response or with the
+# unexpected error it met (logged, then answered 500).
+Respond = Callable[[Response | BaseException], None]
+
+
+class Later:
+    """What a fast handler returns when it will answer through `respond`, and what the
+    connection holds as its `_task` meanwhile. Nothing to cancel: if the client goes away, the
+    work finishes all the same and its answer is dropped."""
+
+    __slots__ = ()
+
+    def cancel(self) -> bool:
+        return False
+
+
+LATER = Later()
+# A synchronous first look at a request: its response now, LATER (it calls `respond`), or None
+# to leave the request to the Handler. It spares the common requests a Task, a chain of
+# coroutines and a future (each hop through the event loop costs microseconds). Its responses
+# have no `after`.
+FastHandler = Callable[[Request, Respond], "Response | Later | None"]
 
 
 class _Reject(Exception):
@@ -212,8 +228,8 @@ class HttpProtocol(asyncio.Protocol):
         # Created on first use: most connections never pipeline nor fill their write buffer, and
         # a deque or an Event per parked long poll adds up.
         self._pending: deque[Request] | None = None
-        # The request being answered: its Task, or the future a fast answer waits for.
-        self._task: asyncio.Future[Any] | None = None
+        # The request being answered: its Task, or LATER while a fast answer is on its way.
+        self._task: asyncio.Future[Any] | Later | None = None
         self.deadline = 0.0  # loop time at which the connection times out; 0: never
         self._can_write: asyncio.Event | None = None  # set while writable; None: never paused
         self._closed = False
@@ -386,37 +402,31 @@ class HttpProtocol(asyncio.Protocol):
         fast = self._server.fast
         if fast is not None:
             try:
-                result = fast(request)
+                result = fast(request, functools.partial(self._respond, request))
             except Exception:
                 log.exception("unhandled error answering %s %s", request.method, request.path)
                 result = _internal_error()
-            if result is not None:
-                if isinstance(result, Response):
-                    self._task = None
-                    self._reply(request, result)
-                    return
-                future, finish = result
-                self._task = future
-                future.add_done_callback(functools.partial(self._finish, request, finish))
+            if result is LATER:
+                self._task = LATER
+                return
+            if isinstance(result, Response):
+                self._task = None
+                self._reply(request, result)
                 return
         self._task = self._loop.create_task(self._answer(request))
 
-    def _finish(
-        self,
-        request: Request,
-        finish: Callable[[asyncio.Future[Any]], Response],
-        future: asyncio.Future[Any],
-    ) -> None:
-        """A fast answer's future is done: reply (unless the connection went away)."""
+    def _respond(self, request: Request, outcome: Response | BaseException) -> None:
+        """A fast answer is ready: reply (unless the connection went away)."""
         self._task = None
-        if future.cancelled():
-            return
-        try:
-            response = finish(future)
-        except Exception:
-            log.exception("unhandled error answering %s %s", request.method, request.path)
-            response = _internal_error()
-        self._reply(request, response)
+        if isinstance(outcome, BaseException):
+            log.error(
+                "unhandled error answering %s %s",
+                request.method,
+                request.path,
+                exc_info=outcome,
+            )
+            outcome = _internal_error()
+        self._reply(request, outcome)
 
     def _reply(self, request: Request, response: Response) -> None:
         """Send a fast answer's response, then what `_answer` does after its own."""

@@ -18,7 +18,6 @@ POST   /{queue}/messages/{receipt}/dead-letter
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, replace
@@ -173,22 +172,28 @@ async def publish(broker: Broker, request: Request, route: Route) -> Response:
     return json_response(201, {"ids": ids}, [("X-Message-Id", ",".join(ids))])
 
 
-def publish_now(broker: Broker, request: Request, route: Route) -> asyncio.Future[list[str]] | None:
+def publish_now(
+    broker: Broker,
+    request: Request,
+    route: Route,
+    settle: Callable[[list[str] | BaseException], None],
+) -> bool:
     """The usual publish (one message, no options, no capacity) handed to the queue's line
-    without a coroutine: its ids' future, or None when `publish` must take the request (any
-    option, a batch, a capacity, or an error to report)."""
+    without a coroutine: True if it was, and `settle` gets its ids (or the error) on the event
+    loop; False when `publish` must take the request (any option, a batch, a capacity, or an
+    error to report)."""
     if request.query or not request.headers.keys().isdisjoint(_PUBLISH_HEADERS):
-        return None
+        return False
     content_type = request.headers.get("content-type")
     if wire.is_batch(content_type):
-        return None
+        return False
     try:
         queue = broker.queue(route.queue)
         message = OutgoingMessage(request.body, wire.stored_headers(request.raw_headers))
         queue.validate(message)
     except DirmqError:
-        return None
-    return broker.publish_nowait(queue, [message])
+        return False
+    return broker.publish_nowait(queue, [message], settle)
 
 
 # Where a publish's options may come from, besides the query (see `publish`).
