@@ -40,9 +40,7 @@ What is measured:
 They run in the order 1, 2, 5, 4, 3: get+ack unlinks the acked files its pool cannot keep, and on
 ext4 without a journal every inode freed in the last minutes makes each later inode allocation
 slower (the allocator re-checks them), so it goes last; the run probes one allocation's cost at
-its start and at its end. For the same reason the durable section waits, up to 7 minutes, until an
-allocation is cheap again (`--no-rest` starts at once): what ran before (a test suite, the last
-run's clean-up) should not be what it measures.
+its start and at its end (keeping the probed inodes: freeing them would slow what follows).
 """
 
 from __future__ import annotations
@@ -1153,7 +1151,6 @@ class Context:
     load_procs: int
     redis_version: str
     profile_dir: str | None
-    rest_disk: bool = True  # wait for cheap inode allocations before the durable section
     servers: dict[str, DirmqServer] = field(default_factory=dict)
     _redis: RedisServer | None = None
 
@@ -1361,41 +1358,6 @@ def inode_alloc_us(directory: str, count: int = 200) -> dict[str, float]:
     }
 
 
-REST_ALLOC_US = 40.0  # a disk whose inode allocation costs at most this has rested
-REST_MAX_S = 420.0  # ext4 skips inodes freed in the last 60 s, 360 s while their block is dirty
-REST_PROBE_S = 20.0
-
-
-def wait_for_rested_disk(ctx: Context) -> dict[str, Any]:
-    """Wait (at most `REST_MAX_S`) until an inode allocation on the disk is cheap again.
-
-    On ext4 without a journal (this machine's /tmp), every allocation re-checks the inodes of
-    its block group freed in the last minutes, and skips them: after a mass deletion (an earlier
-    run's clean-up, a test suite) one allocation costs 100-400 µs instead of ~15, and the
-    durable publish measures that deletion rather than dirmq (Redis appends to one file and
-    never notices). So the durable section starts once the probe says the disk has rested, or
-    after `REST_MAX_S`, and the report says which."""
-    started = time.perf_counter()
-    probes = [inode_alloc_us(ctx.probe)]
-    while (
-        probes[-1]["wall_us"] > REST_ALLOC_US
-        and time.perf_counter() - started + REST_PROBE_S <= REST_MAX_S
-    ):
-        print(
-            f"  inode allocation on disk {probes[-1]['wall_us']:.0f} us: waiting for the disk "
-            f"to forget earlier deletions ({time.perf_counter() - started:.0f} s so far)",
-            flush=True,
-        )
-        time.sleep(REST_PROBE_S)
-        probes.append(inode_alloc_us(ctx.probe))
-    return {
-        "waited_s": round(time.perf_counter() - started, 1),
-        "rested": probes[-1]["wall_us"] <= REST_ALLOC_US,
-        "probes": probes,
-        "final": probes[-1],
-    }
-
-
 # -- 1: durable publish ----------------------------------------------------------------------------
 def bench_publish(ctx: Context) -> None:
     print(
@@ -1428,8 +1390,7 @@ def bench_publish(ctx: Context) -> None:
         return ctx.load(redis, lpush_spec(key), REDIS_CLIENTS)
 
     raw = RawPuts(os.path.join(ctx.disk, "raw-writethrough"), durable=True)
-    rest = wait_for_rested_disk(ctx) if ctx.rest_disk else {"final": inode_alloc_us(ctx.probe)}
-    alloc = rest["final"]
+    alloc = inode_alloc_us(ctx.probe)
     print(f"  inode allocation on disk: {alloc}", flush=True)
     subjects = {
         "dirmq 1 worker": dirmq_single(w1, "pub"),
@@ -1509,7 +1470,6 @@ def bench_publish(ctx: Context) -> None:
         "ratios_per_round_batch_vs_redis": batch_vs_redis,
         "ratios_per_round_w1_vs_raw": vs_raw,
         "inode_alloc_us_at_start": alloc,
-        "disk_rest": rest,
     }
     profile_trial(ctx, "publish-writethrough-w1", w1, lambda: dirmq_single(w1, "prof")(0))
     profile_trial(ctx, "publish-batch-w1", w1, lambda: dirmq_batch(ctx.sizes.rounds))
@@ -2252,11 +2212,6 @@ def main(argv: list[str] | None = None) -> int:
         "--load-procs", type=int, default=2, help="load generator processes (default 2)"
     )
     parser.add_argument("--profile", metavar="DIR", help="py-spy the servers into DIR")
-    parser.add_argument(
-        "--no-rest",
-        action="store_true",
-        help="start the durable section at once, even on a disk still slowed by recent deletions",
-    )
     parser.add_argument("--child-load", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_load:
@@ -2289,7 +2244,6 @@ def main(argv: list[str] | None = None) -> int:
         load_procs=args.load_procs,
         redis_version=redis_version,
         profile_dir=os.path.abspath(args.profile) if args.profile else None,
-        rest_disk=not (args.no_rest or args.quick),
     )
     report.data["machine"] = machine(ctx, versions, fd_limit)
     report.data["mode"] = "quick" if args.quick else "full"

@@ -45,7 +45,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from dirmq import QueueConfig, Store
+from dirmq import Durability, QueueConfig, Store
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "spark.json"
 TARGET_STREAM = 25_000
@@ -64,7 +64,7 @@ def body(i: int) -> bytes:
 # -- fixtures -------------------------------------------------------------------------------------
 def fill_queue(root: Path, count: int) -> None:
     with Store(root) as store:
-        queue = store.create_queue("events", QueueConfig(durability="writeback"))
+        queue = store.create_queue("events", QueueConfig(durability=Durability.WRITEBACK))
         for start in range(0, count, 1000):
             queue.put_many([body(i) for i in range(start, min(count, start + 1000))])
     os.sync()
@@ -179,7 +179,7 @@ def batch_dirmq(spark: Any, base: Path, count: int) -> dict[str, Any]:
     written = time.perf_counter() - started
     with Store(root) as store:
         assert store.queue("events").stats().ready == count  # nothing consumed
-        store.create_queue("copy", QueueConfig(durability="writeback"))
+        store.create_queue("copy", QueueConfig(durability=Durability.WRITEBACK))
     bodies = spark.read.parquet(str(base / "snapshot")).select("body").cache()
     bodies.count()
     started = time.perf_counter()
