@@ -12,6 +12,10 @@ the `syncfs`: under an `flock`, a process skips its own when one that started af
 has finished (a counter of calls started and finished, in a small file on /dev/shm). The
 configurations alternate within each round; the table gives every round's rate, and JSON goes to
 `bench/results/flush_merge.json`. Every loop stops after `--seconds`.
+
+Finding (session 7, docs/benchmarks-http.md): with two processes the shared mode never skips a
+`syncfs` (its syncfs/s equals the batches/s), since the other process's flush is always already
+under way when a process finishes its writes; the differences between the modes are noise.
 """
 
 from __future__ import annotations
