@@ -127,3 +127,71 @@ def test_write_error_mid_file_removes_the_partial_file(
         q.put(b"x" * 5000)
     monkeypatch.setattr(fsio.os, "write", real_write)
     assert _files(q, layout.TMP) == [] and _files(q, layout.READY) == []
+
+
+# -- prepare / publish_prepared: the server's two-stage publish --------------------------------
+def test_prepared_messages_stay_invisible_until_published(store: dirmq.Store) -> None:
+    q = store.create_queue("q")
+    first = q.prepare([dirmq.OutgoingMessage(b"a"), dirmq.OutgoingMessage(b"b")])
+    second = q.prepare([dirmq.OutgoingMessage(b"c")])
+    assert q.stats().total == 0 and q.get_one() is None
+    q.publish_prepared([first, second])
+    assert [m.body for m in q.get(5)] == [b"a", b"b", b"c"]
+    assert [m.id for m in q.browse()] == []  # leased, not lost
+    assert _files(q, layout.TMP) == []
+    dropped = q.prepare([dirmq.OutgoingMessage(b"never")])
+    dropped.discard()
+    dropped.discard()  # idempotent
+    assert _files(q, layout.TMP) == [] and q.stats().total == 3
+
+
+def test_prepare_refuses_what_needs_put_many(store: dirmq.Store) -> None:
+    q = store.create_queue("q")
+    with pytest.raises(dirmq.InvalidArgument, match="dedup"):
+        q.prepare([dirmq.OutgoingMessage(b"a", dedup_id="once")])
+    capped = store.create_queue("capped", dirmq.QueueConfig(capacity=10))
+    with pytest.raises(dirmq.InvalidArgument, match="capacity"):
+        capped.prepare([dirmq.OutgoingMessage(b"a")])
+    memory = q.prepare([dirmq.OutgoingMessage(b"m")], "memory")
+    durable = q.prepare([dirmq.OutgoingMessage(b"d")])
+    with pytest.raises(dirmq.InvalidArgument, match="share a durability"):
+        q.publish_prepared([memory, durable])
+    q.publish_prepared([memory])
+    q.publish_prepared([durable])
+    assert q.stats().ready == 2
+
+
+@pytest.mark.parametrize("broken", ["syncfs", "fsync"])
+def test_eio_while_publishing_prepared_puts_leaves_none_of_them(
+    store: dirmq.Store, monkeypatch: pytest.MonkeyPatch, broken: str
+) -> None:
+    """EIO on the data flush (syncfs, several files) or on a single file's / the directory's
+    fsync: every prepared put of the commit fails, nothing of them is visible or left over."""
+    q = store.create_queue("q")
+    bodies = [b"a", b"b"] if broken == "syncfs" else [b"only"]
+    puts = [q.prepare([dirmq.OutgoingMessage(body)]) for body in bodies]
+
+    def eio(*_args: object) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    if broken == "syncfs":
+        monkeypatch.setattr(fsio, "syncfs", eio)
+    else:
+        monkeypatch.setattr(fsio.os, "fsync", eio)
+    with pytest.raises(dirmq.StorageError, match="Input/output error"):
+        q.publish_prepared(puts)
+    monkeypatch.undo()
+    assert _files(q, layout.TMP) == [] and _files(q, layout.READY) == []
+    q.publish_prepared([q.prepare([dirmq.OutgoingMessage(b"after")])])
+    assert [m.body for m in q.get(5)] == [b"after"]
+
+
+def test_disk_full_while_preparing_leaves_nothing(small_disk: Path) -> None:
+    store = dirmq.Store(small_disk / "root")
+    q = store.create_queue("q")
+    body = os.urandom(100 * 1024)
+    with pytest.raises(dirmq.DiskFull):
+        q.prepare([dirmq.OutgoingMessage(body) for _ in range(50)])
+    assert _files(q, layout.TMP) == [] and q.stats().total == 0
+    q.publish_prepared([q.prepare([dirmq.OutgoingMessage(b"small")])])
+    assert q.stats().ready == 1

@@ -165,6 +165,9 @@ def _fast_server(later: list[Respond]) -> HttpServer:
         if request.path == "/later":
             later.append(respond)
             return LATER
+        if request.path == "/at-once":  # answers through `respond` before returning LATER
+            respond(Response(200, b"at once"))
+            return LATER
         return None
 
     return HttpServer(_ok, fast=fast)
@@ -219,6 +222,63 @@ def test_a_fast_answer_whose_client_left_is_not_sent() -> None:
         return transport.written
 
     assert asyncio.run(main()) == b""
+
+
+def test_a_fast_answer_given_before_the_handler_returns_frees_the_connection() -> None:
+    async def main() -> tuple[bytes, bool]:
+        later: list[Respond] = []
+        server = _fast_server(later)
+        protocol, transport = server.protocol(), _Transport()
+        protocol.connection_made(transport)
+        protocol.data_received(
+            b"GET /at-once HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /at-once HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /now HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        await asyncio.sleep(0.01)
+        protocol.close_if_idle()  # idle again: a drain may close it
+        return transport.written, transport.closed
+
+    written, closed = asyncio.run(main())
+    bodies = [part.rsplit(b"\r\n\r\n", 1)[-1] for part in written.split(b"HTTP/1.1 ")[1:]]
+    assert bodies == [b"at once", b"at once", b"now"]
+    assert closed
+
+
+def test_a_fast_publish_whose_answer_cannot_be_built_gets_a_500(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug while building a stored publish's response (here in the metrics) still answers,
+    and the connection goes on with its next request."""
+    from dirmq.server.app import NativeApp
+    from dirmq.server.broker import Broker
+
+    async def main() -> tuple[bytes, int]:
+        store = dirmq.Store(tmp_path / "root")
+        store.create_queue("q")
+        broker, metrics = Broker(store), Metrics(store)
+
+        def broken(*_args: object) -> None:
+            raise RuntimeError("a metrics bug")
+
+        monkeypatch.setattr(metrics, "count", broken)
+        server = HttpServer(NativeApp(broker, metrics), fast=NativeApp(broker, metrics).fast)
+        protocol, transport = server.protocol(), _Transport()
+        protocol.connection_made(transport)
+        publish = b"POST /q/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na"
+        protocol.data_received(publish + publish)
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if transport.written.count(b"HTTP/1.1 ") == 2:
+                break
+        broker.close()
+        ready = store.queue("q").stats().ready
+        store.close()
+        return transport.written, ready
+
+    written, ready = asyncio.run(main())
+    assert [a[:3] for a in written.split(b"HTTP/1.1 ")[1:]] == [b"500", b"500"]
+    assert ready == 2  # stored: only the answer failed
 
 
 def test_a_plain_publish_answers_as_the_general_path_does(tmp_path: Path) -> None:

@@ -89,15 +89,19 @@ class NativeApp:
         metrics, queue = self.metrics, route.queue
 
         def settle(outcome: list[str] | BaseException) -> None:
-            if isinstance(outcome, DirmqError):
-                response = error_response(outcome)
-            elif isinstance(outcome, BaseException):
-                respond(outcome)  # logged and answered 500 there
+            try:
+                if isinstance(outcome, DirmqError):
+                    response = error_response(outcome)
+                elif isinstance(outcome, BaseException):
+                    respond(outcome)  # logged and answered 500 there
+                    return
+                else:
+                    response = native.published(outcome[0])
+                    metrics.count("published", queue)
+                metrics.answered("messages", "POST", response.status, time.monotonic() - started)
+            except Exception as exc:  # every request gets its answer, or its connection hangs
+                respond(exc)
                 return
-            else:
-                response = native.published(outcome[0])
-                metrics.count("published", queue)
-            metrics.answered("messages", "POST", response.status, time.monotonic() - started)
             respond(response)
 
         return LATER if native.publish_now(self.broker, request, route, settle) else None

@@ -401,13 +401,15 @@ class HttpProtocol(asyncio.Protocol):
     def _begin(self, request: Request) -> None:
         fast = self._server.fast
         if fast is not None:
+            # Busy from now on: should `respond` run before `fast` returns (an answer ready at
+            # once), it clears this, and LATER must not be set again after it.
+            self._task = LATER
             try:
                 result = fast(request, functools.partial(self._respond, request))
             except Exception:
                 log.exception("unhandled error answering %s %s", request.method, request.path)
                 result = _internal_error()
             if result is LATER:
-                self._task = LATER
                 return
             if isinstance(result, Response):
                 self._task = None
