@@ -16,7 +16,6 @@ import dirmq
 from dirmq.errors import QueueNotFound, StorageError
 from dirmq.server.broker import Broker, on_memory_filesystem
 from dirmq.store import OutgoingMessage
-from dirmq.store.queue import PreparedPut
 
 
 def run(coro: object) -> object:
@@ -57,22 +56,16 @@ def test_concurrent_publishes_share_flushes(
 ) -> None:
     store = dirmq.Store(any_root)
     queue = store.create_queue("g")
-    calls: list[int] = []  # messages per flush: put_many (tmpfs) or publish_prepared (disk)
+    calls: list[int] = []
     threads: set[int] = set()
-    real_put_many, real_publish = dirmq.Queue.put_many, dirmq.Queue.publish_prepared
+    real = dirmq.Queue.put_many
 
-    def put_many(self: dirmq.Queue, messages: list[OutgoingMessage], **kw: object) -> list[str]:
+    def counting(self: dirmq.Queue, messages: list[OutgoingMessage], **kw: object) -> list[str]:
         calls.append(len(messages))
         threads.add(threading.get_ident())
-        return real_put_many(self, messages, **kw)  # type: ignore[arg-type]
+        return real(self, messages, **kw)  # type: ignore[arg-type]
 
-    def publish_prepared(self: dirmq.Queue, puts: list[PreparedPut]) -> None:
-        calls.append(sum(len(p.ids) for p in puts))
-        threads.add(threading.get_ident())
-        real_publish(self, puts)
-
-    monkeypatch.setattr(dirmq.Queue, "put_many", put_many)
-    monkeypatch.setattr(dirmq.Queue, "publish_prepared", publish_prepared)
+    monkeypatch.setattr(dirmq.Queue, "put_many", counting)
 
     async def main() -> list[list[str]]:
         broker = Broker(store)
@@ -113,59 +106,6 @@ def test_a_failed_flush_fails_every_request_of_its_batch(any_root: Path) -> None
     results = run(main())
     assert isinstance(results, list)
     assert all(isinstance(r, QueueNotFound) for r in results), results
-
-
-def test_disk_publishes_are_written_while_the_previous_ones_flush(
-    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On a disk the line is a pipeline: requests that arrive while a group commit waits for
-    the disk have their files written meanwhile, and the next commit publishes them together."""
-    if on_memory_filesystem(str(tmp_path)):
-        pytest.skip("the temp dir is on a memory filesystem")
-    store = dirmq.Store(root)
-    queue = store.create_queue("p")
-    flushing, release = threading.Event(), threading.Event()
-    events: list[str] = []
-    real_prepare, real_publish = dirmq.Queue.prepare, dirmq.Queue.publish_prepared
-
-    def prepare(self: dirmq.Queue, messages: list[OutgoingMessage], *a: object) -> PreparedPut:
-        events.append(f"write {len(messages)}")
-        return real_prepare(self, messages, *a)  # type: ignore[arg-type]
-
-    def publish_prepared(self: dirmq.Queue, puts: list[PreparedPut]) -> None:
-        events.append(f"commit {sum(len(p.ids) for p in puts)}")
-        if len(events) == 2:  # the first commit waits until the test has sent more
-            flushing.set()
-            release.wait(10)
-        real_publish(self, puts)
-
-    monkeypatch.setattr(dirmq.Queue, "prepare", prepare)
-    monkeypatch.setattr(dirmq.Queue, "publish_prepared", publish_prepared)
-
-    async def main() -> list[list[str]]:
-        broker = Broker(store)
-        try:
-            first = broker.publish(queue, [OutgoingMessage(b"first")])
-            task = asyncio.ensure_future(first)
-            await asyncio.get_running_loop().run_in_executor(None, flushing.wait, 10)
-            more = [
-                asyncio.ensure_future(broker.publish(queue, [OutgoingMessage(b"%d" % i)]))
-                for i in range(5)
-            ]
-            for _ in range(200):  # until the writer has written them, the flush still held
-                await asyncio.sleep(0.01)
-                if len(events) >= 3 and sum(int(e.split()[1]) for e in events[2:]) == 5:
-                    break
-            release.set()
-            return [await task, *[await m for m in more]]
-        finally:
-            broker.close()
-
-    results = run(main())
-    assert isinstance(results, list) and len({r[0] for r in results}) == 6
-    assert events[:2] == ["write 1", "commit 1"]
-    assert all(e.startswith("write") for e in events[2:-1]) and events[-1] == "commit 5", events
-    assert [m.body for m in queue.get(10)] == [b"first", b"0", b"1", b"2", b"3", b"4"]
 
 
 def test_a_publish_after_the_pool_is_shut_down_is_refused(any_root: Path) -> None:

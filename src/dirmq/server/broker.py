@@ -2,12 +2,13 @@
 
 Store calls block (fsync, rename), so they run on a thread pool. Two things need more than that:
 
-- Publishing. Every request's messages for one queue join the queue's line (`publish_line`);
-  while one group commit is flushing, the next requests' files are written, so N concurrent
-  publishers share each flush (one syncfs + one directory fsync) instead of queueing N flushes.
-  No executor round trip nor task per request; the event loop is woken once per commit. On a
+- Publishing. Every request's messages for one queue join the queue's pending line; while one
+  `put_many` is flushing, the next batch gathers, so N concurrent publishers share each flush
+  (one syncfs + one directory fsync per batch) instead of queueing N flushes. One pool thread
+  drains a queue's line batch after batch for as long as it is not empty, and wakes the event
+  loop once per batch: no executor round trip nor task per batch, no task per request. On a
   memory filesystem (tmpfs, ramfs), where no store call waits for a device, the event loop
-  stores the line itself, once per loop iteration: handing each batch to a thread cost more
+  drains the line itself, once per loop iteration: handing each batch to a thread cost more
   (GIL hand-offs, futex wake-ups) than writing it.
 - Long polls. A waiting receive is a future in the queue's waiter line, not a thread: thousands
   cost a few KiB each. One task per queue with waiters sleeps on the queue's inotify descriptor
@@ -21,20 +22,50 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from dirmq.errors import DirmqError, QueueFull, StaleReceipt
-from dirmq.server.publish_line import MAX_BATCH_MESSAGES, Publish, PublishLine, Settle
+from dirmq.errors import DirmqError, QueueFull, StaleReceipt, StorageError
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
 
 T = TypeVar("T")
+log = logging.getLogger("dirmq.server")
 MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+MAX_BATCH_MESSAGES = 1024
+BATCHES_PER_TURN = 16  # then a drain goes to the back of the pool's line: other calls get a turn
 IDLE_RECHECK_S = 30.0
+
+
+# Called on the event loop with a publish's ids, or with the error that failed it.
+Settle = Callable[[list[str] | BaseException], None]
+
+
+@dataclass(slots=True)
+class _Publish:
+    messages: list[OutgoingMessage]
+    durability: Durability | None
+    # Exactly one of the two: a future (`publish`), or a callback (`publish_nowait`: no hop
+    # through the event loop between storing and answering).
+    future: asyncio.Future[list[str]] | None
+    settle: Settle | None = None
+
+    def finish(self, outcome: list[str] | BaseException) -> None:
+        if self.settle is not None:
+            try:
+                self.settle(outcome)
+            except Exception:  # one request's bug must not keep the rest of the batch waiting
+                log.exception("settling a publish failed")
+        elif self.future is not None and not self.future.done():
+            if isinstance(outcome, BaseException):
+                self.future.set_exception(outcome)
+            else:
+                self.future.set_result(outcome)
 
 
 @dataclass(slots=True)
@@ -50,7 +81,7 @@ class Broker:
     def __init__(self, store: Store, threads: int = 32) -> None:
         self.store = store
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="dirmq-store")
-        self._publishers: dict[str, PublishLine] = {}
+        self._publishers: dict[str, _Publisher] = {}
         self._receivers: dict[str, _Receiver] = {}
         self._getters: dict[str, _Batcher] = {}
         self._ackers: dict[str, _Batcher] = {}
@@ -86,16 +117,13 @@ class Broker:
         a capacity (whose waits need `publish`)."""
         if queue.config.capacity is not None:
             return False
-        self._publisher(queue).enqueue(Publish(messages, None, None, settle))
+        self._publisher(queue).enqueue(_Publish(messages, None, None, settle))
         return True
 
-    def _publisher(self, queue: Queue) -> PublishLine:
+    def _publisher(self, queue: Queue) -> _Publisher:
         publisher = self._publishers.get(queue.name)
         if publisher is None or publisher.queue is not queue:
-            loop = asyncio.get_running_loop()
-            inline = on_memory_filesystem(queue.path)
-            publisher = PublishLine(queue, self._executor, loop, inline)
-            self._publishers[queue.name] = publisher
+            publisher = self._publishers[queue.name] = _Publisher(self, queue)
         return publisher
 
     async def _publish_at_capacity(
@@ -271,6 +299,131 @@ class _Batcher:
 def _give_back(queue: Queue, messages: list[Message]) -> None:
     for message in messages:
         _nack_quietly(queue, message.receipt or "")
+
+
+class _Publisher:
+    """The pending line of one queue's publishes, drained by one pool thread at a time."""
+
+    def __init__(self, broker: Broker, queue: Queue) -> None:
+        self.broker = broker
+        self.queue = queue
+        self._loop = asyncio.get_running_loop()
+        self._pending: deque[_Publish] = deque()
+        self._lock = threading.Lock()  # the line and `_draining` change together
+        self._draining = False  # a drain is under way or scheduled and will see what is appended
+        self._inline = on_memory_filesystem(queue.path)  # drained on the event loop
+
+    def submit(
+        self, messages: list[OutgoingMessage], durability: Durability | None
+    ) -> asyncio.Future[list[str]]:
+        future: asyncio.Future[list[str]] = self._loop.create_future()
+        self.enqueue(_Publish(messages, durability, future))
+        return future
+
+    def enqueue(self, publish: _Publish) -> None:
+        """Append to the line; start draining it unless a drain is already under way."""
+        with self._lock:
+            self._pending.append(publish)
+            if self._draining:
+                return
+            self._draining = True
+        if self._inline:
+            self._loop.call_soon(self._drain_here)  # after this iteration's other requests
+            return
+        try:
+            self.broker._executor.submit(self._drain)
+        except RuntimeError:  # the pool is shut down: nothing will drain the line
+            # Not now: a caller (a fast publish) must be told its request is taken before it
+            # can be answered.
+            self._loop.call_soon(self._abandon)
+
+    def _drain(self) -> None:
+        """In a pool thread: store batch after batch until the line is empty."""
+        for _turn in range(BATCHES_PER_TURN):
+            batch = self._next_batch()
+            if batch is None:
+                return
+            outcome: list[str] | BaseException
+            try:
+                outcome = self._store(batch)
+            except BaseException as exc:  # not Exception: still the batch's, not the thread's
+                outcome = exc
+            try:
+                self._loop.call_soon_threadsafe(self._settle, batch, outcome)
+            except RuntimeError:  # the loop is closed: nobody waits for these any more
+                pass
+        try:
+            self.broker._executor.submit(self._drain)  # still `_draining`: the line stays ours
+        except RuntimeError:  # shut down meanwhile: the rest is never stored, nor acknowledged
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._abandon)
+
+    def _next_batch(self) -> list[_Publish] | None:
+        """The next batch from the line; None (and the line no longer drained) when empty."""
+        with self._lock:
+            if not self._pending:
+                self._draining = False
+                return None
+            return self._take_batch()
+
+    def _store(self, batch: list[_Publish]) -> list[str] | BaseException:
+        """One group commit for every message of the batch's requests: their ids, or the
+        failure every request of the batch gets."""
+        messages = [m for p in batch for m in p.messages]
+        try:
+            return self.queue.put_many(messages, durability=batch[0].durability)
+        except Exception as exc:
+            return exc
+
+    def _abandon(self) -> None:
+        """On the event loop: fail what waits in the line (503: nothing of it was stored)."""
+        with self._lock:
+            pending, self._pending = list(self._pending), deque()
+            self._draining = False
+        for p in pending:
+            p.finish(StorageError("the server is shutting down; retry"))
+
+    def _drain_here(self) -> None:
+        """On the event loop (a memory filesystem never waits): one batch, then the next in the
+        next loop iteration. Answering a request can start the next one its connection
+        pipelined, which joins the line at once; draining those too would keep every other
+        connection and timer waiting."""
+        batch = self._next_batch()
+        if batch is not None:
+            self._settle(batch, self._store(batch))
+            self._loop.call_soon(self._drain_here)  # still `_draining`: stops when it is empty
+
+    @staticmethod
+    def _settle(batch: list[_Publish], outcome: list[str] | BaseException) -> None:
+        if isinstance(outcome, BaseException):
+            for p in batch:
+                p.finish(outcome)
+            return
+        start = 0
+        for p in batch:
+            end = start + len(p.messages)
+            p.finish(outcome[start:end])
+            start = end
+
+    def _take_batch(self) -> list[_Publish]:
+        """Pending requests with the first one's durability, up to MAX_BATCH_MESSAGES (at least
+        one request), in order; the others stay in the line."""
+        pending = self._pending
+        durability = pending[0].durability
+        batch: list[_Publish] = []
+        rest: list[_Publish] = []
+        size = 0
+        while pending:
+            p = pending.popleft()
+            if p.durability == durability and (
+                not batch or size + len(p.messages) <= MAX_BATCH_MESSAGES
+            ):
+                batch.append(p)
+                size += len(p.messages)
+            else:
+                rest.append(p)
+        pending.extend(rest)
+        return batch
 
 
 def on_memory_filesystem(path: str) -> bool:

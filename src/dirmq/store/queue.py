@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from dirmq.errors import (
@@ -61,21 +61,6 @@ def _check_seconds(name: str, value: float | None) -> None:
         isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0
     ):
         raise InvalidArgument(f"{name} must be a non-negative number of seconds, got {value!r}")
-
-
-@dataclass(slots=True)
-class PreparedPut:
-    """Messages written by `Queue.prepare`, not yet visible: their ids and files."""
-
-    ids: list[str]
-    files: list[PendingFile]
-    level: Durability
-    config: QueueConfig
-
-    def discard(self) -> None:
-        """Drop the files (idempotent); the messages were never published."""
-        for f in self.files:
-            f.discard()
 
 
 class Queue:
@@ -296,7 +281,13 @@ class Queue:
             slots = list(self._acquire_slots(ids, config.capacity, deadline))
         pending: list[PendingFile] = []
         try:
-            pending = self._write_files(ids, outgoing, slots, config)
+            at_ms = now_ms()
+            for message_id, message, slot in zip(ids, outgoing, slots, strict=True):
+                system = {"Slot": slot} if slot else {}
+                if message.group is not None:
+                    system["Group"] = message.group
+                data = codec.encode(message.body, message.headers, system, message_id=message_id)
+                pending.append(self._write_tmp(message_id, data, message, config, at_ms))
             self._commit(pending, level, config)
         except BaseException:
             for f in pending:
@@ -305,33 +296,6 @@ class Queue:
                 if slot is not None:
                     self._files.slots.release(slot, message_id, self._index)
             raise
-        self._index_published(pending)
-        return ids, pending
-
-    def _write_files(
-        self,
-        ids: list[str],
-        outgoing: list[OutgoingMessage],
-        slots: list[str | None],
-        config: QueueConfig,
-    ) -> list[PendingFile]:
-        """Each message in a file nobody sees yet (removed again if one of them fails)."""
-        pending: list[PendingFile] = []
-        try:
-            at_ms = now_ms()
-            for message_id, message, slot in zip(ids, outgoing, slots, strict=True):
-                system = {"Slot": slot} if slot else {}
-                if message.group is not None:
-                    system["Group"] = message.group
-                data = codec.encode(message.body, message.headers, system, message_id=message_id)
-                pending.append(self._write_tmp(message_id, data, message, config, at_ms))
-        except BaseException:
-            for f in pending:
-                f.discard()
-            raise
-        return pending
-
-    def _index_published(self, pending: list[PendingFile]) -> None:
         with self._lock:
             # With inotify the index learns of these files from their own events, in order
             # with everything else; adding them here could resurrect one that another thread
@@ -342,50 +306,7 @@ class Queue:
                         os.path.basename(os.path.dirname(f.final_path)),
                         os.path.basename(f.final_path),
                     )
-
-    def prepare(
-        self, messages: list[OutgoingMessage], durability: Durability | str | None = None
-    ) -> PreparedPut:
-        """The first half of `put_many`: check the messages, give them ids and write each to a
-        file nobody can see yet. `publish_prepared` then makes them durable and visible, all or
-        none; `PreparedPut.discard` drops them. A crash in between leaves nothing visible (and,
-        where the filesystem has `O_TMPFILE`, nothing at all).
-
-        Only for messages without a dedup id, to a queue without a capacity (InvalidArgument
-        otherwise). What it is for: a server writes the next requests' files while the previous
-        ones are being flushed, instead of after."""
-        config = self.config
-        level = Durability(durability) if durability is not None else config.durability
-        if config.capacity is not None:
-            raise InvalidArgument(f"queue {self.name!r} has a capacity: use put_many")
-        validated = self._validated
-        for message in messages:
-            if message.dedup_id is not None:
-                raise InvalidArgument("a message with a dedup id needs put_many")
-            record = validated.pop(id(message), None) if validated else None
-            if record is None or record[0] is not message or record[1] is not config:
-                self._check_outgoing(message, config)
-        ids = new_ids(len(messages))
-        files = self._write_files(ids, messages, [None] * len(ids), config) if ids else []
-        return PreparedPut(ids, files, level, config)
-
-    def publish_prepared(self, puts: list[PreparedPut]) -> None:
-        """Make prepared puts durable (as their level says) and visible, with one group commit:
-        all or none. They must share one durability level. Raises what `put_many` raises for a
-        failed flush (`StorageError`, `QueueNotFound`); then nothing of them is visible."""
-        if not puts:
-            return
-        level, config = puts[0].level, puts[0].config
-        if any(p.level is not level for p in puts):
-            raise InvalidArgument("prepared puts published together must share a durability")
-        files = [f for p in puts for f in p.files]
-        try:
-            self._commit(files, level, config)
-        except BaseException:
-            for f in files:
-                f.discard()
-            raise
-        self._index_published(files)
+        return ids, pending
 
     def validate(self, message: OutgoingMessage) -> None:
         """Raise what `put` would raise for this message's content (size, headers, delay), so a
