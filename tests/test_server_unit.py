@@ -245,6 +245,14 @@ def test_a_fast_answer_given_before_the_handler_returns_frees_the_connection() -
     assert closed
 
 
+async def _answers(transport: _Transport, count: int, budget_s: float = 2.0) -> None:
+    """Wait until `count` responses were written (or the budget is spent)."""
+    for _ in range(int(budget_s / 0.01)):
+        if transport.written.count(b"HTTP/1.1 ") >= count:
+            return
+        await asyncio.sleep(0.01)
+
+
 def test_a_fast_publish_whose_answer_cannot_be_built_gets_a_500(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -262,15 +270,12 @@ def test_a_fast_publish_whose_answer_cannot_be_built_gets_a_500(
             raise RuntimeError("a metrics bug")
 
         monkeypatch.setattr(metrics, "count", broken)
-        server = HttpServer(NativeApp(broker, metrics), fast=NativeApp(broker, metrics).fast)
-        protocol, transport = server.protocol(), _Transport()
+        app = NativeApp(broker, metrics)
+        protocol, transport = HttpServer(app, fast=app.fast).protocol(), _Transport()
         protocol.connection_made(transport)
         publish = b"POST /q/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na"
         protocol.data_received(publish + publish)
-        for _ in range(200):
-            await asyncio.sleep(0.01)
-            if transport.written.count(b"HTTP/1.1 ") == 2:
-                break
+        await _answers(transport, 2)
         broker.close()
         ready = store.queue("q").stats().ready
         store.close()
@@ -300,10 +305,7 @@ def test_a_plain_publish_answers_as_the_general_path_does(tmp_path: Path) -> Non
             b"POST /q/messages HTTP/1.1\r\nHost: x\r\nX-Delay: 0\r\nContent-Length: 1\r\n\r\nb"
             b"POST /nope/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nc"
         )
-        for _ in range(200):
-            await asyncio.sleep(0.01)
-            if transport.written.count(b"HTTP/1.1") == 3:
-                break
+        await _answers(transport, 3)
         broker.close()
         depth = store.queue("q").stats().ready
         store.close()
