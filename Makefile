@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit clean
+.PHONY: run test lint typecheck unit fuzz soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,15 @@ unit: $(STAMP)
 	$(BIN)/pytest -q
 
 test: lint typecheck unit
+
+# By hand: the model-based store test and the HTTP/SQS fuzzers for $(FUZZ_SECONDS) s each.
+FUZZ_SECONDS ?= 600
+fuzz: $(STAMP)
+	DIRMQ_FUZZ_SECONDS=$(FUZZ_SECONDS) $(BIN)/pytest -q -p no:timeout -m fuzz tests
+
+# By hand: SIGKILLs of a server under mixed load; prints the counts of anything lost.
+soak: $(STAMP)
+	$(BIN)/python -m tests.soak
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
