@@ -49,6 +49,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dirmq.errors import InvalidArgument
+from dirmq.store.bounds import MAX_DURATION_S
 from dirmq.store.names import validate_queue_name
 
 STATES = ("ready", "leased", "delayed", "dead")
@@ -290,8 +291,11 @@ def _seconds(options: dict[str, str], key: str, name: str, default: float) -> fl
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise InvalidArgument(f"option {name} must be a positive number of seconds, got {text!r}")
+    if not 0 < value <= MAX_DURATION_S:  # refused here, before a query starts (NaN too)
+        raise InvalidArgument(
+            f"option {name} must be a positive number of seconds, at most {MAX_DURATION_S:.0f}"
+            f" (a year), got {text!r}"
+        )
     return value
 
 

@@ -7,12 +7,12 @@ or the new configuration, never a mix. Unknown keys are kept, so newer versions 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
 from dirmq.errors import ConfigError
+from dirmq.store import bounds
 from dirmq.store.names import validate_queue_name
 
 
@@ -46,10 +46,12 @@ class QueueConfig:
         _check_seconds("dedup_window_s", self.dedup_window_s, 0.0)
         if self.retention_s is not None:
             _check_seconds("retention_s", self.retention_s, 0.001)
-        _check_int("max_receives", self.max_receives, 1)
-        _check_int("capacity", self.capacity, 1)
-        _check_int("max_message_bytes", self.max_message_bytes, 1)
-        _check_int("peers", self.peers, 0)
+        if self.max_receives is not None:
+            _check_int("max_receives", self.max_receives, 1, bounds.MAX_RECEIVE_COUNT)
+        if self.capacity is not None:
+            _check_int("capacity", self.capacity, 1, bounds.MAX_CAPACITY)
+        _check_int("max_message_bytes", self.max_message_bytes, 1, bounds.MAX_MESSAGE_BYTES)
+        _check_int("peers", self.peers, 0, bounds.MAX_PEERS)
         if self.dead_letter_queue is not None:
             validate_queue_name(self.dead_letter_queue)
         if not isinstance(self.metadata, dict):
@@ -60,6 +62,12 @@ class QueueConfig:
             except ValueError:
                 choices = ", ".join(d.value for d in Durability)
                 raise ConfigError(f"durability must be one of {choices}") from None
+
+    @property
+    def receive_limit(self) -> int:
+        """Receives after which a returned or expired lease is dead-lettered: `max_receives`,
+        else the most a file name can count (a message is never re-leased past it)."""
+        return bounds.MAX_RECEIVE_COUNT if self.max_receives is None else self.max_receives
 
     def updated(self, **changes: Any) -> QueueConfig:
         unknown = set(changes) - {f.name for f in fields(self)}
@@ -96,14 +104,8 @@ class QueueConfig:
 
 
 def _check_seconds(name: str, value: object, minimum: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value < minimum:
-        raise ConfigError(f"{name} must be a finite number >= {minimum}, got {value!r}")
+    bounds.check_seconds(name, value, minimum=minimum, error=ConfigError)
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if value is None and name not in ("max_message_bytes", "peers"):
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+def _check_int(name: str, value: object, minimum: int, maximum: int) -> None:
+    bounds.check_count(name, value, minimum=minimum, maximum=maximum, error=ConfigError)

@@ -199,7 +199,7 @@ class QueueFiles:
         for name in index.leased.pop_due(at_ms):
             entry = parse_entry(name)
             assert entry is not None
-            if config.max_receives is not None and entry.count >= config.max_receives:
+            if entry.count >= config.receive_limit:
                 dead += self.dead_letter(index, layout.LEASED, name, config)
                 continue
             target = layout.ready_name(entry.message_id, entry.count, entry.group)
@@ -234,9 +234,7 @@ class QueueFiles:
         if action == "extend":
             self._lease_until(index, path, entry, delay_s)
             return
-        if action == "dead_letter" or (
-            config.max_receives is not None and count >= config.max_receives
-        ):
+        if action == "dead_letter" or count >= config.receive_limit:
             if not self.dead_letter(index, layout.LEASED, lease, config):
                 raise FileNotFoundError(path)
             return

@@ -26,6 +26,7 @@ import socket
 import zlib
 from dataclasses import dataclass
 
+from dirmq.store.bounds import AT_MS_DIGITS, COUNT_DIGITS
 from dirmq.store.ids import ID_PATTERN
 
 CONFIG_FILE = "@queue.json"
@@ -47,12 +48,14 @@ SQS_DIR = "@sqs"  # the SQS layer's own files (sqs/deleted.py)
 ROOT_UPPER_DIRS = frozenset({"@pubsub", "@spark", SQS_DIR})
 GROUP_TAG_LENGTH = 12
 
+# Counts and times are bounded (bounds.py): every value the store accepts fits these digits.
 _ENTRY_RE = re.compile(
-    rf"({ID_PATTERN})(?:\.(\d{{1,9}}))?(?:\.(\d{{1,15}}))?(?:~([0-9a-f]{{{GROUP_TAG_LENGTH}}}))?"
+    rf"({ID_PATTERN})(?:\.(\d{{1,{COUNT_DIGITS}}}))?(?:\.(\d{{1,{AT_MS_DIGITS}}}))?"
+    rf"(?:~([0-9a-f]{{{GROUP_TAG_LENGTH}}}))?"
 )
 _BARE_ID_RE = re.compile(ID_PATTERN)
 ID_LENGTH = 29  # 16 digits, a dash, 12 hex digits (ids.py)
-_RECEIPT_RE = re.compile(rf"({ID_PATTERN})\.(\d{{1,9}})")
+_RECEIPT_RE = re.compile(rf"({ID_PATTERN})\.(\d{{1,{COUNT_DIGITS}}})")
 _TMP_RE = re.compile(rf"({ID_PATTERN})\.([0-9a-f]{{8}})\.(\d+)\.tmp")
 
 HOST_TAG = f"{zlib.crc32(socket.gethostname().encode()):08x}"

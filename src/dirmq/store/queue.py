@@ -33,6 +33,7 @@ from dirmq.errors import (
     storage_error,
 )
 from dirmq.store import codec, layout
+from dirmq.store.bounds import check_seconds
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.files import QueueFiles, expired_by_retention, now_ms
 from dirmq.store.fsio import PendingFile, create_pending
@@ -57,6 +58,13 @@ READ_CHUNK = 256  # `read_leases`: lease files opened before moved ones are look
 
 
 def _check_seconds(name: str, value: float | None) -> None:
+    """A duration the store accepts (bounds.py): it may end up in a file name."""
+    if value is not None:
+        check_seconds(name, value)
+
+
+def _check_timeout(name: str, value: float | None) -> None:
+    """How long a call may block: never in a name, so only non-negative (inf: no limit)."""
     if value is not None and (
         isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0
     ):
@@ -204,7 +212,7 @@ class Queue:
     ) -> list[str]:
         """Publish several messages with one group commit; all are stored or none is. Returns
         their ids in order (for a deduplicated message, the original's id)."""
-        _check_seconds("timeout_s", timeout_s)
+        _check_timeout("timeout_s", timeout_s)
         config = self.config
         level = Durability(durability) if durability is not None else config.durability
         outgoing = [m if isinstance(m, OutgoingMessage) else OutgoingMessage(m) for m in messages]

@@ -7,6 +7,7 @@ import math
 import re
 
 from dirmq.errors import InvalidArgument
+from dirmq.store.bounds import MAX_DURATION_S  # the store's bound: no edge may be looser
 
 _UNITS_S = {
     "ns": 1e-9,
@@ -20,7 +21,6 @@ _UNITS_S = {
 }
 _PLAIN = re.compile(r"\d+(?:\.\d*)?|\.\d+")
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-MAX_DURATION_S = 365 * 24 * 3600.0
 
 
 def parse_duration(text: str, name: str = "duration") -> float:
