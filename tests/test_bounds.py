@@ -297,9 +297,7 @@ def refused(result: subprocess.CompletedProcess[bytes], word: str) -> None:
 
 
 @pytest.mark.parametrize("value", ["1e12", "1e300", "2.26e307"])
-def test_cli_refuses_durations_out_of_bounds_and_loses_nothing(
-    tmp_path: Path, value: str
-) -> None:
+def test_cli_refuses_durations_out_of_bounds_and_loses_nothing(tmp_path: Path, value: str) -> None:
     root = tmp_path / "root"
     first = dirmq(root, "put", "q", "--create", stdin=b"kept").stdout.decode().strip()
     refused(dirmq(root, "put", "q", "--delay", value, stdin=b"x"), "delay_s")

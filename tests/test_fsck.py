@@ -8,13 +8,14 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dirmq import InvalidArgument, QueueConfig, Store
-from dirmq.store import codec, layout
+from dirmq.store import OutgoingMessage, Queue, codec, layout
 from dirmq.store import fsck as fsck_module
 from dirmq.store.fsck import FsckReport, Kind, fsck
 from dirmq.store.ids import new_id
@@ -384,3 +385,111 @@ def test_missing_dead_letter_queue_is_a_notice(store: Store, root: Path) -> None
     store.create_queue("q", QueueConfig(dead_letter_queue="nowhere", max_receives=2))
     report = fsck(root, repair=True)
     assert kinds(report) == [Kind.MISSING_DLQ] and report.ok
+
+
+# -- intact messages under names the store cannot use (issue 15): re-homed, never quarantined --
+
+FAR_MS = 10**15  # what `visibility=1e12` made of a deadline before the store had bounds
+
+
+def plant_misnamed(queue_dir: Path, queue: Queue) -> dict[str, tuple[str, bytes]]:
+    """Messages renamed the ways the unbounded store (and careless hands) named them. Returns
+    {planted name: (message id, body)} by state directory/name."""
+    now_ms = int(time.time() * 1000)
+    planted: dict[str, tuple[str, bytes]] = {}
+
+    def plant(body: bytes, directory: str, name_of: Callable[[str], str], **kw: Any) -> str:
+        message_id = queue.put(body, **kw)
+        name = name_of(message_id)
+        os.rename(ready_file(queue_dir, message_id), queue_dir / directory / name)
+        planted[f"{directory}/{name}"] = (message_id, body)
+        return message_id
+
+    plant(b"leased for 1e12 s", layout.LEASED, lambda i: f"{i}.1.{now_ms + FAR_MS}")
+    plant(b"delayed 1e12 s", layout.DELAYED, lambda i: f"{i}.0.{now_ms + FAR_MS}")
+    plant(b"leased 1e300 s", layout.LEASED, lambda i: f"{i}.2.{'9' * 40}")
+    plant(b"15 digits, centuries", layout.LEASED, lambda i: f"{i}.1.{10**15 - 1}")
+    plant(b"junk after the id", layout.READY, lambda i: f"{i}.junk")
+    plant(b"dead with junk", layout.DEAD, lambda i: f"{i}.3xyz")
+    plant(b"renamed by hand", layout.READY, lambda i: "renamed-by-hand.msg")
+    plant(b"delay kept", layout.DELAYED, lambda i: f"{i}.0.{now_ms + 600_000}.bak")
+    group = layout.group_tag("g1")
+    queue_put_grouped = OutgoingMessage(b"grouped", group="g1")
+    [message_id] = queue.put_many([queue_put_grouped])
+    name = f"{message_id}~{group}.orig"
+    os.rename(queue_dir / layout.READY / f"{message_id}~{group}", queue_dir / layout.READY / name)
+    planted[f"{layout.READY}/{name}"] = (message_id, b"grouped")
+    # Written before files carried Dirmq-Id: the id in the name is all there is.
+    legacy_id = new_id()
+    legacy = f"{legacy_id}.1.{now_ms + FAR_MS}"
+    (queue_dir / layout.LEASED / legacy).write_bytes(codec.encode(b"legacy", {}))
+    planted[f"{layout.LEASED}/{legacy}"] = (legacy_id, b"legacy")
+    return planted
+
+
+def test_intact_messages_under_unusable_names_are_rehomed_not_quarantined(
+    store: Store, root: Path
+) -> None:
+    queue = store.create_queue("q", QueueConfig(capacity=50))
+    qdir = Path(queue.path)
+    planted = plant_misnamed(qdir, queue)
+    # A damaged file under a bad name is still quarantined: the file decides, not the name.
+    damaged_id = queue.put(b"damaged" * 10)
+    data = bytearray(ready_file(qdir, damaged_id).read_bytes())
+    data[-1] ^= 0x01
+    ready_file(qdir, damaged_id).unlink()
+    (qdir / layout.READY / f"{damaged_id}.x").write_bytes(bytes(data))
+    store.close()
+
+    before = snapshot(root)
+    report = fsck(root, repair=False)
+    assert snapshot(root) == before
+    assert kinds(report) == sorted([Kind.MISNAMED] * len(planted) + [Kind.BAD_NAME])
+    assert not report.ok
+    misnamed = {os.path.relpath(p.path, qdir) for p in report.problems if p.kind is Kind.MISNAMED}
+    assert misnamed == set(planted)
+
+    repaired = fsck(root, repair=True)
+    assert repaired.ok, repaired.problems
+    assert kinds(repaired) == kinds(report)  # no leaked slot: every message kept its own
+    assert all("re-homed to @" in p.detail for p in repaired.problems if p.kind is Kind.MISNAMED)
+    assert os.listdir(qdir / layout.CORRUPT) == [f"{damaged_id}.x"]
+    again = fsck(root, repair=False)
+    assert again.ok and again.problems == (), again.problems
+    assert again.messages_checked == len(planted)
+
+    with Store(root) as after:
+        queue = after.queue("q")
+        for message_id, body in planted.values():
+            assert queue.peek(message_id).body == body
+        by_body = {body: message_id for message_id, body in planted.values()}
+        assert queue.peek(by_body[b"dead with junk"]).state == "dead"
+        assert queue.peek(by_body[b"delay kept"]).state == "delayed"
+        assert queue.peek(by_body[b"grouped"]).headers == {}
+        got = {m.body: m for m in queue.get(50, visibility_s=60, max_per_group=None)}
+        deliverable = {b for b in by_body if b not in (b"dead with junk", b"delay kept")}
+        assert set(got) == deliverable
+        assert got[b"leased 1e300 s"].receive_count == 3  # the count survived its name
+        for message in got.values():
+            queue.ack(message.receipt or "")
+        assert queue.stats().delayed == 1
+
+
+def test_cli_fsck_reports_and_rehomes_a_misnamed_message(store: Store, root: Path) -> None:
+    queue = store.create_queue("q")
+    message_id = queue.put(b"one")
+    lease = f"{message_id}.1.{int(time.time() * 1000) + FAR_MS}"
+    os.rename(ready_file(Path(queue.path), message_id), Path(queue.path) / layout.LEASED / lease)
+    store.close()
+    command = [sys.executable, "-m", "dirmq", "fsck", "--root", str(root)]
+    checked = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert checked.returncode == 8
+    assert f"PROBLEM   misnamed        q/@leased/{lease}: " in checked.stdout
+    fixed = subprocess.run(
+        [*command, "--repair"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert fixed.returncode == 0, fixed.stdout
+    assert f"re-homed to @ready/{message_id}.1" in fixed.stdout
+    with Store(root) as after:
+        message = after.queue("q").get_one()
+        assert message is not None and message.body == b"one"

@@ -17,7 +17,7 @@ Invariants, and what `repair=True` does about each (see `Kind`):
     @queue.json parses and validates                                  move aside, write defaults
     every state directory exists                                      mkdir
     names in @ready/@dead carry no time, @leased/@delayed do          rename to the canonical name
-    names in state directories parse at all                           move to @corrupt
+    names in state directories parse, times within the store's bounds  re-home (below)
     every message file decodes (Content-Length, Body-CRC32), and its  move to @corrupt
       Dirmq-Id (if any) is the id in its name
     one file per message id across @ready/@leased/@delayed/@dead      keep one copy (see below)
@@ -35,6 +35,13 @@ message, while keeping a ready copy would deliver it a second time. Live states 
 message that can still be delivered is never dropped (delivery is at-least-once). Among copies in
 one state, a well-formed name beats a malformed one. Only copies that decode compete.
 
+A file whose name the store cannot use (it does not parse, or holds a lease deadline or due time
+further ahead than the longest duration the store accepts, `bounds.MAX_DURATION_S`) is never
+set aside for its name alone: if it decodes and names its message (`Dirmq-Id`, else the id its
+name starts with), it is re-homed under a valid name (`misnamed`), keeping its state, receive
+count and time where they can stand, else made ready (a lease or delay whose time cannot stand
+is due now). Only a file that does not decode, or names no message at all, goes to @corrupt.
+
 Expired leases and due delays are not damage (any get or sweep promotes them); they are counted.
 Files named `@queue.json.bad-*` are left by an earlier repair for a human to read, and are ignored.
 """
@@ -43,6 +50,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -52,8 +60,10 @@ from functools import partial
 
 from dirmq.errors import CorruptMessage, InvalidArgument, InvalidName, storage_error
 from dirmq.store import codec, layout
+from dirmq.store.bounds import AT_MS_DIGITS, MAX_AT_MS, MAX_DURATION_S, MAX_RECEIVE_COUNT
 from dirmq.store.capacity import LEAK_GRACE_S
 from dirmq.store.config import QueueConfig
+from dirmq.store.ids import ID_PATTERN, is_id
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.names import validate_queue_name
 from dirmq.store.pool import DEFAULT_POOL_FILES, Owner, pool_owner, reclaim_pool
@@ -65,6 +75,8 @@ _MESSAGE_DIRS = (layout.LEASED, layout.READY, layout.DELAYED, layout.DEAD)
 _TIMED = frozenset({layout.LEASED, layout.DELAYED})
 _LIVE = frozenset({layout.READY, layout.LEASED, layout.DELAYED})  # hold a capacity slot
 _PROGRESS_BATCH = 256
+_LONGEST_MS = int(MAX_DURATION_S * 1000)  # no lease or delay the store makes is further ahead
+_LONGEST_DAYS = int(MAX_DURATION_S // 86400)
 
 
 class Kind(StrEnum):
@@ -75,6 +87,7 @@ class Kind(StrEnum):
     BAD_CONFIG = "bad-config"  # @queue.json does not parse or validate
     MISSING_DIR = "missing-dir"  # a state directory of a queue is missing
     BAD_NAME = "bad-name"  # a state-directory file name that does not fit its directory
+    MISNAMED = "misnamed"  # an intact message under a name the store cannot use: re-homed
     CORRUPT = "corrupt"  # a message file that does not decode
     UNREADABLE = "unreadable"  # a message file or directory the OS refused to read
     DUPLICATE = "duplicate"  # one message id in several files
@@ -190,6 +203,7 @@ class _QueueScan:
     missing: set[str] = field(default_factory=set)  # state dirs absent after the dir check
     corrupt_ids: set[str] = field(default_factory=set)  # corrupt, still in place (report only)
     quarantined: set[str] = field(default_factory=set)  # corrupt, moved to @corrupt by repair
+    rehomed: set[str] = field(default_factory=set)  # paths of files re-homed by repair
 
     def dir(self, state: str) -> str:
         return os.path.join(self.path, state)
@@ -517,7 +531,7 @@ class _Checker:
         renamed: set[str] = set()  # our own renames may show up again later in this listing
         for entry in _scandir(directory):
             name = entry.name
-            if name in renamed or name.startswith(".nfs"):
+            if name in renamed or name.startswith(".nfs") or entry.path in scan.rehomed:
                 continue
             self.tick()
             if not entry.is_file(follow_symlinks=False):
@@ -525,17 +539,17 @@ class _Checker:
                 continue
             parsed = parse_entry(name)
             if parsed is None:
-                detail = f"not a message file name for {state}"
-                self.fix(
-                    scan.name,
-                    entry.path,
-                    Kind.BAD_NAME,
-                    detail,
-                    partial(self._quarantine, scan, entry.path, name),
-                )
+                self._check_unparsed(scan, state, entry.path, name, now_ms)
                 continue
             self.counts.messages += 1
             if not self._decodes(scan, entry.path, name, parsed.message_id):
+                continue
+            if state in _TIMED and parsed.at_ms is not None and parsed.at_ms > now_ms + _LONGEST_MS:
+                # Further ahead than any duration the store accepts: a lease or delay made
+                # before the store had bounds. It would hold the message for centuries.
+                detail = f"{state} time of {name!r} is more than {_LONGEST_DAYS} days ahead"
+                home = _home(state, parsed.message_id, parsed.count, None, parsed.group, now_ms)
+                self._rehome(scan, state, entry.path, detail, home)
                 continue
             canonical = _canonical(state, parsed, now_ms)
             if canonical != name:
@@ -558,6 +572,62 @@ class _Checker:
                 scan.duplicates.add(parsed.message_id)
             else:
                 scan.seen[parsed.message_id] = state
+
+    def _check_unparsed(
+        self, scan: _QueueScan, state: str, path: str, name: str, now_ms: int
+    ) -> None:
+        """A name that does not parse: re-home the message if the file is one, else quarantine
+        it (the file, not the name, decides whether anything is lost)."""
+        self.counts.messages += 1
+        salvaged = _salvage(name)
+        try:
+            decoded = _read_decoded(path, salvaged.message_id or None)
+        except FileNotFoundError:
+            return  # moved by a live process since the listing
+        except CorruptMessage as exc:
+            detail = f"not a message file name for {state}, nor a message file: {exc}"
+            self.fix(
+                scan.name, path, Kind.BAD_NAME, detail, partial(self._quarantine, scan, path, name)
+            )
+            return
+        except OSError as exc:
+            self.add(scan.name, path, Kind.UNREADABLE, exc.strerror or str(exc))
+            return
+        message_id = decoded.system.get(codec.ID) or salvaged.message_id
+        if not is_id(message_id):
+            detail = f"not a message file name for {state}, and the file names no message id"
+            self.fix(
+                scan.name, path, Kind.BAD_NAME, detail, partial(self._quarantine, scan, path, name)
+            )
+            return
+        group = decoded.system.get("Group")
+        tag = None if group is None else layout.group_tag(group)
+        at_ms = salvaged.at_ms if salvaged.at_ms <= now_ms + _LONGEST_MS else None
+        home = _home(state, message_id, salvaged.count, at_ms, tag, now_ms)
+        detail = f"name {name!r} does not parse; the file is intact message {message_id}"
+        self._rehome(scan, state, path, detail, home)
+
+    def _rehome(
+        self, scan: _QueueScan, state: str, path: str, detail: str, home: tuple[str, str]
+    ) -> None:
+        """Report (and with repair, rename) an intact message into `home` (state, name)."""
+        target_state, new = home
+        target = os.path.join(scan.dir(target_state), new)
+
+        def move() -> str:
+            if os.path.lexists(target):
+                # Never replace: that file is another copy, left for the duplicate check.
+                raise FileExistsError(0, f"{target_state}/{new} already exists")
+            os.rename(path, target)
+            scan.rehomed.add(target)  # a listing still to come may show it: counted here
+            return f"re-homed to {target_state}/{new}"
+
+        self.fix(scan.name, path, Kind.MISNAMED, detail, move)
+        message_id = new.split(".", 1)[0].split("~", 1)[0]
+        if message_id in scan.seen:
+            scan.duplicates.add(message_id)
+        else:
+            scan.seen[message_id] = target_state if not os.path.lexists(path) else state
 
     def _decodes(self, scan: _QueueScan, path: str, name: str, message_id: str) -> bool:
         """True if the file decodes as message `message_id`; reports (and with repair
@@ -722,6 +792,42 @@ def _canonical(state: str, entry: Entry, now_ms: int) -> str:
     return layout.ready_name(entry.message_id, entry.count, entry.group)
 
 
+@dataclass(frozen=True, slots=True)
+class _Salvaged:
+    """What can be read from the start of a name that does not parse: an id ("" if none), a
+    receive count and a time (0 if none), whatever junk follows."""
+
+    message_id: str
+    count: int
+    at_ms: int
+
+
+_SALVAGE_RE = re.compile(rf"({ID_PATTERN})?(?:\.(\d+))?(?:\.(\d+))?")
+
+
+def _salvage(name: str) -> _Salvaged:
+    match = _SALVAGE_RE.match(name)
+    assert match is not None  # every group is optional
+    count = min(int(match[2]), MAX_RECEIVE_COUNT - 1) if match[2] else 0
+    # Any number of digits: a time past the store's bounds (16+ digits) is not believed anyway.
+    at_ms = int(match[3]) if match[3] and len(match[3]) <= AT_MS_DIGITS else MAX_AT_MS + 1
+    return _Salvaged(match[1] or "", count, at_ms if match[3] else 0)
+
+
+def _home(
+    state: str, message_id: str, count: int, at_ms: int | None, tag: str | None, now_ms: int
+) -> tuple[str, str]:
+    """Where a misnamed message goes: (state, name). Its state is kept, unless it is a lease or
+    delay whose time cannot stand (`at_ms` None): then it is ready (due now)."""
+    if state in _TIMED:
+        if at_ms is None or at_ms <= 0:
+            return layout.READY, layout.ready_name(message_id, count, tag)
+        return state, layout.timed_name(message_id, count, at_ms, tag)
+    if state == layout.DEAD:
+        return state, layout.dead_name(message_id, count, tag)
+    return layout.READY, layout.ready_name(message_id, count, tag)
+
+
 def _rename_in(directory: str, name: str, new: str) -> str:
     target = os.path.join(directory, new)
     if os.path.lexists(target):
@@ -779,7 +885,7 @@ def _read_marker(root: str) -> object:
     return data
 
 
-def _read_decoded(path: str, message_id: str) -> codec.Decoded:
+def _read_decoded(path: str, message_id: str | None) -> codec.Decoded:
     with open(path, "rb") as f:
         return codec.decode(f.read(), message_id)
 
