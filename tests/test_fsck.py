@@ -493,3 +493,23 @@ def test_cli_fsck_reports_and_rehomes_a_misnamed_message(store: Store, root: Pat
     with Store(root) as after:
         message = after.queue("q").get_one()
         assert message is not None and message.body == b"one"
+
+
+def test_a_config_stored_before_bounds_keeps_its_other_settings(store: Store, root: Path) -> None:
+    """A @queue.json written by the unbounded store: only the settings out of bounds are reset,
+    so the dead-letter settings and the SQS attributes (metadata) survive the repair."""
+    store.create_queue("dlq")
+    config = QueueConfig(max_receives=3, dead_letter_queue="dlq", metadata={"sqs": {"a": 1}})
+    queue = store.create_queue("q", config)
+    path = Path(queue.path) / layout.CONFIG_FILE
+    stored = json.loads(path.read_text())
+    stored.update(visibility_timeout_s=1e13, retention_s=1e300, dedup_window_s=2.26e307)
+    path.write_text(json.dumps(stored))
+    store.close()
+    report = fsck(root, repair=True)
+    assert kinds(report) == [Kind.BAD_CONFIG] and report.ok
+    assert "reset dedup_window_s, retention_s, visibility_timeout_s to default" in (
+        report.problems[0].detail
+    )
+    with Store(root) as after:
+        assert after.queue("q").config == config

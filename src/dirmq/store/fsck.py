@@ -14,7 +14,8 @@ Invariants, and what `repair=True` does about each (see `Kind`):
     ... and of format 1 (another format: its rules may differ)        report; repair nothing at all
     @trash empty (an interrupted queue deletion)                      empty it
     @pubsub, @spark at the root (the upper layers', FORMAT.md)        known: left to their layers
-    @queue.json parses and validates                                  move aside, write defaults
+    @queue.json parses and validates                                  move aside, rewrite it with
+                                                                      bad settings reset to default
     every state directory exists                                      mkdir
     names in @ready/@dead carry no time, @leased/@delayed do          rename to the canonical name
     names in state directories parse, times within the store's bounds  re-home (below)
@@ -439,9 +440,12 @@ class _Checker:
         except ValueError as exc:  # ConfigError, and what the loader lets through (bad UTF-8)
 
             def replace() -> str:
+                salvaged, reset = _salvage_config(config_path)
                 aside = self._set_aside(config_path)
-                _atomic_write(config_path, QueueConfig().dumps())
-                return f"{aside} and wrote the default configuration: review it"
+                _atomic_write(config_path, salvaged.dumps())
+                if reset is None:
+                    return f"{aside} and wrote the default configuration: review it"
+                return f"{aside}; kept the other settings, reset {', '.join(reset)} to default"
 
             self.fix(scan.name, config_path, Kind.BAD_CONFIG, str(exc), replace)
             return
@@ -869,6 +873,30 @@ def _orphan_reason(name: str) -> str:
 
 
 _MISSING = object()
+
+
+def _salvage_config(path: str) -> tuple[QueueConfig, list[str] | None]:
+    """The stored configuration without the settings that fail alone (e.g. a duration stored
+    before the store had bounds), and their names; (defaults, None) if it is not a JSON object
+    or still fails (settings that fail only together). SQS attributes and the dead-letter
+    settings survive a single bad value."""
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError):
+        return QueueConfig(), None
+    if not isinstance(data, dict):
+        return QueueConfig(), None
+    reset = []
+    for key, value in data.items():
+        try:
+            QueueConfig.from_json({key: value})
+        except ValueError:  # ConfigError, InvalidName (a dead-letter queue's name)
+            reset.append(key)
+    try:
+        return QueueConfig.from_json({k: v for k, v in data.items() if k not in reset}), reset
+    except ValueError:
+        return QueueConfig(), None
 
 
 def _read_marker(root: str) -> object:
