@@ -448,3 +448,17 @@ def test_sqs_refuses_durations_out_of_bounds(sqs: Any, server: ServerProcess, nu
     sqs.delete_message(QueueUrl=url, ReceiptHandle=handle)
     report = fsck(server.root, repair=False)
     assert report.ok, [(p.kind, p.detail) for p in report.problems]
+
+
+def test_the_openapi_document_states_the_store_bounds() -> None:
+    """The fuzzer generates from the document: its maxima must be the store's."""
+    import json
+    from importlib import resources
+
+    document = json.loads(resources.files("dirmq.server").joinpath("openapi.json").read_text())
+    for schema in ("QueueConfig", "QueueConfigUpdate"):
+        properties = document["components"]["schemas"][schema]["properties"]
+        for name in DURATION_FIELDS:
+            assert properties[name]["maximum"] == bounds.MAX_DURATION_S, (schema, name)
+        for name, maximum in COUNT_FIELDS.items():
+            assert properties[name]["maximum"] == maximum, (schema, name)
