@@ -76,8 +76,10 @@ _MESSAGE_DIRS = (layout.LEASED, layout.READY, layout.DELAYED, layout.DEAD)
 _TIMED = frozenset({layout.LEASED, layout.DELAYED})
 _LIVE = frozenset({layout.READY, layout.LEASED, layout.DELAYED})  # hold a capacity slot
 _PROGRESS_BATCH = 256
-_LONGEST_MS = int(MAX_DURATION_S * 1000)  # no lease or delay the store makes is further ahead
-_LONGEST_DAYS = int(MAX_DURATION_S // 86400)
+# No lease or delay the store makes is further ahead than its longest duration; a day more
+# leaves room for another host's clock running ahead of ours.
+_LONGEST_MS = int(MAX_DURATION_S * 1000) + 86_400_000
+_LONGEST_DAYS = _LONGEST_MS // 86_400_000
 
 
 class Kind(StrEnum):
