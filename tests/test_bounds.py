@@ -296,23 +296,33 @@ def refused(result: subprocess.CompletedProcess[bytes], word: str) -> None:
     assert word in lines[0], lines
 
 
-@pytest.mark.parametrize("value", ["1e12", "1e300", "2.26e307"])
+@pytest.mark.parametrize("value", ["1e12", "1e300", "2.26e307", "inf", "nan"])
 def test_cli_refuses_durations_out_of_bounds_and_loses_nothing(tmp_path: Path, value: str) -> None:
     root = tmp_path / "root"
     first = dirmq(root, "put", "q", "--create", stdin=b"kept").stdout.decode().strip()
-    refused(dirmq(root, "put", "q", "--delay", value, stdin=b"x"), "delay_s")
-    refused(dirmq(root, "get", "q", "--visibility", value), "visibility_s")
-    refused(dirmq(root, "get", "q", "--wait", value), "wait_s")
-    refused(dirmq(root, "create", "other", "--visibility", value), "visibility_timeout_s")
-    refused(dirmq(root, "configure", "q", "--retention", value), "retention_s")
-    refused(dirmq(root, "configure", "q", "--writeback-delay", value), "writeback_delay_s")
+    refused(dirmq(root, "put", "q", "--delay", value, stdin=b"x"), "--delay")
+    refused(dirmq(root, "put", "new", "--create", "--delay", value, stdin=b"x"), "--delay")
+    refused(dirmq(root, "get", "q", "--visibility", value), "--visibility")
+    refused(dirmq(root, "get", "q", "--wait", value), "--wait")
+    refused(dirmq(root, "create", "other", "--visibility", value), "--visibility")
+    refused(dirmq(root, "configure", "q", "--retention", value), "--retention")
+    refused(dirmq(root, "configure", "q", "--writeback-delay", value), "--writeback-delay")
+    assert sorted(os.listdir(root)) == [layout.ROOT_MARKER, "q"]  # nothing was created
     got = dirmq(root, "get", "q", "--visibility", "60")
     assert got.returncode == 0 and got.stdout == b"kept"
     receipt = got.stderr.decode().strip()
     assert receipt.startswith(first)
-    refused(dirmq(root, "nack", "q", receipt, "--delay", value), "delay_s")
+    refused(dirmq(root, "nack", "q", receipt, "--delay", value), "--delay")
     assert dirmq(root, "ack", "q", receipt).returncode == 0
     assert dirmq(root, "fsck").returncode == 0
+
+
+def test_cli_maps_the_store_refusal_to_exit_2(tmp_path: Path) -> None:
+    """A value the CLI lets through but the store refuses is exit 2 too (a usage error)."""
+    root = tmp_path / "root"
+    assert dirmq(root, "create", "q").returncode == 0
+    refused(dirmq(root, "configure", "q", "--writeback-delay", "0"), "writeback_delay_s")
+    refused(dirmq(root, "configure", "q", "--retention", "0.0001"), "retention_s")
 
 
 def test_cli_refuses_counts_out_of_bounds(tmp_path: Path) -> None:

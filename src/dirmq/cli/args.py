@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from typing import Any, NoReturn
 
 from dirmq.errors import InvalidName
 from dirmq.store import Store, default_root
+from dirmq.store.bounds import MAX_DURATION_S
 from dirmq.store.config import Durability
 from dirmq.store.names import validate_queue_name
 
@@ -32,13 +32,16 @@ def queue_name(text: str) -> str:
 
 
 def seconds(text: str) -> float:
-    """A finite, non-negative number of seconds."""
+    """A number of seconds within the store's bounds (refused here, before anything touches
+    the disk, naming the option; the store checks again)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number of seconds")
+    if not 0 <= value <= MAX_DURATION_S:  # NaN and infinities too
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds from 0 to {MAX_DURATION_S:.0f} (a year)"
+        )
     return value
 
 
