@@ -61,7 +61,7 @@ from functools import partial
 
 from dirmq.errors import CorruptMessage, InvalidArgument, InvalidName, storage_error
 from dirmq.store import codec, layout
-from dirmq.store.bounds import AT_MS_DIGITS, MAX_AT_MS, MAX_DURATION_S, MAX_RECEIVE_COUNT
+from dirmq.store.bounds import AT_MS_DIGITS, MAX_DURATION_S, MAX_RECEIVE_COUNT
 from dirmq.store.capacity import LEAK_GRACE_S
 from dirmq.store.config import QueueConfig
 from dirmq.store.ids import ID_PATTERN, is_id
@@ -554,8 +554,8 @@ class _Checker:
                 # Further ahead than any duration the store accepts: a lease or delay made
                 # before the store had bounds. It would hold the message for centuries.
                 detail = f"{state} time of {name!r} is more than {_LONGEST_DAYS} days ahead"
-                home = _home(state, parsed.message_id, parsed.count, None, parsed.group, now_ms)
-                self._rehome(scan, state, entry.path, detail, home)
+                home = _home(state, parsed.message_id, parsed.count, None, parsed.group)
+                self._rehome(scan, state, entry.path, parsed.message_id, detail, home)
                 continue
             canonical = _canonical(state, parsed, now_ms)
             if canonical != name:
@@ -608,13 +608,21 @@ class _Checker:
             return
         group = decoded.system.get("Group")
         tag = None if group is None else layout.group_tag(group)
-        at_ms = salvaged.at_ms if salvaged.at_ms <= now_ms + _LONGEST_MS else None
-        home = _home(state, message_id, salvaged.count, at_ms, tag, now_ms)
+        at_ms = salvaged.at_ms
+        if at_ms is not None and at_ms > now_ms + _LONGEST_MS:
+            at_ms = None  # a time the store would never have made: not believed
+        home = _home(state, message_id, salvaged.count, at_ms, tag)
         detail = f"name {name!r} does not parse; the file is intact message {message_id}"
-        self._rehome(scan, state, path, detail, home)
+        self._rehome(scan, state, path, message_id, detail, home)
 
     def _rehome(
-        self, scan: _QueueScan, state: str, path: str, detail: str, home: tuple[str, str]
+        self,
+        scan: _QueueScan,
+        state: str,
+        path: str,
+        message_id: str,
+        detail: str,
+        home: tuple[str, str],
     ) -> None:
         """Report (and with repair, rename) an intact message into `home` (state, name)."""
         target_state, new = home
@@ -629,7 +637,6 @@ class _Checker:
             return f"re-homed to {target_state}/{new}"
 
         self.fix(scan.name, path, Kind.MISNAMED, detail, move)
-        message_id = new.split(".", 1)[0].split("~", 1)[0]
         if message_id in scan.seen:
             scan.duplicates.add(message_id)
         else:
@@ -800,12 +807,12 @@ def _canonical(state: str, entry: Entry, now_ms: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Salvaged:
-    """What can be read from the start of a name that does not parse: an id ("" if none), a
-    receive count and a time (0 if none), whatever junk follows."""
+    """What can be read from the start of a name that does not parse, whatever junk follows:
+    an id ("" if none), a receive count (0 if none), a time (None if none, or too long)."""
 
     message_id: str
     count: int
-    at_ms: int
+    at_ms: int | None
 
 
 _SALVAGE_RE = re.compile(rf"({ID_PATTERN})?(?:\.(\d+))?(?:\.(\d+))?")
@@ -814,19 +821,19 @@ _SALVAGE_RE = re.compile(rf"({ID_PATTERN})?(?:\.(\d+))?(?:\.(\d+))?")
 def _salvage(name: str) -> _Salvaged:
     match = _SALVAGE_RE.match(name)
     assert match is not None  # every group is optional
+    # A count the store never makes is capped so that one more receive still fits a name.
     count = min(int(match[2]), MAX_RECEIVE_COUNT - 1) if match[2] else 0
-    # Any number of digits: a time past the store's bounds (16+ digits) is not believed anyway.
-    at_ms = int(match[3]) if match[3] and len(match[3]) <= AT_MS_DIGITS else MAX_AT_MS + 1
-    return _Salvaged(match[1] or "", count, at_ms if match[3] else 0)
+    at_ms = int(match[3]) if match[3] and len(match[3]) <= AT_MS_DIGITS else None
+    return _Salvaged(match[1] or "", count, at_ms)
 
 
 def _home(
-    state: str, message_id: str, count: int, at_ms: int | None, tag: str | None, now_ms: int
+    state: str, message_id: str, count: int, at_ms: int | None, tag: str | None
 ) -> tuple[str, str]:
     """Where a misnamed message goes: (state, name). Its state is kept, unless it is a lease or
     delay whose time cannot stand (`at_ms` None): then it is ready (due now)."""
     if state in _TIMED:
-        if at_ms is None or at_ms <= 0:
+        if at_ms is None:
             return layout.READY, layout.ready_name(message_id, count, tag)
         return state, layout.timed_name(message_id, count, at_ms, tag)
     if state == layout.DEAD:
