@@ -251,6 +251,18 @@ def test_an_expired_lease_at_the_count_bound_is_dead_lettered(store: Store, queu
     assert_clean(store)
 
 
+def test_the_longest_duration_from_now_fits_a_name() -> None:
+    """The bounds agree with the name grammar: a deadline a year from now has 15 digits."""
+    import time
+
+    deadline_ms = int(time.time() * 1000) + int(bounds.MAX_DURATION_S * 1000)
+    assert deadline_ms <= bounds.MAX_AT_MS
+    name = layout.timed_name(new_id(), bounds.MAX_RECEIVE_COUNT, deadline_ms, "0" * 12)
+    assert layout.parse_entry(name) is not None
+    too_far = layout.timed_name(new_id(), 1, bounds.MAX_AT_MS + 1)
+    assert layout.parse_entry(too_far) is None
+
+
 # -- edges are never looser than the store -------------------------------------------------------
 
 
