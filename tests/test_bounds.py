@@ -194,13 +194,18 @@ def test_queue_config_counts_have_upper_bounds(name: str, maximum: int) -> None:
 
 def test_a_stored_configuration_out_of_bounds_is_reported_not_used(store: Store) -> None:
     """A config written by an older version with the defect's values: CorruptConfig (500, exit
-    6 not a silent use of it), and fsck reports it."""
+    6: not a silent use of it), which fsck reports and repairs."""
     store.create_queue("old")
     path = Path(store.root) / "old" / layout.CONFIG_FILE
     path.write_text('{"visibility_timeout_s": 1e13}')
     with Store(store.root) as fresh, pytest.raises(ConfigError, match="visibility_timeout_s"):
         fresh.queue("old")
     assert not fsck(store.root, repair=False).ok
+    stats = dirmq(Path(store.root), "stats", "old")
+    assert stats.returncode == 6, stats.stderr  # the stored file is bad, not the arguments
+    assert "visibility_timeout_s" in stats.stderr.decode()
+    assert dirmq(Path(store.root), "fsck", "--repair").returncode == 0
+    assert dirmq(Path(store.root), "stats", "old").returncode == 0
 
 
 def test_configure_refuses_and_keeps_the_old_configuration(store: Store, queue: Queue) -> None:

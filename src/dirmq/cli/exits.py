@@ -6,7 +6,7 @@
   3  empty or not found: no message on `get`, unknown message id
   4  queue not found (or the root is not a dirmq root)
   5  queue full: the put timed out at capacity
-  6  storage failure: disk full, I/O error, permission denied, damaged message file
+  6  storage failure: disk full, I/O error, permission denied, damaged message or config file
   7  stale receipt: the lease was lost (expired and redelivered, or already acknowledged), or a
      pub/sub delivery is no longer held
   8  fsck found problems it did not repair
@@ -21,6 +21,7 @@ import sys
 
 from dirmq.errors import (
     ConfigError,
+    CorruptConfig,
     CorruptMessage,
     DeliveryNotFound,
     DuplicateMessage,
@@ -54,6 +55,7 @@ BROKEN_PIPE = 141
 ERROR_EXITS: tuple[tuple[type[BaseException], int], ...] = (
     (InvalidName, USAGE),
     (InvalidArgument, USAGE),
+    (CorruptConfig, STORAGE),  # the stored @queue.json is bad, not the arguments: run fsck
     (ConfigError, USAGE),
     (MessageTooLarge, USAGE),
     (QueueExists, USAGE),
