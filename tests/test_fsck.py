@@ -513,3 +513,21 @@ def test_a_config_stored_before_bounds_keeps_its_other_settings(store: Store, ro
     )
     with Store(root) as after:
         assert after.queue("q").config == config
+
+
+def test_a_message_an_older_fsck_quarantined_for_its_name_comes_back(
+    store: Store, root: Path
+) -> None:
+    """The procedure operations.md gives: move it back from @corrupt, run fsck --repair."""
+    queue = store.create_queue("q")
+    message_id = queue.put(b"was quarantined")
+    name = f"{message_id}.1.{int(time.time() * 1000) + FAR_MS}"
+    qdir = Path(queue.path)
+    os.rename(ready_file(qdir, message_id), qdir / layout.CORRUPT / name)
+    store.close()
+    os.rename(qdir / layout.CORRUPT / name, qdir / layout.LEASED / name)
+    assert fsck(root, repair=True).ok
+    with Store(root) as after:
+        message = after.queue("q").get_one()
+        assert message is not None and message.id == message_id
+        assert message.body == b"was quarantined"
