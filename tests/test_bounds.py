@@ -28,7 +28,7 @@ from .servers import ServerProcess, sqs_client, start_server
 
 # The reproductions of the defect (1e12, 1e13, 1e300, 2.26e307: 2.26e307 * 1000 overflows to
 # inf) and the other values no duration may take.
-HOSTILE_SECONDS: list[Any] = [
+OUT_OF_BOUNDS_SECONDS: list[Any] = [
     1e12,
     1e13,
     1e300,
@@ -39,11 +39,9 @@ HOSTILE_SECONDS: list[Any] = [
     -1,
     -0.001,
     True,
-    10**400,
+    10**400,  # no float holds it: compared, never converted
     "5",
-    None,
 ]
-OUT_OF_BOUNDS_SECONDS = [v for v in HOSTILE_SECONDS if v is not None]
 JUST_OVER_S = bounds.MAX_DURATION_S + 0.001
 
 
@@ -116,7 +114,7 @@ OPERATIONS = [
 
 
 @pytest.mark.parametrize("operation", OPERATIONS)
-@pytest.mark.parametrize("value", OUT_OF_BOUNDS_SECONDS, ids=repr)
+@pytest.mark.parametrize("value", OUT_OF_BOUNDS_SECONDS, ids=lambda v: repr(v)[:12])
 def test_every_store_call_refuses_a_duration_out_of_bounds(
     store: Store, queue: Queue, operation: str, value: Any
 ) -> None:
@@ -161,7 +159,7 @@ DURATION_FIELDS = [
 
 
 @pytest.mark.parametrize("name", DURATION_FIELDS)
-@pytest.mark.parametrize("value", OUT_OF_BOUNDS_SECONDS, ids=repr)
+@pytest.mark.parametrize("value", OUT_OF_BOUNDS_SECONDS, ids=lambda v: repr(v)[:12])
 def test_queue_config_refuses_every_duration_out_of_bounds(name: str, value: Any) -> None:
     with pytest.raises(ConfigError, match=name):
         QueueConfig(**{name: value})
