@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -256,8 +257,6 @@ def test_an_expired_lease_at_the_count_bound_is_dead_lettered(store: Store, queu
 
 def test_the_longest_duration_from_now_fits_a_name() -> None:
     """The bounds agree with the name grammar: a deadline a year from now has 15 digits."""
-    import time
-
     deadline_ms = int(time.time() * 1000) + int(bounds.MAX_DURATION_S * 1000)
     assert deadline_ms <= bounds.MAX_AT_MS
     name = layout.timed_name(new_id(), bounds.MAX_RECEIVE_COUNT, deadline_ms, "0" * 12)
@@ -487,3 +486,26 @@ def test_the_openapi_document_states_the_store_bounds() -> None:
             assert properties[name]["maximum"] == bounds.MAX_DURATION_S, (schema, name)
         for name, maximum in COUNT_FIELDS.items():
             assert properties[name]["maximum"] == maximum, (schema, name)
+
+
+def test_sqs_answers_a_bad_stored_configuration_as_its_own_fault(
+    sqs: Any, server: ServerProcess
+) -> None:
+    """A @queue.json out of bounds (written before the store had bounds) is the server's fault:
+    500 InternalError, not InvalidParameterValue (a client would "fix" its correct request)."""
+    url = sqs.create_queue(QueueName="bounds-stored")["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="kept")
+    path = server.root / "bounds-stored" / layout.CONFIG_FILE
+    stored = path.read_text()
+    path.write_text(stored.replace('"visibility_timeout_s": 30.0', '"visibility_timeout_s": 1e13'))
+    try:
+        deadline = time.monotonic() + 30  # the server re-reads a configuration within 0.5 s
+        with pytest.raises(ClientError) as raised:
+            while time.monotonic() < deadline:
+                sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])
+                time.sleep(0.1)
+        error = raised.value.response["Error"]
+        assert error["Code"] == "InternalError", error
+        assert "visibility_timeout_s" in error["Message"]
+    finally:
+        path.write_text(stored)

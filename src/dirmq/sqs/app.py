@@ -129,6 +129,8 @@ def _translate(exc: errors.DirmqError) -> SqsError:
         return SqsError("ServiceUnavailable", f"The message could not be stored: {exc}")
     if isinstance(exc, errors.MessageTooLarge):
         return SqsError("InvalidParameterValue", str(exc))
+    if isinstance(exc, errors.CorruptConfig):  # the stored file is bad: ours, not the client's
+        return SqsError("InternalError", str(exc))
     if isinstance(exc, errors.InvalidArgument | errors.InvalidName | errors.ConfigError):
         return SqsError("InvalidParameterValue", str(exc))
     return SqsError("InternalError", str(exc))
