@@ -56,7 +56,8 @@ def seconds(value: float) -> str:
         raise errors.InvalidArgument(f"not a number of seconds: {value!r}")
     if value < 0:
         raise errors.InvalidArgument(f"a duration cannot be negative: {value!r}")
-    return repr(float(value))
+    # Fixed notation: the server's duration grammar has no exponents (repr(1e-05) is "1e-05").
+    return f"{value:.6f}".rstrip("0").rstrip(".")
 
 
 def check_message(message: OutgoingMessage) -> None:

@@ -33,7 +33,9 @@ differently from vsqs 0.3, it is on purpose, and each difference fixes a vsqs de
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
@@ -155,15 +157,17 @@ class Queue:
         before then, or it returns to its FIFO place for someone else to receive.
         """
         with _vsqs_errors(f"receiving from queue {self.name!r}"):
-            if timeout is not None:
+            if timeout is not None and timeout <= _WAIT_SLICE_S:
                 message = self.queue.get_one(
                     visibility_s=visibility_timeout, wait_s=max(0.0, timeout)
                 )
             else:
+                # Long (even infinite) waits go in slices: the store bounds one wait to a year.
+                deadline = math.inf if timeout is None else time.monotonic() + timeout
                 message = None
-                while message is None:
+                while message is None and (left_s := deadline - time.monotonic()) > 0:
                     message = self.queue.get_one(
-                        visibility_s=visibility_timeout, wait_s=_WAIT_SLICE_S
+                        visibility_s=visibility_timeout, wait_s=min(left_s, _WAIT_SLICE_S)
                     )
         if message is None:
             return None, None

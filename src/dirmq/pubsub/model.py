@@ -60,6 +60,8 @@ def _check_text(kind: str, value: str) -> str:
 
 
 def check_timeout(kind: str, seconds: float) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise InvalidArgument(f"{kind} must be a number of seconds, got {seconds!r}")
     if not 0 < seconds <= MAX_TIMEOUT_S:
         raise InvalidArgument(f"{kind} must be > 0 and at most {MAX_TIMEOUT_S:.0f} seconds")
     return float(seconds)
