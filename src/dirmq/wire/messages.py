@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Iterable
 
 from dirmq.errors import InvalidArgument
 from dirmq.store import Message, OutgoingMessage
-from dirmq.wire import framing
+from dirmq.wire import framing, jsondoc
 from dirmq.wire.durations import parse_duration
 
 STORED_HEADERS = frozenset({"content-type", "content-encoding"})
@@ -97,7 +96,7 @@ def _part_delay(headers: dict[str, str], index: int) -> float | None:
 
 def _json_line(line: bytes, index: int) -> OutgoingMessage:
     try:
-        item = json.loads(line)
+        item = jsondoc.loads(line)
     except ValueError as exc:
         raise InvalidArgument(f"line {index + 1} is not JSON: {exc}") from exc
     if not isinstance(item, dict):
