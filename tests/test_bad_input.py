@@ -4,12 +4,16 @@ and loses nothing. Real servers on 127.0.0.1, real boto3, the real CLI."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+import dirmq
 from dirmq.wire import jsondoc
 
 from .servers import ServerProcess, sqs_client, start_server
@@ -94,3 +98,204 @@ def test_deep_json_in_an_sqs_attribute_is_invalid(server: ServerProcess) -> None
         sqs.create_queue(QueueName="deep-attr", Attributes={"RedrivePolicy": deep})
     assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
     assert "deep-attr" not in json.dumps(sqs.list_queues())
+
+
+# -- unknown query parameters and JSON keys (defect 3) ---------------------------------------------
+def _refused(response: httpx.Response, *named: str) -> str:
+    assert response.status_code == 400, response.text
+    message: str = response.json()["message"]
+    for word in named:
+        assert word in message, message
+    return message
+
+
+def test_a_misspelt_wait_is_refused_not_ignored(http: httpx.Client) -> None:
+    assert http.put("/params").status_code in (200, 201)
+    message = _refused(http.get("/params/messages", params={"wiat": "5s"}), "'wiat'", "wait=")
+    assert "max=, peek=, visibility=, wait=" in message
+
+
+def test_a_misspelt_delay_stores_nothing(http: httpx.Client) -> None:
+    assert http.put("/params-delay").status_code in (200, 201)
+    _refused(http.post("/params-delay/messages?dealy=1h", content=b"x"), "'dealy'", "delay=")
+    assert http.get("/params-delay").json()["stats"]["total"] == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "accepted"),
+    [
+        ("GET", "/", "prefix="),
+        ("GET", "/params", "no query parameters"),
+        ("PUT", "/params", "no query parameters"),
+        ("DELETE", "/params-absent", "no query parameters"),
+        ("DELETE", "/params/messages", "no query parameters"),
+        ("GET", "/params/messages/0000000000000000-0000000000000000", "no query parameters"),
+        ("DELETE", "/params/messages/0000000000000000-0000000000000000", "receipt="),
+        ("POST", "/params/messages/0000000000000000-0000000000000000.1/nack", "delay="),
+        ("POST", "/params/messages/0000000000000000-0000000000000000.1/extend", "visibility="),
+        ("POST", "/params/messages/0000000000000000-0000000000000000.1/dead-letter", "no query"),
+        ("GET", "/health", "no query parameters"),
+        ("GET", "/metrics", "no query parameters"),
+        ("GET", "/openapi.json", "no query parameters"),
+    ],
+)
+def test_every_native_route_refuses_unknown_parameters(
+    http: httpx.Client, method: str, path: str, accepted: str
+) -> None:
+    assert http.put("/params").status_code in (200, 201)
+    _refused(http.request(method, path, params={"bogus": "1"}), "'bogus'", accepted)
+    assert http.get("/params").status_code == 200  # a PUT/DELETE with it did nothing
+
+
+def test_documented_parameters_still_work(http: httpx.Client) -> None:
+    assert http.put("/params-ok").status_code in (200, 201)
+    published = http.post(
+        "/params-ok/messages",
+        params={"delay": "0s", "durability": "writethrough", "timeout": "1s", "group": "g"},
+        content=b"x",
+    )
+    assert published.status_code == 201, published.text
+    assert http.get("/params-ok/messages", params={"peek": "1", "max": "5"}).status_code == 200
+    got = http.get("/params-ok/messages", params={"wait": "1s", "visibility": "30s"})
+    assert got.status_code == 200, got.text
+    receipt = got.headers["X-Receipt"]
+    extended = http.post(f"/params-ok/messages/{receipt}/extend", params={"visibility": "60s"})
+    assert extended.status_code == 204
+    assert (
+        http.post(f"/params-ok/messages/{receipt}/nack", params={"delay": "0s"}).status_code == 204
+    )
+    assert http.get("/", params={"prefix": "params-ok"}).json() == {"queues": ["params-ok"]}
+
+
+def test_unknown_configuration_keys_name_the_known_ones(http: httpx.Client) -> None:
+    _refused(
+        http.put("/params-config", json={"visibilty_timeout_s": 30}),
+        "'visibilty_timeout_s'",
+        "visibility_timeout_s",
+    )
+    assert http.get("/params-config").status_code == 404
+
+
+def test_unknown_json_line_keys_are_refused(http: httpx.Client) -> None:
+    assert http.put("/params-lines").status_code in (200, 201)
+    lines = b'{"body": "a"}\n{"body": "b", "dealy": "1h"}\n'
+    response = http.post(
+        "/params-lines/messages", content=lines, headers={"Content-Type": "application/x-ndjson"}
+    )
+    _refused(response, "line 2", "'dealy'", "delay")
+    assert http.get("/params-lines").json()["stats"]["total"] == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "accepted"),
+    [
+        ("GET", "/@pubsub", "no query parameters"),
+        ("POST", "/@pubsub/publish?channel=c", "persistence="),
+        ("GET", "/@pubsub/subscribe", "window="),
+        ("GET", "/@pubsub/subscriptions", "no query parameters"),
+        ("DELETE", "/@pubsub/subscriptions/nobody", "no query parameters"),
+        ("POST", "/@pubsub/subscriptions/s/deliveries/k/done", "no query parameters"),
+        ("POST", "/@pubsub/subscriptions/s/deliveries/k/heartbeat", "extend="),
+        ("GET", "/@pubsub/retained", "limit="),
+        ("GET", "/@pubsub/retained/head", "no query parameters"),
+    ],
+)
+def test_every_pubsub_route_refuses_unknown_parameters(
+    http: httpx.Client, method: str, path: str, accepted: str
+) -> None:
+    response = http.request(method, path, params={"bogus": "1"}, content=b"x")
+    _refused(response, "'bogus'", accepted)
+
+
+def test_a_pubsub_publish_with_a_misspelt_parameter_publishes_nothing(http: httpx.Client) -> None:
+    before = http.get("/@pubsub/retained/head").json()["head"]
+    _refused(
+        http.post("/@pubsub/publish?channel=c&mode=everyone&persistance=memory"), "persistence="
+    )
+    assert http.get("/@pubsub/retained/head").json()["head"] == before
+
+
+def test_yaq_refuses_parameters_it_does_not_document(server: ServerProcess) -> None:
+    assert server.yaq_url is not None
+    with httpx.Client(base_url=server.yaq_url, timeout=30) as yaq:
+        response = yaq.post("/yaq-params?timout=1s", content=b"x")
+        assert response.status_code == 400
+        assert "'timout'" in response.text and "timeout=" in response.text
+        response = yaq.get("/yaq-params?quantitiy=2&timeout=0")
+        assert response.status_code == 400
+        assert "quantity=, timeout=" in response.text
+        assert yaq.post("/yaq-params?timeout=1s", content=b"kept").status_code == 200
+        assert yaq.get("/yaq-params?quantity=1&timeout=0").content == b"kept"
+
+
+# -- reserved names; a read never creates a queue (defect 4) ------------------------------------
+def test_yaq_health_answers_at_once_and_creates_nothing(server: ServerProcess) -> None:
+    assert server.yaq_url is not None
+    response = httpx.get(server.yaq_url + "/health", timeout=10)
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+    assert not (server.root / "health").exists()
+
+
+@pytest.mark.parametrize("name", ["metrics", "openapi.json", "a/messages", "a/messages/b"])
+def test_names_the_native_api_reserves_are_refused_on_yaq(server: ServerProcess, name: str) -> None:
+    assert server.yaq_url is not None
+    for method in ("GET", "POST"):
+        response = httpx.request(method, f"{server.yaq_url}/{name}?timeout=0", timeout=10)
+        assert response.status_code == 400, (method, response.text)
+        assert "reserved" in response.text
+    assert not (server.root / name).exists()
+
+
+def test_a_yaq_read_never_creates_a_queue(server: ServerProcess, http: httpx.Client) -> None:
+    assert server.yaq_url is not None
+    with httpx.Client(base_url=server.yaq_url, timeout=30) as yaq:
+        assert yaq.get("/never-made?timeout=0").status_code == 504
+        assert (
+            yaq.get("/never-made?timeout=100ms&quantity=2")
+            .headers["content-type"]
+            .startswith("multipart/mixed")
+        )
+    assert http.get("/never-made").status_code == 404
+    assert "never-made" not in http.get("/").json()["queues"]
+
+
+def test_a_yaq_read_waiting_for_a_queue_gets_the_first_message(server: ServerProcess) -> None:
+    """yaq's consumers may come first: a dequeue waits for the queue as for a message."""
+    assert server.yaq_url is not None
+    url = server.yaq_url + "/made-later"
+    answers: list[httpx.Response] = []
+    reader = threading.Thread(target=lambda: answers.append(httpx.get(url + "?timeout=60s")))
+    reader.start()
+    try:
+        assert httpx.post(url, content=b"first", timeout=30).status_code == 200
+    finally:
+        reader.join(timeout=90)
+    assert [(a.status_code, a.content) for a in answers] == [(200, b"first")]
+
+
+@pytest.mark.parametrize(
+    "name", ["health", "metrics", "openapi.json", "x/messages", "x/messages/y"]
+)
+def test_reserved_names_are_refused_by_the_library_and_cli(tmp_path: Path, name: str) -> None:
+    store = dirmq.Store(tmp_path)
+    with pytest.raises(dirmq.InvalidName, match="reserved"):
+        store.create_queue(name)
+    cli = subprocess.run(
+        [sys.executable, "-m", "dirmq", "create", "--root", str(tmp_path), name],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert cli.returncode == 2, cli.stderr
+    assert "reserved" in cli.stderr
+    assert store.list_queues() == []
+
+
+def test_reserved_names_are_refused_by_sqs(server: ServerProcess) -> None:
+    sqs = sqs_client(server.url)
+    for name in ("health", "metrics"):
+        with pytest.raises(sqs.exceptions.ClientError) as caught:
+            sqs.create_queue(QueueName=name)
+        assert caught.value.response["Error"]["Code"] == "InvalidParameterValue"
+        assert not (server.root / name).exists()

@@ -122,6 +122,13 @@ def _config_body(body: bytes) -> dict[str, object]:
         raise InvalidArgument(f"queue configuration must be a JSON object: {exc}") from exc
     if not isinstance(data, dict):
         raise InvalidArgument("queue configuration must be a JSON object")
+    known = QueueConfig().to_json().keys()
+    for key in data:
+        if key not in known:
+            raise InvalidArgument(
+                f"unknown configuration key {str(key)[:100]!r}: a queue takes "
+                + ", ".join(sorted(known))
+            )
     return data
 
 

@@ -16,6 +16,9 @@ from dirmq.wire.durations import parse_duration
 STORED_HEADERS = frozenset({"content-type", "content-encoding"})
 STORED_PREFIX = "x-attr-"
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
+# What a JSON-lines batch line may hold (another key is refused: a misspelt "dealy" would
+# otherwise publish a message ready now).
+JSON_LINE_KEYS = ("body", "body_base64", "headers", "delay", "dedup_id", "group")
 
 
 def stored_headers(raw_headers: Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -101,6 +104,12 @@ def _json_line(line: bytes, index: int) -> OutgoingMessage:
         raise InvalidArgument(f"line {index + 1} is not JSON: {exc}") from exc
     if not isinstance(item, dict):
         raise InvalidArgument(f"line {index + 1} must be a JSON object")
+    for key in item:
+        if key not in JSON_LINE_KEYS:
+            raise InvalidArgument(
+                f"line {index + 1}: unknown key {key[:100]!r}; a line takes "
+                + ", ".join(JSON_LINE_KEYS)
+            )
     if "body_base64" in item:
         try:
             body = base64.b64decode(str(item["body_base64"]), validate=True)
