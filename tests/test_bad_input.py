@@ -4,6 +4,8 @@ and loses nothing. Real servers on 127.0.0.1, real boto3, the real CLI."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -299,3 +301,83 @@ def test_reserved_names_are_refused_by_sqs(server: ServerProcess) -> None:
             sqs.create_queue(QueueName=name)
         assert caught.value.response["Error"]["Code"] == "InvalidParameterValue"
         assert not (server.root / name).exists()
+
+
+# -- a corrupt message file in @ready (defect 2) ------------------------------------------------
+def _corrupt_ready_file(root: Path, queue: str, message_id: str) -> Path:
+    """Flip the last byte of the message's body: its checksum no longer matches."""
+    (path,) = (root / queue / "@ready").glob(message_id + "*")
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_the_library_reports_a_corrupt_file_and_sets_it_aside_on_get(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = dirmq.Store(tmp_path)
+    queue = store.create_queue("damaged")
+    message_id = queue.put(b"hello")
+    kept_id = queue.put(b"intact")
+    _corrupt_ready_file(tmp_path, "damaged", message_id)
+    with pytest.raises(dirmq.CorruptMessage):
+        queue.peek(message_id)  # not MessageNotFound: stats still count it ready
+    assert queue.stats().ready == 2
+    assert queue.corrupt_quarantined == 0
+    with caplog.at_level("WARNING", logger="dirmq.store.files"):
+        got = queue.get()
+    assert [m.id for m in got] == [kept_id]  # the damaged one is skipped, the next given
+    lines = [r.getMessage() for r in caplog.records if r.name == "dirmq.store.files"]
+    assert len(lines) == 1
+    assert "'damaged'" in lines[0] and message_id in lines[0]
+    assert queue.corrupt_quarantined == 1
+    assert [p.name[: len(message_id)] for p in (tmp_path / "damaged" / "@corrupt").iterdir()] == [
+        message_id
+    ]
+    with pytest.raises(dirmq.MessageNotFound):
+        queue.peek(message_id)  # set aside: no longer in the queue
+    store.close()
+
+
+def test_the_cli_peek_of_a_corrupt_file_exits_6(tmp_path: Path) -> None:
+    store = dirmq.Store(tmp_path)
+    message_id = store.create_queue("damaged").put(b"hello")
+    store.close()
+    _corrupt_ready_file(tmp_path, "damaged", message_id)
+    peek = subprocess.run(
+        [sys.executable, "-m", "dirmq", "peek", "--root", str(tmp_path), "damaged", message_id],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert peek.returncode == 6, (peek.stdout, peek.stderr)
+    assert "CorruptMessage" in peek.stderr or "checksum" in peek.stderr
+
+
+def test_http_peek_is_500_and_a_receive_counts_and_logs_it(tmp_path: Path) -> None:
+    process = start_server(tmp_path / "root")
+    try:
+        with httpx.Client(base_url=process.url, timeout=30) as http:
+            assert http.put("/damaged").status_code == 201
+            message_id = http.post("/damaged/messages", content=b"hello").json()["id"]
+            _corrupt_ready_file(process.root, "damaged", message_id)
+            peeked = http.get(f"/damaged/messages/{message_id}")
+            assert peeked.status_code == 500
+            assert peeked.json()["error"] == "CorruptMessage"
+            assert http.get("/damaged").json()["stats"]["ready"] == 1
+            assert http.get("/damaged/messages").status_code == 204  # set aside, not delivered
+            metrics = http.get("/metrics").text
+            (sample,) = [
+                line
+                for line in metrics.splitlines()
+                if line.startswith("dirmq_messages_corrupt_total{") and '"damaged"' in line
+            ]
+            assert float(sample.rsplit(" ", 1)[1]) == 1.0
+            assert http.get("/damaged").json()["stats"]["total"] == 0
+    finally:
+        os.kill(process.proc.pid, signal.SIGTERM)
+        output, _ = process.proc.communicate(timeout=60)
+    logged = [line for line in output.splitlines() if "does not decode" in line]
+    assert len(logged) == 1, output
+    assert "'damaged'" in logged[0] and message_id in logged[0]
