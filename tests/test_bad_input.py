@@ -381,3 +381,47 @@ def test_http_peek_is_500_and_a_receive_counts_and_logs_it(tmp_path: Path) -> No
     logged = [line for line in output.splitlines() if "does not decode" in line]
     assert len(logged) == 1, output
     assert "'damaged'" in logged[0] and message_id in logged[0]
+
+
+# -- SQS query protocol: bytes that are not UTF-8 (defect 10) -----------------------------------
+def _sqs_query(server: ServerProcess, form: str, in_query: bool) -> httpx.Response:
+    """A query-protocol request whose parameters are sent exactly as written (percent-escapes
+    included), in the form body or in the query string."""
+    if in_query:
+        return httpx.post(f"{server.url}/?{form}", timeout=30)
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    return httpx.post(server.url + "/", content=form.encode("ascii"), headers=headers, timeout=30)
+
+
+@pytest.mark.parametrize("in_query", [False, True], ids=["form", "query-string"])
+def test_sqs_query_refuses_a_body_that_is_not_utf8(server: ServerProcess, in_query: bool) -> None:
+    sqs = sqs_client(server.url)
+    url = sqs.create_queue(QueueName="not-utf8")["QueueUrl"]
+    form = f"Action=SendMessage&QueueUrl={url}&MessageBody=%FF%FE"
+    response = _sqs_query(server, form, in_query)
+    assert response.status_code == 400, response.text
+    assert "<Code>InvalidMessageContents</Code>" in response.text
+    # The JSON protocol's answer to the same text (lone surrogates are what JSON can carry).
+    with pytest.raises(sqs.exceptions.ClientError) as caught:
+        sqs.send_message(QueueUrl=url, MessageBody="\udcff\udcfe")
+    assert caught.value.response["Error"]["Code"] == "InvalidMessageContents"
+    assert "Messages" not in sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0)
+
+
+def test_sqs_query_refuses_an_attribute_value_that_is_not_utf8(server: ServerProcess) -> None:
+    sqs = sqs_client(server.url)
+    url = sqs.create_queue(QueueName="not-utf8-attr")["QueueUrl"]
+    form = (
+        f"Action=SendMessage&QueueUrl={url}&MessageBody=fine"
+        "&MessageAttribute.1.Name=city&MessageAttribute.1.Value.DataType=String"
+        "&MessageAttribute.1.Value.StringValue=Z%FCrich"
+    )
+    response = _sqs_query(server, form, False)
+    assert response.status_code == 400, response.text
+    assert "<Code>InvalidParameterValue</Code>" in response.text
+    assert "Messages" not in sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0)
+    # Valid UTF-8, percent-encoded, still round-trips.
+    form = f"Action=SendMessage&QueueUrl={url}&MessageBody=Z%C3%BCrich"
+    assert _sqs_query(server, form, True).status_code == 200
+    (message,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0)["Messages"]
+    assert message["Body"] == "Zürich"
