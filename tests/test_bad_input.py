@@ -38,12 +38,16 @@ def http(server: ServerProcess) -> Iterator[httpx.Client]:
 
 # -- JSON nesting (defect 9) ----------------------------------------------------------------------
 def test_the_json_decoder_bounds_nesting() -> None:
-    assert jsondoc.nesting_depth(b'{"a": [[1], "[[[[", {"b": "\\"]]"}]}') == 3
+    assert jsondoc.depth_of({"a": [[1], "[[[[", {"b": "]]"}]}) == 3
+    in_strings = "[" + ",".join(['"[[[[[[[["'] * 10) + "]"  # brackets in strings do not nest
+    assert jsondoc.loads(in_strings) == ["[[[[[[[["] * 10
     assert jsondoc.loads(b"[" * 64 + b"]" * 64) is not None
-    with pytest.raises(jsondoc.JsonTooDeep, match="65 levels deep; at most 64"):
+    with pytest.raises(dirmq.InvalidArgument, match="more than 64 levels deep"):
         jsondoc.loads("[" * 65 + "]" * 65)
-    with pytest.raises(ValueError, match="50000 levels deep"):
+    with pytest.raises(ValueError, match="more than 64 levels deep"):
         jsondoc.loads(DEEP)
+    with pytest.raises(ValueError, match="more than 64 levels deep"):
+        jsondoc.loads(b"[" * 50_000 + b"]" * 50_000)  # well-formed, as deep
     with pytest.raises(ValueError):  # malformed stays json's own ValueError
         jsondoc.loads(b'{"a": ')
 
