@@ -298,6 +298,16 @@ def test_reserved_names_are_refused_by_the_library_and_cli(tmp_path: Path, name:
     assert store.list_queues() == []
 
 
+def test_reserved_names_are_refused_by_the_native_api(http: httpx.Client) -> None:
+    """The native grammar cannot reach queue `a/messages` (`/a/messages` is queue `a`'s
+    messages): the one path left that names it is refused, not served."""
+    for path in ("/a/messages/messages", "/a/messages/b/messages"):
+        response = http.post(path, content=b"x")
+        assert response.status_code == 400, (path, response.text)
+        assert response.json()["error"] == "InvalidName" and "reserved" in response.text
+    assert http.put("/health").status_code == 405
+
+
 def test_reserved_names_are_refused_by_sqs(server: ServerProcess) -> None:
     sqs = sqs_client(server.url)
     for name in ("health", "metrics"):
@@ -423,6 +433,13 @@ def test_sqs_query_refuses_an_attribute_value_that_is_not_utf8(server: ServerPro
     response = _sqs_query(server, form, False)
     assert response.status_code == 400, response.text
     assert "<Code>InvalidParameterValue</Code>" in response.text
+    with pytest.raises(sqs.exceptions.ClientError) as caught:  # the JSON protocol: the same
+        sqs.send_message(
+            QueueUrl=url,
+            MessageBody="fine",
+            MessageAttributes={"city": {"DataType": "String", "StringValue": "Z\udcfcrich"}},
+        )
+    assert caught.value.response["Error"]["Code"] == "InvalidParameterValue"
     assert "Messages" not in sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0)
     # Valid UTF-8, percent-encoded, still round-trips.
     form = f"Action=SendMessage&QueueUrl={url}&MessageBody=Z%C3%BCrich"
