@@ -117,8 +117,9 @@ def form_parameters(request: Request) -> dict[str, str]:
     (`surrogateescape`), never replaced by U+FFFD: the actions' one character rule (SQS's
     allowed set, `message_attributes.first_invalid_character`) then refuses them as it refuses
     the same text from the JSON protocol (InvalidMessageContents for a body)."""
-    params: dict[str, str] = {}
-    # The query as sent (the server decoded it as Latin-1, one character per byte).
+    # The query as sent (the server decoded it as Latin-1, one character per byte); a request
+    # built without one (tests) has only its parsed query.
+    params: dict[str, str] = {} if request.raw_query else dict(request.query)
     raw_query = request.raw_query.encode("latin-1", "replace")
     content_type = (request.headers.get("content-type") or "").lower()
     form = request.body and (not content_type or "x-www-form-urlencoded" in content_type)
