@@ -99,6 +99,14 @@ def test_deep_json_in_an_sqs_attribute_is_invalid(server: ServerProcess) -> None
         )
         assert response.status_code == 400, (attribute, response.text)
         assert b"InternalError" not in response.content
+    answered_in_json = httpx.post(  # the query protocol answered in JSON: the same rule
+        server.url + "/",
+        data={"Action": "CreateQueue", "QueueName": "deep-attr", "Attribute.1.Name": "Policy"}
+        | {"Attribute.1.Value": deep},
+        headers={"Accept": "application/json"},
+    )
+    assert answered_in_json.status_code == 400, answered_in_json.text
+    assert answered_in_json.json()["Error"]["Code"] == "InvalidAttributeValue"
     sqs = sqs_client(server.url)
     with pytest.raises(sqs.exceptions.ClientError) as caught:
         sqs.create_queue(QueueName="deep-attr", Attributes={"RedrivePolicy": deep})
