@@ -580,8 +580,14 @@ def test_client_refuses_what_the_server_would(hub: RemotePubSub) -> None:
 def test_an_sqs_looking_publish_is_still_a_publish(shared_http: httpx.Client) -> None:
     response = shared_http.post(
         "/@pubsub/publish",
-        params={"channel": "forms", "Action": "SendMessage"},
+        params={"channel": "forms"},
         headers={"Content-Type": "application/x-www-form-urlencoded"},
         content=b"Action=SendMessage&MessageBody=x",
     )
     assert response.status_code == 201, response.text
+    # An `Action` parameter is pub/sub's to judge too: an unknown parameter (issue 15), not SQS.
+    response = shared_http.post(
+        "/@pubsub/publish", params={"channel": "forms", "Action": "SendMessage"}, content=b"x"
+    )
+    assert response.status_code == 400, response.text
+    assert "unknown parameter 'Action'" in response.json()["message"]

@@ -81,7 +81,7 @@ def test_a_recycled_file_holding_an_acked_message_is_never_delivered(store: dirm
     # The crash of FORMAT.md "Durability": the rename into @ready survived, the overwrite did not.
     file_of(q, layout.READY, new).write_bytes(old_bytes)
     assert codec.decode(old_bytes).body == b"already acknowledged"  # intact, checksum and all
-    with pytest.raises(dirmq.MessageNotFound):
+    with pytest.raises(dirmq.CorruptMessage):  # a read by id says so (issue 15, defect 2)
         q.peek(new)
     assert list(q.browse()) == []
     assert q.get(1) == []

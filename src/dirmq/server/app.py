@@ -15,6 +15,7 @@ from dirmq.server.errors import error_response, json_error
 from dirmq.server.http import LATER, Handler, Later, Request, Respond, Response, StreamResponse
 from dirmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dirmq.server.metrics import Metrics
+from dirmq.server.parameters import check_native
 from dirmq.server.pubsub import PubSubApi, is_pubsub_path
 from dirmq.server.routes import Route, parse_route
 
@@ -118,6 +119,8 @@ class NativeApp:
 
     async def _dispatch(self, request: Request, route: Route) -> Response:
         if route.kind == "server":
+            if request.query and request.method in ("GET", "HEAD"):
+                check_native(request.query, "server", "GET", "", request.path)
             return await self._server_path(request, route.queue)
         # HEAD is GET without a body, but only where GET changes nothing: never a receive.
         safe_head = request.method == "HEAD" and route.kind in ("root", "queue", "message")
@@ -125,6 +128,8 @@ class NativeApp:
         handler = native.TABLE.get((route.kind, method))
         if handler is None:
             return native.method_not_allowed(route)
+        if request.query:
+            check_native(request.query, route.kind, method, route.action, request.path)
         response = await handler(self.broker, request, route)
         counter = _COUNTED.get(handler)
         if counter is not None and response.status in (200, 201, 204):

@@ -1,6 +1,6 @@
 """Prometheus metrics (prometheus-client): request counts and latencies, messages published,
 delivered and acknowledged, pub/sub publishes, deliveries, settlements and attached streams,
-and per-queue depth read from the store at scrape time.
+and per-queue depth and corrupt files set aside, read from the store at scrape time.
 
 The per-request series (requests, latency, messages per queue) are plain numbers bumped on the
 event loop and turned into metric families at scrape time: prometheus-client's own counters take
@@ -30,7 +30,7 @@ class _DepthCollector(Collector):
     def __init__(self, store: Store) -> None:
         self._store = store
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         depth = GaugeMetricFamily(
             "dirmq_queue_messages", "Messages in a queue by state", labels=["queue", "state"]
         )
@@ -39,17 +39,26 @@ class _DepthCollector(Collector):
             "Age of the oldest ready message",
             labels=["queue"],
         )
+        # The store counts what this process set aside; the metric is per worker, as the rest.
+        corrupt = CounterMetricFamily(
+            "dirmq_messages_corrupt",
+            "Corrupt message files a receive met and set aside in @corrupt",
+            labels=["queue"],
+        )
         for name in self._store.list_queues():
             try:
-                stats = self._store.queue(name).stats()
+                queue = self._store.queue(name)
+                stats = queue.stats()
             except DirmqError:
                 continue  # deleted while we looked
             for state in ("ready", "in_flight", "delayed", "dead"):
                 depth.add_metric([name, state], getattr(stats, state))
             if stats.oldest_ready_age_s is not None:
                 age.add_metric([name], stats.oldest_ready_age_s)
+            corrupt.add_metric([name], queue.corrupt_quarantined)
         yield depth
         yield age
+        yield corrupt
 
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30)

@@ -30,6 +30,7 @@ from dirmq.server.routes import Route
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, QueueConfig
 from dirmq.store.ids import is_id
 from dirmq.store.layout import parse_receipt
+from dirmq.wire import jsondoc
 from dirmq.wire import messages as wire
 from dirmq.wire.durations import parse_duration
 
@@ -116,11 +117,18 @@ def _config_body(body: bytes) -> dict[str, object]:
     if not body.strip():
         return {}
     try:
-        data = json.loads(body)
+        data = jsondoc.loads(body)
     except ValueError as exc:
         raise InvalidArgument(f"queue configuration must be a JSON object: {exc}") from exc
     if not isinstance(data, dict):
         raise InvalidArgument("queue configuration must be a JSON object")
+    known = QueueConfig().to_json().keys()
+    for key in data:
+        if key not in known:
+            raise InvalidArgument(
+                f"unknown configuration key {str(key)[:100]!r}: a queue takes "
+                + ", ".join(sorted(known))
+            )
     return data
 
 

@@ -59,6 +59,7 @@ from dirmq.server.broker import Broker
 from dirmq.server.errors import json_error
 from dirmq.server.http import Request, Response, StreamResponse
 from dirmq.server.metrics import Metrics
+from dirmq.server.parameters import check_parameters
 from dirmq.wire import messages as wire
 from dirmq.wire.durations import parse_duration
 
@@ -124,6 +125,43 @@ def parse_pubsub_route(path: str) -> PubSubRoute | None:
             return PubSubRoute("delivery", name=name, key=key, action=action)
     return None
 
+
+# The query parameters each endpoint takes (a settle takes `extend` on a heartbeat only);
+# anything else is refused, not ignored (`server/parameters.py`).
+PARAMETERS: dict[str, frozenset[str]] = {
+    "stats": frozenset(),
+    "publish": frozenset(
+        {
+            "channel",
+            "subject",
+            "mode",
+            "id",
+            "acks",
+            "reply_to",
+            "accept_timeout",
+            "process_timeout",
+            "persistence",
+        }
+    ),
+    "subscribe": frozenset({"channel", "subject", "name", "from", "window"}),
+    "subscriptions": frozenset(),
+    "subscription": frozenset(),
+    "delivery": frozenset(),
+    "heartbeat": frozenset({"extend"}),
+    "retained": frozenset(RETAINED_PARAMETERS),
+    "retained_head": frozenset(),
+}
+
+_SHAPES = {
+    "stats": "",
+    "publish": "/publish",
+    "subscribe": "/subscribe",
+    "subscriptions": "/subscriptions",
+    "subscription": "/subscriptions/{name}",
+    "delivery": "/subscriptions/{name}/deliveries/{key}/",
+    "retained": "/retained",
+    "retained_head": "/retained/head",
+}
 
 METHODS: dict[str, tuple[str, ...]] = {
     "stats": ("GET",),
@@ -310,6 +348,10 @@ class PubSubApi:
             response = json_error(405, "MethodNotAllowed", f"use {', '.join(allowed)} here")
             response.headers.append(("Allow", ", ".join(allowed)))
             return response
+        if request.query:
+            kind = "heartbeat" if route.action == "heartbeat" else route.kind
+            where = f"{request.method} {PREFIX}{_SHAPES[route.kind]}{route.action}"
+            check_parameters(request.query, PARAMETERS[kind], where)
         handler = self._handlers()[route.kind]
         return await handler(request, route)
 
@@ -411,13 +453,6 @@ class PubSubApi:
                 channels.append(value)
             elif key == "subject" and value:
                 subjects.append(value)
-            elif key not in RETAINED_PARAMETERS:
-                # Refused rather than ignored: `max=` (the queue API's word) would otherwise
-                # quietly read a default-sized page.
-                raise InvalidArgument(
-                    f"unknown parameter {key[:100]!r}; the retained log takes "
-                    + ", ".join(f"{p}=" for p in RETAINED_PARAMETERS)
-                )
         wanted = Filter(tuple(channels), tuple(subjects))
         first = _int(request.query.get("from"), "from", 1, MAX_SEQ, 1)
         limit = _int(

@@ -7,10 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from dirmq.store.names import validate_queue_name
-
-ACTIONS = frozenset({"nack", "extend", "dead-letter"})
-SERVER_PATHS = frozenset({"health", "metrics", "openapi.json"})
+from dirmq.store.names import MESSAGE_ACTIONS as ACTIONS
+from dirmq.store.names import SERVER_PATHS, validate_queue_name
 
 
 @dataclass(frozen=True, slots=True)

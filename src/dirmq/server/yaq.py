@@ -22,18 +22,23 @@ import asyncio
 from collections.abc import AsyncIterator
 from urllib.parse import unquote
 
-from dirmq.errors import DirmqError, InvalidArgument, StaleReceipt
+from dirmq.errors import DirmqError, InvalidArgument, QueueNotFound, StaleReceipt
 from dirmq.server.broker import Broker
 from dirmq.server.errors import status_of
 from dirmq.server.http import Request, Response, StreamResponse
+from dirmq.server.parameters import check_parameters
 from dirmq.store import Message, OutgoingMessage, Queue
+from dirmq.store.names import validate_queue_name
 from dirmq.wire import framing
 from dirmq.wire import messages as wire
 from dirmq.wire.durations import parse_duration
 
 ROOT_QUEUE = "_root"
 LEASE_S = 60.0  # how long a dequeued message may take to reach the socket
+CREATION_POLL_S = 0.25  # how often a dequeue of a queue not yet created looks for it
 TRAILER = "X-Next-Message-Status"
+# yaq's own parameters only (docs/yaq.md): another is refused, not ignored.
+PARAMETERS = {"POST": frozenset({"timeout"}), "GET": frozenset({"timeout", "quantity"})}
 
 
 def _text(status: int, message: str) -> Response:
@@ -49,11 +54,17 @@ class YaqApp:
     async def __call__(self, request: Request) -> Response | StreamResponse:
         try:
             name = unquote(request.path, errors="strict").strip("/") or ROOT_QUEUE
+            if request.query:
+                accepted = PARAMETERS.get(request.method)
+                if accepted is not None:
+                    check_parameters(request.query, accepted, f"a yaq {request.method}")
             timeout = request.query.get("timeout")
             timeout_s = None if timeout is None else parse_duration(timeout, "timeout")
             if request.method == "POST":
                 return await self._enqueue(name, request, timeout_s)
             if request.method == "GET":
+                if name == "health":  # as on the native port (no queue may be named so)
+                    return self._health()
                 return await self._dequeue(name, request, timeout_s)
             # Not even HEAD: a dequeue whose body is never sent would lose the message.
             response = _text(405, "yaq queues take GET (dequeue) and POST (enqueue)")
@@ -65,11 +76,36 @@ class YaqApp:
         except UnicodeDecodeError:
             return _text(400, "the queue path is not valid UTF-8 once percent-decoded")
 
-    async def _queue(self, name: str) -> Queue:
+    def _health(self) -> Response:
+        closing = self.broker.closing
+        body = b'{"status": "draining"}\n' if closing else b'{"status": "ok"}\n'
+        return Response(503 if closing else 200, body, [("Content-Type", "application/json")])
+
+    async def _created(self, name: str) -> Queue:
         return await self.broker.call(self.broker.store.create_queue, name)
 
+    async def _existing(self, name: str, timeout_s: float | None) -> Queue | None:
+        """The queue `name` once it exists, waiting up to `timeout_s` (None: for ever) for a
+        POST to create it: a read never creates a queue. None when it still does not exist (or
+        the server is draining). A name that can never be a queue is refused at once."""
+        validate_queue_name(name)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            try:
+                return self.broker.queue(name)
+            except QueueNotFound:
+                pass
+            if self.broker.closing:
+                return None
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return None
+            # Creation is rare and a waiting reader costs one stat per period: polled.
+            await asyncio.sleep(CREATION_POLL_S if left is None else min(CREATION_POLL_S, left))
+
     async def _enqueue(self, name: str, request: Request, timeout_s: float | None) -> Response:
-        queue = await self._queue(name)
+        queue = await self._created(name)
         message = OutgoingMessage(request.body, wire.stored_headers(request.raw_headers))
         queue.validate(message)
         (message_id,) = await self.broker.publish(queue, [message], timeout_s=timeout_s)
@@ -87,10 +123,16 @@ class YaqApp:
             raise InvalidArgument(
                 f"quantity={quantity_text!r} must be a positive integer or 'unlimited'"
             )
-        queue = await self._queue(name)
+        validate_queue_name(name)  # before a 202 is promised
+        started = asyncio.get_running_loop().time()
         if quantity == 1:
-            messages = await self.broker.receive(queue, 1, LEASE_S, timeout_s)
-            if not messages:
+            queue = await self._existing(name, timeout_s)
+            if timeout_s is not None:  # the wait for the queue counts against the timeout
+                timeout_s = max(0.0, timeout_s - (asyncio.get_running_loop().time() - started))
+            messages = (
+                [] if queue is None else await self.broker.receive(queue, 1, LEASE_S, timeout_s)
+            )
+            if queue is None or not messages:
                 return Response(504)  # as in yaq's transcript: no body
             message = messages[0]
             return Response(
@@ -103,7 +145,7 @@ class YaqApp:
             headers=[("Content-Type", f'multipart/mixed; boundary="{boundary}"')],
             trailer_names=(TRAILER,),
         )
-        response.body = self._stream(queue, boundary, quantity, timeout_s, response)
+        response.body = self._stream(name, boundary, quantity, timeout_s, response)
         return response
 
     def _acker(self, queue: Queue, message: Message):  # type: ignore[no-untyped-def]
@@ -117,7 +159,7 @@ class YaqApp:
 
     async def _stream(
         self,
-        queue: Queue,
+        name: str,
         boundary: str,
         quantity: int | None,
         timeout_s: float | None,
@@ -125,17 +167,24 @@ class YaqApp:
     ) -> AsyncIterator[bytes]:
         sent = 0
         unacked: Message | None = None
+        queue: Queue | None = None
         try:
             while quantity is None or sent < quantity:
                 try:
-                    got = await self.broker.receive(queue, 1, LEASE_S, timeout_s)
+                    if queue is None:  # the first message's wait includes the queue's creation
+                        queue = await self._existing(name, timeout_s)
+                    got = (
+                        []
+                        if queue is None
+                        else await self.broker.receive(queue, 1, LEASE_S, timeout_s)
+                    )
                 except DirmqError as exc:
                     response.trailers.append((TRAILER, str(status_of(exc))))
                     break
                 except Exception:  # an unexpected failure still ends the body properly
                     response.trailers.append((TRAILER, "500"))
                     break
-                if not got:
+                if not got or queue is None:
                     response.trailers.append((TRAILER, "504"))
                     break
                 unacked = got[0]
@@ -147,7 +196,7 @@ class YaqApp:
                 sent += 1
             yield framing.multipart_end(boundary)
         finally:
-            if unacked is not None:  # the client went away before this part was written
+            if unacked is not None and queue is not None:  # the client went away first
                 await asyncio.shield(self.broker.call(queue.nack, unacked.receipt or ""))
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import InputPartition
 
-from dirmq.errors import MessageNotFound
+from dirmq.errors import CorruptMessage, MessageNotFound
 from dirmq.spark.connect import QueueHandle
 from dirmq.spark.ledger import Ledger, Record
 from dirmq.spark.rows import READ_COLUMNS, Columns, messages_batch, project
@@ -178,7 +178,7 @@ def _peeked(queue: QueueHandle, ids: list[str]) -> Iterator[Message]:
     for message_id in ids:
         try:
             yield queue.peek(message_id)
-        except MessageNotFound:
+        except (MessageNotFound, CorruptMessage):  # a damaged one is skipped, as by a get
             pass
 
 

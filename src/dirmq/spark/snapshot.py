@@ -148,7 +148,7 @@ class DirmqSnapshotReader(DataSourceReader):
         queue = local_store(self._options.path).queue(self._options.queue)
         try:
             message = queue.peek(message_id)
-        except MessageNotFound:
+        except (MessageNotFound, CorruptMessage):  # damaged: never delivered, as above
             return None
         return message if message.state in self._states else None
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from dirmq.sqs.errors import SqsError, invalid_value
 from dirmq.store import QueueConfig
+from dirmq.wire import jsondoc
 
 META_KEY = "sqs"
 MAX_MESSAGE_SIZE = 1_048_576  # AWS's limit and default
@@ -323,7 +324,7 @@ def _normalize(name: str, value: str) -> str:
         return value
     if name == "Policy" and value:
         try:
-            document = json.loads(value)
+            document = jsondoc.loads(value)
         except ValueError:
             raise _bad_value(name) from None
         if not isinstance(document, dict):
@@ -343,7 +344,7 @@ def _normalize_redrive_allow(value: str) -> str:
         return invalid_value("RedriveAllowPolicy", value, reason)
 
     try:
-        document = json.loads(value)
+        document = jsondoc.loads(value)
     except ValueError:
         raise bad("Redrive allow policy is not a valid JSON map.") from None
     if not isinstance(document, dict):
@@ -377,7 +378,7 @@ def parse_redrive_policy(value: str) -> tuple[str, int]:
         return invalid_value("RedrivePolicy", value, reason)
 
     try:
-        document = json.loads(value)
+        document = jsondoc.loads(value)
     except ValueError:
         raise bad("Redrive policy is not a valid JSON map.") from None
     if not isinstance(document, dict):

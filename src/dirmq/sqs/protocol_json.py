@@ -19,6 +19,7 @@ from typing import Any
 
 from dirmq.server.http import Request, Response
 from dirmq.sqs.errors import SqsError
+from dirmq.wire import jsondoc
 
 CONTENT_TYPE = "application/x-amz-json-1.0"
 TARGET_PREFIX = "AmazonSQS."
@@ -53,7 +54,7 @@ def parse(request: Request) -> tuple[str, dict[str, Any]]:
     if not request.body.strip():
         return action, {}
     try:
-        params = json.loads(request.body)
+        params = jsondoc.loads(request.body)
     except ValueError as exc:
         raise SqsError(
             "SerializationException", f"The request body is not valid JSON: {exc}"

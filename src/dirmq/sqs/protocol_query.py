@@ -111,15 +111,21 @@ def operation(action: str) -> Any:
 
 # -- requests ------------------------------------------------------------------------------------
 def form_parameters(request: Request) -> dict[str, str]:
-    """The query string's parameters, then the form body's (the first of each name wins)."""
-    params = dict(request.query)
+    """The query string's parameters, then the form body's (the first of each name wins).
+
+    Percent-decoded bytes that are not UTF-8 (`MessageBody=%FF%FE`) are kept as lone surrogates
+    (`surrogateescape`), never replaced by U+FFFD: the actions' one character rule (SQS's
+    allowed set, `message_attributes.first_invalid_character`) then refuses them as it refuses
+    the same text from the JSON protocol (InvalidMessageContents for a body)."""
+    # The query as sent (the server decoded it as Latin-1, one character per byte); a request
+    # built without one (tests) has only its parsed query.
+    params: dict[str, str] = {} if request.raw_query else dict(request.query)
+    raw_query = request.raw_query.encode("latin-1", "replace")
     content_type = (request.headers.get("content-type") or "").lower()
-    if request.body and (not content_type or "x-www-form-urlencoded" in content_type):
-        try:
-            text = request.body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise SqsError("MalformedQueryString", "The request body is not UTF-8.") from None
-        for name, value in parse_qsl(text, keep_blank_values=True):
+    form = request.body and (not content_type or "x-www-form-urlencoded" in content_type)
+    for raw in (raw_query, request.body if form else b""):
+        text = raw.decode("utf-8", "surrogateescape")
+        for name, value in parse_qsl(text, keep_blank_values=True, errors="surrogateescape"):
             params.setdefault(name, value)
     return params
 

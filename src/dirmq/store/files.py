@@ -11,6 +11,7 @@ touches no index (the pool and the capacity tokens have their own safety).
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import time
 from typing import TYPE_CHECKING
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from dirmq.store.root import Store
 
 
+log = logging.getLogger(__name__)
 _FIRST_READ = 64 * 1024  # one read() takes a whole message file of up to this size
 
 
@@ -45,21 +47,27 @@ class QueueFiles:
         self.slots = Slots(name, self.dir[layout.SLOTS])
         self.dedup = Dedup(self.dir[layout.DEDUP])
         self._store = store
+        self.quarantined = 0  # corrupt files this process set aside
 
     def path(self, directory: str, name: str) -> str:
         return f"{self.dir[directory]}/{name}"  # names hold no "/": no os.path.join needed
 
     # -- reading ------------------------------------------------------------------------------
-    def read(self, directory: str, name: str) -> Message | None:
+    def read(self, directory: str, name: str, *, corrupt_ok: bool = True) -> Message | None:
         """The message stored as `directory/name`, without changing its state; None if it is
-        gone or corrupt."""
+        gone, or corrupt (CorruptMessage instead when not `corrupt_ok`: a read by id must not
+        pass a damaged message off as absent)."""
         entry = parse_entry(name)
         if entry is None:
             return None
         try:
             decoded = read_message(self.path(directory, name), entry.message_id)
-        except (FileNotFoundError, CorruptMessage):
+        except FileNotFoundError:
             return None
+        except CorruptMessage:
+            if corrupt_ok:
+                return None
+            raise
         return stored_message(entry, directory, decoded)
 
     def locate_listed(self, message_ids: set[str]) -> dict[str, tuple[str, str]]:
@@ -309,11 +317,19 @@ class QueueFiles:
         return 1
 
     def quarantine(self, path: str, name: str) -> None:
-        """Set a file that does not decode aside in @corrupt (never delivered, kept to inspect)."""
+        """Set a file that does not decode aside in @corrupt (never delivered, kept to inspect);
+        logged, and counted in `quarantined` (the server exports it as a metric)."""
         try:
             os.rename(path, self.path(layout.CORRUPT, name))
         except OSError:
-            pass
+            return  # gone meanwhile, or the move failed: the next reader meets it again
+        self.quarantined += 1
+        log.warning(
+            "queue %r: message %s does not decode; set aside in @corrupt/%s",
+            self.name,
+            name[: layout.ID_LENGTH],
+            name,
+        )
 
     def remove(self, index: QueueIndex | None, directory: str, name: str, message_id: str) -> bool:
         """Take a message out of the queue for good (freeing its capacity token); False if it

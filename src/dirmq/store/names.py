@@ -3,7 +3,8 @@
 A queue name is one or more segments joined by `/` (`orders`, `fish/saltwater`). Every segment
 is 1-255 bytes of UTF-8, is not `.` or `..`, does not start with `@` (reserved for the queue's own
 state directories, see FORMAT.md) and has no control characters. The whole name is at most 1024
-bytes. A name that passes can never resolve outside the root.
+bytes. A name that passes can never resolve outside the root. Names every door could not reach
+(`health`, `x/messages`, ...) are reserved: see `_refuse_reserved`.
 """
 
 from __future__ import annotations
@@ -27,9 +28,32 @@ def validate_queue_name(name: str) -> str:
         raise InvalidName(f"queue name is {len(encoded)} bytes; the limit is {MAX_NAME_BYTES}")
     if name.startswith("/"):
         raise InvalidName(f"queue name {name!r} is absolute; names are relative to the root")
-    for segment in name.split("/"):
+    segments = name.split("/")
+    for segment in segments:
         _validate_segment(name, segment)
+    _refuse_reserved(name, segments)
     return name
+
+
+# Names one door cannot reach are refused on every door (docs/http-api.md "Queue names"): the
+# native API's own paths, and names its grammar reads as `{queue}/messages[/{ref}[/{action}]]`.
+SERVER_PATHS = frozenset({"health", "metrics", "openapi.json"})
+MESSAGE_ACTIONS = frozenset({"nack", "extend", "dead-letter"})
+
+
+def _refuse_reserved(name: str, segments: list[str]) -> None:
+    if name in SERVER_PATHS:
+        raise InvalidName(f"queue name {name!r} is reserved (the HTTP server's /{name})")
+    n = len(segments)
+    if (
+        (n >= 2 and segments[-1] == "messages")
+        or (n >= 3 and segments[-2] == "messages")
+        or (n >= 4 and segments[-3] == "messages" and segments[-1] in MESSAGE_ACTIONS)
+    ):
+        raise InvalidName(
+            f"queue name {name!r} is reserved: over HTTP, /{name} addresses the messages of "
+            "another queue"
+        )
 
 
 def _validate_segment(name: str, segment: str) -> None:

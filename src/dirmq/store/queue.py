@@ -780,17 +780,23 @@ class Queue:
         return False
 
     def peek(self, message_id: str) -> Message:
-        """Read a message by id without leasing it; MessageNotFound if absent."""
+        """Read a message by id without leasing it; MessageNotFound if absent, CorruptMessage
+        if its file does not decode (it stays where it is: a get sets it aside)."""
         _check_id(message_id)
         with self._lock:
             for _attempt in range(3):
                 found = self._locate(message_id)
                 if found is None:
                     break
-                message = self._files.read(*found)
+                message = self._files.read(*found, corrupt_ok=False)
                 if message is not None:
                     return message
         raise MessageNotFound(f"no message {message_id} in queue {self.name!r}")
+
+    @property
+    def corrupt_quarantined(self) -> int:
+        """Corrupt files this object's gets and reads set aside in @corrupt (a counter)."""
+        return self._files.quarantined
 
     def _locate(self, message_id: str) -> tuple[str, str] | None:
         index = self._synced_index()

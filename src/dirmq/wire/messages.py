@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Iterable
 
 from dirmq.errors import InvalidArgument
 from dirmq.store import Message, OutgoingMessage
-from dirmq.wire import framing
+from dirmq.wire import framing, jsondoc
 from dirmq.wire.durations import parse_duration
 
 STORED_HEADERS = frozenset({"content-type", "content-encoding"})
 STORED_PREFIX = "x-attr-"
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
+# What a JSON-lines batch line may hold (another key is refused: a misspelt "dealy" would
+# otherwise publish a message ready now).
+JSON_LINE_KEYS = ("body", "body_base64", "headers", "delay", "dedup_id", "group")
 
 
 def stored_headers(raw_headers: Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -97,11 +99,17 @@ def _part_delay(headers: dict[str, str], index: int) -> float | None:
 
 def _json_line(line: bytes, index: int) -> OutgoingMessage:
     try:
-        item = json.loads(line)
+        item = jsondoc.loads(line)
     except ValueError as exc:
         raise InvalidArgument(f"line {index + 1} is not JSON: {exc}") from exc
     if not isinstance(item, dict):
         raise InvalidArgument(f"line {index + 1} must be a JSON object")
+    for key in item:
+        if key not in JSON_LINE_KEYS:
+            raise InvalidArgument(
+                f"line {index + 1}: unknown key {key[:100]!r}; a line takes "
+                + ", ".join(JSON_LINE_KEYS)
+            )
     if "body_base64" in item:
         try:
             body = base64.b64decode(str(item["body_base64"]), validate=True)

@@ -55,6 +55,7 @@ from dirmq.sqs.context import Context, valid_sqs_name
 from dirmq.sqs.errors import SqsError
 from dirmq.sqs.move_task_files import TaskFiles
 from dirmq.store import Message, OutgoingMessage, Queue, Store
+from dirmq.wire import jsondoc
 
 log = logging.getLogger("dirmq.sqs")
 
@@ -216,7 +217,7 @@ def decode_handle(handle: object) -> tuple[str, str]:
     if not isinstance(handle, str) or not handle:
         raise invalid
     try:
-        doc = json.loads(base64.b64decode(handle.encode("ascii"), validate=True))
+        doc = jsondoc.loads(base64.b64decode(handle.encode("ascii"), validate=True))
     except (ValueError, UnicodeError, binascii.Error):
         raise invalid from None
     if not isinstance(doc, dict):

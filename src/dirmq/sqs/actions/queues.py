@@ -27,6 +27,7 @@ from dirmq.sqs.errors import SqsError, invalid_value, missing, no_such_queue
 from dirmq.sqs.receive_attempts import memory_for
 from dirmq.store import Queue, QueueConfig
 from dirmq.store.layout import CONFIG_FILE
+from dirmq.wire import jsondoc
 
 PURGE_INTERVAL_S = 60.0
 MAX_RESULTS = 1000
@@ -125,8 +126,8 @@ def _encode_token(after: str) -> str:
 
 def _decode_token(token: Any) -> str:
     try:
-        document = json.loads(base64.urlsafe_b64decode(str(token).encode()))
-        after = document["after"]
+        document = jsondoc.loads(base64.urlsafe_b64decode(str(token).encode()))
+        after = document["after"] if isinstance(document, dict) else None
         if isinstance(after, str):
             return after
     except (ValueError, KeyError, TypeError, binascii.Error):
