@@ -464,7 +464,12 @@ class Queue:
                 got: list[Message] = []
                 runs = GroupRuns(max_per_group)
                 while len(got) < max_count:
-                    message = self._files.claim(index, config, at_ms, visibility_ms, runs)
+                    try:
+                        message = self._files.claim(index, config, at_ms, visibility_ms, runs)
+                    except OSError:
+                        if got:  # what is leased already goes to the caller, not to waste
+                            break
+                        raise
                     if message is None:
                         break
                     got.append(message)

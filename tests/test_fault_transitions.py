@@ -1,0 +1,127 @@
+"""Every transition under every injected filesystem error leaves nothing stuck.
+
+For each transition (put, get, ack, nack, extend, delay promotion, dead-letter, purge), each
+call the store makes (tests/faultfs.py) fails with ENOSPC, EROFS, EIO or EMFILE while the
+transition runs. The transition either succeeds (it did not need that call, or it had a way
+around it) or raises a `StorageError`, never anything else. Then the filesystem recovers and
+the same process must deliver every message exactly once, in FIFO order, with its view of the
+queue equal to a fresh process's, and `fsck` clean.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import dirmq
+from dirmq.store.fsck import fsck
+
+from .faultfs import CALLS, ERRORS, FaultyFS
+
+BODIES = [f"m{i}".encode() for i in range(5)]
+
+
+def _drain(q: dirmq.Queue) -> list[bytes]:
+    """Receive and acknowledge everything ready, one at a time, in order."""
+    bodies = []
+    for _ in range(100):
+        message = q.get_one()
+        if message is None:
+            return bodies
+        q.ack(message.receipt or "")
+        bodies.append(message.body)
+    raise AssertionError("the queue never ran dry")
+
+
+def _check_view(store: dirmq.Store, q: dirmq.Queue) -> None:
+    """This process's view of the queue is what a fresh process sees on disk."""
+    with dirmq.Store(store.root) as fresh:
+        mine, theirs = q.stats(), fresh.queue(q.name).stats()
+    assert (mine.ready, mine.in_flight, mine.delayed, mine.dead) == (
+        theirs.ready,
+        theirs.in_flight,
+        theirs.delayed,
+        theirs.dead,
+    )
+
+
+def _attempt(action: Callable[[], object]) -> bool:
+    """Run `action` under the fault: True if it worked, False if it raised StorageError."""
+    try:
+        action()
+    except dirmq.StorageError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("error", list(ERRORS))
+@pytest.mark.parametrize("call", CALLS)
+@pytest.mark.parametrize(
+    "transition", ["put", "get", "ack", "nack", "extend", "promote", "dead_letter", "purge"]
+)
+def test_a_failed_transition_leaves_nothing_stuck(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transition: str, call: str, error: str
+) -> None:
+    root = tmp_path / "root"
+    store = dirmq.Store(root)
+    q = store.create_queue("q", dirmq.QueueConfig(visibility_timeout_s=60))
+    q.put_many(BODIES)
+    expected = list(BODIES)
+    fs = FaultyFS(monkeypatch, root)
+    settle: Callable[[], object] | None = None  # what a client does again after a failure
+    if transition in ("ack", "nack", "extend", "dead_letter"):
+        first = q.get_one()
+        assert first is not None and first.receipt is not None
+        receipt = first.receipt
+        settle = {
+            "ack": lambda: q.ack(receipt),
+            "nack": lambda: q.nack(receipt),
+            "extend": lambda: q.extend(receipt, 30),
+            "dead_letter": lambda: q.dead_letter(receipt),
+        }[transition]
+        if transition in ("ack", "dead_letter"):
+            expected.remove(first.body)
+        if transition == "extend":
+            expected.remove(first.body)  # acknowledged below, under the extended lease
+    if transition == "promote":
+        q.put(b"late", delay_s=0.05)
+        expected.append(b"late")
+        time.sleep(0.1)  # due now: the next get promotes it
+    got: list[dirmq.Message] = []
+
+    fs.fail(call, ERRORS[error])
+    if transition == "put":
+        if _attempt(lambda: q.put_many([b"new1", b"new2"])):
+            expected += [b"new1", b"new2"]
+        if _attempt(lambda: q.put(b"new3")):
+            expected.append(b"new3")
+    elif transition in ("get", "promote"):
+        _attempt(lambda: got.extend(q.get(3)))
+    elif transition == "purge":
+        _attempt(q.purge)
+    else:
+        assert settle is not None
+        if _attempt(settle):
+            settle = None
+    fs.clear()
+
+    for message in got:  # a get that worked (in part): its messages are ours, in order
+        assert message.body == expected.pop(0)
+        q.ack(message.receipt or "")
+    if settle is not None:
+        settle()
+    if transition == "extend":
+        q.ack(receipt)
+    _check_view(store, q)
+    if transition == "purge":
+        q.purge()
+        expected = []
+    assert _drain(q) == expected
+    report = fsck(root, repair=False)
+    assert report.ok, report.problems
+    assert not report.expired_leases and not report.due_delayed
+    _check_view(store, q)
+    store.close()
