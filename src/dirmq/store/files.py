@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 
 _FIRST_READ = 64 * 1024  # one read() takes a whole message file of up to this size
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
 
 def now_ms() -> int:
@@ -312,13 +313,17 @@ class QueueFiles:
         os.rename(path, self.path(layout.LEASED, new))
         index.add(layout.LEASED, new)
 
-    def move(self, src_dir: str, src: str, dst_dir: str, dst: str) -> bool:
-        """One state transition; False if another process got there first."""
+    def move(self, src_dir: str, src: str, dst_dir: str, dst: str, retry: bool = True) -> bool:
+        """One state transition; False if another process got there first. A rename needs
+        space only when the target directory must grow: at a full disk, the recycled files
+        this process holds are given back first, then the rename is tried once more."""
         try:
             os.rename(self.path(src_dir, src), self.path(dst_dir, dst))
         except FileNotFoundError:
             return False
         except OSError as exc:
+            if retry and exc.errno in _NO_SPACE and self.pool.release_space():
+                return self.move(src_dir, src, dst_dir, dst, retry=False)
             raise storage_error(exc, f"moving a message of queue {self.name!r}") from exc
         return True
 

@@ -1,0 +1,142 @@
+"""Real filesystem faults: a full ext4 loop mount and a read-only remount.
+
+At a full disk publishers get `DiskFull`, but consumers keep working (receives and acks never
+fail for want of space) and what they acknowledge gives its space back. A lease that fails on a
+read-only filesystem leaves the message where it was, in this process's view too: it is
+delivered, in FIFO order, as soon as the filesystem is writable again (library and server).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import dirmq
+from dirmq.store import layout
+from dirmq.store.fsck import fsck
+
+from .disks import ext4_loop, free_bytes, read_only, small_tmpfs
+from .servers import start_server
+
+
+@pytest.fixture
+def ext4(tmp_path: Path) -> Iterator[Path]:
+    with ext4_loop(tmp_path, 32) as mount_point:
+        yield mount_point
+
+
+def _fill(q: dirmq.Queue, body: bytes) -> int:
+    """Publish batches, then single messages, until the disk refuses; how many were stored."""
+    stored = 0
+    for batch in (32, 1):
+        for _ in range(100_000):
+            try:
+                q.put_many([body] * batch)
+            except dirmq.DiskFull:
+                break
+            stored += batch
+        else:
+            raise AssertionError("the disk never filled")
+    return stored
+
+
+def test_consumers_drain_a_full_disk_and_free_its_space(ext4: Path) -> None:
+    store = dirmq.Store(ext4 / "root")
+    q = store.create_queue("q")
+    body = os.urandom(3000)
+    stored = _fill(q, body)
+    assert stored > 1000
+    at_full = free_bytes(ext4)
+    with pytest.raises(dirmq.DiskFull):
+        q.put(body)
+
+    received = 0
+    while (message := q.get_one()) is not None:  # no DiskFull, no StorageError at all
+        assert message.body == body
+        q.ack(message.receipt or "")
+        received += 1
+    assert received == stored
+    # Acknowledged files gave their space back instead of waiting in @free for recycling.
+    assert free_bytes(ext4) - at_full > stored * len(body) // 2
+    q.put_many([body] * 64)
+    q.put(b"after")
+    assert q.stats().ready == 65
+    store.close()
+    assert fsck(ext4 / "root", repair=False).ok
+
+
+def test_a_lease_that_fails_on_a_read_only_disk_is_delivered_after(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path, "8m") as mount_point:
+        store = dirmq.Store(mount_point / "root")
+        q = store.create_queue("q")
+        q.put_many([b"one", b"two", b"three"])
+        with read_only(mount_point):
+            for _ in range(3):
+                with pytest.raises(dirmq.StorageError, match="Read-only"):
+                    q.get_one()
+            assert q.stats().ready == 3
+        got = []
+        while (message := q.get_one()) is not None:
+            q.ack(message.receipt or "")
+            got.append(message.body)
+        assert got == [b"one", b"two", b"three"]
+        store.close()
+
+
+def test_settles_that_fail_on_a_read_only_disk_work_after(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path, "8m") as mount_point:
+        store = dirmq.Store(mount_point / "root")
+        q = store.create_queue("q")
+        q.put_many([b"one", b"two", b"three"])
+        first, second = q.get(2)
+        with read_only(mount_point):
+            with pytest.raises(dirmq.StorageError):
+                q.ack(first.receipt or "")
+            with pytest.raises(dirmq.StorageError):
+                q.nack(second.receipt or "")
+            with pytest.raises(dirmq.StorageError):
+                q.put(b"four")
+            with pytest.raises(dirmq.StorageError):
+                q.purge()
+        q.ack(first.receipt or "")
+        q.nack(second.receipt or "")
+        got = []
+        while (message := q.get_one()) is not None:
+            q.ack(message.receipt or "")
+            got.append(message.body)
+        assert got == [b"two", b"three"]
+        store.close()
+        assert fsck(mount_point / "root", repair=False).ok
+
+
+def test_server_delivers_what_a_read_only_disk_refused_in_order(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path, "8m") as mount_point:
+        root = mount_point / "root"
+        server = start_server(root)
+        try:
+            with httpx.Client(base_url=server.url, timeout=30) as client:
+                assert client.put("/q").status_code in (200, 201)
+                for body in (b"one", b"two", b"three"):
+                    assert client.post("/q/messages", content=body).status_code in (200, 201)
+                with read_only(mount_point):
+                    for _ in range(3):
+                        answer = client.get("/q/messages")
+                        assert answer.status_code == 503, answer.text
+                        assert "Retry-After" in answer.headers
+                got = []
+                for _ in range(4):
+                    answer = client.get("/q/messages")
+                    if answer.status_code == 204:
+                        break
+                    assert answer.status_code == 200, answer.text
+                    got.append(answer.content)
+                    receipt = answer.headers["X-Receipt"]
+                    assert client.delete(f"/q/messages/{receipt}").status_code in (200, 204)
+                assert got == [b"one", b"two", b"three"]
+        finally:
+            server.stop()
+        assert sorted(os.listdir(root / "q" / layout.READY)) == []
