@@ -47,6 +47,7 @@ class FaultyFS:
         self.root = os.path.realpath(os.fspath(root))
         self.failing: dict[str, int] = {}  # call name -> errno it raises
         self.raised: Counter[str] = Counter()  # call name -> faults injected so far
+        self._grace: dict[str, int] = {}  # call name -> calls still allowed to work
         for name in PATH_CALLS:
             monkeypatch.setattr(os, name, self._path_call(name, getattr(os, name)))
         for name in FD_CALLS:
@@ -54,14 +55,17 @@ class FaultyFS:
         monkeypatch.setattr(fsio, "syncfs", self._fd_call("syncfs", fsio.syncfs))
         monkeypatch.setattr(fsio, "_link_fd", self._link_fd_call(fsio._link_fd))
 
-    def fail(self, call: str, error: int) -> None:
-        """From now on, `call` on anything under the root raises OSError(`error`)."""
+    def fail(self, call: str, error: int, after: int = 0) -> None:
+        """From now on (after `after` more such calls have worked), `call` on anything under
+        the root raises OSError(`error`)."""
         assert call in CALLS, call
         self.failing[call] = error
+        self._grace[call] = after
 
     def clear(self) -> None:
         """The filesystem recovers: every call works again."""
         self.failing.clear()
+        self._grace.clear()
 
     def _under_root(self, path: object, dir_fd: int | None) -> bool:
         if isinstance(path, int):
@@ -74,6 +78,9 @@ class FaultyFS:
         return target == self.root or target.startswith(self.root + "/")
 
     def _raise(self, call: str, path: object) -> None:
+        if self._grace.get(call, 0) > 0:
+            self._grace[call] -= 1
+            return
         code = self.failing[call]
         self.raised[call] += 1
         raise OSError(code, os.strerror(code), path)

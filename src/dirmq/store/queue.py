@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from dirmq.errors import (
     ConfigError,
     CorruptConfig,
+    DiskFull,
     InvalidArgument,
     MessageNotFound,
     MessageTooLarge,
@@ -54,6 +55,7 @@ _SETTLE_ACTIONS = ("ack", "nack", "extend", "dead_letter")
 _ACK_CHUNK = 64  # acks of one ack_many applied per lock hold (and per index sync)
 _MAX_VALIDATED = 4096  # validated messages remembered per queue (a server batch is <= 1024)
 READ_CHUNK = 256  # `read_leases`: lease files opened before moved ones are looked for
+OPEN_FILES_PER_BATCH = 256  # a batch's files beyond these are closed once written (EMFILE)
 
 
 def _check_seconds(name: str, value: float | None) -> None:
@@ -287,9 +289,12 @@ class Queue:
                 if message.group is not None:
                     system["Group"] = message.group
                 data = codec.encode(message.body, message.headers, system, message_id=message_id)
-                pending.append(self._write_tmp(message_id, data, message, config, at_ms))
+                keep_open = len(pending) < OPEN_FILES_PER_BATCH
+                pending.append(self._write_tmp(message_id, data, message, config, at_ms, keep_open))
             self._commit(pending, level, config)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, DiskFull):
+                self._files.pool.release_space()  # recycled files are space the disk needs now
             for f in pending:
                 f.discard()
             for message_id, slot in zip(ids, slots, strict=True):
@@ -351,7 +356,9 @@ class Queue:
         message: OutgoingMessage,
         config: QueueConfig,
         at_ms: int,
+        keep_open: bool = True,
     ) -> PendingFile:
+        """The message's file, written, to be published (open unless `keep_open` is false)."""
         delay_s = config.delay_s if message.delay_s is None else message.delay_s
         tag = None if message.group is None else layout.group_tag(message.group)
         if delay_s > 0:
@@ -362,14 +369,15 @@ class Queue:
             final = f"{self._files.dir[layout.READY]}/{layout.ready_name(message_id, 0, tag)}"
         try:
             pool = self._files.pool
-            pending = pool.overwrite_own(final, data)
-            if pending is not None:
-                return pending
             tmp_dir, tmp_name = self._files.dir[layout.TMP], layout.tmp_name(message_id)
-            pending = pool.overwrite_shared(f"{tmp_dir}/{tmp_name}", final, data)
-            if pending is not None:
-                return pending
-            return create_pending(tmp_dir, tmp_name, final, data)
+            pending = pool.overwrite_own(final, data)
+            if pending is None:
+                pending = pool.overwrite_shared(f"{tmp_dir}/{tmp_name}", final, data)
+            if pending is None:
+                pending = create_pending(tmp_dir, tmp_name, final, data)
+            if not keep_open:
+                pending.detach(tmp_dir, tmp_name)
+            return pending
         except FileNotFoundError:
             raise QueueNotFound(f"queue {self.name!r} does not exist") from None
         except OSError as exc:
