@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -140,3 +141,52 @@ def test_server_delivers_what_a_read_only_disk_refused_in_order(tmp_path: Path) 
         finally:
             server.stop()
         assert sorted(os.listdir(root / "q" / layout.READY)) == []
+
+
+def test_server_consumers_drain_a_full_disk_without_errors(ext4: Path) -> None:
+    server = start_server(ext4 / "root")
+    body = os.urandom(3000)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as admin:
+            assert admin.put("/q").status_code == 201
+
+        def publish_until_full() -> tuple[list[str], httpx.Response]:
+            ids: list[str] = []
+            with httpx.Client(base_url=server.url, timeout=60) as client:
+                for _ in range(100_000):
+                    answer = client.post("/q/messages", content=body)
+                    if answer.status_code != 201:
+                        return ids, answer
+                    ids.append(answer.headers["X-Message-Id"])
+            raise AssertionError("the disk never filled")
+
+        with ThreadPoolExecutor(8) as pool:
+            outcomes = list(pool.map(lambda _: publish_until_full(), range(8)))
+        published = {i for ids, _ in outcomes for i in ids}
+        for _ids, refusal in outcomes:
+            assert refusal.status_code == 503, refusal.text
+            assert refusal.json()["error"] == "DiskFull"
+            assert "Retry-After" in refusal.headers
+        at_full = free_bytes(ext4)
+
+        def consume() -> list[str]:
+            ids: list[str] = []
+            with httpx.Client(base_url=server.url, timeout=60) as client:
+                while (answer := client.get("/q/messages")).status_code == 200:
+                    assert answer.content == body
+                    ids.append(answer.headers["X-Message-Id"])
+                    receipt = answer.headers["X-Receipt"]
+                    acked = client.delete(f"/q/messages/{receipt}")
+                    assert acked.status_code == 204, acked.text
+                assert answer.status_code == 204, answer.text  # never a 503 DiskFull
+            return ids
+
+        with ThreadPoolExecutor(4) as pool:
+            received = [i for ids in pool.map(lambda _: consume(), range(4)) for i in ids]
+        assert sorted(received) == sorted(published)
+        assert free_bytes(ext4) - at_full > len(published) * len(body) // 2
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            assert client.post("/q/messages", content=body).status_code == 201
+    finally:
+        server.stop()
+    assert fsck(ext4 / "root", repair=False).ok
