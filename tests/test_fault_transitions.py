@@ -10,6 +10,8 @@ queue equal to a fresh process's, and `fsck` clean.
 
 from __future__ import annotations
 
+import errno
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import dirmq
+from dirmq.store import layout
 from dirmq.store.fsck import fsck
 
 from .faultfs import CALLS, ERRORS, FaultyFS
@@ -125,3 +128,34 @@ def test_a_failed_transition_leaves_nothing_stuck(
     assert not report.expired_leases and not report.due_delayed
     _check_view(store, q)
     store.close()
+
+
+@pytest.mark.parametrize("transition", ["ack", "dead_letter", "delete", "purge"])
+def test_a_failed_removal_keeps_its_capacity_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transition: str
+) -> None:
+    root = tmp_path / "root"
+    with dirmq.Store(root) as store:
+        q = store.create_queue("q", dirmq.QueueConfig(capacity=3))
+        q.put_many([b"a", b"b", b"c"])
+        first = q.get_one()
+        assert first is not None and first.receipt is not None
+        # The leased file cannot go; the token in @slots could.
+        fs = FaultyFS(monkeypatch, root / "q" / layout.LEASED)
+        fs.fail("rename", errno.EROFS)
+        fs.fail("unlink", errno.EROFS)
+        remove: Callable[[], object] = {
+            "ack": lambda: q.ack(first.receipt or ""),
+            "dead_letter": lambda: q.dead_letter(first.receipt or ""),
+            "delete": lambda: q.delete(first.id),
+            "purge": q.purge,
+        }[transition]
+        with pytest.raises(dirmq.StorageError):
+            remove()
+        fs.clear()
+        # Every message still there (the leased one included) still holds its token.
+        assert len(os.listdir(root / "q" / layout.SLOTS)) == q.stats().total
+        assert q.peek(first.id).body == b"a"
+        remove()
+        assert len(os.listdir(root / "q" / layout.SLOTS)) == q.stats().total
+        assert fsck(root, repair=False).ok
