@@ -9,6 +9,9 @@ delivered, in FIFO order, as soon as the filesystem is writable again (library a
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -190,3 +193,39 @@ def test_server_consumers_drain_a_full_disk_without_errors(ext4: Path) -> None:
     finally:
         server.stop()
     assert fsck(ext4 / "root", repair=False).ok
+
+
+def test_a_new_process_opens_a_queue_on_a_read_only_disk(tmp_path: Path) -> None:
+    """Recovery on open (orphans, dead pools, expired leases) cannot write on a read-only
+    disk: the queue still opens, reads work, and recovery happens once it is writable."""
+    with small_tmpfs(tmp_path, "8m") as mount_point:
+        root = mount_point / "root"
+        script = (
+            "import dirmq, sys\n"
+            "from dirmq.store import layout\n"
+            "q = dirmq.Store(sys.argv[1]).create_queue('q')\n"
+            "q.put_many([b'one', b'two', b'three'])\n"
+            "m = q.get_one(visibility_s=0.01)\n"
+            "q.ack(q.get_one().receipt)\n"  # leaves a file in this process's pool
+            f"open(q.path + '/{layout.TMP}/' + layout.tmp_name('1' * 16 + '-' + 'a' * 12), 'w')\n"
+            "os._exit(0)\n"  # dies as a crash would: no exit hook hands its pool over
+        )
+        subprocess.run([sys.executable, "-c", "import os\n" + script, str(root)], check=True)
+        time.sleep(0.05)  # the lease has expired
+        with read_only(mount_point), dirmq.Store(root) as store:
+            q = store.queue("q")
+            assert (q.stats().ready, q.stats().total) == (2, 2)
+            assert q.peek(m_id(q, b"three")).body == b"three"
+            with pytest.raises(dirmq.StorageError, match="Read-only"):
+                q.get_one()
+        with dirmq.Store(root) as store:
+            q = store.queue("q")
+            got = [q.get_one() for _ in range(2)]
+            assert [m.body for m in got if m] == [b"one", b"three"]
+            report = store.queue("q").sweep()
+            assert report.orphans_removed == 1 and report.pools_reclaimed == 1
+        assert fsck(root, repair=False).ok
+
+
+def m_id(q: dirmq.Queue, body: bytes) -> str:
+    return next(m.id for m in q.browse() if m.body == body)

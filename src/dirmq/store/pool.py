@@ -163,6 +163,8 @@ def reclaim_pool(pool_dir: str, free_dir: str, owner: Owner, room: int) -> int:
             continue  # another process reclaimed it first
         except IsADirectoryError:
             continue  # not ours to guess about; the rmdir below fails and fsck reports it
+        except OSError:
+            break  # the disk refuses writes now (read-only, failing): reclaimed next time
     try:
         os.rmdir(pool_dir)
     except OSError:

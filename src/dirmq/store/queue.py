@@ -31,6 +31,7 @@ from dirmq.errors import (
     QueueFull,
     QueueNotFound,
     StaleReceipt,
+    StorageError,
     storage_error,
 )
 from dirmq.store import codec, layout
@@ -152,7 +153,10 @@ class Queue:
         # the next sweep() reports it.
         orphans = remove_orphans(self._files.dir[layout.TMP])
         pools = reclaim_pools(self._files.dir[layout.FREE])
-        promoted = self._files.promote(index, self._config, now_ms())
+        try:
+            promoted = self._files.promote(index, self._config, now_ms())
+        except StorageError:  # a disk that refuses writes can still be read: gets promote later
+            promoted = SweepReport()
         self._recovered_on_open = replace(promoted, orphans_removed=orphans, pools_reclaimed=pools)
         return index
 
