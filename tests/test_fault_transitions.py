@@ -159,3 +159,25 @@ def test_a_failed_removal_keeps_its_capacity_token(
         remove()
         assert len(os.listdir(root / "q" / layout.SLOTS)) == q.stats().total
         assert fsck(root, repair=False).ok
+
+
+@pytest.mark.parametrize("how", ["claim_named", "get"])
+def test_a_lease_of_several_that_fails_midway_delivers_what_it_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The messages leased before the failure go to the caller (not held back until their
+    lease expires); the rest stay ready, in order."""
+    root = tmp_path / "root"
+    with dirmq.Store(root) as store:
+        q = store.create_queue("q", dirmq.QueueConfig(visibility_timeout_s=3600))
+        q.put_many(BODIES)
+        fs = FaultyFS(monkeypatch, root)
+        fs.fail("rename", errno.EIO, after=2)
+        if how == "claim_named":
+            got = [m for _lease, m in q.claim_named(q.ready_names())]
+        else:
+            got = q.get(5)
+        fs.clear()
+        assert [m.body for m in got] == BODIES[:2]
+        assert not q.ack_many(m.receipt or "" for m in got)
+        assert _drain(q) == BODIES[2:]

@@ -124,13 +124,21 @@ def test_server_delivers_what_a_read_only_disk_refused_in_order(tmp_path: Path) 
         try:
             with httpx.Client(base_url=server.url, timeout=30) as client:
                 assert client.put("/q").status_code in (200, 201)
-                for body in (b"one", b"two", b"three"):
+                for body in (b"zero", b"one", b"two", b"three"):
                     assert client.post("/q/messages", content=body).status_code in (200, 201)
+                first = client.get("/q/messages")
+                assert first.content == b"zero"
                 with read_only(mount_point):
                     for _ in range(3):
                         answer = client.get("/q/messages")
                         assert answer.status_code == 503, answer.text
                         assert "Retry-After" in answer.headers
+                    refused = client.delete(f"/q/messages/{first.headers['X-Receipt']}")
+                    assert refused.status_code == 503, refused.text
+                    assert client.post("/q/messages", content=b"four").status_code == 503
+                    assert client.get("/q").json()["stats"]["total"] == 4
+                acked = client.delete(f"/q/messages/{first.headers['X-Receipt']}")
+                assert acked.status_code == 204, acked.text
                 got = []
                 for _ in range(4):
                     answer = client.get("/q/messages")

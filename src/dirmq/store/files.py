@@ -146,7 +146,12 @@ class QueueFiles:
         the caller checked them)."""
         taken = []
         for name, entry in entries:
-            lease = self._take(index, config, name, entry, at_ms, visibility_ms)
+            try:
+                lease = self._take(index, config, name, entry, at_ms, visibility_ms)
+            except OSError:
+                if taken:  # what is leased already goes to the caller, not to waste
+                    break
+                raise
             if lease is not None:
                 taken.append((lease, entry))
         return taken
