@@ -144,7 +144,7 @@ class QueueFiles:
         taken. For cooperating consumers given disjoint names by one planner, so no two of them
         race for the same head. Group names must not be passed (their order needs `claim`;
         the caller checked them)."""
-        taken = []
+        taken: list[tuple[str, Entry]] = []
         for name, entry in entries:
             try:
                 lease = self._take(index, config, name, entry, at_ms, visibility_ms)
