@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import dirmq
-from dirmq.store import layout
+from dirmq.store import fsio, layout
 from dirmq.store.fsck import fsck
 
 from .faultfs import CALLS, ERRORS, FaultyFS
@@ -68,7 +68,31 @@ def _attempt(action: Callable[[], object]) -> bool:
 def test_a_failed_transition_leaves_nothing_stuck(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transition: str, call: str, error: str
 ) -> None:
-    root = tmp_path / "root"
+    _fail_and_recover(tmp_path / "root", monkeypatch, transition, call, error)
+
+
+class _Everything:
+    def __contains__(self, _item: object) -> bool:
+        return True
+
+    def add(self, _item: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("error", list(ERRORS))
+@pytest.mark.parametrize("call", CALLS)
+def test_a_failed_put_with_named_temp_files_leaves_nothing_stuck(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str, error: str
+) -> None:
+    """The same for a put without O_TMPFILE (e.g. on NFS): named files in @tmp, renamed."""
+    monkeypatch.setattr(fsio, "_tmpfile_unsupported", _Everything())
+    _fail_and_recover(tmp_path / "root", monkeypatch, "put", call, error)
+    assert os.listdir(tmp_path / "root" / "q" / layout.TMP) == []
+
+
+def _fail_and_recover(
+    root: Path, monkeypatch: pytest.MonkeyPatch, transition: str, call: str, error: str
+) -> None:
     store = dirmq.Store(root)
     q = store.create_queue("q", dirmq.QueueConfig(visibility_timeout_s=60))
     q.put_many(BODIES)
