@@ -63,7 +63,8 @@ def _attempt(action: Callable[[], object]) -> bool:
 @pytest.mark.parametrize("error", list(ERRORS))
 @pytest.mark.parametrize("call", CALLS)
 @pytest.mark.parametrize(
-    "transition", ["put", "get", "ack", "nack", "extend", "promote", "dead_letter", "purge"]
+    "transition",
+    ["put", "get", "ack", "nack", "extend", "promote", "sweep", "dead_letter", "delete", "purge"],
 )
 def test_a_failed_transition_leaves_nothing_stuck(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transition: str, call: str, error: str
@@ -95,7 +96,7 @@ def _fail_and_recover(
 ) -> None:
     store = dirmq.Store(root)
     q = store.create_queue("q", dirmq.QueueConfig(visibility_timeout_s=60))
-    q.put_many(BODIES)
+    ids = q.put_many(BODIES)
     expected = list(BODIES)
     fs = FaultyFS(monkeypatch, root)
     settle: Callable[[], object] | None = None  # what a client does again after a failure
@@ -113,10 +114,16 @@ def _fail_and_recover(
             expected.remove(first.body)
         if transition == "extend":
             expected.remove(first.body)  # acknowledged below, under the extended lease
+    if transition == "delete":
+        settle = lambda: q.delete(ids[2])  # noqa: E731
+        expected.remove(BODIES[2])
     if transition == "promote":
         q.put(b"late", delay_s=0.05)
         expected.append(b"late")
         time.sleep(0.1)  # due now: the next get promotes it
+    if transition == "sweep":
+        assert q.get_one(visibility_s=0.05) is not None
+        time.sleep(0.1)  # expired now: the sweep requeues it, in its FIFO place
     got: list[dirmq.Message] = []
 
     fs.fail(call, ERRORS[error])
@@ -127,8 +134,8 @@ def _fail_and_recover(
             expected.append(b"new3")
     elif transition in ("get", "promote"):
         _attempt(lambda: got.extend(q.get(3)))
-    elif transition == "purge":
-        _attempt(q.purge)
+    elif transition in ("purge", "sweep"):
+        _attempt(q.purge if transition == "purge" else q.sweep)
     else:
         assert settle is not None
         if _attempt(settle):
