@@ -373,14 +373,15 @@ class Queue:
             final = f"{self._files.dir[layout.READY]}/{layout.ready_name(message_id, 0, tag)}"
         try:
             pool = self._files.pool
-            tmp_dir, tmp_name = self._files.dir[layout.TMP], layout.tmp_name(message_id)
+            tmp_dir = self._files.dir[layout.TMP]
             pending = pool.overwrite_own(final, data)
             if pending is None:
+                tmp_name = layout.tmp_name(message_id)
                 pending = pool.overwrite_shared(f"{tmp_dir}/{tmp_name}", final, data)
-            if pending is None:
-                pending = create_pending(tmp_dir, tmp_name, final, data)
+                if pending is None:
+                    pending = create_pending(tmp_dir, tmp_name, final, data)
             if not keep_open:
-                pending.detach(tmp_dir, tmp_name)
+                pending.detach(tmp_dir, layout.tmp_name(message_id))
             return pending
         except FileNotFoundError:
             raise QueueNotFound(f"queue {self.name!r} does not exist") from None
