@@ -212,3 +212,34 @@ def test_a_lease_of_several_that_fails_midway_delivers_what_it_took(
         assert [m.body for m in got] == BODIES[:2]
         assert not q.ack_many(m.receipt or "" for m in got)
         assert _drain(q) == BODIES[2:]
+
+
+def _pooled_files(queue_dir: Path) -> int:
+    return sum(len(files) for _dir, _subdirs, files in os.walk(queue_dir / layout.FREE))
+
+
+@pytest.mark.parametrize("where", ["put", "ack"])
+def test_enospc_gives_the_recycled_files_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Files kept for reuse are space a full disk needs: the first ENOSPC unlinks them."""
+    root = tmp_path / "root"
+    with dirmq.Store(root) as store:
+        q = store.create_queue("q")
+        q.put_many([b"x"] * 20)
+        got = q.get(20)
+        assert not q.ack_many(m.receipt or "" for m in got[:10])  # 10 files kept for reuse
+        assert _pooled_files(root / "q") == 10
+        fs = FaultyFS(monkeypatch, root)
+        if where == "put":
+            fs.fail("write", errno.ENOSPC)
+            with pytest.raises(dirmq.DiskFull):
+                q.put(b"y")
+        else:
+            fs.fail("rename", errno.ENOSPC)  # the pool directory cannot take another entry
+            q.ack(got[10].receipt or "")  # unlinked instead: no error
+        fs.clear()
+        assert _pooled_files(root / "q") == 0
+        assert not q.ack_many(m.receipt or "" for m in got[11:])
+        q.put(b"z")
+        assert [m.body for m in q.get(5)] == [b"z"]
