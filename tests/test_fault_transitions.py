@@ -10,6 +10,7 @@ queue equal to a fresh process's, and `fsck` clean.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import dirmq
+from dirmq.server.broker import Broker
 from dirmq.store import fsio, layout
 from dirmq.store.fsck import fsck
 
@@ -243,3 +245,36 @@ def test_enospc_gives_the_recycled_files_back(
         assert not q.ack_many(m.receipt or "" for m in got[11:])
         q.put(b"z")
         assert [m.body for m in q.get(5)] == [b"z"]
+
+
+def test_the_server_tells_each_ack_of_a_batch_its_own_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker applies concurrent acks as one batch: when the disk fails midway, the acks
+    that worked are answered as done (a retry would get 409), the others as failed."""
+    root = tmp_path / "root"
+    with dirmq.Store(root) as store:
+        q = store.create_queue("q")
+        q.put_many(BODIES)
+        got = q.get(5)
+        fs = FaultyFS(monkeypatch, root)
+        fs.fail("rename", errno.EIO, after=2)  # recycling fails after two acks...
+        fs.fail("unlink", errno.EIO)  # ... and so does the unlink it falls back to
+
+        async def ack_all() -> list[BaseException | None]:
+            broker = Broker(store)
+            try:
+                acks = [broker.ack(q, m.receipt or "") for m in got]
+                return await asyncio.gather(*acks, return_exceptions=True)
+            finally:
+                broker.close()
+
+        outcomes = asyncio.run(ack_all())
+        fs.clear()
+        assert outcomes[:2] == [None, None]
+        assert all(isinstance(o, dirmq.StorageError) for o in outcomes[2:]), outcomes
+        for message in got[2:]:  # what failed can be retried, and works now
+            q.ack(message.receipt or "")
+        assert q.stats().total == 0
+        with pytest.raises(dirmq.StaleReceipt):
+            q.ack(got[0].receipt or "")

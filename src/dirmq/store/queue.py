@@ -707,10 +707,21 @@ class Queue:
 
     def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]:
         """Ack several receipts; returns the failures by receipt (empty when all succeeded).
+        A `StorageError` is raised instead, once every receipt has been tried.
 
         The index is brought up to date once per chunk, not once per receipt: our own acks
         update it as they go, and a lease that changed elsewhere meanwhile is looked up again
         after a fresh sync before it is called stale."""
+        failures = self.ack_each(receipts)
+        for failure in failures.values():
+            if isinstance(failure, StorageError):
+                raise failure
+        return failures
+
+    def ack_each(self, receipts: Iterable[str]) -> dict[str, Exception]:
+        """`ack_many` that returns a `StorageError` by receipt too: for a caller that acks for
+        several clients at once (the server), so each learns its own outcome (every receipt
+        not in the result was acknowledged, even when others failed)."""
         failures: dict[str, Exception] = {}
         pending = list(receipts)
         for start in range(0, len(pending), _ACK_CHUNK):
@@ -719,7 +730,7 @@ class Queue:
                 for receipt in pending[start : start + _ACK_CHUNK]:
                     try:
                         self._settle(receipt, "ack", index_fresh=True)
-                    except (StaleReceipt, InvalidArgument) as exc:
+                    except (StaleReceipt, InvalidArgument, StorageError) as exc:
                         failures[receipt] = exc
         return failures
 
