@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,20 @@ from dirmq.store.fsck import fsck
 from .faultfs import CALLS, ERRORS, FaultyFS
 
 BODIES = [f"m{i}".encode() for i in range(5)]
+
+
+@pytest.fixture
+def fast_root(tmp_path: Path) -> Iterator[Path]:
+    """A root in memory (/dev/shm) where there is one: hundreds of cases, and the faults are
+    injected, so the flushes of a busy disk would only make the run slow."""
+    if not os.path.isdir("/dev/shm"):
+        yield tmp_path / "root"
+        return
+    parent = Path(tempfile.mkdtemp(prefix="dirmq-faults-", dir="/dev/shm"))
+    try:
+        yield parent / "root"
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 def _drain(q: dirmq.Queue) -> list[bytes]:
@@ -69,9 +85,9 @@ def _attempt(action: Callable[[], object]) -> bool:
     ["put", "get", "ack", "nack", "extend", "promote", "sweep", "dead_letter", "delete", "purge"],
 )
 def test_a_failed_transition_leaves_nothing_stuck(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transition: str, call: str, error: str
+    fast_root: Path, monkeypatch: pytest.MonkeyPatch, transition: str, call: str, error: str
 ) -> None:
-    _fail_and_recover(tmp_path / "root", monkeypatch, transition, call, error)
+    _fail_and_recover(fast_root, monkeypatch, transition, call, error)
 
 
 class _Everything:
@@ -85,12 +101,12 @@ class _Everything:
 @pytest.mark.parametrize("error", list(ERRORS))
 @pytest.mark.parametrize("call", CALLS)
 def test_a_failed_put_with_named_temp_files_leaves_nothing_stuck(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str, error: str
+    fast_root: Path, monkeypatch: pytest.MonkeyPatch, call: str, error: str
 ) -> None:
     """The same for a put without O_TMPFILE (e.g. on NFS): named files in @tmp, renamed."""
     monkeypatch.setattr(fsio, "_tmpfile_unsupported", _Everything())
-    _fail_and_recover(tmp_path / "root", monkeypatch, "put", call, error)
-    assert os.listdir(tmp_path / "root" / "q" / layout.TMP) == []
+    _fail_and_recover(fast_root, monkeypatch, "put", call, error)
+    assert os.listdir(fast_root / "q" / layout.TMP) == []
 
 
 def _fail_and_recover(
@@ -98,7 +114,7 @@ def _fail_and_recover(
 ) -> None:
     store = dirmq.Store(root)
     q = store.create_queue("q", dirmq.QueueConfig(visibility_timeout_s=60))
-    ids = q.put_many(BODIES)
+    ids = q.put_many(BODIES, durability="memory")  # no syncfs: setup only
     expected = list(BODIES)
     fs = FaultyFS(monkeypatch, root)
     settle: Callable[[], object] | None = None  # what a client does again after a failure
