@@ -47,7 +47,7 @@ def fast_root(tmp_path: Path) -> Iterator[Path]:
 
 def _drain(q: dirmq.Queue) -> list[bytes]:
     """Receive and acknowledge everything ready, one at a time, in order."""
-    bodies = []
+    bodies: list[bytes] = []
     for _ in range(100):
         message = q.get_one()
         if message is None:
@@ -193,12 +193,13 @@ def test_a_failed_removal_keeps_its_capacity_token(
         fs = FaultyFS(monkeypatch, root / "q" / layout.LEASED)
         fs.fail("rename", errno.EROFS)
         fs.fail("unlink", errno.EROFS)
-        remove: Callable[[], object] = {
+        removals: dict[str, Callable[[], object]] = {
             "ack": lambda: q.ack(first.receipt or ""),
             "dead_letter": lambda: q.dead_letter(first.receipt or ""),
             "delete": lambda: q.delete(first.id),
             "purge": q.purge,
-        }[transition]
+        }
+        remove = removals[transition]
         with pytest.raises(dirmq.StorageError):
             remove()
         fs.clear()
