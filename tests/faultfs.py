@@ -48,6 +48,7 @@ class FaultyFS:
         self.failing: dict[str, int] = {}  # call name -> errno it raises
         self.raised: Counter[str] = Counter()  # call name -> faults injected so far
         self._grace: dict[str, int] = {}  # call name -> calls still allowed to work
+        self._left: dict[str, int | None] = {}  # call name -> faults still to inject
         for name in PATH_CALLS:
             monkeypatch.setattr(os, name, self._path_call(name, getattr(os, name)))
         for name in FD_CALLS:
@@ -55,17 +56,19 @@ class FaultyFS:
         monkeypatch.setattr(fsio, "syncfs", self._fd_call("syncfs", fsio.syncfs))
         monkeypatch.setattr(fsio, "_link_fd", self._link_fd_call(fsio._link_fd))
 
-    def fail(self, call: str, error: int, after: int = 0) -> None:
+    def fail(self, call: str, error: int, after: int = 0, times: int | None = None) -> None:
         """From now on (after `after` more such calls have worked), `call` on anything under
-        the root raises OSError(`error`)."""
+        the root raises OSError(`error`), `times` times (None: until `clear`)."""
         assert call in CALLS, call
         self.failing[call] = error
         self._grace[call] = after
+        self._left[call] = times
 
     def clear(self) -> None:
         """The filesystem recovers: every call works again."""
         self.failing.clear()
         self._grace.clear()
+        self._left.clear()
 
     def _under_root(self, path: object, dir_fd: int | None) -> bool:
         if isinstance(path, int):
@@ -82,6 +85,11 @@ class FaultyFS:
             self._grace[call] -= 1
             return
         code = self.failing[call]
+        left = self._left.get(call)
+        if left is not None:
+            if left <= 0:
+                return
+            self._left[call] = left - 1
         self.raised[call] += 1
         raise OSError(code, os.strerror(code), path)
 

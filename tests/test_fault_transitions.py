@@ -295,3 +295,30 @@ def test_the_server_tells_each_ack_of_a_batch_its_own_outcome(
         assert q.stats().total == 0
         with pytest.raises(dirmq.StaleReceipt):
             q.ack(got[0].receipt or "")
+
+
+@pytest.mark.parametrize("transition", ["get", "extend", "nack", "dead_letter"])
+def test_a_rename_that_needs_space_frees_the_recycled_files_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transition: str
+) -> None:
+    """A rename into a directory that must grow gets ENOSPC at a full disk: the files kept for
+    reuse are unlinked and the rename tried again, so consumers keep working."""
+    root = tmp_path / "root"
+    with dirmq.Store(root) as store:
+        q = store.create_queue("q")
+        q.put_many([b"x"] * 12)
+        got = q.get(11)
+        assert not q.ack_many(m.receipt or "" for m in got[:10])  # 10 files kept for reuse
+        receipt = got[10].receipt or ""
+        fs = FaultyFS(monkeypatch, root)
+        fs.fail("rename", errno.ENOSPC, times=1)
+        if transition == "get":
+            assert q.get_one() is not None
+        elif transition == "extend":
+            q.extend(receipt, 60)
+        elif transition == "nack":
+            q.nack(receipt)
+        else:
+            q.dead_letter(receipt)
+        assert fs.raised["rename"] == 1
+        assert _pooled_files(root / "q") == 0

@@ -293,7 +293,7 @@ class QueueFiles:
             )
         else:
             directory, new = layout.READY, layout.ready_name(message_id, count, entry.group)
-        os.rename(path, self.path(directory, new))
+        self._rename(path, self.path(directory, new))
         index.add(directory, new)
         index.leased.discard(message_id, lease)
 
@@ -315,22 +315,29 @@ class QueueFiles:
         """The lease at `path` now ends `seconds` from now."""
         due_ms = now_ms() + round(seconds * 1000)
         new = layout.timed_name(entry.message_id, entry.count, due_ms, entry.group)
-        os.rename(path, self.path(layout.LEASED, new))
+        self._rename(path, self.path(layout.LEASED, new))
         index.add(layout.LEASED, new)
 
-    def move(self, src_dir: str, src: str, dst_dir: str, dst: str, retry: bool = True) -> bool:
-        """One state transition; False if another process got there first. A rename needs
-        space only when the target directory must grow: at a full disk, the recycled files
-        this process holds are given back first, then the rename is tried once more."""
+    def move(self, src_dir: str, src: str, dst_dir: str, dst: str) -> bool:
+        """One state transition; False if another process got there first."""
         try:
-            os.rename(self.path(src_dir, src), self.path(dst_dir, dst))
+            self._rename(self.path(src_dir, src), self.path(dst_dir, dst))
         except FileNotFoundError:
             return False
         except OSError as exc:
-            if retry and exc.errno in _NO_SPACE and self.pool.release_space():
-                return self.move(src_dir, src, dst_dir, dst, retry=False)
             raise storage_error(exc, f"moving a message of queue {self.name!r}") from exc
         return True
+
+    def _rename(self, src: str, dst: str) -> None:
+        """`os.rename`. A rename needs space only when the target directory must grow: at a
+        full disk, the recycled files this process holds are given back first, then the
+        rename is tried once more."""
+        try:
+            os.rename(src, dst)
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE or not self.pool.release_space():
+                raise
+            os.rename(src, dst)
 
     def dead_letter(self, index: QueueIndex, src_dir: str, name: str, config: QueueConfig) -> int:
         """Move a message to the dead-letter queue (or @dead); 1 if moved, 0 if it was gone."""
@@ -346,7 +353,7 @@ class QueueFiles:
                 layout.DEAD, layout.dead_name(entry.message_id, entry.count, entry.group)
             )
         try:
-            os.rename(source, target)
+            self._rename(source, target)
         except FileNotFoundError:
             return 0
         except OSError as exc:
