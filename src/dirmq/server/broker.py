@@ -266,7 +266,7 @@ class _Batcher:
             self._running = False
 
     async def _acks(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> None:
-        failures = await self.broker.call(self.queue.ack_many, [item for item, _ in batch])
+        failures = await self.broker.call(self.queue.ack_each, [item for item, _ in batch])
         for receipt, future in batch:
             if future.done():
                 continue

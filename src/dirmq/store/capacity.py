@@ -72,13 +72,13 @@ class Slots:
         except OSError:
             pass
 
-    def release_of(self, path: str, message_id: str, index: QueueIndex | None) -> None:
-        """Free the slot recorded in the message file at `path` (read before it goes away)."""
+    @staticmethod
+    def slot_of(path: str, index: QueueIndex | None) -> str | None:
+        """The slot recorded in the message file at `path`, to release once the file is gone
+        (a failed removal must leave the message its token)."""
         if index is not None and not index.slots:
-            return  # no tokens in use: skip reading the file (the common case, on every ack)
-        slot = read_slot(path)
-        if slot is not None:
-            self.release(slot, message_id, index)
+            return None  # no tokens in use: skip reading the file (the common case, every ack)
+        return read_slot(path)
 
     def release_leaked(self, index: QueueIndex) -> int:
         """Free slots whose message left the queue over a minute ago; returns how many."""

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _FIRST_READ = 64 * 1024  # one read() takes a whole message file of up to this size
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
 
 def now_ms() -> int:
@@ -103,7 +104,11 @@ class QueueFiles:
         while (name := index.pop_ready(config.peers, runs)) is not None:
             entry = parse_entry(name)
             assert entry is not None
-            lease = self._take(index, config, name, entry, at_ms, visibility_ms)
+            try:
+                lease = self._take(index, config, name, entry, at_ms, visibility_ms)
+            except OSError:
+                index.add(layout.READY, name)  # still in @ready: in its FIFO place next time
+                raise
             if lease is None:
                 # Another process claimed or deleted it first. If it was a group's, that
                 # process may hold the group now: leasing the group's next one would break it.
@@ -113,10 +118,26 @@ class QueueFiles:
             if entry.group is not None:
                 runs.taken[entry.group] += 1
             deadline_ms = at_ms + visibility_ms
-            message = self.open_claimed(lease, entry.message_id, entry.count + 1, deadline_ms)
+            try:
+                message = self.open_claimed(lease, entry.message_id, entry.count + 1, deadline_ms)
+            except OSError as exc:
+                self._unclaim(index, lease, name)
+                raise storage_error(exc, f"reading a message of queue {self.name!r}") from exc
             if message is not None:
                 return message
         return None
+
+    def _unclaim(self, index: QueueIndex, lease: str, name: str) -> None:
+        """Put back a message leased by a get that could not read it: under its ready name it
+        keeps its FIFO place and its receive count. If even that rename fails, the lease stays
+        (in the index too) and expires like any other."""
+        try:
+            moved = self.move(layout.LEASED, lease, layout.READY, name)
+        except OSError:
+            return
+        if moved:
+            index.discard(layout.LEASED, lease)
+            index.add(layout.READY, name)
 
     def take_named(
         self,
@@ -131,9 +152,14 @@ class QueueFiles:
         taken. For cooperating consumers given disjoint names by one planner, so no two of them
         race for the same head. Group names must not be passed (their order needs `claim`;
         the caller checked them)."""
-        taken = []
+        taken: list[tuple[str, Entry]] = []
         for name, entry in entries:
-            lease = self._take(index, config, name, entry, at_ms, visibility_ms)
+            try:
+                lease = self._take(index, config, name, entry, at_ms, visibility_ms)
+            except OSError:
+                if taken:  # what is leased already goes to the caller, not to waste
+                    break
+                raise
             if lease is not None:
                 taken.append((lease, entry))
         return taken
@@ -197,21 +223,33 @@ class QueueFiles:
     def promote(self, index: QueueIndex, config: QueueConfig, at_ms: int) -> SweepReport:
         """Deliver due delayed messages and requeue (or dead-letter) expired leases."""
         delivered = requeued = dead = 0
-        for name in index.delayed.pop_due(at_ms):
+        due = index.delayed.pop_due(at_ms)
+        for i, name in enumerate(due):
             entry = parse_entry(name)
             assert entry is not None
             target = layout.ready_name(entry.message_id, entry.count, entry.group)
-            if self.move(layout.DELAYED, name, layout.READY, target):
+            try:
+                moved = self.move(layout.DELAYED, name, layout.READY, target)
+            except OSError:
+                _keep_due(index, layout.DELAYED, due[i:])
+                raise
+            if moved:
                 index.add(layout.READY, target)
                 delivered += 1
-        for name in index.leased.pop_due(at_ms):
+        expired = index.leased.pop_due(at_ms)
+        for i, name in enumerate(expired):
             entry = parse_entry(name)
             assert entry is not None
-            if entry.count >= config.receive_limit:
-                dead += self.dead_letter(index, layout.LEASED, name, config)
-                continue
-            target = layout.ready_name(entry.message_id, entry.count, entry.group)
-            if self.move(layout.LEASED, name, layout.READY, target):
+            try:
+                if entry.count >= config.receive_limit:
+                    dead += self.dead_letter(index, layout.LEASED, name, config)
+                    continue
+                target = layout.ready_name(entry.message_id, entry.count, entry.group)
+                moved = self.move(layout.LEASED, name, layout.READY, target)
+            except OSError:
+                _keep_due(index, layout.LEASED, expired[i:])
+                raise
+            if moved:
                 index.add(layout.READY, target)
                 requeued += 1
         return SweepReport(
@@ -235,9 +273,11 @@ class QueueFiles:
         message_id, count = entry.message_id, entry.count
         path = self.path(layout.LEASED, lease)
         if action == "ack":
-            self.slots.release_of(path, message_id, index)
+            slot = self.slots.slot_of(path, index)
             self.pool.retire(path, message_id)
             index.leased.discard(message_id, lease)
+            if slot is not None:  # only once the file is gone: else it would hold no token
+                self.slots.release(slot, message_id, index)
             return
         if action == "extend":
             self._lease_until(index, path, entry, delay_s)
@@ -259,7 +299,7 @@ class QueueFiles:
             )
         else:
             directory, new = layout.READY, layout.ready_name(message_id, count, entry.group)
-        os.rename(path, self.path(directory, new))
+        self._rename(path, self.path(directory, new))
         index.add(directory, new)
         index.leased.discard(message_id, lease)
 
@@ -281,25 +321,36 @@ class QueueFiles:
         """The lease at `path` now ends `seconds` from now."""
         due_ms = now_ms() + round(seconds * 1000)
         new = layout.timed_name(entry.message_id, entry.count, due_ms, entry.group)
-        os.rename(path, self.path(layout.LEASED, new))
+        self._rename(path, self.path(layout.LEASED, new))
         index.add(layout.LEASED, new)
 
     def move(self, src_dir: str, src: str, dst_dir: str, dst: str) -> bool:
         """One state transition; False if another process got there first."""
         try:
-            os.rename(self.path(src_dir, src), self.path(dst_dir, dst))
+            self._rename(self.path(src_dir, src), self.path(dst_dir, dst))
         except FileNotFoundError:
             return False
         except OSError as exc:
             raise storage_error(exc, f"moving a message of queue {self.name!r}") from exc
         return True
 
+    def _rename(self, src: str, dst: str) -> None:
+        """`os.rename`. A rename needs space only when the target directory must grow: at a
+        full disk, the recycled files this process holds are given back first, then the
+        rename is tried once more."""
+        try:
+            os.rename(src, dst)
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE or not self.pool.release_space():
+                raise
+            os.rename(src, dst)
+
     def dead_letter(self, index: QueueIndex, src_dir: str, name: str, config: QueueConfig) -> int:
         """Move a message to the dead-letter queue (or @dead); 1 if moved, 0 if it was gone."""
         entry = parse_entry(name)
         assert entry is not None
         source = self.path(src_dir, name)
-        self.slots.release_of(source, entry.message_id, index)
+        slot = self.slots.slot_of(source, index)
         target_dir = self._store.dead_letter_dir(config.dead_letter_queue)
         if target_dir is not None:
             target = os.path.join(target_dir, layout.ready_name(entry.message_id, 0, entry.group))
@@ -308,12 +359,14 @@ class QueueFiles:
                 layout.DEAD, layout.dead_name(entry.message_id, entry.count, entry.group)
             )
         try:
-            os.rename(source, target)
+            self._rename(source, target)
         except FileNotFoundError:
             return 0
         except OSError as exc:
             raise storage_error(exc, f"dead-lettering a message of queue {self.name!r}") from exc
         index.discard(src_dir, name)
+        if slot is not None:
+            self.slots.release(slot, entry.message_id, index)
         return 1
 
     def quarantine(self, path: str, name: str) -> None:
@@ -335,16 +388,19 @@ class QueueFiles:
         """Take a message out of the queue for good (freeing its capacity token); False if it
         was already gone."""
         path = self.path(directory, name)
-        self.slots.release_of(path, message_id, index)
+        slot = self.slots.slot_of(path, index)
         try:
             self.pool.retire(path, message_id)
         except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise storage_error(exc, f"removing a message of queue {self.name!r}") from exc
-        finally:
             if index is not None:
                 index.discard(directory, name)
+            return False
+        except OSError as exc:  # still there, and still in the index: nothing forgotten
+            raise storage_error(exc, f"removing a message of queue {self.name!r}") from exc
+        if index is not None:
+            index.discard(directory, name)
+        if slot is not None:
+            self.slots.release(slot, message_id, index)
         return True
 
     def dead_names(self, message_id: str) -> list[str]:
@@ -353,6 +409,13 @@ class QueueFiles:
             return [n for n in os.listdir(self.dir[layout.DEAD]) if n.startswith(message_id)]
         except FileNotFoundError:
             return []
+
+
+def _keep_due(index: QueueIndex, directory: str, names: list[str]) -> None:
+    """Names `pop_due` took out of the index whose move failed: they are still where they
+    were, so the index keeps them (and the next get or sweep tries again)."""
+    for name in names:
+        index.add(directory, name)
 
 
 def stored_message(entry: Entry, directory: str, decoded: codec.Decoded) -> Message:

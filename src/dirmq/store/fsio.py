@@ -135,6 +135,20 @@ class PendingFile:
         finally:
             self.close()
 
+    def detach(self, tmp_dir: str, tmp_name: str) -> None:
+        """Close the descriptor now and keep the file by a name until it is published, so a
+        batch does not hold one descriptor per message (EMFILE): an unnamed inode is first
+        linked into `tmp_dir` as `tmp_name`. On failure the file is discarded."""
+        try:
+            if self.tmp_path is None:
+                path = f"{tmp_dir}/{tmp_name}"
+                _link_fd(self.fd, path)
+                self.tmp_path = path
+            self.close()
+        except BaseException:
+            self.discard()
+            raise
+
     def discard(self) -> None:
         """Close and remove an unpublished file (idempotent)."""
         self.close()

@@ -28,11 +28,19 @@ The pool of a dead process is reclaimed by `reclaim_pools` (on queue open, by sw
 fsck): its files go back to the shared pool. Only files of at most `MAX_RECYCLED_BYTES` are
 kept, at most `capacity` shared and `OWN_POOL_FILES` own per queue and process, so the pools
 never hold much disk.
+
+Space first. While the filesystem is short of space or inodes (under `SHORT_FREE_FRACTION`
+free, checked at most once per `SPACE_CHECK_INTERVAL_S`), a retired file is unlinked instead:
+at a full disk, draining a queue must give its space back, not park it in `@free`. A recycling
+step that fails (ENOSPC when `@free` or a new pool directory must grow, EMFILE, ...) falls back
+to the unlink too, so an ack never fails for want of space; on ENOSPC this process's pools are
+emptied at once (`release_space`).
 """
 
 from __future__ import annotations
 
 import atexit
+import errno
 import os
 import re
 import threading
@@ -47,6 +55,9 @@ MAX_RECYCLED_BYTES = 64 * 1024
 DEFAULT_POOL_FILES = 1024
 OWN_POOL_FILES = 256
 RELIST_INTERVAL_S = 1.0  # after a listing of @free that found nothing
+SHORT_FREE_FRACTION = 0.05  # less free space or inodes than this: retired files are unlinked
+SPACE_CHECK_INTERVAL_S = 1.0
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 ORPHAN_POOL_GRACE_S = 3600.0  # a pool of another host: its owner is presumed dead after this
 
 _POOL_DIR_RE = re.compile(r"([0-9a-f]{8})\.(\d+)\.(\d+)\.(\d+)-([0-9a-f]{8})")
@@ -152,6 +163,8 @@ def reclaim_pool(pool_dir: str, free_dir: str, owner: Owner, room: int) -> int:
             continue  # another process reclaimed it first
         except IsADirectoryError:
             continue  # not ours to guess about; the rmdir below fails and fsck reports it
+        except OSError:
+            break  # the disk refuses writes now (read-only, failing): reclaimed next time
     try:
         os.rmdir(pool_dir)
     except OSError:
@@ -235,6 +248,37 @@ def release_own_pool(free_dir: str) -> int:
     return moved
 
 
+def drop_own_pools() -> int:
+    """Unlink every file of this process's own pools (all queues: they share filesystems);
+    returns how many. For a full disk, where the space matters more than the recycling."""
+    dropped = 0
+    for pool in list(_own_pools.values()):
+        with pool.lock:
+            files, pool.files = pool.files, []
+            handle = pool.handle
+        if handle is None:
+            continue
+        for name, _size in files:
+            try:
+                os.unlink(name, dir_fd=handle.fd)
+                dropped += 1
+            except OSError:
+                pass
+    return dropped
+
+
+def space_short(path: str) -> bool:
+    """Whether the filesystem holding `path` has less than `SHORT_FREE_FRACTION` of its space
+    or of its inodes free (for this user: `f_bavail`). False when that cannot be told."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    if st.f_bavail < st.f_blocks * SHORT_FREE_FRACTION:
+        return True
+    return bool(st.f_files) and st.f_favail < st.f_files * SHORT_FREE_FRACTION
+
+
 def release_own_pools() -> int:
     """Hand every own pool of this process over to the shared pools (run at exit: what a dead
     process leaves is reclaimed too, but only when someone next opens the queue)."""
@@ -264,33 +308,64 @@ class FilePool:
         self._known: list[str] = []  # shared pool files, as last listed
         self._lock = threading.Lock()
         self._listed_at = 0.0
+        self._short = False  # the filesystem was short of space when last checked
+        self._space_checked_at = -SPACE_CHECK_INTERVAL_S
 
     def retire(self, path: str, message_id: str) -> None:
         """Remove the message file at `path` for good (FileNotFoundError if it is already gone).
 
-        It is recycled when small and a pool has room (this process's own first), else unlinked.
-        """
-        if len(_own_pool(self._dir).files) >= OWN_POOL_FILES and self._full():
-            os.unlink(path)  # both pools are full (as far as we know): no need for its size
+        It is recycled when small and a pool has room (this process's own first) and the
+        filesystem is not short of space, else unlinked. Only the unlink's errors propagate."""
+        if self.short_of_space() or (
+            len(_own_pool(self._dir).files) >= OWN_POOL_FILES and self._full()
+        ):
+            os.unlink(path)  # no space to spare, or both pools are full: no need for its size
             return
         size = os.lstat(path).st_size
         if size > MAX_RECYCLED_BYTES:
             os.unlink(path)
             return
-        if self._retire_own(path, message_id, size):
-            return
-        if not self._full():
-            try:
-                os.rename(path, os.path.join(self._dir, message_id))
-            except FileNotFoundError:
-                if os.path.lexists(path):  # no @free directory (an older queue): just unlink
-                    os.unlink(path)
-                    return
-                raise
-            with self._lock:
-                self._known.append(message_id)
-            return
+        try:
+            if self._retire_own(path, message_id, size) or self._retire_shared(path, message_id):
+                return
+        except FileNotFoundError:
+            raise
+        except OSError as exc:  # recycling is an optimisation: never a reason to fail an ack
+            if exc.errno in _NO_SPACE:
+                self.release_space()
         os.unlink(path)
+
+    def _retire_shared(self, path: str, message_id: str) -> bool:
+        if self._full():
+            return False
+        try:
+            os.rename(path, os.path.join(self._dir, message_id))
+        except FileNotFoundError:
+            if os.path.lexists(path):  # no @free directory (an older queue): just unlink
+                return False
+            raise
+        with self._lock:
+            self._known.append(message_id)
+        return True
+
+    def short_of_space(self) -> bool:
+        """`space_short` for this pool's filesystem, asked at most once per
+        `SPACE_CHECK_INTERVAL_S`; when it turns short, the pools give their files back."""
+        now = time.monotonic()
+        if now - self._space_checked_at >= SPACE_CHECK_INTERVAL_S:
+            self._space_checked_at = now
+            short = space_short(self._dir)
+            if short and not self._short:
+                self.release_space()
+            self._short = short
+        return self._short
+
+    def release_space(self) -> int:
+        """The disk is full: unlink the files of this process's own pools and of this queue's
+        shared pool; returns how many. Retirements unlink until the next space check."""
+        self._short = True
+        self._space_checked_at = time.monotonic()
+        return drop_own_pools() + self.trim(keep=0)
 
     def _full(self) -> bool:
         with self._lock:
@@ -384,13 +459,13 @@ class FilePool:
         try:
             with os.scandir(self._dir) as entries:
                 names = [e.name for e in entries if e.is_file(follow_symlinks=False)]
-        except FileNotFoundError:
+        except OSError:  # gone, or unreadable now (a failing disk): nothing to trim
             return 0
         for name in names[keep:]:
             try:
                 os.unlink(os.path.join(self._dir, name))
                 removed += 1
-            except FileNotFoundError:
+            except OSError:
                 pass
         with self._lock:
             self._known = []

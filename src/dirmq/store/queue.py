@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING
 from dirmq.errors import (
     ConfigError,
     CorruptConfig,
+    DiskFull,
     InvalidArgument,
     MessageNotFound,
     MessageTooLarge,
     QueueFull,
     QueueNotFound,
     StaleReceipt,
+    StorageError,
     storage_error,
 )
 from dirmq.store import codec, layout
@@ -55,6 +57,7 @@ _SETTLE_ACTIONS = ("ack", "nack", "extend", "dead_letter")
 _ACK_CHUNK = 64  # acks of one ack_many applied per lock hold (and per index sync)
 _MAX_VALIDATED = 4096  # validated messages remembered per queue (a server batch is <= 1024)
 READ_CHUNK = 256  # `read_leases`: lease files opened before moved ones are looked for
+OPEN_FILES_PER_BATCH = 256  # a batch's files beyond these are closed once written (EMFILE)
 
 
 def _check_seconds(name: str, value: float | None) -> None:
@@ -158,7 +161,10 @@ class Queue:
         # the next sweep() reports it.
         orphans = remove_orphans(self._files.dir[layout.TMP])
         pools = reclaim_pools(self._files.dir[layout.FREE])
-        promoted = self._files.promote(index, self._config, now_ms())
+        try:
+            promoted = self._files.promote(index, self._config, now_ms())
+        except StorageError:  # a disk that refuses writes can still be read: gets promote later
+            promoted = SweepReport()
         self._recovered_on_open = replace(promoted, orphans_removed=orphans, pools_reclaimed=pools)
         return index
 
@@ -295,9 +301,12 @@ class Queue:
                 if message.group is not None:
                     system["Group"] = message.group
                 data = codec.encode(message.body, message.headers, system, message_id=message_id)
-                pending.append(self._write_tmp(message_id, data, message, config, at_ms))
+                keep_open = len(pending) < OPEN_FILES_PER_BATCH
+                pending.append(self._write_tmp(message_id, data, message, config, at_ms, keep_open))
             self._commit(pending, level, config)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, DiskFull):
+                self._files.pool.release_space()  # recycled files are space the disk needs now
             for f in pending:
                 f.discard()
             for message_id, slot in zip(ids, slots, strict=True):
@@ -359,7 +368,9 @@ class Queue:
         message: OutgoingMessage,
         config: QueueConfig,
         at_ms: int,
+        keep_open: bool = True,
     ) -> PendingFile:
+        """The message's file, written, to be published (open unless `keep_open` is false)."""
         delay_s = config.delay_s if message.delay_s is None else message.delay_s
         tag = None if message.group is None else layout.group_tag(message.group)
         if delay_s > 0:
@@ -370,14 +381,16 @@ class Queue:
             final = f"{self._files.dir[layout.READY]}/{layout.ready_name(message_id, 0, tag)}"
         try:
             pool = self._files.pool
+            tmp_dir = self._files.dir[layout.TMP]
             pending = pool.overwrite_own(final, data)
-            if pending is not None:
-                return pending
-            tmp_dir, tmp_name = self._files.dir[layout.TMP], layout.tmp_name(message_id)
-            pending = pool.overwrite_shared(f"{tmp_dir}/{tmp_name}", final, data)
-            if pending is not None:
-                return pending
-            return create_pending(tmp_dir, tmp_name, final, data)
+            if pending is None:
+                tmp_name = layout.tmp_name(message_id)
+                pending = pool.overwrite_shared(f"{tmp_dir}/{tmp_name}", final, data)
+                if pending is None:
+                    pending = create_pending(tmp_dir, tmp_name, final, data)
+            if not keep_open:
+                pending.detach(tmp_dir, layout.tmp_name(message_id))
+            return pending
         except FileNotFoundError:
             raise QueueNotFound(f"queue {self.name!r} does not exist") from None
         except OSError as exc:
@@ -472,7 +485,12 @@ class Queue:
                 got: list[Message] = []
                 runs = GroupRuns(max_per_group)
                 while len(got) < max_count:
-                    message = self._files.claim(index, config, at_ms, visibility_ms, runs)
+                    try:
+                        message = self._files.claim(index, config, at_ms, visibility_ms, runs)
+                    except OSError:
+                        if got:  # what is leased already goes to the caller, not to waste
+                            break
+                        raise
                     if message is None:
                         break
                     got.append(message)
@@ -697,10 +715,21 @@ class Queue:
 
     def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]:
         """Ack several receipts; returns the failures by receipt (empty when all succeeded).
+        A `StorageError` is raised instead, once every receipt has been tried.
 
         The index is brought up to date once per chunk, not once per receipt: our own acks
         update it as they go, and a lease that changed elsewhere meanwhile is looked up again
         after a fresh sync before it is called stale."""
+        failures = self.ack_each(receipts)
+        for failure in failures.values():
+            if isinstance(failure, StorageError):
+                raise failure
+        return failures
+
+    def ack_each(self, receipts: Iterable[str]) -> dict[str, Exception]:
+        """`ack_many` that returns a `StorageError` by receipt too: for a caller that acks for
+        several clients at once (the server), so each learns its own outcome (every receipt
+        not in the result was acknowledged, even when others failed)."""
         failures: dict[str, Exception] = {}
         pending = list(receipts)
         for start in range(0, len(pending), _ACK_CHUNK):
@@ -709,7 +738,7 @@ class Queue:
                 for receipt in pending[start : start + _ACK_CHUNK]:
                     try:
                         self._settle(receipt, "ack", index_fresh=True)
-                    except (StaleReceipt, InvalidArgument) as exc:
+                    except (StaleReceipt, InvalidArgument, StorageError) as exc:
                         failures[receipt] = exc
         return failures
 

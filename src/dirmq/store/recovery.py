@@ -40,7 +40,8 @@ def older_than(path: str, age_s: float) -> bool:
 
 
 def remove_orphans(tmp_dir: str) -> int:
-    """Unlink every orphan in `tmp_dir`; returns how many."""
+    """Unlink every orphan in `tmp_dir`; returns how many (those that cannot be unlinked
+    now, on a read-only or failing disk, are left for the next time)."""
     try:
         names = os.listdir(tmp_dir)
     except FileNotFoundError:
@@ -52,6 +53,6 @@ def remove_orphans(tmp_dir: str) -> int:
             try:
                 os.unlink(path)
                 removed += 1
-            except FileNotFoundError:
+            except OSError:  # gone already, or the disk refuses writes now: found next time
                 pass
     return removed
