@@ -205,6 +205,31 @@ def test_a_damaged_big_message_is_still_corrupt(tmp_path: Path) -> None:
             read_message(str(path), message_id)
 
 
+def test_a_slow_reader_of_an_event_stream_holds_little(server: ServerProcess) -> None:
+    pid = server.proc.pid
+    count, size = 200, MIB  # ~270 MiB of events (base64) if the server buffered them all
+    with connect(server) as sock:
+        sock.sendall(b"GET /@pubsub/subscribe?channel=c&window=1000 HTTP/1.1\r\nHost: x\r\n\r\n")
+        stream = sock.makefile("rb")
+        while b"event: attached" not in stream.readline():  # attached: now read nothing more
+            pass
+        before = status_field(pid, "VmRSS")
+        with httpx.Client(base_url=server.url, timeout=PATIENCE_S) as http:
+            for i in range(count):
+                published = http.post(
+                    "/@pubsub/publish", params={"channel": "c"}, content=bytes([i]) * size
+                )
+                assert published.status_code == 201
+        peak = peak_rss_while(pid, 2.0)
+        assert peak - before < GROWTH_BOUND_MIB, f"RSS {before} -> {peak} MiB"
+        assert health_within(server, 5.0) < 5.0
+        events = 0
+        while events < count:  # and every event arrives once read
+            line = stream.readline()
+            assert line, "the stream ended early"
+            events += line.startswith(b"event: message")
+
+
 # -- the server-wide budget for bodies in memory -----------------------------------------------
 def upload_head(queue: str, size: int) -> bytes:
     return f"POST /{queue}/messages HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode()
