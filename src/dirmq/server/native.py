@@ -216,9 +216,9 @@ def too_large(
         return None  # the handler reports it (a missing queue: 404)
     if length <= limit:
         return None
+    # The words of `Queue.validate`'s refusal: the same limit, the same message.
     return MessageTooLarge(
-        f"message is {length} bytes; queue {route.queue!r} accepts at most {limit} "
-        "(its max_message_bytes)"
+        f"message is {length} bytes; queue {route.queue!r} accepts at most {limit}"
     )
 
 
