@@ -291,13 +291,15 @@ def test_an_upload_over_the_budget_gets_503_before_its_body_and_a_retry_succeeds
         server.stop()
 
 
-def test_a_client_that_vanishes_mid_body_gives_its_budget_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sent_mib", [1, 64], ids=["mid-body", "without-its-answer"])
+def test_a_client_that_vanishes_gives_its_budget_back(tmp_path: Path, sent_mib: int) -> None:
     size = 64 * MIB
     server = start_server(tmp_path / "root", "--max-body-memory", str(size))
     try:
         make_queue(server, "up", max_message_bytes=size)
-        with connect(server) as sock:
-            sock.sendall(upload_head("up", size) + b"a" * MIB)
+        for _ in range(3):
+            with connect(server) as sock:
+                sock.sendall(upload_head("up", size) + b"a" * (sent_mib * MIB))
         deadline = time.monotonic() + PATIENCE_S
         with httpx.Client(base_url=server.url, timeout=120) as http:
             while True:  # the server notices the hang-up asynchronously

@@ -465,7 +465,11 @@ class HttpProtocol(asyncio.Protocol):
         check = self._server.body_check
         if check is not None:
             path, _query = _split_url(self._url)
-            refusal = check(self._method(), path, self._headers, length)
+            try:
+                refusal = check(self._method(), path, self._headers, length)
+            except Exception:  # a bug there must not pass for a malformed request: read on
+                log.exception("checking the body of %s failed", path)
+                refusal = None
             if refusal is not None:
                 raise _Reject(refusal.status, "refused by the application", response=refusal)
         self._reserve(length)
@@ -556,7 +560,10 @@ class HttpProtocol(asyncio.Protocol):
                 self._release(request)
                 self._reply(request, result)
                 return
-        self._task = self._loop.create_task(self._answer(request))
+        task = self._task = self._loop.create_task(self._answer(request))
+        if request.held_bytes:
+            # Not in `_answer`: a task cancelled before it starts never runs its `finally`.
+            task.add_done_callback(lambda _task: self._release(request))
 
     def _respond(self, request: Request, outcome: Response | BaseException) -> None:
         """A fast answer is ready: reply (unless the connection went away)."""
@@ -614,7 +621,6 @@ class HttpProtocol(asyncio.Protocol):
             keep_alive = False
         finally:
             self._task = None
-            self._release(request)
         self._next_request(keep_alive)
 
     def _write_response(self, request: Request, response: Response, keep_alive: bool) -> None:
