@@ -348,6 +348,21 @@ def test_a_refused_body_already_on_its_way_still_gets_its_answer_and_a_clean_clo
         assert answers.at_eof()
 
 
+def test_a_refusal_waits_for_the_answers_pipelined_before_it(server: ServerProcess) -> None:
+    make_queue(server, "small", max_message_bytes=1024)
+    make_queue(server, "other")
+    with connect(server, timeout_s=PATIENCE_S) as sock:
+        # A long poll in progress, then a body refused from its Content-Length: the poll's
+        # answer must not be lost to the refusal's close.
+        sock.sendall(
+            b"GET /other/messages?wait=1s HTTP/1.1\r\nHost: x\r\n\r\n" + upload_head("small", 4096)
+        )
+        answers = Answers(sock)
+        assert answers.next()[0] == 204
+        assert answers.next()[0] == 413
+        assert answers.at_eof()
+
+
 def test_expect_100_continue_over_the_limit_gets_413_not_continue(server: ServerProcess) -> None:
     make_queue(server, "small", max_message_bytes=1024)
     head = upload_head("small", 4096).replace(b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n")

@@ -251,6 +251,7 @@ class HttpProtocol(asyncio.Protocol):
         "_pending",
         "_raw_headers",
         "_reading_paused",
+        "_refusal",
         "_response_charge",
         "_server",
         "_task",
@@ -278,6 +279,8 @@ class HttpProtocol(asyncio.Protocol):
         self._response_charge = 0  # bytes of a response body charged while the buffer drains
         self._closed = False
         self._lingering = False  # refused: reading and dropping the rest until LINGER_S
+        # A refusal waiting for the answers to the requests before it: nothing more is read.
+        self._refusal: Callable[[], None] | None = None
         self._body_charge = 0  # budget reserved for the body being read
         self._reset_message()
 
@@ -346,7 +349,9 @@ class HttpProtocol(asyncio.Protocol):
         if transport is None:
             return
         pause = not self._lingering and (
-            self._write_paused or (self._pending is not None and len(self._pending) > MAX_PIPELINED)
+            self._write_paused
+            or self._refusal is not None
+            or (self._pending is not None and len(self._pending) > MAX_PIPELINED)
         )
         if pause != self._reading_paused:
             self._reading_paused = pause
@@ -405,7 +410,7 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- parsing (httptools callbacks) ----------------------------------------------------------
     def data_received(self, data: bytes) -> None:
-        if self._closed:
+        if self._closed or self._refusal is not None:
             return
         try:
             self._parser.feed_data(data)
@@ -536,7 +541,12 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- answering ------------------------------------------------------------------------------
     def _start_next(self) -> None:
-        if self._task is not None or not self._pending or self._closed or self._write_paused:
+        if self._task is not None or self._closed or self._write_paused:
+            return
+        if not self._pending:
+            refusal, self._refusal = self._refusal, None
+            if refusal is not None:  # every request before it is answered: its turn
+                refusal()
             return
         request = self._pending.popleft()
         self._update_reading()
@@ -690,17 +700,31 @@ class HttpProtocol(asyncio.Protocol):
         extra: tuple[tuple[str, str], ...] = (),
         response: Response | None = None,
     ) -> None:
-        """Answer a request we could not parse or accept, then close the connection: at once
-        if a response is in progress; else after our answer, once the client closes its side
-        or LINGER_S has passed, reading and dropping what it still sends (a body we refused)."""
-        self._closed = True
+        """Refuse a request we could not parse or accept, after the answers to the requests
+        pipelined before it (reading nothing more meanwhile), then close the connection."""
         self._disarm()
         self._give_body_charge()
+        if self._closed or self._refusal is not None:
+            return
+        refusal = functools.partial(self._refuse, status, message, extra, response)
+        if self._task is None and not self._pending:
+            refusal()
+            return
+        self._refusal = refusal
+        self._update_reading()
+
+    def _refuse(
+        self,
+        status: int,
+        message: str,
+        extra: tuple[tuple[str, str], ...],
+        response: Response | None,
+    ) -> None:
+        """Write the refusal; close once the client closes its side or LINGER_S has passed,
+        reading and dropping what it still sends (a body we refused) meanwhile."""
+        self._closed = True
         transport = self._transport
         if transport is None:
-            return
-        if self._task is not None:
-            transport.close()
             return
         if response is None:
             self._write_error(status, message, extra)
