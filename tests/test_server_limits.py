@@ -8,6 +8,7 @@ every refused request gets a status that says which limit, before its body is re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -150,6 +151,27 @@ def test_pipelining_without_reading_keeps_memory_bounded_and_answers_in_order(
         sender.join(PATIENCE_S)
         assert done.is_set()
     assert status_field(pid, "VmRSS") - before < GROWTH_BOUND_MIB
+
+
+def test_many_pipelining_connections_hold_little_each(server: ServerProcess) -> None:
+    """What one read brings (256 KiB: thousands of small requests) is not all parsed and queued
+    at once: a connection that reads no answers costs well under 1 MiB."""
+    pid = server.proc.pid
+    connections = 100
+    requests = b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 20_000
+    before = status_field(pid, "VmRSS")
+    socks = [connect(server) for _ in range(connections)]
+    try:
+        for sock in socks:
+            sock.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                sock.send(requests)  # what the kernel takes at once: hundreds of KiB
+        peak = peak_rss_while(pid, 3.0)
+        assert peak - before < connections * 0.5, f"RSS {before} -> {peak} MiB"
+        assert health_within(server, 5.0) < 5.0
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def test_a_slow_reader_of_big_bodies_holds_one_at_a_time(server: ServerProcess) -> None:

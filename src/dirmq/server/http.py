@@ -33,6 +33,10 @@ log = logging.getLogger("dirmq.server")
 # Requests one connection may have waiting behind the one being answered before we stop
 # reading from it (one read can bring more: at most what it holds, 256 KiB).
 MAX_PIPELINED = 16
+# What one read brings is parsed this much at a time, so that parsing stops (keeping the rest)
+# as soon as the connection must not be read: 256 KiB of pipelined requests would otherwise
+# become thousands of queued requests (megabytes) on every such connection.
+FEED_BYTES = 4 * 1024
 MAX_SWEEP_S = 0.5  # timeouts fire at most this late (less when a limit is shorter)
 # After refusing a request whose body is unread, how long we keep reading (and dropping) what
 # the client still sends: closing at once with unread data makes the kernel send a reset, which
@@ -256,6 +260,7 @@ class HttpProtocol(asyncio.Protocol):
         "_server",
         "_task",
         "_transport",
+        "_unparsed",
         "_url",
         "_write_paused",
         "deadline",
@@ -281,6 +286,7 @@ class HttpProtocol(asyncio.Protocol):
         self._lingering = False  # refused: reading and dropping the rest until LINGER_S
         # A refusal waiting for the answers to the requests before it: nothing more is read.
         self._refusal: Callable[[], None] | None = None
+        self._unparsed: memoryview | None = None  # received, parsed once reading may go on
         self._body_charge = 0  # budget reserved for the body being read
         self._reset_message()
 
@@ -348,17 +354,24 @@ class HttpProtocol(asyncio.Protocol):
         transport = self._transport
         if transport is None:
             return
-        pause = not self._lingering and (
-            self._write_paused
-            or self._refusal is not None
-            or (self._pending is not None and len(self._pending) > MAX_PIPELINED)
-        )
+        pause = self._must_pause()
+        if not pause and self._unparsed is not None:
+            # What was received already comes first; reading resumes once it is parsed.
+            self._loop.call_soon(self._feed_unparsed)
+            pause = True
         if pause != self._reading_paused:
             self._reading_paused = pause
             if pause:
                 transport.pause_reading()
             else:
                 transport.resume_reading()
+
+    def _must_pause(self) -> bool:
+        return not self._lingering and (
+            self._write_paused
+            or self._refusal is not None
+            or (self._pending is not None and len(self._pending) > MAX_PIPELINED)
+        )
 
     def _charge_response(self, size: int) -> None:
         """A response body left in the write buffer (a slow reader) counts against the budget
@@ -412,8 +425,38 @@ class HttpProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closed or self._refusal is not None:
             return
+        if self._unparsed is not None:  # a read that came before pausing took effect: in order
+            data, self._unparsed = bytes(self._unparsed) + data, None
+        if len(data) <= FEED_BYTES:
+            self._feed_piece(data)  # the usual case: one request, or a few
+        else:
+            self._feed(memoryview(data))
+        if self._unparsed is not None:
+            self._update_reading()
+
+    def _feed(self, data: memoryview) -> None:
+        """Parse FEED_BYTES at a time while the connection may be read; keep the rest."""
+        while data:
+            if self._closed or self._refusal is not None:
+                return  # refused: the rest is dropped
+            if self._must_pause():
+                self._unparsed = data
+                return
+            if not self._feed_piece(data[:FEED_BYTES]):
+                return
+            data = data[FEED_BYTES:]
+
+    def _feed_unparsed(self) -> None:
+        data, self._unparsed = self._unparsed, None
+        if data is not None:
+            self._feed(data)
+        self._update_reading()
+
+    def _feed_piece(self, data: bytes | memoryview) -> bool:
+        """Parse; False if the request was refused (the rest is not to be parsed)."""
         try:
             self._parser.feed_data(data)
+            return True
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not supported on this endpoint")
         except httptools.HttpParserError as exc:
@@ -423,6 +466,7 @@ class HttpProtocol(asyncio.Protocol):
                 self._fail(reject.status, reject.message, reject.headers, reject.response)
             else:
                 self._fail(400, f"malformed HTTP request: {exc}")
+        return False
 
     def on_message_begin(self) -> None:
         self._reset_message()
@@ -723,6 +767,7 @@ class HttpProtocol(asyncio.Protocol):
         """Write the refusal; close once the client closes its side or LINGER_S has passed,
         reading and dropping what it still sends (a body we refused) meanwhile."""
         self._closed = True
+        self._unparsed = None
         transport = self._transport
         if transport is None:
             return
