@@ -352,8 +352,8 @@ class HttpProtocol(asyncio.Protocol):
         (a client that sends requests but reads no answers), nor while more than MAX_PIPELINED
         requests wait. Then the kernel's buffers fill and TCP stops the client."""
         transport = self._transport
-        if transport is None:
-            return
+        if transport is None or (self._closed and not self._lingering):
+            return  # gone, or closing after a refusal
         pause = self._must_pause()
         if not pause and self._unparsed is not None:
             # What was received already comes first; reading resumes once it is parsed.
