@@ -30,6 +30,7 @@ from .servers import ServerProcess, start_server
 MIB = 1024 * 1024
 GROWTH_BOUND_MIB = 200  # what a few buffers may cost; the defect cost gigabytes
 PATIENCE_S = 30.0  # a generous deadline for anything a busy machine may delay
+PROMPT_S = 10.0  # "promptly" for another client, on a busy machine (a stuck server: never)
 
 
 def status_field(pid: int, name: str) -> int:
@@ -133,7 +134,7 @@ def test_pipelining_without_reading_keeps_memory_bounded_and_answers_in_order(
         sent = send_without_reading(sock, requests)
         peak = peak_rss_while(pid, 3.0)
         assert peak - before < GROWTH_BOUND_MIB, f"RSS {before} -> {peak} MiB"
-        assert health_within(server, 5.0) < 5.0  # another client is served meanwhile
+        assert health_within(server, PROMPT_S) < PROMPT_S  # another client is served meanwhile
         answers = Answers(sock)
         done = threading.Event()
 
@@ -168,7 +169,7 @@ def test_many_pipelining_connections_hold_little_each(server: ServerProcess) -> 
                 sock.send(requests)  # what the kernel takes at once: hundreds of KiB
         peak = peak_rss_while(pid, 3.0)
         assert peak - before < connections * 0.5, f"RSS {before} -> {peak} MiB"
-        assert health_within(server, 5.0) < 5.0
+        assert health_within(server, PROMPT_S) < PROMPT_S
     finally:
         for sock in socks:
             sock.close()
@@ -187,7 +188,7 @@ def test_a_slow_reader_of_big_bodies_holds_one_at_a_time(server: ServerProcess) 
         send_without_reading(sock, request * count)
         peak = peak_rss_while(pid, 3.0)
         assert peak - before < GROWTH_BOUND_MIB, f"RSS {before} -> {peak} MiB"
-        assert health_within(server, 5.0) < 5.0
+        assert health_within(server, PROMPT_S) < PROMPT_S
         answers = Answers(sock)
         for _ in range(count):
             status, _headers, body = answers.next()
@@ -244,7 +245,7 @@ def test_a_slow_reader_of_an_event_stream_holds_little(server: ServerProcess) ->
                 assert published.status_code == 201
         peak = peak_rss_while(pid, 2.0)
         assert peak - before < GROWTH_BOUND_MIB, f"RSS {before} -> {peak} MiB"
-        assert health_within(server, 5.0) < 5.0
+        assert health_within(server, PROMPT_S) < PROMPT_S
         events = 0
         while events < count:  # and every event arrives once read
             line = stream.readline()
