@@ -78,6 +78,15 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="larger request bodies get 413 (default 64 MiB)",
     )
     limits.add_argument(
+        "--max-body-memory",
+        type=count,
+        default=None,
+        metavar="N",
+        help="request bodies held in memory at once, summed over every connection of a "
+        "worker; a body that does not fit gets 503 + Retry-After before it is read (default "
+        "a quarter of RAM, at most 512 MiB, at least --max-body-bytes)",
+    )
+    limits.add_argument(
         "--max-header-bytes",
         type=count,
         default=16 * 1024,
@@ -109,6 +118,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from dirmq.server.budget import default_body_memory_bytes
     from dirmq.server.http import Limits
     from dirmq.server.serve import ServeOptions, serve
 
@@ -124,6 +134,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         limits=Limits(
             max_connections=args.max_connections,
             max_body_bytes=args.max_body_bytes,
+            max_body_memory_bytes=args.max_body_memory
+            or max(default_body_memory_bytes(), args.max_body_bytes),
             max_header_bytes=args.max_header_bytes,
             header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout,

@@ -107,6 +107,24 @@ class NativeApp:
 
         return LATER if native.publish_now(self.broker, request, route, settle) else None
 
+    def body_check(
+        self, method: str, path: str, headers: dict[str, str], length: int
+    ) -> Response | None:
+        """`http.BodyCheck`: a publish over its queue's size limit gets its 413 from its
+        Content-Length, before the body is read."""
+        if method != "POST" or path.startswith("/@"):
+            return None
+        try:
+            route = self._route(path)
+        except (DirmqError, UnicodeDecodeError):
+            return None
+        refusal = native.too_large(self.broker, route, headers, length)
+        if refusal is None:
+            return None
+        response = error_response(refusal)
+        self.metrics.answered(route.label, method, response.status, 0.0)
+        return response
+
     def _route(self, path: str) -> Route:
         route = self._routes.get(path)
         if route is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import json
 import logging
 import socket
@@ -24,12 +25,27 @@ from urllib.parse import parse_qsl
 
 import httptools
 
+from dirmq.server.budget import MemoryBudget, default_body_memory_bytes
 from dirmq.wire import framing
 
 log = logging.getLogger("dirmq.server")
 
+# Requests one connection may have waiting behind the one being answered before we stop
+# reading from it (one read can bring more: at most what it holds, 256 KiB).
 MAX_PIPELINED = 16
+# What one read brings is parsed this much at a time, so that parsing stops (keeping the rest)
+# as soon as the connection must not be read: 256 KiB of pipelined requests would otherwise
+# become thousands of queued requests (megabytes) on every such connection.
+FEED_BYTES = 4 * 1024
 MAX_SWEEP_S = 0.5  # timeouts fire at most this late (less when a limit is shorter)
+# After refusing a request whose body is unread, how long we keep reading (and dropping) what
+# the client still sends: closing at once with unread data makes the kernel send a reset, which
+# can destroy our answer before the client reads it.
+LINGER_S = 2.0
+# Bodies from this size on are read into one buffer of their Content-Length, handed over
+# without the copy that joining their pieces would make (smaller ones: the pieces are cheaper).
+PREALLOCATE_BYTES = 256 * 1024
+RETRY_AFTER_S = 1
 _NO_BODY = frozenset({204, 304})
 _METHOD_NAMES = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH")}
 
@@ -42,6 +58,8 @@ class Limits:
     body_timeout_s: float = 60.0  # and its body within this after the head
     idle_timeout_s: float = 75.0  # keep-alive connections with no request are closed
     max_connections: int = 20_000
+    # The sum of request bodies (and response bodies stuck in write buffers) held in memory.
+    max_body_memory_bytes: int = field(default_factory=default_body_memory_bytes)
 
 
 @dataclass(slots=True)
@@ -54,6 +72,7 @@ class Request:
     keep_alive: bool
     raw_headers: list[tuple[str, str]] = field(default_factory=list)  # names as sent
     raw_query: str = ""  # as sent, still percent-encoded (signatures are computed over it)
+    held_bytes: int = 0  # of the server's MemoryBudget, given back once answered
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
@@ -102,13 +121,24 @@ LATER = Later()
 # coroutines and a future (each hop through the event loop costs microseconds). Its responses
 # have no `after`.
 FastHandler = Callable[[Request, Respond], "Response | Later | None"]
+# A look at a request's head before its body is read: (method, path, headers, Content-Length)
+# -> the response that refuses it (e.g. a body over its queue's limit), or None to read it.
+BodyCheck = Callable[[str, str, dict[str, str], int], "Response | None"]
 
 
 class _Reject(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        headers: tuple[tuple[str, str], ...] = (),
+        response: Response | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers
+        self.response = response  # the answer, when the application wrote it
 
 
 def error_body(status: int, message: str) -> bytes:
@@ -147,11 +177,20 @@ class HttpServer:
     """Shared state of every connection of one listening server."""
 
     def __init__(
-        self, handler: Handler, limits: Limits | None = None, fast: FastHandler | None = None
+        self,
+        handler: Handler,
+        limits: Limits | None = None,
+        fast: FastHandler | None = None,
+        *,
+        budget: MemoryBudget | None = None,
+        body_check: BodyCheck | None = None,
     ) -> None:
         self.handler = handler
         self.fast = fast
+        self.body_check = body_check
         self.limits = limits or Limits()
+        # Shared by every listener of a worker process (serve.py passes one).
+        self.budget = budget or MemoryBudget(self.limits.max_body_memory_bytes)
         self.connections: set[HttpProtocol] = set()
         self.draining = False
         self.clock = _Clock()
@@ -202,20 +241,28 @@ class HttpProtocol(asyncio.Protocol):
     __slots__ = (
         "_body",
         "_body_bytes",
+        "_body_charge",
+        "_body_io",
         "_can_write",
         "_closed",
         "_head_bytes",
         "_headers",
         "_in_message",
         "_limits",
+        "_lingering",
         "_loop",
         "_parser",
         "_pending",
         "_raw_headers",
+        "_reading_paused",
+        "_refusal",
+        "_response_charge",
         "_server",
         "_task",
         "_transport",
+        "_unparsed",
         "_url",
+        "_write_paused",
         "deadline",
     )
 
@@ -232,7 +279,15 @@ class HttpProtocol(asyncio.Protocol):
         self._task: asyncio.Future[Any] | Later | None = None
         self.deadline = 0.0  # loop time at which the connection times out; 0: never
         self._can_write: asyncio.Event | None = None  # set while writable; None: never paused
+        self._write_paused = False  # the transport's write buffer is over its high-water mark
+        self._reading_paused = False
+        self._response_charge = 0  # bytes of a response body charged while the buffer drains
         self._closed = False
+        self._lingering = False  # refused: reading and dropping the rest until LINGER_S
+        # A refusal waiting for the answers to the requests before it: nothing more is read.
+        self._refusal: Callable[[], None] | None = None
+        self._unparsed: memoryview | None = None  # received, parsed once reading may go on
+        self._body_charge = 0  # budget reserved for the body being read
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -241,6 +296,7 @@ class HttpProtocol(asyncio.Protocol):
         self._headers: dict[str, str] = {}
         self._head_bytes = 0
         self._body: list[bytes] = []
+        self._body_io: io.BytesIO | None = None
         self._body_bytes = 0
         self._in_message = False
 
@@ -268,15 +324,77 @@ class HttpProtocol(asyncio.Protocol):
             self._task.cancel()  # e.g. a long poll whose client went away
         if self._can_write is not None:
             self._can_write.set()
+        # What the budget holds for this connection (the running request gives its own back).
+        self._give_body_charge()
+        while self._pending:
+            self._release(self._pending.popleft())
+        self._give_response_charge()
 
+    # -- back-pressure: nothing more is read while answers are unsent ---------------------------
     def pause_writing(self) -> None:
+        self._write_paused = True
         if self._can_write is None:
             self._can_write = asyncio.Event()
         self._can_write.clear()
+        self._update_reading()
 
     def resume_writing(self) -> None:
+        self._write_paused = False
         if self._can_write is not None:
             self._can_write.set()
+        self._give_response_charge()
+        self._update_reading()
+        if self._task is None:
+            self._start_next()
+
+    def _update_reading(self) -> None:
+        """Read only while answers flow: not while the write buffer is over its high-water mark
+        (a client that sends requests but reads no answers), nor while more than MAX_PIPELINED
+        requests wait. Then the kernel's buffers fill and TCP stops the client."""
+        transport = self._transport
+        if transport is None or (self._closed and not self._lingering):
+            return  # gone, or closing after a refusal
+        pause = self._must_pause()
+        if not pause and self._unparsed is not None:
+            # What was received already comes first; reading resumes once it is parsed.
+            self._loop.call_soon(self._feed_unparsed)
+            pause = True
+        if pause != self._reading_paused:
+            self._reading_paused = pause
+            if pause:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
+    def _must_pause(self) -> bool:
+        return not self._lingering and (
+            self._write_paused
+            or self._refusal is not None
+            or (self._pending is not None and len(self._pending) > MAX_PIPELINED)
+        )
+
+    def _charge_response(self, size: int) -> None:
+        """A response body left in the write buffer (a slow reader) counts against the budget
+        until the buffer drains below its low-water mark."""
+        if self._write_paused and size and not self._closed:
+            self._response_charge += size
+            self._server.budget.take(size)
+
+    def _give_response_charge(self) -> None:
+        if self._response_charge:
+            self._server.budget.give(self._response_charge)
+            self._response_charge = 0
+
+    def _give_body_charge(self) -> None:
+        if self._body_charge:
+            self._server.budget.give(self._body_charge)
+            self._body_charge = 0
+
+    def _release(self, request: Request) -> None:
+        """A request is answered (or dropped): its body's share of the budget is free."""
+        if request.held_bytes:
+            self._server.budget.give(request.held_bytes)
+            request.held_bytes = 0
 
     def close_if_idle(self) -> None:
         if self._task is None and not self._in_message and self._transport is not None:
@@ -295,26 +413,60 @@ class HttpProtocol(asyncio.Protocol):
 
     def timed_out(self) -> None:
         self.deadline = 0.0
-        if self._in_message:
+        if self._lingering:
+            if self._transport is not None:
+                self._transport.close()
+        elif self._in_message:
             self._fail(408, "the request did not arrive in time")
         elif self._task is None and self._transport is not None:
             self._transport.close()  # idle keep-alive connection
 
     # -- parsing (httptools callbacks) ----------------------------------------------------------
     def data_received(self, data: bytes) -> None:
-        if self._closed:
+        if self._closed or self._refusal is not None:
             return
+        if self._unparsed is not None:  # a read that came before pausing took effect: in order
+            data, self._unparsed = bytes(self._unparsed) + data, None
+        if len(data) <= FEED_BYTES:
+            self._feed_piece(data)  # the usual case: one request, or a few
+        else:
+            self._feed(memoryview(data))
+        if self._unparsed is not None:
+            self._update_reading()
+
+    def _feed(self, data: memoryview) -> None:
+        """Parse FEED_BYTES at a time while the connection may be read; keep the rest."""
+        while data:
+            if self._closed or self._refusal is not None:
+                return  # refused: the rest is dropped
+            if self._must_pause():
+                self._unparsed = data
+                return
+            if not self._feed_piece(data[:FEED_BYTES]):
+                return
+            data = data[FEED_BYTES:]
+
+    def _feed_unparsed(self) -> None:
+        data, self._unparsed = self._unparsed, None
+        if data is not None:
+            self._feed(data)
+        self._update_reading()
+
+    def _feed_piece(self, data: bytes | memoryview) -> bool:
+        """Parse; False if the request was refused (the rest is not to be parsed)."""
         try:
             self._parser.feed_data(data)
+            return True
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not supported on this endpoint")
         except httptools.HttpParserError as exc:
             # httptools wraps what our callbacks raise; a limit we enforced is the real answer.
             reject = exc.__context__ if isinstance(exc.__context__, _Reject) else None
             if reject is not None:
-                self._fail(reject.status, reject.message)
+                self._fail(reject.status, reject.message, reject.headers, reject.response)
             else:
                 self._fail(400, f"malformed HTTP request: {exc}")
+        return False
 
     def on_message_begin(self) -> None:
         self._reset_message()
@@ -340,63 +492,109 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         headers = self._headers
-        length = headers.get("content-length")
-        limit = self._limits.max_body_bytes
-        if length is not None:
-            # The first value (repeats are joined with ", "; llhttp refuses differing ones).
-            digits = length.split(",", 1)[0].strip()
-            if digits.isascii() and digits.isdigit() and int(digits) > limit:
-                raise _Reject(413, f"body over {limit} bytes")
+        length = _content_length(headers)
+        if length:
+            self._check_body(length)
+            if length >= PREALLOCATE_BYTES:
+                # Filled in place: `bytes(n)` is lazily zeroed memory, and a BytesIO that holds
+                # the only reference to its bytes writes into them and hands them back as is.
+                self._body_io = io.BytesIO(bytes(length))
         expect = headers.get("expect")
         if expect is not None and expect.strip().lower() == "100-continue" and self._transport:
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self._arm(self._limits.body_timeout_s)
 
+    def _check_body(self, length: int) -> None:
+        """Refuse a body from its Content-Length, before reading it: over the server's limit
+        or the application's (413), or over what the memory budget has left (503: a retry
+        cures it once other requests are answered). Then reserve it."""
+        limit = self._limits.max_body_bytes
+        if length > limit:
+            raise _Reject(413, f"body of {length} bytes over the server's limit of {limit} bytes")
+        check = self._server.body_check
+        if check is not None:
+            path, _query = _split_url(self._url)
+            try:
+                refusal = check(self._method(), path, self._headers, length)
+            except Exception:  # a bug there must not pass for a malformed request: read on
+                log.exception("checking the body of %s failed", path)
+                refusal = None
+            if refusal is not None:
+                raise _Reject(refusal.status, "refused by the application", response=refusal)
+        self._reserve(length)
+
+    def _reserve(self, size: int) -> None:
+        budget = self._server.budget
+        if not budget.try_take(size):
+            raise _Reject(
+                503,
+                f"the server's memory for request bodies ({budget.limit} bytes, "
+                f"--max-body-memory) is in use by other requests; retry shortly",
+                (("Retry-After", str(RETRY_AFTER_S)),),
+            )
+        self._body_charge += size
+
+    def _method(self) -> str:
+        method = self._parser.get_method()
+        return _METHOD_NAMES.get(method) or method.decode("ascii", "replace")
+
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
+        if self._body_io is not None:
+            self._body_io.write(body)  # within its Content-Length: llhttp checks that
+            return
         if self._body_bytes > self._limits.max_body_bytes:
-            raise _Reject(413, f"body over {self._limits.max_body_bytes} bytes")
+            raise _Reject(
+                413, f"body over the server's limit of {self._limits.max_body_bytes} bytes"
+            )
+        if self._body_bytes > self._body_charge:  # sent chunked: reserved as it arrives
+            self._reserve(self._body_bytes - self._body_charge)
         self._body.append(body)
 
     def on_message_complete(self) -> None:
         self.deadline = 0.0
-        raw_url = self._url
-        if raw_url[:1] == b"/" and b"?" not in raw_url and b"#" not in raw_url:
-            path, query = raw_url.decode("latin-1"), ""  # the usual origin-form: nothing to split
-        else:
-            url = httptools.parse_url(raw_url)
-            path = url.path.decode("latin-1") if url.path else "/"
-            query = url.query.decode("latin-1") if url.query else ""
-        method = self._parser.get_method()
+        path, query = _split_url(self._url)
         body = self._body
         request = Request(
-            _METHOD_NAMES.get(method) or method.decode("ascii", "replace"),
+            self._method(),
             path,
             _first_values(query) if query else {},
             self._headers,
-            body[0] if len(body) == 1 else b"".join(body),
+            (
+                self._body_io.getvalue()
+                if self._body_io is not None
+                else body[0]
+                if len(body) == 1
+                else b"".join(body)
+            ),
             self._parser.should_keep_alive(),
             self._raw_headers,
             query,
+            self._body_charge,
         )
+        self._body_charge = 0  # the request's now
         self._reset_message()
-        if self._task is None and not self._pending and not self._closed:
+        if self._task is None and not self._pending and not self._closed and not self._write_paused:
             self._begin(request)  # the usual case
             return
         if self._pending is None:
             self._pending = deque()
         self._pending.append(request)
-        if len(self._pending) > MAX_PIPELINED and self._transport is not None:
-            self._transport.pause_reading()
+        self._update_reading()
         self._start_next()
 
     # -- answering ------------------------------------------------------------------------------
     def _start_next(self) -> None:
-        if self._task is not None or not self._pending or self._closed:
+        if self._task is not None or self._closed or self._write_paused:
             return
-        if self._transport is not None and len(self._pending) <= MAX_PIPELINED:
-            self._transport.resume_reading()
-        self._begin(request=self._pending.popleft())
+        if not self._pending:
+            refusal, self._refusal = self._refusal, None
+            if refusal is not None:  # every request before it is answered: its turn
+                refusal()
+            return
+        request = self._pending.popleft()
+        self._update_reading()
+        self._begin(request)
 
     def _begin(self, request: Request) -> None:
         fast = self._server.fast
@@ -413,13 +611,18 @@ class HttpProtocol(asyncio.Protocol):
                 return
             if isinstance(result, Response):
                 self._task = None
+                self._release(request)
                 self._reply(request, result)
                 return
-        self._task = self._loop.create_task(self._answer(request))
+        task = self._task = self._loop.create_task(self._answer(request))
+        if request.held_bytes:
+            # Not in `_answer`: a task cancelled before it starts never runs its `finally`.
+            task.add_done_callback(lambda _task: self._release(request))
 
     def _respond(self, request: Request, outcome: Response | BaseException) -> None:
         """A fast answer is ready: reply (unless the connection went away)."""
         self._task = None
+        self._release(request)
         if isinstance(outcome, BaseException):
             log.error(
                 "unhandled error answering %s %s",
@@ -435,7 +638,7 @@ class HttpProtocol(asyncio.Protocol):
         if self._transport is None or self._closed:
             return
         keep_alive = request.keep_alive and not self._server.draining
-        self._transport.write(self._head_and_body(request, response, keep_alive))
+        self._write_response(request, response, keep_alive)
         self._server.requests_served += 1
         self._next_request(keep_alive)
 
@@ -474,12 +677,22 @@ class HttpProtocol(asyncio.Protocol):
             self._task = None
         self._next_request(keep_alive)
 
-    def _head_and_body(self, request: Request, response: Response, keep_alive: bool) -> bytes:
+    def _write_response(self, request: Request, response: Response, keep_alive: bool) -> None:
+        transport = self._transport
+        assert transport is not None
         status, content = response.status, response.body
         head = _response_head(
             self._server.clock.prefix(status), response.headers, status, len(content), keep_alive
         )
-        return head if status in _NO_BODY or request.method == "HEAD" else head + content
+        if status in _NO_BODY or request.method == "HEAD" or not content:
+            transport.write(head)
+        elif len(content) < PREALLOCATE_BYTES:
+            transport.write(head + content)  # one small buffer for the transport
+        else:
+            # Not `head + content`: a big body's copy. The transport keeps the bytes themselves.
+            transport.write(head)
+            transport.write(content)
+            self._charge_response(len(content))
 
     def _base_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
         return [("Date", self._server.clock.date()), ("Server", "dirmq"), *headers]
@@ -490,7 +703,7 @@ class HttpProtocol(asyncio.Protocol):
         transport = self._transport
         assert transport is not None
         if isinstance(response, Response):
-            transport.write(self._head_and_body(request, response, keep_alive))
+            self._write_response(request, response, keep_alive)
             return
         headers = self._base_headers(response.headers)
         transport.write(
@@ -524,14 +737,59 @@ class HttpProtocol(asyncio.Protocol):
                 await aclose()
         transport.write(framing.last_chunk(response.trailers))
 
-    def _fail(self, status: int, message: str) -> None:
-        """Answer a request we could not parse or accept, then close the connection."""
-        self._closed = True
+    def _fail(
+        self,
+        status: int,
+        message: str,
+        extra: tuple[tuple[str, str], ...] = (),
+        response: Response | None = None,
+    ) -> None:
+        """Refuse a request we could not parse or accept, after the answers to the requests
+        pipelined before it (reading nothing more meanwhile), then close the connection."""
         self._disarm()
-        if self._task is None:
-            self._write_error(status, message)
-        if self._transport is not None:
-            self._transport.close()
+        self._give_body_charge()
+        if self._closed or self._refusal is not None:
+            return
+        refusal = functools.partial(self._refuse, status, message, extra, response)
+        if self._task is None and not self._pending:
+            refusal()
+            return
+        self._refusal = refusal
+        self._update_reading()
+
+    def _refuse(
+        self,
+        status: int,
+        message: str,
+        extra: tuple[tuple[str, str], ...],
+        response: Response | None,
+    ) -> None:
+        """Write the refusal; close once the client closes its side or LINGER_S has passed,
+        reading and dropping what it still sends (a body we refused) meanwhile."""
+        self._closed = True
+        self._unparsed = None
+        transport = self._transport
+        if transport is None:
+            return
+        if response is None:
+            self._write_error(status, message, extra)
+        else:
+            response.headers = [*response.headers, ("Connection", "close")]
+            head = _response_head(
+                self._server.clock.prefix(response.status),
+                response.headers,
+                response.status,
+                len(response.body),
+                keep_alive=True,  # "Connection: close" is among the headers already
+            )
+            transport.write(head + response.body)
+        if transport.can_write_eof():
+            transport.write_eof()
+            self._lingering = True
+            self._update_reading()
+            self._arm(LINGER_S)
+        else:
+            transport.close()
 
     def _write_error(
         self, status: int, message: str, extra: tuple[tuple[str, str], ...] = ()
@@ -562,6 +820,25 @@ def _response_head(
     if not keep_alive:
         tail += b"Connection: close\r\n"
     return prefix + fields.encode() + tail + b"\r\n"
+
+
+def _split_url(raw_url: bytes) -> tuple[str, str]:
+    """(path, query), both still percent-encoded."""
+    if raw_url[:1] == b"/" and b"?" not in raw_url and b"#" not in raw_url:
+        return raw_url.decode("latin-1"), ""  # the usual origin-form: nothing to split
+    url = httptools.parse_url(raw_url)
+    path = url.path.decode("latin-1") if url.path else "/"
+    return path, url.query.decode("latin-1") if url.query else ""
+
+
+def _content_length(headers: dict[str, str]) -> int | None:
+    """The declared body size (llhttp has checked it is digits, and that repeats agree: they
+    are joined with ", " here, so the first value is the one)."""
+    length = headers.get("content-length")
+    if length is None:
+        return None
+    digits = length.split(",", 1)[0].strip()
+    return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
 def _header_text(value: bytes) -> str:

@@ -22,7 +22,14 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, replace
 
-from dirmq.errors import DirmqError, InvalidArgument, MessageNotFound, QueueExists, QueueNotFound
+from dirmq.errors import (
+    DirmqError,
+    InvalidArgument,
+    MessageNotFound,
+    MessageTooLarge,
+    QueueExists,
+    QueueNotFound,
+)
 from dirmq.server.broker import Broker
 from dirmq.server.errors import json_error
 from dirmq.server.http import Request, Response
@@ -202,6 +209,25 @@ def publish_now(
     except DirmqError:
         return False
     return broker.publish_nowait(queue, [message], settle)
+
+
+def too_large(
+    broker: Broker, route: Route, headers: dict[str, str], length: int
+) -> MessageTooLarge | None:
+    """A single-message publish whose Content-Length is over its queue's `max_message_bytes`:
+    refused before its body is read (a batch's messages are checked one by one once read)."""
+    if route.kind != "messages" or wire.is_batch(headers.get("content-type")):
+        return None
+    try:
+        limit = broker.queue(route.queue).config.max_message_bytes
+    except DirmqError:
+        return None  # the handler reports it (a missing queue: 404)
+    if length <= limit:
+        return None
+    # The words of `Queue.validate`'s refusal: the same limit, the same message.
+    return MessageTooLarge(
+        f"message is {length} bytes; queue {route.queue!r} accepts at most {limit}"
+    )
 
 
 # Where a publish's options may come from, besides the query (see `publish`).

@@ -29,6 +29,7 @@ import uvloop
 from dirmq.errors import InvalidArgument
 from dirmq.server.app import NativeApp
 from dirmq.server.broker import Broker
+from dirmq.server.budget import MemoryBudget
 from dirmq.server.http import Handler, HttpServer, Limits
 from dirmq.server.metrics import Metrics
 from dirmq.server.pubsub import PubSubApi
@@ -109,10 +110,17 @@ async def run_worker(options: ServeOptions, endpoints: list[_Endpoint]) -> None:
     pubsub.start()
     http_servers: list[HttpServer] = []
     listeners: list[asyncio.Server] = []
+    budget = MemoryBudget(options.limits.max_body_memory_bytes)  # one for every listener
     for endpoint in endpoints:
         handler = _handler_for(endpoint.name, broker, metrics, options, pubsub)
-        fast = handler.fast if isinstance(handler, NativeApp) else None
-        http = HttpServer(handler, options.limits, fast)
+        native = handler if isinstance(handler, NativeApp) else None
+        http = HttpServer(
+            handler,
+            options.limits,
+            native.fast if native else None,
+            budget=budget,
+            body_check=native.body_check if native else None,
+        )
         http_servers.append(http)
         listeners.append(
             await loop.create_server(http.protocol, sock=endpoint.sock, backlog=BACKLOG)
@@ -165,6 +173,13 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
     """Run the server in the foreground; returns the exit status."""
     if options.workers < 1:
         raise InvalidArgument("--workers must be at least 1")
+    limits = options.limits
+    if limits.max_body_memory_bytes < limits.max_body_bytes:
+        # Else a body under the size limit could never fit: a 503 that no retry cures.
+        raise InvalidArgument(
+            f"--max-body-memory ({limits.max_body_memory_bytes}) must be at least "
+            f"--max-body-bytes ({limits.max_body_bytes})"
+        )
     Store(options.root)  # create the root now, so a bad path fails before we announce
     if options.sqs_credentials is not None:
         from dirmq.sqs.auth import load_credentials

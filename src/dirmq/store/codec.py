@@ -121,11 +121,16 @@ def decode(data: bytes, message_id: str | None = None) -> Decoded:
     split = data.find(b"\n\n")
     if split < 0:
         raise CorruptMessage("no blank line after the headers (truncated file?)")
+    return decode_parts(data[:split], data[split + 2 :], message_id)
+
+
+def decode_parts(head_bytes: bytes, body: bytes, message_id: str | None = None) -> Decoded:
+    """`decode` of a file read as its head (up to, without, the blank line) and its body: a
+    large file's body read on its own is not copied out of the whole file's bytes."""
     try:
-        head = data[:split].decode("utf-8")
+        head = head_bytes.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise CorruptMessage("headers are not UTF-8") from exc
-    body = data[split + 2 :]
     headers: dict[str, str] = {}
     system: dict[str, str] = {}
     length = crc = version = None

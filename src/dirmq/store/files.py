@@ -481,7 +481,13 @@ def _decode_fd(fd: int, message_id: str) -> codec.Decoded:
         except CorruptMessage:
             # Maybe a read cut short (a large file, or a network filesystem): read on to the
             # end, then decide.
-            rest = _read_to_end(fd)
+            split = data.find(b"\n\n")
+            if split >= 0 and len(data) == _FIRST_READ:
+                # A large file whose head we have: its body in one read of its own, so the
+                # body is not a copy out of the whole file's bytes (1x its size, not 3x).
+                body = _read_to_end(fd, split + 2)
+                return codec.decode_parts(data[:split], body, message_id)
+            rest = _read_to_end(fd, len(data))
             if not rest:
                 raise
             return codec.decode(data + rest, message_id)
@@ -489,8 +495,13 @@ def _decode_fd(fd: int, message_id: str) -> codec.Decoded:
         os.close(fd)
 
 
-def _read_to_end(fd: int) -> bytes:
+def _read_to_end(fd: int, offset: int) -> bytes:
+    """The file's bytes from `offset` on, in one read of the size it has when it can be (a
+    single read's bytes are returned as they are: no join, no copy)."""
     chunks = []
-    while chunk := os.read(fd, 1 << 20):
+    size = os.fstat(fd).st_size - offset
+    while chunk := os.pread(fd, max(size, 1 << 20), offset):
         chunks.append(chunk)
-    return b"".join(chunks)
+        offset += len(chunk)
+        size -= len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
