@@ -1,0 +1,380 @@
+"""Every example in README.md and docs/*.md runs, and shows what it really prints.
+
+The conventions (also in docs/architecture.md, "Examples are tested"):
+
+- Fenced blocks tagged `python`, `sh`, `bash` or `console` run; other blocks (untagged, `json`,
+  `cron`, benchmark tables and by-hand benchmark commands) are text.
+- Each Markdown file runs in document order, in a fresh temp directory, against its own real
+  `dirmq serve` whose root is `./dirmq-data` there; `localhost:8080` / `127.0.0.1:8080` (and the
+  yaq port `:1337`) are rewritten to the server's ports, and the roots the docs use
+  (`/tmp/queues`, `/srv/queues`, `/srv/dirmq`, `/var/spool/dirmq`) to the server's root.
+  `dirmq`, `aws` and `python` are the venv's. Python blocks share one interpreter per file, so a
+  block may use what an earlier one defined.
+- In a shell block, lines starting with `$ ` are commands (a line ending in `\\` or `|` goes on);
+  the lines after a command are its output, compared after `Date:`/`Server:` lines are dropped
+  and trailing spaces stripped. A block with no `$ ` line is one script, its output not compared.
+  Commands of a file share one bash (so `export` and `cd` carry over); `dirmq serve` lines are
+  not run: the test's server stands in for them.
+- In shown output, a message id (`1716000000123456-a1b2c3d4e5f6`), a number of 10+ digits or
+  with 3+ decimals (times, ages, deadlines), and a multipart boundary match any such value; the
+  value shown then stands for the real one in later commands (so a receipt shown by one command
+  can be used by the next). `...` matches anything within a line; a line that is only `...`
+  matches any number of lines.
+- An HTML comment right before a block: `<!-- no-run: reason -->` skips it (keep them rare,
+  with a reason); `<!-- setup: ... -->` (one or more lines) is run first, unseen, in the block's
+  language (files to read, queues to exist, names a snippet uses).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from .servers import REPO, ServerProcess, start_server
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+RUNNABLE = {"python", "sh", "bash", "console"}
+ROOT_ALIASES = ("/tmp/queues", "/srv/queues", "/srv/dirmq", "/var/spool/dirmq")
+COMMAND_TIMEOUT_S = 60.0
+
+ID = r"\d{16}-[0-9a-f]{12}"
+VOLATILE = re.compile(rf"{ID}|dirmq-[0-9a-f]{{24}}|\d{{10,}}(?:\.\d+)?|\d+\.\d{{3,}}")
+# `<receipt>` or `<id>` in a command: the last one the previous command printed.
+PLACEHOLDERS = {"<receipt>": rf"{ID}\.\d+", "<id>": ID}
+_FENCE = re.compile(r"^```(\w*)\s*$")
+_COMMENT = re.compile(r"<!--\s*(no-run|setup):(.*?)-->\s*$", re.DOTALL)
+
+
+@dataclass
+class Block:
+    path: Path
+    line: int  # of the opening fence
+    lang: str
+    text: str
+    no_run: str | None = None
+    setup: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(REPO)}:{self.line}"
+
+
+def blocks(path: Path) -> list[Block]:
+    """The fenced blocks of `path`, with the HTML comment just before each one applied."""
+    found: list[Block] = []
+    lines = path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        opening = _FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        block = Block(path, i + 1, opening.group(1), "\n".join(lines[i + 1 : end]) + "\n")
+        before = "\n".join(lines[:i]).rstrip()
+        if before.endswith("-->"):
+            start = before.rfind("<!--")
+            comment = _COMMENT.match(before[start:])
+            if comment and comment.group(1) == "no-run":
+                block.no_run = comment.group(2).strip()
+            elif comment:
+                block.setup = comment.group(2).strip("\n") + "\n"
+        found.append(block)
+        i = end + 1
+    return found
+
+
+@dataclass
+class Command:
+    line: int
+    text: str
+    expected: list[str] | None = None  # None: not compared
+
+
+def commands(block: Block) -> list[Command]:
+    """The commands of a shell block: `$ ` lines with the output shown after each, or, in a
+    block without `$ ` lines, each line (comments and blank lines left out), output unseen."""
+    transcript = any(line.startswith("$ ") for line in block.text.splitlines())
+    result: list[Command] = []
+    continuing = False
+    for offset, line in enumerate(block.text.splitlines(), start=block.line + 1):
+        if continuing:
+            result[-1].text += "\n" + line
+        elif transcript and line.startswith("$ "):
+            result.append(Command(offset, line[2:], []))
+        elif not transcript:
+            if line.strip() and not line.lstrip().startswith("#"):
+                result.append(Command(offset, line))
+        elif result and result[-1].expected is not None:
+            result[-1].expected.append(line)
+        else:
+            raise AssertionError(f"{block.where}: output before the first command: {line!r}")
+        continuing = line.endswith(("\\", "|"))
+    return result
+
+
+class Rewriter:
+    """Documented addresses, roots and shown values -> the test's real ones."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.ports = {":8080": ":" + server.url.rsplit(":", 1)[1]}
+        if server.yaq_url:
+            self.ports[":1337"] = ":" + server.yaq_url.rsplit(":", 1)[1]
+        self.root = str(server.root)
+        self.seen: dict[str, str] = {}  # a value shown in the docs -> the one really printed
+        self.last_output = ""
+
+    def addresses(self, text: str) -> str:
+        for documented, real in self.ports.items():
+            for host in ("localhost", "127.0.0.1", "0.0.0.0"):
+                text = text.replace(host + documented, host + real)
+        return text
+
+    def command(self, text: str) -> str:
+        text = self.addresses(text)
+        for alias in ROOT_ALIASES:
+            text = re.sub(re.escape(alias) + r"(?=/|\s|$)", self.root, text)
+        if self.seen:  # longest first, so an id inside a delivery key is not replaced alone
+            pattern = "|".join(map(re.escape, sorted(self.seen, key=len, reverse=True)))
+            text = re.sub(pattern, lambda m: self.seen[m.group(0)], text)
+        for placeholder, value in PLACEHOLDERS.items():
+            if placeholder in text:
+                found = re.findall(value, self.last_output)
+                assert found, f"no {placeholder} in the previous output: {self.last_output!r}"
+                text = text.replace(placeholder, found[-1])
+        return text
+
+    def match(self, expected: list[str], actual: str) -> bool:
+        """Whether `actual` is what `expected` shows; records the shown volatile values."""
+        regex: list[str] = []
+        shown: list[str] = []
+        for line in (_POINT_ZERO.sub("", self.addresses(x).rstrip()) for x in expected):
+            if line == "...":
+                regex.append(r"(?:.*\n)*?")
+                continue
+            parts: list[str] = []
+            for piece_index, piece in enumerate(line.split("...")):
+                if piece_index:
+                    parts.append(r".*?")
+                last = 0
+                for value in VOLATILE.finditer(piece):
+                    parts.append(re.escape(piece[last : value.start()]))
+                    parts.append(f"({VOLATILE.pattern})")
+                    shown.append(value.group(0))
+                    last = value.end()
+                parts.append(re.escape(piece[last:]))
+            regex.append("".join(parts) + r"\n")
+        found = re.fullmatch("".join(regex), actual)
+        if found is None:
+            return False
+        for documented, real in zip(shown, found.groups(), strict=True):
+            self.seen.setdefault(documented, real)
+        return True
+
+
+_POINT_ZERO = re.compile(r"(?<=\d)\.0(?![\d.])")
+
+
+def normalise(output: str) -> str:
+    """Output as compared: LF line ends, no `Date:`/`Server:` lines, no trailing spaces, and
+    `60.0` read as `60` (jq 1.6 and 1.7 print the same JSON number differently)."""
+    lines = output.replace("\r\n", "\n").split("\n")
+    kept = [x.rstrip() for x in lines if not x.startswith(("Date: ", "Server: dirmq"))]
+    text = _POINT_ZERO.sub("", "\n".join(kept).strip("\n"))
+    return text + "\n" if text else ""
+
+
+class Shell:
+    """One bash for a Markdown file; each command's stdin is /dev/null, stderr joins stdout."""
+
+    _MARK = "__dirmq_docs_done__"
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            ["bash", "--noprofile", "--norc"],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def run(self, command: str, where: str) -> tuple[int, str]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        script = f"{{\n{command}\n}} </dev/null 2>&1\nprintf '\\n{self._MARK}%d\\n' $?\n"
+        self.proc.stdin.write(script.encode())
+        self.proc.stdin.flush()
+        out = b""
+        deadline = time.monotonic() + COMMAND_TIMEOUT_S
+        fd = self.proc.stdout.fileno()
+        while (end := out.find(b"\n" + self._MARK.encode())) < 0 or not out.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise AssertionError(f"{where}: no answer in {COMMAND_TIMEOUT_S} s: {command}")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"{where}: the shell exited: {out.decode(errors='replace')}")
+            out += chunk
+        status = int(out[end + len(self._MARK) + 1 :].strip())
+        return status, out[:end].decode(errors="replace")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # this bash's own session: what it started
+        self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+_PYTHON_DRIVER = """
+import contextlib, io, json, sys, traceback
+namespace = {"__name__": "__main__"}
+channel = sys.stdout
+for request in sys.stdin:
+    code = json.loads(request)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(code["source"], code["name"], "exec"), namespace)
+        error = None
+    except BaseException:
+        error = traceback.format_exc()
+    channel.write(json.dumps({"error": error, "out": out.getvalue()}) + "\\n")
+    channel.flush()
+"""
+
+
+class Python:
+    """One interpreter for a Markdown file's Python blocks, which may build on each other."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _PYTHON_DRIVER],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def run(self, source: str, where: str) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"source": source, "name": where}) + "\n")
+        self.proc.stdin.flush()
+        fd = self.proc.stdout.fileno()
+        if not select.select([fd], [], [], COMMAND_TIMEOUT_S)[0]:
+            raise AssertionError(f"{where}: still running after {COMMAND_TIMEOUT_S} s")
+        answer = json.loads(self.proc.stdout.readline() or '{"error": "interpreter died"}')
+        assert answer["error"] is None, f"{where}: the example fails:\n{answer['error']}"
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def _environment(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DIRMQ_", "AWS_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["HOME"] = str(tmp_path)  # no ~/.aws of this machine, no history files
+    # Piped, curl draws a progress meter on stderr that a terminal would not show.
+    (tmp_path / ".curlrc").write_text("no-progress-meter\n")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture
+def docs_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    server = start_server(tmp_path / "dirmq-data", yaq=True)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _runnable(path: Path) -> bool:
+    return any(b.lang in RUNNABLE for b in blocks(path))
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in DOCS if _runnable(p)], ids=lambda p: str(p.relative_to(REPO))
+)
+def test_examples_run_and_show_real_output(
+    path: Path, tmp_path: Path, docs_server: ServerProcess
+) -> None:
+    env = _environment(tmp_path)
+    rewrite = Rewriter(docs_server)
+    shell = Shell(tmp_path, env)
+    python = Python(tmp_path, env)
+    failures: list[str] = []
+    try:
+        for block in blocks(path):
+            if block.lang not in RUNNABLE or block.no_run is not None:
+                continue
+            if block.lang == "python":
+                if block.setup:
+                    python.run(rewrite.command(block.setup), f"{block.where} (setup)")
+                python.run(rewrite.command(block.text), block.where)
+                continue
+            if block.setup:
+                status, out = shell.run(rewrite.command(block.setup), f"{block.where} (setup)")
+                assert status == 0, f"{block.where}: setup failed ({status}):\n{out}"
+            for command in commands(block):
+                if re.match(r"dirmq serve\b", command.text):
+                    continue  # the test's own server stands in for it
+                where = f"{path.relative_to(REPO)}:{command.line}"
+                status, out = shell.run(rewrite.command(command.text), where)
+                actual = rewrite.last_output = normalise(out)
+                if command.expected is None:
+                    if status != 0:
+                        failures.append(f"{where}: $ {command.text}\nexit {status}:\n{actual}")
+                elif not rewrite.match(command.expected, actual):
+                    failures.append(
+                        f"{where}: $ {command.text}\n--- shown\n"
+                        + "".join(x + "\n" for x in command.expected)
+                        + f"--- printed (exit {status})\n{actual}"
+                    )
+    finally:
+        shell.close()
+        python.close()
+    assert not failures, "\n\n".join(failures)
+
+
+def test_skipped_blocks_say_why() -> None:
+    """A `no-run` block names its reason, and the skips stay few."""
+    skipped = [b for p in DOCS for b in blocks(p) if b.no_run is not None]
+    assert all(b.no_run for b in skipped), [b.where for b in skipped if not b.no_run]
+    assert len(skipped) <= 12, [f"{b.where}: {b.no_run}" for b in skipped]
+
+
+def test_volatile_values_shown_stand_for_real_ones() -> None:
+    """The matching rules themselves: a shown id matches any id and maps to it later."""
+    server = ServerProcess(None, "http://127.0.0.1:5555", None, Path("/r"))  # type: ignore[arg-type]
+    rewrite = Rewriter(server)
+    shown = ['{"id":"1716000000123456-a1b2c3d4e5f6"}', "age ... s", "...", "end"]
+    assert rewrite.match(shown, '{"id":"1795294026559186-00ab28fa0380"}\nage 3 s\nx\ny\nend\n')
+    assert rewrite.command("curl localhost:8080/q/messages/1716000000123456-a1b2c3d4e5f6.1") == (
+        "curl localhost:5555/q/messages/1795294026559186-00ab28fa0380.1"
+    )
+    assert not rewrite.match(["ready 2"], "ready 3\n")
+    assert not rewrite.match(["ok"], "ok\nmore\n")
+    assert rewrite.match(["took 1.002458s"], "took 0.031s\n")
