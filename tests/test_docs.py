@@ -378,3 +378,38 @@ def test_volatile_values_shown_stand_for_real_ones() -> None:
     assert not rewrite.match(["ready 2"], "ready 3\n")
     assert not rewrite.match(["ok"], "ok\nmore\n")
     assert rewrite.match(["took 1.002458s"], "took 0.031s\n")
+
+
+def _dirmq(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DIRMQ_ROOT"}
+    command = [sys.executable, "-m", "dirmq", *args]
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_root_is_taken_before_or_after_the_command(tmp_path: Path) -> None:
+    """docs/cli.md lists `--root DIR` as common to every command: `dirmq --root DIR ls` works,
+    and a `--root` after the command wins over one before it."""
+    assert _dirmq("--root", "a", "create", "shop/orders", cwd=tmp_path).returncode == 0
+    listed = _dirmq("--root", str(tmp_path / "a"), "ls", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "shop/orders" in listed.stdout
+    assert _dirmq("--root", "nowhere", "ls", "--root", "a", cwd=tmp_path).returncode == 0
+    assert _dirmq("ls", cwd=tmp_path).returncode == 4  # ./dirmq-data, not a root: not made
+    assert not (tmp_path / "nowhere").exists() and not (tmp_path / "dirmq-data").exists()
+
+
+def test_put_to_a_missing_queue_says_how_to_create_it(tmp_path: Path) -> None:
+    _dirmq("create", "other", cwd=tmp_path)
+    put = subprocess.run(
+        [sys.executable, "-m", "dirmq", "put", "--root", "dirmq-data", "shop/orders"],
+        cwd=tmp_path,
+        input="hello",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert put.returncode == 4
+    assert "dirmq create shop/orders" in put.stderr and "--create" in put.stderr
