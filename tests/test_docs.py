@@ -46,6 +46,8 @@ from .servers import REPO, ServerProcess, start_server
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUNNABLE = {"python", "sh", "bash", "console"}
 ROOT_ALIASES = ("/tmp/queues", "/srv/queues", "/srv/dirmq", "/var/spool/dirmq")
+# Other absolute paths the docs use, and where they are in the temp directory.
+PATH_ALIASES = {"/var/spool/queues": "spool-queues", "/backup": "backup"}
 COMMAND_TIMEOUT_S = 60.0
 
 ID = r"\d{16}-[0-9a-f]{12}"
@@ -132,6 +134,7 @@ class Rewriter:
         if server.yaq_url:
             self.ports[":1337"] = ":" + server.yaq_url.rsplit(":", 1)[1]
         self.root = str(server.root)
+        self.paths = {alias: str(server.root.parent / path) for alias, path in PATH_ALIASES.items()}
         self.seen: dict[str, str] = {}  # a value shown in the docs -> the one really printed
         self.last_output = ""
 
@@ -143,8 +146,9 @@ class Rewriter:
 
     def command(self, text: str) -> str:
         text = self.addresses(text)
-        for alias in ROOT_ALIASES:
-            text = re.sub(re.escape(alias) + r"(?=/|\s|$)", self.root, text)
+        paths = {**dict.fromkeys(ROOT_ALIASES, self.root), **self.paths}
+        for alias, real in paths.items():
+            text = re.sub(re.escape(alias) + r"(?=/|\s|$)", real, text)
         if self.seen:  # longest first, so an id inside a delivery key is not replaced alone
             pattern = "|".join(map(re.escape, sorted(self.seen, key=len, reverse=True)))
             text = re.sub(pattern, lambda m: self.seen[m.group(0)], text)
@@ -179,7 +183,7 @@ class Rewriter:
         if found is None:
             return False
         for documented, real in zip(shown, found.groups(), strict=True):
-            self.seen.setdefault(documented, real)
+            self.seen[documented] = real  # the latest showing is the one meant next
         return True
 
 
@@ -338,6 +342,7 @@ def test_examples_run_and_show_real_output(
             if block.setup:
                 status, out = shell.run(rewrite.command(block.setup), f"{block.where} (setup)")
                 assert status == 0, f"{block.where}: setup failed ({status}):\n{out}"
+                rewrite.last_output = out
             for command in commands(block):
                 if re.match(r"dirmq serve\b", command.text):
                     continue  # the test's own server stands in for it
