@@ -426,3 +426,30 @@ def test_put_to_a_missing_queue_says_how_to_create_it(tmp_path: Path) -> None:
     )
     assert put.returncode == 4
     assert "dirmq create shop/orders" in put.stderr and "--create" in put.stderr
+
+
+EXAMPLES = sorted((REPO / "examples").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
+def test_example_scripts_run(script: Path, tmp_path: Path) -> None:
+    """Each examples/*.py runs as documented (a subprocess, as examples/README.md says), prints
+    true numbers and leaves no temp directory behind."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**_environment(tmp_path), "TMPDIR": str(temp), "SPARK_LOCAL_IP": "127.0.0.1"}
+    events = 2000
+    done = subprocess.run(
+        [sys.executable, str(script), "--events", str(events)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"processed {events} events; the parquet lake holds {events} events" in done.stdout
+    assert f"clicks in all windows: {events}" in done.stdout
+    assert "left in shop/events: 0" in done.stdout
+    assert not list(temp.glob("dirmq-pipeline-*")), "the example's temp directory was left"
