@@ -429,18 +429,35 @@ def test_put_to_a_missing_queue_says_how_to_create_it(tmp_path: Path) -> None:
 
 
 EXAMPLES = sorted((REPO / "examples").glob("*.py"))
+_EVENTS = 2000
+# How each example runs in the test, and lines its output must hold (the numbers it reports
+# must be true ones). A new example gets an entry here.
+EXAMPLE_RUNS = {
+    "spark_pipeline.py": (
+        ["--events", str(_EVENTS)],
+        [
+            f"processed {_EVENTS} events; the parquet lake holds {_EVENTS} events",
+            "left in shop/events: 0",
+            f"clicks in all windows: {_EVENTS}",
+        ],
+    ),
+}
+
+
+def test_every_example_is_run() -> None:
+    assert sorted(p.name for p in EXAMPLES) == sorted(EXAMPLE_RUNS)
 
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
 def test_example_scripts_run(script: Path, tmp_path: Path) -> None:
-    """Each examples/*.py runs as documented (a subprocess, as examples/README.md says), prints
-    true numbers and leaves no temp directory behind."""
+    """Each examples/*.py runs as examples/README.md says (a script of its own), prints true
+    numbers and leaves no temp directory behind."""
+    arguments, expected_lines = EXAMPLE_RUNS[script.name]
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = {**_environment(tmp_path), "TMPDIR": str(temp), "SPARK_LOCAL_IP": "127.0.0.1"}
-    events = 2000
     done = subprocess.run(
-        [sys.executable, str(script), "--events", str(events)],
+        [sys.executable, str(script), *arguments],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -449,7 +466,8 @@ def test_example_scripts_run(script: Path, tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"processed {events} events; the parquet lake holds {events} events" in done.stdout
-    assert f"clicks in all windows: {events}" in done.stdout
-    assert "left in shop/events: 0" in done.stdout
-    assert not list(temp.glob("dirmq-pipeline-*")), "the example's temp directory was left"
+    printed = done.stdout.splitlines()
+    for line in expected_lines:
+        assert line in printed, f"{line!r} not in the output:\n{done.stdout}"
+    left = list(temp.glob("dirmq-*"))
+    assert not left, f"{script.name} left its temp directory behind: {left}"
