@@ -379,6 +379,14 @@ def test_skipped_blocks_say_why() -> None:
     assert len(skipped) <= 12, [f"{b.where}: {b.no_run}" for b in skipped]
 
 
+def test_benchmark_commands_are_not_run() -> None:
+    """Benchmarks take minutes and want an idle machine: their commands stay text (untagged
+    blocks) or say `no-run`."""
+    for path in (REPO / "docs").glob("benchmarks*.md"):
+        for block in blocks(path):
+            assert block.lang not in RUNNABLE or block.no_run, f"{block.where}: mark it no-run"
+
+
 def test_volatile_values_shown_stand_for_real_ones() -> None:
     """The matching rules themselves: a shown id matches any id and maps to it later."""
     server = ServerProcess(None, "http://127.0.0.1:5555", None, Path("/r"))  # type: ignore[arg-type]
