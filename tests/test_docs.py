@@ -1,4 +1,5 @@
-"""Every example in README.md and docs/*.md runs, and shows what it really prints.
+"""Every example in README.md and docs/*.md runs, and shows what it really prints; every
+examples/*.py runs and prints true numbers.
 
 The conventions (also in docs/architecture.md, "Examples are tested"):
 
@@ -6,20 +7,21 @@ The conventions (also in docs/architecture.md, "Examples are tested"):
   `cron`, benchmark tables and by-hand benchmark commands) are text.
 - Each Markdown file runs in document order, in a fresh temp directory, against its own real
   `dirmq serve` whose root is `./dirmq-data` there; `localhost:8080` / `127.0.0.1:8080` (and the
-  yaq port `:1337`) are rewritten to the server's ports, and the roots the docs use
-  (`/tmp/queues`, `/srv/queues`, `/srv/dirmq`, `/var/spool/dirmq`) to the server's root.
-  `dirmq`, `aws` and `python` are the venv's. Python blocks share one interpreter per file, so a
-  block may use what an earlier one defined.
+  yaq port `:1337`) are rewritten to the server's ports, the roots the docs use (ROOT_ALIASES) to
+  the server's root, and other absolute paths (PATH_ALIASES) into the temp directory. `dirmq`,
+  `aws` and `python` are the venv's. A file's Python blocks share one interpreter and its shell
+  commands one bash (so definitions, `export` and `cd` carry over).
 - In a shell block, lines starting with `$ ` are commands (a line ending in `\\` or `|` goes on);
-  the lines after a command are its output, compared after `Date:`/`Server:` lines are dropped
-  and trailing spaces stripped. A block with no `$ ` line is one script, its output not compared.
-  Commands of a file share one bash (so `export` and `cd` carry over); `dirmq serve` lines are
+  the lines after a command are its output (stdout and stderr), compared after `Date:`/`Server:`
+  lines, trailing spaces and trailing blank lines are dropped, and `60.0` read as `60`. A block
+  with no `$ ` line runs line by line: exit status checked, output not. `dirmq serve` lines are
   not run: the test's server stands in for them.
 - In shown output, a message id (`1716000000123456-a1b2c3d4e5f6`), a number of 10+ digits or
   with 3+ decimals (times, ages, deadlines), and a multipart boundary match any such value; the
   value shown then stands for the real one in later commands (so a receipt shown by one command
   can be used by the next). `...` matches anything within a line; a line that is only `...`
-  matches any number of lines.
+  matches any number of lines. `<receipt>` and `<id>` in a command are the last ones printed
+  before it (by the previous command or the block's setup).
 - An HTML comment right before a block: `<!-- no-run: reason -->` skips it (keep them rare,
   with a reason); `<!-- setup: ... -->` (one or more lines) is run first, unseen, in the block's
   language (files to read, queues to exist, names a snippet uses).
