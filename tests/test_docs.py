@@ -71,7 +71,11 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"{self.path.relative_to(REPO)}:{self.line}"
+        return f"{_shown(self.path)}:{self.line}"
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
 
 
 def blocks(path: Path) -> list[Block]:
@@ -332,6 +336,12 @@ def _runnable(path: Path) -> bool:
 def test_examples_run_and_show_real_output(
     path: Path, tmp_path: Path, docs_server: ServerProcess
 ) -> None:
+    failures = run_markdown(path, tmp_path, docs_server)
+    assert not failures, "\n\n".join(failures)
+
+
+def run_markdown(path: Path, tmp_path: Path, docs_server: ServerProcess) -> list[str]:
+    """Run the examples of `path` in `tmp_path`; what differed from the Markdown."""
     env = _environment(tmp_path)
     rewrite = Rewriter(docs_server)
     shell = Shell(tmp_path, env)
@@ -356,7 +366,7 @@ def test_examples_run_and_show_real_output(
             for command in commands(block):
                 if re.match(r"dirmq serve\b", command.text):
                     continue  # the test's own server stands in for it
-                where = f"{path.relative_to(REPO)}:{command.line}"
+                where = f"{_shown(path)}:{command.line}"
                 status, out = shell.run(rewrite.command(command.text), where)
                 actual = rewrite.last_output = normalise(out)
                 if command.expected is None:
@@ -371,7 +381,39 @@ def test_examples_run_and_show_real_output(
     finally:
         shell.close()
         python.close()
-    assert not failures, "\n\n".join(failures)
+    return failures
+
+
+_DRIFTED = """
+<!-- setup:
+printf 'hello' | dirmq put --create jobs
+-->
+```console
+$ curl -s -o /dev/null -w '%{http_code}\\n' -X DELETE localhost:8080/jobs/messages/<id>
+204
+$ echo '{"id":"1716000000123456-a1b2c3d4e5f6","n":3}'
+{"id":"1716000000123456-a1b2c3d4e5f6","n":2}
+```
+
+<!-- no-run: shows a skip -->
+```sh
+false
+```
+
+```python
+assert open("dirmq-data/@dirmq.json").read()
+```
+"""
+
+
+def test_a_drifted_example_fails(tmp_path: Path, docs_server: ServerProcess) -> None:
+    """The runner itself: setup, a placeholder from the setup's output, a real server, a skip,
+    Python; and a shown output that differs from the printed one is reported, alone."""
+    doc = tmp_path / "drifted.md"
+    doc.write_text(_DRIFTED)
+    failures = run_markdown(doc, tmp_path, docs_server)
+    assert len(failures) == 1, failures
+    assert failures[0].startswith("drifted.md:8: $ echo") and '"n":3}' in failures[0]
 
 
 def test_skipped_blocks_say_why() -> None:
