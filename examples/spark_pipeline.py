@@ -82,6 +82,15 @@ def run_pipeline(spark: Any, root: Path) -> int:
     mq = str(root / "mq")
 
     def each_batch(batch: Any, batch_id: int) -> None:
+        # The batch feeds two writes: cached, its messages are read from the queue once (else
+        # each write reads them again, and Spark counts every input row twice).
+        batch.persist()
+        try:
+            publish_batch(batch, batch_id)
+        finally:
+            batch.unpersist()
+
+    def publish_batch(batch: Any, batch_id: int) -> None:
         events = batch.select(
             f.col("id").alias("message_id"),
             f.from_json(f.col("body").cast("string"), EVENT_SCHEMA).alias("e"),
@@ -143,15 +152,23 @@ def consume(store: dirmq.Store) -> dict[tuple[str, str], list[float]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="dirmq + Spark pipeline example")
-    parser.add_argument("--root", help="working directory (default: a new temp directory)")
+    parser.add_argument(
+        "--root", help="working directory, kept (default: a temp directory, removed at the end)"
+    )
     parser.add_argument("--events", type=int, default=20_000)
     args = parser.parse_args()
-    root = Path(args.root or tempfile.mkdtemp(prefix="dirmq-pipeline-")).resolve()
+    if args.root:
+        return run(Path(args.root).resolve(), args.events)
+    with tempfile.TemporaryDirectory(prefix="dirmq-pipeline-") as temp:
+        return run(Path(temp), args.events)
+
+
+def run(root: Path, event_count: int) -> int:
     print(f"working under {root}")
     started = time.perf_counter()
     with dirmq.Store(root / "mq") as store:
-        produce(store, args.events)
-        print(f"published {args.events} events to shop/events")
+        produce(store, event_count)
+        print(f"published {event_count} events to shop/events")
         spark = spark_session()
         try:
             processed = run_pipeline(spark, root)

@@ -1,8 +1,8 @@
 """The `dirmq` command: queues and messages of a local root, from the shell.
 
-Every subcommand takes `--root DIR` (default `$DIRMQ_ROOT`, else `./dirmq-data`). Failures print
-one line, `dirmq: error: <message>`, on stderr and exit with a code from `dirmq.cli.exits` (the
-table is in docs/cli.md); a traceback is printed only for a bug.
+Every subcommand takes `--root DIR`, before or after its name (default `$DIRMQ_ROOT`, else
+`./dirmq-data`). Failures print one line, `dirmq: error: <message>`, on stderr and exit with a
+code from `dirmq.cli.exits` (the table is in docs/cli.md); a traceback is printed only for a bug.
 
     commands    module
     put get ack nack delete peek                    messages.py
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from dirmq import __version__
 from dirmq.cli import exits, maintenance, messages, pubsub, queues, server
-from dirmq.cli.args import Parser, common_options
+from dirmq.cli.args import Parser, add_root_option, common_options
 
 __all__ = ["build_parser", "main"]
 
@@ -36,6 +36,7 @@ def build_parser() -> Parser:
         "9 duplicate message id, 10 subscription busy.",
     )
     parser.add_argument("--version", action="version", version=f"dirmq {__version__}")
+    add_root_option(parser)
     sub = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=Parser
     )

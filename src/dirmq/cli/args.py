@@ -71,15 +71,20 @@ def optional_queue_name(text: str) -> str | None:
     return None if text.lower() in _NONE_WORDS else queue_name(text)
 
 
+_ROOT_HELP = "the dirmq root directory (default: $DIRMQ_ROOT, else ./dirmq-data)"
+
+
+def add_root_option(parser: argparse.ArgumentParser) -> None:
+    """`--root DIR` before the command (`dirmq --root DIR ls`); `args.root` is None without it."""
+    parser.add_argument("--root", default=None, metavar="DIR", help=_ROOT_HELP)
+
+
 def common_options() -> argparse.ArgumentParser:
-    """The options every subcommand takes (a parent parser)."""
+    """The options every subcommand takes (a parent parser). `--root` is accepted after the
+    command too; left out there, it must not reset one given before the command, hence
+    SUPPRESS (argparse copies a subcommand's defaults over the main parser's values)."""
     parent = argparse.ArgumentParser(add_help=False)
-    parent.add_argument(
-        "--root",
-        default=None,
-        metavar="DIR",
-        help="the dirmq root directory (default: $DIRMQ_ROOT, else ./dirmq-data)",
-    )
+    parent.add_argument("--root", default=argparse.SUPPRESS, metavar="DIR", help=_ROOT_HELP)
     return parent
 
 

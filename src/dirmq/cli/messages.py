@@ -16,7 +16,7 @@ from typing import Any
 
 from dirmq.cli import exits
 from dirmq.cli.args import open_store, queue_name, seconds
-from dirmq.errors import InvalidArgument, MessageNotFound
+from dirmq.errors import InvalidArgument, MessageNotFound, QueueNotFound
 from dirmq.store import Message
 
 _PREVIEW_CHARS = 48
@@ -114,6 +114,14 @@ def header(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
+def _how_to_create(exc: QueueNotFound, name: str) -> QueueNotFound:
+    """Often a new user's first `put` fails so: say what makes a queue."""
+    return QueueNotFound(
+        f"{exc}: `dirmq create {name}` creates the queue (and the root), or publish with "
+        "`put --create`"
+    )
+
+
 def cmd_put(args: argparse.Namespace) -> int:
     headers = dict(args.header)
     if len(headers) != len(args.header):
@@ -122,9 +130,16 @@ def cmd_put(args: argparse.Namespace) -> int:
         if any(name.lower() == "content-type" for name in headers):
             raise InvalidArgument("Content-Type is given twice (--content-type and --header)")
         headers["Content-Type"] = args.content_type
-    with open_store(args, create=args.create) as store:
-        name: str = args.queue
-        queue = store.create_queue(name) if args.create else store.queue(name)
+    name: str = args.queue
+    try:
+        store = open_store(args, create=args.create)
+    except QueueNotFound as exc:
+        raise _how_to_create(exc, name) from exc
+    with store:
+        try:
+            queue = store.create_queue(name) if args.create else store.queue(name)
+        except QueueNotFound as exc:
+            raise _how_to_create(exc, name) from exc
         # Read only once the queue is known to exist, so a typo fails before stdin is consumed.
         body = sys.stdin.buffer.read()
         message_id = queue.put(body, headers, delay_s=args.delay, timeout_s=args.timeout)
