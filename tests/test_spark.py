@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +182,23 @@ def test_a_declared_schema_reads_only_those_columns(spark: Any, tmp_path: Path) 
         ).load().collect()
 
 
+def _wait_for_tasks_to_end(spark: Any, group: str, timeout_s: float = 120.0) -> None:
+    """Wait until every task of the jobs of `group` has ended: a failed job is reported as soon
+    as one task fails, while its other tasks may still run (and write)."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stages = [
+            tracker.getStageInfo(stage)
+            for job in tracker.getJobIdsForGroup(group)
+            for stage in (tracker.getJobInfo(job).stageIds if tracker.getJobInfo(job) else [])
+        ]
+        if stages and all(s is None or s.numActiveTasks == 0 for s in stages):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the tasks of {group} still run after {timeout_s} s")
+
+
 def test_a_failed_write_publishes_nothing(spark: Any, tmp_path: Path) -> None:
     from pyspark.sql import functions as f
     from pyspark.sql.types import StringType
@@ -194,13 +213,42 @@ def test_a_failed_write_publishes_nothing(spark: Any, tmp_path: Path) -> None:
 
     bad = f.udf(explode, StringType(), useArrow=False)
     df = spark.range(200).repartition(2).select(bad("id").alias("body"))
-    with pytest.raises(Exception, match="a row the job cannot produce"):
-        df.write.format("dirmq").option("path", str(root)).option("queue", "q").mode(
-            "append"
-        ).save()
+    group = f"failed-write-{uuid.uuid4().hex}"
+    spark.sparkContext.setJobGroup(group, "a write that fails")
+    try:
+        with pytest.raises(Exception, match="a row the job cannot produce"):
+            df.write.format("dirmq").option("path", str(root)).option("queue", "q").mode(
+                "append"
+            ).save()
+        _wait_for_tasks_to_end(spark, group)  # the other task may still run: let it end
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
     assert queue.stats().total == 0
     staging = root / STATE_SUBDIR / "staging"
     assert not staging.exists() or not list(staging.iterdir())
+
+
+def test_a_task_that_stages_after_the_abort_leaves_nothing(tmp_path: Path) -> None:
+    """Spark reports a job's failure without waiting for its other tasks, so the driver may
+    abort while a task still runs (seen on a busy machine): that task must find nowhere to
+    stage its rows, rather than make the job's directory again."""
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from dirmq.spark.options import parse_options
+    from dirmq.spark.writing import DirmqBatchWriter
+
+    root = tmp_path / "root"
+    queue = dirmq.Store(root).create_queue("q")
+    options = parse_options({"path": str(root), "queue": "q"})
+    writer = DirmqBatchWriter(options, StructType([StructField("body", BinaryType())]))
+    rows = pa.record_batch([pa.array([b"late"], pa.binary())], names=["body"])
+    writer.abort([])  # the driver, once another task failed
+    with pytest.raises(dirmq.InvalidArgument, match="aborted"):
+        writer.write(iter([rows]))  # the task that was still running
+    staging = root / STATE_SUBDIR / "staging"
+    assert not list(staging.rglob("*"))
+    assert queue.stats().total == 0
 
 
 # -- streaming reads ------------------------------------------------------------------------------
