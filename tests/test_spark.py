@@ -348,6 +348,77 @@ def test_a_long_batch_keeps_its_leases(spark: Any, tmp_path: Path) -> None:
     assert queue.stats().total == 0
 
 
+def _wait_for(condition: Any, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not after {timeout_s} s")
+        time.sleep(0.1)
+
+
+def test_a_consumer_name_is_held_by_one_query_at_a_time(spark: Any, tmp_path: Path) -> None:
+    root, sink = tmp_path / "root", tmp_path / "sink"
+    queue = dirmq.Store(root).create_queue("events")
+    _fill(queue, 300)
+
+    def start(checkpoint: str, available_now: bool = False) -> Any:
+        stream = _stream(
+            spark, path=str(root), queue="events", consumer="etl", maxMessagesPerTrigger="100"
+        )
+        writer = stream.writeStream.foreach(_id_sink(sink)).option(
+            "checkpointLocation", str(tmp_path / checkpoint)
+        )
+        if available_now:
+            return writer.trigger(availableNow=True).start()
+        return writer.trigger(processingTime="200 milliseconds").start()
+
+    first = start("first")
+    try:
+        _wait_for(lambda: first.lastProgress is not None, "the first query's first batch")
+        second = start("second")
+        with pytest.raises(StreamingQueryException) as refused:
+            second.awaitTermination(120)
+        message = str(refused.value)
+        assert "consumer 'etl' of queue 'events' is held by a running query" in message
+        assert "stop that query first" in message
+        _wait_for(lambda: queue.stats().total == 0, "the first query draining the queue")
+    finally:
+        first.stop()
+    _fill(queue, 200, prefix="after")
+    third = start("third", available_now=True)  # the name is free again
+    third.awaitTermination()
+    assert third.exception() is None
+    log = _sink_log(sink)
+    assert len(log) == 500 and len({mid for _, mid, _ in log}) == 500  # nothing twice
+    assert queue.stats().total == 0
+
+
+def test_a_dead_holder_of_a_consumer_name_is_taken_over(spark: Any, tmp_path: Path) -> None:
+    import socket
+    import subprocess
+
+    from dirmq.spark.holder import read_record, record_path
+
+    root, out = tmp_path / "root", tmp_path / "parquet"
+    queue = dirmq.Store(root).create_queue("q")
+    _fill(queue, 50)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    consumer_dir = root / STATE_SUBDIR / "consumers" / "q" / "@etl"
+    consumer_dir.mkdir(parents=True)
+    record = {"host": socket.gethostname(), "pid": gone.pid, "token": "x", "timeout_s": 600}
+    Path(record_path(str(consumer_dir), 4)).write_text(json.dumps(record))  # renewed just now
+    query = run_available_now(
+        _stream(spark, path=str(root), queue="q", consumer="etl"), out, tmp_path / "checkpoint"
+    )
+    assert query.exception() is None
+    assert spark.read.parquet(str(out)).count() == 50 and queue.stats().total == 0
+    assert not os.path.exists(record_path(str(consumer_dir), 4))
+    taken = read_record(record_path(str(consumer_dir), 5))
+    assert taken is not None  # the query's own, free again once its process has ended
+    _wait_for(lambda: not taken.is_alive(time.time()), "the query's hold ending")
+
+
 # -- streaming writes -----------------------------------------------------------------------------
 def test_streaming_queue_to_queue_with_a_failed_sink_task(spark: Any, tmp_path: Path) -> None:
     from pyspark.sql import functions as f
