@@ -71,13 +71,14 @@ class _Driver:
     """What the stream reader holds on the driver once the query runs (never pickled)."""
 
     def __init__(self, options: Options) -> None:
-        # First: a second query on this consumer would share the ledger and deliver everything.
+        self.queue: QueueHandle = open_queue(options)
+        # Before the ledger is touched: a second query on this consumer would share it, and
+        # deliver everything a second time. (Nothing below fails but the filesystem.)
         self.hold = take(
             options.consumer_dir(),
             f"consumer {options.consumer!r} of queue {options.queue!r}",
             options.lease_s,
         )
-        self.queue: QueueHandle = open_queue(options)
         self.ledger = Ledger(options.consumer_dir())
         self.first_acked = self.ledger.acked()
         # Path mode: records of committed batches up to here went to a later batch's tasks.
