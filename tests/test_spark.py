@@ -222,7 +222,8 @@ def test_a_failed_write_publishes_nothing(spark: Any, tmp_path: Path) -> None:
             ).save()
         _wait_for_tasks_to_end(spark, group)  # the other task may still run: let it end
     finally:
-        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+            spark.sparkContext.setLocalProperty(key, None)
     assert queue.stats().total == 0
     staging = root / STATE_SUBDIR / "staging"
     assert not staging.exists() or not list(staging.iterdir())

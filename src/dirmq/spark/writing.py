@@ -194,6 +194,9 @@ class DirmqStreamWriter(DataSourceStreamArrowWriter):
         check_write_schema(schema)
         open_queue(options, create=options.create_queue)  # fail at the start of the query
         self._options = options
+        staging = options.staging_dir()
+        if staging is not None:  # what crashed drivers, or late tasks of a failed batch, left
+            durable.remove_stale(staging, STALE_STAGING_S)
 
     def _batch_dir(self, query_id: str, batch_id: int) -> str | None:
         """Where the tasks of one micro-batch stage their rows (None over `url`)."""
