@@ -21,7 +21,9 @@ holder's record, and its mtime is the holder's heartbeat, renewed by the driver'
   consumer) no longer holds the name; its next planning fails rather than deliver beside the
   new holder.
 
-No locks (`flock` silently fails on NFS): `link`, `utime` and a listing only.
+No file locks (`flock` silently fails on NFS): `link`, `utime` and a listing only. The
+heartbeat is a file's mtime compared with this host's clock, so the hosts' clocks must agree to
+well within `leaseSeconds` (as for message leases).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -139,9 +142,15 @@ class ConsumerHold:
         self.path = record_path(consumer_dir, generation)
         self._token = token
         self._lost: str | None = None
+        # The upkeep thread renews while stop() releases: a renewal must not undo a release.
+        self._lock = threading.Lock()
 
     def renew(self) -> bool:
         """Refresh the heartbeat; False (and remembered) once the name is lost."""
+        with self._lock:
+            return self._renew()
+
+    def _renew(self) -> bool:
         if self._lost is not None:
             return False
         mine = read_record(self.path)
@@ -157,7 +166,7 @@ class ConsumerHold:
         try:
             os.utime(self.path)
         except FileNotFoundError:
-            return self.renew()  # removed meanwhile: say why
+            return self._renew()  # removed meanwhile: say why
         except OSError as exc:
             raise storage_error(exc, f"renewing {self.path}") from exc
         return True
@@ -169,12 +178,13 @@ class ConsumerHold:
 
     def release(self) -> None:
         """Give the name back (it stays with whoever took it over, if someone did)."""
-        if self._lost is None and self.renew():
-            try:
-                os.utime(self.path, (RELEASED_MTIME, RELEASED_MTIME))
-            except OSError:
-                pass  # not renewed any more: it goes stale after its timeout
-        self._lost = "released"
+        with self._lock:
+            if self._lost is None and self._renew():
+                try:
+                    os.utime(self.path, (RELEASED_MTIME, RELEASED_MTIME))
+                except OSError:
+                    pass  # not renewed any more: it goes stale after its timeout
+            self._lost = "released"
 
 
 def take(
