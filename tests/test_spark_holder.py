@@ -108,3 +108,36 @@ def test_of_queries_starting_at_once_exactly_one_takes_the_name(tmp_path: Path) 
     for thread in threads:
         thread.join()
     assert len(won) == 1 and len(refused) == 7
+
+
+# -- through the stream reader (the driver's side, in this process) -----------------------------
+def test_a_stream_reader_takes_the_name_at_start_and_stops_planning_once_it_lost_it(
+    tmp_path: Path,
+) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    import dirmq
+    from dirmq.spark import connect
+    from dirmq.spark.options import parse_options
+    from dirmq.spark.stream import DirmqStreamReader
+
+    root = tmp_path / "root"
+    with dirmq.Store(root) as store:
+        store.create_queue("jobs").put_many([b"a", b"b"])
+    options = {"path": str(root), "queue": "jobs", "consumer": "c"}
+    first = DirmqStreamReader(parse_options(options))
+    second = DirmqStreamReader(parse_options(options))
+    try:
+        start = first.initialOffset()
+        with pytest.raises(ConsumerBusy, match="consumer 'c' of queue 'jobs' is held"):
+            second.initialOffset()
+        hold = first._driver().hold
+        generation = int(os.path.basename(hold.path).split(".")[1])
+        _plant(Path(os.path.dirname(hold.path)), generation + 1, "elsewhere", 1, age_s=0.0)
+        hold.renew()  # the upkeep's next beat finds the newer holder
+        with pytest.raises(ConsumerBusy, match="taken over by another query"):
+            first.latestOffset(start, ReadAllAvailable())
+    finally:
+        first.stop()
+        second.stop()
+        connect.close_all()
