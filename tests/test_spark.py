@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +182,23 @@ def test_a_declared_schema_reads_only_those_columns(spark: Any, tmp_path: Path) 
         ).load().collect()
 
 
+def _wait_for_tasks_to_end(spark: Any, group: str, timeout_s: float = 120.0) -> None:
+    """Wait until every task of the jobs of `group` has ended: a failed job is reported as soon
+    as one task fails, while its other tasks may still run (and write)."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stages = [
+            tracker.getStageInfo(stage)
+            for job in tracker.getJobIdsForGroup(group)
+            for stage in (tracker.getJobInfo(job).stageIds if tracker.getJobInfo(job) else [])
+        ]
+        if stages and all(s is None or s.numActiveTasks == 0 for s in stages):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the tasks of {group} still run after {timeout_s} s")
+
+
 def test_a_failed_write_publishes_nothing(spark: Any, tmp_path: Path) -> None:
     from pyspark.sql import functions as f
     from pyspark.sql.types import StringType
@@ -194,13 +213,43 @@ def test_a_failed_write_publishes_nothing(spark: Any, tmp_path: Path) -> None:
 
     bad = f.udf(explode, StringType(), useArrow=False)
     df = spark.range(200).repartition(2).select(bad("id").alias("body"))
-    with pytest.raises(Exception, match="a row the job cannot produce"):
-        df.write.format("dirmq").option("path", str(root)).option("queue", "q").mode(
-            "append"
-        ).save()
+    group = f"failed-write-{uuid.uuid4().hex}"
+    spark.sparkContext.setJobGroup(group, "a write that fails")
+    try:
+        with pytest.raises(Exception, match="a row the job cannot produce"):
+            df.write.format("dirmq").option("path", str(root)).option("queue", "q").mode(
+                "append"
+            ).save()
+        _wait_for_tasks_to_end(spark, group)  # the other task may still run: let it end
+    finally:
+        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+            spark.sparkContext.setLocalProperty(key, None)
     assert queue.stats().total == 0
     staging = root / STATE_SUBDIR / "staging"
     assert not staging.exists() or not list(staging.iterdir())
+
+
+def test_a_task_that_stages_after_the_abort_leaves_nothing(tmp_path: Path) -> None:
+    """Spark reports a job's failure without waiting for its other tasks, so the driver may
+    abort while a task still runs (seen on a busy machine): that task must find nowhere to
+    stage its rows, rather than make the job's directory again."""
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from dirmq.spark.options import parse_options
+    from dirmq.spark.writing import DirmqBatchWriter
+
+    root = tmp_path / "root"
+    queue = dirmq.Store(root).create_queue("q")
+    options = parse_options({"path": str(root), "queue": "q"})
+    writer = DirmqBatchWriter(options, StructType([StructField("body", BinaryType())]))
+    rows = pa.record_batch([pa.array([b"late"], pa.binary())], names=["body"])
+    writer.abort([])  # the driver, once another task failed
+    with pytest.raises(dirmq.InvalidArgument, match="aborted"):
+        writer.write(iter([rows]))  # the task that was still running
+    staging = root / STATE_SUBDIR / "staging"
+    assert not list(staging.rglob("*"))
+    assert queue.stats().total == 0
 
 
 # -- streaming reads ------------------------------------------------------------------------------
@@ -298,6 +347,77 @@ def test_a_long_batch_keeps_its_leases(spark: Any, tmp_path: Path) -> None:
     assert len(log) == 60 and len({mid for _, mid, _ in log}) == 60
     assert all(count == 1 for _, _, count in log)  # no lease expired and was taken again
     assert queue.stats().total == 0
+
+
+def _wait_for(condition: Any, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not after {timeout_s} s")
+        time.sleep(0.1)
+
+
+def test_a_consumer_name_is_held_by_one_query_at_a_time(spark: Any, tmp_path: Path) -> None:
+    root, sink = tmp_path / "root", tmp_path / "sink"
+    queue = dirmq.Store(root).create_queue("events")
+    _fill(queue, 300)
+
+    def start(checkpoint: str, available_now: bool = False) -> Any:
+        stream = _stream(
+            spark, path=str(root), queue="events", consumer="etl", maxMessagesPerTrigger="100"
+        )
+        writer = stream.writeStream.foreach(_id_sink(sink)).option(
+            "checkpointLocation", str(tmp_path / checkpoint)
+        )
+        if available_now:
+            return writer.trigger(availableNow=True).start()
+        return writer.trigger(processingTime="200 milliseconds").start()
+
+    first = start("first")
+    try:
+        _wait_for(lambda: first.lastProgress is not None, "the first query's first batch")
+        second = start("second")
+        with pytest.raises(StreamingQueryException) as refused:
+            second.awaitTermination(120)
+        message = str(refused.value)
+        assert "consumer 'etl' of queue 'events' is held by a running query" in message
+        assert "stop that query first" in message
+        _wait_for(lambda: queue.stats().total == 0, "the first query draining the queue")
+    finally:
+        first.stop()
+    _fill(queue, 200, prefix="after")
+    third = start("third", available_now=True)  # the name is free again
+    third.awaitTermination()
+    assert third.exception() is None
+    log = _sink_log(sink)
+    assert len(log) == 500 and len({mid for _, mid, _ in log}) == 500  # nothing twice
+    assert queue.stats().total == 0
+
+
+def test_a_dead_holder_of_a_consumer_name_is_taken_over(spark: Any, tmp_path: Path) -> None:
+    import socket
+    import subprocess
+
+    from dirmq.spark.holder import read_record, record_path
+
+    root, out = tmp_path / "root", tmp_path / "parquet"
+    queue = dirmq.Store(root).create_queue("q")
+    _fill(queue, 50)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    consumer_dir = root / STATE_SUBDIR / "consumers" / "q" / "@etl"
+    consumer_dir.mkdir(parents=True)
+    record = {"host": socket.gethostname(), "pid": gone.pid, "token": "x", "timeout_s": 600}
+    Path(record_path(str(consumer_dir), 4)).write_text(json.dumps(record))  # renewed just now
+    query = run_available_now(
+        _stream(spark, path=str(root), queue="q", consumer="etl"), out, tmp_path / "checkpoint"
+    )
+    assert query.exception() is None
+    assert spark.read.parquet(str(out)).count() == 50 and queue.stats().total == 0
+    assert not os.path.exists(record_path(str(consumer_dir), 4))
+    taken = read_record(record_path(str(consumer_dir), 5))
+    assert taken is not None  # the query's own, free again once its process has ended
+    _wait_for(lambda: not taken.is_alive(time.time()), "the query's hold ending")
 
 
 # -- streaming writes -----------------------------------------------------------------------------

@@ -321,6 +321,7 @@ def test_batches_held_in_memory_get_the_smaller_default_cap(
             offsets.append(reader.latestOffset(offsets[-1], ReadAllAvailable()))
             _read(reader, offsets[-2], offsets[-1])
         assert [o["messages"] for o in offsets[1:]] == [6, 2, 2, 2]  # named, named, count...
+        reader.stop()  # one running query per consumer name: the capped one follows it
         capped = _reader(root, maxMessagesPerBatch="3")  # an explicit cap holds for both
         assert capped.latestOffset(offsets[-1], ReadAllAvailable())["messages"] == 3
         capped.stop()
@@ -757,6 +758,7 @@ def test_a_write_task_refuses_a_row_the_queue_would_refuse(root: Path, tmp_path:
         store.create_queue("small", dirmq.QueueConfig(max_message_bytes=10))
     options = parse_options({"path": str(root), "queue": "small"})
     good = pa.record_batch({"body": pa.array([b"ok"], pa.binary())})
+    (tmp_path / "job").mkdir()  # made by the driver before any task runs
     staged = stage(options, str(tmp_path / "job"), iter([good]))
     assert staged.rows == 1 and staged.path is not None
     big = pa.record_batch({"body": pa.array([b"ok", b"far too long"], pa.binary())})

@@ -11,6 +11,8 @@
     ├── StaleReceipt            the lease behind a receipt is gone (expired and re-leased, or acked)
     ├── DuplicateMessage        a pub/sub message id that was already published
     ├── SubscriptionBusy        a pub/sub subscription name already attached elsewhere
+    ├── ConsumerBusy            a Spark streaming consumer name held by another running query
+    ├── CannotListen            a server address that cannot be bound (in use, not local, ...)
     ├── DeliveryNotFound        a pub/sub delivery that is no longer held (aborted or settled)
     ├── CorruptMessage          a message file that does not decode (truncated, bad checksum)
     ├── ConfigError             a queue configuration that does not parse or validate
@@ -69,6 +71,14 @@ class DuplicateMessage(DirmqError):
 
 
 class SubscriptionBusy(DirmqError):
+    pass
+
+
+class ConsumerBusy(DirmqError):
+    pass
+
+
+class CannotListen(DirmqError):
     pass
 
 

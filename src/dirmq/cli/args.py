@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
-from dirmq.errors import InvalidName
+from dirmq.errors import InvalidArgument, InvalidName
 from dirmq.store import Store, default_root
 from dirmq.store.bounds import MAX_DURATION_S
 from dirmq.store.config import Durability
@@ -54,6 +54,18 @@ def count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is negative")
     return value
+
+
+def listen_address(text: str) -> str:
+    """An address to listen on, `HOST:PORT` (checked here, so that a bad one is a usage
+    error that says what is wrong with it)."""
+    from dirmq.server.serve import parse_address
+
+    try:
+        parse_address(text)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def optional_seconds(text: str) -> float | None:

@@ -12,6 +12,7 @@
   8  fsck found problems it did not repair
   9  duplicate: a pub/sub message id that was already published
  10  busy: the pub/sub subscription name is attached in another process
+ 11  cannot listen: `serve` could not bind an address (in use, not local, privileged port)
 130  interrupted (Ctrl-C)
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import sys
 
 from dirmq.errors import (
+    CannotListen,
     ConfigError,
     CorruptConfig,
     CorruptMessage,
@@ -48,6 +50,7 @@ STALE = 7
 FSCK_UNREPAIRED = 8
 DUPLICATE = 9
 BUSY = 10
+CANNOT_LISTEN = 11
 INTERRUPTED = 130
 BROKEN_PIPE = 141
 
@@ -66,6 +69,7 @@ ERROR_EXITS: tuple[tuple[type[BaseException], int], ...] = (
     (DeliveryNotFound, STALE),
     (DuplicateMessage, DUPLICATE),
     (SubscriptionBusy, BUSY),
+    (CannotListen, CANNOT_LISTEN),
     (CorruptMessage, STORAGE),
     (StorageError, STORAGE),
     (OSError, STORAGE),  # foreign errors that reached the CLI unmapped (permissions, ...)

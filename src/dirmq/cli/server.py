@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dirmq.cli.args import count, seconds
+from dirmq.cli.args import count, listen_address, seconds
 from dirmq.sqs.deleted import WINDOW_S
 from dirmq.store import default_root
 
@@ -18,18 +18,21 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--listen",
+        type=listen_address,
         default="127.0.0.1:8080",
         metavar="HOST:PORT",
         help="native API address (default 127.0.0.1:8080; port 0 picks a free one)",
     )
     p.add_argument(
         "--yaq-listen",
+        type=listen_address,
         default=None,
         metavar="HOST:PORT",
         help="also serve the yaq dialect on this address",
     )
     p.add_argument(
         "--sqs-listen",
+        type=listen_address,
         default=None,
         metavar="HOST:PORT",
         help="also serve the Amazon SQS API on a port of its own (it is always served on "

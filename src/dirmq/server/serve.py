@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import ipaddress
 import os
+import re
 import signal
 import socket
 import sys
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 
 import uvloop
 
-from dirmq.errors import InvalidArgument
+from dirmq.errors import CannotListen, InvalidArgument
 from dirmq.server.app import NativeApp
 from dirmq.server.broker import Broker
 from dirmq.server.budget import MemoryBudget
@@ -52,24 +54,63 @@ class ServeOptions:
     sqs_deleted_wait_s: float | None = None  # CreateQueue after DeleteQueue: AWS's 60 s wait
 
 
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
 def parse_address(text: str) -> tuple[str, int]:
-    """`HOST:PORT`, `[v6]:PORT` or `:PORT` (all interfaces)."""
+    """`HOST:PORT`, `[v6]:PORT` or `:PORT` (all interfaces); port 0 picks a free port.
+    `InvalidArgument` says what is wrong with anything else."""
     host, sep, port = text.rpartition(":")
-    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535:
-        raise InvalidArgument(f"listen address {text!r} must be HOST:PORT")
-    host = host.strip("[]") or "0.0.0.0"
+    if not sep or not port:
+        raise InvalidArgument(
+            f"listen address {text!r} must be HOST:PORT (e.g. 127.0.0.1:8080, [::1]:8080 or :8080)"
+        )
+    if not (port.isascii() and port.isdigit()):
+        raise InvalidArgument(f"listen address {text!r}: port {port!r} is not a number")
+    if int(port) > 65535:
+        raise InvalidArgument(
+            f"listen address {text!r}: port {int(port)} is out of range "
+            "(1-65535, or 0 for any free port)"
+        )
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if not _is_ip(host, 6):
+            raise InvalidArgument(f"listen address {text!r}: [{host}] is not an IPv6 address")
+    host = host or "0.0.0.0"
+    if not (_is_ip(host, 4) or _is_ip(host, 6) or _is_host_name(host)):
+        raise InvalidArgument(
+            f"listen address {text!r}: {host!r} is not an IP address or a host name"
+        )
     return host, int(port)
+
+
+def _is_ip(host: str, version: int) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == version
+    except ValueError:
+        return False
+
+
+def _is_host_name(host: str) -> bool:
+    labels = host.rstrip(".").split(".")
+    if all(label.isdigit() for label in labels):
+        return False  # a malformed IPv4 address (999.1.1.1), not a name
+    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
 
 
 def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(BACKLOG)
-    sock.setblocking(False)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
@@ -87,17 +128,32 @@ class _Endpoint:
 
 
 def _bind_all(options: ServeOptions) -> list[_Endpoint]:
-    endpoints = []
+    """Bind every address (all checked first), or none: `CannotListen` names the one that
+    failed and why (in use, not an address of this host, a privileged port...)."""
     wanted = [("native", options.listen)]
     if options.yaq_listen:
         wanted.append(("yaq", options.yaq_listen))
     if options.sqs_listen:
         wanted.append(("sqs", options.sqs_listen))
-    for name, address in wanted:
-        host, port = parse_address(address)
-        sock = _listen(host, port, reuse_port=options.workers > 1)
-        endpoints.append(_Endpoint(name, host, sock.getsockname()[1], sock))
+    parsed = [(name, address, *parse_address(address)) for name, address in wanted]
+    endpoints: list[_Endpoint] = []
+    try:
+        for name, address, host, port in parsed:
+            try:
+                sock = _listen(host, port, reuse_port=options.workers > 1)
+            except OSError as exc:
+                reason = exc.strerror or str(exc)
+                raise CannotListen(f"cannot listen on {address} ({name} API): {reason}") from exc
+            endpoints.append(_Endpoint(name, host, sock.getsockname()[1], sock))
+    except BaseException:
+        _close(endpoints)
+        raise
     return endpoints
+
+
+def _close(endpoints: list[_Endpoint]) -> None:
+    for endpoint in endpoints:
+        endpoint.sock.close()
 
 
 async def run_worker(options: ServeOptions, endpoints: list[_Endpoint]) -> None:
@@ -180,12 +236,16 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
             f"--max-body-memory ({limits.max_body_memory_bytes}) must be at least "
             f"--max-body-bytes ({limits.max_body_bytes})"
         )
-    Store(options.root)  # create the root now, so a bad path fails before we announce
     if options.sqs_credentials is not None:
         from dirmq.sqs.auth import load_credentials
 
         load_credentials(options.sqs_credentials)  # a bad file fails before we announce
-    endpoints = _bind_all(options)
+    endpoints = _bind_all(options)  # before the root: a busy port must leave nothing behind
+    try:
+        Store(options.root)  # create the root now, so a bad path fails before we announce
+    except BaseException:
+        _close(endpoints)
+        raise
     for endpoint in endpoints:
         announce(f"dirmq {endpoint.name} API listening on {endpoint.url}")
     announce(

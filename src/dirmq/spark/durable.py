@@ -6,6 +6,7 @@ racing to record the same thing agree on one winner.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import time
@@ -71,6 +72,26 @@ def read_file(path: str) -> bytes | None:
 def remove_tree(path: str) -> None:
     """Remove a directory tree; a tree already gone is fine."""
     shutil.rmtree(path, ignore_errors=True)
+
+
+def discard_tree(path: str, attempts: int = 5) -> None:
+    """Remove a directory tree so that nothing can reappear under `path` afterwards unless
+    someone creates the directory again: it is first renamed to a private name (a task that
+    opens a file under `path` later finds nothing), then removed. A file created while the
+    rename ran (its lookup started before) lands in the renamed tree: removing is retried."""
+    private = _tmp_path(path) + ".discarded"
+    try:
+        os.rename(path, private)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise storage_error(exc, f"removing {path}") from exc
+    for _ in range(attempts):
+        remove_tree(private)
+        if not os.path.lexists(private):
+            return
+    busy = OSError(errno.ENOTEMPTY, f"files keep appearing in {private}")
+    raise storage_error(busy, f"removing {path}")
 
 
 def remove_stale(directory: str, older_than_s: float) -> int:

@@ -11,7 +11,8 @@ messages planned over p read partitions. What PySpark 4.x does, and what follows
   calling `latestOffset`: the ledger holds what the batch leased, so it replays exactly that.
 - Whatever the ledger holds beyond `start` when `latestOffset(start)` is called was planned but
   never logged by Spark (or belongs to a discarded checkpoint): it is given back to the queue.
-- `initialOffset` is called at every start, even from a checkpoint: it has no side effect.
+- `initialOffset` is called at every start, even from a checkpoint: its one side effect is
+  taking the consumer name (`holder.py`), which `stop()` gives back.
 - With no data, `latestOffset` is called ~80 times a second: path mode lists `@ready` at most
   every 50 ms (`backlog.py`) and otherwise asks the queue's index for its ready count; url mode
   long-polls briefly.
@@ -36,6 +37,7 @@ from pyspark.sql.streaming.datasource import (
 from dirmq.errors import InvalidArgument
 from dirmq.spark.backlog import ReadyBacklog
 from dirmq.spark.connect import QueueHandle, local_store, open_queue
+from dirmq.spark.holder import take
 from dirmq.spark.leasing import (
     LeasePartition,
     RowsPartition,
@@ -70,6 +72,13 @@ class _Driver:
 
     def __init__(self, options: Options) -> None:
         self.queue: QueueHandle = open_queue(options)
+        # Before the ledger is touched: a second query on this consumer would share it, and
+        # deliver everything a second time. (Nothing below fails but the filesystem.)
+        self.hold = take(
+            options.consumer_dir(),
+            f"consumer {options.consumer!r} of queue {options.queue!r}",
+            options.lease_s,
+        )
         self.ledger = Ledger(options.consumer_dir())
         self.first_acked = self.ledger.acked()
         # Path mode: records of committed batches up to here went to a later batch's tasks.
@@ -77,7 +86,7 @@ class _Driver:
         # Path mode: ready messages not yet planned, as last counted (stats() is skipped while
         # this alone fills a batch: counting processes every change others made meanwhile).
         self.unplanned = 0
-        self.upkeep = Upkeep(self.queue, self.ledger, options.lease_s)
+        self.upkeep = Upkeep(self.queue, self.ledger, options.lease_s, self.hold)
         # Path mode: the ready messages to plan from, and the names planned for each batch.
         self.backlog = ReadyBacklog(self.queue) if isinstance(self.queue, Queue) else None
         # (batch, its names; [] for a batch planned as a count): None for a batch this driver
@@ -122,7 +131,8 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- planning, on the driver ----------------------------------------------------------------
     def initialOffset(self) -> Offset:  # noqa: N802
-        return offset(Ledger(self._options.consumer_dir()).acked())
+        # Called first at every start: where a second query on this consumer is refused.
+        return offset(self._driver().ledger.acked())
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
         if self._options.max_per_trigger is not None:
@@ -139,6 +149,7 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:  # noqa: N802
         driver = self._driver()
+        driver.hold.check()  # taken over by another query: plan nothing more
         seq = int(start["seq"])
         # Spark has committed every batch up to `start`. Path mode: the records handed to the
         # tasks of those batches were acknowledged there; the driver settles what they left.
@@ -274,6 +285,7 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def stop(self) -> None:
         if self._driver_state is not None:
             self._driver_state.upkeep.close()
+            self._driver_state.hold.release()
 
     # -- reading, on the executors --------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -8,7 +8,8 @@
   run), `latestOffset` waits for the settling to finish before it answers "no new data".
 - The last batch before the source idles (or ends, with availableNow) has no later tasks to
   settle it: the driver acknowledges it alone, its records on `SETTLE_THREADS` threads.
-- Heartbeats: every lease period / 4, extend the leases of recorded batches that are not yet
+- Heartbeats: every lease period / 4, renew the query's hold on its consumer name
+  (`holder.py`), and extend the leases of recorded batches that are not yet
   settled and were last extended (or recorded) more than a third of a lease period ago, so a
   long batch keeps its messages.
 
@@ -26,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from dirmq.errors import InvalidArgument, MessageNotFound, StaleReceipt
 from dirmq.spark.connect import QueueHandle
+from dirmq.spark.holder import ConsumerHold
 from dirmq.spark.ledger import Ledger, Record
 from dirmq.store import Queue
 from dirmq.store.layout import parse_receipt
@@ -35,10 +37,13 @@ SETTLE_THREADS = 2
 
 
 class Upkeep:
-    def __init__(self, queue: QueueHandle, ledger: Ledger, lease_s: float) -> None:
+    def __init__(
+        self, queue: QueueHandle, ledger: Ledger, lease_s: float, hold: ConsumerHold | None = None
+    ) -> None:
         self._queue = queue
         self._ledger = ledger
         self._lease_s = lease_s
+        self._hold = hold
         self._cond = threading.Condition()
         self._target = ledger.acked()  # settle everything up to here
         self._done = self._target  # settled up to here
@@ -96,6 +101,7 @@ class Upkeep:
             if target > self._attempted:
                 self._settle(target)
             if time.monotonic() >= next_beat:
+                self._renew_hold()
                 self._heartbeat()
                 next_beat = time.monotonic() + interval_s
 
@@ -122,6 +128,15 @@ class Upkeep:
             else:
                 self._error = error
             self._cond.notify_all()
+
+    def _renew_hold(self) -> None:
+        if self._hold is None:
+            return
+        try:
+            if not self._hold.renew():
+                log.warning("dirmq: this query lost its consumer name; it stops planning")
+        except Exception as exc:  # the next beat tries again, well within the hold's timeout
+            log.warning("dirmq: renewing the consumer name failed: %s", exc)
 
     def _heartbeat(self) -> None:
         now = time.time()

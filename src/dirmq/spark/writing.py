@@ -35,7 +35,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from dirmq.errors import InvalidArgument
+from dirmq.errors import InvalidArgument, storage_error
 from dirmq.spark import durable
 from dirmq.spark.connect import QueueHandle, flush_local, message_checker, open_queue
 from dirmq.spark.options import Options
@@ -82,10 +82,12 @@ def stage(
     batches: Iterator[pa.RecordBatch],
     query_id: str | None = None,
     batch_id: int | None = None,
+    create_dir: bool = False,
 ) -> StagedRows:
     """Stage one task's rows (runs on an executor): into `job_dir`, or into the message. Every
     row is checked as the queue would check it, so a bad row fails its task, and so the job,
-    before anything is published."""
+    before anything is published. `job_dir` must exist unless `create_dir`: a task never
+    recreates the directory of a job its driver has aborted."""
     context = TaskContext.get()
     partition = context.partitionId() if context else 0
     attempt = context.attemptNumber() if context else 0
@@ -94,9 +96,17 @@ def stage(
         return StagedRows(partition, rows, data=data, query_id=query_id, batch_id=batch_id)
     # A staged file needs no fsync: if the machine fails before the commit, so does the job.
     path = os.path.join(job_dir, f"part-{partition:05d}-{attempt}.arrow")
-    os.makedirs(job_dir, exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
+    if create_dir:
+        os.makedirs(job_dir, exist_ok=True)
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+    except FileNotFoundError:
+        # The driver made the directory before any task ran and removes it on abort: the job
+        # failed elsewhere while this task still ran (Spark does not wait for it).
+        raise InvalidArgument(
+            f"the write job was aborted: its staging directory {job_dir} is gone"
+        ) from None
     return StagedRows(partition, rows, path=path, query_id=query_id, batch_id=batch_id)
 
 
@@ -136,11 +146,13 @@ def publish(queue: QueueHandle, messages: Iterable[OutgoingMessage]) -> int:
 
 
 def _cleanup(messages: Sequence[WriterCommitMessage | None], job_dir: str | None) -> None:
+    # Renamed away before removal: a task of a failed job may still be running (Spark returns
+    # the job's failure without waiting for its other tasks), and must find nothing to write to.
     if job_dir is not None:
-        durable.remove_tree(job_dir)
+        durable.discard_tree(job_dir)
     for message in messages:
         if isinstance(message, StagedRows) and message.path is not None:
-            durable.remove_tree(os.path.dirname(message.path))
+            durable.discard_tree(os.path.dirname(message.path))
 
 
 class DirmqBatchWriter(DataSourceArrowWriter):
@@ -154,6 +166,11 @@ class DirmqBatchWriter(DataSourceArrowWriter):
         if staging is not None:
             durable.remove_stale(staging, STALE_STAGING_S)
         self._job_dir = None if staging is None else os.path.join(staging, uuid.uuid4().hex)
+        if self._job_dir is not None:  # made here, never by a task (see `stage`)
+            try:
+                os.makedirs(self._job_dir)
+            except OSError as exc:
+                raise storage_error(exc, f"creating {self._job_dir}") from exc
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedRows:
         return stage(self._options, self._job_dir, iterator)
@@ -177,6 +194,9 @@ class DirmqStreamWriter(DataSourceStreamArrowWriter):
         check_write_schema(schema)
         open_queue(options, create=options.create_queue)  # fail at the start of the query
         self._options = options
+        staging = options.staging_dir()
+        if staging is not None:  # what crashed drivers, or late tasks of a failed batch, left
+            durable.remove_stale(staging, STALE_STAGING_S)
 
     def _batch_dir(self, query_id: str, batch_id: int) -> str | None:
         """Where the tasks of one micro-batch stage their rows (None over `url`)."""
@@ -194,7 +214,9 @@ class DirmqStreamWriter(DataSourceStreamArrowWriter):
             job_dir = self._batch_dir("job", uuid.uuid4().int)
         else:
             job_dir = self._batch_dir(query_id, batch_id)
-        return stage(self._options, job_dir, iterator, query_id, batch_id)
+        # Only the tasks know the batch id: they make its directory. (A task still running
+        # after its batch was aborted may leave a file there; the batch's retry removes it.)
+        return stage(self._options, job_dir, iterator, query_id, batch_id, create_dir=True)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         staged = [m for m in messages if isinstance(m, StagedRows)]
