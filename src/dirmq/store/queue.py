@@ -341,8 +341,9 @@ class Queue:
                 or "\n" in value
                 or "\r" in value
                 or "\x00" in value
+                or codec.utf8_length(value) is None
             ):
-                raise InvalidArgument(f"{name} must be a non-empty single-line string")
+                raise InvalidArgument(f"{name} must be a non-empty single-line Unicode string")
 
     def _write_tmp(
         self,
