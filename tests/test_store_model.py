@@ -63,7 +63,9 @@ MAX_DURATION_S = 365 * 86400
 STORE_BOUNDS_DURATIONS = False
 
 SMALL_MAX_BYTES = 70_000  # a queue limit just above one first read (files._FIRST_READ)
-_TOKEN_CHARS = frozenset("!#$%&'*+.^_`|~-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_TOKEN_CHARS = frozenset(
+    "!#$%&'*+.^_`|~-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
 _HEADER_LIMIT = 2 * 1024 * 1024  # codec.MAX_HEADER_BYTES: beyond it a put is refused
 
 
@@ -196,13 +198,19 @@ bodies = st.binary(max_size=64) | st.sampled_from(_sizes).map(
 )
 
 header_names = st.sampled_from(
-    ["X-A", "x-a", "Content-Type", "Colour", "a", "~!#$%&'*+.^_`|", "Dirmq-Id", "dirmq-x"]
-    + ["Content-Length", "body-crc32", "", "a b", "X:Y", "é", "X\n", "X\x00"]
+    [
+        *["X-A", "x-a", "Content-Type", "Colour", "a", "~!#$%&'*+.^_`|", "Dirmq-Id", "dirmq-x"],
+        *["Content-Length", "body-crc32", "", "a b", "X:Y", "é", "X\n", "X\x00"],
+    ]
 )
-header_values = st.sampled_from(
-    ["", " lead", "trail ", "a: b", "ü€😀", "\u2028", "\x85", "\t", "a\nb", "a\rb", "a\x00b"]
-    + ["\ud800"]
-) | st.text(max_size=20) | st.just(_HEADER_LIMIT + 1).map(lambda n: "x" * n)
+header_values = (
+    st.sampled_from(
+        ["", " lead", "trail ", "a: b", "ü€😀", "\u2028", "\x85", "\t", "a\nb", "a\rb", "\x00"]
+    )
+    | st.sampled_from(["a\x00b", "\ud800", "x\udfff"])
+    | st.text(max_size=20)
+    | st.just(_HEADER_LIMIT + 1).map(lambda n: "x" * n)
+)
 headers_st = st.dictionaries(header_names, header_values, max_size=3)
 groups = st.sampled_from([None, None, "g1", "g2", "ü-g", "x" * 300, "", "a\nb", "\x00", "\ud800"])
 dedup_ids = st.sampled_from([None, None, None, "d1", "d2", "", "a\rb", "\udfff"])
@@ -395,9 +403,7 @@ class StoreMachine(RuleBasedStateMachine):
         visibility_s=st.none() | any_durations,
         max_per_group=st.sampled_from([1, 1, 2, None, 0]),
     )
-    def get(
-        self, max_count: Any, visibility_s: Any, max_per_group: Any
-    ) -> Any:
+    def get(self, max_count: Any, visibility_s: Any, max_per_group: Any) -> Any:
         valid = (
             isinstance(max_count, int)
             and not isinstance(max_count, bool)
@@ -595,3 +601,68 @@ def test_store_matches_the_model() -> None:
             )
     if fuzz_s:
         print(f"\nstore model: {StoreMachine.examples} examples, {StoreMachine.steps} steps")
+
+
+# -- what the machine found, pinned as plain regression tests -----------------------------------
+@pytest.mark.parametrize(
+    "message",
+    [
+        OutgoingMessage(b"x", {"X-A": "\ud800"}),
+        OutgoingMessage(b"x", group="\ud800"),
+        OutgoingMessage(b"x", dedup_id="\udfff"),
+    ],
+    ids=["header-value", "group", "dedup-id"],
+)
+def test_a_lone_surrogate_is_an_invalid_argument(
+    store: dirmq.Store, message: OutgoingMessage
+) -> None:
+    """It was a UnicodeEncodeError out of put_many (a 500 at any door that lets one through)."""
+    queue = store.create_queue("q")
+    with pytest.raises(InvalidArgument, match="Unicode"):
+        queue.validate(message)
+    with pytest.raises(InvalidArgument, match="Unicode"):
+        queue.put_many([message])
+    assert queue.stats().total == 0
+
+
+def test_oversized_headers_are_refused_by_validate_and_on_a_dedup_repeat(
+    store: dirmq.Store,
+) -> None:
+    """The header size was checked only when a file was encoded: `validate` passed such a
+    message (so it failed the whole batch it joined), and a dedup repeat, never encoded,
+    was accepted."""
+    queue = store.create_queue("q")
+    huge = {"X-A": "x" * (2 * 1024 * 1024 + 1)}
+    with pytest.raises(InvalidArgument, match="limit"):
+        queue.validate(OutgoingMessage(b"x", huge))
+    first = queue.put(b"x", dedup_id="d")
+    with pytest.raises(InvalidArgument, match="limit"):
+        queue.put(b"x", huge, dedup_id="d")
+    assert queue.put(b"x", dedup_id="d") == first
+
+
+@pytest.mark.xfail(
+    not STORE_BOUNDS_DURATIONS,
+    strict=True,
+    reason="the store has no upper bound on durations on this branch (issue 15, bounds)",
+)
+@pytest.mark.parametrize("seconds", [MAX_DURATION_S + 1, 1e13, float("inf")])
+@pytest.mark.parametrize("operation", ["put", "get", "extend", "nack"])
+def test_durations_beyond_the_bound_are_refused(
+    store: dirmq.Store, operation: str, seconds: float
+) -> None:
+    queue = store.create_queue("q")
+    queue.put(b"held")
+    held = queue.get_one()
+    assert held is not None and held.receipt is not None
+    calls = {
+        "put": lambda: queue.put(b"x", delay_s=seconds),
+        "get": lambda: queue.get(visibility_s=seconds),
+        "extend": lambda: queue.extend(held.receipt, seconds),
+        "nack": lambda: queue.nack(held.receipt, seconds),
+    }
+    queue.put(b"ready")
+    with pytest.raises(InvalidArgument):
+        calls[operation]()
+    stats = queue.stats()
+    assert (stats.ready, stats.in_flight, stats.delayed) == (1, 1, 0)
