@@ -44,10 +44,13 @@ from hypothesis.stateful import (
 )
 
 import dirmq
+from dirmq.client import RemoteStore
 from dirmq.errors import InvalidArgument, MessageTooLarge, StaleReceipt
 from dirmq.store import files, layout
 from dirmq.store import queue as queue_module
 from dirmq.store.message import OutgoingMessage
+
+from .servers import ServerProcess, start_server
 
 pytestmark = pytest.mark.fuzz
 
@@ -293,6 +296,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     examples = 0  # machines run, for the fuzz run's report
     steps = 0
+    remote = False  # RemoteMachine: the same rules over HTTP, against a real server
 
     receipts = Bundle("receipts")
 
@@ -307,7 +311,35 @@ class StoreMachine(RuleBasedStateMachine):
         self.model = Model()
         self.config = dirmq.QueueConfig()
         self.queue: Any = None
+        self.queue_name = "model/q"
         self.children = 0
+        self.restarts = 0
+
+    # -- what differs between transports ----------------------------------------------------------
+    def now(self) -> int:
+        """The store's clock, as the model reads it."""
+        return self.clock.ms
+
+    def lease_s(self, seconds: Any) -> Any:
+        """A lease duration as this transport can predict it (hostile values unchanged)."""
+        return seconds
+
+    def delay_s(self, seconds: Any) -> Any:
+        """A delay as this transport can predict it (hostile values unchanged)."""
+        return seconds
+
+    def adapt(self, draft: Draft) -> Draft:
+        return draft
+
+    def crash_and_reopen(self) -> None:
+        """The process 'dies': its Store is dropped unclosed and a new one opens the root."""
+        self.dropped.append(self.store)
+        self.store = dirmq.Store(self.root, create=False)
+        self.queue = self.store.queue(self.queue_name)
+
+    def file_key(self, name: str) -> object:
+        """How a state file name is compared with the model's."""
+        return name
 
     @initialize(
         visibility_s=st.sampled_from([30, 0, 0.001, 1, 3600]),
@@ -324,7 +356,7 @@ class StoreMachine(RuleBasedStateMachine):
             max_message_bytes=max_bytes,
             durability=durability,
         )
-        self.queue = self.store.create_queue("model/q", self.config)
+        self.queue = self.store.create_queue(self.queue_name, self.config)
 
     def teardown(self) -> None:
         for store in [*self.dropped, self.store]:
@@ -342,7 +374,7 @@ class StoreMachine(RuleBasedStateMachine):
         if isinstance(ids, Exception):
             raise ids
         assert len(ids) == len(batch)
-        now = self.clock.ms
+        now = self.now()
         owners: dict[str, str] = {}
         for draft, message_id in zip(batch, ids, strict=True):
             key = draft.dedup_id
@@ -367,6 +399,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(draft=drafts)
     def put(self, draft: Draft) -> None:
+        draft = self.adapt(draft)
         outcome: list[str] | Exception
         try:
             outcome = [
@@ -385,6 +418,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(batch=st.lists(drafts, min_size=1, max_size=6))
     def put_many(self, batch: list[Draft]) -> None:
+        batch = [self.adapt(d) for d in batch]
         outgoing = [
             OutgoingMessage(d.body, d.headers, d.delay_s, d.dedup_id, d.group)  # type: ignore[arg-type]
             for d in batch
@@ -404,6 +438,9 @@ class StoreMachine(RuleBasedStateMachine):
         max_per_group=st.sampled_from([1, 1, 2, None, 0]),
     )
     def get(self, max_count: Any, visibility_s: Any, max_per_group: Any) -> Any:
+        visibility_s = self.lease_s(visibility_s)
+        if self.remote:  # the HTTP API's get takes one message per group
+            max_per_group = 1
         valid = (
             isinstance(max_count, int)
             and not isinstance(max_count, bool)
@@ -413,10 +450,10 @@ class StoreMachine(RuleBasedStateMachine):
         )
         if not valid:
             with pytest.raises(InvalidArgument):
-                self.queue.get(max_count, visibility_s=visibility_s, max_per_group=max_per_group)
+                self._get(max_count, visibility_s, max_per_group)
             return multiple()
-        got = self.queue.get(max_count, visibility_s=visibility_s, max_per_group=max_per_group)
-        now = self.clock.ms
+        got = self._get(max_count, visibility_s, max_per_group)
+        now = self.now()
         self.model.opened(now)
         visibility = self.config.visibility_timeout_s if visibility_s is None else visibility_s
         expected = self.model.expected_get(max_count, duration_ms(visibility), max_per_group, now)
@@ -427,12 +464,21 @@ class StoreMachine(RuleBasedStateMachine):
             assert message.group == m.group
             assert message.receive_count == m.count
             assert message.receipt == f"{m.id}.{m.count}"
-            assert m.at_ms is not None and message.lease_deadline_s == m.at_ms / 1000
+            assert m.at_ms is not None and message.lease_deadline_s is not None
+            if self.remote:  # the server's clock: the model only knows it roughly
+                assert abs(message.lease_deadline_s - m.at_ms / 1000) < 60
+            else:
+                assert message.lease_deadline_s == m.at_ms / 1000
         return multiple(*(message.receipt for message in got))
+
+    def _get(self, max_count: Any, visibility_s: Any, max_per_group: Any) -> Any:
+        if self.remote:
+            return self.queue.get(max_count, visibility_s=visibility_s)
+        return self.queue.get(max_count, visibility_s=visibility_s, max_per_group=max_per_group)
 
     def _settle_outcome(self, receipt: str, call: Any) -> ModelMessage | None:
         """Run a settle call; the model message it applied to (None: the store said stale)."""
-        self.model.opened(self.clock.ms)
+        self.model.opened(self.now())
         m = self.model.leased_by_receipt(receipt)
         if m is None:
             with pytest.raises(StaleReceipt):
@@ -449,6 +495,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(receipt=receipts, delay_s=any_durations)
     def nack(self, receipt: str, delay_s: Any) -> None:
+        delay_s = self.delay_s(delay_s)
         if not valid_seconds(delay_s):
             with pytest.raises(InvalidArgument):
                 self.queue.nack(receipt, delay_s)
@@ -457,21 +504,22 @@ class StoreMachine(RuleBasedStateMachine):
         if m is None:
             return
         if delay_s > 0 and m.group is not None:  # stays in flight, holding its group
-            m.at_ms = self.clock.ms + duration_ms(delay_s)
+            m.at_ms = self.now() + duration_ms(delay_s)
         elif delay_s > 0:
-            m.state, m.at_ms = "delayed", self.clock.ms + duration_ms(delay_s)
+            m.state, m.at_ms = "delayed", self.now() + duration_ms(delay_s)
         else:
             m.state, m.at_ms = "ready", None
 
     @rule(receipt=receipts, visibility_s=any_durations)
     def extend(self, receipt: str, visibility_s: Any) -> None:
+        visibility_s = self.lease_s(visibility_s)
         if not valid_seconds(visibility_s):
             with pytest.raises(InvalidArgument):
                 self.queue.extend(receipt, visibility_s)
             return
         m = self._settle_outcome(receipt, lambda: self.queue.extend(receipt, visibility_s))
         if m is not None:
-            m.at_ms = self.clock.ms + duration_ms(visibility_s)
+            m.at_ms = self.now() + duration_ms(visibility_s)
 
     @rule(
         receipt=st.sampled_from(
@@ -488,16 +536,17 @@ class StoreMachine(RuleBasedStateMachine):
     def settle_unknown(self) -> None:
         with pytest.raises(StaleReceipt):
             self.queue.ack("0000000000000001-000000000000.1")
-        self.model.opened(self.clock.ms)
+        self.model.opened(self.now())
 
     # -- whole queue, time, crashes -----------------------------------------------------------
     @rule()
     def purge(self) -> None:
         removed = self.queue.purge()
-        self.model.opened(self.clock.ms)
+        self.model.opened(self.now())
         assert removed == len(self.model.messages)
         self.model.messages.clear()
 
+    @precondition(lambda self: not self.remote)  # a server keeps its own time
     @rule(data=st.data())
     def advance(self, data: st.DataObject) -> None:
         """Move the clock: a little, a lot, or to exactly a deadline (or 1 ms either side)."""
@@ -508,12 +557,11 @@ class StoreMachine(RuleBasedStateMachine):
             choices = choices | st.just(max(0, target - self.clock.ms))
         self.clock.ms += data.draw(choices)
 
+    @precondition(lambda self: not self.remote or self.restarts < 1)  # a restart takes ~0.5 s
     @rule()
     def reopen_after_crash(self) -> None:
-        """The process 'dies': its Store is dropped unclosed and a new one opens the root."""
-        self.dropped.append(self.store)
-        self.store = dirmq.Store(self.root, create=False)
-        self.queue = self.store.queue("model/q")
+        self.restarts += 1
+        self.crash_and_reopen()
         self.model.promote_on_open = True
 
     @precondition(lambda self: self.children < 2)
@@ -521,16 +569,19 @@ class StoreMachine(RuleBasedStateMachine):
     def child_leases_then_dies(self, max_count: int, visibility_s: float) -> None:
         """Another process takes leases at this clock's time and is SIGKILLed holding them."""
         self.children += 1
+        visibility_s = self.lease_s(visibility_s)
+        clock = 0 if self.remote else self.now()  # 0: the child keeps the real clock
         script = (
             "import json, os, signal, sys, dirmq\n"
             "from dirmq.store import files, queue\n"
-            "files.now_ms = queue.now_ms = lambda: int(sys.argv[4])\n"
+            "if int(sys.argv[4]):\n"
+            "    files.now_ms = queue.now_ms = lambda: int(sys.argv[4])\n"
             "q = dirmq.Store(sys.argv[1], create=False).queue(sys.argv[2])\n"
             "got = q.get(int(sys.argv[3]), visibility_s=float(sys.argv[5]))\n"
             "print(json.dumps([m.id for m in got]), flush=True)\n"
             "os.kill(os.getpid(), signal.SIGKILL)\n"
         )
-        args = [self.root, "model/q", str(max_count), str(self.clock.ms), repr(visibility_s)]
+        args = [self.root, self.queue_name, str(max_count), str(clock), repr(visibility_s)]
         done = subprocess.run(
             [sys.executable, "-c", script, *args],
             capture_output=True,
@@ -543,7 +594,7 @@ class StoreMachine(RuleBasedStateMachine):
         got = json.loads(done.stdout)
         # The child builds its own index: it promotes everything due, like any get.
         expected = self.model.expected_get(
-            max_count, duration_ms(float(repr(visibility_s))), 1, self.clock.ms
+            max_count, duration_ms(float(repr(visibility_s))), 1, self.now()
         )
         assert got == [m.id for m in expected]
 
@@ -553,7 +604,7 @@ class StoreMachine(RuleBasedStateMachine):
         if self.queue is None:
             return
         type(self).steps += 1
-        now = self.clock.ms
+        now = self.now()
         stats = self.queue.stats()
         self.model.opened(now)
         assert (stats.ready, stats.in_flight, stats.delayed) == self.model.stats(now)
@@ -562,21 +613,79 @@ class StoreMachine(RuleBasedStateMachine):
 
     def _check_files(self) -> None:
         """Every message is exactly one file, named for its state; nothing else is left."""
-        path = self.queue.path
-        expected: dict[str, set[str]] = {layout.READY: set(), layout.LEASED: set()}
+        path = os.path.join(self.root, self.queue_name)
+        expected: dict[str, set[object]] = {layout.READY: set(), layout.LEASED: set()}
         expected[layout.DELAYED] = set()
         for m in self.model.messages.values():
             tag = None if m.group is None else layout.group_tag(m.group)
             if m.state == "ready":
-                expected[layout.READY].add(layout.ready_name(m.id, m.count, tag))
+                expected[layout.READY].add(self.file_key(layout.ready_name(m.id, m.count, tag)))
             else:
                 assert m.at_ms is not None
                 directory = layout.LEASED if m.state == "leased" else layout.DELAYED
-                expected[directory].add(layout.timed_name(m.id, m.count, m.at_ms, tag))
+                name = layout.timed_name(m.id, m.count, m.at_ms, tag)
+                expected[directory].add(self.file_key(name))
         for directory, names in expected.items():
-            assert set(os.listdir(os.path.join(path, directory))) == names, directory
+            listed = {self.file_key(n) for n in os.listdir(os.path.join(path, directory))}
+            assert listed == names, directory
         for directory in (layout.DEAD, layout.CORRUPT, layout.TMP):
             assert os.listdir(os.path.join(path, directory)) == [], directory
+
+
+class RemoteMachine(StoreMachine):
+    """The same rules over HTTP (RemoteStore) against a real `dirmq serve`; a crash is a
+    SIGKILL of the server and a restart on the same root. The server keeps its own time, so
+    no lease runs out during an example (leases and delays below an hour get an hour more;
+    delays of 0 stay 0) and file names are compared without their deadlines. HTTP carries
+    Content-Type, Content-Encoding and X-Attr-* only: messages go without headers here (the
+    local machine covers odd ones)."""
+
+    remote = True
+    server: ServerProcess | None = None  # one per test, shared by its examples
+
+    def __init__(self) -> None:
+        RuleBasedStateMachine.__init__(self)
+        type(self).examples += 1
+        assert self.server is not None
+        self.clock = CLOCK
+        self.root = str(self.server.root)
+        self.store: Any = RemoteStore(self.server.url)
+        self.dropped = []
+        self.model = Model()
+        self.config = dirmq.QueueConfig()
+        self.queue = None
+        self.queue_name = f"m{self.examples}/q"
+        self.children = self.restarts = 0
+
+    def teardown(self) -> None:
+        self.store.close()
+
+    def now(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def lease_s(self, seconds: Any) -> Any:
+        return seconds + 3600 if valid_seconds(seconds) and seconds < 3600 else seconds
+
+    def delay_s(self, seconds: Any) -> Any:
+        return self.lease_s(seconds) if seconds != 0 else seconds
+
+    def adapt(self, draft: Draft) -> Draft:
+        delay = None if draft.delay_s is None else self.delay_s(draft.delay_s)
+        return Draft(draft.body, {}, delay, draft.group, draft.dedup_id)
+
+    def crash_and_reopen(self) -> None:
+        server = type(self).server
+        assert server is not None
+        server.stop(signal.SIGKILL)
+        type(self).server = server = start_server(server.root)
+        self.store.close()
+        self.store = RemoteStore(server.url)
+        self.queue = self.store.queue(self.queue_name)
+
+    def file_key(self, name: str) -> object:
+        entry = layout.parse_entry(name)
+        assert entry is not None, name
+        return entry.message_id, entry.count, entry.group
 
 
 def _settings() -> settings:
@@ -588,19 +697,34 @@ def _settings() -> settings:
     )
 
 
-def test_store_matches_the_model() -> None:
-    """Bounded in `make test`; for DIRMQ_FUZZ_SECONDS under `make fuzz`."""
+def _run(machine: type[StoreMachine], max_examples: int) -> None:
+    """`max_examples` examples, then batches of fresh ones for DIRMQ_FUZZ_SECONDS (make fuzz)."""
     fuzz_s = float(os.environ.get("DIRMQ_FUZZ_SECONDS") or 0)
     end = time.monotonic() + fuzz_s
-    StoreMachine.examples = StoreMachine.steps = 0
+    machine.examples = machine.steps = 0
     with controlled_clock():
-        run_state_machine_as_test(StoreMachine, settings=_settings())
+        run_state_machine_as_test(
+            machine, settings=settings(_settings(), max_examples=max_examples)
+        )
         while time.monotonic() < end:
             run_state_machine_as_test(
-                StoreMachine, settings=settings(_settings(), max_examples=50, database=None)
+                machine, settings=settings(_settings(), max_examples=50, database=None)
             )
     if fuzz_s:
-        print(f"\nstore model: {StoreMachine.examples} examples, {StoreMachine.steps} steps")
+        print(f"\n{machine.__name__}: {machine.examples} examples, {machine.steps} steps")
+
+
+def test_store_matches_the_model() -> None:
+    _run(StoreMachine, max_examples=20)
+
+
+def test_the_server_matches_the_model(tmp_path: Path) -> None:
+    RemoteMachine.server = start_server(tmp_path / "root")
+    try:
+        _run(RemoteMachine, max_examples=10)
+    finally:
+        RemoteMachine.server.stop()
+        RemoteMachine.server = None
 
 
 # -- what the machine found, pinned as plain regression tests -----------------------------------
@@ -666,3 +790,31 @@ def test_durations_beyond_the_bound_are_refused(
         calls[operation]()
     stats = queue.stats()
     assert (stats.ready, stats.in_flight, stats.delayed) == (1, 1, 0)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        OutgoingMessage(b"x", group="a\nX-Group: b"),
+        OutgoingMessage(b"x", dedup_id="a\rb"),
+        OutgoingMessage(b"x", dedup_id=""),
+        OutgoingMessage(b"x", group="\ud800"),
+    ],
+    ids=["group-LF", "dedup-CR", "dedup-empty", "group-surrogate"],
+)
+def test_the_http_client_refuses_a_bad_group_or_dedup_id(
+    tmp_path: Path, message: OutgoingMessage
+) -> None:
+    """The HTTP client wrote them into header lines unchecked: a LF split a batch part's
+    headers (a batch of three stored two), a CR was 'cannot reach dirmq' (StorageIOError),
+    a surrogate a UnicodeEncodeError."""
+    server = start_server(tmp_path / "root")
+    try:
+        with RemoteStore(server.url) as remote:
+            queue = remote.create_queue("q")
+            for batch in ([message], [OutgoingMessage(b"a"), message, OutgoingMessage(b"b")]):
+                with pytest.raises(InvalidArgument, match="single-line"):
+                    queue.put_many(batch)
+            assert queue.stats().total == 0
+    finally:
+        server.stop()

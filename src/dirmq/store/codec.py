@@ -77,6 +77,18 @@ def check_headers(headers: Mapping[str, str]) -> None:
         raise InvalidArgument(f"headers take {size} bytes; the limit is {MAX_HEADER_BYTES}")
 
 
+def check_label(name: str, value: object) -> None:
+    """Raise `InvalidArgument` unless `value` (a message group or dedup id) is None or a
+    non-empty single line of Unicode: it travels in a header line."""
+    if value is not None and (
+        not isinstance(value, str)
+        or not value
+        or any(c in value for c in "\r\n\x00")
+        or utf8_length(value) is None
+    ):
+        raise InvalidArgument(f"{name} must be a non-empty single-line Unicode string")
+
+
 def utf8_length(text: str) -> int | None:
     """The length of `text` in UTF-8, or None if it has none (a lone surrogate)."""
     if text.isascii():
