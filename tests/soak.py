@@ -61,12 +61,14 @@ class Ledger:
     deliveries: int = 0
     publish_refused_full: int = 0  # DiskFull answers while the disk was full
     errors: dict[str, int] = field(default_factory=dict)
+    first_errors: dict[str, str] = field(default_factory=dict)  # a message of each type
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def error(self, exc: Exception) -> None:
         with self.lock:
             name = type(exc).__name__
             self.errors[name] = self.errors.get(name, 0) + 1
+            self.first_errors.setdefault(name, str(exc)[:200])
 
     def delivered(self, body: bytes) -> None:
         with self.lock:
@@ -92,6 +94,7 @@ class SoakResult:
     fsck_ok: bool
     fsck_problems: int
     errors: dict[str, int]
+    first_errors: dict[str, str]
     seconds: float
 
     @property
@@ -182,8 +185,10 @@ class Load:
             for i in range(1_000_000):
                 if self.stop.is_set():
                     return
+                pad = b"." * rng.choice([0, 0, 100, 3000, 9000])  # beyond a recycled file
                 bodies = [
-                    f"c{self.cycle}-p{n}-{i}-{k}".encode() for k in range(rng.choice([1, 1, 4]))
+                    f"c{self.cycle}-p{n}-{i}-{k}".encode() + pad
+                    for k in range(rng.choice([1, 1, 4]))
                 ]
                 delay = rng.choice([None, None, None, 0.2, MAX_DELAY_S])
                 try:
@@ -315,6 +320,7 @@ def run_soak(
         fsck_ok=bool(report.get("ok")) and fsck.returncode == 0,
         fsck_problems=len(report.get("problems", [])),
         errors=dict(sorted(ledger.errors.items())),
+        first_errors=dict(sorted(ledger.first_errors.items())),
         seconds=round(time.monotonic() - started, 1),
     )
 
