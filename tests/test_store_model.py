@@ -100,7 +100,7 @@ class ModelMessage:
     body: bytes
     headers: dict[str, str]
     group: str | None
-    state: str = "ready"  # ready, leased, delayed
+    state: str = "ready"  # ready, leased, delayed, dead
     count: int = 0  # deliveries so far
     at_ms: int | None = None  # lease deadline or due time
 
@@ -113,11 +113,17 @@ class Model:
     # A reopened store promotes due delays and expired leases when it first builds its index,
     # i.e. at the first operation other than a put.
     promote_on_open: bool = False
+    max_receives: int | None = None
 
     def promote(self, now_ms: int) -> None:
         for m in self.messages.values():
             if m.state in ("leased", "delayed") and m.at_ms is not None and m.at_ms <= now_ms:
-                m.state, m.at_ms = "ready", None
+                dead = m.state == "leased" and self.spent(m)
+                m.state, m.at_ms = "dead" if dead else "ready", None
+
+    def spent(self, m: ModelMessage) -> bool:
+        """Delivered max_receives times: an expired lease or a nack dead-letters it."""
+        return self.max_receives is not None and m.count >= self.max_receives
 
     def opened(self, now_ms: int) -> None:
         if self.promote_on_open:
@@ -162,19 +168,22 @@ class Model:
             return None
         return m
 
-    def stats(self, now_ms: int) -> tuple[int, int, int]:
-        """(ready, in flight, delayed) as `Queue.stats` counts them: an expired lease or a due
-        delay counts as ready before anyone promotes it."""
-        ready = in_flight = delayed = 0
+    def stats(self, now_ms: int) -> tuple[int, int, int, int]:
+        """(ready, in flight, delayed, dead) as `Queue.stats` counts them: an expired lease or
+        a due delay counts as ready before anyone promotes it (even one that will be
+        dead-lettered then)."""
+        ready = in_flight = delayed = dead = 0
         for m in self.messages.values():
             due = m.at_ms is not None and m.at_ms <= now_ms
-            if m.state == "ready" or due:
+            if m.state == "dead":
+                dead += 1
+            elif m.state == "ready" or due:
                 ready += 1
             elif m.state == "leased":
                 in_flight += 1
             else:
                 delayed += 1
-        return ready, in_flight, delayed
+        return ready, in_flight, delayed, dead
 
 
 # -- values, ordinary and hostile ----------------------------------------------------------------
@@ -346,15 +355,23 @@ class StoreMachine(RuleBasedStateMachine):
         delay_s=st.sampled_from([0, 0, 0, 2.5]),
         max_bytes=st.sampled_from([16 * 1024 * 1024, SMALL_MAX_BYTES]),
         durability=st.sampled_from(list(dirmq.Durability)),
+        max_receives=st.sampled_from([None, None, 1, 2]),
     )
     def create(
-        self, visibility_s: float, delay_s: float, max_bytes: int, durability: dirmq.Durability
+        self,
+        visibility_s: float,
+        delay_s: float,
+        max_bytes: int,
+        durability: dirmq.Durability,
+        max_receives: int | None,
     ) -> None:
+        self.model.max_receives = max_receives
         self.config = dirmq.QueueConfig(
             visibility_timeout_s=visibility_s,
             delay_s=delay_s,
             max_message_bytes=max_bytes,
             durability=durability,
+            max_receives=max_receives,
         )
         self.queue = self.store.create_queue(self.queue_name, self.config)
 
@@ -503,12 +520,20 @@ class StoreMachine(RuleBasedStateMachine):
         m = self._settle_outcome(receipt, lambda: self.queue.nack(receipt, delay_s))
         if m is None:
             return
-        if delay_s > 0 and m.group is not None:  # stays in flight, holding its group
+        if self.model.spent(m):
+            m.state, m.at_ms = "dead", None
+        elif delay_s > 0 and m.group is not None:  # stays in flight, holding its group
             m.at_ms = self.now() + duration_ms(delay_s)
         elif delay_s > 0:
             m.state, m.at_ms = "delayed", self.now() + duration_ms(delay_s)
         else:
             m.state, m.at_ms = "ready", None
+
+    @rule(receipt=receipts)
+    def dead_letter(self, receipt: str) -> None:
+        m = self._settle_outcome(receipt, lambda: self.queue.dead_letter(receipt))
+        if m is not None:
+            m.state, m.at_ms = "dead", None
 
     @rule(receipt=receipts, visibility_s=any_durations)
     def extend(self, receipt: str, visibility_s: Any) -> None:
@@ -545,8 +570,10 @@ class StoreMachine(RuleBasedStateMachine):
     def purge(self) -> None:
         removed = self.queue.purge()
         self.model.opened(self.now())
-        assert removed == len(self.model.messages)
-        self.model.messages.clear()
+        live = [i for i, m in self.model.messages.items() if m.state != "dead"]
+        assert removed == len(live)  # @dead is kept
+        for message_id in live:
+            del self.model.messages[message_id]
 
     @precondition(lambda self: not self.remote)  # a server keeps its own time
     @rule(data=st.data())
@@ -609,18 +636,19 @@ class StoreMachine(RuleBasedStateMachine):
         now = self.now()
         stats = self.queue.stats()
         self.model.opened(now)
-        assert (stats.ready, stats.in_flight, stats.delayed) == self.model.stats(now)
-        assert stats.dead == 0
+        assert (stats.ready, stats.in_flight, stats.delayed, stats.dead) == self.model.stats(now)
         self._check_files()
 
     def _check_files(self) -> None:
         """Every message is exactly one file, named for its state; nothing else is left."""
         path = os.path.join(self.root, self.queue_name)
         expected: dict[str, set[object]] = {layout.READY: set(), layout.LEASED: set()}
-        expected[layout.DELAYED] = set()
+        expected[layout.DELAYED], expected[layout.DEAD] = set(), set()
         for m in self.model.messages.values():
             tag = None if m.group is None else layout.group_tag(m.group)
-            if m.state == "ready":
+            if m.state == "dead":
+                expected[layout.DEAD].add(self.file_key(layout.dead_name(m.id, m.count, tag)))
+            elif m.state == "ready":
                 expected[layout.READY].add(self.file_key(layout.ready_name(m.id, m.count, tag)))
             else:
                 assert m.at_ms is not None
@@ -630,7 +658,7 @@ class StoreMachine(RuleBasedStateMachine):
         for directory, names in expected.items():
             listed = {self.file_key(n) for n in os.listdir(os.path.join(path, directory))}
             assert listed == names, directory
-        for directory in (layout.DEAD, layout.CORRUPT, layout.TMP):
+        for directory in (layout.CORRUPT, layout.TMP):
             assert os.listdir(os.path.join(path, directory)) == [], directory
 
 
@@ -692,8 +720,8 @@ class RemoteMachine(StoreMachine):
 
 def _settings() -> settings:
     return settings(
-        max_examples=20,
-        stateful_step_count=30,
+        max_examples=25,
+        stateful_step_count=40,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
@@ -717,7 +745,7 @@ def _run(machine: type[StoreMachine], max_examples: int) -> None:
 
 
 def test_store_matches_the_model() -> None:
-    _run(StoreMachine, max_examples=20)
+    _run(StoreMachine, max_examples=25)
 
 
 def test_the_server_matches_the_model(tmp_path: Path) -> None:
