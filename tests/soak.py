@@ -152,8 +152,12 @@ class Load:
     """Client threads against one server; stopped (and joined) before the server is killed
     and restarted, so each cycle's clients talk to one server."""
 
-    def __init__(self, url: str, ledger: Ledger, rng: random.Random, cycle: int) -> None:
+    def __init__(
+        self, url: str, ledger: Ledger, rng: random.Random, cycle: int, disk_full: bool
+    ) -> None:
         self.url = url
+        # On a full disk every body is larger than a recycled file, so it needs new blocks.
+        self.pads = [9000] if disk_full else [0, 0, 100, 3000, 9000]
         self.ledger = ledger
         self.stop = threading.Event()
         self.cycle = cycle
@@ -185,7 +189,7 @@ class Load:
             for i in range(1_000_000):
                 if self.stop.is_set():
                     return
-                pad = b"." * rng.choice([0, 0, 100, 3000, 9000])  # beyond a recycled file
+                pad = b"." * rng.choice(self.pads)
                 bodies = [
                     f"c{self.cycle}-p{n}-{i}-{k}".encode() + pad
                     for k in range(rng.choice([1, 1, 4]))
@@ -283,7 +287,7 @@ def run_soak(
                 fill_disk(ballast)
             server = start_server(root)
             try:
-                with Load(server.url, ledger, rng, cycle):
+                with Load(server.url, ledger, rng, cycle, cycle in full_cycles):
                     time.sleep(rng.uniform(*cycle_s))
                     server.proc.send_signal(signal.SIGKILL)  # mid-flight: clients still running
                     server.proc.wait(timeout=30)
