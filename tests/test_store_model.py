@@ -366,6 +366,7 @@ class StoreMachine(RuleBasedStateMachine):
         max_receives: int | None,
     ) -> None:
         self.model.max_receives = max_receives
+        visibility_s, delay_s = self.lease_s(visibility_s), self.delay_s(delay_s)
         self.config = dirmq.QueueConfig(
             visibility_timeout_s=visibility_s,
             delay_s=delay_s,
