@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 from dirmq import errors
 from dirmq.store import Message, OutgoingMessage, QueueConfig, QueueStats
-from dirmq.store.codec import check_headers
+from dirmq.store.codec import check_headers, check_label
 from dirmq.store.ids import is_id
 from dirmq.store.layout import parse_receipt
 from dirmq.store.names import validate_queue_name
@@ -67,6 +67,9 @@ def check_message(message: OutgoingMessage) -> None:
             f"message body must be bytes, got {type(message.body).__name__}"
         )
     check_headers(message.headers)
+    # Both travel in header lines: a CR or LF would split them (or a batch part) in two.
+    check_label("group", message.group)
+    check_label("dedup_id", message.dedup_id)
     for name in message.headers:
         lowered = name.lower()
         if lowered not in STORED_HEADERS and not lowered.startswith(STORED_PREFIX):

@@ -56,6 +56,8 @@ class Decoded:
 def check_headers(headers: Mapping[str, str]) -> None:
     """Raise `InvalidArgument` unless every header can be stored and returned unchanged."""
     seen: set[str] = set()
+    size = 0  # bytes of the header lines; checked here, not only in `encode`, so a message
+    # that `Queue.validate` passed cannot fail the batch it joins (nor pass as a dedup repeat)
     for name, value in headers.items():
         if not isinstance(name, str) or not _TOKEN_RE.fullmatch(name):
             raise InvalidArgument(f"header name {name!r} is not an HTTP token")
@@ -67,6 +69,34 @@ def check_headers(headers: Mapping[str, str]) -> None:
         seen.add(lowered)
         if not isinstance(value, str) or any(c in value for c in "\r\n\x00"):
             raise InvalidArgument(f"header {name!r} has a value with CR, LF or NUL")
+        length = utf8_length(value)
+        if length is None:
+            raise InvalidArgument(f"header {name!r} has a value that is not valid Unicode")
+        size += len(name) + 3 + length
+    if size > MAX_HEADER_BYTES:
+        raise InvalidArgument(f"headers take {size} bytes; the limit is {MAX_HEADER_BYTES}")
+
+
+def check_label(name: str, value: object) -> None:
+    """Raise `InvalidArgument` unless `value` (a message group or dedup id) is None or a
+    non-empty single line of Unicode: it travels in a header line."""
+    if value is not None and (
+        not isinstance(value, str)
+        or not value
+        or any(c in value for c in "\r\n\x00")
+        or utf8_length(value) is None
+    ):
+        raise InvalidArgument(f"{name} must be a non-empty single-line Unicode string")
+
+
+def utf8_length(text: str) -> int | None:
+    """The length of `text` in UTF-8, or None if it has none (a lone surrogate)."""
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError:
+        return None
 
 
 def encode(

@@ -351,15 +351,8 @@ class Queue:
             )
         _check_seconds("delay_s", message.delay_s)
         codec.check_headers(message.headers)
-        for name, value in (("group", message.group), ("dedup_id", message.dedup_id)):
-            if value is not None and (
-                not isinstance(value, str)
-                or not value
-                or "\n" in value
-                or "\r" in value
-                or "\x00" in value
-            ):
-                raise InvalidArgument(f"{name} must be a non-empty single-line string")
+        codec.check_label("group", message.group)
+        codec.check_label("dedup_id", message.dedup_id)
 
     def _write_tmp(
         self,
