@@ -48,6 +48,7 @@ from dirmq.client import RemoteStore
 from dirmq.errors import InvalidArgument, MessageNotFound, MessageTooLarge, StaleReceipt
 from dirmq.store import files, layout
 from dirmq.store import queue as queue_module
+from dirmq.store.bounds import MAX_DURATION_S
 from dirmq.store.message import OutgoingMessage
 
 from .servers import ServerProcess, start_server
@@ -56,14 +57,8 @@ pytestmark = pytest.mark.fuzz
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The store's upper bound on every duration (the bounds work of issue 15). Durations above it,
-# and infinite ones, must be refused with InvalidArgument and change nothing.
-MAX_DURATION_S = 365 * 86400
-# False on a branch whose store does not bound durations yet: the machine then draws no
-# duration above MAX_DURATION_S (nor infinity), and `test_durations_beyond_the_bound_*` is an
-# expected failure. Once the bounds are merged that test passes unexpectedly (strict xfail):
-# set this to True so the machine draws them too.
-STORE_BOUNDS_DURATIONS = False
+# The store's upper bound on every duration: durations above it, and infinite ones, must be
+# refused with InvalidArgument and change nothing.
 
 SMALL_MAX_BYTES = 70_000  # a queue limit just above one first read (files._FIRST_READ)
 _TOKEN_CHARS = frozenset(
@@ -199,8 +194,7 @@ def duration_ms(seconds: float) -> int:
 
 _durations = [0, 0.0, 0.0004, 0.0005, 0.001, 0.25, 1, 2.5, 30, 3600, 364 * 86400, MAX_DURATION_S]
 _hostile_durations: list[object] = [-1, -0.001, -1e300, float("nan"), float("-inf"), "5", True]
-if STORE_BOUNDS_DURATIONS:
-    _hostile_durations += [MAX_DURATION_S + 1, 1e12, 1e13, 1e300, 2.26e307, float("inf")]
+_hostile_durations += [MAX_DURATION_S + 1, 1e12, 1e13, 1e300, 2.26e307, float("inf")]
 durations = st.sampled_from(_durations) | st.floats(0, 120, allow_nan=False)
 any_durations = durations | st.sampled_from(_hostile_durations)
 
@@ -796,11 +790,6 @@ def test_oversized_headers_are_refused_by_validate_and_on_a_dedup_repeat(
     assert queue.put(b"x", dedup_id="d") == first
 
 
-@pytest.mark.xfail(
-    not STORE_BOUNDS_DURATIONS,
-    strict=True,
-    reason="the store has no upper bound on durations on this branch (issue 15, bounds)",
-)
 @pytest.mark.parametrize("seconds", [MAX_DURATION_S + 1, 1e13, float("inf")])
 @pytest.mark.parametrize("operation", ["put", "get", "extend", "nack"])
 def test_durations_beyond_the_bound_are_refused(
