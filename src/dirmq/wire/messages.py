@@ -26,6 +26,8 @@ def stored_headers(raw_headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     kept: dict[str, str] = {}
     for name, value in raw_headers:
         lowered = name.lower()
+        if lowered == "content-type" and not value.strip():
+            continue  # no media type: stored, it would come back as a malformed header
         if lowered in STORED_HEADERS:
             kept["-".join(p.capitalize() for p in lowered.split("-"))] = value
         elif lowered.startswith(STORED_PREFIX):
@@ -122,6 +124,7 @@ def _json_line(line: bytes, index: int) -> OutgoingMessage:
     headers = item.get("headers", {})
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
         raise InvalidArgument(f"line {index + 1}: 'headers' must map names to strings")
+    headers = {k: v for k, v in headers.items() if k.lower() != "content-type" or v.strip()}
     delay = item.get("delay")
     delay_s = None if delay is None else parse_duration(str(delay), f"delay of line {index + 1}")
     dedup_id, group = item.get("dedup_id"), item.get("group")
