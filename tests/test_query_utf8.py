@@ -68,6 +68,20 @@ def test_a_pubsub_query_value_not_utf8_is_refused(server: ServerProcess) -> None
     assert "not valid UTF-8" in json.loads(body)["message"]
 
 
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/@pubsub/retained?channel=news&channel=%FF",  # a repeat: not in the first values
+        "/@pubsub/retained?subject=a&subject=caf%E9",
+        "/@pubsub/subscribe?channel=news&channel=%FF",
+    ],
+)
+def test_a_repeated_pubsub_value_not_utf8_is_refused(server: ServerProcess, target: str) -> None:
+    status, body = send(server.url, "GET", target)
+    assert status == 400, body
+    assert "not valid UTF-8" in json.loads(body)["message"]
+
+
 def test_a_yaq_query_value_not_utf8_is_refused(server: ServerProcess) -> None:
     assert server.yaq_url is not None
     status, body = send(server.yaq_url, "POST", "/jobs?timeout=%FF", b"x")

@@ -6,6 +6,7 @@ ready now."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from urllib.parse import parse_qsl
 
 from dirmq.errors import InvalidArgument
 
@@ -43,6 +44,17 @@ def check_parameters(query: Mapping[str, str], accepted: frozenset[str], where: 
                 else "takes no query parameters"
             )
             raise InvalidArgument(f"unknown parameter {name[:100]!r}: {where} {takes}")
+
+
+def every_value(raw_query: str, where: str) -> list[tuple[str, str]]:
+    """Every (name, value) of a query string, repeats included, percent-decoded; InvalidArgument
+    for one that is not UTF-8 (`Request.query` has only the first value of each name)."""
+    pairs = parse_qsl(raw_query, keep_blank_values=True, errors="surrogateescape")
+    if not all(_is_text(name) and _is_text(value) for name, value in pairs):
+        raise InvalidArgument(
+            f"the query string of {where} is not valid UTF-8 once percent-decoded"
+        )
+    return pairs
 
 
 def _is_text(decoded: str) -> bool:
