@@ -56,14 +56,19 @@ def start_server(root: Path, *extra: str, yaq: bool = False) -> ServerProcess:
     )
     assert proc.stdout is not None
     urls: dict[str, str] = {}
+    output: list[str] = []
     for line in proc.stdout:
+        output.append(line)
         if " API listening on " in line:
             urls[line.split()[1]] = line.rsplit(" ", 1)[1].strip()
         if line.startswith("storing queues under"):
             break
     else:
+        # Closed here: nobody else will, and an unclosed pipe warns when it is collected.
+        proc.stdout.close()
         proc.wait()
-        raise RuntimeError(f"dirmq serve exited with {proc.returncode} before listening")
+        said = "".join(output[-20:]).strip()
+        raise RuntimeError(f"dirmq serve exited with {proc.returncode} before listening: {said}")
     return ServerProcess(proc, urls["native"], urls.get("yaq"), root)
 
 

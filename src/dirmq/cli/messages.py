@@ -157,7 +157,12 @@ def cmd_get(args: argparse.Namespace) -> int:
         if args.json:
             _print_json(message_json(message))
         else:
-            sys.stdout.buffer.write(message.body)
+            body = message.body
+            if body and not body.endswith(b"\n") and sys.stdout.isatty():
+                # The id or receipt follows on stderr: on a terminal it would run into the body.
+                # Piped or redirected, the bytes stay exact.
+                body += b"\n"
+            sys.stdout.buffer.write(body)
             sys.stdout.buffer.flush()
         assert message.receipt is not None  # a leased message always has one
         if args.ack:

@@ -352,9 +352,9 @@ class PubSub:
         wall = time.time()
         for entry in _listdir(self.paths.present):
             if not self.presence.is_fresh(entry):
-                with contextlib.suppress(FileNotFoundError):
-                    # Its session died: it no longer gets `everyone` messages.
-                    os.unlink(os.path.join(self.paths.present, entry))
+                # Its session died: it no longer gets `everyone` messages. Not a plain unlink:
+                # a fresh session may replace the stale file meanwhile.
+                self.presence.remove_stale(entry)
                 self.presence.invalidate()
         report.removed += self._prune_broadcast(at_ms)
         report.reported += self._replay_outbox(wall)

@@ -8,6 +8,7 @@ detach anywhere changes its mtime) or after `MAX_CACHE_S`, which is how stale se
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -70,14 +71,49 @@ class PresenceIndex:
 
     def is_fresh(self, name: str) -> bool:
         """Attached: refreshed within the timeout by a session that is not known to be dead."""
-        path = os.path.join(self._paths.present, name)
+        seen = self._look(os.path.join(self._paths.present, name))
+        return seen is not None and seen[0]
+
+    def _look(self, path: str) -> tuple[bool, str] | None:
+        """(fresh, owner) of a presence file, None if there is none."""
         try:
             age = time.time() - os.stat(path).st_mtime
-            with open(path, encoding="utf-8") as f:
+            with open(path, encoding="utf-8", errors="replace") as f:
                 owner = f.read()
         except FileNotFoundError:
+            return None
+        return age <= self.timeout_s and not _owner_died(owner), owner
+
+    def remove_stale(self, name: str) -> bool:
+        """Remove `present/<name>` if it is stale; True when none is left. Never removes a fresh
+        one that replaced the stale one meanwhile: there is no compare-and-unlink, so the file is
+        first renamed to a unique name (atomic: one process gets it), then checked to be the very
+        session judged stale, and put back otherwise."""
+        path = os.path.join(self._paths.present, name)
+        seen = self._look(path)
+        if seen is None:
+            return True
+        fresh, owner = seen
+        if fresh:
             return False
-        return age <= self.timeout_s and not _owner_died(owner)
+        aside = os.path.join(self._paths.tmp, f"present.{uuid.uuid4().hex}")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return True  # another process removed it first
+        try:
+            taken = self._look(aside)
+            if taken is not None and (taken[0] or taken[1] != owner):
+                # Not the stale session: it was replaced by a fresh one, or refreshed by its
+                # owner after all. Back where it was, unless a newer one is there already.
+                with contextlib.suppress(FileExistsError):
+                    os.link(aside, path)
+                return False
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(aside)
+        self.invalidate()
+        return True
 
 
 def new_session() -> str:
@@ -91,10 +127,23 @@ def _owner_died(owner: str) -> bool:
     parts = owner.split()
     if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
         return False
+    pid = int(parts[1])
     try:
-        os.kill(int(parts[1]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:
         return False
-    return False
+    return _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    """A zombie has exited (its parent has not reaped it yet): signal 0 still reaches it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # no /proc here, or it has been reaped since
+        return False
+    # The state follows the command name, which is in parentheses and may hold anything.
+    state = stat[stat.rfind(b")") + 1 :].split(maxsplit=1)[:1]
+    return state in ([b"Z"], [b"X"])

@@ -51,6 +51,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("dirmq.pubsub")
 
 CURSOR_SAVE_S = 0.5
+# Attempts at linking a presence file, each after taking a stale one away: a second stale one
+# can only be a session that attached and died meanwhile.
+_CLAIM_TRIES = 3
 _OUT_OF_INOTIFY = {errno.EMFILE, errno.ENOSPC}
 
 
@@ -151,23 +154,14 @@ class Subscription:
     def _attach(self, replay_from: int | None) -> None:
         paths = self._paths
         os.makedirs(paths.taken(self.name), exist_ok=True)
-        present = os.path.join(paths.present, self.name)
-        if self.hub.presence.is_fresh(self.name):
-            raise SubscriptionBusy(f"subscription {self.name!r} is attached elsewhere")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(present)  # a dead session's
+        self._claim_presence()
         record = {
             "filter": self.filter.to_json(),
             "attached_ms": now_ms(),
             "session": self._session,
         }
         _replace(paths.subscription_file(self.name), json.dumps(record).encode())
-        try:
-            fd = os.open(present, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        except FileExistsError:
-            raise SubscriptionBusy(f"subscription {self.name!r} is attached elsewhere") from None
-        os.write(fd, self._session.encode())
-        os.close(fd)
+        os.utime(paths.present)  # publishers re-read the list, with this filter
         self.hub.presence.invalidate()
         state, saved_us = load_state(paths.cursor(self.name))
         self._retained = self._feed(RETAINED, self.hub.retained, state.get("retained"), 1)
@@ -187,6 +181,26 @@ class Subscription:
             timed = split_timed(entry)
             if timed is not None:
                 self.hub.abort_entry(os.path.join(taken, entry), self.name, timed)
+
+    def _claim_presence(self) -> None:
+        """Create `present/<name>`, whole (linked from a written temp file, O_EXCL-like), or raise
+        SubscriptionBusy. A stale one (a dead session's) is taken away first, safely when several
+        processes attach at once: see `PresenceIndex.remove_stale`."""
+        present = os.path.join(self._paths.present, self.name)
+        written = os.path.join(self._paths.tmp, f"present.{uuid.uuid4().hex}")
+        with open(written, "x", encoding="utf-8") as f:
+            f.write(self._session)
+        try:
+            for _ in range(_CLAIM_TRIES):
+                try:
+                    os.link(written, present)
+                    return
+                except FileExistsError:
+                    if not self.hub.presence.remove_stale(self.name):
+                        break
+            raise SubscriptionBusy(f"subscription {self.name!r} is attached elsewhere")
+        finally:
+            os.unlink(written)
 
     @staticmethod
     def _feed(letter: str, seq_log: SeqLog, saved: object, start: int) -> _Feed:

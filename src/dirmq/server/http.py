@@ -850,7 +850,9 @@ def _header_text(value: bytes) -> str:
 
 
 def _first_values(query: str) -> dict[str, str]:
+    """Percent-decoded as UTF-8; bytes that are not UTF-8 are kept as lone surrogates (not
+    U+FFFD, which would pass for a real value), so each dialect can refuse them its own way."""
     values: dict[str, str] = {}
-    for name, value in parse_qsl(query, keep_blank_values=True):
+    for name, value in parse_qsl(query, keep_blank_values=True, errors="surrogateescape"):
         values.setdefault(name, value)
     return values

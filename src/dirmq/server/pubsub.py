@@ -35,7 +35,7 @@ import os
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import unquote
 
 from dirmq.errors import (
     CorruptMessage,
@@ -59,7 +59,7 @@ from dirmq.server.broker import Broker
 from dirmq.server.errors import json_error
 from dirmq.server.http import Request, Response, StreamResponse
 from dirmq.server.metrics import Metrics
-from dirmq.server.parameters import check_parameters
+from dirmq.server.parameters import check_parameters, every_value
 from dirmq.wire import messages as wire
 from dirmq.wire.durations import parse_duration
 
@@ -418,7 +418,7 @@ class PubSubApi:
             raise InvalidArgument("the server is shutting down")
         channels: list[str] = []
         subjects: list[str] = []
-        for key, value in parse_qsl(request.raw_query, keep_blank_values=True):
+        for key, value in every_value(request.raw_query, f"{request.method} {request.path}"):
             if key == "channel":
                 channels.append(value)
             elif key == "subject":
@@ -448,7 +448,7 @@ class PubSubApi:
     async def read_retained(self, request: Request, route: PubSubRoute) -> Response:
         channels: list[str] = []
         subjects: list[str] = []
-        for key, value in parse_qsl(request.raw_query, keep_blank_values=True):
+        for key, value in every_value(request.raw_query, f"{request.method} {request.path}"):
             if key == "channel" and value:
                 channels.append(value)
             elif key == "subject" and value:

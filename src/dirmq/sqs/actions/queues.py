@@ -17,7 +17,7 @@ from typing import Any
 
 from dirmq.errors import DirmqError, QueueExists, QueueNotFound
 from dirmq.sqs import attributes as attrs
-from dirmq.sqs import protocol_json
+from dirmq.sqs import message_attributes, protocol_json
 from dirmq.sqs.actions import Params, Result, action
 from dirmq.sqs.context import Context, valid_sqs_name
 from dirmq.sqs.deleted import MESSAGE as DELETED_RECENTLY
@@ -344,6 +344,18 @@ async def purge_queue(ctx: Context, params: Params) -> Result:
 # -- tags -----------------------------------------------------------------------------------------
 def _check_tags(new: dict[str, str]) -> None:
     for key, value in new.items():
+        # The rule of message bodies: a lone surrogate (a query-protocol byte that was not
+        # UTF-8) or a control character would be stored in the queue's config. The text itself
+        # stays out of the message: it may not even be encodable.
+        for part, text in (("key", key), ("value", value)):
+            bad = message_attributes.first_invalid_character(text)
+            if bad is not None:
+                raise SqsError(
+                    "InvalidParameterValue",
+                    f"Invalid binary character '{message_attributes.describe_character(bad)}' "
+                    f"was found in a tag {part}, the set of allowed characters is "
+                    f"{message_attributes.ALLOWED_CHARACTERS}",
+                )
         if not 1 <= len(key) <= MAX_TAG_KEY:
             raise invalid_value("Tags", key, f"Tag keys must be 1 to {MAX_TAG_KEY} characters.")
         if len(value) > MAX_TAG_VALUE:
