@@ -28,10 +28,10 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
-# By hand: the model-based store test and the HTTP/SQS fuzzers for $(FUZZ_SECONDS) s each.
+# By hand: the model-based store test and the HTTP/SQS fuzzers for $(FUZZ_SECONDS) s each; -rP prints their counts.
 FUZZ_SECONDS ?= 600
 fuzz: $(STAMP)
-	DIRMQ_FUZZ_SECONDS=$(FUZZ_SECONDS) $(BIN)/pytest -q -o timeout=0 -m fuzz tests
+	DIRMQ_FUZZ_SECONDS=$(FUZZ_SECONDS) $(BIN)/pytest -q -rP -o timeout=0 -m fuzz tests
 
 # By hand: SIGKILLs of a server under mixed load; prints the counts of anything lost.
 soak: $(STAMP)
