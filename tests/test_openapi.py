@@ -26,6 +26,7 @@ from dirmq.server import native
 from dirmq.server.pubsub import METHODS as PUBSUB_METHODS
 from dirmq.server.pubsub import is_pubsub_path, parse_pubsub_route
 from dirmq.server.routes import SERVER_PATHS, parse_route
+from dirmq.store.codec import MAX_HEADER_BYTES
 from dirmq.wire.durations import parse_duration
 
 from .servers import ServerProcess, start_server
@@ -386,3 +387,42 @@ def test_an_empty_content_type_is_not_stored(http: httpx.Client, publish: dict[s
         assert "content-type" not in peeked.headers
     finally:
         http.delete(f"/{queue}")
+
+
+def _parameter_description(name: str) -> str:
+    return str(SPEC["components"]["parameters"][name]["description"])
+
+
+def test_batch_level_parameters_do_what_the_document_says(http: httpx.Client) -> None:
+    """The document once said `delay`, `dedup` and `group` were ignored for batches, while the
+    server applied the first and last to every line and refused the second: no fuzzer catches
+    a wrong description whose statuses are all documented, so this holds the words to the code."""
+    assert "every part or line that does not set its own" in _parameter_description("delay")
+    assert "every part or line that does not set its own" in _parameter_description("group")
+    assert "on a batch it is a 400" in _parameter_description("dedup")
+    queue = "oa/batch-params"
+    lines = b'{"body": "a"}\n{"body": "b", "delay": "0s"}\n'
+    ndjson = {"Content-Type": "application/x-ndjson"}
+    try:
+        assert http.put(f"/{queue}").status_code == 201
+        delayed = http.post(f"/{queue}/messages?delay=1h", content=lines, headers=ndjson)
+        assert delayed.status_code == 201, delayed.text
+        stats = http.get(f"/{queue}").json()["stats"]
+        assert (stats["delayed"], stats["ready"]) == (1, 1), stats  # the line's own delay wins
+        refused = http.post(f"/{queue}/messages?dedup=x", content=lines, headers=ndjson)
+        assert refused.status_code == 400 and refused.json()["error"] == "InvalidArgument"
+        assert http.get(f"/{queue}").json()["stats"]["ready"] == 1  # nothing stored
+        assert http.delete(f"/{queue}/messages").status_code == 200  # purge
+        grouped = http.post(
+            f"/{queue}/messages?group=g", content=b'{"body": "c"}\n', headers=ndjson
+        )
+        assert grouped.status_code == 201, grouped.text
+        delivered = http.get(f"/{queue}/messages")
+        assert delivered.status_code == 200 and delivered.headers.get("X-Group") == "g"
+    finally:
+        http.delete(f"/{queue}")
+
+
+def test_the_documented_header_limit_is_the_stores() -> None:
+    publish = SPEC["paths"]["/{queue}/messages"]["post"]["requestBody"]["description"]
+    assert f"at most {MAX_HEADER_BYTES // (1024 * 1024)} MiB" in publish
