@@ -272,7 +272,10 @@ def upload_head(queue: str, size: int) -> bytes:
 
 
 def test_parallel_uploads_stay_within_the_memory_budget(tmp_path: Path) -> None:
-    budget_mib = 256
+    """Four 64 MiB uploads at once against a budget of two: two wait (503, retried), none is
+    lost, and the server never holds much more than the budget (four at once, unbudgeted, took
+    it to ~440 MiB more)."""
+    budget_mib = 128
     server = start_server(tmp_path / "root", "--max-body-memory", str(budget_mib * MIB))
     try:
         make_queue(server, "up", max_message_bytes=64 * MIB)
@@ -280,18 +283,52 @@ def test_parallel_uploads_stay_within_the_memory_budget(tmp_path: Path) -> None:
         before = status_field(pid, "VmRSS")
         bodies = [bytes([i]) * (64 * MIB) for i in range(4)]
 
-        def upload(body: bytes) -> int:
+        def upload(body: bytes) -> tuple[int, int]:
+            """(final status, 503s met before it)"""
+            refused = 0
+            deadline = time.monotonic() + 120
             with httpx.Client(base_url=server.url, timeout=120) as http:
-                return http.post("/up/messages", content=body).status_code
+                while True:
+                    status = http.post("/up/messages", content=body).status_code
+                    if status != 503 or time.monotonic() > deadline:
+                        return status, refused
+                    refused += 1
+                    time.sleep(0.05)
 
         with ThreadPoolExecutor(4) as pool:
-            statuses = list(pool.map(upload, bodies))
+            outcomes = list(pool.map(upload, bodies))
         peak = status_field(pid, "VmHWM")  # the process's high-water mark
-        assert statuses == [201] * 4
+        assert [status for status, _ in outcomes] == [201] * 4
         assert peak - before < budget_mib + GROWTH_BOUND_MIB, f"RSS {before} -> peak {peak} MiB"
         with httpx.Client(base_url=server.url, timeout=PATIENCE_S) as http:
             got = http.get("/up/messages", params={"max": "4"})
             assert got.status_code == 200
+            assert http.get("/up").json()["stats"]["in_flight"] == 4
+    finally:
+        server.stop()
+
+
+def test_the_budget_is_the_servers_across_workers(tmp_path: Path) -> None:
+    """With --workers 2 one worker's reserved upload leaves no room in the other: new bodies are
+    refused on every connection, whichever worker the kernel hands it to, until it is done."""
+    size = 64 * MIB
+    server = start_server(tmp_path / "root", "--workers", "2", "--max-body-memory", str(size))
+    try:
+        make_queue(server, "up", max_message_bytes=size)
+        with connect(server) as holder:
+            holder.sendall(upload_head("up", size).replace(b"\r\n\r\n", CONTINUE))
+            assert recv_exactly(holder, len(CONTINUED)) == CONTINUED  # reserved
+            statuses = []
+            for _ in range(12):  # new connections spread over both workers
+                with connect(server) as other:
+                    other.sendall(upload_head("up", 1024) + b"x" * 1024)
+                    statuses.append(Answers(other).next()[0])
+            assert statuses == [503] * 12
+            holder.sendall(b"a" * size)
+            assert Answers(holder).next()[0] == 201
+        with httpx.Client(base_url=server.url, timeout=PATIENCE_S) as http:
+            for _ in range(12):  # given back: both workers take bodies again
+                assert http.post("/up/messages", content=b"x" * 1024).status_code == 201
     finally:
         server.stop()
 

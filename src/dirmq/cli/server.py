@@ -85,7 +85,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         type=count,
         default=None,
         metavar="N",
-        help="request bodies held in memory at once, summed over every connection of a "
+        help="request bodies held in memory at once, summed over every connection of every "
         "worker; a body that does not fit gets 503 + Retry-After before it is read (default "
         "a quarter of RAM, at most 512 MiB, at least --max-body-bytes)",
     )

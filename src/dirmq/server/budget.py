@@ -8,12 +8,20 @@ charged too (unconditionally: they are already in memory), so many slow download
 uploads wait instead of letting the sum grow.
 
 Without a budget nothing bounds the sum over thousands of connections of up to `max_body_bytes`
-each. The event loop is the only user: no lock.
+each. With `--workers N` the budget is the server's, not each worker's: every worker publishes
+what it holds in its own slot of an array the supervisor shares with them before forking, and
+checks the sum of all slots before it reserves more (it zeroes a dead worker's slot before
+replacing it). Two workers reserving at the same instant may both pass, so the sum can exceed
+the limit by at most one body per worker; no lock is taken on the request path. Within a
+worker, the event loop is the only user.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+from collections.abc import Iterator
+from typing import Protocol
 
 DEFAULT_FRACTION_OF_RAM = 4  # a quarter of physical memory...
 DEFAULT_CEILING_BYTES = 512 * 1024 * 1024  # ...and at most this
@@ -28,21 +36,48 @@ def default_body_memory_bytes() -> int:
     return min(DEFAULT_CEILING_BYTES, ram // DEFAULT_FRACTION_OF_RAM)
 
 
+class WorkerSlots(Protocol):
+    """What each worker holds, by worker number."""
+
+    def __getitem__(self, worker: int, /) -> int: ...
+    def __setitem__(self, worker: int, held: int, /) -> None: ...
+    def __iter__(self) -> Iterator[int]: ...
+
+
+def shared_slots(workers: int) -> WorkerSlots:
+    """One slot per worker in memory that forked workers share (create it before forking)."""
+    from multiprocessing.sharedctypes import RawArray
+
+    return RawArray(ctypes.c_int64, workers)
+
+
 class MemoryBudget:
-    """Bytes that may be held at once; `held` never exceeds `limit` through `try_take`."""
+    """Bytes that may be held at once; what is held, over every worker sharing `slots`, never
+    exceeds `limit` through `try_take` (but for reservations racing in other workers)."""
 
-    __slots__ = ("held", "limit", "peak")
+    __slots__ = ("_slot", "_slots", "held", "limit", "peak")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, slots: WorkerSlots | None = None, slot: int = 0) -> None:
         if limit < 1:
             raise ValueError("a memory budget must be at least 1 byte")
         self.limit = limit
-        self.held = 0
+        self.held = 0  # by this worker
         self.peak = 0
+        self._slots = slots
+        self._slot = slot
+        if slots is not None:
+            slots[slot] = 0
+
+    def held_by_others(self) -> int:
+        """What the other workers hold now (0 without shared slots)."""
+        slots = self._slots
+        return 0 if slots is None else sum(slots) - slots[self._slot]
 
     def try_take(self, size: int) -> bool:
         """Reserve `size` bytes if they fit; False (nothing reserved) if they do not."""
         if self.held + size > self.limit:
+            return False
+        if self._slots is not None and self.held_by_others() + self.held + size > self.limit:
             return False
         self.take(size)
         return True
@@ -51,6 +86,10 @@ class MemoryBudget:
         """Charge bytes that are held already, fit or not."""
         self.held += size
         self.peak = max(self.peak, self.held)
+        if self._slots is not None:
+            self._slots[self._slot] = self.held
 
     def give(self, size: int) -> None:
         self.held = max(0, self.held - size)
+        if self._slots is not None:
+            self._slots[self._slot] = self.held

@@ -31,7 +31,7 @@ import uvloop
 from dirmq.errors import CannotListen, InvalidArgument
 from dirmq.server.app import NativeApp
 from dirmq.server.broker import Broker
-from dirmq.server.budget import MemoryBudget
+from dirmq.server.budget import MemoryBudget, WorkerSlots, shared_slots
 from dirmq.server.http import Handler, HttpServer, Limits
 from dirmq.server.metrics import Metrics
 from dirmq.server.pubsub import PubSubApi
@@ -156,8 +156,14 @@ def _close(endpoints: list[_Endpoint]) -> None:
         endpoint.sock.close()
 
 
-async def run_worker(options: ServeOptions, endpoints: list[_Endpoint]) -> None:
-    """Serve until SIGTERM/SIGINT, then drain."""
+async def run_worker(
+    options: ServeOptions,
+    endpoints: list[_Endpoint],
+    budget_slots: WorkerSlots | None = None,
+    worker: int = 0,
+) -> None:
+    """Serve until SIGTERM/SIGINT, then drain. `budget_slots`: the body budget's slots shared
+    by every worker (`budget.py`); this worker's is `worker`."""
     loop = asyncio.get_running_loop()
     store = Store(options.root)
     broker = Broker(store)
@@ -166,7 +172,8 @@ async def run_worker(options: ServeOptions, endpoints: list[_Endpoint]) -> None:
     pubsub.start()
     http_servers: list[HttpServer] = []
     listeners: list[asyncio.Server] = []
-    budget = MemoryBudget(options.limits.max_body_memory_bytes)  # one for every listener
+    # One for every listener, and with several workers one for the whole server.
+    budget = MemoryBudget(options.limits.max_body_memory_bytes, budget_slots, worker)
     for endpoint in endpoints:
         handler = _handler_for(endpoint.name, broker, metrics, options, pubsub)
         native = handler if isinstance(handler, NativeApp) else None
@@ -262,6 +269,7 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
 def _supervise(options: ServeOptions, endpoints: list[_Endpoint]) -> int:
     children: dict[int, int] = {}  # pid -> worker number
     stopping = False
+    budget_slots = shared_slots(options.workers)
 
     def spawn(number: int) -> None:
         pid = os.fork()
@@ -278,7 +286,7 @@ def _supervise(options: ServeOptions, endpoints: list[_Endpoint]) -> int:
             )
             code = 0
             try:
-                uvloop.run(run_worker(options, own))
+                uvloop.run(run_worker(options, own, budget_slots, number))
             except BaseException:  # a worker must never return into the parent's code
                 code = 1
             os._exit(code)
@@ -306,6 +314,7 @@ def _supervise(options: ServeOptions, endpoints: list[_Endpoint]) -> int:
         number = children.pop(pid)
         if not stopping:
             time.sleep(0.1)  # a worker crashed: replace it
+            budget_slots[number] = 0  # what it held died with it
             spawn(number)
         elif os.waitstatus_to_exitcode(wait_status) != 0:
             status = 1
