@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -249,6 +251,29 @@ def test_yaq_health_answers_at_once_and_creates_nothing(server: ServerProcess) -
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}
     assert not (server.root / "health").exists()
+    posted = httpx.post(server.yaq_url + "/health", content=b"x", timeout=10)
+    assert posted.status_code == 400 and "reserved" in posted.text  # nor does an enqueue
+    assert not (server.root / "health").exists()
+
+
+@pytest.mark.parametrize("queue", ["yaq-small", "yaq-not-yet"], ids=["existing", "to-create"])
+def test_a_yaq_enqueue_over_the_limit_is_413_before_its_body(
+    server: ServerProcess, http: httpx.Client, queue: str
+) -> None:
+    """As on the native port: refused from its Content-Length, the body never sent."""
+    assert server.yaq_url is not None
+    if queue == "yaq-small":
+        assert http.put(f"/{queue}", json={"max_message_bytes": 1024}).status_code == 201
+    size = 1025 if queue == "yaq-small" else dirmq.QueueConfig().max_message_bytes + 1
+    address = urlsplit(server.yaq_url)
+    with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
+        sock.sendall(
+            f"POST /{queue} HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode()
+        )
+        head = sock.recv(65536)  # no body sent: the answer must come without it
+    assert head.startswith(b"HTTP/1.1 413"), head[:200]
+    assert b"accepts at most" in head
+    assert http.get(f"/{queue}").status_code == (200 if queue == "yaq-small" else 404)
 
 
 @pytest.mark.parametrize("name", ["metrics", "openapi.json", "a/messages", "a/messages/b"])

@@ -35,6 +35,7 @@ from dirmq.server.budget import MemoryBudget, WorkerSlots, shared_slots
 from dirmq.server.http import Handler, HttpServer, Limits
 from dirmq.server.metrics import Metrics
 from dirmq.server.pubsub import PubSubApi
+from dirmq.server.yaq import YaqApp
 from dirmq.store import Store
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -177,12 +178,13 @@ async def run_worker(
     for endpoint in endpoints:
         handler = _handler_for(endpoint.name, broker, metrics, options, pubsub)
         native = handler if isinstance(handler, NativeApp) else None
+        checked = handler if isinstance(handler, NativeApp | YaqApp) else None
         http = HttpServer(
             handler,
             options.limits,
             native.fast if native else None,
             budget=budget,
-            body_check=native.body_check if native else None,
+            body_check=checked.body_check if checked else None,
         )
         http_servers.append(http)
         listeners.append(
@@ -218,8 +220,6 @@ def _handler_for(
     from dirmq.sqs.app import Authenticate, SqsApp, is_sqs_request
 
     if name == "yaq":
-        from dirmq.server.yaq import YaqApp
-
         return YaqApp(broker)
     authenticate: Authenticate | None = None
     if options.sqs_credentials is not None:

@@ -22,12 +22,18 @@ import asyncio
 from collections.abc import AsyncIterator
 from urllib.parse import unquote
 
-from dirmq.errors import DirmqError, InvalidArgument, QueueNotFound, StaleReceipt
+from dirmq.errors import (
+    DirmqError,
+    InvalidArgument,
+    MessageTooLarge,
+    QueueNotFound,
+    StaleReceipt,
+)
 from dirmq.server.broker import Broker
 from dirmq.server.errors import status_of
 from dirmq.server.http import Request, Response, StreamResponse
 from dirmq.server.parameters import check_parameters
-from dirmq.store import Message, OutgoingMessage, Queue
+from dirmq.store import Message, OutgoingMessage, Queue, QueueConfig
 from dirmq.store.names import validate_queue_name
 from dirmq.wire import framing
 from dirmq.wire import messages as wire
@@ -75,6 +81,30 @@ class YaqApp:
             return _text(status if status < 500 or status == 504 else 500, str(exc))
         except UnicodeDecodeError:
             return _text(400, "the queue path is not valid UTF-8 once percent-decoded")
+
+    def body_check(
+        self, method: str, path: str, headers: dict[str, str], length: int
+    ) -> Response | None:
+        """`http.BodyCheck`: an enqueue over its queue's size limit (a queue it would create:
+        the default limit) gets its 413 from its Content-Length, before the body is read."""
+        if method != "POST":
+            return None
+        try:
+            name = unquote(path, errors="strict").strip("/") or ROOT_QUEUE
+            validate_queue_name(name)
+            try:
+                limit = self.broker.queue(name).config.max_message_bytes
+            except QueueNotFound:
+                limit = QueueConfig().max_message_bytes
+        except (DirmqError, UnicodeDecodeError):
+            return None  # the handler answers it
+        if length <= limit:
+            return None
+        # The words of `Queue.validate`'s refusal: the same limit, the same message.
+        refusal = MessageTooLarge(
+            f"message is {length} bytes; queue {name!r} accepts at most {limit}"
+        )
+        return _text(413, str(refusal))
 
     def _health(self) -> Response:
         closing = self.broker.closing
