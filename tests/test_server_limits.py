@@ -175,6 +175,42 @@ def test_many_pipelining_connections_hold_little_each(server: ServerProcess) -> 
             sock.close()
 
 
+def test_input_held_unparsed_counts_against_the_body_budget(tmp_path: Path) -> None:
+    """What a pipelining connection sent but the server does not parse yet is in memory: it is
+    charged to the body budget, so uploads wait (503) instead of the sum growing, and it is
+    given back when the connection goes."""
+    server = start_server(
+        tmp_path / "root", "--max-body-bytes", str(MIB), "--max-body-memory", str(MIB)
+    )
+    try:
+        make_queue(server, "up")
+        requests = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * 100_000  # tiny answers
+        socks = [connect(server) for _ in range(8)]
+        try:
+            for sock in socks:
+                sock.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    sock.send(requests)
+            upload = b"u" * (MIB // 2)
+            deadline = time.monotonic() + PATIENCE_S
+            with httpx.Client(base_url=server.url, timeout=PATIENCE_S) as http:
+                while (status := http.post("/up/messages", content=upload).status_code) != 503:
+                    assert status == 201
+                    assert time.monotonic() < deadline, "unparsed input was never charged"
+                    time.sleep(0.05)
+        finally:
+            for sock in socks:
+                sock.close()
+        deadline = time.monotonic() + PATIENCE_S
+        with httpx.Client(base_url=server.url, timeout=PATIENCE_S) as http:
+            while (status := http.post("/up/messages", content=upload).status_code) == 503:
+                assert time.monotonic() < deadline, "the charge was not given back"
+                time.sleep(0.05)
+            assert status == 201
+    finally:
+        server.stop()
+
+
 def test_a_slow_reader_of_big_bodies_holds_one_at_a_time(server: ServerProcess) -> None:
     make_queue(server, "big")
     payload = bytes(range(256)) * (64 * 1024)  # 16 MiB

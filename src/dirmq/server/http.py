@@ -329,6 +329,7 @@ class HttpProtocol(asyncio.Protocol):
         while self._pending:
             self._release(self._pending.popleft())
         self._give_response_charge()
+        self._take_unparsed()
 
     # -- back-pressure: nothing more is read while answers are unsent ---------------------------
     def pause_writing(self) -> None:
@@ -425,8 +426,9 @@ class HttpProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closed or self._refusal is not None:
             return
-        if self._unparsed is not None:  # a read that came before pausing took effect: in order
-            data, self._unparsed = bytes(self._unparsed) + data, None
+        kept = self._take_unparsed()
+        if kept is not None:  # a read that came before pausing took effect: in order
+            data = bytes(kept) + data
         if len(data) <= FEED_BYTES:
             self._feed_piece(data)  # the usual case: one request, or a few
         else:
@@ -440,17 +442,29 @@ class HttpProtocol(asyncio.Protocol):
             if self._closed or self._refusal is not None:
                 return  # refused: the rest is dropped
             if self._must_pause():
-                self._unparsed = data
+                self._keep_unparsed(data)
                 return
             if not self._feed_piece(data[:FEED_BYTES]):
                 return
             data = data[FEED_BYTES:]
 
     def _feed_unparsed(self) -> None:
-        data, self._unparsed = self._unparsed, None
+        data = self._take_unparsed()
         if data is not None:
             self._feed(data)
         self._update_reading()
+
+    def _keep_unparsed(self, data: memoryview) -> None:
+        """Received but not to be parsed yet (at most one read, ~256 KiB): it is in memory, so
+        it counts against the budget until parsed, and uploads wait rather than the sum grow."""
+        self._unparsed = data
+        self._server.budget.take(len(data))
+
+    def _take_unparsed(self) -> memoryview | None:
+        data, self._unparsed = self._unparsed, None
+        if data is not None:
+            self._server.budget.give(len(data))
+        return data
 
     def _feed_piece(self, data: bytes | memoryview) -> bool:
         """Parse; False if the request was refused (the rest is not to be parsed)."""
@@ -767,7 +781,7 @@ class HttpProtocol(asyncio.Protocol):
         """Write the refusal; close once the client closes its side or LINGER_S has passed,
         reading and dropping what it still sends (a body we refused) meanwhile."""
         self._closed = True
-        self._unparsed = None
+        self._take_unparsed()
         transport = self._transport
         if transport is None:
             return
