@@ -6,6 +6,11 @@ wrappers that raise a chosen errno, but only for calls that touch a path under `
 descriptor calls, the file the descriptor names): pytest, the interpreter and other tests
 keep a working filesystem. Faults are switched on and off while a test runs; `monkeypatch`
 undoes the patching at the end.
+
+`CALLS` are the calls that change the filesystem, `READ_CALLS` those that only look at it
+(reading a message file, listing a state directory, reading a capacity or dedup symlink).
+Not covered: the builtin `open()` (io's C code calls no `os` function; the store uses it for
+`@queue.json` and a file's slot header) and `DirEntry.stat` (no `os` call either).
 """
 
 from __future__ import annotations
@@ -22,14 +27,29 @@ from dirmq.store import fsio
 
 # The calls that can be failed, and how each names what it touches.
 PATH_CALLS = ("rename", "replace", "link", "unlink", "open", "mkdir", "symlink")
-FD_CALLS = ("write", "fsync")
+FD_CALLS = ("write", "fsync", "ftruncate")
 STORE_CALLS = ("syncfs", "link_fd")
 CALLS = (*PATH_CALLS, *FD_CALLS, *STORE_CALLS)
+READ_PATH_CALLS = ("listdir", "scandir", "stat", "lstat", "readlink")
+READ_FD_CALLS = ("read", "pread", "fstat")
+READ_CALLS = (*READ_PATH_CALLS, *READ_FD_CALLS)
 ERRORS = {
     "ENOSPC": errno.ENOSPC,
     "EROFS": errno.EROFS,
     "EIO": errno.EIO,
     "EMFILE": errno.EMFILE,
+}
+# The errors each read can meet, as its man page lists them: all of them EIO (a failing disk);
+# listing opens the directory (EMFILE, ENOMEM); the stat family and readlink ENOMEM.
+READ_ERRORS: dict[str, tuple[str, ...]] = {
+    "read": ("EIO",),
+    "pread": ("EIO",),
+    "fstat": ("EIO", "ENOMEM"),
+    "stat": ("EIO", "ENOMEM"),
+    "lstat": ("EIO", "ENOMEM"),
+    "readlink": ("EIO", "ENOMEM"),
+    "listdir": ("EIO", "EMFILE", "ENOMEM"),
+    "scandir": ("EIO", "EMFILE", "ENOMEM"),
 }
 
 _real_readlink = os.readlink
@@ -49,9 +69,9 @@ class FaultyFS:
         self.raised: Counter[str] = Counter()  # call name -> faults injected so far
         self._grace: dict[str, int] = {}  # call name -> calls still allowed to work
         self._left: dict[str, int | None] = {}  # call name -> faults still to inject
-        for name in PATH_CALLS:
+        for name in (*PATH_CALLS, *READ_PATH_CALLS):
             monkeypatch.setattr(os, name, self._path_call(name, getattr(os, name)))
-        for name in FD_CALLS:
+        for name in (*FD_CALLS, *READ_FD_CALLS):
             monkeypatch.setattr(os, name, self._fd_call(name, getattr(os, name)))
         monkeypatch.setattr(fsio, "syncfs", self._fd_call("syncfs", fsio.syncfs))
         monkeypatch.setattr(fsio, "_link_fd", self._link_fd_call(fsio._link_fd))
@@ -59,7 +79,7 @@ class FaultyFS:
     def fail(self, call: str, error: int, after: int = 0, times: int | None = None) -> None:
         """From now on (after `after` more such calls have worked), `call` on anything under
         the root raises OSError(`error`), `times` times (None: until `clear`)."""
-        assert call in CALLS, call
+        assert call in CALLS or call in READ_CALLS, call
         self.failing[call] = error
         self._grace[call] = after
         self._left[call] = times

@@ -1,11 +1,12 @@
 """Every transition under every injected filesystem error leaves nothing stuck.
 
 For each transition (put, get, ack, nack, extend, delay promotion, dead-letter, purge), each
-call the store makes (tests/faultfs.py) fails with ENOSPC, EROFS, EIO or EMFILE while the
-transition runs. The transition either succeeds (it did not need that call, or it had a way
-around it) or raises a `StorageError`, never anything else. Then the filesystem recovers and
-the same process must deliver every message exactly once, in FIFO order, with its view of the
-queue equal to a fresh process's, and `fsck` clean.
+call the store makes to change the filesystem (`faultfs.CALLS`; the reads are failed in
+tests/test_fault_reads.py) fails with ENOSPC, EROFS, EIO or EMFILE while the transition runs.
+The transition either succeeds (it did not need that call, or it had a way around it) or raises
+a `StorageError`, never anything else. Then the filesystem recovers and the same process must
+deliver every message exactly once, in FIFO order, with its view of the queue equal to a fresh
+process's, and `fsck` clean.
 """
 
 from __future__ import annotations
@@ -295,6 +296,35 @@ def test_the_server_tells_each_ack_of_a_batch_its_own_outcome(
         assert q.stats().total == 0
         with pytest.raises(dirmq.StaleReceipt):
             q.ack(got[0].receipt or "")
+
+
+@pytest.mark.parametrize("error", list(ERRORS))
+@pytest.mark.parametrize("call", ["write", "ftruncate"])
+def test_a_failed_overwrite_of_a_recycled_file_publishes_nothing(
+    fast_root: Path, monkeypatch: pytest.MonkeyPatch, call: str, error: str
+) -> None:
+    """A put reuses a file an ack retired: overwritten, then cut to the new length (ftruncate)
+    when it was longer. When either fails, nothing is published and the half-overwritten file
+    is not kept for reuse."""
+    with dirmq.Store(fast_root) as store:
+        q = store.create_queue("q")
+        q.put_many([b"long" * 100, b"x"])
+        first = q.get_one()
+        assert first is not None and first.receipt is not None
+        q.ack(first.receipt)
+        assert _pooled_files(fast_root / "q") == 1
+        fs = FaultyFS(monkeypatch, fast_root)
+        fs.fail(call, ERRORS[error])
+        with pytest.raises(dirmq.StorageError):
+            q.put(b"short")
+        fs.clear()
+        assert fs.raised[call] == 1
+        assert _pooled_files(fast_root / "q") == 0
+        _check_view(store, q)
+        q.put(b"short")
+        assert _drain(q) == [b"x", b"short"]
+        report = fsck(fast_root, repair=False)
+        assert report.ok, report.problems
 
 
 @pytest.mark.parametrize("transition", ["get", "extend", "nack", "dead_letter"])

@@ -15,6 +15,8 @@ import hashlib
 import os
 import time
 
+from dirmq.errors import storage_error
+
 
 class Dedup:
     def __init__(self, directory: str) -> None:
@@ -31,6 +33,8 @@ class Dedup:
             age_s = time.time() - os.lstat(path).st_mtime
         except FileNotFoundError:
             return None
+        except OSError as exc:  # not "no record": that would store a duplicate
+            raise storage_error(exc, "looking up a dedup id") from exc
         return message_id if age_s < window_s else None
 
     def record(self, dedup_id: str, message_id: str, window_s: float) -> str:
@@ -59,7 +63,7 @@ class Dedup:
         now = time.time()
         try:
             entries = list(os.scandir(self._dir))
-        except FileNotFoundError:
+        except OSError:  # gone, or unreadable now (a failing disk): expired next time
             return 0
         for entry in entries:
             try:

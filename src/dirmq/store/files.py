@@ -57,7 +57,7 @@ class QueueFiles:
     def read(self, directory: str, name: str, *, corrupt_ok: bool = True) -> Message | None:
         """The message stored as `directory/name`, without changing its state; None if it is
         gone, or corrupt (CorruptMessage instead when not `corrupt_ok`: a read by id must not
-        pass a damaged message off as absent)."""
+        pass a damaged message off as absent). StorageError if it cannot be read."""
         entry = parse_entry(name)
         if entry is None:
             return None
@@ -69,6 +69,8 @@ class QueueFiles:
             if corrupt_ok:
                 return None
             raise
+        except OSError as exc:
+            raise storage_error(exc, f"reading a message of queue {self.name!r}") from exc
         return stored_message(entry, directory, decoded)
 
     def locate_listed(self, message_ids: set[str]) -> dict[str, tuple[str, str]]:
@@ -80,6 +82,8 @@ class QueueFiles:
                 names = os.listdir(self.dir[directory])
             except FileNotFoundError:
                 continue
+            except OSError as exc:
+                raise storage_error(exc, f"listing {directory} of queue {self.name!r}") from exc
             for name in names:
                 message_id = name[: layout.ID_LENGTH]
                 if message_id in message_ids and message_id not in found:
@@ -409,6 +413,8 @@ class QueueFiles:
             return [n for n in os.listdir(self.dir[layout.DEAD]) if n.startswith(message_id)]
         except FileNotFoundError:
             return []
+        except OSError as exc:
+            raise storage_error(exc, f"listing @dead of queue {self.name!r}") from exc
 
 
 def _keep_due(index: QueueIndex, directory: str, names: list[str]) -> None:

@@ -13,6 +13,7 @@ import os
 import random
 from collections import Counter
 
+from dirmq.errors import storage_error
 from dirmq.store import layout
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.watch import Event
@@ -100,6 +101,17 @@ class GroupRuns:
         return tag not in busy
 
 
+def _list(directory: str) -> list[str]:
+    """The names in a state directory ([] if it is gone: the queue's deletion is noticed
+    elsewhere); StorageError if it cannot be read."""
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise storage_error(exc, f"listing {directory}") from exc
+
+
 def group_of(name: str) -> str | None:
     """The group tag at the end of a state name, if any (cheaper than a full parse)."""
     _head, sep, tag = name.rpartition("~")
@@ -121,22 +133,21 @@ class QueueIndex:
 
     # -- building and updating -------------------------------------------------------------
     def rescan(self, queue_dir: str) -> None:
-        """Replace the index with what the directories hold now."""
+        """Replace the index with what the directories hold now. Every directory is listed
+        before anything is replaced: a listing that fails (StorageError) leaves the index as
+        it was, not emptied, so the messages it knew are still delivered."""
+        listed = {
+            directory: _list(os.path.join(queue_dir, directory))
+            for directory in (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS)
+        }
         self.ready.clear()
         self.leased.clear()
         self.delayed.clear()
         self.slots.clear()
-        self._ready_heap = []
-        for directory in (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS):
-            try:
-                names = os.listdir(os.path.join(queue_dir, directory))
-            except FileNotFoundError:
-                continue
-            if directory == layout.READY:
-                self._scan_ready(names)
-            else:
-                for name in names:
-                    self.add(directory, name)
+        self._scan_ready(listed.pop(layout.READY))
+        for directory, names in listed.items():
+            for name in names:
+                self.add(directory, name)
         self._ready_heap = list(self.ready)
         heapq.heapify(self._ready_heap)
 
@@ -152,11 +163,8 @@ class QueueIndex:
 
     def rescan_leased(self, queue_dir: str) -> None:
         """Re-read @leased only (a receipt we have not heard of, in polling mode)."""
+        names = _list(os.path.join(queue_dir, layout.LEASED))  # before clearing: see rescan
         self.leased.clear()
-        try:
-            names = os.listdir(os.path.join(queue_dir, layout.LEASED))
-        except FileNotFoundError:
-            return
         for name in names:
             self.add(layout.LEASED, name)
 

@@ -179,7 +179,7 @@ def reclaim_pools(free_dir: str, capacity: int = DEFAULT_POOL_FILES) -> int:
     try:
         with os.scandir(free_dir) as it:
             entries = list(it)
-    except FileNotFoundError:
+    except OSError:  # gone, or unreadable now (a failing disk): reclaimed next time
         return 0
     dirs = [e for e in entries if e.is_dir(follow_symlinks=False)]
     room = capacity - (len(entries) - len(dirs))

@@ -120,6 +120,8 @@ class Queue:
                 self._config_stamp = stamp
         except FileNotFoundError:
             raise QueueNotFound(f"queue {self.name!r} does not exist") from None
+        except OSError as exc:
+            raise storage_error(exc, f"reading the configuration of queue {self.name!r}") from exc
         self._config_checked = time.monotonic()
 
     # -- the index -------------------------------------------------------------------------------
@@ -155,7 +157,14 @@ class Queue:
             raise storage_error(exc, f"watching queue {self.name!r}") from exc
         self._attach_listeners()
         index = QueueIndex()
-        index.rescan(self.path)
+        try:
+            index.rescan(self.path)
+        except BaseException:
+            # Else the next call opens another watcher and this one stays subscribed for good:
+            # an eventfd and every event of the queue kept, per failed attempt.
+            self._watcher.close()
+            self._watcher = None
+            raise
         self._index = index
         # Recovery on open: what crashed processes left behind is cleaned up now, not later;
         # the next sweep() reports it.
@@ -859,6 +868,8 @@ class Queue:
                 dead = len(os.listdir(self._files.dir[layout.DEAD]))
             except FileNotFoundError:
                 dead = 0
+            except OSError as exc:
+                raise storage_error(exc, f"listing @dead of queue {self.name!r}") from exc
             return QueueStats(
                 ready=len(index.ready) + len(expired) + due,
                 in_flight=len(index.leased.names) - len(expired),
