@@ -10,6 +10,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	@# docs/operations.md's backup example runs rsync (its test says so and skips where it is missing)
+	command -v rsync >/dev/null || [ "$$(id -u)" != 0 ] || apt-get install -y -q rsync >/dev/null 2>&1 \
+		|| (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q rsync >/dev/null 2>&1) || true
 	touch $(STAMP)
 
 # The HTTP server on $DIRMQ_ROOT (default ./dirmq-data), http://127.0.0.1:8080.

@@ -11,45 +11,67 @@ The conventions (also in docs/architecture.md, "Examples are tested"):
   the server's root, and other absolute paths (PATH_ALIASES) into the temp directory. `dirmq`,
   `aws` and `python` are the venv's. A file's Python blocks share one interpreter and its shell
   commands one bash (so definitions, `export` and `cd` carry over).
+- A file whose Python imports `pyspark` runs its Python in the test process instead, on the
+  suite's one SparkSession (tests/spark_fixtures.py: `SparkSession.builder.getOrCreate()` in a
+  block returns it); without pyspark the file is skipped. Streaming queries a block leaves
+  running are stopped at the end of the file.
 - In a shell block, lines starting with `$ ` are commands (a line ending in `\\` or `|` goes on);
   the lines after a command are its output (stdout and stderr), compared after `Date:`/`Server:`
   lines, trailing spaces and trailing blank lines are dropped, and `60.0` read as `60`. A block
-  with no `$ ` line runs line by line: exit status checked, output not. `dirmq serve` lines are
-  not run: the test's server stands in for them.
+  with no `$ ` line runs line by line: exit status checked, output not; a `$ ` command shown
+  with no output must exit 0 too. Wherever the status is what is checked (setups and checks
+  too), curl runs with `--fail` (from a curlrc the reader does not see), so an HTTP error
+  status fails the command: a 409 on an ack cannot pass unseen.
+  `dirmq serve` lines are not run: the test's server stands in for them.
 - In shown output, a message id (`1716000000123456-a1b2c3d4e5f6`), a number of 10+ digits or
   with 3+ decimals (times, ages, deadlines), and a multipart boundary match any such value; the
   value shown then stands for the real one in later commands (so a receipt shown by one command
   can be used by the next). `...` matches anything within a line; a line that is only `...`
   matches any number of lines. `<receipt>` and `<id>` in a command are the last ones printed
   before it (by the previous command or the block's setup).
-- An HTML comment right before a block: `<!-- no-run: reason -->` skips it (keep them rare,
+- HTML comments right before a block: `<!-- no-run: reason -->` skips it (keep them rare,
   with a reason); `<!-- setup: ... -->` (one or more lines) is run first, unseen, in the block's
-  language (files to read, queues to exist, names a snippet uses).
+  language (files to read, queues to exist, names a snippet uses); `<!-- needs: prog ... -->`
+  runs it only where those programs are installed (elsewhere it is reported as a skip by
+  test_programs_examples_need_are_installed). An HTML comment right after a block,
+  `<!-- check: ... -->`, is run after it, unseen, in its language: assertions on what a block
+  that prints nothing did (a Python `assert` must hold, a shell command must exit 0).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from .servers import REPO, ServerProcess, start_server
+from .spark_fixtures import spark_fixture  # noqa: F401  (requested only by Spark documents)
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUNNABLE = {"python", "sh", "bash", "console"}
 ROOT_ALIASES = ("/tmp/queues", "/srv/queues", "/srv/dirmq", "/var/spool/dirmq")
 # Other absolute paths the docs use, and where they are in the temp directory.
-PATH_ALIASES = {"/var/spool/queues": "spool-queues", "/backup": "backup"}
+PATH_ALIASES = {
+    "/var/spool/queues": "spool-queues",
+    "/backup": "backup",
+    "/data/mq": "data-mq",  # docs/spark.md: a root executors read through the filesystem
+    "/lake": "lake",
+}
 COMMAND_TIMEOUT_S = 60.0
 
 ID = r"\d{16}-[0-9a-f]{12}"
@@ -57,7 +79,8 @@ VOLATILE = re.compile(rf"{ID}|dirmq-[0-9a-f]{{24}}|\d{{10,}}(?:\.\d+)?|\d+\.\d{{
 # `<receipt>` or `<id>` in a command: the last one the previous command printed.
 PLACEHOLDERS = {"<receipt>": rf"{ID}\.\d+", "<id>": ID}
 _FENCE = re.compile(r"^```(\w*)\s*$")
-_COMMENT = re.compile(r"<!--\s*(no-run|setup):(.*?)-->\s*$", re.DOTALL)
+_COMMENT = re.compile(r"<!--\s*(no-run|setup|needs|check):(.*?)-->\s*$", re.DOTALL)
+_COMMENT_AFTER = re.compile(r"\s*(<!--\s*check:.*?-->)", re.DOTALL)
 
 
 @dataclass
@@ -68,6 +91,8 @@ class Block:
     text: str
     no_run: str | None = None
     setup: str = ""
+    needs: list[str] = field(default_factory=list)  # programs it runs only where installed
+    check: str = ""  # run after it
 
     @property
     def where(self) -> str:
@@ -79,7 +104,8 @@ def _shown(path: Path) -> str:
 
 
 def blocks(path: Path) -> list[Block]:
-    """The fenced blocks of `path`, with the HTML comment just before each one applied."""
+    """The fenced blocks of `path`, with the HTML comments just before each one applied, and
+    the `check` comment just after it."""
     found: list[Block] = []
     lines = path.read_text().splitlines()
     i = 0
@@ -91,13 +117,22 @@ def blocks(path: Path) -> list[Block]:
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
         block = Block(path, i + 1, opening.group(1), "\n".join(lines[i + 1 : end]) + "\n")
         before = "\n".join(lines[:i]).rstrip()
-        if before.endswith("-->"):
+        while before.endswith("-->"):  # the comments right before it, last first
             start = before.rfind("<!--")
             comment = _COMMENT.match(before[start:])
-            if comment and comment.group(1) == "no-run":
-                block.no_run = comment.group(2).strip()
-            elif comment:
-                block.setup = comment.group(2).strip("\n") + "\n"
+            if comment is None or comment.group(1) == "check":  # a check: the previous block's
+                break
+            kind, text = comment.groups()
+            if kind == "no-run":
+                block.no_run = text.strip()
+            elif kind == "needs":
+                block.needs = text.split()
+            else:
+                block.setup = text.strip("\n") + "\n"
+            before = before[:start].rstrip()
+        after = _COMMENT_AFTER.match("\n".join(lines[end + 1 :]))
+        if after and (check := _COMMENT.match(after.group(1))):
+            block.check = check.group(2).strip("\n") + "\n"
         found.append(block)
         i = end + 1
     return found
@@ -154,7 +189,7 @@ class Rewriter:
         text = self.addresses(text)
         paths = {**dict.fromkeys(ROOT_ALIASES, self.root), **self.paths}
         for alias, real in paths.items():
-            text = re.sub(re.escape(alias) + r"(?=/|\s|$)", real, text)
+            text = re.sub(re.escape(alias) + r"(?![\w.-])", real, text)  # a whole path
         if self.seen:  # longest first, so an id inside a delivery key is not replaced alone
             pattern = "|".join(map(re.escape, sorted(self.seen, key=len, reverse=True)))
             text = re.sub(pattern, lambda m: self.seen[m.group(0)], text)
@@ -213,6 +248,10 @@ class Shell:
     _MARK = "__dirmq_docs_done__"
 
     def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        # For a command whose exit status is the check: curl fails on an HTTP error status.
+        self.strict_curl = Path(env["HOME"]) / ".curl-fail"
+        self.strict_curl.mkdir(exist_ok=True)
+        (self.strict_curl / ".curlrc").write_text("no-progress-meter\nfail\n")
         self.proc = subprocess.Popen(
             ["bash", "--noprofile", "--norc"],
             cwd=cwd,
@@ -223,9 +262,13 @@ class Shell:
             start_new_session=True,
         )
 
-    def run(self, command: str, where: str) -> tuple[int, str]:
+    def run(self, command: str, where: str, *, strict: bool = False) -> tuple[int, str]:
+        """The exit status and output of `command`; `strict`: with curl failing on an HTTP
+        error status (its curlrc says `fail`)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         script = f"{{\n{command}\n}} </dev/null 2>&1\nprintf '\\n{self._MARK}%d\\n' $?\n"
+        if strict:
+            script = f"export CURL_HOME='{self.strict_curl}'\n{script}unset CURL_HOME\n"
         self.proc.stdin.write(script.encode())
         self.proc.stdin.flush()
         out = b""
@@ -307,9 +350,51 @@ class Python:
             self.proc.stdout.close()
 
 
+class SparkPython:
+    """The Python blocks of a Spark document, run in the test process: there lives the suite's
+    SparkSession, which `SparkSession.builder.getOrCreate()` in a block returns."""
+
+    def __init__(self, cwd: Path, spark: Any) -> None:
+        self.cwd = cwd
+        self.spark = spark
+        self.namespace: dict[str, Any] = {"__name__": "__main__"}
+        self.queries_before = {q.id for q in spark.streams.active}
+
+    def run(self, source: str, where: str) -> str | None:
+        """None, or why the block failed."""
+        out = io.StringIO()  # printed, not compared (as in `Python`)
+        try:
+            with contextlib.chdir(self.cwd), contextlib.redirect_stdout(out):
+                exec(compile(source, where, "exec"), self.namespace)
+        except Exception:
+            return f"{where}: the example fails:\n{traceback.format_exc()}"
+        return None
+
+    def close(self) -> None:
+        """Stops the streaming queries the blocks left running (the session is shared)."""
+        for query in self.spark.streams.active:
+            if query.id not in self.queries_before:
+                query.stop()
+
+
+def _uses_spark(path: Path) -> bool:
+    return any(
+        b.lang == "python" and b.no_run is None and "pyspark" in b.text for b in blocks(path)
+    )
+
+
+def _missing(programs: list[str], env: dict[str, str] | None = None) -> list[str]:
+    path = (env or os.environ).get("PATH")
+    return [p for p in programs if shutil.which(p, path=path) is None]
+
+
+def _environment_path() -> dict[str, str]:
+    return {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
 def _environment(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DIRMQ_", "AWS_"))}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update(_environment_path())
     env["HOME"] = str(tmp_path)  # no ~/.aws of this machine, no history files
     # Piped, curl draws a progress meter on stderr that a terminal would not show.
     (tmp_path / ".curlrc").write_text("no-progress-meter\n")
@@ -334,54 +419,86 @@ def _runnable(path: Path) -> bool:
     "path", [p for p in DOCS if _runnable(p)], ids=lambda p: str(p.relative_to(REPO))
 )
 def test_examples_run_and_show_real_output(
-    path: Path, tmp_path: Path, docs_server: ServerProcess
+    path: Path, tmp_path: Path, docs_server: ServerProcess, request: pytest.FixtureRequest
 ) -> None:
-    failures = run_markdown(path, tmp_path, docs_server)
+    spark = None
+    if _uses_spark(path):
+        pytest.importorskip("pyspark")  # an install without the `spark` extra
+        spark = request.getfixturevalue("spark")
+    failures = run_markdown(path, tmp_path, docs_server, spark)
     assert not failures, "\n\n".join(failures)
 
 
-def run_markdown(path: Path, tmp_path: Path, docs_server: ServerProcess) -> list[str]:
-    """Run the examples of `path` in `tmp_path`; what differed from the Markdown."""
+def run_markdown(
+    path: Path, tmp_path: Path, docs_server: ServerProcess, spark: Any = None
+) -> list[str]:
+    """Run the examples of `path` in `tmp_path` (its Python in this process, on `spark`, if
+    given); what differed from the Markdown."""
     env = _environment(tmp_path)
     rewrite = Rewriter(docs_server)
     shell = Shell(tmp_path, env)
-    python = Python(tmp_path, env)
+    python: Python | SparkPython = (
+        Python(tmp_path, env) if spark is None else SparkPython(tmp_path, spark)
+    )
     failures: list[str] = []
     try:
         for block in blocks(path):
             if block.lang not in RUNNABLE or block.no_run is not None:
                 continue
+            if _missing(block.needs, env):  # test_programs_examples_need_are_installed says so
+                continue
             if block.lang == "python":
                 for source, where in (
                     (block.setup, f"{block.where} (setup)"),
                     (block.text, block.where),
+                    (block.check, f"{block.where} (check)"),
                 ):
                     if source and (error := python.run(rewrite.command(source), where)):
                         failures.append(error)
+                        break  # a check of a block that failed says nothing more
                 continue
             if block.setup:
-                status, out = shell.run(rewrite.command(block.setup), f"{block.where} (setup)")
+                where = f"{block.where} (setup)"
+                status, out = shell.run(rewrite.command(block.setup), where, strict=True)
                 assert status == 0, f"{block.where}: setup failed ({status}):\n{out}"
                 rewrite.last_output = out
             for command in commands(block):
                 if re.match(r"dirmq serve\b", command.text):
                     continue  # the test's own server stands in for it
-                where = f"{_shown(path)}:{command.line}"
-                status, out = shell.run(rewrite.command(command.text), where)
-                actual = rewrite.last_output = normalise(out)
-                if command.expected is None:
-                    if status != 0:
-                        failures.append(f"{where}: $ {command.text}\nexit {status}:\n{actual}")
-                elif not rewrite.match(command.expected, actual):
-                    failures.append(
-                        f"{where}: $ {command.text}\n--- shown\n"
-                        + "".join(x + "\n" for x in command.expected)
-                        + f"--- printed (exit {status})\n{actual}"
-                    )
+                failure = _run_command(shell, rewrite, command, f"{_shown(path)}:{command.line}")
+                if failure:
+                    failures.append(failure)
+            if block.check:
+                where = f"{block.where} (check)"
+                status, out = shell.run(rewrite.command(block.check), where, strict=True)
+                if status != 0:
+                    failures.append(f"{where}: exit {status}:\n{block.check}{out}")
     finally:
         shell.close()
         python.close()
     return failures
+
+
+def _run_command(shell: Shell, rewrite: Rewriter, command: Command, where: str) -> str | None:
+    """Run one shell command; None, or how it differed from the Markdown. A command whose
+    output is not compared (no `$ ` in its block) or shown empty must exit 0, and its curl
+    fails on an HTTP error status: else a 409 on an ack, say, would pass unseen."""
+    expected = command.expected
+    while expected and not expected[-1].strip():
+        expected = expected[:-1]
+    status_checked = not expected
+    status, out = shell.run(rewrite.command(command.text), where, strict=status_checked)
+    actual = rewrite.last_output = normalise(out)
+    if status_checked and status != 0:
+        shown = "" if expected is None else " (shown with no output)"
+        return f"{where}: $ {command.text}\nexit {status}{shown}:\n{actual}"
+    if expected is not None and not rewrite.match(expected, actual):
+        return (
+            f"{where}: $ {command.text}\n--- shown\n"
+            + "".join(x + "\n" for x in expected)
+            + f"--- printed (exit {status})\n{actual}"
+        )
+    return None
 
 
 _DRIFTED = """
@@ -414,6 +531,68 @@ def test_a_drifted_example_fails(tmp_path: Path, docs_server: ServerProcess) -> 
     failures = run_markdown(doc, tmp_path, docs_server)
     assert len(failures) == 1, failures
     assert failures[0].startswith("drifted.md:8: $ echo") and '"n":3}' in failures[0]
+
+
+_UNCOMPARED = """
+<!-- setup:
+printf 'hello' | dirmq put --create jobs
+-->
+```sh
+curl -X DELETE localhost:8080/jobs/messages/<id>.7
+```
+
+```console
+$ curl -s -o /dev/null -X PUT localhost:8080/jobs --data '{"nope": 1}'
+$ curl -s -o /dev/null -X PUT localhost:8080/jobs --data '{"capacity": 5}'
+```
+
+<!-- needs: no-such-program-dirmq -->
+<!-- setup:
+false
+-->
+```sh
+no-such-program-dirmq
+```
+
+```sh
+touch made
+```
+<!-- check:
+test -e made && test -e other
+-->
+
+```python
+made = open("made").read()
+```
+<!-- check:
+assert made == "x", repr(made)
+-->
+"""
+
+
+def test_status_is_checked_where_output_is_not(tmp_path: Path, docs_server: ServerProcess) -> None:
+    """The runner itself: where no output is compared (a block without `$ `, or a command shown
+    with no output) a curl that gets an HTTP error fails; a block needing a missing program
+    does not run, setup included; checks run after their block."""
+    doc = tmp_path / "uncompared.md"
+    doc.write_text(_UNCOMPARED)
+    failures = run_markdown(doc, tmp_path, docs_server)
+    assert len(failures) == 4, failures
+    assert failures[0].startswith("uncompared.md:6: $ curl -X DELETE") and "exit 22" in failures[0]
+    assert failures[1].startswith("uncompared.md:10: $ curl"), failures[1]
+    assert "exit 22 (shown with no output)" in failures[1]
+    assert failures[2].startswith("uncompared.md:22 (check): exit 1"), failures[2]
+    assert failures[3].startswith("uncompared.md:29 (check)") and "''" in failures[3]
+
+
+@pytest.mark.parametrize(
+    "block", [b for p in DOCS for b in blocks(p) if b.needs], ids=lambda b: b.where
+)
+def test_programs_examples_need_are_installed(block: Block) -> None:
+    """A block marked `<!-- needs: ... -->` runs only where its programs are installed: say
+    so where they are not."""
+    if missing := _missing(block.needs, _environment_path()):
+        pytest.skip(f"{block.where} did not run: {' '.join(missing)} not installed")
 
 
 def test_skipped_blocks_say_why() -> None:
