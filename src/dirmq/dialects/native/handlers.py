@@ -22,6 +22,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, replace
 
+from dirmq.dialects.native.routes import Route
 from dirmq.errors import (
     DirmqError,
     InvalidArgument,
@@ -33,7 +34,6 @@ from dirmq.errors import (
 from dirmq.server.broker import Broker
 from dirmq.server.errors import json_error
 from dirmq.server.http import Request, Response
-from dirmq.server.routes import Route
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, QueueConfig
 from dirmq.store.ids import is_id
 from dirmq.store.layout import parse_receipt
