@@ -1,5 +1,5 @@
-"""The OpenAPI document (`src/dirmq/dialects/native/openapi.json`): valid OpenAPI 3.1, served exactly as
-packaged, and true to the server. Every documented operation is sent a simple request against a
+"""The OpenAPI document (`dirmq/dialects/native/openapi.json`): valid OpenAPI 3.1, served exactly
+as packaged, and true to the server. Every documented operation is sent a simple request against a
 real server and must answer a status it documents, with the documented body schema and
 required headers; every native route the server has is documented; and every path refuses,
 with 405, exactly the methods it does not document."""

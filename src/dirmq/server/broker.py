@@ -73,6 +73,7 @@ class _Waiter:
     max_count: int
     visibility_s: float | None
     future: asyncio.Future[list[Message]] = field(repr=False)
+    max_per_group: int | None = 1
 
 
 class Broker:
@@ -159,14 +160,31 @@ class Broker:
             unsubscribe()
 
     async def receive(
-        self, queue: Queue, max_count: int, visibility_s: float | None, wait_s: float | None
+        self,
+        queue: Queue,
+        max_count: int,
+        visibility_s: float | None,
+        wait_s: float | None,
+        *,
+        max_per_group: int | None = 1,
     ) -> list[Message]:
         """Lease up to `max_count` messages, waiting up to `wait_s` (None: forever) for the
-        first."""
-        getter = self._getters.get(queue.name)
-        if getter is None or getter.queue is not queue:
-            getter = self._getters[queue.name] = _Batcher(self, queue, "get")
-        first: asyncio.Future[list[Message]] = getter.submit((max_count, visibility_s))
+        first. `max_per_group` as in `Queue.get`: with more than one message of a group per
+        request (SQS FIFO: None, a whole run), each request leases with a get of its own, since
+        merging the gets of concurrent requests and splitting the result could hand one group's
+        run to two consumers; the wait is the same."""
+        first: asyncio.Future[list[Message]]
+        if max_per_group == 1:
+            getter = self._getters.get(queue.name)
+            if getter is None or getter.queue is not queue:
+                getter = self._getters[queue.name] = _Batcher(self, queue, "get")
+            first = getter.submit((max_count, visibility_s))
+        else:
+            first = asyncio.ensure_future(
+                self.call(
+                    queue.get, max_count, visibility_s=visibility_s, max_per_group=max_per_group
+                )
+            )
         try:
             got = await asyncio.shield(first)
         except asyncio.CancelledError:
@@ -178,7 +196,7 @@ class Broker:
         receiver = self._receivers.get(queue.name)
         if receiver is None or receiver.queue is not queue:
             receiver = self._receivers[queue.name] = _Receiver(self, queue)
-        return await receiver.wait(max_count, visibility_s, wait_s)
+        return await receiver.wait(max_count, visibility_s, wait_s, max_per_group)
 
     def watch_store(self) -> None:
         """Pump the store's shared inotify descriptor from the event loop, so each queue's own
@@ -449,10 +467,14 @@ class _Receiver:
         self._task: asyncio.Task[None] | None = None
 
     async def wait(
-        self, max_count: int, visibility_s: float | None, wait_s: float | None
+        self,
+        max_count: int,
+        visibility_s: float | None,
+        wait_s: float | None,
+        max_per_group: int | None = 1,
     ) -> list[Message]:
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(max_count, visibility_s, loop.create_future())
+        waiter = _Waiter(max_count, visibility_s, loop.create_future(), max_per_group)
         self._waiters.append(waiter)
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._watch())
@@ -542,7 +564,10 @@ class _Receiver:
         while self._live_waiters():
             waiter = self._waiters[0]
             got = await self.broker.call(
-                self.queue.get, waiter.max_count, visibility_s=waiter.visibility_s
+                self.queue.get,
+                waiter.max_count,
+                visibility_s=waiter.visibility_s,
+                max_per_group=waiter.max_per_group,
             )
             if not got:
                 return
