@@ -50,22 +50,22 @@ Settle = Callable[[list[str] | BaseException], None]
 class _Publish:
     messages: list[OutgoingMessage]
     durability: Durability | None
-    # Exactly one of the two: a future (`publish`), or a callback (`publish_nowait`: no hop
-    # through the event loop between storing and answering).
-    future: asyncio.Future[list[str]] | None
-    settle: Settle | None = None
+    settle: Settle  # no hop through the event loop between storing and answering
 
     def finish(self, outcome: list[str] | BaseException) -> None:
-        if self.settle is not None:
-            try:
-                self.settle(outcome)
-            except Exception:  # one request's bug must not keep the rest of the batch waiting
-                log.exception("settling a publish failed")
-        elif self.future is not None and not self.future.done():
-            if isinstance(outcome, BaseException):
-                self.future.set_exception(outcome)
-            else:
-                self.future.set_result(outcome)
+        try:
+            self.settle(outcome)
+        except Exception:  # one request's bug must not keep the rest of the batch waiting
+            log.exception("settling a publish failed")
+
+
+def _resolve(future: asyncio.Future[list[str]], outcome: list[str] | BaseException) -> None:
+    if future.done():  # its request was cancelled: the messages are stored all the same
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 @dataclass(slots=True)
@@ -105,20 +105,31 @@ class Broker:
         durability: Durability | None = None,
         timeout_s: float | None = None,
     ) -> list[str]:
-        """Store `messages` (validated by the caller) and return their ids, all or none."""
+        """Store `messages` (validated by the caller) and return their ids, all or none: the
+        one way to publish. At capacity, wait up to `timeout_s` (None: forever) for room."""
         if queue.config.capacity is not None:
             return await self._publish_at_capacity(queue, messages, durability, timeout_s)
         # Not shielded, nor needing to be: a request that is cancelled (its client hung up)
         # cancels only this future; its messages stay in the line and are stored all the same.
-        return await self._publisher(queue).submit(messages, durability)
+        future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        self._publisher(queue).enqueue(
+            _Publish(messages, durability, functools.partial(_resolve, future))
+        )
+        return await future
 
-    def publish_nowait(self, queue: Queue, messages: list[OutgoingMessage], settle: Settle) -> bool:
-        """`publish` at the queue's own durability without a coroutine nor a future: `settle`
-        gets the ids (or the error) on the event loop. False, and nothing done, if the queue has
-        a capacity (whose waits need `publish`)."""
+    def publish_nowait(
+        self,
+        queue: Queue,
+        messages: list[OutgoingMessage],
+        settle: Settle,
+        durability: Durability | None = None,
+    ) -> bool:
+        """`publish` without a coroutine nor a future, into the same line: `settle` gets the
+        ids (or the error) on the event loop. False, and nothing done, if the queue has a
+        capacity (whose waits need `publish`)."""
         if queue.config.capacity is not None:
             return False
-        self._publisher(queue).enqueue(_Publish(messages, None, None, settle))
+        self._publisher(queue).enqueue(_Publish(messages, durability, settle))
         return True
 
     def _publisher(self, queue: Queue) -> _Publisher:
@@ -330,13 +341,6 @@ class _Publisher:
         self._lock = threading.Lock()  # the line and `_draining` change together
         self._draining = False  # a drain is under way or scheduled and will see what is appended
         self._inline = on_memory_filesystem(queue.path)  # drained on the event loop
-
-    def submit(
-        self, messages: list[OutgoingMessage], durability: Durability | None
-    ) -> asyncio.Future[list[str]]:
-        future: asyncio.Future[list[str]] = self._loop.create_future()
-        self.enqueue(_Publish(messages, durability, future))
-        return future
 
     def enqueue(self, publish: _Publish) -> None:
         """Append to the line; start draining it unless a drain is already under way."""

@@ -55,15 +55,18 @@ class NativeApp(Dialect):
         return response
 
     def fast(self, request: Request, respond: Respond) -> Response | Later | None:
-        """The plain publish, answered without a Task (see `http.FastHandler`); anything else,
-        and every error, is left to `__call__`."""
+        """A publish answered without a Task (see `http.FastHandler`): read as `publish` reads
+        it, handed to the queue's line, answered when stored. Anything else, every error (left
+        to `__call__` to report) and a queue with a capacity (whose waits need a Task that the
+        client's leaving can cancel) go the general way."""
         if request.method != "POST":
             return None
         try:
             route = self._route(request.path)
+            if route.kind != "messages":
+                return None
+            read = native.read_publish(self.broker, request, route)
         except (DirmqError, UnicodeDecodeError):
-            return None
-        if route.kind != "messages":
             return None
         started = time.monotonic()
         metrics, queue = self.metrics, route.queue
@@ -76,15 +79,16 @@ class NativeApp(Dialect):
                     respond(outcome)  # logged and answered 500 there
                     return
                 else:
-                    response = native.published(outcome[0])
-                    metrics.count("published", queue)
+                    response = native.published_response(read, outcome)
+                    metrics.count("published", queue, len(outcome))
                 metrics.answered("messages", "POST", response.status, time.monotonic() - started)
             except Exception as exc:  # every request gets its answer, or its connection hangs
                 respond(exc)
                 return
             respond(response)
 
-        return LATER if native.publish_now(self.broker, request, route, settle) else None
+        queued = self.broker.publish_nowait(read.queue, read.messages, settle, read.durability)
+        return LATER if queued else None
 
     def body_check(
         self, method: str, path: str, headers: dict[str, str], length: int
