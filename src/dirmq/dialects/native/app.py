@@ -65,6 +65,8 @@ class NativeApp(Dialect):
             route = self._route(request.path)
             if route.kind != "messages":
                 return None
+            if request.query:  # as `_dispatch` checks them: an unknown one is refused
+                check_native(request.query, route.kind, "POST", "", request.path)
             read = native.read_publish(self.broker, request, route)
         except (DirmqError, UnicodeDecodeError):
             return None
