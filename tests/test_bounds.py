@@ -479,7 +479,9 @@ def test_the_openapi_document_states_the_store_bounds() -> None:
     import json
     from importlib import resources
 
-    document = json.loads(resources.files("dirmq.server").joinpath("openapi.json").read_text())
+    document = json.loads(
+        resources.files("dirmq.dialects.native").joinpath("openapi.json").read_text()
+    )
     for schema in ("QueueConfig", "QueueConfigUpdate"):
         properties = document["components"]["schemas"][schema]["properties"]
         for name in DURATION_FIELDS:

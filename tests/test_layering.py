@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import dirmq
 
@@ -114,3 +116,120 @@ def test_public_api_is_pinned() -> None:
         "config",
         "fileno",
     }
+
+
+# -- the import graph, read from the source: every import counts, deferred or for typing only --
+SRC = Path(dirmq.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = ("dirmq", *path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in SRC.rglob("*.py")}
+
+
+def _imports(name: str) -> set[str]:
+    """The dirmq modules `name` imports anywhere in its text (`from pkg import sub` names the
+    submodule, `from pkg import thing` the package)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            submodules = {f"{base}.{a.name}" for a in node.names} & MODULES.keys()
+            found |= submodules
+            if len(submodules) < len(node.names):
+                found.add(base)
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {name: _imports(name) for name in MODULES}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_anywhere() -> None:
+    assert _cycles(GRAPH) == []
+
+
+def test_the_circle_finder_finds_circles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+# What each layer may import of the others (`dirmq` itself re-exports the store's API). Read
+# downwards: the store is the bottom, the composition root and the CLI the top.
+MAY_IMPORT: dict[str, set[str]] = {
+    "errors": set(),
+    "store": {"errors"},
+    "wire": {"errors", "store"},
+    "pubsub": {"errors", "store"},
+    "compat": {"errors", "store"},
+    "client": {"errors", "store", "wire", "pubsub"},
+    "server": {"errors", "store", "wire"},  # the runtime: no dialect
+    "dialects": {"errors", "store", "wire", "pubsub", "server"},
+    "sqs": {"errors", "store", "wire", "server"},
+    "spark": {"errors", "store", "wire", "pubsub", "client"},
+    "service": {"errors", "store", "wire", "pubsub", "server", "dialects", "sqs"},
+}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return "dirmq" if len(parts) == 1 else parts[1]
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    wrong = []
+    for module, targets in GRAPH.items():
+        allowed = MAY_IMPORT.get(_layer(module))
+        if allowed is None:
+            continue  # the CLI, `dirmq` and `__main__`: the top, anything goes
+        for target in targets:
+            layer = "store" if target == "dirmq" else _layer(target)
+            if layer != _layer(module) and layer not in allowed:
+                wrong.append(f"{module} imports {target}")
+    assert wrong == []
+
+
+def test_every_layer_has_a_rule() -> None:
+    layers = {_layer(m) for m in MODULES} - {"dirmq", "cli", "__main__"}
+    assert layers <= MAY_IMPORT.keys()

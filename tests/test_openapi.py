@@ -1,5 +1,5 @@
-"""The OpenAPI document (`src/dirmq/server/openapi.json`): valid OpenAPI 3.1, served exactly as
-packaged, and true to the server. Every documented operation is sent a simple request against a
+"""The OpenAPI document (`dirmq/dialects/native/openapi.json`): valid OpenAPI 3.1, served exactly
+as packaged, and true to the server. Every documented operation is sent a simple request against a
 real server and must answer a status it documents, with the documented body schema and
 required headers; every native route the server has is documented; and every path refuses,
 with 405, exactly the methods it does not document."""
@@ -21,17 +21,17 @@ from openapi_spec_validator import validate
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from dirmq.dialects.native import handlers as native
+from dirmq.dialects.native.routes import SERVER_PATHS, parse_route
+from dirmq.dialects.pubsub import METHODS as PUBSUB_METHODS
+from dirmq.dialects.pubsub import is_pubsub_path, parse_pubsub_route
 from dirmq.errors import InvalidArgument
-from dirmq.server import native
-from dirmq.server.pubsub import METHODS as PUBSUB_METHODS
-from dirmq.server.pubsub import is_pubsub_path, parse_pubsub_route
-from dirmq.server.routes import SERVER_PATHS, parse_route
 from dirmq.store.codec import MAX_HEADER_BYTES
 from dirmq.wire.durations import parse_duration
 
 from .servers import ServerProcess, start_server
 
-SPEC_BYTES = resources.files("dirmq.server").joinpath("openapi.json").read_bytes()
+SPEC_BYTES = resources.files("dirmq.dialects.native").joinpath("openapi.json").read_bytes()
 SPEC: dict[str, Any] = json.loads(SPEC_BYTES)
 SPEC_URI = "urn:dirmq:openapi.json"
 REGISTRY: Registry[Any] = Registry().with_resource(

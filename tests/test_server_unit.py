@@ -258,7 +258,7 @@ def test_a_fast_publish_whose_answer_cannot_be_built_gets_a_500(
 ) -> None:
     """A bug while building a stored publish's response (here in the metrics) still answers,
     and the connection goes on with its next request."""
-    from dirmq.server.app import NativeApp
+    from dirmq.dialects.native.app import NativeApp
     from dirmq.server.broker import Broker
 
     async def main() -> tuple[bytes, int]:
@@ -289,7 +289,7 @@ def test_a_fast_publish_whose_answer_cannot_be_built_gets_a_500(
 def test_a_plain_publish_answers_as_the_general_path_does(tmp_path: Path) -> None:
     """The same publish through the fast path and through `publish` (an option forces it):
     same status, same headers but the id, same body shape, same metrics."""
-    from dirmq.server.app import NativeApp
+    from dirmq.dialects.native.app import NativeApp
     from dirmq.server.broker import Broker
 
     async def main() -> tuple[list[bytes], bytes, int]:

@@ -1,5 +1,6 @@
-"""The FIFO receive path of the SQS layer on its own: whole runs of a group per request, long
-polls woken by a release, and leases of a request whose client left given back."""
+"""The FIFO receive path (the broker's receive with `max_per_group=None`, as SQS FIFO queues use
+it) on its own: whole runs of a group per request, long polls woken by a release, and leases of
+a request whose client left given back."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ from typing import Any
 
 import dirmq
 from dirmq.server.broker import Broker
-from dirmq.sqs.fifo_receive import receive_fifo
-from dirmq.store import Message, OutgoingMessage
+from dirmq.store import Message, OutgoingMessage, Queue
+
+
+async def receive_fifo(
+    broker: Broker, queue: Queue, max_count: int, visibility_s: float, wait_s: float
+) -> list[Message]:
+    return await broker.receive(queue, max_count, visibility_s, wait_s, max_per_group=None)
 
 
 def _fill(q: dirmq.Queue, count: int) -> None:

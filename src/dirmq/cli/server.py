@@ -123,7 +123,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from dirmq.server.budget import default_body_memory_bytes
     from dirmq.server.http import Limits
-    from dirmq.server.serve import ServeOptions, serve
+    from dirmq.service import ServeOptions, serve
 
     options = ServeOptions(
         root=args.root or default_root(),

@@ -50,22 +50,22 @@ Settle = Callable[[list[str] | BaseException], None]
 class _Publish:
     messages: list[OutgoingMessage]
     durability: Durability | None
-    # Exactly one of the two: a future (`publish`), or a callback (`publish_nowait`: no hop
-    # through the event loop between storing and answering).
-    future: asyncio.Future[list[str]] | None
-    settle: Settle | None = None
+    settle: Settle  # no hop through the event loop between storing and answering
 
     def finish(self, outcome: list[str] | BaseException) -> None:
-        if self.settle is not None:
-            try:
-                self.settle(outcome)
-            except Exception:  # one request's bug must not keep the rest of the batch waiting
-                log.exception("settling a publish failed")
-        elif self.future is not None and not self.future.done():
-            if isinstance(outcome, BaseException):
-                self.future.set_exception(outcome)
-            else:
-                self.future.set_result(outcome)
+        try:
+            self.settle(outcome)
+        except Exception:  # one request's bug must not keep the rest of the batch waiting
+            log.exception("settling a publish failed")
+
+
+def _resolve(future: asyncio.Future[list[str]], outcome: list[str] | BaseException) -> None:
+    if future.done():  # its request was cancelled: the messages are stored all the same
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 @dataclass(slots=True)
@@ -73,6 +73,7 @@ class _Waiter:
     max_count: int
     visibility_s: float | None
     future: asyncio.Future[list[Message]] = field(repr=False)
+    max_per_group: int | None = 1
 
 
 class Broker:
@@ -104,20 +105,31 @@ class Broker:
         durability: Durability | None = None,
         timeout_s: float | None = None,
     ) -> list[str]:
-        """Store `messages` (validated by the caller) and return their ids, all or none."""
+        """Store `messages` (validated by the caller) and return their ids, all or none: the
+        one way to publish. At capacity, wait up to `timeout_s` (None: forever) for room."""
         if queue.config.capacity is not None:
             return await self._publish_at_capacity(queue, messages, durability, timeout_s)
         # Not shielded, nor needing to be: a request that is cancelled (its client hung up)
         # cancels only this future; its messages stay in the line and are stored all the same.
-        return await self._publisher(queue).submit(messages, durability)
+        future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        self._publisher(queue).enqueue(
+            _Publish(messages, durability, functools.partial(_resolve, future))
+        )
+        return await future
 
-    def publish_nowait(self, queue: Queue, messages: list[OutgoingMessage], settle: Settle) -> bool:
-        """`publish` at the queue's own durability without a coroutine nor a future: `settle`
-        gets the ids (or the error) on the event loop. False, and nothing done, if the queue has
-        a capacity (whose waits need `publish`)."""
+    def publish_nowait(
+        self,
+        queue: Queue,
+        messages: list[OutgoingMessage],
+        settle: Settle,
+        durability: Durability | None = None,
+    ) -> bool:
+        """`publish` without a coroutine nor a future, into the same line: `settle` gets the
+        ids (or the error) on the event loop. False, and nothing done, if the queue has a
+        capacity (whose waits need `publish`)."""
         if queue.config.capacity is not None:
             return False
-        self._publisher(queue).enqueue(_Publish(messages, None, None, settle))
+        self._publisher(queue).enqueue(_Publish(messages, durability, settle))
         return True
 
     def _publisher(self, queue: Queue) -> _Publisher:
@@ -159,14 +171,31 @@ class Broker:
             unsubscribe()
 
     async def receive(
-        self, queue: Queue, max_count: int, visibility_s: float | None, wait_s: float | None
+        self,
+        queue: Queue,
+        max_count: int,
+        visibility_s: float | None,
+        wait_s: float | None,
+        *,
+        max_per_group: int | None = 1,
     ) -> list[Message]:
         """Lease up to `max_count` messages, waiting up to `wait_s` (None: forever) for the
-        first."""
-        getter = self._getters.get(queue.name)
-        if getter is None or getter.queue is not queue:
-            getter = self._getters[queue.name] = _Batcher(self, queue, "get")
-        first: asyncio.Future[list[Message]] = getter.submit((max_count, visibility_s))
+        first. `max_per_group` as in `Queue.get`: with more than one message of a group per
+        request (SQS FIFO: None, a whole run), each request leases with a get of its own, since
+        merging the gets of concurrent requests and splitting the result could hand one group's
+        run to two consumers; the wait is the same."""
+        first: asyncio.Future[list[Message]]
+        if max_per_group == 1:
+            getter = self._getters.get(queue.name)
+            if getter is None or getter.queue is not queue:
+                getter = self._getters[queue.name] = _Batcher(self, queue, "get")
+            first = getter.submit((max_count, visibility_s))
+        else:
+            first = asyncio.ensure_future(
+                self.call(
+                    queue.get, max_count, visibility_s=visibility_s, max_per_group=max_per_group
+                )
+            )
         try:
             got = await asyncio.shield(first)
         except asyncio.CancelledError:
@@ -178,7 +207,7 @@ class Broker:
         receiver = self._receivers.get(queue.name)
         if receiver is None or receiver.queue is not queue:
             receiver = self._receivers[queue.name] = _Receiver(self, queue)
-        return await receiver.wait(max_count, visibility_s, wait_s)
+        return await receiver.wait(max_count, visibility_s, wait_s, max_per_group)
 
     def watch_store(self) -> None:
         """Pump the store's shared inotify descriptor from the event loop, so each queue's own
@@ -313,13 +342,6 @@ class _Publisher:
         self._draining = False  # a drain is under way or scheduled and will see what is appended
         self._inline = on_memory_filesystem(queue.path)  # drained on the event loop
 
-    def submit(
-        self, messages: list[OutgoingMessage], durability: Durability | None
-    ) -> asyncio.Future[list[str]]:
-        future: asyncio.Future[list[str]] = self._loop.create_future()
-        self.enqueue(_Publish(messages, durability, future))
-        return future
-
     def enqueue(self, publish: _Publish) -> None:
         """Append to the line; start draining it unless a drain is already under way."""
         with self._lock:
@@ -449,10 +471,14 @@ class _Receiver:
         self._task: asyncio.Task[None] | None = None
 
     async def wait(
-        self, max_count: int, visibility_s: float | None, wait_s: float | None
+        self,
+        max_count: int,
+        visibility_s: float | None,
+        wait_s: float | None,
+        max_per_group: int | None = 1,
     ) -> list[Message]:
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(max_count, visibility_s, loop.create_future())
+        waiter = _Waiter(max_count, visibility_s, loop.create_future(), max_per_group)
         self._waiters.append(waiter)
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._watch())
@@ -542,7 +568,10 @@ class _Receiver:
         while self._live_waiters():
             waiter = self._waiters[0]
             got = await self.broker.call(
-                self.queue.get, waiter.max_count, visibility_s=waiter.visibility_s
+                self.queue.get,
+                waiter.max_count,
+                visibility_s=waiter.visibility_s,
+                max_per_group=waiter.max_per_group,
             )
             if not got:
                 return

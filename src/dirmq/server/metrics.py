@@ -24,6 +24,7 @@ from dirmq.errors import DirmqError
 from dirmq.store import Store
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
 
 
 class _DepthCollector(Collector):
@@ -161,6 +162,8 @@ class Metrics:
 
     def answered(self, route: str, method: str, status: int, seconds: float) -> None:
         """Count a request (route and method are low-cardinality labels) and its latency."""
+        if method not in _METHODS:
+            method = "other"  # any token is a method: the label must stay low-cardinality
         answered = self._requests.answered
         entry = answered.get((route, method, status))
         if entry is None:

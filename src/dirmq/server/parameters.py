@@ -1,7 +1,7 @@
-"""Which query parameters each route takes: one table per dialect, checked before a handler
-runs. A parameter a route does not take is refused (400 naming the ones it takes), never
-ignored: a misspelt `?wiat=5s` would otherwise answer at once, a `?dealy=1h` publish a message
-ready now."""
+"""Query parameters, checked before a handler runs: each dialect keeps the table of what its
+routes take and checks a request against it here. A parameter a route does not take is refused
+(400 naming the ones it takes), never ignored: a misspelt `?wiat=5s` would otherwise answer at
+once, a `?dealy=1h` publish a message ready now."""
 
 from __future__ import annotations
 
@@ -9,23 +9,6 @@ from collections.abc import Mapping
 from urllib.parse import parse_qsl
 
 from dirmq.errors import InvalidArgument
-
-# Native API: (route kind, method, action) -> the parameters it takes. HEAD uses GET's row.
-NATIVE: dict[tuple[str, str, str], frozenset[str]] = {
-    ("root", "GET", ""): frozenset({"prefix"}),
-    ("server", "GET", ""): frozenset(),
-    ("queue", "GET", ""): frozenset(),
-    ("queue", "PUT", ""): frozenset(),
-    ("queue", "DELETE", ""): frozenset(),
-    ("messages", "POST", ""): frozenset({"delay", "dedup", "group", "durability", "timeout"}),
-    ("messages", "GET", ""): frozenset({"max", "wait", "visibility", "peek"}),
-    ("messages", "DELETE", ""): frozenset(),
-    ("message", "GET", ""): frozenset(),
-    ("message", "DELETE", ""): frozenset({"receipt"}),
-    ("action", "POST", "nack"): frozenset({"delay"}),
-    ("action", "POST", "extend"): frozenset({"visibility"}),
-    ("action", "POST", "dead-letter"): frozenset(),
-}
 
 
 def check_parameters(query: Mapping[str, str], accepted: frozenset[str], where: str) -> None:
@@ -65,20 +48,3 @@ def _is_text(decoded: str) -> bool:
     except UnicodeEncodeError:  # a lone surrogate: a byte that was not UTF-8
         return False
     return True
-
-
-_SHAPES = {
-    "root": "/",
-    "queue": "/{queue}",
-    "messages": "/{queue}/messages",
-    "message": "/{queue}/messages/{id}",
-    "action": "/{queue}/messages/{receipt}/",
-}
-
-
-def check_native(query: Mapping[str, str], kind: str, method: str, action: str, path: str) -> None:
-    """`check_parameters` for a native route (a method the route lacks is left to the 405)."""
-    accepted = NATIVE.get((kind, method, action))
-    if accepted is not None:
-        shape = _SHAPES.get(kind, path) + action  # `path` only for the server's fixed paths
-        check_parameters(query, accepted, f"{method} {shape}")

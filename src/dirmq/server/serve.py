@@ -1,4 +1,8 @@
-"""`dirmq serve`: listening sockets, worker processes, signals and graceful drain.
+"""The server's process runtime: listening sockets, worker processes, signals, graceful drain.
+
+It serves whatever the composition root (`dirmq.service`) plugs in: a `Compose` function that
+each worker calls with its store, broker and metrics, and that returns a `Router` of dialects per
+listener. Nothing here knows a dialect.
 
 With `--workers N` the parent binds the listening ports with SO_REUSEPORT, forks N workers that
 each bind their own socket to the same ports (the kernel spreads connections across them), then
@@ -29,30 +33,41 @@ from dataclasses import dataclass, field
 import uvloop
 
 from dirmq.errors import CannotListen, InvalidArgument
-from dirmq.server.app import NativeApp
 from dirmq.server.broker import Broker
 from dirmq.server.budget import MemoryBudget, WorkerSlots, shared_slots
-from dirmq.server.http import Handler, HttpServer, Limits
+from dirmq.server.dialect import Router, unique_dialects
+from dirmq.server.http import HttpServer, Limits
 from dirmq.server.metrics import Metrics
-from dirmq.server.pubsub import PubSubApi
-from dirmq.server.yaq import YaqApp
 from dirmq.store import Store
 
-DEFAULT_LISTEN = "127.0.0.1:8080"
 BACKLOG = 4096
 
 
 @dataclass(frozen=True, slots=True)
-class ServeOptions:
+class Listener:
+    name: str  # the API it serves, as messages name it ("native", "yaq", "sqs")
+    address: str  # HOST:PORT
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeOptions:
     root: str
-    listen: str = DEFAULT_LISTEN
-    yaq_listen: str | None = None
-    sqs_listen: str | None = None
+    listeners: tuple[Listener, ...]
     workers: int = 1
     drain_timeout_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
-    sqs_credentials: str | None = None  # file of `KEY_ID SECRET` lines: SQS requires SigV4
-    sqs_deleted_wait_s: float | None = None  # CreateQueue after DeleteQueue: AWS's 60 s wait
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """What one worker process's dialects share."""
+
+    store: Store
+    broker: Broker
+    metrics: Metrics
+
+
+Compose = Callable[[Worker], dict[str, Router]]  # a Router for each listener, by name
 
 
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
@@ -128,15 +143,10 @@ class _Endpoint:
         return f"http://{host}:{self.port}"
 
 
-def _bind_all(options: ServeOptions) -> list[_Endpoint]:
+def _bind_all(options: RuntimeOptions) -> list[_Endpoint]:
     """Bind every address (all checked first), or none: `CannotListen` names the one that
     failed and why (in use, not an address of this host, a privileged port...)."""
-    wanted = [("native", options.listen)]
-    if options.yaq_listen:
-        wanted.append(("yaq", options.yaq_listen))
-    if options.sqs_listen:
-        wanted.append(("sqs", options.sqs_listen))
-    parsed = [(name, address, *parse_address(address)) for name, address in wanted]
+    parsed = [(ls.name, ls.address, *parse_address(ls.address)) for ls in options.listeners]
     endpoints: list[_Endpoint] = []
     try:
         for name, address, host, port in parsed:
@@ -158,7 +168,8 @@ def _close(endpoints: list[_Endpoint]) -> None:
 
 
 async def run_worker(
-    options: ServeOptions,
+    options: RuntimeOptions,
+    compose: Compose,
     endpoints: list[_Endpoint],
     budget_slots: WorkerSlots | None = None,
     worker: int = 0,
@@ -168,32 +179,23 @@ async def run_worker(
     loop = asyncio.get_running_loop()
     store = Store(options.root)
     broker = Broker(store)
-    metrics = Metrics(store)
-    pubsub = PubSubApi(broker, metrics)
-    pubsub.start()
+    routers = compose(Worker(store, broker, Metrics(store)))
+    dialects = unique_dialects(list(routers.values()))
+    for dialect in dialects:
+        dialect.start()
     http_servers: list[HttpServer] = []
     listeners: list[asyncio.Server] = []
     # One for every listener, and with several workers one for the whole server.
     budget = MemoryBudget(options.limits.max_body_memory_bytes, budget_slots, worker)
     for endpoint in endpoints:
-        handler = _handler_for(endpoint.name, broker, metrics, options, pubsub)
-        native = handler if isinstance(handler, NativeApp) else None
-        checked = handler if isinstance(handler, NativeApp | YaqApp) else None
+        router = routers[endpoint.name]
         http = HttpServer(
-            handler,
-            options.limits,
-            native.fast if native else None,
-            budget=budget,
-            body_check=checked.body_check if checked else None,
+            router, options.limits, router.fast, budget=budget, body_check=router.body_check
         )
         http_servers.append(http)
         listeners.append(
             await loop.create_server(http.protocol, sock=endpoint.sock, backlog=BACKLOG)
         )
-    # SQS message move tasks whose process died (a crash, a restart) carry on here.
-    from dirmq.sqs.actions.move_tasks import tasks_of
-
-    resume_move_tasks = loop.create_task(tasks_of(broker).resume_all())
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -201,38 +203,18 @@ async def run_worker(
     # sight, a full collection under load walks only what requests allocate.
     gc.freeze()
     await stop.wait()
-    resume_move_tasks.cancel()
     for listener in listeners:
         listener.close()
-    await pubsub.close()  # event streams end (held deliveries go back) while the pool still runs
+    # Dialects first (event streams end, held deliveries go back) while the pool still runs.
+    await asyncio.gather(*(dialect.close() for dialect in dialects))
     broker.close()  # waiting long polls answer now
     await asyncio.gather(*(h.drain(options.drain_timeout_s) for h in http_servers))
     store.close()
 
 
-def _handler_for(
-    name: str,
-    broker: Broker,
-    metrics: Metrics,
-    options: ServeOptions,
-    pubsub: PubSubApi | None = None,
-) -> Handler:
-    from dirmq.sqs.app import Authenticate, SqsApp, is_sqs_request
-
-    if name == "yaq":
-        return YaqApp(broker)
-    authenticate: Authenticate | None = None
-    if options.sqs_credentials is not None:
-        from dirmq.sqs.auth import SigV4Authenticator
-
-        authenticate = SigV4Authenticator.from_file(options.sqs_credentials)
-    sqs = SqsApp(broker, authenticate=authenticate, deleted_wait_s=options.sqs_deleted_wait_s)
-    if name == "sqs":
-        return sqs
-    return NativeApp(broker, metrics, sqs, is_sqs_request, pubsub)
-
-
-def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int:
+def serve(
+    options: RuntimeOptions, compose: Compose, announce: Callable[[str], None] = print
+) -> int:
     """Run the server in the foreground; returns the exit status."""
     if options.workers < 1:
         raise InvalidArgument("--workers must be at least 1")
@@ -243,10 +225,6 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
             f"--max-body-memory ({limits.max_body_memory_bytes}) must be at least "
             f"--max-body-bytes ({limits.max_body_bytes})"
         )
-    if options.sqs_credentials is not None:
-        from dirmq.sqs.auth import load_credentials
-
-        load_credentials(options.sqs_credentials)  # a bad file fails before we announce
     endpoints = _bind_all(options)  # before the root: a busy port must leave nothing behind
     try:
         Store(options.root)  # create the root now, so a bad path fails before we announce
@@ -261,12 +239,12 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
     )
     sys.stdout.flush()
     if options.workers == 1:
-        uvloop.run(run_worker(options, endpoints))
+        uvloop.run(run_worker(options, compose, endpoints))
         return 0
-    return _supervise(options, endpoints)
+    return _supervise(options, compose, endpoints)
 
 
-def _supervise(options: ServeOptions, endpoints: list[_Endpoint]) -> int:
+def _supervise(options: RuntimeOptions, compose: Compose, endpoints: list[_Endpoint]) -> int:
     children: dict[int, int] = {}  # pid -> worker number
     stopping = False
     budget_slots = shared_slots(options.workers)
@@ -286,7 +264,7 @@ def _supervise(options: ServeOptions, endpoints: list[_Endpoint]) -> int:
             )
             code = 0
             try:
-                uvloop.run(run_worker(options, own, budget_slots, number))
+                uvloop.run(run_worker(options, compose, own, budget_slots, number))
             except BaseException:  # a worker must never return into the parent's code
                 code = 1
             os._exit(code)

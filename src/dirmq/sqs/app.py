@@ -2,20 +2,26 @@
 
 Served on the native API's port: a request is SQS's when it carries `X-Amz-Target: AmazonSQS.*`
 (JSON protocol) or an `Action` parameter in its query or form body (query protocol); nothing
-of the native API looks like that. `dirmq serve --sqs-listen` also gives SQS a port of its own.
+of the native API looks like that. So is a GET of an SQS queue URL (`/<account>/<name>`) without
+an Action when no native queue has that name: AWS answers it with UnknownOperationException, not
+the native API's 404. `dirmq serve --sqs-listen` also gives SQS a port of its own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from dirmq import errors
 from dirmq.server.broker import Broker
+from dirmq.server.dialect import Dialect
 from dirmq.server.http import Request, Response
 from dirmq.sqs import protocol_json, protocol_query, protocol_query_json
 from dirmq.sqs.actions import load
+from dirmq.sqs.actions.move_tasks import tasks_of
 from dirmq.sqs.context import DEFAULT_ACCOUNT, DEFAULT_REGION, Context
 from dirmq.sqs.errors import SqsError, missing, no_such_queue
 
@@ -44,7 +50,12 @@ def is_sqs_request(request: Request) -> bool:
     )
 
 
-class SqsApp:
+_QUEUE_URL_PATH = re.compile(r"/[0-9]{12}/[A-Za-z0-9_-]{1,80}(\.fifo)?/?")
+
+
+class SqsApp(Dialect):
+    name = "sqs"
+
     def __init__(
         self,
         broker: Broker,
@@ -60,8 +71,40 @@ class SqsApp:
         self.region = region
         self.authenticate = authenticate
         self.actions = load()
+        self._resuming: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        # Message move tasks whose process died (a crash, a restart) carry on here.
+        self._resuming = asyncio.get_running_loop().create_task(tasks_of(self.broker).resume_all())
+
+    async def close(self) -> None:
+        if self._resuming is not None:
+            self._resuming.cancel()
+
+    def claims(self, request: Request) -> bool:
+        return is_sqs_request(request) or self._is_unknown_queue_url(request)
+
+    @staticmethod
+    def _is_queue_url_page(request: Request) -> bool:
+        return (
+            request.method == "GET"
+            and _QUEUE_URL_PATH.fullmatch(request.path) is not None
+            and not is_sqs_request(request)
+        )
+
+    def _is_unknown_queue_url(self, request: Request) -> bool:
+        if not self._is_queue_url_page(request):
+            return False
+        try:
+            self.broker.queue(request.path.strip("/"))
+        except errors.DirmqError:
+            return True
+        return False  # a native queue of that name: the native API's
 
     async def __call__(self, request: Request) -> Response:
+        if self._is_queue_url_page(request):  # see the module's docstring
+            body = b'<?xml version="1.0"?><UnknownOperationException/>'
+            return Response(404, body, [("Content-Type", "text/xml")])
         request_id = protocol_json.new_request_id()
         wire: Wire = protocol_json
         if not protocol_json.is_json_request(request):

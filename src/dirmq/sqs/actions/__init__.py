@@ -1,26 +1,8 @@
-"""SQS actions by name. Each is `async (context, params) -> result`, params and result shaped as
-in the JSON protocol (the query protocol is translated to and from that shape)."""
+"""SQS actions by name (see `registry.py`), one module per family."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
-from dirmq.sqs.context import Context
-
-Params = dict[str, Any]
-Result = dict[str, Any]
-Action = Callable[[Context, Params], Awaitable[Result]]
-
-REGISTRY: dict[str, Action] = {}
-
-
-def action(name: str) -> Callable[[Action], Action]:
-    def register(fn: Action) -> Action:
-        REGISTRY[name] = fn
-        return fn
-
-    return register
+from dirmq.sqs.actions.registry import REGISTRY, Action
 
 
 def load() -> dict[str, Action]:

@@ -34,10 +34,9 @@ from dirmq.errors import (
 )
 from dirmq.sqs import attributes as queue_attributes
 from dirmq.sqs import message_attributes as attrs
-from dirmq.sqs.actions import Params, Result, action
+from dirmq.sqs.actions.registry import Params, Result, action
 from dirmq.sqs.context import Context
 from dirmq.sqs.errors import SqsError
-from dirmq.sqs.fifo_receive import receive_fifo
 from dirmq.sqs.ids import parse_receipt_handle, sequence_number, sqs_message_id
 from dirmq.sqs.md5 import md5_of_attributes, md5_of_body
 from dirmq.sqs.receive_attempts import Attempt, ReceiveMemory, memory_for
@@ -528,10 +527,10 @@ async def receive_message(ctx: Context, params: Params) -> Result:
     async def receive() -> list[Result]:
         visibility_s = None if visibility is None else float(visibility)
         wait_s = float(kind.wait_default_s if wait is None else wait)
-        if kind.fifo:  # whole runs of a group, so a get of this request's own (see the module)
-            got = await receive_fifo(ctx.broker, queue, count or 1, visibility_s, wait_s)
-        else:
-            got = await ctx.broker.receive(queue, count or 1, visibility_s, wait_s)
+        # FIFO: as many consecutive messages of a group as fit, like AWS.
+        got = await ctx.broker.receive(
+            queue, count or 1, visibility_s, wait_s, max_per_group=None if kind.fifo else 1
+        )
         return [
             render_message(ctx, m, kind, attribute_names, system_names, memory, queue.name)
             for m in got

@@ -50,7 +50,7 @@ from typing import Any
 
 from dirmq import errors
 from dirmq.server.broker import Broker
-from dirmq.sqs.actions import Params, Result, action
+from dirmq.sqs.actions.registry import Params, Result, action
 from dirmq.sqs.context import Context, valid_sqs_name
 from dirmq.sqs.errors import SqsError
 from dirmq.sqs.move_task_files import TaskFiles

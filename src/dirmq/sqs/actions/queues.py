@@ -18,7 +18,7 @@ from typing import Any
 from dirmq.errors import DirmqError, QueueExists, QueueNotFound
 from dirmq.sqs import attributes as attrs
 from dirmq.sqs import message_attributes, protocol_json
-from dirmq.sqs.actions import Params, Result, action
+from dirmq.sqs.actions.registry import Params, Result, action
 from dirmq.sqs.context import Context, valid_sqs_name
 from dirmq.sqs.deleted import MESSAGE as DELETED_RECENTLY
 from dirmq.sqs.deleted import deleted_recently

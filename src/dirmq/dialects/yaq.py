@@ -30,6 +30,7 @@ from dirmq.errors import (
     StaleReceipt,
 )
 from dirmq.server.broker import Broker
+from dirmq.server.dialect import Dialect
 from dirmq.server.errors import status_of
 from dirmq.server.http import Request, Response, StreamResponse
 from dirmq.server.parameters import check_parameters
@@ -53,7 +54,9 @@ def _text(status: int, message: str) -> Response:
     )
 
 
-class YaqApp:
+class YaqApp(Dialect):
+    name = "yaq"
+
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
 

@@ -40,6 +40,7 @@ from urllib.parse import unquote
 from dirmq.errors import (
     CorruptMessage,
     DeliveryNotFound,
+    DirmqError,
     InvalidArgument,
     MessageTooLarge,
     storage_error,
@@ -56,7 +57,8 @@ from dirmq.pubsub.model import (
 )
 from dirmq.pubsub.transitions import Entry, read_entry
 from dirmq.server.broker import Broker
-from dirmq.server.errors import json_error
+from dirmq.server.dialect import Dialect
+from dirmq.server.errors import error_response, json_error
 from dirmq.server.http import Request, Response, StreamResponse
 from dirmq.server.metrics import Metrics
 from dirmq.server.parameters import check_parameters, every_value
@@ -283,8 +285,12 @@ def sse_event(event: str, data: object, event_id: str | None = None) -> bytes:
     return ("\n".join(lines) + "\n\n").encode()
 
 
-class PubSubApi:
-    """The `/@pubsub` handlers of one worker process, and its attached streams."""
+class PubSubApi(Dialect):
+    """The `/@pubsub` handlers of one worker process, and its attached streams. On a shared
+    port ask it first: no queue name (native or SQS) starts with `@`, and a publish whose body
+    or parameters look like an SQS request (`Action=`) is still a publish."""
+
+    name = "pubsub"
 
     def __init__(self, broker: Broker, metrics: Metrics) -> None:
         self.broker = broker
@@ -339,7 +345,21 @@ class PubSubApi:
             await asyncio.sleep(0.02)
 
     # -- dispatch --------------------------------------------------------------------------------
+    def claims(self, request: Request) -> bool:
+        return request.path.startswith("/@") and is_pubsub_path(request.path)
+
     async def __call__(self, request: Request) -> Response | StreamResponse:
+        started = time.monotonic()
+        try:
+            response = await self._answer(request)
+        except DirmqError as exc:
+            response = error_response(exc)
+        except UnicodeDecodeError:
+            response = json_error(400, "InvalidName", "the path is not valid UTF-8 once decoded")
+        self.metrics.answered("pubsub", request.method, response.status, time.monotonic() - started)
+        return response
+
+    async def _answer(self, request: Request) -> Response | StreamResponse:
         route = parse_pubsub_route(request.path)
         if route is None:
             return json_error(404, "NotFound", f"no pub/sub endpoint at {request.path}")

@@ -1,23 +1,22 @@
-"""Request dispatch for the native API: route, call the handler, map errors to statuses, count."""
+"""The native API as a dialect: route, call the handler, map errors to statuses, count; and
+the server's own paths (`/health`, `/metrics`, `/openapi.json`) on its port."""
 
 from __future__ import annotations
 
 import json
-import re
 import time
-from collections.abc import Callable
 from importlib import resources
 
-from dirmq.errors import DirmqError, QueueNotFound
-from dirmq.server import native
+from dirmq.dialects.native import handlers as native
+from dirmq.dialects.native.parameters import check_native
+from dirmq.dialects.native.routes import Route, parse_route
+from dirmq.errors import DirmqError
 from dirmq.server.broker import Broker
+from dirmq.server.dialect import Dialect
 from dirmq.server.errors import error_response, json_error
-from dirmq.server.http import LATER, Handler, Later, Request, Respond, Response, StreamResponse
+from dirmq.server.http import LATER, Later, Request, Respond, Response, StreamResponse
 from dirmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dirmq.server.metrics import Metrics
-from dirmq.server.parameters import check_native
-from dirmq.server.pubsub import PubSubApi, is_pubsub_path
-from dirmq.server.routes import Route, parse_route
 
 ROUTE_CACHE = 4096  # paths without a message reference, parsed and validated once
 
@@ -28,63 +27,48 @@ _COUNTED: dict[native.Handler, str] = {
 }
 
 
-class NativeApp:
-    def __init__(
-        self,
-        broker: Broker,
-        metrics: Metrics,
-        sqs: Handler | None = None,
-        is_sqs: Callable[[Request], bool] | None = None,
-        pubsub: PubSubApi | None = None,
-    ) -> None:
+class NativeApp(Dialect):
+    """Claims every request it is asked about: on a shared port, ask it last."""
+
+    name = "native"
+
+    def __init__(self, broker: Broker, metrics: Metrics) -> None:
         self.broker = broker
         self.metrics = metrics
-        self.pubsub = pubsub if pubsub is not None else PubSubApi(broker, metrics)
-        # Another dialect on the same port (SQS): composed in serve.py, so this layer does not
-        # import the layers built on it.
-        self.sqs = sqs
-        self.is_sqs = is_sqs
-        self._openapi = resources.files("dirmq.server").joinpath("openapi.json").read_bytes()
+        self._openapi = (
+            resources.files("dirmq.dialects.native").joinpath("openapi.json").read_bytes()
+        )
         self._routes: dict[str, Route] = {}
 
     async def __call__(self, request: Request) -> Response | StreamResponse:
         started = time.monotonic()
         label = "invalid"
-        # `/@pubsub` first: no queue name (native or SQS) starts with `@`, and a publish body or
-        # parameter that looks like an SQS request (`Action=`) is still a publish.
-        pubsub = request.path.startswith("/@") and is_pubsub_path(request.path)
-        if not pubsub and self.sqs is not None and self.is_sqs is not None and self.is_sqs(request):
-            return await self.sqs(request)
         try:
-            if pubsub:
-                label = "pubsub"
-                response = await self.pubsub(request)
-            else:
-                route = self._route(request.path)
-                label = route.label
-                response = await self._dispatch(request, route)
+            route = self._route(request.path)
+            label = route.label
+            response = await self._dispatch(request, route)
         except DirmqError as exc:
             response = error_response(exc)
-            if self.sqs is not None and _is_sqs_queue_url(request, exc):
-                response = _sqs_unknown_operation()
         except UnicodeDecodeError:
             response = json_error(400, "InvalidName", "the path is not valid UTF-8 once decoded")
-        method = request.method if request.method in _METHODS else "other"
-        self.metrics.answered(label, method, response.status, time.monotonic() - started)
+        self.metrics.answered(label, request.method, response.status, time.monotonic() - started)
         return response
 
     def fast(self, request: Request, respond: Respond) -> Response | Later | None:
-        """The plain publish, answered without a Task (see `http.FastHandler`); anything else,
-        and every error, is left to `__call__`."""
-        if request.method != "POST" or request.path.startswith("/@"):
-            return None
-        if self.is_sqs is not None and self.is_sqs(request):
+        """A publish answered without a Task (see `http.FastHandler`): read as `publish` reads
+        it, handed to the queue's line, answered when stored. Anything else, every error (left
+        to `__call__` to report) and a queue with a capacity (whose waits need a Task that the
+        client's leaving can cancel) go the general way."""
+        if request.method != "POST":
             return None
         try:
             route = self._route(request.path)
+            if route.kind != "messages":
+                return None
+            if request.query:  # as `_dispatch` checks them: an unknown one is refused
+                check_native(request.query, route.kind, "POST", "", request.path)
+            read = native.read_publish(self.broker, request, route)
         except (DirmqError, UnicodeDecodeError):
-            return None
-        if route.kind != "messages":
             return None
         started = time.monotonic()
         metrics, queue = self.metrics, route.queue
@@ -97,22 +81,23 @@ class NativeApp:
                     respond(outcome)  # logged and answered 500 there
                     return
                 else:
-                    response = native.published(outcome[0])
-                    metrics.count("published", queue)
+                    response = native.published_response(read, outcome)
+                    metrics.count("published", queue, len(outcome))
                 metrics.answered("messages", "POST", response.status, time.monotonic() - started)
             except Exception as exc:  # every request gets its answer, or its connection hangs
                 respond(exc)
                 return
             respond(response)
 
-        return LATER if native.publish_now(self.broker, request, route, settle) else None
+        queued = self.broker.publish_nowait(read.queue, read.messages, settle, read.durability)
+        return LATER if queued else None
 
     def body_check(
         self, method: str, path: str, headers: dict[str, str], length: int
     ) -> Response | None:
         """`http.BodyCheck`: a publish over its queue's size limit gets its 413 from its
         Content-Length, before the body is read."""
-        if method != "POST" or path.startswith("/@"):
+        if method != "POST":
             return None
         try:
             route = self._route(path)
@@ -182,24 +167,3 @@ class NativeApp:
             text = await self.broker.call(self.metrics.render)
             return Response(200, text, [("Content-Type", METRICS_CONTENT_TYPE)])
         return Response(200, self._openapi, [("Content-Type", "application/json")])
-
-
-_SQS_QUEUE_URL = re.compile(r"/[0-9]{12}/[A-Za-z0-9_-]{1,80}(\.fifo)?/?")
-
-
-def _is_sqs_queue_url(request: Request, exc: DirmqError) -> bool:
-    """A GET of an SQS queue URL without an Action that names no native queue: AWS's answer is
-    an UnknownOperationException, not the native API's 404."""
-    return (
-        request.method == "GET"
-        and isinstance(exc, QueueNotFound)
-        and _SQS_QUEUE_URL.fullmatch(request.path) is not None
-    )
-
-
-def _sqs_unknown_operation() -> Response:
-    body = b'<?xml version="1.0"?><UnknownOperationException/>'
-    return Response(404, body, [("Content-Type", "text/xml")])
-
-
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 
+from dirmq.dialects.native.routes import Route
 from dirmq.errors import (
     DirmqError,
     InvalidArgument,
@@ -33,7 +34,6 @@ from dirmq.errors import (
 from dirmq.server.broker import Broker
 from dirmq.server.errors import json_error
 from dirmq.server.http import Request, Response
-from dirmq.server.routes import Route
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, QueueConfig
 from dirmq.store.ids import is_id
 from dirmq.store.layout import parse_receipt
@@ -145,7 +145,20 @@ async def delete_queue(broker: Broker, request: Request, route: Route) -> Respon
 
 
 # -- messages --------------------------------------------------------------------------------
-async def publish(broker: Broker, request: Request, route: Route) -> Response:
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """A publish request, read and validated: what the broker stores, and how to answer."""
+
+    queue: Queue
+    messages: list[OutgoingMessage]
+    durability: Durability | None = None
+    timeout_s: float = 0.0  # at capacity: 504 at once unless the request says to wait
+    batch: bool = False
+
+
+def read_publish(broker: Broker, request: Request, route: Route) -> Publish:
+    """The one reading of a publish request, for both ways of answering it (`publish`, and
+    the app's fast path): InvalidArgument & co. for anything wrong, nothing stored."""
     queue = broker.queue(route.queue)  # 404 before anything is written: never strand a message
     content_type = request.headers.get("content-type")
     batch = wire.is_batch(content_type)
@@ -153,8 +166,7 @@ async def publish(broker: Broker, request: Request, route: Route) -> Response:
         # No delay, dedup id, group, durability nor timeout: the usual request, in one step.
         message = OutgoingMessage(request.body, wire.stored_headers(request.raw_headers))
         queue.validate(message)
-        (message_id,) = await broker.publish(queue, [message], timeout_s=0.0)
-        return published(message_id)
+        return Publish(queue, [message])
     delay_s = _duration(request, "delay", "x-delay")
     dedup_id = _param(request, "dedup", "x-dedup-id")
     group = _param(request, "group", "x-group")
@@ -176,39 +188,22 @@ async def publish(broker: Broker, request: Request, route: Route) -> Response:
         messages = [OutgoingMessage(request.body, headers, delay_s, dedup_id, group)]
     for message in messages:
         queue.validate(message)
-    ids = await broker.publish(
-        queue,
-        messages,
-        durability=_durability(request),
-        timeout_s=_duration(request, "timeout", "x-timeout") or 0.0,  # at capacity: 504 now
-    )
-    if len(ids) == 1 and not batch:
+    timeout_s = _duration(request, "timeout", "x-timeout") or 0.0
+    return Publish(queue, messages, _durability(request), timeout_s, batch)
+
+
+def published_response(publish: Publish, ids: list[str]) -> Response:
+    if not publish.batch:
         return published(ids[0])
     return json_response(201, {"ids": ids}, [("X-Message-Id", ",".join(ids))])
 
 
-def publish_now(
-    broker: Broker,
-    request: Request,
-    route: Route,
-    settle: Callable[[list[str] | BaseException], None],
-) -> bool:
-    """The usual publish (one message, no options, no capacity) handed to the queue's line
-    without a coroutine: True if it was, and `settle` gets its ids (or the error) on the event
-    loop; False when `publish` must take the request (any option, a batch, a capacity, or an
-    error to report)."""
-    if request.query or not request.headers.keys().isdisjoint(_PUBLISH_HEADERS):
-        return False
-    content_type = request.headers.get("content-type")
-    if wire.is_batch(content_type):
-        return False
-    try:
-        queue = broker.queue(route.queue)
-        message = OutgoingMessage(request.body, wire.stored_headers(request.raw_headers))
-        queue.validate(message)
-    except DirmqError:
-        return False
-    return broker.publish_nowait(queue, [message], settle)
+async def publish(broker: Broker, request: Request, route: Route) -> Response:
+    read = read_publish(broker, request, route)
+    ids = await broker.publish(
+        read.queue, read.messages, durability=read.durability, timeout_s=read.timeout_s
+    )
+    return published_response(read, ids)
 
 
 def too_large(

@@ -1,0 +1,1 @@
+"""The native HTTP API: routes, handlers, query-parameter table, OpenAPI document."""
