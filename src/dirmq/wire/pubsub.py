@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import TypeVar
 
 from dirmq.errors import ProtocolError
+from dirmq.pubsub.layout import is_delivery_key
 from dirmq.pubsub.model import Delivery, Envelope, Mode, Outcome, Persistence, Published
 from dirmq.pubsub.retained import LostEntry, RetainedItem
 from dirmq.pubsub.transitions import Entry
@@ -188,7 +189,7 @@ def message_event(delivery: Delivery) -> bytes:
 def decode_delivery(data: str | bytes) -> Delivery:
     doc = _Document.parse(data, "a delivery")
     return Delivery(
-        key=doc.text(KEY),
+        key=doc.delivery_key(KEY),
         envelope=_decode_envelope(doc),
         body=doc.base64(BODY_BASE64),
         headers=doc.text_map(HEADERS),
@@ -311,6 +312,13 @@ class _Document:
         value = self.data.get(name)
         if not isinstance(value, str):
             raise self._wrong(name, "a string")
+        return value
+
+    def delivery_key(self, name: str) -> str:
+        # Checked: the client puts it back into the path of its settle requests.
+        value = self.data.get(name)
+        if not isinstance(value, str) or not is_delivery_key(value):
+            raise self._wrong(name, "a delivery key")
         return value
 
     def optional_text(self, name: str) -> str | None:
