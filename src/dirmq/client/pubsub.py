@@ -16,7 +16,8 @@ queue: read them with `RemoteStore(url).queue(reply_to)`.
 
 `read_retained` pages through the retained log (`future` messages) by sequence number without
 consuming anything; `retained_head` is its highest sequence number. What the server sends is
-decoded by `dirmq.wire.pubsub` (a malformed event or answer is a ProtocolError).
+decoded by `dirmq.wire.pubsub`: a malformed answer raises its ProtocolError, a malformed event
+ends the stream (`receive` raises StorageIOError, with the ProtocolError's words).
 """
 
 from __future__ import annotations
