@@ -15,6 +15,8 @@
     ├── CannotListen            a server address that cannot be bound (in use, not local, ...)
     ├── DeliveryNotFound        a pub/sub delivery that is no longer held (aborted or settled)
     ├── CorruptMessage          a message file that does not decode (truncated, bad checksum)
+    ├── ProtocolError           what a server sent does not follow the wire format (a client's
+    │                           decoder refused it: not JSON, a field missing or mistyped)
     ├── ConfigError             a queue configuration that does not parse or validate
     │   └── CorruptConfig       ... as stored in @queue.json (the operator must repair it)
     └── StorageError            the filesystem refused: the message cannot be guaranteed stored
@@ -87,6 +89,10 @@ class DeliveryNotFound(DirmqError, LookupError):
 
 
 class CorruptMessage(DirmqError):
+    pass
+
+
+class ProtocolError(DirmqError, ValueError):
     pass
 
 

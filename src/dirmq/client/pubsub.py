@@ -15,19 +15,19 @@ buffer, so `receive(wait_s)` can time out) plus a POST per settlement. The serve
 queue: read them with `RemoteStore(url).queue(reply_to)`.
 
 `read_retained` pages through the retained log (`future` messages) by sequence number without
-consuming anything; `retained_head` is its highest sequence number.
+consuming anything; `retained_head` is its highest sequence number. What the server sends is
+decoded by `dirmq.wire.pubsub`: a malformed answer raises its ProtocolError, a malformed event
+ends the stream (`receive` raises StorageIOError, with the ProtocolError's words).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
 import queue
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -41,15 +41,15 @@ from dirmq.pubsub.model import (
     DEFAULT_ACCEPT_TIMEOUT_S,
     DEFAULT_PROCESS_TIMEOUT_S,
     Delivery,
-    Envelope,
     Mode,
-    Outcome,
     Persistence,
     Published,
     check_name,
 )
+from dirmq.pubsub.retained import LostEntry
 from dirmq.pubsub.transitions import Entry
 from dirmq.store import OutgoingMessage
+from dirmq.wire import pubsub as wire
 
 # The server sends a keep-alive comment every 15 s: a stream silent for this long is dead.
 STREAM_READ_TIMEOUT_S = 60.0
@@ -130,8 +130,8 @@ class RemotePubSub:
         if message_id is not None:
             params["id"] = message_id
         encoded = {k: v.encode() for k, v in (headers or {}).items()}
-        data = self.request("POST", "/@pubsub/publish", params, encoded, bytes(body)).json()
-        return Published(data["id"], Mode(data["mode"]), data.get("seq"), data.get("subscribers"))
+        answer = self.request("POST", "/@pubsub/publish", params, encoded, bytes(body))
+        return wire.decode_published(answer.body)
 
     def subscribe(
         self,
@@ -176,18 +176,14 @@ class RemotePubSub:
         answer = self.request("GET", "/@pubsub/retained", params)
         entries: list[tuple[int, Entry]] = []
         missing: list[tuple[int, str]] = []
-        for line in answer.body.splitlines():
-            if not line.strip():
-                continue
-            data = json.loads(line)
-            seq = int(data["seq"])
-            if "missing" in data:
-                why = str(data["missing"])
-                missing.append((seq, f"{why}: {data['error']}" if data.get("error") else why))
+        for item in wire.decode_page(answer.body):
+            if isinstance(item, LostEntry):
+                why = f"{item.why}: {item.error}" if item.error else item.why
+                missing.append((item.seq, why))
             else:
-                body = base64.b64decode(data["body_base64"])
-                entries.append((seq, Entry(envelope_from(data), body, dict(data["headers"]))))
-        return RetainedPage(entries, missing, _int_header(answer, "x-next-seq"), _head(answer))
+                entries.append(item)
+        next_seq = _int_header(answer, wire.NEXT_SEQ_HEADER)
+        return RetainedPage(entries, missing, next_seq, _head(answer))
 
     def retained_head(self) -> int:
         """The retained log's highest sequence number (0 while it is empty)."""
@@ -198,7 +194,7 @@ class RemotePubSub:
             "GET",
             "/@pubsub/subscribe",
             params=tuple(params),
-            headers={"Accept": "text/event-stream"},
+            headers={"Accept": wire.EVENT_STREAM},
             timeout=httpx.Timeout(DEFAULT_TIMEOUT_S, read=STREAM_READ_TIMEOUT_S),
         )
         try:
@@ -222,63 +218,12 @@ class RemotePubSub:
         self.close()
 
 
-def read_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
-    """(event, data) of each server-sent event; comments (keep-alives) are skipped.
-
-    Parsed here rather than with httpx-sse: the stream is our own server's (one-line `data`,
-    `event`, `id`, comments), which takes these few lines, and it spares a dependency."""
-    event, data = "message", list[str]()
-    for line in lines:
-        if not line:
-            if data:
-                yield event, "\n".join(data)
-            event, data = "message", list[str]()
-        elif line.startswith(":"):
-            continue
-        else:
-            field, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if field == "event":
-                event = value
-            elif field == "data":
-                data.append(value)
-
-
 def _int_header(answer: p.Answer, name: str) -> int:
-    value = answer.header(name)
-    if value is None or not value.isdigit():
-        raise errors.DirmqError(f"the server's answer has no valid {name} header: {value!r}")
-    return int(value)
+    return wire.decode_count_header(name, answer.header(name.lower()))
 
 
 def _head(answer: p.Answer) -> int:
-    return _int_header(answer, "x-retained-head")
-
-
-def envelope_from(data: Mapping[str, Any]) -> Envelope:
-    return Envelope(
-        id=data["id"],
-        channel=data["channel"],
-        subject=data["subject"],
-        mode=Mode(data["mode"]),
-        published_us=int(data["published_us"]),
-        accept_timeout_s=float(data["accept_timeout_s"]),
-        process_timeout_s=float(data["process_timeout_s"]),
-        persistence=Persistence(data["persistence"]),
-        acks=frozenset(Outcome(a) for a in data["acks"]),
-        reply_to=data.get("reply_to"),
-    )
-
-
-def delivery_from(data: Mapping[str, Any]) -> Delivery:
-    return Delivery(
-        key=data["key"],
-        envelope=envelope_from(data),
-        body=base64.b64decode(data["body_base64"]),
-        headers=dict(data["headers"]),
-        deadline_ms=int(data["deadline_ms"]),
-        seq=data.get("seq"),
-    )
+    return _int_header(answer, wire.HEAD_HEADER)
 
 
 class _StreamEnded:
@@ -306,19 +251,19 @@ class RemoteSubscription:
             params.append(("from", str(replay_from)))
         params.append(("window", str(window)))
         self._response = hub.open_stream(params)
-        self._events = read_events(self._response.iter_lines())
+        self._events = wire.read_events(self._response.iter_lines())
         self._closed = False
         self._buffer: queue.Queue[Delivery | _StreamEnded] = queue.Queue()
         try:
             kind, data = next(self._events)
-            if kind != "attached":
+            if kind != wire.ATTACHED:
                 raise errors.DirmqError(f"the stream began with {kind!r}, not 'attached'")
-            attached = json.loads(data)
+            attached = wire.decode_attached(data)
         except (StopIteration, httpx.HTTPError, ValueError) as exc:
             self._response.close()
             raise errors.StorageIOError(0, f"the subscription stream broke: {exc}") from exc
-        self.name: str = attached["name"]
-        self.cursor: int = attached["cursor"]
+        self.name: str = attached.name
+        self.cursor: int = attached.cursor
         self._reader = threading.Thread(
             target=self._read, name=f"dirmq-remote-sub-{self.name}", daemon=True
         )
@@ -328,8 +273,8 @@ class RemoteSubscription:
         ended: errors.DirmqError = errors.StorageIOError(0, "the server ended the stream")
         try:
             for kind, data in self._events:
-                if kind == "message":
-                    self._buffer.put(delivery_from(json.loads(data)))
+                if kind == wire.MESSAGE:
+                    self._buffer.put(wire.decode_delivery(data))
         except Exception as exc:  # whatever broke the stream, `receive` must learn of it
             ended = errors.StorageIOError(0, f"the subscription stream broke: {exc}")
         finally:
@@ -367,7 +312,7 @@ class RemoteSubscription:
 
     def heartbeat(self, delivery: Delivery | str, extend_s: float | None = None) -> int:
         params = {} if extend_s is None else {"extend": p.seconds(extend_s)}
-        deadline = int(self._settle(delivery, "heartbeat", params).json()["deadline_ms"])
+        deadline = wire.decode_deadline(self._settle(delivery, "heartbeat", params).body)
         if not isinstance(delivery, str):
             delivery.deadline_ms = deadline
         return deadline

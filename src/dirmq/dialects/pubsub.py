@@ -19,15 +19,16 @@ must reach this process) frees its slot. A sweeper task runs `PubSub.maybe_sweep
 deliveries and unreported outcomes are handled by any live server.
 
 Reading the retained log (`GET /@pubsub/retained`) consumes nothing and holds no state: a page
-is `[from, from + limit)` cut at the head, one JSON line per entry (the body in base64, as in the
-event stream) and one marker line per entry that is missing or damaged, so a reader (the Spark
-source over `url`) can tell data loss from filtering. `X-Next-Seq` is where the next page starts.
+is `[from, from + limit)` cut at the head (`dirmq.pubsub.retained`), one JSON line per entry (the
+body in base64, as in the event stream) and one marker line per entry that is missing or
+damaged, so a reader (the Spark source over `url`) can tell data loss from filtering.
+`X-Next-Seq` is where the next page starts. What goes on the wire is encoded by
+`dirmq.wire.pubsub`, beside the client's decoders.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
@@ -37,25 +38,17 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from dirmq.errors import (
-    CorruptMessage,
-    DeliveryNotFound,
-    DirmqError,
-    InvalidArgument,
-    MessageTooLarge,
-    storage_error,
-)
+from dirmq.errors import DeliveryNotFound, DirmqError, InvalidArgument, MessageTooLarge
 from dirmq.pubsub import Delivery, Mode, PubSub, Subscription
 from dirmq.pubsub.layout import PubSubPaths, is_delivery_key
 from dirmq.pubsub.logs import LogHead
 from dirmq.pubsub.model import (
     DEFAULT_ACCEPT_TIMEOUT_S,
     DEFAULT_PROCESS_TIMEOUT_S,
-    Envelope,
     Filter,
     check_name,
 )
-from dirmq.pubsub.transitions import Entry, read_entry
+from dirmq.pubsub.retained import LostEntry, read_retained
 from dirmq.server.broker import Broker
 from dirmq.server.dialect import Dialect
 from dirmq.server.errors import error_response, json_error
@@ -63,6 +56,7 @@ from dirmq.server.http import Request, Response, StreamResponse
 from dirmq.server.metrics import Metrics
 from dirmq.server.parameters import check_parameters, every_value
 from dirmq.wire import messages as wire
+from dirmq.wire import pubsub as pubsub_wire
 from dirmq.wire.durations import parse_duration
 
 log = logging.getLogger("dirmq.server")
@@ -79,16 +73,10 @@ MAX_RETAINED_LIMIT = 1000
 # A page stops early once its bodies reach this (at least one entry is always sent): 1000
 # entries of up to 16 MiB each must not become one response held in memory.
 MAX_PAGE_BODY_BYTES = 8 * 1024 * 1024
-NDJSON = "application/x-ndjson"
 RETAINED_PARAMETERS = ("from", "limit", "channel", "subject")
 MAX_BODY_BYTES = 16 * 1024 * 1024  # as a queue's default max_message_bytes
 CLOSE_WAIT_S = 5.0
 ACTIONS = ("done", "dismiss", "abort", "heartbeat")
-SSE_HEADERS = [
-    ("Content-Type", "text/event-stream"),
-    ("Cache-Control", "no-cache"),
-    ("X-Accel-Buffering", "no"),  # proxies such as nginx must not hold events back
-]
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,48 +183,6 @@ def _int(value: str | None, name: str, low: int, high: int, default: int | None)
     return int(value)
 
 
-def delivery_json(delivery: Delivery) -> dict[str, object]:
-    envelope = delivery.envelope
-    return {
-        "key": delivery.key,
-        "id": delivery.id,
-        "channel": delivery.channel,
-        "subject": delivery.subject,
-        "mode": delivery.mode.value,
-        "seq": delivery.seq,
-        "deadline_ms": delivery.deadline_ms,
-        "headers": delivery.headers,
-        "body_base64": base64.b64encode(delivery.body).decode("ascii"),
-        **_envelope_rest(envelope),
-    }
-
-
-def _envelope_rest(envelope: Envelope) -> dict[str, object]:
-    """The rest of the envelope, so a client can rebuild the library's `Delivery` or `Entry`."""
-    return {
-        "published_us": envelope.published_us,
-        "accept_timeout_s": envelope.accept_timeout_s,
-        "process_timeout_s": envelope.process_timeout_s,
-        "persistence": envelope.persistence.value,
-        "acks": sorted(a.value for a in envelope.acks),
-        "reply_to": envelope.reply_to,
-    }
-
-
-def retained_entry_json(seq: int, entry: Entry) -> dict[str, object]:
-    envelope = entry.envelope
-    return {
-        "seq": seq,
-        "id": envelope.id,
-        "channel": envelope.channel,
-        "subject": envelope.subject,
-        "mode": envelope.mode.value,
-        "headers": entry.headers,
-        "body_base64": base64.b64encode(entry.body).decode("ascii"),
-        **_envelope_rest(envelope),
-    }
-
-
 @dataclass(frozen=True, slots=True)
 class RetainedPage:
     lines: list[bytes]  # one JSON document each, without the newline
@@ -248,41 +194,21 @@ def read_retained_page(
     paths: PubSubPaths, first: int, limit: int, wanted: Filter, head: int
 ) -> RetainedPage:
     """Entries `first` .. `first + limit - 1` (never past `head`) that match `wanted`, plus a
-    marker for each one that is missing or damaged: the log is dense and never shrinks, so a
-    reader must learn of a loss rather than see a filtered-out entry. Blocking: a pool thread."""
-    end = min(first + limit, head + 1)
+    marker for each one that is missing or damaged, stopping early once the bodies reach
+    `MAX_PAGE_BODY_BYTES`. Blocking: a pool thread."""
     lines: list[bytes] = []
     missing = body_bytes = 0
-    seq = first
-    while seq < end and body_bytes < MAX_PAGE_BODY_BYTES:
-        path = paths.retained_entry(seq)
-        marker: dict[str, object] | None = None
-        try:
-            entry = read_entry(path)
-        except FileNotFoundError:
-            marker = {"seq": seq, "missing": "absent"}
-        except CorruptMessage as exc:
-            marker = {"seq": seq, "missing": "damaged", "error": str(exc)}
-        except OSError as exc:
-            raise storage_error(exc, f"reading retained entry {seq}") from exc
-        if marker is not None:
+    next_seq = max(first, min(first + limit, head + 1))  # where a page read to its end stops
+    for item in read_retained(paths, first, first + limit, wanted, head=head):
+        lines.append(pubsub_wire.encode_retained(item))
+        if isinstance(item, LostEntry):
             missing += 1
-            lines.append(json.dumps(marker, separators=(",", ":")).encode())
-        elif wanted.matches(entry.envelope.channel, entry.envelope.subject):
-            body_bytes += len(entry.body)
-            line = json.dumps(retained_entry_json(seq, entry), separators=(",", ":"))
-            lines.append(line.encode())
-        seq += 1
-    return RetainedPage(lines, seq, missing)
-
-
-def sse_event(event: str, data: object, event_id: str | None = None) -> bytes:
-    # json.dumps escapes every control character, so `data` is always exactly one line.
-    lines = [f"event: {event}"]
-    if event_id is not None:
-        lines.append(f"id: {event_id}")
-    lines.append("data: " + json.dumps(data, separators=(",", ":")))
-    return ("\n".join(lines) + "\n\n").encode()
+            continue
+        body_bytes += len(item[1].body)
+        if body_bytes >= MAX_PAGE_BODY_BYTES:
+            next_seq = item[0] + 1
+            break
+    return RetainedPage(lines, next_seq, missing)
 
 
 class PubSubApi(Dialect):
@@ -422,16 +348,7 @@ class PubSubApi(Dialect):
             self.broker.call(hub.publish, channel, request.body, **kwargs)
         )
         self.metrics.pubsub_published.labels(published.mode.value).inc()
-        return _json(
-            201,
-            {
-                "id": published.id,
-                "mode": published.mode.value,
-                "seq": published.seq,
-                "subscribers": published.subscribers,
-            },
-            [("X-Message-Id", published.id)],
-        )
+        return _json(201, pubsub_wire.encode_published(published), [("X-Message-Id", published.id)])
 
     async def subscribe(self, request: Request, route: PubSubRoute) -> StreamResponse:
         if self.closing:
@@ -458,7 +375,7 @@ class PubSubApi(Dialect):
         stream = _Stream(self, sub, window)
         self._streams[sub.name] = stream
         self.metrics.pubsub_attached.inc()
-        return StreamResponse(200, _Body(stream), list(SSE_HEADERS))
+        return StreamResponse(200, _Body(stream), list(pubsub_wire.SSE_HEADERS))
 
     def _head(self, hub: PubSub) -> int:
         if self._retained_head is None:
@@ -487,18 +404,12 @@ class PubSubApi(Dialect):
 
         result, head = await self.broker.call(page)
         body = b"".join(line + b"\n" for line in result.lines)
-        headers = [
-            ("Content-Type", NDJSON),
-            ("X-Next-Seq", str(result.next_seq)),
-            ("X-Retained-Head", str(head)),
-            ("X-Missing-Count", str(result.missing)),
-        ]
-        return Response(200, body, headers)
+        return Response(200, body, pubsub_wire.page_headers(result.next_seq, head, result.missing))
 
     async def retained_head(self, request: Request, route: PubSubRoute) -> Response:
         hub = await self.hub()
         head = await self.broker.call(self._head, hub)
-        return _json(200, {"head": head}, [("X-Retained-Head", str(head))])
+        return _json(200, pubsub_wire.encode_head(head), [(pubsub_wire.HEAD_HEADER, str(head))])
 
     async def settle(self, request: Request, route: PubSubRoute) -> Response:
         check_name("subscription name", route.name)
@@ -573,7 +484,7 @@ class _Stream:
         loop = asyncio.get_running_loop()
         broker = self.api.broker
         metrics = self.api.metrics
-        yield sse_event("attached", {"name": self.sub.name, "cursor": self.sub.cursor})
+        yield pubsub_wire.attached_event(pubsub_wire.Attached(self.sub.name, self.sub.cursor))
         fd = self.sub.fileno()
         if fd is not None:
             loop.add_reader(fd, self._readable, fd)
@@ -591,7 +502,7 @@ class _Stream:
                     frames = []
                     for delivery in taken:
                         self.deadlines[delivery.key] = delivery.deadline_ms
-                        frames.append(sse_event("message", delivery_json(delivery), delivery.key))
+                        frames.append(pubsub_wire.message_event(delivery))
                     metrics.pubsub_delivered.inc(len(taken))
                     last_sent = loop.time()
                     yield b"".join(frames)
@@ -604,7 +515,7 @@ class _Stream:
                     await asyncio.wait_for(self.wake.wait(), timeout)
                 if loop.time() - last_sent >= KEEPALIVE_S:
                     last_sent = loop.time()
-                    yield b": keepalive\n\n"
+                    yield pubsub_wire.KEEPALIVE
         finally:
             if fd is not None:
                 with contextlib.suppress(ValueError, OSError):
@@ -617,7 +528,7 @@ class _Stream:
                 deadline = await self.api.broker.call(sub.heartbeat, key, extend_s)
                 if key in self.deadlines:
                     self.deadlines[key] = deadline
-                return _json(200, {"deadline_ms": deadline})
+                return _json(200, pubsub_wire.encode_deadline(deadline))
             method = {"done": sub.done, "dismiss": sub.dismiss, "abort": sub.abort}[action]
             try:
                 await self.api.broker.call(method, key)

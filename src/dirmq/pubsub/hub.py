@@ -19,7 +19,6 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from dirmq.errors import (
     CorruptMessage,
@@ -52,15 +51,13 @@ from dirmq.pubsub.model import (
 )
 from dirmq.pubsub.outcomes import OutcomeReporter
 from dirmq.pubsub.presence import PresenceIndex, read_subscription
+from dirmq.pubsub.subscription import Subscription, load_state
 from dirmq.pubsub.transitions import Transitions, now_ms, read_entry
 from dirmq.store.codec import check_headers, encode
 from dirmq.store.fsio import create_pending
 from dirmq.store.ids import new_id
 from dirmq.store.names import validate_queue_name
 from dirmq.store.root import Store
-
-if TYPE_CHECKING:
-    from dirmq.pubsub.subscription import Subscription
 
 log = logging.getLogger("dirmq.pubsub")
 
@@ -252,8 +249,6 @@ class PubSub:
         """Attach subscription `name` (durable: its log positions survive detaching) or,
         without a name, an anonymous one that is removed when closed. SubscriptionBusy if
         `name` is attached elsewhere."""
-        from dirmq.pubsub.subscription import Subscription
-
         return Subscription(
             self,
             check_name("subscription name", name or f"anon-{uuid.uuid4().hex[:16]}"),
@@ -263,8 +258,6 @@ class PubSub:
         )
 
     def subscriptions(self) -> list[dict[str, object]]:
-        from dirmq.pubsub.subscription import load_state
-
         result: list[dict[str, object]] = []
         for name in sorted(_listdir(self.paths.subs)):
             found = read_subscription(self.paths, name)
@@ -412,8 +405,6 @@ class PubSub:
 
     def _broadcast_positions(self) -> list[tuple[str, Filter, int, int, int | None]]:
         """(name, filter, attached ms, next broadcast seq, detached µs) of every subscription."""
-        from dirmq.pubsub.subscription import load_state
-
         found = []
         for name in _listdir(self.paths.subs):
             record = read_subscription(self.paths, name)

@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dirmq.errors import (
     CorruptMessage,
@@ -38,15 +38,13 @@ from dirmq.errors import (
     SubscriptionBusy,
     storage_error,
 )
+from dirmq.pubsub.host import SubscriptionHost
 from dirmq.pubsub.layout import BROADCAST, RETAINED, log_key, split_log_key, split_timed
 from dirmq.pubsub.logs import SeqLog
 from dirmq.pubsub.model import Delivery, Envelope, Filter, Outcome, check_timeout
 from dirmq.pubsub.presence import new_session
 from dirmq.pubsub.transitions import Entry, now_ms, read_entry
 from dirmq.store.watch import RESCAN, PollingWatcher, Watcher, open_watcher
-
-if TYPE_CHECKING:
-    from dirmq.pubsub.hub import PubSub
 
 log = logging.getLogger("dirmq.pubsub")
 
@@ -97,7 +95,7 @@ class _Held:
 class Subscription:
     def __init__(
         self,
-        hub: PubSub,
+        hub: SubscriptionHost,
         name: str,
         filter: Filter,
         *,

@@ -7,8 +7,9 @@ read, and a micro-batch is the range [start, end). Nothing is leased, acknowledg
 replay the log from any point.
 
 The driver only finds the log's head (see `LogHead`) and cuts ranges; the executors read and
-filter the entries of their range themselves. An entry missing (or damaged) inside a range that
-was planned is lost data: `failOnDataLoss` decides between failing the query and skipping it.
+filter the entries of their range themselves (`dirmq.pubsub.retained`, as the server does). An
+entry missing (or damaged) inside a range that was planned is lost data: `failOnDataLoss`
+decides between failing the query and skipping it.
 
 Over `url` the same plan holds with the server in between: the driver asks
 `GET /@pubsub/retained/head` (`RemoteHead`) and each read task pages through its range with
@@ -35,11 +36,12 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from dirmq.client.pubsub import MAX_RETAINED_LIMIT, RemotePubSub
-from dirmq.errors import CorruptMessage, DirmqError, InvalidArgument, storage_error
+from dirmq.errors import DirmqError, InvalidArgument
 from dirmq.pubsub.layout import PubSubPaths
 from dirmq.pubsub.logs import LogHead
 from dirmq.pubsub.model import Filter
-from dirmq.pubsub.transitions import Entry, read_entry
+from dirmq.pubsub.retained import ABSENT, LostEntry, read_retained
+from dirmq.pubsub.transitions import Entry
 from dirmq.spark.leasing import ROWS_PER_BATCH, split
 from dirmq.spark.options import EARLIEST, LATEST, RetainedOptions, partitions_for
 from dirmq.spark.rows import RETAINED_COLUMNS, Columns, retained_batch
@@ -141,20 +143,15 @@ def _local_entries(options: RetainedOptions, partition: SeqRange) -> Iterator[tu
     assert options.path is not None
     paths = PubSubPaths.under(options.path)
     wanted = Filter(options.channels, options.subjects)
-    for seq in range(partition.first, partition.end):
-        path = paths.retained_entry(seq)
-        try:
-            entry = read_entry(path)
-        except FileNotFoundError:
-            data_loss(options, f"retained entry {seq} is missing ({path})")
+    for item in read_retained(paths, partition.first, partition.end, wanted):
+        if not isinstance(item, LostEntry):
+            yield item
             continue
-        except CorruptMessage as exc:
-            data_loss(options, f"retained entry {seq} is damaged ({path}: {exc})")
-            continue
-        except OSError as exc:
-            raise storage_error(exc, f"reading retained entry {seq}") from exc
-        if wanted.matches(entry.envelope.channel, entry.envelope.subject):
-            yield seq, entry
+        path = paths.retained_entry(item.seq)
+        if item.why == ABSENT:
+            data_loss(options, f"retained entry {item.seq} is missing ({path})")
+        else:
+            data_loss(options, f"retained entry {item.seq} is damaged ({path}: {item.error})")
 
 
 def _remote_entries(options: RetainedOptions, partition: SeqRange) -> Iterator[tuple[int, Entry]]:
@@ -171,7 +168,7 @@ def _remote_entries(options: RetainedOptions, partition: SeqRange) -> Iterator[t
                 subjects=options.subjects,
             )
             for lost, why in page.missing:
-                state = "missing" if why == "absent" else why
+                state = "missing" if why == ABSENT else why
                 data_loss(options, f"retained entry {lost} is {state} (at {options.url})")
             yield from page.entries
             if page.next_seq <= seq:
