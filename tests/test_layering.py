@@ -243,3 +243,19 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
 def test_every_layer_has_a_rule() -> None:
     layers = {_layer(m) for m in MODULES} - {"dirmq", "cli", "__main__"}
     assert layers <= MAY_IMPORT.keys()
+
+
+LONG_LINES = 400
+
+
+def test_a_long_module_says_why_at_its_top() -> None:
+    """One concept per module: past ~400 lines a module either splits or says in its docstring
+    why it is one piece ("Why it is long: ..."), so growth is a decision, not an accident."""
+    unexplained = []
+    for name, path in MODULES.items():
+        text = path.read_text()
+        if text.count("\n") > LONG_LINES:
+            docstring = ast.get_docstring(ast.parse(text)) or ""
+            if "Why it is long: " not in docstring:
+                unexplained.append(f"{name} ({text.count(chr(10))} lines)")
+    assert unexplained == []

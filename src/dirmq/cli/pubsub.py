@@ -4,6 +4,9 @@
 0): if the output cannot be written, or the process is stopped, what it holds is given back
 (`aborted`) and delivered again. SIGINT and SIGTERM only set a flag, checked between short
 waits, so no transition is ever cut in half by a signal.
+
+Why it is long: two commands with their output formats (text, JSON lines, `--exec`) and the signal
+handling they share; at the threshold.
 """
 
 from __future__ import annotations

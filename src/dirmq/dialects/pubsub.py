@@ -24,6 +24,10 @@ body in base64, as in the event stream) and one marker line per entry that is mi
 damaged, so a reader (the Spark source over `url`) can tell data loss from filtering.
 `X-Next-Seq` is where the next page starts. What goes on the wire is encoded by
 `dirmq.wire.pubsub`, beside the client's decoders.
+
+Why it is long: the route handlers and the event streams they open (window, wake-ups, keep-alives,
+give-back on close) share the worker's table of attached streams; the next cut, when it grows, is
+the stream machinery into a module of its own.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ log, `future` into the retained log. Subscriptions take pool entries into their 
 directory by rename, and read the logs from their own positions (see `subscription.py`); every
 transition of a file is one rename (see `transitions.py`). A restarted process, or any other
 one, finishes what a dead one left half done (`sweep`).
+
+Why it is long: publishing, routing and the sweep's recovery steps act on the same directories and
+must agree with one another; what can live apart already does (`subscription.py`, `transitions.py`,
+`outcomes.py`, `logs.py`, `presence.py`).
 """
 
 from __future__ import annotations

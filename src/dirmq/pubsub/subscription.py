@@ -14,6 +14,9 @@ come again (at-least-once).
 A taken message must be settled (`done`, `dismiss`), kept alive (`heartbeat`) or given back
 (`abort`) before its deadline; otherwise it is aborted: an `anyone` message returns to the pool
 for any subscriber, a log delivery to this subscription. Closing gives back everything held.
+
+Why it is long: the three feeds (pool, broadcast log, retained log), their saved positions and the
+deliveries held from them are one state machine whose invariants span all three.
 """
 
 from __future__ import annotations

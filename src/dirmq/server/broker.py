@@ -15,6 +15,10 @@ Store calls block (fsync, rename), so they run on a thread pool. Two things need
   (any process's publish, nack or expiry wakes it) or until the next lease or delay falls due,
   then leases messages for the waiters in arrival order. Messages leased for a waiter that gave up
   meanwhile are handed back at once.
+
+Why it is long: the publish line, the batchers of gets and acks and the long-poll waiters each are
+a class of their own here, and all lean on the broker's pool and its event-loop hand-offs; apart,
+each would import the broker back.
 """
 
 from __future__ import annotations

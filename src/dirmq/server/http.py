@@ -1,10 +1,15 @@
 """The HTTP/1.1 server: an `asyncio.Protocol` with httptools (llhttp) doing all the parsing.
 
-This is the only module that touches sockets. It enforces the limits that protect the server
-from its clients (header and body size, slow or idle clients, connection count), handles
-keep-alive, pipelining (answered in order, one at a time), `Expect: 100-continue`, streaming
-responses with trailers, back-pressure from slow readers, and draining on shutdown. What a
-request means is the handler's business (`app.py`).
+It reads and writes every connection (`serve.py` only binds the listening sockets). It enforces
+the limits that protect the server from its clients (header and body size, slow or idle clients,
+connection count), handles keep-alive, pipelining (answered in order, one at a time),
+`Expect: 100-continue`, streaming responses with trailers, back-pressure from slow readers, and
+draining on shutdown. What a request means is the business of the listener's dialects
+(`dialect.py`).
+
+Why it is long: one connection's state machine (parsing, pipelining, back-pressure, limits, timers,
+streaming, drain), whose invariants (answers in order, each budget charge given back exactly once)
+span all of it.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ when it was last purged. A queue made by the native API or the library has no SQ
 reads as a standard queue with SQS's defaults for what it does not say.
 
 The helpers at the top (`is_fifo`, `content_based_dedup`, ...) are what the message actions read.
+
+Why it is long: one entry per SQS queue attribute (its check, its mapping onto QueueConfig, its
+default): a table that is only useful whole.
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ Stored form (header names are HTTP tokens, compared without case; values are one
         period, so this form cannot be mistaken for the one above.
     X-Amzn-Trace-Id: <AWSTraceHeader>
         The one message system attribute.
+
+Why it is long: AWS's rules for attribute names, types and values, the stored form and the MD5
+computed over what is read back, kept together so the three cannot drift apart.
 """
 
 from __future__ import annotations

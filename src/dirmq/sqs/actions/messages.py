@@ -13,6 +13,9 @@ Headers written besides the attributes:
     X-Sqs-Message-Deduplication-Id   FIFO: the deduplication id (explicit or content-based)
     X-Sqs-Message-Group-Id           standard queues: MessageGroupId (fair queues; the store's
                                      groups would impose FIFO order, which standard queues lack)
+
+Why it is long: six actions and their batch forms, sharing the parameter checks, the rendering of
+attributes and the FIFO receive-attempt replay.
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@ SetQueueAttributes, PurgeQueue, TagQueue, UntagQueue, ListQueueTags, ListDeadLet
 AddPermission, RemovePermission.
 
 Queues are the store's: whatever SQS creates, the native API, the library and Spark see, and
-the other way round (see context.py for names and attributes.py for attributes)."""
+the other way round (see context.py for names and attributes.py for attributes).
+
+Why it is long: thirteen actions, each a short function, grouped as AWS groups them.
+"""
 
 from __future__ import annotations
 
