@@ -23,7 +23,9 @@
         ├── DiskFull            ENOSPC / EDQUOT
         └── StorageIOError      EIO and every other unexpected OSError
 
-Foreign errors (`OSError`) are mapped once, at the store boundary, by `storage_error`.
+Foreign errors (`OSError`) are mapped by `storage_error` where a filesystem call is made: in the
+store, and in the layers that keep files of their own under the root (pubsub, spark, compat,
+SQS's records).
 Losing a race with another process (ENOENT/EEXIST on a claim) is a normal result, never an error.
 """
 
