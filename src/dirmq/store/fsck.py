@@ -13,7 +13,7 @@ Invariants, and what `repair=True` does about each (see `Kind`):
     root marker @dirmq.json present, a JSON object with "format": 1   recreate (bad one moved aside)
     ... and of format 1 (another format: its rules may differ)        report; repair nothing at all
     @trash empty (an interrupted queue deletion)                      empty it
-    @pubsub, @spark at the root (the upper layers', FORMAT.md)        known: left to their layers
+    @pubsub, @spark, @sqs at the root (the upper layers', FORMAT.md)  known: left to their layers
     @queue.json parses and validates                                  move aside, rewrite it with
                                                                       bad settings reset to default
     every state directory exists                                      mkdir
@@ -23,6 +23,9 @@ Invariants, and what `repair=True` does about each (see `Kind`):
       Dirmq-Id (if any) is the id in its name
     one file per message id across @ready/@leased/@delayed/@dead      keep one copy (see below)
     no orphaned temp file in @tmp (dead writer, or older than 1 h)     unlink
+    no temp file of a small-file write (smallfiles.py) older than     unlink
+      1 h: beside @dirmq.json and @queue.json, anywhere under @sqs
+      and @spark (@pubsub's check looks at its own)
     no capacity slot pointing at an absent message (older than 60 s)  unlink
     no file in @free sharing its inode with another name              unlink the @free name
     the recycled-file pool of a dead process in @free (pool.py)       files back to @free (notice)
@@ -60,7 +63,7 @@ from enum import StrEnum
 from functools import partial
 
 from dirmq.errors import CorruptMessage, InvalidArgument, InvalidName, storage_error
-from dirmq.store import codec, layout
+from dirmq.store import codec, layout, smallfiles
 from dirmq.store.bounds import AT_MS_DIGITS, MAX_DURATION_S, MAX_RECEIVE_COUNT
 from dirmq.store.capacity import LEAK_GRACE_S
 from dirmq.store.config import QueueConfig
@@ -69,7 +72,7 @@ from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.names import validate_queue_name
 from dirmq.store.pool import DEFAULT_POOL_FILES, Owner, pool_owner, reclaim_pool
 from dirmq.store.recovery import ORPHAN_GRACE_S, is_orphan, older_than
-from dirmq.store.root import ROOT_FORMAT, _atomic_write
+from dirmq.store.root import ROOT_FORMAT, root_marker_bytes
 
 # Message states in the order a duplicate is kept (first = kept first), and their name shapes.
 _MESSAGE_DIRS = (layout.LEASED, layout.READY, layout.DELAYED, layout.DEAD)
@@ -298,7 +301,7 @@ class _Checker:
 
     def _write_marker(self) -> str:
         marker = os.path.join(self.root, layout.ROOT_MARKER)
-        _atomic_write(marker, json.dumps({"format": ROOT_FORMAT}).encode() + b"\n")
+        smallfiles.replace_file(marker, root_marker_bytes(), durable=True)
         return f"wrote a fresh {layout.ROOT_MARKER}"
 
     def _set_aside(self, path: str) -> str:
@@ -368,26 +371,30 @@ class _Checker:
             if child in layout.ROOT_UPPER_DIRS:
                 if not entry.is_dir(follow_symlinks=False):
                     self.add(name, entry.path, Kind.STRAY, "expected a directory")
-                return  # an upper layer's (pub/sub: `dirmq fsck` checks it via pubsub.check)
-            if _is_config_tmp(child, layout.ROOT_MARKER):
-                self._check_config_tmp(name, entry.path)
+                elif child != layout.PUBSUB_DIR:  # pub/sub's own check looks at its files
+                    for temp in smallfiles.find_temps(entry.path, recursive=True):
+                        self._check_small_temp(name, temp)
+                return  # otherwise an upper layer's (`dirmq fsck` checks @pubsub too)
+            if smallfiles.temp_target(child) == layout.ROOT_MARKER:
+                self._check_small_temp(name, entry.path)
                 return
         elif child in layout.STATE_DIRS:
             return  # checked with the queue, or reported as unconfigured
         elif child == layout.CONFIG_FILE or child.startswith(f"{layout.CONFIG_FILE}.bad-"):
             return
-        elif _is_config_tmp(child, layout.CONFIG_FILE):
-            self._check_config_tmp(name, entry.path)
+        elif smallfiles.temp_target(child) == layout.CONFIG_FILE:
+            self._check_small_temp(name, entry.path)
             return
         self.add(name, entry.path, Kind.STRAY, "unknown entry (names starting '@' are reserved)")
 
-    def _check_config_tmp(self, name: str, path: str) -> None:
-        """A temp file of an atomic config write: a crash leftover once it is old."""
-        if not older_than(path, ORPHAN_GRACE_S):
+    def _check_small_temp(self, name: str, path: str) -> None:
+        """A temp file of a small-file write (smallfiles.py): a crash leftover once it is old
+        (a young one may be a write in progress)."""
+        if not older_than(path, smallfiles.STALE_TEMP_S):
             return
-        self.fix(
-            name, path, Kind.ORPHAN_TMP, "temp file of an unfinished config write", _unlink(path)
-        )
+        target = smallfiles.temp_target(os.path.basename(path))
+        detail = f"temp file of an unfinished write of {target}"
+        self.fix(name, path, Kind.ORPHAN_TMP, detail, _unlink(path))
 
     def check_unconfigured(self, path: str, name: str, state_dirs: list[str]) -> None:
         """State directories without @queue.json: a create or delete that crashed midway."""
@@ -444,7 +451,7 @@ class _Checker:
             def replace() -> str:
                 salvaged, reset = _salvage_config(config_path)
                 aside = self._set_aside(config_path)
-                _atomic_write(config_path, salvaged.dumps())
+                smallfiles.replace_file(config_path, salvaged.dumps(), durable=True)
                 if reset is None:
                     return f"{aside} and wrote the default configuration: review it"
                 return f"{aside}; kept the other settings, reset {', '.join(reset)} to default"
@@ -938,7 +945,3 @@ def _scandir(path: str) -> Iterator[os.DirEntry[str]]:
 
 def _has_entries(path: str) -> bool:
     return any(not e.name.startswith(layout.ROOT_MARKER) for e in _scandir(path))
-
-
-def _is_config_tmp(name: str, base: str) -> bool:
-    return name.startswith(f"{base}.") and name.endswith(".tmp")

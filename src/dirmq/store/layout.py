@@ -44,8 +44,10 @@ ROOT_MARKER = "@dirmq.json"
 ROOT_TRASH = "@trash"
 # Root directories of the layers above the store (docs/FORMAT.md): pub/sub, the Spark source.
 # Named here so fsck knows them without importing those layers; each layer checks its own.
-SQS_DIR = "@sqs"  # the SQS layer's own files (sqs/deleted.py)
-ROOT_UPPER_DIRS = frozenset({"@pubsub", "@spark", SQS_DIR})
+PUBSUB_DIR = "@pubsub"
+SPARK_DIR = "@spark"  # the Spark source's default state directory (spark/options.py)
+SQS_DIR = "@sqs"  # the SQS layer's own files (sqs/deleted.py, attempts, move tasks)
+ROOT_UPPER_DIRS = frozenset({PUBSUB_DIR, SPARK_DIR, SQS_DIR})
 GROUP_TAG_LENGTH = 12
 
 # Counts and times are bounded (bounds.py): every value the store accepts fits these digits.

@@ -34,7 +34,7 @@ from dirmq.errors import (
     StorageError,
     storage_error,
 )
-from dirmq.store import codec, layout
+from dirmq.store import codec, layout, smallfiles
 from dirmq.store.bounds import check_seconds
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.files import QueueFiles, expired_by_retention, now_ms
@@ -910,6 +910,7 @@ class Queue:
             at_ms = now_ms()
             promoted = self._files.promote(index, config, at_ms)
             orphans = remove_orphans(self._files.dir[layout.TMP])
+            orphans += smallfiles.remove_stale_temps(self.path)  # of @queue.json writes
             expired = sum(
                 self._files.remove(index, layout.READY, name, message_id)
                 for message_id, name in list(index.ready.items())

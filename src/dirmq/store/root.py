@@ -18,9 +18,9 @@ import uuid
 from collections.abc import Iterator
 
 from dirmq.errors import ConfigError, CorruptConfig, QueueExists, QueueNotFound, storage_error
-from dirmq.store import layout
+from dirmq.store import layout, smallfiles
 from dirmq.store.config import QueueConfig
-from dirmq.store.fsio import GroupCommit, WritebackFlusher, fsync_dir, write_new_file
+from dirmq.store.fsio import GroupCommit, WritebackFlusher
 from dirmq.store.names import queue_path, validate_queue_name
 from dirmq.store.queue import Queue
 from dirmq.store.watch import InotifyHub
@@ -28,6 +28,11 @@ from dirmq.store.watch import InotifyHub
 ROOT_FORMAT = 1
 DEFAULT_ROOT = "./dirmq-data"
 EXISTS_RECHECK_S = 0.5
+
+
+def root_marker_bytes() -> bytes:
+    """What `@dirmq.json` holds."""
+    return json.dumps({"format": ROOT_FORMAT}).encode() + b"\n"
 
 
 def default_root() -> str:
@@ -66,7 +71,7 @@ class Store:
     def _init_root(self, marker: str) -> None:
         try:
             os.makedirs(self.root, exist_ok=True)
-            _atomic_write(marker, json.dumps({"format": ROOT_FORMAT}).encode() + b"\n")
+            smallfiles.replace_file(marker, root_marker_bytes(), durable=True)
         except FileExistsError:
             pass
         except OSError as exc:
@@ -88,16 +93,12 @@ class Store:
         try:
             for directory in layout.STATE_DIRS:
                 os.makedirs(os.path.join(path, directory), exist_ok=True)
-            try:
-                # The config file appears last: a queue is visible only once complete.
-                _atomic_write(config_path, config.dumps(), exclusive=True)
-            except FileExistsError:
-                if not exist_ok:
-                    raise QueueExists(f"queue {name!r} already exists") from None
+            # The config file appears last: a queue is visible only once complete.
+            created = smallfiles.create_file(config_path, config.dumps(), durable=True)
         except OSError as exc:
-            if isinstance(exc, QueueExists):
-                raise
             raise storage_error(exc, f"creating queue {name!r}") from exc
+        if not created and not exist_ok:
+            raise QueueExists(f"queue {name!r} already exists")
         return self.queue(name)
 
     def queue(self, name: str) -> Queue:
@@ -142,7 +143,9 @@ class Store:
         path = queue_path(self.root, name)
         config = self._read_config(name, path).updated(**changes)
         try:
-            _atomic_write(os.path.join(path, layout.CONFIG_FILE), config.dumps())
+            smallfiles.replace_file(
+                os.path.join(path, layout.CONFIG_FILE), config.dumps(), durable=True
+            )
         except OSError as exc:
             raise storage_error(exc, f"configuring queue {name!r}") from exc
         with self._lock:
@@ -234,28 +237,6 @@ class Store:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-
-def _atomic_write(path: str, data: bytes, *, exclusive: bool = False) -> None:
-    """Write a small file durably under its final name, all or nothing."""
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    fd = write_new_file(tmp, data)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        if exclusive:
-            os.link(tmp, path)  # fails with EEXIST instead of replacing
-        else:
-            os.replace(tmp, path)
-    finally:
-        if exclusive or os.path.exists(tmp):
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-    fsync_dir(os.path.dirname(path))
 
 
 def _remove_empty_parents(path: str, root: str) -> None:
