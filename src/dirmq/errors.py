@@ -31,7 +31,9 @@ Losing a race with another process (ENOENT/EEXIST on a claim) is a normal result
 
 from __future__ import annotations
 
+import contextlib
 import errno
+from collections.abc import Iterator
 
 
 class DirmqError(Exception):
@@ -127,3 +129,14 @@ def storage_error(exc: OSError, what: str) -> StorageError:
     if exc.errno in _DISK_FULL:
         return DiskFull(exc.errno, f"{what}: disk full ({reason})")
     return StorageIOError(exc.errno or errno.EIO, f"{what}: {reason}")
+
+
+@contextlib.contextmanager
+def storage_errors(what: str) -> Iterator[None]:
+    """Map an `OSError` raised in the block with `storage_error` (a `StorageError` passes)."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as exc:
+        raise storage_error(exc, what) from exc

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from dirmq.errors import storage_error
-from dirmq.spark import durable
+from dirmq.errors import storage_error, storage_errors
+from dirmq.store import smallfiles
 
 _ROWS = "rows.arrow"
 
@@ -50,12 +51,16 @@ class Ledger:
     # -- the acknowledged mark ---------------------------------------------------------------
     def acked(self) -> int:
         """The highest batch whose messages were all acknowledged (0 before the first)."""
-        raw = durable.read_file(os.path.join(self.directory, "acked"))
+        path = os.path.join(self.directory, "acked")
+        with storage_errors(f"reading {path}"):
+            raw = smallfiles.read_file(path)
         return int(raw) if raw else 0
 
     def set_acked(self, seq: int) -> None:
         if seq > self.acked():
-            durable.replace_file(os.path.join(self.directory, "acked"), b"%d\n" % seq)
+            path = os.path.join(self.directory, "acked")
+            with storage_errors(f"writing {path}"):
+                smallfiles.replace_file(path, b"%d\n" % seq, durable=True, make_parents=True)
 
     # -- batches -----------------------------------------------------------------------------
     def batch_dir(self, seq: int) -> str:
@@ -80,10 +85,17 @@ class Ledger:
         if leases is not None:
             assert len(leases) == len(receipts)
             record["leases"] = leases
-        return durable.create_file(self._part_path(seq, part), json.dumps(record).encode())
+        path = self._part_path(seq, part)
+        with storage_errors(f"creating {path}"):
+            created = smallfiles.create_file(
+                path, json.dumps(record).encode(), durable=True, make_parents=True
+            )
+        return created
 
     def part_record(self, seq: int, part: int) -> Record | None:
-        raw = durable.read_file(self._part_path(seq, part))
+        path = self._part_path(seq, part)
+        with storage_errors(f"reading {path}"):
+            raw = smallfiles.read_file(path)
         if raw is None:
             return None
         record = json.loads(raw)
@@ -113,10 +125,16 @@ class Ledger:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
-        durable.replace_file(os.path.join(self.batch_dir(seq), _ROWS), sink.getvalue().to_pybytes())
+        path = os.path.join(self.batch_dir(seq), _ROWS)
+        with storage_errors(f"writing {path}"):
+            smallfiles.replace_file(
+                path, sink.getvalue().to_pybytes(), durable=True, make_parents=True
+            )
 
     def rows(self, seq: int) -> pa.Table | None:
-        raw = durable.read_file(os.path.join(self.batch_dir(seq), _ROWS))
+        path = os.path.join(self.batch_dir(seq), _ROWS)
+        with storage_errors(f"reading {path}"):
+            raw = smallfiles.read_file(path)
         return None if raw is None else pa.ipc.open_file(pa.py_buffer(raw)).read_all()
 
     def receipts(self, seq: int) -> list[str]:
@@ -154,4 +172,4 @@ class Ledger:
             pass
 
     def drop(self, seq: int) -> None:
-        durable.remove_tree(self.batch_dir(seq))
+        shutil.rmtree(self.batch_dir(seq), ignore_errors=True)  # gone already is fine

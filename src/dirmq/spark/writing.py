@@ -35,12 +35,12 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from dirmq.errors import InvalidArgument, storage_error
-from dirmq.spark import durable
+from dirmq.errors import InvalidArgument, storage_error, storage_errors
 from dirmq.spark.connect import QueueHandle, flush_local, message_checker, open_queue
 from dirmq.spark.options import Options
 from dirmq.spark.rows import check_write_schema, outgoing
-from dirmq.store import OutgoingMessage
+from dirmq.spark.staging import discard_tree, remove_stale
+from dirmq.store import OutgoingMessage, smallfiles
 
 PUT_CHUNK = 500  # messages per put_many: one group commit, one HTTP request
 STALE_STAGING_S = 24 * 3600.0  # staging left by a crashed driver is removed after a day
@@ -125,7 +125,11 @@ def staged_tables(messages: Sequence[WriterCommitMessage | None]) -> Iterator[pa
     for message in staged:
         if message.rows == 0:
             continue
-        raw = message.data if message.path is None else durable.read_file(message.path)
+        if message.path is None:
+            raw = message.data
+        else:
+            with storage_errors(f"reading {message.path}"):
+                raw = smallfiles.read_file(message.path)
         if raw is None:
             raise InvalidArgument(f"staged rows {message.path} disappeared before the commit")
         yield pa.ipc.open_stream(pa.py_buffer(raw)).read_all()
@@ -149,10 +153,10 @@ def _cleanup(messages: Sequence[WriterCommitMessage | None], job_dir: str | None
     # Renamed away before removal: a task of a failed job may still be running (Spark returns
     # the job's failure without waiting for its other tasks), and must find nothing to write to.
     if job_dir is not None:
-        durable.discard_tree(job_dir)
+        discard_tree(job_dir)
     for message in messages:
         if isinstance(message, StagedRows) and message.path is not None:
-            durable.discard_tree(os.path.dirname(message.path))
+            discard_tree(os.path.dirname(message.path))
 
 
 class DirmqBatchWriter(DataSourceArrowWriter):
@@ -164,7 +168,7 @@ class DirmqBatchWriter(DataSourceArrowWriter):
         self._options = options
         staging = options.staging_dir()
         if staging is not None:
-            durable.remove_stale(staging, STALE_STAGING_S)
+            remove_stale(staging, STALE_STAGING_S)
         self._job_dir = None if staging is None else os.path.join(staging, uuid.uuid4().hex)
         if self._job_dir is not None:  # made here, never by a task (see `stage`)
             try:
@@ -196,7 +200,10 @@ class DirmqStreamWriter(DataSourceStreamArrowWriter):
         self._options = options
         staging = options.staging_dir()
         if staging is not None:  # what crashed drivers, or late tasks of a failed batch, left
-            durable.remove_stale(staging, STALE_STAGING_S)
+            remove_stale(staging, STALE_STAGING_S)
+        sinks = options.sink_dir()
+        if sinks is not None:  # marker writes a crashed driver left unfinished
+            smallfiles.remove_stale_temps(sinks)
 
     def _batch_dir(self, query_id: str, batch_id: int) -> str | None:
         """Where the tasks of one micro-batch stage their rows (None over `url`)."""
@@ -231,7 +238,13 @@ class DirmqStreamWriter(DataSourceStreamArrowWriter):
             publish(queue, with_dedup_ids(query_id or "", batchId, staged_tables(messages)))
             if marker is not None:
                 flush_local(self._options)  # the marker must not outlive unflushed messages
-                durable.replace_file(marker, json.dumps({"batch": batchId}).encode() + b"\n")
+                with storage_errors(f"writing {marker}"):
+                    smallfiles.replace_file(
+                        marker,
+                        json.dumps({"batch": batchId}).encode() + b"\n",
+                        durable=True,
+                        make_parents=True,
+                    )
         finally:
             _cleanup(messages, None if query_id is None else self._batch_dir(query_id, batchId))
 
@@ -246,7 +259,8 @@ class DirmqStreamWriter(DataSourceStreamArrowWriter):
 
 
 def _marked(marker: str) -> int:
-    raw = durable.read_file(marker)
+    with storage_errors(f"reading {marker}"):
+        raw = smallfiles.read_file(marker)
     return -1 if raw is None else int(json.loads(raw)["batch"])
 
 
