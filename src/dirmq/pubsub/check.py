@@ -2,10 +2,11 @@
 
 Checked: every entry's name parses and its file decodes as a pub/sub message whose key matches
 its name; the logs have no holes (the broadcast log above its floor); subscription records and
-positions parse. Repaired with `repair=True`: a damaged or foreign file in an entry directory
-is moved to `@pubsub/@corrupt/` (kept for inspection, never delivered), and due work (timeouts,
-aborts, unreported outcomes, half-finished publishes) is done by a sweep. A hole in a log cannot
-be repaired (readers skip it); it is reported.
+positions parse; no temp file of a small-file write (smallfiles.py) was left for an hour.
+Repaired with `repair=True`: a damaged or foreign file in an entry directory is moved to
+`@pubsub/@corrupt/` (kept for inspection, never delivered), such temp files are removed, and due
+work (timeouts, aborts, unreported outcomes, half-finished publishes) is done by a sweep. A hole
+in a log cannot be repaired (readers skip it); it is reported.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from dirmq.errors import CorruptMessage
 from dirmq.pubsub.layout import SEQ_DIGITS, PubSubPaths, split_outbox, split_timed
 from dirmq.pubsub.model import check_name
 from dirmq.pubsub.transitions import read_entry
+from dirmq.store import smallfiles
+from dirmq.store.recovery import older_than
 
 CORRUPT_DIR = "@corrupt"
 TMP_GRACE_S = 60.0
@@ -71,7 +74,9 @@ class _Checker:
             self._log(log_dir, floor_file)
         for name in _listdir(paths.subs):
             self._subscription(name)
+            self._small_temps(paths.sub(name))
         self._temps()
+        self._small_temps(paths.base)
         if self.repair:
             from dirmq.pubsub.hub import PubSub
             from dirmq.store.root import Store
@@ -166,6 +171,21 @@ class _Checker:
             except FileNotFoundError:
                 continue
             self._add(path, "orphan-tmp", "a dead publisher's temp file", repaired=self.repair)
+
+    def _small_temps(self, directory: str) -> None:
+        """Temp files of small-file writes (cursors, records, the broadcast floor) that a crash
+        left: old ones only (a young one may be a write in progress)."""
+        for path in smallfiles.find_temps(directory):
+            if not older_than(path, smallfiles.STALE_TEMP_S):
+                continue
+            if self.repair:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    continue
+            target = smallfiles.temp_target(os.path.basename(path))
+            detail = f"temp file of an unfinished write of {target}"
+            self._add(path, "orphan-tmp", detail, repaired=self.repair)
 
     def _subscription(self, name: str) -> None:
         sub = self.paths.sub(name)

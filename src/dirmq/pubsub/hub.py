@@ -57,6 +57,7 @@ from dirmq.pubsub.outcomes import OutcomeReporter
 from dirmq.pubsub.presence import PresenceIndex, read_subscription
 from dirmq.pubsub.subscription import Subscription, load_state
 from dirmq.pubsub.transitions import Transitions, now_ms, read_entry
+from dirmq.store import smallfiles
 from dirmq.store.codec import check_headers, encode
 from dirmq.store.fsio import create_pending
 from dirmq.store.ids import new_id
@@ -358,7 +359,14 @@ class PubSub:
         if messages or now >= self._next_messages_sweep:
             self._next_messages_sweep = now + MESSAGES_SWEEP_EVERY_S
             self._sweep_messages(wall, report)
+            self._remove_stale_temps()
         return report
+
+    def _remove_stale_temps(self) -> None:
+        """What crashed writes of the small files left: cursors, records, the broadcast floor."""
+        smallfiles.remove_stale_temps(self.paths.base)
+        for name in _listdir(self.paths.subs):
+            smallfiles.remove_stale_temps(self.paths.sub(name))
 
     def _prune_broadcast(self, at_ms: int) -> int:
         """Remove the prefix of the broadcast log nobody may accept any more (never the newest

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from dirmq.errors import storage_error
 from dirmq.pubsub.layout import SEQ_DIGITS, seq_name
+from dirmq.store import smallfiles
 
 _RESCAN_AFTER = 64  # EEXIST in a row: our idea of the head is stale, list the directory
 
@@ -70,10 +71,7 @@ class SeqLog:
             return 1
 
     def set_floor(self, seq: int) -> None:
-        tmp = f"{self._floor_file}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(str(seq).encode())
-        os.replace(tmp, self._floor_file)
+        smallfiles.replace_file(self._floor_file, str(seq).encode(), durable=False)
 
     def append(self, source: str) -> int:
         """Link `source` into the log at the next free sequence number and return it."""

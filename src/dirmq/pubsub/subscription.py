@@ -47,6 +47,7 @@ from dirmq.pubsub.logs import SeqLog
 from dirmq.pubsub.model import Delivery, Envelope, Filter, Outcome, check_timeout
 from dirmq.pubsub.presence import new_session
 from dirmq.pubsub.transitions import Entry, now_ms, read_entry
+from dirmq.store import smallfiles
 from dirmq.store.watch import RESCAN, PollingWatcher, Watcher, open_watcher
 
 log = logging.getLogger("dirmq.pubsub")
@@ -161,7 +162,9 @@ class Subscription:
             "attached_ms": now_ms(),
             "session": self._session,
         }
-        _replace(paths.subscription_file(self.name), json.dumps(record).encode())
+        smallfiles.replace_file(
+            paths.subscription_file(self.name), json.dumps(record).encode(), durable=False
+        )
         os.utime(paths.present)  # publishers re-read the list, with this filter
         self.hub.presence.invalidate()
         state, saved_us = load_state(paths.cursor(self.name))
@@ -219,7 +222,10 @@ class Subscription:
                 "detached_us": detached_us,
             }
         if state != self._saved_state:
-            _replace(self._paths.cursor(self.name), json.dumps(state).encode())
+            # Not flushed: after a machine crash an older cursor replays what followed it.
+            smallfiles.replace_file(
+                self._paths.cursor(self.name), json.dumps(state).encode(), durable=False
+            )
             self._saved_state = state
 
     def _keep_alive(self) -> None:
@@ -633,13 +639,6 @@ def load_state(path: str) -> tuple[dict[str, Any], int | None]:
     if isinstance(data, int):  # format of the first release: the retained position only
         return {"retained": {"next": data, "pending": []}}, saved_us
     return (data if isinstance(data, dict) else {}), saved_us
-
-
-def _replace(path: str, data: bytes) -> None:
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def _listdir(path: str) -> list[str]:

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from dirmq.store import layout
+from dirmq.store import layout, smallfiles
 
 ATTEMPT_TTL_S = 300.0
 PRUNE_EVERY_S = 60.0
@@ -80,17 +80,17 @@ class ReceiveMemory:
         return attempt
 
     def remember(self, queue: str, attempt_id: str, attempt: Attempt) -> None:
-        path = self._path(queue, attempt_id)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         data = {
             "created": attempt.created,
             "receipts": attempt.receipts,
             "messages": attempt.messages,
         }
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(json.dumps(data, separators=(",", ":")).encode())
-        os.replace(tmp, path)  # a reader sees the old record or the new one, never half
+        smallfiles.replace_file(
+            self._path(queue, attempt_id),
+            json.dumps(data, separators=(",", ":")).encode(),
+            durable=False,  # see the module docstring
+            make_parents=True,
+        )
         self._prune(queue)
 
     def forget(self, queue: str, attempt_id: str) -> None:
@@ -106,7 +106,8 @@ class ReceiveMemory:
         return os.path.join(self._dir, queue, f"{digest}.json")
 
     def _prune(self, queue: str) -> None:
-        """Remove the queue's expired records, at most once a minute per queue."""
+        """Remove the queue's expired records (and temp files of unfinished writes), at most
+        once a minute per queue."""
         now = time.time()
         if now - self._pruned.get(queue, 0.0) < PRUNE_EVERY_S:
             return
