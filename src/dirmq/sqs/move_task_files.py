@@ -1,14 +1,22 @@
 """Where SQS message move tasks live, so that every process serving a root shares them:
 `<root>/@sqs/move-tasks/<source queue>/`
 
-- `<task id>.json`: the task (status, counts, destination...), rewritten whole (temp file and
-  rename) by the process running it after every batch, and at the end;
-- `<task id>.lock`: `flock`ed for as long as a process runs the task. A record that says RUNNING
-  whose lock is free belongs to a process that died: the next process to look takes the lock
-  and carries on;
-- `<task id>.cancel`: CancelMessageMoveTask from any process; the runner looks for it;
-- `.start`: `flock`ed while a StartMessageMoveTask checks that no task of the source is active
-  and writes its record, so two processes cannot both start one.
+- `<task id>.json`: the task (status, counts, destination...), rewritten whole (`smallfiles`)
+  by the process running it after every batch, and at the end;
+- `runner.<generation>`: the hold (`store/holds.py`) of the process that runs the source's
+  active task. At most one task of a source is active, and only the holder runs it, writes its
+  record or starts another task of the source:
+  - *starting* takes the hold (of processes starting at once exactly one gets it), checks that
+    no task of the source is active, and writes the new record;
+  - the runner renews the hold before and after every batch and every few seconds meanwhile; a
+    RUNNING or CANCELLING record whose hold is not alive (its process is gone from this host,
+    or it was not renewed for HOLD_TIMEOUT_S) belongs to a process that died: the next process
+    to look takes the hold and carries on;
+  - a runner that finds its hold taken over (it stalled past the timeout) stops at once and
+    writes nothing more: the new holder carries on from the last record;
+- `<task id>.cancel`: CancelMessageMoveTask from any process; the runner looks for it.
+
+No `flock` (it silently fails on NFS): `link`, `rename`, `utime` and listings only.
 
 The newest HISTORY records of a source are kept, finished or not; older finished ones go.
 Records are not flushed: after a machine crash a task may resume from an earlier count, which
@@ -18,14 +26,16 @@ moves nothing twice (each move is deduplicated at the destination, see move_task
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 from typing import Any, Protocol
 
-from dirmq.store import layout
+from dirmq.store import holds, layout, smallfiles
+from dirmq.store.holds import Hold
 
 HISTORY = 10  # task records kept per source queue
+HOLD_TIMEOUT_S = 30.0  # a runner not renewing its hold for this long is taken over
+RUNNER_PREFIX = "runner."
 _ACTIVE = ("RUNNING", "CANCELLING")
 
 
@@ -38,9 +48,12 @@ class TaskLike(Protocol):
 
 
 class TaskFiles:
-    def __init__(self, root: str) -> None:
+    """The move-task files of one root. Thread-safe (calls come from a thread pool)."""
+
+    def __init__(self, root: str, *, hold_timeout_s: float = HOLD_TIMEOUT_S) -> None:
         self._dir = os.path.join(root, layout.SQS_DIR, "move-tasks")
-        self._held: dict[str, int] = {}  # task id -> descriptor of its lock, flocked by us
+        self._hold_timeout_s = hold_timeout_s
+        self._held: dict[str, tuple[str, Hold]] = {}  # source -> (task id, our hold)
 
     def sources(self) -> list[str]:
         try:
@@ -59,62 +72,68 @@ class TaskFiles:
         for name in names:
             if not name.endswith(".json"):
                 continue
-            try:
-                with open(os.path.join(directory, name), "rb") as f:
-                    record = json.loads(f.read())
-            except (OSError, ValueError):
-                continue  # vanished (pruned) meanwhile, or damaged: not a task
-            if isinstance(record, dict) and "task_id" in record:
+            record = _read_record(os.path.join(directory, name))
+            if record is not None:
                 cancel = os.path.exists(self._path(source, str(record["task_id"]), ".cancel"))
                 found.append((record, cancel))
         found.sort(key=lambda item: int(item[0].get("started_ms", 0)), reverse=True)
         return found
 
     def create(self, task: TaskLike) -> bool:
-        """Record a new task and take its lock, unless another task of its source is active
-        (False)."""
-        directory = os.path.join(self._dir, task.source)
-        os.makedirs(directory, exist_ok=True)
-        start = os.open(os.path.join(directory, ".start"), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(start, fcntl.LOCK_EX)
-            for record, _cancel in self.load(task.source):
-                if record.get("status") in _ACTIVE:
-                    return False  # running somewhere (or resumed by whoever looked first)
-            self.save(task)
-            if not self._lock(task):
-                raise OSError(f"could not lock the new move task {task.task_id}")
-        finally:
-            os.close(start)
+        """Record a new task and hold its source, unless another task of the source is active
+        or being started (False)."""
+        hold = self._take(task.source)
+        if hold is None:
+            return False  # running somewhere, or another start is under way
+        if any(record.get("status") in _ACTIVE for record, _cancel in self.load(task.source)):
+            hold.release()  # an orphan that the next look resumes
+            return False
+        self._held[task.source] = (task.task_id, hold)
+        self._write(task)
         self._prune(task.source)
         return True
 
     def try_own(self, task: TaskLike) -> bool:
         """Take over an active task whose process is gone; False if it is alive or finished."""
-        if task.task_id in self._held or not self._lock(task):
+        if task.source in self._held:
+            return False  # this process runs the source's task, or is starting one
+        hold = self._take(task.source)
+        if hold is None:
             return False
-        try:
-            with open(self._path(task.source, task.task_id, ".json"), "rb") as f:
-                still_active = json.loads(f.read()).get("status") in _ACTIVE
-        except (OSError, ValueError):
-            still_active = False
-        if not still_active:  # it finished between our reading and our locking
-            self._unlock(task.task_id)
-        return still_active
+        record = _read_record(self._path(task.source, task.task_id, ".json"))
+        if record is None or record.get("status") not in _ACTIVE:
+            hold.release()  # it finished between our reading and our taking the hold
+            return False
+        self._held[task.source] = (task.task_id, hold)
+        return True
 
-    def save(self, task: TaskLike) -> None:
-        path = self._path(task.source, task.task_id, ".json")
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(json.dumps(task.record(), separators=(",", ":")).encode())
-        os.replace(tmp, path)
+    def renew(self, task: TaskLike) -> bool:
+        """Renew this process's hold on `task`; False if it was taken over (stop running it)."""
+        held = self._held.get(task.source)
+        return held is not None and held[0] == task.task_id and held[1].renew()
+
+    def save(self, task: TaskLike) -> bool:
+        """Record the task's progress if this process still holds it; False if not."""
+        if not self.renew(task):
+            return False
+        self._write(task)
+        return True
 
     def finish(self, task: TaskLike) -> None:
-        """The task has its final status: record it, forget the cancel request, let go."""
-        self.save(task)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path(task.source, task.task_id, ".cancel"))
-        self._unlock(task.task_id)
+        """The task has its final status: record it, forget the cancel request, let go. A task
+        taken over by another process is left to it untouched."""
+        held = self._held.get(task.source)
+        if held is None or held[0] != task.task_id:
+            return
+        del self._held[task.source]
+        hold = held[1]
+        try:
+            if hold.renew():
+                self._write(task)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._path(task.source, task.task_id, ".cancel"))
+        finally:
+            hold.release()
         self._prune(task.source)
 
     def request_cancel(self, task: TaskLike) -> None:
@@ -127,25 +146,30 @@ class TaskFiles:
     def _path(self, source: str, task_id: str, suffix: str) -> str:
         return os.path.join(self._dir, source, task_id + suffix)
 
-    def _lock(self, task: TaskLike) -> bool:
-        fd = os.open(self._path(task.source, task.task_id, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        self._held[task.task_id] = fd
-        return True
+    def _take(self, source: str) -> Hold | None:
+        directory = os.path.join(self._dir, source)
+        taken = holds.take(directory, RUNNER_PREFIX, self._hold_timeout_s)
+        return taken if isinstance(taken, Hold) else None
 
-    def _unlock(self, task_id: str) -> None:
-        fd = self._held.pop(task_id, None)
-        if fd is not None:
-            os.close(fd)
+    def _write(self, task: TaskLike) -> None:
+        data = json.dumps(task.record(), separators=(",", ":")).encode()
+        path = self._path(task.source, task.task_id, ".json")
+        smallfiles.replace_file(path, data, durable=False)  # see the module docstring
 
     def _prune(self, source: str) -> None:
         for record, _cancel in self.load(source)[HISTORY:]:
             if record.get("status") in _ACTIVE:
                 continue
-            for suffix in (".json", ".lock", ".cancel"):
+            for suffix in (".json", ".cancel", ".lock"):  # .lock: left by flock-based versions
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._path(source, str(record["task_id"]), suffix))
+        smallfiles.remove_stale_temps(os.path.join(self._dir, source))
+
+
+def _read_record(path: str) -> dict[str, Any] | None:
+    """The task record at `path`, or None if it vanished (pruned) or is damaged: not a task."""
+    try:
+        record = json.loads(smallfiles.read_file(path) or b"")
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "task_id" in record else None

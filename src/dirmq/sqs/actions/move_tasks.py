@@ -72,6 +72,7 @@ LEASE_S = 60.0  # how long a batch stays invisible in the DLQ while it is being 
 FULL_RETRY_S = 1.0  # destination at capacity: try again after this
 DEDUP_PREFIX = "dirmq-move "
 CANCEL_POLL_S = 0.25
+RENEW_EVERY_S = 5.0  # the runner's hold, between batches (move_task_files.HOLD_TIMEOUT_S)
 
 
 @dataclass(slots=True, eq=False)
@@ -90,6 +91,7 @@ class MoveTask:
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
     runner: asyncio.Task[None] | None = None
     cancel_requested: bool = False  # by any process (a `.cancel` file), as last read
+    taken_over: bool = False  # its hold lapsed and another process runs it now
 
     def record(self) -> dict[str, object]:
         """What the task's file holds."""
@@ -176,7 +178,7 @@ class MoveTasks:
         return shown
 
     def start(self, task: MoveTask) -> None:
-        """Run `task`, whose lock this process holds."""
+        """Run `task`, whose hold this process has."""
         self.running[task.task_id] = task
         task.runner = asyncio.get_running_loop().create_task(self._run(task))
 
@@ -402,14 +404,31 @@ async def run(broker: Broker, task: MoveTask, files: TaskFiles) -> None:
         return
     finally:
         watcher.cancel()
+    if task.taken_over:
+        log.warning(
+            "move task %s from %s: another process took it over (this one stalled past its "
+            "hold's timeout); stopped",
+            task.task_id,
+            task.source,
+        )
+        return
     task.status = CANCELLED if task.cancel.is_set() else COMPLETED
 
 
 async def _watch_cancel(broker: Broker, task: MoveTask, files: TaskFiles) -> None:
-    """Another process cancels by a file: look for it a few times a second."""
+    """Another process cancels by a file: look for it a few times a second. Renew the hold
+    meanwhile (a batch may wait long for its rate or a full destination)."""
+    loop = asyncio.get_running_loop()
+    renewed = loop.time()
     while not task.cancel.is_set():
         await asyncio.sleep(CANCEL_POLL_S)
         with contextlib.suppress(OSError):
+            if loop.time() - renewed >= RENEW_EVERY_S:
+                renewed = loop.time()
+                if not await broker.call(files.renew, task):
+                    task.taken_over = True
+                    task.cancel.set()  # stops the mover at its next step
+                    return
             if await broker.call(files.cancel_requested, task):
                 task.cancel_requested = True
                 task.cancel.set()
@@ -427,6 +446,9 @@ async def _move(
             delay = started + task.moved / task.rate - loop.time()
             if delay > 0 and await _cancelled_within(task, delay):
                 return
+        if not await broker.call(files.renew, task):
+            task.taken_over = True
+            return
         # One consumer: a group's consecutive messages move together, in their order.
         got = await broker.call(source.get, want, visibility_s=LEASE_S, max_per_group=None)
         if not got:
@@ -447,7 +469,9 @@ async def _move(
         # meanwhile (lease expired, someone else took it) is that consumer's copy now.
         await broker.call(source.ack_many, [m.receipt or "" for m in got])
         task.moved += len(got)
-        await broker.call(files.save, task)  # a process resuming it starts from here
+        if not await broker.call(files.save, task):  # a process resuming it starts from here
+            task.taken_over = True
+            return
 
 
 def _copy(message: Message) -> OutgoingMessage:
