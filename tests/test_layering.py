@@ -21,7 +21,7 @@ def test_store_imports_without_asyncio_http_or_spark() -> None:
         "            raise ImportError('forbidden import ' + name)\n"
         "        return None\n"
         "sys.meta_path.insert(0, Forbid())\n"
-        "import dirmq, dirmq.store, dirmq.store.fsck\n"
+        "import dirmq, dirmq.store, dirmq.store.fsck, dirmq.store.holds, dirmq.store.smallfiles\n"
         "print('ok')\n"
     )
     result = subprocess.run(
@@ -75,6 +75,15 @@ def test_imports_only_go_downwards() -> None:
     for module, forbidden in layers.items():
         result = _imports_cleanly(module, forbidden)
         assert result.returncode == 0, f"{module}: {result.stderr}"
+
+
+def test_no_file_locks_anywhere() -> None:
+    """flock/lockf/fcntl locks silently fail on NFS (DESIGN.md): link, rename, O_EXCL, mkdir."""
+    src = Path(dirmq.__file__).parent
+    for path in src.rglob("*.py"):
+        code = path.read_text(encoding="utf-8")
+        for call in ("import fcntl", "from fcntl", "fcntl.", "flock(", "lockf("):
+            assert call not in code, f"{path.relative_to(src)} uses {call}"
 
 
 def test_public_api_is_pinned() -> None:

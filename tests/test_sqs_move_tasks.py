@@ -11,9 +11,12 @@ import base64
 import itertools
 import json
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -429,3 +432,166 @@ def test_a_task_whose_server_was_killed_resumes_after_a_restart(tmp_path: Any) -
             assert ready(store, dlq) == 0
     finally:
         assert server.stop() == 0
+
+
+# -- who runs a task: holds, not flock (NFS) -------------------------------------------------------
+
+
+@dataclass
+class _Task:
+    """What TaskFiles needs of a task (the processes below define the same)."""
+
+    task_id: str
+    source: str
+    status: str = "RUNNING"
+    moved: int = 0
+
+    def record(self) -> dict[str, object]:
+        return {
+            "task_id": self.task_id,
+            "source": self.source,
+            "status": self.status,
+            "moved": self.moved,
+            "started_ms": 1,
+        }
+
+
+_TASK = """
+import sys, time
+from dataclasses import dataclass
+from dirmq.sqs.move_task_files import TaskFiles
+
+@dataclass
+class Task:
+    task_id: str
+    source: str
+    status: str = "RUNNING"
+    moved: int = 0
+
+    def record(self):
+        return {"task_id": self.task_id, "source": self.source, "status": self.status,
+                "moved": self.moved, "started_ms": 1}
+"""
+
+_STARTER = (
+    _TASK
+    + """
+root, me, at = sys.argv[1], sys.argv[2], float(sys.argv[3])
+files = TaskFiles(root)
+time.sleep(max(0.0, at - time.time()))
+print(files.create(Task(me, "dlq")), flush=True)
+sys.stdin.readline()  # keep running the task until every starter has answered
+"""
+)
+
+
+def test_of_processes_starting_a_task_of_one_source_at_once_exactly_one_starts(
+    tmp_path: Any,
+) -> None:
+    from dirmq.sqs.move_task_files import TaskFiles
+
+    for attempt in range(3):
+        root = tmp_path / f"root{attempt}"
+        at = time.time() + 1.5  # every process started and waiting by then
+        starters = [
+            subprocess.Popen(
+                [sys.executable, "-c", _STARTER, str(root), f"task{n}", str(at)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for n in range(5)
+        ]
+        answers = []
+        for starter in starters:
+            assert starter.stdout is not None
+            answers.append(starter.stdout.readline().strip())
+        for starter in starters:
+            starter.communicate("done\n", timeout=30)
+        assert sorted(answers) == ["False"] * 4 + ["True"]
+        [(record, _cancel)] = TaskFiles(str(root)).load("dlq")
+        assert record["task_id"] == f"task{answers.index('True')}"
+
+
+_STALLED = (
+    _TASK
+    + """
+root = sys.argv[1]
+files = TaskFiles(root, hold_timeout_s=1.0)
+task = Task("t", "dlq")
+print(files.create(task), flush=True)
+sys.stdin.readline()  # stalled: renews nothing meanwhile
+task.moved = 999
+print(files.save(task), flush=True)
+task.status = "COMPLETED"
+files.finish(task)
+"""
+)
+
+
+def test_a_runner_that_stalls_past_its_hold_is_taken_over_and_writes_nothing_more(
+    tmp_path: Any,
+) -> None:
+    from dirmq.sqs.move_task_files import TaskFiles
+
+    task = _Task("t", "dlq")
+    files = TaskFiles(str(tmp_path), hold_timeout_s=1.0)
+    stalled = subprocess.Popen(
+        [sys.executable, "-c", _STALLED, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert stalled.stdout is not None
+    try:
+        assert stalled.stdout.readline().strip() == "True"
+        assert not files.try_own(task)  # its process lives and its hold is fresh
+        time.sleep(1.3)
+        assert files.try_own(task)  # alive, but silent for longer than its timeout
+        task.moved = 5
+        assert files.save(task)
+        assert stalled.stdin is not None
+        stalled.stdin.write("wake up\n")
+        stalled.stdin.flush()
+        assert stalled.stdout.readline().strip() == "False"  # it learns, and writes nothing
+        assert stalled.wait(timeout=30) == 0
+        [(record, _cancel)] = files.load("dlq")
+        assert (record["status"], record["moved"]) == ("RUNNING", 5)
+        task.status = "COMPLETED"
+        files.finish(task)
+        [(record, _cancel)] = files.load("dlq")
+        assert (record["status"], record["moved"]) == ("COMPLETED", 5)
+    finally:
+        stalled.kill()
+        stalled.communicate()
+
+
+def test_a_killed_runner_is_taken_over_by_a_running_server(tmp_path: Any) -> None:
+    """Two servers on one root: while the one running a task lives, the other refuses to start
+    another and leaves the task alone; SIGKILLed mid-task, its hold lapses at once (its process
+    is gone from this host), the other takes the task over when it next looks, and finishes it:
+    every message ends in the destination exactly once, none stays in the DLQ."""
+    root = tmp_path / "root"
+    first, second = start_server(root), start_server(root)
+    try:
+        with dirmq.Store(root, create=False) as store:
+            source, dlq = pipe(first, store, 40)
+            sqs, other = _client(first), _client(second)
+            handle = sqs.start_message_move_task(
+                SourceArn=arn(dlq), MaxNumberOfMessagesPerSecond=10
+            )["TaskHandle"]
+            wait_for(sqs, dlq, lambda e: e["ApproximateNumberOfMessagesMoved"] >= 10)
+            code, _status, _message = error_of(
+                lambda: other.start_message_move_task(SourceArn=arn(dlq))
+            )
+            assert code == "InvalidParameterValue"
+            (entry,) = other.list_message_move_tasks(SourceArn=arn(dlq))["Results"]
+            assert (entry["Status"], entry["TaskHandle"]) == ("RUNNING", handle)
+            first.stop(signal.SIGKILL)
+            entry = wait_for(other, dlq, finished, timeout_s=90)  # a batch in flight: LEASE_S
+            assert entry["Status"] == "COMPLETED"
+            assert sorted(bodies(store, source)) == sorted(f"m{i}".encode() for i in range(40))
+            assert ready(store, dlq) == 0
+    finally:
+        first.stop(signal.SIGKILL)
+        assert second.stop() == 0
