@@ -116,16 +116,20 @@ def find_temps(directory: str, *, recursive: bool = False) -> Iterator[str]:
 def remove_stale_temps(
     directory: str, *, recursive: bool = False, older_than_s: float = STALE_TEMP_S
 ) -> int:
-    """Unlink the temp files in `directory` older than `older_than_s`; returns how many (those
-    that cannot be unlinked now are left for the next time)."""
+    """Unlink the temp files in `directory` older than `older_than_s`; returns how many.
+    Housekeeping never fails: what cannot be listed or unlinked now (gone already, a disk that
+    refuses) is left for the next time."""
     removed = 0
-    for path in find_temps(directory, recursive=recursive):
-        if older_than(path, older_than_s):
-            try:
-                os.unlink(path)
-                removed += 1
-            except OSError:  # gone already, or the disk refuses writes now
-                pass
+    try:
+        for path in find_temps(directory, recursive=recursive):
+            if older_than(path, older_than_s):
+                try:
+                    os.unlink(path)
+                    removed += 1
+                except OSError:
+                    pass
+    except OSError:
+        pass
     return removed
 
 
