@@ -48,6 +48,10 @@ is due now). Only a file that does not decode, or names no message at all, goes 
 
 Expired leases and due delays are not damage (any get or sweep promotes them); they are counted.
 Files named `@queue.json.bad-*` are left by an earlier repair for a human to read, and are ignored.
+
+Why it is long: every invariant of FORMAT.md is checked here, each with its repair, in one pass
+over the root; the checks share the walk, the report and the repair rules (what is re-homed, what
+is quarantined), which must not drift apart.
 """
 
 from __future__ import annotations

@@ -32,6 +32,10 @@ them, "one active task per source queue" holds across them, and a task whose pro
 (SIGKILL, a restart) is resumed by the next process that starts, lists or looks at that
 source's tasks, from the count it had recorded (a batch in flight at the crash is back in the
 DLQ within LEASE_S, or in both queues, as above).
+
+Why it is long: the four move-task actions and the task runner they start (batches, rate,
+cancellation, the hold that makes one process its runner), one protocol whose states all of them
+read.
 """
 
 from __future__ import annotations
