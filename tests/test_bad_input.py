@@ -479,3 +479,40 @@ def test_sqs_query_refuses_an_attribute_value_that_is_not_utf8(server: ServerPro
     assert _sqs_query(server, form, True).status_code == 200
     (message,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0)["Messages"]
     assert message["Body"] == "Zürich"
+
+
+# -- control characters: found by the OpenAPI fuzzer (a stored group broke its delivery) ----------
+@pytest.mark.parametrize(
+    "character", ["\x19", "\x0c", "\x7f", "\t"], ids=["x19", "FF", "DEL", "TAB"]
+)
+def test_a_group_or_dedup_id_with_a_control_character_is_refused(
+    store: dirmq.Store, character: str
+) -> None:
+    queue = store.create_queue("labels")
+    for label in ("group", "dedup_id"):
+        message = dirmq.OutgoingMessage(b"x", **{label: f"a{character}b"})  # type: ignore[arg-type]
+        with pytest.raises(dirmq.InvalidArgument, match="control characters"):
+            queue.put_many([message])
+    assert queue.stats().ready == 0
+
+
+@pytest.mark.parametrize("character", ["\x19", "\x0c", "\x7f"], ids=["x19", "FF", "DEL"])
+def test_a_header_value_with_a_control_character_is_refused_tab_kept(
+    http: httpx.Client, store_root_queue: str, character: str
+) -> None:
+    url = f"/{store_root_queue}/messages"
+    refused = http.post(url, params={"group": f"a{character}b"}, content=b"x")
+    assert refused.status_code == 400 and "control characters" in refused.json()["message"]
+    with pytest.raises(dirmq.InvalidArgument, match="control character"):
+        dirmq.store.codec.check_headers({"X-Attr-Note": f"a{character}b"})
+    kept = http.post(f"/{store_root_queue}/messages", content=b"y", headers={"X-Attr-Note": "a\tb"})
+    assert kept.status_code == 201
+    delivered = http.get(f"/{store_root_queue}/messages")
+    assert delivered.status_code == 200 and delivered.headers["X-Attr-Note"] == "a\tb"
+
+
+@pytest.fixture
+def store_root_queue(http: httpx.Client) -> Iterator[str]:
+    assert http.put("/control-chars").status_code in (200, 201)
+    yield "control-chars"
+    http.delete("/control-chars")

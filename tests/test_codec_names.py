@@ -20,7 +20,11 @@ header_names = st.from_regex(r"[A-Za-z][A-Za-z0-9-]{0,20}", fullmatch=True).filt
     )
 )
 header_values = st.text(
-    alphabet=st.characters(blacklist_characters="\r\n\x00", blacklist_categories=("Cs",)),
+    # Any text an HTTP field value can carry back: no control character but tab.
+    alphabet=st.characters(
+        blacklist_characters="".join(map(chr, [*range(9), *range(10, 32), 127])),
+        blacklist_categories=("Cs",),
+    ),
     max_size=50,
 )
 

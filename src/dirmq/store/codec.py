@@ -53,6 +53,12 @@ class Decoded:
     system: dict[str, str]
 
 
+# What an HTTP field value may not hold (RFC 9110: no control character but tab), so that a
+# header stored through any door can be delivered over HTTP unchanged; a label not even tab.
+_VALUE_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f]")
+_LABEL_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def check_headers(headers: Mapping[str, str]) -> None:
     """Raise `InvalidArgument` unless every header can be stored and returned unchanged."""
     seen: set[str] = set()
@@ -67,8 +73,10 @@ def check_headers(headers: Mapping[str, str]) -> None:
         if lowered in seen:
             raise InvalidArgument(f"header {name!r} is given twice")
         seen.add(lowered)
-        if not isinstance(value, str) or any(c in value for c in "\r\n\x00"):
-            raise InvalidArgument(f"header {name!r} has a value with CR, LF or NUL")
+        if not isinstance(value, str) or _VALUE_CONTROL.search(value):
+            raise InvalidArgument(
+                f"header {name!r} has a value with a control character (only tab is allowed)"
+            )
         length = utf8_length(value)
         if length is None:
             raise InvalidArgument(f"header {name!r} has a value that is not valid Unicode")
@@ -79,14 +87,16 @@ def check_headers(headers: Mapping[str, str]) -> None:
 
 def check_label(name: str, value: object) -> None:
     """Raise `InvalidArgument` unless `value` (a message group or dedup id) is None or a
-    non-empty single line of Unicode: it travels in a header line."""
+    non-empty Unicode string without control characters: it travels in a header line."""
     if value is not None and (
         not isinstance(value, str)
         or not value
-        or any(c in value for c in "\r\n\x00")
+        or _LABEL_CONTROL.search(value)
         or utf8_length(value) is None
     ):
-        raise InvalidArgument(f"{name} must be a non-empty single-line Unicode string")
+        raise InvalidArgument(
+            f"{name} must be a non-empty single-line Unicode string without control characters"
+        )
 
 
 def utf8_length(text: str) -> int | None:
