@@ -14,22 +14,18 @@ import errno
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
 
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import codec, layout
 from dirmq.store.capacity import Slots, read_slot
 from dirmq.store.config import QueueConfig
+from dirmq.store.context import QueueContext
 from dirmq.store.dedup import Dedup
 from dirmq.store.ids import id_time_us
 from dirmq.store.index import GroupRuns, QueueIndex
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.message import Message, SweepReport
 from dirmq.store.pool import FilePool
-
-if TYPE_CHECKING:
-    from dirmq.store.root import Store
-
 
 log = logging.getLogger(__name__)
 _FIRST_READ = 64 * 1024  # one read() takes a whole message file of up to this size
@@ -41,13 +37,13 @@ def now_ms() -> int:
 
 
 class QueueFiles:
-    def __init__(self, store: Store, name: str, path: str) -> None:
+    def __init__(self, context: QueueContext, name: str, path: str) -> None:
         self.name = name
         self.dir = {d: os.path.join(path, d) for d in layout.STATE_DIRS}
         self.pool = FilePool(self.dir[layout.FREE])
         self.slots = Slots(name, self.dir[layout.SLOTS])
         self.dedup = Dedup(self.dir[layout.DEDUP])
-        self._store = store
+        self._context = context
         self.quarantined = 0  # corrupt files this process set aside
 
     def path(self, directory: str, name: str) -> str:
@@ -355,7 +351,7 @@ class QueueFiles:
         assert entry is not None
         source = self.path(src_dir, name)
         slot = self.slots.slot_of(source, index)
-        target_dir = self._store.dead_letter_dir(config.dead_letter_queue)
+        target_dir = self._context.dead_letter_dir(config.dead_letter_queue)
         if target_dir is not None:
             target = os.path.join(target_dir, layout.ready_name(entry.message_id, 0, entry.group))
         else:

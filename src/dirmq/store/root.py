@@ -16,10 +16,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 
 from dirmq.errors import ConfigError, CorruptConfig, QueueExists, QueueNotFound, storage_error
 from dirmq.store import layout
 from dirmq.store.config import QueueConfig
+from dirmq.store.context import QueueContext
 from dirmq.store.fsio import GroupCommit, WritebackFlusher, fsync_dir, write_new_file
 from dirmq.store.names import queue_path, validate_queue_name
 from dirmq.store.queue import Queue
@@ -49,10 +51,17 @@ class Store:
         poll_interval_s: float = 0.5,
     ) -> None:
         self.root = os.path.abspath(os.fspath(root if root is not None else default_root()))
-        self.watch_mode = watch_mode
-        self.poll_interval_s = poll_interval_s
         self.group_commit = GroupCommit()
         self.writeback = WritebackFlusher(self.root)
+        # What each queue is given of this Store (queues never see the Store itself).
+        self.context = QueueContext(
+            watch_mode=watch_mode,
+            poll_interval_s=poll_interval_s,
+            inotify_hub=self.inotify_hub,
+            group_commit=self.group_commit,
+            writeback=self.writeback,
+            dead_letter_dir=self.dead_letter_dir,
+        )
         self._queues: dict[str, Queue] = {}
         self._checked: dict[str, float] = {}  # name -> when its @queue.json was last seen
         self._lock = threading.Lock()
@@ -62,6 +71,19 @@ class Store:
             if not create:
                 raise QueueNotFound(f"{self.root} is not a dirmq root (no {layout.ROOT_MARKER})")
             self._init_root(marker)
+
+    @property
+    def watch_mode(self) -> str:
+        return self.context.watch_mode
+
+    @watch_mode.setter
+    def watch_mode(self, mode: str) -> None:
+        """For queues opened from now on (an open queue keeps how it watches)."""
+        self.context = replace(self.context, watch_mode=mode)
+
+    @property
+    def poll_interval_s(self) -> float:
+        return self.context.poll_interval_s
 
     def _init_root(self, marker: str) -> None:
         try:
@@ -120,7 +142,7 @@ class Store:
             config = self._read_config(name, path)
             if cached is not None:
                 cached.close()
-            queue = Queue(self, name, path, config)
+            queue = Queue(self.context, name, path, config)
             self._queues[name] = queue
             self._checked[name] = now
             return queue
