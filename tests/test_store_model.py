@@ -59,7 +59,7 @@ REPO = Path(__file__).resolve().parent.parent
 # The store's upper bound on every duration: durations above it, and infinite ones, must be
 # refused with InvalidArgument and change nothing.
 
-SMALL_MAX_BYTES = 70_000  # a queue limit just above one first read (files._FIRST_READ)
+SMALL_MAX_BYTES = 70_000  # a queue limit just above one first read (reading._FIRST_READ)
 _TOKEN_CHARS = frozenset(
     "!#$%&'*+.^_`|~-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 )

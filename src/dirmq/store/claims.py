@@ -80,7 +80,7 @@ def claim_named(
     taken, deadline_ms = _take_named(view, names, visibility_s)
     leased = []
     try:
-        for lease, entry in taken:
+        for lease, _name, entry in taken:
             count = entry.count + 1
             message = view.files.open_claimed(lease, entry.message_id, count, deadline_ms)
             if message is not None:
@@ -93,14 +93,14 @@ def claim_named(
 def lease_named(view: QueueView, names: list[str], visibility_s: float | None) -> list[str]:
     """`Queue.lease_named`."""
     taken, _deadline_ms = _take_named(view, names, visibility_s)
-    return [lease for lease, _ in taken]
+    return [lease for lease, _name, _entry in taken]
 
 
 def _take_named(
     view: QueueView, names: list[str], visibility_s: float | None
-) -> tuple[list[tuple[str, Entry]], int]:
-    """Rename the named ready files into @leased: (lease name, parsed ready name) of each
-    one taken, and their lease deadline."""
+) -> tuple[list[tuple[str, str, Entry]], int]:
+    """Rename the named ready files into @leased: (lease name, ready name, parsed ready name)
+    of each one taken, and their lease deadline."""
     check_optional_seconds("visibility_s", visibility_s)
     entries = _ready_entries(names)
     try:

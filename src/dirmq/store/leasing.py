@@ -131,8 +131,12 @@ def settle(
                     continue
                 index = view.index
                 assert index is not None  # synced by us or by the caller
+                config = view.config  # read for an ack too: it notices a deleted queue
                 try:
-                    view.files.settle(index, view.config, action, lease, delay_s)
+                    if action == "ack":
+                        view.files.ack(index, lease)
+                    else:
+                        view.files.settle(index, config, action, lease, delay_s)
                     return
                 except FileNotFoundError:
                     sync = True
