@@ -78,16 +78,27 @@ def claim_named(
 ) -> list[tuple[str, Message]]:
     """`Queue.claim_named`."""
     taken, deadline_ms = _take_named(view, names, visibility_s)
-    leased = []
-    try:
-        for lease, _name, entry in taken:
-            count = entry.count + 1
+    leased: list[tuple[str, Message]] = []
+    for i, (lease, _name, entry) in enumerate(taken):
+        count = entry.count + 1
+        try:
             message = view.files.open_claimed(lease, entry.message_id, count, deadline_ms)
-            if message is not None:
-                leased.append((lease, message))
-    except OSError as exc:
-        raise storage_error(exc, f"reading a message of queue {view.name!r}") from exc
+        except OSError as exc:
+            _hand_back(view, taken[i:])
+            if leased:  # what is read already goes to the caller, as a get's does
+                break
+            raise storage_error(exc, f"reading a message of queue {view.name!r}") from exc
+        if message is not None:
+            leased.append((lease, message))
     return leased
+
+
+def _hand_back(view: QueueView, taken: list[tuple[str, str, Entry]]) -> None:
+    """Rename leases nobody will be given back to @ready, each in its FIFO place (one whose
+    rename fails too stays leased and expires like any other)."""
+    with view.lock:
+        for lease, name, _entry in taken:
+            view.files.hand_back(view.index, lease, name)
 
 
 def lease_named(view: QueueView, names: list[str], visibility_s: float | None) -> list[str]:

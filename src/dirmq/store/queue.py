@@ -216,7 +216,9 @@ class Queue:
     ) -> list[tuple[str, Message]]:
         """Lease the ready messages `names` (from `ready_names`) that nobody took meanwhile, in
         order: (lease name, message) pairs. The lease name acknowledges the message with
-        `ack_leases`. This process's index is neither opened nor synced for it."""
+        `ack_leases`. This process's index is neither opened nor synced for it. If a read
+        fails, the messages read before it are returned and the others go back to @ready at
+        once, in their FIFO place (StorageError when none was read)."""
         return claims.claim_named(self._view, names, visibility_s)
 
     def lease_named(self, names: list[str], *, visibility_s: float | None = None) -> list[str]:
