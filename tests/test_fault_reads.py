@@ -26,6 +26,7 @@ import pytest
 
 import dirmq
 from dirmq.store import layout
+from dirmq.store import root as root_module
 from dirmq.store.fsck import fsck
 
 from .faultfs import READ_ERRORS, FaultyFS
@@ -251,3 +252,29 @@ def test_a_read_that_fails_once_is_delivered_by_the_next_get(
         assert [m.receive_count for m in got] == [1] * len(BODIES)
         assert not q.ack_many(m.receipt or "" for m in got)
         _check_recovered(fast_root, store, q, [])
+
+
+@pytest.mark.parametrize("error", READ_ERRORS["stat"])
+def test_a_failed_existence_check_keeps_the_open_queue(
+    fast_root: Path, monkeypatch: pytest.MonkeyPatch, error: str
+) -> None:
+    """`Store.queue` re-checks that an open queue's @queue.json is still there. A stat that
+    fails otherwise than ENOENT says nothing about that: the open Queue is returned as it is
+    (not closed and replaced, which woke its waiters and dropped its index), and checked again
+    on the next call."""
+    monkeypatch.setattr(root_module, "EXISTS_RECHECK_S", -1.0)  # every call re-checks
+    with dirmq.Store(fast_root) as store:
+        q = store.create_queue("q")
+        q.put(b"m")
+        woken: list[str] = []
+        q.subscribe(lambda: woken.append("woken"))
+        fs = FaultyFS(monkeypatch, fast_root)
+        fs.fail("stat", getattr(errno, error))
+        assert store.queue("q") is q
+        assert fs.raised["stat"]
+        fs.clear()
+        assert woken == [] and store.queue("q") is q
+        assert [m.body for m in q.get(1)] == [b"m"]
+        store.delete_queue("q")
+        with pytest.raises(dirmq.QueueNotFound):
+            store.queue("q")

@@ -135,9 +135,16 @@ class Store:
         validate_queue_name(name)
         with self._lock:
             cached = self._queues.get(name)
-            if cached is not None and os.path.exists(os.path.join(cached.path, layout.CONFIG_FILE)):
-                self._checked[name] = now
-                return cached
+            if cached is not None:
+                try:
+                    os.stat(os.path.join(cached.path, layout.CONFIG_FILE))
+                except (FileNotFoundError, NotADirectoryError):
+                    pass  # deleted, or deleted and created again: read it afresh below
+                except OSError:
+                    return cached  # cannot tell now: keep it, and look again next time
+                else:
+                    self._checked[name] = now
+                    return cached
             path = queue_path(self.root, name)
             config = self._read_config(name, path)
             if cached is not None:
@@ -155,6 +162,8 @@ class Store:
             raise QueueNotFound(f"queue {name!r} does not exist") from None
         except ConfigError as exc:
             raise CorruptConfig(f"queue {name!r}: stored configuration: {exc}") from exc
+        except OSError as exc:
+            raise storage_error(exc, f"reading the configuration of queue {name!r}") from exc
 
     def exists(self, name: str) -> bool:
         return os.path.exists(os.path.join(queue_path(self.root, name), layout.CONFIG_FILE))
