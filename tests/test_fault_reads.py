@@ -28,6 +28,9 @@ import dirmq
 from dirmq.store import layout
 from dirmq.store import root as root_module
 from dirmq.store.fsck import fsck
+from dirmq.store.ids import new_ids
+from dirmq.store.pool import ORPHAN_POOL_GRACE_S
+from dirmq.store.recovery import ORPHAN_GRACE_S
 
 from .faultfs import READ_ERRORS, FaultyFS
 from .test_fault_transitions import _attempt, _check_view, _drain
@@ -278,3 +281,46 @@ def test_a_failed_existence_check_keeps_the_open_queue(
         store.delete_queue("q")
         with pytest.raises(dirmq.QueueNotFound):
             store.queue("q")
+
+
+@pytest.mark.parametrize("error", READ_ERRORS["lstat"])
+@pytest.mark.parametrize("operation", ["open", "sweep"])
+def test_an_age_that_cannot_be_read_is_not_now(
+    fast_root: Path, monkeypatch: pytest.MonkeyPatch, operation: str, error: str
+) -> None:
+    """Recovery judges a temp file or a recycled-file pool it cannot attribute to a live
+    process here (another host's) by its age. An lstat that fails otherwise than ENOENT means
+    "not now": opening the queue and sweeping it work, the two are left alone, and the first
+    sweep after the disk recovers removes them."""
+    with dirmq.Store(fast_root) as setup:
+        setup.create_queue("q").put(b"m")
+    with dirmq.Store(fast_root) as store:
+        q = store.queue("q")
+        if operation == "sweep":
+            q.stats()  # the index is built: recovery on open is done
+        orphan, pool = _plant_unattributable(fast_root / "q")
+        fs = FaultyFS(monkeypatch, fast_root)
+        fs.fail("lstat", getattr(errno, error))
+        if operation == "open":
+            assert q.stats().ready == 1  # builds the index: recovery on open
+        else:
+            q.sweep()
+        assert fs.raised["lstat"]
+        assert orphan.exists() and pool.exists()
+        fs.clear()
+        report = q.sweep()
+        assert (report.orphans_removed, report.pools_reclaimed) == (1, 1)
+        assert not orphan.exists() and not pool.exists()
+
+
+def _plant_unattributable(queue_dir: Path) -> tuple[Path, Path]:
+    """A temp file and a pool directory of another host, both older than their grace."""
+    other_host = f"{int(layout.HOST_TAG, 16) ^ 1:08x}"
+    orphan = queue_dir / layout.TMP / f"{new_ids(1)[0]}.{other_host}.1.tmp"
+    orphan.write_bytes(b"half written")
+    pool = queue_dir / layout.FREE / f"{other_host}.0.1.1-0000abcd"
+    pool.mkdir()
+    then = time.time() - 2 * max(ORPHAN_GRACE_S, ORPHAN_POOL_GRACE_S)
+    for path in (orphan, pool):
+        os.utime(path, (then, then))
+    return orphan, pool

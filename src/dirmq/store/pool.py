@@ -115,7 +115,7 @@ def pool_owner(name: str, path: str) -> Owner:
         # ever deleted (a put of its that loses its file fails), never handed to another writer.
         try:
             idle_s = time.time() - os.lstat(path).st_mtime
-        except FileNotFoundError:
+        except OSError:  # gone, or its age cannot be read now: judged again next time
             return Owner.ALIVE
         return Owner.STALE if idle_s > ORPHAN_POOL_GRACE_S else Owner.ALIVE
     ticks = _start_ticks(pid)
