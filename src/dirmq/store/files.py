@@ -7,6 +7,10 @@ reported as False/None, never as an error). Callers pass the process's index so 
 stays in step with what this process itself did, without waiting for watcher events. Not
 thread-safe on its own: `Queue` serialises calls under its lock, except `retire_lease`, which
 touches no index (the pool and the capacity tokens have their own safety).
+
+Longer than the ~400 lines of other modules on purpose: it holds every row of the state table,
+each next to what it must keep in step with (the index, capacity tokens, the pool), so that
+one module answers "what happens to a message file, and who does it".
 """
 
 from __future__ import annotations
