@@ -5,7 +5,7 @@ it; tests/test_states.py holds both to it): a rename (or the final retirement of
 which either happens completely or, when another process got there first, not at all (ENOENT,
 reported as False/None, never as an error). Callers pass the process's index so it
 stays in step with what this process itself did, without waiting for watcher events. Not
-thread-safe on its own: `Queue` serialises calls under its lock, except `retire_lease`, which
+thread-safe on its own: callers hold the `QueueView` lock, except around `retire_lease`, which
 touches no index (the pool and the capacity tokens have their own safety).
 
 Longer than the ~400 lines of other modules on purpose: it holds every row of the state table,
