@@ -18,7 +18,7 @@ import pytest
 
 import dirmq
 from dirmq.store import layout
-from dirmq.store.queue import OPEN_FILES_PER_BATCH
+from dirmq.store.publishing import OPEN_FILES_PER_BATCH
 
 from .faultfs import FaultyFS
 from .servers import REPO, start_server

@@ -11,7 +11,6 @@ import pytest
 
 import dirmq
 from dirmq.store import fsio
-from dirmq.store import queue as queue_module
 
 
 @pytest.fixture
@@ -113,8 +112,8 @@ def test_hot_path_never_lists_a_directory(
     def forbidden(*_args: object) -> None:
         raise AssertionError("a per-message operation listed a directory")
 
-    monkeypatch.setattr(queue_module.os, "listdir", forbidden)
-    monkeypatch.setattr(queue_module.os, "scandir", forbidden)
+    monkeypatch.setattr(os, "listdir", forbidden)
+    monkeypatch.setattr(os, "scandir", forbidden)
     monkeypatch.setattr("dirmq.store.index.os.listdir", forbidden)
     for _ in range(20):
         q.put(b"more")

@@ -26,7 +26,11 @@ import pytest
 
 import dirmq
 from dirmq.store import layout
+from dirmq.store import root as root_module
 from dirmq.store.fsck import fsck
+from dirmq.store.ids import new_ids
+from dirmq.store.pool import ORPHAN_POOL_GRACE_S
+from dirmq.store.recovery import ORPHAN_GRACE_S
 
 from .faultfs import READ_ERRORS, FaultyFS
 from .test_fault_transitions import _attempt, _check_view, _drain
@@ -251,3 +255,72 @@ def test_a_read_that_fails_once_is_delivered_by_the_next_get(
         assert [m.receive_count for m in got] == [1] * len(BODIES)
         assert not q.ack_many(m.receipt or "" for m in got)
         _check_recovered(fast_root, store, q, [])
+
+
+@pytest.mark.parametrize("error", READ_ERRORS["stat"])
+def test_a_failed_existence_check_keeps_the_open_queue(
+    fast_root: Path, monkeypatch: pytest.MonkeyPatch, error: str
+) -> None:
+    """`Store.queue` re-checks that an open queue's @queue.json is still there. A stat that
+    fails otherwise than ENOENT says nothing about that: the open Queue is returned as it is
+    (not closed and replaced, which woke its waiters and dropped its index), and checked again
+    on the next call."""
+    monkeypatch.setattr(root_module, "EXISTS_RECHECK_S", -1.0)  # every call re-checks
+    with dirmq.Store(fast_root) as store:
+        q = store.create_queue("q")
+        q.put(b"m")
+        woken: list[str] = []
+        q.subscribe(lambda: woken.append("woken"))
+        fs = FaultyFS(monkeypatch, fast_root)
+        fs.fail("stat", getattr(errno, error))
+        assert store.queue("q") is q
+        assert fs.raised["stat"]
+        fs.clear()
+        assert woken == [] and store.queue("q") is q
+        assert [m.body for m in q.get(1)] == [b"m"]
+        store.delete_queue("q")
+        with pytest.raises(dirmq.QueueNotFound):
+            store.queue("q")
+
+
+@pytest.mark.parametrize("error", READ_ERRORS["lstat"])
+@pytest.mark.parametrize("operation", ["open", "sweep"])
+def test_an_age_that_cannot_be_read_is_not_now(
+    fast_root: Path, monkeypatch: pytest.MonkeyPatch, operation: str, error: str
+) -> None:
+    """Recovery judges a temp file or a recycled-file pool it cannot attribute to a live
+    process here (another host's) by its age. An lstat that fails otherwise than ENOENT means
+    "not now": opening the queue and sweeping it work, the two are left alone, and the first
+    sweep after the disk recovers removes them."""
+    with dirmq.Store(fast_root) as setup:
+        setup.create_queue("q").put(b"m")
+    with dirmq.Store(fast_root) as store:
+        q = store.queue("q")
+        if operation == "sweep":
+            q.stats()  # the index is built: recovery on open is done
+        orphan, pool = _plant_unattributable(fast_root / "q")
+        fs = FaultyFS(monkeypatch, fast_root)
+        fs.fail("lstat", getattr(errno, error))
+        if operation == "open":
+            assert q.stats().ready == 1  # builds the index: recovery on open
+        else:
+            q.sweep()
+        assert fs.raised["lstat"]
+        assert orphan.exists() and pool.exists()
+        fs.clear()
+        report = q.sweep()
+        assert (report.orphans_removed, report.pools_reclaimed) == (1, 1)
+        assert not orphan.exists() and not pool.exists()
+
+
+def _plant_unattributable(queue_dir: Path) -> tuple[Path, Path]:
+    """A temp file and a pool directory of another host, both older than their grace."""
+    other_host = f"{int(layout.HOST_TAG, 16) ^ 1:08x}"
+    orphan = queue_dir / layout.TMP / f"{new_ids(1)[0]}.{other_host}.1.tmp"
+    orphan.write_bytes(b"half written")
+    pool = queue_dir / layout.FREE / f"{other_host}.0.1.1-0000abcd"
+    pool.mkdir()
+    then = time.time() - 2 * max(ORPHAN_GRACE_S, ORPHAN_POOL_GRACE_S)
+    for path in (orphan, pool):
+        os.utime(path, (then, then))
+    return orphan, pool

@@ -352,3 +352,58 @@ def test_a_rename_that_needs_space_frees_the_recycled_files_first(
             q.dead_letter(receipt)
         assert fs.raised["rename"] == 1
         assert _pooled_files(root / "q") == 0
+
+
+def _age_dedup_records(q: dirmq.Queue, age_s: float) -> None:
+    """Make every dedup record `age_s` old (its symlink's own mtime is when it was written)."""
+    dedup_dir = Path(q.path) / layout.DEDUP
+    then = time.time() - age_s
+    for record in dedup_dir.iterdir():
+        os.utime(record, (then, then), follow_symlinks=False)
+
+
+@pytest.mark.parametrize("error", ["EIO", "ENOSPC", "EROFS"])
+@pytest.mark.parametrize("step", ["symlink", "replace_expired", "mkdir"])
+def test_a_dedup_record_that_cannot_be_written_is_a_storage_error(
+    fast_root: Path, monkeypatch: pytest.MonkeyPatch, step: str, error: str
+) -> None:
+    """Recording a dedup id writes a symlink (first replacing an expired record, or creating a
+    @dedup that a queue from before it lacks): each failure is a StorageError (503), not a raw
+    OSError (500). The message stored before its record stays (at least once, as after a
+    crash); once the disk recovers, the dedup id works as before."""
+    with dirmq.Store(fast_root) as store:
+        q = store.create_queue("q", dirmq.QueueConfig(dedup_window_s=60))
+        call = {"symlink": "symlink", "replace_expired": "unlink", "mkdir": "mkdir"}[step]
+        if step == "replace_expired":
+            q.put(b"first", dedup_id="d")
+            _age_dedup_records(q, 3600)
+        elif step == "mkdir":
+            shutil.rmtree(Path(q.path) / layout.DEDUP)
+        fs = FaultyFS(monkeypatch, fast_root)
+        fs.fail(call, getattr(errno, error))
+        with pytest.raises(dirmq.StorageError):
+            q.put(b"again", dedup_id="d")
+        assert fs.raised[call]
+        fs.clear()
+        original = q.put(b"after", dedup_id="d")
+        assert q.put(b"after", dedup_id="d") == original
+
+
+@pytest.mark.parametrize("error", ["EIO", "EROFS"])
+def test_a_dedup_record_that_cannot_be_expired_is_a_storage_error(
+    fast_root: Path, monkeypatch: pytest.MonkeyPatch, error: str
+) -> None:
+    """A sweep that cannot remove an expired dedup record raises StorageError; the record is
+    removed by the next sweep once the disk recovers."""
+    with dirmq.Store(fast_root) as store:
+        q = store.create_queue("q", dirmq.QueueConfig(dedup_window_s=60))
+        q.put(b"m", dedup_id="d")
+        _age_dedup_records(q, 3600)
+        fs = FaultyFS(monkeypatch, fast_root)
+        fs.fail("unlink", getattr(errno, error))
+        with pytest.raises(dirmq.StorageError):
+            q.sweep()
+        assert fs.raised["unlink"]
+        fs.clear()
+        q.sweep()
+        assert list((Path(q.path) / layout.DEDUP).iterdir()) == []

@@ -79,7 +79,7 @@ def test_ack_many_sees_what_another_store_did_to_the_leases(
         for i in range(5):
             q_here.put(f"m{i}".encode())
         receipts = [m.receipt or "" for m in q_here.get(5, visibility_s=60)]
-        synced = q_here._synced_index
+        synced = q_here._view.synced
         behind_its_back: list[str] = []
 
         def sync_then_change() -> object:
@@ -90,7 +90,7 @@ def test_ack_many_sees_what_another_store_did_to_the_leases(
                 behind_its_back.append("done")
             return index
 
-        monkeypatch.setattr(q_here, "_synced_index", sync_then_change)
+        monkeypatch.setattr(q_here._view, "synced", sync_then_change)
         failures = q_here.ack_many(receipts)
         assert behind_its_back == ["done"]
         assert list(failures) == [receipts[3]]

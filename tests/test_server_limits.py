@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 import dirmq
-from dirmq.store.files import read_message
+from dirmq.store.reading import read_message
 
 from .servers import ServerProcess, start_server
 

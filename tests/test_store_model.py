@@ -4,9 +4,9 @@ closing, and a child process SIGKILLed while it holds leases) and time, with ord
 hostile values, and checks the queue against a plain in-memory model after every step.
 
 The store reads the time for lease deadlines and due times through `files.now_ms` (imported by
-`queue.py` too); the test replaces it with a clock that only its `advance` rule moves, so expiry
-is exact and the run does not depend on the machine being idle. Message ids still come from the
-real clock: they only need to increase.
+name by the other store modules too); the test replaces it everywhere with a clock that only its
+`advance` rule moves, so expiry is exact and the run does not depend on the machine being idle.
+Message ids still come from the real clock: they only need to increase.
 
 `make test` runs a bounded number of examples; `make fuzz` (DIRMQ_FUZZ_SECONDS) runs batches of
 examples until the time is up.
@@ -47,7 +47,6 @@ import dirmq
 from dirmq.client import RemoteStore
 from dirmq.errors import InvalidArgument, MessageNotFound, MessageTooLarge, StaleReceipt
 from dirmq.store import files, layout
-from dirmq.store import queue as queue_module
 from dirmq.store.bounds import MAX_DURATION_S
 from dirmq.store.message import OutgoingMessage
 
@@ -60,7 +59,7 @@ REPO = Path(__file__).resolve().parent.parent
 # The store's upper bound on every duration: durations above it, and infinite ones, must be
 # refused with InvalidArgument and change nothing.
 
-SMALL_MAX_BYTES = 70_000  # a queue limit just above one first read (files._FIRST_READ)
+SMALL_MAX_BYTES = 70_000  # a queue limit just above one first read (reading._FIRST_READ)
 _TOKEN_CHARS = frozenset(
     "!#$%&'*+.^_`|~-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 )
@@ -80,11 +79,20 @@ class Clock:
 CLOCK = Clock()
 
 
+def _clocked_modules() -> list[object]:
+    """The store modules that read the time: each imports `files.now_ms` by name."""
+    return [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith("dirmq.store") and getattr(module, "now_ms", None) is files.now_ms
+    ]
+
+
 @contextmanager
 def controlled_clock() -> Iterator[Clock]:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(files, "now_ms", CLOCK.now_ms)
-        patch.setattr(queue_module, "now_ms", CLOCK.now_ms)
+        for module in _clocked_modules():
+            patch.setattr(module, "now_ms", CLOCK.now_ms)
         yield CLOCK
 
 
@@ -604,9 +612,12 @@ class StoreMachine(RuleBasedStateMachine):
         clock = 0 if self.remote else self.now()  # 0: the child keeps the real clock
         script = (
             "import json, os, signal, sys, dirmq\n"
-            "from dirmq.store import files, queue\n"
+            "from dirmq.store import files\n"
+            "real = files.now_ms\n"
             "if int(sys.argv[4]):\n"
-            "    files.now_ms = queue.now_ms = lambda: int(sys.argv[4])\n"
+            "    for name, module in list(sys.modules.items()):\n"
+            "        if name.startswith('dirmq.store') and getattr(module, 'now_ms', 0) is real:\n"
+            "            module.now_ms = lambda: int(sys.argv[4])\n"
             "q = dirmq.Store(sys.argv[1], create=False).queue(sys.argv[2])\n"
             "got = q.get(int(sys.argv[3]), visibility_s=float(sys.argv[5]))\n"
             "print(json.dumps([m.id for m in got]), flush=True)\n"

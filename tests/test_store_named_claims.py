@@ -5,6 +5,7 @@ task is its own process."""
 
 from __future__ import annotations
 
+import errno
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,7 +15,9 @@ import pytest
 
 import dirmq
 from dirmq import OutgoingMessage, QueueConfig
-from dirmq.errors import InvalidArgument, QueueFull, QueueNotFound
+from dirmq.errors import InvalidArgument, QueueFull, QueueNotFound, StorageError
+
+from .faultfs import FaultyFS
 
 
 def test_ready_names_are_the_oldest_ready_messages_in_order(root: Path) -> None:
@@ -230,3 +233,30 @@ def test_read_leases_reads_one_file_at_a_time(root: Path, monkeypatch: pytest.Mo
         next(messages)
         assert len(reads) == 1  # the caller holds what it took, no more
         assert len(list(messages)) == 49
+
+
+@pytest.mark.parametrize("readable", [0, 2])
+def test_a_claim_that_cannot_read_hands_back_what_it_did_not_return(
+    root: Path, monkeypatch: pytest.MonkeyPatch, readable: int
+) -> None:
+    """A read that fails after the renames: the messages read before it are returned (as a
+    get's are), the rest go back to @ready in their FIFO place at once, not when their leases
+    expire; with none read, the claim raises StorageError and holds nothing."""
+    with dirmq.Store(root) as store:
+        queue = store.create_queue("q")
+        ids = queue.put_many([b"m%d" % i for i in range(5)])
+        names = queue.ready_names()
+        fs = FaultyFS(monkeypatch, root)
+        fs.fail("read", errno.EIO, after=readable, times=1)
+        if readable:
+            got = queue.claim_named(names, visibility_s=600)
+            assert [m.id for _, m in got] == ids[:readable]
+        else:
+            with pytest.raises(StorageError):
+                queue.claim_named(names, visibility_s=600)
+        assert fs.raised["read"] == 1
+        assert queue.ready_names() == ids[readable:]  # back under their names: FIFO kept
+        assert queue.stats().in_flight == readable
+        assert [m.body for m in queue.get(5, max_per_group=None)] == [
+            b"m%d" % i for i in range(readable, 5)
+        ]

@@ -14,7 +14,7 @@ import pytest
 
 import dirmq
 from dirmq.store import fsio, layout
-from dirmq.store.queue import Queue
+from dirmq.store.publishing import Publisher
 
 
 class _RefusingLibc:
@@ -97,13 +97,13 @@ def test_puts_work_where_empty_path_is_refused(
 
 def _count_checks(monkeypatch: pytest.MonkeyPatch) -> list[dirmq.OutgoingMessage]:
     checked: list[dirmq.OutgoingMessage] = []
-    real = Queue._check_outgoing
+    real = Publisher._check_outgoing
 
-    def counting(self: Queue, message: dirmq.OutgoingMessage, config: Any) -> None:
+    def counting(self: Publisher, message: dirmq.OutgoingMessage, config: Any) -> None:
         checked.append(message)
         real(self, message, config)
 
-    monkeypatch.setattr(Queue, "_check_outgoing", counting)
+    monkeypatch.setattr(Publisher, "_check_outgoing", counting)
     return checked
 
 
@@ -153,7 +153,7 @@ def test_records_of_unpublished_messages_are_bounded(store: dirmq.Store) -> None
     q = store.create_queue("q")
     for _ in range(5000):
         q.validate(dirmq.OutgoingMessage(b"x"))
-    assert len(q._validated) <= 4096
+    assert len(q._publisher._validated) <= 4096
 
 
 def test_tmp_name_carries_the_pid_of_a_forked_child() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import dirmq
-from dirmq.store import files
+from dirmq.store import reading
 
 
 def _file_of(queue: dirmq.Queue, state_dir: str) -> Path:
@@ -38,7 +38,7 @@ def test_a_file_we_may_not_open_without_atime_is_read_anyway(
     attempts: list[bool] = []
 
     def open_as_non_owner(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        noatime = bool(flags & files._NOATIME)
+        noatime = bool(flags & reading._NOATIME)
         attempts.append(noatime)
         if noatime:  # what Linux answers a caller that neither owns the file nor has CAP_FOWNER
             raise PermissionError(errno.EPERM, "Operation not permitted")
@@ -47,7 +47,7 @@ def test_a_file_we_may_not_open_without_atime_is_read_anyway(
     with dirmq.Store(root) as store:
         queue = store.create_queue("q")
         ids = queue.put_many([b"a", b"b"])
-        monkeypatch.setattr(files, "_read_flags", files._read_flags | files._NOATIME)
+        monkeypatch.setattr(reading, "_read_flags", reading._read_flags | reading._NOATIME)
         monkeypatch.setattr(os, "open", open_as_non_owner)
         assert [queue.peek(i).body for i in ids] == [b"a", b"b"]
     assert [a for a in attempts if a] == [True]  # asked once, then no more
@@ -59,14 +59,14 @@ def test_a_thread_whose_noatime_open_fails_retries_though_another_cleared_the_fl
     real_open = os.open
 
     def another_thread_got_there_first(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if flags & files._NOATIME:
-            monkeypatch.setattr(files, "_read_flags", flags & ~files._NOATIME)
+        if flags & reading._NOATIME:
+            monkeypatch.setattr(reading, "_read_flags", flags & ~reading._NOATIME)
             raise PermissionError(errno.EPERM, "Operation not permitted")
         return real_open(path, flags, *args, **kwargs)
 
     with dirmq.Store(root) as store:
         queue = store.create_queue("q")
         message_id = queue.put(b"a")
-        monkeypatch.setattr(files, "_read_flags", files._read_flags | files._NOATIME)
+        monkeypatch.setattr(reading, "_read_flags", reading._read_flags | reading._NOATIME)
         monkeypatch.setattr(os, "open", another_thread_got_there_first)
         assert queue.peek(message_id).body == b"a"

@@ -32,9 +32,9 @@ from dirmq.spark.leasing import ROWS_PER_BATCH, split
 from dirmq.spark.options import DEFAULT_STATES, Options
 from dirmq.spark.rows import READ_COLUMNS, Columns, messages_batch, project
 from dirmq.store import Message, layout
-from dirmq.store.files import read_at, stored_message
 from dirmq.store.layout import parse_entry
 from dirmq.store.names import queue_path
+from dirmq.store.reading import read_at, stored_message
 
 HTTP_BROWSE_LIMIT = 1000
 _DIRS = {

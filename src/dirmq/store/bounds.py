@@ -48,6 +48,20 @@ def check_seconds(
     return float(value)
 
 
+def check_optional_seconds(name: str, value: object) -> None:
+    """`check_seconds` of a duration that may be left out (None: the queue's default)."""
+    if value is not None:
+        check_seconds(name, value)
+
+
+def check_timeout(name: str, value: object) -> None:
+    """How long a call may block: never in a name, so only non-negative (inf: no limit)."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0
+    ):
+        raise InvalidArgument(f"{name} must be a non-negative number of seconds, got {value!r}")
+
+
 def check_count(
     name: str,
     value: object,

@@ -15,7 +15,7 @@ import hashlib
 import os
 import time
 
-from dirmq.errors import storage_error
+from dirmq.errors import StorageError, storage_error
 
 
 class Dedup:
@@ -41,24 +41,30 @@ class Dedup:
         """Record that `message_id` carries `dedup_id`; returns the id that owns the dedup id
         (another publisher's if it recorded first within the window)."""
         path = self._path(dedup_id)
-        for _attempt in range(3):
-            try:
-                os.symlink(message_id, path)
-                return message_id
-            except FileExistsError:
-                existing = self.lookup(dedup_id, window_s)
-                if existing is not None:
-                    return existing
-                try:  # an expired record: replace it
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-            except FileNotFoundError:  # a queue from before @dedup existed
-                os.makedirs(self._dir, exist_ok=True)
+        try:
+            for _attempt in range(3):
+                try:
+                    os.symlink(message_id, path)
+                    return message_id
+                except FileExistsError:
+                    existing = self.lookup(dedup_id, window_s)
+                    if existing is not None:
+                        return existing
+                    try:  # an expired record: replace it
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+                except FileNotFoundError:  # a queue from before @dedup existed
+                    os.makedirs(self._dir, exist_ok=True)
+        except OSError as exc:  # the message is stored already: at least once, as after a crash
+            if isinstance(exc, StorageError):  # from lookup
+                raise
+            raise storage_error(exc, "recording a dedup id") from exc
         return message_id
 
     def expire(self, window_s: float) -> int:
-        """Remove records older than the window; returns how many."""
+        """Remove records older than the window; returns how many (StorageError if one cannot
+        be removed now: a listing that fails waits for the next sweep)."""
         removed = 0
         now = time.time()
         try:
@@ -72,4 +78,6 @@ class Dedup:
                     removed += 1
             except FileNotFoundError:
                 pass
+            except OSError as exc:
+                raise storage_error(exc, "removing an expired dedup record") from exc
         return removed

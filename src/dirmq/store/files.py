@@ -1,11 +1,16 @@
 """The files of one queue and the transitions between its state directories.
 
-Each method is one step of the state machine in `states.py`: a rename (or the final retirement
-of the file), which either happens completely or, when another process got there first, not at
-all (ENOENT, reported as False/None, never as an error). Callers pass the process's index so it
+Each transition method performs one row of the state table in `states.py` (the table names
+it; tests/test_states.py holds both to it): a rename (or the final retirement of the file),
+which either happens completely or, when another process got there first, not at all (ENOENT,
+reported as False/None, never as an error). Callers pass the process's index so it
 stays in step with what this process itself did, without waiting for watcher events. Not
-thread-safe on its own: `Queue` serialises calls under its lock, except `retire_lease`, which
+thread-safe on its own: callers hold the `QueueView` lock, except around `retire_lease`, which
 touches no index (the pool and the capacity tokens have their own safety).
+
+Why it is long: it holds every row of the state table, each next to what it must keep in step
+with (the index, capacity tokens, the pool), so that one module answers "what happens to a
+message file, and who does it".
 """
 
 from __future__ import annotations
@@ -14,25 +19,21 @@ import errno
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
 
 from dirmq.errors import CorruptMessage, storage_error
-from dirmq.store import codec, layout
+from dirmq.store import layout
 from dirmq.store.capacity import Slots, read_slot
 from dirmq.store.config import QueueConfig
+from dirmq.store.context import QueueContext
 from dirmq.store.dedup import Dedup
 from dirmq.store.ids import id_time_us
 from dirmq.store.index import GroupRuns, QueueIndex
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.message import Message, SweepReport
 from dirmq.store.pool import FilePool
-
-if TYPE_CHECKING:
-    from dirmq.store.root import Store
-
+from dirmq.store.reading import read_message, stored_message
 
 log = logging.getLogger(__name__)
-_FIRST_READ = 64 * 1024  # one read() takes a whole message file of up to this size
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
 
@@ -41,13 +42,13 @@ def now_ms() -> int:
 
 
 class QueueFiles:
-    def __init__(self, store: Store, name: str, path: str) -> None:
+    def __init__(self, context: QueueContext, name: str, path: str) -> None:
         self.name = name
         self.dir = {d: os.path.join(path, d) for d in layout.STATE_DIRS}
         self.pool = FilePool(self.dir[layout.FREE])
         self.slots = Slots(name, self.dir[layout.SLOTS])
         self.dedup = Dedup(self.dir[layout.DEDUP])
-        self._store = store
+        self._context = context
         self.quarantined = 0  # corrupt files this process set aside
 
     def path(self, directory: str, name: str) -> str:
@@ -125,21 +126,21 @@ class QueueFiles:
             try:
                 message = self.open_claimed(lease, entry.message_id, entry.count + 1, deadline_ms)
             except OSError as exc:
-                self._unclaim(index, lease, name)
+                self.hand_back(index, lease, name)
                 raise storage_error(exc, f"reading a message of queue {self.name!r}") from exc
             if message is not None:
                 return message
         return None
 
-    def _unclaim(self, index: QueueIndex, lease: str, name: str) -> None:
-        """Put back a message leased by a get that could not read it: under its ready name it
-        keeps its FIFO place and its receive count. If even that rename fails, the lease stays
-        (in the index too) and expires like any other."""
+    def hand_back(self, index: QueueIndex | None, lease: str, name: str) -> None:
+        """Put back a message leased by a claim that could not read it: under its ready name
+        `name` it keeps its FIFO place and its receive count. If even that rename fails, the
+        lease stays (in the index too) and expires like any other."""
         try:
             moved = self.move(layout.LEASED, lease, layout.READY, name)
         except OSError:
             return
-        if moved:
+        if moved and index is not None:
             index.discard(layout.LEASED, lease)
             index.add(layout.READY, name)
 
@@ -150,13 +151,13 @@ class QueueFiles:
         entries: list[tuple[str, Entry]],
         at_ms: int,
         visibility_ms: int,
-    ) -> list[tuple[str, Entry]]:
+    ) -> list[tuple[str, str, Entry]]:
         """Lease exactly the @ready files named in `entries` (name, parsed name) that are still
-        there, in order, without reading them: (lease name, parsed ready name) of each file
-        taken. For cooperating consumers given disjoint names by one planner, so no two of them
-        race for the same head. Group names must not be passed (their order needs `claim`;
-        the caller checked them)."""
-        taken: list[tuple[str, Entry]] = []
+        there, in order, without reading them: (lease name, ready name, parsed ready name) of
+        each file taken. For cooperating consumers given disjoint names by one planner, so no
+        two of them race for the same head. Group names must not be passed (their order needs
+        `claim`; the caller checked them)."""
+        taken: list[tuple[str, str, Entry]] = []
         for name, entry in entries:
             try:
                 lease = self._take(index, config, name, entry, at_ms, visibility_ms)
@@ -165,7 +166,7 @@ class QueueFiles:
                     break
                 raise
             if lease is not None:
-                taken.append((lease, entry))
+                taken.append((lease, name, entry))
         return taken
 
     def _take(
@@ -226,7 +227,15 @@ class QueueFiles:
 
     def promote(self, index: QueueIndex, config: QueueConfig, at_ms: int) -> SweepReport:
         """Deliver due delayed messages and requeue (or dead-letter) expired leases."""
-        delivered = requeued = dead = 0
+        delivered = self._deliver_due(index, at_ms)
+        requeued, dead = self._requeue_expired(index, config, at_ms)
+        return SweepReport(
+            leases_requeued=requeued, delayed_delivered=delivered, dead_lettered=dead
+        )
+
+    def _deliver_due(self, index: QueueIndex, at_ms: int) -> int:
+        """Move the delayed messages due by `at_ms` into @ready; how many moved."""
+        delivered = 0
         due = index.delayed.pop_due(at_ms)
         for i, name in enumerate(due):
             entry = parse_entry(name)
@@ -240,6 +249,14 @@ class QueueFiles:
             if moved:
                 index.add(layout.READY, target)
                 delivered += 1
+        return delivered
+
+    def _requeue_expired(
+        self, index: QueueIndex, config: QueueConfig, at_ms: int
+    ) -> tuple[int, int]:
+        """Return the leases expired by `at_ms` to their FIFO place in @ready, or dead-letter
+        those received `receive_limit` times: (how many requeued, how many dead-lettered)."""
+        requeued = dead = 0
         expired = index.leased.pop_due(at_ms)
         for i, name in enumerate(expired):
             entry = parse_entry(name)
@@ -256,9 +273,7 @@ class QueueFiles:
             if moved:
                 index.add(layout.READY, target)
                 requeued += 1
-        return SweepReport(
-            leases_requeued=requeued, delayed_delivered=delivered, dead_lettered=dead
-        )
+        return requeued, dead
 
     def settle(
         self,
@@ -268,34 +283,43 @@ class QueueFiles:
         lease: str,
         delay_s: float,
     ) -> None:
-        """Apply ack/extend/nack/dead_letter to the leased file `lease`.
+        """Apply extend/nack/dead_letter (an ack is `ack`) to the leased file `lease`.
 
         Raises FileNotFoundError if the lease vanished meanwhile (the caller re-resolves).
         """
         entry = parse_entry(lease)
         assert entry is not None and entry.at_ms is not None
-        message_id, count = entry.message_id, entry.count
         path = self.path(layout.LEASED, lease)
-        if action == "ack":
-            slot = self.slots.slot_of(path, index)
-            self.pool.retire(path, message_id)
-            index.leased.discard(message_id, lease)
-            if slot is not None:  # only once the file is gone: else it would hold no token
-                self.slots.release(slot, message_id, index)
-            return
         if action == "extend":
             self._lease_until(index, path, entry, delay_s)
-            return
-        if action == "dead_letter" or count >= config.receive_limit:
+        elif action == "dead_letter" or entry.count >= config.receive_limit:
             if not self.dead_letter(index, layout.LEASED, lease, config):
                 raise FileNotFoundError(path)
-            return
-        if delay_s > 0 and entry.group is not None:
+        elif delay_s > 0 and entry.group is not None:
             # A group message given back with a delay stays in flight until then, holding its
             # group (as SQS's ChangeMessageVisibility does): in @delayed, the group's next
             # message would overtake it. Its receipt stays valid meanwhile.
             self._lease_until(index, path, entry, delay_s)
-            return
+        else:
+            self._give_back(index, path, lease, entry, delay_s)
+
+    def ack(self, index: QueueIndex, lease: str) -> None:
+        """Retire the leased file `lease` (into the pool of recycled files, or unlinked), and
+        free its capacity token. FileNotFoundError if the lease vanished meanwhile."""
+        message_id = lease[: layout.ID_LENGTH]
+        path = self.path(layout.LEASED, lease)
+        slot = self.slots.slot_of(path, index)
+        self.pool.retire(path, message_id)
+        index.leased.discard(message_id, lease)
+        if slot is not None:  # only once the file is gone: else it would hold no token
+            self.slots.release(slot, message_id, index)
+
+    def _give_back(
+        self, index: QueueIndex, path: str, lease: str, entry: Entry, delay_s: float
+    ) -> None:
+        """Return the lease at `path` to @ready (its FIFO place), or to @delayed until
+        `delay_s` from now."""
+        message_id, count = entry.message_id, entry.count
         if delay_s > 0:
             directory = layout.DELAYED
             new = layout.timed_name(
@@ -355,7 +379,7 @@ class QueueFiles:
         assert entry is not None
         source = self.path(src_dir, name)
         slot = self.slots.slot_of(source, index)
-        target_dir = self._store.dead_letter_dir(config.dead_letter_queue)
+        target_dir = self._context.dead_letter_dir(config.dead_letter_queue)
         if target_dir is not None:
             target = os.path.join(target_dir, layout.ready_name(entry.message_id, 0, entry.group))
         else:
@@ -424,90 +448,7 @@ def _keep_due(index: QueueIndex, directory: str, names: list[str]) -> None:
         index.add(directory, name)
 
 
-def stored_message(entry: Entry, directory: str, decoded: codec.Decoded) -> Message:
-    """The message a state file holds, as it stands (no receipt: it is not being leased)."""
-    deadline = entry.at_ms / 1000 if directory == layout.LEASED and entry.at_ms else None
-    return Message(
-        id=entry.message_id,
-        body=decoded.body,
-        headers=decoded.headers,
-        receive_count=entry.count,
-        published_at_s=id_time_us(entry.message_id) / 1e6,
-        lease_deadline_s=deadline,
-        state=directory.lstrip("@"),
-        group=decoded.system.get("Group"),
-    )
-
-
 def expired_by_retention(message_id: str, config: QueueConfig, at_ms: int) -> bool:
     if config.retention_s is None:
         return False
     return id_time_us(message_id) / 1000 + config.retention_s * 1000 < at_ms
-
-
-_NOATIME = getattr(os, "O_NOATIME", 0)
-_read_flags = os.O_RDONLY | os.O_CLOEXEC | _NOATIME
-
-
-def _open_to_read(name: str, dir_fd: int | None = None) -> int:
-    """Open a message file to read it, without updating its access time: a message is read
-    once or twice before it is renamed or removed, nobody needs its atime, and updating it
-    (relatime does, on the first read after a write or rename) dirties the inode: one more
-    metadata write per message. Only the file's owner (or CAP_FOWNER) may ask for that: after
-    an EPERM, this process reads without it."""
-    global _read_flags
-    flags = _read_flags  # one read of the global: another thread may clear the flag meanwhile
-    try:
-        return os.open(name, flags, dir_fd=dir_fd)
-    except PermissionError as exc:
-        if exc.errno != errno.EPERM or not flags & _NOATIME:
-            raise
-        _read_flags = flags & ~_NOATIME
-        return os.open(name, flags & ~_NOATIME, dir_fd=dir_fd)
-
-
-def read_at(dir_fd: int, name: str, message_id: str) -> codec.Decoded:
-    """`read_message` of the file `name` in the directory open as `dir_fd`."""
-    return _decode_fd(_open_to_read(name, dir_fd), message_id)
-
-
-def read_message(path: str, message_id: str) -> codec.Decoded:
-    """Decode the file at `path`, named for `message_id`: one holding another message (see
-    codec.py) is `CorruptMessage`, like a damaged one."""
-    return _decode_fd(_open_to_read(path), message_id)
-
-
-def _decode_fd(fd: int, message_id: str) -> codec.Decoded:
-    """Decode the file open as `fd`, and close it. One read takes a whole message file of up to
-    `_FIRST_READ` bytes; when that does not decode, the rest is read before deciding."""
-    try:
-        data = os.read(fd, _FIRST_READ)
-        try:
-            return codec.decode(data, message_id)
-        except CorruptMessage:
-            # Maybe a read cut short (a large file, or a network filesystem): read on to the
-            # end, then decide.
-            split = data.find(b"\n\n")
-            if split >= 0 and len(data) == _FIRST_READ:
-                # A large file whose head we have: its body in one read of its own, so the
-                # body is not a copy out of the whole file's bytes (1x its size, not 3x).
-                body = _read_to_end(fd, split + 2)
-                return codec.decode_parts(data[:split], body, message_id)
-            rest = _read_to_end(fd, len(data))
-            if not rest:
-                raise
-            return codec.decode(data + rest, message_id)
-    finally:
-        os.close(fd)
-
-
-def _read_to_end(fd: int, offset: int) -> bytes:
-    """The file's bytes from `offset` on, in one read of the size it has when it can be (a
-    single read's bytes are returned as they are: no join, no copy)."""
-    chunks = []
-    size = os.fstat(fd).st_size - offset
-    while chunk := os.pread(fd, max(size, 1 << 20), offset):
-        chunks.append(chunk)
-        offset += len(chunk)
-        size -= len(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

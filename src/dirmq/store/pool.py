@@ -35,6 +35,10 @@ at a full disk, draining a queue must give its space back, not park it in `@free
 step that fails (ENOSPC when `@free` or a new pool directory must grow, EMFILE, ...) falls back
 to the unlink too, so an ack never fails for want of space; on ENOSPC this process's pools are
 emptied at once (`release_space`).
+
+Why it is long: both pools (this process's own and the shared one), their claims, the reclaiming of
+a dead process's pool and the space rules share one set of invariants about which file may be
+overwritten by whom; apart, each half would have to re-check the other's.
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ def pool_owner(name: str, path: str) -> Owner:
         # ever deleted (a put of its that loses its file fails), never handed to another writer.
         try:
             idle_s = time.time() - os.lstat(path).st_mtime
-        except FileNotFoundError:
+        except OSError:  # gone, or its age cannot be read now: judged again next time
             return Owner.ALIVE
         return Owner.STALE if idle_s > ORPHAN_POOL_GRACE_S else Owner.ALIVE
     ticks = _start_ticks(pid)

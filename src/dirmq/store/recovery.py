@@ -33,9 +33,11 @@ def is_orphan(path: str, name: str) -> bool:
 
 
 def older_than(path: str, age_s: float) -> bool:
+    """Whether `path` was last changed over `age_s` ago; False if it is gone, or its age
+    cannot be read now (a failing disk: it is judged again by the next sweep)."""
     try:
         return time.time() - os.lstat(path).st_mtime > age_s
-    except FileNotFoundError:
+    except OSError:
         return False
 
 

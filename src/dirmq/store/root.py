@@ -16,10 +16,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 
 from dirmq.errors import ConfigError, CorruptConfig, QueueExists, QueueNotFound, storage_error
 from dirmq.store import layout, smallfiles
 from dirmq.store.config import QueueConfig
+from dirmq.store.context import QueueContext
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
 from dirmq.store.names import queue_path, validate_queue_name
 from dirmq.store.queue import Queue
@@ -54,10 +56,17 @@ class Store:
         poll_interval_s: float = 0.5,
     ) -> None:
         self.root = os.path.abspath(os.fspath(root if root is not None else default_root()))
-        self.watch_mode = watch_mode
-        self.poll_interval_s = poll_interval_s
         self.group_commit = GroupCommit()
         self.writeback = WritebackFlusher(self.root)
+        # What each queue is given of this Store (queues never see the Store itself).
+        self.context = QueueContext(
+            watch_mode=watch_mode,
+            poll_interval_s=poll_interval_s,
+            inotify_hub=self.inotify_hub,
+            group_commit=self.group_commit,
+            writeback=self.writeback,
+            dead_letter_dir=self.dead_letter_dir,
+        )
         self._queues: dict[str, Queue] = {}
         self._checked: dict[str, float] = {}  # name -> when its @queue.json was last seen
         self._lock = threading.Lock()
@@ -67,6 +76,19 @@ class Store:
             if not create:
                 raise QueueNotFound(f"{self.root} is not a dirmq root (no {layout.ROOT_MARKER})")
             self._init_root(marker)
+
+    @property
+    def watch_mode(self) -> str:
+        return self.context.watch_mode
+
+    @watch_mode.setter
+    def watch_mode(self, mode: str) -> None:
+        """For queues opened from now on (an open queue keeps how it watches)."""
+        self.context = replace(self.context, watch_mode=mode)
+
+    @property
+    def poll_interval_s(self) -> float:
+        return self.context.poll_interval_s
 
     def _init_root(self, marker: str) -> None:
         try:
@@ -114,14 +136,21 @@ class Store:
         validate_queue_name(name)
         with self._lock:
             cached = self._queues.get(name)
-            if cached is not None and os.path.exists(os.path.join(cached.path, layout.CONFIG_FILE)):
-                self._checked[name] = now
-                return cached
+            if cached is not None:
+                try:
+                    os.stat(os.path.join(cached.path, layout.CONFIG_FILE))
+                except (FileNotFoundError, NotADirectoryError):
+                    pass  # deleted, or deleted and created again: read it afresh below
+                except OSError:
+                    return cached  # cannot tell now: keep it, and look again next time
+                else:
+                    self._checked[name] = now
+                    return cached
             path = queue_path(self.root, name)
             config = self._read_config(name, path)
             if cached is not None:
                 cached.close()
-            queue = Queue(self, name, path, config)
+            queue = Queue(self.context, name, path, config)
             self._queues[name] = queue
             self._checked[name] = now
             return queue
@@ -134,6 +163,8 @@ class Store:
             raise QueueNotFound(f"queue {name!r} does not exist") from None
         except ConfigError as exc:
             raise CorruptConfig(f"queue {name!r}: stored configuration: {exc}") from exc
+        except OSError as exc:
+            raise storage_error(exc, f"reading the configuration of queue {name!r}") from exc
 
     def exists(self, name: str) -> bool:
         return os.path.exists(os.path.join(queue_path(self.root, name), layout.CONFIG_FILE))

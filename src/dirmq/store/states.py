@@ -1,50 +1,90 @@
-"""The message state machine, in one table. Every transition is one atomic rename or unlink.
+"""The message state machine, in one table: every way a message file moves, and who moves it.
 
-A message is in exactly one state directory at a time; a transition that loses a race with
-another process (the source name is gone) simply did not happen.
+A message is in exactly one state at a time: the state directory its file is in (see
+layout.py). Each row of `TRANSITIONS` is one kind of move, performed by exactly one function of
+the store (`by`), always as one atomic rename (or, for `RETIRED`, the file's retirement by
+`pool.FilePool.retire`: a rename into the recycled-file pool in @free, or an unlink). A move
+that loses a race with another process (its source name is gone) simply did not happen.
+
+`tests/test_states.py` keeps this table true: each row's function exists and is the only one
+for it, every function of the queue's modules that renames or retires a message file is some
+row's, and each row's moves are the ones a real queue makes (source and target directories
+watched while every row is exercised). Repair (`fsck`) is not in the table: it moves what
+breaks these rules.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 
 from dirmq.store import layout
 
 
 class State(Enum):
+    # A file being written: in @tmp, an unnamed O_TMPFILE inode, or a recycled file of @free
+    # being overwritten. It becomes a message when it is renamed (or linked) into place.
     WRITING = layout.TMP
     READY = layout.READY
     LEASED = layout.LEASED
     DELAYED = layout.DELAYED
     DEAD = layout.DEAD
-    GONE = ""
+    CORRUPT = layout.CORRUPT  # set aside: never delivered, kept to inspect
+    # The @ready of the queue's dead-letter queue: a new message of that queue (count 0).
+    DEAD_LETTER_QUEUE = f"<dead-letter queue>/{layout.READY}"
+    # Out of the queue: unlinked, or renamed into @free to be overwritten by a later publish.
+    RETIRED = layout.FREE
 
 
-# (from, event) -> to. GONE means the file is unlinked.
-TRANSITIONS: dict[tuple[State, str], State] = {
-    (State.WRITING, "publish"): State.READY,
-    (State.WRITING, "publish_delayed"): State.DELAYED,
-    (State.DELAYED, "due"): State.READY,
-    (State.READY, "get"): State.LEASED,
-    (State.LEASED, "extend"): State.LEASED,
-    (State.LEASED, "ack"): State.GONE,
-    (State.LEASED, "nack"): State.READY,
-    (State.LEASED, "nack_delayed"): State.DELAYED,
-    (State.LEASED, "expire"): State.READY,
-    (State.LEASED, "max_receives"): State.DEAD,
-    (State.LEASED, "dead_letter"): State.DEAD,
-    (State.READY, "delete"): State.GONE,
-    (State.LEASED, "delete"): State.GONE,
-    (State.DELAYED, "delete"): State.GONE,
-    (State.READY, "retention"): State.GONE,
-    (State.DEAD, "redrive"): State.READY,
-    (State.DEAD, "delete"): State.GONE,
-}
+@dataclass(frozen=True, slots=True)
+class Transition:
+    event: str
+    sources: frozenset[State]
+    targets: frozenset[State]  # which one: as the row's comment says
+    by: str  # the function that performs it: "module.Class.method", module under dirmq.store
 
 
-def next_state(state: State, event: str) -> State:
-    """The state after `event`, or ValueError if the table has no such transition."""
-    try:
-        return TRANSITIONS[(state, event)]
-    except KeyError:
-        raise ValueError(f"no transition from {state.name} on {event!r}") from None
+def _row(event: str, sources: set[State], targets: set[State], by: str) -> Transition:
+    return Transition(event, frozenset(sources), frozenset(targets), by)
+
+
+TRANSITIONS: tuple[Transition, ...] = (
+    # A publish: into @delayed when the message has a delay, else @ready.
+    _row("publish", {State.WRITING}, {State.READY, State.DELAYED}, "publishing.Publisher._commit"),
+    # A get or a planned claim leases it (a message past retention is removed instead).
+    _row("lease", {State.READY}, {State.LEASED}, "files.QueueFiles._take"),
+    # A claim that could not read what it leased puts it back in its FIFO place.
+    _row("hand_back", {State.LEASED}, {State.READY}, "files.QueueFiles.hand_back"),
+    _row("due", {State.DELAYED}, {State.READY}, "files.QueueFiles._deliver_due"),
+    # An expired lease returns to its FIFO place (at its receive limit: dead_letter).
+    _row("expire", {State.LEASED}, {State.READY}, "files.QueueFiles._requeue_expired"),
+    # A heartbeat; also a group message given back with a delay (it keeps its group).
+    _row("extend", {State.LEASED}, {State.LEASED}, "files.QueueFiles._lease_until"),
+    # Given back: to @delayed with a delay, else to its FIFO place in @ready.
+    _row("nack", {State.LEASED}, {State.READY, State.DELAYED}, "files.QueueFiles._give_back"),
+    _row("ack", {State.LEASED}, {State.RETIRED}, "files.QueueFiles.ack"),
+    # An ack by lease name (planned claims), without the index.
+    _row("ack_lease", {State.LEASED}, {State.RETIRED}, "files.QueueFiles.retire_lease"),
+    # Asked for, or a lease expired or given back at the receive limit: into the queue's
+    # dead-letter queue when one is set and exists, else into its own @dead.
+    _row(
+        "dead_letter",
+        {State.LEASED},
+        {State.DEAD, State.DEAD_LETTER_QUEUE},
+        "files.QueueFiles.dead_letter",
+    ),
+    # A leased file that does not decode.
+    _row("quarantine", {State.LEASED}, {State.CORRUPT}, "files.QueueFiles.quarantine"),
+    # Delete by id, purge, retention, a dedup race's loser withdrawn.
+    _row(
+        "remove",
+        {State.READY, State.LEASED, State.DELAYED, State.DEAD},
+        {State.RETIRED},
+        "files.QueueFiles.remove",
+    ),
+)
+
+
+def moves(state: State) -> dict[str, frozenset[State]]:
+    """The events that can move a message in `state`, and the states each can move it to."""
+    return {t.event: t.targets for t in TRANSITIONS if state in t.sources}

@@ -1,0 +1,220 @@
+"""Planned claims: cooperating consumers that lease the messages a planner names for them.
+
+Theory of operation. A `get` pops the head of this process's index, so consumers that share a
+queue race for the same head and each must follow every other's renames. The Spark source
+works differently: one planner lists @ready once per batch (`ready_names`) and hands each
+consumer its own names; a consumer leases exactly those (`claim_named`, or `lease_named` first
+and `read_leases` later, one at a time), finds them again by id wherever they moved
+(`read_ids`), and acknowledges them by lease name (`ack_leases`). None of this opens or drains
+the consumer's index: every step works from listings and names, so cooperating consumers pay
+nothing for each other's renames. A group's messages are never planned this way (their order
+needs `get`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from collections.abc import Collection, Iterable, Iterator
+from dataclasses import replace
+
+from dirmq.errors import InvalidArgument, QueueNotFound, storage_error
+from dirmq.store import layout
+from dirmq.store.bounds import check_optional_seconds
+from dirmq.store.config import QueueConfig
+from dirmq.store.files import now_ms
+from dirmq.store.index import QueueIndex
+from dirmq.store.layout import Entry, parse_entry
+from dirmq.store.message import Message
+from dirmq.store.view import QueueView
+
+READ_CHUNK = 256  # `read_leases`: lease files opened before moved ones are looked for
+
+
+def ready_names(view: QueueView, limit: int | None, promote: bool, groups: bool) -> list[str]:
+    """`Queue.ready_names`. Read from the directories, not from the index: a planner that lists
+    once per batch does not pay for following every claim and ack of the consumers it plans
+    for."""
+    try:
+        with view.lock:
+            config = view.config
+            if promote:
+                _promote_listed(view, config, now_ms())
+            names = os.listdir(view.files.dir[layout.READY])
+    except FileNotFoundError:
+        raise QueueNotFound(f"queue {view.name!r} does not exist") from None
+    except OSError as exc:
+        raise storage_error(exc, f"listing queue {view.name!r}") from exc
+    oldest = sorted(names) if limit is None else heapq.nsmallest(limit, names)
+    planned = []
+    for name in oldest:  # ids are fixed-width: names sort in id order
+        entry = parse_entry(name)
+        if entry is None or entry.at_ms is not None:
+            continue
+        if entry.group is not None and not groups:
+            break
+        planned.append(name)
+    return planned
+
+
+def _promote_listed(view: QueueView, config: QueueConfig, at_ms: int) -> None:
+    """`promote` from listings of @leased and @delayed instead of the index."""
+    files = view.files
+    listed = QueueIndex()
+    for directory in (layout.LEASED, layout.DELAYED):
+        for name in os.listdir(files.dir[directory]):
+            entry = parse_entry(name)
+            if entry is not None and entry.at_ms is not None and entry.at_ms <= at_ms:
+                listed.add(directory, name)
+    if not listed.leased.names and not listed.delayed.names:
+        return
+    if files.slots.any_held():  # a dead-lettered message must free its token
+        listed.slots.update(os.listdir(files.dir[layout.SLOTS]))
+    files.promote(listed, config, at_ms)
+
+
+def claim_named(
+    view: QueueView, names: list[str], visibility_s: float | None
+) -> list[tuple[str, Message]]:
+    """`Queue.claim_named`."""
+    taken, deadline_ms = _take_named(view, names, visibility_s)
+    leased: list[tuple[str, Message]] = []
+    for i, (lease, _name, entry) in enumerate(taken):
+        count = entry.count + 1
+        try:
+            message = view.files.open_claimed(lease, entry.message_id, count, deadline_ms)
+        except OSError as exc:
+            _hand_back(view, taken[i:])
+            if leased:  # what is read already goes to the caller, as a get's does
+                break
+            raise storage_error(exc, f"reading a message of queue {view.name!r}") from exc
+        if message is not None:
+            leased.append((lease, message))
+    return leased
+
+
+def _hand_back(view: QueueView, taken: list[tuple[str, str, Entry]]) -> None:
+    """Rename leases nobody will be given back to @ready, each in its FIFO place (one whose
+    rename fails too stays leased and expires like any other)."""
+    with view.lock:
+        for lease, name, _entry in taken:
+            view.files.hand_back(view.index, lease, name)
+
+
+def lease_named(view: QueueView, names: list[str], visibility_s: float | None) -> list[str]:
+    """`Queue.lease_named`."""
+    taken, _deadline_ms = _take_named(view, names, visibility_s)
+    return [lease for lease, _name, _entry in taken]
+
+
+def _take_named(
+    view: QueueView, names: list[str], visibility_s: float | None
+) -> tuple[list[tuple[str, str, Entry]], int]:
+    """Rename the named ready files into @leased: (lease name, ready name, parsed ready name)
+    of each one taken, and their lease deadline."""
+    check_optional_seconds("visibility_s", visibility_s)
+    entries = _ready_entries(names)
+    try:
+        with view.lock:
+            config = view.config
+            visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
+            at_ms, visibility_ms = now_ms(), round(visibility * 1000)
+            taken = view.files.take_named(view.index, config, entries, at_ms, visibility_ms)
+    except OSError as exc:
+        raise storage_error(exc, f"leasing messages of queue {view.name!r}") from exc
+    if names and not taken:
+        view.reload_config()  # every name gone: QueueNotFound if the queue is
+    return taken, at_ms + visibility_ms
+
+
+def _ready_entries(names: list[str]) -> list[tuple[str, Entry]]:
+    """`names` parsed, all of them ready messages outside groups (else InvalidArgument)."""
+    entries = []
+    for name in names:
+        entry = parse_entry(name)
+        if entry is None or entry.at_ms is not None or entry.group is not None:
+            raise InvalidArgument(f"not the name of a ready message outside groups: {name!r}")
+        entries.append((name, entry))
+    return entries
+
+
+def read_leases(view: QueueView, leases: Iterable[str]) -> Iterator[Message]:
+    """`Queue.read_leases`."""
+    chunk: list[tuple[str, Entry, int]] = []
+    for lease in leases:
+        entry = parse_entry(lease)
+        if entry is None or entry.at_ms is None:
+            raise InvalidArgument(f"not a lease name: {str(lease)[:80]!r}")
+        chunk.append((lease, entry, entry.at_ms))
+        if len(chunk) == READ_CHUNK:
+            yield from _read_lease_chunk(view, chunk)
+            chunk = []
+    yield from _read_lease_chunk(view, chunk)
+
+
+def _read_lease_chunk(view: QueueView, chunk: list[tuple[str, Entry, int]]) -> Iterator[Message]:
+    moved: dict[str, Entry] = {}
+    for lease, entry, deadline_ms in chunk:
+        try:
+            message = view.files.open_lease(lease, entry.message_id, entry.count, deadline_ms)
+        except FileNotFoundError:
+            moved[entry.message_id] = entry
+            continue
+        except OSError as exc:
+            raise storage_error(exc, f"reading a message of queue {view.name!r}") from exc
+        if message is not None:  # None: damaged, set aside
+            yield message
+    for found in read_ids(view, moved):
+        entry = moved[found.id]
+        if found.state == "leased" and found.receive_count == entry.count:
+            found = replace(found, receipt=entry.receipt)  # noqa: PLW2901 (still our lease)
+        yield found
+
+
+def read_ids(view: QueueView, message_ids: Collection[str]) -> Iterator[Message]:
+    """`Queue.read_ids`."""
+    files = view.files
+    wanted = set(message_ids)
+    for _attempt in range(3):
+        if not wanted:
+            return
+        located = files.locate_listed(wanted)
+        for message_id, (directory, name) in located.items():
+            message = files.read(directory, name)
+            if message is not None:
+                wanted.discard(message_id)
+                yield message
+            elif not os.path.lexists(files.path(directory, name)):
+                continue  # it moved on: the next listing finds it
+            else:
+                wanted.discard(message_id)  # damaged: never delivered
+        wanted.intersection_update(located)  # the ones never listed are gone
+
+
+def ack_leases(view: QueueView, leases: Iterable[str]) -> list[str]:
+    """`Queue.ack_leases`. The queue's lock is not held for the renames and unlinks, so several
+    threads acknowledging in parallel overlap them."""
+    entries = []
+    for lease in leases:
+        entry = parse_entry(lease)
+        if entry is None or entry.at_ms is None:
+            raise InvalidArgument(f"not a lease name: {str(lease)[:80]!r}")
+        entries.append((lease, entry.message_id))
+    files = view.files
+    missing = []
+    done = []
+    try:
+        tokens = files.slots.any_held()
+        for lease, message_id in entries:
+            if files.retire_lease(lease, message_id, tokens):
+                done.append((message_id, lease))
+            else:
+                missing.append(lease)
+    except OSError as exc:
+        raise storage_error(exc, f"ack on queue {view.name!r}") from exc
+    finally:
+        with view.lock:
+            if view.index is not None:
+                for message_id, lease in done:
+                    view.index.leased.discard(message_id, lease)
+    return missing

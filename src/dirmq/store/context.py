@@ -1,0 +1,26 @@
+"""What a queue needs from the `Store` that opened it, as one value.
+
+`Store` builds a `QueueContext` and hands it to each `Queue` and its `QueueFiles`, instead of a
+reference to itself: the queue modules then never import `root.py`, and what they may use of
+their root is written down here (how to watch, the flushes shared by every queue of the root,
+where a queue's dead letters go).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dirmq.store.fsio import GroupCommit, WritebackFlusher
+from dirmq.store.watch import InotifyHub
+
+
+@dataclass(frozen=True, slots=True)
+class QueueContext:
+    watch_mode: str  # "auto", "inotify" or "poll" (watch.open_watcher)
+    poll_interval_s: float
+    inotify_hub: Callable[[], InotifyHub]  # the root's one inotify instance, made on first use
+    group_commit: GroupCommit  # writethrough publishes of every queue share its flushes
+    writeback: WritebackFlusher  # writeback publishes mark it dirty
+    # The @ready directory of dead-letter queue `name`, or None if unset or absent.
+    dead_letter_dir: Callable[[str | None], str | None]

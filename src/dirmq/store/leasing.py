@@ -1,0 +1,170 @@
+"""Leasing messages (`get`) and settling leases by receipt (ack, nack, extend, dead-letter).
+
+Theory of operation. A get pops the oldest ready message from this process's index and renames
+it into @leased under a name that carries its lease deadline and receive count (see files.py):
+a heap pop plus one rename whatever the backlog. Due delays and expired leases are promoted
+first, by whichever process gets there first. A get that finds nothing sleeps on the watcher,
+so another process's publish or requeue wakes it at once, and it also wakes when the earliest
+lease or delay it knows of falls due. A receipt names the message and its receive count; the
+lease behind it is looked up in the index, and a lease that moved meanwhile (another process
+extended it) is looked up again once, after a fresh sync, before the receipt is called stale.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from dirmq.errors import InvalidArgument, QueueNotFound, StaleReceipt, StorageError, storage_error
+from dirmq.store.bounds import check_optional_seconds
+from dirmq.store.files import now_ms
+from dirmq.store.index import GroupRuns, QueueIndex
+from dirmq.store.layout import parse_entry, parse_receipt
+from dirmq.store.message import Message
+from dirmq.store.view import QueueView
+
+SETTLE_ACTIONS = ("ack", "nack", "extend", "dead_letter")
+_ACK_CHUNK = 64  # acks of one ack_each applied per lock hold (and per index sync)
+
+
+def get(
+    view: QueueView,
+    max_count: int,
+    visibility_s: float | None,
+    wait_s: float,
+    max_per_group: int | None,
+) -> list[Message]:
+    """`Queue.get`."""
+    if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
+        raise InvalidArgument(f"max_count must be a positive integer, got {max_count!r}")
+    if max_per_group is not None and (
+        isinstance(max_per_group, bool) or not isinstance(max_per_group, int) or max_per_group < 1
+    ):
+        raise InvalidArgument(
+            f"max_per_group must be a positive integer or None, got {max_per_group!r}"
+        )
+    check_optional_seconds("visibility_s", visibility_s)
+    check_optional_seconds("wait_s", wait_s)
+    files = view.files
+    deadline = time.monotonic() + wait_s
+    while True:
+        with view.lock:
+            config = view.config
+            index = view.synced()
+            at_ms = now_ms()
+            files.promote(index, config, at_ms)
+            visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
+            visibility_ms = round(visibility * 1000)
+            got: list[Message] = []
+            runs = GroupRuns(max_per_group)
+            while len(got) < max_count:
+                try:
+                    message = files.claim(index, config, at_ms, visibility_ms, runs)
+                except OSError:
+                    if got:  # what is leased already goes to the caller, not to waste
+                        break
+                    raise
+                if message is None:
+                    break
+                got.append(message)
+            remaining = deadline - time.monotonic()
+            if got or remaining <= 0:
+                return got
+            timeout = min(remaining, _next_due_s(index, at_ms))
+        view.wait(timeout)
+
+
+def next_due_s(view: QueueView) -> float | None:
+    """`Queue.next_due_s`."""
+    with view.lock:
+        index = view.synced()
+        at_ms = now_ms()
+        times = [t[0] for t in (index.leased.earliest(), index.delayed.earliest()) if t]
+        return max(0.0, (min(times) - at_ms) / 1000) if times else None
+
+
+def _next_due_s(index: QueueIndex, at_ms: int) -> float:
+    """Seconds until the earliest lease or delay in the index falls due (60 if none)."""
+    times = [t[0] for t in (index.leased.earliest(), index.delayed.earliest()) if t]
+    return max(0.001, (min(times) - at_ms) / 1000) if times else 60.0
+
+
+def ack_each(view: QueueView, receipts: Iterable[str]) -> dict[str, Exception]:
+    """`Queue.ack_each`. The index is brought up to date once per chunk, not once per receipt:
+    our own acks update it as they go, and a lease that changed elsewhere meanwhile is looked up
+    again after a fresh sync before it is called stale."""
+    failures: dict[str, Exception] = {}
+    pending = list(receipts)
+    for start in range(0, len(pending), _ACK_CHUNK):
+        with view.lock:
+            view.synced()
+            for receipt in pending[start : start + _ACK_CHUNK]:
+                try:
+                    settle(view, receipt, "ack", index_fresh=True)
+                except (StaleReceipt, InvalidArgument, StorageError) as exc:
+                    failures[receipt] = exc
+    return failures
+
+
+def settle(
+    view: QueueView,
+    receipt: str,
+    action: str,
+    delay_s: float = 0.0,
+    index_fresh: bool = False,
+) -> None:
+    """Apply `action` (one of `SETTLE_ACTIONS`) to the lease behind `receipt`, retrying once if
+    it moved meanwhile (another process extended it between our lookup and our rename).
+    `index_fresh`: the caller synced the index under the lock it holds, so the first lookup may
+    skip that."""
+    assert action in SETTLE_ACTIONS
+    sync = not index_fresh
+    try:
+        for _attempt in range(3 if index_fresh else 2):
+            with view.lock:
+                try:
+                    lease = _lease_name(view, receipt, sync)
+                except StaleReceipt:
+                    if sync:
+                        raise
+                    sync = True  # unknown to our index as it was: look again, up to date
+                    continue
+                index = view.index
+                assert index is not None  # synced by us or by the caller
+                config = view.config  # read for an ack too: it notices a deleted queue
+                try:
+                    if action == "ack":
+                        view.files.ack(index, lease)
+                    else:
+                        view.files.settle(index, config, action, lease, delay_s)
+                    return
+                except FileNotFoundError:
+                    sync = True
+                    continue
+        raise StaleReceipt(f"receipt {receipt} of queue {view.name!r} is stale")
+    except OSError as exc:
+        if isinstance(exc, StaleReceipt | QueueNotFound):
+            raise
+        raise storage_error(exc, f"{action} on queue {view.name!r}") from exc
+
+
+def _lease_name(view: QueueView, receipt: str, sync: bool = True) -> str:
+    """The leased file name of the live lease behind `receipt`, or StaleReceipt. `sync`
+    False: trust the index as it is (the caller synced it under the lock it holds)."""
+    parsed = parse_receipt(receipt)
+    if parsed is None:
+        raise InvalidArgument(f"not a dirmq receipt: {str(receipt)[:80]!r}")
+    message_id, count = parsed
+    index = view.synced() if sync or view.index is None else view.index
+    name = index.leased.names.get(message_id)
+    if name is None and view.polling():
+        # Polling mode: another host's extend may not have been seen yet.
+        index.rescan_leased(view.path)
+        name = index.leased.names.get(message_id)
+    entry = parse_entry(name) if name else None
+    if name is None or entry is None or entry.count != count:
+        raise StaleReceipt(
+            f"receipt {receipt} of queue {view.name!r} is stale: the lease expired and the "
+            "message was delivered again, or it was already acknowledged"
+        )
+    return name

@@ -1,0 +1,76 @@
+"""Messages by id, and the ready ones in order, without leasing them: peek, browse, delete.
+
+A message is found through this process's index (in polling mode, where the index may lag
+behind another host, a miss rescans first), and in @dead by a listing of @dead: dead letters
+are not indexed, and a lookup by id that misses is rare. A message may move between the lookup
+and the read or removal: each is tried again on what a fresh lookup finds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from dirmq.errors import InvalidArgument, MessageNotFound
+from dirmq.store import layout
+from dirmq.store.ids import is_id
+from dirmq.store.message import Message
+from dirmq.store.view import QueueView
+
+
+def delete(view: QueueView, message_id: str) -> bool:
+    """`Queue.delete`."""
+    _check_id(message_id)
+    with view.lock:
+        for _attempt in range(2):
+            found = _locate(view, message_id)
+            if found is None:
+                return False
+            if view.files.remove(view.index, found[0], found[1], message_id):
+                return True
+    return False
+
+
+def peek(view: QueueView, message_id: str) -> Message:
+    """`Queue.peek`."""
+    _check_id(message_id)
+    with view.lock:
+        for _attempt in range(3):
+            found = _locate(view, message_id)
+            if found is None:
+                break
+            message = view.files.read(*found, corrupt_ok=False)
+            if message is not None:
+                return message
+    raise MessageNotFound(f"no message {message_id} in queue {view.name!r}")
+
+
+def browse(view: QueueView, limit: int | None) -> Iterator[Message]:
+    """`Queue.browse`."""
+    with view.lock:
+        index = view.synced()
+        names = [index.ready[i] for i in index.ready_ids_in_order()]
+    yielded = 0
+    for name in names:
+        if limit is not None and yielded >= limit:
+            return
+        message = view.files.read(layout.READY, name)
+        if message is not None:
+            yielded += 1
+            yield message
+
+
+def _locate(view: QueueView, message_id: str) -> tuple[str, str] | None:
+    index = view.synced()
+    found = index.locate(message_id)
+    if found is None and view.polling():
+        # Polling mode: another host may have published it since our last poll.
+        index.rescan(view.path)
+        found = index.locate(message_id)
+    if found is None and (dead := view.files.dead_names(message_id)):
+        return layout.DEAD, dead[0]
+    return found
+
+
+def _check_id(message_id: str) -> None:
+    if not is_id(message_id):
+        raise InvalidArgument(f"not a dirmq message id: {str(message_id)[:80]!r}")

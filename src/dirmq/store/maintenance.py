@@ -1,0 +1,105 @@
+"""Whole-queue operations: counting (`stats`), emptying (`purge`) and recovery (`sweep`).
+
+These are the only queue operations that may list whole state directories (@dead for stats;
+every state directory for purge and sweep): they are for operators and housekeeping, never on a
+message's path. A sweep repeats what opening a queue recovers (see view.py) and reports both.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from dirmq.errors import QueueNotFound, storage_error
+from dirmq.store import layout, smallfiles
+from dirmq.store.files import expired_by_retention, now_ms
+from dirmq.store.ids import id_time_us
+from dirmq.store.layout import parse_entry
+from dirmq.store.message import QueueStats, SweepReport
+from dirmq.store.pool import DEFAULT_POOL_FILES, reclaim_pools
+from dirmq.store.recovery import remove_orphans
+from dirmq.store.view import QueueView
+
+ProgressFn = Callable[[int], None]  # called with how many items were just processed
+
+
+def stats(view: QueueView) -> QueueStats:
+    """`Queue.stats`."""
+    with view.lock:
+        index = view.synced()
+        at_ms = now_ms()
+        expired = [i for i, n in index.leased.names.items() if _at(n) <= at_ms]
+        due = sum(1 for n in index.delayed.names.values() if _at(n) <= at_ms)
+        oldest = min([*expired, *index.ready], default=None)
+        age = None if oldest is None else max(0.0, time.time() - id_time_us(oldest) / 1e6)
+        try:
+            dead = len(os.listdir(view.files.dir[layout.DEAD]))
+        except FileNotFoundError:
+            dead = 0
+        except OSError as exc:
+            raise storage_error(exc, f"listing @dead of queue {view.name!r}") from exc
+        return QueueStats(
+            ready=len(index.ready) + len(expired) + due,
+            in_flight=len(index.leased.names) - len(expired),
+            delayed=len(index.delayed.names) - due,
+            dead=dead,
+            oldest_ready_age_s=age,
+        )
+
+
+def _at(name: str) -> int:
+    entry = parse_entry(name)
+    return entry.at_ms if entry and entry.at_ms is not None else 0
+
+
+def purge(view: QueueView, progress: ProgressFn | None) -> int:
+    """`Queue.purge`."""
+    files = view.files
+    removed = 0
+    with view.lock:
+        index = view.synced()
+        for directory in (layout.READY, layout.LEASED, layout.DELAYED):
+            try:
+                names = os.listdir(files.dir[directory])
+            except FileNotFoundError:
+                raise QueueNotFound(f"queue {view.name!r} does not exist") from None
+            for name in names:
+                entry = parse_entry(name)
+                if entry is not None and files.remove(index, directory, name, entry.message_id):
+                    removed += 1
+                if progress:
+                    progress(1)
+    return removed
+
+
+def sweep(view: QueueView) -> SweepReport:
+    """`Queue.sweep`."""
+    files = view.files
+    with view.lock:
+        config = view.config
+        index = view.synced()
+        index.rescan(view.path)
+        at_ms = now_ms()
+        promoted = files.promote(index, config, at_ms)
+        orphans = remove_orphans(files.dir[layout.TMP])
+        orphans += smallfiles.remove_stale_temps(view.path)  # of @queue.json writes
+        expired = sum(
+            files.remove(index, layout.READY, name, message_id)
+            for message_id, name in list(index.ready.items())
+            if expired_by_retention(message_id, config, at_ms)
+        )
+        released = files.slots.release_leaked(index)
+        pools = reclaim_pools(files.dir[layout.FREE])
+        files.pool.trim(keep=DEFAULT_POOL_FILES)
+        files.dedup.expire(config.dedup_window_s)
+        on_open, view.recovered_on_open = view.recovered_on_open, SweepReport()
+    return SweepReport(
+        orphans_removed=orphans + on_open.orphans_removed,
+        leases_requeued=promoted.leases_requeued + on_open.leases_requeued,
+        delayed_delivered=promoted.delayed_delivered + on_open.delayed_delivered,
+        dead_lettered=promoted.dead_lettered + on_open.dead_lettered,
+        expired_removed=expired,
+        slots_released=released,
+        pools_reclaimed=pools + on_open.pools_reclaimed,
+    )

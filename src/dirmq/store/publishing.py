@@ -1,0 +1,274 @@
+"""The publish path of one queue: check, deduplicate, take capacity tokens, write, commit.
+
+Theory of operation. A batch of messages is checked (once: a message `validate` passed is not
+checked again), given ids in publish order, and, on a queue with a capacity, one capacity token
+each (all or none, waiting while the queue is full). Each message's file is then written under
+no visible name (a recycled file of this process's pool in @free, one claimed from the shared
+pool, or a new O_TMPFILE inode) and the whole batch is made visible at once by one group commit
+(`writethrough`), or renamed into place and flushed later (`writeback`, `memory`). Anything that
+fails before the commit discards every file of the batch and gives back its tokens: all are
+stored or none is. Dedup records are written after the message (see dedup.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Iterable
+
+from dirmq.errors import (
+    DiskFull,
+    InvalidArgument,
+    MessageTooLarge,
+    QueueFull,
+    QueueNotFound,
+    storage_error,
+)
+from dirmq.store import codec, layout
+from dirmq.store.bounds import check_optional_seconds, check_timeout
+from dirmq.store.config import Durability, QueueConfig
+from dirmq.store.context import QueueContext
+from dirmq.store.files import now_ms
+from dirmq.store.fsio import PendingFile, create_pending
+from dirmq.store.ids import new_ids
+from dirmq.store.message import OutgoingMessage
+from dirmq.store.view import QueueView
+
+_MAX_VALIDATED = 4096  # validated messages remembered per queue (a server batch is <= 1024)
+OPEN_FILES_PER_BATCH = 256  # a batch's files beyond these are closed once written (EMFILE)
+
+
+class Publisher:
+    """Publishes to one queue (`Queue.put_many`, `Queue.validate`). Thread-safe."""
+
+    def __init__(self, view: QueueView, context: QueueContext) -> None:
+        self.name = view.name
+        self._view = view
+        self._files = view.files
+        self._context = context
+        # Messages `validate` passed, by id(): (the message, the config it passed against). The
+        # reference keeps the id from being reused while the record lives.
+        self._validated: dict[int, tuple[OutgoingMessage, QueueConfig]] = {}
+
+    def put_many(
+        self,
+        messages: Iterable[bytes | OutgoingMessage],
+        timeout_s: float | None,
+        durability: Durability | str | None,
+    ) -> list[str]:
+        """`Queue.put_many`."""
+        check_timeout("timeout_s", timeout_s)
+        config = self._view.config
+        level = Durability(durability) if durability is not None else config.durability
+        outgoing = [m if isinstance(m, OutgoingMessage) else OutgoingMessage(m) for m in messages]
+        validated = self._validated
+        for message in outgoing:
+            record = validated.pop(id(message), None) if validated else None
+            if record is None or record[0] is not message or record[1] is not config:
+                self._check_outgoing(message, config)
+        if not any(m.dedup_id is not None for m in outgoing):
+            return self._publish_files(outgoing, config, level, timeout_s)[0]
+        return self._put_deduplicated(outgoing, config, level, timeout_s)
+
+    def validate(self, message: OutgoingMessage) -> None:
+        """`Queue.validate`."""
+        config = self._view.config
+        self._check_outgoing(message, config)
+        if type(message.body) is bytes:
+            validated = self._validated
+            if len(validated) >= _MAX_VALIDATED:  # records of messages never stored: forget
+                validated.clear()
+            validated[id(message)] = (message, config)
+
+    def _check_outgoing(self, message: OutgoingMessage, config: QueueConfig) -> None:
+        if not isinstance(message.body, bytes | bytearray | memoryview):
+            raise InvalidArgument(f"message body must be bytes, got {type(message.body).__name__}")
+        if len(message.body) > config.max_message_bytes:
+            raise MessageTooLarge(
+                f"message is {len(message.body)} bytes; queue {self.name!r} accepts at most "
+                f"{config.max_message_bytes}"
+            )
+        check_optional_seconds("delay_s", message.delay_s)
+        codec.check_headers(message.headers)
+        codec.check_label("group", message.group)
+        codec.check_label("dedup_id", message.dedup_id)
+
+    def _put_deduplicated(
+        self,
+        outgoing: list[OutgoingMessage],
+        config: QueueConfig,
+        level: Durability,
+        timeout_s: float | None,
+    ) -> list[str]:
+        dedup = self._files.dedup
+        window_s = config.dedup_window_s
+        owner: dict[str, str] = {}  # dedup id -> message id, for repeats inside this batch
+        fresh: list[OutgoingMessage] = []
+        for message in outgoing:
+            key = message.dedup_id
+            if key is None:
+                fresh.append(message)
+            elif key not in owner:
+                existing = dedup.lookup(key, window_s)
+                if existing is None:
+                    fresh.append(message)
+                    owner[key] = ""  # to be stored
+                else:
+                    owner[key] = existing
+        stored = iter(self._publish_files(fresh, config, level, timeout_s)[1])
+        result: list[str] = []
+        for message in outgoing:
+            key = message.dedup_id
+            if key is not None and owner[key]:
+                result.append(owner[key])
+                continue
+            published = next(stored)
+            if key is not None:
+                winner = dedup.record(key, published.message_id, window_s)
+                if winner != published.message_id:  # a concurrent publisher recorded it first
+                    self._withdraw(published)
+                owner[key] = winner
+                result.append(winner)
+            else:
+                result.append(published.message_id)
+        return result
+
+    def _withdraw(self, published: PendingFile) -> None:
+        directory = os.path.basename(os.path.dirname(published.final_path))
+        name = os.path.basename(published.final_path)
+        view = self._view
+        with view.lock:
+            self._files.remove(view.index, directory, name, published.message_id)
+
+    def _publish_files(
+        self,
+        outgoing: list[OutgoingMessage],
+        config: QueueConfig,
+        level: Durability,
+        timeout_s: float | None,
+    ) -> tuple[list[str], list[PendingFile]]:
+        """Write and publish `outgoing` (already validated); their ids and published files, in
+        order."""
+        if not outgoing:
+            return [], []
+        view = self._view
+        ids = new_ids(len(outgoing))
+        slots: list[str | None] = [None] * len(ids)
+        if config.capacity is not None:
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            slots = list(self._acquire_slots(ids, config.capacity, deadline))
+        pending: list[PendingFile] = []
+        try:
+            at_ms = now_ms()
+            for message_id, message, slot in zip(ids, outgoing, slots, strict=True):
+                system = {"Slot": slot} if slot else {}
+                if message.group is not None:
+                    system["Group"] = message.group
+                data = codec.encode(message.body, message.headers, system, message_id=message_id)
+                keep_open = len(pending) < OPEN_FILES_PER_BATCH
+                pending.append(self._write_tmp(message_id, data, message, config, at_ms, keep_open))
+            self._commit(pending, level, config)
+        except BaseException as exc:
+            if isinstance(exc, DiskFull):
+                self._files.pool.release_space()  # recycled files are space the disk needs now
+            for f in pending:
+                f.discard()
+            for message_id, slot in zip(ids, slots, strict=True):
+                if slot is not None:
+                    self._files.slots.release(slot, message_id, view.index)
+            raise
+        with view.lock:
+            # With inotify the index learns of these files from their own events, in order
+            # with everything else; adding them here could resurrect one that another thread
+            # claimed in between. Polling hears nothing, so there we add them ourselves.
+            index = view.index
+            if index is not None and view.polling():
+                for f in pending:
+                    index.add(
+                        os.path.basename(os.path.dirname(f.final_path)),
+                        os.path.basename(f.final_path),
+                    )
+        return ids, pending
+
+    def _write_tmp(
+        self,
+        message_id: str,
+        data: bytes,
+        message: OutgoingMessage,
+        config: QueueConfig,
+        at_ms: int,
+        keep_open: bool = True,
+    ) -> PendingFile:
+        """The message's file, written, to be published (open unless `keep_open` is false)."""
+        delay_s = config.delay_s if message.delay_s is None else message.delay_s
+        tag = None if message.group is None else layout.group_tag(message.group)
+        if delay_s > 0:
+            due_ms = at_ms + round(delay_s * 1000)
+            name = layout.timed_name(message_id, 0, due_ms, tag)
+            final = f"{self._files.dir[layout.DELAYED]}/{name}"
+        else:
+            final = f"{self._files.dir[layout.READY]}/{layout.ready_name(message_id, 0, tag)}"
+        try:
+            pool = self._files.pool
+            tmp_dir = self._files.dir[layout.TMP]
+            pending = pool.overwrite_own(final, data)
+            if pending is None:
+                tmp_name = layout.tmp_name(message_id)
+                pending = pool.overwrite_shared(f"{tmp_dir}/{tmp_name}", final, data)
+                if pending is None:
+                    pending = create_pending(tmp_dir, tmp_name, final, data)
+            if not keep_open:
+                pending.detach(tmp_dir, layout.tmp_name(message_id))
+            return pending
+        except FileNotFoundError:
+            raise QueueNotFound(f"queue {self.name!r} does not exist") from None
+        except OSError as exc:
+            raise storage_error(exc, f"writing a message to queue {self.name!r}") from exc
+
+    def _commit(self, pending: list[PendingFile], level: Durability, config: QueueConfig) -> None:
+        """Make the written files visible under their final names (the `publish` transition
+        of states.py), flushed as `level` says."""
+        if level is Durability.WRITETHROUGH:
+            self._context.group_commit.commit(pending)
+            return
+        for i, f in enumerate(pending):
+            try:
+                f.publish()
+            except OSError as exc:
+                for g in pending[i:]:
+                    g.discard()
+                if exc.errno == errno.ENOENT:
+                    raise QueueNotFound(f"queue {self.name!r} was deleted") from exc
+                raise storage_error(exc, f"publishing to queue {self.name!r}") from exc
+        if level is Durability.WRITEBACK:
+            self._context.writeback.mark_dirty(config.writeback_delay_s, time.monotonic())
+
+    # -- capacity ---------------------------------------------------------------------------------
+    def _acquire_slots(
+        self, ids: list[str], capacity: int, deadline: float | None
+    ) -> list[str | None]:
+        """One capacity token per message, waiting while the queue is full; all or none."""
+        taken: list[str | None] = []
+        try:
+            for message_id in ids:
+                taken.append(self._acquire_slot(message_id, capacity, deadline))
+        except BaseException:
+            for slot, message_id in zip(taken, ids, strict=False):
+                if slot is not None:
+                    self._files.slots.release(slot, message_id, self._view.index)
+            raise
+        return taken
+
+    def _acquire_slot(self, message_id: str, capacity: int, deadline: float | None) -> str:
+        view = self._view
+        while True:
+            with view.lock:
+                slot = self._files.slots.try_acquire(message_id, capacity, view.synced())
+            if slot is not None:
+                return slot
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise QueueFull(f"queue {self.name!r} is at its capacity of {capacity} messages")
+            # A consumer's ack anywhere frees a slot and wakes us through the watcher.
+            view.wait(1.0 if remaining is None else min(remaining, 1.0))

@@ -1,0 +1,194 @@
+"""One queue as this process sees it: its configuration, its index, and waiting for changes.
+
+Theory of operation. A `QueueView` holds what the operations of a `Queue` share: the
+configuration (re-read from @queue.json when it changed, at most every `CONFIG_RECHECK_S`), the
+`QueueIndex` of the queue's state directories, the watcher that keeps that index in step with
+what every process does, and the one lock that serialises both within this process. The index
+is built on first use (the watcher starts before the scan, so nothing in between is missed) and
+what crashed processes left behind is recovered then. Blocking operations wait on the watcher
+outside the lock, so another process's publish, ack or requeue wakes them at once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from dirmq.errors import (
+    ConfigError,
+    CorruptConfig,
+    QueueNotFound,
+    StorageError,
+    storage_error,
+)
+from dirmq.store import layout
+from dirmq.store.config import QueueConfig
+from dirmq.store.context import QueueContext
+from dirmq.store.files import QueueFiles, now_ms
+from dirmq.store.index import QueueIndex
+from dirmq.store.message import SweepReport
+from dirmq.store.pool import reclaim_pools
+from dirmq.store.recovery import remove_orphans
+from dirmq.store.watch import RESCAN, Watcher, open_watcher
+
+CONFIG_RECHECK_S = 0.5
+_WATCHED = (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS)
+
+
+class QueueView:
+    """The shared state of one open queue. `index` and `files` are used under `lock`."""
+
+    def __init__(
+        self,
+        context: QueueContext,
+        name: str,
+        path: str,
+        files: QueueFiles,
+        config: QueueConfig,
+    ) -> None:
+        self.name = name
+        self.path = path
+        self.files = files
+        self.lock = threading.RLock()
+        self.index: QueueIndex | None = None  # None until first used, and once closed
+        # What opening the index recovered, until the next sweep reports it.
+        self.recovered_on_open = SweepReport()
+        self._context = context
+        self._config = config
+        self._config_stamp: tuple[int, int] | None = None
+        self._config_checked = time.monotonic()
+        self._watcher: Watcher | None = None
+        self._listeners: list[Callable[[], None]] = []
+
+    # -- configuration -------------------------------------------------------------------------
+    @property
+    def config(self) -> QueueConfig:
+        """The current configuration (changes made by other processes show within 0.5 s)."""
+        if time.monotonic() - self._config_checked > CONFIG_RECHECK_S:
+            self.reload_config()
+        return self._config
+
+    def reload_config(self) -> None:
+        """Re-read @queue.json now if it changed (QueueNotFound if the queue is gone)."""
+        config_path = os.path.join(self.path, layout.CONFIG_FILE)
+        try:
+            st = os.stat(config_path)
+            stamp = (st.st_ino, st.st_mtime_ns)
+            if stamp != self._config_stamp:
+                with open(config_path, "rb") as f:
+                    raw = f.read()
+                try:
+                    self._config = QueueConfig.loads(raw)
+                except ConfigError as exc:
+                    raise CorruptConfig(
+                        f"queue {self.name!r}: stored configuration: {exc}"
+                    ) from exc
+                self._config_stamp = stamp
+        except FileNotFoundError:
+            raise QueueNotFound(f"queue {self.name!r} does not exist") from None
+        except OSError as exc:
+            raise storage_error(exc, f"reading the configuration of queue {self.name!r}") from exc
+        self._config_checked = time.monotonic()
+
+    # -- the index -------------------------------------------------------------------------------
+    def synced(self) -> QueueIndex:
+        """The index, brought up to date with every change any process made (call under lock)."""
+        if self.index is None or self._watcher is None:
+            return self._open_index()
+        result = self._watcher.drain()
+        if getattr(self._watcher, "lost", False):  # the queue directory was deleted or replaced
+            self._watcher.close()
+            self._watcher = None
+            return self._open_index()
+        if result == RESCAN:
+            self.index.rescan(self.path)
+        elif isinstance(result, list) and result:
+            self.index.apply(result)
+        return self.index
+
+    def _open_index(self) -> QueueIndex:
+        self.reload_config()
+        directories = {d: self.files.dir[d] for d in _WATCHED}
+        context = self._context
+        try:
+            # The watcher starts before the scan, so nothing that happens in between is missed.
+            self._watcher = open_watcher(
+                directories, context.watch_mode, context.poll_interval_s, context.inotify_hub
+            )
+        except FileNotFoundError:
+            raise QueueNotFound(f"queue {self.name!r} does not exist") from None
+        except OSError as exc:  # e.g. out of inotify watches: the operator must act
+            raise storage_error(exc, f"watching queue {self.name!r}") from exc
+        self._attach_listeners()
+        index = QueueIndex()
+        try:
+            index.rescan(self.path)
+        except BaseException:
+            # Else the next call opens another watcher and this one stays subscribed for good:
+            # an eventfd and every event of the queue kept, per failed attempt.
+            self._watcher.close()
+            self._watcher = None
+            raise
+        self.index = index
+        # Recovery on open: what crashed processes left behind is cleaned up now, not later;
+        # the next sweep() reports it.
+        orphans = remove_orphans(self.files.dir[layout.TMP])
+        pools = reclaim_pools(self.files.dir[layout.FREE])
+        try:
+            promoted = self.files.promote(index, self._config, now_ms())
+        except StorageError:  # a disk that refuses writes can still be read: gets promote later
+            promoted = SweepReport()
+        self.recovered_on_open = replace(promoted, orphans_removed=orphans, pools_reclaimed=pools)
+        return index
+
+    def polling(self) -> bool:
+        """Whether the index is kept by polling (it hears nothing of this process's changes)."""
+        return self._watcher is not None and self._watcher.fileno() is None
+
+    # -- waiting ---------------------------------------------------------------------------------
+    def fileno(self) -> int | None:
+        """`Queue.fileno`."""
+        with self.lock:
+            self.synced()
+            assert self._watcher is not None
+            return self._watcher.fileno()
+
+    def wait(self, timeout_s: float) -> None:
+        """Sleep until the queue may have changed, or `timeout_s` (call outside the lock)."""
+        watcher = self._watcher
+        if watcher is not None:
+            watcher.wait(timeout_s)
+        else:
+            time.sleep(timeout_s)
+
+    def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """`Queue.subscribe`."""
+        with self.lock:
+            self.synced()
+            self._listeners.append(listener)
+            self._attach_listeners()
+
+        def unsubscribe() -> None:
+            with self.lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def _attach_listeners(self) -> None:
+        if self._watcher is not None:
+            self._watcher.listeners = self._listeners
+
+    def close(self) -> None:
+        """Stop watching and forget the index; listeners are called to look again."""
+        with self.lock:
+            if self._watcher is not None:
+                self._watcher.close()
+            self._watcher = None
+            self.index = None
+            listeners = list(self._listeners)
+        for listener in listeners:  # let waiters look again: they will find out why
+            listener()
