@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -86,3 +89,17 @@ def transport(request: pytest.FixtureRequest, root: Path) -> Iterator[Transport]
         raise AssertionError(request.param)
     with store:
         yield Transport(store)
+
+
+@pytest.fixture
+def fast_root(tmp_path: Path) -> Iterator[Path]:
+    """A root in memory (/dev/shm) where there is one: the fault tests run hundreds of cases
+    with injected faults, so the flushes of a busy disk would only make them slow."""
+    if not os.path.isdir("/dev/shm"):
+        yield tmp_path / "root"
+        return
+    parent = Path(tempfile.mkdtemp(prefix="dirmq-faults-", dir="/dev/shm"))
+    try:
+        yield parent / "root"
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -57,19 +55,6 @@ MAKES: dict[str, set[str]] = {
     "put_dedup": {"readlink", "lstat"},
 }
 FAULTS = [(call, error) for call, errors in READ_ERRORS.items() for error in errors]
-
-
-@pytest.fixture
-def fast_root(tmp_path: Path) -> Iterator[Path]:
-    """A root in memory (/dev/shm) where there is one, as in test_fault_transitions.py."""
-    if not os.path.isdir("/dev/shm"):
-        yield tmp_path / "root"
-        return
-    parent = Path(tempfile.mkdtemp(prefix="dirmq-faults-", dir="/dev/shm"))
-    try:
-        yield parent / "root"
-    finally:
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 def _populate(root: Path) -> tuple[list[str], str]:

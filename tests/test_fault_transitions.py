@@ -15,9 +15,8 @@ import asyncio
 import errno
 import os
 import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,20 +29,6 @@ from dirmq.store.fsck import fsck
 from .faultfs import CALLS, ERRORS, FaultyFS
 
 BODIES = [f"m{i}".encode() for i in range(5)]
-
-
-@pytest.fixture
-def fast_root(tmp_path: Path) -> Iterator[Path]:
-    """A root in memory (/dev/shm) where there is one: hundreds of cases, and the faults are
-    injected, so the flushes of a busy disk would only make the run slow."""
-    if not os.path.isdir("/dev/shm"):
-        yield tmp_path / "root"
-        return
-    parent = Path(tempfile.mkdtemp(prefix="dirmq-faults-", dir="/dev/shm"))
-    try:
-        yield parent / "root"
-    finally:
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 def _drain(q: dirmq.Queue) -> list[bytes]:
