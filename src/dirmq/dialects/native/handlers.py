@@ -145,7 +145,7 @@ async def delete_queue(broker: Broker, request: Request, route: Route) -> Respon
 
 
 # -- messages --------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is built per publish, and frozen ones build slower
 class Publish:
     """A publish request, read and validated: what the broker stores, and how to answer."""
 
