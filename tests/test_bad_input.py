@@ -516,3 +516,13 @@ def store_root_queue(http: httpx.Client) -> Iterator[str]:
     assert http.put("/control-chars").status_code in (200, 201)
     yield "control-chars"
     http.delete("/control-chars")
+
+
+def test_a_storage_error_says_its_message_once_through_every_door(tmp_path: Path) -> None:
+    """'[Errno 0] [Errno 28] writing ...' was what an HTTP client saw of a full disk: the
+    errno prefix went into the message the server sent, and the client added its own."""
+    full = dirmq.errors.storage_error(OSError(28, "No space left on device"), "writing a message")
+    assert isinstance(full, dirmq.DiskFull) and full.errno == 28
+    assert str(full) == "writing a message: disk full (No space left on device)"
+    rebuilt = dirmq.errors.DiskFull(0, str(full))  # as the HTTP client rebuilds it
+    assert str(rebuilt) == str(full)

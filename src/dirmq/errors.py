@@ -111,6 +111,11 @@ class CorruptConfig(ConfigError):
 class StorageError(DirmqError, OSError):
     """The filesystem failed: what was being written is not stored, nothing partial is visible."""
 
+    def __str__(self) -> str:
+        # The message alone: OSError's "[Errno N] " prefix is in `errno`, and it piled up as
+        # "[Errno 0] [Errno 28] ..." once an HTTP client rebuilt the error from its message.
+        return self.strerror if isinstance(self.strerror, str) else super().__str__()
+
 
 class DiskFull(StorageError):
     pass
