@@ -53,6 +53,11 @@ def is_sqs_request(request: Request) -> bool:
 _QUEUE_URL_PATH = re.compile(r"/[0-9]{12}/[A-Za-z0-9_-]{1,80}(\.fifo)?/?")
 
 
+def _is_queue_url_get(request: Request) -> bool:
+    """A GET of an SQS queue URL's path (whatever its parameters)."""
+    return request.method == "GET" and _QUEUE_URL_PATH.fullmatch(request.path) is not None
+
+
 class SqsApp(Dialect):
     name = "sqs"
 
@@ -82,27 +87,19 @@ class SqsApp(Dialect):
             self._resuming.cancel()
 
     def claims(self, request: Request) -> bool:
-        return is_sqs_request(request) or self._is_unknown_queue_url(request)
-
-    @staticmethod
-    def _is_queue_url_page(request: Request) -> bool:
-        return (
-            request.method == "GET"
-            and _QUEUE_URL_PATH.fullmatch(request.path) is not None
-            and not is_sqs_request(request)
-        )
-
-    def _is_unknown_queue_url(self, request: Request) -> bool:
-        if not self._is_queue_url_page(request):
-            return False
-        try:
-            self.broker.queue(request.path.strip("/"))
-        except errors.DirmqError:
+        if is_sqs_request(request):
             return True
-        return False  # a native queue of that name: the native API's
+        return _is_queue_url_get(request) and not self._names_a_queue(request.path)
+
+    def _names_a_queue(self, path: str) -> bool:
+        try:
+            self.broker.queue(path.strip("/"))
+        except errors.DirmqError:
+            return False
+        return True  # a native queue of that name: the native API's
 
     async def __call__(self, request: Request) -> Response:
-        if self._is_queue_url_page(request):  # see the module's docstring
+        if _is_queue_url_get(request) and not is_sqs_request(request):  # see the docstring
             body = b'<?xml version="1.0"?><UnknownOperationException/>'
             return Response(404, body, [("Content-Type", "text/xml")])
         request_id = protocol_json.new_request_id()
