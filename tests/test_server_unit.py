@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from dirmq.server.http import (
     Request,
     Respond,
     Response,
+    StreamResponse,
     _Clock,
     _response_head,
 )
@@ -104,6 +106,9 @@ class _Transport(asyncio.Transport):
 
     def close(self) -> None:
         self.closed = True
+
+    def can_write_eof(self) -> bool:
+        return False
 
     def get_extra_info(self, name: str, default: object = None) -> object:
         return default
@@ -320,3 +325,55 @@ def test_a_plain_publish_answers_as_the_general_path_does(tmp_path: Path) -> Non
     assert depth == 2
     assert b'dirmq_messages_published_total{queue="q"} 2.0' in exposition
     assert b'route="messages",status="201"} 2.0' in exposition
+
+
+def test_observers_see_every_answer_fast_slow_streamed_and_refused() -> None:
+    """The access log and the request metrics rest on `observe`: each answered request once,
+    with its status and the body bytes sent, whichever way it was answered."""
+    seen: list[tuple[str, str, int, int]] = []
+
+    def observe(request: Request, status: int, sent: int, seconds: float) -> None:
+        assert seconds >= 0
+        seen.append((request.method, request.path, status, sent))
+
+    async def pieces() -> AsyncIterator[bytes]:
+        yield b"abc"
+        yield b"de"
+
+    async def handler(request: Request) -> Response | StreamResponse:
+        if request.path == "/stream":
+            return StreamResponse(200, pieces())
+        return Response(201, b"slow!")
+
+    def fast(request: Request, respond: Respond) -> Response | Later | None:
+        return Response(200, b"now") if request.path == "/now" else None
+
+    def body_check(method: str, path: str, headers: dict[str, str], length: int) -> None:
+        return None
+
+    async def main() -> None:
+        server = HttpServer(
+            handler, Limits(max_body_bytes=10), fast=fast, body_check=body_check, observe=observe
+        )
+        protocol, transport = server.protocol(), _Transport()
+        protocol.connection_made(transport)
+        protocol.data_received(
+            b"GET /now HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
+            b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n"
+        )
+        for _ in range(100):
+            await asyncio.sleep(0.005)
+            if len(seen) == 4:
+                break
+
+    asyncio.run(main())
+    assert seen[:3] == [
+        ("GET", "/now", 200, 3),
+        ("POST", "/slow", 201, 5),
+        ("GET", "/stream", 200, 5),
+    ]
+    method, path, status, sent = seen[3]
+    assert (method, path, status) == ("POST", "/big", 413) and sent > 0
+    assert len(seen) == 4

@@ -293,6 +293,8 @@ class PubSubApi(Dialect):
         route = parse_pubsub_route(request.path)
         if route is None:
             return json_error(404, "NotFound", f"no pub/sub endpoint at {request.path}")
+        request.route = route.kind
+        request.queue = route.name
         allowed = METHODS[route.kind]
         if request.method not in allowed:
             response = json_error(405, "MethodNotAllowed", f"use {', '.join(allowed)} here")

@@ -63,6 +63,8 @@ class YaqApp(Dialect):
     async def __call__(self, request: Request) -> Response | StreamResponse:
         try:
             name = unquote(request.path, errors="strict").strip("/") or ROOT_QUEUE
+            request.route = "enqueue" if request.method == "POST" else "dequeue"
+            request.queue = name
             if request.query:
                 accepted = PARAMETERS.get(request.method)
                 if accepted is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dirmq.server.http import Later, Request, Respond, Response, StreamResponse
+from dirmq.server.http import Later, Observe, Request, Respond, Response, StreamResponse
 
 
 class Dialect:
@@ -51,19 +51,23 @@ class Dialect:
 
 class Router:
     """A listener's handler: each request goes to the first dialect that claims it, else to
-    the last."""
+    the last. `observe` is told of every answered request (`http.Observe`): the request says
+    which dialect (`door`) answered it, and what it asked as far as that dialect filled in."""
 
-    def __init__(self, dialects: Sequence[Dialect]) -> None:
+    def __init__(self, dialects: Sequence[Dialect], observe: Observe | None = None) -> None:
         if not dialects:
             raise ValueError("a listener needs at least one dialect")
         self.dialects = tuple(dialects)
+        self.observe = observe
         self._asked = self.dialects[:-1]
         self._fallback = self.dialects[-1]
 
     def dialect_for(self, request: Request) -> Dialect:
         for dialect in self._asked:
             if dialect.claims(request):
+                request.door = dialect.name
                 return dialect
+        request.door = self._fallback.name
         return self._fallback
 
     async def __call__(self, request: Request) -> Response | StreamResponse:

@@ -78,6 +78,12 @@ class Request:
     raw_headers: list[tuple[str, str]] = field(default_factory=list)  # names as sent
     raw_query: str = ""  # as sent, still percent-encoded (signatures are computed over it)
     held_bytes: int = 0  # of the server's MemoryBudget, given back once answered
+    started: float = 0.0  # time.monotonic() when the whole request had arrived
+    # Filled in while it is answered, for whoever observes requests (access log, metrics):
+    door: str = ""  # the dialect that answered it ("native", "sqs", "yaq", "pubsub")
+    route: str = ""  # a low-cardinality name of what it asked (a route kind, an SQS action)
+    queue: str = ""  # the queue (or pub/sub name) it addressed, when it named one
+    principal: str = ""  # who sent it, once authenticated
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
@@ -129,6 +135,10 @@ FastHandler = Callable[[Request, Respond], "Response | Later | None"]
 # A look at a request's head before its body is read: (method, path, headers, Content-Length)
 # -> the response that refuses it (e.g. a body over its queue's limit), or None to read it.
 BodyCheck = Callable[[str, str, dict[str, str], int], "Response | None"]
+# Told of each answered request once its response is handed to the transport (a stream: once
+# it ended): (request, status, response body bytes, seconds since the request arrived). The
+# access log and the request metrics hang here, so every dialect is seen the same way.
+Observe = Callable[[Request, int, int, float], None]
 
 
 class _Reject(Exception):
@@ -189,10 +199,12 @@ class HttpServer:
         *,
         budget: MemoryBudget | None = None,
         body_check: BodyCheck | None = None,
+        observe: Observe | None = None,
     ) -> None:
         self.handler = handler
         self.fast = fast
         self.body_check = body_check
+        self.observe = observe
         self.limits = limits or Limits()
         # Shared by every listener of a worker process (serve.py passes one).
         self.budget = budget or MemoryBudget(self.limits.max_body_memory_bytes)
@@ -244,6 +256,7 @@ def limits_of(limits: Limits) -> tuple[float, float, float]:
 class HttpProtocol(asyncio.Protocol):
     # Slots: thousands of connections sit parked in long polls; each must stay small.
     __slots__ = (
+        "_began",
         "_body",
         "_body_bytes",
         "_body_charge",
@@ -293,6 +306,7 @@ class HttpProtocol(asyncio.Protocol):
         self._refusal: Callable[[], None] | None = None
         self._unparsed: memoryview | None = None  # received, parsed once reading may go on
         self._body_charge = 0  # budget reserved for the body being read
+        self._began = 0.0  # time.monotonic() when the current request began to arrive
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -490,6 +504,7 @@ class HttpProtocol(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._reset_message()
         self._in_message = True
+        self._began = time.monotonic()
         self._arm(self._limits.header_timeout_s)
 
     def on_url(self, url: bytes) -> None:
@@ -590,6 +605,7 @@ class HttpProtocol(asyncio.Protocol):
             self._raw_headers,
             query,
             self._body_charge,
+            time.monotonic(),
         )
         self._body_charge = 0  # the request's now
         self._reset_message()
@@ -659,7 +675,17 @@ class HttpProtocol(asyncio.Protocol):
         keep_alive = request.keep_alive and not self._server.draining
         self._write_response(request, response, keep_alive)
         self._server.requests_served += 1
+        self._observed(request, response.status, len(response.body))
         self._next_request(keep_alive)
+
+    def _observed(self, request: Request, status: int, sent: int) -> None:
+        observe = self._server.observe
+        if observe is None:
+            return
+        try:
+            observe(request, status, sent, time.monotonic() - request.started)
+        except Exception:  # an observer's bug must not cost the client its connection
+            log.exception("observing %s %s failed", request.method, request.path)
 
     def _next_request(self, keep_alive: bool) -> None:
         """A response is out: close, or wait for (or start) the next request."""
@@ -673,6 +699,7 @@ class HttpProtocol(asyncio.Protocol):
         self._start_next()
 
     async def _answer(self, request: Request) -> None:
+        sent: list[int] = []  # the response's status and body bytes, once it has begun
         try:
             try:
                 response = await self._server.handler(request)
@@ -682,7 +709,8 @@ class HttpProtocol(asyncio.Protocol):
                 log.exception("unhandled error answering %s %s", request.method, request.path)
                 response = _internal_error()
             keep_alive = request.keep_alive and not self._server.draining
-            await self._send(request, response, keep_alive)
+            sent = [response.status, 0]
+            await self._send(request, response, keep_alive, sent)
             self._server.requests_served += 1
             if isinstance(response, Response) and response.after is not None:
                 # Shielded: the bytes are out, so the follow-up (an ack) must happen even if
@@ -694,6 +722,8 @@ class HttpProtocol(asyncio.Protocol):
             keep_alive = False
         finally:
             self._task = None
+            if sent:  # also a stream the client left (its end is how an SSE stream ends)
+                self._observed(request, sent[0], sent[1])
         self._next_request(keep_alive)
 
     def _write_response(self, request: Request, response: Response, keep_alive: bool) -> None:
@@ -717,12 +747,18 @@ class HttpProtocol(asyncio.Protocol):
         return [("Date", self._server.clock.date()), ("Server", "dirmq"), *headers]
 
     async def _send(
-        self, request: Request, response: Response | StreamResponse, keep_alive: bool
+        self,
+        request: Request,
+        response: Response | StreamResponse,
+        keep_alive: bool,
+        sent: list[int],
     ) -> None:
+        """Write `response`; `sent[1]` counts its body bytes as they go."""
         transport = self._transport
         assert transport is not None
         if isinstance(response, Response):
             self._write_response(request, response, keep_alive)
+            sent[1] = len(response.body)
             return
         headers = self._base_headers(response.headers)
         transport.write(
@@ -740,6 +776,7 @@ class HttpProtocol(asyncio.Protocol):
                 if self._closed:
                     raise ConnectionResetError("client went away")
                 transport.write(framing.chunk(piece))
+                sent[1] += len(piece)
                 if self._can_write is not None:
                     await self._can_write.wait()
         except (asyncio.CancelledError, ConnectionError):
@@ -776,6 +813,19 @@ class HttpProtocol(asyncio.Protocol):
         self._refusal = refusal
         self._update_reading()
 
+    def _observe_refusal(self, status: int, response: Response | None) -> None:
+        """Observers see a refused request too, as far as it arrived (no method before the
+        parser read one: "-")."""
+        try:
+            method = self._method() if self._url else "-"
+        except httptools.HttpParserError:
+            method = "-"
+        path, query = _split_url(self._url) if self._url else ("-", "")
+        request = Request(method, path, {}, self._headers, b"", False, self._raw_headers, query)
+        request.started = self._began
+        sent = len(response.body) if response is not None else len(error_body(status, ""))
+        self._observed(request, status, sent)
+
     def _refuse(
         self,
         status: int,
@@ -790,6 +840,8 @@ class HttpProtocol(asyncio.Protocol):
         transport = self._transport
         if transport is None:
             return
+        if self._server.observe is not None:
+            self._observe_refusal(status, response)
         if response is None:
             self._write_error(status, message, extra)
         else:

@@ -190,7 +190,12 @@ async def run_worker(
     for endpoint in endpoints:
         router = routers[endpoint.name]
         http = HttpServer(
-            router, options.limits, router.fast, budget=budget, body_check=router.body_check
+            router,
+            options.limits,
+            router.fast,
+            budget=budget,
+            body_check=router.body_check,
+            observe=router.observe,
         )
         http_servers.append(http)
         listeners.append(

@@ -113,6 +113,8 @@ class SqsApp(Dialect):
             if self.authenticate is not None:
                 self.authenticate(request)
             action_name, params = parse(request)
+            request.route = action_name
+            request.queue = _queue_named(params)
             handler = self.actions.get(action_name)
             if handler is None:
                 raise SqsError(
@@ -149,6 +151,16 @@ class SqsApp(Dialect):
             self.deleted_wait_s,
         )
         return await handler(context, params)
+
+
+def _queue_named(params: dict[str, Any]) -> str:
+    """The queue a request names (its URL's last segment, or a CreateQueue's name), for
+    observers; "" when it names none or not as text."""
+    url = params.get("QueueUrl")
+    if isinstance(url, str):
+        return url.rstrip("/").rpartition("/")[2]
+    name = params.get("QueueName")
+    return name if isinstance(name, str) else ""
 
 
 def _check_required(action: str, params: dict[str, Any]) -> None:

@@ -45,7 +45,9 @@ class NativeApp(Dialect):
         label = "invalid"
         try:
             route = self._route(request.path)
-            label = route.label
+            label = request.route = route.label
+            if route.kind != "server":
+                request.queue = route.queue
             response = await self._dispatch(request, route)
         except DirmqError as exc:
             response = error_response(exc)
@@ -72,6 +74,7 @@ class NativeApp(Dialect):
             return None
         started = time.monotonic()
         metrics, queue = self.metrics, route.queue
+        request.route, request.queue = "messages", queue
 
         def settle(outcome: list[str] | BaseException) -> None:
             try:
