@@ -230,7 +230,7 @@ def test_python_clients_sync_and_async(server: ServerProcess, certs: Certificate
 
 
 def test_python_clients_verify_by_default_and_say_why_they_fail(
-    server: ServerProcess, certs: Certificates
+    server: ServerProcess, certs: Certificates, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with RemoteStore(server.url, timeout_s=10) as store, pytest.raises(errors.StorageIOError) as e:
         store.list_queues()
@@ -243,6 +243,10 @@ def test_python_clients_verify_by_default_and_say_why_they_fail(
         RemoteStore(server.url, cafile=str(certs.directory / "nowhere.pem"))
     with pytest.raises(errors.InvalidArgument, match="either ssl_context or cafile"):
         RemotePubSub(server.url, cafile=str(certs.ca), ssl_context=ssl.create_default_context())
+    # Code that takes only a URL (the Spark source): the CA through the environment.
+    monkeypatch.setenv("SSL_CERT_FILE", str(certs.ca))
+    with RemoteStore(server.url, timeout_s=10) as store:
+        assert isinstance(store.list_queues(), list)
 
 
 def test_pubsub_event_stream_over_tls(server: ServerProcess, certs: Certificates) -> None:

@@ -9,6 +9,9 @@ each bind their own socket to the same ports (the kernel spreads connections acr
 only supervises: it forwards SIGTERM/SIGINT and restarts a worker that died. Each worker is a
 complete brokerless dirmq process on the shared root, so workers need no coordination.
 
+With `--tls-cert`/`--tls-key` every listener serves HTTPS: the parent builds and checks the
+`ssl.SSLContext` (`tls.py`) before binding anything, and the workers it forks inherit it.
+
 SIGTERM drains: the listeners close, waiting long polls are answered (204), requests in
 progress finish (up to `drain_timeout_s`), then the process exits. Nothing that got a 2xx
 depends on the process surviving: a put is durable before its 201 is sent, so even SIGKILL
