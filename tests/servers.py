@@ -19,6 +19,7 @@ class ServerProcess:
     url: str
     yaq_url: str | None
     root: Path
+    sqs_url: str | None = None  # with --sqs-listen
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
         """Signal the server we started (by PID) and reap it; returns its exit code."""
@@ -69,7 +70,7 @@ def start_server(root: Path, *extra: str, yaq: bool = False) -> ServerProcess:
         proc.wait()
         said = "".join(output[-20:]).strip()
         raise RuntimeError(f"dirmq serve exited with {proc.returncode} before listening: {said}")
-    return ServerProcess(proc, urls["native"], urls.get("yaq"), root)
+    return ServerProcess(proc, urls["native"], urls.get("yaq"), root, urls.get("sqs"))
 
 
 def sqs_client(url: str) -> Any:

@@ -36,6 +36,9 @@ The conventions (also in docs/architecture.md, "Examples are tested"):
   test_programs_examples_need_are_installed). An HTML comment right after a block,
   `<!-- check: ... -->`, is run after it, unseen, in its language: assertions on what a block
   that prints nothing did (a Python `assert` must hold, a shell command must exit 0).
+- `<!-- server: NAME -->` right before a block: it needs a server started another way (with TLS,
+  say); the test that SERVER_KINDS names runs those blocks, in document order, against such a
+  server (`run_markdown(..., server_kind=NAME)`), and this file's run leaves them out.
 """
 
 from __future__ import annotations
@@ -73,13 +76,15 @@ PATH_ALIASES = {
     "/lake": "lake",
 }
 COMMAND_TIMEOUT_S = 60.0
+# Blocks marked `<!-- server: NAME -->`, and the test that runs them against such a server.
+SERVER_KINDS = {"tls": "tests/test_tls.py", "mtls": "tests/test_tls.py"}
 
 ID = r"\d{16}-[0-9a-f]{12}"
 VOLATILE = re.compile(rf"{ID}|dirmq-[0-9a-f]{{24}}|\d{{10,}}(?:\.\d+)?|\d+\.\d{{3,}}")
 # `<receipt>` or `<id>` in a command: the last one the previous command printed.
 PLACEHOLDERS = {"<receipt>": rf"{ID}\.\d+", "<id>": ID}
 _FENCE = re.compile(r"^```(\w*)\s*$")
-_COMMENT = re.compile(r"<!--\s*(no-run|setup|needs|check):(.*?)-->\s*$", re.DOTALL)
+_COMMENT = re.compile(r"<!--\s*(no-run|setup|needs|check|server):(.*?)-->\s*$", re.DOTALL)
 _COMMENT_AFTER = re.compile(r"\s*(<!--\s*check:.*?-->)", re.DOTALL)
 
 
@@ -93,6 +98,7 @@ class Block:
     setup: str = ""
     needs: list[str] = field(default_factory=list)  # programs it runs only where installed
     check: str = ""  # run after it
+    server: str | None = None  # SERVER_KINDS: run by another test, against another server
 
     @property
     def where(self) -> str:
@@ -127,6 +133,8 @@ def blocks(path: Path) -> list[Block]:
                 block.no_run = text.strip()
             elif kind == "needs":
                 block.needs = text.split()
+            elif kind == "server":
+                block.server = text.strip()
             else:
                 block.setup = text.strip("\n") + "\n"
             before = before[:start].rstrip()
@@ -412,7 +420,7 @@ def docs_server(tmp_path: Path) -> Iterator[ServerProcess]:
 
 
 def _runnable(path: Path) -> bool:
-    return any(b.lang in RUNNABLE for b in blocks(path))
+    return any(b.lang in RUNNABLE and b.server is None for b in blocks(path))
 
 
 @pytest.mark.parametrize(
@@ -430,10 +438,15 @@ def test_examples_run_and_show_real_output(
 
 
 def run_markdown(
-    path: Path, tmp_path: Path, docs_server: ServerProcess, spark: Any = None
+    path: Path,
+    tmp_path: Path,
+    docs_server: ServerProcess,
+    spark: Any = None,
+    server_kind: str | None = None,
 ) -> list[str]:
     """Run the examples of `path` in `tmp_path` (its Python in this process, on `spark`, if
-    given); what differed from the Markdown."""
+    given); what differed from the Markdown. `server_kind`: only the blocks marked for that
+    kind of server (`<!-- server: NAME -->`), else only the unmarked ones."""
     env = _environment(tmp_path)
     rewrite = Rewriter(docs_server)
     shell = Shell(tmp_path, env)
@@ -444,6 +457,8 @@ def run_markdown(
     try:
         for block in blocks(path):
             if block.lang not in RUNNABLE or block.no_run is not None:
+                continue
+            if block.server != server_kind:
                 continue
             if _missing(block.needs, env):  # test_programs_examples_need_are_installed says so
                 continue
@@ -583,6 +598,15 @@ def test_status_is_checked_where_output_is_not(tmp_path: Path, docs_server: Serv
     assert "exit 22 (shown with no output)" in failures[1]
     assert failures[2].startswith("uncompared.md:22 (check): exit 1"), failures[2]
     assert failures[3].startswith("uncompared.md:29 (check)") and "''" in failures[3]
+
+
+def test_blocks_for_other_servers_are_run_by_a_test() -> None:
+    """A block marked `<!-- server: NAME -->` is left out here: a test named in SERVER_KINDS
+    must run it (calling run_markdown with server_kind="NAME")."""
+    for block in (b for p in DOCS for b in blocks(p) if b.server is not None):
+        runner = SERVER_KINDS.get(block.server)
+        assert runner is not None, f"{block.where}: no test runs server kind {block.server!r}"
+        assert f'"{block.server}"' in (REPO / runner).read_text(), (block.where, runner)
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from dirmq.dialects.yaq import YaqApp
 from dirmq.server import serve as runtime
 from dirmq.server.dialect import Router
 from dirmq.server.http import Limits
+from dirmq.server.tls import tls_files
 from dirmq.sqs.app import Authenticate, SqsApp
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -40,10 +41,15 @@ class ServeOptions:
     limits: Limits = field(default_factory=Limits)
     sqs_credentials: str | None = None  # file of `KEY_ID SECRET` lines: SQS requires SigV4
     sqs_deleted_wait_s: float | None = None  # CreateQueue after DeleteQueue: AWS's 60 s wait
+    # HTTPS on every listener (PEM files); with tls_client_ca, client certificates required.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
 
 
 def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int:
     """Run the server in the foreground; returns the exit status."""
+    tls = tls_files(options.tls_cert, options.tls_key, options.tls_client_ca)
     authenticate: Authenticate | None = None
     if options.sqs_credentials is not None:
         from dirmq.sqs.auth import SigV4Authenticator
@@ -75,5 +81,6 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
         workers=options.workers,
         drain_timeout_s=options.drain_timeout_s,
         limits=options.limits,
+        tls=tls,
     )
     return runtime.serve(runtime_options, compose, announce)

@@ -65,6 +65,22 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="S",
         help="on SIGTERM, how long requests in progress may take to finish",
     )
+    tls = p.add_argument_group("TLS (HTTPS on every listener; see docs/security.md)")
+    tls.add_argument(
+        "--tls-cert",
+        default=None,
+        metavar="FILE",
+        help="serve HTTPS with this PEM certificate (then any intermediates); needs --tls-key",
+    )
+    tls.add_argument(
+        "--tls-key", default=None, metavar="FILE", help="the certificate's PEM private key"
+    )
+    tls.add_argument(
+        "--tls-client-ca",
+        default=None,
+        metavar="FILE",
+        help="require client certificates signed by a CA in this PEM file (mutual TLS)",
+    )
     limits = p.add_argument_group("limits that protect the server from its clients")
     limits.add_argument(
         "--max-connections",
@@ -134,6 +150,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sqs_deleted_wait_s=WINDOW_S if args.sqs_delay_recently_deleted else None,
         workers=args.workers,
         drain_timeout_s=args.drain_timeout,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
         limits=Limits(
             max_connections=args.max_connections,
             max_body_bytes=args.max_body_bytes,

@@ -16,6 +16,9 @@ Differences from `RemoteStore` / `RemoteQueue`, all forced by `async`:
 - `browse()` returns a list (`await queue.browse()`), not an iterator: the server answers a
   browse in one response, so the whole snapshot is in memory anyway.
 
+An https:// URL takes the sync client's TLS keywords (`cafile`, `certfile`, `keyfile`,
+`ssl_context`: `dirmq.client.tls`).
+
 Requests are built and answers read by `dirmq.client.protocol`, exactly as the sync client does;
 errors are the library's. A waiting `get` holds one pooled connection for its whole wait, so size
 `max_connections` to the number of concurrent long polls plus the other traffic (None: no limit).
@@ -25,6 +28,7 @@ it. One `AsyncRemoteStore` belongs to one event loop.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -32,6 +36,7 @@ import httpx
 
 from dirmq import errors
 from dirmq.client import protocol as p
+from dirmq.client import tls
 from dirmq.client.remote import DEFAULT_TIMEOUT_S, checked, unreachable
 from dirmq.store import Durability, Message, OutgoingMessage, QueueConfig, QueueStats
 
@@ -47,6 +52,10 @@ class AsyncRemoteStore:
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+        cafile: str | None = None,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self._max_connections = max_connections
@@ -54,6 +63,7 @@ class AsyncRemoteStore:
             base_url=self.url,
             timeout=timeout_s,
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=20),
+            verify=tls.verify_argument(cafile, certfile, keyfile, ssl_context),
         )
         self._timeout_s = timeout_s
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,6 +37,7 @@ import httpx
 
 from dirmq import errors
 from dirmq.client import protocol as p
+from dirmq.client import tls
 from dirmq.client.remote import DEFAULT_TIMEOUT_S, checked, unreachable
 from dirmq.pubsub.model import (
     DEFAULT_ACCEPT_TIMEOUT_S,
@@ -68,11 +70,22 @@ class RetainedPage:
 
 
 class RemotePubSub:
-    """Pub/sub on one dirmq server. Thread-safe (one connection pool)."""
+    """Pub/sub on one dirmq server. Thread-safe (one connection pool). An https:// URL takes
+    `RemoteStore`'s TLS keywords (`dirmq.client.tls`)."""
 
-    def __init__(self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        cafile: str | None = None,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        verify = tls.verify_argument(cafile, certfile, keyfile, ssl_context)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, verify=verify)
 
     def request(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -9,6 +10,7 @@ import httpx
 
 from dirmq import errors
 from dirmq.client import protocol as p
+from dirmq.client import tls
 from dirmq.store import Durability, Message, OutgoingMessage, QueueConfig, QueueStats
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -34,15 +36,30 @@ def unreachable(url: str, exc: httpx.HTTPError) -> errors.StorageIOError:
         return errors.StorageIOError(
             0, f"dirmq at {url} did not answer in time ({type(exc).__name__})"
         )
-    return errors.StorageIOError(0, f"cannot reach dirmq at {url}: {exc}")
+    advice = tls.hint(str(exc))
+    if not advice and url.startswith("http://") and isinstance(exc, httpx.RemoteProtocolError):
+        advice = " (if the server serves HTTPS, use an https:// URL)"
+    return errors.StorageIOError(0, f"cannot reach dirmq at {url}: {exc}{advice}")
 
 
 class RemoteStore:
-    """The queues of one dirmq server. Thread-safe (one connection pool)."""
+    """The queues of one dirmq server. Thread-safe (one connection pool). For an https://
+    URL, `cafile`, `certfile`, `keyfile` and `ssl_context` say whom to trust and what client
+    certificate to show (`dirmq.client.tls`)."""
 
-    def __init__(self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        cafile: str | None = None,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        verify = tls.verify_argument(cafile, certfile, keyfile, ssl_context)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, verify=verify)
         self._timeout_s = timeout_s
 
     def request(self, call: p.Call) -> p.Answer:

@@ -51,6 +51,10 @@ LINGER_S = 2.0
 # without the copy that joining their pieces would make (smaller ones: the pieces are cheaper).
 PREALLOCATE_BYTES = 256 * 1024
 RETRY_AFTER_S = 1
+CERTIFICATE_REQUIRED = (
+    "this server requires a client certificate (mutual TLS) signed by a CA it trusts; "
+    "none was presented"
+)
 _NO_BODY = frozenset({204, 304})
 _METHOD_NAMES = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH")}
 
@@ -84,6 +88,7 @@ class Request:
     route: str = ""  # a low-cardinality name of what it asked (a route kind, an SQS action)
     queue: str = ""  # the queue (or pub/sub name) it addressed, when it named one
     principal: str = ""  # who sent it, once authenticated
+    scheme: str = "http"  # "https" on a TLS listener (for the URLs a dialect hands out)
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
@@ -200,8 +205,13 @@ class HttpServer:
         budget: MemoryBudget | None = None,
         body_check: BodyCheck | None = None,
         observe: Observe | None = None,
+        scheme: str = "http",
+        require_client_certificate: bool = False,
     ) -> None:
         self.handler = handler
+        self.scheme = scheme  # "https": the listener wraps connections in TLS (serve.py)
+        # TLS let a client without a certificate through (`tls.py`): refuse it here, in words.
+        self.require_client_certificate = require_client_certificate
         self.fast = fast
         self.body_check = body_check
         self.observe = observe
@@ -240,10 +250,11 @@ class HttpServer:
         """Finish what is in progress, then close every connection (the listener is already
         closed by the caller). Idle connections close now; busy ones after their response."""
         self.draining = True
-        for connection in list(self.connections):
-            connection.close_if_idle()
+        # Closed idle ones are not waited for: over TLS, closing waits for the client's
+        # close_notify, which an idle keep-alive client never sends (they are aborted below).
+        idle = {c for c in list(self.connections) if c.close_if_idle()}
         deadline = time.monotonic() + timeout_s
-        while self.connections and time.monotonic() < deadline:
+        while self.connections - idle and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         for connection in list(self.connections):
             connection.abort()
@@ -326,6 +337,12 @@ class HttpProtocol(asyncio.Protocol):
         if len(self._server.connections) >= self._limits.max_connections:
             message = "too many connections; retry shortly"
             self._write_error(503, message, extra=(("Retry-After", "1"),))
+            self._transport.close()
+            self._closed = True
+            return
+        if self._server.require_client_certificate and not transport.get_extra_info("peercert"):
+            # Before reading anything: the client's first request gets this answer.
+            self._write_error(403, CERTIFICATE_REQUIRED)
             self._transport.close()
             self._closed = True
             return
@@ -416,9 +433,12 @@ class HttpProtocol(asyncio.Protocol):
             self._server.budget.give(request.held_bytes)
             request.held_bytes = 0
 
-    def close_if_idle(self) -> None:
+    def close_if_idle(self) -> bool:
+        """Close the connection if no request is in progress on it; whether it did."""
         if self._task is None and not self._in_message and self._transport is not None:
             self._transport.close()
+            return True
+        return False
 
     def abort(self) -> None:
         if self._transport is not None:
@@ -606,6 +626,7 @@ class HttpProtocol(asyncio.Protocol):
             query,
             self._body_charge,
             time.monotonic(),
+            scheme=self._server.scheme,
         )
         self._body_charge = 0  # the request's now
         self._reset_message()
@@ -821,7 +842,17 @@ class HttpProtocol(asyncio.Protocol):
         except httptools.HttpParserError:
             method = "-"
         path, query = _split_url(self._url) if self._url else ("-", "")
-        request = Request(method, path, {}, self._headers, b"", False, self._raw_headers, query)
+        request = Request(
+            method,
+            path,
+            {},
+            self._headers,
+            b"",
+            False,
+            self._raw_headers,
+            query,
+            scheme=self._server.scheme,
+        )
         request.started = self._began
         sent = len(response.body) if response is not None else len(error_body(status, ""))
         self._observed(request, status, sent)
@@ -860,6 +891,9 @@ class HttpProtocol(asyncio.Protocol):
             self._update_reading()
             self._arm(LINGER_S)
         else:
+            # TLS: no half-close, but closing sends close_notify and then reads and drops what
+            # the client still sends until it answers, for up to LINGER_S (serve.py's
+            # ssl_shutdown_timeout): the same linger, done by the TLS layer.
             transport.close()
 
     def _write_error(

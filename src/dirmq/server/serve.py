@@ -9,6 +9,9 @@ each bind their own socket to the same ports (the kernel spreads connections acr
 only supervises: it forwards SIGTERM/SIGINT and restarts a worker that died. Each worker is a
 complete brokerless dirmq process on the shared root, so workers need no coordination.
 
+With `--tls-cert`/`--tls-key` every listener serves HTTPS: the parent builds and checks the
+`ssl.SSLContext` (`tls.py`) before binding anything, and the workers it forks inherit it.
+
 SIGTERM drains: the listeners close, waiting long polls are answered (204), requests in
 progress finish (up to `drain_timeout_s`), then the process exits. Nothing that got a 2xx
 depends on the process surviving: a put is durable before its 201 is sent, so even SIGKILL
@@ -25,10 +28,12 @@ import os
 import re
 import signal
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import uvloop
 
@@ -36,8 +41,9 @@ from dirmq.errors import CannotListen, InvalidArgument
 from dirmq.server.broker import Broker
 from dirmq.server.budget import MemoryBudget, WorkerSlots, shared_slots
 from dirmq.server.dialect import Router, unique_dialects
-from dirmq.server.http import HttpServer, Limits
+from dirmq.server.http import LINGER_S, HttpServer, Limits
 from dirmq.server.metrics import Metrics
+from dirmq.server.tls import TlsFiles, requires_client_certificate, server_context
 from dirmq.store import Store
 
 BACKLOG = 4096
@@ -56,6 +62,7 @@ class RuntimeOptions:
     workers: int = 1
     drain_timeout_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
+    tls: TlsFiles | None = None  # HTTPS on every listener
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +144,9 @@ class _Endpoint:
     port: int
     sock: socket.socket
 
-    @property
-    def url(self) -> str:
+    def url(self, scheme: str) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{scheme}://{host}:{self.port}"
 
 
 def _bind_all(options: RuntimeOptions) -> list[_Endpoint]:
@@ -173,9 +179,10 @@ async def run_worker(
     endpoints: list[_Endpoint],
     budget_slots: WorkerSlots | None = None,
     worker: int = 0,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain. `budget_slots`: the body budget's slots shared
-    by every worker (`budget.py`); this worker's is `worker`."""
+    by every worker (`budget.py`); this worker's is `worker`. `tls`: HTTPS on every listener."""
     loop = asyncio.get_running_loop()
     store = Store(options.root)
     broker = Broker(store)
@@ -196,10 +203,14 @@ async def run_worker(
             budget=budget,
             body_check=router.body_check,
             observe=router.observe,
+            scheme="https" if tls else "http",
+            require_client_certificate=requires_client_certificate(tls),
         )
         http_servers.append(http)
         listeners.append(
-            await loop.create_server(http.protocol, sock=endpoint.sock, backlog=BACKLOG)
+            await loop.create_server(
+                http.protocol, sock=endpoint.sock, backlog=BACKLOG, **_tls_arguments(tls, options)
+            )
         )
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -217,6 +228,21 @@ async def run_worker(
     store.close()
 
 
+def _tls_arguments(tls: ssl.SSLContext | None, options: RuntimeOptions) -> dict[str, Any]:
+    """`create_server`'s TLS arguments. The handshake is part of the request head: it gets the
+    head's time (not uvloop's 60 s, which would let silent sockets sit unseen by the connection
+    limit). Closing waits for the client's close_notify (reading and dropping what it still
+    sends, as the plain-TCP linger after a refusal does) only LINGER_S, not uvloop's 30 s: an
+    idle keep-alive client never answers, and every connection closed on drain would wait."""
+    if tls is None:
+        return {}
+    return {
+        "ssl": tls,
+        "ssl_handshake_timeout": max(options.limits.header_timeout_s, 1.0),
+        "ssl_shutdown_timeout": LINGER_S,
+    }
+
+
 def serve(
     options: RuntimeOptions, compose: Compose, announce: Callable[[str], None] = print
 ) -> int:
@@ -230,26 +256,34 @@ def serve(
             f"--max-body-memory ({limits.max_body_memory_bytes}) must be at least "
             f"--max-body-bytes ({limits.max_body_bytes})"
         )
+    # Before binding: a bad certificate or key must leave nothing behind, and say so first.
+    tls = server_context(options.tls) if options.tls is not None else None
     endpoints = _bind_all(options)  # before the root: a busy port must leave nothing behind
     try:
         Store(options.root)  # create the root now, so a bad path fails before we announce
     except BaseException:
         _close(endpoints)
         raise
+    scheme = "https" if tls else "http"
     for endpoint in endpoints:
-        announce(f"dirmq {endpoint.name} API listening on {endpoint.url}")
+        announce(f"dirmq {endpoint.name} API listening on {endpoint.url(scheme)}")
     announce(
         f"storing queues under {os.path.abspath(options.root)} "
         f"({options.workers} worker{'s' if options.workers > 1 else ''})"
     )
     sys.stdout.flush()
     if options.workers == 1:
-        uvloop.run(run_worker(options, compose, endpoints))
+        uvloop.run(run_worker(options, compose, endpoints, tls=tls))
         return 0
-    return _supervise(options, compose, endpoints)
+    return _supervise(options, compose, endpoints, tls)
 
 
-def _supervise(options: RuntimeOptions, compose: Compose, endpoints: list[_Endpoint]) -> int:
+def _supervise(
+    options: RuntimeOptions,
+    compose: Compose,
+    endpoints: list[_Endpoint],
+    tls: ssl.SSLContext | None,
+) -> int:
     children: dict[int, int] = {}  # pid -> worker number
     stopping = False
     budget_slots = shared_slots(options.workers)
@@ -269,7 +303,7 @@ def _supervise(options: RuntimeOptions, compose: Compose, endpoints: list[_Endpo
             )
             code = 0
             try:
-                uvloop.run(run_worker(options, compose, own, budget_slots, number))
+                uvloop.run(run_worker(options, compose, own, budget_slots, number, tls))
             except BaseException:  # a worker must never return into the parent's code
                 code = 1
             os._exit(code)

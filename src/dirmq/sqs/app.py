@@ -144,7 +144,7 @@ class SqsApp(Dialect):
         host = request.headers.get("host") or "localhost"
         context = Context(
             self.broker,
-            f"http://{host}",
+            f"{request.scheme}://{host}",
             self.account,
             self.region,
             request.headers.get("x-amzn-trace-id"),

@@ -150,7 +150,7 @@ def parse(request: Request) -> tuple[str, dict[str, Any]]:
     params = _read_structure(shape, _tree(flat))
     if "QueueUrl" in shape.members and "QueueUrl" not in params and request.path.strip("/"):
         host = request.headers.get("host") or "localhost"
-        params["QueueUrl"] = f"http://{host}{request.path}"
+        params["QueueUrl"] = f"{request.scheme}://{host}{request.path}"
     return action, params
 
 
