@@ -47,12 +47,14 @@ class AsyncRemoteStore:
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+        token: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self._max_connections = max_connections
         self._http = httpx.AsyncClient(
             base_url=self.url,
             timeout=timeout_s,
+            headers=p.auth_headers(token),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=20),
         )
         self._timeout_s = timeout_s

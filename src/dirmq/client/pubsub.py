@@ -70,9 +70,13 @@ class RetainedPage:
 class RemotePubSub:
     """Pub/sub on one dirmq server. Thread-safe (one connection pool)."""
 
-    def __init__(self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, token: str | None = None
+    ) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        self._http = httpx.Client(
+            base_url=self.url, timeout=timeout_s, headers=p.auth_headers(token)
+        )
 
     def request(
         self,

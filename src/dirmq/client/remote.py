@@ -38,11 +38,16 @@ def unreachable(url: str, exc: httpx.HTTPError) -> errors.StorageIOError:
 
 
 class RemoteStore:
-    """The queues of one dirmq server. Thread-safe (one connection pool)."""
+    """The queues of one dirmq server. Thread-safe (one connection pool). `token`: the bearer
+    token of a server with credentials (default `$DIRMQ_TOKEN`; docs/security.md)."""
 
-    def __init__(self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, token: str | None = None
+    ) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        self._http = httpx.Client(
+            base_url=self.url, timeout=timeout_s, headers=p.auth_headers(token)
+        )
         self._timeout_s = timeout_s
 
     def request(self, call: p.Call) -> p.Answer:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import ipaddress
 import json
 import logging
 import socket
@@ -52,6 +53,10 @@ LINGER_S = 2.0
 PREALLOCATE_BYTES = 256 * 1024
 RETRY_AFTER_S = 1
 _NO_BODY = frozenset({204, 304})
+PROTECTED_MODE = (
+    "dirmq runs in protected mode (no credentials configured): only clients on this host may "
+    "connect; start it with --credentials FILE (or --allow-anonymous)"
+)
 _METHOD_NAMES = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH")}
 
 
@@ -78,6 +83,7 @@ class Request:
     raw_headers: list[tuple[str, str]] = field(default_factory=list)  # names as sent
     raw_query: str = ""  # as sent, still percent-encoded (signatures are computed over it)
     held_bytes: int = 0  # of the server's MemoryBudget, given back once answered
+    principal: str = ""  # who sent it (`server/access.py`), once the Router knows; "": nobody
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
@@ -189,8 +195,11 @@ class HttpServer:
         *,
         budget: MemoryBudget | None = None,
         body_check: BodyCheck | None = None,
+        loopback_only: bool = False,
     ) -> None:
         self.handler = handler
+        # Protected mode (no credentials configured): a peer not on this host is turned away.
+        self.loopback_only = loopback_only
         self.fast = fast
         self.body_check = body_check
         self.limits = limits or Limits()
@@ -312,6 +321,11 @@ class HttpProtocol(asyncio.Protocol):
         if len(self._server.connections) >= self._limits.max_connections:
             message = "too many connections; retry shortly"
             self._write_error(503, message, extra=(("Retry-After", "1"),))
+            self._transport.close()
+            self._closed = True
+            return
+        if self._server.loopback_only and not _is_loopback(transport.get_extra_info("peername")):
+            self._write_error(403, PROTECTED_MODE)
             self._transport.close()
             self._closed = True
             return
@@ -819,6 +833,20 @@ class HttpProtocol(asyncio.Protocol):
         headers = self._base_headers([("Content-Type", "application/json"), *extra])
         head = framing.response_head(status, headers, content_length=len(body), keep_alive=False)
         self._transport.write(head + body)
+
+
+def _is_loopback(peer: object) -> bool:
+    """Whether a peer address (`peername`) is this host: 127/8, ::1, or IPv4-mapped 127/8. A
+    peer that is no IP address (a Unix socket) is local too."""
+    if not isinstance(peer, tuple) or not peer or not isinstance(peer[0], str):
+        return True
+    try:
+        address = ipaddress.ip_address(peer[0].partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
 
 
 def _internal_error() -> Response:
