@@ -153,7 +153,7 @@ class Access:
     def refusal(self, principal: str, permission: str, target: str) -> Exception:
         if not principal:
             return credentials_required()
-        wanted = "any permission" if permission == SEE else f"{permission} permission"
+        wanted = "permission" if permission == SEE else f"{permission} permission"
         return AccessDenied(f"principal {principal!r} has no {wanted} on {target}")
 
     def may_read_metrics(self, principal: str) -> bool:

@@ -94,7 +94,7 @@ def authorise(
 
 def _require(access: Access, principal: str, action: str, needs: str, name: str) -> None:
     if not access.allows(principal, needs, name):
-        wanted = "any permission" if needs == SEE else f"{needs} permission"
+        wanted = "some permission" if needs == SEE else f"{needs} permission"
         raise SqsError(
             "AccessDenied",
             f"principal {principal!r} is not authorized to perform sqs:{action} on queue "
