@@ -527,7 +527,10 @@ def test_options_that_exclude_each_other(tmp_path: Path) -> None:
         ('metrics = "all"\n', "c.toml: metrics = 'all': must be one of \"granted\", "),
         ("", "c.toml: no principals"),
         ("\n\n[principals.a]\nread = ['*']\n", "c.toml:3: principal 'a': has no credentials"),
-        ("[principals.a]\ntoken_sha256 = 'abc'\n", "principal 'a': token_sha256 'abc' is not a"),
+        (
+            "[principals.a]\ntoken_sha256 = 'abc'\n",
+            "principal 'a': token_sha256 holds a value of 3 characters that is not a SHA-256",
+        ),
         (
             f"[principals.a]\ntoken_sha256 = '{'0' * 64}'\nread = 'orders/*'\n",
             "c.toml:1: principal 'a': read must be a list of name patterns",
@@ -659,3 +662,36 @@ def test_time_is_spent_once_per_token() -> None:
         access.token_of(header)
         access.allows("p", "write", "orders/a")
     assert (time.perf_counter() - started) / 10_000 < 20e-6  # ~0.2 µs unloaded
+
+
+# -- what docs/security.md shows ------------------------------------------------------------------
+SECURITY_MD = REPO / "docs" / "security.md"
+
+
+def _shown_error(starts: str) -> str:
+    """The line of docs/security.md that starts with `starts` (a refusal it shows as text)."""
+    return next(x for x in SECURITY_MD.read_text().splitlines() if x.startswith(starts))
+
+
+def test_the_documented_refusals_are_what_the_server_says(tmp_path: Path) -> None:
+    done = _serve("--listen", "0.0.0.0:8080", root=tmp_path / "root")
+    assert done.returncode == exits.CANNOT_LISTEN
+    assert done.stderr.rstrip("\n") == _shown_error("dirmq: error: refusing to listen")
+    # The example credentials file with a token pasted where its digest belongs.
+    from .test_docs import blocks
+
+    (example,) = [b.text for b in blocks(SECURITY_MD) if b.file == "credentials.toml"]
+    digest = token_digest("dmq_EXAMPLE-shop-token-do-not-use-00000000")
+    assert digest in example
+    path = tmp_path / "credentials.toml"
+    path.write_text(example.replace(digest, "dmq_EXAMPLE-shop-token-do-not-use-00000000"))
+    done = _serve("--credentials", str(path), root=tmp_path / "root")
+    assert done.returncode == exits.USAGE
+    shown = _shown_error("dirmq: error: /etc/dirmq/credentials.toml")
+    assert done.stderr.rstrip("\n") == shown.replace("/etc/dirmq/credentials.toml", str(path))
+
+
+def test_tls_is_the_last_section_of_security_md() -> None:
+    """The TLS work fills in the last section; keep it last."""
+    headings = [x for x in SECURITY_MD.read_text().splitlines() if x.startswith("## ")]
+    assert headings[-1] == "## TLS"

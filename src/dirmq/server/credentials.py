@@ -258,9 +258,11 @@ def _digests(value: object, where: str) -> list[str]:
         raise ConfigError(f"{where}: token_sha256 must be a string or a list of strings")
     for item in items:
         if not _DIGEST.fullmatch(item):
+            # The value is not echoed: it may be a token pasted by mistake.
             raise ConfigError(
-                f"{where}: token_sha256 {item[:20]!r} is not a SHA-256 digest (64 hex digits): "
-                "store the digest `dirmq token new` prints, never the token itself"
+                f"{where}: token_sha256 holds a value of {len(item)} characters that is not a "
+                "SHA-256 digest (64 hex digits): store the digest `dirmq token new` prints, "
+                "never the token itself"
             )
     return [i.lower() for i in items]
 
