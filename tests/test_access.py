@@ -14,6 +14,7 @@ Principals of the shared server (`guarded`):
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import socket
@@ -35,7 +36,7 @@ from botocore.credentials import Credentials as AwsCredentials
 from botocore.exceptions import ClientError
 
 from dirmq.cli import exits
-from dirmq.client import RemoteStore
+from dirmq.client import AsyncRemoteStore, RemoteStore
 from dirmq.client.pubsub import RemotePubSub
 from dirmq.errors import AccessDenied, ConfigError, Unauthenticated
 from dirmq.server.access import Access
@@ -238,6 +239,14 @@ def test_python_client_sends_its_token(guarded: ServerProcess, monkeypatch: Any)
     with RemoteStore(guarded.url, token="") as store, pytest.raises(Unauthenticated):
         store.list_queues()
 
+    async def asynchronously() -> list[str]:
+        async with AsyncRemoteStore(guarded.url, token=READER) as store:
+            with pytest.raises(AccessDenied):
+                await store.queue("billing/x")
+            return await store.list_queues()
+
+    assert "billing/x" not in asyncio.run(asynchronously())
+
 
 # -- yaq -------------------------------------------------------------------------------------------
 def test_yaq(guarded: ServerProcess) -> None:
@@ -311,6 +320,12 @@ def test_pubsub_subscribe_settle_and_retained(guarded: ServerProcess, http: http
             assert watcher.subscriptions() == []
             with RemotePubSub(guarded.url, token=OPS) as ops:
                 assert sub.name in [s["name"] for s in ops.subscriptions()]
+    # Deleting a subscription is admin on it; listing needs a principal.
+    for headers, status in ((bearer(READER), 403), (bearer(WATCHER), 403), (bearer(OPS), 404)):
+        assert http.delete("/@pubsub/subscriptions/billing-9", headers=headers).status_code == (
+            status
+        )
+    assert http.get("/@pubsub/subscriptions").status_code == 401
     # Retained pages: a channel the principal may read, or every channel.
     page = "/@pubsub/retained"
     assert http.get(page, params={"channel": "orders"}).status_code == 401
