@@ -73,12 +73,13 @@ import resource
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -299,6 +300,7 @@ class DirmqServer:
     root: str
     workers: list[int]  # the PIDs that serve requests
     label: str
+    access: Access | None = None  # TLS and a token (the "secure" section); None: plain HTTP
     log: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=50))
 
     @property
@@ -306,9 +308,27 @@ class DirmqServer:
         return [self.proc.pid, *[p for p in self.workers if p != self.proc.pid]]
 
 
-def start_dirmq(procs: Processes, root: str, workers: int, label: str) -> DirmqServer:
+@dataclass(frozen=True)
+class Access:
+    """How a client reaches a server started with TLS and credentials."""
+
+    cafile: str
+    token: str
+
+    def context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=self.cafile)
+
+
+def start_dirmq(
+    procs: Processes,
+    root: str,
+    workers: int,
+    label: str,
+    extra: Sequence[str] = (),
+    access: Access | None = None,
+) -> DirmqServer:
     args = [sys.executable, "-m", "dirmq", "serve", "--root", root, "--listen", f"{HOST}:0"]
-    args += ["--workers", str(workers)]
+    args += ["--workers", str(workers), *extra]
     proc = procs.start(
         args,
         stdout=subprocess.PIPE,
@@ -344,7 +364,7 @@ def start_dirmq(procs: Processes, root: str, workers: int, label: str) -> DirmqS
     if not url:
         raise RuntimeError(f"dirmq serve ({label}) exited with {proc.poll()} before listening")
     reader.join(timeout=5)
-    server = DirmqServer(proc, int(url.rsplit(":", 1)[1]), root, [proc.pid], label)
+    server = DirmqServer(proc, int(url.rsplit(":", 1)[1]), root, [proc.pid], label, access=access)
     threading.Thread(target=_drain_output, args=(proc.stdout, server.log), daemon=True).start()
     if workers > 1:
         deadline = time.monotonic() + 10
@@ -355,15 +375,15 @@ def start_dirmq(procs: Processes, root: str, workers: int, label: str) -> DirmqS
             procs.adopt(pid)
         if len(server.workers) != workers:
             raise RuntimeError(f"{label}: {len(server.workers)} of {workers} workers started")
-    wait_http(server.port)
+    wait_http(server.port, access=access)
     return server
 
 
-def wait_http(port: int, budget_s: float = 10.0) -> None:
+def wait_http(port: int, budget_s: float = 10.0, access: Access | None = None) -> None:
     deadline = time.monotonic() + budget_s
     while True:
         try:
-            if http_call(port, "GET", "/health", timeout_s=2)[0] == 200:
+            if http_call(port, "GET", "/health", timeout_s=2, access=access)[0] == 200:
                 return
         except OSError:
             pass
@@ -425,10 +445,17 @@ def http_call(
     body: bytes = b"",
     headers: dict[str, str] | None = None,
     timeout_s: float = 60.0,
+    access: Access | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout_s)
+    conn: http.client.HTTPConnection
+    headers = dict(headers or {})
+    if access is None:
+        conn = http.client.HTTPConnection(HOST, port, timeout=timeout_s)
+    else:
+        conn = http.client.HTTPSConnection(HOST, port, timeout=timeout_s, context=access.context())
+        headers["Authorization"] = f"Bearer {access.token}"
     try:
-        conn.request(method, path, body=body, headers=headers or {})
+        conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
         data = response.read()
         return response.status, {k.lower(): v for k, v in response.getheaders()}, data
@@ -436,22 +463,26 @@ def http_call(
         conn.close()
 
 
-def create_queue(port: int, name: str, durability: str | None = None) -> None:
+def create_queue(
+    port: int, name: str, durability: str | None = None, access: Access | None = None
+) -> None:
     config = {} if durability is None else {"durability": durability}
-    status, _, body = http_call(port, "PUT", f"/{name}", json.dumps(config).encode())
+    body = json.dumps(config).encode()
+    status, _, body = http_call(port, "PUT", f"/{name}", body, access=access)
     if status not in (200, 201):
         raise RuntimeError(f"PUT /{name}: {status} {body[:200]!r}")
 
 
-def warm_up(port: int, name: str) -> None:
+def warm_up(port: int, name: str, access: Access | None = None) -> None:
     """One publish, one get, one ack: the queue's index, watcher and publisher exist after it."""
-    status, _, _ = http_call(port, "POST", f"/{name}/messages", BODY)
+    status, _, _ = http_call(port, "POST", f"/{name}/messages", BODY, access=access)
     if status != 201:
         raise RuntimeError(f"warm-up publish to {name}: {status}")
-    status, headers, _ = http_call(port, "GET", f"/{name}/messages")
+    status, headers, _ = http_call(port, "GET", f"/{name}/messages", access=access)
     if status != 200:
         raise RuntimeError(f"warm-up get from {name}: {status}")
-    status, _, _ = http_call(port, "DELETE", f"/{name}/messages/{headers['x-receipt']}")
+    receipt = headers["x-receipt"]
+    status, _, _ = http_call(port, "DELETE", f"/{name}/messages/{receipt}", access=access)
     if status != 204:
         raise RuntimeError(f"warm-up ack on {name}: {status}")
 
@@ -791,11 +822,17 @@ async def _load(spec: dict[str, Any]) -> dict[str, Any]:
     # Connections in the making at once: the server's accept queue is finite (see hold_polls).
     gate = asyncio.Semaphore(int(spec.get("connect_concurrency", 100)))
 
+    cafile = spec.get("cafile")
+    tls = ssl.create_default_context(cafile=cafile) if cafile else None
+
     async def connect() -> LoadConnection:
         async with gate:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: LoadConnection(parse, make_script(spec, tally)), HOST, spec["port"]
+                    lambda: LoadConnection(parse, make_script(spec, tally)),
+                    HOST,
+                    spec["port"],
+                    ssl=tls,
                 ),
                 30,
             )
@@ -1187,6 +1224,8 @@ class Context:
         proto = "http" if isinstance(server, DirmqServer) else "resp"
         full = {"proto": proto, "port": server.port, "duration_s": self.sizes.trial_s}
         full |= {"max_ops": self.sizes.trial_ops}
+        if isinstance(server, DirmqServer) and server.access is not None:
+            full["cafile"] = server.access.cafile
         full |= spec
         return run_load(self.procs, full, conns, nprocs or self.load_procs, server.pids)
 

@@ -59,7 +59,8 @@ def test_a_busy_port_is_named_and_nothing_is_created(
 
 
 def test_an_address_of_another_host_is_refused_with_the_reason(tmp_path: Path) -> None:
-    result = _serve(tmp_path / "root", "--listen", "192.0.2.1:0")  # TEST-NET-1: not ours
+    # TEST-NET-1: not ours (--allow-anonymous: past protected mode, to the bind itself)
+    result = _serve(tmp_path / "root", "--listen", "192.0.2.1:0", "--allow-anonymous")
     assert result.returncode == exits.CANNOT_LISTEN
     assert "cannot listen on 192.0.2.1:0 (native API): Cannot assign requested address" in (
         _error_line(result)

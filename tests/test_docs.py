@@ -29,6 +29,10 @@ The conventions (also in docs/architecture.md, "Examples are tested"):
   can be used by the next). `...` matches anything within a line; a line that is only `...`
   matches any number of lines. `<receipt>` and `<id>` in a command are the last ones printed
   before it (by the previous command or the block's setup).
+- `<!-- serve: ARGS -->` anywhere in a document gives its server extra arguments; a block
+  right after `<!-- file: NAME -->` is written to NAME in the document's temp directory before
+  the server starts, and NAME in ARGS stands for that file (docs/security.md: its credentials
+  file, which the examples after it then use).
 - HTML comments right before a block: `<!-- no-run: reason -->` skips it (keep them rare,
   with a reason); `<!-- setup: ... -->` (one or more lines) is run first, unseen, in the block's
   language (files to read, queues to exist, names a snippet uses); `<!-- needs: prog ... -->`
@@ -84,7 +88,8 @@ VOLATILE = re.compile(rf"{ID}|dirmq-[0-9a-f]{{24}}|\d{{10,}}(?:\.\d+)?|\d+\.\d{{
 # `<receipt>` or `<id>` in a command: the last one the previous command printed.
 PLACEHOLDERS = {"<receipt>": rf"{ID}\.\d+", "<id>": ID}
 _FENCE = re.compile(r"^```(\w*)\s*$")
-_COMMENT = re.compile(r"<!--\s*(no-run|setup|needs|check|server):(.*?)-->\s*$", re.DOTALL)
+_COMMENT = re.compile(r"<!--\s*(no-run|setup|needs|check|server|file):(.*?)-->\s*$", re.DOTALL)
+_SERVE = re.compile(r"<!--\s*serve:(.*?)-->")
 _COMMENT_AFTER = re.compile(r"\s*(<!--\s*check:.*?-->)", re.DOTALL)
 
 
@@ -99,6 +104,7 @@ class Block:
     needs: list[str] = field(default_factory=list)  # programs it runs only where installed
     check: str = ""  # run after it
     server: str | None = None  # SERVER_KINDS: run by another test, against another server
+    file: str = ""  # written to this file name before the document's server starts
 
     @property
     def where(self) -> str:
@@ -135,6 +141,8 @@ def blocks(path: Path) -> list[Block]:
                 block.needs = text.split()
             elif kind == "server":
                 block.server = text.strip()
+            elif kind == "file":
+                block.file = text.strip()
             else:
                 block.setup = text.strip("\n") + "\n"
             before = before[:start].rstrip()
@@ -410,9 +418,28 @@ def _environment(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def server_arguments(path: Path, workdir: Path) -> list[str]:
+    """The extra arguments of `path`'s server (`<!-- serve: ... -->`), its `file:` blocks
+    written into `workdir` (private: a credentials file must be)."""
+    found = _SERVE.search(path.read_text())
+    if found is None:
+        return []
+    files: dict[str, str] = {}
+    for block in blocks(path):
+        if block.file:
+            target = workdir / block.file
+            target.write_text(block.text)
+            target.chmod(0o600)
+            files[block.file] = str(target)
+    return [files.get(word, word) for word in found.group(1).split()]
+
+
 @pytest.fixture
-def docs_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    server = start_server(tmp_path / "dirmq-data", yaq=True)
+def docs_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    callspec = getattr(request.node, "callspec", None)  # the document, for its own test
+    path = callspec.params.get("path") if callspec is not None else None
+    extra = server_arguments(path, tmp_path) if path is not None else []
+    server = start_server(tmp_path / "dirmq-data", *extra, yaq=True)
     try:
         yield server
     finally:

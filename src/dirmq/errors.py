@@ -12,7 +12,10 @@
     ├── DuplicateMessage        a pub/sub message id that was already published
     ├── SubscriptionBusy        a pub/sub subscription name already attached elsewhere
     ├── ConsumerBusy            a Spark streaming consumer name held by another running query
-    ├── CannotListen            a server address that cannot be bound (in use, not local, ...)
+    ├── CannotListen            a server address that cannot be bound (in use, not local, ...),
+    │                           or one protected mode refuses (not loopback, no credentials)
+    ├── Unauthenticated         no credentials, or wrong ones, where the server requires them
+    ├── AccessDenied            the credentials' principal lacks the permission for this
     ├── DeliveryNotFound        a pub/sub delivery that is no longer held (aborted or settled)
     ├── CorruptMessage          a message file that does not decode (truncated, bad checksum)
     ├── ProtocolError           what a server sent does not follow the wire format (a client's
@@ -86,6 +89,18 @@ class ConsumerBusy(DirmqError):
 
 class CannotListen(DirmqError):
     pass
+
+
+class Unauthenticated(DirmqError):
+    """No credentials, or wrong ones (HTTP 401). `aws_code` is how the SQS door says it."""
+
+    def __init__(self, message: str, aws_code: str = "InvalidClientTokenId") -> None:
+        super().__init__(message)
+        self.aws_code = aws_code
+
+
+class AccessDenied(DirmqError):
+    """The principal is known but may not do this (HTTP 403)."""
 
 
 class DeliveryNotFound(DirmqError, LookupError):

@@ -10,22 +10,31 @@ put in each listener's `Router`:
 - `--sqs-listen`: SQS alone (the same SQS dialect as on the native port).
 
 A new dialect (the console) or a concern that wraps them all (authentication, access logs) is
-added here, once.
+added here, once. Authentication: one `Access` (`server/access.py`) from `--credentials` (or
+the legacy `--sqs-credentials`), given to every listener's Router (which identifies the
+principal of each request) and to every dialect (which authorises its routes). Without
+credentials the server is open, and protected mode keeps it on this host: it refuses to listen
+anywhere but on loopback unless `--allow-anonymous`, and turns other hosts' connections away.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dirmq.dialects.native.app import NativeApp
 from dirmq.dialects.pubsub import PubSubApi
 from dirmq.dialects.yaq import YaqApp
+from dirmq.errors import CannotListen, InvalidArgument
 from dirmq.server import serve as runtime
+from dirmq.server.access import Access
+from dirmq.server.credentials import exposure_warning, legacy_credentials, load_credentials
 from dirmq.server.dialect import Router
 from dirmq.server.http import Limits
 from dirmq.server.tls import tls_files
-from dirmq.sqs.app import Authenticate, SqsApp
+from dirmq.sqs.app import SqsApp
+from dirmq.sqs.auth import SigV4Authenticator
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
 
@@ -39,7 +48,9 @@ class ServeOptions:
     workers: int = 1
     drain_timeout_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
-    sqs_credentials: str | None = None  # file of `KEY_ID SECRET` lines: SQS requires SigV4
+    credentials: str | None = None  # TOML file of principals (docs/security.md)
+    sqs_credentials: str | None = None  # legacy: `KEY_ID SECRET` lines, each key can do anything
+    allow_anonymous: bool = False  # no credentials, yet listen beyond loopback
     sqs_deleted_wait_s: float | None = None  # CreateQueue after DeleteQueue: AWS's 60 s wait
     # HTTPS on every listener (PEM files); with tls_client_ca, client certificates required.
     tls_cert: str | None = None
@@ -47,32 +58,69 @@ class ServeOptions:
     tls_client_ca: str | None = None
 
 
+def load_access(options: ServeOptions) -> Access:
+    """The server's `Access`, from its credentials (ConfigError for a bad file, before anything
+    is announced; workers share the result). Warns on stderr when a file holding AWS secrets
+    is readable by other users."""
+    if options.credentials is not None and options.sqs_credentials is not None:
+        # Not merged: the legacy keys may do anything, which would quietly widen a file
+        # written to narrow what each principal may do.
+        raise InvalidArgument(
+            "--credentials and --sqs-credentials exclude each other: move the SQS keys into "
+            "the credentials file as aws_keys of principals (docs/security.md)"
+        )
+    path = options.credentials or options.sqs_credentials
+    if path is None:
+        return Access(None)
+    if options.allow_anonymous:
+        raise InvalidArgument(
+            "--allow-anonymous is for a server without credentials: with them, every request "
+            "must carry some (open /health or /metrics in the credentials file)"
+        )
+    loaded = load_credentials(path) if options.credentials else legacy_credentials(path)
+    warning = exposure_warning(path, loaded)
+    if warning is not None:
+        print(f"dirmq: warning: {warning}", file=sys.stderr)
+    return Access(loaded, SigV4Authenticator.of(loaded).check())
+
+
+def refuse_exposure(listeners: list[runtime.Listener]) -> None:
+    """Protected mode: without credentials, an address other hosts can reach is refused."""
+    for listener in listeners:
+        host, _port = runtime.parse_address(listener.address)
+        if not runtime.is_loopback_host(host):
+            raise CannotListen(
+                f"refusing to listen on {listener.address} ({listener.name} API) without "
+                "credentials: anyone who can reach it could read, write and delete every "
+                "queue; give --credentials FILE, or --allow-anonymous to accept that"
+            )
+
+
 def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int:
     """Run the server in the foreground; returns the exit status."""
     tls = tls_files(options.tls_cert, options.tls_key, options.tls_client_ca)
-    authenticate: Authenticate | None = None
-    if options.sqs_credentials is not None:
-        from dirmq.sqs.auth import SigV4Authenticator
-
-        # Loaded now: a bad file fails before anything is announced; workers share the result.
-        authenticate = SigV4Authenticator.from_file(options.sqs_credentials)
+    access = load_access(options)
     listeners = [runtime.Listener("native", options.listen)]
     if options.yaq_listen:
         listeners.append(runtime.Listener("yaq", options.yaq_listen))
     if options.sqs_listen:
         listeners.append(runtime.Listener("sqs", options.sqs_listen))
+    protected = not access.enabled and not options.allow_anonymous
+    if protected:
+        refuse_exposure(listeners)
 
     def compose(worker: runtime.Worker) -> dict[str, Router]:
-        broker = worker.broker
-        sqs = SqsApp(broker, authenticate=authenticate, deleted_wait_s=options.sqs_deleted_wait_s)
+        broker, metrics = worker.broker, worker.metrics
+        sqs = SqsApp(broker, access=access, deleted_wait_s=options.sqs_deleted_wait_s)
         routers = {
             "native": Router(
-                [PubSubApi(broker, worker.metrics), sqs, NativeApp(broker, worker.metrics)]
+                [PubSubApi(broker, metrics, access), sqs, NativeApp(broker, metrics, access)],
+                access,
             ),
-            "sqs": Router([sqs]),
+            "sqs": Router([sqs], access),
         }
         if options.yaq_listen:
-            routers["yaq"] = Router([YaqApp(broker)])
+            routers["yaq"] = Router([YaqApp(broker, access)], access)
         return routers
 
     runtime_options = runtime.RuntimeOptions(
@@ -82,5 +130,6 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
         drain_timeout_s=options.drain_timeout_s,
         limits=options.limits,
         tls=tls,
+        loopback_only=protected,
     )
     return runtime.serve(runtime_options, compose, announce)

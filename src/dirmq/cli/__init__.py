@@ -10,6 +10,7 @@ code from `dirmq.cli.exits` (the table is in docs/cli.md); a traceback is printe
     fsck import-vsqs                                maintenance.py
     serve                                           server.py (imports dirmq.server lazily)
     publish subscribe                               pubsub.py
+    token new, token hash                           tokens.py
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from dirmq import __version__
-from dirmq.cli import exits, maintenance, messages, pubsub, queues, server
+from dirmq.cli import exits, maintenance, messages, pubsub, queues, server, tokens
 from dirmq.cli.args import Parser, add_root_option, common_options
 
 __all__ = ["build_parser", "main"]
@@ -46,6 +47,7 @@ def build_parser() -> Parser:
     maintenance.register(sub, common)
     pubsub.register(sub, common)
     server.register(sub, common)
+    tokens.register(sub, common)
     return parser
 
 

@@ -12,7 +12,8 @@
   8  fsck found problems it did not repair
   9  duplicate: a pub/sub message id that was already published
  10  busy: the pub/sub subscription name is attached in another process
- 11  cannot listen: `serve` could not bind an address (in use, not local, privileged port)
+ 11  cannot listen: `serve` could not bind an address (in use, not local, privileged port),
+     or protected mode refused one other hosts reach (no credentials)
 130  interrupted (Ctrl-C)
 """
 

@@ -38,12 +38,26 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="also serve the Amazon SQS API on a port of its own (it is always served on "
         "--listen too)",
     )
-    p.add_argument(
+    access = p.add_argument_group("who may do what (docs/security.md)")
+    access.add_argument(
+        "--credentials",
+        default=None,
+        metavar="FILE",
+        help="principals, their tokens (as SHA-256) or AWS keys, and their permissions by queue "
+        "name pattern (TOML); every request must then carry credentials on every door",
+    )
+    access.add_argument(
         "--sqs-credentials",
         default=None,
         metavar="FILE",
-        help="require AWS Signature V4 on SQS requests, by the access keys in FILE (lines "
-        "'ACCESS_KEY_ID SECRET_ACCESS_KEY', # comments); default: accept any credentials",
+        help="legacy: lines 'ACCESS_KEY_ID SECRET_ACCESS_KEY' (# comments); each key may do "
+        "anything, signing (SigV4) or sending its secret as a token",
+    )
+    access.add_argument(
+        "--allow-anonymous",
+        action="store_true",
+        help="without credentials, listen on addresses other hosts can reach all the same "
+        "(default: refused, and only this host's clients are served: protected mode)",
     )
     p.add_argument(
         "--sqs-delay-recently-deleted",
@@ -146,7 +160,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         listen=args.listen,
         yaq_listen=args.yaq_listen,
         sqs_listen=args.sqs_listen,
+        credentials=args.credentials,
         sqs_credentials=args.sqs_credentials,
+        allow_anonymous=args.allow_anonymous,
         sqs_deleted_wait_s=WINDOW_S if args.sqs_delay_recently_deleted else None,
         workers=args.workers,
         drain_timeout_s=args.drain_timeout,

@@ -56,12 +56,14 @@ class AsyncRemoteStore:
         certfile: str | None = None,
         keyfile: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        token: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self._max_connections = max_connections
         self._http = httpx.AsyncClient(
             base_url=self.url,
             timeout=timeout_s,
+            headers=p.auth_headers(token),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=20),
             verify=tls.verify_argument(cafile, certfile, keyfile, ssl_context),
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,18 @@ from dirmq.wire import framing
 from dirmq.wire.messages import STORED_HEADERS, STORED_PREFIX
 
 LONG_POLL_MARGIN_S = 30.0
+TOKEN_ENV = "DIRMQ_TOKEN"
+
+
+def auth_headers(token: str | None) -> dict[str, str]:
+    """The `Authorization` header a client sends: its `token`, else `$DIRMQ_TOKEN`, else none
+    (an open server). `token=""` sends none whatever the environment says."""
+    chosen = os.environ.get(TOKEN_ENV) if token is None else token
+    if not chosen:
+        return {}
+    if any(c in chosen for c in "\r\n\x00") or chosen != chosen.strip():
+        raise errors.InvalidArgument("a token cannot hold spaces around it, CR, LF or NUL")
+    return {"Authorization": f"Bearer {chosen}"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,7 @@ class RemotePubSub:
         url: str,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        token: str | None = None,
         cafile: str | None = None,
         certfile: str | None = None,
         keyfile: str | None = None,
@@ -85,7 +86,9 @@ class RemotePubSub:
     ) -> None:
         self.url = url.rstrip("/")
         verify = tls.verify_argument(cafile, certfile, keyfile, ssl_context)
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, verify=verify)
+        self._http = httpx.Client(
+            base_url=self.url, timeout=timeout_s, headers=p.auth_headers(token), verify=verify
+        )
 
     def request(
         self,

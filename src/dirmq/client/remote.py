@@ -43,15 +43,17 @@ def unreachable(url: str, exc: httpx.HTTPError) -> errors.StorageIOError:
 
 
 class RemoteStore:
-    """The queues of one dirmq server. Thread-safe (one connection pool). For an https://
-    URL, `cafile`, `certfile`, `keyfile` and `ssl_context` say whom to trust and what client
-    certificate to show (`dirmq.client.tls`)."""
+    """The queues of one dirmq server. Thread-safe (one connection pool). `token`: the bearer
+    token of a server with credentials (default `$DIRMQ_TOKEN`; docs/security.md). For an
+    https:// URL, `cafile`, `certfile`, `keyfile` and `ssl_context` say whom to trust and what
+    client certificate to show (`dirmq.client.tls`)."""
 
     def __init__(
         self,
         url: str,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        token: str | None = None,
         cafile: str | None = None,
         certfile: str | None = None,
         keyfile: str | None = None,
@@ -59,7 +61,9 @@ class RemoteStore:
     ) -> None:
         self.url = url.rstrip("/")
         verify = tls.verify_argument(cafile, certfile, keyfile, ssl_context)
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, verify=verify)
+        self._http = httpx.Client(
+            base_url=self.url, timeout=timeout_s, headers=p.auth_headers(token), verify=verify
+        )
         self._timeout_s = timeout_s
 
     def request(self, call: p.Call) -> p.Answer:

@@ -25,6 +25,15 @@ damaged, so a reader (the Spark source over `url`) can tell data loss from filte
 `X-Next-Seq` is where the next page starts. What goes on the wire is encoded by
 `dirmq.wire.pubsub`, beside the client's decoders.
 
+Permissions (docs/security.md), on `@channel/<channel>` and `@subscription/<name>`: a publish
+needs write on its channel (and on its reply_to queue); a subscription or a retained page
+needs read on every channel it may receive (each channel prefix P: a read pattern ending in
+`*` that matches `@channel/P`; no channel filter: `@channel/`), a named subscription read on
+`@subscription/<name>` too; a settle read on the subscription, or to be the principal that
+attached the stream; deleting a subscription admin on it; the list shows only the
+subscriptions the principal may see; `GET /@pubsub` is judged as `/metrics`, the retained
+head needs a principal only.
+
 Why it is long: the route handlers and the event streams they open (window, wake-ups, keep-alives,
 give-back on close) share the worker's table of attached streams; the next cut, when it grows, is
 the stream machinery into a module of its own.
@@ -53,7 +62,15 @@ from dirmq.pubsub.model import (
     check_name,
 )
 from dirmq.pubsub.retained import LostEntry, read_retained
+from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
+from dirmq.server.credentials import (
+    ADMIN,
+    CHANNEL_PREFIX,
+    READ,
+    SUBSCRIPTION_PREFIX,
+    WRITE,
+)
 from dirmq.server.dialect import Dialect
 from dirmq.server.errors import error_response, json_error
 from dirmq.server.http import Request, Response, StreamResponse
@@ -222,9 +239,10 @@ class PubSubApi(Dialect):
 
     name = "pubsub"
 
-    def __init__(self, broker: Broker, metrics: Metrics) -> None:
+    def __init__(self, broker: Broker, metrics: Metrics, access: Access = OPEN) -> None:
         self.broker = broker
         self.metrics = metrics
+        self.access = access
         self._hub: PubSub | None = None
         self._retained_head: LogHead | None = None
         self._streams: dict[str, _Stream] = {}
@@ -278,6 +296,9 @@ class PubSubApi(Dialect):
     def claims(self, request: Request) -> bool:
         return request.path.startswith("/@") and is_pubsub_path(request.path)
 
+    def public(self, request: Request) -> bool:
+        return request.path.rstrip("/") == PREFIX and self.access.metrics_open
+
     async def __call__(self, request: Request) -> Response | StreamResponse:
         started = time.monotonic()
         try:
@@ -300,12 +321,40 @@ class PubSubApi(Dialect):
             response = json_error(405, "MethodNotAllowed", f"use {', '.join(allowed)} here")
             response.headers.append(("Allow", ", ".join(allowed)))
             return response
+        if self.access.enabled:
+            self._authorise(request, route)
         if request.query:
             kind = "heartbeat" if route.action == "heartbeat" else route.kind
             where = f"{request.method} {PREFIX}{_SHAPES[route.kind]}{route.action}"
             check_parameters(request.query, PARAMETERS[kind], where)
         handler = self._handlers()[route.kind]
         return await handler(request, route)
+
+    def _authorise(self, request: Request, route: PubSubRoute) -> None:
+        """Raise the refusal unless the principal may do this, judged by names alone (see the
+        module's docstring). A settle is judged by `settle`, which knows the stream's owner."""
+        access, principal, query = self.access, request.principal, request.query
+        if route.kind == "stats":
+            if not access.may_read_metrics(principal):
+                raise access.refusal(principal, "metrics", PREFIX)
+        elif route.kind == "publish":
+            channel = query.get("channel")
+            if channel is not None:
+                access.require(principal, WRITE, CHANNEL_PREFIX + channel, "channel")
+            reply_to = query.get("reply_to")
+            if reply_to:
+                access.require(principal, WRITE, reply_to, "reply_to queue")
+        elif route.kind in ("subscribe", "retained"):
+            name = query.get("name") if route.kind == "subscribe" else None
+            if name:
+                access.require(principal, READ, SUBSCRIPTION_PREFIX + name, "subscription")
+            where = f"{request.method} {request.path}"
+            prefixes = [v for k, v in every_value(request.raw_query, where) if k == "channel" and v]
+            for prefix in prefixes or [""]:
+                if not access.covers(principal, READ, CHANNEL_PREFIX + prefix):
+                    raise access.refusal(principal, READ, f"every channel starting with {prefix!r}")
+        elif route.kind == "subscription":
+            access.require(principal, ADMIN, SUBSCRIPTION_PREFIX + route.name, "subscription")
 
     def _handlers(
         self,
@@ -378,7 +427,7 @@ class PubSubApi(Dialect):
             subjects=[s for s in subjects if s],
             replay_from=replay_from,
         )
-        stream = _Stream(self, sub, window)
+        stream = _Stream(self, sub, window, request.principal)
         self._streams[sub.name] = stream
         self.metrics.pubsub_attached.inc()
         return StreamResponse(200, _Body(stream), list(pubsub_wire.SSE_HEADERS))
@@ -422,6 +471,11 @@ class PubSubApi(Dialect):
         if not is_delivery_key(route.key):
             raise InvalidArgument(f"{route.key[:200]!r} is not a delivery key")
         stream = self._streams.get(route.name)
+        principal = request.principal
+        allowed = self.access.allows(principal, READ, SUBSCRIPTION_PREFIX + route.name)
+        if not allowed and (stream is None or stream.owner != principal):
+            # The same refusal whether the stream is attached here or not.
+            raise self.access.refusal(principal, READ, f"subscription {route.name!r}")
         if stream is None:
             raise DeliveryNotFound(
                 f"subscription {route.name!r} is not attached to this server process (with "
@@ -434,7 +488,11 @@ class PubSubApi(Dialect):
 
     async def list_subscriptions(self, request: Request, route: PubSubRoute) -> Response:
         hub = await self.hub()
-        return _json(200, await self.broker.call(hub.subscriptions))
+        found = await self.broker.call(hub.subscriptions)
+        if self.access.enabled:
+            visible = self.access.visible(request.principal, SUBSCRIPTION_PREFIX)
+            found = [s for s in found if visible(str(s["name"]))]
+        return _json(200, found)
 
     async def delete_subscription(self, request: Request, route: PubSubRoute) -> Response:
         check_name("subscription name", route.name)
@@ -453,10 +511,11 @@ class PubSubApi(Dialect):
 class _Stream:
     """One attached subscription feeding one event stream."""
 
-    def __init__(self, api: PubSubApi, sub: Subscription, window: int) -> None:
+    def __init__(self, api: PubSubApi, sub: Subscription, window: int, owner: str) -> None:
         self.api = api
         self.sub = sub
         self.window = window
+        self.owner = owner  # the principal that attached it (may settle what it receives)
         # Deadlines of what we sent, only to time the next wake-up: the subscription itself
         # decides what is held and what expired (`held`, `expire`).
         self.deadlines: dict[str, int] = {}

@@ -14,6 +14,9 @@ are created on first use. yaq's root queue `/` is the dirmq queue named `_root`.
 destructive, as in yaq, but a message is acknowledged only after it was handed to the socket:
 one whose client vanished first is given back, never lost. Content-Type and Content-Encoding
 are kept. Decisions where yaq's README contradicts itself are in docs/yaq.md.
+
+With credentials (docs/security.md): an enqueue needs `write` on the queue (and creates it if
+absent: yaq's queues are made by use), a dequeue `read`; `/health` is as on the native port.
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ from dirmq.errors import (
     QueueNotFound,
     StaleReceipt,
 )
+from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
+from dirmq.server.credentials import READ, WRITE
 from dirmq.server.dialect import Dialect
-from dirmq.server.errors import status_of
+from dirmq.server.errors import CHALLENGES, status_of
 from dirmq.server.http import Request, Response, StreamResponse
 from dirmq.server.parameters import check_parameters
 from dirmq.store import Message, OutgoingMessage, Queue, QueueConfig
@@ -57,14 +62,26 @@ def _text(status: int, message: str) -> Response:
 class YaqApp(Dialect):
     name = "yaq"
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, access: Access = OPEN) -> None:
         self.broker = broker
+        self.access = access
+
+    def public(self, request: Request) -> bool:
+        return request.method == "GET" and request.path == "/health" and self.access.health_open
+
+    def refuse(self, request: Request, error: DirmqError) -> Response:
+        return _refusal(error)
 
     async def __call__(self, request: Request) -> Response | StreamResponse:
         try:
             name = unquote(request.path, errors="strict").strip("/") or ROOT_QUEUE
             request.route = "enqueue" if request.method == "POST" else "dequeue"
             request.queue = name
+            if request.method in ("POST", "GET") and not (
+                request.method == "GET" and name == "health"
+            ):
+                permission = WRITE if request.method == "POST" else READ
+                self.access.require(request.principal, permission, name)
             if request.query:
                 accepted = PARAMETERS.get(request.method)
                 if accepted is not None:
@@ -82,20 +99,22 @@ class YaqApp(Dialect):
             response.headers.append(("Allow", "GET, POST"))
             return response
         except DirmqError as exc:
-            status = status_of(exc)
-            return _text(status if status < 500 or status == 504 else 500, str(exc))
+            return _refusal(exc)
         except UnicodeDecodeError:
             return _text(400, "the queue path is not valid UTF-8 once percent-decoded")
 
     def body_check(
-        self, method: str, path: str, headers: dict[str, str], length: int
+        self, method: str, path: str, headers: dict[str, str], length: int, principal: str = ""
     ) -> Response | None:
         """`http.BodyCheck`: an enqueue over its queue's size limit (a queue it would create:
-        the default limit) gets its 413 from its Content-Length, before the body is read."""
+        the default limit) gets its 413 from its Content-Length, before the body is read (to
+        a principal that may enqueue there only: the limit tells that the queue exists)."""
         if method != "POST":
             return None
         try:
             name = unquote(path, errors="strict").strip("/") or ROOT_QUEUE
+            if not self.access.allows(principal, WRITE, name):
+                return None
             validate_queue_name(name)
             try:
                 limit = self.broker.queue(name).config.max_message_bytes
@@ -233,6 +252,14 @@ class YaqApp(Dialect):
         finally:
             if unacked is not None and queue is not None:  # the client went away first
                 await asyncio.shield(self.broker.call(queue.nack, unacked.receipt or ""))
+
+
+def _refusal(exc: DirmqError) -> Response:
+    status = status_of(exc)
+    response = _text(status if status < 500 or status == 504 else 500, str(exc))
+    if status == 401:
+        response.headers.extend(CHALLENGES)
+    return response
 
 
 def _part_headers(message: Message) -> list[tuple[str, str]]:

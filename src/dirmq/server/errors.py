@@ -11,6 +11,8 @@ RETRY_AFTER_S = 1
 
 # Most specific first: the first matching class wins.
 STATUS_BY_ERROR: tuple[tuple[type[errors.DirmqError], int], ...] = (
+    (errors.Unauthenticated, 401),
+    (errors.AccessDenied, 403),
     (errors.InvalidName, 400),
     (errors.InvalidArgument, 400),
     (errors.CorruptConfig, 500),  # the stored file is bad: the server's fault, not the client's
@@ -36,9 +38,20 @@ def status_of(exc: errors.DirmqError) -> int:
     return 500
 
 
+# A 401 says how to authenticate: a token (Bearer), or Basic with the token as the password
+# (what makes a browser ask for it).
+CHALLENGES = (
+    ("WWW-Authenticate", 'Bearer realm="dirmq"'),
+    ("WWW-Authenticate", 'Basic realm="dirmq", charset="UTF-8"'),
+)
+
+
 def error_response(exc: errors.DirmqError) -> Response:
     status = status_of(exc)
-    return json_error(status, type(exc).__name__, str(exc))
+    response = json_error(status, type(exc).__name__, str(exc))
+    if status == 401:
+        response.headers.extend(CHALLENGES)
+    return response
 
 
 def json_error(status: int, code: str, message: str) -> Response:

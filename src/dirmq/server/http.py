@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import ipaddress
 import json
 import logging
 import socket
@@ -56,6 +57,10 @@ CERTIFICATE_REQUIRED = (
     "none was presented"
 )
 _NO_BODY = frozenset({204, 304})
+PROTECTED_MODE = (
+    "dirmq runs in protected mode (no credentials configured): only clients on this host may "
+    "connect; start it with --credentials FILE (or --allow-anonymous)"
+)
 _METHOD_NAMES = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH")}
 
 
@@ -207,8 +212,11 @@ class HttpServer:
         observe: Observe | None = None,
         scheme: str = "http",
         require_client_certificate: bool = False,
+        loopback_only: bool = False,
     ) -> None:
         self.handler = handler
+        # Protected mode (no credentials configured): a peer not on this host is turned away.
+        self.loopback_only = loopback_only
         self.scheme = scheme  # "https": the listener wraps connections in TLS (serve.py)
         # TLS let a client without a certificate through (`tls.py`): refuse it here, in words.
         self.require_client_certificate = require_client_certificate
@@ -343,6 +351,11 @@ class HttpProtocol(asyncio.Protocol):
         if self._server.require_client_certificate and not transport.get_extra_info("peercert"):
             # Before reading anything: the client's first request gets this answer.
             self._write_error(403, CERTIFICATE_REQUIRED)
+            self._transport.close()
+            self._closed = True
+            return
+        if self._server.loopback_only and not _is_loopback(transport.get_extra_info("peername")):
+            self._write_error(403, PROTECTED_MODE)
             self._transport.close()
             self._closed = True
             return
@@ -905,6 +918,20 @@ class HttpProtocol(asyncio.Protocol):
         headers = self._base_headers([("Content-Type", "application/json"), *extra])
         head = framing.response_head(status, headers, content_length=len(body), keep_alive=False)
         self._transport.write(head + body)
+
+
+def _is_loopback(peer: object) -> bool:
+    """Whether a peer address (`peername`) is this host: 127/8, ::1, or IPv4-mapped 127/8. A
+    peer that is no IP address (a Unix socket) is local too."""
+    if not isinstance(peer, tuple) or not peer or not isinstance(peer[0], str):
+        return True
+    try:
+        address = ipaddress.ip_address(peer[0].partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
 
 
 def _internal_error() -> Response:

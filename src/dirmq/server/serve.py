@@ -63,6 +63,7 @@ class RuntimeOptions:
     drain_timeout_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
     tls: TlsFiles | None = None  # HTTPS on every listener
+    loopback_only: bool = False  # protected mode: connections from other hosts are turned away
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +113,22 @@ def _is_ip(host: str, version: int) -> bool:
         return ipaddress.ip_address(host).version == version
     except ValueError:
         return False
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether listening on `host` (as `parse_address` returns it) reaches this host only: a
+    loopback address, or a name all of whose addresses are loopback ones. A name that does not
+    resolve is left to the bind to report."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return True
+    addresses = {str(info[4][0]).partition("%")[0] for info in found}
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
 
 
 def _is_host_name(host: str) -> bool:
@@ -205,6 +222,7 @@ async def run_worker(
             observe=router.observe,
             scheme="https" if tls else "http",
             require_client_certificate=requires_client_certificate(tls),
+            loopback_only=options.loopback_only,
         )
         http_servers.append(http)
         listeners.append(

@@ -5,7 +5,9 @@ unchanged against `dirmq serve` (same port as the native API, or `--sqs-listen`)
                        x-amzn-query-error
     protocol_query.py  the query protocol (form-encoded Action=..., XML answers), driven by
                        botocore's SQS service model
-    app.py             detects SQS requests, authenticates, dispatches to an action
+    app.py             detects SQS requests, authorises (access.py), dispatches to an action
+    auth.py            AWS Signature V4: which principal's key signed a request
+    access.py          the permission each action needs, on which queue
     context.py         what an action needs: the broker, the account, queue URLs and ARNs
     errors.py          SQS error codes, their HTTP statuses and query-compatible codes
     actions/           one module per group of actions, each action (context, params) -> result,

@@ -12,21 +12,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from dirmq import errors
+from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
+from dirmq.server.credentials import SEE
 from dirmq.server.dialect import Dialect
 from dirmq.server.http import Request, Response
 from dirmq.sqs import protocol_json, protocol_query, protocol_query_json
+from dirmq.sqs.access import authorise
 from dirmq.sqs.actions import load
 from dirmq.sqs.actions.move_tasks import tasks_of
 from dirmq.sqs.context import DEFAULT_ACCOUNT, DEFAULT_REGION, Context
 from dirmq.sqs.errors import SqsError, missing, no_such_queue
 
 log = logging.getLogger("dirmq.sqs")
-Authenticate = Callable[[Request], None]  # raises SqsError when the request is not allowed
+# AWS's words for a request without credentials, or with a token the server does not know.
+_AWS_WORDING = {
+    "MissingAuthenticationToken": "Request is missing Authentication Token",
+    "InvalidClientTokenId": "The security token included in the request is invalid.",
+}
 
 
 class Wire(Protocol):
@@ -67,14 +73,14 @@ class SqsApp(Dialect):
         *,
         account: str = DEFAULT_ACCOUNT,
         region: str = DEFAULT_REGION,
-        authenticate: Authenticate | None = None,
+        access: Access = OPEN,
         deleted_wait_s: float | None = None,
     ) -> None:
         self.broker = broker
         self.deleted_wait_s = deleted_wait_s  # see sqs/deleted.py; None: off
         self.account = account
         self.region = region
-        self.authenticate = authenticate
+        self.access = access  # the Router authenticates; each action is authorised here
         self.actions = load()
         self._resuming: asyncio.Task[None] | None = None
 
@@ -89,7 +95,12 @@ class SqsApp(Dialect):
     def claims(self, request: Request) -> bool:
         if is_sqs_request(request):
             return True
-        return _is_queue_url_get(request) and not self._names_a_queue(request.path)
+        if not _is_queue_url_get(request):
+            return False
+        name = request.path.strip("/")
+        if not self.access.allows(request.principal, SEE, name):
+            return False  # not looked up: the native API refuses it, whether it exists or not
+        return not self._names_a_queue(request.path)
 
     def _names_a_queue(self, path: str) -> bool:
         try:
@@ -98,20 +109,19 @@ class SqsApp(Dialect):
             return False
         return True  # a native queue of that name: the native API's
 
+    def refuse(self, request: Request, error: errors.DirmqError) -> Response:
+        """A request the Router refuses (no credentials, wrong ones), in AWS's words."""
+        return _wire(request).render_error(_translate(error), protocol_json.new_request_id())
+
     async def __call__(self, request: Request) -> Response:
         if _is_queue_url_get(request) and not is_sqs_request(request):  # see the docstring
             body = b'<?xml version="1.0"?><UnknownOperationException/>'
             return Response(404, body, [("Content-Type", "text/xml")])
         request_id = protocol_json.new_request_id()
-        wire: Wire = protocol_json
-        if not protocol_json.is_json_request(request):
-            json_answer = protocol_query_json.wants_json(request)
-            wire = protocol_query_json if json_answer else protocol_query
+        wire = _wire(request)
         parse, render, render_error = wire.parse, wire.render, wire.render_error
         action_name = ""
         try:
-            if self.authenticate is not None:
-                self.authenticate(request)
             action_name, params = parse(request)
             request.route = action_name
             request.queue = _queue_named(params)
@@ -122,7 +132,9 @@ class SqsApp(Dialect):
                     f"The action {action_name or '(none)'} is not valid for this endpoint.",
                 )
             _check_required(action_name, params)
-            result = await self._run(handler, request, params)
+            context = self._context(request)
+            authorise(self.access, request.principal, action_name, params, context)
+            result = await handler(context, params)
         except SqsError as error:
             return render_error(error, request_id)
         except errors.DirmqError as exc:
@@ -135,22 +147,24 @@ class SqsApp(Dialect):
             )
         return render(action_name, result, request_id)
 
-    async def _run(
-        self,
-        handler: Callable[[Context, dict[str, Any]], Awaitable[dict[str, Any]]],
-        request: Request,
-        params: dict[str, Any],
-    ) -> dict[str, Any]:
+    def _context(self, request: Request) -> Context:
         host = request.headers.get("host") or "localhost"
-        context = Context(
+        return Context(
             self.broker,
             f"{request.scheme}://{host}",
             self.account,
             self.region,
             request.headers.get("x-amzn-trace-id"),
             self.deleted_wait_s,
+            self.access.visible(request.principal),
         )
-        return await handler(context, params)
+
+
+def _wire(request: Request) -> Wire:
+    """The protocol a request speaks, and its answers are in."""
+    if protocol_json.is_json_request(request):
+        return protocol_json
+    return protocol_query_json if protocol_query_json.wants_json(request) else protocol_query
 
 
 def _queue_named(params: dict[str, Any]) -> str:
@@ -175,6 +189,10 @@ def _translate(exc: errors.DirmqError) -> SqsError:
     """Library errors that reach the SQS layer, in AWS's words."""
     if isinstance(exc, errors.QueueNotFound):
         return no_such_queue()
+    if isinstance(exc, errors.Unauthenticated):
+        return SqsError(exc.aws_code, _AWS_WORDING.get(exc.aws_code, str(exc)))
+    if isinstance(exc, errors.AccessDenied):
+        return SqsError("AccessDenied", str(exc))
     if isinstance(exc, errors.StaleReceipt):
         return SqsError("ReceiptHandleIsInvalid", f"The receipt handle is not valid: {exc}")
     if isinstance(exc, errors.StorageError):

@@ -1,12 +1,16 @@
-"""AWS Signature Version 4 for SQS requests: `dirmq serve --sqs-credentials FILE`.
+"""AWS Signature Version 4: who signed an SQS request (or any request, on any door).
 
-Without that option every SQS request is served whatever credentials it carries (clients must
-still sign, as SDKs do, but nothing is checked). With it, each SQS request must be signed, for
-service `sqs` and any region, with one of the access keys of FILE:
+The access keys come from the credentials (`server/credentials.py`): the `aws_keys` of the
+principals of `--credentials FILE`, or the legacy `--sqs-credentials FILE` of lines
 
     # comment lines and blank lines are ignored
     AKIAEXAMPLE1 wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY
     ci-reader    another-secret
+
+Without credentials every SQS request is served whatever it carries (clients must still sign,
+as SDKs do, but nothing is checked). With them, a request must be signed, for service `sqs`
+and any region, with one of the keys, and it is that key's principal's (`identify`): the
+Router authenticates it (`server/access.py`), the SQS dialect authorises its action.
 
 The signature goes in the `Authorization` header (what every SDK does) or, for presigned URLs,
 in the query (`X-Amz-Algorithm`, `X-Amz-Credential`, `X-Amz-Date`, `X-Amz-SignedHeaders`,
@@ -23,8 +27,7 @@ compared in constant time. Refusals are AWS's:
                                               as SQS answers it)
     presigned URL past X-Amz-Expires      400 RequestExpired
 
-Security tokens (`X-Amz-Security-Token`) are not checked: they are an ordinary header here. The
-native API and the yaq dialect are not affected by this option.
+Security tokens (`X-Amz-Security-Token`) are not checked: they are an ordinary header here.
 """
 
 from __future__ import annotations
@@ -43,7 +46,10 @@ from botocore.auth import SigV4Auth  # type: ignore[import-untyped]
 from botocore.awsrequest import HTTPHeaders  # type: ignore[import-untyped]
 from botocore.credentials import Credentials  # type: ignore[import-untyped]
 
-from dirmq.errors import ConfigError
+from dirmq.errors import Unauthenticated
+from dirmq.server import credentials as principals
+from dirmq.server.access import SignatureCheck
+from dirmq.server.credentials import read_key_lines
 from dirmq.server.http import Request
 from dirmq.sqs.errors import SqsError
 
@@ -60,28 +66,7 @@ _MISMATCH = (
 
 def load_credentials(path: str | os.PathLike[str]) -> dict[str, str]:
     """Access key id -> secret access key, from a file of `KEY_ID SECRET` lines."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read SQS credentials {os.fspath(path)!r}: {exc}") from exc
-    secrets: dict[str, str] = {}
-    for number, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
-        parts = text.split()
-        if len(parts) != 2:
-            raise ConfigError(
-                f"{os.fspath(path)}:{number}: expected 'ACCESS_KEY_ID SECRET_ACCESS_KEY'"
-            )
-        key_id, secret = parts
-        if key_id in secrets and secrets[key_id] != secret:
-            raise ConfigError(f"{os.fspath(path)}:{number}: access key {key_id} given twice")
-        secrets[key_id] = secret
-    if not secrets:
-        raise ConfigError(f"{os.fspath(path)}: no credentials in the file")
-    return secrets
+    return read_key_lines(path)
 
 
 @dataclass(slots=True)
@@ -120,17 +105,20 @@ class _Signature:
 
 
 class SigV4Authenticator:
-    """`authenticate(request)` for SqsApp: returns if the request is signed by a known key,
-    raises SqsError otherwise."""
+    """`identify(request)`: the principal whose access key signed the request; SqsError (in
+    AWS's words) when it is not signed by a known key. `owners`: key id -> principal name
+    (default: the key id)."""
 
     def __init__(
         self,
         secrets: Mapping[str, str],
         *,
+        owners: Mapping[str, str] | None = None,
         max_skew_s: float = MAX_SKEW_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.secrets = dict(secrets)
+        self.owners = dict(owners or {})
         self.max_skew_s = max_skew_s
         self.clock = clock
 
@@ -138,7 +126,14 @@ class SigV4Authenticator:
     def from_file(cls, path: str | os.PathLike[str]) -> SigV4Authenticator:
         return cls(load_credentials(path))
 
+    @classmethod
+    def of(cls, credentials: principals.Credentials) -> SigV4Authenticator:
+        return cls(credentials.aws_secrets, owners=credentials.aws_owners)
+
     def __call__(self, request: Request) -> None:
+        self.identify(request)
+
+    def identify(self, request: Request) -> str:
         authorization = request.headers.get("authorization")
         # The canonical query is computed from the query exactly as sent (repeated parameters
         # included), minus the signature itself for a presigned URL.
@@ -162,6 +157,19 @@ class SigV4Authenticator:
         expected = self._expected(sig, secret, request, query)
         if not hmac.compare_digest(expected.encode(), sig.signature.encode()):
             raise SqsError("SignatureDoesNotMatch", _MISMATCH)
+        return self.owners.get(sig.key_id, sig.key_id)
+
+    def check(self) -> SignatureCheck:
+        """`identify` as the Router's `Access` calls it: a refusal is Unauthenticated, whose
+        `aws_code` keeps AWS's code for the SQS door to answer with."""
+
+        def identify(request: Request) -> str:
+            try:
+                return self.identify(request)
+            except SqsError as error:
+                raise Unauthenticated(error.message, aws_code=error.kind.code) from None
+
+        return identify
 
     def _check_scope_and_time(self, sig: _Signature) -> None:
         if sig.service != SERVICE:

@@ -10,6 +10,7 @@ URL `http://host:port/<account>/orders`. dirmq queues whose names are not valid 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -37,6 +38,8 @@ class Context:
     trace_header: str | None = None
     # Refuse CreateQueue of a name deleted less than this long ago (AWS: 60 s); None: never.
     deleted_wait_s: float | None = None
+    # Which queue names the request's principal may see: what listings show (sqs/access.py).
+    visible: Callable[[str], bool] = lambda _name: True
 
     def queue_url(self, name: str) -> str:
         return f"{self.base_url}/{self.account}/{name}"

@@ -100,6 +100,11 @@ KINDS: dict[str, ErrorKind] = {
         _kind("UnsupportedOperation", 400, _SQS + "UnsupportedOperation"),
         _kind("InvalidAction", 400, "InvalidAction"),
         _kind("InvalidSecurity", 403, "InvalidSecurity"),
+        # A known principal without the permission (AWS: IAM's refusal, from its front end,
+        # reported as AccessDenied by the query-compatible header).
+        ErrorKind(
+            "AccessDenied", 403, "AccessDenied", True, "AccessDeniedException", CORAL_NAMESPACE
+        ),
         _kind("InvalidClientTokenId", 403, "InvalidClientTokenId"),
         _kind("SignatureDoesNotMatch", 403, "SignatureDoesNotMatch"),
         _kind("MissingAuthenticationToken", 403, "MissingAuthenticationToken"),

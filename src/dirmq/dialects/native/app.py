@@ -1,5 +1,17 @@
-"""The native API as a dialect: route, call the handler, map errors to statuses, count; and
-the server's own paths (`/health`, `/metrics`, `/openapi.json`) on its port."""
+"""The native API as a dialect: route, authorise, call the handler, map errors to statuses,
+count; and the server's own paths (`/health`, `/metrics`, `/openapi.json`) on its port.
+
+Permissions by route (the Router has authenticated the request already):
+
+    GET /                          any principal; lists only the queues it may see
+    GET|HEAD /{queue}              any permission on the queue
+    PUT, DELETE /{queue}           admin (and write on a `dead_letter_queue` it names)
+    POST /{queue}/messages         write
+    GET /{queue}/messages          read (a receive, or ?peek=1)
+    DELETE /{queue}/messages       admin (purge)
+    GET, DELETE /{queue}/messages/{ref}, POST .../{receipt}/{action}    read
+    /health, /metrics              as the credentials file says; /openapi.json: any principal
+"""
 
 from __future__ import annotations
 
@@ -11,7 +23,9 @@ from dirmq.dialects.native import handlers as native
 from dirmq.dialects.native.parameters import check_native
 from dirmq.dialects.native.routes import Route, parse_route
 from dirmq.errors import DirmqError
+from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
+from dirmq.server.credentials import ADMIN, READ, SEE, WRITE
 from dirmq.server.dialect import Dialect
 from dirmq.server.errors import error_response, json_error
 from dirmq.server.http import LATER, Later, Request, Respond, Response, StreamResponse
@@ -19,6 +33,19 @@ from dirmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dirmq.server.metrics import Metrics
 
 ROUTE_CACHE = 4096  # paths without a message reference, parsed and validated once
+
+# The permission each (route kind, method) needs on the route's queue.
+NEEDS: dict[tuple[str, str], str] = {
+    ("queue", "GET"): SEE,
+    ("queue", "PUT"): ADMIN,
+    ("queue", "DELETE"): ADMIN,
+    ("messages", "POST"): WRITE,
+    ("messages", "GET"): READ,
+    ("messages", "DELETE"): ADMIN,
+    ("message", "GET"): READ,
+    ("message", "DELETE"): READ,
+    ("action", "POST"): READ,
+}
 
 _COUNTED: dict[native.Handler, str] = {
     native.publish: "published",
@@ -32,9 +59,11 @@ class NativeApp(Dialect):
 
     name = "native"
 
-    def __init__(self, broker: Broker, metrics: Metrics) -> None:
+    def __init__(self, broker: Broker, metrics: Metrics, access: Access = OPEN) -> None:
         self.broker = broker
         self.metrics = metrics
+        self.access = access
+        self._checked = access.enabled  # an open server skips every check
         self._openapi = (
             resources.files("dirmq.dialects.native").joinpath("openapi.json").read_bytes()
         )
@@ -67,6 +96,8 @@ class NativeApp(Dialect):
             route = self._route(request.path)
             if route.kind != "messages":
                 return None
+            if self._checked and not self.access.allows(request.principal, WRITE, route.queue):
+                return None  # refused by the general path
             if request.query:  # as `_dispatch` checks them: an unknown one is refused
                 check_native(request.query, route.kind, "POST", "", request.path)
             read = native.read_publish(self.broker, request, route)
@@ -96,15 +127,18 @@ class NativeApp(Dialect):
         return LATER if queued else None
 
     def body_check(
-        self, method: str, path: str, headers: dict[str, str], length: int
+        self, method: str, path: str, headers: dict[str, str], length: int, principal: str = ""
     ) -> Response | None:
         """`http.BodyCheck`: a publish over its queue's size limit gets its 413 from its
-        Content-Length, before the body is read."""
+        Content-Length, before the body is read (only for a principal that may publish there:
+        the limit tells that the queue exists)."""
         if method != "POST":
             return None
         try:
             route = self._route(path)
         except (DirmqError, UnicodeDecodeError):
+            return None
+        if self._checked and not self.access.allows(principal, WRITE, route.queue):
             return None
         refusal = native.too_large(self.broker, route, headers, length)
         if refusal is None:
@@ -112,6 +146,14 @@ class NativeApp(Dialect):
         response = error_response(refusal)
         self.metrics.answered(route.label, method, response.status, 0.0)
         return response
+
+    def public(self, request: Request) -> bool:
+        path = request.path
+        if path in ("/health", "/health/"):
+            return self.access.health_open
+        if path in ("/metrics", "/metrics/"):
+            return self.access.metrics_open
+        return False
 
     def _route(self, path: str) -> Route:
         route = self._routes.get(path)
@@ -131,16 +173,33 @@ class NativeApp(Dialect):
         # HEAD is GET without a body, but only where GET changes nothing: never a receive.
         safe_head = request.method == "HEAD" and route.kind in ("root", "queue", "message")
         method = "GET" if safe_head else request.method
+        if self._checked:
+            self._authorise(request, route, method)
         handler = native.TABLE.get((route.kind, method))
         if handler is None:
             return native.method_not_allowed(route)
         if request.query:
             check_native(request.query, route.kind, method, route.action, request.path)
+        if route.kind == "root" and method == "GET":
+            visible = self.access.visible(request.principal) if self._checked else None
+            return await native.list_queues(self.broker, request, route, visible)
         response = await handler(self.broker, request, route)
         counter = _COUNTED.get(handler)
         if counter is not None and response.status in (200, 201, 204):
             self._count(counter, route.queue, request, response)
         return response
+
+    def _authorise(self, request: Request, route: Route, method: str) -> None:
+        """Raise the refusal (AccessDenied) unless the principal may do this, judged by the
+        queue's name alone: nothing is looked up before."""
+        needs = NEEDS.get((route.kind, method))
+        if needs is None:
+            return  # the root (filtered), or a method the route has not: 405, nothing to leak
+        self.access.require(request.principal, needs, route.queue)
+        if route.kind == "queue" and method == "PUT":
+            target = native.dead_letter_target(request.body)
+            if target is not None:  # its dead letters are written there
+                self.access.require(request.principal, WRITE, target)
 
     def _count(self, counter: str, queue: str, request: Request, response: Response) -> None:
         if counter == "published":
@@ -166,6 +225,8 @@ class NativeApp(Dialect):
                 status, json.dumps(body).encode() + b"\n", [("Content-Type", "application/json")]
             )
         if name == "metrics":
+            if not self.access.may_read_metrics(request.principal):
+                raise self.access.refusal(request.principal, "metrics", "/metrics")
             # Collecting reads every queue's stats: not on the event loop.
             text = await self.broker.call(self.metrics.render)
             return Response(200, text, [("Content-Type", METRICS_CONTENT_TYPE)])

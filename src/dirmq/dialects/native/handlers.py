@@ -86,8 +86,13 @@ def _durability(request: Request) -> Durability | None:
 
 
 # -- queues ----------------------------------------------------------------------------------
-async def list_queues(broker: Broker, request: Request, route: Route) -> Response:
+async def list_queues(
+    broker: Broker, request: Request, route: Route, visible: Callable[[str], bool] | None = None
+) -> Response:
+    """The queues (under ?prefix=), those `visible` allows only when given."""
     names = await broker.call(broker.store.list_queues, request.query.get("prefix", ""))
+    if visible is not None:
+        names = [name for name in names if visible(name)]
     return json_response(200, {"queues": names})
 
 
@@ -118,6 +123,16 @@ async def put_queue(broker: Broker, request: Request, route: Route) -> Response:
     response = await get_queue(broker, request, route)
     response.status = 201 if created else 200
     return response
+
+
+def dead_letter_target(body: bytes) -> str | None:
+    """The `dead_letter_queue` a PUT's configuration names, if it names one (a body that does
+    not parse names none: the handler refuses it)."""
+    try:
+        value = _config_body(body).get("dead_letter_queue")
+    except InvalidArgument:
+        return None
+    return value if isinstance(value, str) else None
 
 
 def _config_body(body: bytes) -> dict[str, object]:

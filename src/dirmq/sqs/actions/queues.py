@@ -269,7 +269,8 @@ async def list_queues(ctx: Context, params: Params) -> Result:
     if not isinstance(prefix, str):
         raise invalid_value("QueueNamePrefix", prefix, "Must be a string.")
     names = await ctx.broker.call(ctx.broker.store.list_queues, prefix)
-    page = _page(params, [n for n in names if valid_sqs_name(n)], "QueueUrls")
+    shown = [n for n in names if valid_sqs_name(n) and ctx.visible(n)]
+    page = _page(params, shown, "QueueUrls")
     if "QueueUrls" in page:
         page["QueueUrls"] = [ctx.queue_url(n) for n in page["QueueUrls"]]
     return page
@@ -424,7 +425,7 @@ async def list_dead_letter_source_queues(ctx: Context, params: Params) -> Result
     def sources() -> list[str]:
         found = []
         for name in store.list_queues():
-            if not valid_sqs_name(name):
+            if not valid_sqs_name(name) or not ctx.visible(name):
                 continue
             try:
                 config = store.queue(name).config
