@@ -27,6 +27,9 @@ What is measured:
 1. durable publish (writethrough, dirmq root on disk under /tmp), 64 connections, 100 B bodies,
    one worker and two; the batch endpoint (JSON lines, 100 per request); Redis LPUSH with
    `appendfsync always`, 50 clients; and the same syscalls in a bare loop (the floor);
+1b. the same durable publish (1 worker) over TLS with a bearer token (a trustme certificate, a
+   credentials file) against plain HTTP without credentials, paired per round (section
+   `secure`; issue 17 asks for a ratio of at least 0.8);
 2. `writeback` publish on tmpfs (/dev/shm), 2 workers and 1; Redis LPUSH with `everysec`; the
    bare-loop floor on tmpfs;
 3. get+ack (GET /{q}/messages, then DELETE /{q}/messages/{receipt}) on a prefilled queue, 64
@@ -93,7 +96,7 @@ BODY = b"x" * 100
 CONNECTIONS = 64  # dirmq load: concurrent connections, one request in flight on each
 REDIS_CLIENTS = 50
 BATCH = 100  # messages per batch request
-SECTIONS = ("publish", "writeback", "latency", "longpoll", "getack")
+SECTIONS = ("publish", "secure", "writeback", "latency", "longpoll", "getack")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 CONNECT_GATE = 64  # long polls: connections in the making at once, over all load processes
 PARK_S = 0.01  # latency: how long a poll sits before the publish (it is parked by then)
@@ -1514,6 +1517,98 @@ def bench_publish(ctx: Context) -> None:
     profile_trial(ctx, "publish-batch-w1", w1, lambda: dirmq_batch(ctx.sizes.rounds))
 
 
+# -- 1b: the same durable publish over TLS with a token -----------------------------------------
+def secure_server_files(directory: str) -> tuple[list[str], Access]:
+    """A CA and a certificate for 127.0.0.1 (trustme, as the tests make them), a credentials
+    file with one principal allowed everything, and its token."""
+    import hashlib
+    import secrets
+
+    import trustme
+
+    os.makedirs(directory, exist_ok=True)
+    ca = trustme.CA()
+    cert = ca.issue_cert(HOST, "localhost")
+    paths = {name: os.path.join(directory, name) for name in ("ca.pem", "cert.pem", "key.pem")}
+    ca.cert_pem.write_to_path(paths["ca.pem"])
+    cert.private_key_pem.write_to_path(paths["key.pem"])
+    with open(paths["cert.pem"], "wb") as f:
+        for blob in cert.cert_chain_pems:
+            f.write(blob.bytes())
+    token = "dmq_" + secrets.token_urlsafe(32)
+    credentials = os.path.join(directory, "credentials.toml")
+    with open(os.open(credentials, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(
+            "[principals.bench]\n"
+            f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n'
+            'read = ["*"]\nwrite = ["*"]\nadmin = ["*"]\n'
+        )
+    extra = ["--tls-cert", paths["cert.pem"], "--tls-key", paths["key.pem"]]
+    extra += ["--credentials", credentials]
+    return extra, Access(paths["ca.pem"], token)
+
+
+def bench_secure(ctx: Context) -> None:
+    print(
+        f"\n[1b] durable publish with TLS and a bearer token vs plain HTTP without credentials: "
+        f"{CONNECTIONS} connections, 100 B, root on disk, 1 worker",
+        flush=True,
+    )
+    plain = ctx.dirmq("disk-w1", "disk", 1)
+    if "disk-secure-w1" not in ctx.servers:
+        extra, access = secure_server_files(os.path.join(ctx.disk, "secure-files"))
+        root = os.path.join(ctx.disk, "disk-secure-w1")
+        server = start_dirmq(ctx.procs, root, 1, "disk-secure-w1", extra, access)
+        ctx.servers["disk-secure-w1"] = server
+        print(f"  started dirmq disk-secure-w1: port {server.port}, pids {server.pids}")
+    secure = ctx.servers["disk-secure-w1"]
+    assert secure.access is not None
+    authorization = (("Authorization", f"Bearer {secure.access.token}"),)
+
+    def trial(server: DirmqServer, prefix: str) -> Callable[[int], Trial]:
+        def run(r: int) -> Trial:
+            name = f"{prefix}-{r}"
+            create_queue(server.port, name, access=server.access)
+            warm_up(server.port, name, access=server.access)
+            headers = authorization if server.access is not None else ()
+            return ctx.load(server, publish_spec(name, headers=headers), CONNECTIONS)
+
+        return run
+
+    subjects = {
+        "dirmq plain": trial(plain, "plain"),
+        "dirmq TLS + token": trial(secure, "secure"),
+    }
+    trials = run_rounds("secure", subjects, ctx.sizes.rounds)
+    for name, ts in trials.items():
+        check_clean(name, ts)
+    rate = {k: median_of(v, lambda t: t.rate) for k, v in trials.items()}
+    ratios = paired(trials, "dirmq TLS + token", "dirmq plain")
+    ratio = statistics.median(ratios)
+    for name, text in (
+        ("dirmq plain", "http://, no credentials"),
+        ("dirmq TLS + token", f"https:// + bearer token; {ratio:.2f}x plain (paired)"),
+    ):
+        ctx.report.row(
+            "durable publish, TLS + token",
+            f"{name}, 1 worker, {CONNECTIONS} conns",
+            rate_text(rate[name]),
+            f"{text}; " + cores_note(trials[name]),
+        )
+    ctx.report.target(
+        "durable publish, TLS + token vs plain",
+        ratio,
+        ">= 0.8",
+        ratio >= 0.8,
+        f"median of paired ratios {[round(r, 2) for r in ratios]}",
+    )
+    ctx.report.data["secure_publish"] = {
+        "connections": CONNECTIONS,
+        "subjects": {k: series(v) for k, v in trials.items()},
+        "ratios_per_round_secure_vs_plain": ratios,
+    }
+
+
 # -- 2: writeback on tmpfs -------------------------------------------------------------------------
 def bench_writeback(ctx: Context) -> None:
     print("\n[2] writeback publish on tmpfs: 2 workers and 1; Redis LPUSH everysec", flush=True)
@@ -2296,6 +2391,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if "publish" in sections:
             bench_publish(ctx)
+        if "secure" in sections:
+            bench_secure(ctx)
         if "writeback" in sections:
             bench_writeback(ctx)
         # get+ack last: acks beyond the recycling pool unlink files, and on ext4 without a
