@@ -22,8 +22,9 @@ from dirmq.dialects.native.app import NativeApp
 from dirmq.dialects.pubsub import PubSubApi
 from dirmq.dialects.yaq import YaqApp
 from dirmq.server import serve as runtime
-from dirmq.server.dialect import Router
+from dirmq.server.dialect import Router, observe_all
 from dirmq.server.http import Limits
+from dirmq.server.metrics import DEFAULT_MAX_QUEUES
 from dirmq.sqs.app import Authenticate, SqsApp
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -40,6 +41,7 @@ class ServeOptions:
     limits: Limits = field(default_factory=Limits)
     sqs_credentials: str | None = None  # file of `KEY_ID SECRET` lines: SQS requires SigV4
     sqs_deleted_wait_s: float | None = None  # CreateQueue after DeleteQueue: AWS's 60 s wait
+    metrics_max_queues: int = DEFAULT_MAX_QUEUES  # queues with depth series of their own
 
 
 def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int:
@@ -59,14 +61,17 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
     def compose(worker: runtime.Worker) -> dict[str, Router]:
         broker = worker.broker
         sqs = SqsApp(broker, authenticate=authenticate, deleted_wait_s=options.sqs_deleted_wait_s)
+        # Told of every answered request of every listener (combine more with observe_all).
+        observe = observe_all(worker.metrics.observe)
         routers = {
             "native": Router(
-                [PubSubApi(broker, worker.metrics), sqs, NativeApp(broker, worker.metrics)]
+                [PubSubApi(broker, worker.metrics), sqs, NativeApp(broker, worker.metrics)],
+                observe,
             ),
-            "sqs": Router([sqs]),
+            "sqs": Router([sqs], observe),
         }
         if options.yaq_listen:
-            routers["yaq"] = Router([YaqApp(broker)])
+            routers["yaq"] = Router([YaqApp(broker)], observe)
         return routers
 
     runtime_options = runtime.RuntimeOptions(
@@ -75,5 +80,6 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
         workers=options.workers,
         drain_timeout_s=options.drain_timeout_s,
         limits=options.limits,
+        metrics_max_queues=options.metrics_max_queues,
     )
     return runtime.serve(runtime_options, compose, announce)

@@ -65,6 +65,14 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="S",
         help="on SIGTERM, how long requests in progress may take to finish",
     )
+    p.add_argument(
+        "--metrics-max-queues",
+        type=count,
+        default=None,
+        metavar="N",
+        help="/metrics gives depth series of their own to the N deepest queues at most; all "
+        "are in the totals, /metrics?queue=NAME gives any one (default 1000)",
+    )
     limits = p.add_argument_group("limits that protect the server from its clients")
     limits.add_argument(
         "--max-connections",
@@ -123,6 +131,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from dirmq.server.budget import default_body_memory_bytes
     from dirmq.server.http import Limits
+    from dirmq.server.metrics import DEFAULT_MAX_QUEUES
     from dirmq.service import ServeOptions, serve
 
     options = ServeOptions(
@@ -134,6 +143,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sqs_deleted_wait_s=WINDOW_S if args.sqs_delay_recently_deleted else None,
         workers=args.workers,
         drain_timeout_s=args.drain_timeout,
+        metrics_max_queues=(
+            DEFAULT_MAX_QUEUES if args.metrics_max_queues is None else args.metrics_max_queues
+        ),
         limits=Limits(
             max_connections=args.max_connections,
             max_body_bytes=args.max_body_bytes,

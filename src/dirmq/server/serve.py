@@ -1,7 +1,8 @@
 """The server's process runtime: listening sockets, worker processes, signals, graceful drain.
 
 It serves whatever the composition root (`dirmq.service`) plugs in: a `Compose` function that
-each worker calls with its store, broker and metrics, and that returns a `Router` of dialects per
+each worker calls with its store, broker and metrics (whose files, `multiprocess.py`, every
+worker of the run shares), and that returns a `Router` of dialects per
 listener. Nothing here knows a dialect.
 
 With `--workers N` the parent binds the listening ports with SO_REUSEPORT, forks N workers that
@@ -37,7 +38,8 @@ from dirmq.server.broker import Broker
 from dirmq.server.budget import MemoryBudget, WorkerSlots, shared_slots
 from dirmq.server.dialect import Router, unique_dialects
 from dirmq.server.http import HttpServer, Limits
-from dirmq.server.metrics import Metrics
+from dirmq.server.metrics import DEFAULT_MAX_QUEUES, Metrics
+from dirmq.server.multiprocess import MetricsFiles
 from dirmq.store import Store
 
 BACKLOG = 4096
@@ -56,6 +58,7 @@ class RuntimeOptions:
     workers: int = 1
     drain_timeout_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
+    metrics_max_queues: int = DEFAULT_MAX_QUEUES  # queues with depth series of their own
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,16 +174,23 @@ async def run_worker(
     options: RuntimeOptions,
     compose: Compose,
     endpoints: list[_Endpoint],
+    metrics_files: MetricsFiles,
     budget_slots: WorkerSlots | None = None,
     worker: int = 0,
 ) -> None:
-    """Serve until SIGTERM/SIGINT, then drain. `budget_slots`: the body budget's slots shared
-    by every worker (`budget.py`); this worker's is `worker`."""
+    """Serve until SIGTERM/SIGINT, then drain. `metrics_files`: the run's metrics directory,
+    active (`multiprocess.py`). `budget_slots`: the body budget's slots shared by every worker
+    (`budget.py`); this worker's is `worker`."""
     loop = asyncio.get_running_loop()
-    store = Store(options.root)
-    broker = Broker(store)
-    routers = compose(Worker(store, broker, Metrics(store)))
+    metrics = Metrics(
+        metrics_files, options.root, max_queues=options.metrics_max_queues, worker=worker
+    )
+    store = Store(options.root, on_quarantine=metrics.quarantined)
+    broker = Broker(store, counts=metrics)
+    routers = compose(Worker(store, broker, metrics))
     dialects = unique_dialects(list(routers.values()))
+    broker.start()
+    metrics.start()
     for dialect in dialects:
         dialect.start()
     http_servers: list[HttpServer] = []
@@ -214,6 +224,7 @@ async def run_worker(
     await asyncio.gather(*(dialect.close() for dialect in dialects))
     broker.close()  # waiting long polls answer now
     await asyncio.gather(*(h.drain(options.drain_timeout_s) for h in http_servers))
+    metrics.close()
     store.close()
 
 
@@ -243,13 +254,20 @@ def serve(
         f"({options.workers} worker{'s' if options.workers > 1 else ''})"
     )
     sys.stdout.flush()
-    if options.workers == 1:
-        uvloop.run(run_worker(options, compose, endpoints))
-        return 0
-    return _supervise(options, compose, endpoints)
+    # Before any metric is made, and before the workers are forked: they all write there.
+    with MetricsFiles.create() as metrics_files:
+        if options.workers == 1:
+            uvloop.run(run_worker(options, compose, endpoints, metrics_files))
+            return 0
+        return _supervise(options, compose, endpoints, metrics_files)
 
 
-def _supervise(options: RuntimeOptions, compose: Compose, endpoints: list[_Endpoint]) -> int:
+def _supervise(
+    options: RuntimeOptions,
+    compose: Compose,
+    endpoints: list[_Endpoint],
+    metrics_files: MetricsFiles,
+) -> int:
     children: dict[int, int] = {}  # pid -> worker number
     stopping = False
     budget_slots = shared_slots(options.workers)
@@ -269,7 +287,7 @@ def _supervise(options: RuntimeOptions, compose: Compose, endpoints: list[_Endpo
             )
             code = 0
             try:
-                uvloop.run(run_worker(options, compose, own, budget_slots, number))
+                uvloop.run(run_worker(options, compose, own, metrics_files, budget_slots, number))
             except BaseException:  # a worker must never return into the parent's code
                 code = 1
             os._exit(code)
@@ -295,6 +313,7 @@ def _supervise(options: RuntimeOptions, compose: Compose, endpoints: list[_Endpo
         if pid not in children:
             continue
         number = children.pop(pid)
+        metrics_files.process_dead(pid)  # its live gauges go; its counts stay
         if not stopping:
             time.sleep(0.1)  # a worker crashed: replace it
             budget_slots[number] = 0  # what it held died with it

@@ -1,10 +1,10 @@
-"""The native API as a dialect: route, call the handler, map errors to statuses, count; and
-the server's own paths (`/health`, `/metrics`, `/openapi.json`) on its port."""
+"""The native API as a dialect: route, call the handler, map errors to statuses; and the
+server's own paths (`/health`, `/metrics`, `/openapi.json`) on its port. Requests and messages
+are counted elsewhere (the Router's observer, the broker)."""
 
 from __future__ import annotations
 
 import json
-import time
 from importlib import resources
 
 from dirmq.dialects.native import handlers as native
@@ -19,12 +19,6 @@ from dirmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dirmq.server.metrics import Metrics
 
 ROUTE_CACHE = 4096  # paths without a message reference, parsed and validated once
-
-_COUNTED: dict[native.Handler, str] = {
-    native.publish: "published",
-    native.receive: "delivered",
-    native.ack: "acked",
-}
 
 
 class NativeApp(Dialect):
@@ -41,11 +35,10 @@ class NativeApp(Dialect):
         self._routes: dict[str, Route] = {}
 
     async def __call__(self, request: Request) -> Response | StreamResponse:
-        started = time.monotonic()
-        label = "invalid"
+        request.route = "invalid"  # until the path is known to be one of ours
         try:
             route = self._route(request.path)
-            label = request.route = route.label
+            request.route = route.label
             if route.kind != "server":
                 request.queue = route.queue
             response = await self._dispatch(request, route)
@@ -53,7 +46,6 @@ class NativeApp(Dialect):
             response = error_response(exc)
         except UnicodeDecodeError:
             response = json_error(400, "InvalidName", "the path is not valid UTF-8 once decoded")
-        self.metrics.answered(label, request.method, response.status, time.monotonic() - started)
         return response
 
     def fast(self, request: Request, respond: Respond) -> Response | Later | None:
@@ -72,9 +64,7 @@ class NativeApp(Dialect):
             read = native.read_publish(self.broker, request, route)
         except (DirmqError, UnicodeDecodeError):
             return None
-        started = time.monotonic()
-        metrics, queue = self.metrics, route.queue
-        request.route, request.queue = "messages", queue
+        request.route, request.queue = "messages", route.queue
 
         def settle(outcome: list[str] | BaseException) -> None:
             try:
@@ -85,8 +75,6 @@ class NativeApp(Dialect):
                     return
                 else:
                     response = native.published_response(read, outcome)
-                    metrics.count("published", queue, len(outcome))
-                metrics.answered("messages", "POST", response.status, time.monotonic() - started)
             except Exception as exc:  # every request gets its answer, or its connection hangs
                 respond(exc)
                 return
@@ -109,9 +97,7 @@ class NativeApp(Dialect):
         refusal = native.too_large(self.broker, route, headers, length)
         if refusal is None:
             return None
-        response = error_response(refusal)
-        self.metrics.answered(route.label, method, response.status, 0.0)
-        return response
+        return error_response(refusal)
 
     def _route(self, path: str) -> Route:
         route = self._routes.get(path)
@@ -126,7 +112,8 @@ class NativeApp(Dialect):
     async def _dispatch(self, request: Request, route: Route) -> Response:
         if route.kind == "server":
             if request.query and request.method in ("GET", "HEAD"):
-                check_native(request.query, "server", "GET", "", request.path)
+                kind = "metrics" if route.queue == "metrics" else "server"
+                check_native(request.query, kind, "GET", "", request.path)
             return await self._server_path(request, route.queue)
         # HEAD is GET without a body, but only where GET changes nothing: never a receive.
         safe_head = request.method == "HEAD" and route.kind in ("root", "queue", "message")
@@ -136,23 +123,7 @@ class NativeApp(Dialect):
             return native.method_not_allowed(route)
         if request.query:
             check_native(request.query, route.kind, method, route.action, request.path)
-        response = await handler(self.broker, request, route)
-        counter = _COUNTED.get(handler)
-        if counter is not None and response.status in (200, 201, 204):
-            self._count(counter, route.queue, request, response)
-        return response
-
-    def _count(self, counter: str, queue: str, request: Request, response: Response) -> None:
-        if counter == "published":
-            for name, ids in response.headers:
-                if name == "X-Message-Id":
-                    self.metrics.count(counter, queue, ids.count(",") + 1 if ids else 0)
-                    return
-        elif counter == "delivered" and response.status == 200:
-            count = 1 if "max" not in request.query else response.body.count(b"\r\nX-Message-Id:")
-            self.metrics.count(counter, queue, max(count, 1))
-        elif counter == "acked" and response.status == 204:
-            self.metrics.count(counter, queue)
+        return await handler(self.broker, request, route)
 
     async def _server_path(self, request: Request, name: str) -> Response:
         if request.method not in ("GET", "HEAD"):
@@ -166,7 +137,8 @@ class NativeApp(Dialect):
                 status, json.dumps(body).encode() + b"\n", [("Content-Type", "application/json")]
             )
         if name == "metrics":
-            # Collecting reads every queue's stats: not on the event loop.
-            text = await self.broker.call(self.metrics.render)
+            # A scrape reads every worker's files and lists every queue: not on the event loop.
+            queue = request.query.get("queue")
+            text = await self.broker.call(self.metrics.render, queue)
             return Response(200, text, [("Content-Type", METRICS_CONTENT_TYPE)])
         return Response(200, self._openapi, [("Content-Type", "application/json")])
