@@ -12,11 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 import dirmq
 
 from .metrics_helpers import inotify_watches, make_queues, matching, value
-from .servers import ServerProcess, sqs_client, start_server
+from .servers import REPO, ServerProcess, sqs_client, start_server
 
 PUBLISHES = 1000
 CONNECTIONS = 40  # each keeps its connection: the kernel spreads them over both workers
@@ -118,6 +119,10 @@ def test_two_workers_count_every_publish_once_in_every_scrape(tmp_path: Path) ->
         assert value(text, "dirmq_messages_published_total") == PUBLISHES + 3 + 1
         assert value(text, "dirmq_messages_delivered_total") == len(got) + 1
         assert value(text, "dirmq_messages_acked_total") == len(got) + 1
+        documented = (REPO / "docs" / "operations.md").read_text()
+        for family in text_string_to_metric_families(text):
+            shown = family.name + ("_total" if family.type == "counter" else "")
+            assert f"| `{shown}` |" in documented, f"{shown} is not in operations.md#metrics"
     finally:
         assert server.stop() == 0
     if os.path.isdir("/dev/shm"):  # the run's metrics files went with it
