@@ -5,6 +5,8 @@ summed, never lost with a worker, live gauges dropped with it), bounded labels a
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -160,3 +162,21 @@ def test_the_depth_series_are_capped_and_any_queue_is_there_on_demand(
     none = Metrics(metrics_files, str(root), max_queues=0).render().decode()
     assert matching(none, "dirmq_queue_messages") == {}
     assert value(none, "dirmq_queues_omitted") == 30
+
+
+def test_a_runs_metrics_directory_is_private_and_goes_with_it(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = tmp_path / f"dirmq-metrics-{dead.pid}-killed"  # a server killed with -9 left it
+    left.mkdir()
+    (left / "counter_1.db").write_bytes(b"")
+    alive = tmp_path / f"dirmq-metrics-{os.getpid()}-running"  # a live server's
+    alive.mkdir()
+    with MetricsFiles.create(str(tmp_path)) as files:
+        path = Path(files.path)
+        assert path.stat().st_mode & 0o777 == 0o700
+        assert list(path.iterdir()) == []
+        assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == files.path
+        assert not left.exists() and alive.exists()
+    assert not path.exists()
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ

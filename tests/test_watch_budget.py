@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import dirmq
+from dirmq.server import broker as broker_module
 from dirmq.server.broker import Broker
 from dirmq.store import watch
 
@@ -130,3 +131,38 @@ def test_queues_nobody_waits_on_give_their_watches_back(tmp_path: Path) -> None:
         assert store.release_idle(0) == 2
         assert inotify_watches() - before == 0
     assert os.path.isdir(root)
+
+
+def test_the_server_gives_idle_queues_watches_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker releases now and then (here every 50 ms, after 0.1 s idle) what `release_idle`
+    releases; a queue a long poll waits on keeps its watches."""
+    monkeypatch.setattr(broker_module, "RELEASE_EVERY_S", 0.05)
+    monkeypatch.setattr(broker_module, "IDLE_RELEASE_S", 0.1)
+    root = tmp_path / "root"
+    before = inotify_watches()
+
+    async def main() -> tuple[int, int, list[bytes]]:
+        store = dirmq.Store(root)
+        broker = Broker(store)
+        broker.start()
+        try:
+            queues = [store.create_queue(f"q{n}") for n in range(10)]
+            for queue in queues:
+                assert await broker.receive(queue, 1, None, 0) == []
+            touched = inotify_watches() - before
+            waiting = asyncio.ensure_future(broker.receive(queues[0], 1, None, 10.0))
+            await asyncio.sleep(0.5)
+            idle = inotify_watches() - before
+            await asyncio.to_thread(_publish_from_another_process, root, "q0", "woken")
+            got = await asyncio.wait_for(waiting, 10)
+            return touched, idle, [m.body for m in got]
+        finally:
+            broker.close()
+            store.close()
+
+    touched, idle, bodies = asyncio.run(main())
+    assert touched == 40
+    assert idle == 4  # q0's, which a long poll waits on
+    assert bodies == [b"woken"]

@@ -60,9 +60,20 @@ class MetricsFiles:
 
     @classmethod
     def create(cls, parent: str | None = None) -> MetricsFiles:
-        parent = parent or _default_parent()
-        _remove_left_behind(parent)
-        files = cls(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=parent))  # 0700
+        """A new empty directory (0700) under `parent` (default: /dev/shm, or where that
+        cannot be written the temp directory), active in this process."""
+        prefix = f"{_PREFIX}{os.getpid()}-"
+        if parent is not None:
+            path = tempfile.mkdtemp(prefix=prefix, dir=parent)
+        else:
+            try:
+                parent = _default_parent()
+                path = tempfile.mkdtemp(prefix=prefix, dir=parent)
+            except OSError:  # /dev/shm full or read-only
+                parent = tempfile.gettempdir()
+                path = tempfile.mkdtemp(prefix=prefix, dir=parent)
+        _remove_left_behind(parent, keep=path)
+        files = cls(path)
         files.activate()
         return files
 
@@ -115,7 +126,7 @@ def _default_parent() -> str:
     return tempfile.gettempdir()
 
 
-def _remove_left_behind(parent: str) -> None:
+def _remove_left_behind(parent: str, keep: str) -> None:
     """The directories of our servers that were killed before they could remove theirs."""
     try:
         entries = list(os.scandir(parent))
@@ -123,7 +134,7 @@ def _remove_left_behind(parent: str) -> None:
         return
     for entry in entries:
         match = _LEFT_BEHIND.match(entry.name)
-        if match is None or not entry.is_dir(follow_symlinks=False):
+        if match is None or entry.path == keep or not entry.is_dir(follow_symlinks=False):
             continue
         try:
             if entry.stat(follow_symlinks=False).st_uid != os.getuid():
