@@ -62,6 +62,7 @@ def test_past_the_watch_limit_a_long_poll_still_gets_a_message(
         setup.create_queue("watched")
         setup.create_queue("polled")
     refused = _limit_watches(monkeypatch, allowed=6)  # one queue's four, then half of one
+    monkeypatch.setattr(watch, "_last_warning", [-watch.WARN_EVERY_S])  # none warned yet
     before = inotify_watches()
 
     async def main() -> tuple[list[bytes], float, int | None, int | None]:
