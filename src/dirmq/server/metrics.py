@@ -82,15 +82,19 @@ class Metrics:
             registry=None,
             buckets=LATENCY_BUCKETS,
         )
-        documentation = {
-            "published": "Messages published (native, SQS, yaq)",
-            "delivered": "Messages leased to consumers (native, SQS, yaq)",
-            "acked": "Messages acknowledged by receipt (native, SQS, yaq)",
-        }
-        self._messages = {
-            name: Counter(f"dirmq_messages_{name}", text, registry=None)
-            for name, text in documentation.items()
-        }
+        self._published = Counter(
+            "dirmq_messages_published", "Messages published (native, SQS, yaq)", registry=None
+        )
+        self._delivered = Counter(
+            "dirmq_messages_delivered",
+            "Messages leased to consumers (native, SQS, yaq)",
+            registry=None,
+        )
+        self._acked = Counter(
+            "dirmq_messages_acked",
+            "Messages acknowledged by receipt (native, SQS, yaq)",
+            registry=None,
+        )
         self.corrupt = Counter(
             "dirmq_messages_corrupt",
             "Corrupt message files a receive met and set aside in @corrupt",
@@ -128,11 +132,6 @@ class Metrics:
             multiprocess_mode="liveall",  # one series per live worker, with its pid
         ).labels(str(worker))
         self._worker_requests.set(0)
-        self._published, self._delivered, self._acked = (
-            self._messages["published"],
-            self._messages["delivered"],
-            self._messages["acked"],
-        )
         self._children: dict[tuple[str, str, str, int], tuple[Counter, Histogram]] = {}
         self._routes: dict[str, set[str]] = {}
         self._corrupt_queues: set[str] = set()
