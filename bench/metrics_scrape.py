@@ -48,6 +48,7 @@ from typing import Any
 # shadow the standard library's `http` (which urllib imports): take it off.
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(__file__)]
 
+import urllib.error  # noqa: E402
 import urllib.request  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,7 +136,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         watches_before = inotify_watches(proc.pid)
         body, cold_s = get(f"{url}/metrics")
         warm = [get(f"{url}/metrics")[1] for _ in range(args.scrapes)]
-        one_queue = [get(f"{url}/metrics?queue={names[-1]}")[1] for _ in range(5)]
+        try:
+            one_queue = [get(f"{url}/metrics?queue={names[-1]}")[1] for _ in range(5)]
+        except urllib.error.HTTPError:  # a server from before /metrics?queue=
+            one_queue = []
         return {
             "queues": args.queues,
             "max_queues": args.max_queues,
@@ -144,7 +148,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "cold_scrape_s": round(cold_s, 3),
             "warm_scrape_median_s": round(statistics.median(warm), 3),
             "warm_scrape_max_s": round(max(warm), 3),
-            "one_queue_scrape_median_s": round(statistics.median(one_queue), 4),
+            "one_queue_scrape_median_s": (
+                round(statistics.median(one_queue), 4) if one_queue else None
+            ),
             "scrape_bytes": len(body),
             "series": sum(1 for line in body.splitlines() if line and not line.startswith(b"#")),
             "inotify_watches_before": watches_before,
@@ -165,15 +171,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
+    cap = "default" if result["max_queues"] is None else result["max_queues"]
+    one = result["one_queue_scrape_median_s"]
     rows = [
-        ("queues", f"{result['queues']:,} (--metrics-max-queues {result['max_queues']})"),
+        ("queues", f"{result['queues']:,} (--metrics-max-queues {cap})"),
         ("cold scrape", f"{result['cold_scrape_s']:.3f} s"),
         (
             "warm scrapes",
             f"{result['warm_scrape_median_s']:.3f} s median, "
             f"{result['warm_scrape_max_s']:.3f} s max",
         ),
-        ("one queue", f"{result['one_queue_scrape_median_s'] * 1000:.1f} ms"),
+        ("one queue", f"{one * 1000:.1f} ms" if one is not None else "-"),
         ("bytes", f"{result['scrape_bytes']:,} ({result['series']:,} samples)"),
         (
             "inotify watches",
@@ -204,9 +212,9 @@ def main() -> int:
         args.scrapes = 5
     sys.path.insert(0, str(REPO / "src"))
     result = run(args)
-    print(table(result))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(table(result))
     print(f"written to {args.json}")
     return 0
 
