@@ -14,6 +14,7 @@ import pytest
 
 import dirmq
 from dirmq.client import RemoteStore
+from dirmq.server.multiprocess import MetricsFiles
 
 from .async_adapter import BlockingAsyncStore
 from .servers import ServerProcess, start_server
@@ -103,3 +104,11 @@ def fast_root(tmp_path: Path) -> Iterator[Path]:
         yield parent / "root"
     finally:
         shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.fixture
+def metrics_files(tmp_path: Path) -> Iterator[MetricsFiles]:
+    """A server run's metrics directory, active in this process for the test (and gone after:
+    metrics made afterwards are in memory again)."""
+    with MetricsFiles.create(str(tmp_path)) as files:
+        yield files

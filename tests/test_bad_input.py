@@ -151,7 +151,7 @@ def test_a_misspelt_delay_stores_nothing(http: httpx.Client) -> None:
         ("POST", "/params/messages/0000000000000000-0000000000000000.1/extend", "visibility="),
         ("POST", "/params/messages/0000000000000000-0000000000000000.1/dead-letter", "no query"),
         ("GET", "/health", "no query parameters"),
-        ("GET", "/metrics", "no query parameters"),
+        ("GET", "/metrics", "queue="),
         ("GET", "/openapi.json", "no query parameters"),
     ],
 )

@@ -1,5 +1,5 @@
 """In-process checks of the server's fast paths against what they replace: response heads
-(framing.response_head), request metrics (prometheus-client's Counter and Histogram), and the
+(framing.response_head), the fast publish (the general handler's answer and metrics), and the
 deadline sweep that stands in for per-connection timers."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 import dirmq
 from dirmq.server.http import (
@@ -25,7 +24,8 @@ from dirmq.server.http import (
     _Clock,
     _response_head,
 )
-from dirmq.server.metrics import LATENCY_BUCKETS, Metrics
+from dirmq.server.metrics import Metrics
+from dirmq.server.multiprocess import MetricsFiles
 from dirmq.wire import framing
 
 
@@ -48,51 +48,6 @@ def test_response_heads_are_framings_bytes(status: int, keep_alive: bool) -> Non
 def test_response_heads_refuse_line_breaks(value: str) -> None:
     with pytest.raises(ValueError, match="CR/LF"):
         _response_head(_Clock().prefix(200), [("X-Attr-A", value)], 200, 0, True)
-
-
-def _without_created(text: bytes) -> list[str]:
-    return [line for line in text.decode().splitlines() if "_created" not in line]
-
-
-def test_request_metrics_read_as_prometheus_clients_would(tmp_path: Path) -> None:
-    metrics = Metrics(dirmq.Store(tmp_path / "root"))
-    registry = CollectorRegistry()
-    requests = Counter(
-        "dirmq_http_requests",
-        "HTTP requests answered",
-        ["route", "method", "status"],
-        registry=registry,
-    )
-    latency = Histogram(
-        "dirmq_http_request_duration_seconds",
-        "Time to answer a request (long polls included)",
-        ["route", "method"],
-        registry=registry,
-        buckets=LATENCY_BUCKETS,
-    )
-    published = Counter(
-        "dirmq_messages_published", "Messages published", ["queue"], registry=registry
-    )
-    answers = [
-        ("messages", "POST", 201, 0.0004),
-        ("messages", "POST", 201, 0.0005),  # on a bound: counted in it (le)
-        ("messages", "POST", 404, 0.003),
-        ("queue", "GET", 200, 31.0),  # past the last bound: +Inf only
-        ("messages", "GET", 204, 0.0),
-    ]
-    for route, method, status, seconds in answers:
-        metrics.answered(route, method, status, seconds)
-        requests.labels(route, method, str(status)).inc()
-        latency.labels(route, method).observe(seconds)
-    metrics.count("published", "a/b", 3)
-    metrics.count("published", "a/b")
-    published.labels("a/b").inc(4)
-    families = ("dirmq_http_request", "dirmq_messages_published")
-    ours = [line for line in _without_created(metrics.render()) if any(f in line for f in families)]
-    assert ours == _without_created(generate_latest(registry))
-    created = [line for line in metrics.render().decode().splitlines() if "_created{" in line]
-    assert any(line.startswith("dirmq_http_request_duration_seconds_created") for line in created)
-    assert any(line.startswith("dirmq_messages_published_created") for line in created)
 
 
 class _Transport(asyncio.Transport):
@@ -259,22 +214,24 @@ async def _answers(transport: _Transport, count: int, budget_s: float = 2.0) -> 
 
 
 def test_a_fast_publish_whose_answer_cannot_be_built_gets_a_500(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metrics_files: MetricsFiles
 ) -> None:
-    """A bug while building a stored publish's response (here in the metrics) still answers,
-    and the connection goes on with its next request."""
+    """A bug while building a stored publish's response still answers, and the connection
+    goes on with its next request."""
+    from dirmq.dialects.native import handlers
     from dirmq.dialects.native.app import NativeApp
     from dirmq.server.broker import Broker
 
     async def main() -> tuple[bytes, int]:
         store = dirmq.Store(tmp_path / "root")
         store.create_queue("q")
-        broker, metrics = Broker(store), Metrics(store)
+        metrics = Metrics(metrics_files, str(store.root))
+        broker = Broker(store, counts=metrics)
 
         def broken(*_args: object) -> None:
-            raise RuntimeError("a metrics bug")
+            raise RuntimeError("a bug building the answer")
 
-        monkeypatch.setattr(metrics, "count", broken)
+        monkeypatch.setattr(handlers, "published_response", broken)
         app = NativeApp(broker, metrics)
         protocol, transport = HttpServer(app, fast=app.fast).protocol(), _Transport()
         protocol.connection_made(transport)
@@ -291,18 +248,23 @@ def test_a_fast_publish_whose_answer_cannot_be_built_gets_a_500(
     assert ready == 2  # stored: only the answer failed
 
 
-def test_a_plain_publish_answers_as_the_general_path_does(tmp_path: Path) -> None:
+def test_a_plain_publish_answers_as_the_general_path_does(
+    tmp_path: Path, metrics_files: MetricsFiles
+) -> None:
     """The same publish through the fast path and through `publish` (an option forces it):
     same status, same headers but the id, same body shape, same metrics."""
     from dirmq.dialects.native.app import NativeApp
     from dirmq.server.broker import Broker
+    from dirmq.server.dialect import Router
 
     async def main() -> tuple[list[bytes], bytes, int]:
         store = dirmq.Store(tmp_path / "root")
         store.create_queue("q")
-        broker, metrics = Broker(store), Metrics(store)
+        metrics = Metrics(metrics_files, str(store.root))
+        broker = Broker(store, counts=metrics)
         app = NativeApp(broker, metrics)
-        server = HttpServer(app, fast=app.fast)
+        router = Router([app], observe=metrics.observe)
+        server = HttpServer(router, fast=router.fast, observe=router.observe)
         protocol, transport = server.protocol(), _Transport()
         protocol.connection_made(transport)
         protocol.data_received(
@@ -323,8 +285,10 @@ def test_a_plain_publish_answers_as_the_general_path_does(tmp_path: Path) -> Non
     assert ids[0].startswith(b"201 Created")
     assert answers[2].startswith(b"404 ")
     assert depth == 2
-    assert b'dirmq_messages_published_total{queue="q"} 2.0' in exposition
-    assert b'route="messages",status="201"} 2.0' in exposition
+    assert b"\ndirmq_messages_published_total 2.0\n" in exposition
+    counted = b'dirmq_http_requests_total{door="native",method="POST",route="messages",status='
+    assert counted + b'"201"} 2.0' in exposition
+    assert counted + b'"404"} 1.0' in exposition
 
 
 def test_observers_see_every_answer_fast_slow_streamed_and_refused() -> None:

@@ -30,8 +30,9 @@ from dirmq.errors import CannotListen, InvalidArgument
 from dirmq.server import serve as runtime
 from dirmq.server.access import Access
 from dirmq.server.credentials import exposure_warning, legacy_credentials, load_credentials
-from dirmq.server.dialect import Router
+from dirmq.server.dialect import Router, observe_all
 from dirmq.server.http import Limits
+from dirmq.server.metrics import DEFAULT_MAX_QUEUES
 from dirmq.server.tls import tls_files
 from dirmq.sqs.app import SqsApp
 from dirmq.sqs.auth import SigV4Authenticator
@@ -56,6 +57,7 @@ class ServeOptions:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
+    metrics_max_queues: int = DEFAULT_MAX_QUEUES  # queues with depth series of their own
 
 
 def load_access(options: ServeOptions) -> Access:
@@ -112,15 +114,18 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
     def compose(worker: runtime.Worker) -> dict[str, Router]:
         broker, metrics = worker.broker, worker.metrics
         sqs = SqsApp(broker, access=access, deleted_wait_s=options.sqs_deleted_wait_s)
+        # Told of every answered request of every listener (combine more with observe_all).
+        observe = observe_all(metrics.observe)
         routers = {
             "native": Router(
                 [PubSubApi(broker, metrics, access), sqs, NativeApp(broker, metrics, access)],
                 access,
+                observe,
             ),
-            "sqs": Router([sqs], access),
+            "sqs": Router([sqs], access, observe),
         }
         if options.yaq_listen:
-            routers["yaq"] = Router([YaqApp(broker, access)], access)
+            routers["yaq"] = Router([YaqApp(broker, access)], access, observe)
         return routers
 
     runtime_options = runtime.RuntimeOptions(
@@ -131,5 +136,6 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
         limits=options.limits,
         tls=tls,
         loopback_only=protected,
+        metrics_max_queues=options.metrics_max_queues,
     )
     return runtime.serve(runtime_options, compose, announce)

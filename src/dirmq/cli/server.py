@@ -95,6 +95,14 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="require client certificates signed by a CA in this PEM file (mutual TLS)",
     )
+    p.add_argument(
+        "--metrics-max-queues",
+        type=count,
+        default=None,
+        metavar="N",
+        help="/metrics gives depth series of their own to the N deepest queues at most; all "
+        "are in the totals, /metrics?queue=NAME gives any one (default 1000)",
+    )
     limits = p.add_argument_group("limits that protect the server from its clients")
     limits.add_argument(
         "--max-connections",
@@ -153,6 +161,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from dirmq.server.budget import default_body_memory_bytes
     from dirmq.server.http import Limits
+    from dirmq.server.metrics import DEFAULT_MAX_QUEUES
     from dirmq.service import ServeOptions, serve
 
     options = ServeOptions(
@@ -169,6 +178,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
+        metrics_max_queues=(
+            DEFAULT_MAX_QUEUES if args.metrics_max_queues is None else args.metrics_max_queues
+        ),
         limits=Limits(
             max_connections=args.max_connections,
             max_body_bytes=args.max_body_bytes,

@@ -300,17 +300,16 @@ class PubSubApi(Dialect):
         return request.path.rstrip("/") == PREFIX and self.access.metrics_open
 
     async def __call__(self, request: Request) -> Response | StreamResponse:
-        started = time.monotonic()
         try:
             response = await self._answer(request)
         except DirmqError as exc:
             response = error_response(exc)
         except UnicodeDecodeError:
             response = json_error(400, "InvalidName", "the path is not valid UTF-8 once decoded")
-        self.metrics.answered("pubsub", request.method, response.status, time.monotonic() - started)
         return response
 
     async def _answer(self, request: Request) -> Response | StreamResponse:
+        request.route = "invalid"  # until the path is one of ours
         route = parse_pubsub_route(request.path)
         if route is None:
             return json_error(404, "NotFound", f"no pub/sub endpoint at {request.path}")

@@ -205,7 +205,7 @@ class YaqApp(Dialect):
     def _acker(self, queue: Queue, message: Message):  # type: ignore[no-untyped-def]
         async def ack() -> None:
             try:
-                await self.broker.call(queue.ack, message.receipt or "")
+                await self.broker.ack(queue, message.receipt or "")  # the broker counts it
             except StaleReceipt:
                 pass  # the lease ran out while the client was reading: it will be redelivered
 

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from dirmq.errors import DirmqError, QueueFull, StaleReceipt, StorageError
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
@@ -44,6 +44,30 @@ MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
 MAX_BATCH_MESSAGES = 1024
 BATCHES_PER_TURN = 16  # then a drain goes to the back of the pool's line: other calls get a turn
 IDLE_RECHECK_S = 30.0
+# Every RELEASE_EVERY_S, queues nobody waits on nor used for IDLE_RELEASE_S give back their
+# inotify watches and index (`Store.release_idle`): a server that touched 10,000 queues must not
+# keep 40,000 watches (the user's limit is often 8,192) and their indexes for its lifetime.
+RELEASE_EVERY_S = 15.0
+IDLE_RELEASE_S = 60.0
+
+
+class MessageCounts(Protocol):
+    """Told how many messages the broker moved, once per batch (the server's metrics)."""
+
+    def published(self, count: int) -> None: ...
+    def delivered(self, count: int) -> None: ...
+    def acked(self, count: int) -> None: ...
+
+
+class _Uncounted:
+    def published(self, count: int) -> None:
+        pass
+
+    def delivered(self, count: int) -> None:
+        pass
+
+    def acked(self, count: int) -> None:
+        pass
 
 
 # Called on the event loop with a publish's ids, or with the error that failed it.
@@ -83,15 +107,46 @@ class _Waiter:
 class Broker:
     """One per worker process and root."""
 
-    def __init__(self, store: Store, threads: int = 32) -> None:
+    def __init__(
+        self, store: Store, threads: int = 32, counts: MessageCounts | None = None
+    ) -> None:
         self.store = store
+        self.counts: MessageCounts = counts or _Uncounted()
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="dirmq-store")
+        self._release_timer: asyncio.TimerHandle | None = None
         self._publishers: dict[str, _Publisher] = {}
         self._receivers: dict[str, _Receiver] = {}
         self._getters: dict[str, _Batcher] = {}
         self._ackers: dict[str, _Batcher] = {}
         self._hub_fd: int | None = None
         self.closing = False
+
+    def start(self) -> None:
+        """On the event loop, once: from now on, now and then, the queues nobody waits on
+        give back their inotify watches and indexes (`Store.release_idle`)."""
+        self._release_timer = asyncio.get_running_loop().call_later(
+            RELEASE_EVERY_S, self._release_idle
+        )
+
+    def _release_idle(self) -> None:
+        if self.closing:
+            return
+        try:
+            self._executor.submit(self.store.release_idle, IDLE_RELEASE_S)
+        except RuntimeError:  # the pool is shut down
+            return
+        self._release_timer = asyncio.get_running_loop().call_later(
+            RELEASE_EVERY_S, self._release_idle
+        )
+
+    @staticmethod
+    def tell(report: Callable[[int], None], count: int) -> None:
+        """Report `count` messages to `counts`: a metrics bug must not cost a client its answer
+        (or its messages their lease)."""
+        try:
+            report(count)
+        except Exception:
+            log.exception("counting messages failed")
 
     async def call(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """Run a blocking store call on the thread pool."""
@@ -162,9 +217,11 @@ class Broker:
             while True:
                 changed.clear()
                 try:
-                    return await self.call(
+                    ids = await self.call(
                         queue.put_many, messages, timeout_s=0.0, durability=durability
                     )
+                    self.tell(self.counts.published, len(ids))
+                    return ids
                 except QueueFull:
                     remaining = None if deadline is None else deadline - loop.time()
                     if remaining is not None and remaining <= 0:
@@ -207,11 +264,16 @@ class Broker:
             first.add_done_callback(lambda done: self._give_back_later(queue, done))
             raise
         if got or (wait_s is not None and wait_s <= 0) or self.closing:
+            if got:
+                self.tell(self.counts.delivered, len(got))
             return got
         receiver = self._receivers.get(queue.name)
         if receiver is None or receiver.queue is not queue:
             receiver = self._receivers[queue.name] = _Receiver(self, queue)
-        return await receiver.wait(max_count, visibility_s, wait_s, max_per_group)
+        got = await receiver.wait(max_count, visibility_s, wait_s, max_per_group)
+        if got:
+            self.tell(self.counts.delivered, len(got))
+        return got
 
     def watch_store(self) -> None:
         """Pump the store's shared inotify descriptor from the event loop, so each queue's own
@@ -238,6 +300,8 @@ class Broker:
     def close(self) -> None:
         """Release every waiting receive (with nothing) and stop the thread pool."""
         self.closing = True
+        if self._release_timer is not None:
+            self._release_timer.cancel()
         if self._hub_fd is not None:
             asyncio.get_running_loop().remove_reader(self._hub_fd)
             self._hub_fd = None
@@ -300,6 +364,8 @@ class _Batcher:
 
     async def _acks(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> None:
         failures = await self.broker.call(self.queue.ack_each, [item for item, _ in batch])
+        if len(failures) < len(batch):
+            self.broker.tell(self.broker.counts.acked, len(batch) - len(failures))
         for receipt, future in batch:
             if future.done():
                 continue
@@ -419,12 +485,12 @@ class _Publisher:
             self._settle(batch, self._store(batch))
             self._loop.call_soon(self._drain_here)  # still `_draining`: stops when it is empty
 
-    @staticmethod
-    def _settle(batch: list[_Publish], outcome: list[str] | BaseException) -> None:
+    def _settle(self, batch: list[_Publish], outcome: list[str] | BaseException) -> None:
         if isinstance(outcome, BaseException):
             for p in batch:
                 p.finish(outcome)
             return
+        self.broker.tell(self.broker.counts.published, len(outcome))  # before any answer
         start = 0
         for p in batch:
             end = start + len(p.messages)

@@ -15,12 +15,15 @@ permission a request means, and it judges them by name before looking anything u
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from dirmq.errors import DirmqError, Unauthenticated
 from dirmq.server.access import Access, credentials_required
 from dirmq.server.errors import error_response
 from dirmq.server.http import Later, Observe, Request, Respond, Response, StreamResponse
+
+log = logging.getLogger("dirmq.server")
 
 
 class Dialect:
@@ -146,3 +149,23 @@ def unique_dialects(routers: Sequence[Router]) -> list[Dialect]:
         for dialect in router.dialects:
             seen.setdefault(id(dialect), dialect)
     return list(seen.values())
+
+
+def observe_all(*observers: Observe | None) -> Observe | None:
+    """One `Observe` that tells each of `observers` (None ones left out) in turn, for a
+    `Router` that has several (request metrics, the access log); None if there are none. One
+    observer's failure is logged and does not keep the next from being told."""
+    chosen = tuple(o for o in observers if o is not None)
+    if not chosen:
+        return None
+    if len(chosen) == 1:
+        return chosen[0]
+
+    def observe(request: Request, status: int, sent: int, seconds: float) -> None:
+        for observer in chosen:
+            try:
+                observer(request, status, sent, seconds)
+            except Exception:
+                log.exception("observing %s %s failed", request.method, request.path)
+
+    return observe

@@ -1,189 +1,311 @@
-"""Prometheus metrics (prometheus-client): request counts and latencies, messages published,
-delivered and acknowledged, pub/sub publishes, deliveries, settlements and attached streams,
-and per-queue depth and corrupt files set aside, read from the store at scrape time.
+"""Prometheus metrics: requests of every door, messages moved, pub/sub, corrupt files, workers,
+and each queue's depth read from the store at scrape time.
 
-The per-request series (requests, latency, messages per queue) are plain numbers bumped on the
-event loop and turned into metric families at scrape time: prometheus-client's own counters take
-a lock per increment and a label lookup per call, a few microseconds a request."""
+Every counter, histogram and gauge a worker bumps is prometheus-client's own, in multiprocess
+mode (`multiprocess.py`): the values live in files of the server run's metrics directory, and a
+scrape in any worker reads all of them through `MultiProcessCollector`. Nothing is added up
+here by hand, and counters never go backwards: a worker that dies leaves its files behind.
+
+Requests are counted once, by the observer of every listener's `Router` (`observe`), with the
+dialect that answered them (`door`: native, sqs, yaq, pubsub), their route (a route kind, an SQS
+action, a yaq verb), method and status. Per request that is one counter increment and one
+histogram observation, each a write into an mmap: the labelled children are looked up once and
+kept, since `.labels()` costs as much again. Messages are counted by the broker (`MessageCounts`)
+once per batch, whatever the door, without a queue label: per-queue numbers are the depth
+gauges, which are bounded (`--metrics-max-queues`), where a queue label on counters would grow
+every worker's files with every queue ever named.
+
+The depth gauges are read at scrape time by `census` from the queues' directory listings: no
+queue is opened, no index built, no inotify watch taken. A root of 10,000 queues is listed in
+well under a second; the series are bounded by `max_queues` (the deepest queues by name order
+among equals; every queue is in the `dirmq_queues_*` totals), and `/metrics?queue=NAME` gives
+any one queue's.
+"""
 
 from __future__ import annotations
 
-import itertools
-import os
-import time
-from bisect import bisect_left
+import asyncio
+import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
 
-from dirmq.errors import DirmqError
-from dirmq.store import Store
+from dirmq.server.http import Request
+from dirmq.server.multiprocess import MetricsFiles
+from dirmq.store.census import QueueDepth, census, queue_depth
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
-
-
-class _DepthCollector(Collector):
-    def __init__(self, store: Store) -> None:
-        self._store = store
-
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        depth = GaugeMetricFamily(
-            "dirmq_queue_messages", "Messages in a queue by state", labels=["queue", "state"]
-        )
-        age = GaugeMetricFamily(
-            "dirmq_queue_oldest_ready_age_seconds",
-            "Age of the oldest ready message",
-            labels=["queue"],
-        )
-        # The store counts what this process set aside; the metric is per worker, as the rest.
-        corrupt = CounterMetricFamily(
-            "dirmq_messages_corrupt",
-            "Corrupt message files a receive met and set aside in @corrupt",
-            labels=["queue"],
-        )
-        for name in self._store.list_queues():
-            try:
-                queue = self._store.queue(name)
-                stats = queue.stats()
-            except DirmqError:
-                continue  # deleted while we looked
-            for state in ("ready", "in_flight", "delayed", "dead"):
-                depth.add_metric([name, state], getattr(stats, state))
-            if stats.oldest_ready_age_s is not None:
-                age.add_metric([name], stats.oldest_ready_age_s)
-            corrupt.add_metric([name], queue.corrupt_quarantined)
-        yield depth
-        yield age
-        yield corrupt
-
-
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30)
-QUEUE_COUNTERS = {
-    "published": "Messages published",
-    "delivered": "Messages leased to consumers",
-    "acked": "Messages acknowledged or deleted",
-}
-
-
-@dataclass(slots=True)
-class _Count:
-    value: int = 0
-    created: float = field(default_factory=time.time)
-
-
-@dataclass(slots=True)
-class _Latencies:
-    buckets: list[int]  # per bucket, not cumulative; the last one is +Inf
-    total_s: float = 0.0
-    created: float = field(default_factory=time.time)
-
-
-class _RequestCollector(Collector):
-    """What prometheus-client's Counter and Histogram would expose for the same increments
-    (`_total`, `_bucket`, `_count`, `_sum`, `_created`). Bumped on the event loop, read by a
-    scrape in a pool thread: each number is read whole (the GIL), a scrape may just see a
-    request counted whose latency is not yet."""
-
-    def __init__(self) -> None:
-        self.bounds = tuple(float(b) for b in LATENCY_BUCKETS)
-        # `le` as prometheus-client writes it (repr of the float, "+Inf" last).
-        self.les = [*(repr(b) for b in self.bounds), "+Inf"]
-        self.answered: dict[tuple[str, str, int], tuple[_Count, _Latencies]] = {}
-        self.per_queue: dict[str, dict[str, _Count]] = {name: {} for name in QUEUE_COUNTERS}
-
-    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
-        requests = CounterMetricFamily(
-            "dirmq_http_requests", "HTTP requests answered", labels=["route", "method", "status"]
-        )
-        latency = HistogramMetricFamily(
-            "dirmq_http_request_duration_seconds",
-            "Time to answer a request (long polls included)",
-            labels=["route", "method"],
-        )
-        seen: set[int] = set()
-        for (route, method, status), (count, times) in list(self.answered.items()):
-            requests.add_metric([route, method, str(status)], count.value, created=count.created)
-            if id(times) in seen:  # one histogram per route and method, whatever the status
-                continue
-            seen.add(id(times))
-            cumulative = list(itertools.accumulate(list(times.buckets)))
-            latency.add_metric(
-                [route, method], list(zip(self.les, cumulative, strict=True)), times.total_s
-            )
-            labels = {"route": route, "method": method}
-            latency.samples.append(Sample(f"{latency.name}_created", labels, times.created))
-        yield requests
-        yield latency
-        for name, documentation in QUEUE_COUNTERS.items():
-            family = CounterMetricFamily(f"dirmq_messages_{name}", documentation, labels=["queue"])
-            for queue, count in list(self.per_queue[name].items()):
-                family.add_metric([queue], count.value, created=count.created)
-            yield family
+DEFAULT_MAX_QUEUES = 1000  # queues with series of their own (`--metrics-max-queues`)
+STATES = ("ready", "in_flight", "delayed", "dead")
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+# Label values each label may take per worker before the rest are counted as "other": routes
+# come from fixed tables, queue names of corrupt files are rare; this bounds them whatever comes.
+MAX_ROUTES = 64
+MAX_CORRUPT_QUEUES = 1000
+_MAX_CACHED = 10_000  # labelled children kept for requests (any more are looked up each time)
+WORKER_TICK_S = 1.0  # how often a worker's own gauge is brought up to date
 
 
 class Metrics:
-    """One registry per worker process; every series carries the worker's pid."""
+    """The metrics of one worker process. `files` must be the server run's metrics directory,
+    active in this process (`MetricsFiles.create`, before any worker is forked)."""
 
-    def __init__(self, store: Store) -> None:
-        self.registry = CollectorRegistry()
-        worker = str(os.getpid())
-        self._requests = _RequestCollector()
-        self._latencies: dict[tuple[str, str], _Latencies] = {}
-        self.registry.register(self._requests)
+    def __init__(
+        self,
+        files: MetricsFiles,
+        root: str,
+        *,
+        max_queues: int = DEFAULT_MAX_QUEUES,
+        worker: int = 0,
+    ) -> None:
+        if not files.active:
+            raise RuntimeError("metrics need their run's MetricsFiles active in this process")
+        if max_queues < 0:
+            raise ValueError("max_queues must be 0 or more")
+        self.root = root
+        self.worker = worker
+        self.answered = 0  # requests this worker answered (its own gauge, every second)
+        self.requests = Counter(
+            "dirmq_http_requests",
+            "HTTP requests answered, by the dialect that answered them",
+            ["door", "route", "method", "status"],
+            registry=None,
+        )
+        self.latency = Histogram(
+            "dirmq_http_request_duration_seconds",
+            "Time to answer a request (long polls included)",
+            ["door", "route", "method"],
+            registry=None,
+            buckets=LATENCY_BUCKETS,
+        )
+        self._published = Counter(
+            "dirmq_messages_published", "Messages published (native, SQS, yaq)", registry=None
+        )
+        self._delivered = Counter(
+            "dirmq_messages_delivered",
+            "Messages leased to consumers (native, SQS, yaq)",
+            registry=None,
+        )
+        self._acked = Counter(
+            "dirmq_messages_acked",
+            "Messages acknowledged by receipt (native, SQS, yaq)",
+            registry=None,
+        )
+        self.corrupt = Counter(
+            "dirmq_messages_corrupt",
+            "Corrupt message files a receive met and set aside in @corrupt",
+            ["queue"],
+            registry=None,
+        )
         self.pubsub_published = Counter(
             "dirmq_pubsub_published",
             "Pub/sub messages published, by delivery mode",
             ["mode"],
-            registry=self.registry,
+            registry=None,
         )
         self.pubsub_delivered = Counter(
             "dirmq_pubsub_delivered",
             "Pub/sub deliveries sent to streaming subscribers",
-            registry=self.registry,
+            registry=None,
         )
         self.pubsub_settled = Counter(
             "dirmq_pubsub_settled",
             "Pub/sub deliveries of streaming subscribers settled, by outcome",
             ["outcome"],
-            registry=self.registry,
+            registry=None,
         )
         self.pubsub_attached = Gauge(
             "dirmq_pubsub_attached_subscriptions",
-            "Pub/sub subscriptions streaming from this worker",
-            registry=self.registry,
+            "Pub/sub subscriptions streaming from the server (every live worker)",
+            registry=None,
+            multiprocess_mode="livesum",
         )
-        self.registry.register(_DepthCollector(store))
-        self.worker = worker
+        self._worker_requests = Gauge(
+            "dirmq_worker_requests_answered",
+            "Requests a live worker answered since it started (updated every second)",
+            ["worker"],
+            registry=None,
+            multiprocess_mode="liveall",  # one series per live worker, with its pid
+        ).labels(str(worker))
+        self._worker_requests.set(0)
+        self._children: dict[tuple[str, str, str, int], tuple[Counter, Histogram]] = {}
+        self._routes: dict[str, set[str]] = {}
+        self._corrupt_queues: set[str] = set()
+        self._ticker: asyncio.TimerHandle | None = None
+        self.registry = CollectorRegistry()
+        MultiProcessCollector(self.registry, path=files.path)  # type: ignore[no-untyped-call]
+        self.registry.register(QueueDepthCollector(root, max_queues))
 
-    def answered(self, route: str, method: str, status: int, seconds: float) -> None:
-        """Count a request (route and method are low-cardinality labels) and its latency."""
-        if method not in _METHODS:
-            method = "other"  # any token is a method: the label must stay low-cardinality
-        answered = self._requests.answered
-        entry = answered.get((route, method, status))
-        if entry is None:
-            times = self._latencies.get((route, method))
-            if times is None:
-                buckets = [0] * (len(self._requests.bounds) + 1)
-                times = self._latencies[route, method] = _Latencies(buckets)
-            entry = answered[route, method, status] = (_Count(), times)
-        entry[0].value += 1
-        times = entry[1]
-        times.buckets[bisect_left(self._requests.bounds, seconds)] += 1  # le: bound >= seconds
-        times.total_s += seconds
+    # -- requests (`http.Observe`) --------------------------------------------------------------
+    def observe(self, request: Request, status: int, sent: int, seconds: float) -> None:
+        """Count an answered request and its latency (the observer of every Router)."""
+        self.answered += 1
+        key = (request.door, request.route, request.method, status)
+        children = self._children.get(key)
+        if children is None:
+            children = self._labelled(*key)
+        children[0].inc()
+        children[1].observe(seconds)
 
-    def count(self, counter: str, queue: str, amount: int = 1) -> None:
-        """Add `amount` to a per-queue counter: published, delivered or acked."""
-        counts = self._requests.per_queue[counter]
-        count = counts.get(queue)
-        if count is None:
-            count = counts[queue] = _Count()
-        count.value += amount
+    def _labelled(
+        self, door: str, route: str, method: str, status: int
+    ) -> tuple[Counter, Histogram]:
+        """The children for a request's labels, each label bounded: an unknown method, a route
+        past MAX_ROUTES of its door, become "other"; a request refused before any dialect saw
+        it (a malformed head, a body too large) has door and route "none"."""
+        door_label = door or "none"
+        route_label = route or "none"
+        routes = self._routes.setdefault(door_label, set())
+        if route_label not in routes:
+            if len(routes) >= MAX_ROUTES:
+                route_label = "other"
+            else:
+                routes.add(route_label)
+        method_label = method if method in _METHODS else "other"
+        children = (
+            self.requests.labels(door_label, route_label, method_label, str(status)),
+            self.latency.labels(door_label, route_label, method_label),
+        )
+        if len(self._children) < _MAX_CACHED:
+            self._children[door, route, method, status] = children
+        return children
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    # -- messages (`broker.MessageCounts`) --------------------------------------------------------
+    def published(self, count: int) -> None:
+        self._published.inc(count)
+
+    def delivered(self, count: int) -> None:
+        self._delivered.inc(count)
+
+    def acked(self, count: int) -> None:
+        self._acked.inc(count)
+
+    def quarantined(self, queue: str) -> None:
+        """A corrupt file of `queue` was set aside (the Store's `on_quarantine`; any thread)."""
+        if queue not in self._corrupt_queues:
+            if len(self._corrupt_queues) >= MAX_CORRUPT_QUEUES:
+                queue = "(other)"
+            else:
+                self._corrupt_queues.add(queue)
+        self.corrupt.labels(queue).inc()
+
+    # -- the worker -------------------------------------------------------------------------
+    def start(self) -> None:
+        """On the worker's event loop: keep its own gauge up to date."""
+        self._tick()
+
+    def _tick(self) -> None:
+        self._worker_requests.set(self.answered)
+        loop = asyncio.get_running_loop()
+        self._ticker = loop.call_later(WORKER_TICK_S, self._tick)
+
+    def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+
+    # -- scrapes ----------------------------------------------------------------------------------
+    def render(self, queue: str | None = None) -> bytes:
+        """The exposition: every worker's metrics and the queues' depth; with `queue`, that
+        queue's depth series alone (QueueNotFound if there is none). Blocking: reads files."""
+        if queue is None:
+            return generate_latest(self.registry)
+        one = CollectorRegistry()
+        one.register(_OneQueue(self.root, queue))
+        return generate_latest(one)
+
+
+def _depth_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    return (
+        GaugeMetricFamily(
+            "dirmq_queue_messages", "Messages in a queue by state", labels=["queue", "state"]
+        ),
+        GaugeMetricFamily(
+            "dirmq_queue_oldest_ready_age_seconds",
+            "Age of the oldest ready message of a queue",
+            labels=["queue"],
+        ),
+    )
+
+
+def _add_queue(
+    depth: GaugeMetricFamily, age: GaugeMetricFamily, name: str, found: QueueDepth
+) -> None:
+    stats = found.stats
+    for state in STATES:
+        depth.add_metric([name, state], getattr(stats, state))
+    if stats.oldest_ready_age_s is not None:
+        age.add_metric([name], stats.oldest_ready_age_s)
+
+
+def _held(found: QueueDepth) -> int:
+    stats = found.stats
+    return stats.ready + stats.in_flight + stats.delayed + stats.dead
+
+
+class QueueDepthCollector(Collector):
+    """Every queue's depth, from one census of the root per scrape: totals over all queues,
+    and series of their own for the `max_queues` deepest (the most messages in any state; by
+    name among equals)."""
+
+    def __init__(self, root: str, max_queues: int) -> None:
+        self.root = root
+        self.max_queues = max_queues
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []  # nothing to check at registration (a census per registration would be one)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        found = list(census(self.root))
+        if len(found) > self.max_queues:
+            shown = heapq.nsmallest(self.max_queues, found, key=lambda q: (-_held(q), q.name))
+        else:
+            shown = found
+        shown.sort(key=lambda q: q.name)
+        queues = GaugeMetricFamily("dirmq_queues", "Queues under the root")
+        queues.add_metric([], len(found))
+        omitted = GaugeMetricFamily(
+            "dirmq_queues_omitted",
+            "Queues left without series of their own (over --metrics-max-queues)",
+        )
+        omitted.add_metric([], len(found) - len(shown))
+        totals = GaugeMetricFamily(
+            "dirmq_queues_messages", "Messages in all queues by state", labels=["state"]
+        )
+        for state in STATES:
+            totals.add_metric([state], sum(getattr(q.stats, state) for q in found))
+        yield queues
+        yield omitted
+        yield totals
+        ages = [q.stats.oldest_ready_age_s for q in found if q.stats.oldest_ready_age_s is not None]
+        if ages:
+            oldest = GaugeMetricFamily(
+                "dirmq_queues_oldest_ready_age_seconds",
+                "Age of the oldest ready message of any queue",
+            )
+            oldest.add_metric([], max(ages))
+            yield oldest
+        depth, age = _depth_families()
+        for queue in shown:
+            _add_queue(depth, age, queue.name, queue)
+        yield depth
+        yield age
+
+
+class _OneQueue(Collector):
+    def __init__(self, root: str, name: str) -> None:
+        self.root = root
+        self.name = name
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        depth, age = _depth_families()
+        _add_queue(depth, age, self.name, QueueDepth(self.name, queue_depth(self.root, self.name)))
+        yield depth
+        yield age

@@ -1,7 +1,8 @@
 """The server's process runtime: listening sockets, worker processes, signals, graceful drain.
 
 It serves whatever the composition root (`dirmq.service`) plugs in: a `Compose` function that
-each worker calls with its store, broker and metrics, and that returns a `Router` of dialects per
+each worker calls with its store, broker and metrics (whose files, `multiprocess.py`, every
+worker of the run shares), and that returns a `Router` of dialects per
 listener. Nothing here knows a dialect.
 
 With `--workers N` the parent binds the listening ports with SO_REUSEPORT, forks N workers that
@@ -42,7 +43,8 @@ from dirmq.server.broker import Broker
 from dirmq.server.budget import MemoryBudget, WorkerSlots, shared_slots
 from dirmq.server.dialect import Router, unique_dialects
 from dirmq.server.http import LINGER_S, HttpServer, Limits
-from dirmq.server.metrics import Metrics
+from dirmq.server.metrics import DEFAULT_MAX_QUEUES, Metrics
+from dirmq.server.multiprocess import MetricsFiles
 from dirmq.server.tls import TlsFiles, requires_client_certificate, server_context
 from dirmq.store import Store
 
@@ -64,6 +66,7 @@ class RuntimeOptions:
     limits: Limits = field(default_factory=Limits)
     tls: TlsFiles | None = None  # HTTPS on every listener
     loopback_only: bool = False  # protected mode: connections from other hosts are turned away
+    metrics_max_queues: int = DEFAULT_MAX_QUEUES  # queues with depth series of their own
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,17 +197,24 @@ async def run_worker(
     options: RuntimeOptions,
     compose: Compose,
     endpoints: list[_Endpoint],
+    metrics_files: MetricsFiles,
     budget_slots: WorkerSlots | None = None,
     worker: int = 0,
     tls: ssl.SSLContext | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT, then drain. `budget_slots`: the body budget's slots shared
-    by every worker (`budget.py`); this worker's is `worker`. `tls`: HTTPS on every listener."""
+    """Serve until SIGTERM/SIGINT, then drain. `metrics_files`: the run's metrics directory,
+    active (`multiprocess.py`). `budget_slots`: the body budget's slots shared by every worker
+    (`budget.py`); this worker's is `worker`. `tls`: HTTPS on every listener."""
     loop = asyncio.get_running_loop()
-    store = Store(options.root)
-    broker = Broker(store)
-    routers = compose(Worker(store, broker, Metrics(store)))
+    metrics = Metrics(
+        metrics_files, options.root, max_queues=options.metrics_max_queues, worker=worker
+    )
+    store = Store(options.root, on_quarantine=metrics.quarantined)
+    broker = Broker(store, counts=metrics)
+    routers = compose(Worker(store, broker, metrics))
     dialects = unique_dialects(list(routers.values()))
+    broker.start()
+    metrics.start()
     for dialect in dialects:
         dialect.start()
     http_servers: list[HttpServer] = []
@@ -243,6 +253,7 @@ async def run_worker(
     await asyncio.gather(*(dialect.close() for dialect in dialects))
     broker.close()  # waiting long polls answer now
     await asyncio.gather(*(h.drain(options.drain_timeout_s) for h in http_servers))
+    metrics.close()
     store.close()
 
 
@@ -290,16 +301,19 @@ def serve(
         f"({options.workers} worker{'s' if options.workers > 1 else ''})"
     )
     sys.stdout.flush()
-    if options.workers == 1:
-        uvloop.run(run_worker(options, compose, endpoints, tls=tls))
-        return 0
-    return _supervise(options, compose, endpoints, tls)
+    # Before any metric is made, and before the workers are forked: they all write there.
+    with MetricsFiles.create() as metrics_files:
+        if options.workers == 1:
+            uvloop.run(run_worker(options, compose, endpoints, metrics_files, tls=tls))
+            return 0
+        return _supervise(options, compose, endpoints, metrics_files, tls)
 
 
 def _supervise(
     options: RuntimeOptions,
     compose: Compose,
     endpoints: list[_Endpoint],
+    metrics_files: MetricsFiles,
     tls: ssl.SSLContext | None,
 ) -> int:
     children: dict[int, int] = {}  # pid -> worker number
@@ -321,7 +335,9 @@ def _supervise(
             )
             code = 0
             try:
-                uvloop.run(run_worker(options, compose, own, budget_slots, number, tls))
+                uvloop.run(
+                    run_worker(options, compose, own, metrics_files, budget_slots, number, tls)
+                )
             except BaseException:  # a worker must never return into the parent's code
                 code = 1
             os._exit(code)
@@ -347,6 +363,7 @@ def _supervise(
         if pid not in children:
             continue
         number = children.pop(pid)
+        metrics_files.process_dead(pid)  # its live gauges go; its counts stay
         if not stopping:
             time.sleep(0.1)  # a worker crashed: replace it
             budget_slots[number] = 0  # what it held died with it

@@ -114,6 +114,7 @@ class SqsApp(Dialect):
         return _wire(request).render_error(_translate(error), protocol_json.new_request_id())
 
     async def __call__(self, request: Request) -> Response:
+        request.route = "invalid"  # until it names an action of ours
         if _is_queue_url_get(request) and not is_sqs_request(request):  # see the docstring
             body = b'<?xml version="1.0"?><UnknownOperationException/>'
             return Response(404, body, [("Content-Type", "text/xml")])
@@ -123,9 +124,11 @@ class SqsApp(Dialect):
         action_name = ""
         try:
             action_name, params = parse(request)
-            request.route = action_name
             request.queue = _queue_named(params)
             handler = self.actions.get(action_name)
+            # Metrics label requests by route: an action we do not have is "invalid", not a
+            # label of the client's choosing.
+            request.route = action_name if handler is not None else "invalid"
             if handler is None:
                 raise SqsError(
                     "InvalidAction",

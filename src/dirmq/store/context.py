@@ -3,7 +3,7 @@
 `Store` builds a `QueueContext` and hands it to each `Queue` and its `QueueFiles`, instead of a
 reference to itself: the queue modules then never import `root.py`, and what they may use of
 their root is written down here (how to watch, the flushes shared by every queue of the root,
-where a queue's dead letters go).
+where a queue's dead letters go, whom to tell of a corrupt file).
 """
 
 from __future__ import annotations
@@ -24,3 +24,5 @@ class QueueContext:
     writeback: WritebackFlusher  # writeback publishes mark it dirty
     # The @ready directory of dead-letter queue `name`, or None if unset or absent.
     dead_letter_dir: Callable[[str | None], str | None]
+    # Told the queue's name each time a corrupt file is set aside in @corrupt (a metric).
+    on_quarantine: Callable[[str], None] | None = None

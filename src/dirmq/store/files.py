@@ -399,12 +399,15 @@ class QueueFiles:
 
     def quarantine(self, path: str, name: str) -> None:
         """Set a file that does not decode aside in @corrupt (never delivered, kept to inspect);
-        logged, and counted in `quarantined` (the server exports it as a metric)."""
+        logged, counted in `quarantined` and told to the Store's `on_quarantine` (the server's
+        metric)."""
         try:
             os.rename(path, self.path(layout.CORRUPT, name))
         except OSError:
             return  # gone meanwhile, or the move failed: the next reader meets it again
         self.quarantined += 1
+        if self._context.on_quarantine is not None:
+            self._context.on_quarantine(self.name)
         log.warning(
             "queue %r: message %s does not decode; set aside in @corrupt/%s",
             self.name,

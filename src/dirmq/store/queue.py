@@ -266,6 +266,12 @@ class Queue:
         (`Store.watch_fileno`) must be pumped for changes to be noticed without a blocked get."""
         return self._view.subscribe(listener)
 
+    def release_if_idle(self, unused_since: float) -> bool:
+        """Stop watching and forget the index if nobody waits on this queue nor used it since
+        `unused_since` (time.monotonic()); its next use builds them again. For
+        `Store.release_idle`."""
+        return self._view.release_if_idle(unused_since)
+
     def close(self) -> None:
         self._view.close()
 

@@ -15,7 +15,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from dirmq.errors import ConfigError, CorruptConfig, QueueExists, QueueNotFound, storage_error
@@ -45,6 +45,8 @@ class Store:
     """Every queue under one root, as seen by this process. Thread-safe.
 
     `watch_mode`: "auto" (inotify, or polling on network filesystems), "inotify" or "poll".
+    `on_quarantine` is called with a queue's name whenever a get or read of this Store sets a
+    corrupt file aside in @corrupt (it must be quick and thread-safe: a metric's counter).
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class Store:
         create: bool = True,
         watch_mode: str = "auto",
         poll_interval_s: float = 0.5,
+        on_quarantine: Callable[[str], None] | None = None,
     ) -> None:
         self.root = os.path.abspath(os.fspath(root if root is not None else default_root()))
         self.group_commit = GroupCommit()
@@ -66,6 +69,7 @@ class Store:
             group_commit=self.group_commit,
             writeback=self.writeback,
             dead_letter_dir=self.dead_letter_dir,
+            on_quarantine=on_quarantine,
         )
         self._queues: dict[str, Queue] = {}
         self._checked: dict[str, float] = {}  # name -> when its @queue.json was last seen
@@ -236,6 +240,18 @@ class Store:
         if not os.path.exists(os.path.join(path, layout.CONFIG_FILE)):
             return None
         return os.path.join(path, layout.READY)
+
+    def release_idle(self, idle_s: float) -> int:
+        """Stop watching every open queue that nobody waits on (no long poll, no blocked get,
+        no subscriber) and nobody used for `idle_s` seconds, and forget its index: its four
+        inotify watches go back to the user's budget, its index's memory to the allocator. Its
+        next use builds both again (one listing of its directories), as the first use did.
+        Returns how many queues were released. A long-lived process that touches many queues
+        (the server) calls it now and then."""
+        unused_since = time.monotonic() - idle_s
+        with self._lock:
+            queues = list(self._queues.values())
+        return sum(queue.release_if_idle(unused_since) for queue in queues)
 
     def inotify_hub(self) -> InotifyHub:
         """The one inotify instance shared by every queue this Store watches."""

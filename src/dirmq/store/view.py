@@ -7,6 +7,10 @@ what every process does, and the one lock that serialises both within this proce
 is built on first use (the watcher starts before the scan, so nothing in between is missed) and
 what crashed processes left behind is recovered then. Blocking operations wait on the watcher
 outside the lock, so another process's publish, ack or requeue wakes them at once.
+
+A view nobody waits on (no listener, no blocked get) and nobody used for a while can be
+released (`release_if_idle`): its watches go back to the user's inotify budget and its index
+to the allocator, and its next use builds them again, as the first did.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ class QueueView:
         self._config_checked = time.monotonic()
         self._watcher: Watcher | None = None
         self._listeners: list[Callable[[], None]] = []
+        self._used = 0.0  # time.monotonic() of the last sync of the index
+        self._waiting = 0  # threads blocked in `wait`
 
     # -- configuration -------------------------------------------------------------------------
     @property
@@ -96,6 +102,7 @@ class QueueView:
     # -- the index -------------------------------------------------------------------------------
     def synced(self) -> QueueIndex:
         """The index, brought up to date with every change any process made (call under lock)."""
+        self._used = time.monotonic()
         if self.index is None or self._watcher is None:
             return self._open_index()
         result = self._watcher.drain()
@@ -120,7 +127,7 @@ class QueueView:
             )
         except FileNotFoundError:
             raise QueueNotFound(f"queue {self.name!r} does not exist") from None
-        except OSError as exc:  # e.g. out of inotify watches: the operator must act
+        except OSError as exc:  # out of inotify watches is not one: the queue is polled
             raise storage_error(exc, f"watching queue {self.name!r}") from exc
         self._attach_listeners()
         index = QueueIndex()
@@ -158,11 +165,17 @@ class QueueView:
 
     def wait(self, timeout_s: float) -> None:
         """Sleep until the queue may have changed, or `timeout_s` (call outside the lock)."""
-        watcher = self._watcher
-        if watcher is not None:
-            watcher.wait(timeout_s)
-        else:
-            time.sleep(timeout_s)
+        with self.lock:
+            watcher = self._watcher
+            self._waiting += 1  # not released under us
+        try:
+            if watcher is not None:
+                watcher.wait(timeout_s)
+            else:
+                time.sleep(timeout_s)
+        finally:
+            with self.lock:
+                self._waiting -= 1
 
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
         """`Queue.subscribe`."""
@@ -181,6 +194,27 @@ class QueueView:
     def _attach_listeners(self) -> None:
         if self._watcher is not None:
             self._watcher.listeners = self._listeners
+
+    def release_if_idle(self, unused_since: float) -> bool:
+        """Stop watching and forget the index if nobody waits on the queue (no listener, no
+        blocked get) and nobody synced it since `unused_since` (time.monotonic()); True if
+        released. Never waits for the lock: a view in use is not idle."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            if (
+                self._watcher is None
+                or self._listeners
+                or self._waiting
+                or self._used >= unused_since
+            ):
+                return False
+            self._watcher.close()
+            self._watcher = None
+            self.index = None
+            return True
+        finally:
+            self.lock.release()
 
     def close(self) -> None:
         """Stop watching and forget the index; listeners are called to look again."""

@@ -5,12 +5,20 @@ these events instead of listing directories. inotify is used through `ctypes` (t
 library has no binding). On NFS and other filesystems where inotify does not see other hosts'
 changes, `PollingWatcher` reports `RESCAN` every `interval_s` and the index re-reads the
 directories. inotify's own queue overflow also degrades to one `RESCAN`.
+
+inotify is a per-user budget: 128 instances and `fs.inotify.max_user_watches` watches (8,192 on
+many kernels), shared by every process of the user. A queue that cannot get its watches (ENOSPC,
+EMFILE, ENOMEM) is polled instead, with a warning, never refused: it answers as a queue on NFS
+does, its waiters woken within `poll_interval_s`. Watches are four per queue a process keeps
+open; `Store.release_idle` gives back those of queues nobody waits on.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
+import logging
 import os
 import select
 import struct
@@ -22,6 +30,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+log = logging.getLogger(__name__)
+# What inotify_init1 and inotify_add_watch fail with once the user's inotify budget is spent.
+OUT_OF_INOTIFY = frozenset({errno.ENOSPC, errno.EMFILE, errno.ENOMEM})
+WARN_EVERY_S = 60.0  # at most one warning a minute about queues polled for want of watches
 
 IN_MODIFY = 0x00000002
 IN_MOVED_FROM = 0x00000040
@@ -82,15 +94,15 @@ class InotifyHub:
 
     def subscribe(self, directories: dict[str, str]) -> HubWatcher:
         watcher = HubWatcher(self)
-        with self._lock:
-            for key, path in directories.items():
-                wd = _libc.inotify_add_watch(self._fd, os.fsencode(path), _MASK | IN_ONLYDIR)
-                if wd < 0:
-                    code = ctypes.get_errno()
-                    self._remove(watcher)
-                    raise OSError(code, f"inotify_add_watch {path}: {os.strerror(code)}")
-                self._subscribers.setdefault(wd, []).append((watcher, key))
-                watcher.wds.append(wd)
+        try:
+            with self._lock:
+                for key, path in directories.items():
+                    wd = add_watch(self._fd, path, _MASK | IN_ONLYDIR)
+                    self._subscribers.setdefault(wd, []).append((watcher, key))
+                    watcher.wds.append(wd)
+        except OSError:
+            watcher.close()  # the watches it got, and its eventfd
+            raise
         return watcher
 
     def unsubscribe(self, watcher: HubWatcher) -> None:
@@ -235,6 +247,16 @@ class PollingWatcher:
         pass
 
 
+def add_watch(fd: int, path: str, mask: int) -> int:
+    """inotify_add_watch(2): the watch descriptor, or OSError (ENOSPC: the user's
+    max_user_watches are spent). A module function: the fault tests replace it."""
+    wd = int(_libc.inotify_add_watch(fd, os.fsencode(path), mask))
+    if wd < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"inotify_add_watch {path}: {os.strerror(code)}")
+    return wd
+
+
 def _close_quietly(fd: int) -> None:
     try:
         os.close(fd)
@@ -263,7 +285,37 @@ def polls(mode: str, path: str) -> bool:
 def open_watcher(
     directories: dict[str, str], mode: str, poll_interval_s: float, hub: Callable[[], InotifyHub]
 ) -> Watcher:
-    """`mode`: as in `polls`; `hub` gives the Store's shared inotify instance."""
+    """`mode`: as in `polls`; `hub` gives the Store's shared inotify instance. Out of inotify
+    instances or watches (`OUT_OF_INOTIFY`), the directories are polled: a warning, not an
+    error (under "inotify" too: a queue that answers late beats one that fails)."""
     if polls(mode, next(iter(directories.values()))):
         return PollingWatcher(poll_interval_s)
-    return hub().subscribe(directories)
+    try:
+        return hub().subscribe(directories)
+    except OSError as exc:
+        if exc.errno not in OUT_OF_INOTIFY:
+            raise
+        _warn_polling(directories, exc)
+        return PollingWatcher(poll_interval_s)
+
+
+_last_warning = [-WARN_EVERY_S]  # time.monotonic() of the last warning, per process
+_polled_since_warning = [0]
+
+
+def _warn_polling(directories: dict[str, str], exc: OSError) -> None:
+    """One warning a minute at most: past the limit every queue opened says the same."""
+    _polled_since_warning[0] += 1
+    now = time.monotonic()
+    if now - _last_warning[0] < WARN_EVERY_S:
+        return
+    count, _polled_since_warning[0] = _polled_since_warning[0], 0
+    _last_warning[0] = now
+    where = os.path.dirname(next(iter(directories.values())))
+    log.warning(
+        "out of inotify watches (%s): %s and %d other watch set(s) since the last warning are "
+        "polled instead; raise fs.inotify.max_user_watches (and max_user_instances)",
+        exc.strerror or exc,
+        where,
+        count - 1,
+    )

@@ -1,5 +1,6 @@
-"""The native API as a dialect: route, authorise, call the handler, map errors to statuses,
-count; and the server's own paths (`/health`, `/metrics`, `/openapi.json`) on its port.
+"""The native API as a dialect: route, authorise, call the handler, map errors to statuses;
+and the server's own paths (`/health`, `/metrics`, `/openapi.json`) on its port. Requests and
+messages are counted elsewhere (the Router's observer, the broker).
 
 Permissions by route (the Router has authenticated the request already):
 
@@ -16,7 +17,6 @@ Permissions by route (the Router has authenticated the request already):
 from __future__ import annotations
 
 import json
-import time
 from importlib import resources
 
 from dirmq.dialects.native import handlers as native
@@ -47,12 +47,6 @@ NEEDS: dict[tuple[str, str], str] = {
     ("action", "POST"): READ,
 }
 
-_COUNTED: dict[native.Handler, str] = {
-    native.publish: "published",
-    native.receive: "delivered",
-    native.ack: "acked",
-}
-
 
 class NativeApp(Dialect):
     """Claims every request it is asked about: on a shared port, ask it last."""
@@ -70,11 +64,10 @@ class NativeApp(Dialect):
         self._routes: dict[str, Route] = {}
 
     async def __call__(self, request: Request) -> Response | StreamResponse:
-        started = time.monotonic()
-        label = "invalid"
+        request.route = "invalid"  # until the path is known to be one of ours
         try:
             route = self._route(request.path)
-            label = request.route = route.label
+            request.route = route.label
             if route.kind != "server":
                 request.queue = route.queue
             response = await self._dispatch(request, route)
@@ -82,7 +75,6 @@ class NativeApp(Dialect):
             response = error_response(exc)
         except UnicodeDecodeError:
             response = json_error(400, "InvalidName", "the path is not valid UTF-8 once decoded")
-        self.metrics.answered(label, request.method, response.status, time.monotonic() - started)
         return response
 
     def fast(self, request: Request, respond: Respond) -> Response | Later | None:
@@ -103,9 +95,7 @@ class NativeApp(Dialect):
             read = native.read_publish(self.broker, request, route)
         except (DirmqError, UnicodeDecodeError):
             return None
-        started = time.monotonic()
-        metrics, queue = self.metrics, route.queue
-        request.route, request.queue = "messages", queue
+        request.route, request.queue = "messages", route.queue
 
         def settle(outcome: list[str] | BaseException) -> None:
             try:
@@ -116,8 +106,6 @@ class NativeApp(Dialect):
                     return
                 else:
                     response = native.published_response(read, outcome)
-                    metrics.count("published", queue, len(outcome))
-                metrics.answered("messages", "POST", response.status, time.monotonic() - started)
             except Exception as exc:  # every request gets its answer, or its connection hangs
                 respond(exc)
                 return
@@ -143,9 +131,7 @@ class NativeApp(Dialect):
         refusal = native.too_large(self.broker, route, headers, length)
         if refusal is None:
             return None
-        response = error_response(refusal)
-        self.metrics.answered(route.label, method, response.status, 0.0)
-        return response
+        return error_response(refusal)
 
     def public(self, request: Request) -> bool:
         path = request.path
@@ -168,7 +154,8 @@ class NativeApp(Dialect):
     async def _dispatch(self, request: Request, route: Route) -> Response:
         if route.kind == "server":
             if request.query and request.method in ("GET", "HEAD"):
-                check_native(request.query, "server", "GET", "", request.path)
+                kind = "metrics" if route.queue == "metrics" else "server"
+                check_native(request.query, kind, "GET", "", request.path)
             return await self._server_path(request, route.queue)
         # HEAD is GET without a body, but only where GET changes nothing: never a receive.
         safe_head = request.method == "HEAD" and route.kind in ("root", "queue", "message")
@@ -184,35 +171,7 @@ class NativeApp(Dialect):
             visible = self.access.visible(request.principal) if self._checked else None
             return await native.list_queues(self.broker, request, route, visible)
         response = await handler(self.broker, request, route)
-        counter = _COUNTED.get(handler)
-        if counter is not None and response.status in (200, 201, 204):
-            self._count(counter, route.queue, request, response)
-        return response
-
-    def _authorise(self, request: Request, route: Route, method: str) -> None:
-        """Raise the refusal (AccessDenied) unless the principal may do this, judged by the
-        queue's name alone: nothing is looked up before."""
-        needs = NEEDS.get((route.kind, method))
-        if needs is None:
-            return  # the root (filtered), or a method the route has not: 405, nothing to leak
-        self.access.require(request.principal, needs, route.queue)
-        if route.kind == "queue" and method == "PUT":
-            target = native.dead_letter_target(request.body)
-            if target is not None:  # its dead letters are written there
-                self.access.require(request.principal, WRITE, target)
-
-    def _count(self, counter: str, queue: str, request: Request, response: Response) -> None:
-        if counter == "published":
-            for name, ids in response.headers:
-                if name == "X-Message-Id":
-                    self.metrics.count(counter, queue, ids.count(",") + 1 if ids else 0)
-                    return
-        elif counter == "delivered" and response.status == 200:
-            count = 1 if "max" not in request.query else response.body.count(b"\r\nX-Message-Id:")
-            self.metrics.count(counter, queue, max(count, 1))
-        elif counter == "acked" and response.status == 204:
-            self.metrics.count(counter, queue)
-
+        counter = 
     async def _server_path(self, request: Request, name: str) -> Response:
         if request.method not in ("GET", "HEAD"):
             response = json_error(405, "MethodNotAllowed", f"/{name} is read-only (and reserved)")
@@ -227,7 +186,8 @@ class NativeApp(Dialect):
         if name == "metrics":
             if not self.access.may_read_metrics(request.principal):
                 raise self.access.refusal(request.principal, "metrics", "/metrics")
-            # Collecting reads every queue's stats: not on the event loop.
-            text = await self.broker.call(self.metrics.render)
+            # A scrape reads every worker's files and lists every queue: not on the event loop.
+            queue = request.query.get("queue")
+            text = await self.broker.call(self.metrics.render, queue)
             return Response(200, text, [("Content-Type", METRICS_CONTENT_TYPE)])
         return Response(200, self._openapi, [("Content-Type", "application/json")])

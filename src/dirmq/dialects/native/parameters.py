@@ -10,6 +10,7 @@ from dirmq.server.parameters import check_parameters
 NATIVE: dict[tuple[str, str, str], frozenset[str]] = {
     ("root", "GET", ""): frozenset({"prefix"}),
     ("server", "GET", ""): frozenset(),
+    ("metrics", "GET", ""): frozenset({"queue"}),  # one queue's depth series
     ("queue", "GET", ""): frozenset(),
     ("queue", "PUT", ""): frozenset(),
     ("queue", "DELETE", ""): frozenset(),

@@ -634,7 +634,7 @@ async def delete_one(ctx: Context, queue: Queue, kind: QueueKind, raw_handle: ob
         if _lease_over(current, count):
             raise _expired(handle)
     try:
-        await ctx.broker.call(queue.ack, handle)
+        await ctx.broker.ack(queue, handle)  # the broker counts it
         return
     except StaleReceipt:
         pass
