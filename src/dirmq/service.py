@@ -9,8 +9,9 @@ put in each listener's `Router`:
 - `--yaq-listen`: the yaq dialect alone;
 - `--sqs-listen`: SQS alone (the same SQS dialect as on the native port).
 
-A new dialect (the console) or a concern that wraps them all (authentication, access logs) is
-added here, once.
+Every listener's `Router` tells the same observers of each answered request (`observers`: the
+access log, the log of authentication failures; request metrics join them here). A new dialect
+(the console) or a concern that wraps them all (authentication) is added here, once.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from dirmq.dialects.native.app import NativeApp
 from dirmq.dialects.pubsub import PubSubApi
 from dirmq.dialects.yaq import YaqApp
 from dirmq.server import serve as runtime
+from dirmq.server.access import AccessLog, AuthFailureLog, combine
 from dirmq.server.dialect import Router
-from dirmq.server.http import Limits
+from dirmq.server.http import Limits, Observe
+from dirmq.server.logs import LogSettings
 from dirmq.sqs.app import Authenticate, SqsApp
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -40,6 +43,15 @@ class ServeOptions:
     limits: Limits = field(default_factory=Limits)
     sqs_credentials: str | None = None  # file of `KEY_ID SECRET` lines: SQS requires SigV4
     sqs_deleted_wait_s: float | None = None  # CreateQueue after DeleteQueue: AWS's 60 s wait
+    log: LogSettings = field(default_factory=LogSettings)
+
+
+def observers(options: ServeOptions) -> list[Observe]:
+    """What each worker's listeners tell of every answered request (built once per worker)."""
+    found: list[Observe] = [AuthFailureLog()]
+    if options.log.access:
+        found.append(AccessLog())
+    return found
 
 
 def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int:
@@ -58,15 +70,17 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
 
     def compose(worker: runtime.Worker) -> dict[str, Router]:
         broker = worker.broker
+        observe = combine(observers(options))
         sqs = SqsApp(broker, authenticate=authenticate, deleted_wait_s=options.sqs_deleted_wait_s)
         routers = {
             "native": Router(
-                [PubSubApi(broker, worker.metrics), sqs, NativeApp(broker, worker.metrics)]
+                [PubSubApi(broker, worker.metrics), sqs, NativeApp(broker, worker.metrics)],
+                observe=observe,
             ),
-            "sqs": Router([sqs]),
+            "sqs": Router([sqs], observe=observe),
         }
         if options.yaq_listen:
-            routers["yaq"] = Router([YaqApp(broker)])
+            routers["yaq"] = Router([YaqApp(broker)], observe=observe)
         return routers
 
     runtime_options = runtime.RuntimeOptions(
@@ -75,5 +89,6 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
         workers=options.workers,
         drain_timeout_s=options.drain_timeout_s,
         limits=options.limits,
+        log=options.log,
     )
     return runtime.serve(runtime_options, compose, announce)

@@ -84,6 +84,7 @@ class Request:
     route: str = ""  # a low-cardinality name of what it asked (a route kind, an SQS action)
     queue: str = ""  # the queue (or pub/sub name) it addressed, when it named one
     principal: str = ""  # who sent it, once authenticated
+    peer: str = ""  # the client's IP address
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
@@ -236,17 +237,20 @@ class HttpServer:
             loop.call_later(self._sweep_s, self._sweep, loop) if self.connections else None
         )
 
-    async def drain(self, timeout_s: float) -> None:
+    async def drain(self, timeout_s: float) -> int:
         """Finish what is in progress, then close every connection (the listener is already
-        closed by the caller). Idle connections close now; busy ones after their response."""
+        closed by the caller). Idle connections close now; busy ones after their response.
+        Returns how many were still busy at the deadline, and cut."""
         self.draining = True
         for connection in list(self.connections):
             connection.close_if_idle()
         deadline = time.monotonic() + timeout_s
         while self.connections and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        for connection in list(self.connections):
+        cut = list(self.connections)
+        for connection in cut:
             connection.abort()
+        return len(cut)
 
 
 def limits_of(limits: Limits) -> tuple[float, float, float]:
@@ -270,6 +274,7 @@ class HttpProtocol(asyncio.Protocol):
         "_lingering",
         "_loop",
         "_parser",
+        "_peer",
         "_pending",
         "_raw_headers",
         "_reading_paused",
@@ -307,6 +312,7 @@ class HttpProtocol(asyncio.Protocol):
         self._unparsed: memoryview | None = None  # received, parsed once reading may go on
         self._body_charge = 0  # budget reserved for the body being read
         self._began = 0.0  # time.monotonic() when the current request began to arrive
+        self._peer = ""
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -330,6 +336,9 @@ class HttpProtocol(asyncio.Protocol):
             self._closed = True
             return
         self._server.watch(self)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self._peer = str(peer[0])
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -606,6 +615,7 @@ class HttpProtocol(asyncio.Protocol):
             query,
             self._body_charge,
             time.monotonic(),
+            peer=self._peer,
         )
         self._body_charge = 0  # the request's now
         self._reset_message()
@@ -823,6 +833,7 @@ class HttpProtocol(asyncio.Protocol):
         path, query = _split_url(self._url) if self._url else ("-", "")
         request = Request(method, path, {}, self._headers, b"", False, self._raw_headers, query)
         request.started = self._began
+        request.peer = self._peer
         sent = len(response.body) if response is not None else len(error_body(status, ""))
         self._observed(request, status, sent)
 

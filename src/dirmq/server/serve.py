@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import gc
 import ipaddress
+import logging
 import os
 import re
 import signal
@@ -32,15 +33,20 @@ from dataclasses import dataclass, field
 
 import uvloop
 
+from dirmq import __version__
 from dirmq.errors import CannotListen, InvalidArgument
+from dirmq.server import logs
 from dirmq.server.broker import Broker
 from dirmq.server.budget import MemoryBudget, WorkerSlots, shared_slots
 from dirmq.server.dialect import Router, unique_dialects
 from dirmq.server.http import HttpServer, Limits
+from dirmq.server.logs import fields
 from dirmq.server.metrics import Metrics
+from dirmq.server.notify import forget_notify_socket, notify
 from dirmq.store import Store
 
 BACKLOG = 4096
+log = logging.getLogger("dirmq.server")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +62,7 @@ class RuntimeOptions:
     workers: int = 1
     drain_timeout_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
+    log: logs.LogSettings | None = None  # None: logging is left as the caller set it up
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,20 +214,38 @@ async def run_worker(
     # Everything imported and built so far lives as long as the process: out of the collector's
     # sight, a full collection under load walks only what requests allocate.
     gc.freeze()
+    if options.workers > 1:
+        log.info("worker %d serving", worker, extra=fields(worker=worker, pid=os.getpid()))
     await stop.wait()
+    began = time.monotonic()
+    notify("STOPPING=1", "STATUS=draining")  # a no-op in a forked worker
+    connections = sum(len(h.connections) for h in http_servers)
+    log.info(
+        "draining",
+        extra=fields(
+            worker=worker, connections=connections, drain_timeout_s=options.drain_timeout_s
+        ),
+    )
     for listener in listeners:
         listener.close()
     # Dialects first (event streams end, held deliveries go back) while the pool still runs.
     await asyncio.gather(*(dialect.close() for dialect in dialects))
     broker.close()  # waiting long polls answer now
-    await asyncio.gather(*(h.drain(options.drain_timeout_s) for h in http_servers))
+    cut = sum(await asyncio.gather(*(h.drain(options.drain_timeout_s) for h in http_servers)))
     store.close()
+    drained = fields(worker=worker, seconds=round(time.monotonic() - began, 3), cut=cut)
+    if cut:
+        log.warning("drain timed out: %d connections cut mid-request", cut, extra=drained)
+    else:
+        log.info("drained", extra=drained)
 
 
 def serve(
     options: RuntimeOptions, compose: Compose, announce: Callable[[str], None] = print
 ) -> int:
     """Run the server in the foreground; returns the exit status."""
+    if options.log is not None:
+        logs.configure(options.log)
     if options.workers < 1:
         raise InvalidArgument("--workers must be at least 1")
     limits = options.limits
@@ -238,15 +263,29 @@ def serve(
         raise
     for endpoint in endpoints:
         announce(f"dirmq {endpoint.name} API listening on {endpoint.url}")
-    announce(
-        f"storing queues under {os.path.abspath(options.root)} "
-        f"({options.workers} worker{'s' if options.workers > 1 else ''})"
-    )
+    root = os.path.abspath(options.root)
+    workers = f"{options.workers} worker{'s' if options.workers > 1 else ''}"
+    announce(f"storing queues under {root} ({workers})")
     sys.stdout.flush()
+    log.info(
+        "started",
+        extra=fields(
+            version=__version__,
+            **{f"{e.name}_url": e.url for e in endpoints},
+            root=root,
+            workers=options.workers,
+            pid=os.getpid(),
+        ),
+    )
+    urls = ", ".join(f"{e.name} {e.url}" for e in endpoints)
+    notify("READY=1", f"STATUS=serving {urls} ({workers})", f"MAINPID={os.getpid()}")
     if options.workers == 1:
         uvloop.run(run_worker(options, compose, endpoints))
-        return 0
-    return _supervise(options, compose, endpoints)
+        status = 0
+    else:
+        status = _supervise(options, compose, endpoints)
+    log.info("stopped", extra=fields(status=status))
+    return status
 
 
 def _supervise(options: RuntimeOptions, compose: Compose, endpoints: list[_Endpoint]) -> int:
@@ -259,6 +298,9 @@ def _supervise(options: RuntimeOptions, compose: Compose, endpoints: list[_Endpo
         if pid == 0:  # the worker
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            forget_notify_socket()  # systemd hears its main process only
+            if options.log is not None:
+                logs.configure(options.log)
             own = (
                 endpoints
                 if number == 0
@@ -277,6 +319,9 @@ def _supervise(options: RuntimeOptions, compose: Compose, endpoints: list[_Endpo
 
     def forward(signum: int, _frame: object) -> None:
         nonlocal stopping
+        if not stopping:
+            notify("STOPPING=1", "STATUS=draining")
+            log.info("stopping %d workers", len(children), extra=fields(signal=signum))
         stopping = True
         for pid in children:
             with contextlib.suppress(ProcessLookupError):
@@ -296,9 +341,21 @@ def _supervise(options: RuntimeOptions, compose: Compose, endpoints: list[_Endpo
             continue
         number = children.pop(pid)
         if not stopping:
+            log.error(
+                "worker %d died (%s): restarting it",
+                number,
+                _exit_reason(wait_status),
+                extra=fields(worker=number, pid=pid),
+            )
             time.sleep(0.1)  # a worker crashed: replace it
             budget_slots[number] = 0  # what it held died with it
             spawn(number)
         elif os.waitstatus_to_exitcode(wait_status) != 0:
             status = 1
     return status
+
+
+def _exit_reason(wait_status: int) -> str:
+    if os.WIFSIGNALED(wait_status):
+        return f"killed by {signal.strsignal(os.WTERMSIG(wait_status))}"
+    return f"exit status {os.waitstatus_to_exitcode(wait_status)}"
