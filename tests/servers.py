@@ -55,20 +55,20 @@ class ServerProcess:
 
 
 def start_server(
-    root: Path, *extra: str, yaq: bool = False, env: Mapping[str, str] | None = None
+    root: Path,
+    *extra: str,
+    yaq: bool = False,
+    env: Mapping[str, str] | None = None,
+    listen: str | None = "127.0.0.1:0",
+    launcher: list[str] | None = None,
 ) -> ServerProcess:
-    """`dirmq serve` on `root` (`extra`: more flags; `env`: more environment variables)."""
-    args = [
-        sys.executable,
-        "-m",
-        "dirmq",
-        "serve",
-        "--root",
-        str(root),
-        "--listen",
-        "127.0.0.1:0",
-        *extra,
-    ]
+    """`dirmq serve` on `root` (`extra`: more flags; `env`: more environment variables;
+    `listen` None: no --listen flag, the address comes from elsewhere; `launcher`: a script
+    the interpreter runs first, which executes `-m dirmq serve ...` itself)."""
+    args = [sys.executable, *(launcher or []), "-m", "dirmq", "serve", "--root", str(root)]
+    if listen is not None:
+        args += ["--listen", listen]
+    args += extra
     if yaq:
         args += ["--yaq-listen", "127.0.0.1:0"]
     proc = subprocess.Popen(

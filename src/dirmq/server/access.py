@@ -130,7 +130,7 @@ class AuthFailureLog:
                 key = ("*", status)
         self._windows[key] = _Window(now + self.window_s)
         self._logger.warning(
-            "authentication failed" if status == 401 else "permission denied",
+            "authentication failed" if status == 401 else "access denied",
             extra={
                 "fields": {
                     "kind": kind,
