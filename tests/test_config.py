@@ -192,6 +192,7 @@ def test_every_option_of_serve_is_a_key_and_a_variable() -> None:
         ),
         ("workers = -1\n", "bad.toml:1: workers: '-1' is negative"),
         ("[serve]\nworkers = 1\n", "bad.toml:1: unknown key 'serve'"),
+        ("print-config = true\n", "bad.toml:1: 'print-config' is a command-line option"),
         (
             "listen = ':99999'\n",
             "bad.toml:1: listen: listen address ':99999': port 99999 is out of range",

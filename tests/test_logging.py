@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import re
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,14 @@ from botocore.exceptions import ClientError
 
 from dirmq.server.access import AccessLog, AuthFailureLog, combine
 from dirmq.server.http import Request
-from dirmq.server.logs import JsonFormatter, TextFormatter, logfmt
+from dirmq.server.logs import (
+    FLUSH_AFTER_S,
+    BatchHandler,
+    JsonFormatter,
+    TextFormatter,
+    fields,
+    logfmt,
+)
 
 from .servers import REPO, ServerProcess, sqs_client, start_server
 
@@ -178,6 +186,23 @@ def test_a_quarantined_file_expired_leases_and_a_pubsub_timeout_are_logged(
         r for r in records if r["logger"] == "dirmq.pubsub" and r["message"] == "pub/sub swept"
     ]
     assert swept and swept[0]["timed_out"] == 1, records
+
+
+def test_a_drain_that_times_out_says_what_it_cut(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "root", "--drain-timeout", "0.3", "--log-format", "json")
+    host, port = server.url.removeprefix("http://").split(":")
+    with (
+        socket.create_connection((host, int(port)), timeout=30) as slow,
+        socket.create_connection((host, int(port)), timeout=30),
+    ):  # the second is idle: closed at once, not cut
+        slow.sendall(b"POST /q/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n1")
+        assert server.wait_for(lambda line: False, timeout_s=0.2) == []
+        assert server.stop() == 0
+    records = parse_log(server.output)
+    assert _one(records, message="draining")["connections"] == 2
+    cut = _one(records, logger="dirmq.server", level="WARNING")
+    assert cut["message"] == "drain timed out: 1 connections cut mid-request"
+    assert cut["cut"] == 1 and cut["seconds"] >= 0.3
 
 
 def test_level_warning_and_access_log_off_leave_the_request_lines_out(tmp_path: Path) -> None:
@@ -392,3 +417,40 @@ def test_the_documented_sample_lines_have_the_real_fields() -> None:
     (from_text,) = parse_log(sample_text)
     assert set(from_text) - {"level", "logger", "message"} == ACCESS_FIELDS
     assert set(json.loads(sample_json)) == set(json.loads(JsonFormatter().format(real)))
+
+
+def test_info_lines_wait_a_moment_a_warning_goes_at_once_and_a_moved_file_is_reopened(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "dirmq.log"
+    handler = BatchHandler(str(path))
+    handler.setFormatter(TextFormatter())
+    logger = logging.getLogger("test.batch")
+    logger.propagate = False
+    logger.handlers = [handler]
+    logger.setLevel(logging.INFO)
+
+    async def main() -> None:
+        logger.info("first", extra=fields(n=1))
+        logger.info("second")
+        assert path.read_text() == ""  # waiting for the flush
+        await asyncio.sleep(FLUSH_AFTER_S + 0.1)
+        assert [line.split(" ", 3)[3] for line in path.read_text().splitlines()] == [
+            "first n=1",
+            "second",
+        ]
+        path.rename(tmp_path / "dirmq.log.1")  # logrotate
+        logger.info("third")
+        logger.warning("a warning: %s", "now")  # written at once, after what waited
+        assert [line.split(" ", 3)[3] for line in path.read_text().splitlines()] == [
+            "third",
+            "a warning: now",
+        ]
+
+    try:
+        asyncio.run(main())
+        logger.info("outside an event loop: at once")
+        assert path.read_text().endswith(" outside an event loop: at once\n")
+    finally:
+        handler.close()
+    assert len((tmp_path / "dirmq.log.1").read_text().splitlines()) == 2

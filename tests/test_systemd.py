@@ -130,6 +130,27 @@ def test_ready_at_start_and_stopping_at_sigterm_from_the_main_process(
         _notice(notify_socket)
 
 
+def test_a_stop_right_after_ready_still_drains_every_worker(
+    tmp_path: Path, notify_socket: socket.socket
+) -> None:
+    """SIGTERM the moment READY=1 arrives, before the workers' event loops listen for it:
+    each worker still starts, drains and exits 0 (before, one killed by the signal made the
+    server exit 1)."""
+    for attempt in range(3):
+        server = start_server(
+            tmp_path / "root",
+            "--workers",
+            "2",
+            "--log-format",
+            "json",
+            env={"NOTIFY_SOCKET": notify_socket.getsockname()},
+        )
+        assert _notice(notify_socket)[0]["READY"] == "1"
+        assert server.stop() == 0, (attempt, server.output)
+        assert _notice(notify_socket)[0]["STOPPING"] == "1"
+        assert server.output.count('"message":"drained"') == 2, server.output
+
+
 def test_an_abstract_socket_and_no_socket(monkeypatch: pytest.MonkeyPatch) -> None:
     name = f"dirmq-test-{os.getpid()}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:

@@ -165,6 +165,8 @@ def read_file(path: str, settings: tuple[Setting, ...]) -> dict[str, Value]:
         where = f"{path}:{line}" if line else path
         canonical = key.replace("_", "-")
         setting = by_key.get(canonical)
+        if canonical in OWN_OPTIONS:
+            raise InvalidArgument(f"{where}: {key!r} is a command-line option, not a setting")
         if setting is None:
             raise InvalidArgument(f"{where}: unknown key {key!r}{_did_you_mean(canonical, by_key)}")
         if canonical in spelled:

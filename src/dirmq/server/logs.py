@@ -18,11 +18,11 @@ failures, rate-limited), `dirmq.server` (start-up, shutdown, errors answering), 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import logging.handlers
+import os
 import re
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -146,21 +146,131 @@ class JsonFormatter(logging.Formatter):
         return _json_line(doc)
 
 
-class _LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """A StreamHandler that writes each record in one `write` (one line: atomic on a pipe
-    shared by workers) and skips the separate flush when the stream flushes at each line
-    (stderr does) - half a microsecond of every access line."""
+PIPE_BUF = 4096  # a write to a pipe this long or shorter is never interleaved with another's
+FLUSH_AFTER_S = 0.1  # info and debug lines wait at most this long to be written
+FLUSH_BYTES = 64 * 1024  # or until this much waits
+DEFERRED_BYTES = 256  # what a record not formatted yet is counted as
+
+
+class BatchHandler(logging.Handler):
+    """Formats each record at once; on the event loop, writes info and debug lines together
+    FLUSH_AFTER_S later (or once FLUSH_BYTES wait): a write per access line, to the journal's
+    socket or a pipe, cost more than the rest of the line (the reader's wake-up included).
+    A warning or an error is written at once, after what waits; so is every record outside
+    an event loop (start-up, the store's pool threads). Writes are cut at line ends into
+    pieces of at most PIPE_BUF bytes, so that workers sharing stderr never mix their lines.
+    With `path`, appends to that file and reopens it when it was moved or removed
+    (logrotate). A SIGKILL loses at most the last FLUSH_AFTER_S of info lines."""
+
+    def __init__(self, path: str | None = None) -> None:
+        super().__init__()
+        self.path = path
+        self._fd = 2  # stderr
+        self._identity: tuple[int, int] | None = None
+        if path is not None:
+            self._open(path)
+        self._pending: list[bytes | logging.LogRecord] = []
+        self._pending_bytes = 0
+        self._scheduled = False
+
+    def _open(self, path: str) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        st = os.fstat(fd)
+        self._fd, self._identity = fd, (st.st_dev, st.st_ino)
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.args or record.exc_info or record.levelno >= logging.WARNING:
+            # Formatted now: its arguments may change, its traceback go, before the flush.
+            line = self._line(record)
+            if line is None:
+                return
+            self._pending.append(line)
+            self._pending_bytes += len(line)
+        else:  # a constant message and fields made for it (the access log): at the flush
+            self._pending.append(record)
+            self._pending_bytes += DEFERRED_BYTES
+        if record.levelno >= logging.WARNING or self._pending_bytes >= FLUSH_BYTES:
+            self._write_pending()  # (the handler's lock is held)
+            return
         try:
-            stream = self.stream
-            stream.write(self.format(record) + "\n")
-            if not getattr(stream, "line_buffering", False):
-                stream.flush()
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop in this thread: now
+            self._write_pending()
+            return
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_later(FLUSH_AFTER_S, self.flush)
+
+    def _line(self, record: logging.LogRecord) -> bytes | None:
+        try:
+            return (self.format(record) + "\n").encode("utf-8", "backslashreplace")
         except RecursionError:
             raise
         except Exception:
             self.handleError(record)
+            return None
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        self._scheduled = False
+        if not self._pending:
+            return
+        lines, self._pending, self._pending_bytes = self._pending, [], 0
+        try:
+            if self.path is not None:
+                self._reopen_if_moved(self.path)
+            piece: list[bytes] = []
+            size = 0
+            for entry in lines:
+                line = entry if isinstance(entry, bytes) else self._line(entry)
+                if line is None:
+                    continue
+                if piece and size + len(line) > PIPE_BUF:
+                    _write_all(self._fd, b"".join(piece))
+                    piece, size = [], 0
+                piece.append(line)
+                size += len(line)
+            _write_all(self._fd, b"".join(piece))
+        except OSError:
+            pass  # nowhere to say it (stderr gone, disk full): the server goes on regardless
+
+    def _reopen_if_moved(self, path: str) -> None:
+        try:
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) == self._identity:
+                return
+        except FileNotFoundError:
+            pass
+        old = self._fd
+        self._open(path)
+        os.close(old)
+
+    def close(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._write_pending()
+            if self.path is not None and self._fd > 2:
+                os.close(self._fd)
+                self._fd = 2
+        super().close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def flush() -> None:
+    """Write what the handlers hold now (before a fork, and before a worker's `os._exit`)."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+
+
+# A forked child must not write the lines its parent had not written yet: they are written first.
+os.register_at_fork(before=flush)
 
 
 def configure(settings: LogSettings) -> None:
@@ -170,22 +280,17 @@ def configure(settings: LogSettings) -> None:
         raise InvalidArgument(f"log level {settings.level!r} is not one of {', '.join(LEVELS)}")
     if settings.format not in FORMATS:
         raise InvalidArgument(f"log format {settings.format!r} is not one of {', '.join(FORMATS)}")
-    handler: logging.Handler
-    if settings.file:
-        try:
-            # Reopens the file when it was moved or removed (logrotate without copytruncate).
-            handler = logging.handlers.WatchedFileHandler(settings.file, encoding="utf-8")
-        except OSError as exc:
-            raise InvalidArgument(
-                f"cannot open the log file {settings.file}: {exc.strerror or exc}"
-            ) from exc
-    else:
-        handler = _LineHandler(sys.stderr)
+    try:
+        handler = BatchHandler(settings.file)
+    except OSError as exc:
+        raise InvalidArgument(
+            f"cannot open the log file {settings.file}: {exc.strerror or exc}"
+        ) from exc
     handler.setFormatter(JsonFormatter() if settings.format == "json" else TextFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-        old.close()  # a file handler inherited over fork; a stream handler leaves stderr open
+        old.close()  # (inherited over fork: the parent wrote its lines before forking)
     root.addHandler(handler)
     root.setLevel(settings.level.upper())
     # What no line shows, no record should pay for (each is a lookup per record).

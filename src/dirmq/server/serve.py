@@ -47,6 +47,20 @@ from dirmq.store import Store
 
 BACKLOG = 4096
 log = logging.getLogger("dirmq.server")
+_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+# A SIGTERM or SIGINT that came before the event loop listened for them (right after READY=1
+# or a fork): the worker stops, drained, as soon as it listens.
+_stop_requested = False
+
+
+def _remember_stop(_signum: int, _frame: object) -> None:
+    global _stop_requested
+    _stop_requested = True
+
+
+def _catch_stop_early() -> None:
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, _remember_stop)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +223,10 @@ async def run_worker(
             await loop.create_server(http.protocol, sock=endpoint.sock, backlog=BACKLOG)
         )
     stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in _STOP_SIGNALS:
         loop.add_signal_handler(signum, stop.set)
+    if _stop_requested:
+        stop.set()
     # Everything imported and built so far lives as long as the process: out of the collector's
     # sight, a full collection under load walks only what requests allocate.
     gc.freeze()
@@ -278,6 +294,7 @@ def serve(
         ),
     )
     urls = ", ".join(f"{e.name} {e.url}" for e in endpoints)
+    _catch_stop_early()  # from now on a stop drains, even before the event loop runs
     notify("READY=1", f"STATUS=serving {urls} ({workers})", f"MAINPID={os.getpid()}")
     if options.workers == 1:
         uvloop.run(run_worker(options, compose, endpoints))
@@ -294,10 +311,15 @@ def _supervise(options: RuntimeOptions, compose: Compose, endpoints: list[_Endpo
     budget_slots = shared_slots(options.workers)
 
     def spawn(number: int) -> None:
-        pid = os.fork()
+        # Signals wait during the fork: a child must not run the parent's `forward`.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                _catch_stop_early()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if pid == 0:  # the worker
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
             forget_notify_socket()  # systemd hears its main process only
             if options.log is not None:
                 logs.configure(options.log)
@@ -314,6 +336,7 @@ def _supervise(options: RuntimeOptions, compose: Compose, endpoints: list[_Endpo
                 uvloop.run(run_worker(options, compose, own, budget_slots, number))
             except BaseException:  # a worker must never return into the parent's code
                 code = 1
+            logs.flush()  # os._exit skips logging's own flush at exit
             os._exit(code)
         children[pid] = number
 
@@ -331,6 +354,8 @@ def _supervise(options: RuntimeOptions, compose: Compose, endpoints: list[_Endpo
     signal.signal(signal.SIGINT, forward)
     for number in range(options.workers):
         spawn(number)
+    if _stop_requested or stopping:  # before or while they were forked: tell every one
+        forward(signal.SIGTERM, None)
     status = 0
     while children:
         try:
