@@ -46,8 +46,9 @@ class ServeOptions:
     log: LogSettings = field(default_factory=LogSettings)
 
 
-def observers(options: ServeOptions) -> list[Observe]:
-    """What each worker's listeners tell of every answered request (built once per worker)."""
+def observers(options: ServeOptions, worker: runtime.Worker) -> list[Observe]:
+    """What `worker`'s listeners tell of every answered request (built once per worker, after
+    the fork: request metrics would be the worker's own)."""
     found: list[Observe] = [AuthFailureLog()]
     if options.log.access:
         found.append(AccessLog())
@@ -70,7 +71,7 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
 
     def compose(worker: runtime.Worker) -> dict[str, Router]:
         broker = worker.broker
-        observe = combine(observers(options))
+        observe = combine(observers(options, worker))
         sqs = SqsApp(broker, authenticate=authenticate, deleted_wait_s=options.sqs_deleted_wait_s)
         routers = {
             "native": Router(
