@@ -17,7 +17,7 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 
-from dirmq.server.access import AccessLog, AuthFailureLog, combine
+from dirmq.server.access_log import AccessLog, AuthFailureLog, combine
 from dirmq.server.http import Request
 from dirmq.server.logs import (
     FLUSH_AFTER_S,

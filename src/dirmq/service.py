@@ -23,7 +23,7 @@ from dirmq.dialects.native.app import NativeApp
 from dirmq.dialects.pubsub import PubSubApi
 from dirmq.dialects.yaq import YaqApp
 from dirmq.server import serve as runtime
-from dirmq.server.access import AccessLog, AuthFailureLog, combine
+from dirmq.server.access_log import AccessLog, AuthFailureLog, combine
 from dirmq.server.dialect import Router
 from dirmq.server.http import Limits, Observe
 from dirmq.server.logs import LogSettings

@@ -11,7 +11,7 @@ format merges them into the line's object next to `time`, `level`, `logger`, `me
     2026-05-01T10:00:00.123Z INFO dirmq.access request door=native method=POST ...
     {"time":"2026-05-01T10:00:00.123Z","level":"INFO","logger":"dirmq.access",...}
 
-Loggers: `dirmq.access` (a line per request, `access.py`), `dirmq.auth` (authentication
+Loggers: `dirmq.access` (a line per request, `access_log.py`), `dirmq.auth` (authentication
 failures, rate-limited), `dirmq.server` (start-up, shutdown, errors answering), `dirmq.store.*`
 (quarantined files, expired leases returned), `dirmq.pubsub` (sweeps), `dirmq.sqs`.
 """
