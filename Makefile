@@ -15,9 +15,10 @@ $(STAMP): pyproject.toml
 		|| (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q rsync >/dev/null 2>&1) || true
 	touch $(STAMP)
 
-# The HTTP server on $DIRMQ_ROOT (default ./dirmq-data), http://127.0.0.1:8080.
+# The HTTP server on $DIRMQ_ROOT (default ./dirmq-data), http://127.0.0.1:8080; or where you say:
+# make run LISTEN=0.0.0.0:8080 ROOT=/var/lib/dirmq CONFIG=dirmq.toml (each optional).
 run: $(STAMP)
-	$(BIN)/dirmq serve
+	$(BIN)/dirmq serve$(if $(CONFIG), --config '$(CONFIG)')$(if $(LISTEN), --listen '$(LISTEN)')$(if $(ROOT), --root '$(ROOT)')
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -6,7 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,31 +23,53 @@ class ServerProcess:
     yaq_url: str | None
     root: Path
     sqs_url: str | None = None  # with --sqs-listen
+    # Everything it printed, stdout and stderr (its log), read all along by a thread: a pipe
+    # nobody reads would stop the server once 64 KiB of access log filled it.
+    lines: list[str] = field(default_factory=list)
+    reader: threading.Thread | None = None
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, found: Callable[[str], bool], timeout_s: float = 10) -> list[str]:
+        """The lines printed so far that `found` accepts, once there is one (else [])."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            matching = [line for line in list(self.lines) if found(line)]
+            if matching or time.monotonic() > deadline:
+                return matching
+            time.sleep(0.02)
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
         """Signal the server we started (by PID) and reap it; returns its exit code."""
         if self.proc.poll() is None:
             os.kill(self.proc.pid, sig)
         try:
-            self.proc.communicate(timeout=timeout_s)
+            self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.communicate()
+            self.proc.wait()
+        if self.reader is not None:
+            self.reader.join(timeout=10)  # the pipe ends when its last writer (a worker) exits
         return self.proc.returncode
 
 
-def start_server(root: Path, *extra: str, yaq: bool = False) -> ServerProcess:
-    args = [
-        sys.executable,
-        "-m",
-        "dirmq",
-        "serve",
-        "--root",
-        str(root),
-        "--listen",
-        "127.0.0.1:0",
-        *extra,
-    ]
+def start_server(
+    root: Path,
+    *extra: str,
+    yaq: bool = False,
+    env: Mapping[str, str] | None = None,
+    listen: str | None = "127.0.0.1:0",
+    launcher: list[str] | None = None,
+) -> ServerProcess:
+    """`dirmq serve` on `root` (`extra`: more flags; `env`: more environment variables;
+    `listen` None: no --listen flag, the address comes from elsewhere; `launcher`: a script
+    the interpreter runs first, which executes `-m dirmq serve ...` itself)."""
+    args = [sys.executable, *(launcher or []), "-m", "dirmq", "serve", "--root", str(root)]
+    if listen is not None:
+        args += ["--listen", listen]
+    args += extra
     if yaq:
         args += ["--yaq-listen", "127.0.0.1:0"]
     proc = subprocess.Popen(
@@ -53,7 +78,7 @@ def start_server(root: Path, *extra: str, yaq: bool = False) -> ServerProcess:
         stderr=subprocess.STDOUT,
         text=True,
         cwd=REPO,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     assert proc.stdout is not None
     urls: dict[str, str] = {}
@@ -70,7 +95,17 @@ def start_server(root: Path, *extra: str, yaq: bool = False) -> ServerProcess:
         proc.wait()
         said = "".join(output[-20:]).strip()
         raise RuntimeError(f"dirmq serve exited with {proc.returncode} before listening: {said}")
-    return ServerProcess(proc, urls["native"], urls.get("yaq"), root, urls.get("sqs"))
+    server = ServerProcess(proc, urls["native"], urls.get("yaq"), root, urls.get("sqs"), output)
+    server.reader = threading.Thread(target=_read_all, args=(proc, output), daemon=True)
+    server.reader.start()
+    return server
+
+
+def _read_all(proc: subprocess.Popen[str], lines: list[str]) -> None:
+    assert proc.stdout is not None
+    with proc.stdout:
+        for line in proc.stdout:
+            lines.append(line)
 
 
 def sqs_client(url: str) -> Any:

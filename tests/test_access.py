@@ -40,6 +40,7 @@ from dirmq.client import AsyncRemoteStore, RemoteStore
 from dirmq.client.pubsub import RemotePubSub
 from dirmq.errors import AccessDenied, ConfigError, Unauthenticated
 from dirmq.server.access import Access
+from dirmq.server.addresses import is_loopback_peer
 from dirmq.server.credentials import (
     Credentials,
     Principal,
@@ -47,7 +48,6 @@ from dirmq.server.credentials import (
     new_token,
     token_digest,
 )
-from dirmq.server.http import _is_loopback
 from dirmq.sqs.access import JUDGED
 from dirmq.sqs.actions import load
 
@@ -517,8 +517,8 @@ def test_allow_anonymous_listens_anywhere(tmp_path: Path) -> None:
 
 def test_loopback_peers() -> None:
     local = ("127.0.0.1", 1), ("127.9.9.9", 1), ("::1", 1, 0, 0), ("::ffff:127.0.0.1", 1, 0, 0)
-    assert all(_is_loopback(peer) for peer in local)
-    assert not any(_is_loopback(p) for p in (("10.0.0.1", 1), ("::ffff:10.0.0.1", 1, 0, 0)))
+    assert all(is_loopback_peer(peer) for peer in local)
+    assert not any(is_loopback_peer(p) for p in (("10.0.0.1", 1), ("::ffff:10.0.0.1", 1, 0, 0)))
 
 
 def test_options_that_exclude_each_other(tmp_path: Path) -> None:

@@ -4,8 +4,6 @@ and loses nothing. Real servers on 127.0.0.1, real boto3, the real CLI."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -423,10 +421,9 @@ def test_http_peek_is_500_and_a_receive_counts_and_logs_it(tmp_path: Path) -> No
             assert float(sample.rsplit(" ", 1)[1]) == 1.0
             assert http.get("/damaged").json()["stats"]["total"] == 0
     finally:
-        os.kill(process.proc.pid, signal.SIGTERM)
-        output, _ = process.proc.communicate(timeout=60)
-    logged = [line for line in output.splitlines() if "does not decode" in line]
-    assert len(logged) == 1, output
+        process.stop()
+    logged = [line for line in process.output.splitlines() if "does not decode" in line]
+    assert len(logged) == 1, process.output
     assert "'damaged'" in logged[0] and message_id in logged[0]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dirmq.cli import exits
-from dirmq.server.serve import parse_address
+from dirmq.server.addresses import parse_address
 
 LISTEN_FLAGS = ["--listen", "--yaq-listen", "--sqs-listen"]
 

@@ -22,7 +22,8 @@ The conventions (also in docs/architecture.md, "Examples are tested"):
   with no output must exit 0 too. Wherever the status is what is checked (setups and checks
   too), curl runs with `--fail` (from a curlrc the reader does not see), so an HTTP error
   status fails the command: a 409 on an ack cannot pass unseen.
-  `dirmq serve` lines are not run: the test's server stands in for them.
+  `dirmq serve` lines are not run: the test's server stands in for them (but for
+  `dirmq serve ... --print-config`, which prints and exits).
 - In shown output, a message id (`1716000000123456-a1b2c3d4e5f6`), a number of 10+ digits or
   with 3+ decimals (times, ages, deadlines), and a multipart boundary match any such value; the
   value shown then stands for the real one in later commands (so a receipt shown by one command
@@ -37,7 +38,9 @@ The conventions (also in docs/architecture.md, "Examples are tested"):
   with a reason); `<!-- setup: ... -->` (one or more lines) is run first, unseen, in the block's
   language (files to read, queues to exist, names a snippet uses); `<!-- needs: prog ... -->`
   runs it only where those programs are installed (elsewhere it is reported as a skip by
-  test_programs_examples_need_are_installed). An HTML comment right after a block,
+  test_programs_examples_need_are_installed); `<!-- file: NAME -->` writes the block (any
+  language: a config file, say) to NAME in the temp directory, addresses and paths rewritten
+  as in commands, for the blocks after it to use. An HTML comment right after a block,
   `<!-- check: ... -->`, is run after it, unseen, in its language: assertions on what a block
   that prints nothing did (a Python `assert` must hold, a shell command must exit 0).
 - `<!-- server: NAME -->` right before a block: it needs a server started another way (with TLS,
@@ -483,6 +486,8 @@ def run_markdown(
     failures: list[str] = []
     try:
         for block in blocks(path):
+            if block.file:
+                (tmp_path / block.file).write_text(rewrite.command(block.text))
             if block.lang not in RUNNABLE or block.no_run is not None:
                 continue
             if block.server != server_kind:
@@ -505,7 +510,7 @@ def run_markdown(
                 assert status == 0, f"{block.where}: setup failed ({status}):\n{out}"
                 rewrite.last_output = out
             for command in commands(block):
-                if re.match(r"dirmq serve\b", command.text):
+                if _starts_a_server(command.text):
                     continue  # the test's own server stands in for it
                 failure = _run_command(shell, rewrite, command, f"{_shown(path)}:{command.line}")
                 if failure:
@@ -519,6 +524,10 @@ def run_markdown(
         shell.close()
         python.close()
     return failures
+
+
+def _starts_a_server(command: str) -> bool:
+    return re.match(r"dirmq serve\b", command) is not None and "--print-config" not in command
 
 
 def _run_command(shell: Shell, rewrite: Rewriter, command: Command, where: str) -> str | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -110,23 +109,19 @@ class Tally:
 
 
 class ServerLog:
-    """The server's output, read as it comes (an unread pipe fills, and the server's next log
-    line then blocks it: a hang of the test's own making), kept for the failure message."""
+    """The server's output (read as it comes by `start_server`), for the failure message."""
 
     def __init__(self, server: ServerProcess) -> None:
-        self.lines: list[str] = []
-        assert server.proc.stdout is not None
-        self._stdout = server.proc.stdout
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self._server = server
 
-    def _read(self) -> None:
-        for line in self._stdout:
-            self.lines.append(line.rstrip("\n"))
+    @property
+    def lines(self) -> list[str]:
+        return [line.rstrip("\n") for line in list(self._server.lines)]
 
     def errors(self) -> list[str]:
         """Tracebacks: every unhandled error is logged with one, whatever status it became."""
-        self._reader.join(timeout=REQUEST_TIMEOUT_S)
+        if self._server.reader is not None:
+            self._server.reader.join(timeout=REQUEST_TIMEOUT_S)
         return [line for line in self.lines if line.startswith("Traceback")]
 
 

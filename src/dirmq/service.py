@@ -9,12 +9,14 @@ put in each listener's `Router`:
 - `--yaq-listen`: the yaq dialect alone;
 - `--sqs-listen`: SQS alone (the same SQS dialect as on the native port).
 
-A new dialect (the console) or a concern that wraps them all (authentication, access logs) is
-added here, once. Authentication: one `Access` (`server/access.py`) from `--credentials` (or
-the legacy `--sqs-credentials`), given to every listener's Router (which identifies the
-principal of each request) and to every dialect (which authorises its routes). Without
-credentials the server is open, and protected mode keeps it on this host: it refuses to listen
-anywhere but on loopback unless `--allow-anonymous`, and turns other hosts' connections away.
+Every listener's `Router` tells the same observers of each answered request (`observers`: the
+request metrics, the access log, the log of authentication failures). A new dialect (the
+console) or a concern that wraps them all is added here, once. Authentication: one `Access`
+(`server/access.py`) from `--credentials` (or the legacy `--sqs-credentials`), given to every
+listener's Router (which identifies the principal of each request) and to every dialect (which
+authorises its routes). Without credentials the server is open, and protected mode keeps it on
+this host: it refuses to listen anywhere but on loopback unless `--allow-anonymous`, and turns
+other hosts' connections away.
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ from dirmq.dialects.yaq import YaqApp
 from dirmq.errors import CannotListen, InvalidArgument
 from dirmq.server import serve as runtime
 from dirmq.server.access import Access
+from dirmq.server.access_log import AccessLog, AuthFailureLog, combine
+from dirmq.server.addresses import is_loopback_host, parse_address
 from dirmq.server.credentials import exposure_warning, legacy_credentials, load_credentials
-from dirmq.server.dialect import Router, observe_all
-from dirmq.server.http import Limits
+from dirmq.server.dialect import Router
+from dirmq.server.http import Limits, Observe
+from dirmq.server.logs import LogSettings
 from dirmq.server.metrics import DEFAULT_MAX_QUEUES
 from dirmq.server.tls import tls_files
 from dirmq.sqs.app import SqsApp
@@ -58,6 +63,7 @@ class ServeOptions:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     metrics_max_queues: int = DEFAULT_MAX_QUEUES  # queues with depth series of their own
+    log: LogSettings = field(default_factory=LogSettings)
 
 
 def load_access(options: ServeOptions) -> Access:
@@ -89,13 +95,22 @@ def load_access(options: ServeOptions) -> Access:
 def refuse_exposure(listeners: list[runtime.Listener]) -> None:
     """Protected mode: without credentials, an address other hosts can reach is refused."""
     for listener in listeners:
-        host, _port = runtime.parse_address(listener.address)
-        if not runtime.is_loopback_host(host):
+        host, _port = parse_address(listener.address)
+        if not is_loopback_host(host):
             raise CannotListen(
                 f"refusing to listen on {listener.address} ({listener.name} API) without "
                 "credentials: anyone who can reach it could read, write and delete every "
                 "queue; give --credentials FILE, or --allow-anonymous to accept that"
             )
+
+
+def observers(options: ServeOptions, worker: runtime.Worker) -> list[Observe]:
+    """What `worker`'s listeners tell of every answered request (built once per worker, after
+    the fork: request metrics are the worker's own)."""
+    found: list[Observe] = [worker.metrics.observe, AuthFailureLog()]
+    if options.log.access:
+        found.append(AccessLog())
+    return found
 
 
 def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int:
@@ -115,7 +130,7 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
         broker, metrics = worker.broker, worker.metrics
         sqs = SqsApp(broker, access=access, deleted_wait_s=options.sqs_deleted_wait_s)
         # Told of every answered request of every listener (combine more with observe_all).
-        observe = observe_all(metrics.observe)
+        observe = combine(observers(options, worker))
         routers = {
             "native": Router(
                 [PubSubApi(broker, metrics, access), sqs, NativeApp(broker, metrics, access)],
@@ -137,5 +152,6 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
         tls=tls,
         loopback_only=protected,
         metrics_max_queues=options.metrics_max_queues,
+        log=options.log,
     )
     return runtime.serve(runtime_options, compose, announce)

@@ -59,7 +59,7 @@ def count(text: str) -> int:
 def listen_address(text: str) -> str:
     """An address to listen on, `HOST:PORT` (checked here, so that a bad one is a usage
     error that says what is wrong with it)."""
-    from dirmq.server.serve import parse_address
+    from dirmq.server.addresses import parse_address
 
     try:
         parse_address(text)

@@ -1,13 +1,19 @@
-"""`dirmq serve`: the HTTP server on the same root the library and the CLI use."""
+"""`dirmq serve`: the HTTP server on the same root the library and the CLI use.
+
+Every option can also come from `--config FILE` (TOML) or a DIRMQ_* variable (`config.py`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
+from dirmq.cli import config
 from dirmq.cli.args import count, listen_address, seconds
+from dirmq.server.logs import FORMATS, LEVELS
 from dirmq.sqs.deleted import WINDOW_S
-from dirmq.store import default_root
+from dirmq.store.root import DEFAULT_ROOT
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -15,6 +21,18 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "serve",
         parents=[common],
         help="run the HTTP server (native API; yaq with --yaq-listen)",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="read settings from this TOML file (keys: the long options without the dashes; "
+        "flags win over DIRMQ_* variables, which win over the file); default $DIRMQ_CONFIG",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resulting configuration (as a --config file, secrets masked) and exit",
     )
     p.add_argument(
         "--listen",
@@ -103,6 +121,32 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="/metrics gives depth series of their own to the N deepest queues at most; all "
         "are in the totals, /metrics?queue=NAME gives any one (default 1000)",
     )
+    logging = p.add_argument_group("logs (stderr, or --log-file)")
+    logging.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        default="info",
+        help="the least severe records written (default info: start-up, shutdown, a line per "
+        "request, sweeps that moved messages)",
+    )
+    logging.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="text (a line of key=value fields) or json (an object per line); default text",
+    )
+    logging.add_argument(
+        "--log-file",
+        default=None,
+        metavar="FILE",
+        help="append to FILE instead of stderr (reopened when moved, for logrotate)",
+    )
+    logging.add_argument(
+        "--access-log",
+        choices=("on", "off"),
+        default="on",
+        help="a line per request at level info (default on)",
+    )
     limits = p.add_argument_group("limits that protect the server from its clients")
     limits.add_argument(
         "--max-connections",
@@ -156,16 +200,22 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="idle keep-alive connections are closed after this (default 75)",
     )
     p.set_defaults(handler=cmd_serve)
+    config.layer(p, defaults={"root": DEFAULT_ROOT})  # last: it covers every option above
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from dirmq.server.budget import default_body_memory_bytes
     from dirmq.server.http import Limits
+    from dirmq.server.logs import LogSettings
     from dirmq.server.metrics import DEFAULT_MAX_QUEUES
     from dirmq.service import ServeOptions, serve
 
+    values = config.resolve(args, os.environ)
+    if args.print_config:
+        print(config.render(values), end="")
+        return 0
     options = ServeOptions(
-        root=args.root or default_root(),
+        root=args.root,
         listen=args.listen,
         yaq_listen=args.yaq_listen,
         sqs_listen=args.sqs_listen,
@@ -190,6 +240,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout,
             idle_timeout_s=args.idle_timeout,
+        ),
+        log=LogSettings(
+            level=args.log_level,
+            format=args.log_format,
+            file=args.log_file,
+            access=args.access_log == "on",
         ),
     )
     return serve(options)

@@ -15,6 +15,7 @@ must agree with one another; what can live apart already does (`subscription.py`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -360,6 +361,9 @@ class PubSub:
             self._next_messages_sweep = now + MESSAGES_SWEEP_EVERY_S
             self._sweep_messages(wall, report)
             self._remove_stale_temps()
+        moved = {k: v for k, v in dataclasses.asdict(report).items() if v}
+        if moved:
+            log.info("pub/sub swept", extra={"fields": moved})
         return report
 
     def _remove_stale_temps(self) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
-import ipaddress
 import json
 import logging
 import socket
@@ -31,6 +30,7 @@ from urllib.parse import parse_qsl
 
 import httptools
 
+from dirmq.server.addresses import is_loopback_peer
 from dirmq.server.budget import MemoryBudget, default_body_memory_bytes
 from dirmq.wire import framing
 
@@ -94,6 +94,7 @@ class Request:
     queue: str = ""  # the queue (or pub/sub name) it addressed, when it named one
     principal: str = ""  # who sent it, once authenticated
     scheme: str = "http"  # "https" on a TLS listener (for the URLs a dialect hands out)
+    peer: str = ""  # the client's IP address
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
@@ -254,9 +255,10 @@ class HttpServer:
             loop.call_later(self._sweep_s, self._sweep, loop) if self.connections else None
         )
 
-    async def drain(self, timeout_s: float) -> None:
+    async def drain(self, timeout_s: float) -> int:
         """Finish what is in progress, then close every connection (the listener is already
-        closed by the caller). Idle connections close now; busy ones after their response."""
+        closed by the caller). Idle connections close now; busy ones after their response.
+        Returns how many were still busy at the deadline, and cut."""
         self.draining = True
         # Closed idle ones are not waited for: over TLS, closing waits for the client's
         # close_notify, which an idle keep-alive client never sends (they are aborted below).
@@ -264,8 +266,10 @@ class HttpServer:
         deadline = time.monotonic() + timeout_s
         while self.connections - idle and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        for connection in list(self.connections):
+        cut = list(self.connections)
+        for connection in cut:
             connection.abort()
+        return len(cut)
 
 
 def limits_of(limits: Limits) -> tuple[float, float, float]:
@@ -289,6 +293,7 @@ class HttpProtocol(asyncio.Protocol):
         "_lingering",
         "_loop",
         "_parser",
+        "_peer",
         "_pending",
         "_raw_headers",
         "_reading_paused",
@@ -326,6 +331,7 @@ class HttpProtocol(asyncio.Protocol):
         self._unparsed: memoryview | None = None  # received, parsed once reading may go on
         self._body_charge = 0  # budget reserved for the body being read
         self._began = 0.0  # time.monotonic() when the current request began to arrive
+        self._peer = ""
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -354,12 +360,17 @@ class HttpProtocol(asyncio.Protocol):
             self._transport.close()
             self._closed = True
             return
-        if self._server.loopback_only and not _is_loopback(transport.get_extra_info("peername")):
+        if self._server.loopback_only and not is_loopback_peer(
+            transport.get_extra_info("peername")
+        ):
             self._write_error(403, PROTECTED_MODE)
             self._transport.close()
             self._closed = True
             return
         self._server.watch(self)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self._peer = str(peer[0])
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -640,6 +651,7 @@ class HttpProtocol(asyncio.Protocol):
             self._body_charge,
             time.monotonic(),
             scheme=self._server.scheme,
+            peer=self._peer,
         )
         self._body_charge = 0  # the request's now
         self._reset_message()
@@ -867,6 +879,7 @@ class HttpProtocol(asyncio.Protocol):
             scheme=self._server.scheme,
         )
         request.started = self._began
+        request.peer = self._peer
         sent = len(response.body) if response is not None else len(error_body(status, ""))
         self._observed(request, status, sent)
 
@@ -918,20 +931,6 @@ class HttpProtocol(asyncio.Protocol):
         headers = self._base_headers([("Content-Type", "application/json"), *extra])
         head = framing.response_head(status, headers, content_length=len(body), keep_alive=False)
         self._transport.write(head + body)
-
-
-def _is_loopback(peer: object) -> bool:
-    """Whether a peer address (`peername`) is this host: 127/8, ::1, or IPv4-mapped 127/8. A
-    peer that is no IP address (a Unix socket) is local too."""
-    if not isinstance(peer, tuple) or not peer or not isinstance(peer[0], str):
-        return True
-    try:
-        address = ipaddress.ip_address(peer[0].partition("%")[0])
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
 
 
 def _internal_error() -> Response:

@@ -24,9 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import ipaddress
+import logging
 import os
-import re
 import signal
 import socket
 import ssl
@@ -38,17 +37,37 @@ from typing import Any
 
 import uvloop
 
+from dirmq import __version__
 from dirmq.errors import CannotListen, InvalidArgument
+from dirmq.server import logs
+from dirmq.server.addresses import parse_address
 from dirmq.server.broker import Broker
 from dirmq.server.budget import MemoryBudget, WorkerSlots, shared_slots
 from dirmq.server.dialect import Router, unique_dialects
 from dirmq.server.http import LINGER_S, HttpServer, Limits
+from dirmq.server.logs import fields
 from dirmq.server.metrics import DEFAULT_MAX_QUEUES, Metrics
 from dirmq.server.multiprocess import MetricsFiles
+from dirmq.server.notify import forget_notify_socket, notify
 from dirmq.server.tls import TlsFiles, requires_client_certificate, server_context
 from dirmq.store import Store
 
 BACKLOG = 4096
+log = logging.getLogger("dirmq.server")
+_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+# A SIGTERM or SIGINT that came before the event loop listened for them (right after READY=1
+# or a fork): the worker stops, drained, as soon as it listens.
+_stop_requested = False
+
+
+def _remember_stop(_signum: int, _frame: object) -> None:
+    global _stop_requested
+    _stop_requested = True
+
+
+def _catch_stop_early() -> None:
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, _remember_stop)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +86,7 @@ class RuntimeOptions:
     tls: TlsFiles | None = None  # HTTPS on every listener
     loopback_only: bool = False  # protected mode: connections from other hosts are turned away
     metrics_max_queues: int = DEFAULT_MAX_QUEUES  # queues with depth series of their own
+    log: logs.LogSettings | None = None  # None: logging is left as the caller set it up
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,66 +99,6 @@ class Worker:
 
 
 Compose = Callable[[Worker], dict[str, Router]]  # a Router for each listener, by name
-
-
-_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """`HOST:PORT`, `[v6]:PORT` or `:PORT` (all interfaces); port 0 picks a free port.
-    `InvalidArgument` says what is wrong with anything else."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port:
-        raise InvalidArgument(
-            f"listen address {text!r} must be HOST:PORT (e.g. 127.0.0.1:8080, [::1]:8080 or :8080)"
-        )
-    if not (port.isascii() and port.isdigit()):
-        raise InvalidArgument(f"listen address {text!r}: port {port!r} is not a number")
-    if int(port) > 65535:
-        raise InvalidArgument(
-            f"listen address {text!r}: port {int(port)} is out of range "
-            "(1-65535, or 0 for any free port)"
-        )
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        if not _is_ip(host, 6):
-            raise InvalidArgument(f"listen address {text!r}: [{host}] is not an IPv6 address")
-    host = host or "0.0.0.0"
-    if not (_is_ip(host, 4) or _is_ip(host, 6) or _is_host_name(host)):
-        raise InvalidArgument(
-            f"listen address {text!r}: {host!r} is not an IP address or a host name"
-        )
-    return host, int(port)
-
-
-def _is_ip(host: str, version: int) -> bool:
-    try:
-        return ipaddress.ip_address(host).version == version
-    except ValueError:
-        return False
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether listening on `host` (as `parse_address` returns it) reaches this host only: a
-    loopback address, or a name all of whose addresses are loopback ones. A name that does not
-    resolve is left to the bind to report."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return True
-    addresses = {str(info[4][0]).partition("%")[0] for info in found}
-    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
-
-
-def _is_host_name(host: str) -> bool:
-    labels = host.rstrip(".").split(".")
-    if all(label.isdigit() for label in labels):
-        return False  # a malformed IPv4 address (999.1.1.1), not a name
-    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
 
 
 def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
@@ -241,20 +201,38 @@ async def run_worker(
             )
         )
     stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in _STOP_SIGNALS:
         loop.add_signal_handler(signum, stop.set)
+    if _stop_requested:
+        stop.set()
     # Everything imported and built so far lives as long as the process: out of the collector's
     # sight, a full collection under load walks only what requests allocate.
     gc.freeze()
+    if options.workers > 1:
+        log.info("worker %d serving", worker, extra=fields(worker=worker, pid=os.getpid()))
     await stop.wait()
+    began = time.monotonic()
+    notify("STOPPING=1", "STATUS=draining")  # a no-op in a forked worker
+    connections = sum(len(h.connections) for h in http_servers)
+    log.info(
+        "draining",
+        extra=fields(
+            worker=worker, connections=connections, drain_timeout_s=options.drain_timeout_s
+        ),
+    )
     for listener in listeners:
         listener.close()
     # Dialects first (event streams end, held deliveries go back) while the pool still runs.
     await asyncio.gather(*(dialect.close() for dialect in dialects))
     broker.close()  # waiting long polls answer now
-    await asyncio.gather(*(h.drain(options.drain_timeout_s) for h in http_servers))
+    cut = sum(await asyncio.gather(*(h.drain(options.drain_timeout_s) for h in http_servers)))
     metrics.close()
     store.close()
+    drained = fields(worker=worker, seconds=round(time.monotonic() - began, 3), cut=cut)
+    if cut:
+        log.warning("drain timed out: %d connections cut mid-request", cut, extra=drained)
+    else:
+        log.info("drained", extra=drained)
 
 
 def _tls_arguments(tls: ssl.SSLContext | None, options: RuntimeOptions) -> dict[str, Any]:
@@ -276,6 +254,8 @@ def serve(
     options: RuntimeOptions, compose: Compose, announce: Callable[[str], None] = print
 ) -> int:
     """Run the server in the foreground; returns the exit status."""
+    if options.log is not None:
+        logs.configure(options.log)
     if options.workers < 1:
         raise InvalidArgument("--workers must be at least 1")
     limits = options.limits
@@ -296,17 +276,32 @@ def serve(
     scheme = "https" if tls else "http"
     for endpoint in endpoints:
         announce(f"dirmq {endpoint.name} API listening on {endpoint.url(scheme)}")
-    announce(
-        f"storing queues under {os.path.abspath(options.root)} "
-        f"({options.workers} worker{'s' if options.workers > 1 else ''})"
-    )
+    root = os.path.abspath(options.root)
+    workers = f"{options.workers} worker{'s' if options.workers > 1 else ''}"
+    announce(f"storing queues under {root} ({workers})")
     sys.stdout.flush()
+    log.info(
+        "started",
+        extra=fields(
+            version=__version__,
+            **{f"{e.name}_url": e.url(scheme) for e in endpoints},
+            root=root,
+            workers=options.workers,
+            pid=os.getpid(),
+        ),
+    )
+    urls = ", ".join(f"{e.name} {e.url(scheme)}" for e in endpoints)
+    _catch_stop_early()  # from now on a stop drains, even before the event loop runs
+    notify("READY=1", f"STATUS=serving {urls} ({workers})", f"MAINPID={os.getpid()}")
     # Before any metric is made, and before the workers are forked: they all write there.
     with MetricsFiles.create() as metrics_files:
         if options.workers == 1:
             uvloop.run(run_worker(options, compose, endpoints, metrics_files, tls=tls))
-            return 0
-        return _supervise(options, compose, endpoints, metrics_files, tls)
+            status = 0
+        else:
+            status = _supervise(options, compose, endpoints, metrics_files, tls)
+    log.info("stopped", extra=fields(status=status))
+    return status
 
 
 def _supervise(
@@ -321,10 +316,18 @@ def _supervise(
     budget_slots = shared_slots(options.workers)
 
     def spawn(number: int) -> None:
-        pid = os.fork()
+        # Signals wait during the fork: a child must not run the parent's `forward`.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                _catch_stop_early()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if pid == 0:  # the worker
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            forget_notify_socket()  # systemd hears its main process only
+            if options.log is not None:
+                logs.configure(options.log)
             own = (
                 endpoints
                 if number == 0
@@ -340,11 +343,15 @@ def _supervise(
                 )
             except BaseException:  # a worker must never return into the parent's code
                 code = 1
+            logs.flush()  # os._exit skips logging's own flush at exit
             os._exit(code)
         children[pid] = number
 
     def forward(signum: int, _frame: object) -> None:
         nonlocal stopping
+        if not stopping:
+            notify("STOPPING=1", "STATUS=draining")
+            log.info("stopping %d workers", len(children), extra=fields(signal=signum))
         stopping = True
         for pid in children:
             with contextlib.suppress(ProcessLookupError):
@@ -354,6 +361,8 @@ def _supervise(
     signal.signal(signal.SIGINT, forward)
     for number in range(options.workers):
         spawn(number)
+    if _stop_requested or stopping:  # before or while they were forked: tell every one
+        forward(signal.SIGTERM, None)
     status = 0
     while children:
         try:
@@ -365,9 +374,21 @@ def _supervise(
         number = children.pop(pid)
         metrics_files.process_dead(pid)  # its live gauges go; its counts stay
         if not stopping:
+            log.error(
+                "worker %d died (%s): restarting it",
+                number,
+                _exit_reason(wait_status),
+                extra=fields(worker=number, pid=pid),
+            )
             time.sleep(0.1)  # a worker crashed: replace it
             budget_slots[number] = 0  # what it held died with it
             spawn(number)
         elif os.waitstatus_to_exitcode(wait_status) != 0:
             status = 1
     return status
+
+
+def _exit_reason(wait_status: int) -> str:
+    if os.WIFSIGNALED(wait_status):
+        return f"killed by {signal.strsignal(os.WTERMSIG(wait_status))}"
+    return f"exit status {os.waitstatus_to_exitcode(wait_status)}"

@@ -229,6 +229,14 @@ class QueueFiles:
         """Deliver due delayed messages and requeue (or dead-letter) expired leases."""
         delivered = self._deliver_due(index, at_ms)
         requeued, dead = self._requeue_expired(index, config, at_ms)
+        if requeued or dead:
+            log.info(
+                "queue %r: %d expired leases returned to @ready, %d dead-lettered",
+                self.name,
+                requeued,
+                dead,
+                extra={"fields": {"queue": self.name, "requeued": requeued, "dead": dead}},
+            )
         return SweepReport(
             leases_requeued=requeued, delayed_delivered=delivered, dead_lettered=dead
         )
@@ -406,13 +414,15 @@ class QueueFiles:
         except OSError:
             return  # gone meanwhile, or the move failed: the next reader meets it again
         self.quarantined += 1
+        message_id = name[: layout.ID_LENGTH]
         if self._context.on_quarantine is not None:
             self._context.on_quarantine(self.name)
         log.warning(
             "queue %r: message %s does not decode; set aside in @corrupt/%s",
             self.name,
-            name[: layout.ID_LENGTH],
+            message_id,
             name,
+            extra={"fields": {"queue": self.name, "file": f"{layout.CORRUPT}/{name}"}},
         )
 
     def remove(self, index: QueueIndex | None, directory: str, name: str, message_id: str) -> bool:

@@ -7,6 +7,8 @@ message's path. A sweep repeats what opening a queue recovers (see view.py) and 
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from dirmq.store.recovery import remove_orphans
 from dirmq.store.view import QueueView
 
 ProgressFn = Callable[[int], None]  # called with how many items were just processed
+log = logging.getLogger(__name__)
 
 
 def stats(view: QueueView) -> QueueStats:
@@ -94,7 +97,7 @@ def sweep(view: QueueView) -> SweepReport:
         files.pool.trim(keep=DEFAULT_POOL_FILES)
         files.dedup.expire(config.dedup_window_s)
         on_open, view.recovered_on_open = view.recovered_on_open, SweepReport()
-    return SweepReport(
+    report = SweepReport(
         orphans_removed=orphans + on_open.orphans_removed,
         leases_requeued=promoted.leases_requeued + on_open.leases_requeued,
         delayed_delivered=promoted.delayed_delivered + on_open.delayed_delivered,
@@ -103,3 +106,7 @@ def sweep(view: QueueView) -> SweepReport:
         slots_released=released,
         pools_reclaimed=pools + on_open.pools_reclaimed,
     )
+    moved = {k: v for k, v in dataclasses.asdict(report).items() if v}
+    if moved:
+        log.info("queue %r swept", view.name, extra={"fields": {"queue": view.name, **moved}})
+    return report

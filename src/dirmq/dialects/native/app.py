@@ -170,8 +170,20 @@ class NativeApp(Dialect):
         if route.kind == "root" and method == "GET":
             visible = self.access.visible(request.principal) if self._checked else None
             return await native.list_queues(self.broker, request, route, visible)
-        response = await handler(self.broker, request, route)
-        counter = 
+        return await handler(self.broker, request, route)
+
+    def _authorise(self, request: Request, route: Route, method: str) -> None:
+        """Raise the refusal (AccessDenied) unless the principal may do this, judged by the
+        queue's name alone: nothing is looked up before."""
+        needs = NEEDS.get((route.kind, method))
+        if needs is None:
+            return  # the root (filtered), or a method the route has not: 405, nothing to leak
+        self.access.require(request.principal, needs, route.queue)
+        if route.kind == "queue" and method == "PUT":
+            target = native.dead_letter_target(request.body)
+            if target is not None:  # its dead letters are written there
+                self.access.require(request.principal, WRITE, target)
+
     async def _server_path(self, request: Request, name: str) -> Response:
         if request.method not in ("GET", "HEAD"):
             response = json_error(405, "MethodNotAllowed", f"/{name} is read-only (and reserved)")
