@@ -23,6 +23,7 @@ from dirmq.pubsub.layout import SEQ_DIGITS, PubSubPaths, split_outbox, split_tim
 from dirmq.pubsub.model import check_name
 from dirmq.pubsub.transitions import read_entry
 from dirmq.store import smallfiles
+from dirmq.store.access import root_access
 from dirmq.store.recovery import older_than
 
 CORRUPT_DIR = "@corrupt"
@@ -98,7 +99,7 @@ class _Checker:
             self._add(path, kind, detail)
             return
         target_dir = os.path.join(self.paths.base, CORRUPT_DIR)
-        os.makedirs(target_dir, exist_ok=True)
+        root_access(os.path.dirname(self.paths.base)).makedirs(target_dir)
         target = os.path.join(target_dir, f"{os.path.basename(path)}.{uuid.uuid4().hex[:8]}")
         try:
             os.rename(path, target)
@@ -117,6 +118,8 @@ class _Checker:
 
     def _message(self, path: str, key: str) -> None:
         self.report.entries_checked += 1
+        if path.endswith(".end") and _is_empty(path):
+            return  # a finished message: emptied, kept by its name alone for the dedup window
         try:
             envelope = read_entry(path).envelope
         except FileNotFoundError:
@@ -234,3 +237,10 @@ def _listdir(path: str) -> list[str]:
         return sorted(os.listdir(path))
     except FileNotFoundError:
         return []
+
+
+def _is_empty(path: str) -> bool:
+    try:
+        return os.stat(path).st_size == 0
+    except FileNotFoundError:
+        return True

@@ -22,13 +22,15 @@ from collections.abc import Callable
 from dirmq.errors import storage_error
 from dirmq.pubsub.layout import SEQ_DIGITS, seq_name
 from dirmq.store import smallfiles
+from dirmq.store.access import Access
 
 _RESCAN_AFTER = 64  # EEXIST in a row: our idea of the head is stale, list the directory
 
 
 class SeqLog:
-    def __init__(self, directory: str, *, prunable: bool) -> None:
+    def __init__(self, directory: str, *, prunable: bool, access: Access) -> None:
         self.directory = directory
+        self._access = access
         self.prunable = prunable
         self._floor_file = directory + ".floor"
         self._lock = threading.Lock()
@@ -71,7 +73,9 @@ class SeqLog:
             return 1
 
     def set_floor(self, seq: int) -> None:
-        smallfiles.replace_file(self._floor_file, str(seq).encode(), durable=False)
+        smallfiles.replace_file(
+            self._floor_file, str(seq).encode(), durable=False, access=self._access
+        )
 
     def append(self, source: str) -> int:
         """Link `source` into the log at the next free sequence number and return it."""
