@@ -40,7 +40,7 @@ from dirmq.pubsub.layout import (
     split_timed,
     timed_name,
 )
-from dirmq.pubsub.logs import SeqLog
+from dirmq.pubsub.logs import SeqLog, is_tombstone
 from dirmq.pubsub.model import (
     DEFAULT_ACCEPT_TIMEOUT_S,
     DEFAULT_PROCESS_TIMEOUT_S,
@@ -370,8 +370,9 @@ class PubSub:
             smallfiles.remove_stale_temps(self.paths.sub(name))
 
     def _prune_broadcast(self, at_ms: int) -> int:
-        """Remove the prefix of the broadcast log nobody may accept any more (never the newest
-        entry), reporting `timeout` for the subscriptions that were attached and never read it."""
+        """Remove the prefix of the broadcast log nobody may accept any more (the newest entry
+        is buried instead: its name stays, for the numbering), reporting `timeout` for the
+        subscriptions that were attached and never read it."""
         log_ = self.broadcast
         head = log_.refresh_head()
         floor = seq = log_.floor()
@@ -385,7 +386,8 @@ class PubSub:
                 seq += 1
                 continue
             except CorruptMessage as exc:
-                log.error("removing damaged broadcast entry %s: %s", path, exc)
+                if not is_tombstone(path):
+                    log.error("removing damaged broadcast entry %s: %s", path, exc)
                 envelope = None
             if envelope is not None:
                 if envelope.accept_deadline_ms + self.prune_grace_ms > at_ms:
@@ -416,6 +418,8 @@ class PubSub:
                 if envelope.wants(Outcome.TIMEOUT):
                     positions = positions or self._broadcast_positions()
                     self._report_unread(log_.path(head), head, envelope, positions)
+                if log_.bury(head, self.paths.tmp):
+                    self.transitions.finish(envelope.id)  # its body is not left readable
         return removed
 
     def _broadcast_positions(self) -> list[tuple[str, Filter, int, int, int | None]]:
@@ -481,7 +485,13 @@ class PubSub:
                 if parsed is None or wall - os.stat(path).st_ctime < self.outbox_grace_s:
                     continue
                 entry = read_entry(path)
-            except (FileNotFoundError, CorruptMessage):
+            except FileNotFoundError:
+                continue
+            except CorruptMessage:
+                if is_tombstone(path):  # linked from a buried log entry: no envelope to report
+                    log.warning("outcome %s lost: its log entry was buried meanwhile", name)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
                 continue
             _key, subscriber, outcome, attempt = parsed
             try:

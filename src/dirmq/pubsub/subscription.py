@@ -43,7 +43,7 @@ from dirmq.errors import (
 )
 from dirmq.pubsub.host import SubscriptionHost
 from dirmq.pubsub.layout import BROADCAST, RETAINED, log_key, split_log_key, split_timed
-from dirmq.pubsub.logs import SeqLog
+from dirmq.pubsub.logs import SeqLog, is_tombstone
 from dirmq.pubsub.model import Delivery, Envelope, Filter, Outcome, check_timeout
 from dirmq.pubsub.presence import new_session
 from dirmq.pubsub.transitions import Entry, now_ms, read_entry
@@ -348,7 +348,8 @@ class Subscription:
                 feed.dirty = False
                 return None
             except CorruptMessage as exc:
-                log.error("skipping damaged log entry %s: %s", feed.log.path(seq), exc)
+                if not is_tombstone(feed.log.path(seq)):  # (a buried entry: nothing to say)
+                    log.error("skipping damaged log entry %s: %s", feed.log.path(seq), exc)
                 feed.next_seq += 1
                 continue
             if not self._wanted(feed, seq, entry.envelope):

@@ -59,7 +59,7 @@ class Store:
     ) -> None:
         self.root = os.path.abspath(os.fspath(root if root is not None else default_root()))
         marker = os.path.join(self.root, layout.ROOT_MARKER)
-        if not os.path.exists(marker):
+        if not _exists(marker):
             if not create:
                 raise QueueNotFound(f"{self.root} is not a dirmq root (no {layout.ROOT_MARKER})")
             _init_root(self.root, Access.named(PRIVATE))
@@ -273,6 +273,18 @@ class Store:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def _exists(marker: str) -> bool:
+    """Whether the root marker exists; StorageError if that cannot be told (a root this user
+    may not enter is not "no root", which would invite creating one)."""
+    try:
+        os.stat(marker)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise storage_error(exc, f"opening root {os.path.dirname(marker)}") from exc
+    return True
 
 
 def _init_root(root: str, access: Access) -> None:

@@ -578,11 +578,12 @@ async def _retry_or_receive(
     if not live:
         await ctx.broker.call(memory.forget, queue.name, attempt_id)
         return None
+    answer = [rendered for _, rendered in live]
     if len(live) < len(attempt.receipts):
         attempt.receipts = [receipt for receipt, _ in live]
-        attempt.messages = [rendered for _, rendered in live]
+        attempt.messages = answer
         await ctx.broker.call(memory.remember, queue.name, attempt_id, attempt)
-    return attempt.messages
+    return answer
 
 
 def _with_data(rendered: Result, message: Message, attribute_names: list[str]) -> Result:
