@@ -60,8 +60,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 def cmd_init(args: argparse.Namespace) -> int:
     root: str = args.root or default_root()
     changed = init_root(root, group=args.group)
-    shared = "private" if args.group is None else f"shared by group {args.group}"
-    print(f"{os.path.abspath(root)}: {shared}; {changed} existing entries changed")
+    if args.group is None:
+        print(f"private: files 0600, directories 0700; {changed} existing entries changed")
+    else:
+        print(
+            f"shared by group {args.group}: files 0660, directories 2770; "
+            f"{changed} existing entries changed"
+        )
     return exits.OK
 
 

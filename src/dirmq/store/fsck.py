@@ -536,7 +536,7 @@ class _Checker:
                     scan.tmp_ids.add(parsed[0])
 
     def _check_free(self, scan: _QueueScan) -> None:
-        """@free holds garbage, but three things in it matter: the pool of a dead process must
+        """@free holds zeros, but three things in it matter: the pool of a dead process must
         not stay there forever, no recycled file may be another name's inode (overwriting it
         would change that file: a message, after a crash on a filesystem without a journal),
         and no file of the shared pool may still hold the message it was (it is blanked when

@@ -17,15 +17,21 @@ Two pools per queue:
   processes. A put claims one by renaming it into `@tmp/` (the loser of a race gets ENOENT and
   tries the next name), then overwrites it.
 
-Nothing here is ever visible as a message: `@free/` holds garbage, and a file being overwritten
+An acknowledged message is not left readable: every retired file goes through this process's
+own pool, where it is blanked (overwritten with zeros, `_blank`) before it is kept there or
+renamed on into the shared pool. Nowhere else is blanking safe: before the rename another
+process may still move the file (requeue an expired lease), after it a put may be writing it.
+
+Nothing here is ever visible as a message: `@free/` holds zeros, and a file being overwritten
 is published like a new file. With `writethrough` that is once its new content is durable, so a
 crash mid-overwrite leaves garbage in a pool (or an orphan temp file that recovery removes).
 With `writeback`/`memory` the rename may reach the disk before the data, leaving the file's old
-content, an acknowledged message, under the new name: its `Dirmq-Id` names the old message, so
-readers treat it as corrupt (codec.py), never deliver it again.
+content (zeros, or an acknowledged message whose blanking had not reached the disk either) under
+the new name: its `Dirmq-Id` is not the new message's, so readers treat it as corrupt
+(codec.py), never deliver it again.
 
 The pool of a dead process is reclaimed by `reclaim_pools` (on queue open, by sweep and by
-fsck): its files go back to the shared pool. Only files of at most `MAX_RECYCLED_BYTES` are
+fsck): its blank files go back to the shared pool. Only files of at most `MAX_RECYCLED_BYTES` are
 kept, at most `capacity` shared and `OWN_POOL_FILES` own per queue and process, so the pools
 never hold much disk.
 
