@@ -27,6 +27,7 @@ from dirmq.errors import CorruptConfig, DuplicateMessage
 from dirmq.pubsub import PubSub
 from dirmq.pubsub.check import check_pubsub
 from dirmq.store import QueueConfig, Store, layout
+from dirmq.store.access import GROUP, LEGACY, PRIVATE, Access, process_umask
 from dirmq.store.fsck import Kind, fsck
 
 from .servers import REPO, sqs_client, start_server
@@ -417,3 +418,18 @@ def test_finished_pubsub_messages_are_emptied_and_fsck_accepts_them(tmp_path: Pa
             hub.publish("c", b"again", message_id="m1")  # the name still dedups
     report = check_pubsub(str(tmp_path / "root"))
     assert report is not None and report.ok, report.findings
+
+
+def test_a_file_costs_a_chmod_only_where_the_umask_takes_bits_the_access_grants() -> None:
+    cases = {
+        0o022: (False, True),
+        0o002: (False, False),
+        0o007: (False, False),
+        0o077: (False, True),
+    }
+    for umask, (private, group) in cases.items():
+        os.umask(umask)
+        assert process_umask() == umask
+        assert Access.named(PRIVATE).chmod_after is private
+        assert Access.named(GROUP).chmod_after is group
+    assert Access.named(LEGACY).chmod_after is False  # an older root: the umask applies, as before

@@ -287,19 +287,26 @@ def _exists(marker: str) -> bool:
     return True
 
 
-def _init_root(root: str, access: Access) -> None:
-    """Make `root` a new root of `access`: its directory (missing parents as `mkdir -p` makes
-    them) and its marker. A directory that is there already, with no marker, gets the access's
-    mode too (where this user may change it): the root is new, whoever made its directory."""
+def _init_root(root: str, access: Access, *, replace_marker: bool = False) -> None:
+    """Make `root` a root of `access`: its directory (missing parents as `mkdir -p` makes them)
+    and its marker. Without `replace_marker` an existing marker is kept (of processes making one
+    root at once, one writes it); a directory that was there already gets the access's mode
+    when its marker is made here (where this user may change it): the root is new, whoever
+    made its directory."""
+    marker = os.path.join(root, layout.ROOT_MARKER)
+    data = root_marker_bytes(access)
     try:
         os.makedirs(os.path.dirname(root), exist_ok=True)
         try:
             access.mkdir(root)
+            existed = False
         except FileExistsError:
+            existed = True
+        if replace_marker:
+            smallfiles.replace_file(marker, data, durable=True, access=access)
+        elif smallfiles.create_file(marker, data, durable=True, access=access) and existed:
             with contextlib.suppress(PermissionError):
                 os.chmod(root, access.dir_mode)
-        marker = os.path.join(root, layout.ROOT_MARKER)
-        smallfiles.replace_file(marker, root_marker_bytes(access), durable=True, access=access)
     except OSError as exc:
         raise storage_error(exc, f"initialising root {root}") from exc
 
@@ -314,7 +321,7 @@ def init_root(root: str | os.PathLike[str], *, group: str | int | None = None) -
     path = os.path.abspath(os.fspath(root))
     access = Access.named(PRIVATE if group is None else GROUP)
     gid = None if group is None else group_id(group)
-    _init_root(path, access)
+    _init_root(path, access, replace_marker=True)  # then the walk gives the root its modes
     changed = 0
     try:
         for entry, st, _problem in list(mismatches(path, access, gid)):
