@@ -242,6 +242,9 @@ class PubSub:
             os.rename(canonical, self.paths.canonical(envelope.id, "live"))
         except (StorageError, OSError) as exc:
             log.warning("queued outcome of %s deferred to the sweeper: %s", envelope.id, exc)
+            return
+        # A subscriber may have settled it already (its `finish` found no `.live` yet).
+        self.transitions.finish(envelope.id)
 
     # -- subscriptions ---------------------------------------------------------------------------
     def subscribe(
