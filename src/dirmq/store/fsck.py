@@ -330,7 +330,10 @@ class _Checker:
 
     def check_access(self) -> None:
         """Every entry has the modes (and group) the root's access gives new ones: one more
-        walk of the whole root, upper layers' directories included."""
+        walk of the whole root, upper layers' directories included (+30% to a check of 30,000
+        small messages). Not in a directory without a marker: it may be no root at all."""
+        if not isinstance(_read_marker(self.root), dict):
+            return
         gid = os.stat(self.root).st_gid if self.access.name == GROUP else None
         for path, st, problem in mismatches(self.root, self.access, gid):
             self.tick()
