@@ -33,6 +33,18 @@ def store(root: Path) -> Iterator[dirmq.Store]:
         yield s
 
 
+@pytest.fixture
+def private_umask() -> Iterator[None]:
+    """Files a test plants by hand in a (private) root get the modes the store gives its own,
+    so that `dirmq fsck` finds only the damage the test planted. (The store sets its modes
+    itself, whatever the umask: test_data_at_rest.py checks that under the usual 022.)"""
+    previous = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
 class Transport:
     """One way to reach queues; tests use queue names relative to `prefix`."""
 

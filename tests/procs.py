@@ -12,7 +12,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def spawn(*args: object, module: str = "tests.workers") -> subprocess.Popen[str]:
     """`python -m module *args` with the checkout importable (the roles live in `module`)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # This checkout's src first: otherwise an editable install of another checkout would run.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
     return subprocess.Popen(
         [sys.executable, "-m", module, *map(str, args)],
         stdout=subprocess.PIPE,

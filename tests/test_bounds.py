@@ -227,6 +227,7 @@ def test_a_default_visibility_at_the_bound_makes_sound_names(store: Store) -> No
     assert_clean(store)
 
 
+@pytest.mark.usefixtures("private_umask")  # files it plants get the root's modes
 def test_a_receive_count_never_outgrows_its_digits(store: Store, queue: Queue) -> None:
     """Without max_receives, a message about to be received for the 10**9-th time is
     dead-lettered when given back, rather than requeued under a name with a 10-digit count."""
@@ -244,6 +245,7 @@ def test_a_receive_count_never_outgrows_its_digits(store: Store, queue: Queue) -
     assert_clean(store)
 
 
+@pytest.mark.usefixtures("private_umask")  # files it plants get the root's modes
 def test_an_expired_lease_at_the_count_bound_is_dead_lettered(store: Store, queue: Queue) -> None:
     message_id = new_id()
     lease = layout.timed_name(message_id, bounds.MAX_RECEIVE_COUNT, 1)  # long expired

@@ -21,6 +21,7 @@ from dirmq.store.fsck import FsckReport, Kind, fsck
 from dirmq.store.ids import new_id
 
 HOUR_AGO = time.time() - 7200
+pytestmark = pytest.mark.usefixtures("private_umask")  # see conftest.py
 
 
 @pytest.fixture
@@ -248,10 +249,11 @@ def test_root_marker_missing_or_broken_is_rewritten(store: Store, root: Path) ->
     report = fsck(root, repair=False)
     assert kinds(report) == [Kind.ROOT_MARKER] and not report.ok
     assert fsck(root, repair=True).ok
-    assert json.loads(marker.read_text()) == {"format": 1}
+    # The access the root directory's mode says (0700: private), as the lost marker did.
+    assert json.loads(marker.read_text()) == {"format": 1, "access": "private"}
     marker.write_text("[1, 2")
     assert kinds(fsck(root, repair=True)) == [Kind.ROOT_MARKER]
-    assert json.loads(marker.read_text()) == {"format": 1}
+    assert json.loads(marker.read_text()) == {"format": 1, "access": "private"}
     assert fsck(root, repair=False).problems == ()
 
 

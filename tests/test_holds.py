@@ -14,13 +14,15 @@ import time
 from pathlib import Path
 
 from dirmq.store import holds
+from dirmq.store.access import PRIVATE, Access
 from dirmq.store.holds import Busy, Hold, Lost
 
 PREFIX = "runner."
+ACCESS = Access.named(PRIVATE)
 
 
 def _take(directory: Path, timeout_s: float = 30.0) -> Hold | Busy | None:
-    return holds.take(str(directory), PREFIX, timeout_s)
+    return holds.take(str(directory), PREFIX, timeout_s, access=ACCESS)
 
 
 def _plant(directory: Path, generation: int, host: str, pid: int, age_s: float) -> None:
@@ -106,9 +108,10 @@ def test_a_removed_hold_is_lost(tmp_path: Path) -> None:
 _TAKER = """
 import sys, time
 from dirmq.store import holds
+from dirmq.store.access import Access
 directory, at = sys.argv[1], float(sys.argv[2])
 time.sleep(max(0.0, at - time.time()))
-taken = holds.take(directory, "runner.", 30.0)
+taken = holds.take(directory, "runner.", 30.0, access=Access.named("private"))
 print(type(taken).__name__, flush=True)
 sys.stdin.readline()  # hold it until every taker has answered
 """

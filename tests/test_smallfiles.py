@@ -17,9 +17,13 @@ import pytest
 from dirmq.pubsub.check import check_pubsub
 from dirmq.pubsub.layout import PubSubPaths
 from dirmq.store import Store, layout, smallfiles
+from dirmq.store.access import PRIVATE, Access
 from dirmq.store.fsck import Kind, fsck
 
+ACCESS = Access.named(PRIVATE)
+
 HOUR_AGO = time.time() - 7200
+pytestmark = pytest.mark.usefixtures("private_umask")  # see conftest.py
 
 
 def _age(path: Path | str) -> None:
@@ -29,10 +33,12 @@ def _age(path: Path | str) -> None:
 def test_replace_create_and_read(tmp_path: Path) -> None:
     path = str(tmp_path / "record")
     assert smallfiles.read_file(path) is None
-    assert smallfiles.create_file(path, b"first", durable=True)
-    assert not smallfiles.create_file(path, b"second", durable=True)  # the name exists
+    assert smallfiles.create_file(path, b"first", durable=True, access=ACCESS)
+    assert not smallfiles.create_file(
+        path, b"second", durable=True, access=ACCESS
+    )  # the name exists
     assert smallfiles.read_file(path) == b"first"
-    smallfiles.replace_file(path, b"third", durable=False)
+    smallfiles.replace_file(path, b"third", durable=False, access=ACCESS)
     assert smallfiles.read_file(path) == b"third"
     assert os.listdir(tmp_path) == ["record"]  # no temp file left behind
 
@@ -40,12 +46,14 @@ def test_replace_create_and_read(tmp_path: Path) -> None:
 def test_missing_parents_are_made_only_when_asked(tmp_path: Path) -> None:
     path = str(tmp_path / "a" / "b" / "record")
     with pytest.raises(FileNotFoundError):
-        smallfiles.replace_file(path, b"x", durable=False)
+        smallfiles.replace_file(path, b"x", durable=False, access=ACCESS)
     with pytest.raises(FileNotFoundError):
-        smallfiles.create_file(path, b"x", durable=False)
+        smallfiles.create_file(path, b"x", durable=False, access=ACCESS)
     assert not (tmp_path / "a").exists()
-    assert smallfiles.create_file(path, b"x", durable=True, make_parents=True)
-    smallfiles.replace_file(str(tmp_path / "c" / "r"), b"y", durable=True, make_parents=True)
+    assert smallfiles.create_file(path, b"x", durable=True, access=ACCESS, make_parents=True)
+    smallfiles.replace_file(
+        str(tmp_path / "c" / "r"), b"y", durable=True, access=ACCESS, make_parents=True
+    )
     assert smallfiles.read_file(path) == b"x" and (tmp_path / "c" / "r").read_bytes() == b"y"
 
 
@@ -66,16 +74,16 @@ def test_durable_flushes_the_file_and_its_directory(
     monkeypatch.setattr(os, "fsync", lambda fd: flushed.append("file") or real_fsync(fd))
     monkeypatch.setattr(smallfiles, "fsync_dir", lambda path: flushed.append(f"dir {path}"))
     path = str(tmp_path / "r")
-    smallfiles.replace_file(path, b"1", durable=False)
-    assert smallfiles.create_file(path + "2", b"1", durable=False)
+    smallfiles.replace_file(path, b"1", durable=False, access=ACCESS)
+    assert smallfiles.create_file(path + "2", b"1", durable=False, access=ACCESS)
     assert flushed == []
-    smallfiles.replace_file(path, b"2", durable=True)
+    smallfiles.replace_file(path, b"2", durable=True, access=ACCESS)
     assert flushed == ["file", f"dir {tmp_path}"]
     flushed.clear()
-    assert smallfiles.create_file(path + "3", b"1", durable=True)
+    assert smallfiles.create_file(path + "3", b"1", durable=True, access=ACCESS)
     assert flushed == ["file", f"dir {tmp_path}"]
     flushed.clear()
-    assert not smallfiles.create_file(path + "3", b"1", durable=True)
+    assert not smallfiles.create_file(path + "3", b"1", durable=True, access=ACCESS)
     assert flushed == ["file"]  # nothing was created: no directory to flush
 
 
@@ -83,14 +91,14 @@ def test_a_crash_before_the_rename_keeps_the_old_content(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "record"
-    smallfiles.replace_file(str(path), b"old", durable=True)
+    smallfiles.replace_file(str(path), b"old", durable=True, access=ACCESS)
 
     def crash(*_args: object) -> None:
         raise KeyboardInterrupt  # stands for the process dying between write and rename
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
-        smallfiles.replace_file(str(path), b"new", durable=True)
+        smallfiles.replace_file(str(path), b"new", durable=True, access=ACCESS)
     monkeypatch.undo()
     assert path.read_bytes() == b"old"
     assert os.listdir(tmp_path) == ["record"]  # an error (not a crash) removes its temp file
@@ -104,20 +112,22 @@ def test_a_failed_link_removes_its_temp_file(
 
     monkeypatch.setattr(os, "link", refuse)
     with pytest.raises(PermissionError):
-        smallfiles.create_file(str(tmp_path / "r"), b"x", durable=True)
+        smallfiles.create_file(str(tmp_path / "r"), b"x", durable=True, access=ACCESS)
     assert os.listdir(tmp_path) == []
 
 
 _REWRITER = """
 import sys
 from dirmq.store import smallfiles
+from dirmq.store.access import Access
+ACCESS = Access.named("private")
 path, durable = sys.argv[1], sys.argv[2] == "1"
 print("ready", flush=True)
 n = 0
 while True:
     n += 1
     body = b"%d:" % n + bytes([n % 251]) * (20000 + n % 5000)
-    smallfiles.replace_file(path, body, durable=durable)
+    smallfiles.replace_file(path, body, durable=durable, access=ACCESS)
 """
 
 
@@ -135,7 +145,7 @@ def test_a_writer_killed_at_any_moment_leaves_the_old_content_or_the_new(
     """SIGKILL a process rewriting one file in a loop, at random moments: the file always
     holds one whole version, and what the kills left are temp files of the scheme only."""
     path = tmp_path / "record"
-    smallfiles.replace_file(str(path), b"0:", durable=True)
+    smallfiles.replace_file(str(path), b"0:", durable=True, access=ACCESS)
     for round_ in range(6):
         writer = subprocess.Popen(
             [sys.executable, "-c", _REWRITER, str(path), "1" if durable else "0"],
@@ -165,7 +175,7 @@ def test_of_threads_creating_one_name_exactly_one_wins(tmp_path: Path) -> None:
 
     def create(n: int) -> None:
         barrier.wait()
-        if smallfiles.create_file(path, b"%d" % n, durable=n % 2 == 0):
+        if smallfiles.create_file(path, b"%d" % n, durable=n % 2 == 0, access=ACCESS):
             won.append(n)
 
     threads = [threading.Thread(target=create, args=(n,)) for n in range(16)]
@@ -181,9 +191,11 @@ def test_of_threads_creating_one_name_exactly_one_wins(tmp_path: Path) -> None:
 _CREATOR = """
 import sys, time
 from dirmq.store import smallfiles
+from dirmq.store.access import Access
+ACCESS = Access.named("private")
 path, me, at = sys.argv[1], sys.argv[2], float(sys.argv[3])
 time.sleep(max(0.0, at - time.time()))
-print(smallfiles.create_file(path, me.encode(), durable=True), flush=True)
+print(smallfiles.create_file(path, me.encode(), durable=True, access=ACCESS), flush=True)
 """
 
 

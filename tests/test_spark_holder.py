@@ -17,7 +17,9 @@ pytest.importorskip("pyspark")
 
 from dirmq.errors import ConsumerBusy
 from dirmq.spark.holder import record_path, take
+from dirmq.store.access import PRIVATE, Access
 
+ACCESS = Access.named(PRIVATE)
 LABEL = "consumer 'etl' of queue 'events'"
 
 
@@ -38,14 +40,14 @@ def _dead_pid() -> int:
 
 
 def test_a_held_name_is_refused_with_who_holds_it_and_what_to_do(tmp_path: Path) -> None:
-    hold = take(str(tmp_path), LABEL, 30.0)
+    hold = take(str(tmp_path), LABEL, 30.0, ACCESS)
     with pytest.raises(ConsumerBusy) as refused:
-        take(str(tmp_path), LABEL, 30.0, grace_s=0.0)
+        take(str(tmp_path), LABEL, 30.0, ACCESS, grace_s=0.0)
     message = str(refused.value)
     assert LABEL in message and f"pid {os.getpid()}" in message
     assert "stop that query first" in message and "another `consumer` name" in message
     hold.release()
-    again = take(str(tmp_path), LABEL, 30.0)  # released: free at once
+    again = take(str(tmp_path), LABEL, 30.0, ACCESS)  # released: free at once
     assert sorted(os.listdir(tmp_path)) == [os.path.basename(again.path)]  # older ones removed
     assert again.renew()
 
@@ -53,36 +55,36 @@ def test_a_held_name_is_refused_with_who_holds_it_and_what_to_do(tmp_path: Path)
 def test_a_start_waits_briefly_for_a_holder_on_this_host_that_is_stopping(
     tmp_path: Path,
 ) -> None:
-    hold = take(str(tmp_path), LABEL, 30.0)
+    hold = take(str(tmp_path), LABEL, 30.0, ACCESS)
     releaser = threading.Timer(0.5, hold.release)  # a query whose stop() is still running
     releaser.start()
     try:
-        take(str(tmp_path), LABEL, 30.0, grace_s=60.0)
+        take(str(tmp_path), LABEL, 30.0, ACCESS, grace_s=60.0)
     finally:
         releaser.join()
 
 
 def test_a_holder_that_stopped_renewing_is_taken_over(tmp_path: Path) -> None:
     _plant(tmp_path, 7, "elsewhere", 1, age_s=31.0)  # past its 30 s timeout
-    hold = take(str(tmp_path), LABEL, 30.0)
+    hold = take(str(tmp_path), LABEL, 30.0, ACCESS)
     assert hold.path == record_path(str(tmp_path), 8)
 
 
 def test_a_holder_on_another_host_that_renews_keeps_the_name(tmp_path: Path) -> None:
     _plant(tmp_path, 3, "elsewhere", 1, age_s=5.0)
     with pytest.raises(ConsumerBusy, match="host elsewhere"):
-        take(str(tmp_path), LABEL, 30.0)
+        take(str(tmp_path), LABEL, 30.0, ACCESS)
 
 
 def test_a_holder_whose_process_is_gone_is_taken_over_at_once(tmp_path: Path) -> None:
     import socket
 
     _plant(tmp_path, 2, socket.gethostname(), _dead_pid(), age_s=0.0)
-    take(str(tmp_path), LABEL, 30.0)
+    take(str(tmp_path), LABEL, 30.0, ACCESS)
 
 
 def test_a_superseded_holder_learns_it_lost_the_name(tmp_path: Path) -> None:
-    hold = take(str(tmp_path), LABEL, 30.0)
+    hold = take(str(tmp_path), LABEL, 30.0, ACCESS)
     _plant(tmp_path, 2, "elsewhere", 1, age_s=0.0)  # another query judged this one dead
     assert not hold.renew()
     with pytest.raises(ConsumerBusy, match="taken over by another query"):
@@ -98,7 +100,7 @@ def test_of_queries_starting_at_once_exactly_one_takes_the_name(tmp_path: Path) 
     def start() -> None:
         barrier.wait()
         try:
-            won.append(take(str(tmp_path), LABEL, 30.0, grace_s=0.0).path)
+            won.append(take(str(tmp_path), LABEL, 30.0, ACCESS, grace_s=0.0).path)
         except ConsumerBusy as exc:
             refused.append(exc)
 

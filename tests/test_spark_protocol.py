@@ -37,6 +37,9 @@ from dirmq.spark.writing import (
     publish,
     with_dedup_ids,
 )
+from dirmq.store.access import PRIVATE, Access
+
+ACCESS = Access.named(PRIVATE)
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +110,7 @@ def test_batches_are_recorded_replayed_and_acknowledged_after_the_commit(
         assert sorted(_read(again, second, third)) == published[400:]
         assert again.latestOffset(third, ReadAllAvailable()) == third  # idle: settles batch 3
         assert queue.stats().total == 0
-        assert Ledger(again._options.consumer_dir()).seqs() == []
+        assert Ledger(again._options.consumer_dir(), ACCESS).seqs() == []
     finally:
         again.stop()
 
@@ -153,7 +156,7 @@ def test_a_task_records_its_leases_then_reads_them_in_bounded_batches(
         rows = reader.read(first)
         batch = next(rows)
         # The record was written before the first row: every lease, though only 10 were read.
-        record = Ledger(reader._options.consumer_dir()).part_record(1, 0)
+        record = Ledger(reader._options.consumer_dir(), ACCESS).part_record(1, 0)
         assert record is not None and len(record.leases) == len(record.receipts) == 50
         assert [batch.num_rows] + [b.num_rows for b in rows] == [10] * 5
 
@@ -440,7 +443,7 @@ def test_the_reader_pickles_without_its_driver_state(root: Path, queue: dirmq.Qu
 
 # -- ledger and upkeep ----------------------------------------------------------------------------
 def test_the_first_record_of_a_partition_wins(tmp_path: Path) -> None:
-    ledger = Ledger(str(tmp_path / "ledger"))
+    ledger = Ledger(str(tmp_path / "ledger"), ACCESS)
     assert ledger.record_part(3, 0, ["a.1"])
     assert not ledger.record_part(3, 0, ["b.1"])
     assert ledger.part(3, 0) == ["a.1"] and ledger.seqs() == [3]
@@ -450,7 +453,7 @@ def test_the_first_record_of_a_partition_wins(tmp_path: Path) -> None:
 
 
 def test_a_batch_is_as_old_as_its_oldest_record(tmp_path: Path) -> None:
-    ledger = Ledger(str(tmp_path))
+    ledger = Ledger(str(tmp_path), ACCESS)
     assert ledger.record_part(1, 0, ["a.1"]) and ledger.record_part(1, 1, ["b.1"])
     for part, age_s in ((0, 100), (1, 90)):
         then = time.time() - age_s
@@ -475,7 +478,7 @@ def test_a_record_settles_by_lease_name_and_by_receipt_what_moved(
     queue.put_many([b"a", b"b", b"c"])
     got = queue.claim_named(queue.ready_names(), visibility_s=60)
     receipts = [m.receipt or "" for _, m in got]
-    ledger = Ledger(str(tmp_path / "ledger"))
+    ledger = Ledger(str(tmp_path / "ledger"), ACCESS)
     ledger.record_part(1, 0, receipts, [lease for lease, _ in got])
     queue.extend(receipts[0], 120)  # a heartbeat renamed this lease
     [record] = ledger.records(1)
@@ -487,7 +490,7 @@ def test_a_record_settles_by_lease_name_and_by_receipt_what_moved(
 def test_the_heartbeat_keeps_recorded_leases_alive(tmp_path: Path, queue: dirmq.Queue) -> None:
     queue.put(b"slow")
     [message] = queue.get(1, visibility_s=1.2)
-    ledger = Ledger(str(tmp_path / "ledger"))
+    ledger = Ledger(str(tmp_path / "ledger"), ACCESS)
     ledger.record_part(1, 0, [message.receipt or ""])
     upkeep = Upkeep(queue, ledger, lease_s=1.2)  # beats every 0.3 s
     try:

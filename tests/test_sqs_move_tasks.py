@@ -24,6 +24,7 @@ from botocore.exceptions import ClientError
 
 import dirmq
 from dirmq.sqs.actions.move_tasks import decode_handle, encode_handle
+from dirmq.store.access import Access
 
 from .servers import ServerProcess, sqs_client, start_server
 
@@ -460,6 +461,7 @@ _TASK = """
 import sys, time
 from dataclasses import dataclass
 from dirmq.sqs.move_task_files import TaskFiles
+from dirmq.store.access import Access
 
 @dataclass
 class Task:
@@ -477,7 +479,7 @@ _STARTER = (
     _TASK
     + """
 root, me, at = sys.argv[1], sys.argv[2], float(sys.argv[3])
-files = TaskFiles(root)
+files = TaskFiles(root, access=Access.named("private"))
 time.sleep(max(0.0, at - time.time()))
 print(files.create(Task(me, "dlq")), flush=True)
 sys.stdin.readline()  # keep running the task until every starter has answered
@@ -509,7 +511,7 @@ def test_of_processes_starting_a_task_of_one_source_at_once_exactly_one_starts(
         for starter in starters:
             starter.communicate("done\n", timeout=30)
         assert sorted(answers) == ["False"] * 4 + ["True"]
-        [(record, _cancel)] = TaskFiles(str(root)).load("dlq")
+        [(record, _cancel)] = TaskFiles(str(root), access=Access.named("private")).load("dlq")
         assert record["task_id"] == f"task{answers.index('True')}"
 
 
@@ -517,7 +519,7 @@ _STALLED = (
     _TASK
     + """
 root = sys.argv[1]
-files = TaskFiles(root, hold_timeout_s=1.0)
+files = TaskFiles(root, access=Access.named("private"), hold_timeout_s=1.0)
 task = Task("t", "dlq")
 print(files.create(task), flush=True)
 sys.stdin.readline()  # stalled: renews nothing meanwhile
@@ -535,7 +537,7 @@ def test_a_runner_that_stalls_past_its_hold_is_taken_over_and_writes_nothing_mor
     from dirmq.sqs.move_task_files import TaskFiles
 
     task = _Task("t", "dlq")
-    files = TaskFiles(str(tmp_path), hold_timeout_s=1.0)
+    files = TaskFiles(str(tmp_path), access=Access.named("private"), hold_timeout_s=1.0)
     stalled = subprocess.Popen(
         [sys.executable, "-c", _STALLED, str(tmp_path)],
         stdin=subprocess.PIPE,

@@ -101,6 +101,7 @@ def test_a_rename_undone_by_a_crash_is_not_delivered(store: dirmq.Store) -> None
     assert corrupt_ids(q) == [old_id]
 
 
+@pytest.mark.usefixtures("private_umask")  # files it plants get the root's modes
 def test_files_of_the_older_format_still_deliver(store: dirmq.Store) -> None:
     q = memory_queue(store)
     message_id = new_id()
@@ -136,6 +137,7 @@ def test_fsck_reports_and_quarantines_a_file_of_another_message(store: dirmq.Sto
     assert q.peek(kept).body == b"kept"
 
 
+@pytest.mark.usefixtures("private_umask")  # files it plants get the root's modes
 def test_a_mismatched_copy_never_wins_a_duplicate(store: dirmq.Store) -> None:
     q = memory_queue(store)
     _old_id, old_bytes = acked_file_bytes(q)
@@ -168,6 +170,7 @@ def test_spark_snapshot_skips_a_file_of_another_message(store: dirmq.Store) -> N
     assert [(r["id"], r["body"]) for r in rows] == [(kept, b"kept")]
 
 
+@pytest.mark.usefixtures("private_umask")  # files it plants get the root's modes
 def test_fsck_knows_the_upper_layers_directories_at_the_root(store: dirmq.Store) -> None:
     memory_queue(store)
     for reserved in ("@pubsub", "@spark"):

@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def spawn(*args: object) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # This checkout's src first: otherwise an editable install of another checkout would run.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
     return subprocess.Popen(
         [sys.executable, "-m", "tests.pool_workers", *map(str, args)],
         stdout=subprocess.PIPE,
@@ -233,13 +234,14 @@ def test_fsck_unlinks_a_recycled_file_that_is_also_a_message(store: dirmq.Store)
     assert message is not None and message.body == b"keep me"
 
 
-def test_reclaiming_never_reuses_a_file_with_another_name(root: Path) -> None:
+def test_reclaiming_never_reuses_a_file_with_another_name_nor_one_not_blanked(root: Path) -> None:
     q = dirmq.Store(root).create_queue("r")
     message_id = q.put(b"published")
     dead = free_dir(q) / f"{layout.HOST_TAG}.{pool._PID_NS}.{_dead_pid()}.1-0badc0de"
     dead.mkdir()
     os.link(Path(q.path, layout.READY, message_id), dead / "x")
-    (dead / "y").write_bytes(b"garbage")
+    (dead / "y").write_bytes(bytes(7))  # blanked when it was retired
+    (dead / "z").write_bytes(b"an acked body")  # its owner died before blanking it
     assert pool.reclaim_pools(str(free_dir(q))) == 1
     assert not dead.exists() and loose_files(q) == ["y"]
     assert os.stat(Path(q.path, layout.READY, message_id)).st_nlink == 1

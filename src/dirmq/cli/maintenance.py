@@ -1,4 +1,5 @@
-"""Maintenance commands: fsck (check and repair the format) and import-vsqs."""
+"""Maintenance commands: init (a root's access), fsck (check and repair the format) and
+import-vsqs."""
 
 from __future__ import annotations
 
@@ -12,12 +13,24 @@ from dirmq.cli import exits
 from dirmq.cli.args import open_store, queue_name
 from dirmq.cli.progress import progress_bar
 from dirmq.pubsub.check import Finding, PubSubReport, check_pubsub
-from dirmq.store import default_root
+from dirmq.store import default_root, init_root
 from dirmq.store.fsck import FsckReport, Problem, fsck
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add the maintenance commands to the subparsers action `sub`."""
+    p = sub.add_parser(
+        "init",
+        parents=[common],
+        help="make the root private (the default), or shared by --group; converts an existing one",
+    )
+    p.add_argument(
+        "--group",
+        metavar="GROUP",
+        help="share the root with this group (a name or a number): files 0660, directories 2770",
+    )
+    p.set_defaults(handler=cmd_init)
+
     p = sub.add_parser(
         "fsck",
         parents=[common],
@@ -42,6 +55,19 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="delete each source file once its message is durable in dirmq",
     )
     p.set_defaults(handler=cmd_import_vsqs)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    root: str = args.root or default_root()
+    changed = init_root(root, group=args.group)
+    if args.group is None:
+        print(f"private: files 0600, directories 0700; {changed} existing entries changed")
+    else:
+        print(
+            f"shared by group {args.group}: files 0660, directories 2770; "
+            f"{changed} existing entries changed"
+        )
+    return exits.OK
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:

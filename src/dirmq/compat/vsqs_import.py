@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from dirmq.errors import InvalidArgument, MessageTooLarge, storage_error
 from dirmq.store import Store, codec, layout
+from dirmq.store.access import Access
 from dirmq.store.fsio import PendingFile, create_pending, fsync_dir
 from dirmq.store.names import RESERVED_PREFIX
 
@@ -240,7 +241,7 @@ def _import_batch(
             if message_id in present:
                 tally.skipped_existing += 1
                 continue
-            pending.append(_write_tmp(queue_path, message_id, body))
+            pending.append(_write_tmp(queue_path, message_id, body, store.access))
             written.append(message_id)
             in_flight += "." in name
     except BaseException:
@@ -269,12 +270,12 @@ def _read_source(source_dir: str, source: _Source) -> tuple[str, bytes] | None:
     return None
 
 
-def _write_tmp(queue_path: str, message_id: str, body: bytes) -> PendingFile:
+def _write_tmp(queue_path: str, message_id: str, body: bytes, access: Access) -> PendingFile:
     final = os.path.join(queue_path, layout.READY, message_id)
     tmp_dir = os.path.join(queue_path, layout.TMP)
     data = codec.encode(body, {}, message_id=message_id)
     try:
-        return create_pending(tmp_dir, layout.tmp_name(message_id), final, data)
+        return create_pending(tmp_dir, layout.tmp_name(message_id), final, data, access)
     except OSError as exc:
         raise storage_error(exc, f"writing a message into {tmp_dir}") from exc
 

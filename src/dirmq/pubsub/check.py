@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 
 from dirmq.errors import CorruptMessage
 from dirmq.pubsub.layout import SEQ_DIGITS, PubSubPaths, split_outbox, split_timed
+from dirmq.pubsub.logs import is_tombstone
 from dirmq.pubsub.model import check_name
 from dirmq.pubsub.transitions import read_entry
 from dirmq.store import smallfiles
+from dirmq.store.access import root_access
 from dirmq.store.recovery import older_than
 
 CORRUPT_DIR = "@corrupt"
@@ -98,7 +100,7 @@ class _Checker:
             self._add(path, kind, detail)
             return
         target_dir = os.path.join(self.paths.base, CORRUPT_DIR)
-        os.makedirs(target_dir, exist_ok=True)
+        root_access(os.path.dirname(self.paths.base)).makedirs(target_dir)
         target = os.path.join(target_dir, f"{os.path.basename(path)}.{uuid.uuid4().hex[:8]}")
         try:
             os.rename(path, target)
@@ -117,6 +119,8 @@ class _Checker:
 
     def _message(self, path: str, key: str) -> None:
         self.report.entries_checked += 1
+        if path.endswith(".end") and _is_empty(path):
+            return  # a finished message: emptied, kept by its name alone for the dedup window
         try:
             envelope = read_entry(path).envelope
         except FileNotFoundError:
@@ -141,6 +145,8 @@ class _Checker:
             except FileNotFoundError:
                 continue
             except CorruptMessage as exc:
+                if floor_file is not None and is_tombstone(path):
+                    continue  # the broadcast log's newest entry, buried once past its time
                 # Moving it away would leave a hole; readers skip damaged entries themselves.
                 self._add(path, "corrupt", f"{exc} (readers skip it)")
         if not seqs:
@@ -234,3 +240,10 @@ def _listdir(path: str) -> list[str]:
         return sorted(os.listdir(path))
     except FileNotFoundError:
         return []
+
+
+def _is_empty(path: str) -> bool:
+    try:
+        return os.stat(path).st_size == 0
+    except FileNotFoundError:
+        return True

@@ -41,7 +41,7 @@ from dirmq.pubsub.layout import (
     split_timed,
     timed_name,
 )
-from dirmq.pubsub.logs import SeqLog
+from dirmq.pubsub.logs import SeqLog, is_tombstone
 from dirmq.pubsub.model import (
     DEFAULT_ACCEPT_TIMEOUT_S,
     DEFAULT_PROCESS_TIMEOUT_S,
@@ -72,6 +72,7 @@ OUTBOX_GRACE_S = 5.0  # an unreported outcome this old was left by a crash or a 
 MESSAGES_SWEEP_EVERY_S = 10.0
 PRUNE_GRACE_MS = 5000  # broadcast entries outlive their accept deadline by this much
 SWEPT_STAMP = "swept"  # its mtime: when some process last swept
+_STAMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
 
 
 @dataclass(slots=True)
@@ -98,11 +99,11 @@ class PubSub:
         self.paths = PubSubPaths.under(store.root)
         try:
             for directory in self.paths.shared_dirs():
-                os.makedirs(directory, exist_ok=True)
+                store.access.makedirs(directory)
         except OSError as exc:
             raise storage_error(exc, "creating the pub/sub directories") from exc
-        self.retained = SeqLog(self.paths.retained, prunable=False)
-        self.broadcast = SeqLog(self.paths.broadcast, prunable=True)
+        self.retained = SeqLog(self.paths.retained, prunable=False, access=store.access)
+        self.broadcast = SeqLog(self.paths.broadcast, prunable=True, access=store.access)
         self.reporter = OutcomeReporter(store)
         self.transitions = Transitions(self.paths, self.reporter)
         self.presence = PresenceIndex(self.paths, presence_timeout_s)
@@ -175,7 +176,7 @@ class PubSub:
         canonical = self.paths.canonical(envelope.id)
         tmp_name = f"{envelope.id}.{uuid.uuid4().hex}.tmp"
         try:
-            pending = create_pending(self.paths.tmp, tmp_name, canonical, data)
+            pending = create_pending(self.paths.tmp, tmp_name, canonical, data, self.store.access)
             try:
                 if envelope.persistence is Persistence.WRITETHROUGH:
                     os.fsync(pending.fd)
@@ -242,6 +243,9 @@ class PubSub:
             os.rename(canonical, self.paths.canonical(envelope.id, "live"))
         except (StorageError, OSError) as exc:
             log.warning("queued outcome of %s deferred to the sweeper: %s", envelope.id, exc)
+            return
+        # A subscriber may have settled it already (its `finish` found no `.live` yet).
+        self.transitions.finish(envelope.id)
 
     # -- subscriptions ---------------------------------------------------------------------------
     def subscribe(
@@ -322,8 +326,8 @@ class PubSub:
                     return None
                 os.utime(stamp)
             except FileNotFoundError:
-                with contextlib.suppress(OSError), open(stamp, "ab"):
-                    pass
+                with contextlib.suppress(OSError):
+                    os.close(self.store.access.open(stamp, _STAMP_FLAGS))
             return self._sweep_locked(now)
         finally:
             self._sweep_lock.release()
@@ -373,13 +377,14 @@ class PubSub:
             smallfiles.remove_stale_temps(self.paths.sub(name))
 
     def _prune_broadcast(self, at_ms: int) -> int:
-        """Remove the prefix of the broadcast log nobody may accept any more (never the newest
-        entry), reporting `timeout` for the subscriptions that were attached and never read it."""
+        """Remove the prefix of the broadcast log nobody may accept any more (the newest entry
+        is buried instead: its name stays, for the numbering), reporting `timeout` for the
+        subscriptions that were attached and never read it."""
         log_ = self.broadcast
         head = log_.refresh_head()
         floor = seq = log_.floor()
         positions: list[tuple[str, Filter, int, int, int | None]] | None = None
-        doomed: list[str] = []
+        doomed: list[tuple[str, str]] = []  # (path, message id)
         while seq < head:
             path = log_.path(seq)
             try:
@@ -388,7 +393,8 @@ class PubSub:
                 seq += 1
                 continue
             except CorruptMessage as exc:
-                log.error("removing damaged broadcast entry %s: %s", path, exc)
+                if not is_tombstone(path):
+                    log.error("removing damaged broadcast entry %s: %s", path, exc)
                 envelope = None
             if envelope is not None:
                 if envelope.accept_deadline_ms + self.prune_grace_ms > at_ms:
@@ -397,15 +403,17 @@ class PubSub:
                     if positions is None:
                         positions = self._broadcast_positions()
                     self._report_unread(path, seq, envelope, positions)
-            doomed.append(path)
+            doomed.append((path, "" if envelope is None else envelope.id))
             seq += 1
         removed = 0
         if seq != floor:
             log_.set_floor(seq)  # first: a reader that finds an entry gone looks here
-            for path in doomed:
+            for path, message_id in doomed:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
                     removed += 1
+                if message_id:
+                    self.transitions.finish(message_id)  # its body is not left readable
         if seq == head and head != self._head_reported:
             # The newest entry stays (it keeps the numbering), but its timeouts are due too.
             try:
@@ -417,6 +425,8 @@ class PubSub:
                 if envelope.wants(Outcome.TIMEOUT):
                     positions = positions or self._broadcast_positions()
                     self._report_unread(log_.path(head), head, envelope, positions)
+                if log_.bury(head, self.paths.tmp):
+                    self.transitions.finish(envelope.id)  # its body is not left readable
         return removed
 
     def _broadcast_positions(self) -> list[tuple[str, Filter, int, int, int | None]]:
@@ -482,7 +492,13 @@ class PubSub:
                 if parsed is None or wall - os.stat(path).st_ctime < self.outbox_grace_s:
                     continue
                 entry = read_entry(path)
-            except (FileNotFoundError, CorruptMessage):
+            except FileNotFoundError:
+                continue
+            except CorruptMessage:
+                if is_tombstone(path):  # linked from a buried log entry: no envelope to report
+                    log.warning("outcome %s lost: its log entry was buried meanwhile", name)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
                 continue
             _key, subscriber, outcome, attempt = parsed
             try:
@@ -502,15 +518,13 @@ class PubSub:
             except FileNotFoundError:
                 continue
             age = wall - st.st_ctime
-            if name.endswith(".end"):
-                if age > self.dedup_window_s:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path)
-                        report.removed += 1
-            elif name.endswith(".live"):
-                if st.st_nlink == 1:  # no pool, taken or log entry is left: finished
-                    with contextlib.suppress(FileNotFoundError):
-                        os.rename(path, path[: -len(".live")] + ".end")
+            if name.endswith(".end") and age > self.dedup_window_s:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                    report.removed += 1
+            elif name.endswith((".live", ".end")):
+                # No pool, taken or log entry left: finished, emptied.
+                self.transitions.finish_listed(path, st)
             elif "." not in name and age > self.recover_after_s:
                 report.recovered += self._recover(path)
 

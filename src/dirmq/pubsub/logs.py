@@ -9,7 +9,9 @@ a writer only moves past `n` once `n` exists, so a log has no holes and a reader
 Pruning (broadcast only) removes a prefix, never the newest entry, and records the lowest
 remaining number in `<log>.floor`. A writer whose idea of the head is older than a pruned range
 could re-use a pruned number, so after each link it checks that `n - 1` exists and `n` is not
-below the floor, and otherwise withdraws its link and looks for the real head.
+below the floor, and otherwise withdraws its link and looks for the real head. The newest entry,
+once nobody may accept it either, is replaced by an empty file, a tombstone (`bury`): its name
+keeps the numbering, its body is not left readable. Readers take a tombstone for a pruned entry.
 """
 
 from __future__ import annotations
@@ -17,18 +19,21 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import uuid
 from collections.abc import Callable
 
 from dirmq.errors import storage_error
 from dirmq.pubsub.layout import SEQ_DIGITS, seq_name
 from dirmq.store import smallfiles
+from dirmq.store.access import Access
 
 _RESCAN_AFTER = 64  # EEXIST in a row: our idea of the head is stale, list the directory
 
 
 class SeqLog:
-    def __init__(self, directory: str, *, prunable: bool) -> None:
+    def __init__(self, directory: str, *, prunable: bool, access: Access) -> None:
         self.directory = directory
+        self._access = access
         self.prunable = prunable
         self._floor_file = directory + ".floor"
         self._lock = threading.Lock()
@@ -71,7 +76,9 @@ class SeqLog:
             return 1
 
     def set_floor(self, seq: int) -> None:
-        smallfiles.replace_file(self._floor_file, str(seq).encode(), durable=False)
+        smallfiles.replace_file(
+            self._floor_file, str(seq).encode(), durable=False, access=self._access
+        )
 
     def append(self, source: str) -> int:
         """Link `source` into the log at the next free sequence number and return it."""
@@ -96,10 +103,31 @@ class SeqLog:
                 self._head = seq
                 return seq
 
+    def bury(self, seq: int, tmp_dir: str) -> bool:
+        """Replace entry `seq` by a tombstone (an empty file, made in `tmp_dir` and renamed over
+        it: the name stays, the message's file loses this link); True if this call did."""
+        tomb = os.path.join(tmp_dir, f"tombstone.{uuid.uuid4().hex}")
+        try:
+            os.close(self._access.open(tomb))
+            os.rename(tomb, self.path(seq))
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tomb)
+            return False
+        return True
+
     def _reused_pruned(self, seq: int) -> bool:
         if seq < self.floor():
             return True
         return seq > 1 and not os.path.exists(self.path(seq - 1))
+
+
+def is_tombstone(path: str) -> bool:
+    """Whether the log entry at `path` is a tombstone (`SeqLog.bury`): an empty file."""
+    try:
+        return os.stat(path).st_size == 0
+    except FileNotFoundError:
+        return False
 
 
 class LogHead:

@@ -43,7 +43,7 @@ from dirmq.errors import (
 )
 from dirmq.pubsub.host import SubscriptionHost
 from dirmq.pubsub.layout import BROADCAST, RETAINED, log_key, split_log_key, split_timed
-from dirmq.pubsub.logs import SeqLog
+from dirmq.pubsub.logs import SeqLog, is_tombstone
 from dirmq.pubsub.model import Delivery, Envelope, Filter, Outcome, check_timeout
 from dirmq.pubsub.presence import new_session
 from dirmq.pubsub.transitions import Entry, now_ms, read_entry
@@ -155,7 +155,8 @@ class Subscription:
     # -- attaching -------------------------------------------------------------------------------
     def _attach(self, replay_from: int | None) -> None:
         paths = self._paths
-        os.makedirs(paths.taken(self.name), exist_ok=True)
+        access = self.hub.store.access
+        access.makedirs(paths.taken(self.name))
         self._claim_presence()
         record = {
             "filter": self.filter.to_json(),
@@ -163,7 +164,10 @@ class Subscription:
             "session": self._session,
         }
         smallfiles.replace_file(
-            paths.subscription_file(self.name), json.dumps(record).encode(), durable=False
+            paths.subscription_file(self.name),
+            json.dumps(record).encode(),
+            durable=False,
+            access=access,
         )
         os.utime(paths.present)  # publishers re-read the list, with this filter
         self.hub.presence.invalidate()
@@ -192,8 +196,7 @@ class Subscription:
         processes attach at once: see `PresenceIndex.remove_stale`."""
         present = os.path.join(self._paths.present, self.name)
         written = os.path.join(self._paths.tmp, f"present.{uuid.uuid4().hex}")
-        with open(written, "x", encoding="utf-8") as f:
-            f.write(self._session)
+        self.hub.store.access.write_new(written, self._session.encode())
         try:
             for _ in range(_CLAIM_TRIES):
                 try:
@@ -224,7 +227,10 @@ class Subscription:
         if state != self._saved_state:
             # Not flushed: after a machine crash an older cursor replays what followed it.
             smallfiles.replace_file(
-                self._paths.cursor(self.name), json.dumps(state).encode(), durable=False
+                self._paths.cursor(self.name),
+                json.dumps(state).encode(),
+                durable=False,
+                access=self.hub.store.access,
             )
             self._saved_state = state
 
@@ -236,8 +242,7 @@ class Subscription:
                 os.utime(present)
             except FileNotFoundError:  # a sweeper took us for dead (we were frozen): come back
                 with contextlib.suppress(OSError):
-                    with open(present, "x") as f:
-                        f.write(self._session)
+                    self.hub.store.access.write_new(present, self._session.encode())
                     self.hub.presence.invalidate()
             except OSError as exc:
                 log.warning("subscription %s heartbeat failed: %s", self.name, exc)
@@ -343,7 +348,8 @@ class Subscription:
                 feed.dirty = False
                 return None
             except CorruptMessage as exc:
-                log.error("skipping damaged log entry %s: %s", feed.log.path(seq), exc)
+                if not is_tombstone(feed.log.path(seq)):  # (a buried entry: nothing to say)
+                    log.error("skipping damaged log entry %s: %s", feed.log.path(seq), exc)
                 feed.next_seq += 1
                 continue
             if not self._wanted(feed, seq, entry.envelope):

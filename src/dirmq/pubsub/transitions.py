@@ -11,9 +11,14 @@ When the publisher asked for the outcome, the decision goes through `outbox/` fi
                                         report;  unlink outbox
     a delivery from a log (`everyone`, `future`) changes no file: its outcomes are reported
     with `report_linked` (link the log entry -> outbox; report; unlink outbox)
+    finish (the last entry is gone):    rename messages/<id>.live -> .end;  truncate it
 
 so a crash (or a failed report: disk full, reply queue deleted) leaves an outbox entry that the
-sweeper reports later; reports carry a dedup id, so a report is never stored twice.
+sweeper reports later; reports carry a dedup id, so a report is never stored twice. A finished
+message's file is emptied as it becomes `.end` (kept for the dedup window by its name alone):
+the body of a message settled for good is not left readable. A settle finishes it at once when
+it removed the last entry; the sweeper finishes the others (log entries pruned, reports that
+failed, crashes in between).
 """
 
 from __future__ import annotations
@@ -87,14 +92,50 @@ class Transitions:
                 os.unlink(path)
             except FileNotFoundError:
                 return False
+            self.finish(envelope.id)
             return True
         box = self._outbox(key, subscriber, outcome, 0)
         try:
             os.rename(path, box)
         except FileNotFoundError:
             return False
-        self.report_from_outbox(box, envelope, outcome, subscriber, 0)
+        if self.report_from_outbox(box, envelope, outcome, subscriber, 0):
+            self.finish(envelope.id)
         return True
+
+    def finish(self, message_id: str) -> bool:
+        """If the message's file has no name left but `messages/<id>.live` (its entries are all
+        settled, pruned or reported), mark it finished and empty it; True if this call did.
+        Once the link count is 1 nothing links the file again (links are made from the bare
+        name, before it is `.live`, or from entries), so emptying it takes nothing from anyone.
+        Never fails: what it cannot do now, the sweeper does (`finish_listed`)."""
+        live = self.paths.canonical(message_id, "live")
+        try:
+            if os.stat(live).st_nlink != 1:
+                return False
+            end = self.paths.canonical(message_id, "end")
+            os.rename(live, end)
+            os.truncate(end, 0)
+        except FileNotFoundError:
+            return False  # finished by another process, or not routed yet
+        except OSError as exc:
+            log.warning("message %s not finished yet: %s", message_id, exc)
+            return False
+        return True
+
+    def finish_listed(self, path: str, st: os.stat_result) -> None:
+        """The sweeper's part of `finish`, for `messages/<name>` of stat `st`: a `.live` file
+        with no other name is finished; an `.end` file that still holds data (a crash between
+        the rename and the truncate, or one finished by an earlier version) is emptied."""
+        if st.st_nlink != 1:
+            return
+        if path.endswith(".live"):
+            self.finish(os.path.basename(path)[: -len(".live")])
+        elif path.endswith(".end") and st.st_size:
+            try:
+                os.truncate(path, 0)
+            except OSError:  # gone (the dedup window ended), or refused now: next sweep
+                pass
 
     def abort(self, path: str, key: str, envelope: Envelope, subscriber: str, attempt: int) -> bool:
         """Return a taken `anyone` delivery to the pool (aborted), with a fresh accept window;

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from dirmq.errors import MessageTooLarge, QueueNotFound
 from dirmq.spark.options import Options
 from dirmq.store import Message, OutgoingMessage, QueueConfig, QueueStats, Store
+from dirmq.store.access import PRIVATE, Access
 
 if TYPE_CHECKING:  # the HTTP client (httpx) is imported only by processes that use `url`:
     from dirmq.client import RemoteStore  # ~80 ms at the start of every Python worker
@@ -79,6 +80,14 @@ def local_store(root: str) -> Store:
             store = Store(root, create=False)
             _stores[root] = store
         return store
+
+
+def state_access(options: Options) -> Access:
+    """The modes of the Spark layer's own files (ledgers, staging, markers): the root's access
+    in path mode, private over `url` (a directory of the driver's, not a root)."""
+    if options.path is not None:
+        return local_store(options.path).access
+    return Access.named(PRIVATE)
 
 
 def remote_store(url: str) -> RemoteStore:

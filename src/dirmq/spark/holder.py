@@ -25,6 +25,7 @@ import time
 
 from dirmq.errors import ConsumerBusy, storage_error
 from dirmq.store import holds, smallfiles
+from dirmq.store.access import Access
 from dirmq.store.holds import Busy, Hold, HoldRecord, Lost
 
 PREFIX = "holder."
@@ -82,14 +83,21 @@ class ConsumerHold:
 
 
 def take(
-    consumer_dir: str, label: str, timeout_s: float, attempts: int = 10, grace_s: float = 3.0
+    consumer_dir: str,
+    label: str,
+    timeout_s: float,
+    access: Access,
+    attempts: int = 10,
+    grace_s: float = 3.0,
 ) -> ConsumerHold:
     """Take the consumer name whose ledger is `consumer_dir` for this process, or raise
     `ConsumerBusy` naming the live holder. `label` names the consumer in messages. A live
     holder on this host is given `grace_s` to go: a query stopped just now may still be ending
     (Spark returns from `stop()` before the source's Python worker has exited)."""
     try:
-        taken = holds.take(consumer_dir, PREFIX, timeout_s, attempts=attempts, grace_s=grace_s)
+        taken = holds.take(
+            consumer_dir, PREFIX, timeout_s, access=access, attempts=attempts, grace_s=grace_s
+        )
         smallfiles.remove_stale_temps(consumer_dir)  # of writes a crashed driver left
     except OSError as exc:
         raise storage_error(exc, f"taking {label} in {consumer_dir}") from exc

@@ -31,6 +31,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from dirmq.errors import storage_error, storage_errors
 from dirmq.store import smallfiles
+from dirmq.store.access import Access
 
 _ROWS = "rows.arrow"
 
@@ -44,8 +45,9 @@ class Record:
 
 
 class Ledger:
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, access: Access) -> None:
         self.directory = directory
+        self._access = access  # the modes of the records and directories made here
         self._batches = os.path.join(directory, "batches")
 
     # -- the acknowledged mark ---------------------------------------------------------------
@@ -60,7 +62,9 @@ class Ledger:
         if seq > self.acked():
             path = os.path.join(self.directory, "acked")
             with storage_errors(f"writing {path}"):
-                smallfiles.replace_file(path, b"%d\n" % seq, durable=True, make_parents=True)
+                smallfiles.replace_file(
+                    path, b"%d\n" % seq, durable=True, access=self._access, make_parents=True
+                )
 
     # -- batches -----------------------------------------------------------------------------
     def batch_dir(self, seq: int) -> str:
@@ -88,7 +92,11 @@ class Ledger:
         path = self._part_path(seq, part)
         with storage_errors(f"creating {path}"):
             created = smallfiles.create_file(
-                path, json.dumps(record).encode(), durable=True, make_parents=True
+                path,
+                json.dumps(record).encode(),
+                durable=True,
+                access=self._access,
+                make_parents=True,
             )
         return created
 
@@ -128,7 +136,11 @@ class Ledger:
         path = os.path.join(self.batch_dir(seq), _ROWS)
         with storage_errors(f"writing {path}"):
             smallfiles.replace_file(
-                path, sink.getvalue().to_pybytes(), durable=True, make_parents=True
+                path,
+                sink.getvalue().to_pybytes(),
+                durable=True,
+                access=self._access,
+                make_parents=True,
             )
 
     def rows(self, seq: int) -> pa.Table | None:

@@ -36,7 +36,7 @@ from pyspark.sql.streaming.datasource import (
 
 from dirmq.errors import InvalidArgument
 from dirmq.spark.backlog import ReadyBacklog
-from dirmq.spark.connect import QueueHandle, local_store, open_queue
+from dirmq.spark.connect import QueueHandle, local_store, open_queue, state_access
 from dirmq.spark.holder import take
 from dirmq.spark.leasing import (
     LeasePartition,
@@ -78,8 +78,9 @@ class _Driver:
             options.consumer_dir(),
             f"consumer {options.consumer!r} of queue {options.queue!r}",
             options.lease_s,
+            state_access(options),
         )
-        self.ledger = Ledger(options.consumer_dir())
+        self.ledger = Ledger(options.consumer_dir(), state_access(options))
         self.first_acked = self.ledger.acked()
         # Path mode: records of committed batches up to here went to a later batch's tasks.
         self.handed = self.first_acked
@@ -295,5 +296,5 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise InvalidArgument(f"not a dirmq partition: {partition!r}")
         options = self._options
         queue = open_queue(options)
-        ledger = Ledger(options.consumer_dir())
+        ledger = Ledger(options.consumer_dir(), state_access(options))
         return read_leased(queue, ledger, partition, options.lease_s, self._columns)

@@ -36,7 +36,13 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from dirmq.errors import InvalidArgument, storage_error, storage_errors
-from dirmq.spark.connect import QueueHandle, flush_local, message_checker, open_queue
+from dirmq.spark.connect import (
+    QueueHandle,
+    flush_local,
+    message_checker,
+    open_queue,
+    state_access,
+)
 from dirmq.spark.options import Options
 from dirmq.spark.rows import check_write_schema, outgoing
 from dirmq.spark.staging import discard_tree, remove_stale
@@ -44,6 +50,7 @@ from dirmq.store import OutgoingMessage, smallfiles
 
 PUT_CHUNK = 500  # messages per put_many: one group commit, one HTTP request
 STALE_STAGING_S = 24 * 3600.0  # staging left by a crashed driver is removed after a day
+_STAGED_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC  # a retried task rewrites
 QUERY_ID_KEY = "sql.streaming.queryId"  # Spark's local properties of a streaming task
 BATCH_ID_KEY = "streaming.sql.batchId"
 
@@ -96,11 +103,11 @@ def stage(
         return StagedRows(partition, rows, data=data, query_id=query_id, batch_id=batch_id)
     # A staged file needs no fsync: if the machine fails before the commit, so does the job.
     path = os.path.join(job_dir, f"part-{partition:05d}-{attempt}.arrow")
+    access = state_access(options)
     if create_dir:
-        os.makedirs(job_dir, exist_ok=True)
+        access.makedirs(job_dir)
     try:
-        with open(path, "wb") as f:
-            f.write(data)
+        access.write_new(path, data, _STAGED_FLAGS)
     except FileNotFoundError:
         # The driver made the directory before any task ran and removes it on abort: the job
         # failed elsewhere while this task still ran (Spark does not wait for it).
@@ -172,7 +179,7 @@ class DirmqBatchWriter(DataSourceArrowWriter):
         self._job_dir = None if staging is None else os.path.join(staging, uuid.uuid4().hex)
         if self._job_dir is not None:  # made here, never by a task (see `stage`)
             try:
-                os.makedirs(self._job_dir)
+                state_access(options).makedirs(self._job_dir)
             except OSError as exc:
                 raise storage_error(exc, f"creating {self._job_dir}") from exc
 
@@ -243,6 +250,7 @@ class DirmqStreamWriter(DataSourceStreamArrowWriter):
                         marker,
                         json.dumps({"batch": batchId}).encode() + b"\n",
                         durable=True,
+                        access=state_access(self._options),
                         make_parents=True,
                     )
         finally:

@@ -15,6 +15,7 @@ import os
 import time
 
 from dirmq.store import layout
+from dirmq.store.access import Access
 
 WINDOW_S = 60.0
 MESSAGE = (
@@ -27,12 +28,11 @@ def marker_path(root: str, name: str) -> str:
     return os.path.join(root, layout.SQS_DIR, "deleted", name)
 
 
-def record(root: str, name: str) -> None:
-    """Note that queue `name` was deleted now."""
+def record(root: str, name: str, access: Access) -> None:
+    """Note that queue `name` was deleted now (a new marker with the root's `access`)."""
     path = marker_path(root, name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb"):
-        pass
+    access.makedirs(os.path.dirname(path))
+    os.close(access.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC))
     os.utime(path)  # an existing marker (deleted twice) starts its window again
 
 

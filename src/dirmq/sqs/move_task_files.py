@@ -31,6 +31,7 @@ import os
 from typing import Any, Protocol
 
 from dirmq.store import holds, layout, smallfiles
+from dirmq.store.access import Access
 from dirmq.store.holds import Hold
 
 HISTORY = 10  # task records kept per source queue
@@ -50,8 +51,11 @@ class TaskLike(Protocol):
 class TaskFiles:
     """The move-task files of one root. Thread-safe (calls come from a thread pool)."""
 
-    def __init__(self, root: str, *, hold_timeout_s: float = HOLD_TIMEOUT_S) -> None:
+    def __init__(
+        self, root: str, *, access: Access, hold_timeout_s: float = HOLD_TIMEOUT_S
+    ) -> None:
         self._dir = os.path.join(root, layout.SQS_DIR, "move-tasks")
+        self._access = access  # the root's: the modes of the files made here
         self._hold_timeout_s = hold_timeout_s
         self._held: dict[str, tuple[str, Hold]] = {}  # source -> (task id, our hold)
 
@@ -137,8 +141,8 @@ class TaskFiles:
         self._prune(task.source)
 
     def request_cancel(self, task: TaskLike) -> None:
-        with open(self._path(task.source, task.task_id, ".cancel"), "wb"):
-            pass
+        path = self._path(task.source, task.task_id, ".cancel")
+        os.close(self._access.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC))
 
     def cancel_requested(self, task: TaskLike) -> bool:
         return os.path.exists(self._path(task.source, task.task_id, ".cancel"))
@@ -148,13 +152,14 @@ class TaskFiles:
 
     def _take(self, source: str) -> Hold | None:
         directory = os.path.join(self._dir, source)
-        taken = holds.take(directory, RUNNER_PREFIX, self._hold_timeout_s)
+        taken = holds.take(directory, RUNNER_PREFIX, self._hold_timeout_s, access=self._access)
         return taken if isinstance(taken, Hold) else None
 
     def _write(self, task: TaskLike) -> None:
         data = json.dumps(task.record(), separators=(",", ":")).encode()
         path = self._path(task.source, task.task_id, ".json")
-        smallfiles.replace_file(path, data, durable=False)  # see the module docstring
+        # Not durable: see the module docstring.
+        smallfiles.replace_file(path, data, durable=False, access=self._access)
 
     def _prune(self, source: str) -> None:
         for record, _cancel in self.load(source)[HISTORY:]:

@@ -4,7 +4,9 @@
   five minutes, so a client that lost the answer and retries with the same id gets the same
   messages and receipt handles (their visibility timeout restarts). Kept as files,
   `<root>/@sqs/attempts/<queue>/<sha256 of the id>.json`, so a retry that reaches another
-  worker or process serving the root, or this one after a restart, gets the same answer. Not
+  worker or process serving the root, or this one after a restart, gets the same answer. A
+  record keeps no message data (bodies, message attributes): a retry reads them again from the
+  messages, still in flight, so a deleted message's body is not left in a record. Not
   flushed: after a crash of the machine a retry may receive afresh (the messages of the lost
   answer then come back when their visibility timeout ends, their group held until then).
 - ApproximateFirstReceiveTimestamp: the store counts receives but does not record when the
@@ -26,17 +28,22 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from dirmq.store import layout, smallfiles
+from dirmq.store import Store, layout, smallfiles
+from dirmq.store.access import Access
 
 ATTEMPT_TTL_S = 300.0
 PRUNE_EVERY_S = 60.0
 MAX_FIRST_RECEIVES = 100_000
 
 
+_DATA_KEYS = frozenset({"Body", "MessageAttributes"})  # the message's own: never in a record
+
+
 @dataclass(slots=True)
 class Attempt:
     receipts: list[str]
-    messages: list[dict[str, Any]]  # as rendered for the first answer
+    messages: list[dict[str, Any]]  # as rendered for the first answer; read back without data
+    attribute_names: list[str] = field(default_factory=list)  # the MessageAttributeNames asked
     created: float = field(default_factory=time.time)  # wall clock: shared between processes
 
 
@@ -44,8 +51,9 @@ class ReceiveMemory:
     """Attempt records of one root (file operations: call them off the event loop) and this
     process's first-receive times."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, access: Access) -> None:
         self._dir = os.path.join(root, layout.SQS_DIR, "attempts")
+        self._access = access  # the root's: the modes of the records made here
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._first: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._pruned: dict[str, float] = {}
@@ -68,7 +76,12 @@ class ReceiveMemory:
         try:
             with open(path, "rb") as f:
                 data = json.loads(f.read())
-            attempt = Attempt(data["receipts"], data["messages"], float(data["created"]))
+            attempt = Attempt(
+                data["receipts"],
+                data["messages"],
+                list(data.get("attribute_names", [])),
+                float(data["created"]),
+            )
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError):
@@ -83,12 +96,16 @@ class ReceiveMemory:
         data = {
             "created": attempt.created,
             "receipts": attempt.receipts,
-            "messages": attempt.messages,
+            "messages": [
+                {k: v for k, v in m.items() if k not in _DATA_KEYS} for m in attempt.messages
+            ],
+            "attribute_names": attempt.attribute_names,
         }
         smallfiles.replace_file(
             self._path(queue, attempt_id),
             json.dumps(data, separators=(",", ":")).encode(),
             durable=False,  # see the module docstring
+            access=self._access,
             make_parents=True,
         )
         self._prune(queue)
@@ -138,9 +155,9 @@ class ReceiveMemory:
 _MEMORIES: weakref.WeakKeyDictionary[object, ReceiveMemory] = weakref.WeakKeyDictionary()
 
 
-def memory_for(owner: object, root: str) -> ReceiveMemory:
-    """The memory of one broker (one per server process and root)."""
+def memory_for(owner: object, store: Store) -> ReceiveMemory:
+    """The memory of one broker (one per server process and root `store`)."""
     memory = _MEMORIES.get(owner)
     if memory is None:
-        memory = _MEMORIES[owner] = ReceiveMemory(root)
+        memory = _MEMORIES[owner] = ReceiveMemory(store.root, store.access)
     return memory

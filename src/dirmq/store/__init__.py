@@ -3,7 +3,7 @@
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.message import Message, OutgoingMessage, QueueStats, SweepReport
 from dirmq.store.queue import Queue
-from dirmq.store.root import Store, default_root
+from dirmq.store.root import Store, default_root, init_root
 
 __all__ = [
     "Durability",
@@ -15,4 +15,5 @@ __all__ = [
     "Store",
     "SweepReport",
     "default_root",
+    "init_root",
 ]

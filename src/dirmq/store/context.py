@@ -3,7 +3,7 @@
 `Store` builds a `QueueContext` and hands it to each `Queue` and its `QueueFiles`, instead of a
 reference to itself: the queue modules then never import `root.py`, and what they may use of
 their root is written down here (how to watch, the flushes shared by every queue of the root,
-where a queue's dead letters go, whom to tell of a corrupt file).
+where a queue's dead letters go, whom to tell of a corrupt file, what modes its new files get).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dirmq.store.access import Access
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
 from dirmq.store.watch import InotifyHub
 
@@ -24,5 +25,6 @@ class QueueContext:
     writeback: WritebackFlusher  # writeback publishes mark it dirty
     # The @ready directory of dead-letter queue `name`, or None if unset or absent.
     dead_letter_dir: Callable[[str | None], str | None]
+    access: Access  # the modes of every file and directory the queue creates (access.py)
     # Told the queue's name each time a corrupt file is set aside in @corrupt (a metric).
     on_quarantine: Callable[[str], None] | None = None

@@ -16,11 +16,13 @@ import os
 import time
 
 from dirmq.errors import StorageError, storage_error
+from dirmq.store.access import Access
 
 
 class Dedup:
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, access: Access) -> None:
         self._dir = directory
+        self._access = access
 
     def _path(self, dedup_id: str) -> str:
         return os.path.join(self._dir, hashlib.sha256(dedup_id.encode()).hexdigest()[:40])
@@ -55,7 +57,7 @@ class Dedup:
                     except FileNotFoundError:
                         pass
                 except FileNotFoundError:  # a queue from before @dedup existed
-                    os.makedirs(self._dir, exist_ok=True)
+                    self._access.makedirs(self._dir)
         except OSError as exc:  # the message is stored already: at least once, as after a crash
             if isinstance(exc, StorageError):  # from lookup
                 raise

@@ -45,9 +45,9 @@ class QueueFiles:
     def __init__(self, context: QueueContext, name: str, path: str) -> None:
         self.name = name
         self.dir = {d: os.path.join(path, d) for d in layout.STATE_DIRS}
-        self.pool = FilePool(self.dir[layout.FREE])
+        self.pool = FilePool(self.dir[layout.FREE], context.access)
         self.slots = Slots(name, self.dir[layout.SLOTS])
-        self.dedup = Dedup(self.dir[layout.DEDUP])
+        self.dedup = Dedup(self.dir[layout.DEDUP], context.access)
         self._context = context
         self.quarantined = 0  # corrupt files this process set aside
 

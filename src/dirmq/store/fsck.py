@@ -31,6 +31,11 @@ Invariants, and what `repair=True` does about each (see `Kind`):
     the recycled-file pool of a dead process in @free (pool.py)       files back to @free (notice)
     state directories without @queue.json (crashed create/delete)     remove when empty, else report
     stray unknown files                                               report only (a notice)
+    every file and directory has the modes of the root's access      chmod (and chgrp, in a group
+      (access.py: private 0600/0700, group 0660/2770 in the root's     root)
+      group; nothing is checked in a root made before the setting)
+    no file in the shared pool of @free holds data (a retired file   unlink
+      is blanked: one that is not was retired by an earlier version)
 
 Which copy of a duplicated id is kept: the most advanced one, in the order
 leased > ready > delayed > dead, then the higher receive count, then the later time. A leased copy
@@ -66,15 +71,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
 
-from dirmq.errors import CorruptMessage, InvalidArgument, InvalidName, storage_error
+from dirmq.errors import ConfigError, CorruptMessage, InvalidArgument, InvalidName, storage_error
 from dirmq.store import codec, layout, smallfiles
+from dirmq.store.access import GROUP, LEGACY, Access, conform, inferred_access, mismatches
 from dirmq.store.bounds import AT_MS_DIGITS, MAX_DURATION_S, MAX_RECEIVE_COUNT
 from dirmq.store.capacity import LEAK_GRACE_S
 from dirmq.store.config import QueueConfig
 from dirmq.store.ids import ID_PATTERN, is_id
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.names import validate_queue_name
-from dirmq.store.pool import DEFAULT_POOL_FILES, Owner, pool_owner, reclaim_pool
+from dirmq.store.pool import DEFAULT_POOL_FILES, Owner, is_blank, pool_owner, reclaim_pool
 from dirmq.store.recovery import ORPHAN_GRACE_S, is_orphan, older_than
 from dirmq.store.root import ROOT_FORMAT, root_marker_bytes
 
@@ -108,6 +114,8 @@ class Kind(StrEnum):
     UNCONFIGURED = "unconfigured"  # state directories without @queue.json
     BAD_QUEUE_NAME = "bad-queue-name"  # a queue directory whose path is not a valid queue name
     MISSING_DLQ = "missing-dlq"  # notice: the dead-letter queue named in the config is absent
+    ACCESS = "access"  # an entry's mode (or group) is not what the root's access gives
+    READABLE_FREE = "readable-free"  # a recycled file still holding a retired message's bytes
     STRAY = "stray"  # notice: a file or directory dirmq does not know
 
 
@@ -182,6 +190,7 @@ def fsck(
         checker.check_format()
         checker.walk(root, "")
         checker.check_root()
+        checker.check_access()
     except OSError as exc:
         if isinstance(exc, InvalidArgument):
             raise
@@ -227,6 +236,7 @@ class _Checker:
         self.counts = _Counts()
         self._progress = progress
         self._pending = 0
+        self.access = Access.named(LEGACY)  # until check_format has read the marker
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def report(self) -> FsckReport:
@@ -271,13 +281,22 @@ class _Checker:
 
     # -- the root ----------------------------------------------------------------------------------
     def check_format(self) -> None:
-        """Before anything else: a root of a newer format is checked, never repaired."""
+        """Before anything else: a root of a newer format is checked, never repaired; the
+        root's access (what modes new entries get), from the marker or, where it has none
+        that can be read, from the root directory's own mode."""
         data = _read_marker(self.root)
+        marker = os.path.join(self.root, layout.ROOT_MARKER)
+        try:
+            self.access = (
+                Access.from_marker(data) if isinstance(data, dict) else inferred_access(self.root)
+            )
+        except ConfigError as exc:
+            self.access = inferred_access(self.root)
+            self.fix("", marker, Kind.ROOT_MARKER, str(exc), self._write_marker)
         found = data.get("format") if isinstance(data, dict) else None
         if isinstance(found, int) and found != ROOT_FORMAT:
             # Its rules may differ from ours: "repairing" it could destroy what it means.
             self.repair = False
-            marker = os.path.join(self.root, layout.ROOT_MARKER)
             detail = f"unsupported root format {found}: checked, nothing repaired"
             self.add("", marker, Kind.ROOT_MARKER, detail)
 
@@ -305,8 +324,20 @@ class _Checker:
 
     def _write_marker(self) -> str:
         marker = os.path.join(self.root, layout.ROOT_MARKER)
-        smallfiles.replace_file(marker, root_marker_bytes(), durable=True)
-        return f"wrote a fresh {layout.ROOT_MARKER}"
+        data = root_marker_bytes(self.access)
+        smallfiles.replace_file(marker, data, durable=True, access=self.access)
+        return f"wrote a fresh {layout.ROOT_MARKER} ({self.access.name} access)"
+
+    def check_access(self) -> None:
+        """Every entry has the modes (and group) the root's access gives new ones: one more
+        walk of the whole root, upper layers' directories included (+30% to a check of 30,000
+        small messages). Not in a directory without a marker: it may be no root at all."""
+        if not isinstance(_read_marker(self.root), dict):
+            return
+        gid = os.stat(self.root).st_gid if self.access.name == GROUP else None
+        for path, st, problem in mismatches(self.root, self.access, gid):
+            self.tick()
+            self.fix("", path, Kind.ACCESS, problem, partial(_conform, path, st, self.access, gid))
 
     def _set_aside(self, path: str) -> str:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -455,7 +486,9 @@ class _Checker:
             def replace() -> str:
                 salvaged, reset = _salvage_config(config_path)
                 aside = self._set_aside(config_path)
-                smallfiles.replace_file(config_path, salvaged.dumps(), durable=True)
+                smallfiles.replace_file(
+                    config_path, salvaged.dumps(), durable=True, access=self.access
+                )
                 if reset is None:
                     return f"{aside} and wrote the default configuration: review it"
                 return f"{aside}; kept the other settings, reset {', '.join(reset)} to default"
@@ -479,7 +512,7 @@ class _Checker:
                 continue
 
             def make(directory: str = directory) -> str:
-                os.mkdir(directory)
+                self.access.mkdir(directory)
                 return "created"
 
             self.fix(scan.name, directory, Kind.MISSING_DIR, "state directory missing", make)
@@ -506,9 +539,11 @@ class _Checker:
                     scan.tmp_ids.add(parsed[0])
 
     def _check_free(self, scan: _QueueScan) -> None:
-        """@free holds garbage, but two things in it matter: the pool of a dead process must not
-        stay there forever, and no recycled file may be another name's inode (overwriting it
-        would change that file: a message, after a crash on a filesystem without a journal)."""
+        """@free holds zeros, but three things in it matter: the pool of a dead process must
+        not stay there forever, no recycled file may be another name's inode (overwriting it
+        would change that file: a message, after a crash on a filesystem without a journal),
+        and no file of the shared pool may still hold the message it was (it is blanked when
+        retired; an earlier version did not). The pools of live processes are theirs."""
         free_dir = scan.dir(layout.FREE)
         entries = list(_scandir(free_dir))
         room = DEFAULT_POOL_FILES - sum(1 for e in entries if not e.is_dir(follow_symlinks=False))
@@ -530,9 +565,23 @@ class _Checker:
                     room = 0  # what it returned fills the shared pool; no need to be exact
                 continue
             try:
-                links = entry.stat(follow_symlinks=False).st_nlink
+                st = entry.stat(follow_symlinks=False)
+                blank = not entry.is_file(follow_symlinks=False) or is_blank(entry.path, st.st_size)
             except FileNotFoundError:
                 continue  # claimed by a put meanwhile
+            except OSError as exc:
+                self.add(scan.name, entry.path, Kind.UNREADABLE, exc.strerror or str(exc))
+                continue
+            links = st.st_nlink
+            if links == 1 and not blank:
+                # Unlinked, never blanked here: a put may claim it meanwhile and write it.
+                self.fix(
+                    scan.name,
+                    entry.path,
+                    Kind.READABLE_FREE,
+                    "recycled file still holds a retired message (retired by an earlier version)",
+                    _unlink(entry.path),
+                )
             if links > 1:
                 self.fix(
                     scan.name,
@@ -864,6 +913,14 @@ def _rename_in(directory: str, name: str, new: str) -> str:
 def _reclaim_pool(path: str, free_dir: str, owner: Owner, room: int) -> str:
     handled = reclaim_pool(path, free_dir, owner, max(room, 0))
     return f"reclaimed {handled} file(s)"
+
+
+def _conform(path: str, st: os.stat_result, access: Access, gid: int | None) -> str:
+    try:
+        conform(path, st, access, gid)
+    except FileNotFoundError:
+        return "gone meanwhile"
+    return f"set as the root's {access.name} access says"
 
 
 def _release_slot(path: str, target: str) -> str:

@@ -37,6 +37,7 @@ import weakref
 from dataclasses import dataclass
 
 from dirmq.errors import QueueNotFound, storage_error
+from dirmq.store.access import Access
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _syncfs = getattr(_libc, "syncfs", None)
@@ -60,12 +61,13 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_new_file(path: str, data: bytes) -> int:
-    """Create `path` exclusively and write `data`; return the open fd (the caller flushes/closes).
+def write_new_file(path: str, data: bytes, access: Access) -> int:
+    """Create `path` exclusively, with the root's `access`, and write `data`; return the open fd
+    (the caller flushes/closes).
 
     On any failure the partial file is removed before the error propagates.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    fd = access.open(path)
     try:
         _write_all(fd, data)
     except BaseException:
@@ -195,8 +197,11 @@ def _link_fd(fd: int, path: str) -> None:
         _empty_path_link = False
 
 
-def create_pending(tmp_dir: str, tmp_name: str, final_path: str, data: bytes) -> PendingFile:
-    """Write `data` to a new file in `tmp_dir`, to be published as `final_path`.
+def create_pending(
+    tmp_dir: str, tmp_name: str, final_path: str, data: bytes, access: Access
+) -> PendingFile:
+    """Write `data` to a new file in `tmp_dir` (created with the root's `access`), to be
+    published as `final_path`.
 
     Uses an unnamed `O_TMPFILE` inode where the filesystem supports it (one directory operation
     fewer per message, and no orphan after a crash), else `tmp_dir/tmp_name`. On failure nothing
@@ -204,7 +209,7 @@ def create_pending(tmp_dir: str, tmp_name: str, final_path: str, data: bytes) ->
     """
     if tmp_dir not in _tmpfile_unsupported:
         try:
-            fd = os.open(tmp_dir, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+            fd = access.open(tmp_dir, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC)
         except OSError as exc:
             if exc.errno not in _NO_TMPFILE:
                 raise
@@ -217,7 +222,7 @@ def create_pending(tmp_dir: str, tmp_name: str, final_path: str, data: bytes) ->
                 raise
             return PendingFile(fd, None, final_path)
     tmp_path = os.path.join(tmp_dir, tmp_name)
-    return PendingFile(write_new_file(tmp_path, data), tmp_path, final_path)
+    return PendingFile(write_new_file(tmp_path, data, access), tmp_path, final_path)
 
 
 def overwrite_pending(

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from dirmq.store import smallfiles
+from dirmq.store.access import Access
 
 RELEASED_MTIME = 0.0
 _GENERATION_DIGITS = 20
@@ -193,12 +194,19 @@ class Hold:
 
 
 def take(
-    directory: str, prefix: str, timeout_s: float, *, attempts: int = 10, grace_s: float = 0.0
+    directory: str,
+    prefix: str,
+    timeout_s: float,
+    *,
+    access: Access,
+    attempts: int = 10,
+    grace_s: float = 0.0,
 ) -> Hold | Busy | None:
     """Take the hold whose records are `<directory>/<prefix>*` for this process (`directory`
-    is created if need be), or return the live holder (`Busy`); None if other takers kept
-    winning `attempts` times in a row. `grace_s`: how long a live holder on this host is
-    given to go first (one that is stopping may not have released yet)."""
+    is created if need be; it and the records with the root's `access`), or return the live
+    holder (`Busy`); None if other takers kept winning `attempts` times in a row. `grace_s`:
+    how long a live holder on this host is given to go first (one that is stopping may not
+    have released yet)."""
     grace_until = time.monotonic() + grace_s
     token = uuid.uuid4().hex
     pid = os.getpid()
@@ -229,6 +237,7 @@ def take(
             record_path(directory, prefix, top + 1),
             json.dumps(record).encode(),
             durable=True,
+            access=access,
             make_parents=True,
         )
         if created:

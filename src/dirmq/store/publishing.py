@@ -217,7 +217,7 @@ class Publisher:
                 tmp_name = layout.tmp_name(message_id)
                 pending = pool.overwrite_shared(f"{tmp_dir}/{tmp_name}", final, data)
                 if pending is None:
-                    pending = create_pending(tmp_dir, tmp_name, final, data)
+                    pending = create_pending(tmp_dir, tmp_name, final, data, self._context.access)
             if not keep_open:
                 pending.detach(tmp_dir, layout.tmp_name(message_id))
             return pending

@@ -9,6 +9,7 @@ removes the trash.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ from dataclasses import replace
 
 from dirmq.errors import ConfigError, CorruptConfig, QueueExists, QueueNotFound, storage_error
 from dirmq.store import layout, smallfiles
+from dirmq.store.access import GROUP, PRIVATE, Access, conform, group_id, mismatches, root_access
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
@@ -32,9 +34,9 @@ DEFAULT_ROOT = "./dirmq-data"
 EXISTS_RECHECK_S = 0.5
 
 
-def root_marker_bytes() -> bytes:
-    """What `@dirmq.json` holds."""
-    return json.dumps({"format": ROOT_FORMAT}).encode() + b"\n"
+def root_marker_bytes(access: Access) -> bytes:
+    """What `@dirmq.json` holds: the format, and the root's access (absent for a legacy root)."""
+    return json.dumps({"format": ROOT_FORMAT, **access.marker_fields()}).encode() + b"\n"
 
 
 def default_root() -> str:
@@ -59,6 +61,17 @@ class Store:
         on_quarantine: Callable[[str], None] | None = None,
     ) -> None:
         self.root = os.path.abspath(os.fspath(root if root is not None else default_root()))
+        marker = os.path.join(self.root, layout.ROOT_MARKER)
+        if not _exists(marker):
+            if not create:
+                raise QueueNotFound(f"{self.root} is not a dirmq root (no {layout.ROOT_MARKER})")
+            _init_root(self.root, Access.named(PRIVATE))
+        try:
+            # Read once: every file and directory this Store (and the layers above it, through
+            # `store.access`) creates under the root gets the modes it says.
+            self.access = root_access(self.root)
+        except OSError as exc:
+            raise storage_error(exc, f"reading {marker}") from exc
         self.group_commit = GroupCommit()
         self.writeback = WritebackFlusher(self.root)
         # What each queue is given of this Store (queues never see the Store itself).
@@ -70,16 +83,12 @@ class Store:
             writeback=self.writeback,
             dead_letter_dir=self.dead_letter_dir,
             on_quarantine=on_quarantine,
+            access=self.access,
         )
         self._queues: dict[str, Queue] = {}
         self._checked: dict[str, float] = {}  # name -> when its @queue.json was last seen
         self._lock = threading.Lock()
         self._hub: InotifyHub | None = None
-        marker = os.path.join(self.root, layout.ROOT_MARKER)
-        if not os.path.exists(marker):
-            if not create:
-                raise QueueNotFound(f"{self.root} is not a dirmq root (no {layout.ROOT_MARKER})")
-            self._init_root(marker)
 
     @property
     def watch_mode(self) -> str:
@@ -93,15 +102,6 @@ class Store:
     @property
     def poll_interval_s(self) -> float:
         return self.context.poll_interval_s
-
-    def _init_root(self, marker: str) -> None:
-        try:
-            os.makedirs(self.root, exist_ok=True)
-            smallfiles.replace_file(marker, root_marker_bytes(), durable=True)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise storage_error(exc, f"initialising root {self.root}") from exc
 
     # -- queues ----------------------------------------------------------------------------------
     def create_queue(
@@ -118,9 +118,11 @@ class Store:
         config = config or QueueConfig()
         try:
             for directory in layout.STATE_DIRS:
-                os.makedirs(os.path.join(path, directory), exist_ok=True)
+                self.access.makedirs(os.path.join(path, directory))
             # The config file appears last: a queue is visible only once complete.
-            created = smallfiles.create_file(config_path, config.dumps(), durable=True)
+            created = smallfiles.create_file(
+                config_path, config.dumps(), durable=True, access=self.access
+            )
         except OSError as exc:
             raise storage_error(exc, f"creating queue {name!r}") from exc
         if not created and not exist_ok:
@@ -179,7 +181,10 @@ class Store:
         config = self._read_config(name, path).updated(**changes)
         try:
             smallfiles.replace_file(
-                os.path.join(path, layout.CONFIG_FILE), config.dumps(), durable=True
+                os.path.join(path, layout.CONFIG_FILE),
+                config.dumps(),
+                durable=True,
+                access=self.access,
             )
         except OSError as exc:
             raise storage_error(exc, f"configuring queue {name!r}") from exc
@@ -209,7 +214,7 @@ class Store:
         except OSError as exc:
             raise storage_error(exc, f"deleting queue {name!r}") from exc
         trash = os.path.join(self.root, layout.ROOT_TRASH)
-        os.makedirs(trash, exist_ok=True)
+        self.access.makedirs(trash)
         for directory in layout.STATE_DIRS:
             try:
                 os.rename(os.path.join(path, directory), os.path.join(trash, uuid.uuid4().hex))
@@ -284,6 +289,66 @@ class Store:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def _exists(marker: str) -> bool:
+    """Whether the root marker exists; StorageError if that cannot be told (a root this user
+    may not enter is not "no root", which would invite creating one)."""
+    try:
+        os.stat(marker)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise storage_error(exc, f"opening root {os.path.dirname(marker)}") from exc
+    return True
+
+
+def _init_root(root: str, access: Access, *, replace_marker: bool = False) -> None:
+    """Make `root` a root of `access`: its directory (missing parents as `mkdir -p` makes them)
+    and its marker. Without `replace_marker` an existing marker is kept (of processes making one
+    root at once, one writes it); a directory that was there already gets the access's mode
+    when its marker is made here (where this user may change it): the root is new, whoever
+    made its directory."""
+    marker = os.path.join(root, layout.ROOT_MARKER)
+    data = root_marker_bytes(access)
+    try:
+        os.makedirs(os.path.dirname(root), exist_ok=True)
+        try:
+            access.mkdir(root)
+            existed = False
+        except FileExistsError:
+            existed = True
+        if replace_marker:
+            smallfiles.replace_file(marker, data, durable=True, access=access)
+        elif smallfiles.create_file(marker, data, durable=True, access=access) and existed:
+            with contextlib.suppress(PermissionError):
+                os.chmod(root, access.dir_mode)
+    except OSError as exc:
+        raise storage_error(exc, f"initialising root {root}") from exc
+
+
+def init_root(root: str | os.PathLike[str], *, group: str | int | None = None) -> int:
+    """Make `root` a private root, or with `group` a root shared by that group (a name or a
+    number), whether it exists or not: its marker records the access, and every entry already
+    under it is given the modes (and group) new ones get. Returns how many entries were changed.
+    Processes that have the root open keep the access they read until they open it again.
+    InvalidArgument for an unknown group; StorageError if an entry cannot be changed (another
+    user's file: run it as that user, or as root)."""
+    path = os.path.abspath(os.fspath(root))
+    access = Access.named(PRIVATE if group is None else GROUP)
+    gid = None if group is None else group_id(group)
+    _init_root(path, access, replace_marker=True)  # then the walk gives the root its modes
+    changed = 0
+    try:
+        for entry, st, _problem in list(mismatches(path, access, gid)):
+            try:
+                conform(entry, st, access, gid)
+            except FileNotFoundError:
+                continue
+            changed += 1
+    except OSError as exc:
+        raise storage_error(exc, f"giving the entries of {path} the root's access") from exc
+    return changed
 
 
 def _remove_empty_parents(path: str, root: str) -> None:

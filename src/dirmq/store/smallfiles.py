@@ -36,6 +36,7 @@ import re
 import uuid
 from collections.abc import Iterator
 
+from dirmq.store.access import Access
 from dirmq.store.fsio import fsync_dir, write_new_file
 from dirmq.store.recovery import older_than
 
@@ -56,10 +57,13 @@ def temp_target(name: str) -> str | None:
     return match.group(1) if match else None
 
 
-def replace_file(path: str, data: bytes, *, durable: bool, make_parents: bool = False) -> None:
-    """Write `path` with `data`, replacing what was there, all or nothing. `make_parents`:
-    create missing parent directories (otherwise FileNotFoundError)."""
-    temp = _write_temp(path, data, durable=durable, make_parents=make_parents)
+def replace_file(
+    path: str, data: bytes, *, durable: bool, access: Access, make_parents: bool = False
+) -> None:
+    """Write `path` with `data`, replacing what was there, all or nothing; a new file with the
+    root's `access`. `make_parents`: create missing parent directories (with `access` too;
+    otherwise FileNotFoundError)."""
+    temp = _write_temp(path, data, durable=durable, access=access, make_parents=make_parents)
     try:
         os.replace(temp, path)
     except BaseException:
@@ -69,10 +73,13 @@ def replace_file(path: str, data: bytes, *, durable: bool, make_parents: bool = 
         fsync_dir(_directory(path))
 
 
-def create_file(path: str, data: bytes, *, durable: bool, make_parents: bool = False) -> bool:
-    """Create `path` with `data` unless the name exists; True if this call created it. Of
-    writers racing for one name (threads, processes, hosts) exactly one gets True."""
-    temp = _write_temp(path, data, durable=durable, make_parents=make_parents)
+def create_file(
+    path: str, data: bytes, *, durable: bool, access: Access, make_parents: bool = False
+) -> bool:
+    """Create `path` with `data` (with the root's `access`) unless the name exists; True if this
+    call created it. Of writers racing for one name (threads, processes, hosts) exactly one gets
+    True."""
+    temp = _write_temp(path, data, durable=durable, access=access, make_parents=make_parents)
     try:
         try:
             os.link(temp, path)
@@ -133,15 +140,17 @@ def remove_stale_temps(
     return removed
 
 
-def _write_temp(path: str, data: bytes, *, durable: bool, make_parents: bool) -> str:
+def _write_temp(
+    path: str, data: bytes, *, durable: bool, access: Access, make_parents: bool
+) -> str:
     temp = temp_path(path)
     try:
-        fd = write_new_file(temp, data)
+        fd = write_new_file(temp, data, access)
     except FileNotFoundError:
         if not make_parents:
             raise
-        os.makedirs(_directory(path), exist_ok=True)
-        fd = write_new_file(temp, data)
+        access.makedirs(_directory(path))
+        fd = write_new_file(temp, data, access)
     try:
         if durable:
             os.fsync(fd)

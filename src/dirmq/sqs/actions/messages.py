@@ -525,7 +525,7 @@ async def receive_message(ctx: Context, params: Params) -> Result:
         _names(params, "MessageSystemAttributeNames")
     )
     attempt_id = _fifo_id(params.get("ReceiveRequestAttemptId"), "ReceiveRequestAttemptId")
-    memory = memory_for(ctx.broker, ctx.broker.store.root)
+    memory = memory_for(ctx.broker, ctx.broker.store)
 
     async def receive() -> list[Result]:
         visibility_s = None if visibility is None else float(visibility)
@@ -550,7 +550,7 @@ async def receive_message(ctx: Context, params: Params) -> Result:
                 messages = await receive()
                 if messages:
                     receipts = [m["ReceiptHandle"] for m in messages]
-                    attempt = Attempt(receipts, messages)
+                    attempt = Attempt(receipts, messages, attribute_names)
                     await ctx.broker.call(memory.remember, queue.name, attempt_id, attempt)
     return {"Messages": messages} if messages else {}
 
@@ -570,15 +570,36 @@ async def _retry_or_receive(
             await ctx.broker.call(queue.extend, receipt, visibility_s)
         except (StaleReceipt, InvalidArgument):
             continue  # deleted, or returned to the queue: no longer part of this attempt
-        live.append((receipt, rendered))
+        parsed = parse_receipt_handle(receipt)
+        current = None if parsed is None else await _current(ctx, queue, parsed[0])
+        if current is None:
+            continue  # deleted since the extension
+        live.append((receipt, _with_data(rendered, current, attempt.attribute_names)))
     if not live:
         await ctx.broker.call(memory.forget, queue.name, attempt_id)
         return None
+    answer = [rendered for _, rendered in live]
     if len(live) < len(attempt.receipts):
         attempt.receipts = [receipt for receipt, _ in live]
-        attempt.messages = [rendered for _, rendered in live]
+        attempt.messages = answer
         await ctx.broker.call(memory.remember, queue.name, attempt_id, attempt)
-    return attempt.messages
+    return answer
+
+
+def _with_data(rendered: Result, message: Message, attribute_names: list[str]) -> Result:
+    """A remembered answer (kept without the message's data) with its body and message
+    attributes read again from `message`, in the order `render_message` gives them."""
+    full: Result = {}
+    for key, value in rendered.items():
+        if key == "MessageAttributes" and attribute_names:
+            continue  # (a record of an earlier version kept them, without the names asked)
+        full[key] = value
+        if key == "MD5OfBody":
+            full["Body"] = message.body.decode("utf-8", "replace")
+        elif key == "MD5OfMessageAttributes" and attribute_names:
+            selected = attrs.select(attrs.from_headers(message.headers), attribute_names)
+            full["MessageAttributes"] = {n: a.to_json() for n, a in selected.items()}
+    return full
 
 
 # -- settling ----------------------------------------------------------------------------------

@@ -158,7 +158,7 @@ class MoveTasks:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self.files = TaskFiles(broker.store.root)
+        self.files = TaskFiles(broker.store.root, access=broker.store.access)
         self.running: dict[str, MoveTask] = {}  # task id -> the task this process runs
 
     async def list(self, source: str) -> list[MoveTask]:

@@ -257,9 +257,9 @@ async def delete_queue(ctx: Context, params: Params) -> Result:
     except QueueNotFound:
         raise no_such_queue() from None
     root = ctx.broker.store.root
-    await ctx.broker.call(memory_for(ctx.broker, root).forget_queue, name)
+    await ctx.broker.call(memory_for(ctx.broker, ctx.broker.store).forget_queue, name)
     if ctx.deleted_wait_s is not None:
-        await ctx.broker.call(record_deletion, root, name)
+        await ctx.broker.call(record_deletion, root, name, ctx.broker.store.access)
     return {}
 
 
