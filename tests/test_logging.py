@@ -5,6 +5,7 @@ rate-limited; `--log-level`, `--log-file`, `--access-log off`."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import re
@@ -261,20 +262,37 @@ def test_failed_sigv4_requests_are_logged_once_per_peer_and_window(tmp_path: Pat
     assert len([r for r in records if r["logger"] == "dirmq.access" and r["status"] == 403]) == 5
 
 
-@pytest.mark.skip(
-    reason="to enable once the credentials file and the native door's 401 exist (branch access)"
-)
-def test_native_requests_without_credentials_are_logged_rate_limited(tmp_path: Path) -> None:
+def test_refusals_are_logged_rate_limited_and_the_access_log_names_the_principal(
+    tmp_path: Path,
+) -> None:
+    token = "dmq_logging-test-token-0123456789"
     credentials = tmp_path / "credentials.toml"
-    credentials.write_text('[principals.app]\ntoken = "s3cret"\nread = ["*"]\n')
-    server = start_server(tmp_path / "root", "--credentials", str(credentials))
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    credentials.write_text(f'[principals.app]\ntoken_sha256 = "{digest}"\nread = ["orders/*"]\n')
+    credentials.chmod(0o600)
+    server = start_server(
+        tmp_path / "root", "--credentials", str(credentials), "--log-format", "json"
+    )
+    bearer = {"Authorization": f"Bearer {token}"}
     try:
-        for _ in range(5):
+        for _ in range(5):  # one line for all five: the same peer, the same kind of refusal
             assert httpx.get(server.url + "/", timeout=30).status_code == 401
+        denied = httpx.post(server.url + "/orders/a/messages", content=b"x", headers=bearer)
+        assert denied.status_code == 403
+        listed = httpx.get(server.url + "/", headers=bearer, timeout=30)
+        assert listed.status_code == 200
     finally:
         assert server.stop() == 0
-    denied = [r for r in parse_log(server.output) if r["logger"] == "dirmq.auth"]
-    assert len(denied) == 1 and denied[0]["status"] == 401 and denied[0]["door"] == "native"
+    records = parse_log(server.output)
+    refused = [r for r in records if r["logger"] == "dirmq.auth"]
+    assert [(r["status"], r["door"]) for r in refused] == [(401, "native"), (403, "native")]
+    assert refused[1]["principal"] == "app" and refused[1]["queue"] == "orders/a"
+    access = [r for r in records if r["logger"] == "dirmq.access"]
+    assert [(r["method"], r["status"], r["principal"]) for r in access] == [
+        *[("GET", 401, "")] * 5,
+        ("POST", 403, "app"),
+        ("GET", 200, "app"),
+    ]
 
 
 class _Records(logging.Handler):

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -444,3 +445,65 @@ def test_docs_security_tls_examples(tmp_path: Path) -> None:
         finally:
             started.stop()
     assert not failures, "\n\n".join(failures)
+
+
+def test_credentials_over_tls_on_every_kind_of_client(tmp_path: Path, certs: Certificates) -> None:
+    """Identities over TLS, as in plain HTTP: no or a wrong token 401, a lacking permission
+    403, the right one works (curl, the Python client); boto3 with the right keys works and
+    with wrong ones gets the SQS error."""
+    import hashlib
+
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ClientError
+
+    token = "dmq_tls-and-token-test-0123456789abcdef"
+    credentials = tmp_path / "credentials.toml"
+    credentials.write_text(
+        "[principals.reader]\n"
+        f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n'
+        'read = ["orders/*"]\nwrite = ["orders/*"]\nadmin = ["orders/*"]\n'
+        "[principals.sqs]\n"
+        'aws_keys = [{ id = "AKIATLSTEST000000001", secret = "tls/secret" }]\n'
+        'read = ["ci-*"]\nwrite = ["ci-*"]\nadmin = ["ci-*"]\n'
+    )
+    credentials.chmod(0o600)
+    server = start_server(tmp_path / "root", *tls_options(certs), "--credentials", str(credentials))
+    try:
+        ca = str(certs.ca)
+        url = server.url + "/orders/a/messages"
+        assert curl("--cacert", ca, "-o", "/dev/null", "-w", "%{http_code}", url).stdout == "401"
+        wrong = ("-H", "Authorization: Bearer dmq_wrong-token-0123456789abcdef")
+        assert (
+            curl("--cacert", ca, *wrong, "-o", "/dev/null", "-w", "%{http_code}", url).stdout
+            == "401"
+        )
+        with RemoteStore(server.url, cafile=ca, token=token) as store:
+            store.create_queue("orders/a").put(b"over tls, with a token")
+            with pytest.raises(errors.AccessDenied):
+                store.create_queue("billing/x")
+        basic = ("-u", f"anyone:{token}")
+        got = curl("--cacert", ca, *basic, url)
+        assert got.stdout == "over tls, with a token"
+
+        def sqs(secret: str) -> Any:
+            return boto3.client(
+                "sqs",
+                endpoint_url=server.url,
+                verify=ca,
+                region_name="us-east-1",
+                aws_access_key_id="AKIATLSTEST000000001",
+                aws_secret_access_key=secret,
+                config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+            )
+
+        queue_url = sqs("tls/secret").create_queue(QueueName="ci-tls")["QueueUrl"]
+        sqs("tls/secret").send_message(QueueUrl=queue_url, MessageBody="signed over tls")
+        with pytest.raises(ClientError) as refused:
+            sqs("not-the-secret").send_message(QueueUrl=queue_url, MessageBody="forged")
+        assert refused.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
+        with pytest.raises(ClientError) as denied:
+            sqs("tls/secret").create_queue(QueueName="orders-b")
+        assert denied.value.response["Error"]["Code"] == "AccessDenied"
+    finally:
+        assert server.stop() == 0
