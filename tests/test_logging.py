@@ -109,7 +109,9 @@ def _exercise_every_door(server: ServerProcess) -> None:
 def test_a_line_per_request_from_every_door_and_start_up_and_shutdown(
     tmp_path: Path, log_format: str
 ) -> None:
-    server = start_server(tmp_path / "root", "--log-format", log_format, yaq=True)
+    server = start_server(
+        tmp_path / "root", "--log-format", log_format, "--access-log", "on", yaq=True
+    )
     try:
         _exercise_every_door(server)
     finally:
@@ -207,7 +209,7 @@ def test_a_drain_that_times_out_says_what_it_cut(tmp_path: Path) -> None:
 
 
 def test_level_warning_and_access_log_off_leave_the_request_lines_out(tmp_path: Path) -> None:
-    for flags in (["--log-level", "warning"], ["--access-log", "off"]):
+    for flags in (["--log-level", "warning", "--access-log", "on"], ["--access-log", "off"], []):
         server = start_server(tmp_path / "root", *flags)
         try:
             assert httpx.get(server.url + "/health", timeout=30).status_code == 200
@@ -220,7 +222,9 @@ def test_level_warning_and_access_log_off_leave_the_request_lines_out(tmp_path: 
 
 
 def test_workers_log_each_in_their_own_lines(tmp_path: Path) -> None:
-    server = start_server(tmp_path / "root", "--workers", "2", "--log-format", "json")
+    server = start_server(
+        tmp_path / "root", "--workers", "2", "--log-format", "json", "--access-log", "on"
+    )
     try:
         with httpx.Client(base_url=server.url, timeout=30) as http:
             for _ in range(20):
@@ -242,7 +246,9 @@ def test_failed_sigv4_requests_are_logged_once_per_peer_and_window(tmp_path: Pat
     from one client make one line; the other four are reported when the minute ends."""
     credentials = tmp_path / "credentials"
     credentials.write_text("AKIDRIGHT right-secret\n")
-    server = start_server(tmp_path / "root", "--sqs-credentials", str(credentials))
+    server = start_server(
+        tmp_path / "root", "--sqs-credentials", str(credentials), "--access-log", "on"
+    )
     try:
         sqs = sqs_client(server.url)  # signs with the key id "test": unknown here
         for _ in range(5):
@@ -271,7 +277,13 @@ def test_refusals_are_logged_rate_limited_and_the_access_log_names_the_principal
     credentials.write_text(f'[principals.app]\ntoken_sha256 = "{digest}"\nread = ["orders/*"]\n')
     credentials.chmod(0o600)
     server = start_server(
-        tmp_path / "root", "--credentials", str(credentials), "--log-format", "json"
+        tmp_path / "root",
+        "--credentials",
+        str(credentials),
+        "--log-format",
+        "json",
+        "--access-log",
+        "on",
     )
     bearer = {"Authorization": f"Bearer {token}"}
     try:

@@ -39,7 +39,7 @@ class LogSettings:
     level: str = "info"  # one of LEVELS
     format: str = "text"  # one of FORMATS
     file: str | None = None  # None: stderr
-    access: bool = True  # the access log (INFO on `dirmq.access`)
+    access: bool = False  # the access log (INFO on `dirmq.access`): off unless asked for
 
 
 def fields(**values: object) -> dict[str, Any]:
