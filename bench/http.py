@@ -1607,6 +1607,7 @@ def bench_secure(ctx: Context) -> None:
         "subjects": {k: series(v) for k, v in trials.items()},
         "ratios_per_round_secure_vs_plain": ratios,
     }
+    profile_trial(ctx, "publish-secure-w1", secure, lambda: trial(secure, "prof")(0))
 
 
 # -- 2: writeback on tmpfs -------------------------------------------------------------------------
