@@ -18,7 +18,8 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 
-from dirmq.server.access_log import AccessLog, AuthFailureLog, combine
+from dirmq.server.access_log import AccessLog, AuthFailureLog
+from dirmq.server.dialect import observe_all
 from dirmq.server.http import Request
 from dirmq.server.logs import (
     FLUSH_AFTER_S,
@@ -424,9 +425,9 @@ def test_combined_observers_each_see_every_request_even_if_one_fails() -> None:
     def counting(request: Request, status: int, sent: int, seconds: float) -> None:
         seen.append(request.path)
 
-    assert combine([None, None]) is None
-    assert combine([counting, None]) is counting
-    both = combine([failing, counting])
+    assert observe_all(None, None) is None
+    assert observe_all(counting, None) is counting
+    both = observe_all(failing, counting)
     assert both is not None
     logging.getLogger("dirmq.server").disabled = True  # the failure is logged; not here
     try:

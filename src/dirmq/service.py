@@ -31,10 +31,10 @@ from dirmq.dialects.yaq import YaqApp
 from dirmq.errors import CannotListen, InvalidArgument
 from dirmq.server import serve as runtime
 from dirmq.server.access import Access
-from dirmq.server.access_log import AccessLog, AuthFailureLog, combine
+from dirmq.server.access_log import AccessLog, AuthFailureLog
 from dirmq.server.addresses import is_loopback_host, parse_address
 from dirmq.server.credentials import exposure_warning, legacy_credentials, load_credentials
-from dirmq.server.dialect import Router
+from dirmq.server.dialect import Router, observe_all
 from dirmq.server.http import Limits, Observe
 from dirmq.server.logs import LogSettings
 from dirmq.server.metrics import DEFAULT_MAX_QUEUES
@@ -129,8 +129,8 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
     def compose(worker: runtime.Worker) -> dict[str, Router]:
         broker, metrics = worker.broker, worker.metrics
         sqs = SqsApp(broker, access=access, deleted_wait_s=options.sqs_deleted_wait_s)
-        # Told of every answered request of every listener (combine more with observe_all).
-        observe = combine(observers(options, worker))
+        # Told of every answered request of every listener.
+        observe = observe_all(*observers(options, worker))
         routers = {
             "native": Router(
                 [PubSubApi(broker, metrics, access), sqs, NativeApp(broker, metrics, access)],

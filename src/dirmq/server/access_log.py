@@ -1,6 +1,6 @@
 """Observers of answered requests (`http.Observe`): the access log and the log of
 authentication failures. The composition root (`dirmq.service`) puts them, with any other
-observer (request metrics), on every listener's `Router` through `combine`.
+observer (request metrics), on every listener's `Router` through `dialect.observe_all`.
 
 The access log is on the hot path of every request: one `LogRecord` built directly (no
 `findCaller` stack walk, no `%` formatting: its message is a constant and its values are
@@ -13,10 +13,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from dirmq.server.http import Observe, Request
+from dirmq.server.http import Request
 
 ACCESS_LOGGER = "dirmq.access"
 AUTH_LOGGER = "dirmq.auth"
@@ -24,26 +24,6 @@ AUTH_FAILURES = {401: "unauthenticated", 403: "forbidden"}
 _new_record = object.__new__
 AUTH_WINDOW_S = 60.0  # at most one line per peer and kind in this long
 MAX_AUTH_KEYS = 10_000  # peers remembered at once; beyond, the rest share one entry
-
-
-def combine(observers: Sequence[Observe | None]) -> Observe | None:
-    """One observer telling each of `observers` in turn (None when there are none: the runtime
-    then skips observing altogether). An observer that fails does not stop the others."""
-    present = [o for o in observers if o is not None]
-    if not present:
-        return None
-    if len(present) == 1:
-        return present[0]
-    log = logging.getLogger("dirmq.server")
-
-    def observe_all(request: Request, status: int, sent: int, seconds: float) -> None:
-        for observe in present:
-            try:
-                observe(request, status, sent, seconds)
-            except Exception:
-                log.exception("observing %s %s failed", request.method, request.path)
-
-    return observe_all
 
 
 class AccessLog:
