@@ -10,7 +10,7 @@ import base64
 import hashlib
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from dirmq.sqs import message_attributes as attrs
@@ -128,6 +128,7 @@ attribute_maps = st.dictionaries(names, attribute(), max_size=10)
 
 
 @given(attribute_maps, st.none() | st.just("Root=1-5759e988-bd862e3fe1be46a994272793"))
+@example({"A": attrs.Attribute("String", "x\x7fy")}, None)  # DEL: no header may carry it
 def test_attributes_round_trip_through_headers(
     attributes: dict[str, attrs.Attribute], trace: str | None
 ) -> None:

@@ -328,6 +328,7 @@ def _plain_string(attribute: Attribute) -> bool:
         and isinstance(value, str)
         and "\n" not in value
         and "\r" not in value
+        and "\x7f" not in value  # DEL: SQS allows it, an HTTP header value does not
         and value == value.strip(" \t")
     )
 
