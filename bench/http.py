@@ -1747,12 +1747,12 @@ def bench_getack(ctx: Context) -> None:
     redis = ctx.redis
     sizes = ctx.sizes
 
-    def dirmq_getack(r: int, prefill: bool = True) -> Trial:
+    def dirmq_getack(r: int, prefill: bool = True, on: DirmqServer = server) -> Trial:
         name = f"getack-{r}"
         if prefill:
-            prefill_dirmq(ctx, server, name, sizes.dirmq_prefill)
+            prefill_dirmq(ctx, on, name, sizes.dirmq_prefill)
         spec = {"script": "getack", "queue": name, "max_ops": int(sizes.dirmq_prefill * 0.9)}
-        return ctx.load(server, spec, CONNECTIONS)
+        return ctx.load(on, spec, CONNECTIONS)
 
     def redis_move_remove(r: int) -> Trial:
         key, processing = f"ga-{r}", f"ga-{r}-processing"
@@ -1814,6 +1814,16 @@ def bench_getack(ctx: Context) -> None:
         lambda: dirmq_getack(sizes.rounds, prefill=False),
         lambda: prefill_dirmq(ctx, server, f"getack-{sizes.rounds}", sizes.dirmq_prefill),
     )
+    # The configuration issue 18 measured (`serve --workers 2`): profiled only, not in the table.
+    if ctx.profile_dir is not None:
+        w2 = ctx.dirmq("disk-w2", "disk", 2)
+        profile_trial(
+            ctx,
+            "getack-w2",
+            w2,
+            lambda: dirmq_getack(sizes.rounds + 1, prefill=False, on=w2),
+            lambda: prefill_dirmq(ctx, w2, f"getack-{sizes.rounds + 1}", sizes.dirmq_prefill),
+        )
 
 
 # -- 4: held long polls ----------------------------------------------------------------------------
