@@ -30,12 +30,12 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from dirmq.errors import InvalidArgument
+from dirmq.wire.tomlfile import read_toml
 
 ENV_PREFIX = "DIRMQ_"
 CONFIG_ENV = "DIRMQ_CONFIG"
@@ -145,18 +145,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> list[Value]
 def read_file(path: str, settings: tuple[Setting, ...]) -> dict[str, Value]:
     """The settings in the TOML file at `path`, checked; InvalidArgument names the file, the
     line and the key of the first bad one."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise InvalidArgument(f"cannot read the config file {path}: {exc.strerror}") from exc
-    try:
-        text = raw.decode("utf-8")
-        document = tomllib.loads(text)
-    except UnicodeDecodeError as exc:
-        raise InvalidArgument(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidArgument(f"{path}: not valid TOML: {exc}") from exc
+    text, document = read_toml(path, "config file", InvalidArgument)
     by_key = {s.key: s for s in settings}
     found: dict[str, Value] = {}
     spelled: dict[str, str] = {}

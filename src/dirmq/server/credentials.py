@@ -32,13 +32,13 @@ import os
 import re
 import secrets
 import stat
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fnmatch import translate
 from typing import Any
 
 from dirmq.errors import ConfigError
+from dirmq.wire.tomlfile import read_toml
 
 READ, WRITE, ADMIN = "read", "write", "admin"
 PERMISSIONS = (READ, WRITE, ADMIN)
@@ -163,20 +163,7 @@ def load_credentials(path: str | os.PathLike[str]) -> Credentials:
     """The credentials file at `path`; ConfigError names the file, the principal (and its
     line) and what is wrong."""
     where = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read the credentials file {where}: {exc.strerror or exc}"
-        ) from exc
-    try:
-        text = raw.decode("utf-8")
-        data = tomllib.loads(text)
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{where}: not valid TOML: {exc}") from exc
+    text, data = read_toml(path, "credentials file", ConfigError)
     unknown = sorted(set(data) - {"principals", "health", "metrics"})
     if unknown:
         raise ConfigError(

@@ -20,7 +20,7 @@ from typing import Any
 
 from dirmq.server.access import Access
 from dirmq.server.credentials import ADMIN, READ, SEE, WRITE
-from dirmq.sqs.actions.move_tasks import decode_handle
+from dirmq.sqs.actions.move_tasks import task_of_handle
 from dirmq.sqs.context import Context
 from dirmq.sqs.errors import SqsError, missing
 from dirmq.wire import jsondoc
@@ -79,13 +79,7 @@ def authorise(
             _require(access, principal, action, WRITE, _arn(ctx, params, "DestinationArn"))
         return
     if action in BY_TASK_HANDLE:
-        _task_id, source_arn = decode_handle(params.get("TaskHandle"))
-        try:
-            source = ctx.name_from_arn(source_arn, "SourceArn")
-        except SqsError:
-            raise SqsError(
-                "InvalidParameterValue", "Value for parameter TaskHandle is invalid."
-            ) from None
+        _task_id, source = task_of_handle(ctx, params.get("TaskHandle"))
         _require(access, principal, action, ADMIN, source)
         return
     if action not in FILTERED:

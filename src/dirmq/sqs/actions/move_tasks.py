@@ -234,6 +234,18 @@ def decode_handle(handle: object) -> tuple[str, str]:
     return task_id, source_arn
 
 
+def task_of_handle(ctx: Context, handle: object) -> tuple[str, str]:
+    """(task id, source queue name) of a TaskHandle; InvalidParameterValue if it is not one of
+    ours or names no queue of this account."""
+    task_id, source_arn = decode_handle(handle)
+    try:
+        return task_id, ctx.name_from_arn(source_arn, "SourceArn")
+    except SqsError:
+        raise SqsError(
+            "InvalidParameterValue", "Value for parameter TaskHandle is invalid."
+        ) from None
+
+
 # -- the actions ---------------------------------------------------------------------------------
 
 
@@ -364,13 +376,7 @@ async def list_message_move_tasks(ctx: Context, params: Params) -> Result:
 
 @action("CancelMessageMoveTask")
 async def cancel_message_move_task(ctx: Context, params: Params) -> Result:
-    task_id, source_arn = decode_handle(params.get("TaskHandle"))
-    try:
-        source = ctx.name_from_arn(source_arn, "SourceArn")
-    except SqsError:
-        raise SqsError(
-            "InvalidParameterValue", "Value for parameter TaskHandle is invalid."
-        ) from None
+    task_id, source = task_of_handle(ctx, params.get("TaskHandle"))
     if not await ctx.broker.call(ctx.broker.store.exists, source):
         raise _not_found("SourceArn")
     tasks = tasks_of(ctx.broker)
