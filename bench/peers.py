@@ -150,12 +150,12 @@ SUBJECTS = (
     Subject("publish", "dirmq", "post", "dirmq POST, 201 after fsync"),
     Subject("publish", "rabbitmq", "confirm", "RabbitMQ publish + confirm"),
     Subject("publish", "redis", "lpush", "Redis LPUSH (always)"),
-    Subject("publish", "nats", "js", "NATS JS publish + PubAck"),
+    Subject("publish", "nats", "js", "NATS JS publish + PubAck, fsync 2 min"),
     Subject("consume", "dirmq", "getack", "dirmq GET + DELETE per message"),
     Subject("consume", "dirmq", "stream", "dirmq stream, ack each", "stream"),
     Subject("consume", "rabbitmq", "ack", "RabbitMQ prefetch 50, ack each"),
     Subject("consume", "redis", "lmove", "Redis LMOVE + LREM"),
-    Subject("consume", "nats", "fetch", "NATS fetch 50, ack each"),
+    Subject("consume", "nats", "fetch", "NATS fetch 50, ack each, fsync 2 min"),
     Subject("consume-batch", "dirmq", "batchack", "dirmq GET max=50 + POST ack", "batchack"),
     Subject("consume-batch", "dirmq", "sqs", "dirmq SQS Receive 10 + DeleteBatch"),
     Subject(
@@ -167,7 +167,7 @@ SUBJECTS = (
     Subject("latency", "dirmq", "stream", "dirmq stream", "stream"),
     Subject("latency", "rabbitmq", "ack", "RabbitMQ consumer"),
     Subject("latency", "redis", "blmove", "Redis BLMOVE + LREM"),
-    Subject("latency", "nats", "fetch", "NATS fetch 1"),
+    Subject("latency", "nats", "fetch", "NATS fetch 1, fsync 2 min"),
 )
 
 
