@@ -11,6 +11,7 @@ import sys
 import time
 
 import dirmq
+from dirmq.store import pool
 
 
 def body_for(n: int) -> bytes:
@@ -24,13 +25,18 @@ def well_formed(body: bytes) -> bool:
 
 
 def ack_some(root: str, queue: str, count: int, then: str) -> None:
-    """Lease and ack `count` messages (filling this process's own pool), print "acked", then
-    exit normally (`then` = "exit") or hang until SIGKILLed ("hang")."""
+    """Lease and ack `count` messages (filling this process's own pool), wait until the reaper
+    blanked them, print "acked", then exit normally (`then` = "exit") or hang until SIGKILLed
+    ("hang"); with "unreaped", the reaper is stopped first: the acked files stay unblanked in
+    the pool, as when a process is killed right after its acks, then it hangs."""
     q = dirmq.Store(root).queue(queue)
-    for message in q.get(count):
-        q.ack(message.receipt or "")
+    if then == "unreaped":
+        pool._reaper.stop(timeout_s=5.0)
+    q.ack_many([message.receipt or "" for message in q.get(count)])
+    if then != "unreaped":
+        assert pool.wait_reaped(10)
     print("acked", flush=True)
-    if then == "hang":
+    if then in ("hang", "unreaped"):
         time.sleep(600)
 
 
