@@ -58,9 +58,20 @@ def churn(root: str, queue: str) -> None:
             print("acked", message.id, flush=True)
 
 
+def drain(root: str, queue: str) -> None:
+    """Lease and ack 20 messages at a time until killed; prints "acked <ids>" once each
+    ack_many returned (so every id printed was acknowledged)."""
+    q = dirmq.Store(root).queue(queue)
+    while True:
+        got = q.get(20, wait_s=1.0)
+        failures = q.ack_many([m.receipt or "" for m in got])
+        print("acked", *(m.id for m in got if (m.receipt or "") not in failures), flush=True)
+
+
 ROLES = {
     "ack_some": lambda a: ack_some(a[0], a[1], int(a[2]), a[3]),
     "churn": lambda a: churn(a[0], a[1]),
+    "drain": lambda a: drain(a[0], a[1]),
 }
 
 if __name__ == "__main__":
