@@ -89,6 +89,7 @@ DEFAULT_POOL_FILES = 1024
 OWN_POOL_FILES = 256
 MAX_UNREAPED = 1024  # retired files waiting for the reaper; beyond, retirements unlink at once
 REAP_BATCH = 64  # files the reaper handles per pool before it looks at the others again
+REAP_GATHER_S = 0.002  # the reaper, woken, waits this long for more work to do at once
 RELIST_INTERVAL_S = 1.0  # after a listing of @free that found nothing
 SHORT_FREE_FRACTION = 0.05  # less free space or inodes than this: retired files are unlinked
 SPACE_CHECK_INTERVAL_S = 1.0
@@ -323,7 +324,6 @@ class _Reaper:
 
     def _run(self) -> None:
         while not self.stopping:
-            self.wake.clear()  # before looking: a retirement after this look sets it again
             worked = False
             for pool in list(_own_pools.values()):
                 if self.stopping:
@@ -332,8 +332,14 @@ class _Reaper:
                     worked |= _reap_some(pool, REAP_BATCH, self)
                 except Exception:  # a bug: the files stay for reclaim_pools, retirements unlink
                     log.exception("the recycled-file reaper failed on %s", pool.dir)
-            if not worked:
+            if worked:
+                continue
+            self.wake.clear()  # before the last look: a retirement after it sets it again
+            if not any(p.unreaped for p in list(_own_pools.values())):
                 self.wake.wait()
+                # Let the acks of a burst gather: one wake-up (and one turn of the GIL) for
+                # many files, instead of one per ack.
+                time.sleep(REAP_GATHER_S)
 
     def stop(self, timeout_s: float) -> None:
         """Stop the thread (after its current batch); the caller reaps what is left."""
@@ -591,6 +597,30 @@ class FilePool:
     def _retire_own(self, own: _OwnPool, path: str, message_id: str) -> bool:
         """Rename `path` into this process's own pool as `message_id`, for the reaper; False
         (nothing done) if there is no pool directory."""
+        for _attempt in range(2):  # a pool directory removed (by hand?) is made again once
+            handle = self._own_handle(own)
+            if handle is None:
+                return False
+            try:
+                os.rename(path, message_id, dst_dir_fd=handle.fd)
+            except FileNotFoundError:
+                if not os.path.lexists(path):
+                    raise
+                own.forget(handle)
+                continue
+            with own.lock:
+                kept = own.handle is handle
+                if kept:
+                    own.unreaped.append(message_id)
+            if not kept:  # the directory was found gone meanwhile: nobody would reap it
+                _unlink_quietly(message_id, handle)
+                return True
+            _reaper.poke()
+            return True
+        return False
+
+    def _own_handle(self, own: _OwnPool) -> DirHandle | None:
+        """The open own pool directory, made on first use; None if there can be none."""
         with own.lock:
             if own.sink is None:
                 own.sink = self
@@ -600,28 +630,12 @@ class FilePool:
                 except FileExistsError:
                     pass
                 except FileNotFoundError:
-                    return False  # no @free (an older queue, or the queue is going away)
+                    return None  # no @free (an older queue, or the queue is going away)
                 try:
                     own.handle = DirHandle(own.dir)
                 except FileNotFoundError:
-                    return False
-            handle = own.handle
-        try:
-            os.rename(path, message_id, dst_dir_fd=handle.fd)
-        except FileNotFoundError:
-            if not os.path.lexists(path):
-                raise
-            own.forget(handle)  # our directory was removed (by hand?): remade next time
-            return False
-        with own.lock:
-            kept = own.handle is handle
-            if kept:
-                own.unreaped.append(message_id)
-        if not kept:  # the directory was found gone meanwhile: nobody would reap it
-            _unlink_quietly(message_id, handle)
-            return True
-        _reaper.poke()
-        return True
+                    return None
+            return own.handle
 
     def overwrite_own(self, final_path: str, data: bytes) -> PendingFile | None:
         """A file of this process's own pool, overwritten with exactly `data`, to be published
