@@ -419,7 +419,8 @@ def wait_reaped(timeout_s: float) -> bool:
     """Wait until this process's reaper has handled every retired file (for tests, and
     whoever must know the acknowledged bytes are gone); False if `timeout_s` passed first."""
     deadline = time.monotonic() + timeout_s
-    while _reaper.busy or any(p.unreaped for p in list(_own_pools.values())):
+    # In this order: a batch is taken out of `unreaped` and marked busy in one lock hold.
+    while any(p.unreaped for p in list(_own_pools.values())) or _reaper.busy:
         if time.monotonic() >= deadline:
             return False
         _reaper.poke()
