@@ -445,7 +445,8 @@ def _forget_own_pools() -> None:
 def release_own_pool(free_dir: str) -> int:
     """Hand this process's own pool in `free_dir` over to the shared pool there; returns how
     many files moved. Files taken by puts in flight are not affected. Unreaped files are reaped
-    first (blanked): nothing unblanked reaches the shared pool. Call with the reaper stopped."""
+    first (blanked): nothing unblanked reaches the shared pool (a batch the reaper has in hand
+    meanwhile goes there blank too, or is unlinked)."""
     pool = _own_pools.get(free_dir)
     if pool is None:
         return 0
