@@ -182,7 +182,7 @@ def test_the_pools_stay_bounded_through_a_long_drain(store: dirmq.Store) -> None
     while got := q.get(100):
         assert q.ack_many([m.receipt or "" for m in got]) == {}
         largest = max(largest, len(os.listdir(own_pool(q))))
-    assert largest <= pool.OWN_POOL_FILES + pool.MAX_UNREAPED
+    assert largest <= pool.OWN_POOL_FILES + pool.MAX_UNREAPED  # one thread acks: no more
     assert pool.wait_reaped(10)
     assert len(os.listdir(own_pool(q))) == pool.OWN_POOL_FILES
     assert len(shared_files(q)) == pool.DEFAULT_POOL_FILES  # the rest, 3,720, unlinked

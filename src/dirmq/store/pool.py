@@ -87,7 +87,7 @@ from dirmq.store.fsio import DirHandle, PendingFile, overwrite_pending
 MAX_RECYCLED_BYTES = 64 * 1024
 DEFAULT_POOL_FILES = 1024
 OWN_POOL_FILES = 256
-MAX_UNREAPED = 1024  # retired files waiting for the reaper; beyond, retirements unlink at once
+MAX_UNREAPED = 1024  # retired files waiting for the reaper (in hand too); then retirements unlink
 REAP_BATCH = 64  # files the reaper handles per pool before it looks at the others again
 REAP_GATHER_S = 0.002  # the reaper, woken, waits this long for more work to do at once
 RELIST_INTERVAL_S = 1.0  # after a listing of @free that found nothing
@@ -283,6 +283,11 @@ class _OwnPool:
     # Bumped whenever the pool is emptied (space, a vanished directory): what the reaper had in
     # hand then is not kept, nor handed to the shared pool that was emptied too.
     epoch: int = 0
+    in_hand: int = 0  # files taken out of `unreaped` that the reaper has not handled yet
+
+    def behind(self) -> int:
+        """How many retired files wait for the reaper (read without the lock: an estimate)."""
+        return len(self.unreaped) + self.in_hand
 
     def forget(self, handle: DirHandle) -> None:
         """The directory behind `handle` is gone: drop what we knew of it (once)."""
@@ -365,12 +370,19 @@ def _reap_some(pool: _OwnPool, limit: int | None, reaper: _Reaper | None) -> boo
         else:
             batch, pool.unreaped = pool.unreaped[:limit], pool.unreaped[limit:]
         handle, sink, epoch = pool.handle, pool.sink, pool.epoch
+        pool.in_hand += len(batch)
         if reaper is not None:
             reaper.busy = True
+    left = len(batch)
     try:
         for name in batch:
             _reap_one(pool, handle, sink, name, epoch)
+            left -= 1
+            with pool.lock:
+                pool.in_hand -= 1
     finally:
+        with pool.lock:
+            pool.in_hand -= left
         if reaper is not None:
             reaper.busy = False
     return True
@@ -554,7 +566,7 @@ class FilePool:
             os.unlink(path)  # no space to spare
             return
         own = _own_pool(self.dir)
-        if len(own.unreaped) >= MAX_UNREAPED:
+        if own.behind() >= MAX_UNREAPED:
             os.unlink(path)  # the reaper is behind: the pool must not grow without bound
             return
         try:
