@@ -598,15 +598,16 @@ class FilePool:
         self._space_checked_at = time.monotonic()
         return drop_own_pools() + self.trim(keep=0)
 
+    # `full` and `known_more` take no lock: the reaper calls them, and a child forked while it
+    # held this pool's lock would inherit the lock held for good. len() and append() are atomic
+    # (an append racing a relist that replaces the list is lost: `_known` is an estimate).
     def full(self) -> bool:
         """Whether the shared pool holds `capacity` files, as far as this process knows."""
-        with self._lock:
-            return len(self._known) >= self._capacity
+        return len(self._known) >= self._capacity
 
     def known_more(self, name: str) -> None:
         """This process put `name` into the shared pool."""
-        with self._lock:
-            self._known.append(name)
+        self._known.append(name)
 
     def _retire_own(self, own: _OwnPool, path: str, message_id: str) -> bool:
         """Rename `path` into this process's own pool as `message_id`, for the reaper; False
