@@ -151,17 +151,25 @@ class Queue:
     def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]:
         """Ack several receipts; returns the failures by receipt (empty when all succeeded).
         A `StorageError` is raised instead, once every receipt has been tried."""
-        failures = leasing.ack_each(self._view, receipts)
-        for failure in failures.values():
-            if isinstance(failure, StorageError):
-                raise failure
-        return failures
+        return _raise_storage_errors(leasing.ack_each(self._view, receipts))
 
     def ack_each(self, receipts: Iterable[str]) -> dict[str, Exception]:
         """`ack_many` that returns a `StorageError` by receipt too: for a caller that acks for
         several clients at once (the server), so each learns its own outcome (every receipt
         not in the result was acknowledged, even when others failed)."""
         return leasing.ack_each(self._view, receipts)
+
+    def extend_many(self, receipts: Iterable[str], visibility_s: float) -> dict[str, Exception]:
+        """Heartbeat several leases at once: each now ends `visibility_s` from now (receipts
+        stay valid). Returns the failures by receipt (`StaleReceipt` for a lease that expired
+        or was settled, `InvalidArgument` for what is no receipt); empty when all were
+        extended. A `StorageError` is raised instead, once every receipt has been tried.
+        `InvalidArgument` at once for a bad `visibility_s`."""
+        return _raise_storage_errors(leasing.extend_each(self._view, receipts, visibility_s))
+
+    def extend_each(self, receipts: Iterable[str], visibility_s: float) -> dict[str, Exception]:
+        """`extend_many` that returns a `StorageError` by receipt too (see `ack_each`)."""
+        return leasing.extend_each(self._view, receipts, visibility_s)
 
     # -- by id -------------------------------------------------------------------------------------
     def delete(self, message_id: str) -> bool:
@@ -277,3 +285,12 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"<dirmq.Queue {self.name!r} at {self.path!r}>"
+
+
+def _raise_storage_errors(failures: dict[str, Exception]) -> dict[str, Exception]:
+    """`failures`, or the first `StorageError` among them raised (the storage failed, not
+    the receipt: the caller retries the whole lot)."""
+    for failure in failures.values():
+        if isinstance(failure, StorageError):
+            raise failure
+    return failures
