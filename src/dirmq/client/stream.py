@@ -121,7 +121,7 @@ class Consumer:
         self._first_ack_at = 0.0
         self._parts: list[bytes] = []  # a message arriving in several frames
         self._ended: BaseException | None = None  # why no more messages come
-        self._closed = False
+        self._closed = True  # until connected
         query = {"prefetch": str(prefetch)}
         if visibility_s is not None:
             query["visibility"] = p.seconds(visibility_s)
@@ -132,6 +132,7 @@ class Consumer:
         except BaseException:
             self._sock.close()
             raise
+        self._closed = False
         self._sock.settimeout(None)
 
     # -- iteration ----------------------------------------------------------------------------
@@ -257,7 +258,7 @@ class Consumer:
         self.close()
 
     def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
+        if not getattr(self, "_closed", True):  # (an object whose __init__ failed has none)
             self._sock.close()
 
     # -- inside -------------------------------------------------------------------------------

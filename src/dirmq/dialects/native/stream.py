@@ -10,6 +10,9 @@ call per batch (`_AckLine`); a settlement that fails is reported back to its ses
 WebSocket closes, for whatever reason (the client left, was killed, broke the protocol, or the
 server stops), every delivery still unacknowledged is given back at once, as AMQP requeues on
 channel close: another consumer gets it without waiting for its lease to expire.
+
+Why it is long: a session's bookkeeping (tags, receipts, credit, the push loop, give-back) and
+the per-queue ack line that reports failures back to sessions change together.
 """
 
 from __future__ import annotations
