@@ -4,6 +4,7 @@ SIGKILLed in a subprocess, TLS, credentials, shutdown."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import os
@@ -29,7 +30,7 @@ from wsproto.events import (
 
 import dirmq
 from dirmq import errors
-from dirmq.client import RemoteStore
+from dirmq.client import AsyncRemoteStore, RemoteStore
 from dirmq.wire import stream as wire
 
 from .servers import REPO, ServerProcess, start_server
@@ -232,6 +233,32 @@ def test_a_missing_queue_and_bad_parameters_are_refused_before_the_upgrade(
         store.queue("nosuch-stream").consume()
     with pytest.raises(errors.InvalidArgument, match="prefetch"):
         _fresh(store, "params").consume(prefetch=5000)
+
+
+def test_the_async_consumer(server: ServerProcess, store: RemoteStore) -> None:
+    queue = _fresh(store, "async", 30)
+
+    async def main() -> list[bytes]:
+        got = []
+        async with AsyncRemoteStore(server.url, timeout_s=10) as remote:
+            async with (await remote.queue("async")).consume(prefetch=8) as consumer:
+                async for message in consumer:
+                    got.append(message.body)
+                    await consumer.ack(message)
+                    if len(got) == 30:
+                        break
+                assert await consumer.get(timeout_s=0.2) is None
+            consumer = await (await remote.queue("async")).consume()
+            queue.put(b"late")
+            message = await consumer.get(timeout_s=5)
+            assert message is not None
+            await consumer.nack(message, delay_s=0)
+            await consumer.aclose()
+        return got
+
+    assert asyncio.run(main()) == [b"%d" % i for i in range(30)]
+    stats = _settled(queue)
+    assert (stats.ready, stats.in_flight) == (1, 0)
 
 
 # -- what the Python client never sends: a raw WebSocket ---------------------------------------

@@ -17,6 +17,7 @@ list, with an optional `delay` in seconds) and `credit` (a number of further del
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from dirmq.errors import InvalidArgument
@@ -65,20 +66,20 @@ def decode_delivery(payload: bytes) -> tuple[int, Message]:
 
 
 def encode_settle(
-    ack: list[int | str] | None = None,
+    ack: Sequence[int | str] | None = None,
     ack_through: int | None = None,
-    nack: list[int | str] | None = None,
+    nack: Sequence[int | str] | None = None,
     credit: int | None = None,
     delay: float | None = None,
 ) -> str:
     """A client's text message (the keys given)."""
     document: dict[str, object] = {}
     if ack:
-        document["ack"] = ack
+        document["ack"] = list(ack)
     if ack_through is not None:
         document["ack_through"] = ack_through
     if nack:
-        document["nack"] = nack
+        document["nack"] = list(nack)
         if delay:
             document["delay"] = delay
     if credit:
