@@ -211,6 +211,16 @@ def test_a_waiting_consumer_is_woken_by_a_publish(store: RemoteStore) -> None:
         consumer.ack(message)
 
 
+def test_deleting_the_queue_ends_its_streams_with_the_error(store: RemoteStore) -> None:
+    queue = _fresh(store, "doomed")
+    with queue.consume() as consumer:
+        assert consumer.get(timeout_s=0.2) is None  # waiting on the empty queue
+        store.delete_queue("doomed")
+        with pytest.raises(errors.QueueNotFound):
+            consumer.get(timeout_s=5)
+        assert consumer.closed
+
+
 def test_a_large_body_streams_whole(store: RemoteStore) -> None:
     queue = _fresh(store, "large")
     body = os.urandom(1024 * 1024)

@@ -11,6 +11,10 @@ A `Consumer` belongs to one thread. Acks are buffered and sent together: before 
 blocks on its socket for more messages, once half the prefetch is buffered, at the first call
 after `ACK_DELAY_S`, by `flush()`, and on `close()`. Closing (or the process dying) gives every
 message it still holds back to the queue at once.
+
+Why it is long: the protocol's client side is one sans-I/O core (`_Core`: handshake, frames,
+tags, buffered acks) with two I/O shells over it, the blocking `Consumer` and `AsyncConsumer`;
+apart, the shells would import the core's private state back.
 """
 
 from __future__ import annotations
