@@ -44,13 +44,17 @@ INVALID_DATA = 1007
 POLICY_VIOLATION = 1008
 TOO_BIG = 1009
 INTERNAL_ERROR = 1011
+IDLE = 4408  # as HTTP's 408: nothing heard from the client for too long
 
 
 @dataclass(frozen=True, slots=True)
 class WebSocketLimits:
     max_message_bytes: int = 1024 * 1024  # a whole message from the client (its acks)
-    ping_interval_s: float = 20.0  # silence from the client this long: ping it
-    idle_timeout_s: float = 60.0  # silence this long (no pong either): close
+    ping_interval_s: float = 30.0  # silence from the client this long: ping it
+    # Silence this long (no pong either): close. Long, since a client answers pings only when it
+    # reads (a blocking consumer busy with a message does not); a dead process is seen at once
+    # (its socket closes), and what a vanished host held comes back when its leases end.
+    idle_timeout_s: float = 600.0
 
 
 def is_websocket(request: Request) -> bool:
@@ -285,7 +289,7 @@ class WebSocket:
         """Every ping interval: ping a silent peer; close one silent for too long."""
         silent = self._loop.time() - self.last_heard
         if silent >= self._limits.idle_timeout_s:
-            self.close(GOING_AWAY, f"nothing heard from the client for {silent:.0f} s")
+            self.close(IDLE, f"RequestTimeout: nothing heard from the client for {silent:.0f} s")
             return
         if silent >= self._limits.ping_interval_s and self.open:
             self._write(self._ws.send(Ping(b"dirmq")))
