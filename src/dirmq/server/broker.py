@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from dirmq.errors import DirmqError, QueueFull, StaleReceipt, StorageError
+from dirmq.errors import DirmqError, InvalidArgument, QueueFull, StaleReceipt, StorageError
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
 
 T = TypeVar("T")
@@ -291,6 +291,39 @@ class Broker:
             acker = self._ackers[queue.name] = _Batcher(self, queue, "ack")
         await asyncio.shield(acker.submit(receipt))
 
+    async def ack_many(self, queue: Queue, receipts: list[str]) -> dict[str, Exception]:
+        """Acknowledge `receipts` (duplicates once) in one pool call and one store call; the
+        failures by receipt (a `StorageError` among them too: see `Queue.ack_each`). Every
+        receipt not in the result was acknowledged."""
+        distinct = list(dict.fromkeys(receipts))
+        if not distinct:
+            return {}
+        failures = await self.call(queue.ack_each, distinct)
+        if len(failures) < len(distinct):
+            self.tell(self.counts.acked, len(distinct) - len(failures))
+        return failures
+
+    async def extend_many(
+        self, queue: Queue, receipts: list[str], visibility_s: float
+    ) -> dict[str, Exception]:
+        """Extend the leases behind `receipts` to end `visibility_s` from now, in one pool call
+        and one store call; the failures by receipt, as `ack_many`."""
+        distinct = list(dict.fromkeys(receipts))
+        if not distinct:
+            return {}
+        return await self.call(queue.extend_each, distinct, visibility_s)
+
+    async def nack_many(
+        self, queue: Queue, receipts: list[str], delay_s: float = 0.0
+    ) -> dict[str, Exception]:
+        """Give the messages behind `receipts` back (ready after `delay_s`), in one pool call;
+        the failures by receipt, as `ack_many`. The store has no batch of nacks (a nack is
+        rarer than an ack): one `Queue.nack` each, in that one call."""
+        distinct = list(dict.fromkeys(receipts))
+        if not distinct:
+            return {}
+        return await self.call(_nack_each, queue, distinct, delay_s)
+
     def _give_back_later(self, queue: Queue, done: asyncio.Future[list[Message]]) -> None:
         if done.cancelled() or done.exception() is not None or not done.result():
             return
@@ -314,6 +347,16 @@ def _expire(future: asyncio.Future[list[Message]]) -> None:
     """A long poll's wait is over: it answers empty (unless messages got there first)."""
     if not future.done():
         future.set_result([])
+
+
+def _nack_each(queue: Queue, receipts: list[str], delay_s: float) -> dict[str, Exception]:
+    failures: dict[str, Exception] = {}
+    for receipt in receipts:
+        try:
+            queue.nack(receipt, delay_s)
+        except (StaleReceipt, InvalidArgument, StorageError) as exc:
+            failures[receipt] = exc
+    return failures
 
 
 def _nack_quietly(queue: Queue, receipt: str) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
-from dirmq.errors import StorageError
+from dirmq.errors import InvalidArgument, StaleReceipt, StorageError
 from dirmq.store import claims, leasing, lookup, maintenance
 from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import Durability, QueueConfig
@@ -162,6 +162,31 @@ class Queue:
         several clients at once (the server), so each learns its own outcome (every receipt
         not in the result was acknowledged, even when others failed)."""
         return leasing.ack_each(self._view, receipts)
+
+    # TODO(storeack): replaced by the store's `Queue.extend_many` / `extend_each` (one lock and
+    # one sync per chunk); these thin loops only give the server and the clients the same API
+    # until that lands.
+    def extend_many(self, receipts: Iterable[str], visibility_s: float) -> dict[str, Exception]:
+        """Heartbeat several leases at once: each now ends `visibility_s` from now (receipts
+        stay valid). Returns the failures by receipt (`StaleReceipt`, `InvalidArgument`); a
+        `StorageError` is raised instead, once every receipt has been tried. `InvalidArgument`
+        at once for a bad `visibility_s`."""
+        failures = self.extend_each(receipts, visibility_s)
+        for failure in failures.values():
+            if isinstance(failure, StorageError):
+                raise failure
+        return failures
+
+    def extend_each(self, receipts: Iterable[str], visibility_s: float) -> dict[str, Exception]:
+        """`extend_many` that returns a `StorageError` by receipt too (see `ack_each`)."""
+        check_optional_seconds("visibility_s", visibility_s)
+        failures: dict[str, Exception] = {}
+        for receipt in receipts:
+            try:
+                leasing.settle(self._view, receipt, "extend", visibility_s)
+            except (StaleReceipt, InvalidArgument, StorageError) as exc:
+                failures[receipt] = exc
+        return failures
 
     # -- by id -------------------------------------------------------------------------------------
     def delete(self, message_id: str) -> bool:

@@ -11,6 +11,7 @@ Permissions by route (the Router has authenticated the request already):
     GET /{queue}/messages          read (a receive, or ?peek=1)
     DELETE /{queue}/messages       admin (purge)
     GET, DELETE /{queue}/messages/{ref}, POST .../{receipt}/{action}    read
+    POST /{queue}/messages/ack|nack|extend (many receipts at once)       read
     /health, /metrics              as the credentials file says; /openapi.json: any principal
 """
 
@@ -45,6 +46,7 @@ NEEDS: dict[tuple[str, str], str] = {
     ("message", "GET"): READ,
     ("message", "DELETE"): READ,
     ("action", "POST"): READ,
+    ("batch", "POST"): READ,
 }
 
 
