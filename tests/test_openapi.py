@@ -249,6 +249,10 @@ CASES = [
     Case("nack", 204, params={"delay": "100ms"}, lease=True),
     Case("extend", 204, params={"visibility": "1m"}, lease=True),
     Case("deadLetter", 204, lease=True),
+    Case("ackMany", 200, body=b'{"receipts": ["%s.1", "nonsense"]}' % SOME_ID.encode()),
+    Case("nackMany", 200, body=b'{"receipts": ["%s.1"], "delay": "1s"}' % SOME_ID.encode()),
+    Case("extendMany", 200, body=b'{"receipts": [], "visibility": 30}'),
+    Case("extendMany", 400, body=b'{"receipts": []}'),
     Case("pubsubStats", 200),
     Case(
         "pubsubPublish",
