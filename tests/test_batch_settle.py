@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -205,6 +206,33 @@ def test_routes_query_parameters_and_missing_queues(http: httpx.Client, queue: s
     (receipt,) = leased(http, queue, 1)
     assert http.post(f"/{queue}/messages/{receipt}/extend?visibility=1m").status_code == 204
     assert http.delete(f"/{queue}/messages/{receipt}").status_code == 204
+
+
+def test_pipelined_single_acks_are_answered_in_order(
+    server: ServerProcess, http: httpx.Client, queue: str
+) -> None:
+    """`DELETE /{queue}/messages/{receipt}` (answered without a Task, through the queue's ack
+    line), pipelined with the general kinds of ack: each gets its own answer, in order."""
+    receipts = leased(http, queue, 40)
+    message_id = receipts[1].rsplit(".", 1)[0]
+    paths = [f"/{queue}/messages/{r}" for r in receipts]
+    paths[1] = f"/{queue}/messages/{message_id}"  # by id: the general way
+    paths[2] = f"/{queue}/messages/{message_id}?receipt={receipts[2]}"  # not its receipt: 400
+    paths[3] = f"/{queue}/messages/{receipts[0]}"  # acked just before: stale
+    paths.append(f"/nowhere/q/messages/{receipts[4]}")
+    requests = b"".join(f"DELETE {p} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for p in paths)
+    requests += b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(requests)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    statuses = [int(s) for s in re.findall(rb"^HTTP/1\.1 (\d+)", answer, re.M)]
+    assert statuses == [204, 204, 400, 409, *[204] * 36, 404, 200]
+    assert b'"error": "StaleReceipt"' in answer and b'"error": "QueueNotFound"' in answer
+    counts = stats(http, queue)
+    assert (counts["total"], counts["in_flight"]) == (2, 2), "the 400's and the 409's are left"
 
 
 # -- the Python clients ---------------------------------------------------------------------
