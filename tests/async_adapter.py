@@ -165,6 +165,9 @@ class BlockingAsyncQueue:
     def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]:
         return self._run(self._async.ack_many(receipts))
 
+    def extend_many(self, receipts: Iterable[str], visibility_s: float) -> dict[str, Exception]:
+        return self._run(self._async.extend_many(receipts, visibility_s))
+
     def nack(self, receipt: str, delay_s: float = 0.0) -> None:
         self._run(self._async.nack(receipt, delay_s))
 

@@ -210,6 +210,35 @@ def test_the_body_size_check_tells_nothing_before_permission(http: httpx.Client)
     assert http.post("/billing/small/messages", headers=bearer(OPS), content=big).status_code == 413
 
 
+def test_settling_many_receipts_takes_read(http: httpx.Client) -> None:
+    """`POST /{queue}/messages/ack|nack|extend` needs read, as a single ack does; a refusal
+    comes before the body is looked at, and tells nothing of the queue."""
+    ops, reader = bearer(OPS), bearer(READER)
+    assert http.put("/orders/batch", headers=ops).status_code == 201
+    assert http.post("/orders/batch/messages", headers=ops, content=b"b1").status_code == 201
+    receipt = http.get("/orders/batch/messages", headers=reader).headers["x-receipt"]
+    body = {"receipts": [receipt], "visibility": "1m"}
+    for headers in ({}, bearer(WRONG)):
+        assert http.post(
+            "/orders/batch/messages/extend", headers=headers, json=body
+        ).status_code == (401)
+    for refused in (bearer(KEEPER), bearer(WATCHER)):  # write and admin, but no read
+        answer = http.post("/orders/batch/messages/ack", headers=refused, json=body)
+        assert answer.status_code == 403 and answer.json()["error"] == "AccessDenied"
+        single = http.delete(f"/orders/batch/messages/{receipt}", headers=refused)
+        assert single.status_code == 403, "nor a single ack (its fast path leaves refusals)"
+    first = http.post("/billing/x/messages/ack", headers=reader, content=b"not even JSON")
+    second = http.post("/billing/missing/messages/ack", headers=reader, content=b"not even JSON")
+    assert first.status_code == 403
+    _same_refusal(first, second, ("billing/x", "billing/missing"))
+    assert http.get("/orders/batch", headers=ops).json()["stats"]["in_flight"] == 1, "untouched"
+    extended = http.post("/orders/batch/messages/extend", headers=reader, json=body)
+    assert extended.json() == {"settled": 1, "failed": []}
+    acked = http.post("/orders/batch/messages/ack", headers=reader, json={"receipts": [receipt]})
+    assert acked.json() == {"settled": 1, "failed": []}
+    assert http.get("/orders/batch", headers=ops).json()["stats"]["total"] == 0
+
+
 def test_a_dead_letter_queue_is_written_to(http: httpx.Client) -> None:
     """Naming a dead-letter queue sends messages there: it takes write on it too."""
     keeper = bearer(KEEPER)

@@ -234,3 +234,49 @@ def test_closing_releases_waiting_polls(root: Path) -> None:
         return await asyncio.wait_for(poll, 2)
 
     assert run(main()) == []
+
+
+def test_batch_settles_are_one_store_call_each(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ack_many`, `extend_many`: one call of the store's per-receipt primitive for the whole
+    batch (each receipt once), the failures by receipt, the acks counted."""
+    store = dirmq.Store(root)
+    queue = store.create_queue("settle")
+    queue.put_many([b"m"] * 6)
+    receipts = [m.receipt or "" for m in queue.get(6)]
+    calls: list[tuple[str, list[str]]] = []
+    for name in ("ack_each", "extend_each"):
+        real = getattr(dirmq.Queue, name)
+
+        def recording(
+            self: dirmq.Queue, got: list[str], *args: object, _n: str = name, _real: object = real
+        ) -> dict[str, Exception]:
+            calls.append((_n, list(got)))
+            return _real(self, got, *args)  # type: ignore[operator, no-any-return]
+
+        monkeypatch.setattr(dirmq.Queue, name, recording)
+    acked: list[int] = []
+
+    class Counts:
+        def published(self, count: int) -> None: ...
+        def delivered(self, count: int) -> None: ...
+        def acked(self, count: int) -> None:
+            acked.append(count)
+
+    async def main() -> tuple[dict[str, Exception], ...]:
+        broker = Broker(store, counts=Counts())
+        try:
+            extended = await broker.extend_many(queue, [*receipts, receipts[0], "x"], 60.0)
+            first = await broker.ack_many(queue, [*receipts[:4], receipts[0], "nonsense"])
+            nacked = await broker.nack_many(queue, [receipts[4], receipts[0]])
+            return extended, first, nacked, await broker.ack_many(queue, [])
+        finally:
+            broker.close()
+
+    extended, first, nacked, empty = run(main())  # type: ignore[misc]
+    assert calls == [("extend_each", [*receipts, "x"]), ("ack_each", [*receipts[:4], "nonsense"])]
+    assert list(extended) == ["x"] and list(first) == ["nonsense"]
+    assert list(nacked) == [receipts[0]] and isinstance(nacked[receipts[0]], dirmq.StaleReceipt)
+    assert empty == {}
+    assert acked == [4]
+    stats = queue.stats()
+    assert (stats.ready, stats.in_flight) == (1, 1)

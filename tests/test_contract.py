@@ -165,6 +165,40 @@ def test_extend_of_a_lost_lease_is_stale(transport: LocalTransport) -> None:
         q.extend(message.receipt, 10)
 
 
+def test_ack_many_reports_each_failure_by_receipt(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    q.put_many([b"m"] * 1001)  # one more than a request of the HTTP clients takes
+    got = q.get(1000) + q.get(1000)
+    receipts = [m.receipt for m in got if m.receipt is not None]
+    assert len(receipts) == 1001
+    failures = q.ack_many([*receipts[:500], "nonsense", *receipts[500:]])
+    assert list(failures) == ["nonsense"]
+    assert isinstance(failures["nonsense"], dirmq.InvalidArgument)
+    assert q.stats().total == 0
+    again = q.ack_many(receipts[:2])
+    assert list(again) == receipts[:2]
+    assert all(isinstance(e, dirmq.StaleReceipt) for e in again.values())
+    assert q.ack_many([]) == {}
+
+
+def test_extend_many_keeps_the_leases_and_the_receipts(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    q.put_many([b"a", b"b", b"c"])
+    leased = q.get(3, visibility_s=0.3)
+    receipts = [m.receipt for m in leased if m.receipt is not None]
+    q.ack(receipts[2])
+    failures = q.extend_many([*receipts, "../junk"], 30)
+    assert list(failures) == [receipts[2], "../junk"]
+    assert isinstance(failures[receipts[2]], dirmq.StaleReceipt)
+    assert isinstance(failures["../junk"], dirmq.InvalidArgument)
+    time.sleep(0.4)
+    assert q.get_one() is None, "the extended leases outlived their first 0.3 s"
+    assert q.ack_many(receipts[:2]) == {}, "the receipts stayed valid"
+    assert q.extend_many([], 1) == {}
+    with pytest.raises(dirmq.InvalidArgument):
+        q.extend_many(receipts, -1)
+
+
 def test_delay_hides_then_delivers(transport: LocalTransport) -> None:
     q = transport.make_queue()
     late = q.put(b"late", delay_s=0.4)

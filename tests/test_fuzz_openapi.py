@@ -167,6 +167,9 @@ def steer(case: Case, seeds: Seeds, draw: Callable[[st.SearchStrategy[Any]], Any
             path["ref"] = receipt or draw(st.sampled_from(seeds.ids or [path["ref"]]))
         if "receipt" in path and draw(st.booleans()):
             path["receipt"] = seeds.receipt(queue) or path["receipt"]
+        receipts = case.body.get("receipts") if isinstance(case.body, dict) else None
+        if isinstance(receipts, list) and draw(st.booleans()):  # a batch settle's body
+            receipts.append(seeds.receipt(queue) or "")
     for where in (case.query, case.headers):
         for name in WAIT_PARAMETERS:
             if where and isinstance(where.get(name), str):

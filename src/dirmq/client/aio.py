@@ -138,8 +138,8 @@ class AsyncRemoteStore:
 
 
 class AsyncRemoteQueue:
-    """One queue on a dirmq server; every method is one HTTP request (`ack_many`: one per
-    receipt, in order)."""
+    """One queue on a dirmq server; every method is one HTTP request (`ack_many` and
+    `extend_many`: one per 1000 receipts)."""
 
     def __init__(self, store: AsyncRemoteStore, name: str) -> None:
         p.queue_path(name)  # InvalidName now, as the sync client
@@ -200,12 +200,21 @@ class AsyncRemoteQueue:
         await self._store.request(p.ack_call(self.name, receipt))
 
     async def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]:
-        failures: dict[str, Exception] = {}
-        for receipt in receipts:
-            try:
-                await self.ack(receipt)
-            except (errors.StaleReceipt, errors.InvalidArgument) as exc:
-                failures[receipt] = exc
+        """As `Queue.ack_many`: the failures by receipt (each receipt once). One request per
+        1000 receipts; an error of a whole request (StorageError, QueueNotFound...) is raised
+        at once, and the receipts of later requests are left untouched."""
+        return await self._settle_many(p.settle_many(self.name, "ack", receipts))
+
+    async def extend_many(
+        self, receipts: Iterable[str], visibility_s: float
+    ) -> dict[str, Exception]:
+        """As `Queue.extend_many`, in requests as `ack_many`."""
+        return await self._settle_many(p.settle_many(self.name, "extend", receipts, visibility_s))
+
+    async def _settle_many(self, batch: p.SettleMany) -> dict[str, Exception]:
+        failures = batch.failures
+        for call in batch.calls:
+            failures.update(p.settle_failures(await self._store.request(call)))
         return failures
 
     async def nack(self, receipt: str, delay_s: float = 0.0) -> None:

@@ -1,5 +1,8 @@
 """What the sync and async clients share: building requests and reading answers, as pure
-functions of (method, path, params, headers, body) and (status, headers, body)."""
+functions of (method, path, params, headers, body) and (status, headers, body).
+
+Why it is long: every request of the native API is built, and every answer read, here, one
+small function each; apart, each client would import many modules for what is one protocol."""
 
 from __future__ import annotations
 
@@ -259,12 +262,18 @@ def raise_for(answer: Answer) -> None:
         code, message = str(data.get("error", "")), str(data.get("message", ""))
     except (ValueError, AttributeError):
         code, message = "", answer.body.decode("utf-8", "replace")[:300]
-    error_type = _ERRORS.get(code)
-    if error_type is None:
-        error_type = errors.StorageError if answer.status == 503 else errors.DirmqError
+    fallback = errors.StorageError if answer.status == 503 else errors.DirmqError
+    raise error_named(code, message or f"HTTP {answer.status}", fallback)
+
+
+def error_named(
+    code: str, message: str, fallback: type[errors.DirmqError] = errors.DirmqError
+) -> errors.DirmqError:
+    """The library error the server named `code` (`fallback` for a name it does not know)."""
+    error_type = _ERRORS.get(code, fallback)
     if issubclass(error_type, errors.StorageError):
-        raise error_type(0, message or f"HTTP {answer.status}")
-    raise error_type(message or f"HTTP {answer.status}")
+        return error_type(0, message)
+    return error_type(message)
 
 
 def ref(text: str, *, need_id: bool = False, need_receipt: bool = False) -> str:
@@ -320,6 +329,55 @@ def nack_call(name: str, receipt: str, delay_s: float) -> Call:
 def extend_call(name: str, receipt: str, visibility_s: float) -> Call:
     params = {"visibility": seconds(visibility_s)}
     return Call("POST", _message_path(name, ref(receipt, need_receipt=True), "extend"), params)
+
+
+MAX_SETTLE = 1000  # receipts per batch request: the server's bound
+
+
+@dataclass(slots=True)
+class SettleMany:
+    """A batch settle (`ack_many`, `extend_many`) as requests of at most MAX_SETTLE receipts,
+    and the failures known before any is sent (what is no string never reaches the server)."""
+
+    calls: list[Call]
+    failures: dict[str, Exception]
+
+
+def settle_many(
+    name: str, action: str, receipts: Iterable[str], visibility_s: float | None = None
+) -> SettleMany:
+    """`POST /{queue}/messages/{action}` (ack or extend) for `receipts`, each once."""
+    failures: dict[str, Exception] = {}
+    distinct: list[str] = []
+    for receipt in dict.fromkeys(receipts):
+        if isinstance(receipt, str):
+            distinct.append(receipt)
+        else:  # as the library answers it, without a request
+            failures[receipt] = errors.InvalidArgument(f"not a dirmq receipt: {str(receipt)!r}")
+    document: dict[str, Any] = {}
+    if visibility_s is not None:
+        document["visibility"] = seconds(visibility_s)
+    path = f"{queue_path(name)}/messages/{action}"
+    headers = {"Content-Type": b"application/json"}
+    calls = [
+        Call(
+            "POST", path, headers=headers, body=_settle_body(distinct[i : i + MAX_SETTLE], document)
+        )
+        for i in range(0, len(distinct), MAX_SETTLE)
+    ]
+    return SettleMany(calls, failures)
+
+
+def _settle_body(receipts: list[str], document: dict[str, Any]) -> bytes:
+    return json.dumps({"receipts": receipts, **document}, separators=(",", ":")).encode()
+
+
+def settle_failures(answer: Answer) -> dict[str, Exception]:
+    """The failures by receipt of a batch settle's answer, as the library's errors."""
+    return {
+        str(item["receipt"]): error_named(str(item["error"]), str(item["message"]))
+        for item in answer.json()["failed"]
+    }
 
 
 def dead_letter_call(name: str, receipt: str) -> Call:

@@ -126,8 +126,9 @@ class RemoteStore:
 
 
 class RemoteQueue:
-    """One queue on a dirmq server; every method is one HTTP request (`ack_many`: one per
-    receipt, in order), except iteration and `consume`: a stream (`dirmq.client.stream`).
+    """One queue on a dirmq server; every method is one HTTP request (`ack_many` and
+    `extend_many`: one per 1000 receipts), except iteration and `consume`: a stream
+    (`dirmq.client.stream`).
 
     Iterating (`for message in queue:`) streams: one WebSocket with `prefetch` 100, the server
     pushing messages as they come (blocking while the queue is empty); `queue.ack(receipt)` and
@@ -208,12 +209,19 @@ class RemoteQueue:
         self._store.request(p.ack_call(self.name, receipt))
 
     def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]:
-        failures: dict[str, Exception] = {}
-        for receipt in receipts:
-            try:
-                self.ack(receipt)
-            except (errors.StaleReceipt, errors.InvalidArgument) as exc:
-                failures[receipt] = exc
+        """As `Queue.ack_many`: the failures by receipt (each receipt once). One request per
+        1000 receipts; an error of a whole request (StorageError, QueueNotFound...) is raised
+        at once, and the receipts of later requests are left untouched."""
+        return self._settle_many(p.settle_many(self.name, "ack", receipts))
+
+    def extend_many(self, receipts: Iterable[str], visibility_s: float) -> dict[str, Exception]:
+        """As `Queue.extend_many`, in requests as `ack_many`."""
+        return self._settle_many(p.settle_many(self.name, "extend", receipts, visibility_s))
+
+    def _settle_many(self, batch: p.SettleMany) -> dict[str, Exception]:
+        failures = batch.failures
+        for call in batch.calls:
+            failures.update(p.settle_failures(self._store.request(call)))
         return failures
 
     def nack(self, receipt: str, delay_s: float = 0.0) -> None:

@@ -286,10 +286,53 @@ class Broker:
     async def ack(self, queue: Queue, receipt: str) -> None:
         """Acknowledge, sharing one pool call with every ack of the queue that arrives while
         the previous batch is being applied (one thread, no lock contention)."""
+        await asyncio.shield(self._acker(queue).submit(receipt))
+
+    def ack_nowait(
+        self, queue: Queue, receipt: str, settle: Callable[[BaseException | None], None]
+    ) -> None:
+        """`ack` without a coroutine, into the same line: `settle` gets None (acknowledged) or
+        the error, on the event loop."""
+        future = self._acker(queue).submit(receipt)
+        future.add_done_callback(functools.partial(_report_ack, settle))
+
+    def _acker(self, queue: Queue) -> _Batcher:
         acker = self._ackers.get(queue.name)
         if acker is None or acker.queue is not queue:
             acker = self._ackers[queue.name] = _Batcher(self, queue, "ack")
-        await asyncio.shield(acker.submit(receipt))
+        return acker
+
+    async def ack_many(self, queue: Queue, receipts: list[str]) -> dict[str, Exception]:
+        """Acknowledge `receipts` (duplicates once) in one pool call and one store call; the
+        failures by receipt (a `StorageError` among them too: see `Queue.ack_each`). Every
+        receipt not in the result was acknowledged."""
+        distinct = list(dict.fromkeys(receipts))
+        if not distinct:
+            return {}
+        failures = await self.call(queue.ack_each, distinct)
+        if len(failures) < len(distinct):
+            self.tell(self.counts.acked, len(distinct) - len(failures))
+        return failures
+
+    async def extend_many(
+        self, queue: Queue, receipts: list[str], visibility_s: float
+    ) -> dict[str, Exception]:
+        """Extend the leases behind `receipts` to end `visibility_s` from now, in one pool call
+        and one store call; the failures by receipt, as `ack_many`."""
+        distinct = list(dict.fromkeys(receipts))
+        if not distinct:
+            return {}
+        return await self.call(queue.extend_each, distinct, visibility_s)
+
+    async def nack_many(
+        self, queue: Queue, receipts: list[str], delay_s: float = 0.0
+    ) -> dict[str, Exception]:
+        """Give the messages behind `receipts` back (ready after `delay_s`), in one pool call;
+        the failures by receipt, as `ack_many`."""
+        distinct = list(dict.fromkeys(receipts))
+        if not distinct:
+            return {}
+        return await self.call(queue.nack_each, distinct, delay_s)
 
     def _give_back_later(self, queue: Queue, done: asyncio.Future[list[Message]]) -> None:
         if done.cancelled() or done.exception() is not None or not done.result():
@@ -314,6 +357,10 @@ def _expire(future: asyncio.Future[list[Message]]) -> None:
     """A long poll's wait is over: it answers empty (unless messages got there first)."""
     if not future.done():
         future.set_result([])
+
+
+def _report_ack(settle: Callable[[BaseException | None], None], done: asyncio.Future[Any]) -> None:
+    settle(asyncio.CancelledError() if done.cancelled() else done.exception())
 
 
 def _nack_quietly(queue: Queue, receipt: str) -> None:

@@ -139,6 +139,13 @@ class Queue:
         check_optional_seconds("delay_s", delay_s)
         leasing.settle(self._view, receipt, "nack", delay_s)
 
+    def nack_each(self, receipts: Iterable[str], delay_s: float = 0.0) -> dict[str, Exception]:
+        """Give several messages back (`nack` of each, one lock and one index sync per chunk);
+        the failures by receipt, a `StorageError` among them too (see `ack_each`): a consumer
+        stream that closes gives back everything it held in one call."""
+        check_optional_seconds("delay_s", delay_s)
+        return leasing.settle_each(self._view, receipts, "nack", delay_s)
+
     def extend(self, receipt: str, visibility_s: float) -> None:
         """Heartbeat: the lease now ends `visibility_s` from now. The receipt stays valid."""
         check_optional_seconds("visibility_s", visibility_s)

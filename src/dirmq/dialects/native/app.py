@@ -11,6 +11,7 @@ Permissions by route (the Router has authenticated the request already):
     GET /{queue}/messages          read (a receive, or ?peek=1, or a stream: `stream.py`)
     DELETE /{queue}/messages       admin (purge)
     GET, DELETE /{queue}/messages/{ref}, POST .../{receipt}/{action}    read
+    POST /{queue}/messages/ack|nack|extend (many receipts at once)       read
     /health, /metrics              as the credentials file says; /openapi.json: any principal
 """
 
@@ -41,6 +42,7 @@ from dirmq.server.http import (
 from dirmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dirmq.server.metrics import Metrics
 from dirmq.server.websocket import is_websocket
+from dirmq.store.layout import parse_receipt
 
 ROUTE_CACHE = 4096  # paths without a message reference, parsed and validated once
 
@@ -55,6 +57,7 @@ NEEDS: dict[tuple[str, str], str] = {
     ("message", "GET"): READ,
     ("message", "DELETE"): READ,
     ("action", "POST"): READ,
+    ("batch", "POST"): READ,
 }
 
 
@@ -92,10 +95,13 @@ class NativeApp(Dialect):
         return response
 
     def fast(self, request: Request, respond: Respond) -> Response | Later | None:
-        """A publish answered without a Task (see `http.FastHandler`): read as `publish` reads
-        it, handed to the queue's line, answered when stored. Anything else, every error (left
+        """A publish, or an ack by receipt, answered without a Task (see `http.FastHandler`):
+        a publish read as `publish` reads it, handed to the queue's line, answered when stored;
+        an ack handed to the queue's ack line (`_fast_ack`). Anything else, every error (left
         to `__call__` to report) and a queue with a capacity (whose waits need a Task that the
         client's leaving can cancel) go the general way."""
+        if request.method == "DELETE":
+            return self._fast_ack(request, respond)
         if request.method != "POST":
             return None
         try:
@@ -127,6 +133,41 @@ class NativeApp(Dialect):
 
         queued = self.broker.publish_nowait(read.queue, read.messages, settle, read.durability)
         return LATER if queued else None
+
+    def _fast_ack(self, request: Request, respond: Respond) -> Later | None:
+        """`DELETE /{queue}/messages/{receipt}`, the usual ack, as `handlers.ack` does it: into
+        the queue's ack line (`Broker.ack_nowait`), answered 204 once acknowledged. A receipt
+        given as `?receipt=` or `X-Receipt`, a delete by id and every refusal go the general
+        way."""
+        if request.query or "x-receipt" in request.headers:
+            return None
+        try:
+            route = self._route(request.path)
+            if route.kind != "message" or parse_receipt(route.ref) is None:
+                return None
+            if self._checked and not self.access.allows(request.principal, READ, route.queue):
+                return None  # refused by the general path
+            queue = self.broker.queue(route.queue)
+        except (DirmqError, UnicodeDecodeError):
+            return None
+        request.route, request.queue = "message", route.queue
+
+        def settle(failure: BaseException | None) -> None:
+            try:
+                if failure is None:
+                    response = Response(204)
+                elif isinstance(failure, DirmqError):
+                    response = error_response(failure)
+                else:
+                    respond(failure)  # logged and answered 500 there
+                    return
+            except Exception as exc:  # every request gets its answer, or its connection hangs
+                respond(exc)
+                return
+            respond(response)
+
+        self.broker.ack_nowait(queue, route.ref, settle)
+        return LATER
 
     def body_check(
         self, method: str, path: str, headers: dict[str, str], length: int, principal: str = ""

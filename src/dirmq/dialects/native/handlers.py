@@ -14,6 +14,10 @@ DELETE /{queue}/messages/{id|receipt}     ack: by id (MQ semantics) or by receip
 POST   /{queue}/messages/{receipt}/nack   ?delay=
 POST   /{queue}/messages/{receipt}/extend ?visibility=
 POST   /{queue}/messages/{receipt}/dead-letter
+POST   /{queue}/messages/ack              many receipts at once: {"receipts": [...]}
+POST   /{queue}/messages/nack             {"receipts": [...], "delay": ...} (delay optional)
+POST   /{queue}/messages/extend           {"receipts": [...], "visibility": ...}
+                                          answered 200 {"settled": N, "failed": [...]}
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
 
+from dirmq.dialects.native import batch
 from dirmq.dialects.native.routes import Route
 from dirmq.errors import (
     DirmqError,
@@ -340,6 +345,7 @@ TABLE: dict[tuple[str, str], Handler] = {
     ("message", "GET"): peek,
     ("message", "DELETE"): ack,
     ("action", "POST"): settle,
+    ("batch", "POST"): batch.settle_batch,
 }
 
 

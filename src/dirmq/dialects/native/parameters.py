@@ -22,6 +22,9 @@ NATIVE: dict[tuple[str, str, str], frozenset[str]] = {
     ("action", "POST", "nack"): frozenset({"delay"}),
     ("action", "POST", "extend"): frozenset({"visibility"}),
     ("action", "POST", "dead-letter"): frozenset(),
+    ("batch", "POST", "ack"): frozenset(),  # the batch's options are in its JSON body
+    ("batch", "POST", "nack"): frozenset(),
+    ("batch", "POST", "extend"): frozenset(),
 }
 
 
@@ -31,6 +34,7 @@ _SHAPES = {
     "messages": "/{queue}/messages",
     "message": "/{queue}/messages/{id}",
     "action": "/{queue}/messages/{receipt}/",
+    "batch": "/{queue}/messages/",
 }
 
 

@@ -1,6 +1,8 @@
 """The shape of native API paths. The queue name is the path (percent-decoded, nested with `/`);
 a final `messages` segment, optionally followed by a message reference and an action, addresses
-its messages. `/`, `/health`, `/metrics` and `/openapi.json` are the server's own."""
+its messages; `messages/ack`, `messages/nack` and `messages/extend` settle many receipts at once
+(no message id or receipt is spelled so). `/`, `/health`, `/metrics` and `/openapi.json` are
+the server's own."""
 
 from __future__ import annotations
 
@@ -10,13 +12,15 @@ from urllib.parse import unquote
 from dirmq.store.names import MESSAGE_ACTIONS as ACTIONS
 from dirmq.store.names import SERVER_PATHS, validate_queue_name
 
+BATCH_ACTIONS = frozenset({"ack", "nack", "extend"})  # POST /{queue}/messages/{action}
+
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    kind: str  # root | server | queue | messages | message | action
+    kind: str  # root | server | queue | messages | message | action | batch
     queue: str = ""
     ref: str = ""  # message id or receipt
-    action: str = ""
+    action: str = ""  # an action's, or a batch's (ack | nack | extend)
 
     @property
     def label(self) -> str:
@@ -43,6 +47,8 @@ def _shape(decoded: str) -> Route:
     if len(segments) >= 2 and segments[-1] == "messages":
         return Route("messages", "/".join(segments[:-1]))
     if len(segments) >= 3 and segments[-2] == "messages":
+        if segments[-1] in BATCH_ACTIONS:
+            return Route("batch", "/".join(segments[:-2]), action=segments[-1])
         return Route("message", "/".join(segments[:-2]), ref=segments[-1])
     if len(segments) >= 4 and segments[-3] == "messages" and segments[-1] in ACTIONS:
         return Route("action", "/".join(segments[:-3]), ref=segments[-2], action=segments[-1])

@@ -5,11 +5,12 @@ A session leases messages for one consumer and pushes them while its credit allo
 `prefetch` (plus the `credit` it was granted) unacknowledged deliveries, as an AMQP consumer's
 prefetch. Each push is one store get for as many messages as there is room for (through the
 broker's shared lease batcher; when the queue is empty, the broker's long-poll waiter, woken by
-inotify: no polling). Acks from every session of a queue are gathered into one `ack_each` store
-call per batch (`_AckLine`); a settlement that fails is reported back to its session. When the
-WebSocket closes, for whatever reason (the client left, was killed, broke the protocol, or the
-server stops), every delivery still unacknowledged is given back at once, as AMQP requeues on
-channel close: another consumer gets it without waiting for its lease to expire.
+inotify: no polling). Acks from every session of a queue are gathered into one
+`Broker.ack_many` (one store call) per batch (`_AckLine`); a settlement that fails is reported
+back to its session. When the WebSocket closes, for whatever reason (the client left, was
+killed, broke the protocol, or the server stops), every delivery still unacknowledged is given
+back at once, as AMQP requeues on channel close: another consumer gets it without waiting for
+its lease to expire.
 
 Why it is long: a session's bookkeeping (tags, receipts, credit, the push loop, give-back) and
 the per-queue ack line that reports failures back to sessions change together.
@@ -18,7 +19,6 @@ the per-queue ack line that reports failures back to sessions change together.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections import deque
@@ -92,7 +92,7 @@ class StreamSessions:
 
     async def _give_back(self, queue: Queue, receipts: list[str]) -> None:
         try:
-            await self.broker.call(_nack_all, queue, receipts)
+            await self.broker.nack_many(queue, receipts)  # what fails: its lease expires instead
         except Exception:  # (the pool is shut down) their leases expire instead
             log.exception("giving back %d messages of %s failed", len(receipts), queue.name)
 
@@ -115,22 +115,6 @@ def _prefetch(value: str | None) -> int:
     if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_PREFETCH:
         raise InvalidArgument(f"prefetch={value!r} must be an integer from 1 to {MAX_PREFETCH}")
     return int(value)
-
-
-def _nack_all(queue: Queue, receipts: list[str]) -> None:
-    for receipt in receipts:
-        with contextlib.suppress(DirmqError):
-            queue.nack(receipt)
-
-
-def _nack_each(queue: Queue, receipts: list[str], delay_s: float) -> dict[str, Exception]:
-    failures: dict[str, Exception] = {}
-    for receipt in receipts:
-        try:
-            queue.nack(receipt, delay_s)
-        except DirmqError as exc:
-            failures[receipt] = exc
-    return failures
 
 
 class Session:
@@ -280,8 +264,8 @@ class Session:
 
     async def _nack(self, taken: list[tuple[int, str]], delay_s: float) -> None:
         try:
-            failures = await self.sessions.broker.call(
-                _nack_each, self.queue, [receipt for _tag, receipt in taken], delay_s
+            failures = await self.sessions.broker.nack_many(
+                self.queue, [receipt for _tag, receipt in taken], delay_s
             )
         except Exception as exc:
             failures = {receipt: exc for _tag, receipt in taken}
@@ -367,7 +351,7 @@ def _close_code(error: DirmqError) -> int:
 
 
 class _AckLine:
-    """Acks for one queue from every session of this worker, applied in one `ack_each` call
+    """Acks for one queue from every session of this worker, applied in one `Broker.ack_many`
     per batch: whatever arrives while a batch is being applied forms the next."""
 
     def __init__(self, broker: Broker, queue: Queue) -> None:
@@ -396,12 +380,9 @@ class _AckLine:
                 for start in range(0, len(receipts), MAX_ACK_BATCH):
                     chunk = receipts[start : start + MAX_ACK_BATCH]
                     try:
-                        failures.update(await self.broker.call(self.queue.ack_each, chunk))
+                        failures.update(await self.broker.ack_many(self.queue, chunk))
                     except Exception as exc:  # every ack of the chunk learns it
                         failures.update((receipt, exc) for receipt in chunk)
-                acked = len(receipts) - len(failures)
-                if acked:
-                    self.broker.tell(self.broker.counts.acked, acked)
                 if failures:
                     for session, taken in batch:
                         if any(receipt in failures for _tag, receipt in taken):

@@ -648,19 +648,35 @@ def _expired(handle: str) -> SqsError:
 
 async def delete_one(ctx: Context, queue: Queue, kind: QueueKind, raw_handle: object) -> None:
     handle, message_id, count = _receipt(raw_handle)
-    if kind.fifo:
-        current = await _current(ctx, queue, message_id)
-        if current is None:
-            return
-        if _lease_over(current, count):
-            raise _expired(handle)
+    if not await _deletable(ctx, queue, kind, handle, message_id, count):
+        return
     try:
         await ctx.broker.ack(queue, handle)  # the broker counts it
         return
     except StaleReceipt:
         pass
-    # An old receipt. SQS: deleting a deleted message succeeds; on a standard queue an old
-    # handle still deletes the message; on a FIFO queue it has expired.
+    await _delete_by_old_handle(ctx, queue, kind, handle, message_id)
+
+
+async def _deletable(
+    ctx: Context, queue: Queue, kind: QueueKind, handle: str, message_id: str, count: int
+) -> bool:
+    """Whether the handle is to be acked: on a FIFO queue not if the message is gone (a
+    success), and an expired lease is refused (SqsError)."""
+    if kind.fifo:
+        current = await _current(ctx, queue, message_id)
+        if current is None:
+            return False
+        if _lease_over(current, count):
+            raise _expired(handle)
+    return True
+
+
+async def _delete_by_old_handle(
+    ctx: Context, queue: Queue, kind: QueueKind, handle: str, message_id: str
+) -> None:
+    """An old receipt. SQS: deleting a deleted message succeeds; on a standard queue an old
+    handle still deletes the message; on a FIFO queue it has expired."""
     current = await _current(ctx, queue, message_id)
     if current is None:
         return
@@ -678,18 +694,50 @@ async def delete_message(ctx: Context, params: Params) -> Result:
 
 @action("DeleteMessageBatch")
 async def delete_message_batch(ctx: Context, params: Params) -> Result:
+    """Each entry checked as DeleteMessage checks it, then every valid handle acked at once
+    (`Broker.ack_many`: one store call); an old handle is then settled as DeleteMessage
+    settles it."""
     queue = await _queue(ctx, params)
     entries = _batch_entries(params, "DeleteMessageBatchRequestEntry")
     kind = kind_of(queue)
+    outcomes: dict[str, SqsError | None] = {}  # by entry Id; None: deleted
+    to_ack: list[tuple[str, str, str]] = []  # entry Id, handle, message id
+    for entry in entries:
+        try:
+            handle, message_id, count = _receipt(entry.get("ReceiptHandle"))
+            if await _deletable(ctx, queue, kind, handle, message_id, count):
+                to_ack.append((entry["Id"], handle, message_id))
+            else:
+                outcomes[entry["Id"]] = None
+        except SqsError as error:
+            outcomes[entry["Id"]] = error
+    failures = await ctx.broker.ack_many(queue, [handle for _, handle, _ in to_ack])
+    for entry_id, handle, message_id in to_ack:
+        failure = failures.get(handle)
+        outcomes[entry_id] = None
+        if failure is None:
+            continue
+        if not isinstance(failure, StaleReceipt):
+            raise failure  # as DeleteMessage: the store failed, not the entry
+        try:
+            await _delete_by_old_handle(ctx, queue, kind, handle, message_id)
+        except SqsError as error:
+            outcomes[entry_id] = error
+    return _batch_result(entries, outcomes)
+
+
+def _batch_result(
+    entries: list[Mapping[str, Any]], outcomes: Mapping[str, SqsError | None]
+) -> Result:
+    """Successful and Failed, each in the order of the entries."""
     successful: list[Result] = []
     failed: list[Result] = []
     for entry in entries:
-        try:
-            await delete_one(ctx, queue, kind, entry.get("ReceiptHandle"))
-        except SqsError as error:
-            failed.append(_failure(entry["Id"], error))
-        else:
+        error = outcomes[entry["Id"]]
+        if error is None:
             successful.append({"Id": entry["Id"]})
+        else:
+            failed.append(_failure(entry["Id"], error))
     return {"Successful": successful, "Failed": failed}
 
 
@@ -712,22 +760,36 @@ async def change_visibility_one(
     ctx: Context, queue: Queue, kind: QueueKind, raw_handle: object, visibility: int
 ) -> None:
     handle, message_id, count = _receipt(raw_handle)
+    await _check_lease(ctx, queue, kind, handle, message_id, count)
+    try:
+        await _apply_visibility(ctx, queue, handle, visibility)
+        return
+    except StaleReceipt:
+        pass
+    await _change_by_old_handle(ctx, queue, kind, handle, message_id, visibility)
+
+
+async def _check_lease(
+    ctx: Context, queue: Queue, kind: QueueKind, handle: str, message_id: str, count: int
+) -> None:
+    """On a FIFO queue a lease past its deadline is refused at once, as AWS does."""
     if kind.fifo:
         current = await _current(ctx, queue, message_id)
         if current is not None and _lease_over(current, count):
             raise _expired(handle)
 
-    async def apply(receipt: str) -> None:
-        if visibility == 0:
-            await ctx.broker.call(queue.nack, receipt)  # visible again now (or dead-lettered)
-        else:
-            await ctx.broker.call(queue.extend, receipt, float(visibility))
 
-    try:
-        await apply(handle)
-        return
-    except StaleReceipt:
-        pass
+async def _apply_visibility(ctx: Context, queue: Queue, receipt: str, visibility: int) -> None:
+    if visibility == 0:
+        await ctx.broker.call(queue.nack, receipt)  # visible again now (or dead-lettered)
+    else:
+        await ctx.broker.call(queue.extend, receipt, float(visibility))
+
+
+async def _change_by_old_handle(
+    ctx: Context, queue: Queue, kind: QueueKind, handle: str, message_id: str, visibility: int
+) -> None:
+    """A handle whose lease is gone: what SQS does with it (see the cases below)."""
     current = await _current(ctx, queue, message_id)
     if current is None:
         raise SqsError(
@@ -741,7 +803,7 @@ async def change_visibility_one(
         # Received again since: SQS applies an old handle of a standard queue to the message
         # as it is now.
         try:
-            await apply(f"{message_id}.{current.receive_count}")
+            await _apply_visibility(ctx, queue, f"{message_id}.{current.receive_count}", visibility)
             return
         except StaleReceipt:
             pass
@@ -765,22 +827,41 @@ async def change_message_visibility(ctx: Context, params: Params) -> Result:
 
 @action("ChangeMessageVisibilityBatch")
 async def change_message_visibility_batch(ctx: Context, params: Params) -> Result:
+    """Each entry checked as ChangeMessageVisibility checks it, then the valid handles settled
+    together, one store call per timeout asked for (`Broker.extend_many`; a timeout of 0 is
+    `nack_many`); an old handle is then settled as ChangeMessageVisibility settles it."""
     queue = await _queue(ctx, params)
     entries = _batch_entries(params, "ChangeMessageVisibilityBatchRequestEntry")
     kind = kind_of(queue)
-    successful: list[Result] = []
-    failed: list[Result] = []
+    outcomes: dict[str, SqsError | None] = {}  # by entry Id; None: changed
+    by_visibility: dict[int, list[tuple[str, str, str]]] = {}  # entry Id, handle, message id
     for entry in entries:
         try:
-            handle = entry.get("ReceiptHandle")
-            _receipt(handle)
+            handle, message_id, count = _receipt(entry.get("ReceiptHandle"))
             visibility = _visibility(entry)
-            await change_visibility_one(ctx, queue, kind, handle, visibility)
+            await _check_lease(ctx, queue, kind, handle, message_id, count)
         except SqsError as error:
-            failed.append(_failure(entry["Id"], error))
+            outcomes[entry["Id"]] = error
+            continue
+        by_visibility.setdefault(visibility, []).append((entry["Id"], handle, message_id))
+    for visibility, settling in by_visibility.items():
+        handles = [handle for _, handle, _ in settling]
+        if visibility == 0:
+            failures = await ctx.broker.nack_many(queue, handles)
         else:
-            successful.append({"Id": entry["Id"]})
-    return {"Successful": successful, "Failed": failed}
+            failures = await ctx.broker.extend_many(queue, handles, float(visibility))
+        for entry_id, handle, message_id in settling:
+            failure = failures.get(handle)
+            outcomes[entry_id] = None
+            if failure is None:
+                continue
+            if not isinstance(failure, StaleReceipt):
+                raise failure  # as ChangeMessageVisibility: the store failed, not the entry
+            try:
+                await _change_by_old_handle(ctx, queue, kind, handle, message_id, visibility)
+            except SqsError as error:
+                outcomes[entry_id] = error
+    return _batch_result(entries, outcomes)
 
 
 __all__ = ["Prepared", "QueueKind", "prepare", "queue_kind", "render_message"]
