@@ -70,6 +70,30 @@ end-volume
 """
 
 
+# The client-side caches that let one mount serve another mount's old names, attributes and
+# bytes for up to a second (measured by bench/gluster_probe.py; docs/FORMAT.md), turned off.
+NO_CACHE_VOLUME_OPTIONS = {
+    "performance.stat-prefetch": "off",  # md-cache: attributes and names
+    "performance.quick-read": "off",
+    "performance.io-cache": "off",
+    "performance.read-ahead": "off",
+    "performance.readdir-ahead": "off",
+    "performance.open-behind": "off",
+    "performance.write-behind": "off",
+    "performance.nl-cache": "off",
+}
+# FUSE's own caches of lookups and attributes (1 s each by default), and the kernel's page cache
+# (without direct-io a mount reads another mount's in-place overwrite stale for seconds, even
+# with every other cache off). (`fopen-keep-cache=no` cannot be given: mount.glusterfs 10.3
+# passes it on as "==no", which glusterfs refuses.)
+NO_CACHE_MOUNT_OPTIONS = (
+    "attribute-timeout=0",
+    "entry-timeout=0",
+    "negative-timeout=0",
+    "direct-io-mode=enable",
+)
+
+
 class GlusterUnavailable(Exception):
     """The machine cannot run a GlusterFS volume; the message says why."""
 
@@ -323,9 +347,15 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float) -> Non
 
 @contextmanager
 def running_volume(
-    mounts: int = 2, bricks: int = 2, parent: str | None = None
+    mounts: int = 2,
+    bricks: int = 2,
+    parent: str | None = None,
+    volume_options: dict[str, str] | None = None,
+    mount_options: tuple[str, ...] = (),
 ) -> Iterator[GlusterVolume]:
-    """A fresh volume over `bricks` bricks, mounted `mounts` times; everything removed after."""
+    """A fresh volume over `bricks` bricks, mounted `mounts` times; everything removed after.
+    `volume_options` are set before the volume starts (`gluster volume set`); `mount_options`
+    are given to every mount (`-o`), e.g. NO_CACHE_VOLUME_OPTIONS and NO_CACHE_MOUNT_OPTIONS."""
     check_machine()
     if parent is not None:
         clear_leftovers(parent)
@@ -373,6 +403,8 @@ def running_volume(
             _gluster("volume", "create", name, *(f"{ADDRESS}:{b}" for b in brick_dirs), "force"),
             "volume create",
         )
+        for key, value in (volume_options or {}).items():
+            _must(_gluster("volume", "set", name, key, value), f"volume set {key} {value}")
         _must(_gluster("volume", "start", name), "volume start")
         with open(os.path.join(base, "sockets"), "w") as f:
             f.writelines(path + "\n" for path in _sockets_of(set(_brick_pids(name))))
@@ -384,7 +416,13 @@ def running_volume(
             log = os.path.join(base, f"mount{i}.log")
             _must(
                 _run(
-                    "mount", "-t", "glusterfs", "-o", f"log-file={log}", f"{ADDRESS}:/{name}", point
+                    "mount",
+                    "-t",
+                    "glusterfs",
+                    "-o",
+                    ",".join((f"log-file={log}", *mount_options)),
+                    f"{ADDRESS}:/{name}",
+                    point,
                 ),
                 f"mount {point}",
             )
