@@ -97,6 +97,7 @@ def test_own_pool_is_bounded_then_the_shared_pool_takes_over(
     store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(pool, "OWN_POOL_FILES", 3)
+    monkeypatch.setattr(pool, "DRAIN_KEEP_FILES", 0)  # a drain keeps no more than that
     q = store.create_queue("bounded")
     q.put_many([b"%d" % i for i in range(5)])
     for message in q.get(5):

@@ -99,6 +99,7 @@ _ACKS_SCRIPT = textwrap.dedent(
     import dirmq
     from dirmq.store import pool
     root, n, fill = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    pool.DRAIN_KEEP_FILES = int(sys.argv[4])  # 0: a drain keeps no more than OWN_POOL_FILES
     q = dirmq.Store(root).create_queue("q", dirmq.QueueConfig(durability="memory"))
     q.put_many([b"x" * 200] * (fill + n))
     got = q.get(fill + n)
@@ -114,7 +115,9 @@ _ACKS_SCRIPT = textwrap.dedent(
 _LINE = re.compile(r"(\d+)\s+(\w+)\(")
 
 
-def _syscalls_per_thread(tmp_path: Path, n: int, fill: int) -> tuple[Counter[str], Counter[str]]:
+def _syscalls_per_thread(
+    tmp_path: Path, n: int, fill: int, drain_keep: int
+) -> tuple[Counter[str], Counter[str]]:
     """(the acking thread's, every other thread's) syscalls while `n` acks run, and until
     the reaper is done with them."""
     out = tmp_path / "strace.txt"
@@ -123,7 +126,7 @@ def _syscalls_per_thread(tmp_path: Path, n: int, fill: int) -> tuple[Counter[str
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     command = ["strace", "-f", "-qq", "-o", str(out), sys.executable, str(script)]
     traced = subprocess.run(
-        [*command, str(tmp_path / "root"), str(n), str(fill)],
+        [*command, str(tmp_path / "root"), str(n), str(fill), str(drain_keep)],
         check=False,
         env=env,
         capture_output=True,
@@ -159,22 +162,56 @@ _FILE_CALLS = ("renameat", "renameat2", "rename", "unlink", "unlinkat", "openat"
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="no strace")
-@pytest.mark.parametrize("fill", [1, 1500], ids=["pools-with-room", "pools-full"])
-def test_an_ack_makes_one_rename_and_the_reaper_does_the_rest(tmp_path: Path, fill: int) -> None:
+@pytest.mark.parametrize(
+    ("fill", "drain_keep"),
+    [(1, pool.DRAIN_KEEP_FILES), (1500, pool.DRAIN_KEEP_FILES), (1500, 0)],
+    ids=["pools-with-room", "a-drain-keeps-its-files", "pools-full"],
+)
+def test_an_ack_makes_one_rename_and_the_reaper_does_the_rest(
+    tmp_path: Path, fill: int, drain_keep: int
+) -> None:
     n = 200
-    caller, others = _syscalls_per_thread(tmp_path, n, fill)
+    caller, others = _syscalls_per_thread(tmp_path, n, fill, drain_keep)
     renames = ("renameat", "renameat2", "rename")
     assert sum(caller[c] for c in renames) == n, caller
     others_on_the_path = {c: caller[c] for c in _FILE_CALLS if c not in renames}
     assert others_on_the_path == dict.fromkeys(others_on_the_path, 0), caller
-    if fill > pool.OWN_POOL_FILES:  # both pools full: the reaper unlinks each without a look
+    if fill > pool.OWN_POOL_FILES and not drain_keep:  # both full: unlinked without a look
         assert others["unlinkat"] == n and others["pwrite64"] == 0, others
     else:  # room: each file blanked (then kept, or handed to the shared pool)
         assert others["pwrite64"] == n and others["unlinkat"] == 0, others
 
 
 # -- bounds --------------------------------------------------------------------------------------
-def test_the_pools_stay_bounded_through_a_long_drain(store: dirmq.Store) -> None:
+def test_a_drain_keeps_its_files_for_later_puts_then_trims_them_when_idle(
+    store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = store.create_queue("drained", dirmq.QueueConfig(durability="memory"))
+    for _ in range(6):
+        q.put_many([SECRET] * 500)
+    while got := q.get(100):
+        assert q.ack_many([m.receipt or "" for m in got]) == {}
+    assert pool.wait_reaped(10)
+    own = os.listdir(own_pool(q))
+    assert len(own) == 3000 and shared_files(q) == []  # every freed file kept, blank
+    assert files_holding(Path(store.root), SECRET) == []
+    q.put_many([b"again"] * 2000)  # overwritten in place: no new inode
+    assert len(os.listdir(own_pool(q))) == 1000
+    assert sorted(set(own) - set(os.listdir(own_pool(q))))  # taken from the pool
+    monkeypatch.setattr(pool, "TRIM_IDLE_S", 0.2)
+    pool._reaper.poke()
+    deadline = time.monotonic() + 10
+    while len(os.listdir(own_pool(q))) > pool.OWN_POOL_FILES and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pool._reaper.poke()
+    assert len(os.listdir(own_pool(q))) == pool.OWN_POOL_FILES  # idle: the surplus unlinked
+    assert q.stats().ready == 2000
+
+
+def test_the_pools_stay_bounded_through_a_long_drain(
+    store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pool, "DRAIN_KEEP_FILES", 0)  # deeper than a drain keeps
     q = store.create_queue("long", dirmq.QueueConfig(durability="memory"))
     for _ in range(10):
         q.put_many([SECRET] * 500)

@@ -106,6 +106,7 @@ class QueueFiles:
 
         `runs` is the state of the get this claim is part of (which groups it holds)."""
         runs = GroupRuns() if runs is None else runs
+        self.pool.note_depth(len(index.ready))  # a drain keeps its freed files for later puts
         while (name := index.pop_ready(config.peers, runs)) is not None:
             entry = parse_entry(name)
             assert entry is not None

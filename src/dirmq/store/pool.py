@@ -87,6 +87,12 @@ from dirmq.store.fsio import DirHandle, PendingFile, overwrite_pending
 MAX_RECYCLED_BYTES = 64 * 1024
 DEFAULT_POOL_FILES = 1024
 OWN_POOL_FILES = 256
+# A drain keeps the files it frees for the puts that follow, up to the queue's depth when the
+# drain began (`FilePool.note_depth`) within these bounds; the surplus beyond `OWN_POOL_FILES`
+# goes once the pool has been idle `TRIM_IDLE_S` (see the module docstring).
+DRAIN_KEEP_FILES = 65_536
+DRAIN_KEEP_BYTES = 256 * 1024 * 1024
+TRIM_IDLE_S = 30.0
 MAX_UNREAPED = 1024  # retired files waiting for the reaper (in hand too); then retirements unlink
 REAP_BATCH = 64  # files the reaper handles per pool before it looks at the others again
 REAP_GATHER_S = 0.002  # the reaper, woken, waits this long for more work to do at once
@@ -283,6 +289,12 @@ class _OwnPool:
     # Bumped whenever the pool is emptied (space, a vanished directory): what the reaper had in
     # hand then is not kept, nor handed to the shared pool that was emptied too.
     epoch: int = 0
+    # How many blank files a drain may keep beyond OWN_POOL_FILES: the queue's depth before it
+    # (`FilePool.note_depth`); 0 again once the surplus is trimmed.
+    keep: int = 0
+    keep_bytes: int = 0  # and in bytes: a tenth of the filesystem's free space then, at most
+    kept_bytes: int = 0  # the sizes of `files`, summed
+    touched_at: float = 0.0  # monotonic time of the last retirement into it or take from it
     in_hand: int = 0  # files taken out of `unreaped` that the reaper has not handled yet
 
     def behind(self) -> int:
@@ -295,6 +307,7 @@ class _OwnPool:
             if self.handle is handle:
                 self.handle = None
                 self.files.clear()
+                self.kept_bytes = 0
                 self.unreaped.clear()
                 self.epoch += 1
 
@@ -339,12 +352,15 @@ class _Reaper:
                     log.exception("the recycled-file reaper failed on %s", pool.dir)
             if worked:
                 continue
+            if any(_trim_some(pool) for pool in list(_own_pools.values())):
+                continue
             self.wake.clear()  # before the last look: a retirement after it sets it again
             if not any(p.unreaped for p in list(_own_pools.values())):
-                self.wake.wait()
-                # Let the acks of a burst gather: one wake-up (and one turn of the GIL) for
-                # many files, instead of one per ack.
-                time.sleep(REAP_GATHER_S)
+                surplus = any(len(p.files) > OWN_POOL_FILES for p in list(_own_pools.values()))
+                if self.wake.wait(TRIM_IDLE_S / 2 if surplus else None):
+                    # Let the acks of a burst gather: one wake-up (and one turn of the GIL)
+                    # for many files, instead of one per ack.
+                    time.sleep(REAP_GATHER_S)
 
     def stop(self, timeout_s: float) -> None:
         """Stop the thread (after its current batch); the caller reaps what is left."""
@@ -388,10 +404,37 @@ def _reap_some(pool: _OwnPool, limit: int | None, reaper: _Reaper | None) -> boo
     return True
 
 
+def _trim_some(pool: _OwnPool) -> bool:
+    """Unlink up to `REAP_BATCH` blank files of `pool` beyond `OWN_POOL_FILES` once it has been
+    idle `TRIM_IDLE_S` (what a drain kept and no put took); False if there was nothing to do."""
+    with pool.lock:
+        surplus = len(pool.files) - OWN_POOL_FILES
+        if surplus <= 0 or time.monotonic() - pool.touched_at < TRIM_IDLE_S:
+            return False
+        handle = pool.handle
+        if handle is None:
+            return False
+        cut = min(surplus, REAP_BATCH)
+        batch, pool.files = pool.files[:cut], pool.files[cut:]  # the oldest first
+        pool.kept_bytes -= sum(size for _name, size in batch)
+        if surplus == cut:
+            pool.keep = 0
+    for name, _size in batch:
+        _unlink_quietly(name, handle)
+    return True
+
+
+def _room(pool: _OwnPool, size: int) -> bool:
+    """Whether `pool` keeps one more blank file of `size` bytes (call under its lock)."""
+    if len(pool.files) < OWN_POOL_FILES:
+        return True
+    return len(pool.files) < pool.keep and pool.kept_bytes + size <= pool.keep_bytes
+
+
 def _reap_one(pool: _OwnPool, handle: DirHandle, sink: FilePool, name: str, epoch: int) -> None:
     """Blank and keep the unreaped file `name` of `pool`, or hand it on blank, or unlink it
     (`epoch`: the pool's when the file was taken from `unreaped`)."""
-    full = len(pool.files) >= OWN_POOL_FILES and sink.full()
+    full = not _room(pool, 0) and sink.full()
     if full or pool.epoch != epoch or sink.short_of_space():
         _unlink_quietly(name, handle)  # nowhere to keep it: no need to look at it
         return
@@ -411,9 +454,10 @@ def _reap_one(pool: _OwnPool, handle: DirHandle, sink: FilePool, name: str, epoc
         return
     with pool.lock:
         current = pool.epoch == epoch  # else emptied meanwhile: the file goes too
-        kept = current and pool.handle is handle and len(pool.files) < OWN_POOL_FILES
+        kept = current and pool.handle is handle and _room(pool, st.st_size)
         if kept:
             pool.files.append((name, st.st_size))
+            pool.kept_bytes += st.st_size
     if kept:
         return
     if current and not sink.full():  # ours is full: the shared pool takes it, blank
@@ -465,14 +509,21 @@ def release_own_pool(free_dir: str) -> int:
     _reap_some(pool, None, None)
     with pool.lock:
         files, pool.files = pool.files, []
+        pool.kept_bytes = 0
+        pool.keep = 0
         unreaped, pool.unreaped = pool.unreaped, []
         handle, pool.handle = pool.handle, None
+        sink = pool.sink
     if handle is None:
         return 0
     for name in unreaped:  # retired while we reaped (another thread, at exit): not blanked
         _unlink_quietly(name, handle)
+    # What a drain kept beyond the shared pool's room is not handed on (nobody would trim it).
+    room = max(DEFAULT_POOL_FILES if sink is None else sink.room(), 0)
+    for name, _size in files[room:]:
+        _unlink_quietly(name, handle)
     moved = 0
-    for name, _size in files:
+    for name, _size in files[:room]:
         try:
             os.rename(name, os.path.join(free_dir, name), src_dir_fd=handle.fd)
             moved += 1
@@ -493,6 +544,8 @@ def drop_own_pools() -> int:
     for pool in list(_own_pools.values()):
         with pool.lock:
             files, pool.files = pool.files, []
+            pool.kept_bytes = 0
+            pool.keep = 0
             unreaped, pool.unreaped = pool.unreaped, []
             handle = pool.handle
             pool.epoch += 1
@@ -605,6 +658,32 @@ class FilePool:
         """Whether the shared pool holds `capacity` files, as far as this process knows."""
         return len(self._known) >= self._capacity
 
+    def room(self) -> int:
+        """How many more files the shared pool takes, as far as this process knows."""
+        return self._capacity - len(self._known)
+
+    def note_depth(self, ready: int) -> None:
+        """The queue holds `ready` messages: a drain may keep as many of the files it frees
+        (bounded by `DRAIN_KEEP_FILES`, `DRAIN_KEEP_BYTES`), for the puts that follow to
+        overwrite instead of creating inodes; cheap when nothing changes."""
+        if ready <= OWN_POOL_FILES:
+            return
+        own = _own_pool(self.dir)
+        wanted = min(ready, DRAIN_KEEP_FILES)
+        if wanted <= own.keep:
+            return
+        # Keeping costs no more disk than the queue uses now, but a drain must still give the
+        # space back where it is scarce: no more than a tenth of what is free now.
+        try:
+            st = os.statvfs(self.dir)
+            spare = st.f_bavail * st.f_frsize // 10
+        except OSError:
+            spare = 0
+        with own.lock:
+            if wanted > own.keep:
+                own.keep = wanted
+                own.keep_bytes = min(DRAIN_KEEP_BYTES, spare)
+
     def known_more(self, name: str) -> None:
         """This process put `name` into the shared pool."""
         self._known.append(name)
@@ -627,6 +706,7 @@ class FilePool:
                 kept = own.handle is handle
                 if kept:
                     own.unreaped.append(message_id)
+                    own.touched_at = time.monotonic()
             if not kept:  # the directory was found gone meanwhile: nobody would reap it
                 _unlink_quietly(message_id, handle)
                 return True
@@ -661,6 +741,8 @@ class FilePool:
             if not own.files or own.handle is None:
                 return None
             name, size = own.files.pop()
+            own.kept_bytes -= size
+            own.touched_at = time.monotonic()
             handle = own.handle
         try:
             return overwrite_pending(name, final_path, data, size, handle)
