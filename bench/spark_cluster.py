@@ -11,20 +11,27 @@ and a streaming read (Trigger.AvailableNow) into parquet, timed. It is used by
 `tests/test_spark_cluster.py` (which checks every message arrived exactly once) and by
 `bench/spark.py --cluster`.
 
-    python bench/spark_cluster.py drive MASTER URL QUEUE OUT CHECKPOINT STATE  # the driver
+    python bench/spark_cluster.py drive MASTER URL QUEUE OUT CHECKPOINT STATE [MAX_PER_BATCH]
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+
+# Run as a script, this file's directory comes first on sys.path, where bench/http.py would
+# shadow the standard library's `http`: take it off (imported, it is not there).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE in sys.path:
+    sys.path.remove(_HERE)
+
+import json  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SRC = REPO / "src"
@@ -103,7 +110,9 @@ def _wait_for(log: Path, pattern: str, proc: subprocess.Popen[bytes]) -> re.Matc
     raise RuntimeError(f"{log.name}: no {pattern!r}:\n{log.read_text(errors='replace')[-3000:]}")
 
 
-def start_cluster(workdir: Path, workers: int = 2, cores: int = 1, memory: str = "1g") -> SparkCluster:
+def start_cluster(
+    workdir: Path, workers: int = 2, cores: int = 1, memory: str = "1g"
+) -> SparkCluster:
     """A master on 127.0.0.1 (a free port) and `workers` workers of `cores` cores and `memory`
     each, registered with it."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -153,6 +162,7 @@ def run_on_cluster(
     out: Path,
     workdir: Path,
     timeout_s: float = 600.0,
+    max_per_batch: int | None = None,
 ) -> dict[str, Any]:
     """Run `drive` in a driver process of its own; its timings (JSON). `out`: the parquet sink
     of the streaming read."""
@@ -163,24 +173,37 @@ def run_on_cluster(
         "drive",
         *(cluster.master_url, url, queue, str(out)),
         *(str(workdir / "checkpoint"), str(workdir / "state")),
+        *([] if max_per_batch is None else [str(max_per_batch)]),
     ]
     done = subprocess.run(
-        args, capture_output=True, text=True, env=_env(), timeout=timeout_s, cwd=workdir
+        args,
+        check=False,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=timeout_s,
+        cwd=workdir,
     )
     if done.returncode != 0:
         raise RuntimeError(
-            f"the driver failed ({done.returncode}):\n{done.stderr[-6000:]}\n"
-            + cluster.log_tail()
+            f"the driver failed ({done.returncode}):\n{done.stderr[-6000:]}\n" + cluster.log_tail()
         )
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
 def drive(
-    master: str, url: str, queue: str, out: str, checkpoint: str, state: str
+    master: str,
+    url: str,
+    queue: str,
+    out: str,
+    checkpoint: str,
+    state: str,
+    max_per_batch: str | None = None,
 ) -> dict[str, Any]:
     """The driver: a batch read of the whole queue (count and distinct ids), then a streaming
-    read of it into parquet at `out` (AvailableNow)."""
+    read of it into parquet at `out` (AvailableNow; `max_per_batch`: the source's
+    maxMessagesPerBatch, else its default)."""
     from pyspark.sql import SparkSession
 
     from dirmq.spark import DirmqDataSource
@@ -217,6 +240,7 @@ def drive(
             .option("queue", queue)
             .option("consumer", "cluster")
             .option("stateDir", state)
+            .options(**({} if max_per_batch is None else {"maxMessagesPerBatch": max_per_batch}))
             .load()
         )
         began = time.perf_counter()
@@ -237,6 +261,6 @@ def drive(
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 8 or sys.argv[1] != "drive":
+    if len(sys.argv) not in (8, 9) or sys.argv[1] != "drive":
         sys.exit(__doc__)
     print(json.dumps(drive(*sys.argv[2:])), flush=True)

@@ -734,6 +734,41 @@ def test_url_mode_leases_on_the_driver_and_replays_the_recorded_rows(
         remote.delete_queue(name)
 
 
+def test_url_mode_available_now_splits_what_is_left_between_the_last_two_batches(
+    http_server: Any, tmp_path: Path
+) -> None:
+    """The driver acknowledges the one before the last while the last runs: over `url` the
+    last two batches share what is left, once per run (not halved again and again)."""
+    from dirmq.client import RemoteStore
+
+    name = f"spark-{tmp_path.name}"
+    options = {
+        "url": http_server.url,
+        "queue": name,
+        "consumer": "c",
+        "stateDir": str(tmp_path / "state"),
+        "maxMessagesPerBatch": "4000",
+        "pollWaitSeconds": "0.05",
+    }
+    with RemoteStore(http_server.url) as remote:
+        queue = remote.create_queue(name)
+        published = [i for n in range(8) for i in queue.put_many([b"%d" % n] * 1000)]
+        reader = DirmqStreamReader(parse_options(options))
+        try:
+            reader.prepareForTriggerAvailableNow()
+            offsets = [reader.initialOffset()]
+            read: list[str] = []
+            for _ in range(4):
+                offsets.append(reader.latestOffset(offsets[-1], ReadAllAvailable()))
+                read += _read(reader, offsets[-2], offsets[-1])
+            assert [o["messages"] for o in offsets[1:4]] == [4000, 2000, 2000]
+            assert offsets[4] == offsets[3]
+            assert sorted(read) == published and queue.stats().total == 0
+        finally:
+            reader.stop()
+        remote.delete_queue(name)
+
+
 def test_url_mode_snapshots_page_through_the_queue(http_server: Any, tmp_path: Path) -> None:
     """More than one browse answer (1000): the driver pages the ids, each partition browses
     its own range; a message acknowledged between plan and read is left out."""
