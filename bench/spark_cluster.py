@@ -28,6 +28,7 @@ if _HERE in sys.path:
 import json  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -189,6 +190,79 @@ def run_on_cluster(
             f"the driver failed ({done.returncode}):\n{done.stderr[-6000:]}\n" + cluster.log_tail()
         )
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def start_dirmq(root: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    """`dirmq serve` on `root` on a free loopback port: the process and its native API's URL
+    (stop it with `terminate()`: it is ours)."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dirmq",
+            "serve",
+            "--root",
+            str(root),
+            "--listen",
+            "127.0.0.1:0",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**_env(), "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    url = None
+    for line in proc.stdout:
+        if " API listening on " in line and line.split()[1] == "native":
+            url = line.rsplit(" ", 1)[1].strip()
+        if line.startswith("storing queues under"):
+            break
+    if url is None:
+        proc.kill()
+        raise RuntimeError(f"dirmq serve exited with {proc.wait()} before listening")
+    # Its access log must be read, or the server stops once the pipe fills.
+    threading.Thread(
+        target=lambda: proc.stdout.read() if proc.stdout else None, daemon=True
+    ).start()
+    return proc, url
+
+
+def measure(base: Path, count: int, max_per_batch: int | None = None) -> dict[str, Any]:
+    """One url-mode run on a fresh cluster and server: `count` messages (~100 bytes), a batch
+    read and a streaming read of them; the driver's timings, rates, and whether every message
+    arrived exactly once and the queue is empty."""
+    from dirmq.client import RemoteStore
+
+    server, url = start_dirmq(base / "root")
+    cluster = None
+    try:
+        with RemoteStore(url) as remote:
+            queue = remote.create_queue("events")
+            for start in range(0, count, 1000):
+                end = min(count, start + 1000)
+                queue.put_many(
+                    [b'{"event": %d, "pad": "%s"}' % (i, b"x" * 70) for i in range(start, end)]
+                )
+            cluster = start_cluster(base / "cluster")
+            result = run_on_cluster(
+                cluster, url, "events", base / "out", base / "driver", max_per_batch=max_per_batch
+            )
+            import pyarrow.parquet as pq
+
+            ids = pq.read_table(base / "out", columns=["id"]).column("id").to_pylist()
+            result["delivered"] = len(ids)
+            result["duplicates"] = len(ids) - len(set(ids))
+            result["left_in_queue"] = queue.stats().total
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        server.terminate()
+        server.wait(timeout=30)
+    result["stream_msgs_per_s"] = count / result["stream_s"]
+    result["batch_rows_per_s"] = count / result["batch_s"]
     return result
 
 
