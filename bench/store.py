@@ -50,7 +50,7 @@ from typing import Any
 
 from dirmq import Durability, QueueConfig, Store
 from dirmq.store import fsio
-from dirmq.store.pool import release_own_pool
+from dirmq.store.pool import release_own_pool, wait_reaped
 
 BODY = b"x" * 100
 REPEATS = 3
@@ -386,6 +386,10 @@ class RecycledQueue:
             if failed:
                 raise RuntimeError(f"ack failed: {next(iter(failed.values()))!r}")
             done += len(got)
+        # The acks only renamed the files into this process's pool: its reaper blanks them,
+        # and a put reuses only blanked files. Untimed, like the drain.
+        if not wait_reaped(30):
+            raise RuntimeError("the pool's reaper did not catch up within 30 s")
         if self.shared:
             release_own_pool(os.path.join(self.queue.path, "@free"))
         return done

@@ -11,6 +11,7 @@ import sys
 import time
 
 import dirmq
+from dirmq.store import pool
 
 
 def body_for(n: int) -> bytes:
@@ -24,13 +25,18 @@ def well_formed(body: bytes) -> bool:
 
 
 def ack_some(root: str, queue: str, count: int, then: str) -> None:
-    """Lease and ack `count` messages (filling this process's own pool), print "acked", then
-    exit normally (`then` = "exit") or hang until SIGKILLed ("hang")."""
+    """Lease and ack `count` messages (filling this process's own pool), wait until the reaper
+    blanked them, print "acked", then exit normally (`then` = "exit") or hang until SIGKILLed
+    ("hang"); with "unreaped", the reaper is stopped first: the acked files stay unblanked in
+    the pool, as when a process is killed right after its acks, then it hangs."""
     q = dirmq.Store(root).queue(queue)
-    for message in q.get(count):
-        q.ack(message.receipt or "")
+    if then == "unreaped":
+        pool._reaper.stop(timeout_s=5.0)
+    q.ack_many([message.receipt or "" for message in q.get(count)])
+    if then != "unreaped":
+        assert pool.wait_reaped(10)
     print("acked", flush=True)
-    if then == "hang":
+    if then in ("hang", "unreaped"):
         time.sleep(600)
 
 
@@ -52,9 +58,20 @@ def churn(root: str, queue: str) -> None:
             print("acked", message.id, flush=True)
 
 
+def drain(root: str, queue: str) -> None:
+    """Lease and ack 20 messages at a time until killed; prints "acked <ids>" once each
+    ack_many returned (so every id printed was acknowledged)."""
+    q = dirmq.Store(root).queue(queue)
+    while True:
+        got = q.get(20, wait_s=1.0)
+        failures = q.ack_many([m.receipt or "" for m in got])
+        print("acked", *(m.id for m in got if (m.receipt or "") not in failures), flush=True)
+
+
 ROLES = {
     "ack_some": lambda a: ack_some(a[0], a[1], int(a[2]), a[3]),
     "churn": lambda a: churn(a[0], a[1]),
+    "drain": lambda a: drain(a[0], a[1]),
 }
 
 if __name__ == "__main__":

@@ -225,6 +225,8 @@ def test_settling_many_receipts_takes_read(http: httpx.Client) -> None:
     for refused in (bearer(KEEPER), bearer(WATCHER)):  # write and admin, but no read
         answer = http.post("/orders/batch/messages/ack", headers=refused, json=body)
         assert answer.status_code == 403 and answer.json()["error"] == "AccessDenied"
+        single = http.delete(f"/orders/batch/messages/{receipt}", headers=refused)
+        assert single.status_code == 403, "nor a single ack (its fast path leaves refusals)"
     first = http.post("/billing/x/messages/ack", headers=reader, content=b"not even JSON")
     second = http.post("/billing/missing/messages/ack", headers=reader, content=b"not even JSON")
     assert first.status_code == 403

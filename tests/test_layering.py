@@ -122,6 +122,7 @@ def test_public_api_is_pinned() -> None:
         "get_one",
         "ack",
         "ack_many",
+        "extend_many",
         "nack",
         "extend",
         "delete",

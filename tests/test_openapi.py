@@ -425,3 +425,16 @@ def test_batch_level_parameters_do_what_the_document_says(http: httpx.Client) ->
 def test_the_documented_header_limit_is_the_stores() -> None:
     publish = SPEC["paths"]["/{queue}/messages"]["post"]["requestBody"]["description"]
     assert f"at most {MAX_HEADER_BYTES // (1024 * 1024)} MiB" in publish
+
+
+def test_a_ref_naming_a_batch_path_is_a_documented_405(http: httpx.Client) -> None:
+    """`/{queue}/messages/ack` (and nack, extend) is the batch settle path, POST only: what a GET
+    or DELETE of `{ref}` spelled so answers is documented there too."""
+    for op_id in ("peekMessage", "deleteMessage"):
+        (operation,) = [o for o in operations() if o.op_id == op_id]
+        for ref in ("ack", "nack", "extend"):
+            response = http.request(
+                operation.method.upper(), fill(operation.path, MISSING_QUEUE, ref=ref)
+            )
+            check_documented(operation, response)
+            assert response.status_code == 405 and response.headers["allow"] == "POST"

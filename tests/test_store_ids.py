@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dirmq
-from dirmq.store import codec, layout
+from dirmq.store import codec, layout, pool
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.ids import new_id
 
@@ -59,6 +59,7 @@ def acked_file_bytes(q: dirmq.Queue) -> tuple[str, bytes]:
     lease = layout.timed_name(old_id, 1, round(got.lease_deadline_s * 1000))
     data = file_of(q, layout.LEASED, lease).read_bytes()
     q.ack(got.receipt)
+    assert pool.wait_reaped(5)
     assert q._files.pool.own_files() == 1  # retired into this process's pool, to be recycled
     return old_id, data
 

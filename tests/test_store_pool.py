@@ -67,6 +67,7 @@ def test_own_pool_recycles_without_a_claim_rename(
     inodes = {inode_of(q, layout.LEASED, n) for n in os.listdir(Path(q.path, layout.LEASED))}
     for message in got:
         q.ack(message.receipt or "")
+    assert pool.wait_reaped(5)  # blanked by the reaper: only now may a put reuse them
     (own,) = pool_dirs(q)
     host, _pid_ns, pid, _rest = own.name.split(".")
     assert (host, pid) == (layout.HOST_TAG, str(os.getpid()))
@@ -100,6 +101,7 @@ def test_own_pool_is_bounded_then_the_shared_pool_takes_over(
     q.put_many([b"%d" % i for i in range(5)])
     for message in q.get(5):
         q.ack(message.receipt or "")
+    assert pool.wait_reaped(5)
     (own,) = pool_dirs(q)
     assert len(os.listdir(own)) == 3 and len(loose_files(q)) == 2
     q.put_many([b"x"] * 5)  # own files first, then shared ones (claimed through @tmp)
@@ -131,6 +133,7 @@ def test_a_forked_child_never_writes_into_its_parents_pool(store: dirmq.Store) -
     message = q.get_one()
     assert message is not None
     q.ack(message.receipt or "")
+    assert pool.wait_reaped(5)
     (own,) = pool_dirs(q)
     (recycled,) = os.listdir(own)
     read_end, write_end = os.pipe()

@@ -15,6 +15,8 @@ Differences from `RemoteStore` / `RemoteQueue`, all forced by `async`:
 - `config` is a method, `await queue.config()`: a property cannot await its request.
 - `browse()` returns a list (`await queue.browse()`), not an iterator: every page of the
   snapshot, gathered.
+- The streaming receive is `async with queue.consume() as consumer: async for message in
+  consumer: ...` (or `consumer = await queue.consume()`); its `ack` awaits (`AsyncConsumer`).
 
 An https:// URL takes the sync client's TLS keywords (`cafile`, `certfile`, `keyfile`,
 `ssl_context`: `dirmq.client.tls`).
@@ -29,7 +31,7 @@ it. One `AsyncRemoteStore` belongs to one event loop.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Iterable, Mapping
+from collections.abc import Coroutine, Generator, Iterable, Mapping
 from typing import Any
 
 import httpx
@@ -38,6 +40,7 @@ from dirmq import errors
 from dirmq.client import protocol as p
 from dirmq.client import tls
 from dirmq.client.remote import DEFAULT_TIMEOUT_S, checked, unreachable
+from dirmq.client.stream import AsyncConsumer, StreamTarget
 from dirmq.store import Durability, Message, OutgoingMessage, QueueConfig, QueueStats
 
 DEFAULT_MAX_CONNECTIONS = 100
@@ -60,13 +63,16 @@ class AsyncRemoteStore:
     ) -> None:
         self.url = url.rstrip("/")
         self._max_connections = max_connections
+        headers = p.auth_headers(token)
+        verify = tls.verify_argument(cafile, certfile, keyfile, ssl_context)
         self._http = httpx.AsyncClient(
             base_url=self.url,
             timeout=timeout_s,
-            headers=p.auth_headers(token),
+            headers=headers,
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=20),
-            verify=tls.verify_argument(cafile, certfile, keyfile, ssl_context),
+            verify=verify,
         )
+        self.stream_target = StreamTarget(self.url, headers, verify, timeout_s)
         self._timeout_s = timeout_s
 
     async def request(self, call: p.Call) -> p.Answer:
@@ -139,6 +145,15 @@ class AsyncRemoteQueue:
         p.queue_path(name)  # InvalidName now, as the sync client
         self.name = name
         self._store = store
+
+    def consume(self, prefetch: int = 100, visibility_s: float | None = None) -> _Connecting:
+        """A streaming consumer (`RemoteQueue.consume`): `async with queue.consume() as c`, or
+        `c = await queue.consume()` (then `await c.aclose()`)."""
+        return _Connecting(
+            AsyncConsumer.connect(
+                self._store.stream_target, self.name, prefetch=prefetch, visibility_s=visibility_s
+            )
+        )
 
     async def config(self) -> QueueConfig:
         return p.config_from(await self._store.request(p.queue_call(self.name)))
@@ -246,3 +261,22 @@ class AsyncRemoteQueue:
 
     def __repr__(self) -> str:
         return f"<dirmq.client.AsyncRemoteQueue {self.name!r} at {self._store.url}>"
+
+
+class _Connecting:
+    """An `AsyncConsumer` being connected: awaited, or entered with `async with`."""
+
+    def __init__(self, connecting: Coroutine[Any, Any, AsyncConsumer]) -> None:
+        self._connecting = connecting
+        self._consumer: AsyncConsumer | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncConsumer]:
+        return self._connecting.__await__()
+
+    async def __aenter__(self) -> AsyncConsumer:
+        self._consumer = await self._connecting
+        return self._consumer
+
+    async def __aexit__(self, *_exc: object) -> None:
+        if self._consumer is not None:
+            await self._consumer.aclose()

@@ -248,6 +248,11 @@ _ERRORS: dict[str, type[errors.DirmqError]] = {
 }
 
 
+def error_type(name: str) -> type[errors.DirmqError]:
+    """The library's error class the server named (DirmqError for a name it does not know)."""
+    return _ERRORS.get(name, errors.DirmqError)
+
+
 def raise_for(answer: Answer) -> None:
     """Raise the library error the server reported (by its name), if the answer is an error."""
     if answer.status < 400:

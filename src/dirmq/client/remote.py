@@ -11,6 +11,7 @@ import httpx
 from dirmq import errors
 from dirmq.client import protocol as p
 from dirmq.client import tls
+from dirmq.client.stream import Consumer, StreamTarget
 from dirmq.store import Durability, Message, OutgoingMessage, QueueConfig, QueueStats
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -61,10 +62,12 @@ class RemoteStore:
     ) -> None:
         self.url = url.rstrip("/")
         verify = tls.verify_argument(cafile, certfile, keyfile, ssl_context)
+        headers = p.auth_headers(token)
         self._http = httpx.Client(
-            base_url=self.url, timeout=timeout_s, headers=p.auth_headers(token), verify=verify
+            base_url=self.url, timeout=timeout_s, headers=headers, verify=verify
         )
         self._timeout_s = timeout_s
+        self.stream_target = StreamTarget(self.url, headers, verify, timeout_s)
 
     def request(self, call: p.Call) -> p.Answer:
         """Send one call; raise the library's error for an error answer."""
@@ -124,12 +127,37 @@ class RemoteStore:
 
 class RemoteQueue:
     """One queue on a dirmq server; every method is one HTTP request (`ack_many` and
-    `extend_many`: one per 1000 receipts)."""
+    `extend_many`: one per 1000 receipts), except iteration and `consume`: a stream
+    (`dirmq.client.stream`).
+
+    Iterating (`for message in queue:`) streams: one WebSocket with `prefetch` 100, the server
+    pushing messages as they come (blocking while the queue is empty); `queue.ack(receipt)` and
+    `queue.nack(receipt)` of a message it yielded go over that stream, buffered."""
 
     def __init__(self, store: RemoteStore, name: str) -> None:
         p.queue_path(name)  # InvalidName now, not at the first request
         self.name = name
         self._store = store
+        self._consumer: Consumer | None = None  # the stream iteration uses
+
+    def consume(self, prefetch: int = 100, visibility_s: float | None = None) -> Consumer:
+        """A streaming consumer: at most `prefetch` unacknowledged messages pushed to it,
+        each leased for `visibility_s` (the queue's default if None)."""
+        return Consumer(
+            self._store.stream_target, self.name, prefetch=prefetch, visibility_s=visibility_s
+        )
+
+    def __iter__(self) -> Iterator[Message]:
+        if self._consumer is not None:
+            self._consumer.close()
+        consumer = self._consumer = self.consume()
+        return consumer
+
+    def _streamed(self, receipt: str) -> Consumer | None:
+        consumer = self._consumer
+        if consumer is not None and not consumer.closed and consumer.holds(receipt):
+            return consumer
+        return None
 
     @property
     def config(self) -> QueueConfig:
@@ -174,6 +202,10 @@ class RemoteQueue:
         return got[0] if got else None
 
     def ack(self, receipt: str) -> None:
+        consumer = self._streamed(receipt)
+        if consumer is not None:
+            consumer.ack(receipt)
+            return
         self._store.request(p.ack_call(self.name, receipt))
 
     def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]:
@@ -193,6 +225,10 @@ class RemoteQueue:
         return failures
 
     def nack(self, receipt: str, delay_s: float = 0.0) -> None:
+        consumer = self._streamed(receipt)
+        if consumer is not None:
+            consumer.nack(receipt, delay_s)
+            return
         self._store.request(p.nack_call(self.name, receipt, delay_s))
 
     def extend(self, receipt: str, visibility_s: float) -> None:
@@ -233,7 +269,10 @@ class RemoteQueue:
         return p.purged(self._store.request(p.purge_call(self.name)))
 
     def close(self) -> None:
-        pass
+        """Close the stream iteration opened, if any (what it still holds goes back)."""
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
 
     def __repr__(self) -> str:
         return f"<dirmq.client.RemoteQueue {self.name!r} at {self._store.url}>"

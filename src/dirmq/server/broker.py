@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from dirmq.errors import DirmqError, InvalidArgument, QueueFull, StaleReceipt, StorageError
+from dirmq.errors import DirmqError, QueueFull, StaleReceipt, StorageError
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
 
 T = TypeVar("T")
@@ -328,12 +328,11 @@ class Broker:
         self, queue: Queue, receipts: list[str], delay_s: float = 0.0
     ) -> dict[str, Exception]:
         """Give the messages behind `receipts` back (ready after `delay_s`), in one pool call;
-        the failures by receipt, as `ack_many`. The store has no batch of nacks (a nack is
-        rarer than an ack): one `Queue.nack` each, in that one call."""
+        the failures by receipt, as `ack_many`."""
         distinct = list(dict.fromkeys(receipts))
         if not distinct:
             return {}
-        return await self.call(_nack_each, queue, distinct, delay_s)
+        return await self.call(queue.nack_each, distinct, delay_s)
 
     def _give_back_later(self, queue: Queue, done: asyncio.Future[list[Message]]) -> None:
         if done.cancelled() or done.exception() is not None or not done.result():
@@ -362,16 +361,6 @@ def _expire(future: asyncio.Future[list[Message]]) -> None:
 
 def _report_ack(settle: Callable[[BaseException | None], None], done: asyncio.Future[Any]) -> None:
     settle(asyncio.CancelledError() if done.cancelled() else done.exception())
-
-
-def _nack_each(queue: Queue, receipts: list[str], delay_s: float) -> dict[str, Exception]:
-    failures: dict[str, Exception] = {}
-    for receipt in receipts:
-        try:
-            queue.nack(receipt, delay_s)
-        except (StaleReceipt, InvalidArgument, StorageError) as exc:
-            failures[receipt] = exc
-    return failures
 
 
 def _nack_quietly(queue: Queue, receipt: str) -> None:

@@ -21,7 +21,15 @@ from collections.abc import Sequence
 from dirmq.errors import DirmqError, Unauthenticated
 from dirmq.server.access import Access, credentials_required
 from dirmq.server.errors import error_response
-from dirmq.server.http import Later, Observe, Request, Respond, Response, StreamResponse
+from dirmq.server.http import (
+    Later,
+    Observe,
+    Request,
+    Respond,
+    Response,
+    StreamResponse,
+    SwitchProtocols,
+)
 
 log = logging.getLogger("dirmq.server")
 
@@ -38,7 +46,7 @@ class Dialect:
         dialects share the listener and this one is not the last."""
         return False
 
-    async def __call__(self, request: Request) -> Response | StreamResponse:
+    async def __call__(self, request: Request) -> Response | StreamResponse | SwitchProtocols:
         raise NotImplementedError
 
     def fast(self, request: Request, respond: Respond) -> Response | Later | None:
@@ -99,7 +107,7 @@ class Router:
         request.door = self._fallback.name
         return self._fallback
 
-    async def __call__(self, request: Request) -> Response | StreamResponse:
+    async def __call__(self, request: Request) -> Response | StreamResponse | SwitchProtocols:
         access = self._access
         if access is None:
             return await self.dialect_for(request)(request)

@@ -5,7 +5,9 @@ the limits that protect the server from its clients (header and body size, slow 
 connection count), handles keep-alive, pipelining (answered in order, one at a time),
 `Expect: 100-continue`, streaming responses with trailers, back-pressure from slow readers, and
 draining on shutdown. What a request means is the business of the listener's dialects
-(`dialect.py`).
+(`dialect.py`). A `GET` asking for a protocol upgrade is answered like any other; if the
+application answers it with `SwitchProtocols`, the connection's bytes go to the `Upgraded` object
+it names from then on (`websocket.py`), else the connection closes after the answer.
 
 Why it is long: one connection's state machine (parsing, pipelining, back-pressure, limits, timers,
 streaming, drain), whose invariants (answers in order, each budget charge given back exactly once)
@@ -25,7 +27,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from email.utils import formatdate
-from typing import Any, cast
+from typing import Any, Protocol, cast
 from urllib.parse import parse_qsl
 
 import httptools
@@ -120,7 +122,34 @@ class StreamResponse:
     trailers: list[tuple[str, str]] = field(default_factory=list)
 
 
-Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
+class Upgraded(Protocol):
+    """What takes a connection over once it switched protocols (after the 101). It writes to
+    the transport it is given, and closes or aborts it when done."""
+
+    def start(self, transport: asyncio.Transport, received: bytes) -> None:
+        """The 101 is written; `received`: what the client sent after its request, if any."""
+
+    def data_received(self, data: bytes) -> None: ...
+
+    def writable(self, can_write: bool) -> None:
+        """The transport's write buffer went over its high-water mark (False) or back under
+        its low-water mark (True)."""
+
+    def shutdown(self) -> None:
+        """The server drains: say goodbye to the peer and close soon."""
+
+    def connection_lost(self) -> None: ...
+
+
+@dataclass(slots=True)
+class SwitchProtocols:
+    """The answer that upgrades a connection: 101 with `headers`, then `connection` has it."""
+
+    headers: list[tuple[str, str]]
+    connection: Upgraded
+
+
+Handler = Callable[[Request], Awaitable[Response | StreamResponse | SwitchProtocols]]
 # How a fast handler answers later: once, on the event loop, with the response or with the
 # unexpected error it met (logged, then answered 500).
 Respond = Callable[[Response | BaseException], None]
@@ -303,6 +332,8 @@ class HttpProtocol(asyncio.Protocol):
         "_task",
         "_transport",
         "_unparsed",
+        "_upgrade_tail",
+        "_upgraded",
         "_url",
         "_write_paused",
         "deadline",
@@ -332,6 +363,10 @@ class HttpProtocol(asyncio.Protocol):
         self._body_charge = 0  # budget reserved for the body being read
         self._began = 0.0  # time.monotonic() when the current request began to arrive
         self._peer = ""
+        # A GET asking to upgrade is being answered: what the client sent after it (reading is
+        # paused meanwhile; httptools parses nothing after an upgrade request).
+        self._upgrade_tail: bytes | None = None
+        self._upgraded: Upgraded | None = None  # the protocol the connection switched to
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -378,6 +413,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if self._upgraded is not None:
+            self._upgraded.connection_lost()
         self._server.connections.discard(self)
         self._disarm()
         if self._task is not None:
@@ -393,6 +430,9 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- back-pressure: nothing more is read while answers are unsent ---------------------------
     def pause_writing(self) -> None:
+        if self._upgraded is not None:
+            self._upgraded.writable(False)
+            return
         self._write_paused = True
         if self._can_write is None:
             self._can_write = asyncio.Event()
@@ -400,6 +440,9 @@ class HttpProtocol(asyncio.Protocol):
         self._update_reading()
 
     def resume_writing(self) -> None:
+        if self._upgraded is not None:
+            self._upgraded.writable(True)
+            return
         self._write_paused = False
         if self._can_write is not None:
             self._can_write.set()
@@ -430,6 +473,7 @@ class HttpProtocol(asyncio.Protocol):
     def _must_pause(self) -> bool:
         return not self._lingering and (
             self._write_paused
+            or self._upgrade_tail is not None
             or self._refusal is not None
             or (self._pending is not None and len(self._pending) > MAX_PIPELINED)
         )
@@ -458,7 +502,11 @@ class HttpProtocol(asyncio.Protocol):
             request.held_bytes = 0
 
     def close_if_idle(self) -> bool:
-        """Close the connection if no request is in progress on it; whether it did."""
+        """Close the connection if no request is in progress on it; whether it did. An
+        upgraded one is asked to say goodbye, and counts as busy until it has closed."""
+        if self._upgraded is not None:
+            self._upgraded.shutdown()
+            return False
         if self._task is None and not self._in_message and self._transport is not None:
             self._transport.close()
             return True
@@ -487,6 +535,12 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- parsing (httptools callbacks) ----------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        if self._upgraded is not None:
+            self._upgraded.data_received(data)
+            return
+        if self._upgrade_tail is not None:  # a read that came before pausing took effect
+            self._upgrade_tail += data
+            return
         if self._closed or self._refusal is not None:
             return
         kept = self._take_unparsed()
@@ -508,6 +562,8 @@ class HttpProtocol(asyncio.Protocol):
                 self._keep_unparsed(data)
                 return
             if not self._feed_piece(data[:FEED_BYTES]):
+                if self._upgrade_tail is not None:
+                    self._upgrade_tail += data[FEED_BYTES:]
                 return
             data = data[FEED_BYTES:]
 
@@ -534,8 +590,12 @@ class HttpProtocol(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
             return True
-        except httptools.HttpParserUpgrade:
-            self._fail(400, "protocol upgrades are not supported on this endpoint")
+        except httptools.HttpParserUpgrade as upgrade:
+            if self._upgrade_tail is None:  # not a GET: nothing answers it
+                self._fail(400, "protocol upgrades are not supported on this endpoint")
+            else:  # what follows the request waits for its answer (reading stops until then)
+                self._upgrade_tail = bytes(data[upgrade.args[0] :])
+                self._update_reading()
         except httptools.HttpParserError as exc:
             # httptools wraps what our callbacks raise; a limit we enforced is the real answer.
             reject = exc.__context__ if isinstance(exc.__context__, _Reject) else None
@@ -631,6 +691,11 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.deadline = 0.0
+        upgrade = self._parser.should_upgrade()
+        if upgrade and (self._method() != "GET" or self._body_bytes):
+            self._give_body_charge()
+            self._reset_message()
+            return  # refused as httptools stops after it (`_feed_piece`)
         path, query = _split_url(self._url)
         body = self._body
         request = Request(
@@ -645,7 +710,8 @@ class HttpProtocol(asyncio.Protocol):
                 if len(body) == 1
                 else b"".join(body)
             ),
-            self._parser.should_keep_alive(),
+            # After a request to upgrade that is not switched, httptools parses nothing more.
+            self._parser.should_keep_alive() and not upgrade,
             self._raw_headers,
             query,
             self._body_charge,
@@ -655,6 +721,8 @@ class HttpProtocol(asyncio.Protocol):
         )
         self._body_charge = 0  # the request's now
         self._reset_message()
+        if upgrade:
+            self._upgrade_tail = b""  # nothing more is parsed: see `_feed_piece`
         if self._task is None and not self._pending and not self._closed and not self._write_paused:
             self._begin(request)  # the usual case
             return
@@ -754,6 +822,9 @@ class HttpProtocol(asyncio.Protocol):
             except Exception:
                 log.exception("unhandled error answering %s %s", request.method, request.path)
                 response = _internal_error()
+            if isinstance(response, SwitchProtocols):
+                self._switch(request, response)
+                return
             keep_alive = request.keep_alive and not self._server.draining
             sent = [response.status, 0]
             await self._send(request, response, keep_alive, sent)
@@ -771,6 +842,28 @@ class HttpProtocol(asyncio.Protocol):
             if sent:  # also a stream the client left (its end is how an SSE stream ends)
                 self._observed(request, sent[0], sent[1])
         self._next_request(keep_alive)
+
+    def _switch(self, request: Request, response: SwitchProtocols) -> None:
+        """Write the 101 and hand the connection to `response.connection` (from `_answer`,
+        whose `finally` clears `_task`: the connection stays busy for the drain)."""
+        transport = self._transport
+        tail, self._upgrade_tail = self._upgrade_tail or b"", None
+        if transport is None or self._closed:
+            return
+        head = _response_head(
+            self._server.clock.prefix(101), response.headers, 101, 0, keep_alive=True
+        )
+        transport.write(head)
+        self._upgraded = response.connection
+        self._disarm()  # the protocol keeps its own timers
+        self._server.requests_served += 1
+        self._observed(request, 101, 0)
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        response.connection.start(transport, tail)
+        if self._write_paused:
+            response.connection.writable(False)
 
     def _write_response(self, request: Request, response: Response, keep_alive: bool) -> None:
         transport = self._transport

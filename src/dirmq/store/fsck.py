@@ -28,7 +28,10 @@ Invariants, and what `repair=True` does about each (see `Kind`):
       and @spark (@pubsub's check looks at its own)
     no capacity slot pointing at an absent message (older than 60 s)  unlink
     no file in @free sharing its inode with another name              unlink the @free name
-    the recycled-file pool of a dead process in @free (pool.py)       files back to @free (notice)
+    the recycled-file pool of a dead process in @free (pool.py)       blank files back to @free,
+      (a notice: the next open reclaims it; its files not blanked       the others unlinked
+      yet, acknowledged messages its reaper had not reached, are
+      counted in the detail and never reused)
     state directories without @queue.json (crashed create/delete)     remove when empty, else report
     stray unknown files                                               report only (a notice)
     every file and directory has the modes of the root's access      chmod (and chgrp, in a group
@@ -555,6 +558,9 @@ class _Checker:
                     self.add(scan.name, entry.path, Kind.STRAY, "unknown directory in @free")
                 elif owner is not Owner.ALIVE:
                     why = "dead process" if owner is Owner.DEAD else "another host, idle 1 h"
+                    unblanked = _unblanked_files(entry.path)
+                    if unblanked:  # killed before its reaper got to them: unlinked, not reused
+                        why += f", {unblanked} file(s) not blanked (acknowledged messages)"
                     self.fix(
                         scan.name,
                         entry.path,
@@ -908,6 +914,19 @@ def _rename_in(directory: str, name: str, new: str) -> str:
         raise FileExistsError(0, f"{new} already exists")
     os.rename(os.path.join(directory, name), target)
     return f"renamed to {new}"
+
+
+def _unblanked_files(pool_dir: str) -> int:
+    """How many files of a dead process's pool hold anything but zeros: retired files its
+    reaper had not blanked yet (or one a put was overwriting). Never reused (`reclaim_pool`)."""
+    count = 0
+    for entry in _scandir(pool_dir):
+        try:
+            if entry.is_file(follow_symlinks=False):
+                count += not is_blank(entry.path, entry.stat(follow_symlinks=False).st_size)
+        except OSError:
+            continue  # gone meanwhile, or unreadable: reclaim_pool unlinks what it cannot use
+    return count
 
 
 def _reclaim_pool(path: str, free_dir: str, owner: Owner, room: int) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 from dirmq.errors import InvalidArgument, QueueNotFound, StaleReceipt, StorageError, storage_error
 from dirmq.store.bounds import check_optional_seconds
+from dirmq.store.config import QueueConfig
 from dirmq.store.files import now_ms
 from dirmq.store.index import GroupRuns, QueueIndex
 from dirmq.store.layout import parse_entry, parse_receipt
@@ -24,7 +25,7 @@ from dirmq.store.message import Message
 from dirmq.store.view import QueueView
 
 SETTLE_ACTIONS = ("ack", "nack", "extend", "dead_letter")
-_ACK_CHUNK = 64  # acks of one ack_each applied per lock hold (and per index sync)
+_SETTLE_CHUNK = 64  # settles of one settle_each applied per lock hold (and per index sync)
 
 
 def get(
@@ -90,17 +91,35 @@ def _next_due_s(index: QueueIndex, at_ms: int) -> float:
 
 
 def ack_each(view: QueueView, receipts: Iterable[str]) -> dict[str, Exception]:
-    """`Queue.ack_each`. The index is brought up to date once per chunk, not once per receipt:
-    our own acks update it as they go, and a lease that changed elsewhere meanwhile is looked up
-    again after a fresh sync before it is called stale."""
+    """`Queue.ack_each`: `settle_each` of "ack"."""
+    return settle_each(view, receipts, "ack")
+
+
+def extend_each(
+    view: QueueView, receipts: Iterable[str], visibility_s: float
+) -> dict[str, Exception]:
+    """`Queue.extend_each`: `settle_each` of "extend" (`visibility_s` checked once)."""
+    check_optional_seconds("visibility_s", visibility_s)
+    return settle_each(view, receipts, "extend", visibility_s)
+
+
+def settle_each(
+    view: QueueView, receipts: Iterable[str], action: str, delay_s: float = 0.0
+) -> dict[str, Exception]:
+    """Apply `action` to the lease behind each receipt; the failures by receipt (StaleReceipt,
+    InvalidArgument, StorageError). One lock hold, one index sync and one look at the
+    configuration per chunk of `_SETTLE_CHUNK`, not per receipt: our own settles update the
+    index as they go, and a lease that changed elsewhere meanwhile is looked up again after a
+    fresh sync before it is called stale."""
     failures: dict[str, Exception] = {}
     pending = list(receipts)
-    for start in range(0, len(pending), _ACK_CHUNK):
+    for start in range(0, len(pending), _SETTLE_CHUNK):
         with view.lock:
             view.synced()
-            for receipt in pending[start : start + _ACK_CHUNK]:
+            config = view.config  # notices a deleted queue (QueueNotFound: raised, not a failure)
+            for receipt in pending[start : start + _SETTLE_CHUNK]:
                 try:
-                    settle(view, receipt, "ack", index_fresh=True)
+                    settle(view, receipt, action, delay_s, index_fresh=True, config=config)
                 except (StaleReceipt, InvalidArgument, StorageError) as exc:
                     failures[receipt] = exc
     return failures
@@ -112,11 +131,12 @@ def settle(
     action: str,
     delay_s: float = 0.0,
     index_fresh: bool = False,
+    config: QueueConfig | None = None,
 ) -> None:
     """Apply `action` (one of `SETTLE_ACTIONS`) to the lease behind `receipt`, retrying once if
     it moved meanwhile (another process extended it between our lookup and our rename).
     `index_fresh`: the caller synced the index under the lock it holds, so the first lookup may
-    skip that."""
+    skip that; `config`: the caller read the configuration under that lock too."""
     assert action in SETTLE_ACTIONS
     sync = not index_fresh
     try:
@@ -131,7 +151,8 @@ def settle(
                     continue
                 index = view.index
                 assert index is not None  # synced by us or by the caller
-                config = view.config  # read for an ack too: it notices a deleted queue
+                if config is None:
+                    config = view.config  # read for an ack too: it notices a deleted queue
                 try:
                     if action == "ack":
                         view.files.ack(index, lease)

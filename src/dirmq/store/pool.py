@@ -10,49 +10,71 @@ and a later put overwrites it and publishes it exactly like a new file (flush, t
 Two pools per queue:
 - the process's own pool, `@free/<host>.<pidns>.<pid>.<start>-<nonce>/`: a directory only this
   process touches while it lives, so a put overwrites one of its files in place and publishes it
-  with a single rename (no claim rename: nobody else can take it). Retirements made by this
-  process go there first, up to `OWN_POOL_FILES`. One per process and queue (shared by every
-  `Store` of the process; a forked child starts its own).
-- the shared pool, the plain files of `@free/`: retirements beyond that, and the pools of dead
-  processes. A put claims one by renaming it into `@tmp/` (the loser of a race gets ENOENT and
-  tries the next name), then overwrites it.
+  with a single rename (no claim rename: nobody else can take it). One per process and queue
+  (shared by every `Store` of the process; a forked child starts its own).
+- the shared pool, the plain files of `@free/`: what the own pools cannot keep, and the pools of
+  dead processes. A put claims one by renaming it into `@tmp/` (the loser of a race gets ENOENT
+  and tries the next name), then overwrites it.
 
-An acknowledged message is not left readable: every retired file goes through this process's
-own pool, where it is blanked (overwritten with zeros, `_blank`) before it is kept there or
-renamed on into the shared pool. Nowhere else is blanking safe: before the rename another
-process may still move the file (requeue an expired lease), after it a put may be writing it.
+A retirement costs its caller one rename: into the own pool, where no other process may touch
+the file (before that rename another process may still move it, e.g. requeue an expired lease,
+so nothing may be done to it earlier). Everything else happens on this process's reaper thread
+(`_Reaper`, one per process, woken when a retirement queues work, in batches of `REAP_BATCH`):
+it looks at the file (one name, small), blanks it (overwrites it with zeros, `_blank`: an
+acknowledged message is not left readable) and keeps it, up to `OWN_POOL_FILES`, or hands it,
+blank, to the shared pool, or, both being full, unlinks it (without looking: the common case of
+a long drain costs the reaper one unlink). Until the reaper gets to it a file is "unreaped":
+its bytes are the acknowledged message's, normally for well under a second. If the reaper falls
+`MAX_UNREAPED` files behind, retirements unlink on the caller's path instead, so the own pool
+never holds more than `OWN_POOL_FILES + MAX_UNREAPED` files whatever the rate of acks.
 
-Nothing here is ever visible as a message: `@free/` holds zeros, and a file being overwritten
-is published like a new file. With `writethrough` that is once its new content is durable, so a
-crash mid-overwrite leaves garbage in a pool (or an orphan temp file that recovery removes).
-With `writeback`/`memory` the rename may reach the disk before the data, leaving the file's old
+Why a put reuses only blanked files, never an unreaped one (though overwriting it with the new
+content, then truncating, would also destroy the old bytes, and skip the blanking): (1) the
+reaper's look at the file is what makes it safe to overwrite: a file with a second name may be
+a published message's inode (see `reclaim_pool`), and an unreaped file has not been looked at;
+a put that looked itself would put that syscall back on some caller's path; (2) a blanked file
+keeps its length, which the pool records, so a put that is no shorter needs no `ftruncate`;
+(3) the reaper and a put never touch the same file: a put takes files only from `files`, the
+reaper only from `unreaped`, each under the pool's lock; (4) a crash leaves nothing new: a
+file a put is overwriting holds zeros or the new message, as before. When puts outrun the
+reaper they make new files, which is what they would do with an empty pool anyway.
+
+Nothing here is ever visible as a message: `@free/` holds zeros (the own pool of a live process
+also unreaped files, which only it touches), and a file being overwritten is published like a
+new file. With `writethrough` that is once its new content is durable, so a crash
+mid-overwrite leaves garbage in a pool (or an orphan temp file that recovery removes). With
+`writeback`/`memory` the rename may reach the disk before the data, leaving the file's old
 content (zeros, or an acknowledged message whose blanking had not reached the disk either) under
 the new name: its `Dirmq-Id` is not the new message's, so readers treat it as corrupt
 (codec.py), never deliver it again.
 
 The pool of a dead process is reclaimed by `reclaim_pools` (on queue open, by sweep and by
-fsck): its blank files go back to the shared pool. Only files of at most `MAX_RECYCLED_BYTES` are
-kept, at most `capacity` shared and `OWN_POOL_FILES` own per queue and process, so the pools
-never hold much disk.
+fsck): its blank files go back to the shared pool, and the others (unreaped, or half
+overwritten when it died) are unlinked, never handed on. A process that exits normally stops
+its reaper, reaps what is left itself and hands its own pools to the shared ones
+(`release_own_pools`). Only files of at most `MAX_RECYCLED_BYTES` are kept, at most `capacity`
+shared and `OWN_POOL_FILES` own per queue and process, so the pools never hold much disk.
 
 Space first. While the filesystem is short of space or inodes (under `SHORT_FREE_FRACTION`
-free, checked at most once per `SPACE_CHECK_INTERVAL_S`), a retired file is unlinked instead:
-at a full disk, draining a queue must give its space back, not park it in `@free`. A recycling
-step that fails (ENOSPC when `@free` or a new pool directory must grow, EMFILE, ...) falls back
-to the unlink too, so an ack never fails for want of space; on ENOSPC this process's pools are
-emptied at once (`release_space`).
+free, checked at most once per `SPACE_CHECK_INTERVAL_S`, by the reaper while things go well),
+a retired file is unlinked instead: at a full disk, draining a queue must give its space back,
+not park it in `@free`. A recycling step that fails (ENOSPC when `@free` or a new pool directory
+must grow, EMFILE, ...) falls back to the unlink too, so an ack never fails for want of space;
+on ENOSPC this process's pools are emptied at once (`release_space`), unreaped files included.
 
-Why it is long: both pools (this process's own and the shared one), their claims, the reclaiming of
-a dead process's pool and the space rules share one set of invariants about which file may be
-overwritten by whom; apart, each half would have to re-check the other's.
+Why it is long: both pools (this process's own and the shared one), their claims, the reaper,
+the reclaiming of a dead process's pool and the space rules share one set of invariants about
+which file may be overwritten by whom; apart, each part would have to re-check the others'.
 """
 
 from __future__ import annotations
 
 import atexit
 import errno
+import logging
 import os
 import re
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -65,10 +87,14 @@ from dirmq.store.fsio import DirHandle, PendingFile, overwrite_pending
 MAX_RECYCLED_BYTES = 64 * 1024
 DEFAULT_POOL_FILES = 1024
 OWN_POOL_FILES = 256
+MAX_UNREAPED = 1024  # retired files waiting for the reaper (in hand too); then retirements unlink
+REAP_BATCH = 64  # files the reaper handles per pool before it looks at the others again
+REAP_GATHER_S = 0.002  # the reaper, woken, waits this long for more work to do at once
 RELIST_INTERVAL_S = 1.0  # after a listing of @free that found nothing
 SHORT_FREE_FRACTION = 0.05  # less free space or inodes than this: retired files are unlinked
 SPACE_CHECK_INTERVAL_S = 1.0
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+log = logging.getLogger(__name__)
 ORPHAN_POOL_GRACE_S = 3600.0  # a pool of another host: its owner is presumed dead after this
 
 _ZEROS = memoryview(bytes(MAX_RECYCLED_BYTES))  # what a retired file is overwritten with
@@ -239,16 +265,29 @@ def reclaim_pools(free_dir: str, capacity: int = DEFAULT_POOL_FILES) -> int:
 
 @dataclass(slots=True)
 class _OwnPool:
-    """This process's pool in one queue: files it alone may overwrite, with their sizes.
+    """This process's pool in one queue: files it alone may overwrite.
 
-    `files` are names relative to `handle`, the open pool directory (None until the first
-    retirement makes it, and again once it is found gone). Both change together, under `lock`.
+    `files` are blank files a put may overwrite, with their sizes; `unreaped` are files renamed
+    in by retirements that the reaper has not blanked yet (a put never takes those). Names are
+    relative to `handle`, the open pool directory (None until the first retirement makes it,
+    and again once it is found gone). All three change together, under `lock`. `sink` is the
+    queue's `FilePool` that the reaper hands surplus files to (any of the process's will do).
     """
 
     dir: str
     files: list[tuple[str, int]] = field(default_factory=list)
+    unreaped: list[str] = field(default_factory=list)
     handle: DirHandle | None = None
+    sink: FilePool | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Bumped whenever the pool is emptied (space, a vanished directory): what the reaper had in
+    # hand then is not kept, nor handed to the shared pool that was emptied too.
+    epoch: int = 0
+    in_hand: int = 0  # files taken out of `unreaped` that the reaper has not handled yet
+
+    def behind(self) -> int:
+        """How many retired files wait for the reaper (read without the lock: an estimate)."""
+        return len(self.unreaped) + self.in_hand
 
     def forget(self, handle: DirHandle) -> None:
         """The directory behind `handle` is gone: drop what we knew of it (once)."""
@@ -256,30 +295,182 @@ class _OwnPool:
             if self.handle is handle:
                 self.handle = None
                 self.files.clear()
+                self.unreaped.clear()
+                self.epoch += 1
 
 
 _own_pools: dict[str, _OwnPool] = {}  # @free path -> this process's pool there
 _own_lock = threading.Lock()
 
 
+class _Reaper:
+    """The thread that blanks, hands on or unlinks what retirements renamed into this
+    process's own pools (see the module docstring). One per process, started by the first
+    retirement; a daemon, stopped by `stop` (at exit) and never inherited by a forked child."""
+
+    def __init__(self) -> None:
+        self.wake = threading.Event()
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+        self.stopping = False
+        self.busy = False  # a batch is out of `unreaped` and not handled yet
+
+    def poke(self) -> None:
+        """There is work: wake the thread (starting it the first time). Cheap when awake."""
+        if self.thread is None:
+            with self.lock:
+                if self.thread is None and not self.stopping:
+                    self.thread = threading.Thread(
+                        target=self._run, name="dirmq-pool-reaper", daemon=True
+                    )
+                    self.thread.start()
+        if not self.wake.is_set():
+            self.wake.set()
+
+    def _run(self) -> None:
+        while not self.stopping:
+            worked = False
+            for pool in list(_own_pools.values()):
+                if self.stopping:
+                    return
+                try:
+                    worked |= _reap_some(pool, REAP_BATCH, self)
+                except Exception:  # a bug: the files stay for reclaim_pools, retirements unlink
+                    log.exception("the recycled-file reaper failed on %s", pool.dir)
+            if worked:
+                continue
+            self.wake.clear()  # before the last look: a retirement after it sets it again
+            if not any(p.unreaped for p in list(_own_pools.values())):
+                self.wake.wait()
+                # Let the acks of a burst gather: one wake-up (and one turn of the GIL) for
+                # many files, instead of one per ack.
+                time.sleep(REAP_GATHER_S)
+
+    def stop(self, timeout_s: float) -> None:
+        """Stop the thread (after its current batch); the caller reaps what is left."""
+        with self.lock:
+            self.stopping = True
+            thread = self.thread
+        self.wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+
+
+_reaper = _Reaper()
+
+
+def _reap_some(pool: _OwnPool, limit: int | None, reaper: _Reaper | None) -> bool:
+    """Handle up to `limit` (None: all) unreaped files of `pool`; False if there were none.
+    Never raises: what fails is unlinked, or left for `reclaim_pools` after this process."""
+    with pool.lock:
+        if not pool.unreaped or pool.handle is None or pool.sink is None:
+            return False
+        if limit is None or limit >= len(pool.unreaped):
+            batch, pool.unreaped = pool.unreaped, []
+        else:
+            batch, pool.unreaped = pool.unreaped[:limit], pool.unreaped[limit:]
+        handle, sink, epoch = pool.handle, pool.sink, pool.epoch
+        pool.in_hand += len(batch)
+        if reaper is not None:
+            reaper.busy = True
+    left = len(batch)
+    try:
+        for name in batch:
+            _reap_one(pool, handle, sink, name, epoch)
+            left -= 1
+            with pool.lock:
+                pool.in_hand -= 1
+    finally:
+        with pool.lock:
+            pool.in_hand -= left
+        if reaper is not None:
+            reaper.busy = False
+    return True
+
+
+def _reap_one(pool: _OwnPool, handle: DirHandle, sink: FilePool, name: str, epoch: int) -> None:
+    """Blank and keep the unreaped file `name` of `pool`, or hand it on blank, or unlink it
+    (`epoch`: the pool's when the file was taken from `unreaped`)."""
+    full = len(pool.files) >= OWN_POOL_FILES and sink.full()
+    if full or pool.epoch != epoch or sink.short_of_space():
+        _unlink_quietly(name, handle)  # nowhere to keep it: no need to look at it
+        return
+    try:
+        st = os.lstat(name, dir_fd=handle.fd)
+    except OSError:
+        return  # gone (our pool directory was removed), or unreadable: left to reclaim_pools
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or st.st_size > MAX_RECYCLED_BYTES:
+        _unlink_quietly(name, handle)  # a second name may be a message's: never blanked
+        return
+    try:
+        _blank(name, st.st_size, handle)
+    except OSError as exc:
+        _unlink_quietly(name, handle)
+        if exc.errno in _NO_SPACE:
+            sink.release_space()
+        return
+    with pool.lock:
+        current = pool.epoch == epoch  # else emptied meanwhile: the file goes too
+        kept = current and pool.handle is handle and len(pool.files) < OWN_POOL_FILES
+        if kept:
+            pool.files.append((name, st.st_size))
+    if kept:
+        return
+    if current and not sink.full():  # ours is full: the shared pool takes it, blank
+        try:
+            os.rename(name, os.path.join(sink.dir, name), src_dir_fd=handle.fd)
+        except OSError:
+            pass
+        else:
+            sink.known_more(name)
+            return
+    _unlink_quietly(name, handle)
+
+
+def wait_reaped(timeout_s: float) -> bool:
+    """Wait until this process's reaper has handled every retired file (for tests, and
+    whoever must know the acknowledged bytes are gone); False if `timeout_s` passed first."""
+    deadline = time.monotonic() + timeout_s
+    # In this order: a batch is taken out of `unreaped` and marked busy in one lock hold.
+    while any(p.unreaped for p in list(_own_pools.values())) or _reaper.busy:
+        if time.monotonic() >= deadline:
+            return False
+        _reaper.poke()
+        time.sleep(0.001)
+    return True
+
+
+def unreaped_files() -> int:
+    """How many retired files of this process wait for the reaper (all queues; for tests)."""
+    return sum(len(p.unreaped) for p in list(_own_pools.values()))
+
+
 def _forget_own_pools() -> None:
-    # A forked child must not write into its parent's pool: it starts its own.
-    global _own_lock
+    # A forked child must not write into its parent's pool: it starts its own, and its own
+    # reaper (the parent's thread does not exist in the child).
+    global _own_lock, _reaper
     _own_pools.clear()
     _own_lock = threading.Lock()
+    _reaper = _Reaper()
 
 
 def release_own_pool(free_dir: str) -> int:
     """Hand this process's own pool in `free_dir` over to the shared pool there; returns how
-    many files moved. Files taken by puts in flight are not affected."""
+    many files moved. Files taken by puts in flight are not affected. Unreaped files are reaped
+    first (blanked): nothing unblanked reaches the shared pool (a batch the reaper has in hand
+    meanwhile goes there blank too, or is unlinked)."""
     pool = _own_pools.get(free_dir)
     if pool is None:
         return 0
+    _reap_some(pool, None, None)
     with pool.lock:
         files, pool.files = pool.files, []
+        unreaped, pool.unreaped = pool.unreaped, []
         handle, pool.handle = pool.handle, None
     if handle is None:
         return 0
+    for name in unreaped:  # retired while we reaped (another thread, at exit): not blanked
+        _unlink_quietly(name, handle)
     moved = 0
     for name, _size in files:
         try:
@@ -295,16 +486,19 @@ def release_own_pool(free_dir: str) -> int:
 
 
 def drop_own_pools() -> int:
-    """Unlink every file of this process's own pools (all queues: they share filesystems);
-    returns how many. For a full disk, where the space matters more than the recycling."""
+    """Unlink every file of this process's own pools (all queues: they share filesystems),
+    unreaped ones included; returns how many. For a full disk, where the space matters more
+    than the recycling."""
     dropped = 0
     for pool in list(_own_pools.values()):
         with pool.lock:
             files, pool.files = pool.files, []
+            unreaped, pool.unreaped = pool.unreaped, []
             handle = pool.handle
+            pool.epoch += 1
         if handle is None:
             continue
-        for name, _size in files:
+        for name in [n for n, _size in files] + unreaped:
             try:
                 os.unlink(name, dir_fd=handle.fd)
                 dropped += 1
@@ -326,8 +520,10 @@ def space_short(path: str) -> bool:
 
 
 def release_own_pools() -> int:
-    """Hand every own pool of this process over to the shared pools (run at exit: what a dead
-    process leaves is reclaimed too, but only when someone next opens the queue)."""
+    """Stop the reaper, then hand every own pool of this process over to the shared pools (run
+    at exit: what a dead process leaves is reclaimed too, but only when someone next opens the
+    queue)."""
+    _reaper.stop(timeout_s=5.0)
     return sum(release_own_pool(free_dir) for free_dir in list(_own_pools))
 
 
@@ -349,7 +545,7 @@ class FilePool:
     """The `@free/` directory of one queue, as this process knows it."""
 
     def __init__(self, free_dir: str, access: Access, capacity: int = DEFAULT_POOL_FILES) -> None:
-        self._dir = free_dir
+        self.dir = free_dir
         self._access = access  # for this process's own pool directory
         self._capacity = capacity
         self._known: list[str] = []  # shared pool files, as last listed
@@ -361,20 +557,20 @@ class FilePool:
     def retire(self, path: str, message_id: str) -> None:
         """Remove the message file at `path` for good (FileNotFoundError if it is already gone).
 
-        It is recycled when small, alone (one name) and a pool has room (this process's own
-        first), and the filesystem is not short of space, else unlinked. A recycled file is
-        blanked first (`_retire_own`). Only the unlink's errors propagate."""
-        if self.short_of_space() or (
-            len(_own_pool(self._dir).files) >= OWN_POOL_FILES and self._full()
-        ):
-            os.unlink(path)  # no space to spare, or both pools are full: no need for its size
+        One rename into this process's own pool, where the reaper blanks it later and keeps
+        it, hands it on or unlinks it; unlinked at once instead while the filesystem is short
+        of space, when the reaper is `MAX_UNREAPED` behind, or when the rename fails (an ack
+        never fails for want of space). Only the unlink's errors propagate."""
+        # The space check itself is the reaper's while recycling goes on: none on this path.
+        if self._short and self.short_of_space():
+            os.unlink(path)  # no space to spare
             return
-        st = os.lstat(path)
-        if st.st_size > MAX_RECYCLED_BYTES or st.st_nlink > 1:
-            os.unlink(path)  # a second name may be a message's (see reclaim_pool): not blanked
+        own = _own_pool(self.dir)
+        if own.behind() >= MAX_UNREAPED:
+            os.unlink(path)  # the reaper is behind: the pool must not grow without bound
             return
         try:
-            if self._retire_own(path, message_id, st.st_size):
+            if self._retire_own(own, path, message_id):
                 return
         except FileNotFoundError:
             raise
@@ -389,7 +585,7 @@ class FilePool:
         now = time.monotonic()
         if now - self._space_checked_at >= SPACE_CHECK_INTERVAL_S:
             self._space_checked_at = now
-            short = space_short(self._dir)
+            short = space_short(self.dir)
             if short and not self._short:
                 self.release_space()
             self._short = short
@@ -402,64 +598,65 @@ class FilePool:
         self._space_checked_at = time.monotonic()
         return drop_own_pools() + self.trim(keep=0)
 
-    def _full(self) -> bool:
-        with self._lock:
-            return len(self._known) >= self._capacity
+    # `full` and `known_more` take no lock: the reaper calls them, and a child forked while it
+    # held this pool's lock would inherit the lock held for good. len() and append() are atomic
+    # (an append racing a relist that replaces the list is lost: `_known` is an estimate).
+    def full(self) -> bool:
+        """Whether the shared pool holds `capacity` files, as far as this process knows."""
+        return len(self._known) >= self._capacity
 
-    def _retire_own(self, path: str, message_id: str, size: int) -> bool:
-        """Retire `path` through this process's own pool: renamed there, where no other process
-        may touch it, and blanked there (overwritten with zeros: an acknowledged message is not
-        left readable, and nobody can be writing the file meanwhile); then kept, or handed to
-        the shared pool when ours is full. False (nothing done) if there is no pool directory."""
-        own = _own_pool(self._dir)
+    def known_more(self, name: str) -> None:
+        """This process put `name` into the shared pool."""
+        self._known.append(name)
+
+    def _retire_own(self, own: _OwnPool, path: str, message_id: str) -> bool:
+        """Rename `path` into this process's own pool as `message_id`, for the reaper; False
+        (nothing done) if there is no pool directory."""
+        for _attempt in range(2):  # a pool directory removed (by hand?) is made again once
+            handle = self._own_handle(own)
+            if handle is None:
+                return False
+            try:
+                os.rename(path, message_id, dst_dir_fd=handle.fd)
+            except FileNotFoundError:
+                if not os.path.lexists(path):
+                    raise
+                own.forget(handle)
+                continue
+            with own.lock:
+                kept = own.handle is handle
+                if kept:
+                    own.unreaped.append(message_id)
+            if not kept:  # the directory was found gone meanwhile: nobody would reap it
+                _unlink_quietly(message_id, handle)
+                return True
+            _reaper.poke()
+            return True
+        return False
+
+    def _own_handle(self, own: _OwnPool) -> DirHandle | None:
+        """The open own pool directory, made on first use; None if there can be none."""
         with own.lock:
+            if own.sink is None:
+                own.sink = self
             if own.handle is None:
                 try:
                     self._access.mkdir(own.dir)
                 except FileExistsError:
                     pass
                 except FileNotFoundError:
-                    return False  # no @free (an older queue, or the queue is going away)
+                    return None  # no @free (an older queue, or the queue is going away)
                 try:
                     own.handle = DirHandle(own.dir)
                 except FileNotFoundError:
-                    return False
-            handle = own.handle
-        try:
-            os.rename(path, message_id, dst_dir_fd=handle.fd)
-        except FileNotFoundError:
-            if not os.path.lexists(path):
-                raise
-            own.forget(handle)  # our directory was removed (by hand?): remade next time
-            return False
-        try:
-            _blank(message_id, size, handle)
-        except OSError as exc:
-            _unlink_quietly(message_id, handle)
-            if exc.errno in _NO_SPACE:
-                self.release_space()
-            return True
-        with own.lock:
-            if own.handle is handle and len(own.files) < OWN_POOL_FILES:
-                own.files.append((message_id, size))
-                return True
-        if not self._full():  # ours is full: the shared pool takes it, blank
-            try:
-                os.rename(message_id, os.path.join(self._dir, message_id), src_dir_fd=handle.fd)
-            except OSError:
-                pass
-            else:
-                with self._lock:
-                    self._known.append(message_id)
-                return True
-        _unlink_quietly(message_id, handle)
-        return True
+                    return None
+            return own.handle
 
     def overwrite_own(self, final_path: str, data: bytes) -> PendingFile | None:
         """A file of this process's own pool, overwritten with exactly `data`, to be published
         as `final_path` (a rename, like a temp file); None if the own pool is empty. On a write
         error the file is removed and the error propagates."""
-        own = _own_pool(self._dir)
+        own = _own_pool(self.dir)
         with own.lock:
             if not own.files or own.handle is None:
                 return None
@@ -486,7 +683,7 @@ class FilePool:
                     return False
                 name = self._known.pop()
             try:
-                os.rename(os.path.join(self._dir, name), tmp_path)
+                os.rename(os.path.join(self.dir, name), tmp_path)
             except FileNotFoundError:
                 continue  # another process claimed it (or the queue is gone: caller finds out)
             return True
@@ -499,7 +696,7 @@ class FilePool:
         if now - self._listed_at < RELIST_INTERVAL_S:
             return False
         try:
-            with os.scandir(self._dir) as entries:
+            with os.scandir(self.dir) as entries:
                 self._known = [e.name for e in entries if e.is_file(follow_symlinks=False)]
             del self._known[self._capacity :]
         except FileNotFoundError:
@@ -512,13 +709,13 @@ class FilePool:
         live processes are theirs; `reclaim_pools` handles those of dead ones.)"""
         removed = 0
         try:
-            with os.scandir(self._dir) as entries:
+            with os.scandir(self.dir) as entries:
                 names = [e.name for e in entries if e.is_file(follow_symlinks=False)]
         except OSError:  # gone, or unreadable now (a failing disk): nothing to trim
             return 0
         for name in names[keep:]:
             try:
-                os.unlink(os.path.join(self._dir, name))
+                os.unlink(os.path.join(self.dir, name))
                 removed += 1
             except OSError:
                 pass
@@ -529,6 +726,6 @@ class FilePool:
 
     def own_files(self) -> int:
         """How many files this process's own pool holds (for tests and stats)."""
-        own = _own_pool(self._dir)
+        own = _own_pool(self.dir)
         with own.lock:
             return len(own.files)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
-from dirmq.errors import InvalidArgument, StaleReceipt, StorageError
+from dirmq.errors import StorageError
 from dirmq.store import claims, leasing, lookup, maintenance
 from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import Durability, QueueConfig
@@ -139,6 +139,13 @@ class Queue:
         check_optional_seconds("delay_s", delay_s)
         leasing.settle(self._view, receipt, "nack", delay_s)
 
+    def nack_each(self, receipts: Iterable[str], delay_s: float = 0.0) -> dict[str, Exception]:
+        """Give several messages back (`nack` of each, one lock and one index sync per chunk);
+        the failures by receipt, a `StorageError` among them too (see `ack_each`): a consumer
+        stream that closes gives back everything it held in one call."""
+        check_optional_seconds("delay_s", delay_s)
+        return leasing.settle_each(self._view, receipts, "nack", delay_s)
+
     def extend(self, receipt: str, visibility_s: float) -> None:
         """Heartbeat: the lease now ends `visibility_s` from now. The receipt stays valid."""
         check_optional_seconds("visibility_s", visibility_s)
@@ -151,11 +158,7 @@ class Queue:
     def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]:
         """Ack several receipts; returns the failures by receipt (empty when all succeeded).
         A `StorageError` is raised instead, once every receipt has been tried."""
-        failures = leasing.ack_each(self._view, receipts)
-        for failure in failures.values():
-            if isinstance(failure, StorageError):
-                raise failure
-        return failures
+        return _raise_storage_errors(leasing.ack_each(self._view, receipts))
 
     def ack_each(self, receipts: Iterable[str]) -> dict[str, Exception]:
         """`ack_many` that returns a `StorageError` by receipt too: for a caller that acks for
@@ -163,30 +166,17 @@ class Queue:
         not in the result was acknowledged, even when others failed)."""
         return leasing.ack_each(self._view, receipts)
 
-    # TODO(storeack): replaced by the store's `Queue.extend_many` / `extend_each` (one lock and
-    # one sync per chunk); these thin loops only give the server and the clients the same API
-    # until that lands.
     def extend_many(self, receipts: Iterable[str], visibility_s: float) -> dict[str, Exception]:
         """Heartbeat several leases at once: each now ends `visibility_s` from now (receipts
-        stay valid). Returns the failures by receipt (`StaleReceipt`, `InvalidArgument`); a
-        `StorageError` is raised instead, once every receipt has been tried. `InvalidArgument`
-        at once for a bad `visibility_s`."""
-        failures = self.extend_each(receipts, visibility_s)
-        for failure in failures.values():
-            if isinstance(failure, StorageError):
-                raise failure
-        return failures
+        stay valid). Returns the failures by receipt (`StaleReceipt` for a lease that expired
+        or was settled, `InvalidArgument` for what is no receipt); empty when all were
+        extended. A `StorageError` is raised instead, once every receipt has been tried.
+        `InvalidArgument` at once for a bad `visibility_s`."""
+        return _raise_storage_errors(leasing.extend_each(self._view, receipts, visibility_s))
 
     def extend_each(self, receipts: Iterable[str], visibility_s: float) -> dict[str, Exception]:
         """`extend_many` that returns a `StorageError` by receipt too (see `ack_each`)."""
-        check_optional_seconds("visibility_s", visibility_s)
-        failures: dict[str, Exception] = {}
-        for receipt in receipts:
-            try:
-                leasing.settle(self._view, receipt, "extend", visibility_s)
-            except (StaleReceipt, InvalidArgument, StorageError) as exc:
-                failures[receipt] = exc
-        return failures
+        return leasing.extend_each(self._view, receipts, visibility_s)
 
     # -- by id -------------------------------------------------------------------------------------
     def delete(self, message_id: str) -> bool:
@@ -303,3 +293,12 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"<dirmq.Queue {self.name!r} at {self.path!r}>"
+
+
+def _raise_storage_errors(failures: dict[str, Exception]) -> dict[str, Exception]:
+    """`failures`, or the first `StorageError` among them raised (the storage failed, not
+    the receipt: the caller retries the whole lot)."""
+    for failure in failures.values():
+        if isinstance(failure, StorageError):
+            raise failure
+    return failures

@@ -8,7 +8,7 @@ Permissions by route (the Router has authenticated the request already):
     GET|HEAD /{queue}              any permission on the queue
     PUT, DELETE /{queue}           admin (and write on a `dead_letter_queue` it names)
     POST /{queue}/messages         write
-    GET /{queue}/messages          read (a receive, or ?peek=1)
+    GET /{queue}/messages          read (a receive, or ?peek=1, or a stream: `stream.py`)
     DELETE /{queue}/messages       admin (purge)
     GET, DELETE /{queue}/messages/{ref}, POST .../{receipt}/{action}    read
     POST /{queue}/messages/ack|nack|extend (many receipts at once)       read
@@ -23,15 +23,25 @@ from importlib import resources
 from dirmq.dialects.native import handlers as native
 from dirmq.dialects.native.parameters import check_native
 from dirmq.dialects.native.routes import Route, parse_route
+from dirmq.dialects.native.stream import StreamSessions
 from dirmq.errors import DirmqError
 from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
 from dirmq.server.credentials import ADMIN, READ, SEE, WRITE
 from dirmq.server.dialect import Dialect
 from dirmq.server.errors import error_response, json_error
-from dirmq.server.http import LATER, Later, Request, Respond, Response, StreamResponse
+from dirmq.server.http import (
+    LATER,
+    Later,
+    Request,
+    Respond,
+    Response,
+    StreamResponse,
+    SwitchProtocols,
+)
 from dirmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dirmq.server.metrics import Metrics
+from dirmq.server.websocket import is_websocket
 from dirmq.store.layout import parse_receipt
 
 ROUTE_CACHE = 4096  # paths without a message reference, parsed and validated once
@@ -65,8 +75,12 @@ class NativeApp(Dialect):
             resources.files("dirmq.dialects.native").joinpath("openapi.json").read_bytes()
         )
         self._routes: dict[str, Route] = {}
+        self.streams = StreamSessions(broker)
 
-    async def __call__(self, request: Request) -> Response | StreamResponse:
+    async def close(self) -> None:
+        await self.streams.close()
+
+    async def __call__(self, request: Request) -> Response | StreamResponse | SwitchProtocols:
         request.route = "invalid"  # until the path is known to be one of ours
         try:
             route = self._route(request.path)
@@ -192,7 +206,7 @@ class NativeApp(Dialect):
                 self._routes[path] = route
         return route
 
-    async def _dispatch(self, request: Request, route: Route) -> Response:
+    async def _dispatch(self, request: Request, route: Route) -> Response | SwitchProtocols:
         if route.kind == "server":
             if request.query and request.method in ("GET", "HEAD"):
                 kind = "metrics" if route.queue == "metrics" else "server"
@@ -206,6 +220,8 @@ class NativeApp(Dialect):
         handler = native.TABLE.get((route.kind, method))
         if handler is None:
             return native.method_not_allowed(route)
+        if route.kind == "messages" and method == "GET" and is_websocket(request):
+            return self.streams.open(request, route.queue)
         if request.query:
             check_native(request.query, route.kind, method, route.action, request.path)
         if route.kind == "root" and method == "GET":
