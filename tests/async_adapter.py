@@ -183,9 +183,9 @@ class BlockingAsyncQueue:
     def peek(self, message_id: str) -> Message:
         return self._run(self._async.peek(message_id))
 
-    def browse(self, limit: int | None = None) -> Iterator[Message]:
+    def browse(self, limit: int | None = None, *, after: str | None = None) -> Iterator[Message]:
         # A generator, as the sync client's: the request is sent on the first next().
-        yield from self._run(self._async.browse(limit))
+        yield from self._run(self._async.browse(limit, after=after))
 
     def stats(self) -> QueueStats:
         return self._run(self._async.stats())

@@ -283,6 +283,17 @@ def test_explicit_dead_letter(transport: LocalTransport) -> None:
     assert dead is not None and dead.id == message_id
 
 
+def test_browse_pages_through_more_than_one_answer(transport: LocalTransport) -> None:
+    """Over HTTP an answer holds at most 1000 messages: browse asks for the next pages."""
+    q = transport.make_queue()
+    ids = q.put_many([b"%d" % i for i in range(2345)])
+    leased = q.get(5)  # not ready: not browsed
+    browsed = [m.id for m in q.browse()]
+    assert browsed == [i for i in ids if i not in {m.id for m in leased}]
+    assert [m.id for m in q.browse(1500)] == browsed[:1500]
+    assert [m.id for m in q.browse(after=browsed[999])] == browsed[1000:]
+
+
 def test_peek_and_browse_do_not_lease(transport: LocalTransport) -> None:
     q = transport.make_queue()
     ids = [q.put(f"m{i}".encode()) for i in range(5)]
@@ -290,6 +301,11 @@ def test_peek_and_browse_do_not_lease(transport: LocalTransport) -> None:
     assert peeked.body == b"m2" and peeked.receipt is None
     assert [m.id for m in q.browse()] == ids
     assert [m.id for m in q.browse(limit=2)] == ids[:2]
+    assert [m.id for m in q.browse(after=ids[1])] == ids[2:]  # a page after a message
+    assert [m.id for m in q.browse(1, after=ids[3])] == ids[4:]
+    assert list(q.browse(after=ids[4])) == []
+    with pytest.raises(dirmq.InvalidArgument):
+        list(q.browse(after="../x"))
     assert q.stats().ready == 5
     with pytest.raises(dirmq.MessageNotFound):
         q.peek(dirmq.store.ids.new_id())

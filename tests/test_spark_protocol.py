@@ -734,23 +734,74 @@ def test_url_mode_leases_on_the_driver_and_replays_the_recorded_rows(
         remote.delete_queue(name)
 
 
-def test_url_mode_snapshots_refuse_what_the_server_cannot_list(
+def test_url_mode_available_now_splits_what_is_left_between_the_last_two_batches(
     http_server: Any, tmp_path: Path
 ) -> None:
+    """The driver acknowledges the one before the last while the last runs: over `url` the
+    last two batches share what is left, once per run (not halved again and again)."""
     from dirmq.client import RemoteStore
-    from dirmq.spark.snapshot import DirmqSnapshotReader
+
+    name = f"spark-{tmp_path.name}"
+    options = {
+        "url": http_server.url,
+        "queue": name,
+        "consumer": "c",
+        "stateDir": str(tmp_path / "state"),
+        "maxMessagesPerBatch": "4000",
+        "pollWaitSeconds": "0.05",
+    }
+    with RemoteStore(http_server.url) as remote:
+        queue = remote.create_queue(name)
+        published = [i for n in range(8) for i in queue.put_many([b"%d" % n] * 1000)]
+        reader = DirmqStreamReader(parse_options(options))
+        try:
+            reader.prepareForTriggerAvailableNow()
+            offsets = [reader.initialOffset()]
+            read: list[str] = []
+            for _ in range(4):
+                offsets.append(reader.latestOffset(offsets[-1], ReadAllAvailable()))
+                read += _read(reader, offsets[-2], offsets[-1])
+            assert [o["messages"] for o in offsets[1:4]] == [4000, 2000, 2000]
+            assert offsets[4] == offsets[3]
+            assert sorted(read) == published and queue.stats().total == 0
+        finally:
+            reader.stop()
+        remote.delete_queue(name)
+
+
+def test_url_mode_snapshots_page_through_the_queue(http_server: Any, tmp_path: Path) -> None:
+    """More than one browse answer (1000): the driver pages the ids, each partition browses
+    its own range; a message acknowledged between plan and read is left out."""
+    from dirmq.client import RemoteStore
+    from dirmq.spark.snapshot import BrowsedPartition, DirmqSnapshotReader
 
     name = f"spark-{tmp_path.name}"
     with RemoteStore(http_server.url) as remote:
         queue = remote.create_queue(name)
-        for start in range(0, 1001, 500):
-            queue.put_many([b"x"] * min(500, 1001 - start))
-        options = {"url": http_server.url, "queue": name}
-        with pytest.raises(InvalidArgument, match="more than 1000"):
-            DirmqSnapshotReader(parse_options(options)).partitions()
+        ids = []
+        for start in range(0, 2501, 500):
+            ids += queue.put_many([b"%d" % i for i in range(start, min(start + 500, 2501))])
+        options = {"url": http_server.url, "queue": name, "numPartitions": "3"}
+        reader = DirmqSnapshotReader(parse_options(options))
+        parts = reader.partitions()
+        assert [p.count for p in parts if isinstance(p, BrowsedPartition)] == [834, 834, 833]
+        (gone,) = queue.get(1)  # leased after the plan: not ready any more
+        rows = [r for p in parts for b in reader.read(p) for r in b.to_pylist()]
+        assert [r["id"] for r in rows] == [i for i in ids if i != gone.id]
+        assert [r["body"] for r in rows[:2]] == [b"1", b"2"]
+        assert {r["state"] for r in rows} == {"ready"}
+        empty = remote.create_queue(name + "-empty")
+        assert [
+            b
+            for p in DirmqSnapshotReader(
+                parse_options({**options, "queue": empty.name})
+            ).partitions()
+            for b in reader.read(p)
+        ] == []
         with pytest.raises(InvalidArgument, match="ready messages only"):
             DirmqSnapshotReader(parse_options({**options, "states": "all"})).partitions()
         remote.delete_queue(name)
+        remote.delete_queue(empty.name)
 
 
 def test_a_write_task_refuses_a_row_the_queue_would_refuse(root: Path, tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ Differences from `RemoteStore` / `RemoteQueue`, all forced by `async`:
 
 - `close()` is `aclose()`, and `with` is `async with`.
 - `config` is a method, `await queue.config()`: a property cannot await its request.
-- `browse()` returns a list (`await queue.browse()`), not an iterator: the server answers a
-  browse in one response, so the whole snapshot is in memory anyway.
+- `browse()` returns a list (`await queue.browse()`), not an iterator: every page of the
+  snapshot, gathered.
 - The streaming receive is `async with queue.consume() as consumer: async for message in
   consumer: ...` (or `consumer = await queue.consume()`); its `ack` awaits (`AsyncConsumer`).
 
@@ -236,12 +236,19 @@ class AsyncRemoteQueue:
     async def peek(self, message_id: str) -> Message:
         return p.peeked(await self._store.request(p.peek_call(self.name, message_id)))
 
-    async def browse(self, limit: int | None = None) -> list[Message]:
-        """Ready messages in FIFO order, without leasing them: a list (one answer, at most 1000
-        messages, the server's cap), where the sync client returns an iterator."""
-        if limit == 0:
-            return []
-        return p.browsed(await self._store.request(p.browse_call(self.name, limit)))
+    async def browse(self, limit: int | None = None, *, after: str | None = None) -> list[Message]:
+        """Ready messages in FIFO order (after the id `after`, if given), without leasing them:
+        a list, where the sync client returns an iterator, gathered from pages of up to 1000."""
+        found: list[Message] = []
+        while limit is None or len(found) < limit:
+            left = None if limit is None else limit - len(found)
+            call = p.browse_call(self.name, left, after)
+            page = p.browsed(await self._store.request(call))
+            if not page:
+                break
+            found.extend(page)
+            after = page[-1].id
+        return found
 
     async def stats(self) -> QueueStats:
         return p.stats_from(await self._store.request(p.queue_call(self.name)))

@@ -162,7 +162,7 @@ def received(answer: Answer) -> list[Message]:
     if content_type.startswith("multipart/mixed"):
         return [
             message_from(list(headers.items()), body)
-            for headers, body in framing.parse_multipart(content_type, answer.body)
+            for headers, body in framing.parse_multipart_fast(content_type, answer.body)
         ]
     return [message_from(answer.headers, answer.body)]
 
@@ -397,10 +397,17 @@ def peeked(answer: Answer) -> Message:
     return received(answer)[0]
 
 
-def browse_call(name: str, limit: int | None) -> Call:
-    """Browse ready messages as JSON (`browsed`): one answer of at most 1000 (the server's cap)."""
-    count = 1000 if limit is None else max(1, min(limit, 1000))
-    return Call("GET", queue_path(name) + "/messages", {"peek": "1", "max": str(count)})
+MAX_BROWSE = 1000  # messages per browse answer: the server's cap
+
+
+def browse_call(name: str, limit: int | None, after: str | None = None) -> Call:
+    """Browse ready messages as JSON (`browsed`): one answer of at most 1000 (the server's cap),
+    those after the message id `after` when given (the next page)."""
+    count = MAX_BROWSE if limit is None else max(1, min(limit, MAX_BROWSE))
+    params = {"peek": "1", "max": str(count)}
+    if after is not None:
+        params["after"] = ref(after, need_id=True)
+    return Call("GET", queue_path(name) + "/messages", params)
 
 
 def purge_call(name: str) -> Call:

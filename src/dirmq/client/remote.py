@@ -247,12 +247,20 @@ class RemoteQueue:
     def peek(self, message_id: str) -> Message:
         return p.peeked(self._store.request(p.peek_call(self.name, message_id)))
 
-    def browse(self, limit: int | None = None) -> Iterator[Message]:
-        """Ready messages in FIFO order, without leasing them; over HTTP at most 1000 (one
-        answer)."""
-        if limit == 0:
-            return
-        yield from p.browsed(self._store.request(p.browse_call(self.name, limit)))
+    def browse(self, limit: int | None = None, *, after: str | None = None) -> Iterator[Message]:
+        """Ready messages in FIFO order (those after the id `after`, if given), without leasing
+        them: every one, or the first `limit`, in pages of up to 1000 (one request each, each
+        asking for the messages after the last one seen), fetched as the iteration needs them.
+        Like `Queue.browse`, not one point-in-time image of a queue others are changing."""
+        left = limit
+        while left is None or left > 0:
+            page = p.browsed(self._store.request(p.browse_call(self.name, left, after)))
+            if not page:
+                return
+            yield from page
+            after = page[-1].id
+            if left is not None:
+                left -= len(page)
 
     def stats(self) -> QueueStats:
         return p.stats_from(self._store.request(p.queue_call(self.name)))

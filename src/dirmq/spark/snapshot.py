@@ -7,8 +7,11 @@ A message that changed state between the listing and the read is looked up by id
 its new state; one that is gone by then (acknowledged meanwhile) is left out. Nothing is renamed,
 leased or written: the queue is untouched.
 
-url mode: the server's browse call returns ready messages, oldest first, at most 1000 of them; a
-queue holding more is refused rather than read partially (see docs/spark.md).
+url mode: the server's browse call returns ready messages, oldest first, a page of at most 1000
+after a given id. The driver pages through the queue once, keeping only the ids, and cuts them
+into ranges of near-equal counts; each read partition pages through its own range (after the
+last id of the previous range, up to its own last id), so bodies cross the network to the
+executors in parallel, and the driver holds ids, not messages.
 """
 
 from __future__ import annotations
@@ -30,13 +33,12 @@ from dirmq.errors import (
 from dirmq.spark.connect import local_store, open_queue
 from dirmq.spark.leasing import ROWS_PER_BATCH, split
 from dirmq.spark.options import DEFAULT_STATES, Options
-from dirmq.spark.rows import READ_COLUMNS, Columns, messages_batch, project
+from dirmq.spark.rows import READ_COLUMNS, Columns, messages_batch
 from dirmq.store import Message, layout
 from dirmq.store.layout import parse_entry
 from dirmq.store.names import queue_path
 from dirmq.store.reading import read_at, stored_message
 
-HTTP_BROWSE_LIMIT = 1000
 _DIRS = {
     "ready": layout.READY,
     "leased": layout.LEASED,
@@ -54,9 +56,12 @@ class FilesPartition(InputPartition):
 
 @dataclass
 class BrowsedPartition(InputPartition):
-    """Messages the driver already read over HTTP, as Arrow IPC."""
+    """Ready messages to browse over HTTP: the `count` after the id `after` (None: from the
+    head) up to the id `last`, inclusive."""
 
-    data: bytes
+    after: str | None
+    last: str
+    count: int
 
 
 class DirmqSnapshotReader(DataSourceReader):
@@ -68,7 +73,7 @@ class DirmqSnapshotReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         options = self._options
         if options.path is None:
-            return [self._browse()]
+            return self._browse()
         if not local_store(options.path).exists(options.queue):  # an error, not an empty result
             raise QueueNotFound(f"queue {options.queue!r} does not exist under {options.path}")
         entries = list_entries(queue_path(options.path, options.queue), self._states)
@@ -81,29 +86,40 @@ class DirmqSnapshotReader(DataSourceReader):
             offset += size
         return result
 
-    def _browse(self) -> BrowsedPartition:
+    def _browse(self) -> list[InputPartition]:
         if self._options.states not in (None, ("ready",)):
             raise InvalidArgument(
                 "over `url`, a batch read sees ready messages only (the server's browse call): "
                 "set the option states=ready, or read through `path`"
             )
+        ids = [message.id for message in open_queue(self._options).browse()]
+        if not ids:
+            return [BrowsedPartition(None, "", 0)]
+        result: list[InputPartition] = []
+        offset = 0
+        for size in split(len(ids), self._options.partitions_for(len(ids))):
+            after = ids[offset - 1] if offset else None
+            result.append(BrowsedPartition(after, ids[offset + size - 1], size))
+            offset += size
+        return result
+
+    def _read_browsed(self, partition: BrowsedPartition) -> Iterator[pa.RecordBatch]:
+        """The range's messages still ready (one acknowledged meanwhile is left out)."""
+        messages: list[Message] = []
         queue = open_queue(self._options)
-        messages = list(queue.browse(HTTP_BROWSE_LIMIT))
-        if len(messages) >= HTTP_BROWSE_LIMIT and queue.stats().ready > len(messages):
-            raise InvalidArgument(
-                f"queue {queue.name!r} holds more than {HTTP_BROWSE_LIMIT} ready messages, the "
-                "most a dirmq server returns to one browse call: read it through `path`"
-            )
-        table = pa.Table.from_batches([messages_batch(messages, columns=self._columns)])
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        return BrowsedPartition(sink.getvalue().to_pybytes())
+        for message in queue.browse(partition.count, after=partition.after):
+            if message.id > partition.last:
+                break
+            messages.append(message)
+            if len(messages) == ROWS_PER_BATCH:
+                yield messages_batch(messages, columns=self._columns)
+                messages = []
+        if messages:
+            yield messages_batch(messages, columns=self._columns)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, BrowsedPartition):
-            for batch in pa.ipc.open_stream(pa.py_buffer(partition.data)):
-                yield project(batch, self._columns)
+            yield from self._read_browsed(partition)
             return
         if not isinstance(partition, FilesPartition):
             raise InvalidArgument(f"not a dirmq partition: {partition!r}")

@@ -119,6 +119,7 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._columns = columns
         self._driver_state: _Driver | None = None
         self._budget: int | None = None  # availableNow: messages left to plan
+        self._last_cut = False  # availableNow: the last batches' shares are set
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -143,6 +144,7 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
         # "Available now" is what is ready now: plan at most that many messages in total.
         driver = self._driver()
+        self._last_cut = False
         if driver.backlog is not None:
             self._budget = driver.backlog.count_ready()  # a listing the first batch plans from
         else:
@@ -164,10 +166,15 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             cap = min(cap, limit.max_rows)
         if self._budget is not None:
             cap = min(cap, self._budget)
-            if cap == self._budget > FINAL_BATCH:
+            if cap == self._budget > FINAL_BATCH and self._options.path is not None:
                 # The run's last batch is acknowledged by the driver alone once Spark has
                 # committed it, while the executors wait: keep it small.
                 cap -= FINAL_BATCH
+            elif cap == self._budget > FINAL_BATCH and not self._last_cut:
+                # Over `url` the driver acknowledges every batch, the one before the last
+                # while the last runs: the two share what is left.
+                self._last_cut = True
+                cap -= cap // 2
         following = max(seq, driver.first_acked) + 1
         planned = self._plan(driver, following, cap, limit) if cap > 0 else None
         if planned is None:

@@ -11,7 +11,7 @@
 - Heartbeats: every lease period / 4, renew the query's hold on its consumer name
   (`holder.py`), and extend the leases of recorded batches that are not yet
   settled and were last extended (or recorded) more than a third of a lease period ago, so a
-  long batch keeps its messages.
+  long batch keeps its messages: a batch at a time (`extend_many`), not a receipt at a time.
 
 A receipt whose lease has expired cannot be acknowledged: the message is then deleted by id,
 because Spark has committed it (if someone else received it meanwhile, they see it once more,
@@ -147,14 +147,27 @@ class Upkeep:
                 last = self._extended.get(seq) or self._ledger.recorded_at(seq)
                 if last is None or now - last < self._lease_s / 3:
                     continue
-                for receipt in self._ledger.receipts(seq):
-                    try:
-                        self._queue.extend(receipt, self._lease_s)
-                    except (StaleReceipt, InvalidArgument):
-                        pass  # expired already: the batch replays it by id if it must
+                extend_all(self._queue, self._ledger.receipts(seq), self._lease_s)
                 self._extended[seq] = time.time()
         except Exception as exc:  # the next beat tries again
             log.warning("dirmq: extending leases failed: %s", exc)
+
+
+def extend_all(queue: QueueHandle, receipts: list[str], lease_s: float) -> None:
+    """Renew the leases of `receipts`: one `extend_many` (one store call, or one request per
+    1000 receipts over HTTP) where the queue has it, else one `extend` each. A lease that has
+    expired already is skipped: its batch replays the message by id if it must."""
+    extend_many = getattr(queue, "extend_many", None)
+    if extend_many is not None:
+        for failure in extend_many(receipts, lease_s).values():
+            if not isinstance(failure, StaleReceipt | InvalidArgument):
+                raise failure
+        return
+    for receipt in receipts:
+        try:
+            queue.extend(receipt, lease_s)
+        except (StaleReceipt, InvalidArgument):
+            pass
 
 
 def settle_record(queue: QueueHandle, record: Record) -> None:

@@ -8,6 +8,7 @@ and the read or removal: each is tried again on what a fresh lookup finds.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 
 from dirmq.errors import InvalidArgument, MessageNotFound
@@ -44,11 +45,16 @@ def peek(view: QueueView, message_id: str) -> Message:
     raise MessageNotFound(f"no message {message_id} in queue {view.name!r}")
 
 
-def browse(view: QueueView, limit: int | None) -> Iterator[Message]:
+def browse(view: QueueView, limit: int | None, after: str | None = None) -> Iterator[Message]:
     """`Queue.browse`."""
+    if after is not None:
+        _check_id(after)
     with view.lock:
         index = view.synced()
-        names = [index.ready[i] for i in index.ready_ids_in_order()]
+        ids = index.ready_ids_in_order()
+        if after is not None:  # a page: the ready messages after that id
+            ids = ids[bisect.bisect_right(ids, after) :]
+        names = [index.ready[i] for i in ids]
     yielded = 0
     for name in names:
         if limit is not None and yielded >= limit:

@@ -189,9 +189,10 @@ class Queue:
         if its file does not decode (it stays where it is: a get sets it aside)."""
         return lookup.peek(self._view, message_id)
 
-    def browse(self, limit: int | None = None) -> Iterator[Message]:
-        """Ready messages in FIFO order, without leasing them (a snapshot; others may take them)."""
-        return lookup.browse(self._view, limit)
+    def browse(self, limit: int | None = None, *, after: str | None = None) -> Iterator[Message]:
+        """Ready messages in FIFO order, without leasing them (a snapshot; others may take them);
+        with `after` (a message id), only those after it: a page, for browsing in steps."""
+        return lookup.browse(self._view, limit, after)
 
     @property
     def corrupt_quarantined(self) -> int:

@@ -8,6 +8,7 @@ asyncio.Protocol server."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 from email import message_from_bytes, policy
 from http import HTTPStatus
@@ -81,6 +82,39 @@ def multipart_end(boundary: str) -> bytes:
 
 def multipart_body(boundary: str, parts: Iterable[tuple[Headers, bytes]]) -> bytes:
     return b"".join(multipart_part(boundary, h, b) for h, b in parts) + multipart_end(boundary)
+
+
+_BOUNDARY = re.compile(r'boundary="?([0-9A-Za-z\'()+_,./:=?-]{1,70})"?')
+
+
+def parse_multipart_fast(content_type: str, body: bytes) -> list[tuple[dict[str, str], bytes]]:
+    """`parse_multipart` for the bodies `multipart_body` writes (a dirmq server's multi-message
+    answer): a split on the delimiter, ~20x faster than the `email` parser, which would cost a
+    client more than the server spends leasing. Header values are UTF-8, as written. Anything
+    else (folded or encoded headers, a preamble, padding) goes to `parse_multipart`."""
+    found = _BOUNDARY.search(content_type)
+    if found is None or not content_type.lower().startswith("multipart/mixed"):
+        return parse_multipart(content_type, body)
+    delimiter = b"\r\n--" + found.group(1).encode()
+    pieces = (CRLF + body).split(delimiter)
+    if len(pieces) < 3 or pieces[0] or pieces[-1] not in (b"--", b"--\r\n"):
+        return parse_multipart(content_type, body)
+    parts: list[tuple[dict[str, str], bytes]] = []
+    for piece in pieces[1:-1]:
+        head, separator, part_body = piece.partition(b"\r\n\r\n")
+        if not separator or not head.startswith(CRLF):  # no headers: the general parser
+            return parse_multipart(content_type, body)
+        headers: dict[str, str] = {}
+        for line in head[2:].split(CRLF):
+            name, colon, value = line.partition(b":")
+            if not colon or not name or name[:1] in b" \t" or name.strip() != name:
+                return parse_multipart(content_type, body)
+            text = name.decode("latin-1")
+            if text.lower() == "content-transfer-encoding":
+                return parse_multipart(content_type, body)
+            headers[text] = value.strip(b" \t").decode("utf-8", "surrogateescape")
+        parts.append((headers, part_body))
+    return parts
 
 
 def parse_multipart(content_type: str, body: bytes) -> list[tuple[dict[str, str], bytes]]:

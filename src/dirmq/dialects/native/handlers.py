@@ -8,6 +8,7 @@ POST   /{queue}/messages                  publish: 201 + X-Message-Id; a batch i
                                           multipart/mixed or JSON lines (one group commit)
 GET    /{queue}/messages                  receive: 200 + body, 204 if empty; ?wait= ?visibility=
                                           ?max= (multipart/mixed), ?peek=1 to browse as JSON
+                                          (&after=<id>: the page after that message)
 DELETE /{queue}/messages                  purge
 GET    /{queue}/messages/{id}             peek, without leasing
 DELETE /{queue}/messages/{id|receipt}     ack: by id (MQ semantics) or by receipt (stale: 409)
@@ -275,9 +276,12 @@ async def receive(broker: Broker, request: Request, route: Route) -> Response:
 
 async def _browse(broker: Broker, queue: Queue, request: Request) -> Response:
     limit = _int(request, "max", 1, MAX_RECEIVE) or 100
+    after = request.query.get("after")  # a page: the ready messages after this id
+    if after is not None and not is_id(after):
+        raise InvalidArgument(f"after={after[:80]!r} is not a dirmq message id")
 
     def snapshot() -> list[Message]:
-        return list(queue.browse(limit))
+        return list(queue.browse(limit, after=after))
 
     messages = await broker.call(snapshot)
     return json_response(200, {"messages": [wire.message_json(m) for m in messages]})

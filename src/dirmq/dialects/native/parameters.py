@@ -15,7 +15,7 @@ NATIVE: dict[tuple[str, str, str], frozenset[str]] = {
     ("queue", "PUT", ""): frozenset(),
     ("queue", "DELETE", ""): frozenset(),
     ("messages", "POST", ""): frozenset({"delay", "dedup", "group", "durability", "timeout"}),
-    ("messages", "GET", ""): frozenset({"max", "wait", "visibility", "peek"}),
+    ("messages", "GET", ""): frozenset({"max", "wait", "visibility", "peek", "after"}),
     ("messages", "DELETE", ""): frozenset(),
     ("message", "GET", ""): frozenset(),
     ("message", "DELETE", ""): frozenset({"receipt"}),

@@ -1,0 +1,340 @@
+"""A Spark standalone cluster on loopback, and a url-mode run of the dirmq source on it.
+
+A master and N workers are started with `spark-class` (pyspark's own launcher), bound to
+127.0.0.1 with small memory, and stopped by PID. The executors reach dirmq only over HTTP (the
+source's `url` mode, what a cluster without a shared filesystem uses); they import dirmq from
+this checkout's `src` (PYTHONPATH in the workers' environment and `spark.executorEnv`).
+
+`run_on_cluster` drives one run in its own Python process (a driver of its own: a test session's
+local SparkSession cannot share the JVM): a batch read (a snapshot of the queue, paged over HTTP)
+and a streaming read (Trigger.AvailableNow) into parquet, timed. It is used by
+`tests/test_spark_cluster.py` (which checks every message arrived exactly once) and by
+`bench/spark.py --cluster`.
+
+    python bench/spark_cluster.py drive MASTER URL QUEUE OUT CHECKPOINT STATE [MAX_PER_BATCH]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this file's directory comes first on sys.path, where bench/http.py would
+# shadow the standard library's `http`: take it off (imported, it is not there).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE in sys.path:
+    sys.path.remove(_HERE)
+
+import json  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+SRC = REPO / "src"
+START_TIMEOUT_S = 90.0
+
+
+def spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def _env() -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH")
+    return {
+        **os.environ,
+        "PYTHONPATH": f"{SRC}{os.pathsep}{path}" if path else str(SRC),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_HOME": str(spark_home()),
+        "SPARK_DAEMON_MEMORY": "256m",
+        # No REST submission server (its port is fixed), no daemon web UIs on fixed ports.
+        "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
+    }
+
+
+@dataclass
+class SparkCluster:
+    """A master and its workers, each a `spark-class` process we started (stopped by PID)."""
+
+    master_url: str
+    processes: list[subprocess.Popen[bytes]]
+    logs: list[Path] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):  # workers first: they stop their executors
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(
+            f"== {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+            for log in self.logs
+            if log.exists()
+        )
+
+
+def _spawn(args: list[str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [str(spark_home() / "bin" / "spark-class"), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=_env(),
+            start_new_session=True,  # a Ctrl-C of the test run does not reach the JVMs first
+        )
+
+
+def _wait_for(log: Path, pattern: str, proc: subprocess.Popen[bytes]) -> re.Match[str]:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        found = re.search(pattern, log.read_text(errors="replace")) if log.exists() else None
+        if found:
+            return found
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise RuntimeError(f"{log.name}: no {pattern!r}:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def start_cluster(
+    workdir: Path, workers: int = 2, cores: int = 1, memory: str = "1g"
+) -> SparkCluster:
+    """A master on 127.0.0.1 (a free port) and `workers` workers of `cores` cores and `memory`
+    each, registered with it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    master_log = workdir / "master.log"
+    master = _spawn(
+        [
+            "org.apache.spark.deploy.master.Master",
+            *("--host", "127.0.0.1", "--port", "0", "--webui-port", "0"),
+        ],
+        master_log,
+        workdir,
+    )
+    cluster = SparkCluster("", [master], [master_log])
+    try:
+        port = _wait_for(master_log, r"Starting Spark master at spark://127\.0\.0\.1:(\d+)", master)
+        cluster.master_url = f"spark://127.0.0.1:{port.group(1)}"
+        for n in range(workers):
+            log = workdir / f"worker-{n}.log"
+            worker_dir = workdir / f"worker-{n}"
+            worker_dir.mkdir(exist_ok=True)
+            cluster.logs.append(log)
+            cluster.processes.append(
+                _spawn(
+                    [
+                        "org.apache.spark.deploy.worker.Worker",
+                        *("--host", "127.0.0.1", "--webui-port", "0"),
+                        *("--cores", str(cores), "--memory", memory),
+                        *("--work-dir", str(worker_dir)),
+                        cluster.master_url,
+                    ],
+                    log,
+                    workdir,
+                )
+            )
+        for proc, log in zip(cluster.processes[1:], cluster.logs[1:], strict=True):
+            _wait_for(log, r"Successfully registered with master", proc)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def run_on_cluster(
+    cluster: SparkCluster,
+    url: str,
+    queue: str,
+    out: Path,
+    workdir: Path,
+    timeout_s: float = 600.0,
+    max_per_batch: int | None = None,
+) -> dict[str, Any]:
+    """Run `drive` in a driver process of its own; its timings (JSON). `out`: the parquet sink
+    of the streaming read."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    args = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "drive",
+        *(cluster.master_url, url, queue, str(out)),
+        *(str(workdir / "checkpoint"), str(workdir / "state")),
+        *([] if max_per_batch is None else [str(max_per_batch)]),
+    ]
+    done = subprocess.run(
+        args,
+        check=False,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=timeout_s,
+        cwd=workdir,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"the driver failed ({done.returncode}):\n{done.stderr[-6000:]}\n" + cluster.log_tail()
+        )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def start_dirmq(root: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    """`dirmq serve` on `root` on a free loopback port: the process and its native API's URL
+    (stop it with `terminate()`: it is ours)."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dirmq",
+            "serve",
+            "--root",
+            str(root),
+            "--listen",
+            "127.0.0.1:0",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**_env(), "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    url = None
+    for line in proc.stdout:
+        if " API listening on " in line and line.split()[1] == "native":
+            url = line.rsplit(" ", 1)[1].strip()
+        if line.startswith("storing queues under"):
+            break
+    if url is None:
+        proc.kill()
+        raise RuntimeError(f"dirmq serve exited with {proc.wait()} before listening")
+    # Its access log must be read, or the server stops once the pipe fills.
+    threading.Thread(
+        target=lambda: proc.stdout.read() if proc.stdout else None, daemon=True
+    ).start()
+    return proc, url
+
+
+def measure(base: Path, count: int, max_per_batch: int | None = None) -> dict[str, Any]:
+    """One url-mode run on a fresh cluster and server: `count` messages (~100 bytes), a batch
+    read and a streaming read of them; the driver's timings, rates, and whether every message
+    arrived exactly once and the queue is empty."""
+    from dirmq.client import RemoteStore
+
+    server, url = start_dirmq(base / "root")
+    cluster = None
+    try:
+        with RemoteStore(url) as remote:
+            queue = remote.create_queue("events")
+            for start in range(0, count, 1000):
+                end = min(count, start + 1000)
+                queue.put_many(
+                    [b'{"event": %d, "pad": "%s"}' % (i, b"x" * 70) for i in range(start, end)]
+                )
+            cluster = start_cluster(base / "cluster")
+            result = run_on_cluster(
+                cluster, url, "events", base / "out", base / "driver", max_per_batch=max_per_batch
+            )
+            import pyarrow.parquet as pq
+
+            ids = pq.read_table(base / "out", columns=["id"]).column("id").to_pylist()
+            result["delivered"] = len(ids)
+            result["duplicates"] = len(ids) - len(set(ids))
+            result["left_in_queue"] = queue.stats().total
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        server.terminate()
+        server.wait(timeout=30)
+    result["stream_msgs_per_s"] = count / result["stream_s"]
+    result["batch_rows_per_s"] = count / result["batch_s"]
+    return result
+
+
+def drive(
+    master: str,
+    url: str,
+    queue: str,
+    out: str,
+    checkpoint: str,
+    state: str,
+    max_per_batch: str | None = None,
+) -> dict[str, Any]:
+    """The driver: a batch read of the whole queue (count and distinct ids), then a streaming
+    read of it into parquet at `out` (AvailableNow; `max_per_batch`: the source's
+    maxMessagesPerBatch, else its default)."""
+    from pyspark.sql import SparkSession
+
+    from dirmq.spark import DirmqDataSource
+
+    started = time.perf_counter()
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("dirmq-cluster")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.memory", "512m")
+        .config("spark.executor.memory", "512m")
+        .config("spark.executor.cores", "1")
+        .config("spark.cores.max", "2")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(DirmqDataSource)
+    result: dict[str, Any] = {"startup_s": time.perf_counter() - started}
+    try:
+        snapshot = spark.read.format("dirmq").option("url", url).option("queue", queue).load()
+        began = time.perf_counter()
+        row = snapshot.selectExpr("count(*) AS n", "count(DISTINCT id) AS ids").collect()[0]
+        result |= {"batch_rows": row.n, "batch_ids": row.ids}
+        result["batch_s"] = time.perf_counter() - began
+        stream = (
+            spark.readStream.format("dirmq")
+            .option("url", url)
+            .option("queue", queue)
+            .option("consumer", "cluster")
+            .option("stateDir", state)
+            .options(**({} if max_per_batch is None else {"maxMessagesPerBatch": max_per_batch}))
+            .load()
+        )
+        began = time.perf_counter()
+        query = (
+            stream.writeStream.format("parquet")
+            .option("path", out)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        result["stream_s"] = time.perf_counter() - began
+        result["stream_batches"] = len(query.recentProgress)
+        result["stream_rows"] = sum(p["numInputRows"] for p in query.recentProgress)
+    finally:
+        spark.stop()
+    return result
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (8, 9) or sys.argv[1] != "drive":
+        sys.exit(__doc__)
+    print(json.dumps(drive(*sys.argv[2:])), flush=True)
