@@ -28,6 +28,14 @@ its bytes are the acknowledged message's, normally for well under a second. If t
 `MAX_UNREAPED` files behind, retirements unlink on the caller's path instead, so the own pool
 never holds more than `OWN_POOL_FILES + MAX_UNREAPED` files whatever the rate of acks.
 
+A drain keeps what it frees: a get notes the queue's depth (`FilePool.note_depth`), and the
+own pool may then keep that many blank files (at most `DRAIN_KEEP_FILES`, and a tenth of the
+filesystem's free space then, in bytes) instead of `OWN_POOL_FILES`: the puts that follow
+overwrite them instead of creating inodes, and a drain on a disk where an unlink is dear (ext4
+with `discard`: more than the rest of an ack) unlinks nothing per message. The reaper unlinks the
+surplus once the pool has been idle `TRIM_IDLE_S` (`_trim_some`); exiting, a process unlinks what
+the shared pool has no room for.
+
 Why a put reuses only blanked files, never an unreaped one (though overwriting it with the new
 content, then truncating, would also destroy the old bytes, and skip the blanking): (1) the
 reaper's look at the file is what makes it safe to overwrite: a file with a second name may be
