@@ -114,6 +114,7 @@ def _take_named(
     of each one taken, and their lease deadline."""
     check_optional_seconds("visibility_s", visibility_s)
     entries = _ready_entries(names)
+    view.files.pool.note_depth(len(entries))  # a drain keeps what it frees (pool.py)
     try:
         with view.lock:
             config = view.config
