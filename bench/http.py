@@ -892,9 +892,15 @@ def child_main(spec_json: str) -> int:
 
 # -- driving load processes from the parent --------------------------------------------------------
 class LoadChild:
-    def __init__(self, procs: Processes, spec: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        procs: Processes,
+        spec: dict[str, Any],
+        script: str = SCRIPT,
+        flag: str = "--child-load",
+    ) -> None:
         self.proc = procs.start(
-            [sys.executable, SCRIPT, "--child-load", json.dumps(spec)],
+            [sys.executable, script, flag, json.dumps(spec)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -909,7 +915,7 @@ class LoadChild:
             self.lines.put(line.rstrip("\n"))
         self.lines.put(None)
 
-    def _line(self, timeout_s: float) -> str:
+    def line(self, timeout_s: float) -> str:
         try:
             line = self.lines.get(timeout=timeout_s)
         except queue.Empty:
@@ -919,7 +925,7 @@ class LoadChild:
         return line
 
     def expect(self, word: str, timeout_s: float) -> None:
-        line = self._line(timeout_s)
+        line = self.line(timeout_s)
         if line != word:
             raise RuntimeError(f"load process {self.proc.pid} said {line[:200]!r}, not {word!r}")
 
@@ -929,7 +935,7 @@ class LoadChild:
         self.proc.stdin.flush()
 
     def result(self, timeout_s: float) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(self._line(timeout_s))
+        data: dict[str, Any] = json.loads(self.line(timeout_s))
         return data
 
 

@@ -1195,43 +1195,11 @@ def probe_stream(port: int) -> str | None:
 
 
 # == running trials (parent process) ============================================================
-class LoadChild:
-    """One load process: started, told "go", asked for its JSON result."""
+class LoadChild(hb.LoadChild):  # type: ignore[misc, name-defined]
+    """One load process of this benchmark: started, told "go", asked for its JSON result."""
 
     def __init__(self, procs: Any, spec: dict[str, Any]) -> None:
-        self.proc = procs.start(
-            [sys.executable, SCRIPT, "--child", json.dumps(spec)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-        )
-        self.lines: Any = __import__("queue").Queue()
-        import threading
-
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def line(self, timeout_s: float) -> str:
-        import queue
-
-        try:
-            line = self.lines.get(timeout=timeout_s)
-        except queue.Empty:
-            raise RuntimeError(f"load process {self.proc.pid} silent for {timeout_s} s") from None
-        if line is None:
-            raise RuntimeError(f"load process {self.proc.pid} exited ({self.proc.poll()})")
-        return str(line)
-
-    def go(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
+        super().__init__(procs, spec, SCRIPT, "--child")
 
 
 @dataclass
