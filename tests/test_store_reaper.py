@@ -75,7 +75,8 @@ def test_an_ack_leaves_the_file_in_the_own_pool_and_the_reaper_blanks_it(
     got = q.get(3)
     pool._reaper.stop(timeout_s=5)  # this process's reaper waits: the ack's own work, alone
     try:
-        assert q.ack_many([m.receipt or "" for m in got]) == {}
+        for m in got:
+            q.ack(m.receipt or "")  # one ack at a time: the reaper thread blanks
         own = own_pool(q)
         assert sorted(os.listdir(own)) == sorted(m.id for m in got)
         assert all(SECRET in (own / m.id).read_bytes() for m in got), "not blanked on the ack"
@@ -106,7 +107,8 @@ _ACKS_SCRIPT = textwrap.dedent(
     q.ack_many([m.receipt for m in got[:fill]])  # fills both pools first (a long drain)
     assert pool.wait_reaped(30)
     os.path.exists("/dirmq-mark-start")
-    q.ack_many([m.receipt for m in got[fill:]])
+    for m in got[fill:]:  # single acks: the reaper thread blanks (ack_many does it inline)
+        q.ack(m.receipt)
     os.path.exists("/dirmq-mark-end")
     assert pool.wait_reaped(30)
     os.path.exists("/dirmq-mark-done")
@@ -180,6 +182,20 @@ def test_an_ack_makes_one_rename_and_the_reaper_does_the_rest(
         assert others["unlinkat"] == n and others["pwrite64"] == 0, others
     else:  # room: each file blanked (then kept, or handed to the shared pool)
         assert others["pwrite64"] == n and others["unlinkat"] == 0, others
+
+
+def test_ack_many_blanks_its_batch_before_it_returns(store: dirmq.Store) -> None:
+    q = store.create_queue("inline")
+    q.put_many([SECRET + b" %d" % i for i in range(100)])
+    got = q.get(100)
+    pool._reaper.stop(timeout_s=5)  # no reaper thread: whatever is blank, the ack did it
+    try:
+        assert q.ack_many([m.receipt or "" for m in got]) == {}
+        assert pool.unreaped_files() == 0
+        assert files_holding(Path(store.root), SECRET) == []
+        assert q._files.pool.own_files() == 100  # kept, blank, for the next puts
+    finally:
+        pool._reaper = pool._Reaper()
 
 
 # -- bounds --------------------------------------------------------------------------------------

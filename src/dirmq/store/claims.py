@@ -218,4 +218,5 @@ def ack_leases(view: QueueView, leases: Iterable[str]) -> list[str]:
             if view.index is not None:
                 for message_id, lease in done:
                     view.index.leased.discard(message_id, lease)
+    files.pool.reap_here()  # blanked now, on this thread (see leasing.settle_each)
     return missing

@@ -122,6 +122,8 @@ def settle_each(
                     settle(view, receipt, action, delay_s, index_fresh=True, config=config)
                 except (StaleReceipt, InvalidArgument, StorageError) as exc:
                     failures[receipt] = exc
+    if action == "ack":
+        view.files.pool.reap_here()  # outside the lock: blanked now, not by a woken thread
     return failures
 
 

@@ -16,7 +16,11 @@ Two pools per queue:
   dead processes. A put claims one by renaming it into `@tmp/` (the loser of a race gets ENOENT
   and tries the next name), then overwrites it.
 
-A retirement costs its caller one rename: into the own pool, where no other process may touch
+A batch of acks (`Queue.ack_many`, `ack_leases`: what the server and the Spark source use)
+reaps its own files right after its renames, outside the queue's lock, on its own thread
+(`FilePool.reap_here`): on a 2-worker server a stream drain ran 1.6x faster than with the
+reaper thread woken per batch, contending for the GIL. Otherwise a retirement costs its caller
+one rename: into the own pool, where no other process may touch
 the file (before that rename another process may still move it, e.g. requeue an expired lease,
 so nothing may be done to it earlier). Everything else happens on this process's reaper thread
 (`_Reaper`, one per process, woken when a retirement queues work, in batches of `REAP_BATCH`):
@@ -691,6 +695,14 @@ class FilePool:
             if wanted > own.keep:
                 own.keep = wanted
                 own.keep_bytes = min(DRAIN_KEEP_BYTES, spare)
+
+    def reap_here(self) -> None:
+        """Blank (keep, hand on or unlink) what this process retired in this queue, on the
+        calling thread and now: for a caller that has just retired a batch outside any lock
+        (`Queue.ack_many`), which saves the reaper thread's wake-up and GIL turns per batch."""
+        own = _own_pools.get(self.dir)
+        if own is not None and own.unreaped:
+            _reap_some(own, None, None)
 
     def known_more(self, name: str) -> None:
         """This process put `name` into the shared pool."""
