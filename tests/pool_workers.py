@@ -6,12 +6,40 @@ the process at a precise moment.
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import dirmq
 from dirmq.store import pool
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def spawn_worker(*args: object) -> subprocess.Popen[str]:
+    """Start `python -m tests.pool_workers ARGS` (the parent's side of this module)."""
+    # This checkout's src first: otherwise an editable install of another checkout would run.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.pool_workers", *map(str, args)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
+
+
+def kill_reading_all(proc: subprocess.Popen[str]) -> str:
+    """SIGKILL `proc`; the rest of its output, including lines `readline` already buffered."""
+    assert proc.stdout is not None
+    proc.kill()
+    with proc.stdout:
+        rest = proc.stdout.read()
+    proc.wait(timeout=30)
+    return rest
 
 
 def body_for(n: int) -> bytes:

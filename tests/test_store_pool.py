@@ -15,31 +15,8 @@ import dirmq
 from dirmq.store import layout, pool
 from dirmq.store.fsck import Kind, fsck
 
-from .pool_workers import well_formed
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def spawn(*args: object) -> subprocess.Popen[str]:
-    # This checkout's src first: otherwise an editable install of another checkout would run.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.pool_workers", *map(str, args)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=env,
-    )
-
-
-def kill_reading_all(proc: subprocess.Popen[str]) -> str:
-    """SIGKILL `proc`; the rest of its output, including lines `readline` already buffered."""
-    assert proc.stdout is not None
-    proc.kill()
-    with proc.stdout:
-        rest = proc.stdout.read()
-    proc.wait(timeout=30)
-    return rest
+from .pool_workers import kill_reading_all, well_formed
+from .pool_workers import spawn_worker as spawn
 
 
 def free_dir(q: dirmq.Queue) -> Path:

@@ -22,6 +22,7 @@ from dirmq.store import layout, pool
 from dirmq.store.fsck import Kind, fsck
 
 from .faultfs import FaultyFS
+from .pool_workers import kill_reading_all, spawn_worker
 from .procs import REPO
 
 SECRET = b"acked-secret"
@@ -44,26 +45,6 @@ def files_holding(root: Path, token: bytes) -> list[str]:
             if os.path.isfile(path) and token in Path(path).read_bytes():
                 found.append(os.path.relpath(path, root))
     return found
-
-
-def spawn_worker(*args: object) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.pool_workers", *map(str, args)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=env,
-    )
-
-
-def kill_reading_all(proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    proc.kill()
-    with proc.stdout:
-        rest = proc.stdout.read()
-    proc.wait(timeout=30)
-    return rest
 
 
 # -- the ack path --------------------------------------------------------------------------------
