@@ -28,6 +28,7 @@ How, and why so:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import glob
 import os
@@ -52,6 +53,9 @@ SYSTEM_STATE = "/var/lib/glusterd"
 RUN_DIR = "/var/run/gluster"
 BRICK_LOG_DIR = "/var/log/glusterfs/bricks"
 BASE_PREFIX = "dirmq-gluster-"
+# One volume at a time on this machine: glusterd's port on ADDRESS is one. Runs that overlap
+# (two test sessions, a benchmark) wait here for each other rather than fail or collide.
+LOCK_PATH = "/tmp/dirmq-gluster.lock"
 PACKAGES = ("glusterfs-server", "glusterfs-client")
 
 # glusterd.vol as Debian ships it, for a machine whose copy is missing.
@@ -355,8 +359,23 @@ def running_volume(
 ) -> Iterator[GlusterVolume]:
     """A fresh volume over `bricks` bricks, mounted `mounts` times; everything removed after.
     `volume_options` are set before the volume starts (`gluster volume set`); `mount_options`
-    are given to every mount (`-o`), e.g. NO_CACHE_VOLUME_OPTIONS and NO_CACHE_MOUNT_OPTIONS."""
+    are given to every mount (`-o`), e.g. NO_CACHE_VOLUME_OPTIONS and NO_CACHE_MOUNT_OPTIONS.
+    Waits for any other run on this machine to end first (LOCK_PATH)."""
     check_machine()
+    with open(LOCK_PATH, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if we die
+        with _running_volume(mounts, bricks, parent, volume_options, mount_options) as volume:
+            yield volume
+
+
+@contextmanager
+def _running_volume(
+    mounts: int,
+    bricks: int,
+    parent: str | None,
+    volume_options: dict[str, str] | None,
+    mount_options: tuple[str, ...],
+) -> Iterator[GlusterVolume]:
     if parent is not None:
         clear_leftovers(parent)
     timings: dict[str, float] = {}
