@@ -26,5 +26,8 @@ class QueueContext:
     # The @ready directory of dead-letter queue `name`, or None if unset or absent.
     dead_letter_dir: Callable[[str | None], str | None]
     access: Access  # the modes of every file and directory the queue creates (access.py)
+    # The shared-filesystem mode (filesystems.py): other hosts act on the same names through
+    # their own caches, so no transition may count on this kernel seeing every change.
+    shared: bool = False
     # Told the queue's name each time a corrupt file is set aside in @corrupt (a metric).
     on_quarantine: Callable[[str], None] | None = None

@@ -24,6 +24,7 @@ from dirmq.store import layout, smallfiles
 from dirmq.store.access import GROUP, PRIVATE, Access, conform, group_id, mismatches, root_access
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
+from dirmq.store.filesystems import resolve_shared
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
 from dirmq.store.names import queue_path, validate_queue_name
 from dirmq.store.queue import Queue
@@ -59,7 +60,10 @@ class Store:
         watch_mode: str = "auto",
         poll_interval_s: float = 0.5,
         on_quarantine: Callable[[str], None] | None = None,
+        shared: bool | None = None,
     ) -> None:
+        """`shared`: the shared-filesystem mode (docs/FORMAT.md, "Filesystems") on or off;
+        None chooses it from the filesystem the root is on (`filesystems.is_shared`)."""
         self.root = os.path.abspath(os.fspath(root if root is not None else default_root()))
         marker = os.path.join(self.root, layout.ROOT_MARKER)
         if not _exists(marker):
@@ -84,6 +88,7 @@ class Store:
             dead_letter_dir=self.dead_letter_dir,
             on_quarantine=on_quarantine,
             access=self.access,
+            shared=resolve_shared(shared, self.root),
         )
         self._queues: dict[str, Queue] = {}
         self._checked: dict[str, float] = {}  # name -> when its @queue.json was last seen

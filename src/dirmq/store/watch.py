@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from dirmq.store.filesystems import is_shared
+
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 log = logging.getLogger(__name__)
 # What inotify_init1 and inotify_add_watch fail with once the user's inotify budget is spent.
@@ -49,7 +51,6 @@ IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 _MASK = IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF
 _EVENT = struct.Struct("iIII")
-_NFS_MAGIC = {0x6969, 0xFF534D42, 0xFE534D42, 0x517B, 0x65735546}  # nfs, cifs, smb2, smb, fuse
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,15 +266,8 @@ def _close_quietly(fd: int) -> None:
 
 
 def needs_polling(path: str) -> bool:
-    """True on network filesystems, where inotify misses other hosts' changes."""
-    try:
-        buf = ctypes.create_string_buffer(128)
-        if _libc.statfs(os.fsencode(path), buf) != 0:
-            return False
-        (f_type,) = struct.unpack_from("l", buf.raw)
-        return (f_type & 0xFFFFFFFF) in _NFS_MAGIC
-    except (OSError, AttributeError):
-        return False
+    """True on shared filesystems, where inotify misses other hosts' changes."""
+    return is_shared(path)
 
 
 def polls(mode: str, path: str) -> bool:
