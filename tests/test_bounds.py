@@ -5,6 +5,7 @@ InvalidParameterValue) and nothing is lost."""
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import subprocess
@@ -312,25 +313,54 @@ def refused(result: subprocess.CompletedProcess[bytes], word: str) -> None:
     assert word in lines[0], lines
 
 
-@pytest.mark.parametrize("value", ["1e12", "1e300", "2.26e307", "inf", "nan"])
-def test_cli_refuses_durations_out_of_bounds_and_loses_nothing(tmp_path: Path, value: str) -> None:
-    root = tmp_path / "root"
+def dirmq_here(root: Path, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    """`dirmq` run in this process (its `main`), as `dirmq` runs it, for refusals that need no
+    process of their own: a new interpreter per command made this module a minute long."""
+    from dirmq.cli import main
+
+    argv = [args[0], "--root", str(root), *args[1:]]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    fake_stdin = io.TextIOWrapper(io.BytesIO(stdin))
+    saved = sys.stdin, sys.stdout, sys.stderr
+    sys.stdin, sys.stdout, sys.stderr = fake_stdin, stdout, stderr
+    try:
+        code = main(argv)
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved
+    return subprocess.CompletedProcess(
+        argv, code, stdout.getvalue().encode(), stderr.getvalue().encode()
+    )
+
+
+def refuses_every_duration(root: Path, value: str, run: Callable[..., Any]) -> None:
+    """Each duration option of the CLI refuses `value` (exit 2, one line), and nothing of the
+    queue is lost or created."""
     first = dirmq(root, "put", "q", "--create", stdin=b"kept").stdout.decode().strip()
-    refused(dirmq(root, "put", "q", "--delay", value, stdin=b"x"), "--delay")
-    refused(dirmq(root, "put", "new", "--create", "--delay", value, stdin=b"x"), "--delay")
-    refused(dirmq(root, "get", "q", "--visibility", value), "--visibility")
-    refused(dirmq(root, "get", "q", "--wait", value), "--wait")
-    refused(dirmq(root, "create", "other", "--visibility", value), "--visibility")
-    refused(dirmq(root, "configure", "q", "--retention", value), "--retention")
-    refused(dirmq(root, "configure", "q", "--writeback-delay", value), "--writeback-delay")
+    refused(run(root, "put", "q", "--delay", value, stdin=b"x"), "--delay")
+    refused(run(root, "put", "new", "--create", "--delay", value, stdin=b"x"), "--delay")
+    refused(run(root, "get", "q", "--visibility", value), "--visibility")
+    refused(run(root, "get", "q", "--wait", value), "--wait")
+    refused(run(root, "create", "other", "--visibility", value), "--visibility")
+    refused(run(root, "configure", "q", "--retention", value), "--retention")
+    refused(run(root, "configure", "q", "--writeback-delay", value), "--writeback-delay")
     assert sorted(os.listdir(root)) == [layout.ROOT_MARKER, "q"]  # nothing was created
     got = dirmq(root, "get", "q", "--visibility", "60")
     assert got.returncode == 0 and got.stdout == b"kept"
     receipt = got.stderr.decode().strip()
     assert receipt.startswith(first)
-    refused(dirmq(root, "nack", "q", receipt, "--delay", value), "--delay")
+    refused(run(root, "nack", "q", receipt, "--delay", value), "--delay")
     assert dirmq(root, "ack", "q", receipt).returncode == 0
     assert dirmq(root, "fsck").returncode == 0
+
+
+def test_cli_refuses_durations_out_of_bounds_and_loses_nothing(tmp_path: Path) -> None:
+    """One value through real `dirmq` processes (exit status, one line, no traceback)."""
+    refuses_every_duration(tmp_path / "root", "1e300", dirmq)
+
+
+@pytest.mark.parametrize("value", ["1e12", "2.26e307", "inf", "nan"])
+def test_cli_refuses_every_out_of_bounds_duration(tmp_path: Path, value: str) -> None:
+    refuses_every_duration(tmp_path / "root", value, dirmq_here)
 
 
 def test_cli_maps_the_store_refusal_to_exit_2(tmp_path: Path) -> None:
