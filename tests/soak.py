@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -266,6 +266,13 @@ class Load:
 
 
 # -- the soak ---------------------------------------------------------------------------------
+def wait_until(condition: Callable[[], bool], timeout_s: float) -> None:
+    """Wait (bounded) for `condition`; the caller's checks say what it means if it never holds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def run_soak(
     kills: int, workdir: Path, *, seed: int = 0, cycle_s: tuple[float, float] = (0.3, 1.5)
 ) -> SoakResult:
@@ -287,8 +294,11 @@ def run_soak(
                 fill_disk(ballast)
             server = start_server(root)
             try:
+                refused_before = ledger.publish_refused_full
                 with Load(server.url, ledger, rng, cycle, cycle in full_cycles):
                     time.sleep(rng.uniform(*cycle_s))
+                    if cycle in full_cycles:  # a slow start must not skip what the cycle tests
+                        wait_until(lambda n=refused_before: ledger.publish_refused_full > n, 20.0)
                     server.proc.send_signal(signal.SIGKILL)  # mid-flight: clients still running
                     server.proc.wait(timeout=30)
             finally:
