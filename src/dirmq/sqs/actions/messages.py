@@ -20,11 +20,12 @@ attributes and the FIFO receive-attempt replay.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -712,18 +713,35 @@ async def delete_message_batch(ctx: Context, params: Params) -> Result:
         except SqsError as error:
             outcomes[entry["Id"]] = error
     failures = await ctx.broker.ack_many(queue, [handle for _, handle, _ in to_ack])
-    for entry_id, handle, message_id in to_ack:
+    await _settle_stale(
+        to_ack,
+        failures,
+        outcomes,
+        lambda handle, message_id: _delete_by_old_handle(ctx, queue, kind, handle, message_id),
+    )
+    return _batch_result(entries, outcomes)
+
+
+async def _settle_stale(
+    settled: list[tuple[str, str, str]],
+    failures: Mapping[str, Exception],
+    outcomes: dict[str, SqsError | None],
+    by_old_handle: Callable[[str, str], Awaitable[None]],
+) -> None:
+    """The outcome of each (entry Id, handle, message id) a batch settled in one store call:
+    done, or (a StaleReceipt) settled as the single action settles an old handle. Any other
+    failure is raised, as the single action raises it: the store failed, not the entry."""
+    for entry_id, handle, message_id in settled:
         failure = failures.get(handle)
         outcomes[entry_id] = None
         if failure is None:
             continue
         if not isinstance(failure, StaleReceipt):
-            raise failure  # as DeleteMessage: the store failed, not the entry
+            raise failure
         try:
-            await _delete_by_old_handle(ctx, queue, kind, handle, message_id)
+            await by_old_handle(handle, message_id)
         except SqsError as error:
             outcomes[entry_id] = error
-    return _batch_result(entries, outcomes)
 
 
 def _batch_result(
@@ -850,17 +868,12 @@ async def change_message_visibility_batch(ctx: Context, params: Params) -> Resul
             failures = await ctx.broker.nack_many(queue, handles)
         else:
             failures = await ctx.broker.extend_many(queue, handles, float(visibility))
-        for entry_id, handle, message_id in settling:
-            failure = failures.get(handle)
-            outcomes[entry_id] = None
-            if failure is None:
-                continue
-            if not isinstance(failure, StaleReceipt):
-                raise failure  # as ChangeMessageVisibility: the store failed, not the entry
-            try:
-                await _change_by_old_handle(ctx, queue, kind, handle, message_id, visibility)
-            except SqsError as error:
-                outcomes[entry_id] = error
+        await _settle_stale(
+            settling,
+            failures,
+            outcomes,
+            functools.partial(_change_by_old_handle, ctx, queue, kind, visibility=visibility),
+        )
     return _batch_result(entries, outcomes)
 
 
