@@ -181,6 +181,15 @@ def test_ack_many_reports_each_failure_by_receipt(transport: LocalTransport) -> 
     assert q.ack_many([]) == {}
 
 
+def test_a_receipt_named_twice_in_a_batch_is_settled_once(transport: LocalTransport) -> None:
+    q = transport.make_queue()
+    q.put_many([b"a", b"b"])
+    first, second = (m.receipt for m in q.get(2, visibility_s=30) if m.receipt is not None)
+    assert q.extend_many([first, first], 30) == {}
+    assert q.ack_many([first, second, first, second]) == {}
+    assert q.stats().total == 0
+
+
 def test_extend_many_keeps_the_leases_and_the_receipts(transport: LocalTransport) -> None:
     q = transport.make_queue()
     q.put_many([b"a", b"b", b"c"])

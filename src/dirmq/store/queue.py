@@ -144,7 +144,7 @@ class Queue:
         the failures by receipt, a `StorageError` among them too (see `ack_each`): a consumer
         stream that closes gives back everything it held in one call."""
         check_optional_seconds("delay_s", delay_s)
-        return leasing.settle_each(self._view, receipts, "nack", delay_s)
+        return leasing.settle_each(self._view, _once(receipts), "nack", delay_s)
 
     def extend(self, receipt: str, visibility_s: float) -> None:
         """Heartbeat: the lease now ends `visibility_s` from now. The receipt stays valid."""
@@ -157,14 +157,15 @@ class Queue:
 
     def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]:
         """Ack several receipts; returns the failures by receipt (empty when all succeeded).
-        A `StorageError` is raised instead, once every receipt has been tried."""
-        return _raise_storage_errors(leasing.ack_each(self._view, receipts))
+        A `StorageError` is raised instead, once every receipt has been tried. A receipt given
+        twice is settled once (as over HTTP), here and in every `*_many`/`*_each`."""
+        return _raise_storage_errors(leasing.ack_each(self._view, _once(receipts)))
 
     def ack_each(self, receipts: Iterable[str]) -> dict[str, Exception]:
         """`ack_many` that returns a `StorageError` by receipt too: for a caller that acks for
         several clients at once (the server), so each learns its own outcome (every receipt
         not in the result was acknowledged, even when others failed)."""
-        return leasing.ack_each(self._view, receipts)
+        return leasing.ack_each(self._view, _once(receipts))
 
     def extend_many(self, receipts: Iterable[str], visibility_s: float) -> dict[str, Exception]:
         """Heartbeat several leases at once: each now ends `visibility_s` from now (receipts
@@ -172,11 +173,11 @@ class Queue:
         or was settled, `InvalidArgument` for what is no receipt); empty when all were
         extended. A `StorageError` is raised instead, once every receipt has been tried.
         `InvalidArgument` at once for a bad `visibility_s`."""
-        return _raise_storage_errors(leasing.extend_each(self._view, receipts, visibility_s))
+        return _raise_storage_errors(leasing.extend_each(self._view, _once(receipts), visibility_s))
 
     def extend_each(self, receipts: Iterable[str], visibility_s: float) -> dict[str, Exception]:
         """`extend_many` that returns a `StorageError` by receipt too (see `ack_each`)."""
-        return leasing.extend_each(self._view, receipts, visibility_s)
+        return leasing.extend_each(self._view, _once(receipts), visibility_s)
 
     # -- by id -------------------------------------------------------------------------------------
     def delete(self, message_id: str) -> bool:
@@ -293,6 +294,11 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"<dirmq.Queue {self.name!r} at {self.path!r}>"
+
+
+def _once(receipts: Iterable[str]) -> list[str]:
+    """Each receipt once, in the order given: a batch that names one twice settles it once."""
+    return list(dict.fromkeys(receipts))
 
 
 def _raise_storage_errors(failures: dict[str, Exception]) -> dict[str, Exception]:
