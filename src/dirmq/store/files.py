@@ -23,6 +23,7 @@ import time
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import layout
 from dirmq.store.capacity import Slots, read_slot
+from dirmq.store.codec import Decoded
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.dedup import Dedup
@@ -35,6 +36,10 @@ from dirmq.store.reading import read_message, stored_message
 
 log = logging.getLogger(__name__)
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+# How long a shared-filesystem client may serve old bytes of a file (about 1 s measured on
+# GlusterFS, docs/FORMAT.md), with a margin: a claimed file is re-read that long before it
+# is called corrupt.
+SHARED_REREAD_S = 2.0
 
 
 def now_ms() -> int:
@@ -45,7 +50,12 @@ class QueueFiles:
     def __init__(self, context: QueueContext, name: str, path: str) -> None:
         self.name = name
         self.dir = {d: os.path.join(path, d) for d in layout.STATE_DIRS}
-        self.pool = FilePool(self.dir[layout.FREE], context.access)
+        self.pool = FilePool(
+            self.dir[layout.FREE],
+            context.access,
+            shared=context.shared,
+            tmp_dir=self.dir[layout.TMP],
+        )
         self.slots = Slots(name, self.dir[layout.SLOTS])
         self.dedup = Dedup(self.dir[layout.DEDUP], context.access)
         self._context = context
@@ -212,8 +222,14 @@ class QueueFiles:
         try:
             decoded = read_message(target, message_id)
         except CorruptMessage:
-            self.quarantine(target, lease)
-            return None
+            if not self._context.shared:
+                self.quarantine(target, lease)
+                return None
+            reread = self._reread(target, message_id)
+            if reread is None:
+                self.quarantine(target, lease)
+                return None
+            decoded = reread
         return Message(
             id=message_id,
             body=decoded.body,
@@ -225,6 +241,20 @@ class QueueFiles:
             state="leased",
             group=decoded.system.get("Group"),
         )
+
+    def _reread(self, path: str, message_id: str) -> Decoded | None:
+        """On a shared filesystem, a file that did not decode is read again for up to
+        `SHARED_REREAD_S` before it is called corrupt: this host's client may still serve
+        bytes it read before another host wrote the file (docs/FORMAT.md, "Filesystems":
+        about a second), and an intact message must not be set aside for that."""
+        deadline = time.monotonic() + SHARED_REREAD_S
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            try:
+                return read_message(path, message_id)
+            except CorruptMessage:
+                continue
+        return None
 
     def promote(self, index: QueueIndex, config: QueueConfig, at_ms: int) -> SweepReport:
         """Deliver due delayed messages and requeue (or dead-letter) expired leases."""
