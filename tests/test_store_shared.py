@@ -62,7 +62,7 @@ def test_local_disk_is_not_shared(root: Path) -> None:
 def test_shared_mode_publishes_through_named_temps(root: Path) -> None:
     """No O_TMPFILE in the shared mode: a put's file has a name in @tmp until it is published
     (FUSE and NFS have none). Seen by holding a put inside its write."""
-    import dirmq.store.fsio as fsio
+    from dirmq.store import fsio
 
     seen: list[list[str]] = []
     original = fsio.write_new_file

@@ -197,12 +197,43 @@ class QueueFiles:
         lease = layout.timed_name(
             entry.message_id, entry.count + 1, at_ms + visibility_ms, entry.group
         )
-        if not self.move(layout.READY, name, layout.LEASED, lease):
+        if self._context.shared:
+            if not self._take_shared(name, lease):
+                return None
+        elif not self.move(layout.READY, name, layout.LEASED, lease):
             return None
         if index is not None:
             index.discard(layout.READY, name)
             index.add(layout.LEASED, lease)
         return lease
+
+    def _take_shared(self, name: str, lease: str) -> bool:
+        """The claim rename @ready/`name` -> @leased/`lease` on a shared filesystem, where a
+        rename that finds its target already there as the same file succeeds doing nothing
+        (POSIX), and another host's client may still resolve `name` to the file this host's
+        claim has just moved there: two hosts claiming one message in the same millisecond
+        (one lease name) would both "win" (GlusterFS: about 10% of such races). So the target
+        is first created empty with O_EXCL (exclusive between hosts): only the host that made
+        it renames onto it, which replaces that empty file and cannot be a no-op, so a stale
+        `name` gets ENOENT. False if another host claimed it first (our empty file, if any,
+        removed again)."""
+        target = self.path(layout.LEASED, lease)
+        try:
+            os.close(self._context.access.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return False  # another host's claim of this very lease name
+        except FileNotFoundError:
+            return False  # the queue is going away
+        except OSError as exc:
+            raise storage_error(exc, f"claiming a message of queue {self.name!r}") from exc
+        try:
+            moved = self.move(layout.READY, name, layout.LEASED, lease)
+        except BaseException:
+            _unlink_quietly(target)
+            raise
+        if not moved:
+            _unlink_quietly(target)
+        return moved
 
     def open_claimed(
         self, lease: str, message_id: str, count: int, deadline_ms: int
@@ -483,6 +514,15 @@ class QueueFiles:
             return []
         except OSError as exc:
             raise storage_error(exc, f"listing @dead of queue {self.name!r}") from exc
+
+
+def _unlink_quietly(path: str) -> None:
+    """Remove a file of our own making; one that is gone or cannot be removed now is left
+    (an empty lease placeholder is quarantined like any undecodable file later)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _keep_due(index: QueueIndex, directory: str, names: list[str]) -> None:
