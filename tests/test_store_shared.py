@@ -147,3 +147,32 @@ def test_a_claimed_file_is_reread_before_it_is_called_corrupt(root: Path) -> Non
         assert queue.get_one() is None
         assert time.monotonic() - started >= 1.5
         assert queue.corrupt_quarantined == 1
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_claim_onto_a_name_that_is_already_the_same_file_is_not_won(
+    root: Path, shared: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What another host's stale client does on GlusterFS, played on a local disk: the lease
+    name this claim picks (same id, count and millisecond as another host's claim) is
+    already the message file, while @ready still names it for us. rename(2) onto the same file
+    succeeds doing nothing, so a plain claim "wins" a message another host holds; the shared
+    mode's claim (O_EXCL on the lease name first) loses it."""
+    from dirmq.store import leasing
+
+    fixed_ms = int(time.time() * 1000)
+    monkeypatch.setattr(leasing, "now_ms", lambda: fixed_ms)
+    # Polled once a minute: the index (built by stats) still has it ready, as a stale
+    # listing would.
+    with dirmq.Store(root, shared=shared, watch_mode="poll", poll_interval_s=60) as store:
+        queue = store.create_queue("q", dirmq.QueueConfig(visibility_timeout_s=60))
+        message_id = queue.put(b"held elsewhere")
+        assert queue.stats().ready == 1
+        lease = layout.timed_name(message_id, 1, fixed_ms + 60_000, None)
+        os.link(root / "q" / layout.READY / message_id, root / "q" / layout.LEASED / lease)
+        got = queue.get_one()
+        if shared:
+            assert got is None
+            assert os.path.exists(root / "q" / layout.LEASED / lease)  # the other's lease
+        else:
+            assert got is not None and got.id == message_id  # the hazard the mode removes
