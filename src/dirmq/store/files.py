@@ -19,6 +19,7 @@ import errno
 import logging
 import os
 import time
+from collections import deque
 
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import layout
@@ -40,6 +41,9 @@ _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 # GlusterFS, docs/FORMAT.md), with a margin: a claimed file is re-read that long before it
 # is called corrupt.
 SHARED_REREAD_S = 2.0
+# How long a claim token (`QueueFiles._take_shared`) is kept, and what it is named.
+CLAIM_TOKEN_S = 10.0
+CLAIM_TOKEN_SUFFIX = ".claim"
 
 
 def now_ms() -> int:
@@ -60,6 +64,7 @@ class QueueFiles:
         self.dedup = Dedup(self.dir[layout.DEDUP], context.access)
         self._context = context
         self.quarantined = 0  # corrupt files this process set aside
+        self._tokens: deque[tuple[float, str]] = deque()  # (drop after, path): claim tokens
 
     def path(self, directory: str, name: str) -> str:
         return f"{self.dir[directory]}/{name}"  # names hold no "/": no os.path.join needed
@@ -198,7 +203,7 @@ class QueueFiles:
             entry.message_id, entry.count + 1, at_ms + visibility_ms, entry.group
         )
         if self._context.shared:
-            if not self._take_shared(name, lease):
+            if not self._take_shared(name, lease, at_ms):
                 return None
         elif not self.move(layout.READY, name, layout.LEASED, lease):
             return None
@@ -207,19 +212,27 @@ class QueueFiles:
             index.add(layout.LEASED, lease)
         return lease
 
-    def _take_shared(self, name: str, lease: str) -> bool:
-        """The claim rename @ready/`name` -> @leased/`lease` on a shared filesystem, where a
-        rename that finds its target already there as the same file succeeds doing nothing
-        (POSIX), and another host's client may still resolve `name` to the file this host's
-        claim has just moved there: two hosts claiming one message in the same millisecond
-        (one lease name) would both "win" (GlusterFS: about 10% of such races). So the target
-        is first created empty with O_EXCL (exclusive between hosts): only the host that made
-        it renames onto it, which replaces that empty file and cannot be a no-op, so a stale
-        `name` gets ENOENT. False if another host claimed it first (our empty file, if any,
-        removed again)."""
-        target = self.path(layout.LEASED, lease)
+    def _take_shared(self, name: str, lease: str, at_ms: int) -> bool:
+        """The claim rename @ready/`name` -> @leased/`lease` on a shared filesystem.
+
+        There a rename whose target already is the same file succeeds doing nothing (POSIX),
+        and another host's client may still resolve `name` to the file this host's claim has
+        just moved to `lease`: two hosts whose gets began in the same millisecond pick one
+        lease name for the head, and both renames "succeed" (GlusterFS: about 10% of such
+        races; with different target names, never). So a claim first takes the lease name
+        itself: it creates `@tmp/<lease>.claim` with O_EXCL (exclusive between hosts), and
+        only the host that made it renames. The token stays `CLAIM_TOKEN_S` (another host's
+        get that began in the same millisecond has either taken its own token by then, or
+        gives up: a claim whose `at_ms` is older than `CLAIM_TOKEN_S / 2` is not tried), and
+        goes at once if the rename finds nothing (nobody holds that lease name then). False
+        if another host claimed it first."""
+        now = time.monotonic()
+        self._drop_tokens(now)
+        if now_ms() - at_ms > CLAIM_TOKEN_S * 500:
+            return False  # a long get: the next one claims it under a fresh lease name
+        token = f"{self.dir[layout.TMP]}/{lease}{CLAIM_TOKEN_SUFFIX}"
         try:
-            os.close(self._context.access.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+            os.close(self._context.access.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
         except FileExistsError:
             return False  # another host's claim of this very lease name
         except FileNotFoundError:
@@ -229,11 +242,20 @@ class QueueFiles:
         try:
             moved = self.move(layout.READY, name, layout.LEASED, lease)
         except BaseException:
-            _unlink_quietly(target)
+            _unlink_quietly(token)
             raise
-        if not moved:
-            _unlink_quietly(target)
+        if moved:
+            self._tokens.append((now + CLAIM_TOKEN_S, token))
+        else:
+            _unlink_quietly(token)
         return moved
+
+    def _drop_tokens(self, now: float) -> None:
+        """Unlink the claim tokens held `CLAIM_TOKEN_S` (a process that exits leaves its last
+        ones: temp files that recovery removes after an hour)."""
+        tokens = self._tokens
+        while tokens and tokens[0][0] <= now:
+            _unlink_quietly(tokens.popleft()[1])
 
     def open_claimed(
         self, lease: str, message_id: str, count: int, deadline_ms: int
@@ -518,7 +540,7 @@ class QueueFiles:
 
 def _unlink_quietly(path: str) -> None:
     """Remove a file of our own making; one that is gone or cannot be removed now is left
-    (an empty lease placeholder is quarantined like any undecodable file later)."""
+    (a claim token is a temp file: recovery removes it after an hour)."""
     try:
         os.unlink(path)
     except OSError:
