@@ -168,7 +168,7 @@ def _bodies(work: str, prefix: str, outcome: str) -> set[str]:
 
 def _count(work: str, messages: int) -> LoadResult:
     puts = _events(work, "p")
-    deliveries = sorted(_events(work, "c"), key=lambda e: float(str(e["got"])))
+    deliveries = sorted(_events(work, "c"), key=lambda e: float(str(e.get("got", 0.0))))
     published = {str(e["body"]) for e in puts if e["outcome"] == "put"}
     errors = [str(e["error"]) for e in puts + deliveries if e["outcome"] == "error"]
     acked = {str(e["body"]) for e in deliveries if e["outcome"] == "acked"}
