@@ -19,11 +19,11 @@ import errno
 import logging
 import os
 import time
-from collections import deque
 
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import layout
 from dirmq.store.capacity import Slots, read_slot
+from dirmq.store.claimtokens import ClaimTokens
 from dirmq.store.codec import Decoded
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
@@ -41,9 +41,6 @@ _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 # GlusterFS, docs/FORMAT.md), with a margin: a claimed file is re-read that long before it
 # is called corrupt.
 SHARED_REREAD_S = 2.0
-# How long a claim token (`QueueFiles._take_shared`) is kept, and what it is named.
-CLAIM_TOKEN_S = 10.0
-CLAIM_TOKEN_SUFFIX = ".claim"
 
 
 def now_ms() -> int:
@@ -64,7 +61,8 @@ class QueueFiles:
         self.dedup = Dedup(self.dir[layout.DEDUP], context.access)
         self._context = context
         self.quarantined = 0  # corrupt files this process set aside
-        self._tokens: deque[tuple[float, str]] = deque()  # (drop after, path): claim tokens
+        # The shared-filesystem mode's claim tokens (claimtokens.py); None on a local disk.
+        self.tokens = ClaimTokens(self.dir[layout.TMP], context.access) if context.shared else None
 
     def path(self, directory: str, name: str) -> str:
         return f"{self.dir[directory]}/{name}"  # names hold no "/": no os.path.join needed
@@ -202,60 +200,35 @@ class QueueFiles:
         lease = layout.timed_name(
             entry.message_id, entry.count + 1, at_ms + visibility_ms, entry.group
         )
-        if self._context.shared:
-            if not self._take_shared(name, lease, at_ms):
-                return None
-        elif not self.move(layout.READY, name, layout.LEASED, lease):
+        tokens, token = self.tokens, None
+        if tokens is not None:  # the shared-filesystem mode: see claimtokens.py
+            if not tokens.fresh(at_ms, now_ms()):
+                return None  # a long get: the next one claims it under a fresh lease name
+            try:
+                token = tokens.take(lease)
+            except FileNotFoundError:
+                return None  # the queue is going away
+            except OSError as exc:
+                raise storage_error(exc, f"claiming a message of queue {self.name!r}") from exc
+            if token is None:
+                return None  # another host's claim of this very lease name
+        try:
+            moved = self.move(layout.READY, name, layout.LEASED, lease)
+        except BaseException:
+            if tokens is not None and token is not None:
+                tokens.drop(token)
+            raise
+        if tokens is not None and token is not None:
+            if moved:
+                tokens.keep(token)
+            else:
+                tokens.drop(token)
+        if not moved:
             return None
         if index is not None:
             index.discard(layout.READY, name)
             index.add(layout.LEASED, lease)
         return lease
-
-    def _take_shared(self, name: str, lease: str, at_ms: int) -> bool:
-        """The claim rename @ready/`name` -> @leased/`lease` on a shared filesystem.
-
-        There a rename whose target already is the same file succeeds doing nothing (POSIX),
-        and another host's client may still resolve `name` to the file this host's claim has
-        just moved to `lease`: two hosts whose gets began in the same millisecond pick one
-        lease name for the head, and both renames "succeed" (GlusterFS: about 10% of such
-        races; with different target names, never). So a claim first takes the lease name
-        itself: it creates `@tmp/<lease>.claim` with O_EXCL (exclusive between hosts), and
-        only the host that made it renames. The token stays `CLAIM_TOKEN_S` (another host's
-        get that began in the same millisecond has either taken its own token by then, or
-        gives up: a claim whose `at_ms` is older than `CLAIM_TOKEN_S / 2` is not tried), and
-        goes at once if the rename finds nothing (nobody holds that lease name then). False
-        if another host claimed it first."""
-        now = time.monotonic()
-        self._drop_tokens(now)
-        if now_ms() - at_ms > CLAIM_TOKEN_S * 500:
-            return False  # a long get: the next one claims it under a fresh lease name
-        token = f"{self.dir[layout.TMP]}/{lease}{CLAIM_TOKEN_SUFFIX}"
-        try:
-            os.close(self._context.access.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            return False  # another host's claim of this very lease name
-        except FileNotFoundError:
-            return False  # the queue is going away
-        except OSError as exc:
-            raise storage_error(exc, f"claiming a message of queue {self.name!r}") from exc
-        try:
-            moved = self.move(layout.READY, name, layout.LEASED, lease)
-        except BaseException:
-            _unlink_quietly(token)
-            raise
-        if moved:
-            self._tokens.append((now + CLAIM_TOKEN_S, token))
-        else:
-            _unlink_quietly(token)
-        return moved
-
-    def _drop_tokens(self, now: float) -> None:
-        """Unlink the claim tokens held `CLAIM_TOKEN_S` (a process that exits leaves its last
-        ones: temp files that recovery removes after an hour)."""
-        tokens = self._tokens
-        while tokens and tokens[0][0] <= now:
-            _unlink_quietly(tokens.popleft()[1])
 
     def open_claimed(
         self, lease: str, message_id: str, count: int, deadline_ms: int
@@ -536,15 +509,6 @@ class QueueFiles:
             return []
         except OSError as exc:
             raise storage_error(exc, f"listing @dead of queue {self.name!r}") from exc
-
-
-def _unlink_quietly(path: str) -> None:
-    """Remove a file of our own making; one that is gone or cannot be removed now is left
-    (a claim token is a temp file: recovery removes it after an hour)."""
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _keep_due(index: QueueIndex, directory: str, names: list[str]) -> None:
