@@ -10,11 +10,13 @@ its rename a claim takes the lease name's token, `@tmp/<lease name>.claim`, crea
 (exclusive between hosts): only the host that made it renames, and its target is then a name
 nobody else renames to, so a stale source gets ENOENT.
 
-A token is unlinked at once when the rename found nothing (nobody holds that lease name then),
-else kept `HOLD_S`: another get that began in the same millisecond has taken its own attempt by
-then, or gives up (`fresh`: a get more than `HOLD_S / 2` old claims nothing more, since its
-lease names could meet a token that is gone). A process that exits leaves its last tokens:
-empty temp files, which recovery removes after an hour like any unattributed temp file.
+A token is kept `HOLD_S`, also when the rename found nothing (a claim that lost costs two
+operations, not three; nobody else wants that lease name then: a claim of it by another host
+would have met our token, or finds the message gone as we did). By then another get that began
+in the same millisecond has made its own attempt, or gives up (`fresh`: a get more than `HOLD_S
+/ 2` old claims nothing more, since its lease names could meet a token that is gone). A process
+that exits leaves its last tokens: empty temp files, which recovery removes after an hour like
+any unattributed temp file.
 """
 
 from __future__ import annotations
@@ -56,12 +58,12 @@ class ClaimTokens:
         return path
 
     def keep(self, path: str) -> None:
-        """The claim of `path` won: keep the token `HOLD_S`."""
+        """The claim of `path` was tried: keep the token `HOLD_S`."""
         with self._lock:
             self._held.append((time.monotonic() + HOLD_S, path))
 
     def drop(self, path: str) -> None:
-        """The claim of `path` found nothing: nobody holds that lease name."""
+        """The claim of `path` failed with an error: it was not tried."""
         _unlink_quietly(path)
 
     def expire(self, now: float) -> None:

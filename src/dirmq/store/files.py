@@ -219,10 +219,7 @@ class QueueFiles:
                 tokens.drop(token)
             raise
         if tokens is not None and token is not None:
-            if moved:
-                tokens.keep(token)
-            else:
-                tokens.drop(token)
+            tokens.keep(token)  # a lost claim's too: no unlink on the path of a claim
         if not moved:
             return None
         if index is not None:
