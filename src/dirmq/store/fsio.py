@@ -33,6 +33,10 @@ shared directory fsync.
 `writeback` renames at once and lets a background thread flush within `writeback_delay_s`;
 `memory` never flushes. There a crash can leave a recycled file (pool.py) under its new name with
 its old content, a complete older message: the codec's `Dirmq-Id` check makes that corrupt.
+
+Why it is long: every step of making a new file durable lives here (temp files and their
+O_TMPFILE/linkat fallbacks, the group commit, its overlapped form for shared filesystems, the
+writeback flusher), so the ordering that durability rests on can be read in one place.
 """
 
 from __future__ import annotations
