@@ -153,7 +153,7 @@ def floor(directory: str, threads: int, sizes: Sizes) -> tuple[int, float, str]:
     counter = iter(range(10**9))
     lock = threading.Lock()
 
-    def one() -> None:
+    def one() -> int:
         with lock:
             n = next(counter)
         name = f"{threads}-{n}"
@@ -165,9 +165,10 @@ def floor(directory: str, threads: int, sizes: Sizes) -> tuple[int, float, str]:
             os.rename(path, os.path.join(ready, name))
         finally:
             os.close(fd)
+        return 1
 
     if threads == 1:
-        return timed(sizes.ops, sizes.trial_s, lambda _i: (one(), 1)[1])
+        return timed(sizes.ops, sizes.trial_s, lambda _i: one())
     total = sizes.ops * 2
     cpu0 = gluster_cpu_s()
     start = time.perf_counter()
@@ -190,8 +191,10 @@ def library_rows(fs: str, root: str, sizes: Sizes) -> list[Row]:
         ops, secs, note = timed(sizes.ops, sizes.trial_s, lambda _i: (q.put(BODY), 1)[1])
         rows.append(Row(fs, "library put, 1 producer", ops, secs, f"{mode} mode; {note}"))
         q2 = store.create_queue("lib-batch")
-        ops, secs = timed(sizes.ops * 2, sizes.trial_s, lambda _i: len(q2.put_many([BODY] * BATCH)))
-        rows.append(Row(fs, f"library put_many of {BATCH}", ops, secs, f"{mode} mode"))
+        ops, secs, note = timed(
+            sizes.ops * 2, sizes.trial_s, lambda _i: len(q2.put_many([BODY] * BATCH))
+        )
+        rows.append(Row(fs, f"library put_many of {BATCH}", ops, secs, f"{mode} mode; {note}"))
 
         def get_ack(_i: int) -> int:
             got = q.get()
