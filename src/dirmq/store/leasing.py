@@ -48,6 +48,7 @@ def get(
     check_optional_seconds("wait_s", wait_s)
     files = view.files
     deadline = time.monotonic() + wait_s
+    relisted = False
     while True:
         with view.lock:
             config = view.config
@@ -68,6 +69,13 @@ def get(
                 if message is None:
                     break
                 got.append(message)
+            if not got and runs.missed and not relisted and view.polling():
+                # Polling, every name this get tried was gone: other hosts' consumers took
+                # them since the last listing. List again now rather than sleep until the
+                # next poll with messages maybe waiting (once per get).
+                index.rescan(view.path)
+                relisted = True
+                continue
             remaining = deadline - time.monotonic()
             if got or remaining <= 0:
                 return got
