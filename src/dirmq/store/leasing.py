@@ -8,6 +8,9 @@ so another process's publish or requeue wakes it at once, and it also wakes when
 lease or delay it knows of falls due. A receipt names the message and its receive count; the
 lease behind it is looked up in the index, and a lease that moved meanwhile (another process
 extended it) is looked up again once, after a fresh sync, before the receipt is called stale.
+A polling get (shared filesystems) whose every claim found its name gone lists the directories
+again at once, once: other hosts' consumers took those messages since the last poll, and others
+may be waiting.
 """
 
 from __future__ import annotations
