@@ -207,3 +207,21 @@ def test_claim_tokens_are_kept_a_while_then_unlinked(
         tokens = store.queue("q")._view.files.tokens
         assert tokens is not None
         assert tokens.fresh(1000, 1000 + 100) and not tokens.fresh(1000, 1000 + 101)
+
+
+def test_a_polling_get_that_lost_every_claim_lists_again(root: Path) -> None:
+    """Other hosts' consumers took what this process's last listing showed: its get lists
+    again at once and finds what was published since, rather than waiting for the next poll
+    (a minute here)."""
+    with (
+        dirmq.Store(root, shared=True, watch_mode="poll", poll_interval_s=60) as here,
+        dirmq.Store(root, shared=True, watch_mode="poll", poll_interval_s=60) as there,
+    ):
+        mine = here.create_queue("q")
+        theirs = there.queue("q")
+        mine.put_many([dirmq.OutgoingMessage(b"1"), dirmq.OutgoingMessage(b"2")])
+        assert mine.stats().ready == 2  # this process's index: both
+        assert len(theirs.get(2)) == 2  # taken elsewhere
+        newest = theirs.put(b"3")
+        got = mine.get_one()
+        assert got is not None and got.id == newest
