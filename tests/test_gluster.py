@@ -27,7 +27,8 @@ def test_producers_and_consumers_on_two_mounts_lose_nothing_and_deliver_once(
 ) -> None:
     roots = [os.path.join(mount, "library") for mount in gluster_volume.mounts]
     assert all(is_shared(mount) for mount in gluster_volume.mounts)  # the mode is chosen
-    result = run_load(roots, MESSAGES, visibility_s=120.0, timeout_s=120.0, peers=PEERS)
+    timeout_s = max(120.0, MESSAGES / 10)  # well under the visibility at the default count
+    result = run_load(roots, MESSAGES, visibility_s=120.0, timeout_s=timeout_s, peers=PEERS)
     summary = (
         f"{result.published} published, {result.acked} acked, {result.lost} lost, "
         f"{result.twice} twice, {result.quarantined} quarantined, {result.stale} stale "
