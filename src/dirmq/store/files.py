@@ -23,6 +23,8 @@ import time
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import layout
 from dirmq.store.capacity import Slots, read_slot
+from dirmq.store.claimtokens import ClaimTokens
+from dirmq.store.codec import Decoded
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.dedup import Dedup
@@ -35,6 +37,10 @@ from dirmq.store.reading import read_message, stored_message
 
 log = logging.getLogger(__name__)
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+# How long a shared-filesystem client may serve old bytes of a file (about 1 s measured on
+# GlusterFS, docs/FORMAT.md), with a margin: a claimed file is re-read that long before it
+# is called corrupt.
+SHARED_REREAD_S = 2.0
 
 
 def now_ms() -> int:
@@ -45,11 +51,18 @@ class QueueFiles:
     def __init__(self, context: QueueContext, name: str, path: str) -> None:
         self.name = name
         self.dir = {d: os.path.join(path, d) for d in layout.STATE_DIRS}
-        self.pool = FilePool(self.dir[layout.FREE], context.access)
+        self.pool = FilePool(
+            self.dir[layout.FREE],
+            context.access,
+            shared=context.shared,
+            tmp_dir=self.dir[layout.TMP],
+        )
         self.slots = Slots(name, self.dir[layout.SLOTS])
         self.dedup = Dedup(self.dir[layout.DEDUP], context.access)
         self._context = context
         self.quarantined = 0  # corrupt files this process set aside
+        # The shared-filesystem mode's claim tokens (claimtokens.py); None on a local disk.
+        self.tokens = ClaimTokens(self.dir[layout.TMP], context.access) if context.shared else None
 
     def path(self, directory: str, name: str) -> str:
         return f"{self.dir[directory]}/{name}"  # names hold no "/": no os.path.join needed
@@ -116,6 +129,7 @@ class QueueFiles:
                 index.add(layout.READY, name)  # still in @ready: in its FIFO place next time
                 raise
             if lease is None:
+                runs.missed += 1
                 # Another process claimed or deleted it first. If it was a group's, that
                 # process may hold the group now: leasing the group's next one would break it.
                 if entry.group is not None:
@@ -187,7 +201,27 @@ class QueueFiles:
         lease = layout.timed_name(
             entry.message_id, entry.count + 1, at_ms + visibility_ms, entry.group
         )
-        if not self.move(layout.READY, name, layout.LEASED, lease):
+        tokens, token = self.tokens, None
+        if tokens is not None:  # the shared-filesystem mode: see claimtokens.py
+            if not tokens.fresh(at_ms, now_ms()):
+                return None  # a long get: the next one claims it under a fresh lease name
+            try:
+                token = tokens.take(lease)
+            except FileNotFoundError:
+                return None  # the queue is going away
+            except OSError as exc:
+                raise storage_error(exc, f"claiming a message of queue {self.name!r}") from exc
+            if token is None:
+                return None  # another host's claim of this very lease name
+        try:
+            moved = self.move(layout.READY, name, layout.LEASED, lease)
+        except BaseException:
+            if tokens is not None and token is not None:
+                tokens.drop(token)
+            raise
+        if tokens is not None and token is not None:
+            tokens.keep(token)  # a lost claim's too: no unlink on the path of a claim
+        if not moved:
             return None
         if index is not None:
             index.discard(layout.READY, name)
@@ -212,8 +246,14 @@ class QueueFiles:
         try:
             decoded = read_message(target, message_id)
         except CorruptMessage:
-            self.quarantine(target, lease)
-            return None
+            if not self._context.shared:
+                self.quarantine(target, lease)
+                return None
+            reread = self._reread(target, message_id)
+            if reread is None:
+                self.quarantine(target, lease)
+                return None
+            decoded = reread
         return Message(
             id=message_id,
             body=decoded.body,
@@ -225,6 +265,20 @@ class QueueFiles:
             state="leased",
             group=decoded.system.get("Group"),
         )
+
+    def _reread(self, path: str, message_id: str) -> Decoded | None:
+        """On a shared filesystem, a file that did not decode is read again for up to
+        `SHARED_REREAD_S` before it is called corrupt: this host's client may still serve
+        bytes it read before another host wrote the file (docs/FORMAT.md, "Filesystems":
+        about a second), and an intact message must not be set aside for that."""
+        deadline = time.monotonic() + SHARED_REREAD_S
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            try:
+                return read_message(path, message_id)
+            except CorruptMessage:
+                continue
+        return None
 
     def promote(self, index: QueueIndex, config: QueueConfig, at_ms: int) -> SweepReport:
         """Deliver due delayed messages and requeue (or dead-letter) expired leases."""

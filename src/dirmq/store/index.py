@@ -85,12 +85,13 @@ class GroupRuns:
     has the group now).
     """
 
-    __slots__ = ("limit", "lost", "taken")
+    __slots__ = ("limit", "lost", "missed", "taken")
 
     def __init__(self, limit: int | None = 1) -> None:
         self.limit = limit
         self.taken: Counter[str] = Counter()
         self.lost: set[str] = set()
+        self.missed = 0  # claims this get lost to another process (its index was behind)
 
     def allows(self, tag: str, busy: Counter[str]) -> bool:
         if tag in self.lost:
@@ -148,6 +149,11 @@ class QueueIndex:
         for directory, names in listed.items():
             for name in names:
                 self.add(directory, name)
+        # A listing on a shared filesystem may show a file another host is renaming under
+        # both names (docs/FORMAT.md, "Filesystems"): an id leased is not also ready (a claim
+        # of the other name would only fail, but counts would take it twice).
+        for message_id in self.leased.names:
+            self.ready.pop(message_id, None)
         self._ready_heap = list(self.ready)
         heapq.heapify(self._ready_heap)
 
