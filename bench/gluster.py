@@ -183,18 +183,22 @@ def floor(directory: str, threads: int, sizes: Sizes) -> tuple[int, float, str]:
 
 
 # -- the library ----------------------------------------------------------------------------------
+def notes(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
 def library_rows(fs: str, root: str, sizes: Sizes) -> list[Row]:
     rows: list[Row] = []
     with dirmq.Store(root) as store:
         mode = "shared" if store.context.shared else "local"
         q = store.create_queue("lib-put")
         ops, secs, note = timed(sizes.ops, sizes.trial_s, lambda _i: (q.put(BODY), 1)[1])
-        rows.append(Row(fs, "library put, 1 producer", ops, secs, f"{mode} mode; {note}"))
+        rows.append(Row(fs, "library put, 1 producer", ops, secs, notes(f"{mode} mode", note)))
         q2 = store.create_queue("lib-batch")
         ops, secs, note = timed(
             sizes.ops * 2, sizes.trial_s, lambda _i: len(q2.put_many([BODY] * BATCH))
         )
-        rows.append(Row(fs, f"library put_many of {BATCH}", ops, secs, f"{mode} mode; {note}"))
+        rows.append(Row(fs, f"library put_many of {BATCH}", ops, secs, notes(f"{mode} mode", note)))
 
         def get_ack(_i: int) -> int:
             got = q.get()
@@ -205,7 +209,7 @@ def library_rows(fs: str, root: str, sizes: Sizes) -> list[Row]:
 
         available = q.stats().ready
         ops, secs, note = timed(min(sizes.ops, available), sizes.trial_s, get_ack)
-        rows.append(Row(fs, "library get+ack, 1 consumer", ops, secs, f"{mode} mode; {note}"))
+        rows.append(Row(fs, "library get+ack, 1 consumer", ops, secs, notes(f"{mode} mode", note)))
     return rows
 
 
@@ -286,24 +290,6 @@ def disk_dir() -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def volume_when_free(wait_s: float = 600.0) -> Iterator[Any]:
-    """`running_volume(mounts=1)`, waiting while another run's glusterd holds the machine
-    (`check_machine` refuses before `running_volume` would wait on its lock)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            gluster.check_machine()
-            break
-        except gluster.GlusterUnavailable as exc:
-            if "already listens" not in str(exc) or time.monotonic() > deadline:
-                raise
-            print(f"waiting: {exc}", flush=True)
-            time.sleep(5)
-    with gluster.running_volume(mounts=1) as volume:
-        yield volume
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke run")
@@ -314,7 +300,7 @@ def main() -> int:
     rows: list[Row] = []
     started = time.time()
     try:
-        with volume_when_free() as volume:
+        with gluster.running_volume(mounts=1) as volume:  # waits for another run's volume
             GLUSTER_PIDS[:] = gluster._pids_mentioning(volume.base)
             rows += measure("gluster", os.path.join(volume.mounts[0], "bench"), sizes, procs)
             with disk_dir() as local:

@@ -148,3 +148,18 @@ def test_concurrent_shared_puts_are_each_flushed(
     assert flushes.counts["syncfs"] == 0
     # Each file once; the directory fsyncs shared by the puts that wait together.
     assert per_thread * threads < flushes.counts["fsync"] <= 2 * per_thread * threads
+
+
+def test_a_forked_child_overlaps_with_threads_of_its_own(shared_store: dirmq.Store) -> None:
+    q = shared_store.create_queue("q")
+    q.put_many([b"parent"] * 8)  # the parent's overlap threads exist now
+    pid = os.fork()
+    if pid == 0:  # the child: exits without running the parent's atexit hooks or pytest
+        code = 1
+        try:
+            code = 0 if len(q.put_many([b"child"] * 8)) == 8 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert q.stats().ready == 16

@@ -115,6 +115,15 @@ _overlap_executor: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): 
 _overlap_lock = threading.Lock()
 
 
+def _forget_overlap_in_child() -> None:
+    """A forked child has none of the parent's threads, and the lock may have been held by one."""
+    global _overlap_executor, _overlap_lock
+    _overlap_executor, _overlap_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_overlap_in_child)
+
+
 def _executor() -> ThreadPoolExecutor:
     global _overlap_executor
     with _overlap_lock:
