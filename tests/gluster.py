@@ -361,9 +361,10 @@ def running_volume(
     `volume_options` are set before the volume starts (`gluster volume set`); `mount_options`
     are given to every mount (`-o`), e.g. NO_CACHE_VOLUME_OPTIONS and NO_CACHE_MOUNT_OPTIONS.
     Waits for any other run on this machine to end first (LOCK_PATH)."""
-    check_machine()
     with open(LOCK_PATH, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if we die
+        # Checked under the lock: another run's glusterd on the port is not "not ours".
+        check_machine()
         with _running_volume(mounts, bricks, parent, volume_options, mount_options) as volume:
             yield volume
 
@@ -472,9 +473,11 @@ def _running_volume(
 @pytest.fixture(scope="module")
 def gluster_volume() -> Iterator[GlusterVolume]:
     """A volume over 2 bricks on 127.0.0.2, mounted twice; skips with the reason where it cannot."""
-    try:
-        check_machine()
-    except GlusterUnavailable as exc:
-        pytest.skip(str(exc))
-    with running_volume() as volume:
+    # check_machine runs inside running_volume, under the lock: a volume of another run
+    # (whose glusterd holds the port meanwhile) is waited for, not taken for a foreign one.
+    with contextlib.ExitStack() as stack:
+        try:
+            volume = stack.enter_context(running_volume())
+        except GlusterUnavailable as exc:
+            pytest.skip(str(exc))
         yield volume
