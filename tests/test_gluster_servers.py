@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -32,7 +33,8 @@ from dirmq.errors import DirmqError
 from dirmq.store import layout
 
 from .gluster import GlusterVolume, gluster_volume  # noqa: F401  (the fixture)
-from .servers import ServerProcess, start_server
+from .servers import REPO, ServerProcess, start_server
+from .test_docs import Block, Python, Rewriter, Shell, _environment, _run_command, blocks, commands
 
 QUEUE = "jobs"
 VISIBILITY_S = 120.0  # far beyond the test: any second delivery is a fault, not an expiry
@@ -191,8 +193,8 @@ class TwoHosts:
 
 @pytest.fixture(scope="module")
 def two_hosts(gluster_volume: GlusterVolume) -> Iterator[TwoHosts]:  # noqa: F811
-    """`dirmq serve` on each mount, on one root (`dirmq`) at the volume's top."""
-    roots = (Path(gluster_volume.mounts[0]) / "dirmq", Path(gluster_volume.mounts[1]) / "dirmq")
+    """`dirmq serve` on each mount, on one root (`load`) at the volume's top."""
+    roots = (Path(gluster_volume.mounts[0]) / "load", Path(gluster_volume.mounts[1]) / "load")
     with dirmq.Store(roots[0]) as store:
         store.create_queue(QUEUE, dirmq.QueueConfig(visibility_timeout_s=VISIBILITY_S))
     first = start_server(roots[0])
@@ -251,5 +253,87 @@ def test_two_servers_on_two_mounts_lose_and_repeat_nothing(two_hosts: TwoHosts) 
 
 
 # -- the guide: docs/operations.md, "Several hosts on one root" ---------------------------------
-GUIDE = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
-_HOST = re.compile(r"<!--\s*host:\s*(\S+)\s*-->\s*\n<!--\s*server:\s*gluster\s*-->\s*\n```")
+# Its examples are marked `<!-- server: gluster -->` (so tests/test_docs.py leaves them to this
+# file, SERVER_KINDS), each after a `<!-- host: NAME -->` saying on which host it runs. Every host
+# mounts the volume at GUIDE_MOUNT; here each host is one mount of the test volume, with its own
+# shell, interpreter and `dirmq serve` (started where the guide runs one, with its arguments).
+GUIDE = REPO / "docs" / "operations.md"
+GUIDE_MOUNT = "/mnt/mq"
+_HOST = re.compile(r"<!--\s*host:\s*(\S+)\s*-->")
+
+
+def guide_blocks() -> list[tuple[str, Block]]:
+    """(host, block) of each of the guide's blocks marked for a GlusterFS mount, in order."""
+    lines = GUIDE.read_text().splitlines()
+    found = []
+    for block in blocks(GUIDE):
+        if block.server != "gluster":
+            continue
+        before = [m.group(1) for line in lines[: block.line - 1] if (m := _HOST.search(line))]
+        assert before, f"{block.where}: no <!-- host: NAME --> before it"
+        found.append((before[-1], block))
+    return found
+
+
+class GuideHost:
+    """One host of the guide: its mount, its shell and interpreter, its server once started."""
+
+    def __init__(self, mount: str, workdir: Path, seen: dict[str, str]) -> None:
+        workdir.mkdir()
+        self.env = _environment(workdir)
+        self.shell = Shell(workdir, self.env)
+        self.python = Python(workdir, self.env)
+        self.server: ServerProcess | None = None
+        placeholder = ServerProcess(None, "http://127.0.0.1:8080", None, Path(mount))  # type: ignore[arg-type]
+        self.rewrite = Rewriter(placeholder)
+        self.rewrite.paths = {GUIDE_MOUNT: mount}
+        self.rewrite.seen = seen  # a value one host printed, used on another
+
+    def serve(self, command: str) -> None:
+        """Start the `dirmq serve` the guide runs (its --listen port becomes ours)."""
+        args = shlex.split(self.rewrite.command(command))[2:]
+        root = Path(args.pop(args.index("--root") + 1))
+        args.remove("--root")
+        listen = args.pop(args.index("--listen") + 1)
+        args.remove("--listen")
+        self.server = start_server(root, *args)
+        self.rewrite.ports = {
+            ":" + listen.rsplit(":", 1)[1]: ":" + self.server.url.rsplit(":", 1)[1]
+        }
+
+    def close(self) -> None:
+        self.shell.close()
+        self.python.close()
+        if self.server is not None:
+            self.server.stop()
+
+
+def test_the_guide_runs_on_two_mounts(gluster_volume: GlusterVolume, tmp_path: Path) -> None:  # noqa: F811
+    """docs/operations.md's "Several hosts on one root": each example on its host's mount."""
+    marked = guide_blocks()
+    assert {host for host, _ in marked} == {"mq1", "mq2"}, marked
+    seen: dict[str, str] = {}
+    hosts = {
+        name: GuideHost(mount, tmp_path / name, seen)
+        for name, mount in zip(("mq1", "mq2"), gluster_volume.mounts, strict=True)
+    }
+    failures: list[str] = []
+    try:
+        for name, block in marked:
+            host = hosts[name]
+            if block.lang == "python":
+                error = host.python.run(host.rewrite.command(block.text), block.where)
+                failures += [error] if error else []
+                continue
+            for command in commands(block):
+                if command.text.startswith("dirmq serve "):
+                    host.serve(command.text)
+                    continue
+                where = f"{block.where} ({name}), line {command.line}"
+                if failure := _run_command(host.shell, host.rewrite, command, where):
+                    failures.append(failure)
+    finally:
+        for host in hosts.values():
+            host.close()
+    assert not failures, "\n\n".join(failures)
+    assert all(h.server is not None for h in hosts.values()), "the guide starts no server"
