@@ -324,7 +324,7 @@ def count_run(
         kills=kills,
         published=len(published),
         published_by_kind=dict(sorted(by_kind.items())),
-        acked=len(acked_at),
+        acked=len(acked_at.keys() & published),
         ack_in_doubt=len(in_doubt - acked_at.keys()),
         deliveries=len(deliveries),
         drained=len(drained),
