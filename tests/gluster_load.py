@@ -78,10 +78,13 @@ def run_load(
     timeout_s: float = 600.0,
     settle_s: float = 3.0,
     batch: int = 8,
+    rate: float = 0.0,
 ) -> LoadResult:
     """Run the load described in the module docstring; `roots` are dirmq roots (created if
     needed) of one shared directory, seen through different mounts. `shared` is passed to every
-    `Store` (None: auto-detected). `batch`: the most messages one `get` leases."""
+    `Store` (None: auto-detected). `batch`: the most messages one `get` leases. `rate`: puts
+    per second per producer (0: as fast as they go; a rate the consumers keep up with makes
+    files retire while puts go on, which is when `@free` recycling crosses hosts)."""
     from dirmq.store import QueueConfig, Store
     from dirmq.store.fsck import fsck
 
@@ -99,7 +102,7 @@ def run_load(
     for r, root in enumerate(roots):
         for i in range(producers):
             out = os.path.join(work, f"p{r}.{i}.jsonl")
-            cmd = ["produce", root, out, shared_arg, f"m{r}p{i}", str(shares[p])]
+            cmd = ["produce", root, out, shared_arg, f"m{r}p{i}", str(shares[p]), str(rate)]
             procs.append((out, _spawn(cmd, env)))
             p += 1
         for i in range(consumers):
@@ -211,16 +214,19 @@ def _shared_setting(text: str) -> bool | None:
     return None if text == "auto" else text == "true"
 
 
-def _produce(root: str, out: str, shared: str, tag: str, count: int) -> None:
+def _produce(root: str, out: str, shared: str, tag: str, count: int, rate: float) -> None:
     from dirmq.store import Store
 
     queue = Store(root, watch_mode="poll", shared=_shared_setting(shared)).queue(QUEUE)
+    started = time.monotonic()
     with open(out, "a", buffering=1) as log:
         for i in range(count):
+            if rate > 0 and (ahead := started + i / rate - time.monotonic()) > 0:
+                time.sleep(ahead)
             body = f"{tag}-{i}"
             try:
                 message_id = queue.put(body.encode())
-            except Exception as exc:  # noqa: BLE001 - every failure is counted by the parent
+            except Exception as exc:
                 log.write(json.dumps({"body": body, "outcome": "error", "error": repr(exc)}) + "\n")
                 continue
             log.write(json.dumps({"body": body, "id": message_id, "outcome": "put"}) + "\n")
@@ -235,7 +241,7 @@ def _consume(root: str, out: str, shared: str, stop: str, batch: int) -> None:
         while not os.path.exists(stop):
             try:
                 got = queue.get(batch, wait_s=0.5)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.write(json.dumps({"body": "", "outcome": "error", "error": repr(exc)}) + "\n")
                 time.sleep(0.2)
                 continue
@@ -246,7 +252,7 @@ def _consume(root: str, out: str, shared: str, stop: str, batch: int) -> None:
                     outcome, error = "acked", ""
                 except StaleReceipt as exc:
                     outcome, error = "stale", repr(exc)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     outcome, error = "error", repr(exc)
                 event = {
                     "id": message.id,
@@ -269,17 +275,19 @@ def main(argv: list[str]) -> None:
     run.add_argument("--local", action="store_true", help="one local temp dir, no GlusterFS")
     run.add_argument("--shared", choices=("auto", "true", "false"), default="auto")
     run.add_argument("--batch", type=int, default=8)
+    run.add_argument("--rate", type=float, default=0.0, help="puts/s per producer (0: no limit)")
     produce = sub.add_parser("produce")
     for name in ("root", "out", "shared", "tag"):
         produce.add_argument(name)
     produce.add_argument("count", type=int)
+    produce.add_argument("rate", type=float)
     consume = sub.add_parser("consume")
     for name in ("root", "out", "shared", "stop"):
         consume.add_argument(name)
     consume.add_argument("batch", type=int)
     args = parser.parse_args(argv)
     if args.command == "produce":
-        _produce(args.root, args.out, args.shared, args.tag, args.count)
+        _produce(args.root, args.out, args.shared, args.tag, args.count, args.rate)
     elif args.command == "consume":
         _consume(args.root, args.out, args.shared, args.stop, args.batch)
     else:
@@ -287,14 +295,18 @@ def main(argv: list[str]) -> None:
         if args.local:
             with tempfile.TemporaryDirectory() as base:
                 roots = [os.path.join(base, "root")] * 2
-                result = run_load(roots, args.messages, shared=shared, batch=args.batch)
+                result = run_load(
+                    roots, args.messages, shared=shared, batch=args.batch, rate=args.rate
+                )
         else:
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
             from gluster import running_volume
 
             with running_volume() as volume:
                 roots = [os.path.join(m, "root") for m in volume.mounts]
-                result = run_load(roots, args.messages, shared=shared, batch=args.batch)
+                result = run_load(
+                    roots, args.messages, shared=shared, batch=args.batch, rate=args.rate
+                )
         print(json.dumps(asdict(result), indent=1))
 
 

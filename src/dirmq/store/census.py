@@ -81,9 +81,15 @@ def _depth(path: str) -> QueueStats:
     """What `maintenance.stats` counts, from one listing of each state directory. Names that
     are not the store's are left out, as the index leaves them out."""
     now_ms = time.time_ns() // 1_000_000
+    # A listing on a shared filesystem may show a file another host is renaming under both
+    # names (docs/FORMAT.md, "Filesystems"): each id counts once, leased before ready.
+    leased = _listing(path, layout.LEASED)
+    leased_ids = {name[:ID_LENGTH] for name in leased}
     ready = 0
     oldest = ""  # the least message id ready, or whose lease has expired
     for name in _listing(path, layout.READY):
+        if name[:ID_LENGTH] in leased_ids:
+            continue
         if len(name) == ID_LENGTH:  # a message never received: most of a backlog
             if name[16] == "-" and name[:16].isdigit():
                 ready += 1
@@ -94,10 +100,12 @@ def _depth(path: str) -> QueueStats:
             if not oldest or entry.message_id < oldest:
                 oldest = entry.message_id
     in_flight = 0
-    for name in _listing(path, layout.LEASED):
+    counted: set[str] = set()
+    for name in leased:
         entry = parse_entry(name)
-        if entry is None or entry.at_ms is None:
+        if entry is None or entry.at_ms is None or entry.message_id in counted:
             continue
+        counted.add(entry.message_id)
         if entry.at_ms > now_ms:
             in_flight += 1
         else:  # expired: any get takes it back first

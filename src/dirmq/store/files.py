@@ -23,6 +23,7 @@ import time
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import layout
 from dirmq.store.capacity import Slots, read_slot
+from dirmq.store.codec import Decoded
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.dedup import Dedup
@@ -35,6 +36,10 @@ from dirmq.store.reading import read_message, stored_message
 
 log = logging.getLogger(__name__)
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+# How long a shared-filesystem client may serve old bytes of a file (about 1 s measured on
+# GlusterFS, docs/FORMAT.md), with a margin: a claimed file is re-read that long before it
+# is called corrupt.
+SHARED_REREAD_S = 2.0
 
 
 def now_ms() -> int:
@@ -45,7 +50,12 @@ class QueueFiles:
     def __init__(self, context: QueueContext, name: str, path: str) -> None:
         self.name = name
         self.dir = {d: os.path.join(path, d) for d in layout.STATE_DIRS}
-        self.pool = FilePool(self.dir[layout.FREE], context.access)
+        self.pool = FilePool(
+            self.dir[layout.FREE],
+            context.access,
+            shared=context.shared,
+            tmp_dir=self.dir[layout.TMP],
+        )
         self.slots = Slots(name, self.dir[layout.SLOTS])
         self.dedup = Dedup(self.dir[layout.DEDUP], context.access)
         self._context = context
@@ -187,12 +197,43 @@ class QueueFiles:
         lease = layout.timed_name(
             entry.message_id, entry.count + 1, at_ms + visibility_ms, entry.group
         )
-        if not self.move(layout.READY, name, layout.LEASED, lease):
+        if self._context.shared:
+            if not self._take_shared(name, lease):
+                return None
+        elif not self.move(layout.READY, name, layout.LEASED, lease):
             return None
         if index is not None:
             index.discard(layout.READY, name)
             index.add(layout.LEASED, lease)
         return lease
+
+    def _take_shared(self, name: str, lease: str) -> bool:
+        """The claim rename @ready/`name` -> @leased/`lease` on a shared filesystem, where a
+        rename that finds its target already there as the same file succeeds doing nothing
+        (POSIX), and another host's client may still resolve `name` to the file this host's
+        claim has just moved there: two hosts claiming one message in the same millisecond
+        (one lease name) would both "win" (GlusterFS: about 10% of such races). So the target
+        is first created empty with O_EXCL (exclusive between hosts): only the host that made
+        it renames onto it, which replaces that empty file and cannot be a no-op, so a stale
+        `name` gets ENOENT. False if another host claimed it first (our empty file, if any,
+        removed again)."""
+        target = self.path(layout.LEASED, lease)
+        try:
+            os.close(self._context.access.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return False  # another host's claim of this very lease name
+        except FileNotFoundError:
+            return False  # the queue is going away
+        except OSError as exc:
+            raise storage_error(exc, f"claiming a message of queue {self.name!r}") from exc
+        try:
+            moved = self.move(layout.READY, name, layout.LEASED, lease)
+        except BaseException:
+            _unlink_quietly(target)
+            raise
+        if not moved:
+            _unlink_quietly(target)
+        return moved
 
     def open_claimed(
         self, lease: str, message_id: str, count: int, deadline_ms: int
@@ -212,8 +253,14 @@ class QueueFiles:
         try:
             decoded = read_message(target, message_id)
         except CorruptMessage:
-            self.quarantine(target, lease)
-            return None
+            if not self._context.shared:
+                self.quarantine(target, lease)
+                return None
+            reread = self._reread(target, message_id)
+            if reread is None:
+                self.quarantine(target, lease)
+                return None
+            decoded = reread
         return Message(
             id=message_id,
             body=decoded.body,
@@ -225,6 +272,20 @@ class QueueFiles:
             state="leased",
             group=decoded.system.get("Group"),
         )
+
+    def _reread(self, path: str, message_id: str) -> Decoded | None:
+        """On a shared filesystem, a file that did not decode is read again for up to
+        `SHARED_REREAD_S` before it is called corrupt: this host's client may still serve
+        bytes it read before another host wrote the file (docs/FORMAT.md, "Filesystems":
+        about a second), and an intact message must not be set aside for that."""
+        deadline = time.monotonic() + SHARED_REREAD_S
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            try:
+                return read_message(path, message_id)
+            except CorruptMessage:
+                continue
+        return None
 
     def promote(self, index: QueueIndex, config: QueueConfig, at_ms: int) -> SweepReport:
         """Deliver due delayed messages and requeue (or dead-letter) expired leases."""
@@ -453,6 +514,15 @@ class QueueFiles:
             return []
         except OSError as exc:
             raise storage_error(exc, f"listing @dead of queue {self.name!r}") from exc
+
+
+def _unlink_quietly(path: str) -> None:
+    """Remove a file of our own making; one that is gone or cannot be removed now is left
+    (an empty lease placeholder is quarantined like any undecodable file later)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _keep_due(index: QueueIndex, directory: str, names: list[str]) -> None:

@@ -198,16 +198,23 @@ def _link_fd(fd: int, path: str) -> None:
 
 
 def create_pending(
-    tmp_dir: str, tmp_name: str, final_path: str, data: bytes, access: Access
+    tmp_dir: str,
+    tmp_name: str,
+    final_path: str,
+    data: bytes,
+    access: Access,
+    *,
+    unnamed: bool = True,
 ) -> PendingFile:
     """Write `data` to a new file in `tmp_dir` (created with the root's `access`), to be
     published as `final_path`.
 
     Uses an unnamed `O_TMPFILE` inode where the filesystem supports it (one directory operation
     fewer per message, and no orphan after a crash), else `tmp_dir/tmp_name`. On failure nothing
-    is left behind.
+    is left behind. `unnamed` False: always the named temp (the shared-filesystem mode, where
+    FUSE and NFS have no `O_TMPFILE`: no failed attempt per directory and process).
     """
-    if tmp_dir not in _tmpfile_unsupported:
+    if unnamed and tmp_dir not in _tmpfile_unsupported:
         try:
             fd = access.open(tmp_dir, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC)
         except OSError as exc:

@@ -148,6 +148,11 @@ class QueueIndex:
         for directory, names in listed.items():
             for name in names:
                 self.add(directory, name)
+        # A listing on a shared filesystem may show a file another host is renaming under
+        # both names (docs/FORMAT.md, "Filesystems"): an id leased is not also ready (a claim
+        # of the other name would only fail, but counts would take it twice).
+        for message_id in self.leased.names:
+            self.ready.pop(message_id, None)
         self._ready_heap = list(self.ready)
         heapq.heapify(self._ready_heap)
 

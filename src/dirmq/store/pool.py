@@ -609,8 +609,20 @@ def _own_pool(free_dir: str) -> _OwnPool:
 class FilePool:
     """The `@free/` directory of one queue, as this process knows it."""
 
-    def __init__(self, free_dir: str, access: Access, capacity: int = DEFAULT_POOL_FILES) -> None:
+    def __init__(
+        self,
+        free_dir: str,
+        access: Access,
+        capacity: int = DEFAULT_POOL_FILES,
+        *,
+        shared: bool = False,
+        tmp_dir: str | None = None,
+    ) -> None:
+        """`shared`: the shared-filesystem mode (`QueueContext.shared`): nothing is recycled,
+        a retired file is renamed to a temp name of ours in `tmp_dir` and unlinked there."""
         self.dir = free_dir
+        self.shared = shared
+        self._tmp_dir = tmp_dir or os.path.join(os.path.dirname(free_dir), layout.TMP)
         self._access = access  # for this process's own pool directory
         self._capacity = capacity
         self._known: list[str] = []  # shared pool files, as last listed
@@ -625,7 +637,12 @@ class FilePool:
         One rename into this process's own pool, where the reaper blanks it later and keeps
         it, hands it on or unlinks it; unlinked at once instead while the filesystem is short
         of space, when the reaper is `MAX_UNREAPED` behind, or when the rename fails (an ack
-        never fails for want of space). Only the unlink's errors propagate."""
+        never fails for want of space). Only the unlink's errors propagate.
+
+        In the shared-filesystem mode, `retire_unshared` instead."""
+        if self.shared:
+            self.retire_unshared(path, message_id)
+            return
         # The space check itself is the reaper's while recycling goes on: none on this path.
         if self._short and self.short_of_space():
             os.unlink(path)  # no space to spare
@@ -643,6 +660,21 @@ class FilePool:
             if exc.errno in _NO_SPACE:
                 self.release_space()
         os.unlink(path)
+
+    def retire_unshared(self, path: str, message_id: str) -> None:
+        """Remove the file at `path` for good on a shared filesystem (FileNotFoundError if it
+        is gone): never recycled, since another host's client may still serve its old bytes
+        for a recycled inode (docs/FORMAT.md, "Filesystems"). First an exclusive rename to a
+        temp name of this process in @tmp: only it says whether the file was still ours (an
+        `unlink` by a name another host renamed away may succeed and remove nothing); then
+        the unlink of the name we have just given it. A crash in between leaves an orphan
+        temp file, which recovery removes like any other."""
+        doomed = os.path.join(self._tmp_dir, layout.tmp_name(message_id))
+        os.rename(path, doomed)
+        try:
+            os.unlink(doomed)
+        except FileNotFoundError:
+            pass  # another thread of ours retiring the same id: it is gone either way
 
     def short_of_space(self) -> bool:
         """`space_short` for this pool's filesystem, asked at most once per
@@ -678,7 +710,7 @@ class FilePool:
         """The queue holds `ready` messages: a drain may keep as many of the files it frees
         (bounded by `DRAIN_KEEP_FILES`, `DRAIN_KEEP_BYTES`), for the puts that follow to
         overwrite instead of creating inodes; cheap when nothing changes."""
-        if ready <= OWN_POOL_FILES:
+        if ready <= OWN_POOL_FILES or self.shared:
             return
         own = _own_pool(self.dir)
         wanted = min(ready, DRAIN_KEEP_FILES)
@@ -700,7 +732,7 @@ class FilePool:
         """Blank (keep, hand on or unlink) what this process retired in this queue, on the
         calling thread and now: for a caller that has just retired a batch outside any lock
         (`Queue.ack_many`), which saves the reaper thread's wake-up and GIL turns per batch."""
-        own = _own_pools.get(self.dir)
+        own = None if self.shared else _own_pools.get(self.dir)
         if own is not None and own.unreaped:
             _reap_some(own, None, None)
 
@@ -754,8 +786,11 @@ class FilePool:
 
     def overwrite_own(self, final_path: str, data: bytes) -> PendingFile | None:
         """A file of this process's own pool, overwritten with exactly `data`, to be published
-        as `final_path` (a rename, like a temp file); None if the own pool is empty. On a write
-        error the file is removed and the error propagates."""
+        as `final_path` (a rename, like a temp file); None if the own pool is empty (always in
+        the shared-filesystem mode). On a write error the file is removed and the error
+        propagates."""
+        if self.shared:
+            return None
         own = _own_pool(self.dir)
         with own.lock:
             if not own.files or own.handle is None:
@@ -778,7 +813,10 @@ class FilePool:
         return overwrite_pending(tmp_path, final_path, data)
 
     def claim(self, tmp_path: str) -> bool:
-        """Move a shared pool file to `tmp_path` for overwriting; False if the pool is empty."""
+        """Move a shared pool file to `tmp_path` for overwriting; False if the pool is empty
+        (always in the shared-filesystem mode: another host may still read its old bytes)."""
+        if self.shared:
+            return False
         while True:
             with self._lock:
                 if not self._known and not self._relist():

@@ -217,7 +217,14 @@ class Publisher:
                 tmp_name = layout.tmp_name(message_id)
                 pending = pool.overwrite_shared(f"{tmp_dir}/{tmp_name}", final, data)
                 if pending is None:
-                    pending = create_pending(tmp_dir, tmp_name, final, data, self._context.access)
+                    pending = create_pending(
+                        tmp_dir,
+                        tmp_name,
+                        final,
+                        data,
+                        self._context.access,
+                        unnamed=not self._context.shared,
+                    )
             if not keep_open:
                 pending.detach(tmp_dir, layout.tmp_name(message_id))
             return pending

@@ -1,0 +1,37 @@
+"""Several hosts on one root through the library, on a real GlusterFS volume (issue 19): two
+producers and two consumers on each of two mounts of one volume (two mounts stand for two
+hosts; tests/gluster.py), one queue, visibility far beyond the run, every message acknowledged
+once (tests/gluster_load.py counts). The store runs in its shared-filesystem mode, chosen by
+itself for the FUSE mount (docs/FORMAT.md, "Filesystems"). Skipped, saying why, where the
+machine cannot run a volume (root, /dev/fuse). The servers' part is test_gluster_servers.py."""
+
+from __future__ import annotations
+
+import os
+
+from dirmq.store.filesystems import is_shared
+
+from .gluster import GlusterVolume, gluster_volume  # noqa: F401  (the fixture)
+from .gluster_load import run_load
+
+MESSAGES = int(os.environ.get("DIRMQ_GLUSTER_MESSAGES", "2000"))
+
+
+def test_producers_and_consumers_on_two_mounts_lose_nothing_and_deliver_once(
+    gluster_volume: GlusterVolume,  # noqa: F811
+) -> None:
+    roots = [os.path.join(mount, "library") for mount in gluster_volume.mounts]
+    assert all(is_shared(mount) for mount in gluster_volume.mounts)  # the mode is chosen
+    result = run_load(roots, MESSAGES, visibility_s=120.0, timeout_s=120.0)
+    summary = (
+        f"{result.published} published, {result.acked} acked, {result.lost} lost, "
+        f"{result.twice} twice, {result.quarantined} quarantined, {result.stale} stale "
+        f"in {result.seconds} s; {result.details}; errors {result.errors}"
+    )
+    assert result.published == MESSAGES, summary
+    assert result.lost == 0, summary
+    assert result.twice == 0, summary
+    assert result.quarantined == 0, summary
+    assert result.stale == 0, summary
+    assert result.errors == [], summary
+    assert result.fsck == {root: [] for root in roots}, result.fsck

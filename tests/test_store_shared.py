@@ -1,0 +1,178 @@
+"""The shared-filesystem mode (docs/FORMAT.md, "Filesystems"), forced on a local disk with
+`Store(shared=True)`: what it does differently (nothing recycled through @free, named temps,
+retirements that trust only their own rename, a claimed file re-read before it is called
+corrupt, one count per id seen under two names) and that the queue contract holds in it. The
+same mode on a real GlusterFS volume is tests/test_gluster.py."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import dirmq
+from dirmq.errors import StaleReceipt
+from dirmq.store import codec, layout
+from dirmq.store.census import queue_depth
+from dirmq.store.filesystems import is_shared
+from dirmq.store.fsck import fsck
+
+
+def _files(queue_dir: Path, state: str) -> list[str]:
+    found: list[str] = []
+    for dirpath, _dirs, names in os.walk(queue_dir / state):
+        found += [os.path.join(dirpath, n) for n in names]
+    return found
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_put_get_ack_in_both_modes(root: Path, shared: bool) -> None:
+    """The contract is the same; in the shared mode nothing is kept in @free or @tmp."""
+    with dirmq.Store(root, shared=shared) as store:
+        assert store.context.shared is shared
+        queue = store.create_queue("q")
+        ids = [queue.put(f"m{i}".encode()) for i in range(50)]
+        ids += queue.put_many([dirmq.OutgoingMessage(f"b{i}".encode()) for i in range(50)])
+        got = []
+        while batch := queue.get(7):
+            got += batch
+            for message in batch:
+                queue.ack(message.receipt)
+        assert [m.id for m in got] == ids
+        assert queue.stats().total == 0
+        dirmq.store.pool.wait_reaped(5.0)
+        if shared:
+            assert _files(root / "q", layout.FREE) == []  # nothing recycled
+            assert _files(root / "q", layout.TMP) == []  # every retirement unlinked
+        else:
+            assert _files(root / "q", layout.FREE) != []  # today's pool, untouched
+        assert fsck(root, repair=False).ok
+
+
+def test_local_disk_is_not_shared(root: Path) -> None:
+    """Auto-detection leaves a local disk's fast paths alone."""
+    with dirmq.Store(root) as store:
+        assert not is_shared(str(root))
+        assert store.context.shared is False
+
+
+def test_shared_mode_publishes_through_named_temps(root: Path) -> None:
+    """No O_TMPFILE in the shared mode: a put's file has a name in @tmp until it is published
+    (FUSE and NFS have none). Seen by holding a put inside its write."""
+    from dirmq.store import fsio
+
+    seen: list[list[str]] = []
+    original = fsio.write_new_file
+
+    def spying(path: str, data: bytes, access: object) -> int:
+        fd = original(path, data, access)  # type: ignore[arg-type]
+        seen.append(os.listdir(os.path.dirname(path)))
+        return fd
+
+    with dirmq.Store(root, shared=True) as store:
+        queue = store.create_queue("q")
+        fsio.write_new_file = spying  # type: ignore[assignment]
+        try:
+            message_id = queue.put(b"x")
+        finally:
+            fsio.write_new_file = original
+    assert seen == [[layout.tmp_name(message_id)]]
+
+
+def test_ack_of_a_lease_moved_away_is_stale_and_keeps_the_message(root: Path) -> None:
+    """A retirement counts only on its own rename: a lease another host moved (here: put back
+    into @ready by hand, as an expiry elsewhere would) is not acknowledged, and stays."""
+    with dirmq.Store(root, shared=True) as store:
+        queue = store.create_queue("q")
+        message_id = queue.put(b"keep me")
+        message = queue.get_one()
+        assert message is not None
+        [lease] = os.listdir(root / "q" / layout.LEASED)
+        os.rename(root / "q" / layout.LEASED / lease, root / "q" / layout.READY / message_id)
+        with pytest.raises(StaleReceipt):
+            queue.ack(message.receipt)
+        again = queue.get_one()
+        assert again is not None and again.id == message_id and again.body == b"keep me"
+        queue.ack(again.receipt)
+        assert _files(root / "q", layout.TMP) == []
+
+
+def test_one_file_under_two_names_counts_once(root: Path) -> None:
+    """A listing may show a file another host is renaming under both names (GlusterFS):
+    stats and the census count its id once, and a get claims it at most once."""
+    with dirmq.Store(root, shared=True) as store:
+        queue = store.create_queue("q", dirmq.QueueConfig(visibility_timeout_s=60))
+        message_id = queue.put(b"one")
+        lease = layout.timed_name(message_id, 1, int(time.time() * 1000) + 60_000, None)
+        # Both names at once, as such a listing shows them (here: a second link).
+        os.link(root / "q" / layout.READY / message_id, root / "q" / layout.LEASED / lease)
+        depth = queue_depth(root, "q")
+        assert (depth.ready, depth.in_flight) == (0, 1)
+    with dirmq.Store(root, shared=True, watch_mode="poll") as store:
+        stats = store.queue("q").stats()
+        assert (stats.ready, stats.in_flight) == (0, 1)
+
+
+def test_a_claimed_file_is_reread_before_it_is_called_corrupt(root: Path) -> None:
+    """In the shared mode a claimed file that does not decode is read again for a while (a
+    client cache may serve old bytes for about a second): one that turns intact meanwhile is
+    delivered; one that stays damaged is still quarantined."""
+    with dirmq.Store(root, shared=True) as store:
+        queue = store.create_queue("q")
+        good = codec.encode(b"late bytes", {}, message_id=(message_id := queue.put(b"x")))
+        path = root / "q" / layout.READY / message_id
+        fd = os.open(path, os.O_WRONLY)  # the inode, whatever name it has by then
+        os.ftruncate(fd, 0)  # reads as damaged now
+
+        def heal() -> None:
+            time.sleep(0.5)
+            os.pwrite(fd, good, 0)
+            os.close(fd)
+
+        healer = threading.Thread(target=heal)
+        healer.start()
+        message = queue.get_one()
+        healer.join()
+        assert message is not None and message.body == b"late bytes"
+        assert queue.corrupt_quarantined == 0
+        queue.ack(message.receipt)
+
+        bad_id = queue.put(b"y")
+        with open(root / "q" / layout.READY / bad_id, "r+b") as f:
+            f.truncate(3)
+        started = time.monotonic()
+        assert queue.get_one() is None
+        assert time.monotonic() - started >= 1.5
+        assert queue.corrupt_quarantined == 1
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_claim_onto_a_name_that_is_already_the_same_file_is_not_won(
+    root: Path, shared: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What another host's stale client does on GlusterFS, played on a local disk: the lease
+    name this claim picks (same id, count and millisecond as another host's claim) is
+    already the message file, while @ready still names it for us. rename(2) onto the same file
+    succeeds doing nothing, so a plain claim "wins" a message another host holds; the shared
+    mode's claim (O_EXCL on the lease name first) loses it."""
+    from dirmq.store import leasing
+
+    fixed_ms = int(time.time() * 1000)
+    monkeypatch.setattr(leasing, "now_ms", lambda: fixed_ms)
+    # Polled once a minute: the index (built by stats) still has it ready, as a stale
+    # listing would.
+    with dirmq.Store(root, shared=shared, watch_mode="poll", poll_interval_s=60) as store:
+        queue = store.create_queue("q", dirmq.QueueConfig(visibility_timeout_s=60))
+        message_id = queue.put(b"held elsewhere")
+        assert queue.stats().ready == 1
+        lease = layout.timed_name(message_id, 1, fixed_ms + 60_000, None)
+        os.link(root / "q" / layout.READY / message_id, root / "q" / layout.LEASED / lease)
+        got = queue.get_one()
+        if shared:
+            assert got is None
+            assert os.path.exists(root / "q" / layout.LEASED / lease)  # the other's lease
+        else:
+            assert got is not None and got.id == message_id  # the hazard the mode removes
