@@ -20,9 +20,23 @@ batch of 16-64 files cost 1.1-7 ms either way, and which won changed from one mi
 deletions; `syncfs` on a quiet disk and for 16 files: docs/benchmarks-http.md). Per-file flushes
 also grow with the batch, while `syncfs` stays one call.
 
+On a shared filesystem (NFS, FUSE such as GlusterFS, ...: `filesystems.is_shared`, or a root
+opened with `Store(shared=True)`) `syncfs` is no flush: FUSE passes it on only to filesystems that
+ask for it, which GlusterFS does not (docs/FORMAT.md, "Filesystems"), so a batch fsyncs each file.
+There every call is a network round trip (a create, an fsync or a rename costs 1-2 ms on
+GlusterFS, 5-10 times the local disk, while the client's CPU is mostly idle), so a batch's files
+are written, fsynced and renamed `overlap`ped on OVERLAP_THREADS threads, one barrier between each
+step (every file durable before any is renamed: all or nothing as above); a single put's calls
+cannot overlap, so concurrent puts gain through the batch (the server's publish line) and the
+shared directory fsync.
+
 `writeback` renames at once and lets a background thread flush within `writeback_delay_s`;
 `memory` never flushes. There a crash can leave a recycled file (pool.py) under its new name with
 its old content, a complete older message: the codec's `Dirmq-Id` check makes that corrupt.
+
+Why it is long: every step of making a new file durable lives here (temp files and their
+O_TMPFILE/linkat fallbacks, the group commit, its overlapped form for shared filesystems, the
+writeback flusher), so the ordering that durability rests on can be read in one place.
 """
 
 from __future__ import annotations
@@ -34,10 +48,21 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from dirmq.errors import QueueNotFound, storage_error
 from dirmq.store.access import Access
+from dirmq.store.filesystems import is_shared
+
+T = TypeVar("T")
+R = TypeVar("R")
+# Threads that overlap one batch's round trips on a shared filesystem. GlusterFS over loopback
+# stopped gaining at 4-16 in flight (create+write+fsync+rename: 115/s on 1 thread, 216-268/s on
+# 4-64: docs/benchmarks.md, "GlusterFS"); a network's latency leaves more to overlap.
+OVERLAP_THREADS = 16
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _syncfs = getattr(_libc, "syncfs", None)
@@ -84,6 +109,47 @@ def _unlink_quietly(path: str, directory: DirHandle | None = None) -> None:
         pass
 
 
+_overlap_executor: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): not across fork
+_overlap_lock = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _overlap_executor
+    with _overlap_lock:
+        if _overlap_executor is None or _overlap_executor[0] != os.getpid():
+            pool = ThreadPoolExecutor(OVERLAP_THREADS, thread_name_prefix="dirmq-overlap")
+            _overlap_executor = (os.getpid(), pool)
+        return _overlap_executor[1]
+
+
+def overlap(
+    fn: Callable[[T], R], items: Sequence[T]
+) -> tuple[list[R | None], BaseException | None]:
+    """`fn` over `items` at once (on OVERLAP_THREADS threads, the caller doing the first item):
+    each item's result (None where it failed) and the first error, after every call ended, so
+    the caller can undo what succeeded."""
+    if len(items) <= 1:
+        try:
+            return [fn(x) for x in items], None
+        except BaseException as exc:
+            return [None] * len(items), exc
+    futures = [_executor().submit(fn, x) for x in items[1:]]
+    results: list[R | None] = []
+    error: BaseException | None = None
+    try:
+        results.append(fn(items[0]))
+    except BaseException as exc:
+        results.append(None)
+        error = exc
+    for future in futures:
+        try:
+            results.append(future.result())
+        except BaseException as exc:
+            results.append(None)
+            error = error or exc
+    return results, error
+
+
 class DirHandle:
     """An open directory, to name files relative to it (a shorter path walk per syscall).
 
@@ -124,6 +190,19 @@ class PendingFile:
         if self.open:
             self.open = False
             os.close(self.fd)
+
+    def flush(self) -> None:
+        """fsync the file's data (reopening it by its temp name if it was `detach`ed)."""
+        if self.open:
+            os.fsync(self.fd)
+            return
+        assert self.tmp_path is not None  # a detached file always has a name
+        dir_fd = None if self.tmp_dir is None else self.tmp_dir.fd
+        fd = os.open(self.tmp_path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def publish(self) -> None:
         """Give the file its final name (EEXIST/ENOENT propagate), then close it."""
@@ -282,22 +361,38 @@ class GroupCommit:
         self._cond = threading.Condition(threading.Lock())
         self._waiting: list[_Waiter] = []
         self._leader_busy = False
+        self._syncfs_flushes: dict[str, bool] = {}  # target directory -> not on a shared fs
 
-    def commit(self, files: list[PendingFile]) -> None:
+    def flush_each(self, directory: str) -> bool:
+        """Whether files in `directory` must be fsynced one by one (`syncfs` is no flush on a
+        shared filesystem); asked once per directory."""
+        flushes = self._syncfs_flushes.get(directory)
+        if flushes is None:
+            flushes = self._syncfs_flushes[directory] = not is_shared(directory)
+        return not flushes
+
+    def commit(self, files: list[PendingFile], shared: bool = False) -> None:
         """Make `files` durable and visible under their final names, or raise and leave nothing.
 
-        Raises `StorageError` if a flush failed, `QueueNotFound` if the target directory vanished
-        (the queue was deleted meanwhile). Closes every fd either way.
+        `shared` (the root's shared-filesystem mode): flush each file, overlapped, as on a
+        filesystem where `syncfs` is no flush. Raises `StorageError` if a flush failed,
+        `QueueNotFound` if the target directory vanished (the queue was deleted meanwhile).
+        Closes every fd either way.
         """
         published: list[str] = []
         try:
-            if len(files) == 1:
-                os.fsync(files[0].fd)
-            elif files:
-                syncfs(files[0].fd)
-            for f in files:
-                f.publish()
-                published.append(f.final_path)
+            if len(files) > 1 and (
+                shared or self.flush_each(files[0].final_path.rpartition("/")[0])
+            ):
+                self._flush_and_publish_overlapped(files, published)
+            else:
+                if len(files) == 1:
+                    os.fsync(files[0].fd)
+                elif files:
+                    syncfs(files[0].fd)
+                for f in files:
+                    f.publish()
+                    published.append(f.final_path)
             # Final paths are always "<dir>/<name>" (rpartition: a third of os.path.dirname).
             self._sync_dirs({path.rpartition("/")[0] for path in published})
         except OSError as exc:
@@ -310,6 +405,18 @@ class GroupCommit:
                     "the queue was deleted while messages were being stored"
                 ) from exc
             raise storage_error(exc, "storing new messages") from exc
+
+    @staticmethod
+    def _flush_and_publish_overlapped(files: list[PendingFile], published: list[str]) -> None:
+        """fsync every file, then rename every file, each step overlapped; what was renamed is
+        appended to `published` (for the caller to undo on failure)."""
+        _, error = overlap(PendingFile.flush, files)
+        if error is not None:
+            raise error
+        done, error = overlap(_publish, files)
+        published.extend(path for path in done if path is not None)
+        if error is not None:
+            raise error
 
     def _sync_dirs(self, dirs: set[str]) -> None:
         """fsync `dirs`, sharing the work with every other thread waiting to do the same."""
@@ -331,6 +438,11 @@ class GroupCommit:
                     self._cond.notify_all()
         if waiter.error is not None:
             raise waiter.error
+
+
+def _publish(f: PendingFile) -> str:
+    f.publish()
+    return f.final_path
 
 
 def _fsync_group(group: list[_Waiter]) -> None:

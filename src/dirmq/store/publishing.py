@@ -4,7 +4,8 @@ Theory of operation. A batch of messages is checked (once: a message `validate` 
 checked again), given ids in publish order, and, on a queue with a capacity, one capacity token
 each (all or none, waiting while the queue is full). Each message's file is then written under
 no visible name (a recycled file of this process's pool in @free, one claimed from the shared
-pool, or a new O_TMPFILE inode) and the whole batch is made visible at once by one group commit
+pool, or a new O_TMPFILE inode; on a shared filesystem the batch's files are written overlapped, as
+fsio.py explains) and the whole batch is made visible at once by one group commit
 (`writethrough`), or renamed into place and flushed later (`writeback`, `memory`). Anything that
 fails before the commit discards every file of the batch and gives back its tokens: all are
 stored or none is. Dedup records are written after the message (see dedup.py).
@@ -30,7 +31,7 @@ from dirmq.store.bounds import check_optional_seconds, check_timeout
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.files import now_ms
-from dirmq.store.fsio import PendingFile, create_pending
+from dirmq.store.fsio import PendingFile, create_pending, overlap
 from dirmq.store.ids import new_ids
 from dirmq.store.message import OutgoingMessage
 from dirmq.store.view import QueueView
@@ -161,13 +162,15 @@ class Publisher:
         pending: list[PendingFile] = []
         try:
             at_ms = now_ms()
-            for message_id, message, slot in zip(ids, outgoing, slots, strict=True):
-                system = {"Slot": slot} if slot else {}
-                if message.group is not None:
-                    system["Group"] = message.group
-                data = codec.encode(message.body, message.headers, system, message_id=message_id)
-                keep_open = len(pending) < OPEN_FILES_PER_BATCH
-                pending.append(self._write_tmp(message_id, data, message, config, at_ms, keep_open))
+            if len(ids) > 1 and self._overlapped():
+                self._write_overlapped(ids, outgoing, slots, config, at_ms, pending)
+            else:
+                for message_id, message, slot in zip(ids, outgoing, slots, strict=True):
+                    data = self._encode(message_id, message, slot)
+                    keep_open = len(pending) < OPEN_FILES_PER_BATCH
+                    pending.append(
+                        self._write_tmp(message_id, data, message, config, at_ms, keep_open)
+                    )
             self._commit(pending, level, config)
         except BaseException as exc:
             if isinstance(exc, DiskFull):
@@ -190,6 +193,41 @@ class Publisher:
                         os.path.basename(f.final_path),
                     )
         return ids, pending
+
+    @staticmethod
+    def _encode(message_id: str, message: OutgoingMessage, slot: str | None) -> bytes:
+        system = {"Slot": slot} if slot else {}
+        if message.group is not None:
+            system["Group"] = message.group
+        return codec.encode(message.body, message.headers, system, message_id=message_id)
+
+    def _overlapped(self) -> bool:
+        """Whether a batch's files are written overlapped: on a shared filesystem, where each
+        create and write is a network round trip (fsio.py)."""
+        context = self._context
+        return context.shared or context.group_commit.flush_each(self._files.dir[layout.READY])
+
+    def _write_overlapped(
+        self,
+        ids: list[str],
+        outgoing: list[OutgoingMessage],
+        slots: list[str | None],
+        config: QueueConfig,
+        at_ms: int,
+        pending: list[PendingFile],
+    ) -> None:
+        """Write the batch's files at once (`fsio.overlap`), appending each written file to
+        `pending` (for the caller to discard on failure); raises the first failure."""
+
+        def write(i: int) -> PendingFile:
+            data = self._encode(ids[i], outgoing[i], slots[i])
+            keep_open = i < OPEN_FILES_PER_BATCH
+            return self._write_tmp(ids[i], data, outgoing[i], config, at_ms, keep_open)
+
+        written, error = overlap(write, range(len(ids)))
+        pending.extend(f for f in written if f is not None)
+        if error is not None:
+            raise error
 
     def _write_tmp(
         self,
@@ -237,7 +275,7 @@ class Publisher:
         """Make the written files visible under their final names (the `publish` transition
         of states.py), flushed as `level` says."""
         if level is Durability.WRITETHROUGH:
-            self._context.group_commit.commit(pending)
+            self._context.group_commit.commit(pending, shared=self._context.shared)
             return
         for i, f in enumerate(pending):
             try:

@@ -1,0 +1,346 @@
+"""GlusterFS benchmark (issue 19): put and get+ack on a GlusterFS mount against the local disk,
+in the same run, through the library and through one `dirmq serve` per root.
+
+Run by hand, as root, from the project root (never collected by pytest):
+
+    PYTHONPATH=src .venv/bin/python bench/gluster.py            # full run, about 3 minutes
+    PYTHONPATH=src .venv/bin/python bench/gluster.py --quick    # smoke run, under a minute
+    PYTHONPATH=src .venv/bin/python bench/gluster.py --json /tmp/out.json
+
+It sets up its own volume with tests/gluster.py's `running_volume()` (2 bricks on 127.0.0.2,
+one mount; waits for any other volume run on the machine to end first) and removes it after;
+the local root is a temp dir on the disk (/tmp). Servers are `dirmq serve --workers 1`, started
+and stopped by PID with bench/http.py's machinery, which also drives the HTTP load (raw uvloop
+connections in child processes, one request in flight per connection). It prints a table and
+writes JSON (default `bench/results/gluster.json`).
+
+What is measured, on each filesystem (`gluster` and `disk`):
+- floor: the syscalls of a durable put in a bare loop (create + write 100 B + fsync + rename),
+  on 1 thread and on 16 (what overlapping can reach);
+- library put: one producer thread, `Queue.put` one message at a time (the issue's 16 puts/s
+  per producer on GlusterFS was this, with 7 other processes on the volume);
+- library put_many: batches of 64 (writethrough: durable when it returns);
+- library get+ack: one consumer thread, `get()` then `ack()` one message at a time;
+- server publish: POST /{q}/messages, one 100 B message per request, CONNECTIONS connections;
+- server get+ack: GET then DELETE by receipt, CONNECTIONS connections, on a prefilled queue.
+
+Each trial is bounded in count and time; the machine is shared, so take ratios between rows of
+one run over absolute values.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this file's directory comes first on sys.path, and bench/http.py would then
+# shadow the standard library's `http`: take it off.
+sys.path.remove(os.path.dirname(os.path.abspath(__file__)))
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import dirmq
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH_DIR)
+DEFAULT_JSON = os.path.join(REPO, "bench", "results", "gluster.json")
+BODY = b"x" * 100
+CONNECTIONS = 32
+BATCH = 64
+FLOOR_THREADS = 16
+
+
+def _load(name: str, path: str) -> ModuleType:
+    """A module by file path (bench/http.py takes its own directory off sys.path as it loads,
+    and `tests` is no package on sys.path)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it loads
+    sys.path.append(BENCH_DIR)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        while BENCH_DIR in sys.path:
+            sys.path.remove(BENCH_DIR)
+    return module
+
+
+hb = _load("dirmq_bench_http", os.path.join(BENCH_DIR, "http.py"))
+gluster = _load("dirmq_tests_gluster", os.path.join(REPO, "tests", "gluster.py"))
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    ops: int  # per library trial
+    trial_s: float  # per trial, at most
+    prefill: int  # server get+ack
+
+
+FULL = Sizes(ops=1000, trial_s=10.0, prefill=2000)
+QUICK = Sizes(ops=100, trial_s=3.0, prefill=200)
+
+
+@dataclass(slots=True)
+class Row:
+    filesystem: str
+    what: str
+    ops: int
+    seconds: float
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.ops / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "filesystem": self.filesystem,
+            "what": self.what,
+            "ops": self.ops,
+            "seconds": round(self.seconds, 4),
+            "per_s": round(self.rate, 1),
+            "note": self.note,
+        }
+
+
+GLUSTER_PIDS: list[int] = []  # the volume's client (the mount) and brick processes
+
+
+def gluster_cpu_s() -> float:
+    return float(hb.cpu_seconds(GLUSTER_PIDS)) if GLUSTER_PIDS else 0.0
+
+
+def gluster_note(cpu_before: float, seconds: float) -> str:
+    """How many cores GlusterFS's own processes used meanwhile (on the mount only)."""
+    if not GLUSTER_PIDS or seconds <= 0:
+        return ""
+    return f"gluster processes {(gluster_cpu_s() - cpu_before) / seconds:.2f} cores"
+
+
+def timed(ops: int, budget_s: float, step: Callable[[int], int]) -> tuple[int, float, str]:
+    """Call `step(i)` (it returns how many ops it did) until `ops` are done or `budget_s` ends:
+    the ops, the seconds, and GlusterFS's cores."""
+    done = 0
+    cpu0 = gluster_cpu_s()
+    start = time.perf_counter()
+    deadline = start + budget_s
+    while done < ops and time.perf_counter() < deadline:
+        done += step(done)
+    seconds = time.perf_counter() - start
+    return done, seconds, gluster_note(cpu0, seconds)
+
+
+# -- the floor: a durable put's syscalls in a bare loop -------------------------------------------
+def floor(directory: str, threads: int, sizes: Sizes) -> tuple[int, float, str]:
+    tmp, ready = os.path.join(directory, "tmp"), os.path.join(directory, "ready")
+    os.makedirs(tmp, exist_ok=True)
+    os.makedirs(ready, exist_ok=True)
+    counter = iter(range(10**9))
+    lock = threading.Lock()
+
+    def one() -> int:
+        with lock:
+            n = next(counter)
+        name = f"{threads}-{n}"
+        path = os.path.join(tmp, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, BODY)
+            os.fsync(fd)
+            os.rename(path, os.path.join(ready, name))
+        finally:
+            os.close(fd)
+        return 1
+
+    if threads == 1:
+        return timed(sizes.ops, sizes.trial_s, lambda _i: one())
+    total = sizes.ops * 2
+    cpu0 = gluster_cpu_s()
+    start = time.perf_counter()
+    deadline = start + sizes.trial_s
+    done = 0
+    with ThreadPoolExecutor(threads) as pool:
+        while done < total and time.perf_counter() < deadline:
+            list(pool.map(lambda _i: one(), range(threads * 4)))
+            done += threads * 4
+    seconds = time.perf_counter() - start
+    return done, seconds, gluster_note(cpu0, seconds)
+
+
+# -- the library ----------------------------------------------------------------------------------
+def library_rows(fs: str, root: str, sizes: Sizes) -> list[Row]:
+    rows: list[Row] = []
+    with dirmq.Store(root) as store:
+        mode = "shared" if store.context.shared else "local"
+        q = store.create_queue("lib-put")
+        ops, secs, note = timed(sizes.ops, sizes.trial_s, lambda _i: (q.put(BODY), 1)[1])
+        rows.append(Row(fs, "library put, 1 producer", ops, secs, f"{mode} mode; {note}"))
+        q2 = store.create_queue("lib-batch")
+        ops, secs, note = timed(
+            sizes.ops * 2, sizes.trial_s, lambda _i: len(q2.put_many([BODY] * BATCH))
+        )
+        rows.append(Row(fs, f"library put_many of {BATCH}", ops, secs, f"{mode} mode; {note}"))
+
+        def get_ack(_i: int) -> int:
+            got = q.get()
+            if not got:
+                return sizes.ops  # drained: stop
+            q.ack(got[0].receipt or "")
+            return 1
+
+        available = q.stats().ready
+        ops, secs, note = timed(min(sizes.ops, available), sizes.trial_s, get_ack)
+        rows.append(Row(fs, "library get+ack, 1 consumer", ops, secs, f"{mode} mode; {note}"))
+    return rows
+
+
+# -- the server -----------------------------------------------------------------------------------
+def load(
+    procs: Any, server: Any, spec: dict[str, Any], sizes: Sizes, max_ops: int
+) -> tuple[Any, str]:
+    """A load trial and its note (cores of the server and of GlusterFS, errors)."""
+    full = {"proto": "http", "port": server.port, "duration_s": sizes.trial_s, "max_ops": max_ops}
+    cpu0 = gluster_cpu_s()
+    trial = hb.run_load(procs, full | spec, CONNECTIONS, 2, server.pids)
+    notes = [f"{CONNECTIONS} conns", f"server {trial.server_cores:.2f} cores"]
+    notes += [gluster_note(cpu0, trial.seconds)] if GLUSTER_PIDS else []
+    notes += [f"errors {trial.errors}"] if trial.errors else []
+    return trial, "; ".join(notes)
+
+
+def server_rows(fs: str, root: str, sizes: Sizes, procs: Any) -> list[Row]:
+    with dirmq.Store(root) as store:  # prefilled by the library: untimed
+        prefill = store.create_queue("srv-getack")
+        for start in range(0, sizes.prefill, 256):
+            prefill.put_many([BODY] * min(256, sizes.prefill - start), durability="writeback")
+    server = hb.start_dirmq(procs, root, 1, f"{fs}-server")
+    rows: list[Row] = []
+    try:
+        hb.create_queue(server.port, "srv-put")
+        hb.warm_up(server.port, "srv-put")
+        trial, note = load(procs, server, hb.publish_spec("srv-put"), sizes, sizes.ops * 4)
+        rows.append(Row(fs, "server publish", trial.ops, trial.seconds, note))
+        hb.warm_up(server.port, "srv-getack")
+        spec = {"script": "getack", "queue": "srv-getack"}
+        trial, note = load(procs, server, spec, sizes, int(sizes.prefill * 0.9))
+        rows.append(Row(fs, "server get+ack", trial.ops, trial.seconds, note))
+    finally:
+        procs.stop(server.proc)
+    return rows
+
+
+def measure(fs: str, base: str, sizes: Sizes, procs: Any) -> list[Row]:
+    print(f"== {fs}: {base}", flush=True)
+    rows: list[Row] = []
+    for threads in (1, FLOOR_THREADS):
+        ops, secs, note = floor(os.path.join(base, f"floor-{threads}"), threads, sizes)
+        label = "floor: create+write+fsync+rename" + (f", {threads} threads" if threads > 1 else "")
+        rows.append(Row(fs, label, ops, secs, note))
+        print(f"  {rows[-1].what}: {rows[-1].rate:.0f}/s ({note})", flush=True)
+    for row in library_rows(fs, os.path.join(base, "lib-root"), sizes):
+        rows.append(row)
+        print(f"  {row.what}: {row.rate:.0f}/s ({row.note})", flush=True)
+    for row in server_rows(fs, os.path.join(base, "srv-root"), sizes, procs):
+        rows.append(row)
+        print(f"  {row.what}: {row.rate:.0f}/s ({row.note})", flush=True)
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    by_what: dict[str, dict[str, Row]] = {}
+    for row in rows:
+        by_what.setdefault(row.what, {})[row.filesystem] = row
+    lines = [
+        "| what | GlusterFS /s | local disk /s | disk / GlusterFS | on GlusterFS |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for what, pair in by_what.items():
+        g, d = pair.get("gluster"), pair.get("disk")
+        ratio = f"{d.rate / g.rate:.0f}x" if g and d and g.rate > 0 else ""
+        cells = [f"{r.rate:,.0f}" if r else "" for r in (g, d)]
+        lines.append(f"| {what} | {cells[0]} | {cells[1]} | {ratio} | {g.note if g else ''} |")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def disk_dir() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="dirmq-bench-gluster-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def volume_when_free(wait_s: float = 600.0) -> Iterator[Any]:
+    """`running_volume(mounts=1)`, waiting while another run's glusterd holds the machine
+    (`check_machine` refuses before `running_volume` would wait on its lock)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            gluster.check_machine()
+            break
+        except gluster.GlusterUnavailable as exc:
+            if "already listens" not in str(exc) or time.monotonic() > deadline:
+                raise
+            print(f"waiting: {exc}", flush=True)
+            time.sleep(5)
+    with gluster.running_volume(mounts=1) as volume:
+        yield volume
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small counts: a smoke run")
+    parser.add_argument("--json", default=DEFAULT_JSON, help="where to write the results")
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    procs = hb.Processes()
+    rows: list[Row] = []
+    started = time.time()
+    try:
+        with volume_when_free() as volume:
+            GLUSTER_PIDS[:] = gluster._pids_mentioning(volume.base)
+            rows += measure("gluster", os.path.join(volume.mounts[0], "bench"), sizes, procs)
+            with disk_dir() as local:
+                GLUSTER_PIDS.clear()
+                rows += measure("disk", local, sizes, procs)
+            procs.stop_all()
+    finally:
+        procs.stop_all()
+    print()
+    print(table(rows))
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(
+            {
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                "sizes": {"ops": sizes.ops, "trial_s": sizes.trial_s, "prefill": sizes.prefill},
+                "connections": CONNECTIONS,
+                "load_average": os.getloadavg(),
+                "rows": [r.to_json() for r in rows],
+            },
+            f,
+            indent=2,
+        )
+    print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
