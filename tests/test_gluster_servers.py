@@ -162,7 +162,7 @@ class HttpLoad:
                         self.tally.errors.append(f"{name}: {exc!r}")
                     continue
                 with self.tally.lock:
-                    self.tally.refused_acks += [f"{r}: {e!r}" for r, e in failed.items()]
+                    self.tally.refused_acks += [f"{name} {r}: {e!r}" for r, e in failed.items()]
 
     def _stream(self, url: str, name: str) -> None:
         with RemoteStore(url, timeout_s=30) as store:
@@ -178,7 +178,7 @@ class HttpLoad:
                             raise DirmqError("the stream ended")
                 # Closed (acks flushed and answered): what the server refused is known now.
                 with self.tally.lock:
-                    self.tally.refused_acks += [f"{r}: {e!r}" for r, e in consumer.failures]
+                    self.tally.refused_acks += [f"{name} {r}: {e!r}" for r, e in consumer.failures]
             except DirmqError as exc:
                 with self.tally.lock:
                     self.tally.errors.append(f"{name}: {exc!r}")
@@ -234,7 +234,7 @@ def test_two_servers_on_two_mounts_lose_and_repeat_nothing(two_hosts: TwoHosts) 
         "produced_s": round(load.produced_s, 1),
         "load_s": round(load_s, 1),
     }
-    print(counts)
+    print(counts, tally.refused_acks[:10], tally.errors[:5])
     assert not tally.errors, (counts, tally.errors[:5])
     assert len(tally.published) == MESSAGES, counts
     # Both servers delivered, through both kinds of consumer.
