@@ -79,18 +79,21 @@ def run_load(
     settle_s: float = 3.0,
     batch: int = 8,
     rate: float = 0.0,
+    peers: int = 0,
 ) -> LoadResult:
     """Run the load described in the module docstring; `roots` are dirmq roots (created if
     needed) of one shared directory, seen through different mounts. `shared` is passed to every
     `Store` (None: auto-detected). `batch`: the most messages one `get` leases. `rate`: puts
     per second per producer (0: as fast as they go; a rate the consumers keep up with makes
-    files retire while puts go on, which is when `@free` recycling crosses hosts)."""
+    files retire while puts go on, which is when `@free` recycling crosses hosts). `peers`: the
+    queue's `peers` (each get picks one of the oldest `peers + 1` at random: consumers on many
+    hosts then race less for the one head; 0 makes them all race, the issue's case)."""
     from dirmq.store import QueueConfig, Store
     from dirmq.store.fsck import fsck
 
     started = time.monotonic()
     Store(roots[0], shared=shared).create_queue(
-        QUEUE, QueueConfig(visibility_timeout_s=visibility_s)
+        QUEUE, QueueConfig(visibility_timeout_s=visibility_s, peers=peers)
     )
     work = tempfile.mkdtemp(prefix="dirmq-load-")
     stop = os.path.join(work, "stop")
@@ -165,7 +168,7 @@ def _bodies(work: str, prefix: str, outcome: str) -> set[str]:
 
 def _count(work: str, messages: int) -> LoadResult:
     puts = _events(work, "p")
-    deliveries = sorted(_events(work, "c"), key=lambda e: float(str(e["got"])))
+    deliveries = sorted(_events(work, "c"), key=lambda e: float(str(e.get("got", 0.0))))
     published = {str(e["body"]) for e in puts if e["outcome"] == "put"}
     errors = [str(e["error"]) for e in puts + deliveries if e["outcome"] == "error"]
     acked = {str(e["body"]) for e in deliveries if e["outcome"] == "acked"}
@@ -276,6 +279,7 @@ def main(argv: list[str]) -> None:
     run.add_argument("--shared", choices=("auto", "true", "false"), default="auto")
     run.add_argument("--batch", type=int, default=8)
     run.add_argument("--rate", type=float, default=0.0, help="puts/s per producer (0: no limit)")
+    run.add_argument("--peers", type=int, default=0, help="the queue's peers (see run_load)")
     produce = sub.add_parser("produce")
     for name in ("root", "out", "shared", "tag"):
         produce.add_argument(name)
@@ -296,7 +300,12 @@ def main(argv: list[str]) -> None:
             with tempfile.TemporaryDirectory() as base:
                 roots = [os.path.join(base, "root")] * 2
                 result = run_load(
-                    roots, args.messages, shared=shared, batch=args.batch, rate=args.rate
+                    roots,
+                    args.messages,
+                    shared=shared,
+                    batch=args.batch,
+                    rate=args.rate,
+                    peers=args.peers,
                 )
         else:
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -305,7 +314,12 @@ def main(argv: list[str]) -> None:
             with running_volume() as volume:
                 roots = [os.path.join(m, "root") for m in volume.mounts]
                 result = run_load(
-                    roots, args.messages, shared=shared, batch=args.batch, rate=args.rate
+                    roots,
+                    args.messages,
+                    shared=shared,
+                    batch=args.batch,
+                    rate=args.rate,
+                    peers=args.peers,
                 )
         print(json.dumps(asdict(result), indent=1))
 

@@ -44,6 +44,7 @@ NOT_MESSAGE_MOVES = {
     "pool": "`FilePool.retire` is what RETIRED is; its other moves are between @tmp and @free",
     "smallfiles": "configs and the upper layers' records, beside the messages",
     "holds": "hold records (who runs a consumer name or a move task)",
+    "claimtokens": "the shared-filesystem mode's claim tokens in @tmp (empty files)",
 }
 # Functions that rename for a transition function, and are none themselves.
 PRIMITIVES = {"files.QueueFiles.move", "files.QueueFiles._rename"}

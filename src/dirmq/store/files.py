@@ -23,6 +23,7 @@ import time
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import layout
 from dirmq.store.capacity import Slots, read_slot
+from dirmq.store.claimtokens import ClaimTokens
 from dirmq.store.codec import Decoded
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
@@ -60,6 +61,8 @@ class QueueFiles:
         self.dedup = Dedup(self.dir[layout.DEDUP], context.access)
         self._context = context
         self.quarantined = 0  # corrupt files this process set aside
+        # The shared-filesystem mode's claim tokens (claimtokens.py); None on a local disk.
+        self.tokens = ClaimTokens(self.dir[layout.TMP], context.access) if context.shared else None
 
     def path(self, directory: str, name: str) -> str:
         return f"{self.dir[directory]}/{name}"  # names hold no "/": no os.path.join needed
@@ -197,43 +200,32 @@ class QueueFiles:
         lease = layout.timed_name(
             entry.message_id, entry.count + 1, at_ms + visibility_ms, entry.group
         )
-        if self._context.shared:
-            if not self._take_shared(name, lease):
-                return None
-        elif not self.move(layout.READY, name, layout.LEASED, lease):
+        tokens, token = self.tokens, None
+        if tokens is not None:  # the shared-filesystem mode: see claimtokens.py
+            if not tokens.fresh(at_ms, now_ms()):
+                return None  # a long get: the next one claims it under a fresh lease name
+            try:
+                token = tokens.take(lease)
+            except FileNotFoundError:
+                return None  # the queue is going away
+            except OSError as exc:
+                raise storage_error(exc, f"claiming a message of queue {self.name!r}") from exc
+            if token is None:
+                return None  # another host's claim of this very lease name
+        try:
+            moved = self.move(layout.READY, name, layout.LEASED, lease)
+        except BaseException:
+            if tokens is not None and token is not None:
+                tokens.drop(token)
+            raise
+        if tokens is not None and token is not None:
+            tokens.keep(token)  # a lost claim's too: no unlink on the path of a claim
+        if not moved:
             return None
         if index is not None:
             index.discard(layout.READY, name)
             index.add(layout.LEASED, lease)
         return lease
-
-    def _take_shared(self, name: str, lease: str) -> bool:
-        """The claim rename @ready/`name` -> @leased/`lease` on a shared filesystem, where a
-        rename that finds its target already there as the same file succeeds doing nothing
-        (POSIX), and another host's client may still resolve `name` to the file this host's
-        claim has just moved there: two hosts claiming one message in the same millisecond
-        (one lease name) would both "win" (GlusterFS: about 10% of such races). So the target
-        is first created empty with O_EXCL (exclusive between hosts): only the host that made
-        it renames onto it, which replaces that empty file and cannot be a no-op, so a stale
-        `name` gets ENOENT. False if another host claimed it first (our empty file, if any,
-        removed again)."""
-        target = self.path(layout.LEASED, lease)
-        try:
-            os.close(self._context.access.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            return False  # another host's claim of this very lease name
-        except FileNotFoundError:
-            return False  # the queue is going away
-        except OSError as exc:
-            raise storage_error(exc, f"claiming a message of queue {self.name!r}") from exc
-        try:
-            moved = self.move(layout.READY, name, layout.LEASED, lease)
-        except BaseException:
-            _unlink_quietly(target)
-            raise
-        if not moved:
-            _unlink_quietly(target)
-        return moved
 
     def open_claimed(
         self, lease: str, message_id: str, count: int, deadline_ms: int
@@ -514,15 +506,6 @@ class QueueFiles:
             return []
         except OSError as exc:
             raise storage_error(exc, f"listing @dead of queue {self.name!r}") from exc
-
-
-def _unlink_quietly(path: str) -> None:
-    """Remove a file of our own making; one that is gone or cannot be removed now is left
-    (an empty lease placeholder is quarantined like any undecodable file later)."""
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _keep_due(index: QueueIndex, directory: str, names: list[str]) -> None:

@@ -92,9 +92,6 @@ _MESSAGE_DIRS = (layout.LEASED, layout.READY, layout.DELAYED, layout.DEAD)
 _TIMED = frozenset({layout.LEASED, layout.DELAYED})
 _LIVE = frozenset({layout.READY, layout.LEASED, layout.DELAYED})  # hold a capacity slot
 _PROGRESS_BATCH = 256
-# A claim in the shared-filesystem mode makes its lease file empty first (files.py): younger
-# than this, an empty lease is that claim in progress, not damage.
-CLAIM_GRACE_S = 60.0
 # No lease or delay the store makes is further ahead than its longest duration; a day more
 # leaves room for another host's clock running ahead of ours.
 _LONGEST_MS = int(MAX_DURATION_S * 1000) + 86_400_000
@@ -616,9 +613,6 @@ class _Checker:
             if parsed is None:
                 self._check_unparsed(scan, state, entry.path, name, now_ms)
                 continue
-            if state == layout.LEASED and _claim_in_progress(entry):
-                self.counts.tmp_live += 1
-                continue
             self.counts.messages += 1
             if not self._decodes(scan, entry.path, name, parsed.message_id):
                 continue
@@ -855,18 +849,6 @@ class _Copy:
     parsed: Entry
     inode: int
     links: int
-
-
-def _claim_in_progress(entry: os.DirEntry[str]) -> bool:
-    """An empty lease file younger than `CLAIM_GRACE_S`: the placeholder of a claim in the
-    shared-filesystem mode (files.py, `_take_shared`), about to be replaced by the message;
-    an older one is left by a claimer that died, and checked like any file (it does not
-    decode: quarantined)."""
-    try:
-        st = entry.stat(follow_symlinks=False)
-    except OSError:
-        return False
-    return st.st_size == 0 and time.time() - st.st_mtime < CLAIM_GRACE_S
 
 
 def _keep_order(copy: _Copy) -> tuple[int, bool, int, int]:
