@@ -23,12 +23,13 @@ also grow with the batch, while `syncfs` stays one call.
 On a shared filesystem (NFS, FUSE such as GlusterFS, ...: `filesystems.is_shared`, or a root
 opened with `Store(shared=True)`) `syncfs` is no flush: FUSE passes it on only to filesystems that
 ask for it, which GlusterFS does not (docs/FORMAT.md, "Filesystems"), so a batch fsyncs each file.
-There every call is a network round trip (a create, an fsync or a rename costs 1-2 ms on
-GlusterFS, 5-10 times the local disk, while the client's CPU is mostly idle), so a batch's files
-are written, fsynced and renamed `overlap`ped on OVERLAP_THREADS threads, one barrier between each
-step (every file durable before any is renamed: all or nothing as above); a single put's calls
-cannot overlap, so concurrent puts gain through the batch (the server's publish line) and the
-shared directory fsync.
+There every call is a round trip through the filesystem's client and servers (on GlusterFS a
+create costs 2 ms, a rename 3 ms, an fsync 1 ms: docs/benchmarks.md, "GlusterFS"), so a batch's
+files are written, fsynced and renamed `overlap`ped on OVERLAP_THREADS threads, one barrier
+between steps (every file durable before any is renamed: all or nothing as above). Overlap pays
+where the latency is the network's or the servers' disks'; where the filesystem's own processes
+are the bottleneck (GlusterFS over loopback on 2 cores: about one core busy at any concurrency)
+it gains little, and what counts is the calls a batch saves: one directory fsync per batch.
 
 `writeback` renames at once and lets a background thread flush within `writeback_delay_s`;
 `memory` never flushes. There a crash can leave a recycled file (pool.py) under its new name with
@@ -60,8 +61,9 @@ from dirmq.store.filesystems import is_shared
 T = TypeVar("T")
 R = TypeVar("R")
 # Threads that overlap one batch's round trips on a shared filesystem. GlusterFS over loopback
-# stopped gaining at 4-16 in flight (create+write+fsync+rename: 115/s on 1 thread, 216-268/s on
-# 4-64: docs/benchmarks.md, "GlusterFS"); a network's latency leaves more to overlap.
+# gained up to 2x at 4-16 in flight on a busy machine and nothing on a quieter one (its own
+# processes saturate a core: docs/benchmarks.md, "GlusterFS"); a network's latency leaves more
+# to overlap.
 OVERLAP_THREADS = 16
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
