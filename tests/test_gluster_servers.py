@@ -39,8 +39,9 @@ from .test_docs import Block, Python, Rewriter, Shell, _environment, _run_comman
 QUEUE = "jobs"
 VISIBILITY_S = 120.0  # far beyond the test: any second delivery is a fault, not an expiry
 MESSAGES = int(os.environ.get("DIRMQ_GLUSTER_SERVER_MESSAGES", "2000"))
-BATCH = 25  # messages per publish request
+BATCH = 25  # messages per publish request, per get, a stream's prefetch
 PRODUCERS_PER_SERVER = 2
+POLLERS_PER_SERVER = 2  # and one streaming consumer
 LOAD_DEADLINE_S = 60.0
 QUIET_S = 8.0  # no delivery for this long, everything published: what is missing is gone
 
@@ -100,15 +101,22 @@ class HttpLoad:
         self.stop = threading.Event()
         self.produced_s = 0.0
         producers = [(url, n) for url in urls for n in range(PRODUCERS_PER_SERVER)]
-        share = -(-messages // len(producers))
+        shares = [
+            messages // len(producers) + (i < messages % len(producers))
+            for i in range(len(producers))
+        ]
         self.producers = [
-            threading.Thread(target=self._produce, args=(url, f"s{s}p{n}", share))
+            threading.Thread(target=self._produce, args=(url, f"s{s}p{n}", shares[s]))
             for s, (url, n) in enumerate(producers)
         ]
         self.consumers = [
-            threading.Thread(target=target, args=(url, f"{kind}{s}"))
+            threading.Thread(target=self._poll, args=(url, f"poll{s}.{n}"))
             for s, url in enumerate(urls)
-            for kind, target in (("poll", self._poll), ("stream", self._stream))
+            for n in range(POLLERS_PER_SERVER)
+        ]
+        self.consumers += [
+            threading.Thread(target=self._stream, args=(url, f"stream{s}"))
+            for s, url in enumerate(urls)
         ]
 
     def run(self, deadline_s: float) -> None:
@@ -237,8 +245,10 @@ def test_two_servers_on_two_mounts_lose_and_repeat_nothing(two_hosts: TwoHosts) 
     print(counts, tally.refused_acks[:10], tally.errors[:5])
     assert not tally.errors, (counts, tally.errors[:5])
     assert len(tally.published) == MESSAGES, counts
-    # Both servers delivered, through both kinds of consumer.
-    assert all(tally.by_consumer.get(c, 0) > 0 for c in ("poll0", "poll1")), counts
+    # Both servers delivered, to polling and to streaming consumers.
+    assert all(
+        tally.by_consumer.get(c, 0) > 0 for c in ("poll0.0", "poll1.0", "stream0", "stream1")
+    ), counts
     assert (len(lost), len(tally.twice), len(tally.refused_acks)) == (0, 0, 0), (
         counts,
         sorted(lost)[:5],
