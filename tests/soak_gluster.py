@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,9 +43,10 @@ from .servers import REPO, ServerProcess, start_server
 
 DEFAULT_JSON = REPO / "bench" / "results" / "soak-gluster.json"
 QUEUE = "soak"
-VISIBILITY_S = 8.0  # short: a killed consumer's leases come back within the run
-DRAIN_QUIET_S = 5.0  # consumers stop when nothing was settled for this long
-BATCH = 10  # HTTP puts per request, and messages per get
+VISIBILITY_S = 15.0  # short: a killed consumer's leases come back within the run
+DRAIN_QUIET_S = 10.0  # consumers stop when nothing was settled for this long
+BATCH = 25  # HTTP puts per request, messages per get (acked by one ack_many)
+MAX_BACKLOG = 600  # producers pause while more messages than this wait unsettled
 KINDS = ("lib-produce", "lib-consume", "http-produce", "http-consume")
 
 
@@ -68,8 +70,12 @@ def worker(kind: str, target: str, out: str, stop: str, tag: str) -> None:
         queue = RemoteQueue(RemoteStore(target, timeout_s=15), QUEUE)
     i = 0
     producing = kind.endswith("produce")
-    # Producers stop first (at `stop` + ".produce"), consumers when the queue is drained.
+    # Producers stop first (at `stop` + ".produce"), consumers when the queue is drained;
+    # producers wait while the backlog is long (`stop` + ".pause": the parent counts).
     while not os.path.exists(stop + ".produce" if producing else stop):
+        if producing and os.path.exists(stop + ".pause"):
+            time.sleep(0.1)
+            continue
         if producing:
             bodies = [f"{tag}-{i + k}" for k in range(1 if kind.startswith("lib") else BATCH)]
             i += len(bodies)
@@ -90,14 +96,18 @@ def worker(kind: str, target: str, out: str, stop: str, tag: str) -> None:
             continue
         for message in got:
             write(o="got", b=message.body.decode(), r=message.receipt, d=message.lease_deadline_s)
-        for message in got:
-            try:
-                queue.ack(message.receipt)  # type: ignore[attr-defined]
-                write(o="acked", b=message.body.decode(), r=message.receipt)
-            except StaleReceipt as exc:
-                write(o="stale", b=message.body.decode(), r=message.receipt, e=repr(exc)[:200])
-            except (DirmqError, OSError) as exc:  # in doubt: the ack may have taken
+        try:
+            failed = queue.ack_many(m.receipt for m in got)  # type: ignore[attr-defined]
+        except (DirmqError, OSError) as exc:  # in doubt: the acks may have taken
+            for message in got:
                 write(o="ack-error", b=message.body.decode(), r=message.receipt, e=repr(exc)[:200])
+            continue
+        for message in got:
+            error = failed.get(message.receipt or "")
+            outcome = "acked" if error is None else "stale"
+            if error is not None and not isinstance(error, StaleReceipt):
+                outcome = "ack-error"
+            write(o=outcome, b=message.body.decode(), r=message.receipt, e=repr(error)[:200])
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -122,6 +132,7 @@ class GlusterSoakResult:
     first_errors: dict[str, str]
     examples: dict[str, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
+    work: str = ""  # the workers' logs: removed when clean, kept for a look otherwise
 
     @property
     def clean(self) -> bool:
@@ -185,22 +196,41 @@ def events(work: Path) -> Iterator[dict[str, object]]:
                 yield {**json.loads(line), "file": path.name, "kind": kind}
 
 
-def published_count(work: Path) -> int:
-    return sum(1 for e in events(work) if e["o"] == "put")
+class Progress:
+    """Puts and settlements so far, read incrementally from the workers' logs (cheaply: by
+    substring, the final count parses every line)."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.offsets: dict[Path, int] = {}
+        self.published = 0
+        self.settled = 0
+
+    def update(self) -> None:
+        for path in self.work.glob("*.jsonl"):
+            with open(path, "rb") as f:
+                f.seek(self.offsets.get(path, 0))
+                data = f.read()
+            complete = data[: data.rfind(b"\n") + 1]
+            self.offsets[path] = self.offsets.get(path, 0) + len(complete)
+            self.published += complete.count(b'"o": "put"')
+            self.settled += complete.count(b'"o": "acked"') + complete.count(b'"o": "stale"')
+
+    @property
+    def backlog(self) -> int:
+        return self.published - self.settled
 
 
-def wait_for_consumers(work: Path, quiet_s: float) -> None:
+def wait_for_consumers(progress: Progress, quiet_s: float) -> None:
     """Until every published message was settled by a consumer, or none was for `quiet_s`
     (what is left, in leases of killed consumers or not yet due, the final drain takes)."""
     seen, quiet_since = -1, time.monotonic()
     while time.monotonic() - quiet_since < quiet_s:
-        all_events = list(events(work))
-        published = {e["b"] for e in all_events if e["o"] == "put"}
-        settled = {e["b"] for e in all_events if e["o"] in ("acked", "stale", "ack-error")}
-        if published <= settled:
+        progress.update()
+        if progress.backlog <= 0:
             return
-        if len(settled) != seen:
-            seen, quiet_since = len(settled), time.monotonic()
+        if progress.settled != seen:
+            seen, quiet_since = progress.settled, time.monotonic()
         time.sleep(0.5)
 
 
@@ -214,6 +244,7 @@ def run_gluster_soak(messages: int, kills: int, mounts: tuple[str, str]) -> Glus
     work = Path(tempfile.mkdtemp(prefix="dirmq-soak-gluster-"))
     stop = work / "stop"
     produced_stop = work / "stop.produce"
+    paused = work / "stop.pause"
     steady, killed = Mount(0, roots[0], work, stop), Mount(1, roots[1], work, stop)
     steady.start()
     killed.start()
@@ -221,14 +252,21 @@ def run_gluster_soak(messages: int, kills: int, mounts: tuple[str, str]) -> Glus
     try:
         # The kills are spread over the run by what has been published: the k-th once
         # k/(kills+1) of the messages are.
-        while (count := published_count(work)) < messages:
+        progress = Progress(work)
+        while progress.published < messages:
+            count = progress.published
             if done_kills < kills and count >= messages * (done_kills + 1) / (kills + 1):
                 killed.kill()
                 done_kills += 1
                 killed.start()
+            if progress.backlog > MAX_BACKLOG:
+                paused.touch()
+            elif paused.exists():
+                paused.unlink()
             time.sleep(0.2)
+            progress.update()
         produced_stop.touch()
-        wait_for_consumers(work, DRAIN_QUIET_S)
+        wait_for_consumers(progress, DRAIN_QUIET_S)
     finally:
         produced_stop.touch()
         stop.touch()
@@ -345,6 +383,7 @@ def count_run(
             "quarantined": sorted(quarantined)[:5],
         },
         seconds=round(time.monotonic() - started, 1),
+        work=str(work),
     )
 
 
@@ -370,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"GlusterFS soak skipped: {exc}")
             return 0
         result = run_gluster_soak(args.messages, args.kills, (volume.mounts[0], volume.mounts[1]))
+    if result.clean:
+        shutil.rmtree(result.work, ignore_errors=True)
     rows = asdict(result)
     width = max(map(len, rows))
     for name, value in rows.items():
