@@ -22,7 +22,9 @@ consumers once every published body is acknowledged (or `timeout_s` passed) and 
 period (`settle_s`) has let any second delivery show up.
 
 From the command line, on a fresh volume: `python tests/gluster_load.py run 10000` prints the
-result as JSON (`--local` runs both sides on one local temp directory instead).
+result as JSON (`--local` runs both sides on one local temp directory instead; `--peers`,
+`--batch`, `--rate` and `--shared auto|true|false` as in `run_load`). Needs `PYTHONPATH` to
+reach the `dirmq` to test (the processes inherit the environment).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -132,6 +135,7 @@ def run_load(
                 pr.kill()
                 pr.wait()
     result = _count(work, messages)
+    shutil.rmtree(work, ignore_errors=True)
     result.quarantined = _quarantined(roots)
     for root in roots:
         report = fsck(root, repair=False)

@@ -14,8 +14,8 @@ from dirmq.store.filesystems import is_shared
 from .gluster import GlusterVolume, gluster_volume  # noqa: F401  (the fixture)
 from .gluster_load import run_load
 
-MESSAGES = int(os.environ.get("DIRMQ_GLUSTER_MESSAGES", "2000"))
-# The 8 consumers each pick one of the 8 oldest (the queue's `peers`), as an operator would
+MESSAGES = int(os.environ.get("DIRMQ_GLUSTER_MESSAGES", "1200"))
+# The 4 consumers each pick one of the 8 oldest (the queue's `peers`), as an operator would
 # set it for them: racing for one head, a consumer on a shared filesystem loses most claims.
 PEERS = 7
 

@@ -111,7 +111,7 @@ def test_one_file_under_two_names_counts_once(root: Path) -> None:
         lease = layout.timed_name(message_id, 1, int(time.time() * 1000) + 60_000, None)
         # Both names at once, as such a listing shows them (here: a second link).
         os.link(root / "q" / layout.READY / message_id, root / "q" / layout.LEASED / lease)
-        depth = queue_depth(root, "q")
+        depth = queue_depth(root, "q", shared=True)
         assert (depth.ready, depth.in_flight) == (0, 1)
     with dirmq.Store(root, shared=True, watch_mode="poll") as store:
         stats = store.queue("q").stats()
@@ -181,3 +181,47 @@ def test_a_claim_onto_a_name_that_is_already_the_same_file_is_not_won(
             assert os.path.exists(root / "q" / layout.LEASED / lease)  # the other's lease
         else:
             assert got is not None and got.id == message_id  # the hazard the mode removes
+
+
+def test_claim_tokens_are_kept_a_while_then_unlinked(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim's token (`@tmp/<lease>.claim`) outlives the claim by `HOLD_S`, so a get that
+    began in the same millisecond on another host meets it; later claims unlink the old ones.
+    A get older than half of that claims nothing more (its lease names could meet no token)."""
+    from dirmq.store import claimtokens
+
+    monkeypatch.setattr(claimtokens, "HOLD_S", 0.2)
+    with dirmq.Store(root, shared=True) as store:
+        queue = store.create_queue("q")
+        first, second = queue.put(b"1"), queue.put(b"2")
+        message = queue.get_one()
+        assert message is not None and message.id == first
+        [lease] = os.listdir(root / "q" / layout.LEASED)
+        assert os.listdir(root / "q" / layout.TMP) == [f"{lease}.claim"]
+        time.sleep(0.3)
+        message = queue.get_one()
+        assert message is not None and message.id == second
+        [token] = os.listdir(root / "q" / layout.TMP)  # the first one's is gone
+        assert token.startswith(second)
+        tokens = store.queue("q")._view.files.tokens
+        assert tokens is not None
+        assert tokens.fresh(1000, 1000 + 100) and not tokens.fresh(1000, 1000 + 101)
+
+
+def test_a_polling_get_that_lost_every_claim_lists_again(root: Path) -> None:
+    """Other hosts' consumers took what this process's last listing showed: its get lists
+    again at once and finds what was published since, rather than waiting for the next poll
+    (a minute here)."""
+    with (
+        dirmq.Store(root, shared=True, watch_mode="poll", poll_interval_s=60) as here,
+        dirmq.Store(root, shared=True, watch_mode="poll", poll_interval_s=60) as there,
+    ):
+        mine = here.create_queue("q")
+        theirs = there.queue("q")
+        mine.put_many([dirmq.OutgoingMessage(b"1"), dirmq.OutgoingMessage(b"2")])
+        assert mine.stats().ready == 2  # this process's index: both
+        assert len(theirs.get(2)) == 2  # taken elsewhere
+        newest = theirs.put(b"3")
+        got = mine.get_one()
+        assert got is not None and got.id == newest

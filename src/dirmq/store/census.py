@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from dirmq.errors import QueueNotFound, storage_error
 from dirmq.store import layout
+from dirmq.store.filesystems import resolve_shared
 from dirmq.store.ids import id_time_us
 from dirmq.store.layout import ID_LENGTH, parse_entry
 from dirmq.store.message import QueueStats
@@ -31,25 +32,29 @@ class QueueDepth:
     stats: QueueStats
 
 
-def census(root: str | os.PathLike[str]) -> Iterator[QueueDepth]:
+def census(root: str | os.PathLike[str], shared: bool | None = None) -> Iterator[QueueDepth]:
     """The depth of every queue under `root`, in no particular order. A queue deleted while
-    the census runs is left out."""
-    for name, path in _queue_dirs(os.path.abspath(os.fspath(root))):
+    the census runs is left out. `shared`: the shared-filesystem mode (None: from the
+    filesystem), where an id listed in two states counts once."""
+    top = os.path.abspath(os.fspath(root))
+    dedupe = resolve_shared(shared, top)
+    for name, path in _queue_dirs(top):
         try:
-            yield QueueDepth(name, _depth(path))
+            yield QueueDepth(name, _depth(path, dedupe))
         except FileNotFoundError:
             continue  # deleted while we looked
         except OSError as exc:
             raise storage_error(exc, f"counting the messages of queue {name!r}") from exc
 
 
-def queue_depth(root: str | os.PathLike[str], name: str) -> QueueStats:
+def queue_depth(root: str | os.PathLike[str], name: str, shared: bool | None = None) -> QueueStats:
     """The depth of queue `name` (QueueNotFound if there is none), as `census` reads it."""
     path = queue_path(os.path.abspath(os.fspath(root)), name)
+    dedupe = resolve_shared(shared, path)
     if not os.path.exists(os.path.join(path, layout.CONFIG_FILE)):
         raise QueueNotFound(f"queue {name!r} does not exist")
     try:
-        return _depth(path)
+        return _depth(path, dedupe)
     except FileNotFoundError:
         raise QueueNotFound(f"queue {name!r} does not exist") from None
     except OSError as exc:
@@ -77,18 +82,18 @@ def _queue_dirs(root: str) -> Iterator[tuple[str, str]]:
             yield name, path
 
 
-def _depth(path: str) -> QueueStats:
+def _depth(path: str, dedupe: bool) -> QueueStats:
     """What `maintenance.stats` counts, from one listing of each state directory. Names that
     are not the store's are left out, as the index leaves them out."""
     now_ms = time.time_ns() // 1_000_000
     # A listing on a shared filesystem may show a file another host is renaming under both
-    # names (docs/FORMAT.md, "Filesystems"): each id counts once, leased before ready.
+    # names (docs/FORMAT.md, "Filesystems"): there each id counts once, leased before ready.
     leased = _listing(path, layout.LEASED)
-    leased_ids = {name[:ID_LENGTH] for name in leased}
+    leased_ids = {name[:ID_LENGTH] for name in leased} if dedupe else set()
     ready = 0
     oldest = ""  # the least message id ready, or whose lease has expired
     for name in _listing(path, layout.READY):
-        if name[:ID_LENGTH] in leased_ids:
+        if leased_ids and name[:ID_LENGTH] in leased_ids:
             continue
         if len(name) == ID_LENGTH:  # a message never received: most of a backlog
             if name[16] == "-" and name[:16].isdigit():
@@ -103,9 +108,12 @@ def _depth(path: str) -> QueueStats:
     counted: set[str] = set()
     for name in leased:
         entry = parse_entry(name)
-        if entry is None or entry.at_ms is None or entry.message_id in counted:
+        if entry is None or entry.at_ms is None:
             continue
-        counted.add(entry.message_id)
+        if dedupe:
+            if entry.message_id in counted:
+                continue
+            counted.add(entry.message_id)
         if entry.at_ms > now_ms:
             in_flight += 1
         else:  # expired: any get takes it back first

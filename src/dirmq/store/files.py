@@ -129,6 +129,7 @@ class QueueFiles:
                 index.add(layout.READY, name)  # still in @ready: in its FIFO place next time
                 raise
             if lease is None:
+                runs.missed += 1
                 # Another process claimed or deleted it first. If it was a group's, that
                 # process may hold the group now: leasing the group's next one would break it.
                 if entry.group is not None:

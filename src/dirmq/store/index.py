@@ -85,12 +85,13 @@ class GroupRuns:
     has the group now).
     """
 
-    __slots__ = ("limit", "lost", "taken")
+    __slots__ = ("limit", "lost", "missed", "taken")
 
     def __init__(self, limit: int | None = 1) -> None:
         self.limit = limit
         self.taken: Counter[str] = Counter()
         self.lost: set[str] = set()
+        self.missed = 0  # claims this get lost to another process (its index was behind)
 
     def allows(self, tag: str, busy: Counter[str]) -> bool:
         if tag in self.lost:

@@ -8,6 +8,9 @@ so another process's publish or requeue wakes it at once, and it also wakes when
 lease or delay it knows of falls due. A receipt names the message and its receive count; the
 lease behind it is looked up in the index, and a lease that moved meanwhile (another process
 extended it) is looked up again once, after a fresh sync, before the receipt is called stale.
+A polling get (shared filesystems) whose every claim found its name gone lists the directories
+again at once, once: other hosts' consumers took those messages since the last poll, and others
+may be waiting.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def get(
     check_optional_seconds("wait_s", wait_s)
     files = view.files
     deadline = time.monotonic() + wait_s
+    relisted = False
     while True:
         with view.lock:
             config = view.config
@@ -68,6 +72,13 @@ def get(
                 if message is None:
                     break
                 got.append(message)
+            if not got and runs.missed and not relisted and view.polling():
+                # Polling, every name this get tried was gone: other hosts' consumers took
+                # them since the last listing. List again now rather than sleep until the
+                # next poll with messages maybe waiting (once per get).
+                index.rescan(view.path)
+                relisted = True
+                continue
             remaining = deadline - time.monotonic()
             if got or remaining <= 0:
                 return got
