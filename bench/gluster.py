@@ -286,24 +286,6 @@ def disk_dir() -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def volume_when_free(wait_s: float = 600.0) -> Iterator[Any]:
-    """`running_volume(mounts=1)`, waiting while another run's glusterd holds the machine
-    (`check_machine` refuses before `running_volume` would wait on its lock)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            gluster.check_machine()
-            break
-        except gluster.GlusterUnavailable as exc:
-            if "already listens" not in str(exc) or time.monotonic() > deadline:
-                raise
-            print(f"waiting: {exc}", flush=True)
-            time.sleep(5)
-    with gluster.running_volume(mounts=1) as volume:
-        yield volume
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke run")
@@ -314,7 +296,7 @@ def main() -> int:
     rows: list[Row] = []
     started = time.time()
     try:
-        with volume_when_free() as volume:
+        with gluster.running_volume(mounts=1) as volume:  # waits for another run's volume
             GLUSTER_PIDS[:] = gluster._pids_mentioning(volume.base)
             rows += measure("gluster", os.path.join(volume.mounts[0], "bench"), sizes, procs)
             with disk_dir() as local:

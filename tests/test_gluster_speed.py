@@ -48,16 +48,18 @@ class Strace:
 
     def __init__(self, pid: int, out: Path) -> None:
         self.out = out
+        self._log = open(out, "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             ["strace", "-f", "-y", "-qq", "-e", "trace=fsync,fdatasync,syncfs", "-p", str(pid)],
             stdout=subprocess.DEVNULL,
-            stderr=open(out, "w"),  # noqa: SIM115 (closed by the child's exit)
+            stderr=self._log,
         )
         time.sleep(1.0)  # attaching to each thread takes a moment
 
     def stop(self) -> list[str]:
         self.proc.terminate()
         self.proc.wait(timeout=10)
+        self._log.close()
         return self.out.read_text().splitlines()
 
 
@@ -99,10 +101,12 @@ def test_concurrent_publishes_on_the_mount_are_fsynced_in_shared_batches(
         return _publish(server.url, "speed", mine)
 
     started = time.monotonic()
-    with ThreadPoolExecutor(PUBLISHERS) as pool:
-        ids = [i for batch in pool.map(producer, bodies) for i in batch]
-    seconds = time.monotonic() - started
-    lines = trace.stop()
+    try:
+        with ThreadPoolExecutor(PUBLISHERS) as pool:
+            ids = [i for batch in pool.map(producer, bodies) for i in batch]
+        seconds = time.monotonic() - started
+    finally:
+        lines = trace.stop()
 
     total = PUBLISHERS * PER_PUBLISHER
     assert len(set(ids)) == total
