@@ -281,6 +281,8 @@ def guide_blocks() -> list[tuple[str, Block]]:
             continue
         before = [m.group(1) for line in lines[: block.line - 1] if (m := _HOST.search(line))]
         assert before, f"{block.where}: no <!-- host: NAME --> before it"
+        # This runner knows hosts and servers only: no setup, check, needs or no-run.
+        assert not (block.setup or block.check or block.needs or block.no_run), block.where
         found.append((before[-1], block))
     return found
 
