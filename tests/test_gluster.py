@@ -14,7 +14,9 @@ from dirmq.store.filesystems import is_shared
 from .gluster import GlusterVolume, gluster_volume  # noqa: F401  (the fixture)
 from .gluster_load import run_load
 
-MESSAGES = int(os.environ.get("DIRMQ_GLUSTER_MESSAGES", "1200"))
+# About 30 s of load on a busy 2-core machine (plus ~20 s of volume set-up); more by hand:
+# DIRMQ_GLUSTER_MESSAGES=10000, or `python tests/gluster_load.py run 10000`.
+MESSAGES = int(os.environ.get("DIRMQ_GLUSTER_MESSAGES", "1000"))
 # The 4 consumers each pick one of the 8 oldest (the queue's `peers`), as an operator would
 # set it for them: racing for one head, a consumer on a shared filesystem loses most claims.
 PEERS = 7
@@ -25,7 +27,8 @@ def test_producers_and_consumers_on_two_mounts_lose_nothing_and_deliver_once(
 ) -> None:
     roots = [os.path.join(mount, "library") for mount in gluster_volume.mounts]
     assert all(is_shared(mount) for mount in gluster_volume.mounts)  # the mode is chosen
-    result = run_load(roots, MESSAGES, visibility_s=120.0, timeout_s=120.0, peers=PEERS)
+    timeout_s = max(120.0, MESSAGES / 10)  # well under the visibility at the default count
+    result = run_load(roots, MESSAGES, visibility_s=120.0, timeout_s=timeout_s, peers=PEERS)
     summary = (
         f"{result.published} published, {result.acked} acked, {result.lost} lost, "
         f"{result.twice} twice, {result.quarantined} quarantined, {result.stale} stale "
