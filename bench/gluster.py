@@ -183,18 +183,22 @@ def floor(directory: str, threads: int, sizes: Sizes) -> tuple[int, float, str]:
 
 
 # -- the library ----------------------------------------------------------------------------------
+def notes(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
 def library_rows(fs: str, root: str, sizes: Sizes) -> list[Row]:
     rows: list[Row] = []
     with dirmq.Store(root) as store:
         mode = "shared" if store.context.shared else "local"
         q = store.create_queue("lib-put")
         ops, secs, note = timed(sizes.ops, sizes.trial_s, lambda _i: (q.put(BODY), 1)[1])
-        rows.append(Row(fs, "library put, 1 producer", ops, secs, f"{mode} mode; {note}"))
+        rows.append(Row(fs, "library put, 1 producer", ops, secs, notes(f"{mode} mode", note)))
         q2 = store.create_queue("lib-batch")
         ops, secs, note = timed(
             sizes.ops * 2, sizes.trial_s, lambda _i: len(q2.put_many([BODY] * BATCH))
         )
-        rows.append(Row(fs, f"library put_many of {BATCH}", ops, secs, f"{mode} mode; {note}"))
+        rows.append(Row(fs, f"library put_many of {BATCH}", ops, secs, notes(f"{mode} mode", note)))
 
         def get_ack(_i: int) -> int:
             got = q.get()
@@ -205,7 +209,7 @@ def library_rows(fs: str, root: str, sizes: Sizes) -> list[Row]:
 
         available = q.stats().ready
         ops, secs, note = timed(min(sizes.ops, available), sizes.trial_s, get_ack)
-        rows.append(Row(fs, "library get+ack, 1 consumer", ops, secs, f"{mode} mode; {note}"))
+        rows.append(Row(fs, "library get+ack, 1 consumer", ops, secs, notes(f"{mode} mode", note)))
     return rows
 
 
