@@ -2,6 +2,8 @@
 
     python -m tests.soak            (make soak)    SOAK_KILLS=100 by default
 
+(`make soak` then runs tests/soak_gluster.py: the same kind of count on two GlusterFS mounts.)
+
 Each cycle starts the server on the same root, runs publishers (some with delays), consumers
 (acks, nacks with and without delay, heartbeats, leases left to expire) and a purger of a second
 queue against it for a random while, then SIGKILLs it mid-flight. One stretch of cycles runs with

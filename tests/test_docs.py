@@ -84,7 +84,11 @@ PATH_ALIASES = {
 }
 COMMAND_TIMEOUT_S = 60.0
 # Blocks marked `<!-- server: NAME -->`, and the test that runs them against such a server.
-SERVER_KINDS = {"tls": "tests/test_tls.py", "mtls": "tests/test_tls.py"}
+SERVER_KINDS = {
+    "tls": "tests/test_tls.py",
+    "mtls": "tests/test_tls.py",
+    "gluster": "tests/test_gluster_servers.py",  # docs/operations.md, "Several hosts on one root"
+}
 
 ID = r"\d{16}-[0-9a-f]{12}"
 VOLATILE = re.compile(rf"{ID}|dirmq-[0-9a-f]{{24}}|\d{{10,}}(?:\.\d+)?|\d+\.\d{{3,}}")
