@@ -17,6 +17,7 @@ from dirmq.client import RemoteStore
 from dirmq.server.multiprocess import MetricsFiles
 
 from .async_adapter import BlockingAsyncStore
+from .gluster import gluster_volume  # noqa: F401  (the session's one GlusterFS volume)
 from .servers import ServerProcess, start_server
 
 QueueFactory = Callable[..., Any]

@@ -470,9 +470,12 @@ def _running_volume(
         timings["teardown"] = time.monotonic() - step
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gluster_volume() -> Iterator[GlusterVolume]:
-    """A volume over 2 bricks on 127.0.0.2, mounted twice; skips with the reason where it cannot."""
+    """A volume over 2 bricks on 127.0.0.2, mounted twice; skips with the reason where it cannot.
+    One for the whole session (each test module works in its own root on it): a volume's
+    set-up and teardown cost more than most tests on it. Registered by conftest.py: a module
+    that imported it would get a volume of its own, waiting on the session's for the lock."""
     # check_machine runs inside running_volume, under the lock: a volume of another run
     # (whose glusterd holds the port meanwhile) is waited for, not taken for a foreign one.
     with contextlib.ExitStack() as stack:

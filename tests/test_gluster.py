@@ -11,7 +11,7 @@ import os
 
 from dirmq.store.filesystems import is_shared
 
-from .gluster import GlusterVolume, gluster_volume  # noqa: F401  (the fixture)
+from .gluster import GlusterVolume
 from .gluster_load import run_load
 
 # About 30 s of load on a busy 2-core machine (plus ~20 s of volume set-up); more by hand:
@@ -23,7 +23,7 @@ PEERS = 7
 
 
 def test_producers_and_consumers_on_two_mounts_lose_nothing_and_deliver_once(
-    gluster_volume: GlusterVolume,  # noqa: F811
+    gluster_volume: GlusterVolume,
 ) -> None:
     roots = [os.path.join(mount, "library") for mount in gluster_volume.mounts]
     assert all(is_shared(mount) for mount in gluster_volume.mounts)  # the mode is chosen

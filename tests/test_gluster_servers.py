@@ -32,13 +32,13 @@ from dirmq.client.remote import RemoteQueue
 from dirmq.errors import DirmqError
 from dirmq.store import layout
 
-from .gluster import GlusterVolume, gluster_volume  # noqa: F401  (the fixture)
+from .gluster import GlusterVolume
 from .servers import REPO, ServerProcess, start_server
 from .test_docs import Block, Python, Rewriter, Shell, _environment, _run_command, blocks, commands
 
 QUEUE = "jobs"
 VISIBILITY_S = 120.0  # far beyond the test: any second delivery is a fault, not an expiry
-MESSAGES = int(os.environ.get("DIRMQ_GLUSTER_SERVER_MESSAGES", "2000"))
+MESSAGES = int(os.environ.get("DIRMQ_GLUSTER_SERVER_MESSAGES", "1200"))
 BATCH = 25  # messages per publish request, per get, a stream's prefetch
 PRODUCERS_PER_SERVER = 2
 POLLERS_PER_SERVER = 2  # and one streaming consumer
@@ -200,7 +200,7 @@ class TwoHosts:
 
 
 @pytest.fixture(scope="module")
-def two_hosts(gluster_volume: GlusterVolume) -> Iterator[TwoHosts]:  # noqa: F811
+def two_hosts(gluster_volume: GlusterVolume) -> Iterator[TwoHosts]:
     """`dirmq serve` on each mount, on one root (`load`) at the volume's top."""
     roots = (Path(gluster_volume.mounts[0]) / "load", Path(gluster_volume.mounts[1]) / "load")
     with dirmq.Store(roots[0]) as store:
@@ -320,7 +320,7 @@ class GuideHost:
             self.server.stop()
 
 
-def test_the_guide_runs_on_two_mounts(gluster_volume: GlusterVolume, tmp_path: Path) -> None:  # noqa: F811
+def test_the_guide_runs_on_two_mounts(gluster_volume: GlusterVolume, tmp_path: Path) -> None:
     """docs/operations.md's "Several hosts on one root": each example on its host's mount."""
     marked = guide_blocks()
     assert {host for host, _ in marked} == {"mq1", "mq2"}, marked

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import pytest
 
 import dirmq
-from tests.gluster import GlusterVolume, gluster_volume  # noqa: F401 (a fixture)
+from tests.gluster import GlusterVolume
 from tests.servers import ServerProcess, start_server
 
 PUBLISHERS = 24
@@ -32,7 +32,7 @@ PER_PUBLISHER = 5
 
 
 @pytest.fixture
-def server_on_mount(gluster_volume: GlusterVolume) -> Iterator[ServerProcess]:  # noqa: F811
+def server_on_mount(gluster_volume: GlusterVolume) -> Iterator[ServerProcess]:
     if shutil.which("strace") is None:
         pytest.skip("strace is not installed (it observes the server's flushes)")
     root = Path(gluster_volume.mounts[0]) / "speed-root"
@@ -81,7 +81,7 @@ def _publish(url: str, queue: str, bodies: list[bytes]) -> list[str]:
 
 def test_concurrent_publishes_on_the_mount_are_fsynced_in_shared_batches(
     server_on_mount: ServerProcess,
-    gluster_volume: GlusterVolume,  # noqa: F811
+    gluster_volume: GlusterVolume,
     tmp_path: Path,
 ) -> None:
     server = server_on_mount
