@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 import dirmq
 from dirmq.store import fsio
+from dirmq.store.config import Durability
 from dirmq.store.publishing import OPEN_FILES_PER_BATCH
 
 
@@ -163,3 +165,71 @@ def test_a_forked_child_overlaps_with_threads_of_its_own(shared_store: dirmq.Sto
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert q.stats().ready == 16
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _message_fds(queue_dir: Path) -> int:
+    """Descriptors this process holds on files of the queue's state directories."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor)
+        if target.startswith(f"{queue_dir}/@") and not os.path.isdir(target):
+            count += 1
+    return count
+
+
+def test_writeback_on_a_shared_root_fsyncs_each_file_within_its_delay(
+    shared_store: dirmq.Store, flushes: Flushes
+) -> None:
+    """`syncfs` flushes nothing on FUSE: writeback there fsyncs each published file, by a
+    descriptor taken before its rename (a consumer moving it meanwhile changes nothing)."""
+    config = dirmq.QueueConfig(durability=Durability.WRITEBACK, writeback_delay_s=0.3)
+    q = shared_store.create_queue("wb", config)
+    queue_dir = Path(shared_store.root) / "wb"
+    flushes.counts.clear()
+    q.put_many([b"a", b"b", b"c", b"d", b"e"])
+    q.put(b"f")
+    assert flushes.counts["fsync"] == 0, "writeback flushes later, not on the put's path"
+    assert _message_fds(queue_dir) == 6  # one descriptor held per file
+    moved = q.get_one()  # leased (renamed) before the flush
+    assert moved is not None
+    assert _wait_for(lambda: flushes.counts["fsync"] >= 6)
+    assert _wait_for(lambda: _message_fds(queue_dir) == 0), "the flush closes what it held"
+    assert shared_store.writeback.last_error is None
+    assert q.stats().total == 6
+
+
+def test_writeback_on_a_shared_root_reports_a_failed_flush(
+    shared_store: dirmq.Store, flushes: Flushes
+) -> None:
+    config = dirmq.QueueConfig(durability=Durability.WRITEBACK, writeback_delay_s=0.05)
+    q = shared_store.create_queue("wb", config)
+    flushes.counts.clear()
+    flushes.fail_at = 1
+    q.put_many([b"a", b"b"])
+    assert _wait_for(lambda: shared_store.writeback.last_error is not None)
+    assert isinstance(shared_store.writeback.last_error, OSError)
+    assert shared_store.writeback.last_error.errno == errno.EIO
+
+
+def test_writeback_on_the_local_disk_holds_nothing_and_syncs_the_filesystem(
+    store: dirmq.Store, flushes: Flushes
+) -> None:
+    config = dirmq.QueueConfig(durability=Durability.WRITEBACK, writeback_delay_s=0.05)
+    q = store.create_queue("wb", config)
+    flushes.counts.clear()
+    q.put_many([b"a", b"b", b"c"])
+    assert _message_fds(Path(store.root) / "wb") == 0
+    assert _wait_for(lambda: flushes.counts["syncfs"] >= 1)
+    assert flushes.counts["fsync"] == 0

@@ -215,6 +215,15 @@ class PendingFile:
         finally:
             os.close(fd)
 
+    def own_descriptor(self) -> int:
+        """A descriptor of this file for the caller to close, valid after `publish` (a `dup`,
+        or an open by its temp name if it was `detach`ed)."""
+        if self.open:
+            return os.dup(self.fd)
+        assert self.tmp_path is not None  # a detached file always has a name
+        dir_fd = None if self.tmp_dir is None else self.tmp_dir.fd
+        return os.open(self.tmp_path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+
     def publish(self) -> None:
         """Give the file its final name (EEXIST/ENOENT propagate), then close it."""
         try:
@@ -468,15 +477,34 @@ def _fsync_group(group: list[_Waiter]) -> None:
         waiter.done = True
 
 
+# At most this many published files' descriptors wait for a shared filesystem's writeback
+# flush; one more flushes them all at once (a bound on descriptors, not on the delay).
+MAX_HELD_FILES = 1024
+
+
 class WritebackFlusher:
-    """Flushes a filesystem in the background at most `delay_s` after the first dirty write."""
+    """Flushes a filesystem in the background at most `delay_s` after the first dirty write.
+
+    On a shared filesystem `syncfs` flushes nothing (FUSE passes it on only to filesystems that
+    ask for it: docs/FORMAT.md, "Filesystems"), so there each published file is flushed itself:
+    `hold` keeps a descriptor of it (a duplicate taken before its rename, so a consumer moving
+    it meanwhile changes nothing) until the flush fsyncs and closes it."""
 
     def __init__(self, dir_path: str) -> None:
         self._dir_path = dir_path
         self._cond = threading.Condition()
         self._dirty_deadline: float | None = None
         self._thread: threading.Thread | None = None
+        self._held: list[int] = []  # descriptors of files to fsync at the next flush
         self.last_error: OSError | None = None
+
+    def hold(self, fds: list[int], delay_s: float, now: float) -> None:
+        """Take `fds` (descriptors of published files, closed by the flush) and flush them
+        within `delay_s`; at once when `MAX_HELD_FILES` are waiting."""
+        with self._cond:
+            self._held.extend(fds)
+            full = len(self._held) >= MAX_HELD_FILES
+        self.mark_dirty(0.0 if full else delay_s, now)
 
     def mark_dirty(self, delay_s: float, now: float) -> None:
         with self._cond:
@@ -510,11 +538,23 @@ class WritebackFlusher:
             self._sync()
 
     def _sync(self) -> None:
+        with self._cond:
+            held, self._held = self._held, []
+        error: OSError | None = None
+        for fd in held:
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                error = error or exc
+            finally:
+                os.close(fd)
         try:
             fd = os.open(self._dir_path, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 syncfs(fd)
             finally:
                 os.close(fd)
-        except OSError as exc:  # reported through stats; the data stays in the page cache
-            self.last_error = exc
+        except OSError as exc:
+            error = error or exc
+        if error is not None:  # reported through stats; the data stays in the page cache
+            self.last_error = error

@@ -277,17 +277,46 @@ class Publisher:
         if level is Durability.WRITETHROUGH:
             self._context.group_commit.commit(pending, shared=self._context.shared)
             return
+        # Writeback on a shared filesystem: each file is flushed by a descriptor of its own,
+        # taken before the rename (WritebackFlusher.hold).
+        held = (
+            self._descriptors(pending)
+            if level is Durability.WRITEBACK and self._context.shared
+            else []
+        )
         for i, f in enumerate(pending):
             try:
                 f.publish()
             except OSError as exc:
                 for g in pending[i:]:
                     g.discard()
+                for fd in held[i:]:
+                    os.close(fd)
+                if held[:i]:  # published before the failure: flushed as promised
+                    self._context.writeback.hold(
+                        held[:i], config.writeback_delay_s, time.monotonic()
+                    )
                 if exc.errno == errno.ENOENT:
                     raise QueueNotFound(f"queue {self.name!r} was deleted") from exc
                 raise storage_error(exc, f"publishing to queue {self.name!r}") from exc
-        if level is Durability.WRITEBACK:
+        if held:
+            self._context.writeback.hold(held, config.writeback_delay_s, time.monotonic())
+        elif level is Durability.WRITEBACK:
             self._context.writeback.mark_dirty(config.writeback_delay_s, time.monotonic())
+
+    def _descriptors(self, pending: list[PendingFile]) -> list[int]:
+        """A descriptor of each file (`own_descriptor`); on failure none, and nothing stored."""
+        fds: list[int] = []
+        try:
+            for f in pending:
+                fds.append(f.own_descriptor())
+        except OSError as exc:
+            for fd in fds:
+                os.close(fd)
+            for f in pending:
+                f.discard()
+            raise storage_error(exc, f"publishing to queue {self.name!r}") from exc
+        return fds
 
     # -- capacity ---------------------------------------------------------------------------------
     def _acquire_slots(
