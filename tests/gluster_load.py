@@ -30,6 +30,7 @@ reach the `dirmq` to test (the processes inherit the environment).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -300,31 +301,24 @@ def main(argv: list[str]) -> None:
         _consume(args.root, args.out, args.shared, args.stop, args.batch)
     else:
         shared = _shared_setting(args.shared)
-        if args.local:
-            with tempfile.TemporaryDirectory() as base:
+        with contextlib.ExitStack() as stack:
+            if args.local:
+                base = stack.enter_context(tempfile.TemporaryDirectory())
                 roots = [os.path.join(base, "root")] * 2
-                result = run_load(
-                    roots,
-                    args.messages,
-                    shared=shared,
-                    batch=args.batch,
-                    rate=args.rate,
-                    peers=args.peers,
-                )
-        else:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-            from gluster import running_volume
+            else:
+                sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+                from gluster import running_volume
 
-            with running_volume() as volume:
+                volume = stack.enter_context(running_volume())
                 roots = [os.path.join(m, "root") for m in volume.mounts]
-                result = run_load(
-                    roots,
-                    args.messages,
-                    shared=shared,
-                    batch=args.batch,
-                    rate=args.rate,
-                    peers=args.peers,
-                )
+            result = run_load(
+                roots,
+                args.messages,
+                shared=shared,
+                batch=args.batch,
+                rate=args.rate,
+                peers=args.peers,
+            )
         print(json.dumps(asdict(result), indent=1))
 
 

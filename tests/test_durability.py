@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections import Counter
 
@@ -11,6 +10,8 @@ import pytest
 
 import dirmq
 from dirmq.store import fsio
+
+from .threads import run_together
 
 
 @pytest.fixture
@@ -53,18 +54,12 @@ def test_concurrent_puts_share_flushes(store: dirmq.Store, flushes: Counter[str]
     q = store.create_queue("q")
     flushes.clear()
     per_thread, threads = 40, 8
-    barrier = threading.Barrier(threads)
 
     def produce() -> None:
-        barrier.wait()
         for _ in range(per_thread):
             q.put(b"x")
 
-    workers = [threading.Thread(target=produce) for _ in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    run_together(threads, produce)
     assert q.stats().ready == per_thread * threads
     total_flushes = flushes["fsync"] + flushes["syncfs"]
     assert total_flushes < 2 * per_thread * threads * 0.75, flushes

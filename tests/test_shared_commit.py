@@ -19,6 +19,8 @@ from dirmq.store import fsio
 from dirmq.store.config import Durability
 from dirmq.store.publishing import OPEN_FILES_PER_BATCH
 
+from .threads import run_together
+
 
 @pytest.fixture
 def shared_store(root: Path) -> Iterator[dirmq.Store]:
@@ -134,18 +136,12 @@ def test_concurrent_shared_puts_are_each_flushed(
     q = shared_store.create_queue("q")
     flushes.counts.clear()
     per_thread, threads = 20, 6
-    barrier = threading.Barrier(threads)
 
     def produce() -> None:
-        barrier.wait()
         for _ in range(per_thread):
             q.put(b"x")
 
-    workers = [threading.Thread(target=produce) for _ in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    run_together(threads, produce)
     assert q.stats().ready == per_thread * threads
     assert flushes.counts["syncfs"] == 0
     # Each file once; the directory fsyncs shared by the puts that wait together.
