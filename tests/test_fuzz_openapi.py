@@ -44,7 +44,7 @@ from .servers import ServerProcess, start_server
 FUZZ_SECONDS = float(os.environ.get("DIRMQ_FUZZ_SECONDS", "0"))
 # The whole run is bounded by DIRMQ_FUZZ_SECONDS; the margin covers start-up, shrinking and fsck.
 pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(FUZZ_SECONDS + 300)]
-BOUNDED_EXAMPLES = 30  # per operation and generation mode, in `make test`
+BOUNDED_EXAMPLES = 20  # per operation and generation mode, in `make test`
 ROUND_EXAMPLES = 60  # per operation and mode in each round under `make fuzz`
 REQUEST_TIMEOUT_S = 15.0  # no documented answer may take longer (waits are capped below)
 LONGEST_WAIT_S = 2.0  # a generated wait/timeout longer than this is cut to keep the run moving

@@ -16,7 +16,7 @@ from .gluster_load import run_load
 
 # About 30 s of load on a busy 2-core machine (plus ~20 s of volume set-up); more by hand:
 # DIRMQ_GLUSTER_MESSAGES=10000, or `python tests/gluster_load.py run 10000`.
-MESSAGES = int(os.environ.get("DIRMQ_GLUSTER_MESSAGES", "1000"))
+MESSAGES = int(os.environ.get("DIRMQ_GLUSTER_MESSAGES", "600"))
 # The 4 consumers each pick one of the 8 oldest (the queue's `peers`), as an operator would
 # set it for them: racing for one head, a consumer on a shared filesystem loses most claims.
 PEERS = 7

@@ -38,7 +38,7 @@ from .test_docs import Block, Python, Rewriter, Shell, _environment, _run_comman
 
 QUEUE = "jobs"
 VISIBILITY_S = 120.0  # far beyond the test: any second delivery is a fault, not an expiry
-MESSAGES = int(os.environ.get("DIRMQ_GLUSTER_SERVER_MESSAGES", "1200"))
+MESSAGES = int(os.environ.get("DIRMQ_GLUSTER_SERVER_MESSAGES", "800"))
 BATCH = 25  # messages per publish request, per get, a stream's prefetch
 PRODUCERS_PER_SERVER = 2
 POLLERS_PER_SERVER = 2  # and one streaming consumer
