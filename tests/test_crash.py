@@ -12,6 +12,7 @@ from pathlib import Path
 import dirmq
 from dirmq.store import layout
 
+from .pool_workers import kill_reading_all
 from .procs import kill, spawn
 
 
@@ -66,7 +67,7 @@ def test_killed_acker_never_gets_an_acked_message_back(store: dirmq.Store) -> No
     acker = spawn("ack", store.root, "acks")
     assert acker.stdout is not None
     acked = [acker.stdout.readline().strip() for _ in range(150)]
-    acked += _kill_reading_all(acker).split()
+    acked += kill_reading_all(acker).split()
     time.sleep(0.6)  # the killed process's last lease, if any, expires
     remaining = []
     while (message := q.get_one()) is not None:
@@ -75,17 +76,6 @@ def test_killed_acker_never_gets_an_acked_message_back(store: dirmq.Store) -> No
     assert not set(acked) & set(remaining), "an acknowledged message was delivered again"
     # At most one message can be in between: acked by the killed process but not yet reported.
     assert len(ids - set(acked) - set(remaining)) <= 1
-
-
-def _kill_reading_all(proc: subprocess.Popen[str]) -> str:
-    """SIGKILL `proc` and return the rest of its output, including what `readline` already
-    buffered (`communicate`, in `kill`, reads the pipe itself and would drop those lines)."""
-    assert proc.stdout is not None
-    proc.kill()
-    with proc.stdout:
-        rest = proc.stdout.read()
-    proc.wait(timeout=30)
-    return rest
 
 
 def test_sweep_on_open_after_kill_requeues_and_cleans(root: Path) -> None:
