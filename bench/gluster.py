@@ -16,7 +16,8 @@ writes JSON (default `bench/results/gluster.json`).
 
 What is measured, on each filesystem (`gluster` and `disk`):
 - floor: the syscalls of a durable put in a bare loop (create + write 100 B + fsync + rename),
-  on 1 thread and on 16 (what overlapping can reach);
+  on 1 thread and on 16 (what overlapping can reach), with the temp in another directory (as
+  `@tmp/`) and, on 16 threads, beside its final name (as the shared mode's puts write it);
 - library put: one producer thread, `Queue.put` one message at a time (the issue's 16 puts/s
   per producer on GlusterFS was this, with 7 other processes on the volume);
 - library put_many: batches of 64 (writethrough: durable when it returns);
@@ -146,8 +147,14 @@ def timed(ops: int, budget_s: float, step: Callable[[int], int]) -> tuple[int, f
 
 
 # -- the floor: a durable put's syscalls in a bare loop -------------------------------------------
-def floor(directory: str, threads: int, sizes: Sizes) -> tuple[int, float, str]:
-    tmp, ready = os.path.join(directory, "tmp"), os.path.join(directory, "ready")
+def floor(
+    directory: str, threads: int, sizes: Sizes, beside: bool = False
+) -> tuple[int, float, str]:
+    """`beside`: the temp is `.<name>.<suffix>` in the final directory, as the shared mode's
+    puts write it (FORMAT.md "Temps beside their final name"), else a name in another
+    directory, as `@tmp/` is."""
+    ready = os.path.join(directory, "ready")
+    tmp = ready if beside else os.path.join(directory, "tmp")
     os.makedirs(tmp, exist_ok=True)
     os.makedirs(ready, exist_ok=True)
     counter = iter(range(10**9))
@@ -157,7 +164,7 @@ def floor(directory: str, threads: int, sizes: Sizes) -> tuple[int, float, str]:
         with lock:
             n = next(counter)
         name = f"{threads}-{n}"
-        path = os.path.join(tmp, name)
+        path = os.path.join(tmp, f".{name}.{os.getpid()}" if beside else name)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, BODY)
@@ -251,9 +258,11 @@ def server_rows(fs: str, root: str, sizes: Sizes, procs: Any) -> list[Row]:
 def measure(fs: str, base: str, sizes: Sizes, procs: Any) -> list[Row]:
     print(f"== {fs}: {base}", flush=True)
     rows: list[Row] = []
-    for threads in (1, FLOOR_THREADS):
-        ops, secs, note = floor(os.path.join(base, f"floor-{threads}"), threads, sizes)
+    for threads, beside in ((1, False), (FLOOR_THREADS, False), (FLOOR_THREADS, True)):
+        where = f"floor-{threads}{'-beside' if beside else ''}"
+        ops, secs, note = floor(os.path.join(base, where), threads, sizes, beside)
         label = "floor: create+write+fsync+rename" + (f", {threads} threads" if threads > 1 else "")
+        label += ", temp beside its final name" if beside else ""
         rows.append(Row(fs, label, ops, secs, note))
         print(f"  {rows[-1].what}: {rows[-1].rate:.0f}/s ({note})", flush=True)
     for row in library_rows(fs, os.path.join(base, "lib-root"), sizes):
@@ -278,6 +287,26 @@ def table(rows: list[Row]) -> str:
         ratio = f"{d.rate / g.rate:.0f}x" if g and d and g.rate > 0 else ""
         cells = [f"{r.rate:,.0f}" if r else "" for r in (g, d)]
         lines.append(f"| {what} | {cells[0]} | {cells[1]} | {ratio} | {g.note if g else ''} |")
+    return "\n".join(lines)
+
+
+ISSUE_PER_PRODUCER = 16.0  # issue 19: puts/s per producer on the mount before the shared mode
+
+
+def targets(rows: list[Row]) -> str:
+    """Issue 19's publish target (at least 10x its per-producer rate) and the floors of the run."""
+    on = {r.what: r.rate for r in rows if r.filesystem == "gluster"}
+    publish = on.get("server publish")
+    if not publish:
+        return ""
+    lines = [
+        f"\nserver publish on GlusterFS: {publish:.0f}/s = "
+        f"{publish / ISSUE_PER_PRODUCER:.1f}x issue 19's {ISSUE_PER_PRODUCER:.0f} puts/s per "
+        "producer (target 10x)"
+    ]
+    for what, rate in on.items():
+        if what.startswith("floor") and "threads" in what and rate > 0:
+            lines.append(f"  {publish / rate:.2f}x the {what}")
     return "\n".join(lines)
 
 
@@ -311,6 +340,7 @@ def main() -> int:
         procs.stop_all()
     print()
     print(table(rows))
+    print(targets(rows))
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(

@@ -9,8 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import dirmq
 from dirmq.store import layout
+from dirmq.store.fsck import fsck
+from dirmq.store.layout import parse_entry
 
 from .pool_workers import kill_reading_all
 from .procs import kill, spawn
@@ -38,27 +42,38 @@ def test_killed_consumer_leases_return_in_fifo_place(store: dirmq.Store) -> None
     assert [m.receive_count for m in [first_back, *rest]] == [2, 2, 2] + [2] * 7
 
 
-def test_killed_producer_never_exposes_a_partial_message(store: dirmq.Store) -> None:
-    q = store.create_queue("big")
+@pytest.mark.parametrize("shared", [False, True], ids=["local", "shared-mode"])
+def test_killed_producer_never_exposes_a_partial_message(root: Path, shared: bool) -> None:
+    """Killed while writing single, delayed and batched puts: in the shared-filesystem mode the
+    temps sit beside their final names in @ready and @delayed (layout.temp_beside), and opening
+    the queue removes those of the dead writer."""
     size = 512 * 1024
     confirmed: list[str] = []
+    with dirmq.Store(root) as setup:
+        setup.create_queue("big")
     for delay_s in (0.05, 0.13, 0.21, 0.3, 0.42):
-        writer = spawn("write", store.root, "big", size)
+        writer = spawn("write", root, "big", size, *(["shared"] if shared else []))
         time.sleep(delay_s)
         out = kill(writer)
         confirmed.extend(out.split())
     assert confirmed, "the writer never got a message stored"
-    report = q.sweep()
-    assert not os.listdir(os.path.join(q.path, layout.TMP)), "orphaned temp files remain"
-    assert report.orphans_removed >= 0
-    seen = {}
-    while (message := q.get_one()) is not None:
-        assert len(message.body) == size, "a partial message was delivered"
-        seen[message.id] = message
-        q.ack(message.receipt or "")
-    missing = set(confirmed) - set(seen)
-    assert not missing, f"put returned but the message is gone: {sorted(missing)[:5]}"
-    assert not os.listdir(os.path.join(q.path, layout.CORRUPT))
+    with dirmq.Store(root, shared=shared) as store:
+        q = store.queue("big")
+        q.sweep()
+        for state in (layout.TMP, layout.READY, layout.DELAYED):
+            temps = [n for n in os.listdir(os.path.join(q.path, state)) if not parse_entry(n)]
+            assert not temps, f"orphaned temp files remain in {state}: {temps}"
+        time.sleep(0.25)  # the delayed ones come due
+        seen = {}
+        while (message := q.get_one()) is not None:
+            assert len(message.body) == size, "a partial message was delivered"
+            seen[message.id] = message
+            q.ack(message.receipt or "")
+        missing = set(confirmed) - set(seen)
+        assert not missing, f"put returned but the message is gone: {sorted(missing)[:5]}"
+        assert not os.listdir(os.path.join(q.path, layout.CORRUPT))
+        report = fsck(root, repair=False)
+        assert not report.problems, report.problems
 
 
 def test_killed_acker_never_gets_an_acked_message_back(store: dirmq.Store) -> None:

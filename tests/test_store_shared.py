@@ -1,8 +1,8 @@
 """The shared-filesystem mode (docs/FORMAT.md, "Filesystems"), forced on a local disk with
-`Store(shared=True)`: what it does differently (nothing recycled through @free, named temps,
-retirements that trust only their own rename, a claimed file re-read before it is called
-corrupt, one count per id seen under two names) and that the queue contract holds in it. The
-same mode on a real GlusterFS volume is tests/test_gluster.py."""
+`Store(shared=True)`: what it does differently (nothing recycled through @free, named temps
+beside their final names, retirements that trust only their own rename, a claimed file re-read
+before it is called corrupt, one count per id seen under two names) and that the queue contract
+holds in it. The same mode on a real GlusterFS volume is tests/test_gluster.py."""
 
 from __future__ import annotations
 
@@ -60,17 +60,23 @@ def test_local_disk_is_not_shared(root: Path) -> None:
         assert store.context.shared is False
 
 
-def test_shared_mode_publishes_through_named_temps(root: Path) -> None:
-    """No O_TMPFILE in the shared mode: a put's file has a name in @tmp until it is published
-    (FUSE and NFS have none). Seen by holding a put inside its write."""
+def test_shared_mode_writes_each_put_beside_its_final_name(root: Path) -> None:
+    """No O_TMPFILE in the shared mode (FUSE and NFS have none), and no @tmp: a put's file is
+    written as `.<final name>.<host>-<pid>` in @ready itself (on GlusterFS the publishing rename
+    then stays on one brick). While it is written, no listing counts or delivers it. Seen by
+    holding a put inside its write."""
     from dirmq.store import fsio
 
-    seen: list[list[str]] = []
+    seen: list[tuple[str, list[str], int, list[str]]] = []
     original = fsio.write_new_file
 
     def spying(path: str, data: bytes, access: object) -> int:
         fd = original(path, data, access)  # type: ignore[arg-type]
-        seen.append(os.listdir(os.path.dirname(path)))
+        directory = os.path.dirname(path)
+        assert not os.listdir(root / "q" / layout.TMP)
+        other = dirmq.Store(root, shared=True).queue("q")  # another process's view
+        got = [m.id for m in other.get(5, visibility_s=60)]
+        seen.append((os.path.basename(directory), os.listdir(directory), other.stats().ready, got))
         return fd
 
     with dirmq.Store(root, shared=True) as store:
@@ -80,7 +86,62 @@ def test_shared_mode_publishes_through_named_temps(root: Path) -> None:
             message_id = queue.put(b"x")
         finally:
             fsio.write_new_file = original
-    assert seen == [[layout.tmp_name(message_id)]]
+        assert [m.id for m in queue.get(5)] == [message_id]
+    assert seen == [(layout.READY, [layout.temp_beside(message_id)], 0, [])]
+    assert layout.parse_temp_beside(layout.temp_beside(message_id))[0] == message_id  # type: ignore[index]
+
+
+def _plant_temp(queue_dir: Path, state: str, final: str, pid: int, age_s: float = 0) -> Path:
+    path = queue_dir / state / f".{final}.{layout.HOST_TAG}-{pid}"
+    path.write_bytes(b"half a mess")
+    path.chmod(0o600)  # the root's private access (access.py)
+    if age_s:
+        os.utime(path, (time.time() - age_s, time.time() - age_s))
+    return path
+
+
+def _dead_pid() -> int:
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+    return child
+
+
+def test_temps_beside_of_dead_or_old_writers_are_removed_and_live_ones_kept(root: Path) -> None:
+    """Opening a queue, `sweep` and `fsck` treat a temp beside its final name as they treat one
+    in @tmp: a dead writer's (or one older than an hour, of a writer they cannot see) is
+    removed; a live writer's is left alone and never quarantined, rehomed or delivered."""
+    with dirmq.Store(root, shared=True) as store:
+        store.create_queue("q")
+    queue_dir = root / "q"
+    final = "1700000000000000-0123456789ab"
+    dead = _plant_temp(queue_dir, layout.READY, final, _dead_pid())
+    old = _plant_temp(queue_dir, layout.DELAYED, f"{final}.0.1700000000000", 1, age_s=7200)
+    live = _plant_temp(queue_dir, layout.READY, "1700000000000001-0123456789ab", os.getpid())
+    report = fsck(root, repair=False)
+    assert sorted((p.kind, p.path) for p in report.problems) == sorted(
+        [("orphan-tmp", str(dead)), ("orphan-tmp", str(old))]
+    )
+    with dirmq.Store(root, shared=True) as store:
+        queue = store.queue("q")
+        assert queue.get(5) == []
+        assert not dead.exists() and not old.exists()
+        assert queue.sweep().orphans_removed == 2  # removed on open, reported by the next sweep
+        assert live.exists() and queue.stats().ready == 0
+    repaired = fsck(root, repair=True)
+    assert not repaired.problems and live.exists()
+    assert not os.listdir(queue_dir / layout.CORRUPT)
+
+
+def test_a_local_mode_sweep_leaves_dot_names_in_ready_alone(root: Path) -> None:
+    """Only the shared mode writes beside final names; a local-mode sweep does not list @ready
+    for them (the cost of a deep queue's listing), and no listing takes them for messages."""
+    with dirmq.Store(root) as store:
+        queue = store.create_queue("q")
+        planted = _plant_temp(root / "q", layout.READY, "1700000000000000-0123456789ab", 1)
+        assert queue.sweep().orphans_removed == 0
+        assert planted.exists() and queue.get(1) == [] and queue.stats().ready == 0
 
 
 def test_ack_of_a_lease_moved_away_is_stale_and_keeps_the_message(root: Path) -> None:

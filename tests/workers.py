@@ -47,12 +47,16 @@ def hold_leases(root: str, queue: str, count: int, visibility_s: float) -> None:
     time.sleep(600)
 
 
-def write_forever(root: str, queue: str, size: int) -> None:
-    """Publish large messages until killed, reporting each id once `put` has returned."""
-    q = dirmq.Store(root).queue(queue)
+def write_forever(root: str, queue: str, size: int, shared: bool | None = None) -> None:
+    """Publish large messages until killed, reporting each id once `put` has returned; every
+    third one delayed and every fifth in a batch of 3 (each path's own temps)."""
+    q = dirmq.Store(root, shared=shared).queue(queue)
     body = os.urandom(size)
-    for _ in range(100_000):
-        print(q.put(body), flush=True)
+    for n in range(100_000):
+        if n % 5 == 4:
+            print(*q.put_many([body] * 3), flush=True)
+        else:
+            print(q.put(body, delay_s=0.2 if n % 3 == 2 else None), flush=True)
 
 
 def ack_loop(root: str, queue: str) -> None:
@@ -67,7 +71,7 @@ ROLES = {
     "produce": lambda a: produce(a[0], a[1], int(a[2]), int(a[3]), int(a[4])),
     "consume": lambda a: consume(a[0], a[1], float(a[2])),
     "hold": lambda a: hold_leases(a[0], a[1], int(a[2]), float(a[3])),
-    "write": lambda a: write_forever(a[0], a[1], int(a[2])),
+    "write": lambda a: write_forever(a[0], a[1], int(a[2]), True if a[3:] == ["shared"] else None),
     "ack": lambda a: ack_loop(a[0], a[1]),
 }
 

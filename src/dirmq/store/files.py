@@ -34,6 +34,7 @@ from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.message import Message, SweepReport
 from dirmq.store.pool import FilePool
 from dirmq.store.reading import read_message, stored_message
+from dirmq.store.recovery import remove_orphans
 
 log = logging.getLogger(__name__)
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
@@ -63,6 +64,15 @@ class QueueFiles:
         self.quarantined = 0  # corrupt files this process set aside
         # The shared-filesystem mode's claim tokens (claimtokens.py); None on a local disk.
         self.tokens = ClaimTokens(self.dir[layout.TMP], context.access) if context.shared else None
+
+    def remove_orphans(self) -> int:
+        """Unlink the temps no live writer will publish (recovery.py): in @tmp, and in the
+        shared-filesystem mode also those beside their final names in @ready and @delayed."""
+        removed = remove_orphans(self.dir[layout.TMP])
+        if self._context.shared:
+            for directory in (layout.READY, layout.DELAYED):
+                removed += remove_orphans(self.dir[directory], beside=True)
+        return removed
 
     def path(self, directory: str, name: str) -> str:
         return f"{self.dir[directory]}/{name}"  # names hold no "/": no os.path.join needed

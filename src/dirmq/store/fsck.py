@@ -23,6 +23,8 @@ Invariants, and what `repair=True` does about each (see `Kind`):
       Dirmq-Id (if any) is the id in its name
     one file per message id across @ready/@leased/@delayed/@dead      keep one copy (see below)
     no orphaned temp file in @tmp (dead writer, or older than 1 h)     unlink
+      nor beside its final name in @ready or @delayed (the
+      shared-filesystem mode's temps: layout.temp_beside)
     no temp file of a small-file write (smallfiles.py) older than     unlink
       1 h: beside @dirmq.json and @queue.json, anywhere under @sqs
       and @spark (@pubsub's check looks at its own)
@@ -527,19 +529,18 @@ class _Checker:
             return
         for entry in _scandir(scan.dir(layout.TMP)):
             self.tick()
-            if is_orphan(entry.path, entry.name):
-                self.fix(
-                    scan.name,
-                    entry.path,
-                    Kind.ORPHAN_TMP,
-                    _orphan_reason(entry.name),
-                    _unlink(entry.path),
-                )
-            else:
-                self.counts.tmp_live += 1
-                parsed = layout.parse_tmp(entry.name)
-                if parsed is not None:
-                    scan.tmp_ids.add(parsed[0])
+            parsed = layout.parse_tmp(entry.name)
+            self._check_temp(scan, entry.path, entry.name, parsed[0] if parsed else None)
+
+    def _check_temp(self, scan: _QueueScan, path: str, name: str, message_id: str | None) -> None:
+        """A file being written: removed if no live writer will publish it, else counted (its
+        message's capacity token and dedup record are not leaks)."""
+        if is_orphan(path, name):
+            self.fix(scan.name, path, Kind.ORPHAN_TMP, _orphan_reason(name), _unlink(path))
+            return
+        self.counts.tmp_live += 1
+        if message_id is not None:
+            scan.tmp_ids.add(message_id)
 
     def _check_free(self, scan: _QueueScan) -> None:
         """@free holds zeros, but three things in it matter: the pool of a dead process must
@@ -610,6 +611,10 @@ class _Checker:
                 self.add(scan.name, entry.path, Kind.STRAY, "not a regular file")
                 continue
             parsed = parse_entry(name)
+            if parsed is None and (beside := layout.parse_temp_beside(name)) is not None:
+                final = parse_entry(beside[0])
+                self._check_temp(scan, entry.path, name, final.message_id if final else None)
+                continue
             if parsed is None:
                 self._check_unparsed(scan, state, entry.path, name, now_ms)
                 continue
@@ -832,7 +837,8 @@ class _Checker:
             if state in scan.missing:
                 continue
             for entry in _scandir(scan.dir(state)):
-                parsed = parse_entry(entry.name)
+                beside = layout.parse_temp_beside(entry.name)
+                parsed = parse_entry(beside[0] if beside else entry.name)
                 if parsed is not None and parsed.message_id in wanted:
                     present.add(parsed.message_id)
         for entry in _scandir(scan.dir(layout.TMP)):
@@ -962,7 +968,7 @@ def _unlink(path: str) -> Callable[[], str]:
 
 
 def _orphan_reason(name: str) -> str:
-    parsed = layout.parse_tmp(name)
+    parsed = layout.parse_tmp(name) or layout.parse_temp_beside(name)
     if parsed is not None and parsed[1] == layout.HOST_TAG:
         return f"temp file of dead process {parsed[2]}"
     return f"temp file older than {ORPHAN_GRACE_S:.0f} s"

@@ -3,6 +3,7 @@
     <queue>/@queue.json        configuration (replaced atomically)
     <queue>/@tmp/              files being written: <id>.<host>.<pid>.tmp
     <queue>/@ready/            <id>            never received
+                               .<final name>.<host>-<pid>  being written (shared filesystems)
                                <id>.<count>    received <count> times, then returned
     <queue>/@leased/           <id>.<count>.<deadline_ms>
     <queue>/@delayed/          <id>.<count>.<due_ms>
@@ -59,6 +60,7 @@ _BARE_ID_RE = re.compile(ID_PATTERN)
 ID_LENGTH = 29  # 16 digits, a dash, 12 hex digits (ids.py)
 _RECEIPT_RE = re.compile(rf"({ID_PATTERN})\.(\d{{1,{COUNT_DIGITS}}})")
 _TMP_RE = re.compile(rf"({ID_PATTERN})\.([0-9a-f]{{8}})\.(\d+)\.tmp")
+_BESIDE_RE = re.compile(r"\.(.+)\.([0-9a-f]{8})-(\d+)")
 
 HOST_TAG = f"{zlib.crc32(socket.gethostname().encode()):08x}"
 
@@ -90,6 +92,8 @@ def parse_entry(name: str) -> Entry | None:
     when it leaves its directory; an `Entry` is immutable."""
     if len(name) == ID_LENGTH and _BARE_ID_RE.fullmatch(name):
         return Entry(name, 0, None)
+    if name[:1] == ".":  # a temp (temp_beside) or a filesystem's own: kept out of the cache
+        return None
     return _parse_entry(name)
 
 
@@ -145,3 +149,22 @@ def parse_tmp(name: str) -> tuple[str, str, int] | None:
     """(id, host tag, pid) of a temp file name, or None."""
     match = _TMP_RE.fullmatch(name)
     return (match.group(1), match.group(2), int(match.group(3))) if match else None
+
+
+def temp_beside(final_name: str) -> str:
+    """The name of a file being written beside its final name, in the final directory: the
+    shared-filesystem mode's temps (FORMAT.md, "Temps beside their final name"). Every listing
+    skips it (`parse_entry` gives None: a leading dot). GlusterFS's DHT places a name of this
+    shape (its default `rsync-hash-regex`, `^\\.(.+)\\.[^.]+$`) on the brick of `<final name>`,
+    so the rename that publishes it stays on one brick and needs no link file."""
+    return f".{final_name}.{HOST_TAG}-{_pid}"
+
+
+def parse_temp_beside(name: str) -> tuple[str, str, int] | None:
+    """(final name, host tag, pid) of a `temp_beside` name, or None."""
+    if not name.startswith("."):
+        return None
+    match = _BESIDE_RE.fullmatch(name)
+    if match is None or parse_entry(match.group(1)) is None:
+        return None
+    return (match.group(1), match.group(2), int(match.group(3)))

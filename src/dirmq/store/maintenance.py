@@ -20,7 +20,6 @@ from dirmq.store.ids import id_time_us
 from dirmq.store.layout import parse_entry
 from dirmq.store.message import QueueStats, SweepReport
 from dirmq.store.pool import DEFAULT_POOL_FILES, reclaim_pools
-from dirmq.store.recovery import remove_orphans
 from dirmq.store.view import QueueView
 
 ProgressFn = Callable[[int], None]  # called with how many items were just processed
@@ -85,7 +84,7 @@ def sweep(view: QueueView) -> SweepReport:
         index.rescan(view.path)
         at_ms = now_ms()
         promoted = files.promote(index, config, at_ms)
-        orphans = remove_orphans(files.dir[layout.TMP])
+        orphans = files.remove_orphans()
         orphans += smallfiles.remove_stale_temps(view.path)  # of @queue.json writes
         expired = sum(
             files.remove(index, layout.READY, name, message_id)

@@ -248,6 +248,8 @@ class Publisher:
         else:
             final = f"{self._files.dir[layout.READY]}/{layout.ready_name(message_id, 0, tag)}"
         try:
+            if self._context.shared:
+                return self._write_beside(final, data, keep_open)
             pool = self._files.pool
             tmp_dir = self._files.dir[layout.TMP]
             pending = pool.overwrite_own(final, data)
@@ -255,14 +257,7 @@ class Publisher:
                 tmp_name = layout.tmp_name(message_id)
                 pending = pool.overwrite_shared(f"{tmp_dir}/{tmp_name}", final, data)
                 if pending is None:
-                    pending = create_pending(
-                        tmp_dir,
-                        tmp_name,
-                        final,
-                        data,
-                        self._context.access,
-                        unnamed=not self._context.shared,
-                    )
+                    pending = create_pending(tmp_dir, tmp_name, final, data, self._context.access)
             if not keep_open:
                 pending.detach(tmp_dir, layout.tmp_name(message_id))
             return pending
@@ -270,6 +265,17 @@ class Publisher:
             raise QueueNotFound(f"queue {self.name!r} does not exist") from None
         except OSError as exc:
             raise storage_error(exc, f"writing a message to queue {self.name!r}") from exc
+
+    def _write_beside(self, final: str, data: bytes, keep_open: bool) -> PendingFile:
+        """The shared-filesystem mode's new file, written beside its final name rather than in
+        @tmp (layout.temp_beside): on GlusterFS the publishing rename then stays on one brick.
+        Nothing is recycled on a shared filesystem (pool.py)."""
+        final_dir, _, final_name = final.rpartition("/")
+        temp = layout.temp_beside(final_name)
+        pending = create_pending(final_dir, temp, final, data, self._context.access, unnamed=False)
+        if not keep_open:
+            pending.close()
+        return pending
 
     def _commit(self, pending: list[PendingFile], level: Durability, config: QueueConfig) -> None:
         """Make the written files visible under their final names (the `publish` transition

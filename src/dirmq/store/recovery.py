@@ -1,4 +1,5 @@
-"""Finding what crashed writers left behind in `@tmp/`.
+"""Finding what crashed writers left behind: temps in `@tmp/`, and the shared-filesystem
+mode's temps beside their final names in `@ready/` and `@delayed/` (`layout.temp_beside`).
 
 A temp file is an orphan when no live writer will ever publish it: its process (identified by
 host tag and pid in the name) is gone, or, for files we cannot attribute (another host, another
@@ -17,7 +18,7 @@ ORPHAN_GRACE_S = 3600.0
 
 
 def is_orphan(path: str, name: str) -> bool:
-    parsed = layout.parse_tmp(name)
+    parsed = layout.parse_tmp(name) or layout.parse_temp_beside(name)
     if parsed is not None and parsed[1] == layout.HOST_TAG:
         pid = parsed[2]
         if pid == os.getpid():
@@ -41,15 +42,18 @@ def older_than(path: str, age_s: float) -> bool:
         return False
 
 
-def remove_orphans(tmp_dir: str) -> int:
+def remove_orphans(tmp_dir: str, beside: bool = False) -> int:
     """Unlink every orphan in `tmp_dir`; returns how many (those that cannot be unlinked
-    now, on a read-only or failing disk, are left for the next time)."""
+    now, on a read-only or failing disk, are left for the next time). `beside`: `tmp_dir` is a
+    message directory, where only `temp_beside` names are temps."""
     try:
         names = os.listdir(tmp_dir)
     except FileNotFoundError:
         return 0
     removed = 0
     for name in names:
+        if beside and layout.parse_temp_beside(name) is None:
+            continue
         path = os.path.join(tmp_dir, name)
         if is_orphan(path, name):
             try:

@@ -35,7 +35,6 @@ from dirmq.store.files import QueueFiles, now_ms
 from dirmq.store.index import QueueIndex
 from dirmq.store.message import SweepReport
 from dirmq.store.pool import reclaim_pools
-from dirmq.store.recovery import remove_orphans
 from dirmq.store.watch import RESCAN, Watcher, open_watcher
 
 CONFIG_RECHECK_S = 0.5
@@ -142,7 +141,7 @@ class QueueView:
         self.index = index
         # Recovery on open: what crashed processes left behind is cleaned up now, not later;
         # the next sweep() reports it.
-        orphans = remove_orphans(self.files.dir[layout.TMP])
+        orphans = self.files.remove_orphans()
         pools = reclaim_pools(self.files.dir[layout.FREE])
         try:
             promoted = self.files.promote(index, self._config, now_ms())
