@@ -33,6 +33,7 @@ from urllib.parse import parse_qsl
 import httptools
 
 from dirmq.server.addresses import is_loopback_peer
+from dirmq.server.balance import ConnectionBalance
 from dirmq.server.budget import MemoryBudget, default_body_memory_bytes
 from dirmq.wire import framing
 
@@ -257,6 +258,10 @@ class HttpServer:
         # Shared by every listener of a worker process (serve.py passes one).
         self.budget = budget or MemoryBudget(self.limits.max_body_memory_bytes)
         self.connections: set[HttpProtocol] = set()
+        # With several workers: connections spread evenly over them (balance.py), and this
+        # listener's index among the worker's, which a passed connection names.
+        self.balance: ConnectionBalance | None = None
+        self.listener = 0
         self.draining = False
         self.clock = _Clock()
         self.requests_served = 0
@@ -268,6 +273,11 @@ class HttpServer:
 
     def protocol(self) -> HttpProtocol:
         return HttpProtocol(self)
+
+    def passed_protocol(self, received: bytes) -> HttpProtocol:
+        """For a connection another worker passed on (balance.py) with the bytes it had read:
+        it stays here."""
+        return HttpProtocol(self, movable=False, received=received)
 
     def watch(self, connection: HttpProtocol) -> None:
         self.connections.add(connection)
@@ -315,17 +325,20 @@ class HttpProtocol(asyncio.Protocol):
         "_body_io",
         "_can_write",
         "_closed",
+        "_counted",
         "_head_bytes",
         "_headers",
         "_in_message",
         "_limits",
         "_lingering",
         "_loop",
+        "_movable",
         "_parser",
         "_peer",
         "_pending",
         "_raw_headers",
         "_reading_paused",
+        "_received",
         "_refusal",
         "_response_charge",
         "_server",
@@ -339,8 +352,12 @@ class HttpProtocol(asyncio.Protocol):
         "deadline",
     )
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: HttpServer, movable: bool = True, received: bytes = b"") -> None:
         self._server = server
+        # May be passed to another worker (balance.py): until its first bytes are read.
+        self._movable = movable and server.balance is not None
+        self._received = received  # read by the worker that passed it here
+        self._counted = False  # in this worker's connection count (balance.py)
         self._limits = server.limits
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -383,6 +400,17 @@ class HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
+        balance = self._server.balance
+        if balance is not None:
+            # Before anything is read: another worker may serve it (balance.py).
+            if self._movable and balance.pass_connection(
+                transport.get_extra_info("socket"), self._server.listener
+            ):
+                self._closed = True
+                self._transport.abort()  # our copy only: the connection lives on over there
+                return
+            balance.opened()
+            self._counted = True
         if len(self._server.connections) >= self._limits.max_connections:
             message = "too many connections; retry shortly"
             self._write_error(503, message, extra=(("Retry-After", "1"),))
@@ -410,9 +438,18 @@ class HttpProtocol(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._arm(self._limits.idle_timeout_s)
+        if self._received:  # before the transport reads anything more: in order
+            received, self._received = self._received, b""
+            self.data_received(received)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        balance = self._server.balance
+        if self._counted and balance is not None:
+            self._counted = False
+            balance.closed()
+            if self._upgraded is not None:
+                balance.stream_closed()
         if self._upgraded is not None:
             self._upgraded.connection_lost()
         self._server.connections.discard(self)
@@ -538,6 +575,8 @@ class HttpProtocol(asyncio.Protocol):
         if self._upgraded is not None:
             self._upgraded.data_received(data)
             return
+        if self._movable and self._pass_stream(data):
+            return
         if self._upgrade_tail is not None:  # a read that came before pausing took effect
             self._upgrade_tail += data
             return
@@ -552,6 +591,26 @@ class HttpProtocol(asyncio.Protocol):
             self._feed(memoryview(data))
         if self._unparsed is not None:
             self._update_reading()
+
+    def _pass_stream(self, data: bytes) -> bool:
+        """A connection whose first bytes ask for an upgrade (a streaming consumer) may go to
+        a worker serving fewer streams (balance.py); True if it went."""
+        self._movable = False  # only a connection's first bytes are looked at
+        balance = self._server.balance
+        transport = self._transport
+        if (
+            balance is None
+            or transport is None
+            or data[:4] != b"GET "
+            or b"upgrade:" not in data[:4096].lower()
+            or not balance.pass_stream(
+                transport.get_extra_info("socket"), self._server.listener, data
+            )
+        ):
+            return False
+        self._closed = True
+        transport.abort()  # our copy only: the connection lives on over there
+        return True
 
     def _feed(self, data: memoryview) -> None:
         """Parse FEED_BYTES at a time while the connection may be read; keep the rest."""
@@ -855,6 +914,8 @@ class HttpProtocol(asyncio.Protocol):
         )
         transport.write(head)
         self._upgraded = response.connection
+        if self._counted and self._server.balance is not None:
+            self._server.balance.stream_opened()
         self._disarm()  # the protocol keeps its own timers
         self._server.requests_served += 1
         self._observed(request, 101, 0)

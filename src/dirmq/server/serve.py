@@ -13,6 +13,11 @@ complete brokerless dirmq process on the shared root, so workers need no coordin
 With `--tls-cert`/`--tls-key` every listener serves HTTPS: the parent builds and checks the
 `ssl.SSLContext` (`tls.py`) before binding anything, and the workers it forks inherit it.
 
+Connections are kept even over the workers by `balance.py` (plain TCP only).
+
+Why it is long: binding, forking, supervising and draining are one sequence over one set of
+sockets and children; split up, each part would need the others' state passed around.
+
 SIGTERM drains: the listeners close, waiting long polls are answered (204), requests in
 progress finish (up to `drain_timeout_s`), then the process exits. Nothing that got a 2xx
 depends on the process surviving: a put is durable before its 201 is sent, so even SIGKILL
@@ -41,6 +46,7 @@ from dirmq import __version__
 from dirmq.errors import CannotListen, InvalidArgument
 from dirmq.server import logs
 from dirmq.server.addresses import parse_address
+from dirmq.server.balance import ConnectionBalance
 from dirmq.server.broker import Broker
 from dirmq.server.budget import MemoryBudget, WorkerSlots, shared_slots
 from dirmq.server.dialect import Router, unique_dialects
@@ -161,10 +167,12 @@ async def run_worker(
     budget_slots: WorkerSlots | None = None,
     worker: int = 0,
     tls: ssl.SSLContext | None = None,
+    balance: ConnectionBalance | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain. `metrics_files`: the run's metrics directory,
     active (`multiprocess.py`). `budget_slots`: the body budget's slots shared by every worker
-    (`budget.py`); this worker's is `worker`. `tls`: HTTPS on every listener."""
+    (`budget.py`); this worker's is `worker`. `tls`: HTTPS on every listener. `balance`: the
+    workers' connections kept even (`balance.py`)."""
     loop = asyncio.get_running_loop()
     metrics = Metrics(
         metrics_files, options.root, max_queues=options.metrics_max_queues, worker=worker
@@ -194,12 +202,27 @@ async def run_worker(
             require_client_certificate=requires_client_certificate(tls),
             loopback_only=options.loopback_only,
         )
+        http.balance = balance
+        http.listener = len(http_servers)
         http_servers.append(http)
         listeners.append(
             await loop.create_server(
                 http.protocol, sock=endpoint.sock, backlog=BACKLOG, **_tls_arguments(tls, options)
             )
         )
+    passed: set[asyncio.Task[Any]] = set()
+
+    def serve_passed(listener: int, sock: socket.socket, received: bytes) -> None:
+        # A connection another worker accepted and passed on, served as if accepted here.
+        http = http_servers[listener]
+        task = loop.create_task(
+            loop.connect_accepted_socket(lambda: http.passed_protocol(received), sock)
+        )
+        passed.add(task)
+        task.add_done_callback(passed.discard)
+
+    if balance is not None:
+        balance.attach(worker, loop, serve_passed)
     stop = asyncio.Event()
     for signum in _STOP_SIGNALS:
         loop.add_signal_handler(signum, stop.set)
@@ -220,6 +243,10 @@ async def run_worker(
             worker=worker, connections=connections, drain_timeout_s=options.drain_timeout_s
         ),
     )
+    if balance is not None:
+        balance.leave()
+        balance.take_waiting(serve_passed)  # passed on before we left: drained like the rest
+        await asyncio.gather(*passed, return_exceptions=True)
     for listener in listeners:
         listener.close()
     # Dialects first (event streams end, held deliveries go back) while the pool still runs.
@@ -314,6 +341,8 @@ def _supervise(
     children: dict[int, int] = {}  # pid -> worker number
     stopping = False
     budget_slots = shared_slots(options.workers)
+    # TLS connections are never passed on (balance.py): their handshake comes first.
+    balance = ConnectionBalance(options.workers) if tls is None else None
 
     def spawn(number: int) -> None:
         # Signals wait during the fork: a child must not run the parent's `forward`.
@@ -339,7 +368,9 @@ def _supervise(
             code = 0
             try:
                 uvloop.run(
-                    run_worker(options, compose, own, metrics_files, budget_slots, number, tls)
+                    run_worker(
+                        options, compose, own, metrics_files, budget_slots, number, tls, balance
+                    )
                 )
             except BaseException:  # a worker must never return into the parent's code
                 code = 1

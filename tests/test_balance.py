@@ -1,0 +1,141 @@
+"""Connections and streams spread evenly over a server's workers (server/balance.py), seen
+from outside: which worker process holds each connection's socket (/proc), and that passed
+connections are served like any other."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import time
+from collections import Counter
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+
+from dirmq.client import RemoteStore
+
+from .servers import ServerProcess, start_server
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = start_server(tmp_path_factory.mktemp("balance"), "--workers", "2")
+    yield server
+    assert server.stop() == 0
+
+
+def _workers(server: ServerProcess) -> list[int]:
+    deadline = time.monotonic() + 10
+    while True:
+        with open(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children") as f:
+            pids = [int(p) for p in f.read().split()]
+        if len(pids) == 2 or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.05)
+
+
+def _server_side_inode(server_port: int, client_port: int) -> int:
+    """The inode of the server's socket of the connection from `client_port` (/proc/net/tcp)."""
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            local, remote = fields[1], fields[2]
+            if int(local.split(":")[1], 16) == server_port and (
+                int(remote.split(":")[1], 16) == client_port
+            ):
+                return int(fields[9])
+    raise AssertionError(f"no server socket for client port {client_port}")
+
+
+def _holder(workers: list[int], inode: int) -> int:
+    """Which worker has the socket `inode` open."""
+    wanted = f"socket:[{inode}]"
+    for pid in workers:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == wanted:
+                    return pid
+            except OSError:
+                continue
+    raise AssertionError(f"no worker holds socket {inode}")
+
+
+def _holders(server: ServerProcess, client_ports: list[int]) -> Counter[int]:
+    port = urlsplit(server.url).port or 0
+    workers = _workers(server)
+    return Counter(_holder(workers, _server_side_inode(port, p)) for p in client_ports)
+
+
+def test_keep_alive_connections_are_spread_evenly(two_workers: ServerProcess) -> None:
+    """8 connections opened one after the other, each answered once: 4 on each worker, whatever
+    the kernel's SO_REUSEPORT hash chose; every one keeps working after a move."""
+    parts = urlsplit(two_workers.url)
+    connections = []
+    try:
+        for _ in range(8):
+            connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+            connection.request("GET", "/health")
+            assert connection.getresponse().read()
+            connections.append(connection)
+        ports = [c.sock.getsockname()[1] for c in connections]
+        assert sorted(_holders(two_workers, ports).values()) == [4, 4]
+        for connection in connections:  # moved or not, each still answers
+            connection.request("GET", "/health")
+            response = connection.getresponse()
+            assert response.status == 200 and response.read()
+    finally:
+        for connection in connections:
+            connection.close()
+
+
+def test_streaming_consumers_are_spread_evenly_and_served(two_workers: ServerProcess) -> None:
+    """Idle keep-alive connections weigh like busy ones at accept: the streams are evened out
+    on their own when they ask for the upgrade. Two streaming consumers behind three idle
+    connections end on different workers, and each receives and acknowledges its messages."""
+    parts = urlsplit(two_workers.url)
+    idle = []
+    with RemoteStore(two_workers.url) as store:
+        queue = store.create_queue("spread")
+        ids = set(queue.put_many([f"m{i}".encode() for i in range(40)]))
+        try:
+            for _ in range(3):
+                connection = http.client.HTTPConnection(parts.hostname or "", parts.port)
+                connection.request("GET", "/health")
+                connection.getresponse().read()
+                idle.append(connection)
+            with queue.consume(prefetch=5) as first, queue.consume(prefetch=5) as second:
+                ports = [_stream_port(first), _stream_port(second)]
+                assert sorted(_holders(two_workers, ports).values()) == [1, 1]
+                got: Counter[str] = Counter()
+                deadline = time.monotonic() + 20
+                while len(got) < len(ids) and time.monotonic() < deadline:
+                    for consumer in (first, second):
+                        message = consumer.get(timeout_s=0.05)
+                        if message is not None:
+                            got[message.id] += 1
+                            consumer.ack(message)
+            assert set(got) == ids and set(got.values()) == {1}
+            assert queue.stats().ready == 0 and queue.stats().in_flight == 0
+        finally:
+            for connection in idle:
+                connection.close()
+
+
+def _stream_port(consumer: object) -> int:
+    """The local port of a streaming consumer's connection (its one TCP socket)."""
+    sock = _find_socket(consumer)
+    return int(sock.getsockname()[1])
+
+
+def _find_socket(obj: object, depth: int = 0) -> socket.socket:
+    if isinstance(obj, socket.socket):
+        return obj
+    if depth < 4:
+        for value in vars(obj).values() if hasattr(obj, "__dict__") else ():
+            try:
+                return _find_socket(value, depth + 1)
+            except LookupError:
+                continue
+    raise LookupError("no socket")
