@@ -101,8 +101,12 @@ DEFAULT_POOL_FILES = 1024
 OWN_POOL_FILES = 256
 # A drain keeps the files it frees for the puts that follow, up to the queue's depth when the
 # drain began (`FilePool.note_depth`) within these bounds; the surplus beyond `OWN_POOL_FILES`
-# goes once the pool has been idle `TRIM_IDLE_S` (see the module docstring).
-DRAIN_KEEP_FILES = 65_536
+# goes once the pool has been idle `TRIM_IDLE_S` (see the module docstring). 262,144 files: a
+# Spark executor's share of a 200,000-message batch is ~100,000 acks in one process, and each
+# one past the bound paid an unlink (with 65,536, two processes draining by name ran at ~22,600
+# msg/s on the disk instead of ~32,400: docs/benchmarks-spark.md, session 8). In memory ~140
+# bytes a kept file: no more names than the drained queue's index or plan held.
+DRAIN_KEEP_FILES = 262_144
 DRAIN_KEEP_BYTES = 256 * 1024 * 1024
 TRIM_IDLE_S = 30.0
 MAX_UNREAPED = 1024  # retired files waiting for the reaper (in hand too); then retirements unlink
