@@ -103,8 +103,8 @@ OWN_POOL_FILES = 256
 # drain began (`FilePool.note_depth`) within these bounds; the surplus beyond `OWN_POOL_FILES`
 # goes once the pool has been idle `TRIM_IDLE_S` (see the module docstring). 262,144 files: a
 # Spark executor's share of a 200,000-message batch is ~100,000 acks in one process, and each
-# one past the bound paid an unlink (with 65,536, two processes draining by name ran at ~22,600
-# msg/s on the disk instead of ~32,400: docs/benchmarks-spark.md, session 8). In memory ~140
+# one past the bound paid an unlink (with 65,536, two processes draining by name ran at ~22,400
+# msg/s on the disk instead of ~32,000: docs/benchmarks-spark.md, session 8). In memory ~140
 # bytes a kept file: no more names than the drained queue's index or plan held.
 DRAIN_KEEP_FILES = 262_144
 DRAIN_KEEP_BYTES = 256 * 1024 * 1024
