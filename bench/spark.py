@@ -235,7 +235,9 @@ def _consume_named(root: str, names: list[str]) -> int:
         queue = store.queue("events")
         done = 0
         for start in range(0, len(names), 1000):
-            got = queue.claim_named(names[start : start + 1000], visibility_s=600)
+            # `drain`: the whole share, as the source tells it (its acks keep what they free)
+            chunk = names[start : start + 1000]
+            got = queue.claim_named(chunk, visibility_s=600, drain=len(names))
             assert not queue.ack_leases([lease for lease, _ in got])
             done += len(got)
         return done

@@ -205,6 +205,42 @@ def test_a_drain_keeps_its_files_for_later_puts_then_trims_them_when_idle(
     assert q.stats().ready == 2000
 
 
+def test_a_named_drain_in_chunks_keeps_its_whole_share(store: dirmq.Store) -> None:
+    """`claim_named` in chunks smaller than the own pool (as the Spark source leases) keeps
+    the whole share it is told (`drain`), and `ack_leases` of a large batch keeps that batch,
+    whoever leased it: without either, 256 are kept and the rest go to the shared pool (or,
+    that full too, are unlinked: the dearest step of an ack on a disk with `discard`)."""
+    q = store.create_queue("named", dirmq.QueueConfig(durability="memory"))
+    q.put_many([SECRET] * 600)
+    names = q.ready_names()
+    for start in range(0, 600, 100):
+        got = q.claim_named(names[start : start + 100], visibility_s=60, drain=600)
+        assert q.ack_leases([lease for lease, _ in got]) == []
+    assert pool.wait_reaped(10)
+    assert len(os.listdir(own_pool(q))) == 600 and shared_files(q) == []
+    assert files_holding(Path(store.root), SECRET) == []
+    with pytest.raises(dirmq.InvalidArgument):
+        q.claim_named([], drain=-1)
+
+    other = store.create_queue("settled", dirmq.QueueConfig(durability="memory"))
+    other.put_many([SECRET] * 600)
+    names = other.ready_names()
+    leases = [other.lease_named(names[i : i + 100], visibility_s=60) for i in range(0, 600, 100)]
+    assert other.ack_leases([lease for chunk in leases for lease in chunk]) == []
+    assert pool.wait_reaped(10)
+    assert len(os.listdir(own_pool(other))) == 600 and shared_files(other) == []
+
+    plain = store.create_queue("plain", dirmq.QueueConfig(durability="memory"))
+    plain.put_many([SECRET] * 600)
+    names = plain.ready_names()
+    for start in range(0, 600, 100):
+        got = plain.claim_named(names[start : start + 100], visibility_s=60)
+        assert plain.ack_leases([lease for lease, _ in got]) == []
+    assert pool.wait_reaped(10)
+    assert len(os.listdir(own_pool(plain))) == pool.OWN_POOL_FILES
+    assert len(shared_files(plain)) == 600 - pool.OWN_POOL_FILES
+
+
 def test_the_pools_stay_bounded_through_a_long_drain(
     store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

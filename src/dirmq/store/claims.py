@@ -74,10 +74,10 @@ def _promote_listed(view: QueueView, config: QueueConfig, at_ms: int) -> None:
 
 
 def claim_named(
-    view: QueueView, names: list[str], visibility_s: float | None
+    view: QueueView, names: list[str], visibility_s: float | None, drain: int | None = None
 ) -> list[tuple[str, Message]]:
     """`Queue.claim_named`."""
-    taken, deadline_ms = _take_named(view, names, visibility_s)
+    taken, deadline_ms = _take_named(view, names, visibility_s, drain)
     leased: list[tuple[str, Message]] = []
     for i, (lease, _name, entry) in enumerate(taken):
         count = entry.count + 1
@@ -101,20 +101,26 @@ def _hand_back(view: QueueView, taken: list[tuple[str, str, Entry]]) -> None:
             view.files.hand_back(view.index, lease, name)
 
 
-def lease_named(view: QueueView, names: list[str], visibility_s: float | None) -> list[str]:
+def lease_named(
+    view: QueueView, names: list[str], visibility_s: float | None, drain: int | None = None
+) -> list[str]:
     """`Queue.lease_named`."""
-    taken, _deadline_ms = _take_named(view, names, visibility_s)
+    taken, _deadline_ms = _take_named(view, names, visibility_s, drain)
     return [lease for lease, _name, _entry in taken]
 
 
 def _take_named(
-    view: QueueView, names: list[str], visibility_s: float | None
+    view: QueueView, names: list[str], visibility_s: float | None, drain: int | None
 ) -> tuple[list[tuple[str, str, Entry]], int]:
     """Rename the named ready files into @leased: (lease name, ready name, parsed ready name)
     of each one taken, and their lease deadline."""
     check_optional_seconds("visibility_s", visibility_s)
+    if drain is not None and (isinstance(drain, bool) or not isinstance(drain, int) or drain < 0):
+        raise InvalidArgument(f"drain must be a whole number >= 0, not {drain!r}")
     entries = _ready_entries(names)
-    view.files.pool.note_depth(len(entries))  # a drain keeps what it frees (pool.py)
+    # A drain keeps what it frees (pool.py): as many files as this consumer's whole share,
+    # which a caller passing its names in chunks tells in `drain` (a chunk alone is ~1000).
+    view.files.pool.note_depth(max(len(entries), drain or 0))
     try:
         with view.lock:
             config = view.config
@@ -202,6 +208,9 @@ def ack_leases(view: QueueView, leases: Iterable[str]) -> list[str]:
             raise InvalidArgument(f"not a lease name: {str(lease)[:80]!r}")
         entries.append((lease, entry.message_id))
     files = view.files
+    # A drain keeps what it frees (pool.py): a batch this large frees as many files, whichever
+    # process leased them (Spark settles a batch's records in the next batch's tasks).
+    files.pool.note_depth(len(entries))
     missing = []
     done = []
     try:

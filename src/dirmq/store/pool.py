@@ -101,7 +101,11 @@ DEFAULT_POOL_FILES = 1024
 OWN_POOL_FILES = 256
 # A drain keeps the files it frees for the puts that follow, up to the queue's depth when the
 # drain began (`FilePool.note_depth`) within these bounds; the surplus beyond `OWN_POOL_FILES`
-# goes once the pool has been idle `TRIM_IDLE_S` (see the module docstring).
+# goes once the pool has been idle `TRIM_IDLE_S` (see the module docstring). A larger bound
+# makes a longer drain cheaper (262,144: two processes draining 100,000 messages each by name
+# ran at ~32,000 msg/s on the disk instead of ~23,000, docs/benchmarks-spark.md, session 8),
+# but what is kept is unlinked at exit, or by whoever next opens the queue after a kill
+# (`reclaim_pools`), ~60-130 µs a file on that disk: 65,536 bounds that stall to seconds.
 DRAIN_KEEP_FILES = 65_536
 DRAIN_KEEP_BYTES = 256 * 1024 * 1024
 TRIM_IDLE_S = 30.0

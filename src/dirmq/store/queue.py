@@ -229,20 +229,27 @@ class Queue:
         return claims.ready_names(self._view, limit, promote, groups)
 
     def claim_named(
-        self, names: list[str], *, visibility_s: float | None = None
+        self, names: list[str], *, visibility_s: float | None = None, drain: int | None = None
     ) -> list[tuple[str, Message]]:
         """Lease the ready messages `names` (from `ready_names`) that nobody took meanwhile, in
         order: (lease name, message) pairs. The lease name acknowledges the message with
         `ack_leases`. This process's index is neither opened nor synced for it. If a read
         fails, the messages read before it are returned and the others go back to @ready at
-        once, in their FIFO place (StorageError when none was read)."""
-        return claims.claim_named(self._view, names, visibility_s)
+        once, in their FIFO place (StorageError when none was read).
 
-    def lease_named(self, names: list[str], *, visibility_s: float | None = None) -> list[str]:
+        `drain`: how many names this consumer's share holds in all, when it passes them in
+        chunks. The files its acks free are then kept for later puts up to that many, as a
+        `get` keeps up to the queue's depth (docs/FORMAT.md, "A drain keeps what it frees"),
+        instead of up to one chunk's size, beyond which each ack would pay an unlink."""
+        return claims.claim_named(self._view, names, visibility_s, drain)
+
+    def lease_named(
+        self, names: list[str], *, visibility_s: float | None = None, drain: int | None = None
+    ) -> list[str]:
         """`claim_named` without reading the messages: the lease names of those taken, in
         order. Read them with `read_leases`, one at a time: a consumer that must record what
         it leased before processing any of it then never holds the whole lot in memory."""
-        return claims.lease_named(self._view, names, visibility_s)
+        return claims.lease_named(self._view, names, visibility_s, drain)
 
     def read_leases(self, leases: Iterable[str]) -> Iterator[Message]:
         """The messages behind lease names (from `lease_named`), one at a time: a consumer
