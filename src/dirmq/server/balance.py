@@ -72,7 +72,8 @@ class ConnectionBalance:
 
     # -- this worker's counts --------------------------------------------------------------------
     def opened(self) -> None:
-        self._connections[self._me] += 1
+        if self._connections[self._me] < _LEAVING:
+            self._connections[self._me] += 1
 
     def closed(self) -> None:
         if self._connections[self._me] < _LEAVING:

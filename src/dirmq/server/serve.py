@@ -219,7 +219,13 @@ async def run_worker(
             loop.connect_accepted_socket(lambda: http.passed_protocol(received), sock)
         )
         passed.add(task)
-        task.add_done_callback(passed.discard)
+        task.add_done_callback(settled)
+
+    def settled(task: asyncio.Task[Any]) -> None:
+        # A client gone before its connection was set up here: nothing to serve, nothing to log.
+        passed.discard(task)
+        if not task.cancelled():
+            task.exception()
 
     if balance is not None:
         balance.attach(worker, loop, serve_passed)
