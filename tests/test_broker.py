@@ -222,6 +222,92 @@ def test_a_cancelled_long_poll_gives_its_message_back(root: Path) -> None:
     run(main())
 
 
+def _slow_leases(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Every get that leases something returns `seconds` late, as on a slow shared mount."""
+    real = dirmq.Queue.get
+
+    def slow(self: dirmq.Queue, *args: object, **kwargs: object) -> list[dirmq.Message]:
+        got = real(self, *args, **kwargs)  # type: ignore[arg-type]
+        if got:
+            time.sleep(seconds)
+        return got
+
+    monkeypatch.setattr(dirmq.Queue, "get", slow)
+
+
+def test_a_poll_that_ends_while_leasing_passes_its_messages_to_the_next_waiter(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parked poll at the head of the line whose wait ends while the dispatcher leases for it
+    must not cost the waiter behind it (a stream, waiting forever) its messages: they go to
+    that waiter as leased, not back to the queue for whoever polls next."""
+    store = dirmq.Store(root, watch_mode="poll", poll_interval_s=0.1)
+    queue = store.create_queue("handover")
+    given_back: list[list[str]] = []
+    real_nack_each = dirmq.Queue.nack_each
+
+    def recording(self: dirmq.Queue, receipts: object, delay_s: float = 0.0) -> object:
+        receipts = list(receipts)  # type: ignore[call-overload]
+        given_back.append(receipts)
+        return real_nack_each(self, receipts, delay_s)
+
+    monkeypatch.setattr(dirmq.Queue, "nack_each", recording)
+
+    async def main() -> tuple[list[dirmq.Message], list[dirmq.Message]]:
+        broker = Broker(store)
+        try:
+            poll = asyncio.ensure_future(broker.receive(queue, 5, 30, 1.0))
+            await asyncio.sleep(0.3)  # the poll looked, found nothing and parked first
+            stream = asyncio.ensure_future(broker.receive(queue, 5, 30, None))
+            await asyncio.sleep(0.3)
+            _slow_leases(monkeypatch, 1.0)  # the poll's wait ends during its lease
+            # Published by another process: no notice, the dispatcher finds it by polling.
+            other = dirmq.Store(root, watch_mode="poll").queue("handover")
+            await asyncio.to_thread(other.put_many, [b"a", b"b"])
+            return await asyncio.wait_for(poll, 5), await asyncio.wait_for(stream, 5)
+        finally:
+            broker.close()
+
+    polled, streamed = run(main())  # type: ignore[misc]
+    assert polled == []
+    assert sorted(m.body for m in streamed) == [b"a", b"b"]
+    assert all(m.receive_count == 1 for m in streamed)  # leased once: handed over, not nacked
+    assert given_back == []
+
+
+def test_messages_leased_for_a_poll_that_ended_are_given_back_at_once(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nobody else waiting, what was leased for a poll whose wait ended is ready again
+    (in one call), for the next receive, long before its 30 s lease would end."""
+    store = dirmq.Store(root, watch_mode="poll", poll_interval_s=0.1)
+    queue = store.create_queue("back")
+
+    async def main() -> tuple[list[dirmq.Message], list[dirmq.Message]]:
+        broker = Broker(store)
+        try:
+            poll = asyncio.ensure_future(broker.receive(queue, 5, 30, 1.0))
+            await asyncio.sleep(0.2)
+            with monkeypatch.context() as patch:
+                _slow_leases(patch, 1.5)  # the poll's wait ends during its lease
+                other = dirmq.Store(root, watch_mode="poll").queue("back")
+                await asyncio.to_thread(other.put_many, [b"a", b"b"])
+                polled = await asyncio.wait_for(poll, 5)
+                await asyncio.sleep(1.0)  # until the lease is done: nobody waits for it then
+            again: list[dirmq.Message] = []
+            deadline = time.monotonic() + 5
+            while len(again) < 2 and time.monotonic() < deadline:
+                again += await broker.receive(queue, 5, 30, 0.2)
+            return polled, again
+        finally:
+            broker.close()
+
+    polled, again = run(main())  # type: ignore[misc]
+    assert polled == []
+    assert sorted(m.body for m in again) == [b"a", b"b"]
+    assert all(m.receive_count == 2 for m in again)  # leased for the poll, then given back
+
+
 def test_closing_releases_waiting_polls(root: Path) -> None:
     store = dirmq.Store(root)
     queue = store.create_queue("r")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import threading
@@ -35,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from dirmq.errors import DirmqError, QueueFull, StaleReceipt, StorageError
+from dirmq.errors import DirmqError, QueueFull, StorageError
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
 
 T = TypeVar("T")
@@ -337,8 +338,14 @@ class Broker:
     def _give_back_later(self, queue: Queue, done: asyncio.Future[list[Message]]) -> None:
         if done.cancelled() or done.exception() is not None or not done.result():
             return
-        for message in done.result():
-            self._executor.submit(_nack_quietly, queue, message.receipt or "")
+        self.give_back(queue, done.result())
+
+    def give_back(self, queue: Queue, messages: list[Message]) -> None:
+        """Make leased messages nobody will take ready again, in one pool call, without waiting
+        for it: whoever gave them up must not hold up the next delivery (on a slow shared
+        filesystem, giving back takes as long as leasing)."""
+        if messages and not self.closing:
+            self._executor.submit(_give_back, queue, messages)
 
     def close(self) -> None:
         """Release every waiting receive (with nothing) and stop the thread pool."""
@@ -361,11 +368,6 @@ def _expire(future: asyncio.Future[list[Message]]) -> None:
 
 def _report_ack(settle: Callable[[BaseException | None], None], done: asyncio.Future[Any]) -> None:
     settle(asyncio.CancelledError() if done.cancelled() else done.exception())
-
-
-def _nack_quietly(queue: Queue, receipt: str) -> None:
-    with contextlib.suppress(DirmqError):
-        queue.nack(receipt)
 
 
 class _Batcher:
@@ -434,17 +436,16 @@ class _Batcher:
             for (max_count, _visibility), future in entries:
                 share, got = got[:max_count], got[max_count:]
                 if future.done():
-                    if share:
-                        await self.broker.call(_give_back, self.queue, share)
+                    self.broker.give_back(self.queue, share)
                 else:
                     future.set_result(share)
-            if got:  # a caller gave up while we were leasing
-                await self.broker.call(_give_back, self.queue, got)
+            # What a caller that gave up while we were leasing would have had.
+            self.broker.give_back(self.queue, got)
 
 
 def _give_back(queue: Queue, messages: list[Message]) -> None:
-    for message in messages:
-        _nack_quietly(queue, message.receipt or "")
+    with contextlib.suppress(DirmqError):  # gone, or expired and leased again: not ours now
+        queue.nack_each(message.receipt or "" for message in messages)
 
 
 class _Publisher:
@@ -623,20 +624,13 @@ class _Receiver:
     async def _give_up(self, waiter: _Waiter) -> None:
         if waiter.future.done() and not waiter.future.cancelled():
             if waiter.future.exception() is None:
-                await self._give_back(waiter.future.result())
+                self.broker.give_back(self.queue, waiter.future.result())
         else:
             waiter.future.cancel()
         try:
             self._waiters.remove(waiter)
         except ValueError:
             pass
-
-    async def _give_back(self, messages: list[Message]) -> None:
-        for message in messages:
-            try:
-                await self.broker.call(self.queue.nack, message.receipt or "")
-            except (StaleReceipt, DirmqError):
-                pass
 
     def release_all(self) -> None:
         for waiter in self._waiters:
@@ -692,8 +686,26 @@ class _Receiver:
             )
             if not got:
                 return
-            if waiter.future.done():  # it gave up while we were leasing for it
-                await self._give_back(got)
+            self._hand_out(waiter, got)
+
+    def _hand_out(self, waiter: _Waiter, got: list[Message]) -> None:
+        """`got` was leased for `waiter`. If its wait ended while the lease was under way, the
+        next waiters that lease alike take the messages (a poll's deadline must not cost a
+        parked stream its turn); only what none of them takes is given back."""
+        rest = got
+        # (A poll whose wait ended has already left the line: `wait` forgets it.)
+        for other in itertools.chain((waiter,), self._waiters):
+            if not rest:
+                break
+            if other.future.done() or (
+                other is not waiter
+                and (other.visibility_s, other.max_per_group)
+                != (waiter.visibility_s, waiter.max_per_group)
+            ):
                 continue
-            waiter.future.set_result(got)
-            self._waiters.popleft()
+            if len(rest) > other.max_count and other.max_per_group != 1:
+                continue  # a group's run (SQS FIFO) goes to one consumer whole, or back
+            other.future.set_result(rest[: other.max_count])
+            rest = rest[other.max_count :]
+        self._live_waiters()
+        self.broker.give_back(self.queue, rest)
