@@ -90,6 +90,29 @@ def test_keep_alive_connections_are_spread_evenly(two_workers: ServerProcess) ->
             connection.close()
 
 
+def test_a_burst_of_connections_is_spread_evenly(two_workers: ServerProcess) -> None:
+    """32 connections opened at once (each worker accepts several before the other has read
+    what was passed to it): what is on its way to a worker counts for it, so they end about
+    16 + 16, not most of them passed to the same worker (before: as far apart as 13 + 19).
+    Two workers deciding at the same instant may each pass one to the other: 2 apart at most."""
+    parts = urlsplit(two_workers.url)
+    sockets = [socket.create_connection((parts.hostname or "", parts.port or 0), timeout=10)]
+    try:
+        sockets += [
+            socket.create_connection((parts.hostname or "", parts.port or 0), timeout=10)
+            for _ in range(31)
+        ]
+        for sock in sockets:  # answered once each: every one is set up where it ended
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        for sock in sockets:
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        counts = sorted(_holders(two_workers, [s.getsockname()[1] for s in sockets]).values())
+        assert len(counts) == 2 and counts[1] - counts[0] <= 2, counts
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def test_streaming_consumers_are_spread_evenly_and_served(two_workers: ServerProcess) -> None:
     """Idle keep-alive connections weigh like busy ones at accept: the streams are evened out
     on their own when they ask for the upgrade. Two streaming consumers behind three idle

@@ -17,14 +17,16 @@ The socket goes over a Unix datagram socket (`SCM_RIGHTS`) with the bytes alread
 receiver serves it as if it had accepted it. A connection moves at most once.
 
 Each worker's counts live in memory shared by the run (`shared_slots`), written only by their
-own worker and read by the others as a hint. TLS listeners pass nothing on: the handshake runs
-before the server sees the connection.
+own worker and read by the others as a hint. A connection on its way counts for its receiver
+from the moment it is sent: each worker counts what it sent to each other worker and what it
+received from each, so a burst of connections accepted by one worker before the others have
+read what it passed them is not all sent to the same one. TLS listeners pass nothing on: the
+handshake runs before the server sees the connection.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 from collections.abc import Callable
 from typing import Protocol
@@ -35,13 +37,17 @@ from dirmq.server.budget import WorkerSlots, shared_slots
 _LEAVING = 1 << 40
 # The most bytes passed with a connection (one datagram): an upgrade request's head.
 MAX_PASSED_BYTES = 32 * 1024
+# Before them: the listener's index, the sender's worker number, the kind (0 connection, 1 stream).
+_HEADER_BYTES = 3
 
 
 class HasFileno(Protocol):
     def fileno(self) -> int: ...
 
 
-OnSocket = Callable[[int, socket.socket, bytes], None]  # (listener index, socket, bytes read)
+# (listener index, socket, bytes read, `arrived`): `arrived` is to be called once the
+# connection is counted here (or is known never to be: its client left before it was set up).
+OnSocket = Callable[[int, socket.socket, bytes, Callable[[], None]], None]
 
 
 class ConnectionBalance:
@@ -50,6 +56,10 @@ class ConnectionBalance:
     def __init__(self, workers: int) -> None:
         self._connections: WorkerSlots = shared_slots(workers)
         self._streams: WorkerSlots = shared_slots(workers)
+        # Per kind (0: connections, 1: streams), [sender * workers + receiver]: passed so far
+        # (written by the sender) and received so far (written by the receiver).
+        self._sent = (shared_slots(workers * workers), shared_slots(workers * workers))
+        self._got = (shared_slots(workers * workers), shared_slots(workers * workers))
         # [i][0]: worker i receives on it; [i][1]: every worker sends to worker i on it. The
         # parent keeps both, so a restarted worker finds its own again.
         self._pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(workers)]
@@ -66,6 +76,8 @@ class ConnectionBalance:
         self._me = worker
         self._connections[worker] = 0
         self._streams[worker] = 0
+        # What was on its way to a worker that died waits in its socket (the parent keeps it):
+        # this one receives it, so the sent and received counts stay as they were.
         self._loop = loop
         receiver = self._pairs[worker][0]
         loop.add_reader(receiver.fileno(), self._receive, receiver, on_socket)
@@ -91,34 +103,48 @@ class ConnectionBalance:
     def pass_connection(self, sock: HasFileno | None, listener: int) -> bool:
         """Pass the just-accepted `sock` to a worker holding fewer connections than this one;
         True if it went (the caller then closes its own copy)."""
-        return self._pass(self._connections, sock, listener, b"")
+        return self._pass(0, sock, listener, b"")
 
     def pass_stream(self, sock: HasFileno | None, listener: int, data: bytes) -> bool:
         """Pass a connection whose first bytes `data` ask for an upgrade to a worker serving
         fewer streams; True if it went."""
         if len(data) > MAX_PASSED_BYTES:
             return False
-        return self._pass(self._streams, sock, listener, data)
+        return self._pass(1, sock, listener, data)
 
-    def _pass(
-        self, counts: WorkerSlots, sock: HasFileno | None, listener: int, data: bytes
-    ) -> bool:
-        """To the worker with the fewest `counts`, if fewer than this one's (which does not
-        count the connection yet): the difference then stays at most one."""
+    def _pass(self, kind: int, sock: HasFileno | None, listener: int, data: bytes) -> bool:
+        """To the worker with the fewest of `kind` (those on their way to it included), if
+        fewer than this one's (which does not count the connection yet): the difference then
+        stays at most one."""
         if sock is None or self._me < 0:
             return False
-        target, fewest = -1, counts[self._me]
+        me = self._me
+        target, fewest = -1, self._load(kind, me)
         for worker in range(self._workers):
-            count = counts[worker]
-            if worker != self._me and count < fewest:
-                target, fewest = worker, count
+            if worker != me:
+                load = self._load(kind, worker)
+                if load < fewest:
+                    target, fewest = worker, load
         if target < 0:
             return False
         try:
-            socket.send_fds(self._pairs[target][1], [bytes([listener]) + data], [sock.fileno()])
+            socket.send_fds(
+                self._pairs[target][1], [bytes([listener, me, kind]) + data], [sock.fileno()]
+            )
         except OSError:  # its buffer is full, or the socket is gone: serve it here
             return False
+        self._sent[kind][me * self._workers + target] += 1
         return True
+
+    def _load(self, kind: int, worker: int) -> int:
+        """`worker`'s count of `kind` and what is on its way to it."""
+        count = (self._connections, self._streams)[kind][worker]
+        if count >= _LEAVING:
+            return count
+        sent, got, workers = self._sent[kind], self._got[kind], self._workers
+        for other in range(workers):
+            count += sent[other * workers + worker] - got[worker * workers + other]
+        return count
 
     # -- receiving -------------------------------------------------------------------------------
     def leave(self) -> None:
@@ -135,17 +161,37 @@ class ConnectionBalance:
         if self._me >= 0:
             self._receive(self._pairs[self._me][0], on_socket)
 
-    @staticmethod
-    def _receive(receiver: socket.socket, on_socket: OnSocket) -> None:
+    def _receive(self, receiver: socket.socket, on_socket: OnSocket) -> None:
         while True:
             try:
-                data, fds, _flags, _addr = socket.recv_fds(receiver, MAX_PASSED_BYTES + 1, 4)
+                data, fds, _flags, _addr = socket.recv_fds(
+                    receiver, MAX_PASSED_BYTES + _HEADER_BYTES, 4
+                )
             except OSError:  # BlockingIOError: nothing more waiting
                 return
             for fd in fds:
                 sock = socket.socket(fileno=fd)
-                if not data:
+                if len(data) < _HEADER_BYTES or data[1] >= self._workers or data[2] > 1:
                     sock.close()
                     continue
-                with contextlib.suppress(OSError):
-                    on_socket(data[0], sock, data[1:])
+                # On its way until counted here: then it stops counting twice.
+                arrived = _Once(self._got[data[2]], self._me * self._workers + data[1])
+                try:
+                    on_socket(data[0], sock, data[_HEADER_BYTES:], arrived)
+                except OSError:
+                    arrived()
+
+
+class _Once:
+    """Adds one to a received count, the first time it is called."""
+
+    __slots__ = ("_index", "_slots")
+
+    def __init__(self, slots: WorkerSlots, index: int) -> None:
+        self._slots: WorkerSlots | None = slots
+        self._index = index
+
+    def __call__(self) -> None:
+        if self._slots is not None:
+            self._slots[self._index] += 1
+            self._slots = None

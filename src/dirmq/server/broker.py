@@ -248,10 +248,7 @@ class Broker:
         run to two consumers; the wait is the same."""
         first: asyncio.Future[list[Message]]
         if max_per_group == 1:
-            getter = self._getters.get(queue.name)
-            if getter is None or getter.queue is not queue:
-                getter = self._getters[queue.name] = _Batcher(self, queue, "get")
-            first = getter.submit((max_count, visibility_s))
+            first = self._getter(queue).submit((max_count, visibility_s))
         else:
             first = asyncio.ensure_future(
                 self.call(
@@ -275,6 +272,38 @@ class Broker:
         if got:
             self.tell(self.counts.delivered, len(got))
         return got
+
+    def receive_nowait(
+        self,
+        queue: Queue,
+        max_count: int,
+        visibility_s: float | None,
+        settle: Callable[[list[Message] | BaseException], None],
+    ) -> None:
+        """`receive` that does not wait (wait 0), without a coroutine: into the queue's lease
+        line, `settle` getting the messages (maybe none) or the error on the event loop."""
+        future = self._getter(queue).submit((max_count, visibility_s))
+        future.add_done_callback(functools.partial(self._received_nowait, settle))
+
+    def _received_nowait(
+        self,
+        settle: Callable[[list[Message] | BaseException], None],
+        done: asyncio.Future[list[Message]],
+    ) -> None:
+        error = done.exception()
+        if error is not None:
+            settle(error)
+            return
+        got = done.result()
+        if got:
+            self.tell(self.counts.delivered, len(got))
+        settle(got)
+
+    def _getter(self, queue: Queue) -> _Batcher:
+        getter = self._getters.get(queue.name)
+        if getter is None or getter.queue is not queue:
+            getter = self._getters[queue.name] = _Batcher(self, queue, "get")
+        return getter
 
     def watch_store(self) -> None:
         """Pump the store's shared inotify descriptor from the event loop, so each queue's own

@@ -152,8 +152,9 @@ class SwitchProtocols:
 
 Handler = Callable[[Request], Awaitable[Response | StreamResponse | SwitchProtocols]]
 # How a fast handler answers later: once, on the event loop, with the response or with the
-# unexpected error it met (logged, then answered 500).
-Respond = Callable[[Response | BaseException], None]
+# unexpected error it met (logged, then answered 500). False: the connection had gone away
+# and nothing was sent (what the answer handed over can be given back).
+Respond = Callable[[Response | BaseException], bool]
 
 
 class Later:
@@ -274,10 +275,10 @@ class HttpServer:
     def protocol(self) -> HttpProtocol:
         return HttpProtocol(self)
 
-    def passed_protocol(self, received: bytes) -> HttpProtocol:
+    def passed_protocol(self, received: bytes, arrived: Callable[[], None]) -> HttpProtocol:
         """For a connection another worker passed on (balance.py) with the bytes it had read:
-        it stays here."""
-        return HttpProtocol(self, movable=False, received=received)
+        it stays here; `arrived` is called once it is counted here."""
+        return HttpProtocol(self, movable=False, received=received, arrived=arrived)
 
     def watch(self, connection: HttpProtocol) -> None:
         self.connections.add(connection)
@@ -318,6 +319,7 @@ def limits_of(limits: Limits) -> tuple[float, float, float]:
 class HttpProtocol(asyncio.Protocol):
     # Slots: thousands of connections sit parked in long polls; each must stay small.
     __slots__ = (
+        "_arrived",
         "_began",
         "_body",
         "_body_bytes",
@@ -352,11 +354,18 @@ class HttpProtocol(asyncio.Protocol):
         "deadline",
     )
 
-    def __init__(self, server: HttpServer, movable: bool = True, received: bytes = b"") -> None:
+    def __init__(
+        self,
+        server: HttpServer,
+        movable: bool = True,
+        received: bytes = b"",
+        arrived: Callable[[], None] | None = None,
+    ) -> None:
         self._server = server
         # May be passed to another worker (balance.py): until its first bytes are read.
         self._movable = movable and server.balance is not None
         self._received = received  # read by the worker that passed it here
+        self._arrived = arrived  # for a passed connection: tell balance.py it is counted here
         self._counted = False  # in this worker's connection count (balance.py)
         self._limits = server.limits
         self._loop = asyncio.get_running_loop()
@@ -411,6 +420,8 @@ class HttpProtocol(asyncio.Protocol):
                 return
             balance.opened()
             self._counted = True
+            if self._arrived is not None:
+                self._arrived()
         if len(self._server.connections) >= self._limits.max_connections:
             message = "too many connections; retry shortly"
             self._write_error(503, message, extra=(("Retry-After", "1"),))
@@ -827,7 +838,7 @@ class HttpProtocol(asyncio.Protocol):
             # Not in `_answer`: a task cancelled before it starts never runs its `finally`.
             task.add_done_callback(lambda _task: self._release(request))
 
-    def _respond(self, request: Request, outcome: Response | BaseException) -> None:
+    def _respond(self, request: Request, outcome: Response | BaseException) -> bool:
         """A fast answer is ready: reply (unless the connection went away)."""
         self._task = None
         self._release(request)
@@ -839,17 +850,19 @@ class HttpProtocol(asyncio.Protocol):
                 exc_info=outcome,
             )
             outcome = _internal_error()
-        self._reply(request, outcome)
+        return self._reply(request, outcome)
 
-    def _reply(self, request: Request, response: Response) -> None:
-        """Send a fast answer's response, then what `_answer` does after its own."""
+    def _reply(self, request: Request, response: Response) -> bool:
+        """Send a fast answer's response, then what `_answer` does after its own; False if the
+        connection is gone."""
         if self._transport is None or self._closed:
-            return
+            return False
         keep_alive = request.keep_alive and not self._server.draining
         self._write_response(request, response, keep_alive)
         self._server.requests_served += 1
         self._observed(request, response.status, len(response.body))
         self._next_request(keep_alive)
+        return True
 
     def _observed(self, request: Request, status: int, sent: int) -> None:
         observe = self._server.observe

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -212,20 +213,22 @@ async def run_worker(
         )
     passed: set[asyncio.Task[Any]] = set()
 
-    def serve_passed(listener: int, sock: socket.socket, received: bytes) -> None:
+    def serve_passed(
+        listener: int, sock: socket.socket, received: bytes, arrived: Callable[[], None]
+    ) -> None:
         # A connection another worker accepted and passed on, served as if accepted here.
         http = http_servers[listener]
         task = loop.create_task(
-            loop.connect_accepted_socket(lambda: http.passed_protocol(received), sock)
+            loop.connect_accepted_socket(lambda: http.passed_protocol(received, arrived), sock)
         )
         passed.add(task)
-        task.add_done_callback(settled)
+        task.add_done_callback(functools.partial(settled, arrived))
 
-    def settled(task: asyncio.Task[Any]) -> None:
+    def settled(arrived: Callable[[], None], task: asyncio.Task[Any]) -> None:
         # A client gone before its connection was set up here: nothing to serve, nothing to log.
         passed.discard(task)
-        if not task.cancelled():
-            task.exception()
+        if task.cancelled() or task.exception() is not None:
+            arrived()  # never counted here: no longer on its way either
 
     if balance is not None:
         balance.attach(worker, loop, serve_passed)

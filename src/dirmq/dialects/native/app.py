@@ -42,6 +42,7 @@ from dirmq.server.http import (
 from dirmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dirmq.server.metrics import Metrics
 from dirmq.server.websocket import is_websocket
+from dirmq.store import Message
 from dirmq.store.layout import parse_receipt
 
 ROUTE_CACHE = 4096  # paths without a message reference, parsed and validated once
@@ -102,6 +103,8 @@ class NativeApp(Dialect):
         client's leaving can cancel) go the general way."""
         if request.method == "DELETE":
             return self._fast_ack(request, respond)
+        if request.method == "GET":
+            return self._fast_get(request, respond)
         if request.method != "POST":
             return None
         try:
@@ -167,6 +170,47 @@ class NativeApp(Dialect):
             respond(response)
 
         self.broker.ack_nowait(queue, route.ref, settle)
+        return LATER
+
+    def _fast_get(self, request: Request, respond: Respond) -> Later | None:
+        """`GET /{queue}/messages`, one message without a wait, as `handlers.receive` does it:
+        into the queue's lease line (`Broker.receive_nowait`), answered with the message or
+        204. Any parameter (a wait, a visibility, a batch), a stream's upgrade and every
+        refusal go the general way."""
+        if request.query or "upgrade" in request.headers:
+            return None
+        headers = request.headers
+        if "x-wait" in headers or "x-visibility" in headers:
+            return None
+        try:
+            route = self._route(request.path)
+            if route.kind != "messages":
+                return None
+            if self._checked and not self.access.allows(request.principal, READ, route.queue):
+                return None  # refused by the general path
+            queue = self.broker.queue(route.queue)
+        except (DirmqError, UnicodeDecodeError):
+            return None
+        request.route, request.queue = "messages", route.queue
+
+        def settle(outcome: list[Message] | BaseException) -> None:
+            try:
+                if isinstance(outcome, DirmqError):
+                    response = error_response(outcome)
+                elif isinstance(outcome, BaseException):
+                    respond(outcome)  # logged and answered 500 there
+                    return
+                elif outcome:
+                    response = native.message_response(outcome[0])
+                else:
+                    response = Response(204)
+            except Exception as exc:  # every request gets its answer, or its connection hangs
+                respond(exc)
+                return
+            if not respond(response) and isinstance(outcome, list):
+                self.broker.give_back(queue, outcome)  # the client left while it was leased
+
+        self.broker.receive_nowait(queue, 1, None, settle)
         return LATER
 
     def body_check(
