@@ -14,6 +14,7 @@ import pytest
 
 import dirmq
 from dirmq.errors import QueueNotFound, StorageError
+from dirmq.server import broker as broker_module
 from dirmq.server.broker import Broker, on_memory_filesystem
 from dirmq.store import OutgoingMessage
 
@@ -306,6 +307,72 @@ def test_messages_leased_for_a_poll_that_ended_are_given_back_at_once(
     assert polled == []
     assert sorted(m.body for m in again) == [b"a", b"b"]
     assert all(m.receive_count == 2 for m in again)  # leased for the poll, then given back
+
+
+def test_leases_and_acks_run_on_the_loop_until_one_stalls(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a local filesystem a lease line's store call runs on the event loop's thread (no
+    hand-off to the pool); one call slower than INLINE_STALL_S sends the line to the pool, so a
+    stalled disk stops holding up the loop."""
+    store = dirmq.Store(root)
+    queue = store.create_queue("inline")
+    queue.put_many([f"m{i}".encode() for i in range(3)])
+    threads: list[int] = []
+    stall = [False]
+    real = dirmq.Queue.get
+
+    def recording(self: dirmq.Queue, *args: object, **kwargs: object) -> list[dirmq.Message]:
+        threads.append(threading.get_ident())
+        if stall[0]:
+            stall[0] = False
+            time.sleep(broker_module.INLINE_STALL_S * 2)
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dirmq.Queue, "get", recording)
+
+    async def main() -> int:
+        broker = Broker(store)
+        try:
+            for expected in (1, 1, 1):
+                got = await broker.receive(queue, 1, 30, 0)
+                assert len(got) == expected
+                await broker.ack(queue, got[0].receipt or "")
+                stall[0] = len(threads) == 1  # the second lease stalls
+            return threading.get_ident()
+        finally:
+            broker.close()
+
+    loop_thread = run(main())
+    assert threads[0] == loop_thread and threads[1] == loop_thread  # the stall ran here
+    assert threads[2] != loop_thread  # then the line moved to the pool
+
+
+def test_leases_on_a_shared_filesystem_run_on_the_pool(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = dirmq.Store(root, shared=True)
+    queue = store.create_queue("pooled")
+    queue.put(b"m")
+    threads: list[int] = []
+    real = dirmq.Queue.get
+
+    def recording(self: dirmq.Queue, *args: object, **kwargs: object) -> list[dirmq.Message]:
+        threads.append(threading.get_ident())
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dirmq.Queue, "get", recording)
+
+    async def main() -> int:
+        broker = Broker(store)
+        try:
+            assert len(await broker.receive(queue, 1, 30, 0)) == 1
+            return threading.get_ident()
+        finally:
+            broker.close()
+
+    loop_thread = run(main())
+    assert threads and threads[0] != loop_thread
 
 
 def test_closing_releases_waiting_polls(root: Path) -> None:
