@@ -1330,13 +1330,77 @@ class Run:
     outcomes: dict[str, list[Outcome]] = field(default_factory=dict)
     failures: dict[str, list[str]] = field(default_factory=dict)  # subject key -> what failed
     trials_run: int = 0
+    data_dir: str = ""  # where the servers' data lives (and the consume floor runs)
+    floors: list[float] = field(default_factory=list)  # the consume floor of each round, msg/s
+
+
+# == the consume floor: a consumed message's syscalls in a bare loop ===========================
+def _floor_share(directory: str, names: list[str], pool: str) -> None:
+    """One process's share: what the store does for a leased, read and acknowledged message
+    whose file is kept for reuse (a drain's acks), and nothing else."""
+    ready, leased = os.path.join(directory, "ready"), os.path.join(directory, "leased")
+    for name in names:
+        os.rename(os.path.join(ready, name), os.path.join(leased, name))
+        fd = os.open(os.path.join(leased, name), os.O_RDONLY)
+        try:
+            os.read(fd, 64 * 1024)
+        finally:
+            os.close(fd)
+        os.rename(os.path.join(leased, name), os.path.join(pool, name))
+
+
+def consume_floor(parent: str, messages: int, processes: int = 2) -> tuple[float, float]:
+    """The consume floor on the servers' filesystem: `messages` files of BODY_BYTES, written
+    untimed, then per message a rename into `leased/`, an open + read + close and a rename into
+    a per-process pool directory, in `processes` processes (one per core, as dirmq's workers);
+    (messages/s, seconds). No HTTP, no index, no lock: what no server on this disk beats."""
+    import multiprocessing
+
+    directory = tempfile.mkdtemp(prefix="consume-floor-", dir=parent)
+    try:
+        for sub in ("ready", "leased"):
+            os.mkdir(os.path.join(directory, sub))
+        body = b"x" * BODY_BYTES
+        names = [f"{i:012d}" for i in range(messages)]
+        for name in names:
+            with open(os.path.join(directory, "ready", name), "wb") as f:
+                f.write(body)
+        pools = []
+        for n in range(processes):
+            pools.append(os.path.join(directory, f"pool{n}"))
+            os.mkdir(pools[-1])
+        context = multiprocessing.get_context("fork")
+        workers = [
+            context.Process(target=_floor_share, args=(directory, names[n::processes], pools[n]))
+            for n in range(processes)
+        ]
+        began = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        seconds = time.perf_counter() - began
+        if any(worker.exitcode for worker in workers):
+            raise RuntimeError("a consume floor process failed")
+        return messages / seconds, seconds
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def run_rounds(ctx: Run, workloads: list[str]) -> None:
     """Round-major: each round runs every workload, and in it every subject once, the subjects'
-    order rotated from round to round."""
+    order rotated from round to round. With dirmq and a consume workload, each round first
+    measures the consume floor on the same filesystem (`consume_floor`)."""
     for r in range(ctx.settings.rounds):
         print(f"\n== round {r + 1} of {ctx.settings.rounds} ==", flush=True)
+        if "dirmq" in ctx.servers and {"consume", "consume-batch"} & set(workloads):
+            rate, seconds = consume_floor(ctx.data_dir, ctx.settings.backlog)
+            ctx.floors.append(round(rate, 1))
+            print(
+                f"  {'floor':<13} {'lease+read+ack syscalls, bare loop, 2 procs':<38} "
+                f"{rate:8,.0f} msg/s ({seconds:.1f} s)",
+                flush=True,
+            )
         for workload in workloads:
             subjects = [s for s in ctx.subjects if s.workload == workload]
             if not subjects:
@@ -1505,6 +1569,7 @@ def print_table(
     goals: list[dict[str, Any]],
     skipped: dict[str, str],
     rounds: int,
+    floors: list[float] | None = None,
 ) -> None:
     print(
         f"\n== results: medians of {rounds} round(s); 1 KiB bodies; "
@@ -1525,6 +1590,12 @@ def print_table(
         )
     for key, why in skipped.items():
         print(f"{key:<52} skipped: {why}")
+    if floors:
+        floor = median(floors)
+        print(f"\n== consume floor (bare-loop syscalls, 2 procs): {floor:,.0f} msg/s {floors} ==")
+        for row in rows.values():
+            if row["system"] == "dirmq" and row["workload"] in ("consume", "consume-batch"):
+                print(f"  {row['label']:<38} {row['median_per_s'] / floor:6.2f}x the floor")
     print("\n== dirmq / peer, median of per-round ratios ==")
     for r in found:
         print(f"  {r['top']:<38} / {r['bottom']:<38} {r['median']:6.2f}x  {r['per_round']}")
@@ -1725,7 +1796,7 @@ def main(argv: list[str] | None = None) -> int:
             for s in SUBJECTS
             if s.system in servers and s.workload in workloads and s.key not in skipped
         ]
-        run = Run(settings, procs, servers, admin, subjects, skipped)
+        run = Run(settings, procs, servers, admin, subjects, skipped, data_dir=data_dir)
         run_rounds(run, workloads)
     finally:
         if admin is not None:
@@ -1736,7 +1807,7 @@ def main(argv: list[str] | None = None) -> int:
     found = ratios(run)
     goals = targets(run)
     seconds = round(time.perf_counter() - started, 1)
-    print_table(rows, found, goals, skipped, settings.rounds)
+    print_table(rows, found, goals, skipped, settings.rounds, run.floors)
     report = {
         "mode": "quick" if args.quick else "full",
         "settings": dataclasses.asdict(settings),
@@ -1758,6 +1829,17 @@ def main(argv: list[str] | None = None) -> int:
         "body_bytes": BODY_BYTES,
         "skipped": skipped,
         "failures": run.failures,
+        "consume_floor": {
+            "what": "per message: rename into leased/, open + read + close, rename into a "
+            "per-process pool directory; 2 processes; backlog files written untimed",
+            "per_round_per_s": run.floors,
+            "median_per_s": median(run.floors) if run.floors else None,
+            "vs_floor": {
+                key: round(row["median_per_s"] / median(run.floors), 3)
+                for key, row in rows.items()
+                if run.floors and row["workload"] in ("consume", "consume-batch")
+            },
+        },
         "results": rows,
         "ratios": found,
         "targets": goals,
