@@ -18,7 +18,9 @@ Permissions by route (the Router has authenticated the request already):
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from importlib import resources
+from typing import TypeVar
 
 from dirmq.dialects.native import handlers as native
 from dirmq.dialects.native.parameters import check_native
@@ -44,6 +46,8 @@ from dirmq.server.metrics import Metrics
 from dirmq.server.websocket import is_websocket
 from dirmq.store import Message
 from dirmq.store.layout import parse_receipt
+
+T = TypeVar("T")
 
 ROUTE_CACHE = 4096  # paths without a message reference, parsed and validated once
 
@@ -107,12 +111,10 @@ class NativeApp(Dialect):
             return self._fast_get(request, respond)
         if request.method != "POST":
             return None
+        route = self._fast_route(request, "messages", WRITE)
+        if route is None:
+            return None
         try:
-            route = self._route(request.path)
-            if route.kind != "messages":
-                return None
-            if self._checked and not self.access.allows(request.principal, WRITE, route.queue):
-                return None  # refused by the general path
             if request.query:  # as `_dispatch` checks them: an unknown one is refused
                 check_native(request.query, route.kind, "POST", "", request.path)
             read = native.read_publish(self.broker, request, route)
@@ -121,21 +123,23 @@ class NativeApp(Dialect):
         request.route, request.queue = "messages", route.queue
 
         def settle(outcome: list[str] | BaseException) -> None:
-            try:
-                if isinstance(outcome, DirmqError):
-                    response = error_response(outcome)
-                elif isinstance(outcome, BaseException):
-                    respond(outcome)  # logged and answered 500 there
-                    return
-                else:
-                    response = native.published_response(read, outcome)
-            except Exception as exc:  # every request gets its answer, or its connection hangs
-                respond(exc)
-                return
-            respond(response)
+            _answer(respond, outcome, lambda ids: native.published_response(read, ids))
 
         queued = self.broker.publish_nowait(read.queue, read.messages, settle, read.durability)
         return LATER if queued else None
+
+    def _fast_route(self, request: Request, kind: str, needs: str) -> Route | None:
+        """The route of a request a fast path may take: of `kind` and allowed to its principal
+        (`needs`); None otherwise (the general path reports what is wrong)."""
+        try:
+            route = self._route(request.path)
+        except (DirmqError, UnicodeDecodeError):
+            return None
+        if route.kind != kind:
+            return None
+        if self._checked and not self.access.allows(request.principal, needs, route.queue):
+            return None
+        return route
 
     def _fast_ack(self, request: Request, respond: Respond) -> Later | None:
         """`DELETE /{queue}/messages/{receipt}`, the usual ack, as `handlers.ack` does it: into
@@ -144,30 +148,17 @@ class NativeApp(Dialect):
         way."""
         if request.query or "x-receipt" in request.headers:
             return None
+        route = self._fast_route(request, "message", READ)
+        if route is None or parse_receipt(route.ref) is None:
+            return None
         try:
-            route = self._route(request.path)
-            if route.kind != "message" or parse_receipt(route.ref) is None:
-                return None
-            if self._checked and not self.access.allows(request.principal, READ, route.queue):
-                return None  # refused by the general path
             queue = self.broker.queue(route.queue)
         except (DirmqError, UnicodeDecodeError):
             return None
         request.route, request.queue = "message", route.queue
 
         def settle(failure: BaseException | None) -> None:
-            try:
-                if failure is None:
-                    response = Response(204)
-                elif isinstance(failure, DirmqError):
-                    response = error_response(failure)
-                else:
-                    respond(failure)  # logged and answered 500 there
-                    return
-            except Exception as exc:  # every request gets its answer, or its connection hangs
-                respond(exc)
-                return
-            respond(response)
+            _answer(respond, failure, lambda _acked: Response(204))
 
         self.broker.ack_nowait(queue, route.ref, settle)
         return LATER
@@ -182,32 +173,17 @@ class NativeApp(Dialect):
         headers = request.headers
         if "x-wait" in headers or "x-visibility" in headers:
             return None
+        route = self._fast_route(request, "messages", READ)
+        if route is None:
+            return None
         try:
-            route = self._route(request.path)
-            if route.kind != "messages":
-                return None
-            if self._checked and not self.access.allows(request.principal, READ, route.queue):
-                return None  # refused by the general path
             queue = self.broker.queue(route.queue)
         except (DirmqError, UnicodeDecodeError):
             return None
         request.route, request.queue = "messages", route.queue
 
         def settle(outcome: list[Message] | BaseException) -> None:
-            try:
-                if isinstance(outcome, DirmqError):
-                    response = error_response(outcome)
-                elif isinstance(outcome, BaseException):
-                    respond(outcome)  # logged and answered 500 there
-                    return
-                elif outcome:
-                    response = native.message_response(outcome[0])
-                else:
-                    response = Response(204)
-            except Exception as exc:  # every request gets its answer, or its connection hangs
-                respond(exc)
-                return
-            if not respond(response) and isinstance(outcome, list):
+            if not _answer(respond, outcome, _delivery) and isinstance(outcome, list):
                 self.broker.give_back(queue, outcome)  # the client left while it was leased
 
         self.broker.receive_nowait(queue, 1, None, settle)
@@ -304,3 +280,24 @@ class NativeApp(Dialect):
             text = await self.broker.call(self.metrics.render, queue)
             return Response(200, text, [("Content-Type", METRICS_CONTENT_TYPE)])
         return Response(200, self._openapi, [("Content-Type", "application/json")])
+
+
+def _answer(respond: Respond, outcome: T | BaseException, build: Callable[[T], Response]) -> bool:
+    """Answer a fast request: `build(outcome)`, a DirmqError's response, or (any other error)
+    the 500 that `respond` logs. True if it was sent (the connection was still there)."""
+    try:
+        if isinstance(outcome, DirmqError):
+            response = error_response(outcome)
+        elif isinstance(outcome, BaseException):
+            return respond(outcome)  # logged and answered 500 there
+        else:
+            response = build(outcome)
+    except Exception as exc:  # every request gets its answer, or its connection hangs
+        respond(exc)
+        return False
+    return respond(response)
+
+
+def _delivery(messages: list[Message]) -> Response:
+    """A plain receive's answer: its message, or 204 when there was none."""
+    return native.message_response(messages[0]) if messages else Response(204)
