@@ -84,20 +84,20 @@ class ConnectionBalance:
 
     # -- this worker's counts --------------------------------------------------------------------
     def opened(self) -> None:
-        if self._connections[self._me] < _LEAVING:
-            self._connections[self._me] += 1
+        self._add(self._connections, 1)
 
     def closed(self) -> None:
-        if self._connections[self._me] < _LEAVING:
-            self._connections[self._me] -= 1
+        self._add(self._connections, -1)
 
     def stream_opened(self) -> None:
-        if self._streams[self._me] < _LEAVING:
-            self._streams[self._me] += 1
+        self._add(self._streams, 1)
 
     def stream_closed(self) -> None:
-        if self._streams[self._me] < _LEAVING:
-            self._streams[self._me] -= 1
+        self._add(self._streams, -1)
+
+    def _add(self, counts: WorkerSlots, change: int) -> None:
+        if counts[self._me] < _LEAVING:  # a leaving worker's count stays put
+            counts[self._me] += change
 
     # -- passing on ------------------------------------------------------------------------------
     def pass_connection(self, sock: HasFileno | None, listener: int) -> bool:
@@ -174,7 +174,8 @@ class ConnectionBalance:
                 if len(data) < _HEADER_BYTES or data[1] >= self._workers or data[2] > 1:
                     sock.close()
                     continue
-                # On its way until counted here: then it stops counting twice.
+                # On its way until its connection is counted here (a stream's upgrade is
+                # counted a moment later, once its request is read): then it stops counting.
                 arrived = _Once(self._got[data[2]], self._me * self._workers + data[1])
                 try:
                     on_socket(data[0], sock, data[_HEADER_BYTES:], arrived)
