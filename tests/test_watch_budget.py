@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import os
 import subprocess
 import sys
@@ -63,6 +64,7 @@ def test_past_the_watch_limit_a_long_poll_still_gets_a_message(
         setup.create_queue("polled")
     refused = _limit_watches(monkeypatch, allowed=6)  # one queue's four, then half of one
     monkeypatch.setattr(watch, "_last_warning", [-watch.WARN_EVERY_S])  # none warned yet
+    gc.collect()  # an earlier test's unclosed Store must not give its watches back meanwhile
     before = inotify_watches()
 
     async def main() -> tuple[list[bytes], float, int | None, int | None]:
@@ -113,6 +115,7 @@ def test_without_an_inotify_instance_every_queue_is_polled(
 
 def test_queues_nobody_waits_on_give_their_watches_back(tmp_path: Path) -> None:
     root = tmp_path / "root"
+    gc.collect()  # an earlier test's unclosed Store must not give its watches back meanwhile
     before = inotify_watches()
     with dirmq.Store(root) as store:
         queues = [store.create_queue(f"q{n}") for n in range(25)]
@@ -142,6 +145,7 @@ def test_the_server_gives_idle_queues_watches_back(
     monkeypatch.setattr(broker_module, "RELEASE_EVERY_S", 0.05)
     monkeypatch.setattr(broker_module, "IDLE_RELEASE_S", 0.1)
     root = tmp_path / "root"
+    gc.collect()  # an earlier test's unclosed Store must not give its watches back meanwhile
     before = inotify_watches()
 
     async def main() -> tuple[int, int, list[bytes]]:

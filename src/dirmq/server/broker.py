@@ -445,9 +445,11 @@ class _Batcher:
         self._pending: list[tuple[Any, asyncio.Future[Any]]] = []
         self._running = False
         self._task: asyncio.Task[None] | None = None  # referenced, so it is not collected
+        # Kept: `get_running_loop()` is a getpid(2) each time, and this is once a request.
+        self._loop = asyncio.get_running_loop()
 
     def submit(self, item: Any) -> asyncio.Future[Any]:
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((item, future))
         if not self._running:
@@ -713,7 +715,7 @@ class _Receiver:
         try:
             unsubscribe = await self.broker.call(self.queue.subscribe, notice)
             woken.set()  # a change between a waiter's first look and our subscribing is missed
-            polling = await self.broker.call(self.queue.fileno) is None
+            polling = await self.broker.call(self.queue.polled)
             self.broker.watch_store()
             idle = self.broker.store.poll_interval_s if polling else IDLE_RECHECK_S
             while self._live_waiters():

@@ -213,19 +213,19 @@ def ack_leases(view: QueueView, leases: Iterable[str]) -> list[str]:
     files.pool.note_depth(len(entries))
     missing = []
     done = []
-    try:
-        tokens = files.slots.any_held()
-        for lease, message_id in entries:
-            if files.retire_lease(lease, message_id, tokens):
-                done.append((message_id, lease))
-            else:
-                missing.append(lease)
-    except OSError as exc:
-        raise storage_error(exc, f"ack on queue {view.name!r}") from exc
-    finally:
-        with view.lock:
-            if view.index is not None:
-                for message_id, lease in done:
-                    view.index.leased.discard(message_id, lease)
-    files.pool.reap_here()  # blanked now, on this thread (see leasing.settle_each)
+    with files.pool.reaping_here():  # blanked at the end, on this thread (leasing.settle_each)
+        try:
+            tokens = files.slots.any_held()
+            for lease, message_id in entries:
+                if files.retire_lease(lease, message_id, tokens):
+                    done.append((message_id, lease))
+                else:
+                    missing.append(lease)
+        except OSError as exc:
+            raise storage_error(exc, f"ack on queue {view.name!r}") from exc
+        finally:
+            with view.lock:
+                if view.index is not None:
+                    for message_id, lease in done:
+                        view.index.leased.discard(message_id, lease)
     return missing

@@ -15,6 +15,7 @@ may be waiting.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable
 
@@ -124,17 +125,17 @@ def settle_each(
     fresh sync before it is called stale."""
     failures: dict[str, Exception] = {}
     pending = list(receipts)
-    for start in range(0, len(pending), _SETTLE_CHUNK):
-        with view.lock:
-            view.synced()
-            config = view.config  # notices a deleted queue (QueueNotFound: raised, not a failure)
-            for receipt in pending[start : start + _SETTLE_CHUNK]:
-                try:
-                    settle(view, receipt, action, delay_s, index_fresh=True, config=config)
-                except (StaleReceipt, InvalidArgument, StorageError) as exc:
-                    failures[receipt] = exc
-    if action == "ack":
-        view.files.pool.reap_here()  # outside the lock: blanked now, not by a woken thread
+    # Acks: blanked at the end, outside the lock, on this thread, not by a woken one.
+    with view.files.pool.reaping_here() if action == "ack" else contextlib.nullcontext():
+        for start in range(0, len(pending), _SETTLE_CHUNK):
+            with view.lock:
+                view.synced()
+                config = view.config  # a deleted queue: QueueNotFound, raised, not a failure
+                for receipt in pending[start : start + _SETTLE_CHUNK]:
+                    try:
+                        settle(view, receipt, action, delay_s, index_fresh=True, config=config)
+                    except (StaleReceipt, InvalidArgument, StorageError) as exc:
+                        failures[receipt] = exc
     return failures
 
 

@@ -282,6 +282,11 @@ class Queue:
         must also watch `Store.watch_fileno()` and call `Store.pump_watches()`."""
         return self._view.fileno()
 
+    def polled(self) -> bool:
+        """Whether changes are noticed by polling (a shared filesystem, or no inotify watch to
+        be had): listeners and waiters hear of them within `poll_interval_s`, not at once."""
+        return self._view.polled()
+
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call `listener` (from whichever thread notices) when this queue may have changed:
         any process published, acked or requeued, or the queue was closed or deleted. Returns

@@ -152,7 +152,13 @@ class QueueView:
 
     def polling(self) -> bool:
         """Whether the index is kept by polling (it hears nothing of this process's changes)."""
-        return self._watcher is not None and self._watcher.fileno() is None
+        return self._watcher is not None and self._watcher.polls
+
+    def polled(self) -> bool:
+        """`Queue.polled`."""
+        with self.lock:
+            self.synced()
+            return self.polling()
 
     # -- waiting ---------------------------------------------------------------------------------
     def fileno(self) -> int | None:

@@ -51,6 +51,10 @@ IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 _MASK = IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF
 _EVENT = struct.Struct("iIII")
+_READ_BYTES = 1 << 16
+# A read that returned less than this left no event queued (the kernel fills the buffer with
+# every whole event that fits, and one event is at most a header and NAME_MAX + 1 bytes).
+_SHORT_READ = _READ_BYTES - _EVENT.size - 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,7 @@ RESCAN = "rescan"
 
 class Watcher(Protocol):
     listeners: list[Callable[[], None]]
+    polls: bool  # changes are noticed by polling: `fileno()` is None
 
     def fileno(self) -> int | None: ...
     def wait(self, timeout_s: float) -> None: ...
@@ -84,7 +89,7 @@ class InotifyHub:
             code = ctypes.get_errno()
             raise OSError(code, f"inotify_init1: {os.strerror(code)}")
         self._fd = int(fd)
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._subscribers: dict[int, list[tuple[HubWatcher, str]]] = {}
         # A Store that is dropped without close() must not keep one of the user's 128
         # inotify instances.
@@ -96,7 +101,7 @@ class InotifyHub:
     def subscribe(self, directories: dict[str, str]) -> HubWatcher:
         watcher = HubWatcher(self)
         try:
-            with self._lock:
+            with self.lock:
                 for key, path in directories.items():
                     wd = add_watch(self._fd, path, _MASK | IN_ONLYDIR)
                     self._subscribers.setdefault(wd, []).append((watcher, key))
@@ -107,7 +112,7 @@ class InotifyHub:
         return watcher
 
     def unsubscribe(self, watcher: HubWatcher) -> None:
-        with self._lock:
+        with self.lock:
             self._remove(watcher)
 
     def _remove(self, watcher: HubWatcher) -> None:
@@ -122,16 +127,18 @@ class InotifyHub:
 
     def pump(self) -> None:
         """Read every pending event and hand each to the watchers of its directory."""
-        with self._lock:
+        with self.lock:
             woken: set[HubWatcher] = set()
             while True:
                 try:
-                    data = os.read(self._fd, 1 << 16)
+                    data = os.read(self._fd, _READ_BYTES)
                 except BlockingIOError:
                     break
                 except OSError:  # closed
                     return
                 self._dispatch(data, woken)
+                if len(data) < _SHORT_READ:
+                    break  # nothing was left queued: no read that only says EAGAIN
             for watcher in woken:
                 watcher.signal()
         for watcher in woken:  # outside the lock: a listener may drain right away
@@ -161,7 +168,7 @@ class InotifyHub:
 
     def take(self, watcher: HubWatcher) -> list[Event] | str:
         """What `watcher` has been given since it last asked (RESCAN after an overflow)."""
-        with self._lock:
+        with self.lock:
             events, watcher.pending = watcher.pending, []
             if watcher.overflowed:
                 watcher.overflowed = False
@@ -169,14 +176,21 @@ class InotifyHub:
             return events
 
     def close(self) -> None:
-        with self._lock:
+        with self.lock:
             self._finalizer()
             self._fd = -1
             self._subscribers.clear()
 
 
 class HubWatcher:
-    """One queue's view of an `InotifyHub`; `fileno()` is an eventfd set when it has events."""
+    """One queue's view of an `InotifyHub`; `fileno()` is an eventfd set when it has events.
+
+    The eventfd is written only while somebody may be waiting on it: a thread in `wait`, or
+    whoever was given `fileno()`. Most changes a server hears of are its own renames, each
+    echoed back by inotify, and nobody waits for those: a write per echo, and a read to clear
+    it, were two syscalls per event."""
+
+    polls = False
 
     def __init__(self, hub: InotifyHub) -> None:
         self._hub = hub
@@ -187,31 +201,52 @@ class HubWatcher:
         self.pending: list[Event] = []
         self.overflowed = False
         self.lost = False  # a watched directory was deleted or moved (the queue is gone)
+        self._exposed = False  # `fileno()` was handed out: it may be selected on at any time
+        self._waiting = 0  # threads in `wait` (changed under the hub's lock, as `signal` runs)
+        self._written = False  # the eventfd may be set: `drain` clears it
 
     def signal(self) -> None:
-        if self._efd >= 0:
+        """There is something to take (called under the hub's lock)."""
+        if self._efd >= 0 and (self._exposed or self._waiting):
+            self._written = True
             os.eventfd_write(self._efd, 1)
 
     def fileno(self) -> int | None:
+        if not self._exposed:
+            with self._hub.lock:
+                self._exposed = True
+                if self.pending or self.overflowed or self.lost:  # arrived unsignalled
+                    self.signal()
         return self._efd
 
     def wait(self, timeout_s: float) -> None:
-        if timeout_s <= 0 or self.pending or self.overflowed or self.lost:
+        if timeout_s <= 0:
             return
-        deadline = time.monotonic() + timeout_s
-        while (remaining := deadline - time.monotonic()) > 0:
-            readable, _, _ = select.select([self._efd, self._hub.fileno()], [], [], remaining)
-            if self._hub.fileno() in readable:
-                self._hub.pump()
-            if self._efd in readable or self.pending or self.overflowed or self.lost:
+        with self._hub.lock:
+            self._waiting += 1  # before the look at `pending`: see `signal`
+        try:
+            if self.pending or self.overflowed or self.lost:
                 return
+            deadline = time.monotonic() + timeout_s
+            while (remaining := deadline - time.monotonic()) > 0:
+                hub_fd = self._hub.fileno()
+                readable, _, _ = select.select([self._efd, hub_fd], [], [], remaining)
+                if hub_fd in readable:
+                    self._hub.pump()
+                if self._efd in readable or self.pending or self.overflowed or self.lost:
+                    return
+        finally:
+            with self._hub.lock:
+                self._waiting -= 1
 
     def drain(self) -> list[Event] | str:
         self._hub.pump()
-        try:
-            os.eventfd_read(self._efd)
-        except BlockingIOError:
-            pass
+        if self._written:
+            self._written = False
+            try:
+                os.eventfd_read(self._efd)
+            except BlockingIOError:
+                pass
         return self._hub.take(self)
 
     def close(self) -> None:
@@ -223,6 +258,8 @@ class HubWatcher:
 
 class PollingWatcher:
     """For filesystems without cross-host inotify: asks for a rescan every `interval_s`."""
+
+    polls = True
 
     def __init__(self, interval_s: float) -> None:
         self.listeners: list[Callable[[], None]] = []  # polling notices nothing by itself
