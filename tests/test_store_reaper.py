@@ -179,6 +179,39 @@ def test_ack_many_blanks_its_batch_before_it_returns(store: dirmq.Store) -> None
         pool._reaper = pool._Reaper()
 
 
+def test_a_batch_of_acks_wakes_no_reaper_thread(store: dirmq.Store) -> None:
+    """The batch reaps its own files at its end: waking the reaper thread for them too would
+    cost a thread switch and GIL turns for nothing."""
+    q = store.create_queue("quiet")
+    q.put_many([SECRET + b" %d" % i for i in range(20)])
+    got = q.get(10)
+    claimed = q.claim_named(q.ready_names(), visibility_s=60)
+    pool._reaper.stop(timeout_s=5)
+    pool._reaper = fresh = pool._Reaper()  # not started: a poke would start its thread
+    try:
+        assert q.ack_each([m.receipt or "" for m in got]) == {}
+        assert q.ack_leases([lease for lease, _message in claimed]) == []
+        assert fresh.thread is None and not fresh.wake.is_set(), "a batch woke the reaper"
+        assert pool.unreaped_files() == 0
+        assert files_holding(Path(store.root), SECRET) == []
+    finally:
+        fresh.stop(timeout_s=5)
+        pool._reaper = pool._Reaper()
+
+
+def test_a_batch_past_the_deferral_bound_wakes_the_reaper(store: dirmq.Store) -> None:
+    """A batch of thousands (the Spark source's acks) is reaped alongside by the thread, so
+    its files are recycled rather than unlinked once MAX_UNREAPED wait."""
+    q = store.create_queue("big", dirmq.QueueConfig(durability="memory"))
+    n = pool.DEFER_UNREAPED + 50
+    q.put_many([b"x" * 100] * n)
+    got = q.get(n)
+    assert q.ack_many([m.receipt or "" for m in got]) == {}
+    assert pool._reaper.thread is not None  # woken past the bound
+    assert pool.wait_reaped(10)
+    assert pool.unreaped_files() == 0
+
+
 # -- bounds --------------------------------------------------------------------------------------
 def test_a_drain_keeps_its_files_for_later_puts_then_trims_them_when_idle(
     store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
