@@ -175,45 +175,54 @@ class QueueIndex:
             self.add(layout.LEASED, name)
 
     def apply(self, events: list[Event]) -> None:
-        for event in events:
-            if event.added:
-                self.add(event.directory, event.name)
+        add, discard = self.add, self.discard
+        for directory, name, added in events:
+            if added:
+                add(directory, name)
             else:
-                self.discard(event.directory, event.name)
+                discard(directory, name)
 
     def add(self, directory: str, name: str) -> None:
         if directory == layout.SLOTS:
             self.slots.add(name)
             return
-        entry = parse_entry(name)
-        if entry is None:
-            return
         if directory == layout.READY:
-            if entry.message_id not in self.ready:
-                heapq.heappush(self._ready_heap, entry.message_id)
-            self.ready[entry.message_id] = name
+            # Most names here are bare ids: the check, without an Entry (see _scan_ready).
+            if layout.is_bare_id(name):
+                message_id = name
+            elif (entry := parse_entry(name)) is not None:
+                message_id = entry.message_id
+            else:
+                return
+            if message_id not in self.ready:
+                heapq.heappush(self._ready_heap, message_id)
+            self.ready[message_id] = name
             if len(self._ready_heap) > 2 * len(self.ready) + 1024:
                 self._ready_heap = list(self.ready)
                 heapq.heapify(self._ready_heap)
-        elif directory == layout.LEASED and entry.at_ms is not None:
+            return
+        entry = parse_entry(name)
+        if entry is None or entry.at_ms is None:
+            return
+        if directory == layout.LEASED:
             self.leased.add(entry, name)
-        elif directory == layout.DELAYED and entry.at_ms is not None:
+        elif directory == layout.DELAYED:
             self.delayed.add(entry, name)
 
     def discard(self, directory: str, name: str) -> None:
+        # No parse: only names that parsed are in the index, each under its id, which is the
+        # name's first ID_LENGTH characters; any other name matches none of them.
         if directory == layout.SLOTS:
             self.slots.discard(name)
             return
-        entry = parse_entry(name)
-        if entry is None:
-            return
+        message_id = name[: layout.ID_LENGTH]
         if directory == layout.READY:
-            if self.ready.get(entry.message_id) == name:
-                del self.ready[entry.message_id]
+            if self.ready.get(message_id) == name:
+                del self.ready[message_id]
         elif directory == layout.LEASED:
-            self.leased.discard(entry.message_id, name)
+            self.leased.discard(message_id, name)
         elif directory == layout.DELAYED:
-            self.delayed.discard(entry.message_id, name)
+            self.delayed.discard(message_id, name)
 
     # -- queries -----------------------------------------------------------------------------
     def pop_ready(self, peers: int = 0, runs: GroupRuns | None = None) -> str | None:

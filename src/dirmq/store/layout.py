@@ -84,6 +84,11 @@ class Entry:
         return f"{self.message_id}.{self.count}"
 
 
+def is_bare_id(name: str) -> bool:
+    """Whether `name` is a bare message id (a message never received: most of a backlog)."""
+    return len(name) == ID_LENGTH and _BARE_ID_RE.fullmatch(name) is not None
+
+
 def parse_entry(name: str) -> Entry | None:
     """Parse any state file name; None for names that are not ours (they are left alone).
 
