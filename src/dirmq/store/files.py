@@ -292,6 +292,8 @@ class QueueFiles:
 
     def promote(self, index: QueueIndex, config: QueueConfig, at_ms: int) -> SweepReport:
         """Deliver due delayed messages and requeue (or dead-letter) expired leases."""
+        if not index.due_by(at_ms):  # every get asks: the usual answer, at the cost of a look
+            return _NOTHING_PROMOTED
         delivered = self._deliver_due(index, at_ms)
         requeued, dead = self._requeue_expired(index, config, at_ms)
         if requeued or dead:
@@ -517,6 +519,9 @@ class QueueFiles:
             return []
         except OSError as exc:
             raise storage_error(exc, f"listing @dead of queue {self.name!r}") from exc
+
+
+_NOTHING_PROMOTED = SweepReport()
 
 
 def _keep_due(index: QueueIndex, directory: str, names: list[str]) -> None:

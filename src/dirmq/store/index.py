@@ -187,6 +187,8 @@ class QueueIndex:
             self.slots.add(name)
             return
         if directory == layout.READY:
+            if self.ready.get(name[: layout.ID_LENGTH]) == name:
+                return  # known: most often the echo of this process's own rename
             # Most names here are bare ids: the check, without an Entry (see _scan_ready).
             if layout.is_bare_id(name):
                 message_id = name
@@ -201,6 +203,8 @@ class QueueIndex:
                 self._ready_heap = list(self.ready)
                 heapq.heapify(self._ready_heap)
             return
+        if directory == layout.LEASED and self.leased.names.get(name[: layout.ID_LENGTH]) == name:
+            return  # known: most often the echo of this process's own claim
         entry = parse_entry(name)
         if entry is None or entry.at_ms is None:
             return
@@ -259,6 +263,14 @@ class QueueIndex:
         for message_id in candidates:
             heapq.heappush(heap, message_id)
         return self.ready.pop(chosen)
+
+    def due_by(self, at_ms: int) -> bool:
+        """Whether a delay or a lease falls due by `at_ms` (`QueueFiles.promote` has work)."""
+        for timed in (self.delayed, self.leased):
+            first = timed.earliest()
+            if first is not None and first[0] <= at_ms:
+                return True
+        return False
 
     def ready_ids_in_order(self) -> list[str]:
         return sorted(self.ready)
