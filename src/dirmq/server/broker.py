@@ -186,6 +186,13 @@ class Broker:
             ended = time.monotonic()
             if ended - began > INLINE_STALL_S:
                 self._on_pool_until = ended + POOL_AFTER_STALL_S
+                log.info(
+                    "a %s took %.0f ms on the event loop: lease and settle calls run on the "
+                    "pool for %.0f s",
+                    getattr(fn, "__name__", "store call"),
+                    (ended - began) * 1000,
+                    POOL_AFTER_STALL_S,
+                )
 
     def queue(self, name: str) -> Queue:
         return self.store.queue(name)
