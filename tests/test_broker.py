@@ -318,6 +318,8 @@ def test_leases_and_acks_run_on_the_loop_until_one_stalls(
     store = dirmq.Store(root)
     queue = store.create_queue("inline")
     queue.put_many([f"m{i}".encode() for i in range(3)])
+    queue.stats()  # the index is open: see the test below for the first use
+    assert queue.indexed()
     threads: list[int] = []
     stall = [False]
     real = dirmq.Queue.get
@@ -346,6 +348,43 @@ def test_leases_and_acks_run_on_the_loop_until_one_stalls(
     loop_thread = run(main())
     assert threads[0] == loop_thread and threads[1] == loop_thread  # the stall ran here
     assert threads[2] != loop_thread  # then the line moved to the pool
+
+
+def test_the_first_lease_of_a_queue_builds_its_index_on_the_pool(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without an index a lease lists the queue's directories first (on a deep backlog,
+    seconds): that one call runs on the pool, not on the loop every connection waits on."""
+    with dirmq.Store(root) as other:  # another process's publishes
+        other.create_queue("deep").put_many([f"m{i}".encode() for i in range(3)])
+    store = dirmq.Store(root)
+    queue = store.queue("deep")
+    assert not queue.indexed()
+    threads: list[int] = []
+    real = dirmq.Queue.get
+
+    def recording(self: dirmq.Queue, *args: object, **kwargs: object) -> list[dirmq.Message]:
+        threads.append(threading.get_ident())
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dirmq.Queue, "get", recording)
+
+    async def main() -> int:
+        broker = Broker(store)
+        try:
+            for _ in range(2):
+                (got,) = await broker.receive(queue, 1, 30, 0)
+                await broker.ack(queue, got.receipt or "")
+            return threading.get_ident()
+        finally:
+            broker.close()
+
+    try:
+        loop_thread = run(main())
+    finally:
+        store.close()
+    assert threads[0] != loop_thread  # the index was built on the pool
+    assert threads[1] == loop_thread  # and then the line runs on the loop
 
 
 def test_leases_on_a_shared_filesystem_run_on_the_pool(

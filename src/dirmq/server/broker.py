@@ -165,18 +165,26 @@ class Broker:
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
 
     async def settle_call(
-        self, messages: int, fn: Callable[..., T], *args: object, **kwargs: object
+        self,
+        queue: Queue,
+        messages: int,
+        fn: Callable[..., T],
+        *args: object,
+        **kwargs: object,
     ) -> T:
-        """A lease or settle call on `messages` messages: on a local filesystem, run here on
-        the event loop. It is a rename or two a message, cheaper done here than handed to a pool
-        thread and back (the hand-off and its wake-ups cost more: GET + DELETE drained 17%
-        faster, with 15% less server CPU a message). A call slower than `INLINE_STALL_S` (a
+        """A lease or settle call of `queue` on `messages` messages: on a local filesystem, run
+        here on the event loop. It is a rename or two a message, cheaper done here than handed
+        to a pool thread and back (the hand-off and its wake-ups cost more: GET + DELETE drained
+        17% faster, with 15% less server CPU a message). A call slower than `INLINE_STALL_S` (a
         stalled disk) sends every such call to the pool for `POOL_AFTER_STALL_S`, so a slow
         disk does not hold up every connection of the worker. On a shared filesystem (a network
-        round trip a rename), and for more than `INLINE_MAX_MESSAGES`, always the pool."""
+        round trip a rename), for more than `INLINE_MAX_MESSAGES`, and while this process has
+        no index of the queue (its first use lists the queue's directories: on a deep backlog,
+        seconds), always the pool."""
         if (
             messages > INLINE_MAX_MESSAGES
             or not self._inline
+            or not queue.indexed()
             or self._on_pool_until > (began := time.monotonic())
         ):
             return await self.call(fn, *args, **kwargs)
@@ -379,7 +387,7 @@ class Broker:
         distinct = list(dict.fromkeys(receipts))
         if not distinct:
             return {}
-        failures = await self.settle_call(len(distinct), queue.ack_each, distinct)
+        failures = await self.settle_call(queue, len(distinct), queue.ack_each, distinct)
         if len(failures) < len(distinct):
             self.tell(self.counts.acked, len(distinct) - len(failures))
         return failures
@@ -392,7 +400,9 @@ class Broker:
         distinct = list(dict.fromkeys(receipts))
         if not distinct:
             return {}
-        return await self.settle_call(len(distinct), queue.extend_each, distinct, visibility_s)
+        return await self.settle_call(
+            queue, len(distinct), queue.extend_each, distinct, visibility_s
+        )
 
     async def nack_many(
         self, queue: Queue, receipts: list[str], delay_s: float = 0.0
@@ -485,7 +495,9 @@ class _Batcher:
 
     async def _acks(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> None:
         receipts = [item for item, _ in batch]
-        failures = await self.broker.settle_call(len(receipts), self.queue.ack_each, receipts)
+        failures = await self.broker.settle_call(
+            self.queue, len(receipts), self.queue.ack_each, receipts
+        )
         if len(failures) < len(batch):
             self.broker.tell(self.broker.counts.acked, len(batch) - len(failures))
         for receipt, future in batch:
@@ -504,7 +516,7 @@ class _Batcher:
         for visibility_s, entries in by_visibility.items():
             wanted = min(sum(item[0] for item, _ in entries), 1000)
             got: list[Message] = await self.broker.settle_call(
-                wanted, self.queue.get, wanted, visibility_s=visibility_s
+                self.queue, wanted, self.queue.get, wanted, visibility_s=visibility_s
             )
             for (max_count, _visibility), future in entries:
                 share, got = got[:max_count], got[max_count:]

@@ -282,6 +282,11 @@ class Queue:
         must also watch `Store.watch_fileno()` and call `Store.pump_watches()`."""
         return self._view.fileno()
 
+    def indexed(self) -> bool:
+        """Whether this process holds the queue's index now. If not, the next call that needs
+        it lists the queue's state directories first: on a deep backlog, a long call."""
+        return self._view.index is not None
+
     def polled(self) -> bool:
         """Whether changes are noticed by polling (a shared filesystem, or no inotify watch to
         be had): listeners and waiters hear of them within `poll_interval_s`, not at once."""
