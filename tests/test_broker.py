@@ -350,6 +350,19 @@ def test_leases_and_acks_run_on_the_loop_until_one_stalls(
     assert threads[2] != loop_thread  # then the line moved to the pool
 
 
+def threads_of_gets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The thread each `Queue.get` runs on from now on, in order."""
+    threads: list[int] = []
+    real = dirmq.Queue.get
+
+    def recording(self: dirmq.Queue, *args: object, **kwargs: object) -> list[dirmq.Message]:
+        threads.append(threading.get_ident())
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dirmq.Queue, "get", recording)
+    return threads
+
+
 def test_the_first_lease_of_a_queue_builds_its_index_on_the_pool(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -360,14 +373,7 @@ def test_the_first_lease_of_a_queue_builds_its_index_on_the_pool(
     store = dirmq.Store(root)
     queue = store.queue("deep")
     assert not queue.indexed()
-    threads: list[int] = []
-    real = dirmq.Queue.get
-
-    def recording(self: dirmq.Queue, *args: object, **kwargs: object) -> list[dirmq.Message]:
-        threads.append(threading.get_ident())
-        return real(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(dirmq.Queue, "get", recording)
+    threads = threads_of_gets(monkeypatch)
 
     async def main() -> int:
         broker = Broker(store)
@@ -393,14 +399,7 @@ def test_leases_on_a_shared_filesystem_run_on_the_pool(
     store = dirmq.Store(root, shared=True)
     queue = store.create_queue("pooled")
     queue.put(b"m")
-    threads: list[int] = []
-    real = dirmq.Queue.get
-
-    def recording(self: dirmq.Queue, *args: object, **kwargs: object) -> list[dirmq.Message]:
-        threads.append(threading.get_ident())
-        return real(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(dirmq.Queue, "get", recording)
+    threads = threads_of_gets(monkeypatch)
 
     async def main() -> int:
         broker = Broker(store)
