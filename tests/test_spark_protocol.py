@@ -360,6 +360,19 @@ def test_url_batches_get_a_partition_per_25000_rows_unless_told(
     assert told.rows_partitions_for(1000, 1000) == 3
 
 
+def test_what_was_leased_ahead_and_lost_its_lease_is_left_out(queue: dirmq.Queue) -> None:
+    from dirmq.spark.ahead import LeaseAhead
+
+    queue.put_many([b"x"] * 3)
+    ahead = LeaseAhead(queue, 0.3, 3, 3, queue.nack_each)
+    try:
+        time.sleep(0.45)  # the leases (0.3 s) end while no batch takes them,
+        assert [m.body for m in queue.get(5)] == [b"x"] * 3  # and another consumer leases them
+        assert ahead.take(3) == []  # so no batch may deliver them
+    finally:
+        ahead.close()
+
+
 def test_a_batch_spark_never_logged_is_given_back(root: Path, queue: dirmq.Queue) -> None:
     queue.put_many([b"m%d" % i for i in range(10)])
     reader = _reader(root, numPartitions="1")

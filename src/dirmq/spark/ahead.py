@@ -10,9 +10,11 @@ batch is recorded before any of its rows reaches Spark), so:
 - a driver that dies leaves them leased: they return to the queue when their lease ends
   (`leaseSeconds`), as the messages of a batch it was leasing when it died would;
 - `close()` (the query's `stop()`) gives back what no batch took;
-- a message held longer than a third of its lease has its lease extended when a batch takes
-  it; one whose lease could not be extended (expired: someone else may hold it now) is left
-  out of the batch.
+- a message held longer than `EXTEND_AFTER` of its lease has its lease extended when a batch
+  takes it; one whose lease could not be extended (expired: someone else may hold it now) is
+  left out of the batch. The upkeep thread renews a recorded batch's leases a third of a lease
+  after the record at most a quarter later (`upkeep.py`): a lease a twelfth old when recorded
+  still has a third of its length left then.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dirmq.store import Message
 
 log = logging.getLogger("dirmq.spark")
 GET_CHUNK = 1000  # messages per get(): the server's limit
+EXTEND_AFTER = 1 / 12  # of a lease: held longer, a message's lease is extended when taken
 
 
 class LeaseAhead:
@@ -80,8 +83,8 @@ class LeaseAhead:
         return self._fresh(taken)
 
     def _fresh(self, taken: list[tuple[float, list[Message]]]) -> list[Message]:
-        """The messages of `taken`, their leases extended if they are past a third of them."""
-        stale_before = time.monotonic() - self._lease_s / 3
+        """The messages of `taken`, their leases extended if they are past `EXTEND_AFTER`."""
+        stale_before = time.monotonic() - self._lease_s * EXTEND_AFTER
         old = [m.receipt or "" for at, chunk in taken if at < stale_before for m in chunk]
         lost: set[str] = set()
         if old:
