@@ -5,6 +5,7 @@ Run by hand from the project root (never collected by pytest):
     .venv/bin/python bench/spark.py                  # full run (200,000 messages): 15-25 min
     .venv/bin/python bench/spark.py --quick          # smoke run, about a minute
     .venv/bin/python bench/spark.py --dir /dev/shm   # queues and files on tmpfs
+    .venv/bin/python bench/spark.py --cluster        # url mode on a standalone cluster, ~4 min
 
 It needs the `spark` extra (pyspark 4.x, pyarrow) and Java 17, prints a table and writes JSON
 (default `bench/results/spark.json`). One local[2] SparkSession serves every measurement; both
@@ -48,6 +49,7 @@ from typing import Any
 from dirmq import Durability, QueueConfig, Store
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "spark.json"
+DEFAULT_CLUSTER_JSON = DEFAULT_JSON.with_name("spark-cluster.json")
 TARGET_STREAM = 25_000
 TARGET_BATCH = 50_000
 CLUSTER_URL_BEFORE = 940  # msg/s, url mode on a standalone cluster before issue 18
@@ -287,6 +289,23 @@ def median(results: list[dict[str, Any]], key: str) -> float:
     return statistics.median(values) if values else float("nan")  # not run (--only)
 
 
+def _cluster_summary(result: dict[str, Any]) -> str:
+    """One trial of `cluster_main` in a line: the streaming run and where its time went (the
+    JSON has each trigger's phases)."""
+    phases = result["stream_phases"]
+    triggers = ", ".join(
+        f"{t['rows']:,} rows {t['ms'].get('triggerExecution', 0) / 1000:.2f} s"
+        for t in phases["triggers"]
+    )
+    return (
+        f"streaming {result['stream_s']:.2f} s = {result['stream_msgs_per_s']:,.0f} msg/s "
+        f"(first trigger at {phases['before_first_trigger_s']:.2f} s; {triggers}; "
+        f"{phases['after_last_trigger_s']:.2f} s after the last); batch count() "
+        f"{result['batch_s']:.2f} s; delivered {result['delivered']:,}, duplicates "
+        f"{result['duplicates']}, left in the queue {result['left_in_queue']}"
+    )
+
+
 def cluster_main(where: Path, count: int, trials: int, json_path: str) -> int:
     """The url mode on a Spark standalone cluster (`bench/spark_cluster.py`): a fresh server,
     cluster and driver per trial; the streaming rate is timed from `start()` to the end of the
@@ -307,7 +326,7 @@ def cluster_main(where: Path, count: int, trials: int, json_path: str) -> int:
             results.append(cluster.measure(base, count))
         finally:
             shutil.rmtree(base, ignore_errors=True)
-        print(f"  trial {n + 1} cluster url: {results[-1]}", flush=True)
+        print(f"  trial {n + 1} cluster url: {_cluster_summary(results[-1])}", flush=True)
     stream = median(results, "stream_msgs_per_s")
     once = all(
         r["duplicates"] == 0 and r["delivered"] == count and r["left_in_queue"] == 0
@@ -319,7 +338,7 @@ def cluster_main(where: Path, count: int, trials: int, json_path: str) -> int:
         f"issue 18), batch count() {median(results, 'batch_rows_per_s'):,.0f} rows/s; "
         f"every message delivered exactly once: {once}"
     )
-    out = Path(json_path).with_name("spark-cluster.json")
+    out = Path(json_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"messages": count, "results": results}, indent=2) + "\n")
     print(f"JSON written to {out}")
@@ -331,7 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small counts, one trial")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where queues/files live")
     parser.add_argument("--messages", type=int, help="messages (and files) per run")
-    parser.add_argument("--json", default=str(DEFAULT_JSON), help="where to write the results")
+    parser.add_argument(
+        "--json",
+        help=f"where to write the results (default {DEFAULT_JSON}; with --cluster "
+        f"{DEFAULT_CLUSTER_JSON})",
+    )
     parser.add_argument(
         "--only", help="comma-separated subjects to run (e.g. batch_dirmq,batch_binaryfile)"
     )
@@ -346,7 +369,10 @@ def main(argv: list[str] | None = None) -> int:
     where = Path(args.dir)
     if args.cluster:
         return cluster_main(
-            where, args.messages or (5_000 if args.quick else 50_000), trials, args.json
+            where,
+            args.messages or (5_000 if args.quick else 50_000),
+            trials,
+            args.json or str(DEFAULT_CLUSTER_JSON),
         )
 
     spark = spark_session()
@@ -457,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         f"batch read: {batch_count:,.0f} rows/s vs target {TARGET_BATCH:,} "
         f"({'met' if batch_count >= TARGET_BATCH else 'MISSED'})"
     )
-    out = Path(args.json)
+    out = Path(args.json or DEFAULT_JSON)
     out.parent.mkdir(parents=True, exist_ok=True)
     machine = {
         "python": platform.python_version(),

@@ -266,6 +266,37 @@ def measure(base: Path, count: int, max_per_batch: int | None = None) -> dict[st
     return result
 
 
+def stream_phases(progress: list[dict[str, Any]], began: float, ended: float) -> dict[str, Any]:
+    """Where a streaming run's time went, from the query's progress reports: each trigger's
+    `durationMs` (Spark's phases: latestOffset, getBatch, queryPlanning, walCommit, addBatch,
+    commitOffsets, triggerExecution), the time from `start()` to the first trigger, and from
+    the end of the last trigger to the end of the query. `began`, `ended`: epoch seconds."""
+    from datetime import datetime
+
+    triggers = []
+    for p in progress:
+        at = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+        triggers.append(
+            {
+                "batch": p["batchId"],
+                "rows": p["numInputRows"],
+                "starts_s": round(at - began, 3),
+                "ms": p["durationMs"],
+            }
+        )
+    first = triggers[0]["starts_s"] if triggers else None
+    last_end = (
+        triggers[-1]["starts_s"] + triggers[-1]["ms"].get("triggerExecution", 0) / 1000
+        if triggers
+        else None
+    )
+    return {
+        "before_first_trigger_s": first,
+        "after_last_trigger_s": None if last_end is None else round(ended - began - last_end, 3),
+        "triggers": triggers,
+    }
+
+
 def drive(
     master: str,
     url: str,
@@ -318,6 +349,7 @@ def drive(
             .load()
         )
         began = time.perf_counter()
+        began_wall = time.time()
         query = (
             stream.writeStream.format("parquet")
             .option("path", out)
@@ -329,6 +361,9 @@ def drive(
         result["stream_s"] = time.perf_counter() - began
         result["stream_batches"] = len(query.recentProgress)
         result["stream_rows"] = sum(p["numInputRows"] for p in query.recentProgress)
+        ended_wall = time.time()
+        result["stream_phases"] = stream_phases(query.recentProgress, began_wall, ended_wall)
+        result["stream_wall"] = [began_wall, ended_wall]
     finally:
         spark.stop()
     return result

@@ -342,6 +342,37 @@ def test_the_default_batch_caps_follow_where_messages_are_held() -> None:
     assert capped.batch_cap(held=False) == capped.batch_cap(held=True) == 7
 
 
+def test_url_batches_get_a_partition_per_25000_rows_unless_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    remote = parse_options({"url": "http://h", "queue": "q"})
+    mib = 1024 * 1024
+    assert [remote.rows_partitions_for(n, n * 170) for n in (150, 25_000, 25_001, 90_000)] == [
+        1,
+        1,
+        2,
+        4,
+    ]
+    assert remote.rows_partitions_for(1000, 70 * mib) == 3  # 32 MiB of rows at most
+    assert remote.rows_partitions_for(10**7, 10**10) == 8  # and the CPU count
+    told = parse_options({"url": "http://h", "queue": "q", "numPartitions": "3"})
+    assert told.rows_partitions_for(1000, 1000) == 3
+
+
+def test_what_was_leased_ahead_and_lost_its_lease_is_left_out(queue: dirmq.Queue) -> None:
+    from dirmq.spark.ahead import LeaseAhead
+
+    queue.put_many([b"x"] * 3)
+    ahead = LeaseAhead(queue, 0.3, 3, 3, queue.nack_each)
+    try:
+        time.sleep(0.45)  # the leases (0.3 s) end while no batch takes them,
+        assert [m.body for m in queue.get(5)] == [b"x"] * 3  # and another consumer leases them
+        assert ahead.take(3) == []  # so no batch may deliver them
+    finally:
+        ahead.close()
+
+
 def test_a_batch_spark_never_logged_is_given_back(root: Path, queue: dirmq.Queue) -> None:
     queue.put_many([b"m%d" % i for i in range(10)])
     reader = _reader(root, numPartitions="1")
@@ -766,6 +797,86 @@ def test_url_mode_available_now_splits_what_is_left_between_the_last_two_batches
             assert sorted(read) == published and queue.stats().total == 0
         finally:
             reader.stop()
+        remote.delete_queue(name)
+
+
+def _url_reader(url: str, name: str, state: Path) -> DirmqStreamReader:
+    options = {"url": url, "queue": name, "consumer": "c", "stateDir": str(state)}
+    return DirmqStreamReader(parse_options({**options, "pollWaitSeconds": "0.05"}))
+
+
+def _wait_for(check: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_url_mode_available_now_leases_ahead_of_the_batches(
+    http_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While Spark runs a batch the driver leases the next ones: the first batch takes half of
+    the run, the last two share the rest; each batch is one partition (25,000 rows each)."""
+    from dirmq.client import RemoteStore
+    from dirmq.spark import stream
+
+    monkeypatch.setattr(stream, "FIRST_CUT_MIN", 100)  # as if 300 were a large run
+    monkeypatch.setattr(stream, "FINAL_BATCH", 10)
+    name = f"spark-{tmp_path.name}"
+    with RemoteStore(http_server.url) as remote:
+        queue = remote.create_queue(name)
+        published = queue.put_many([b"a%d" % i for i in range(300)])
+        reader = _url_reader(http_server.url, name, tmp_path / "state")
+        try:
+            reader.prepareForTriggerAvailableNow()
+            offsets = [reader.initialOffset()]
+            offsets.append(reader.latestOffset(offsets[0], ReadAllAvailable()))
+            assert offsets[1] == {"seq": 1, "messages": 150, "partitions": 1}
+            _wait_for(lambda: queue.stats().in_flight == 300)  # the rest, leased ahead
+            read = _read(reader, offsets[0], offsets[1])
+            for _ in range(3):
+                offsets.append(reader.latestOffset(offsets[-1], ReadAllAvailable()))
+                read += _read(reader, offsets[-2], offsets[-1])
+            assert [o["messages"] for o in offsets[1:4]] == [150, 75, 75]
+            assert offsets[4] == offsets[3]  # nothing more: settled, the run ends
+            assert sorted(read) == published and queue.stats().total == 0
+        finally:
+            reader.stop()
+        remote.delete_queue(name)
+
+
+def test_url_mode_stop_gives_back_what_was_leased_ahead(
+    http_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Messages leased ahead are recorded only when a batch takes them: a query stopped before
+    gives them back at once, and its recorded batch replays after a restart, exactly once."""
+    from dirmq.client import RemoteStore
+    from dirmq.spark import stream
+
+    monkeypatch.setattr(stream, "FIRST_CUT_MIN", 100)
+    name = f"spark-{tmp_path.name}"
+    with RemoteStore(http_server.url) as remote:
+        queue = remote.create_queue(name)
+        published = queue.put_many([b"b%d" % i for i in range(300)])
+        reader = _url_reader(http_server.url, name, tmp_path / "state")
+        try:
+            reader.prepareForTriggerAvailableNow()
+            start = reader.initialOffset()
+            first = reader.latestOffset(start, ReadAllAvailable())
+            _wait_for(lambda: queue.stats().in_flight == 300)
+        finally:
+            reader.stop()
+        stats = queue.stats()
+        assert (stats.ready, stats.in_flight) == (150, 150)  # batch 1 stays leased
+        again = _url_reader(http_server.url, name, tmp_path / "state")
+        try:
+            read = _read(again, start, first)  # Spark replays the batch it logged
+            second = again.latestOffset(first, ReadAllAvailable())
+            read += _read(again, first, second)
+            assert again.latestOffset(second, ReadAllAvailable()) == second
+            assert sorted(read) == published and queue.stats().total == 0
+        finally:
+            again.stop()
         remote.delete_queue(name)
 
 

@@ -11,7 +11,8 @@ that is malformed is refused with `InvalidArgument` naming the option.
     stateDir              where the Spark layer keeps its own files (batch ledgers, staging,
                           sink markers); default `<path>/@spark`; required for streaming reads
                           over `url`
-    numPartitions         read parallelism (default: the driver's CPU count)
+    numPartitions         read parallelism (default: the driver's CPU count; streaming over
+                          `url`: a partition per 25000 messages or 32 MiB, at most that)
     maxMessagesPerTrigger streaming reads: the default read limit per micro-batch
     maxMessagesPerBatch   streaming reads: a hard cap per micro-batch (default 200000 when
                           the read tasks lease by name through `path` on a local filesystem;
@@ -60,6 +61,12 @@ DEFAULT_STATES = ("ready", "leased", "delayed")
 # count) stays smaller.
 DEFAULT_MAX_BATCH = 200_000
 DEFAULT_MAX_HELD_BATCH = 50_000
+# Streaming over `url`, without `numPartitions`: a read partition per this many messages (or
+# bytes of rows). Its task only decodes rows the driver leased and shipped inside it, so a task's
+# fixed costs (a Python worker's round trip, one more output file downstream; on a cold executor
+# its first parquet writes) outweigh splitting a smaller batch.
+URL_PARTITION_MESSAGES = 25_000
+URL_PARTITION_BYTES = 32 * 1024 * 1024
 DEFAULT_LEASE_S = 120.0
 DEFAULT_POLL_WAIT_S = 0.25
 STATE_SUBDIR = "@spark"
@@ -98,6 +105,17 @@ class Options:
 
     def partitions_for(self, count: int) -> int:
         return partitions_for(self.num_partitions, count)
+
+    def rows_partitions_for(self, count: int, size: int) -> int:
+        """Read partitions of a streaming batch of `count` rows (`size` bytes) leased by the
+        driver (`url`): `numPartitions`, or else one per `URL_PARTITION_MESSAGES` rows or
+        `URL_PARTITION_BYTES`, at most the CPU count."""
+        if self.num_partitions is not None:
+            return partitions_for(self.num_partitions, count)
+        wanted = max(
+            math.ceil(count / URL_PARTITION_MESSAGES), math.ceil(size / URL_PARTITION_BYTES)
+        )
+        return max(1, min(wanted, os.cpu_count() or 1))
 
     def batch_cap(self, *, held: bool) -> int:
         """The most messages one micro-batch may take: `maxMessagesPerBatch`, or the default

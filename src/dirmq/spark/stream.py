@@ -35,8 +35,15 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from dirmq.errors import InvalidArgument
+from dirmq.spark.ahead import LeaseAhead
 from dirmq.spark.backlog import ReadyBacklog
-from dirmq.spark.connect import QueueHandle, local_store, open_queue, state_access
+from dirmq.spark.connect import (
+    QueueHandle,
+    give_back_many,
+    local_store,
+    open_queue,
+    state_access,
+)
 from dirmq.spark.holder import take
 from dirmq.spark.leasing import (
     LeasePartition,
@@ -51,7 +58,7 @@ from dirmq.spark.leasing import (
 from dirmq.spark.ledger import Ledger
 from dirmq.spark.options import Options
 from dirmq.spark.rows import READ_COLUMNS, Columns
-from dirmq.spark.upkeep import Upkeep, give_back
+from dirmq.spark.upkeep import Upkeep
 from dirmq.store import Queue
 from dirmq.store.names import queue_path
 from dirmq.store.watch import polls
@@ -59,6 +66,9 @@ from dirmq.store.watch import polls
 log = logging.getLogger("dirmq.spark")
 SETTLE_TIMEOUT_S = 600.0
 FINAL_BATCH = 1000  # availableNow: messages left for the last batch
+# availableNow over `url`: the first batch takes at most half of a run larger than this (below,
+# leasing all of it first costs less than another micro-batch, ~0.7 s on a small cluster).
+FIRST_CUT_MIN = 10_000
 
 Offset = dict[str, Any]
 
@@ -71,6 +81,7 @@ class _Driver:
     """What the stream reader holds on the driver once the query runs (never pickled)."""
 
     def __init__(self, options: Options) -> None:
+        self.options = options
         self.queue: QueueHandle = open_queue(options)
         # Before the ledger is touched: a second query on this consumer would share it, and
         # deliver everything a second time. (Nothing below fails but the filesystem.)
@@ -88,6 +99,8 @@ class _Driver:
         # this alone fills a batch: counting processes every change others made meanwhile).
         self.unplanned = 0
         self.upkeep = Upkeep(self.queue, self.ledger, options.lease_s, self.hold)
+        # availableNow over `url`: the messages leased ahead of the batches that take them.
+        self.ahead: LeaseAhead | None = None
         # Path mode: the ready messages to plan from, and the names planned for each batch.
         self.backlog = ReadyBacklog(self.queue) if isinstance(self.queue, Queue) else None
         # (batch, its names; [] for a batch planned as a count): None for a batch this driver
@@ -103,12 +116,15 @@ class _Driver:
             )
         )
 
+    def give_back(self, receipts: list[str]) -> None:
+        give_back_many(self.options, self.queue, receipts)
+
     def discard_after(self, seq: int) -> None:
         """Give back what batches beyond `seq` leased: Spark never logged them."""
         for later in self.ledger.seqs():
             if later > seq:
                 log.info("dirmq: batch %d was never run by Spark; releasing its messages", later)
-                give_back(self.queue, self.ledger.receipts(later))
+                self.give_back(self.ledger.receipts(later))
                 self.ledger.drop(later)
 
 
@@ -120,6 +136,7 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._driver_state: _Driver | None = None
         self._budget: int | None = None  # availableNow: messages left to plan
         self._last_cut = False  # availableNow: the last batches' shares are set
+        self._first_cut = False  # availableNow over `url`: the first batch's share is set
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -144,11 +161,22 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
         # "Available now" is what is ready now: plan at most that many messages in total.
         driver = self._driver()
-        self._last_cut = False
+        self._last_cut = self._first_cut = False
         if driver.backlog is not None:
             self._budget = driver.backlog.count_ready()  # a listing the first batch plans from
-        else:
-            self._budget = driver.queue.stats().ready
+            return
+        self._budget = driver.queue.stats().ready
+        # Over `url` the driver leases every batch: the next ones are leased while Spark runs
+        # this one (`ahead.py`), at most a batch held in memory at a time.
+        if driver.ahead is not None:
+            driver.ahead.close()
+        driver.ahead = LeaseAhead(
+            driver.queue,
+            self._options.lease_s,
+            self._budget,
+            self._options.batch_cap(held=True),
+            driver.give_back,
+        )
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:  # noqa: N802
         driver = self._driver()
@@ -170,6 +198,12 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 # The run's last batch is acknowledged by the driver alone once Spark has
                 # committed it, while the executors wait: keep it small.
                 cap -= FINAL_BATCH
+            elif driver.ahead is not None and not self._first_cut and self._budget > FIRST_CUT_MIN:
+                # Over `url` nothing overlaps the first batch's lease, and its job is the one
+                # that starts the executors' cold work: it takes at most half of the run, the
+                # rest is leased ahead meanwhile.
+                self._first_cut = True
+                cap = min(cap, self._budget - self._budget // 2)
             elif cap == self._budget > FINAL_BATCH and not self._last_cut:
                 # Over `url` the driver acknowledges every batch, the one before the last
                 # while the last runs: the two share what is left.
@@ -206,11 +240,15 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             driver.unplanned -= count
             driver.planned = (seq, [])  # planned here, as a count
             return offset(seq, count, options.partitions_for(count))
-        messages = lease(driver.queue, cap, options.lease_s, first_wait_s=options.poll_wait_s)
+        if driver.ahead is not None:
+            messages = driver.ahead.take(cap)
+        else:
+            messages = lease(driver.queue, cap, options.lease_s, first_wait_s=options.poll_wait_s)
         if not messages:
             return None
-        driver.ledger.write_rows(seq, leased_table(messages))
-        return offset(seq, len(messages), options.partitions_for(len(messages)))
+        table = leased_table(messages)
+        driver.ledger.write_rows(seq, table)
+        return offset(seq, len(messages), options.rows_partitions_for(len(messages), table.nbytes))
 
     def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
         seq, count, parts = int(end["seq"]), int(end["messages"]), int(end["partitions"])
@@ -292,6 +330,8 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         if self._driver_state is not None:
+            if self._driver_state.ahead is not None:
+                self._driver_state.ahead.close()  # gives back what no batch took
             self._driver_state.upkeep.close()
             self._driver_state.hold.release()
 

@@ -1,0 +1,159 @@
+"""Leasing ahead over `url` under availableNow: while Spark runs one micro-batch, a driver thread
+leases the messages of the next ones, so the server's leasing overlaps the executors' work
+instead of following it (`stream.py` takes each batch from here).
+
+Only under availableNow, where the run's total is known (what was ready at its start): the
+thread leases up to that many, and holds at most `hold` (a batch held in memory) at a time.
+What is leased ahead is recorded only when a batch takes it (the ledger's rule is unchanged: a
+batch is recorded before any of its rows reaches Spark), so:
+
+- a driver that dies leaves them leased: they return to the queue when their lease ends
+  (`leaseSeconds`), as the messages of a batch it was leasing when it died would;
+- `close()` (the query's `stop()`) gives back what no batch took;
+- a message held longer than `EXTEND_AFTER` of its lease has its lease extended when a batch
+  takes it; one whose lease could not be extended (expired: someone else may hold it now) is
+  left out of the batch. The upkeep thread renews a recorded batch's leases a third of a lease
+  after the record at most a quarter later (`upkeep.py`): a lease a twelfth old when recorded
+  still has a third of its length left then.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from dirmq.errors import InvalidArgument, StaleReceipt
+from dirmq.spark.connect import QueueHandle
+from dirmq.store import Message
+
+log = logging.getLogger("dirmq.spark")
+GET_CHUNK = 1000  # messages per get(): the server's limit
+EXTEND_AFTER = 1 / 12  # of a lease: held longer, a message's lease is extended when taken
+
+
+class LeaseAhead:
+    """Leases up to `total` messages of `queue` on a thread of its own, at most `hold` held;
+    `give_back` returns receipts to the queue in bulk."""
+
+    def __init__(
+        self,
+        queue: QueueHandle,
+        lease_s: float,
+        total: int,
+        hold: int,
+        give_back: Callable[[list[str]], None],
+    ) -> None:
+        self._queue = queue
+        self._give_back = give_back
+        self._lease_s = lease_s
+        self._left = total  # still to lease
+        self._hold = max(1, hold)
+        self._cond = threading.Condition()
+        self._chunks: deque[tuple[float, list[Message]]] = deque()  # (leased at, messages)
+        self._held = 0
+        self._finished = False  # leased `total`, or the queue ran dry, or a get failed
+        self._error: Exception | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="dirmq-spark-ahead", daemon=True)
+        self._thread.start()
+
+    def take(self, count: int) -> list[Message]:
+        """Up to `count` leased messages, oldest first: waits until that many are held or
+        nothing more will come. Raises what a get raised if nothing is held."""
+        with self._cond:
+            while self._held < count and not self._finished:
+                self._cond.wait()
+            if not self._chunks and self._error is not None:
+                error, self._error = self._error, None
+                raise error
+            taken: list[tuple[float, list[Message]]] = []
+            wanted = count
+            while wanted > 0 and self._chunks:
+                leased_at, chunk = self._chunks.popleft()
+                if len(chunk) > wanted:
+                    self._chunks.appendleft((leased_at, chunk[wanted:]))
+                    chunk = chunk[:wanted]
+                taken.append((leased_at, chunk))
+                wanted -= len(chunk)
+            self._held -= count - wanted
+            self._cond.notify_all()
+        return self._fresh(taken)
+
+    def _fresh(self, taken: list[tuple[float, list[Message]]]) -> list[Message]:
+        """The messages of `taken`, their leases extended if they are past `EXTEND_AFTER`."""
+        stale_before = time.monotonic() - self._lease_s * EXTEND_AFTER
+        old = [m.receipt or "" for at, chunk in taken if at < stale_before for m in chunk]
+        lost: set[str] = set()
+        if old:
+            extend_many = getattr(self._queue, "extend_many", None)
+            if extend_many is not None:
+                failures = extend_many(old, self._lease_s)
+            else:
+                failures = {}
+                for receipt in old:
+                    try:
+                        self._queue.extend(receipt, self._lease_s)
+                    except (StaleReceipt, InvalidArgument) as exc:
+                        failures[receipt] = exc
+            for receipt, failure in failures.items():
+                if not isinstance(failure, StaleReceipt | InvalidArgument):
+                    self._give_back([m.receipt or "" for _, c in taken for m in c])
+                    raise failure
+                lost.add(receipt)
+            if lost:
+                log.warning(
+                    "dirmq: %d messages leased ahead lost their lease before a batch took "
+                    "them; they are left to whoever leases them next",
+                    len(lost),
+                )
+        return [m for _, chunk in taken for m in chunk if (m.receipt or "") not in lost]
+
+    def close(self) -> None:
+        """Stop leasing and give back what no batch took."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=60)
+        with self._cond:
+            leftover = [m.receipt or "" for _, chunk in self._chunks for m in chunk]
+            self._chunks.clear()
+            self._held = 0
+        if leftover:
+            try:
+                self._give_back(leftover)
+            except Exception as exc:  # their leases end by themselves
+                log.warning("dirmq: giving back %d messages failed: %s", len(leftover), exc)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and self._held >= self._hold:
+                    self._cond.wait()
+                if self._closed or self._left <= 0:
+                    self._finish(None)
+                    return
+                want = min(GET_CHUNK, self._left, self._hold - self._held)
+            try:
+                got = self._queue.get(want, visibility_s=self._lease_s)
+            except Exception as exc:  # the batch that needs these raises it
+                with self._cond:
+                    self._finish(exc)
+                return
+            with self._cond:
+                if got:
+                    self._chunks.append((time.monotonic(), got))
+                    self._held += len(got)
+                    self._left -= len(got)
+                    self._cond.notify_all()
+                if not got:  # the queue ran dry: availableNow plans what there is
+                    self._finish(None)
+                    return
+
+    def _finish(self, error: Exception | None) -> None:
+        """(Under the condition.) Nothing more will be leased."""
+        self._finished = True
+        self._error = error
+        self._cond.notify_all()
