@@ -413,6 +413,28 @@ def test_leases_on_a_shared_filesystem_run_on_the_pool(
     assert threads and threads[0] != loop_thread
 
 
+def test_messages_given_back_while_closing_are_ready_at_once(root: Path) -> None:
+    """A request that ends while the server shuts down gives its leases back on the spot (the
+    pool is gone): they do not wait out their lease, unseen by the next server's consumers."""
+    store = dirmq.Store(root)
+    queue = store.create_queue("closing")
+    queue.put_many([b"a", b"b"])
+
+    async def main() -> None:
+        broker = Broker(store)
+        got = await broker.receive(queue, 2, 300, 0)
+        assert len(got) == 2
+        broker.close()
+        broker.give_back(queue, got)
+
+    try:
+        run(main())
+        stats = queue.stats()
+        assert (stats.ready, stats.in_flight) == (2, 0)
+    finally:
+        store.close()
+
+
 def test_closing_releases_waiting_polls(root: Path) -> None:
     store = dirmq.Store(root)
     queue = store.create_queue("r")

@@ -422,9 +422,18 @@ class Broker:
     def give_back(self, queue: Queue, messages: list[Message]) -> None:
         """Make leased messages nobody will take ready again, in one pool call, without waiting
         for it: whoever gave them up must not hold up the next delivery (on a slow shared
-        filesystem, giving back takes as long as leasing)."""
-        if messages and not self.closing:
-            self._executor.submit(_give_back, queue, messages)
+        filesystem, giving back takes as long as leasing). Once the broker is closing (its pool
+        shut down) they go back here and now: else they would wait out their lease, unseen by
+        consumers of the next server."""
+        if not messages:
+            return
+        if not self.closing:
+            try:
+                self._executor.submit(_give_back, queue, messages)
+                return
+            except RuntimeError:  # the pool is shut down
+                pass
+        _give_back(queue, messages)
 
     def close(self) -> None:
         """Release every waiting receive (with nothing) and stop the thread pool."""
