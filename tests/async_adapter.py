@@ -171,6 +171,9 @@ class BlockingAsyncQueue:
     def nack(self, receipt: str, delay_s: float = 0.0) -> None:
         self._run(self._async.nack(receipt, delay_s))
 
+    def nack_each(self, receipts: Iterable[str], delay_s: float = 0.0) -> dict[str, Exception]:
+        return self._run(self._async.nack_each(receipts, delay_s))
+
     def extend(self, receipt: str, visibility_s: float) -> None:
         self._run(self._async.extend(receipt, visibility_s))
 

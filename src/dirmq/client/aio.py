@@ -211,6 +211,12 @@ class AsyncRemoteQueue:
         """As `Queue.extend_many`, in requests as `ack_many`."""
         return await self._settle_many(p.settle_many(self.name, "extend", receipts, visibility_s))
 
+    async def nack_each(
+        self, receipts: Iterable[str], delay_s: float = 0.0
+    ) -> dict[str, Exception]:
+        """As `Queue.nack_each`, in requests as `ack_many`."""
+        return await self._settle_many(p.settle_many(self.name, "nack", receipts, delay_s or None))
+
     async def _settle_many(self, batch: p.SettleMany) -> dict[str, Exception]:
         failures = batch.failures
         for call in batch.calls:

@@ -343,10 +343,14 @@ class SettleMany:
     failures: dict[str, Exception]
 
 
+_SETTLE_DURATION = {"nack": "delay", "extend": "visibility"}
+
+
 def settle_many(
-    name: str, action: str, receipts: Iterable[str], visibility_s: float | None = None
+    name: str, action: str, receipts: Iterable[str], duration_s: float | None = None
 ) -> SettleMany:
-    """`POST /{queue}/messages/{action}` (ack or extend) for `receipts`, each once."""
+    """`POST /{queue}/messages/{action}` (ack, nack or extend) for `receipts`, each once;
+    `duration_s`: an extend's visibility, a nack's delay."""
     failures: dict[str, Exception] = {}
     distinct: list[str] = []
     for receipt in dict.fromkeys(receipts):
@@ -355,8 +359,8 @@ def settle_many(
         else:  # as the library answers it, without a request
             failures[receipt] = errors.InvalidArgument(f"not a dirmq receipt: {str(receipt)!r}")
     document: dict[str, Any] = {}
-    if visibility_s is not None:
-        document["visibility"] = seconds(visibility_s)
+    if duration_s is not None:
+        document[_SETTLE_DURATION[action]] = seconds(duration_s)
     path = f"{queue_path(name)}/messages/{action}"
     headers = {"Content-Type": b"application/json"}
     calls = [

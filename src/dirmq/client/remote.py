@@ -218,6 +218,10 @@ class RemoteQueue:
         """As `Queue.extend_many`, in requests as `ack_many`."""
         return self._settle_many(p.settle_many(self.name, "extend", receipts, visibility_s))
 
+    def nack_each(self, receipts: Iterable[str], delay_s: float = 0.0) -> dict[str, Exception]:
+        """As `Queue.nack_each`, in requests as `ack_many`."""
+        return self._settle_many(p.settle_many(self.name, "nack", receipts, delay_s or None))
+
     def _settle_many(self, batch: p.SettleMany) -> dict[str, Exception]:
         failures = batch.failures
         for call in batch.calls:

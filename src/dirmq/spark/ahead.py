@@ -88,16 +88,7 @@ class LeaseAhead:
         old = [m.receipt or "" for at, chunk in taken if at < stale_before for m in chunk]
         lost: set[str] = set()
         if old:
-            extend_many = getattr(self._queue, "extend_many", None)
-            if extend_many is not None:
-                failures = extend_many(old, self._lease_s)
-            else:
-                failures = {}
-                for receipt in old:
-                    try:
-                        self._queue.extend(receipt, self._lease_s)
-                    except (StaleReceipt, InvalidArgument) as exc:
-                        failures[receipt] = exc
+            failures = self._queue.extend_many(old, self._lease_s)
             for receipt, failure in failures.items():
                 if not isinstance(failure, StaleReceipt | InvalidArgument):
                     self._give_back([m.receipt or "" for _, c in taken for m in c])

@@ -14,9 +14,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from dirmq.errors import MessageTooLarge, QueueNotFound, StaleReceipt
+from dirmq.errors import MessageTooLarge, QueueNotFound
 from dirmq.spark.options import Options
-from dirmq.store import Message, OutgoingMessage, Queue, QueueConfig, QueueStats, Store
+from dirmq.store import Message, OutgoingMessage, QueueConfig, QueueStats, Store
 from dirmq.store.access import PRIVATE, Access
 
 if TYPE_CHECKING:  # the HTTP client (httpx) is imported only by processes that use `url`:
@@ -44,6 +44,10 @@ class QueueHandle(Protocol):
     def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]: ...
 
     def nack(self, receipt: str, delay_s: float = 0.0) -> None: ...
+
+    def nack_each(self, receipts: Iterable[str], delay_s: float = 0.0) -> dict[str, Exception]: ...
+
+    def extend_many(self, receipts: Iterable[str], visibility_s: float) -> dict[str, Exception]: ...
 
     def extend(self, receipt: str, visibility_s: float) -> None: ...
 
@@ -136,28 +140,6 @@ def open_queue(options: Options, *, create: bool = False) -> QueueHandle:
     if create:
         return remote.create_queue(options.queue)
     return remote.queue(options.queue)
-
-
-def give_back_many(options: Options, queue: QueueHandle, receipts: list[str]) -> None:
-    """Give leased messages back to the queue at once, in bulk: a local queue's `nack_each`,
-    or over `url` the server's batch nack (`POST /{queue}/messages/nack`, a request per 1000
-    receipts, which the HTTP client has no method for). A lease that has ended is skipped."""
-    if not receipts:
-        return
-    if isinstance(queue, Queue):
-        failures = queue.nack_each(receipts)
-    else:
-        from dirmq.client import protocol
-
-        assert options.url is not None
-        remote = remote_store(options.url)
-        batch = protocol.settle_many(options.queue, "nack", receipts)
-        failures = dict(batch.failures)
-        for call in batch.calls:
-            failures.update(protocol.settle_failures(remote.request(call)))
-    for failure in failures.values():
-        if not isinstance(failure, StaleReceipt):
-            raise failure
 
 
 def message_checker(options: Options) -> Callable[[OutgoingMessage], None]:

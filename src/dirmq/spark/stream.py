@@ -37,13 +37,7 @@ from pyspark.sql.streaming.datasource import (
 from dirmq.errors import InvalidArgument
 from dirmq.spark.ahead import LeaseAhead
 from dirmq.spark.backlog import ReadyBacklog
-from dirmq.spark.connect import (
-    QueueHandle,
-    give_back_many,
-    local_store,
-    open_queue,
-    state_access,
-)
+from dirmq.spark.connect import QueueHandle, local_store, open_queue, state_access
 from dirmq.spark.holder import take
 from dirmq.spark.leasing import (
     LeasePartition,
@@ -58,7 +52,7 @@ from dirmq.spark.leasing import (
 from dirmq.spark.ledger import Ledger
 from dirmq.spark.options import Options
 from dirmq.spark.rows import READ_COLUMNS, Columns
-from dirmq.spark.upkeep import Upkeep
+from dirmq.spark.upkeep import Upkeep, give_back
 from dirmq.store import Queue
 from dirmq.store.names import queue_path
 from dirmq.store.watch import polls
@@ -81,7 +75,6 @@ class _Driver:
     """What the stream reader holds on the driver once the query runs (never pickled)."""
 
     def __init__(self, options: Options) -> None:
-        self.options = options
         self.queue: QueueHandle = open_queue(options)
         # Before the ledger is touched: a second query on this consumer would share it, and
         # deliver everything a second time. (Nothing below fails but the filesystem.)
@@ -117,7 +110,7 @@ class _Driver:
         )
 
     def give_back(self, receipts: list[str]) -> None:
-        give_back_many(self.options, self.queue, receipts)
+        give_back(self.queue, receipts)
 
     def discard_after(self, seq: int) -> None:
         """Give back what batches beyond `seq` leased: Spark never logged them."""
