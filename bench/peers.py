@@ -105,8 +105,14 @@ HOST = "127.0.0.1"
 BODY_BYTES = 1024
 BODY = b"x" * BODY_BYTES
 STAMP = struct.Struct("<d")  # latency bodies start with the send time (perf_counter)
-SYSTEMS = ("dirmq", "rabbitmq", "redis", "nats")
-SYSTEM_NAMES = {"dirmq": "dirmq", "rabbitmq": "RabbitMQ", "redis": "Redis", "nats": "NATS JS"}
+SYSTEMS = ("dirmq", "floor", "rabbitmq", "redis", "nats")
+SYSTEM_NAMES = {
+    "dirmq": "dirmq",
+    "floor": "floor",
+    "rabbitmq": "RabbitMQ",
+    "redis": "Redis",
+    "nats": "NATS JS",
+}
 WORKLOADS = ("publish", "consume", "consume-batch", "latency")
 CONSUMED_SHARE = 0.9  # a consume trial stops at 90% of its backlog: no consumer idles on the tail
 PREFETCH = 50  # RabbitMQ prefetch, NATS fetch size, dirmq stream credit window
@@ -128,6 +134,8 @@ FSYNC = {
     "redis": "appendonly yes, appendfsync always: the reply follows the AOF write and fsync",
     "nats": "JetStream file store, fsynced every 2 min (2.9's fixed default; sync_interval "
     "appeared in 2.10): the publish ack precedes any fsync",
+    "floor": "none (it only consumes): bench/floor_server.py, dirmq's stack (uvloop + "
+    "httptools, 2 processes) doing the bare-loop consume floor's syscalls and nothing else",
 }
 
 
@@ -156,6 +164,7 @@ SUBJECTS = (
     Subject("consume", "rabbitmq", "ack", "RabbitMQ prefetch 50, ack each"),
     Subject("consume", "redis", "lmove", "Redis LMOVE + LREM"),
     Subject("consume", "nats", "fetch", "NATS fetch 50, ack each, fsync 2 min"),
+    Subject("consume", "floor", "getack", "floor: bare HTTP + syscalls, GET + DELETE"),
     Subject("consume-batch", "dirmq", "batchack", "dirmq GET max=50 + POST ack", "batchack"),
     Subject("consume-batch", "dirmq", "sqs", "dirmq SQS Receive 10 + DeleteBatch"),
     Subject(
@@ -163,6 +172,7 @@ SUBJECTS = (
     ),
     Subject("consume-batch", "rabbitmq", "multiple", "RabbitMQ ack multiple every 50"),
     Subject("consume-batch", "redis", "pipeline", "Redis pipelined LMOVE/LREM x50"),
+    Subject("consume-batch", "floor", "batchack", "floor: bare HTTP + syscalls, max=50 + ack"),
     Subject("latency", "dirmq", "longpoll", "dirmq long-poll GET + DELETE"),
     Subject("latency", "dirmq", "stream", "dirmq stream", "stream"),
     Subject("latency", "rabbitmq", "ack", "RabbitMQ consumer"),
@@ -747,9 +757,11 @@ async def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     tasks = int(spec["tasks"])
     loop = asyncio.get_running_loop()
     load: Any
-    if system == "dirmq":
+    if system in ("dirmq", "floor"):  # the floor speaks dirmq's wire
         load = DirmqLoad(spec)
-        if form.startswith("stream"):  # the client library's imports are not the trial's
+        if system == "dirmq" and form.startswith(
+            "stream"
+        ):  # the client library's imports are not the trial's
             importlib.import_module("dirmq.client.remote")
             importlib.import_module("dirmq.client.aio")
     elif system == "rabbitmq":
@@ -974,6 +986,24 @@ def start_redis(procs: Any, directory: str, version: str) -> Server:
     return Server("redis", redis.port, version, lambda: [redis.proc.pid], handle=redis)
 
 
+def start_floor(procs: Any, directory: str) -> Server:
+    """bench/floor_server.py with 2 worker processes, its queues under `directory`."""
+    os.makedirs(directory, exist_ok=True)
+    script = os.path.join(BENCH_DIR, "floor_server.py")
+    args = [sys.executable, script, "--root", directory, "--workers", "2"]
+    proc = procs.start(args, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("listening on "):
+        raise RuntimeError(f"floor_server.py did not start: {line!r}")
+    port = int(line.split()[-1])
+    for pid in process_tree(proc.pid)[1:]:
+        procs.adopt(pid)
+    return Server(
+        "floor", port, "-", lambda: process_tree(proc.pid), handle=directory, detail="2 workers"
+    )
+
+
 def start_dirmq(procs: Any, directory: str) -> Server:
     server = hb.start_dirmq(procs, directory, 2, "dirmq-peers")
     return Server(
@@ -1038,6 +1068,9 @@ class Admin:
         spec: dict[str, Any] = {"port": server.port, "queue": name}
         if system == "dirmq":
             hb.create_queue(server.port, name)
+        elif system == "floor":
+            for sub in ("ready", "leased"):
+                os.makedirs(os.path.join(server.handle, name, sub))
         elif system == "rabbitmq":
             self.run(self.rabbit_channel.declare_queue(name, durable=True))
         elif system == "redis":
@@ -1084,6 +1117,12 @@ class Admin:
                 )
                 if status != 201:
                     raise RuntimeError(f"dirmq preload: {status} {body[:200]!r}")
+        elif system == "floor":  # the names and count floor_server.py expects
+            directory = os.path.join(server.handle, name)
+            for i in range(count):
+                with open(os.path.join(directory, "ready", f"{i:012d}"), "wb") as f:
+                    f.write(BODY)
+            Path(directory, "count").write_text(str(count))
         elif system == "rabbitmq":
             self.run(self._preload_rabbit(name, count))
         elif system == "redis":
@@ -1117,6 +1156,9 @@ class Admin:
         if system == "dirmq":
             stats = hb.queue_stats(server.port, name)
             return int(stats["ready"]) + int(stats["in_flight"])
+        if system == "floor":
+            directory = os.path.join(server.handle, name)
+            return sum(len(os.listdir(os.path.join(directory, d))) for d in ("ready", "leased"))
         if system == "rabbitmq":
             queue = self.run(self.rabbit_channel.declare_queue(name, durable=True, passive=True))
             return int(queue.declaration_result.message_count)
@@ -1130,6 +1172,8 @@ class Admin:
         try:
             if system == "dirmq":
                 hb.http_call(server.port, "DELETE", f"/{name}")
+            elif system == "floor":
+                shutil.rmtree(os.path.join(server.handle, name))
             elif system == "rabbitmq":
                 self.run(self.rabbit_channel.queue_delete(name))
             elif system == "redis":
@@ -1541,6 +1585,16 @@ def targets(ctx: Run) -> list[dict[str, Any]]:
         ),
         entry("dirmq GET + DELETE vs RabbitMQ ack each", ["consume/dirmq/getack"], rabbit_each),
         entry(
+            "dirmq GET + DELETE vs its floor (bare HTTP + syscalls)",
+            ["consume/dirmq/getack"],
+            ["consume/floor/getack"],
+        ),
+        entry(
+            "dirmq native batch vs its floor (bare HTTP + syscalls)",
+            ["consume-batch/dirmq/batchack"],
+            ["consume-batch/floor/batchack"],
+        ),
+        entry(
             "dirmq native batch ack vs RabbitMQ ack each",
             ["consume-batch/dirmq/batchack"],
             rabbit_each,
@@ -1609,7 +1663,13 @@ def print_table(
         print(f"  {SYSTEM_NAMES[system]:<9} {text}")
 
 
-COLORS = {"dirmq": "#1f77b4", "rabbitmq": "#ff7f0e", "redis": "#d62728", "nats": "#2ca02c"}
+COLORS = {
+    "dirmq": "#1f77b4",
+    "floor": "#7f7f7f",
+    "rabbitmq": "#ff7f0e",
+    "redis": "#d62728",
+    "nats": "#2ca02c",
+}
 
 
 def draw_chart(rows: dict[str, Any], path: Path, title: str) -> None:
@@ -1767,6 +1827,8 @@ def main(argv: list[str] | None = None) -> int:
             where = os.path.join(data_dir, system)
             if system == "dirmq":
                 servers[system] = start_dirmq(procs, where)
+            elif system == "floor":
+                servers[system] = start_floor(procs, where)
             elif system == "rabbitmq":
                 servers[system] = start_rabbitmq(procs, where)
             elif system == "redis":
