@@ -162,3 +162,41 @@ def _find_socket(obj: object, depth: int = 0) -> socket.socket:
             except LookupError:
                 continue
     raise LookupError("no socket")
+
+
+def _upgrade_request(host: str, port: int, path: str) -> bytes:
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import Request
+
+    return WSConnection(ConnectionType.CLIENT).send(Request(host=f"{host}:{port}", target=path))
+
+
+def test_two_streams_that_arrive_together_go_to_different_workers(
+    two_workers: ServerProcess,
+) -> None:
+    """Two streaming consumers that ask for their upgrade at the same moment, behind an idle
+    keep-alive connection, eight times over: they always end on different workers. A stream
+    counts for its worker from the moment its request is read, not from its 101, and a
+    connection passed on at accept (to even the connection counts) may still move for its
+    upgrade. Before, both often stayed on one worker (6 trials in 20), which then served both
+    while the other idled: half the server."""
+    parts = urlsplit(two_workers.url)
+    host, port = parts.hostname or "", parts.port or 0
+    outcomes = []
+    with RemoteStore(two_workers.url) as store:
+        store.create_queue("pair")
+        store.queue("pair").stats()  # the client's keep-alive connection stays open, idle
+        for _ in range(8):
+            streams = [socket.create_connection((host, port), timeout=10) for _ in range(2)]
+            try:
+                for sock in streams:
+                    sock.sendall(_upgrade_request(host, port, "/pair/messages?prefetch=5"))
+                for sock in streams:
+                    assert sock.recv(4096).startswith(b"HTTP/1.1 101")
+                ports = [s.getsockname()[1] for s in streams]
+                outcomes.append(sorted(_holders(two_workers, ports).values()))
+            finally:
+                for sock in streams:
+                    sock.close()
+            time.sleep(0.1)  # their close is counted before the next pair arrives
+    assert outcomes == [[1, 1]] * 8, outcomes

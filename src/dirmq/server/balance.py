@@ -14,7 +14,11 @@ has parsed or answered anything on it:
   serves more streams than another worker: idle keep-alive connections weigh like busy ones in
   the first count, so the streams, which carry the load, are evened out on their own.
 The socket goes over a Unix datagram socket (`SCM_RIGHTS`) with the bytes already read, and the
-receiver serves it as if it had accepted it. A connection moves at most once.
+receiver serves it as if it had accepted it. A connection moves at most once at each moment: one
+passed on at accept may move again for its upgrade (the accept counted it as one connection
+among idle ones), one passed on for its upgrade stays. A stream counts for the worker that keeps
+it from the moment its upgrade request is read, not from its 101: streams that arrive together
+would otherwise each see the same counts and all stay where the kernel put them.
 
 Each worker's counts live in memory shared by the run (`shared_slots`), written only by their
 own worker and read by the others as a hint. A connection on its way counts for its receiver

@@ -328,6 +328,7 @@ class HttpProtocol(asyncio.Protocol):
         "_can_write",
         "_closed",
         "_counted",
+        "_first_read",
         "_head_bytes",
         "_headers",
         "_in_message",
@@ -341,9 +342,11 @@ class HttpProtocol(asyncio.Protocol):
         "_raw_headers",
         "_reading_paused",
         "_received",
+        "_received_as_stream",
         "_refusal",
         "_response_charge",
         "_server",
+        "_stream_counted",
         "_task",
         "_transport",
         "_unparsed",
@@ -362,11 +365,16 @@ class HttpProtocol(asyncio.Protocol):
         arrived: Callable[[], None] | None = None,
     ) -> None:
         self._server = server
-        # May be passed to another worker (balance.py): until its first bytes are read.
+        # May be passed to another worker (balance.py) when accepted.
         self._movable = movable and server.balance is not None
+        # Its first bytes not looked at yet: a streaming consumer's upgrade may move it (once
+        # more, for a connection passed at accept, but never a second time as a stream).
+        self._first_read = server.balance is not None
         self._received = received  # read by the worker that passed it here
+        self._received_as_stream = bool(received)  # passed for its upgrade: it stays here
         self._arrived = arrived  # for a passed connection: tell balance.py it is counted here
         self._counted = False  # in this worker's connection count (balance.py)
+        self._stream_counted = False  # in this worker's stream count (balance.py)
         self._limits = server.limits
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -459,7 +467,8 @@ class HttpProtocol(asyncio.Protocol):
         if self._counted and balance is not None:
             self._counted = False
             balance.closed()
-            if self._upgraded is not None:
+            if self._stream_counted:
+                self._stream_counted = False
                 balance.stream_closed()
         if self._upgraded is not None:
             self._upgraded.connection_lost()
@@ -586,7 +595,7 @@ class HttpProtocol(asyncio.Protocol):
         if self._upgraded is not None:
             self._upgraded.data_received(data)
             return
-        if self._movable and self._pass_stream(data):
+        if self._first_read and self._pass_stream(data):
             return
         if self._upgrade_tail is not None:  # a read that came before pausing took effect
             self._upgrade_tail += data
@@ -605,23 +614,29 @@ class HttpProtocol(asyncio.Protocol):
 
     def _pass_stream(self, data: bytes) -> bool:
         """A connection whose first bytes ask for an upgrade (a streaming consumer) may go to
-        a worker serving fewer streams (balance.py); True if it went."""
-        self._movable = False  # only a connection's first bytes are looked at
+        a worker serving fewer streams (balance.py); True if it went. One that stays counts as
+        a stream here at once, not at its 101: else several streams arriving together each see
+        the same counts, and all stay on the worker that took them."""
+        self._first_read = False  # only a connection's first bytes are looked at
         balance = self._server.balance
         transport = self._transport
         if (
             balance is None
             or transport is None
+            or not self._counted
             or data[:4] != b"GET "
             or b"upgrade:" not in data[:4096].lower()
-            or not balance.pass_stream(
-                transport.get_extra_info("socket"), self._server.listener, data
-            )
         ):
             return False
-        self._closed = True
-        transport.abort()  # our copy only: the connection lives on over there
-        return True
+        if not self._received_as_stream and balance.pass_stream(
+            transport.get_extra_info("socket"), self._server.listener, data
+        ):
+            self._closed = True
+            transport.abort()  # our copy only: the connection lives on over there
+            return True
+        balance.stream_opened()
+        self._stream_counted = True
+        return False
 
     def _feed(self, data: memoryview) -> None:
         """Parse FEED_BYTES at a time while the connection may be read; keep the rest."""
@@ -927,8 +942,9 @@ class HttpProtocol(asyncio.Protocol):
         )
         transport.write(head)
         self._upgraded = response.connection
-        if self._counted and self._server.balance is not None:
+        if self._counted and not self._stream_counted and self._server.balance is not None:
             self._server.balance.stream_opened()
+            self._stream_counted = True
         self._disarm()  # the protocol keeps its own timers
         self._server.requests_served += 1
         self._observed(request, 101, 0)
