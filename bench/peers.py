@@ -22,7 +22,10 @@ those processes, by PID, at the end, also on Ctrl-C, SIGTERM or an error:
 - Redis 7: `--appendonly yes --appendfsync always --save ''` (the reply follows the AOF fsync);
 - NATS JetStream (Debian's 2.9): `-js`, file storage, a work-queue stream, a durable pull
   consumer with explicit acks. 2.9 has no `sync_interval` setting (2.10 added it): its file
-  store is fsynced every 2 minutes, so a publish ack means "in the OS page cache", not "on disk".
+  store is fsynced every 2 minutes, so a publish ack means "in the OS page cache", not "on disk";
+- floor: `bench/floor_server.py`, dirmq's stack (uvloop + httptools, 2 processes) answering
+  dirmq's GET + DELETE and GET ?max=50 + POST ack with only the bare-loop consume floor's
+  syscalls behind them: what no server on this disk and stack beats (consume workloads only).
 
 The load generator is this script run as child processes (`--child`, uvloop), the same shape for
 every system: N asyncio tasks, each with one operation in flight, on the system's usual Python

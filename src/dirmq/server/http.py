@@ -623,6 +623,7 @@ class HttpProtocol(asyncio.Protocol):
         if (
             balance is None
             or transport is None
+            or self._closed
             or not self._counted
             or data[:4] != b"GET "
             or b"upgrade:" not in data[:4096].lower()

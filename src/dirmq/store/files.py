@@ -235,7 +235,11 @@ class QueueFiles:
             return None
         if index is not None:
             index.discard(layout.READY, name)
-            index.add(layout.LEASED, lease)
+            # The lease's Entry from what made its name: no parse of it, here or at its ack.
+            index.leased.add(
+                Entry(entry.message_id, entry.count + 1, at_ms + visibility_ms, entry.group),
+                lease,
+            )
         return lease
 
     def open_claimed(

@@ -237,11 +237,24 @@ class QueueIndex:
         while no message of its group is leased, except by the get that `runs` tracks (which
         may go on taking its group's next messages, within its limit per group).
         """
+        heap, ready = self._ready_heap, self.ready
+        if not peers:
+            # The usual case, without the lists below: the head, when it is in no group.
+            while heap:
+                message_id = heap[0]
+                name = ready.get(message_id)
+                if name is None:
+                    heapq.heappop(heap)  # taken or gone meanwhile: a stale heap entry
+                    continue
+                if "~" in name:
+                    break  # a group's: the general way below
+                heapq.heappop(heap)
+                del ready[message_id]
+                return name
         candidates: list[str] = []
         passed: list[str] = []  # ready, but their group is busy: they stay where they are
         groups_seen: set[str] = set()
         busy = self.leased.groups
-        heap = self._ready_heap
         while heap and len(candidates) <= peers:
             message_id = heapq.heappop(heap)
             name = self.ready.get(message_id)
