@@ -257,7 +257,7 @@ class QueueIndex:
         busy = self.leased.groups
         while heap and len(candidates) <= peers:
             message_id = heapq.heappop(heap)
-            name = self.ready.get(message_id)
+            name = ready.get(message_id)
             if name is None or message_id in candidates or message_id in passed:
                 continue
             tag = group_of(name)
@@ -275,7 +275,7 @@ class QueueIndex:
         chosen = candidates.pop(random.randrange(len(candidates))) if peers else candidates.pop()
         for message_id in candidates:
             heapq.heappush(heap, message_id)
-        return self.ready.pop(chosen)
+        return ready.pop(chosen)
 
     def due_by(self, at_ms: int) -> bool:
         """Whether a delay or a lease falls due by `at_ms` (`QueueFiles.promote` has work)."""

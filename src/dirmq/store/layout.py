@@ -126,6 +126,12 @@ def timed_name(message_id: str, count: int, at_ms: int, group: str | None = None
     return _tagged(f"{message_id}.{count}.{at_ms}", group)
 
 
+def lease_prefix(message_id: str, count: int) -> str:
+    """What every `timed_name` of (`message_id`, `count`) starts with: a receipt's lease is
+    recognised by it, without parsing the name."""
+    return f"{message_id}.{count}."
+
+
 def dead_name(message_id: str, count: int, group: str | None = None) -> str:
     return _tagged(f"{message_id}.{count}", group)
 

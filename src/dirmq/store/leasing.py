@@ -24,7 +24,7 @@ from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import QueueConfig
 from dirmq.store.files import now_ms
 from dirmq.store.index import GroupRuns, QueueIndex
-from dirmq.store.layout import parse_receipt
+from dirmq.store.layout import lease_prefix, parse_receipt
 from dirmq.store.message import Message
 from dirmq.store.view import QueueView
 
@@ -196,8 +196,7 @@ def _lease_name(view: QueueView, receipt: str, sync: bool = True) -> str:
         # Polling mode: another host's extend may not have been seen yet.
         index.rescan_leased(view.path)
         name = index.leased.names.get(message_id)
-    # Its name starts with the receipt's id and count as a lease's name spells them: no parse.
-    if name is None or not name.startswith(f"{message_id}.{count}."):
+    if name is None or not name.startswith(lease_prefix(message_id, count)):
         raise StaleReceipt(
             f"receipt {receipt} of queue {view.name!r} is stale: the lease expired and the "
             "message was delivered again, or it was already acknowledged"
