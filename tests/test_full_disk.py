@@ -54,9 +54,18 @@ def test_consumers_drain_a_full_disk_and_free_its_space(ext4: Path) -> None:
     body = os.urandom(3000)
     stored = _fill(q, body)
     assert stored > 1000
+    # At the edge of full, the blocks of the refused put's temp file come back when it is
+    # removed, and one more small put may fit in them (seen once in CI): the disk stays full,
+    # and refuses again within a few puts.
+    for _ in range(8):
+        try:
+            q.put(body)
+        except dirmq.DiskFull:
+            break
+        stored += 1
+    else:
+        raise AssertionError("a full disk took 8 more puts")
     at_full = free_bytes(ext4)
-    with pytest.raises(dirmq.DiskFull):
-        q.put(body)
 
     received = 0
     while (message := q.get_one()) is not None:  # no DiskFull, no StorageError at all
