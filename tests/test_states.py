@@ -41,7 +41,7 @@ NOT_MESSAGE_MOVES = {
     "root": "queue directories and @queue.json",
     "fsck": "repair: it moves what breaks the table's rules",
     "fsio": "the mechanics of a publish, done for `Publisher._commit` (seen at run time)",
-    "pool": "`FilePool.retire` is what RETIRED is; its other moves are between @tmp and @free",
+    "pool": "`FilePool.retire`/`retire_many` is what RETIRED is; its other moves: @tmp, @free",
     "smallfiles": "configs and the upper layers' records, beside the messages",
     "holds": "hold records (who runs a consumer name or a move task)",
     "claimtokens": "the shared-filesystem mode's claim tokens in @tmp (empty files)",
@@ -49,7 +49,7 @@ NOT_MESSAGE_MOVES = {
 # Functions that rename for a transition function, and are none themselves.
 PRIMITIVES = {"files.QueueFiles.move", "files.QueueFiles._rename"}
 _OS_CALLS = {"rename", "replace", "link", "unlink"}
-_METHOD_CALLS = {"_rename", "move", "retire", "publish", "commit"}
+_METHOD_CALLS = {"_rename", "move", "retire", "retire_many", "publish", "commit"}
 
 
 def _resolve(by: str) -> Callable[..., Any]:

@@ -157,6 +157,60 @@ class QueueFiles:
                 return message
         return None
 
+    def claim_many(
+        self,
+        index: QueueIndex,
+        config: QueueConfig,
+        at_ms: int,
+        visibility_ms: int,
+        runs: GroupRuns,
+        max_count: int,
+    ) -> list[Message]:
+        """Lease up to `max_count` of the oldest ready messages (a get's leases): `claim` over
+        and over, with its usual case in line. A head in no group, on a local filesystem, in
+        a queue that keeps messages for ever and spreads nothing over its head (no retention,
+        no `peers`) costs a rename, a read and the index's two entries: no parse of its name,
+        no `Entry`. Anything else takes `claim`'s way. A failure after something was leased
+        ends the batch and is not raised: what is leased goes to the caller."""
+        self.pool.note_depth(len(index.ready))  # a drain keeps its freed files for later puts
+        got: list[Message] = []
+        plain = not config.peers and self.tokens is None and config.retention_s is None
+        deadline_ms = at_ms + visibility_ms
+        id_length, pop_plain = layout.ID_LENGTH, index.pop_plain_head
+        try:
+            while len(got) < max_count:
+                name = pop_plain() if plain else None
+                if name is None:  # nothing ready, or not the usual case: `claim` decides
+                    message = self.claim(index, config, at_ms, visibility_ms, runs)
+                    if message is None:
+                        break
+                    got.append(message)
+                    continue
+                message_id = name[:id_length]
+                # A ready name is "<id>" or "<id>.<count>" (the index holds only names that
+                # parsed, and pop_plain_head no group's).
+                count = int(name[id_length + 1 :]) + 1 if len(name) > id_length else 1
+                lease = f"{message_id}.{count}.{deadline_ms}"
+                try:
+                    leased = self._lease(index, name, lease, message_id, deadline_ms)
+                except OSError:
+                    index.add(layout.READY, name)  # still in @ready: in its FIFO place
+                    raise
+                if not leased:
+                    runs.missed += 1  # another process claimed or deleted it first
+                    continue
+                try:
+                    message = self.open_claimed(lease, message_id, count, deadline_ms)
+                except OSError as exc:
+                    self.hand_back(index, lease, name)
+                    raise storage_error(exc, f"reading a message of queue {self.name!r}") from exc
+                if message is not None:
+                    got.append(message)
+        except OSError:
+            if not got:
+                raise
+        return got
+
     def hand_back(self, index: QueueIndex | None, lease: str, name: str) -> None:
         """Put back a message leased by a claim that could not read it: under its ready name
         `name` it keeps its FIFO place and its receive count. If even that rename fails, the
@@ -224,23 +278,37 @@ class QueueFiles:
             if token is None:
                 return None  # another host's claim of this very lease name
         try:
-            moved = self.move(layout.READY, name, layout.LEASED, lease)
+            moved = self._lease(index, name, lease, entry.message_id, at_ms + visibility_ms)
         except BaseException:
             if tokens is not None and token is not None:
                 tokens.drop(token)
             raise
         if tokens is not None and token is not None:
             tokens.keep(token)  # a lost claim's too: no unlink on the path of a claim
-        if not moved:
-            return None
+        return lease if moved else None
+
+    def _lease(
+        self, index: QueueIndex | None, name: str, lease: str, message_id: str, deadline_ms: int
+    ) -> bool:
+        """Rename @ready/`name` to @leased/`lease` (the lease name of `message_id` until
+        `deadline_ms`); False if it was gone. The index learns the lease from the parts that
+        made its name: no parse of it, here or at its ack."""
+        try:
+            self._rename(f"{self.dir[layout.READY]}/{name}", f"{self.dir[layout.LEASED]}/{lease}")
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise storage_error(exc, f"moving a message of queue {self.name!r}") from exc
         if index is not None:
             index.discard(layout.READY, name)
-            # The lease's Entry from what made its name: no parse of it, here or at its ack.
-            index.leased.add(
-                Entry(entry.message_id, entry.count + 1, at_ms + visibility_ms, entry.group),
-                lease,
-            )
-        return lease
+            leased = index.leased
+            if "~" in lease:
+                entry = parse_entry(lease)
+                assert entry is not None
+                leased.add(entry, lease)
+            else:
+                leased.add_ungrouped(message_id, deadline_ms, lease)
+        return True
 
     def open_claimed(
         self, lease: str, message_id: str, count: int, deadline_ms: int
@@ -382,16 +450,34 @@ class QueueFiles:
         else:
             self._give_back(index, path, lease, entry, delay_s)
 
-    def ack(self, index: QueueIndex, lease: str) -> None:
-        """Retire the leased file `lease` (into the pool of recycled files, or unlinked), and
-        free its capacity token. FileNotFoundError if the lease vanished meanwhile."""
-        message_id = lease[: layout.ID_LENGTH]
-        path = self.path(layout.LEASED, lease)
-        slot = self.slots.slot_of(path, index)
-        self.pool.retire(path, message_id)
-        index.leased.discard(message_id, lease)
-        if slot is not None:  # only once the file is gone: else it would hold no token
-            self.slots.release(slot, message_id, index)
+    def ack(self, index: QueueIndex, leases: list[str]) -> dict[str, OSError]:
+        """Retire each leased file of `leases` (into the pool of recycled files, or unlinked),
+        freeing its capacity token: the failures by lease name, FileNotFoundError for one that
+        vanished meanwhile (the caller re-resolves it). Nothing is raised. One batch
+        retirement (`FilePool.retire_many`) unless capacity tokens are in use: then each file
+        is read for its token before it goes, and the token freed only once the file is gone
+        (else it would hold none)."""
+        failures: dict[str, OSError] = {}
+        discard, id_length = index.leased.discard, layout.ID_LENGTH
+        if not index.slots:
+            failures = self.pool.retire_many(self.dir[layout.LEASED], leases)
+            for lease in leases:
+                if lease not in failures:
+                    discard(lease[:id_length], lease)
+            return failures
+        for lease in leases:
+            message_id = lease[:id_length]
+            path = self.path(layout.LEASED, lease)
+            slot = self.slots.slot_of(path, index)
+            try:
+                self.pool.retire(path, message_id)
+            except OSError as exc:
+                failures[lease] = exc
+                continue
+            discard(message_id, lease)
+            if slot is not None:
+                self.slots.release(slot, message_id, index)
+        return failures
 
     def _give_back(
         self, index: QueueIndex, path: str, lease: str, entry: Entry, delay_s: float

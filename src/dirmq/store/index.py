@@ -46,6 +46,16 @@ class _TimedSet:
             self._heap = [(parse_at(n), i, n) for i, n in self.names.items()]
             heapq.heapify(self._heap)
 
+    def add_ungrouped(self, message_id: str, at_ms: int, name: str) -> None:
+        """`add` of a name in no group, from the parts that made it (no `Entry`)."""
+        if message_id in self.names:
+            self._forget(message_id)
+        self.names[message_id] = name
+        heapq.heappush(self._heap, (at_ms, message_id, name))
+        if len(self._heap) > 2 * len(self.names) + 1024:
+            self._heap = [(parse_at(n), i, n) for i, n in self.names.items()]
+            heapq.heapify(self._heap)
+
     def discard(self, message_id: str, name: str) -> None:
         if self.names.get(message_id) == name:
             self._forget(message_id)
@@ -237,20 +247,9 @@ class QueueIndex:
         while no message of its group is leased, except by the get that `runs` tracks (which
         may go on taking its group's next messages, within its limit per group).
         """
+        if not peers and (name := self.pop_plain_head()) is not None:
+            return name  # the usual case, without the lists below
         heap, ready = self._ready_heap, self.ready
-        if not peers:
-            # The usual case, without the lists below: the head, when it is in no group.
-            while heap:
-                message_id = heap[0]
-                name = ready.get(message_id)
-                if name is None:
-                    heapq.heappop(heap)  # taken or gone meanwhile: a stale heap entry
-                    continue
-                if "~" in name:
-                    break  # a group's: the general way below
-                heapq.heappop(heap)
-                del ready[message_id]
-                return name
         candidates: list[str] = []
         passed: list[str] = []  # ready, but their group is busy: they stay where they are
         groups_seen: set[str] = set()
@@ -276,6 +275,24 @@ class QueueIndex:
         for message_id in candidates:
             heapq.heappush(heap, message_id)
         return ready.pop(chosen)
+
+    def pop_plain_head(self) -> str | None:
+        """`pop_ready`'s usual case alone: the name of the oldest ready message, taken out of
+        the index, when it is in no group; None when nothing is ready or the head is a group's
+        (whose turn `pop_ready` decides)."""
+        heap, ready = self._ready_heap, self.ready
+        while heap:
+            message_id = heap[0]
+            name = ready.get(message_id)
+            if name is None:
+                heapq.heappop(heap)  # taken or gone meanwhile: a stale heap entry
+                continue
+            if "~" in name:
+                return None
+            heapq.heappop(heap)
+            del ready[message_id]
+            return name
+        return None
 
     def due_by(self, at_ms: int) -> bool:
         """Whether a delay or a lease falls due by `at_ms` (`QueueFiles.promote` has work)."""

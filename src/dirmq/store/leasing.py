@@ -24,7 +24,7 @@ from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import QueueConfig
 from dirmq.store.files import now_ms
 from dirmq.store.index import GroupRuns, QueueIndex
-from dirmq.store.layout import lease_prefix, parse_receipt
+from dirmq.store.layout import ID_LENGTH, lease_prefix, parse_receipt
 from dirmq.store.message import Message
 from dirmq.store.view import QueueView
 
@@ -61,18 +61,8 @@ def get(
             files.promote(index, config, at_ms)
             visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
             visibility_ms = round(visibility * 1000)
-            got: list[Message] = []
             runs = GroupRuns(max_per_group)
-            while len(got) < max_count:
-                try:
-                    message = files.claim(index, config, at_ms, visibility_ms, runs)
-                except OSError:
-                    if got:  # what is leased already goes to the caller, not to waste
-                        break
-                    raise
-                if message is None:
-                    break
-                got.append(message)
+            got = files.claim_many(index, config, at_ms, visibility_ms, runs, max_count)
             if not got and runs.missed and not relisted and view.polling():
                 # Polling, every name this get tried was gone: other hosts' consumers took
                 # them since the last listing. List again now rather than sleep until the
@@ -103,8 +93,47 @@ def _next_due_s(index: QueueIndex, at_ms: int) -> float:
 
 
 def ack_each(view: QueueView, receipts: Iterable[str]) -> dict[str, Exception]:
-    """`Queue.ack_each`: `settle_each` of "ack"."""
-    return settle_each(view, receipts, "ack")
+    """`Queue.ack_each`: `settle_each` of "ack", with the usual case of each chunk in one pass.
+
+    A receipt whose lease the index holds under the receipt's own name (`"<id>.<count>."`
+    starts the lease name: no parse) is retired with the others of its chunk in one batch
+    (`QueueFiles.ack_many`); any other receipt (malformed, unknown to the index, or whose
+    lease vanished meanwhile) takes `settle`'s way, which says exactly what is wrong with it."""
+    failures: dict[str, Exception] = {}
+    pending = list(receipts)
+    files = view.files
+    id_length = ID_LENGTH
+    # Blanked at the end, outside the lock, on this thread, not by a woken one.
+    with files.pool.reaping_here():
+        for start in range(0, len(pending), _SETTLE_CHUNK):
+            with view.lock:
+                index = view.synced()
+                config = view.config  # a deleted queue: QueueNotFound, raised, not a failure
+                names = index.leased.names
+                leases: dict[str, str] = {}  # lease name -> its receipt
+                others: list[str] = []
+                for receipt in pending[start : start + _SETTLE_CHUNK]:
+                    lease = names.get(receipt[:id_length]) if type(receipt) is str else None
+                    if (
+                        lease is not None
+                        and len(receipt) > id_length
+                        and lease.startswith(receipt)
+                        and lease.startswith(".", len(receipt))
+                    ):
+                        leases[lease] = receipt
+                    else:
+                        others.append(receipt)
+                for lease, exc in files.ack(index, list(leases)).items():
+                    if isinstance(exc, FileNotFoundError):
+                        others.append(leases[lease])  # moved meanwhile: looked up again
+                    else:
+                        failures[leases[lease]] = storage_error(exc, f"ack on queue {view.name!r}")
+                for receipt in others:
+                    try:
+                        settle(view, receipt, "ack", index_fresh=True, config=config)
+                    except (StaleReceipt, InvalidArgument, StorageError) as exc:
+                        failures[receipt] = exc
+    return failures
 
 
 def extend_each(
@@ -169,7 +198,9 @@ def settle(
                     config = view.config  # read for an ack too: it notices a deleted queue
                 try:
                     if action == "ack":
-                        view.files.ack(index, lease)
+                        failure = view.files.ack(index, [lease]).get(lease)
+                        if failure is not None:
+                            raise failure
                     else:
                         view.files.settle(index, config, action, lease, delay_s)
                     return

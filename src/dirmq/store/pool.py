@@ -91,7 +91,7 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -421,16 +421,11 @@ def _reap_some(pool: _OwnPool, limit: int | None, reaper: _Reaper | None) -> boo
         pool.in_hand += len(batch)
         if reaper is not None:
             reaper.busy = True
-    left = len(batch)
     try:
-        for name in batch:
-            _reap_one(pool, handle, sink, name, epoch)
-            left -= 1
-            with pool.lock:
-                pool.in_hand -= 1
+        _reap_batch(pool, handle, sink, batch, epoch)
     finally:
         with pool.lock:
-            pool.in_hand -= left
+            pool.in_hand -= len(batch)
         if reaper is not None:
             reaper.busy = False
     return True
@@ -463,44 +458,58 @@ def _room(pool: _OwnPool, size: int) -> bool:
     return len(pool.files) < pool.keep and pool.kept_bytes + size <= pool.keep_bytes
 
 
-def _reap_one(pool: _OwnPool, handle: DirHandle, sink: FilePool, name: str, epoch: int) -> None:
-    """Blank and keep the unreaped file `name` of `pool`, or hand it on blank, or unlink it
-    (`epoch`: the pool's when the file was taken from `unreaped`)."""
+def _reap_batch(
+    pool: _OwnPool, handle: DirHandle, sink: FilePool, names: list[str], epoch: int
+) -> None:
+    """Blank and keep each unreaped file of `names` in `pool`, or hand it on blank, or unlink
+    it (`epoch`: the pool's when the files were taken from `unreaped`). What holds for the whole
+    batch (room, space, the epoch) is looked at once, and the pool's lock taken once."""
     full = not _room(pool, 0) and sink.full()
     if full or pool.epoch != epoch or sink.short_of_space():
-        _unlink_quietly(name, handle)  # nowhere to keep it: no need to look at it
+        for name in names:
+            _unlink_quietly(name, handle)  # nowhere to keep them: no need to look at them
         return
-    try:
-        st = os.lstat(name, dir_fd=handle.fd)
-    except OSError:
-        return  # gone (our pool directory was removed), or unreadable: left to reclaim_pools
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or st.st_size > MAX_RECYCLED_BYTES:
-        _unlink_quietly(name, handle)  # a second name may be a message's: never blanked
-        return
-    try:
-        _blank(name, st.st_size, handle)
-    except OSError as exc:
-        _unlink_quietly(name, handle)
-        if exc.errno in _NO_SPACE:
-            sink.release_space()
-        return
-    with pool.lock:
-        current = pool.epoch == epoch  # else emptied meanwhile: the file goes too
-        kept = current and pool.handle is handle and _room(pool, st.st_size)
-        if kept:
-            pool.files.append((name, st.st_size))
-            pool.kept_bytes += st.st_size
-    if kept:
-        return
-    if current and not sink.full():  # ours is full: the shared pool takes it, blank
+    blanked: list[tuple[str, int]] = []
+    lstat, is_regular, directory = os.lstat, stat.S_ISREG, handle.fd
+    for i, name in enumerate(names):
         try:
-            os.rename(name, os.path.join(sink.dir, name), src_dir_fd=handle.fd)
+            st = lstat(name, dir_fd=directory)
         except OSError:
-            pass
-        else:
-            sink.known_more(name)
-            return
-    _unlink_quietly(name, handle)
+            continue  # gone (our pool directory was removed), or unreadable: left to reclaim
+        if not is_regular(st.st_mode) or st.st_nlink > 1 or st.st_size > MAX_RECYCLED_BYTES:
+            _unlink_quietly(name, handle)  # a second name may be a message's: never blanked
+            continue
+        try:
+            _blank(name, st.st_size, handle)
+        except OSError as exc:
+            _unlink_quietly(name, handle)
+            if exc.errno in _NO_SPACE:
+                sink.release_space()  # the pools are emptied: keep nothing of this batch
+                for rest in names[i + 1 :]:
+                    _unlink_quietly(rest, handle)
+                break
+            continue
+        blanked.append((name, st.st_size))
+    surplus: list[str] = []
+    with pool.lock:
+        current = pool.epoch == epoch  # else emptied meanwhile: the files go too
+        keeping = current and pool.handle is handle
+        for name, size in blanked:
+            if keeping and _room(pool, size):
+                pool.files.append((name, size))
+                pool.kept_bytes += size
+            else:
+                surplus.append(name)
+    for name in surplus:
+        if current and not sink.full():  # ours is full: the shared pool takes it, blank
+            try:
+                os.rename(name, os.path.join(sink.dir, name), src_dir_fd=handle.fd)
+            except OSError:
+                pass
+            else:
+                sink.known_more(name)
+                continue
+        _unlink_quietly(name, handle)
 
 
 def wait_reaped(timeout_s: float) -> bool:
@@ -680,6 +689,63 @@ class FilePool:
             if exc.errno in _NO_SPACE:
                 self.release_space()
         os.unlink(path)
+
+    def retire_many(self, directory: str, names: Sequence[str]) -> dict[str, OSError]:
+        """`retire` of the files `names` in `directory`, each named for its message (its id is
+        the name's first `layout.ID_LENGTH` characters): the failures by name,
+        FileNotFoundError for a file already gone. Nothing is raised.
+
+        One pass for the batch: a rename each, relative to the open directories, and the own
+        pool's lock taken once, not per file. A file whose rename fails, and a batch that
+        would not be recycled anyway (shared filesystem, short of space, the reaper behind),
+        takes `retire`'s way, with its rules unchanged."""
+        if len(names) < 2:  # no directory to open for one file
+            return self._retire_each(directory, names)
+        own = None if self.shared or self._short else _own_pool(self.dir)
+        handle = None
+        if own is not None and own.behind() + len(names) < MAX_UNREAPED:
+            handle = self._own_handle(own)
+        if own is None or handle is None:
+            return self._retire_each(directory, names)
+        try:
+            source = DirHandle(directory)
+        except OSError:
+            return self._retire_each(directory, names)  # its errors, file by file
+        failures: dict[str, OSError] = {}
+        retired: list[str] = []
+        rename, source_fd, target_fd, id_length = os.rename, source.fd, handle.fd, layout.ID_LENGTH
+        for name in names:
+            try:
+                rename(name, name[:id_length], src_dir_fd=source_fd, dst_dir_fd=target_fd)
+            except OSError:
+                # Gone, our pool directory removed, a full disk: `retire` knows what each means.
+                failures.update(self._retire_each(directory, [name]))
+                continue
+            retired.append(name[:id_length])
+        with own.lock:
+            kept = own.handle is handle
+            if kept:
+                own.unreaped.extend(retired)
+                own.touched_at = time.monotonic()
+        if not kept:  # the directory was found gone meanwhile: nobody would reap these
+            for message_id in retired:
+                _unlink_quietly(message_id, handle)
+        elif retired:
+            deferred = _deferred.pools
+            if deferred is not None and len(own.unreaped) < DEFER_UNREAPED:
+                deferred.add(self.dir)  # reaped at the end of `reaping_here`
+            else:
+                _reaper.poke()
+        return failures
+
+    def _retire_each(self, directory: str, names: Sequence[str]) -> dict[str, OSError]:
+        failures: dict[str, OSError] = {}
+        for name in names:
+            try:
+                self.retire(f"{directory}/{name}", name[: layout.ID_LENGTH])
+            except OSError as exc:
+                failures[name] = exc
+        return failures
 
     def retire_unshared(self, path: str, message_id: str) -> None:
         """Remove the file at `path` for good on a shared filesystem (FileNotFoundError if it

@@ -52,7 +52,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     # A publish: into @delayed when the message has a delay, else @ready.
     _row("publish", {State.WRITING}, {State.READY, State.DELAYED}, "publishing.Publisher._commit"),
     # A get or a planned claim leases it (a message past retention is removed instead).
-    _row("lease", {State.READY}, {State.LEASED}, "files.QueueFiles._take"),
+    _row("lease", {State.READY}, {State.LEASED}, "files.QueueFiles._lease"),
     # A claim that could not read what it leased puts it back in its FIFO place.
     _row("hand_back", {State.LEASED}, {State.READY}, "files.QueueFiles.hand_back"),
     _row("due", {State.DELAYED}, {State.READY}, "files.QueueFiles._deliver_due"),
