@@ -13,6 +13,7 @@ import pytest
 
 import dirmq
 from dirmq.store import layout, pool
+from dirmq.store.access import Access
 from dirmq.store.fsck import Kind, fsck
 
 from .pool_workers import kill_reading_all, well_formed
@@ -263,3 +264,31 @@ def test_killed_churning_process_loses_nothing_and_exposes_nothing_partial(root:
     lost = confirmed - acked - seen
     assert len(lost) <= len(kills), f"put returned but the message is gone: {sorted(lost)[:5]}"
     assert os.listdir(Path(q.path, layout.CORRUPT)) == []
+
+
+def test_a_consumer_hands_files_on_again_once_publishers_took_the_shared_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that only consumes counts the files it hands to the shared pool and never
+    takes one out: once another process's puts took them, its count must be checked against
+    the pool, not trusted for good (it then unlinked every file it retired, while the
+    publishers created new ones)."""
+    monkeypatch.setattr(pool, "RELIST_INTERVAL_S", 0.0)
+    monkeypatch.setattr(pool, "FULL_RECHECK_S", 0.0)
+    free, tmp = tmp_path / layout.FREE, tmp_path / layout.TMP
+    free.mkdir()
+    tmp.mkdir()
+    private = Access.named("private")
+    consumer = pool.FilePool(str(free), private, capacity=3)  # two processes' views of it
+    publisher = pool.FilePool(str(free), private, capacity=3)
+    for i in range(3):
+        (free / f"handed-{i}").write_bytes(bytes(8))
+        consumer.known_more(f"handed-{i}")
+    assert consumer.full()
+    for i in range(2):
+        assert publisher.claim(str(tmp / f"put-{i}"))
+    assert not consumer.full()  # one left: room for two more
+    assert consumer.room() == 2
+    assert publisher.claim(str(tmp / "put-2"))
+    assert not publisher.claim(str(tmp / "put-3"))  # empty now, as both views agree
+    assert not consumer.full()

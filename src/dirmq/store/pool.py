@@ -119,6 +119,10 @@ REAP_BATCH = 64  # files the reaper handles per pool before it looks at the othe
 DEFER_UNREAPED = 256
 REAP_GATHER_S = 0.002  # the reaper, woken, waits this long for more work to do at once
 RELIST_INTERVAL_S = 1.0  # after a listing of @free that found nothing
+# How often a shared pool this process counts as full is listed to check (`FilePool.full`):
+# a listing of 1,024 names costs well under a millisecond, and between two, a consumer hands
+# on at most what publishers took since the last one.
+FULL_RECHECK_S = 0.1
 SHORT_FREE_FRACTION = 0.05  # less free space or inodes than this: retired files are unlinked
 SPACE_CHECK_INTERVAL_S = 1.0
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
@@ -657,6 +661,7 @@ class FilePool:
         self._known: list[str] = []  # shared pool files, as last listed
         self._lock = threading.Lock()
         self._listed_at = 0.0
+        self._full_listed_at = 0.0  # when `full` last listed the pool to check its count
         self._short = False  # the filesystem was short of space when last checked
         self._space_checked_at = -SPACE_CHECK_INTERVAL_S
 
@@ -785,8 +790,25 @@ class FilePool:
     # held this pool's lock would inherit the lock held for good. len() and append() are atomic
     # (an append racing a relist that replaces the list is lost: `_known` is an estimate).
     def full(self) -> bool:
-        """Whether the shared pool holds `capacity` files, as far as this process knows."""
-        return len(self._known) >= self._capacity
+        """Whether the shared pool holds `capacity` files, as far as this process knows. A
+        count that says full is checked against a listing, at most once per
+        `FULL_RECHECK_S`: other processes' puts take files out of the pool without telling
+        this one, and a process that only consumes would otherwise call it full for good after
+        its first `capacity` hand-offs, and unlink every file it retires from then on (while
+        the publishing processes create new ones)."""
+        if len(self._known) < self._capacity:
+            return False
+        now = time.monotonic()
+        if now - self._full_listed_at < FULL_RECHECK_S:
+            return True
+        self._full_listed_at = now
+        try:
+            with os.scandir(self.dir) as entries:
+                listed = [e.name for e in entries if e.is_file(follow_symlinks=False)]
+        except OSError:
+            return True
+        self._known = listed[: self._capacity]  # replaced whole: see `claim`
+        return len(listed) >= self._capacity
 
     def room(self) -> int:
         """How many more files the shared pool takes, as far as this process knows."""
@@ -930,7 +952,11 @@ class FilePool:
             with self._lock:
                 if not self._known and not self._relist():
                     return False
-                name = self._known.pop()
+                try:
+                    name = self._known.pop()
+                except IndexError:  # `full` replaced the list meanwhile (it takes no lock)
+                    continue
+
             try:
                 os.rename(os.path.join(self.dir, name), tmp_path)
             except FileNotFoundError:

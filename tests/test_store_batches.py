@@ -1,0 +1,98 @@
+"""A get's leases and a chunk of acks are applied in one pass each (`QueueFiles.claim_many`,
+`leasing.ack_each`): every receipt still gets its own outcome, a lease that moved since the
+index looked is found again, and a batch mixing the usual case with the others (groups, corrupt
+files, messages returned before) keeps FIFO order and delivers each message once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import dirmq
+from dirmq.store import layout
+from dirmq.store.message import OutgoingMessage
+from dirmq.store.view import QueueView
+
+
+def test_ack_many_gives_each_receipt_its_own_outcome(store: dirmq.Store) -> None:
+    q = store.create_queue("outcomes")
+    q.put_many([b"%d" % i for i in range(6)])
+    got = q.get(6)
+    receipts = [m.receipt or "" for m in got]
+    lease_name = next(iter(Path(q.path, layout.LEASED).iterdir())).name
+    stale = f"{got[2].id}.{got[2].receive_count + 1}"  # a lease that never was
+    bad = ["nonsense", got[3].id, lease_name]
+    zero = f"{got[3].id}.01"  # the receipt "<id>.1" spelled with a zero: as valid as it
+    failures = q.ack_each([receipts[0], receipts[1], stale, *bad, zero, receipts[4], receipts[5]])
+    assert set(failures) == {stale, *bad}
+    assert isinstance(failures[stale], dirmq.StaleReceipt)
+    for receipt in bad:
+        assert isinstance(failures[receipt], dirmq.InvalidArgument), receipt
+    assert q.stats().in_flight == 1
+    assert q.peek(got[2].id).state == "leased"
+    # What failed is still leased and can be acknowledged with its real receipt.
+    assert q.ack_each([receipts[2]]) == {}
+    with pytest.raises(dirmq.StaleReceipt):
+        q.ack(receipts[0])  # acknowledged once already
+
+
+def test_an_ack_whose_lease_moved_since_the_index_looked_is_found_again(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process extends a lease (a rename) after this process's index looked: the batch's
+    rename of the old name finds nothing, and the receipt, still valid, is acknowledged under
+    the lease's new name."""
+    with dirmq.Store(root) as mine, dirmq.Store(root) as theirs:
+        q = mine.create_queue("moved")
+        q.put_many([b"a", b"b", b"c"])
+        got = q.get(3)
+        q.stats()  # the index is current
+        real_synced = QueueView.synced
+        calls = 0
+
+        def behind_once(view: QueueView) -> object:
+            nonlocal calls
+            calls += 1
+            if calls == 1 and view.index is not None:
+                return view.index  # the extend's events not taken in yet
+            return real_synced(view)
+
+        theirs.queue("moved").extend(got[1].receipt or "", 600)
+        monkeypatch.setattr(QueueView, "synced", behind_once)
+        assert q.ack_each([m.receipt or "" for m in got]) == {}
+        monkeypatch.setattr(QueueView, "synced", real_synced)
+        assert calls >= 2  # looked again, up to date
+        assert q.stats().total == 0
+        assert list(Path(q.path, layout.LEASED).iterdir()) == []
+
+
+def test_a_get_mixing_plain_heads_with_groups_and_returned_messages_keeps_fifo(
+    store: dirmq.Store,
+) -> None:
+    q = store.create_queue("mixed")
+    q.put(b"p0")
+    q.put_many([OutgoingMessage(b"g0", group="g"), OutgoingMessage(b"g1", group="g")])
+    q.put(b"p1")
+    returned = q.get(1)[0]  # p0, given back: "<id>.1" in @ready, still first
+    q.nack(returned.receipt or "")
+    got = q.get(10)
+    assert [m.body for m in got] == [b"p0", b"g0", b"p1"]  # one of group g per get
+    assert [m.receive_count for m in got] == [2, 1, 1]
+    assert q.ack_each([m.receipt or "" for m in got]) == {}
+    (last,) = q.get(10)
+    assert last.body == b"g1"
+
+
+def test_a_corrupt_file_in_a_batch_is_set_aside_and_the_rest_delivered(
+    store: dirmq.Store,
+) -> None:
+    q = store.create_queue("damaged")
+    ids = q.put_many([b"m%d" % i for i in range(5)])
+    Path(q.path, layout.READY, ids[2]).write_bytes(b"not a message file")
+    got = q.get(5)
+    assert [m.body for m in got] == [b"m0", b"m1", b"m3", b"m4"]
+    (corrupt,) = Path(q.path, layout.CORRUPT).iterdir()
+    assert corrupt.name.startswith(ids[2])
+    assert q.ack_each([m.receipt or "" for m in got]) == {}
+    assert q.stats().total == 0
