@@ -211,21 +211,20 @@ def ack_leases(view: QueueView, leases: Iterable[str]) -> list[str]:
     # A drain keeps what it frees (pool.py): a batch this large frees as many files, whichever
     # process leased them (Spark settles a batch's records in the next batch's tasks).
     files.pool.note_depth(len(entries))
-    missing = []
-    done = []
+    names = [lease for lease, _message_id in entries]
     with files.pool.reaping_here():  # blanked at the end, on this thread (leasing.settle_each)
         try:
-            tokens = files.slots.any_held()
-            for lease, message_id in entries:
-                if files.retire_lease(lease, message_id, tokens):
-                    done.append((message_id, lease))
-                else:
-                    missing.append(lease)
+            failures = files.retire_leases(names, files.slots.any_held())
         except OSError as exc:
             raise storage_error(exc, f"ack on queue {view.name!r}") from exc
-        finally:
-            with view.lock:
-                if view.index is not None:
-                    for message_id, lease in done:
+        with view.lock:
+            if view.index is not None:
+                for lease, message_id in entries:
+                    if lease not in failures:
                         view.index.leased.discard(message_id, lease)
+    missing = [lease for lease in names if isinstance(failures.get(lease), FileNotFoundError)]
+    for lease in names:
+        failure = failures.get(lease)
+        if failure is not None and not isinstance(failure, FileNotFoundError):
+            raise storage_error(failure, f"ack on queue {view.name!r}") from failure
     return missing

@@ -5,7 +5,7 @@ it; tests/test_states.py holds both to it): a rename (or the final retirement of
 which either happens completely or, when another process got there first, not at all (ENOENT,
 reported as False/None, never as an error). Callers pass the process's index so it
 stays in step with what this process itself did, without waiting for watcher events. Not
-thread-safe on its own: callers hold the `QueueView` lock, except around `retire_lease`, which
+thread-safe on its own: callers hold the `QueueView` lock, except around `retire_leases`, which
 touches no index (the pool and the capacity tokens have their own safety).
 
 Why it is long: it holds every row of the state table, each next to what it must keep in step
@@ -496,19 +496,27 @@ class QueueFiles:
         index.add(directory, new)
         index.leased.discard(message_id, lease)
 
-    def retire_lease(self, lease: str, message_id: str, tokens: bool) -> bool:
-        """Acknowledge @leased/`lease` by name; False if it is not there. `tokens`: capacity
-        tokens may be held (the file is read for its slot before it goes). Needs no lock: the
-        caller updates its index."""
-        path = self.path(layout.LEASED, lease)
-        slot = read_slot(path) if tokens else None  # read before the file goes
-        try:
-            self.pool.retire(path, message_id)
-        except FileNotFoundError:
-            return False  # moved (extended, expired): its token stays with it
-        if slot is not None:
-            self.slots.release(slot, message_id, None)
-        return True
+    def retire_leases(self, leases: list[str], tokens: bool) -> dict[str, OSError]:
+        """Acknowledge each @leased file of `leases` by name: the failures by lease name,
+        FileNotFoundError for one that is not there (moved: extended, expired; its token stays
+        with it). Nothing is raised. `tokens`: capacity tokens may be held (each file is read
+        for its slot before it goes, one at a time); else one batch retirement. Needs no lock:
+        the caller updates its index."""
+        if not tokens:
+            return self.pool.retire_many(self.dir[layout.LEASED], leases)
+        failures: dict[str, OSError] = {}
+        for lease in leases:
+            message_id = lease[: layout.ID_LENGTH]
+            path = self.path(layout.LEASED, lease)
+            slot = read_slot(path)  # read before the file goes
+            try:
+                self.pool.retire(path, message_id)
+            except OSError as exc:
+                failures[lease] = exc
+                continue
+            if slot is not None:
+                self.slots.release(slot, message_id, None)
+        return failures
 
     def _lease_until(self, index: QueueIndex, path: str, entry: Entry, seconds: float) -> None:
         """The lease at `path` now ends `seconds` from now."""

@@ -64,7 +64,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     _row("nack", {State.LEASED}, {State.READY, State.DELAYED}, "files.QueueFiles._give_back"),
     _row("ack", {State.LEASED}, {State.RETIRED}, "files.QueueFiles.ack"),
     # An ack by lease name (planned claims), without the index.
-    _row("ack_lease", {State.LEASED}, {State.RETIRED}, "files.QueueFiles.retire_lease"),
+    _row("ack_lease", {State.LEASED}, {State.RETIRED}, "files.QueueFiles.retire_leases"),
     # Asked for, or a lease expired or given back at the receive limit: into the queue's
     # dead-letter queue when one is set and exists, else into its own @dead.
     _row(
