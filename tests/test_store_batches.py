@@ -8,9 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import dirmq
 from dirmq.store import layout
+from dirmq.store.index import _plain_timed
 from dirmq.store.message import OutgoingMessage
 from dirmq.store.view import QueueView
 
@@ -96,3 +99,19 @@ def test_a_corrupt_file_in_a_batch_is_set_aside_and_the_rest_delivered(
     assert corrupt.name.startswith(ids[2])
     assert q.ack_each([m.receipt or "" for m in got]) == {}
     assert q.stats().total == 0
+
+
+_PIECES = [".", "1", "0", "42", "9" * 13, "9" * 25, "~abcdefabcdef", "~", "x", "\u0661", "-"]
+
+
+@given(st.lists(st.sampled_from(_PIECES), max_size=6))
+def test_the_index_reads_a_plain_timed_name_as_parse_entry_does(tail: list[str]) -> None:
+    """The index's shortcut for other processes' lease names (no regex, no `Entry`) either
+    declines a name, which `parse_entry` then reads, or reads the same time from it."""
+    name = "1795710758441202-bc1b0fc75066" + "".join(tail)
+    entry = layout.parse_entry(name)
+    at_ms = _plain_timed(name)
+    if at_ms is not None:
+        assert entry is not None and entry.group is None and entry.at_ms == at_ms
+    if entry is not None and entry.group is None and entry.at_ms is not None and name.isascii():
+        assert at_ms == entry.at_ms  # the usual name is never declined

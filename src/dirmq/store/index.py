@@ -15,6 +15,7 @@ from collections import Counter
 
 from dirmq.errors import storage_error
 from dirmq.store import layout
+from dirmq.store.bounds import AT_MS_DIGITS, COUNT_DIGITS
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.watch import Event
 
@@ -129,6 +130,27 @@ def group_of(name: str) -> str | None:
     return tag if sep else None
 
 
+def _plain_timed(name: str) -> int | None:
+    """The time in `name` when it is a timed name in no group, `<id>.<count>.<at_ms>` with an
+    id of the usual shape; else None (then `parse_entry` decides)."""
+    id_length = layout.ID_LENGTH
+    if len(name) <= id_length + 4 or name[id_length] != "." or name[16] != "-":
+        return None
+    count, dot, at_ms = name[id_length + 1 :].partition(".")
+    if (
+        not dot
+        or not count.isdigit()
+        or not at_ms.isdigit()
+        or not count.isascii()
+        or not at_ms.isascii()
+        or len(count) > COUNT_DIGITS
+        or len(at_ms) > AT_MS_DIGITS
+        or not layout.is_bare_id(name[:id_length])
+    ):
+        return None
+    return int(at_ms)
+
+
 def parse_at(name: str) -> int:
     entry = parse_entry(name)
     return entry.at_ms or 0 if entry else 0
@@ -185,10 +207,20 @@ class QueueIndex:
             self.add(layout.LEASED, name)
 
     def apply(self, events: list[Event]) -> None:
-        add, discard = self.add, self.discard
+        # `add` and `discard`, with the events every consumed message makes in every process
+        # (a claim's two, an ack's one) handled in line: each a dict lookup or two.
+        add, discard, ready, leased = self.add, self.discard, self.ready, self.leased
+        leased_names, id_length = leased.names, layout.ID_LENGTH
         for directory, name, added in events:
             if added:
+                if directory == layout.LEASED and leased_names.get(name[:id_length]) == name:
+                    continue  # known: most often the echo of this process's own claim
                 add(directory, name)
+            elif directory == layout.READY:
+                if ready.get(message_id := name[:id_length]) == name:
+                    del ready[message_id]
+            elif directory == layout.LEASED:
+                leased.discard(name[:id_length], name)
             else:
                 discard(directory, name)
 
@@ -215,6 +247,14 @@ class QueueIndex:
             return
         if directory == layout.LEASED and self.leased.names.get(name[: layout.ID_LENGTH]) == name:
             return  # known: most often the echo of this process's own claim
+        if (timed := _plain_timed(name)) is not None:
+            # Another process's lease (or a delay) in no group, the usual name: no regex, no
+            # `Entry`, and no entry in parse_entry's cache (each such name is seen once).
+            if directory == layout.LEASED:
+                self.leased.add_ungrouped(name[: layout.ID_LENGTH], timed, name)
+            elif directory == layout.DELAYED:
+                self.delayed.add_ungrouped(name[: layout.ID_LENGTH], timed, name)
+            return
         entry = parse_entry(name)
         if entry is None or entry.at_ms is None:
             return
