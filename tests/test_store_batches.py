@@ -5,6 +5,8 @@ files, messages returned before) keeps FIFO order and delivers each message once
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ from dirmq.store import layout
 from dirmq.store.index import _plain_timed
 from dirmq.store.message import OutgoingMessage
 from dirmq.store.view import QueueView
+
+from .faultfs import FaultyFS
 
 
 def test_ack_many_gives_each_receipt_its_own_outcome(store: dirmq.Store) -> None:
@@ -115,3 +119,44 @@ def test_the_index_reads_a_plain_timed_name_as_parse_entry_does(tail: list[str])
         assert entry is not None and entry.group is None and entry.at_ms == at_ms
     if entry is not None and entry.group is None and entry.at_ms is not None and name.isascii():
         assert at_ms == entry.at_ms  # the usual name is never declined
+
+
+def test_a_batch_of_acks_with_no_pool_directory_to_be_had_unlinks(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recycling is an optimisation: when this process's pool directory cannot be made (a full
+    disk), the batch's files are unlinked and every ack succeeds, as a single ack's would."""
+    with dirmq.Store(root) as store:
+        q = store.create_queue("nopool")
+        q.put_many([b"a", b"b", b"c"])
+        got = q.get(3)
+        assert list(Path(q.path, layout.FREE).iterdir()) == []  # no pool directory yet
+        fs = FaultyFS(monkeypatch, root)
+        fs.fail("mkdir", errno.ENOSPC)
+        assert q.ack_many(m.receipt or "" for m in got) == {}
+        fs.clear()
+        assert fs.raised["mkdir"] >= 1
+        assert q.stats().total == 0
+        assert list(Path(q.path, layout.LEASED).iterdir()) == []
+        assert sum(len(files) for _d, _s, files in os.walk(Path(q.path, layout.FREE))) == 0
+
+
+def test_a_lease_name_given_twice_is_acknowledged_once(store: dirmq.Store) -> None:
+    q = store.create_queue("twice")
+    q.put_many([b"a", b"b"])
+    leases = [lease for lease, _message in q.claim_named(q.ready_names())]
+    assert q.ack_leases([leases[0], leases[0], leases[1]]) == []
+    assert q.stats().total == 0
+
+
+def test_a_timed_name_in_ready_is_leased_like_any_returned_message(store: dirmq.Store) -> None:
+    """Not a name dirmq makes in @ready, but one the index takes from an event: leased with
+    the count its name gives, as `claim` always did, not a failed get."""
+    q = store.create_queue("odd")
+    ids = q.put_many([b"a", b"b"])
+    q.stats()  # indexed: the rename below arrives as an event
+    ready = Path(q.path, layout.READY)
+    (ready / ids[0]).rename(ready / f"{ids[0]}.3.1700000000000")
+    got = q.get(5)
+    assert [(m.body, m.receive_count) for m in got] == [(b"a", 4), (b"b", 1)]
+    assert q.ack_each([m.receipt or "" for m in got]) == {}

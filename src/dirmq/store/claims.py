@@ -202,7 +202,7 @@ def ack_leases(view: QueueView, leases: Iterable[str]) -> list[str]:
     """`Queue.ack_leases`. The queue's lock is not held for the renames and unlinks, so several
     threads acknowledging in parallel overlap them."""
     entries = []
-    for lease in leases:
+    for lease in dict.fromkeys(leases):  # a name given twice is acknowledged once
         entry = parse_entry(lease)
         if entry is None or entry.at_ms is None:
             raise InvalidArgument(f"not a lease name: {str(lease)[:80]!r}")

@@ -187,9 +187,12 @@ class QueueFiles:
                     got.append(message)
                     continue
                 message_id = name[:id_length]
-                # A ready name is "<id>" or "<id>.<count>" (the index holds only names that
-                # parsed, and pop_plain_head no group's).
-                count = int(name[id_length + 1 :]) + 1 if len(name) > id_length else 1
+                if len(name) == id_length:
+                    count = 1  # never received: most of a backlog
+                else:  # returned before: the count is in its name (indexed, so it parsed)
+                    entry = parse_entry(name)
+                    assert entry is not None
+                    count = entry.count + 1
                 lease = f"{message_id}.{count}.{deadline_ms}"
                 try:
                     leased = self._lease(index, name, lease, message_id, deadline_ms)

@@ -709,7 +709,10 @@ class FilePool:
         own = None if self.shared or self._short else _own_pool(self.dir)
         handle = None
         if own is not None and own.behind() + len(names) < MAX_UNREAPED:
-            handle = self._own_handle(own)
+            try:
+                handle = self._own_handle(own)
+            except OSError:  # no pool directory to be had (ENOSPC, EMFILE): `retire` unlinks
+                handle = None
         if own is None or handle is None:
             return self._retire_each(directory, names)
         try:
@@ -727,21 +730,28 @@ class FilePool:
                 failures.update(self._retire_each(directory, [name]))
                 continue
             retired.append(name[:id_length])
+        if retired:
+            self._hand_to_reaper(own, handle, retired)
+        return failures
+
+    def _hand_to_reaper(self, own: _OwnPool, handle: DirHandle, names: list[str]) -> None:
+        """`names`, just renamed into the own pool open as `handle`, wait for the reaper (or
+        for the end of `reaping_here`); unlinked at once if the directory was found gone
+        meanwhile (nobody would reap them)."""
         with own.lock:
             kept = own.handle is handle
             if kept:
-                own.unreaped.extend(retired)
+                own.unreaped.extend(names)
                 own.touched_at = time.monotonic()
-        if not kept:  # the directory was found gone meanwhile: nobody would reap these
-            for message_id in retired:
-                _unlink_quietly(message_id, handle)
-        elif retired:
-            deferred = _deferred.pools
-            if deferred is not None and len(own.unreaped) < DEFER_UNREAPED:
-                deferred.add(self.dir)  # reaped at the end of `reaping_here`
-            else:
-                _reaper.poke()
-        return failures
+        if not kept:
+            for name in names:
+                _unlink_quietly(name, handle)
+            return
+        deferred = _deferred.pools
+        if deferred is not None and len(own.unreaped) < DEFER_UNREAPED:
+            deferred.add(self.dir)  # reaped at the end of `reaping_here`
+        else:
+            _reaper.poke()
 
     def _retire_each(self, directory: str, names: Sequence[str]) -> dict[str, OSError]:
         failures: dict[str, OSError] = {}
@@ -881,19 +891,7 @@ class FilePool:
                     raise
                 own.forget(handle)
                 continue
-            with own.lock:
-                kept = own.handle is handle
-                if kept:
-                    own.unreaped.append(message_id)
-                    own.touched_at = time.monotonic()
-            if not kept:  # the directory was found gone meanwhile: nobody would reap it
-                _unlink_quietly(message_id, handle)
-                return True
-            deferred = _deferred.pools
-            if deferred is not None and len(own.unreaped) < DEFER_UNREAPED:
-                deferred.add(self.dir)  # reaped at the end of `reaping_here`
-            else:
-                _reaper.poke()
+            self._hand_to_reaper(own, handle, [message_id])
             return True
         return False
 
