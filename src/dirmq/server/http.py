@@ -990,6 +990,10 @@ class HttpProtocol(asyncio.Protocol):
             self._write_response(request, response, keep_alive)
             sent[1] = len(response.body)
             return
+        # uvloop refuses a write to a closed transport with a RuntimeError, which nothing here
+        # would handle: a stream whose connection closed (a drain, or the client left) stops.
+        if self._closed or transport.is_closing():
+            raise ConnectionResetError("client went away")
         headers = self._base_headers(response.headers)
         transport.write(
             framing.response_head(
@@ -1003,7 +1007,7 @@ class HttpProtocol(asyncio.Protocol):
         body = response.body
         try:
             async for piece in body:
-                if self._closed:
+                if self._closed or transport.is_closing():
                     raise ConnectionResetError("client went away")
                 transport.write(framing.chunk(piece))
                 sent[1] += len(piece)
@@ -1021,6 +1025,8 @@ class HttpProtocol(asyncio.Protocol):
             aclose = getattr(body, "aclose", None)
             if aclose is not None:
                 await aclose()
+        if self._closed or transport.is_closing():
+            raise ConnectionResetError("client went away")  # while the body ended
         transport.write(framing.last_chunk(response.trailers))
 
     def _fail(
