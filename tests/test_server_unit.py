@@ -62,6 +62,9 @@ class _Transport(asyncio.Transport):
     def close(self) -> None:
         self.closed = True
 
+    def is_closing(self) -> bool:
+        return self.closed
+
     def can_write_eof(self) -> bool:
         return False
 
