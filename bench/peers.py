@@ -478,11 +478,19 @@ class DirmqStream:
         try:
             since_ack = 0
             last = ""
-            iterator = consumer.__aiter__()
+            # `get(timeout_s)` arms a timer only when it has to wait: not a task and a timer a
+            # message, as `wait_for` on the iterator would (as the peers' consumers, which are
+            # called back, pay none).
+            iterator = None if hasattr(consumer, "get") else consumer.__aiter__()
             while not tally.done:
                 try:
-                    message = await asyncio.wait_for(iterator.__anext__(), IDLE_S)
+                    if iterator is None:
+                        message = await consumer.get(timeout_s=IDLE_S)
+                    else:
+                        message = await asyncio.wait_for(iterator.__anext__(), IDLE_S)
                 except (TimeoutError, StopAsyncIteration):
+                    message = None
+                if message is None:
                     tally.idle += 1
                     break
                 if latency:

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -411,6 +412,104 @@ def test_leases_on_a_shared_filesystem_run_on_the_pool(
 
     loop_thread = run(main())
     assert threads and threads[0] != loop_thread
+
+
+def test_large_leases_and_acks_run_on_the_loop_a_chunk_at_a_time(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream's 1,000-message lease or ack on a local disk runs on the event loop as calls of
+    at most `INLINE_MAX_MESSAGES`, the loop free between them, not on a pool thread (where it
+    held the queue's lock while waiting for the GIL, and the loop's own leases waited)."""
+    chunk = broker_module.INLINE_MAX_MESSAGES
+    assert chunk < 1000
+    sizes = [chunk] * (1000 // chunk) + ([1000 % chunk] if 1000 % chunk else [])
+    total = 1000 + 7
+    store = dirmq.Store(root)
+    queue = store.create_queue("big")
+    queue.put_many([f"m{i}".encode() for i in range(total)])
+    queue.stats()  # indexed: the first lease does not need the pool
+    calls: list[tuple[str, int, int]] = []  # (what, how many, thread)
+    real_get, real_ack = dirmq.Queue.get, dirmq.Queue.ack_each
+
+    def get(self: dirmq.Queue, max_count: int, **kwargs: Any) -> list[dirmq.Message]:
+        calls.append(("get", max_count, threading.get_ident()))
+        return real_get(self, max_count, **kwargs)
+
+    def ack_each(self: dirmq.Queue, receipts: list[str]) -> dict[str, Exception]:
+        calls.append(("ack", len(receipts), threading.get_ident()))
+        return real_ack(self, receipts)
+
+    monkeypatch.setattr(dirmq.Queue, "get", get)
+    monkeypatch.setattr(dirmq.Queue, "ack_each", ack_each)
+    between: list[int] = []  # how many store calls had been made each time the loop got a turn
+
+    async def main() -> tuple[int, list[dirmq.Message], dict[str, Exception]]:
+        broker = Broker(store)
+        ticking = True
+
+        async def tick() -> None:
+            while ticking:
+                between.append(len(calls))
+                await asyncio.sleep(0)
+
+        ticker = asyncio.create_task(tick())
+        try:
+            got = await broker.receive(queue, 1000, 30, 0)
+            failures = await broker.ack_many(queue, [m.receipt or "" for m in got])
+            return threading.get_ident(), got, failures
+        finally:
+            ticking = False
+            await ticker
+            broker.close()
+
+    try:
+        loop_thread, got, failures = run(main())
+        assert queue.stats().ready == total - 1000
+    finally:
+        store.close()
+    assert len(got) == 1000 and not failures
+    assert len({m.id for m in got}) == 1000
+    assert [c[:2] for c in calls] == [("get", n) for n in sizes] + [("ack", n) for n in sizes]
+    assert {thread for _, _, thread in calls} == {loop_thread}
+    assert set(range(1, len(calls))) <= set(between)  # the loop ran between every two calls
+
+
+def test_a_lease_that_fails_after_its_first_chunk_gives_that_chunk_back(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chunk = broker_module.INLINE_MAX_MESSAGES
+    store = dirmq.Store(root)
+    queue = store.create_queue("half")
+    queue.put_many([f"m{i}".encode() for i in range(2 * chunk)])
+    queue.stats()
+    real_get = dirmq.Queue.get
+    gets = [0]
+
+    def get(self: dirmq.Queue, max_count: int, **kwargs: Any) -> list[dirmq.Message]:
+        gets[0] += 1
+        if gets[0] == 2:
+            raise dirmq.StorageError(5, "the disk failed (injected)")
+        return real_get(self, max_count, **kwargs)
+
+    monkeypatch.setattr(dirmq.Queue, "get", get)
+
+    async def main() -> None:
+        broker = Broker(store)
+        try:
+            with pytest.raises(dirmq.StorageError, match="injected"):
+                await broker.receive(queue, 2 * chunk, 30, 0)
+        finally:
+            broker.close()  # (waits for nothing: the give-back may still be on the pool)
+
+    try:
+        run(main())
+        deadline = time.monotonic() + 10
+        while queue.stats().in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = queue.stats()
+        assert (stats.ready, stats.in_flight) == (2 * chunk, 0)
+    finally:
+        store.close()
 
 
 def test_messages_given_back_while_closing_are_ready_at_once(root: Path) -> None:

@@ -48,6 +48,7 @@ from wsproto.events import (
 from dirmq import errors
 from dirmq.client import protocol as p
 from dirmq.client import tls
+from dirmq.client.frames import FrameSplitter
 from dirmq.store import Message
 from dirmq.wire import stream as wire
 
@@ -56,6 +57,7 @@ log = logging.getLogger("dirmq.client")
 ACK_DELAY_S = 0.05
 READ_BYTES = 256 * 1024
 CLOSE_WAIT_S = 2.0  # for the server's answer to our close frame
+MAX_HANDSHAKE_BYTES = 64 * 1024  # the head of the server's answer to the handshake
 # Close codes the server ends a stream with that are not errors (a normal close, a shutdown).
 ENDS = frozenset({1000, 1001})
 
@@ -125,6 +127,8 @@ class _Core:
         self.ended: BaseException | None = None  # why no more messages come
         self.accepted = False
         self._parts: list[bytes] = []  # a message arriving in several frames
+        self._head = bytearray()  # the handshake's answer, until its head is whole
+        self.frames = FrameSplitter(self.ws)
         self._rejected: RejectConnection | None = None
         self._rejected_body = b""
         query = {"prefetch": str(prefetch)}
@@ -159,11 +163,55 @@ class _Core:
                 0, f"dirmq at {self.target.url} closed the stream without a close frame"
             )
             return b""
-        self.ws.receive_data(data)
         answer = b""
+        if not self.accepted:
+            answer, data = self._handshake_answer(data)
+            if not data:
+                return answer
         decode = wire.decode_delivery
+        tags, ready = self.tags, self.ready
+        for payload in self.frames.feed(data):
+            if payload is None:
+                answer += self._events()
+                continue
+            tag, message = decode(payload)
+            tags[message.receipt or ""] = tag
+            ready.append(message)
+        return answer
+
+    def _handshake_answer(self, data: bytes) -> tuple[bytes, bytes]:
+        """Before the handshake is answered: wsproto takes the answer's head (and, if the
+        stream is refused, everything after it). (What to answer, the bytes after an accepting
+        head: frames, for the splitter.)"""
+        if self.frames.raw:  # refused: the rest is the refusal's body
+            self.ws.receive_data(data)
+            return self._events(), b""
+        self._head += data
+        end = self._head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._head) > MAX_HANDSHAKE_BYTES:
+                raise errors.DirmqError(
+                    f"dirmq at {self.target.url} answered the stream's handshake with over "
+                    f"{MAX_HANDSHAKE_BYTES} bytes of header"
+                )
+            return b"", b""
+        head, rest = bytes(self._head[: end + 4]), bytes(self._head[end + 4 :])
+        self._head.clear()
+        self.ws.receive_data(head)
+        answer = self._events()
+        if self.accepted:
+            return answer, rest
+        self.frames.raw = True
+        if rest:
+            self.ws.receive_data(rest)
+            answer += self._events()
+        return answer, b""
+
+    def _events(self) -> bytes:
+        """Take wsproto's events; return what to answer."""
+        answer = b""
         for event in self.ws.events():
-            if isinstance(event, BytesMessage):
+            if isinstance(event, BytesMessage):  # a fragmented delivery, reassembled here
                 payload = event.data
                 if not event.message_finished:
                     self._parts.append(bytes(payload))
@@ -172,7 +220,7 @@ class _Core:
                     self._parts.append(bytes(payload))
                     payload = b"".join(self._parts)
                     self._parts = []
-                tag, message = decode(bytes(payload))
+                tag, message = wire.decode_delivery(bytes(payload))
                 self.tags[message.receipt or ""] = tag
                 self.ready.append(message)
             elif isinstance(event, TextMessage):

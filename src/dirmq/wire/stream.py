@@ -50,7 +50,8 @@ def decode_delivery(payload: bytes) -> tuple[int, Message]:
     end = payload.find(b"\n")
     if end < 0:
         raise InvalidArgument("a delivery without its header line")
-    head: dict[str, Any] = json.loads(payload[:end])
+    # Decoded first: json.loads of bytes would guess their encoding each time (it is UTF-8).
+    head: dict[str, Any] = json.loads(payload[:end].decode("utf-8", "surrogatepass"))
     deadline = head.get("lease_deadline")
     return int(head["tag"]), Message(
         id=head["id"],
