@@ -23,6 +23,7 @@ from wsproto.events import (
     AcceptConnection,
     BytesMessage,
     CloseConnection,
+    Event,
     RejectConnection,
     Request,
     TextMessage,
@@ -281,18 +282,26 @@ def _raw(server: ServerProcess, path: str) -> tuple[socket.socket, WSConnection]
         ws.receive_data(sock.recv(65536))
         for event in ws.events():
             if isinstance(event, AcceptConnection):
-                return sock, ws
+                return sock, ws  # frames read with the answer stay in `ws`: see _next_events
             assert not isinstance(event, RejectConnection), event
+
+
+def _next_events(sock: socket.socket, ws: WSConnection) -> list[Event]:
+    """The events wsproto already holds, else those of the next reads. The read that carried
+    the handshake's answer may carry the first deliveries too: reading the socket first would
+    wait for a frame that has already come."""
+    while not (events := list(ws.events())):
+        data = sock.recv(65536)
+        assert data, "closed without a close frame"
+        ws.receive_data(data)
+    return events
 
 
 def _closed_with(sock: socket.socket, ws: WSConnection) -> tuple[int, str, int]:
     """(close code, reason, deliveries seen) once the server closes."""
     deliveries = 0
     while True:
-        data = sock.recv(65536)
-        assert data, "closed without a close frame"
-        ws.receive_data(data)
-        for event in ws.events():
+        for event in _next_events(sock, ws):
             if isinstance(event, BytesMessage):
                 deliveries += 1
             elif isinstance(event, CloseConnection):
@@ -336,8 +345,7 @@ def test_the_raw_protocol_acks_by_receipt_and_grants_credit(
     sock, ws = _raw(server, "/raw/messages?prefetch=1")
     received = []
     while len(received) < 5:
-        ws.receive_data(sock.recv(65536))
-        for event in ws.events():
+        for event in _next_events(sock, ws):
             assert isinstance(event, BytesMessage)
             tag, message = wire.decode_delivery(bytes(event.data))
             received.append((tag, message))
