@@ -512,6 +512,44 @@ def test_a_lease_that_fails_after_its_first_chunk_gives_that_chunk_back(
         store.close()
 
 
+def test_a_lease_cancelled_between_its_chunks_gives_back_what_it_had(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chunk = broker_module.INLINE_MAX_MESSAGES
+    store = dirmq.Store(root)
+    queue = store.create_queue("cut")
+    queue.put_many([f"m{i}".encode() for i in range(2 * chunk)])
+    queue.stats()
+    real_get = dirmq.Queue.get
+    leasing: list[asyncio.Task[list[dirmq.Message]]] = []
+
+    def get(self: dirmq.Queue, max_count: int, **kwargs: Any) -> list[dirmq.Message]:
+        got = real_get(self, max_count, **kwargs)
+        leasing[0].cancel()  # lands at the lease's next await: the turn between two chunks
+        return got
+
+    monkeypatch.setattr(dirmq.Queue, "get", get)
+
+    async def main() -> None:
+        broker = Broker(store)
+        try:
+            leasing.append(asyncio.create_task(broker.lease(queue, 2 * chunk, 30)))
+            with pytest.raises(asyncio.CancelledError):
+                await leasing[0]
+        finally:
+            broker.close()
+
+    try:
+        run(main())
+        deadline = time.monotonic() + 10
+        while queue.stats().in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = queue.stats()
+        assert (stats.ready, stats.in_flight) == (2 * chunk, 0)
+    finally:
+        store.close()
+
+
 def test_messages_given_back_while_closing_are_ready_at_once(root: Path) -> None:
     """A request that ends while the server shuts down gives its leases back on the spot (the
     pool is gone): they do not wait out their lease, unseen by the next server's consumers."""

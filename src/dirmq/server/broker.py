@@ -233,20 +233,20 @@ class Broker:
         later call fails, what the earlier ones leased goes back before the error is raised."""
         step = INLINE_MAX_MESSAGES if self._inline else wanted
         got: list[Message] = []
-        while len(got) < wanted:
-            if got:
-                await asyncio.sleep(0)
-            ask = min(step, wanted - len(got))
-            try:
+        try:
+            while len(got) < wanted:
+                if got:
+                    await asyncio.sleep(0)
+                ask = min(step, wanted - len(got))
                 more: list[Message] = await self.settle_call(
                     queue, ask, queue.get, ask, visibility_s=visibility_s
                 )
-            except BaseException:
-                self.give_back(queue, got)
-                raise
-            got += more
-            if len(more) < ask:  # the queue has no more ready now
-                break
+                got += more
+                if len(more) < ask:  # the queue has no more ready now
+                    break
+        except BaseException:  # a failure or a cancel (also between chunks): nothing kept
+            self.give_back(queue, got)
+            raise
         return got
 
     def queue(self, name: str) -> Queue:
