@@ -7,6 +7,7 @@ the Spark tests can only observe the outcome.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ import dirmq
 from dirmq.errors import InvalidArgument, InvalidName
 from dirmq.spark import DirmqDataSource, connect
 from dirmq.spark import options as options_module
-from dirmq.spark.leasing import LeasePartition, split
+from dirmq.spark.leasing import LeasePartition, leased_table, split
 from dirmq.spark.ledger import Ledger
 from dirmq.spark.options import parse_options
 from dirmq.spark.rows import READ_SCHEMA
@@ -373,6 +374,77 @@ def test_what_was_leased_ahead_and_lost_its_lease_is_left_out(queue: dirmq.Queue
         ahead.close()
 
 
+class _CountingGets:
+    """A queue whose gets are counted while under way (each takes a moment)."""
+
+    def __init__(self, queue: dirmq.Queue, fail_at: int | None = None) -> None:
+        self.queue = queue
+        self.under_way = 0
+        self.most_at_once = 0
+        self.gets = 0
+        self.fail_at = fail_at
+        self._lock = threading.Lock()
+
+    def get(self, max_count: int, *, visibility_s: float | None = None) -> list[dirmq.Message]:
+        with self._lock:
+            self.gets += 1
+            if self.gets == self.fail_at:
+                raise dirmq.StorageError(5, "the disk failed (injected)")
+            self.under_way += 1
+            self.most_at_once = max(self.most_at_once, self.under_way)
+        try:
+            time.sleep(0.01)
+            return self.queue.get(max_count, visibility_s=visibility_s)
+        finally:
+            with self._lock:
+                self.under_way -= 1
+
+
+def test_leasing_ahead_keeps_two_gets_under_way_and_takes_each_message_once(
+    queue: dirmq.Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dirmq.spark import ahead as ahead_module
+
+    monkeypatch.setattr(ahead_module, "GET_CHUNK", 7)
+    published = queue.put_many([b"m%d" % i for i in range(200)])
+    counting = _CountingGets(queue)
+    ahead = ahead_module.LeaseAhead(counting, 60, 150, 40, queue.nack_each)  # type: ignore[arg-type]
+    try:
+        taken: list[dirmq.Message] = []
+        while len(taken) < 150:
+            held = queue.stats().in_flight - len(taken)
+            assert held <= 40  # never more held (or asked for) than one batch
+            taken += ahead.take(min(25, 150 - len(taken)))
+        assert ahead.take(10) == []  # the run's 150 are out: nothing more is leased
+    finally:
+        ahead.close()
+    assert counting.most_at_once == 2
+    ids = [m.id for m in taken]
+    assert len(set(ids)) == 150 and set(ids) <= set(published)
+    stats = queue.stats()
+    assert (stats.ready, stats.in_flight) == (50, 150)
+
+
+def test_a_failed_get_ahead_stops_both_threads_and_reaches_the_batch(
+    queue: dirmq.Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dirmq.spark import ahead as ahead_module
+
+    monkeypatch.setattr(ahead_module, "GET_CHUNK", 5)
+    queue.put_many([b"m%d" % i for i in range(100)])
+    counting = _CountingGets(queue, fail_at=4)
+    ahead = ahead_module.LeaseAhead(counting, 60, 100, 100, queue.nack_each)  # type: ignore[arg-type]
+    try:
+        taken = ahead.take(100)  # what the gets before the failure leased
+        assert 0 < len(taken) < 100
+        with pytest.raises(dirmq.StorageError, match="injected"):
+            ahead.take(100)
+        assert counting.gets <= 5  # the other thread's get under way ends it too
+    finally:
+        ahead.close()
+    assert queue.stats().in_flight == len(taken)
+
+
 def test_a_batch_spark_never_logged_is_given_back(root: Path, queue: dirmq.Queue) -> None:
     queue.put_many([b"m%d" % i for i in range(10)])
     reader = _reader(root, numPartitions="1")
@@ -532,6 +604,51 @@ def test_the_heartbeat_keeps_recorded_leases_alive(tmp_path: Path, queue: dirmq.
         assert queue.stats().total == 0
     finally:
         upkeep.close()
+
+
+class _CountingAcks:
+    """A queue reached as over HTTP (not a local `Queue`), whose acks are counted while under
+    way."""
+
+    def __init__(self, queue: dirmq.Queue) -> None:
+        self.queue = queue
+        self.sizes: list[int] = []
+        self.under_way = 0
+        self.most_at_once = 0
+        self._lock = threading.Lock()
+
+    def ack_many(self, receipts: list[str]) -> dict[str, Exception]:
+        with self._lock:
+            self.sizes.append(len(receipts))
+            self.under_way += 1
+            self.most_at_once = max(self.most_at_once, self.under_way)
+        try:
+            time.sleep(0.05)
+            return self.queue.ack_many(receipts)
+        finally:
+            with self._lock:
+                self.under_way -= 1
+
+
+def test_a_whole_batch_recorded_over_http_is_acknowledged_on_both_settle_threads(
+    tmp_path: Path, queue: dirmq.Queue
+) -> None:
+    """Over `url` a batch is one record: its requests' worth of receipts (1,000 each) are
+    dealt out to the settle threads, so two connections acknowledge it side by side."""
+    queue.put_many([b"m%d" % i for i in range(2500)])
+    got = queue.get(1000, visibility_s=120) + queue.get(1000, visibility_s=120)
+    got += queue.get(500, visibility_s=120)
+    ledger = Ledger(str(tmp_path / "ledger"), ACCESS)
+    ledger.write_rows(1, leased_table(got))
+    counting = _CountingAcks(queue)
+    upkeep = Upkeep(counting, ledger, lease_s=120)  # type: ignore[arg-type]
+    try:
+        upkeep.wait_settled(1, 10)
+    finally:
+        upkeep.close()
+    assert sorted(counting.sizes) == [500, 2000]  # whole requests to a thread
+    assert counting.most_at_once == 2
+    assert queue.stats().total == 0 and ledger.acked() == 1
 
 
 # -- writers --------------------------------------------------------------------------------------

@@ -33,7 +33,9 @@ from dirmq.store import Queue
 from dirmq.store.layout import parse_receipt
 
 log = logging.getLogger("dirmq.spark")
+
 SETTLE_THREADS = 2
+SETTLE_REQUEST = 1000  # receipts an `ack_many` request carries over HTTP (the server's limit)
 
 
 class Upkeep:
@@ -113,7 +115,11 @@ class Upkeep:
                     break
                 records = self._ledger.records(seq)
                 # Renames and unlinks release the GIL: the records settle side by side.
-                for future in [self._pool.submit(settle_record, self._queue, r) for r in records]:
+                for future in [
+                    self._pool.submit(settle_record, self._queue, piece)
+                    for record in records
+                    for piece in self._pieces(record)
+                ]:
                     future.result()
                 self._ledger.drop(seq)
                 self._extended.pop(seq, None)
@@ -128,6 +134,18 @@ class Upkeep:
             else:
                 self._error = error
             self._cond.notify_all()
+
+    def _pieces(self, record: Record) -> list[Record]:
+        """A record cut for the settle threads. Over HTTP a record holds a whole batch, acked
+        a request of `SETTLE_REQUEST` receipts at a time: its requests are dealt out to the
+        threads, each on a connection of its own (on a server with several workers, in
+        several processes). A local record (one read task's) is settled whole."""
+        if isinstance(self._queue, Queue) or len(record.receipts) <= SETTLE_REQUEST:
+            return [record]
+        receipts = record.receipts
+        size = max(SETTLE_REQUEST, -(-len(receipts) // SETTLE_THREADS))
+        size = -(-size // SETTLE_REQUEST) * SETTLE_REQUEST  # whole requests a thread
+        return [Record(receipts[i : i + size], []) for i in range(0, len(receipts), size)]
 
     def _renew_hold(self) -> None:
         if self._hold is None:
