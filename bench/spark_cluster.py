@@ -12,6 +12,10 @@ and a streaming read (Trigger.AvailableNow) into parquet, timed. It is used by
 `bench/spark.py --cluster`.
 
     python bench/spark_cluster.py drive MASTER URL QUEUE OUT CHECKPOINT STATE [MAX_PER_BATCH]
+    python bench/spark_cluster.py drive-floor MASTER COUNT OUT
+
+`drive-floor` is the same run with a source that has no queue behind it
+(`sparkfloor/dirmq_bench_floor.py`): Spark's own part of a url-mode run, the benchmark's floor.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SRC = REPO / "src"
+FLOOR = Path(__file__).resolve().parent / "sparkfloor"  # the queue-less source, for the floor
 START_TIMEOUT_S = 90.0
 
 
@@ -49,7 +54,7 @@ def _env() -> dict[str, str]:
     path = os.environ.get("PYTHONPATH")
     return {
         **os.environ,
-        "PYTHONPATH": f"{SRC}{os.pathsep}{path}" if path else str(SRC),
+        "PYTHONPATH": os.pathsep.join([str(SRC), str(FLOOR), *([path] if path else [])]),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "SPARK_LOCAL_IP": "127.0.0.1",
@@ -169,13 +174,19 @@ def run_on_cluster(
     of the streaming read."""
     workdir.mkdir(parents=True, exist_ok=True)
     args = [
-        sys.executable,
-        str(Path(__file__).resolve()),
         "drive",
         *(cluster.master_url, url, queue, str(out)),
         *(str(workdir / "checkpoint"), str(workdir / "state")),
         *([] if max_per_batch is None else [str(max_per_batch)]),
     ]
+    return _run_driver(cluster, args, workdir, timeout_s)
+
+
+def _run_driver(
+    cluster: SparkCluster, command: list[str], workdir: Path, timeout_s: float
+) -> dict[str, Any]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, str(Path(__file__).resolve()), *command]
     done = subprocess.run(
         args,
         check=False,
@@ -266,6 +277,31 @@ def measure(base: Path, count: int, max_per_batch: int | None = None) -> dict[st
     return result
 
 
+def measure_floor(base: Path, count: int) -> dict[str, Any]:
+    """The same run with no queue behind it (`sparkfloor/dirmq_bench_floor.py`): a fresh
+    cluster, a batch read of `count` rows, then a streaming read of them into parquet in the
+    micro-batches the dirmq source plans. Spark's own part of a url-mode run."""
+    cluster = start_cluster(base / "cluster")
+    try:
+        result = _run_driver(
+            cluster,
+            ["drive-floor", cluster.master_url, str(count), str(base / "out")],
+            base / "driver",
+            600.0,
+        )
+    finally:
+        cluster.stop()
+    import pyarrow.parquet as pq
+
+    ids = pq.read_table(base / "out", columns=["id"]).column("id").to_pylist()
+    result["delivered"] = len(ids)
+    result["duplicates"] = len(ids) - len(set(ids))
+    result["left_in_queue"] = 0
+    result["stream_msgs_per_s"] = count / result["stream_s"]
+    result["batch_rows_per_s"] = count / result["batch_s"]
+    return result
+
+
 def stream_phases(progress: list[dict[str, Any]], began: float, ended: float) -> dict[str, Any]:
     """Where a streaming run's time went, from the query's progress reports: each trigger's
     `durationMs` (Spark's phases: latestOffset, getBatch, queryPlanning, walCommit, addBatch,
@@ -297,24 +333,10 @@ def stream_phases(progress: list[dict[str, Any]], began: float, ended: float) ->
     }
 
 
-def drive(
-    master: str,
-    url: str,
-    queue: str,
-    out: str,
-    checkpoint: str,
-    state: str,
-    max_per_batch: str | None = None,
-) -> dict[str, Any]:
-    """The driver: a batch read of the whole queue (count and distinct ids), then a streaming
-    read of it into parquet at `out` (AvailableNow; `max_per_batch`: the source's
-    maxMessagesPerBatch, else its default)."""
+def _session(master: str) -> Any:
     from pyspark.sql import SparkSession
 
-    from dirmq.spark import DirmqDataSource
-
-    started = time.perf_counter()
-    spark = (
+    return (
         SparkSession.builder.master(master)
         .appName("dirmq-cluster")
         .config("spark.ui.enabled", "false")
@@ -330,15 +352,56 @@ def drive(
         .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
         .getOrCreate()
     )
+
+
+def _timed_runs(snapshot: Any, stream: Any, out: str, checkpoint: str) -> dict[str, Any]:
+    """A batch `count()` of `snapshot`, then `stream` into parquet at `out` (AvailableNow),
+    timed from `start()` to the end of `awaitTermination()`."""
+    result: dict[str, Any] = {}
+    began = time.perf_counter()
+    row = snapshot.selectExpr("count(*) AS n", "count(DISTINCT id) AS ids").collect()[0]
+    result |= {"batch_rows": row.n, "batch_ids": row.ids}
+    result["batch_s"] = time.perf_counter() - began
+    began = time.perf_counter()
+    began_wall = time.time()
+    query = (
+        stream.writeStream.format("parquet")
+        .option("path", out)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    result["stream_s"] = time.perf_counter() - began
+    result["stream_batches"] = len(query.recentProgress)
+    result["stream_rows"] = sum(p["numInputRows"] for p in query.recentProgress)
+    ended_wall = time.time()
+    result["stream_phases"] = stream_phases(query.recentProgress, began_wall, ended_wall)
+    result["stream_wall"] = [began_wall, ended_wall]
+    return result
+
+
+def drive(
+    master: str,
+    url: str,
+    queue: str,
+    out: str,
+    checkpoint: str,
+    state: str,
+    max_per_batch: str | None = None,
+) -> dict[str, Any]:
+    """The driver: a batch read of the whole queue (count and distinct ids), then a streaming
+    read of it into parquet at `out` (AvailableNow; `max_per_batch`: the source's
+    maxMessagesPerBatch, else its default)."""
+    from dirmq.spark import DirmqDataSource
+
+    started = time.perf_counter()
+    spark = _session(master)
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(DirmqDataSource)
     result: dict[str, Any] = {"startup_s": time.perf_counter() - started}
     try:
         snapshot = spark.read.format("dirmq").option("url", url).option("queue", queue).load()
-        began = time.perf_counter()
-        row = snapshot.selectExpr("count(*) AS n", "count(DISTINCT id) AS ids").collect()[0]
-        result |= {"batch_rows": row.n, "batch_ids": row.ids}
-        result["batch_s"] = time.perf_counter() - began
         stream = (
             spark.readStream.format("dirmq")
             .option("url", url)
@@ -348,28 +411,34 @@ def drive(
             .options(**({} if max_per_batch is None else {"maxMessagesPerBatch": max_per_batch}))
             .load()
         )
-        began = time.perf_counter()
-        began_wall = time.time()
-        query = (
-            stream.writeStream.format("parquet")
-            .option("path", out)
-            .option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        result["stream_s"] = time.perf_counter() - began
-        result["stream_batches"] = len(query.recentProgress)
-        result["stream_rows"] = sum(p["numInputRows"] for p in query.recentProgress)
-        ended_wall = time.time()
-        result["stream_phases"] = stream_phases(query.recentProgress, began_wall, ended_wall)
-        result["stream_wall"] = [began_wall, ended_wall]
+        result |= _timed_runs(snapshot, stream, out, checkpoint)
+    finally:
+        spark.stop()
+    return result
+
+
+def drive_floor(master: str, count: str, out: str) -> dict[str, Any]:
+    """`drive` with the queue-less source (`dirmq_bench_floor`) in place of dirmq's."""
+    from dirmq_bench_floor import FloorDataSource
+
+    started = time.perf_counter()
+    spark = _session(master)
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(FloorDataSource)
+    result: dict[str, Any] = {"startup_s": time.perf_counter() - started}
+    try:
+        snapshot = spark.read.format("dirmqfloor").option("messages", count).load()
+        stream = spark.readStream.format("dirmqfloor").option("messages", count).load()
+        result |= _timed_runs(snapshot, stream, out, out + ".checkpoint")
     finally:
         spark.stop()
     return result
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (8, 9) or sys.argv[1] != "drive":
+    if len(sys.argv) in (8, 9) and sys.argv[1] == "drive":
+        print(json.dumps(drive(*sys.argv[2:])), flush=True)
+    elif len(sys.argv) == 5 and sys.argv[1] == "drive-floor":
+        print(json.dumps(drive_floor(*sys.argv[2:])), flush=True)
+    else:
         sys.exit(__doc__)
-    print(json.dumps(drive(*sys.argv[2:])), flush=True)
