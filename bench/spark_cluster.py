@@ -333,10 +333,13 @@ def stream_phases(progress: list[dict[str, Any]], began: float, ended: float) ->
     }
 
 
-def _session(master: str) -> Any:
+def _session(master: str, source: type) -> tuple[Any, dict[str, Any]]:
+    """A session on the cluster at `master` with the data source `source` registered, and the
+    result so far (how long the session took to start)."""
     from pyspark.sql import SparkSession
 
-    return (
+    started = time.perf_counter()
+    spark = (
         SparkSession.builder.master(master)
         .appName("dirmq-cluster")
         .config("spark.ui.enabled", "false")
@@ -352,6 +355,9 @@ def _session(master: str) -> Any:
         .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
         .getOrCreate()
     )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(source)
+    return spark, {"startup_s": time.perf_counter() - started}
 
 
 def _timed_runs(snapshot: Any, stream: Any, out: str, checkpoint: str) -> dict[str, Any]:
@@ -395,11 +401,7 @@ def drive(
     maxMessagesPerBatch, else its default)."""
     from dirmq.spark import DirmqDataSource
 
-    started = time.perf_counter()
-    spark = _session(master)
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(DirmqDataSource)
-    result: dict[str, Any] = {"startup_s": time.perf_counter() - started}
+    spark, result = _session(master, DirmqDataSource)
     try:
         snapshot = spark.read.format("dirmq").option("url", url).option("queue", queue).load()
         stream = (
@@ -421,11 +423,7 @@ def drive_floor(master: str, count: str, out: str) -> dict[str, Any]:
     """`drive` with the queue-less source (`dirmq_bench_floor`) in place of dirmq's."""
     from dirmq_bench_floor import FloorDataSource
 
-    started = time.perf_counter()
-    spark = _session(master)
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(FloorDataSource)
-    result: dict[str, Any] = {"startup_s": time.perf_counter() - started}
+    spark, result = _session(master, FloorDataSource)
     try:
         snapshot = spark.read.format("dirmqfloor").option("messages", count).load()
         stream = spark.readStream.format("dirmqfloor").option("messages", count).load()

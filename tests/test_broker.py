@@ -474,58 +474,43 @@ def test_large_leases_and_acks_run_on_the_loop_a_chunk_at_a_time(
     assert set(range(1, len(calls))) <= set(between)  # the loop ran between every two calls
 
 
-def test_a_lease_that_fails_after_its_first_chunk_gives_that_chunk_back(
-    root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    chunk = broker_module.INLINE_MAX_MESSAGES
+def _two_chunks(root: Path, name: str) -> tuple[dirmq.Store, dirmq.Queue]:
+    """A queue of two inline chunks' worth of ready messages, indexed (leases run inline)."""
     store = dirmq.Store(root)
-    queue = store.create_queue("half")
-    queue.put_many([f"m{i}".encode() for i in range(2 * chunk)])
+    queue = store.create_queue(name)
+    queue.put_many([f"m{i}".encode() for i in range(2 * broker_module.INLINE_MAX_MESSAGES)])
     queue.stats()
+    return store, queue
+
+
+def _all_ready_again(queue: dirmq.Queue) -> None:
+    """Wait (up to 10 s) for what was leased to be given back (on the pool): all ready."""
+    deadline = time.monotonic() + 10
+    while queue.stats().in_flight and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stats = queue.stats()
+    assert (stats.ready, stats.in_flight) == (2 * broker_module.INLINE_MAX_MESSAGES, 0)
+
+
+@pytest.mark.parametrize("interruption", ["failure", "cancel"])
+def test_a_lease_interrupted_after_its_first_chunk_gives_that_chunk_back(
+    root: Path, monkeypatch: pytest.MonkeyPatch, interruption: str
+) -> None:
+    """A large lease runs a chunk at a time: a second chunk that fails, or a cancel at the
+    turn between two chunks, leaves none of the first leased."""
+    chunk = broker_module.INLINE_MAX_MESSAGES
+    store, queue = _two_chunks(root, interruption)
     real_get = dirmq.Queue.get
+    leasing: list[asyncio.Task[list[dirmq.Message]]] = []
     gets = [0]
 
     def get(self: dirmq.Queue, max_count: int, **kwargs: Any) -> list[dirmq.Message]:
         gets[0] += 1
-        if gets[0] == 2:
+        if interruption == "failure" and gets[0] == 2:
             raise dirmq.StorageError(5, "the disk failed (injected)")
-        return real_get(self, max_count, **kwargs)
-
-    monkeypatch.setattr(dirmq.Queue, "get", get)
-
-    async def main() -> None:
-        broker = Broker(store)
-        try:
-            with pytest.raises(dirmq.StorageError, match="injected"):
-                await broker.receive(queue, 2 * chunk, 30, 0)
-        finally:
-            broker.close()  # (waits for nothing: the give-back may still be on the pool)
-
-    try:
-        run(main())
-        deadline = time.monotonic() + 10
-        while queue.stats().in_flight and time.monotonic() < deadline:
-            time.sleep(0.05)
-        stats = queue.stats()
-        assert (stats.ready, stats.in_flight) == (2 * chunk, 0)
-    finally:
-        store.close()
-
-
-def test_a_lease_cancelled_between_its_chunks_gives_back_what_it_had(
-    root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    chunk = broker_module.INLINE_MAX_MESSAGES
-    store = dirmq.Store(root)
-    queue = store.create_queue("cut")
-    queue.put_many([f"m{i}".encode() for i in range(2 * chunk)])
-    queue.stats()
-    real_get = dirmq.Queue.get
-    leasing: list[asyncio.Task[list[dirmq.Message]]] = []
-
-    def get(self: dirmq.Queue, max_count: int, **kwargs: Any) -> list[dirmq.Message]:
         got = real_get(self, max_count, **kwargs)
-        leasing[0].cancel()  # lands at the lease's next await: the turn between two chunks
+        if interruption == "cancel":
+            leasing[0].cancel()  # lands at the lease's next await: the turn between chunks
         return got
 
     monkeypatch.setattr(dirmq.Queue, "get", get)
@@ -534,18 +519,16 @@ def test_a_lease_cancelled_between_its_chunks_gives_back_what_it_had(
         broker = Broker(store)
         try:
             leasing.append(asyncio.create_task(broker.lease(queue, 2 * chunk, 30)))
-            with pytest.raises(asyncio.CancelledError):
+            expected = dirmq.StorageError if interruption == "failure" else asyncio.CancelledError
+            with pytest.raises(expected):
                 await leasing[0]
+            assert gets[0] == (2 if interruption == "failure" else 1)
         finally:
-            broker.close()
+            broker.close()  # (waits for nothing: the give-back may still be on the pool)
 
     try:
         run(main())
-        deadline = time.monotonic() + 10
-        while queue.stats().in_flight and time.monotonic() < deadline:
-            time.sleep(0.05)
-        stats = queue.stats()
-        assert (stats.ready, stats.in_flight) == (2 * chunk, 0)
+        _all_ready_again(queue)
     finally:
         store.close()
 
