@@ -130,6 +130,26 @@ def test_state_names_round_trip() -> None:
     assert layout.parse_receipt(f"{message_id}/../x.2") is None
 
 
+@pytest.mark.parametrize("digit", ["\u0661", "\u06f1", "\u0967", "\uff11"])  # each a "1"
+def test_digits_outside_ascii_are_no_part_of_any_name(digit: str) -> None:
+    """Python's `\\d` and `int()` accept any script's digits: a file named with them would
+    have been read as a lease that no name dirmq makes could ever match (so never acked, nor
+    expired by the name it is looked up by). Names, receipts, ids and durations are ASCII."""
+    from dirmq.wire.durations import parse_duration
+
+    message_id = new_id()
+    assert layout.parse_entry(f"{message_id}.{digit}.1700000000123") is None
+    assert layout.parse_entry(f"{message_id}.1.170000000012{digit}") is None
+    assert layout.parse_entry(f"{message_id}.{digit}") is None
+    assert layout.parse_receipt(f"{message_id}.{digit}") is None
+    assert not is_id(digit + message_id[1:])
+    assert not layout.is_bare_id(digit + message_id[1:])
+    with pytest.raises(dirmq.InvalidArgument):
+        parse_duration(f"{digit}s")
+    with pytest.raises(dirmq.InvalidArgument):
+        parse_duration(digit)
+
+
 def test_ids_are_unique_and_ordered_under_threads() -> None:
     import threading
 

@@ -340,6 +340,21 @@ def test_query_errors(http: httpx.Client) -> None:
         query(http, "ReceiveMessage", f"/000000000000/{name}", MaxNumberOfMessages="many")
     )
     assert (status, code) == (400, "InvalidParameterValue")
+    # Digits of other scripts (Python's int() reads them) are no number to SQS.
+    for action, params in (
+        ("SendMessage", {"MessageBody": "x", "DelaySeconds": "\u0665"}),
+        ("ReceiveMessage", {"MaxNumberOfMessages": "\u0665"}),
+        (
+            "StartMessageMoveTask",
+            {
+                "SourceArn": f"arn:aws:sqs:us-east-1:000000000000:{name}",
+                "MaxNumberOfMessagesPerSecond": "\u00b2",
+            },
+        ),
+    ):
+        path = "/" if action == "StartMessageMoveTask" else f"/000000000000/{name}"
+        status, _, code, _ = query_error(query(http, action, path, **params))
+        assert (status, code) == (400, "InvalidParameterValue"), action
 
 
 def json_call(http: httpx.Client, action: str, body: bytes | dict[str, Any]) -> httpx.Response:

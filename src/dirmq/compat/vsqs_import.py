@@ -49,7 +49,7 @@ __all__ = ["BATCH_SIZE", "JOURNAL_PREFIX", "ImportReport", "import_vsqs", "vsqs_
 
 BATCH_SIZE = 256
 JOURNAL_PREFIX = ".dirmq-import-"
-_VSQS_NAME = re.compile(r"(\d{1,16})(?:\.(new|\d[0-9.eE+-]*))?")
+_VSQS_NAME = re.compile(r"([0-9]{1,16})(?:\.(new|[0-9][0-9.eE+-]*))?")
 # vsqs 0.3 names files in microseconds; its README says milliseconds. Below 10**13, a name read as
 # microseconds would date from April 1970, and read as milliseconds from before 2286: milliseconds.
 _MILLIS_BELOW = 10**13

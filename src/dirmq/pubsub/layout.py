@@ -123,7 +123,7 @@ def split_timed(name: str) -> tuple[str, int] | None:
 
 RETAINED = "r"
 BROADCAST = "b"
-_DELIVERY_KEY_RE = re.compile(r"\d{16}_[A-Za-z0-9_-]{1,128}(\+[rb]\d+)?")
+_DELIVERY_KEY_RE = re.compile(r"[0-9]{16}_[A-Za-z0-9_-]{1,128}(\+[rb][0-9]+)?")
 
 
 def is_delivery_key(text: str) -> bool:

@@ -32,7 +32,7 @@ from prometheus_client.multiprocess import mark_process_dead
 
 ENVIRONMENT = "PROMETHEUS_MULTIPROC_DIR"
 _PREFIX = "dirmq-metrics-"
-_LEFT_BEHIND = re.compile(rf"{re.escape(_PREFIX)}(\d+)-")
+_LEFT_BEHIND = re.compile(rf"{re.escape(_PREFIX)}([0-9]+)-")
 
 _pid = os.getpid()  # not a getpid(2) per increment: prometheus-client asks at every one
 

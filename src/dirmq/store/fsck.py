@@ -887,7 +887,7 @@ class _Salvaged:
     at_ms: int | None
 
 
-_SALVAGE_RE = re.compile(rf"({ID_PATTERN})?(?:\.(\d+))?(?:\.(\d+))?")
+_SALVAGE_RE = re.compile(rf"({ID_PATTERN})?(?:\.([0-9]+))?(?:\.([0-9]+))?")
 
 
 def _salvage(name: str) -> _Salvaged:

@@ -14,7 +14,7 @@ import re
 import threading
 import time
 
-ID_PATTERN = r"\d{16}-[0-9a-f]{12}"
+ID_PATTERN = r"[0-9]{16}-[0-9a-f]{12}"
 _ID_RE = re.compile(ID_PATTERN)
 
 _lock = threading.Lock()

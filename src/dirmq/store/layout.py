@@ -53,14 +53,14 @@ GROUP_TAG_LENGTH = 12
 
 # Counts and times are bounded (bounds.py): every value the store accepts fits these digits.
 _ENTRY_RE = re.compile(
-    rf"({ID_PATTERN})(?:\.(\d{{1,{COUNT_DIGITS}}}))?(?:\.(\d{{1,{AT_MS_DIGITS}}}))?"
+    rf"({ID_PATTERN})(?:\.([0-9]{{1,{COUNT_DIGITS}}}))?(?:\.([0-9]{{1,{AT_MS_DIGITS}}}))?"
     rf"(?:~([0-9a-f]{{{GROUP_TAG_LENGTH}}}))?"
 )
 _BARE_ID_RE = re.compile(ID_PATTERN)
 ID_LENGTH = 29  # 16 digits, a dash, 12 hex digits (ids.py)
-_RECEIPT_RE = re.compile(rf"({ID_PATTERN})\.(\d{{1,{COUNT_DIGITS}}})")
-_TMP_RE = re.compile(rf"({ID_PATTERN})\.([0-9a-f]{{8}})\.(\d+)\.tmp")
-_BESIDE_RE = re.compile(r"\.(.+)\.([0-9a-f]{8})-(\d+)")
+_RECEIPT_RE = re.compile(rf"({ID_PATTERN})\.([0-9]{{1,{COUNT_DIGITS}}})")
+_TMP_RE = re.compile(rf"({ID_PATTERN})\.([0-9a-f]{{8}})\.([0-9]+)\.tmp")
+_BESIDE_RE = re.compile(r"\.(.+)\.([0-9a-f]{8})-([0-9]+)")
 
 HOST_TAG = f"{zlib.crc32(socket.gethostname().encode()):08x}"
 

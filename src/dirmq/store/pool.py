@@ -130,7 +130,7 @@ log = logging.getLogger(__name__)
 ORPHAN_POOL_GRACE_S = 3600.0  # a pool of another host: its owner is presumed dead after this
 
 _ZEROS = memoryview(bytes(MAX_RECYCLED_BYTES))  # what a retired file is overwritten with
-_POOL_DIR_RE = re.compile(r"([0-9a-f]{8})\.(\d+)\.(\d+)\.(\d+)-([0-9a-f]{8})")
+_POOL_DIR_RE = re.compile(r"([0-9a-f]{8})\.([0-9]+)\.([0-9]+)\.([0-9]+)-([0-9a-f]{8})")
 
 
 def _pid_namespace() -> int:

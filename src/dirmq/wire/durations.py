@@ -19,8 +19,8 @@ _UNITS_S = {
     "m": 60.0,
     "h": 3600.0,
 }
-_PLAIN = re.compile(r"\d+(?:\.\d*)?|\.\d+")
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_PLAIN = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
+_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
 
 
 def parse_duration(text: str, name: str = "duration") -> float:

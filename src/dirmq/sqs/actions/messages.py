@@ -124,7 +124,7 @@ def _integer(params: Mapping[str, Any], name: str, low: int, high: int, reason: 
     value = params.get(name)
     if value is None:
         return None
-    if isinstance(value, str) and re.fullmatch(r"-?\d{1,12}", value.strip()):
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,12}", value.strip()):
         value = int(value.strip())
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise SqsError(

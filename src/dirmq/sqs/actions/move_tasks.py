@@ -268,7 +268,7 @@ def _int_param(params: Params, name: str, low: int, high: int, default: int | No
     value = params.get(name)
     if value is None:
         return default
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise SqsError(
