@@ -474,6 +474,35 @@ def test_large_leases_and_acks_run_on_the_loop_a_chunk_at_a_time(
     assert set(range(1, len(calls))) <= set(between)  # the loop ran between every two calls
 
 
+def test_concurrent_gets_beyond_one_batch_are_served_not_told_the_queue_is_empty(
+    root: Path,
+) -> None:
+    """Gets that arrive together share a lease of at most `MAX_GET_BATCH` messages. One the
+    cap leaves without a share waits for the next batch: with 2,500 ready, three gets of
+    1,000 that do not wait get 1,000, 1,000 and 500, none an empty answer."""
+    store = dirmq.Store(root)
+    queue = store.create_queue("deep")
+    queue.put_many([f"m{i}".encode() for i in range(2500)])
+    queue.stats()
+
+    async def main() -> list[list[dirmq.Message]]:
+        broker = Broker(store)
+        try:
+            return list(
+                await asyncio.gather(*(broker.receive(queue, 1000, 30, 0) for _ in range(3)))
+            )
+        finally:
+            broker.close()
+
+    try:
+        got = run(main())
+        assert sorted(len(g) for g in got) == [500, 1000, 1000]
+        assert len({m.id for g in got for m in g}) == 2500
+        assert queue.stats().in_flight == 2500
+    finally:
+        store.close()
+
+
 def _two_chunks(root: Path, name: str) -> tuple[dirmq.Store, dirmq.Queue]:
     """A queue of two inline chunks' worth of ready messages, indexed (leases run inline)."""
     store = dirmq.Store(root)

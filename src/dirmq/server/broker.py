@@ -44,6 +44,11 @@ T = TypeVar("T")
 log = logging.getLogger("dirmq.server")
 MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
 MAX_BATCH_MESSAGES = 1024
+# Messages one batch of the get line leases for all its requests together (a request's own
+# limit is the API's 1000). A request the cap leaves without a share waits for the next batch:
+# answering it "nothing" would tell a consumer that polls without waiting that a deep queue
+# is empty (two Spark lease-ahead threads on one connection each took it for the end).
+MAX_GET_BATCH = 1000
 # A lease or settle call run on the event loop that took longer than this sends such calls to
 # the thread pool for a while (see `Broker.settle_call`). Not lower: on a busy disk a batch
 # now and then takes 20-50 ms (and waits for the GIL), and at 20 ms a drain spent most of its
@@ -566,14 +571,19 @@ class _Batcher:
         for entry in batch:
             by_visibility.setdefault(entry[0][1], []).append(entry)
         for visibility_s, entries in by_visibility.items():
-            wanted = min(sum(item[0] for item, _ in entries), 1000)
+            wanted = min(sum(item[0] for item, _ in entries), MAX_GET_BATCH)
             got = await self.broker.lease(self.queue, wanted, visibility_s)
-            for (max_count, _visibility), future in entries:
-                share, got = got[:max_count], got[max_count:]
+            dry = len(got) < wanted  # the queue had no more ready: an empty share is the truth
+            deferred: list[tuple[Any, asyncio.Future[Any]]] = []
+            for item, future in entries:
+                share, got = got[: item[0]], got[item[0] :]
                 if future.done():
                     self.broker.give_back(self.queue, share)
-                else:
+                elif share or dry:
                     future.set_result(share)
+                else:  # the batch's cap ran out before this request: the next batch serves it
+                    deferred.append((item, future))
+            self._pending[:0] = deferred  # first in the next batch
             # What a caller that gave up while we were leasing would have had.
             self.broker.give_back(self.queue, got)
 
