@@ -6,6 +6,7 @@ the Spark tests can only observe the outcome.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -374,30 +375,44 @@ def test_what_was_leased_ahead_and_lost_its_lease_is_left_out(queue: dirmq.Queue
         ahead.close()
 
 
-class _CountingGets:
-    """A queue whose gets are counted while under way (each takes a moment)."""
+class _Overlap:
+    """Counts the calls under way at once (each made to take a moment)."""
 
-    def __init__(self, queue: dirmq.Queue, fail_at: int | None = None) -> None:
-        self.queue = queue
+    def __init__(self) -> None:
         self.under_way = 0
         self.most_at_once = 0
-        self.gets = 0
-        self.fail_at = fail_at
+        self.calls = 0
         self._lock = threading.Lock()
 
-    def get(self, max_count: int, *, visibility_s: float | None = None) -> list[dirmq.Message]:
+    @contextlib.contextmanager
+    def call(self) -> Iterator[int]:
+        """One call: yields its number (from 1), the others under way counted meanwhile."""
         with self._lock:
-            self.gets += 1
-            if self.gets == self.fail_at:
-                raise dirmq.StorageError(5, "the disk failed (injected)")
+            self.calls += 1
+            number = self.calls
             self.under_way += 1
             self.most_at_once = max(self.most_at_once, self.under_way)
         try:
-            time.sleep(0.01)
-            return self.queue.get(max_count, visibility_s=visibility_s)
+            yield number
         finally:
             with self._lock:
                 self.under_way -= 1
+
+
+class _CountingGets(_Overlap):
+    """A queue whose gets are counted while under way (each takes a moment)."""
+
+    def __init__(self, queue: dirmq.Queue, fail_at: int | None = None) -> None:
+        super().__init__()
+        self.queue = queue
+        self.fail_at = fail_at
+
+    def get(self, max_count: int, *, visibility_s: float | None = None) -> list[dirmq.Message]:
+        with self.call() as number:
+            if number == self.fail_at:
+                raise dirmq.StorageError(5, "the disk failed (injected)")
+            time.sleep(0.01)
+            return self.queue.get(max_count, visibility_s=visibility_s)
 
 
 def test_leasing_ahead_keeps_two_gets_under_way_and_takes_each_message_once(
@@ -439,7 +454,7 @@ def test_a_failed_get_ahead_stops_both_threads_and_reaches_the_batch(
         assert 0 < len(taken) < 100
         with pytest.raises(dirmq.StorageError, match="injected"):
             ahead.take(100)
-        assert counting.gets <= 5  # the other thread's get under way ends it too
+        assert counting.calls <= 5  # the other thread's get under way ends it too
     finally:
         ahead.close()
     assert queue.stats().in_flight == len(taken)
@@ -606,28 +621,20 @@ def test_the_heartbeat_keeps_recorded_leases_alive(tmp_path: Path, queue: dirmq.
         upkeep.close()
 
 
-class _CountingAcks:
+class _CountingAcks(_Overlap):
     """A queue reached as over HTTP (not a local `Queue`), whose acks are counted while under
     way."""
 
     def __init__(self, queue: dirmq.Queue) -> None:
+        super().__init__()
         self.queue = queue
         self.sizes: list[int] = []
-        self.under_way = 0
-        self.most_at_once = 0
-        self._lock = threading.Lock()
 
     def ack_many(self, receipts: list[str]) -> dict[str, Exception]:
-        with self._lock:
+        with self.call():
             self.sizes.append(len(receipts))
-            self.under_way += 1
-            self.most_at_once = max(self.most_at_once, self.under_way)
-        try:
             time.sleep(0.05)
             return self.queue.ack_many(receipts)
-        finally:
-            with self._lock:
-                self.under_way -= 1
 
 
 def test_a_whole_batch_recorded_over_http_is_acknowledged_on_both_settle_threads(

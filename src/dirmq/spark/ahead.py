@@ -26,12 +26,11 @@ from collections import deque
 from collections.abc import Callable
 
 from dirmq.errors import InvalidArgument, StaleReceipt
-from dirmq.spark.connect import QueueHandle
+from dirmq.spark.connect import PER_REQUEST, QueueHandle
 from dirmq.store import Message
 
 log = logging.getLogger("dirmq.spark")
-
-GET_CHUNK = 1000  # messages per get(): the server's limit
+GET_CHUNK = PER_REQUEST  # messages per get()
 # Gets under way at once, each thread on a connection of its own: the server leases the next
 # chunk while the driver reads the last (leasing 50,000 from a one-worker server: 2.23 s with
 # one, 1.76-1.85 s with two, the same server CPU; the first batch's lease overlaps nothing).
@@ -63,9 +62,8 @@ class LeaseAhead:
         self._held = 0
         self._asked = 0  # messages asked for by the gets under way
         self._gets = 0  # gets asked for so far (numbers them)
-        self._running = threads  # threads still leasing
-        self._dry = False  # a get came back empty (the queue has no more ready) or failed
-        self._finished = False  # every thread stopped: nothing more will be leased
+        self._running = threads  # threads still leasing (none: nothing more will be leased)
+        self._ended = False  # a get came back empty (the queue has no more ready) or failed
         self._error: Exception | None = None
         self._closed = False
         self._threads = [
@@ -80,7 +78,7 @@ class LeaseAhead:
         that many are held or nothing more will come. Raises what a get raised if nothing is
         held."""
         with self._cond:
-            while self._held < count and not self._finished:
+            while self._held < count and self._running:
                 self._cond.wait()
             if not self._chunks and self._error is not None:
                 error, self._error = self._error, None
@@ -160,7 +158,7 @@ class LeaseAhead:
                 if got:
                     self._file(number, got)
                 if not got:  # the queue ran dry (availableNow plans what there is), or failed
-                    self._dry = True
+                    self._ended = True
                     self._stop(error)
                     return
 
@@ -176,7 +174,7 @@ class LeaseAhead:
         self._cond.notify_all()
 
     def _stopping(self) -> bool:
-        return self._closed or self._dry
+        return self._closed or self._ended
 
     def _stop(self, error: Exception | None) -> None:
         """(Under the condition.) This thread leases no more; once no thread does, nothing
@@ -184,6 +182,4 @@ class LeaseAhead:
         if error is not None and self._error is None:
             self._error = error
         self._running -= 1
-        if self._running == 0:
-            self._finished = True
         self._cond.notify_all()

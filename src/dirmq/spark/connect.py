@@ -19,6 +19,10 @@ from dirmq.spark.options import Options
 from dirmq.store import Message, OutgoingMessage, QueueConfig, QueueStats, Store
 from dirmq.store.access import PRIVATE, Access
 
+# Messages (a get) or receipts (an ack_many, extend_many, nack_each) one request to the server
+# carries at most: the server's limit.
+PER_REQUEST = 1000
+
 if TYPE_CHECKING:  # the HTTP client (httpx) is imported only by processes that use `url`:
     from dirmq.client import RemoteStore  # ~80 ms at the start of every Python worker
 

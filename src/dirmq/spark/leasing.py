@@ -24,7 +24,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import InputPartition
 
 from dirmq.errors import CorruptMessage, MessageNotFound
-from dirmq.spark.connect import QueueHandle
+from dirmq.spark.connect import PER_REQUEST, QueueHandle
 from dirmq.spark.ledger import Ledger, Record
 from dirmq.spark.rows import READ_COLUMNS, Columns, messages_batch, project
 from dirmq.spark.upkeep import give_back, settle_record
@@ -32,7 +32,7 @@ from dirmq.store import Message, Queue
 from dirmq.store.layout import parse_receipt
 
 log = logging.getLogger("dirmq.spark")
-GET_CHUNK = 1000  # messages per get(): the server's limit, and a bound on time under the lock
+GET_CHUNK = PER_REQUEST  # messages per get(), also a bound on time under the queue's lock
 ROWS_PER_BATCH = 10_000  # rows per Arrow record batch handed to Spark
 BATCH_BYTES = 32 * 1024 * 1024  # and bodies per batch: what a read task holds at a time
 

@@ -26,16 +26,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from dirmq.errors import InvalidArgument, MessageNotFound, StaleReceipt
-from dirmq.spark.connect import QueueHandle
+from dirmq.spark.connect import PER_REQUEST, QueueHandle
 from dirmq.spark.holder import ConsumerHold
 from dirmq.spark.ledger import Ledger, Record
 from dirmq.store import Queue
 from dirmq.store.layout import parse_receipt
 
 log = logging.getLogger("dirmq.spark")
-
 SETTLE_THREADS = 2
-SETTLE_REQUEST = 1000  # receipts an `ack_many` request carries over HTTP (the server's limit)
 
 
 class Upkeep:
@@ -137,14 +135,14 @@ class Upkeep:
 
     def _pieces(self, record: Record) -> list[Record]:
         """A record cut for the settle threads. Over HTTP a record holds a whole batch, acked
-        a request of `SETTLE_REQUEST` receipts at a time: its requests are dealt out to the
+        a request of `PER_REQUEST` receipts at a time: its requests are dealt out to the
         threads, each on a connection of its own (on a server with several workers, in
         several processes). A local record (one read task's) is settled whole."""
-        if isinstance(self._queue, Queue) or len(record.receipts) <= SETTLE_REQUEST:
-            return [record]
         receipts = record.receipts
-        size = max(SETTLE_REQUEST, -(-len(receipts) // SETTLE_THREADS))
-        size = -(-size // SETTLE_REQUEST) * SETTLE_REQUEST  # whole requests a thread
+        if isinstance(self._queue, Queue) or len(receipts) <= PER_REQUEST:
+            return [record]
+        requests = -(-len(receipts) // PER_REQUEST)
+        size = -(-requests // SETTLE_THREADS) * PER_REQUEST  # whole requests a thread
         return [Record(receipts[i : i + size], []) for i in range(0, len(receipts), size)]
 
     def _renew_hold(self) -> None:
