@@ -306,6 +306,13 @@ def _cluster_summary(result: dict[str, Any]) -> str:
     )
 
 
+def _design_floor(syscalls: dict[str, Any], count: int, alone: dict[str, Any]) -> dict[str, Any]:
+    """The design floor of a url run: Spark alone's run (`alone`) plus the bare syscalls that
+    dirmq's contracts put on its critical path (`spark_cluster.critical_syscalls`)."""
+    seconds = alone["stream_s"] + syscalls["lease_s"] + syscalls["ack_s"]
+    return syscalls | {"stream_s": seconds, "stream_msgs_per_s": count / seconds}
+
+
 def cluster_main(where: Path, count: int, trials: int, json_path: str) -> int:
     """The url mode on a Spark standalone cluster (`bench/spark_cluster.py`): a fresh server,
     cluster and driver per trial; the streaming rate is timed from `start()` to the end of the
@@ -321,6 +328,7 @@ def cluster_main(where: Path, count: int, trials: int, json_path: str) -> int:
     spec.loader.exec_module(cluster)
     results = []
     floors = []
+    syscalls = []
     for n in range(trials):  # alternating: dirmq, then Spark alone, on fresh clusters
         for subject, measure, into in (
             ("cluster url", cluster.measure, results),
@@ -329,11 +337,24 @@ def cluster_main(where: Path, count: int, trials: int, json_path: str) -> int:
             base = Path(tempfile.mkdtemp(prefix="dirmq-cluster-", dir=where))
             try:
                 into.append(measure(base, count))
+                if into is floors:
+                    syscalls.append(
+                        _design_floor(cluster.critical_syscalls(base, count), count, into[-1])
+                    )
             finally:
                 shutil.rmtree(base, ignore_errors=True)
             print(f"  trial {n + 1} {subject}: {_cluster_summary(into[-1])}", flush=True)
+        last = syscalls[-1]
+        print(
+            f"  trial {n + 1} design floor: Spark alone + {last['lease_s']:.2f} s leasing the "
+            f"first batch ({last['first_batch']:,}) + {last['ack_s']:.2f} s acknowledging the "
+            f"last ({last['last_batch']:,}) in a bare loop = {last['stream_s']:.2f} s, "
+            f"{last['stream_msgs_per_s']:,.0f} msg/s",
+            flush=True,
+        )
     stream = median(results, "stream_msgs_per_s")
     floor = median(floors, "stream_msgs_per_s")
+    design = median(syscalls, "stream_msgs_per_s")
     once = all(
         r["duplicates"] == 0 and r["delivered"] == count and r["left_in_queue"] == 0
         for r in results + floors
@@ -348,11 +369,22 @@ def cluster_main(where: Path, count: int, trials: int, json_path: str) -> int:
         f"issue 18), batch count() {median(results, 'batch_rows_per_s'):,.0f} rows/s; "
         f"every message delivered exactly once: {once}\n"
         f"Spark alone (the same micro-batches from a source with no queue): {floor:,.0f} msg/s "
-        f"({floor / CLUSTER_URL_BEFORE:.1f}x the 940); dirmq / Spark alone per trial: {ratios}"
+        f"({floor / CLUSTER_URL_BEFORE:.1f}x the 940); dirmq / Spark alone per trial: {ratios}\n"
+        f"design floor (Spark alone + the critical path's bare syscalls): {design:,.0f} msg/s "
+        f"({design / CLUSTER_URL_BEFORE:.1f}x the 940); dirmq / design floor per trial: "
+        + ", ".join(
+            f"{r['stream_msgs_per_s'] / d['stream_msgs_per_s']:.2f}"
+            for r, d in zip(results, syscalls, strict=True)
+        )
     )
     out = Path(json_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    document = {"messages": count, "results": results, "spark_alone": floors}
+    document = {
+        "messages": count,
+        "results": results,
+        "spark_alone": floors,
+        "design_floor": syscalls,
+    }
     out.write_text(json.dumps(document, indent=2) + "\n")
     print(f"JSON written to {out}")
     return 0

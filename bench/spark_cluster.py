@@ -15,7 +15,9 @@ and a streaming read (Trigger.AvailableNow) into parquet, timed. It is used by
     python bench/spark_cluster.py drive-floor MASTER COUNT OUT
 
 `drive-floor` is the same run with a source that has no queue behind it
-(`sparkfloor/dirmq_bench_floor.py`): Spark's own part of a url-mode run, the benchmark's floor.
+(`sparkfloor/dirmq_bench_floor.py`): Spark's own part of a url-mode run. `critical_syscalls`
+times, in a bare loop, what dirmq's contracts add to it that nothing can overlap (leasing the
+first batch, acknowledging the last): with Spark alone, the benchmark's design floor.
 """
 
 from __future__ import annotations
@@ -300,6 +302,56 @@ def measure_floor(base: Path, count: int) -> dict[str, Any]:
     result["stream_msgs_per_s"] = count / result["stream_s"]
     result["batch_rows_per_s"] = count / result["batch_s"]
     return result
+
+
+def critical_syscalls(base: Path, count: int) -> dict[str, Any]:
+    """The least a queue that keeps dirmq's contracts adds to Spark's own run (`measure_floor`):
+    the syscalls its critical path cannot overlap, in a bare loop on this filesystem. Before
+    the first batch's rows reach Spark each of its messages is leased (a rename into a
+    `leased` directory) and read (open, read, close); after Spark commits the last batch each
+    of its messages is acknowledged (a rename out of it). One process, as the server; no
+    HTTP, index, lock, checksum or record. The batch sizes are the source's plan for `count`
+    (`dirmq_bench_floor.batch_sizes`); the files are as large as the run's message files."""
+    import shutil
+
+    if str(FLOOR) not in sys.path:
+        sys.path.append(str(FLOOR))
+    from dirmq_bench_floor import batch_sizes, body
+
+    from dirmq.store import codec
+
+    sizes = batch_sizes(count)
+    first, last = sizes[0], sizes[-1]
+    directory = base / "syscalls"
+    dirs = [directory / d for d in ("ready", "leased", "pool")]
+    for d in dirs:
+        d.mkdir(parents=True)
+    try:
+        names = [f"{i:016d}-000000000000" for i in range(first)]
+        for i, name in enumerate(names):
+            (dirs[0] / name).write_bytes(codec.encode(body(i), {}, message_id=name))
+        os.sync()  # the writes' flushing is no part of either loop
+        ready, leased, pool = (os.open(d, os.O_RDONLY) for d in dirs)
+        try:
+            began = time.perf_counter()
+            for name in names:
+                os.rename(name, name + ".1", src_dir_fd=ready, dst_dir_fd=leased)
+                fd = os.open(name + ".1", os.O_RDONLY, dir_fd=leased)
+                try:
+                    os.read(fd, 64 * 1024)
+                finally:
+                    os.close(fd)
+            leasing = time.perf_counter() - began
+            began = time.perf_counter()
+            for name in names[:last]:
+                os.rename(name + ".1", name, src_dir_fd=leased, dst_dir_fd=pool)
+            acking = time.perf_counter() - began
+        finally:
+            for fd in (ready, leased, pool):
+                os.close(fd)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return {"first_batch": first, "last_batch": last, "lease_s": leasing, "ack_s": acking}
 
 
 def stream_phases(progress: list[dict[str, Any]], began: float, ended: float) -> dict[str, Any]:

@@ -70,3 +70,14 @@ def test_url_mode_on_a_standalone_cluster_delivers_every_message_once(tmp_path: 
         if cluster is not None:
             cluster.stop()
         server.stop()
+
+
+def test_the_design_floor_times_the_plans_first_lease_and_last_ack_in_a_bare_loop(
+    tmp_path: Path,
+) -> None:
+    """`bench/spark.py --cluster`'s design floor: the syscalls of leasing the source's first
+    batch and acknowledging its last, for the plan of the run's size, and nothing left behind."""
+    result = _cluster_module().critical_syscalls(tmp_path, 4_000)
+    assert (result["first_batch"], result["last_batch"]) == (2_000, 1_000)
+    assert result["lease_s"] > 0 and result["ack_s"] > 0
+    assert list(tmp_path.iterdir()) == []
