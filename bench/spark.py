@@ -337,13 +337,16 @@ def cluster_main(where: Path, count: int, trials: int, json_path: str) -> int:
             base = Path(tempfile.mkdtemp(prefix="dirmq-cluster-", dir=where))
             try:
                 into.append(measure(base, count))
-                if into is floors:
-                    syscalls.append(
-                        _design_floor(cluster.critical_syscalls(base, count), count, into[-1])
-                    )
             finally:
                 shutil.rmtree(base, ignore_errors=True)
             print(f"  trial {n + 1} {subject}: {_cluster_summary(into[-1])}", flush=True)
+        base = Path(tempfile.mkdtemp(prefix="dirmq-syscalls-", dir=where))
+        try:  # on the same disk, right after the Spark-alone trial it completes
+            syscalls.append(
+                _design_floor(cluster.critical_syscalls(base, count), count, floors[-1])
+            )
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
         last = syscalls[-1]
         print(
             f"  trial {n + 1} design floor: Spark alone + {last['lease_s']:.2f} s leasing the "
