@@ -109,6 +109,7 @@ def test_public_api_is_pinned() -> None:
             "StaleReceipt",
             "StorageError",
             "Store",
+            "StoreEvents",
             "__version__",
         ]
     )

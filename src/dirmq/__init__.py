@@ -23,6 +23,7 @@ from dirmq.store import (
     QueueConfig,
     QueueStats,
     Store,
+    StoreEvents,
 )
 
 __version__ = "0.1.0"
@@ -48,5 +49,6 @@ __all__ = [
     "StaleReceipt",
     "StorageError",
     "Store",
+    "StoreEvents",
     "__version__",
 ]

@@ -1,6 +1,7 @@
 """The storage core: queues as directories of files. Standard library only; no asyncio."""
 
 from dirmq.store.config import Durability, QueueConfig
+from dirmq.store.events import StoreEvents
 from dirmq.store.message import Message, OutgoingMessage, QueueStats, SweepReport
 from dirmq.store.queue import Queue
 from dirmq.store.root import Store, default_root, init_root
@@ -13,6 +14,7 @@ __all__ = [
     "QueueConfig",
     "QueueStats",
     "Store",
+    "StoreEvents",
     "SweepReport",
     "default_root",
     "init_root",

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dirmq.store.access import Access
+from dirmq.store.events import NO_EVENTS, StoreEvents
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
 from dirmq.store.watch import InotifyHub
 
@@ -29,5 +30,5 @@ class QueueContext:
     # The shared-filesystem mode (filesystems.py): other hosts act on the same names through
     # their own caches, so no transition may count on this kernel seeing every change.
     shared: bool = False
-    # Told the queue's name each time a corrupt file is set aside in @corrupt (a metric).
-    on_quarantine: Callable[[str], None] | None = None
+    # What the Store's owner is told as it happens (events.py: the server's metrics).
+    events: StoreEvents = NO_EVENTS

@@ -423,6 +423,8 @@ class QueueFiles:
             if moved:
                 index.add(layout.READY, target)
                 requeued += 1
+        if (requeued or dead) and self._context.events.leases_expired is not None:
+            self._context.events.leases_expired(self.name, requeued + dead)
         return requeued, dead
 
     def settle(
@@ -575,7 +577,7 @@ class QueueFiles:
 
     def quarantine(self, path: str, name: str) -> None:
         """Set a file that does not decode aside in @corrupt (never delivered, kept to inspect);
-        logged, counted in `quarantined` and told to the Store's `on_quarantine` (the server's
+        logged, counted in `quarantined` and told to the Store's `events.quarantined` (the server's
         metric)."""
         try:
             os.rename(path, self.path(layout.CORRUPT, name))
@@ -583,8 +585,8 @@ class QueueFiles:
             return  # gone meanwhile, or the move failed: the next reader meets it again
         self.quarantined += 1
         message_id = name[: layout.ID_LENGTH]
-        if self._context.on_quarantine is not None:
-            self._context.on_quarantine(self.name)
+        if self._context.events.quarantined is not None:
+            self._context.events.quarantined(self.name)
         log.warning(
             "queue %r: message %s does not decode; set aside in @corrupt/%s",
             self.name,

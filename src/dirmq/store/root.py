@@ -24,6 +24,7 @@ from dirmq.store import layout, smallfiles
 from dirmq.store.access import GROUP, PRIVATE, Access, conform, group_id, mismatches, root_access
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
+from dirmq.store.events import NO_EVENTS, StoreEvents
 from dirmq.store.filesystems import resolve_shared
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
 from dirmq.store.names import queue_path, validate_queue_name
@@ -40,6 +41,13 @@ def root_marker_bytes(access: Access) -> bytes:
     return json.dumps({"format": ROOT_FORMAT, **access.marker_fields()}).encode() + b"\n"
 
 
+def _events(events: StoreEvents | None, on_quarantine: Callable[[str], None] | None) -> StoreEvents:
+    events = events or NO_EVENTS
+    if on_quarantine is not None:
+        events = replace(events, quarantined=on_quarantine)
+    return events
+
+
 def default_root() -> str:
     return os.environ.get("DIRMQ_ROOT") or DEFAULT_ROOT
 
@@ -48,8 +56,9 @@ class Store:
     """Every queue under one root, as seen by this process. Thread-safe.
 
     `watch_mode`: "auto" (inotify, or polling on network filesystems), "inotify" or "poll".
-    `on_quarantine` is called with a queue's name whenever a get or read of this Store sets a
-    corrupt file aside in @corrupt (it must be quick and thread-safe: a metric's counter).
+    `events` are told of failures as they happen (events.py: a corrupt file set aside, a dead
+    letter, expired leases, a redrive); `on_quarantine` is `events.quarantined` alone. Each must
+    be quick and thread-safe (a metric's counter).
     """
 
     def __init__(
@@ -60,6 +69,7 @@ class Store:
         watch_mode: str = "auto",
         poll_interval_s: float = 0.5,
         on_quarantine: Callable[[str], None] | None = None,
+        events: StoreEvents | None = None,
         shared: bool | None = None,
     ) -> None:
         """`shared`: the shared-filesystem mode (docs/FORMAT.md, "Filesystems") on or off;
@@ -86,7 +96,7 @@ class Store:
             group_commit=self.group_commit,
             writeback=self.writeback,
             dead_letter_dir=self.dead_letter_dir,
-            on_quarantine=on_quarantine,
+            events=_events(events, on_quarantine),
             access=self.access,
             shared=resolve_shared(shared, self.root),
         )
