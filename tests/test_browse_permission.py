@@ -190,12 +190,12 @@ def test_native_consuming_calls_are_refused(http: httpx.Client, states: dict[str
     tried = {(parse_route(path).kind, method) for method, path, _kwargs, _needs in calls}
     assert {rule for rule, needs in NEEDS.items() if needs not in (BROWSE, SEE)} <= tried
     assert _stats(http) == BEFORE
-    # The message was never received: its first delivery is ops's, and the lease still holds.
+    # The ready message was never received, and ops's lease still holds.
     peeked = http.get(f"/orders/messages/{ready}", headers=bearer(OPS))
     assert peeked.headers["x-receive-count"] == "0"
-    assert http.post(
-        f"/orders/messages/{receipt}/extend", params={"visibility": "1h"}, headers=bearer(OPS)
-    ).status_code == (204)
+    extend = f"/orders/messages/{receipt}/extend"
+    kept = http.post(extend, params={"visibility": "1h"}, headers=bearer(OPS))
+    assert kept.status_code == 204
 
 
 def test_read_implies_browse_and_admin_does_not(http: httpx.Client, states: dict[str, str]) -> None:
