@@ -258,9 +258,15 @@ def published(message_id: str) -> Response:
     return Response(201, body, [("Content-Type", "application/json"), ("X-Message-Id", message_id)])
 
 
+def is_peek(request: Request) -> bool:
+    """Whether a `GET /{queue}/messages` browses (`?peek=1`) rather than receives: the one
+    test of it, which the authorisation (browse, not read) relies on too."""
+    return request.query.get("peek", "").lower() in ("1", "true", "yes")
+
+
 async def receive(broker: Broker, request: Request, route: Route) -> Response:
     queue = broker.queue(route.queue)
-    if request.query.get("peek", "").lower() in ("1", "true", "yes"):
+    if is_peek(request):
         return await _browse(broker, queue, request)
     if "state" in request.query:
         raise InvalidArgument("state= chooses what a browse shows: give peek=1 too")
