@@ -276,10 +276,11 @@ class Queue:
         reason: str | None = None,
         to: str | None = None,
         sole_source: str | None = None,
+        plain_dead: bool = False,
     ) -> redriving.Moved:
         """Move what `planned` holds that is dead here (see `redriving.move`)."""
         redriving.check_filter(None, reason)
-        return redriving.move(self._view, planned, reason, to, sole_source)
+        return redriving.move(self._view, planned, reason, to, sole_source, plain_dead)
 
     @property
     def corrupt_quarantined(self) -> int:

@@ -26,7 +26,7 @@ import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from dirmq.errors import InvalidArgument, storage_error
+from dirmq.errors import InvalidArgument, QueueNotFound, storage_error
 from dirmq.store import layout
 from dirmq.store.events import DEAD_REASONS
 from dirmq.store.ids import is_id
@@ -107,11 +107,13 @@ def move(
     reason: str | None,
     to: str | None,
     sole_source: str | None = None,
+    plain_dead: bool = False,
 ) -> Moved:
     """Move each of `planned` that is dead here (and of `reason`, if given) to `to`, or back to
-    where it died. `sole_source`: where a ready message without provenance goes (a dead letter
-    stored before dirmq kept provenance), when exactly one queue names this one its
-    dead-letter queue; None: such messages are left, with why."""
+    where it died. A ready message without provenance is dead here only if `plain_dead` (this
+    queue is some queue's dead-letter queue: a dead letter stored before dirmq kept
+    provenance, or put there by hand); it goes to `to`, or to `sole_source` (the one queue
+    naming this one its dead-letter queue), else it is left, with why."""
     files = view.files
     ready_dir_of = files.context.dead_letter_dir  # a queue's @ready, None if it does not exist
     result = Moved()
@@ -123,6 +125,8 @@ def move(
                 continue  # gone meanwhile (a consumer of the DLQ took it), or corrupt: left
             dead = message.dead
             if item.directory == layout.READY:
+                if dead is None and not plain_dead:
+                    continue  # a live message
                 source = dead.source if dead is not None else sole_source
                 if dead is not None and dead.source == view.name:
                     continue  # redriven here earlier: live, not dead
@@ -138,6 +142,8 @@ def move(
             continue  # already there
         target_dir = ready_dir_of(destination)
         if target_dir is None:
+            if to is not None:  # the queue asked for is gone: nothing more can move
+                raise QueueNotFound(f"queue {to!r} (where the redrive goes) does not exist")
             result.left[item.message_id] = f"queue {destination!r} does not exist"
             continue
         entry = layout.parse_entry(item.name)
