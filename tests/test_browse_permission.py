@@ -147,6 +147,10 @@ def test_native_looking_calls_are_allowed(http: httpx.Client, states: dict[str, 
         assert page.status_code == 200
         assert [m["id"] for m in page.json()["messages"]] == [states["ready"]]
     for state in ("ready", "in_flight", "delayed", "dead"):
+        page = http.get("/orders/messages", params={"peek": 1, "state": state}, headers=viewer)
+        assert [m["id"] for m in page.json()["messages"]] == [states[state]], state
+    assert http.get("/orders/redrive", headers=viewer).json() == {"tasks": []}
+    for state in ("ready", "in_flight", "delayed", "dead"):
         peeked = http.get(f"/orders/messages/{states[state]}", headers=viewer)
         assert peeked.status_code == 200, (state, peeked.text)
         assert peeked.headers["x-message-id"] == states[state]
@@ -181,6 +185,9 @@ def test_native_consuming_calls_are_refused(http: httpx.Client, states: dict[str
         ("POST", "/orders/messages/extend", {"json": receipts}, "read"),
         ("POST", "/orders/messages", {"content": b"no"}, "write"),
         ("DELETE", "/orders/messages", {}, "admin"),  # purge
+        ("DELETE", "/orders/messages", {"params": {"state": "dead"}}, "admin"),
+        ("POST", "/orders/redrive", {"json": {}}, "admin"),
+        ("DELETE", f"/orders/redrive/{'0' * 32}", {}, "admin"),  # a cancel
         ("PUT", "/orders", {"json": {"max_receives": 1}}, "admin"),
         ("DELETE", "/orders", {}, "admin"),
     ]

@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -408,3 +409,16 @@ def _sources_of(store: Store, dlq: str) -> list[str]:
             if store.queue(name).config.dead_letter_queue == dlq:
                 found.append(name)
     return found
+
+
+_REGISTRY: weakref.WeakKeyDictionary[Store, Redrives] = weakref.WeakKeyDictionary()
+_REGISTRY_LOCK = threading.Lock()
+
+
+def redrives_of(store: Store) -> Redrives:
+    """The redrive tasks of `store`, one object per Store: every door of a server shares it."""
+    with _REGISTRY_LOCK:
+        tasks = _REGISTRY.get(store)
+        if tasks is None:
+            tasks = _REGISTRY[store] = Redrives(store)
+        return tasks

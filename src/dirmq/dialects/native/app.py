@@ -13,7 +13,9 @@ Permissions by route (the Router has authenticated the request already; `NEEDS`)
     GET|HEAD /{queue}/messages/{id}                                      browse (a peek)
     DELETE /{queue}/messages/{ref}, POST .../{receipt}/{action}          read
     POST /{queue}/messages/ack|nack|extend (many receipts at once)       read
-    DELETE /{queue}/messages       admin (purge)
+    DELETE /{queue}/messages       admin (purge, ?state=dead too)
+    POST /{queue}/redrive, DELETE /{queue}/redrive/{task}                 admin
+    GET /{queue}/redrive[/{task}]                                         any permission
     /health, /metrics              as the credentials file says; /openapi.json: any principal
 
 A route of `handlers.TABLE` without a rule here is refused to every principal (never open):
@@ -22,6 +24,7 @@ a new route must be given its permission (tests/test_browse_permission.py checks
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from importlib import resources
@@ -32,6 +35,7 @@ from dirmq.dialects.native.parameters import check_native
 from dirmq.dialects.native.routes import Route, parse_route
 from dirmq.dialects.native.stream import StreamSessions
 from dirmq.errors import AccessDenied, DirmqError
+from dirmq.redrive.tasks import redrives_of
 from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
 from dirmq.server.credentials import ADMIN, BROWSE, READ, SEE, WRITE
@@ -71,6 +75,10 @@ NEEDS: dict[tuple[str, str], str] = {
     ("message", "DELETE"): READ,
     ("action", "POST"): READ,
     ("batch", "POST"): READ,
+    ("redrive", "POST"): ADMIN,  # moves messages between queues, as an operator does
+    ("redrive", "GET"): SEE,
+    ("task", "GET"): SEE,
+    ("task", "DELETE"): ADMIN,
 }
 FILTERED = frozenset({("root", "GET")})  # answered with only what the principal may see
 
@@ -90,8 +98,18 @@ class NativeApp(Dialect):
         )
         self._routes: dict[str, Route] = {}
         self.streams = StreamSessions(broker)
+        self._resuming: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        # Redrive tasks whose process died (a crash, a restart) carry on here.
+        self._resuming = asyncio.get_running_loop().create_task(
+            self.broker.call(redrives_of(self.broker.store).resume_all)
+        )
 
     async def close(self) -> None:
+        if self._resuming is not None:
+            self._resuming.cancel()
+        redrives_of(self.broker.store).close()  # running redrives stop; the next resumes them
         await self.streams.close()
 
     async def __call__(self, request: Request) -> Response | StreamResponse | SwitchProtocols:

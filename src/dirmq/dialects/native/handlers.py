@@ -20,6 +20,7 @@ POST   /{queue}/messages/ack              many receipts at once: {"receipts": [.
 POST   /{queue}/messages/nack             {"receipts": [...], "delay": ...} (delay optional)
 POST   /{queue}/messages/extend           {"receipts": [...], "visibility": ...}
                                           answered 200 {"settled": N, "failed": [...]}
+POST, GET /{queue}/redrive; GET, DELETE /{queue}/redrive/{task}: redrive tasks (redrive.py)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
 
-from dirmq.dialects.native import batch
+from dirmq.dialects.native import batch, redrive
 from dirmq.dialects.native.routes import Route
 from dirmq.errors import (
     DirmqError,
@@ -394,6 +395,10 @@ TABLE: dict[tuple[str, str], Handler] = {
     ("message", "DELETE"): ack,
     ("action", "POST"): settle,
     ("batch", "POST"): batch.settle_batch,
+    ("redrive", "POST"): redrive.start,
+    ("redrive", "GET"): redrive.list_tasks,
+    ("task", "GET"): redrive.get_task,
+    ("task", "DELETE"): redrive.cancel_task,
 }
 
 

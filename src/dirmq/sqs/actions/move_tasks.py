@@ -25,10 +25,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import weakref
 
 from dirmq import errors
-from dirmq.redrive.tasks import FAILED, RUNNING, Redrives, RedriveTask
+from dirmq.redrive.tasks import FAILED, RUNNING, Redrives, RedriveTask, redrives_of
 from dirmq.server.broker import Broker
 from dirmq.sqs.actions.registry import Params, Result, action
 from dirmq.sqs.context import Context, valid_sqs_name
@@ -60,18 +59,8 @@ def describe(task: RedriveTask, ctx: Context) -> Result:
     return entry
 
 
-_REGISTRY: weakref.WeakKeyDictionary[Store, Redrives] = weakref.WeakKeyDictionary()
-
-
-def redrives_of(store: Store) -> Redrives:
-    """The redrive tasks of `store`, one object per Store (the native door and SQS share it)."""
-    tasks = _REGISTRY.get(store)
-    if tasks is None:
-        tasks = _REGISTRY[store] = Redrives(store)
-    return tasks
-
-
 def tasks_of(broker: Broker) -> Redrives:
+    """The server's redrive tasks (SQS's move tasks are redrive tasks)."""
     return redrives_of(broker.store)
 
 
