@@ -6,6 +6,7 @@ code from `dirmq.cli.exits` (the table is in docs/cli.md); a traceback is printe
 
     commands    module
     put get ack nack delete peek                    messages.py
+    dead-letter redrive                             deadletters.py
     ls stats create configure rm purge sweep        queues.py
     fsck import-vsqs                                maintenance.py
     serve                                           server.py (imports dirmq.server lazily)
@@ -22,7 +23,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from dirmq import __version__
-from dirmq.cli import exits, maintenance, messages, pubsub, queues, server, tokens
+from dirmq.cli import deadletters, exits, maintenance, messages, pubsub, queues, server, tokens
 from dirmq.cli.args import Parser, add_root_option, common_options
 
 __all__ = ["build_parser", "main"]
@@ -43,6 +44,7 @@ def build_parser() -> Parser:
     )
     common = common_options()
     messages.register(sub, common)
+    deadletters.register(sub, common)
     queues.register(sub, common)
     maintenance.register(sub, common)
     pubsub.register(sub, common)

@@ -167,8 +167,11 @@ class Redrives:
     tasks) and the runner threads of those this process runs. Thread-safe; its calls block on
     the filesystem (the server makes them from its thread pool)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, resume: bool = True) -> None:
+        """`resume`: take over the tasks of dead processes when it looks at them (a server);
+        a short-lived command leaves them to the next server."""
         self.store = store
+        self._resume = resume
         self.files = TaskFiles(store.root, access=store.access)
         self._lock = threading.Lock()
         self._running: dict[str, tuple[RedriveTask, threading.Event]] = {}
@@ -237,7 +240,8 @@ class Redrives:
             if mine is not None:
                 shown.append(mine[0])
                 continue
-            if task.status in ACTIVE and not self._closed and self.files.try_own(task):
+            resumable = self._resume and not self._closed and task.status in ACTIVE
+            if resumable and self.files.try_own(task):
                 log.info("resuming redrive %s of queue %r", task.task_id, source)
                 self._launch(task)
             shown.append(task)
