@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 from dirmq import __version__
 from dirmq.cli import exits, maintenance, messages, pubsub, queues, server, tokens
-from dirmq.cli.args import Parser, add_root_option, common_options
+from dirmq.cli.args import Parser, add_root_option, common_options, describe_commands
 
 __all__ = ["build_parser", "main"]
 
@@ -39,7 +39,11 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"dirmq {__version__}")
     add_root_option(parser)
     sub = parser.add_subparsers(
-        dest="command", metavar="COMMAND", required=True, parser_class=Parser
+        dest="command",
+        metavar="COMMAND",
+        required=True,
+        parser_class=Parser,
+        help="what to do; `dirmq COMMAND --help` describes each",
     )
     common = common_options()
     messages.register(sub, common)
@@ -48,6 +52,7 @@ def build_parser() -> Parser:
     pubsub.register(sub, common)
     server.register(sub, common)
     tokens.register(sub, common)
+    describe_commands(parser)
     return parser
 
 
