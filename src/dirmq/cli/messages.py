@@ -123,9 +123,14 @@ def header(text: str) -> tuple[str, str]:
 
 
 def _how_to_create(exc: QueueNotFound, name: str) -> QueueNotFound:
-    """Often a new user's first `put` fails so: say what makes a queue."""
+    """Often a new user's first `put` fails so: say what makes a queue (and a root)."""
+    if exc.queue is None:  # the root is not a dirmq root
+        return QueueNotFound(
+            f"{exc}: `dirmq create {name}` creates the queue (and the root), or publish with "
+            "`put --create`"
+        )
     return QueueNotFound(
-        f"{exc}: `dirmq create {name}` creates the queue (and the root), or publish with "
+        f"queue {name!r} does not exist: `dirmq create {name}` creates it, or publish with "
         "`put --create`"
     )
 
