@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dirmq.cli import build_parser, exits
+from dirmq.cli import args, build_parser, exits
 from dirmq.cli.args import subparsers_of
 from dirmq.store import layout
 
@@ -68,6 +68,33 @@ def test_a_commands_help_starts_with_what_it_does_and_explains_its_positionals()
     assert "\nAcknowledge (delete) a received message.\n" in shown
     assert "QUEUE       the queue it came from" in shown
     assert "RECEIPT     the receipt `get` printed on stderr" in shown
+
+
+# -- one type per kind of value ------------------------------------------------------------------
+DURATION_WORDS = frozenset({"wait", "visibility", "delay", "timeout", "retention", "interval"})
+
+
+def test_every_duration_and_size_option_uses_the_one_type_for_it() -> None:
+    """An option added later with a duration or size in its name cannot take seconds or bytes
+    only: its type is the shared one, and its metavar says which kind of value it takes."""
+    durations, sizes = [], []
+    for path, parser in every_parser(build_parser()):
+        for action in parser._actions:
+            longs = [o for o in action.option_strings if o.startswith("--")]
+            if not longs or action.nargs == 0:  # a switch takes no value
+                continue
+            words = set(longs[0][2:].split("-"))
+            where = f"{path} {longs[0]}"
+            if words & DURATION_WORDS:
+                assert action.type in (args.duration, args.optional_duration), where
+                assert action.metavar == "DUR", where
+                durations.append(where)
+            elif words & {"bytes", "memory"}:
+                assert action.type is args.size and action.metavar == "SIZE", where
+                sizes.append(where)
+    assert "dirmq get --wait" in durations and "dirmq serve --drain-timeout" in durations
+    assert "dirmq create --max-bytes" in sizes and "dirmq serve --max-body-memory" in sizes
+    assert len(durations) >= 20 and len(sizes) == 5, (durations, sizes)
 
 
 # -- durations ---------------------------------------------------------------------------------
