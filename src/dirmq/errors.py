@@ -54,7 +54,18 @@ class InvalidArgument(DirmqError, ValueError):
 
 
 class QueueNotFound(DirmqError, LookupError):
-    pass
+    """`queue`: the missing queue's name when one queue is missing (None for a root that is
+    not a dirmq root, or an error rebuilt from its text), so that a door can say how it
+    creates one (`dirmq create NAME`, `PUT /NAME`)."""
+
+    def __init__(self, message: str = "", queue: str | None = None) -> None:
+        super().__init__(message)
+        self.queue = queue
+
+    @classmethod
+    def missing(cls, queue: str) -> QueueNotFound:
+        """The store's words: it cannot know which door the caller came through."""
+        return cls(f"queue {queue!r} does not exist: create it first", queue)
 
 
 class QueueExists(DirmqError):
@@ -74,7 +85,15 @@ class QueueFull(DirmqError):
 
 
 class MessageTooLarge(DirmqError, ValueError):
-    pass
+    @classmethod
+    def for_queue(cls, queue: str, size_bytes: int, limit_bytes: int) -> MessageTooLarge:
+        """The one refusal of a message over its queue's `max_message_bytes` (the store's, and
+        the servers' before they read the body), saying how to raise the limit."""
+        return cls(
+            f"message is {size_bytes} bytes; queue {queue!r} accepts at most {limit_bytes}: "
+            f"raise its max_message_bytes (`dirmq configure {queue} --max-bytes SIZE`, or "
+            f'PUT /{queue} {{"max_message_bytes": N}})'
+        )
 
 
 class MessageNotFound(DirmqError, LookupError):

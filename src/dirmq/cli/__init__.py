@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 from dirmq import __version__
 from dirmq.cli import deadletters, exits, maintenance, messages, pubsub, queues, server, tokens
-from dirmq.cli.args import Parser, add_root_option, common_options
+from dirmq.cli.args import Parser, add_root_option, common_options, describe_commands
 
 __all__ = ["build_parser", "main"]
 
@@ -40,7 +40,11 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"dirmq {__version__}")
     add_root_option(parser)
     sub = parser.add_subparsers(
-        dest="command", metavar="COMMAND", required=True, parser_class=Parser
+        dest="command",
+        metavar="COMMAND",
+        required=True,
+        parser_class=Parser,
+        help="what to do; `dirmq COMMAND --help` describes each",
     )
     common = common_options()
     messages.register(sub, common)
@@ -50,6 +54,7 @@ def build_parser() -> Parser:
     pubsub.register(sub, common)
     server.register(sub, common)
     tokens.register(sub, common)
+    describe_commands(parser)
     return parser
 
 

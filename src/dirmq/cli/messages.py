@@ -15,17 +15,18 @@ import time
 from typing import Any
 
 from dirmq.cli import exits
-from dirmq.cli.args import open_store, queue_name, seconds
+from dirmq.cli.args import duration, open_store, queue_name
 from dirmq.errors import InvalidArgument, MessageNotFound, QueueNotFound
 from dirmq.store import Message
 
 _PREVIEW_CHARS = 48
+_RECEIPT_HELP = "the receipt `get` printed on stderr (or in its --json output)"
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add the message commands to the subparsers action `sub`."""
     p = sub.add_parser("put", parents=[common], help="publish stdin as one message, print its id")
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue to publish to")
     p.add_argument(
         "--header",
         action="append",
@@ -35,12 +36,17 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="a message header (repeatable)",
     )
     p.add_argument("--content-type", metavar="TYPE", help="the Content-Type header")
-    p.add_argument("--delay", type=seconds, metavar="S", help="deliver after S seconds")
+    p.add_argument(
+        "--delay",
+        type=duration,
+        metavar="DUR",
+        help="deliver after DUR (e.g. 2.5, 150ms, 1h2m; default: the queue's delay)",
+    )
     p.add_argument(
         "--timeout",
-        type=seconds,
-        metavar="S",
-        help="at capacity, wait at most S seconds (default: wait as long as it takes)",
+        type=duration,
+        metavar="DUR",
+        help="at capacity, wait at most DUR for room (default: as long as it takes)",
     )
     p.add_argument("--create", action="store_true", help="create the queue if it does not exist")
     p.set_defaults(handler=cmd_put)
@@ -48,18 +54,18 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "get", parents=[common], help="receive one message: body to stdout, receipt to stderr"
     )
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue to receive from")
     p.add_argument(
         "--wait",
-        type=seconds,
+        type=duration,
         default=0.0,
-        metavar="S",
-        help="wait up to S seconds for a message (default: 0)",
+        metavar="DUR",
+        help="wait up to DUR for a message (e.g. 2s, 500ms; default: 0, do not wait)",
     )
     p.add_argument(
         "--visibility",
-        type=seconds,
-        metavar="S",
+        type=duration,
+        metavar="DUR",
         help="lease length (default: the queue's visibility timeout)",
     )
     p.add_argument("--ack", action="store_true", help="acknowledge at once (after printing)")
@@ -67,25 +73,25 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=cmd_get)
 
     p = sub.add_parser("ack", parents=[common], help="acknowledge (delete) a received message")
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
-    p.add_argument("receipt", metavar="RECEIPT")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue it came from")
+    p.add_argument("receipt", metavar="RECEIPT", help=_RECEIPT_HELP)
     p.set_defaults(handler=cmd_ack)
 
     p = sub.add_parser("nack", parents=[common], help="give a received message back")
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
-    p.add_argument("receipt", metavar="RECEIPT")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue it came from")
+    p.add_argument("receipt", metavar="RECEIPT", help=_RECEIPT_HELP)
     p.add_argument(
         "--delay",
-        type=seconds,
+        type=duration,
         default=0.0,
-        metavar="S",
-        help="make it ready again after S seconds (default: at once)",
+        metavar="DUR",
+        help="make it ready again after DUR (e.g. 30s; default: at once)",
     )
     p.set_defaults(handler=cmd_nack)
 
     p = sub.add_parser("delete", parents=[common], help="delete a message by id, in any state")
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
-    p.add_argument("id", metavar="ID")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue holding it")
+    p.add_argument("id", metavar="ID", help="the message id `put` printed")
     p.set_defaults(handler=cmd_delete)
 
     p = sub.add_parser(
@@ -93,8 +99,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="show a message by id, or the oldest ready ones, without leasing",
     )
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
-    p.add_argument("id", nargs="?", metavar="ID")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue to look into")
+    p.add_argument(
+        "id", nargs="?", metavar="ID", help="show this message only (default: the oldest ready)"
+    )
     p.add_argument(
         "--limit",
         type=int,
@@ -115,9 +123,14 @@ def header(text: str) -> tuple[str, str]:
 
 
 def _how_to_create(exc: QueueNotFound, name: str) -> QueueNotFound:
-    """Often a new user's first `put` fails so: say what makes a queue."""
+    """Often a new user's first `put` fails so: say what makes a queue (and a root)."""
+    if exc.queue is None:  # the root is not a dirmq root
+        return QueueNotFound(
+            f"{exc}: `dirmq create {name}` creates the queue (and the root), or publish with "
+            "`put --create`"
+        )
     return QueueNotFound(
-        f"{exc}: `dirmq create {name}` creates the queue (and the root), or publish with "
+        f"queue {name!r} does not exist: `dirmq create {name}` creates it, or publish with "
         "`put --create`"
     )
 

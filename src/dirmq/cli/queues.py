@@ -27,12 +27,16 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=cmd_ls)
 
     p = sub.add_parser("stats", parents=[common], help="message counts of one queue or all")
-    p.add_argument("queue", nargs="?", type=queue_name, metavar="QUEUE")
+    p.add_argument(
+        "queue", nargs="?", type=queue_name, metavar="QUEUE", help="this queue only (default: all)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=cmd_stats)
 
     p = sub.add_parser("create", parents=[common], help="create a queue")
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument(
+        "queue", type=queue_name, metavar="QUEUE", help="its name (a/b/c nests it in a/b)"
+    )
     p.add_argument(
         "--exist-ok",
         action="store_true",
@@ -46,14 +50,14 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="change queue settings; without options, print them as JSON",
     )
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue to configure")
     add_config_options(p)
     p.set_defaults(handler=cmd_configure)
 
     p = sub.add_parser(
         "rm", parents=[common], help="delete a queue and all its messages (child queues stay)"
     )
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue to delete")
     p.set_defaults(handler=cmd_rm)
 
     p = sub.add_parser(
@@ -61,7 +65,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="delete every message of a queue (ready, in flight, delayed)",
     )
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue to empty")
     p.set_defaults(handler=cmd_purge)
 
     p = sub.add_parser(
@@ -69,7 +73,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="recover expired leases, due delays, orphans (one queue or all)",
     )
-    p.add_argument("queue", nargs="?", type=queue_name, metavar="QUEUE")
+    p.add_argument(
+        "queue", nargs="?", type=queue_name, metavar="QUEUE", help="this queue only (default: all)"
+    )
     p.set_defaults(handler=cmd_sweep)
 
 

@@ -126,9 +126,7 @@ class YaqApp(Dialect):
         if length <= limit:
             return None
         # The words of `Queue.validate`'s refusal: the same limit, the same message.
-        refusal = MessageTooLarge(
-            f"message is {length} bytes; queue {name!r} accepts at most {limit}"
-        )
+        refusal = MessageTooLarge.for_queue(name, length, limit)
         return _text(413, str(refusal))
 
     def _health(self) -> Response:

@@ -34,7 +34,7 @@ from dirmq.dialects.native import handlers as native
 from dirmq.dialects.native.parameters import check_native
 from dirmq.dialects.native.routes import Route, parse_route
 from dirmq.dialects.native.stream import StreamSessions
-from dirmq.errors import AccessDenied, DirmqError
+from dirmq.errors import AccessDenied, DirmqError, QueueNotFound
 from dirmq.redrive.tasks import redrives_of
 from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
@@ -121,7 +121,7 @@ class NativeApp(Dialect):
                 request.queue = route.queue
             response = await self._dispatch(request, route)
         except DirmqError as exc:
-            response = error_response(exc)
+            response = error_response(with_hint(exc))
         except UnicodeDecodeError:
             response = json_error(400, "InvalidName", "the path is not valid UTF-8 once decoded")
         return response
@@ -326,12 +326,21 @@ def _rule(request: Request, route: Route, method: str) -> tuple[str, str]:
     return (route.kind, method)
 
 
+def with_hint(exc: DirmqError) -> DirmqError:
+    """`exc`, saying how this API does what it asks for: a missing queue is created by
+    `PUT /{queue}` (the store's words cannot know the door)."""
+    if isinstance(exc, QueueNotFound) and exc.queue is not None:
+        name = exc.queue
+        return QueueNotFound(f"queue {name!r} does not exist: PUT /{name} creates it", name)
+    return exc
+
+
 def _answer(respond: Respond, outcome: T | BaseException, build: Callable[[T], Response]) -> bool:
     """Answer a fast request: `build(outcome)`, a DirmqError's response, or (any other error)
     the 500 that `respond` logs. True if it was sent (the connection was still there)."""
     try:
         if isinstance(outcome, DirmqError):
-            response = error_response(outcome)
+            response = error_response(with_hint(outcome))
         elif isinstance(outcome, BaseException):
             return respond(outcome)  # logged and answered 500 there
         else:

@@ -244,9 +244,7 @@ def too_large(
     if length <= limit:
         return None
     # The words of `Queue.validate`'s refusal: the same limit, the same message.
-    return MessageTooLarge(
-        f"message is {length} bytes; queue {route.queue!r} accepts at most {limit}"
-    )
+    return MessageTooLarge.for_queue(route.queue, length, limit)
 
 
 # Where a publish's options may come from, besides the query (see `publish`).
