@@ -18,6 +18,7 @@ from dirmq.cli import exits
 from dirmq.cli.args import duration, open_store, queue_name
 from dirmq.errors import InvalidArgument, MessageNotFound, QueueNotFound
 from dirmq.store import Message
+from dirmq.wire.messages import dead_json
 
 _PREVIEW_CHARS = 48
 _RECEIPT_HELP = "the receipt `get` printed on stderr (or in its --json output)"
@@ -97,7 +98,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "peek",
         parents=[common],
-        help="show a message by id, or the oldest ready ones, without leasing",
+        help="show a message by id, or the oldest ready (or dead) ones, without leasing",
     )
     p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue to look into")
     p.add_argument(
@@ -111,6 +112,19 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="without ID: show at most N messages (default: 10)",
     )
     p.add_argument("--json", action="store_true", help="one JSON object per message and line")
+    p.add_argument(
+        "--state",
+        choices=("ready", "in_flight", "delayed", "dead"),
+        default="ready",
+        help="without ID: which messages (default: ready; dead: the queue's own dead area)",
+    )
+    p.add_argument(
+        "--dead",
+        dest="state",
+        action="store_const",
+        const="dead",
+        help="without ID: the queue's own dead area, with why each died (--state dead)",
+    )
     p.set_defaults(handler=cmd_peek)
 
 
@@ -217,17 +231,25 @@ def cmd_peek(args: argparse.Namespace) -> int:
                 sys.stdout.buffer.write(message.body)
                 sys.stdout.buffer.flush()
             return exits.OK
-        for shown, message in enumerate(queue.browse(args.limit)):
+        state = "leased" if args.state == "in_flight" else args.state
+        dead = state == "dead"
+        for shown, message in enumerate(queue.browse(args.limit, state=state)):
             if args.json:
                 _print_json(message_json(message))
-            else:
-                if not shown:
-                    print(f"{'ID':<29}  {'RECEIVES':>8}  {'BYTES':>9}  {'AGE_S':>9}  BODY")
-                age_s = max(0.0, time.time() - message.published_at_s)
-                print(
-                    f"{message.id:<29}  {message.receive_count:>8}  {len(message.body):>9}  "
-                    f"{age_s:>9.1f}  {preview(message.body)}"
-                )
+                continue
+            if not shown:
+                why = f"  {'REASON':<12}  {'FROM':<16}" if dead else ""
+                print(f"{'ID':<29}  {'RECEIVES':>8}  {'BYTES':>9}  {'AGE_S':>9}{why}  BODY")
+            age_s = max(0.0, time.time() - message.published_at_s)
+            why = ""
+            if dead:
+                known = message.dead  # None: dead-lettered before dirmq kept why
+                reason, source = ("?", "?") if known is None else (known.reason, known.source)
+                why = f"  {reason:<12}  {source:<16}"
+            print(
+                f"{message.id:<29}  {message.receive_count:>8}  {len(message.body):>9}  "
+                f"{age_s:>9.1f}{why}  {preview(message.body)}"
+            )
     return exits.OK
 
 
@@ -249,6 +271,7 @@ def message_json(message: Message) -> dict[str, object]:
         "published_at_s": message.published_at_s,
         "lease_deadline_s": message.lease_deadline_s,
         "headers": message.headers,
+        **({} if message.dead is None else {"dead": dead_json(message.dead)}),
         **body_json(message.body),
     }
 

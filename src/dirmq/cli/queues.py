@@ -63,9 +63,14 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "purge",
         parents=[common],
-        help="delete every message of a queue (ready, in flight, delayed)",
+        help="delete every message of a queue (ready, in flight, delayed), or its dead area",
     )
     p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue to empty")
+    p.add_argument(
+        "--dead",
+        action="store_true",
+        help="delete the messages of the queue's own dead area instead (and nothing else)",
+    )
     p.set_defaults(handler=cmd_purge)
 
     p = sub.add_parser(
@@ -103,7 +108,16 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print(f"{'QUEUE':<{width}}  {'READY':>9}  {'IN_FLIGHT':>9}  {'DELAYED':>9}  {'DEAD':>9}")
         for name, s in rows:
             print(f"{name:<{width}}  {s.ready:>9}  {s.in_flight:>9}  {s.delayed:>9}  {s.dead:>9}")
+        if any(s.dead for _, s in rows):
+            print(DEAD_NOTE)
     return code
+
+
+# What DEAD counts, and what to do about it: a dead area is easy to overlook.
+DEAD_NOTE = (
+    "DEAD: in the queue's own dead area; `dirmq peek --dead QUEUE` shows why each died, "
+    "`dirmq redrive QUEUE` moves them back"
+)
 
 
 def stats_json(name: str, stats: QueueStats) -> dict[str, object]:
@@ -175,9 +189,10 @@ def cmd_rm(args: argparse.Namespace) -> int:
 def cmd_purge(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         queue = store.queue(args.queue)
-        total = queue.stats().total
+        stats = queue.stats()
+        total = stats.dead if args.dead else stats.total
         with progress_bar(f"purge {args.queue}", total) as advance:
-            removed = queue.purge(advance)
+            removed = queue.purge(advance, dead=args.dead)
     print(f"purged {removed} message(s)")
     return exits.OK
 
