@@ -69,10 +69,9 @@ def duration(text: str) -> float:
 def size(text: str) -> int:
     """Bytes: plain (1048576) or with a unit (10MB, 64KiB; `dirmq.wire.sizes`)."""
     try:
-        return parse_size(text)
+        return parse_size(text, "")  # argparse names the option
     except InvalidArgument as exc:
-        # The parser names a setting ("size='10M' ..."); argparse names the option itself.
-        raise argparse.ArgumentTypeError(str(exc).replace(f"size={text!r}", repr(text))) from None
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def count(text: str) -> int:

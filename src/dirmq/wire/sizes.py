@@ -33,19 +33,21 @@ _SIZE = re.compile(r"([0-9]{1,24})(?:\.([0-9]{1,24}))?[ \t]*([A-Za-z]*)")
 
 def parse_size(text: str, name: str = "size") -> int:
     """Bytes in `text`; InvalidArgument (naming the setting, saying the accepted forms) if it is
-    not a size, is ambiguous, or is not a whole number of bytes."""
+    not a size, is ambiguous, or is not a whole number of bytes. `name` "": the text alone (an
+    option's refusal, which argparse prefixes with the option)."""
+    subject = f"{name}={text!r}" if name else repr(text)
     match = _SIZE.fullmatch(text.strip())
     if match is None:
-        raise InvalidArgument(f"{name}={text!r} is not a size: use {FORMS}")
+        raise InvalidArgument(f"{subject} is not a size: use {FORMS}")
     whole, fraction, unit = match.groups()
     if unit and unit not in UNITS:
-        raise InvalidArgument(f"{name}={text!r} has {_unit_problem(unit)}: use {FORMS}")
+        raise InvalidArgument(f"{subject} has {_unit_problem(unit)}: use {FORMS}")
     number = Fraction(f"{whole}.{fraction}" if fraction else whole)
     value = number * UNITS[unit or "B"]
     if value.denominator != 1:
-        raise InvalidArgument(f"{name}={text!r} is not a whole number of bytes")
+        raise InvalidArgument(f"{subject} is not a whole number of bytes")
     if value > MAX_SIZE_BYTES:
-        raise InvalidArgument(f"{name}={text!r} is larger than {MAX_SIZE_BYTES} bytes")
+        raise InvalidArgument(f"{subject} is larger than {MAX_SIZE_BYTES} bytes")
     return int(value)
 
 
