@@ -174,6 +174,16 @@ def test_each_reason_leaves_its_provenance_in_the_file_and_on_every_door(
             i: expected[n][0] for n, i in ids.items()
         }
         remote.queue(dlq).ack_many(m.receipt or "" for m in delivered)
+        # The streaming consumer's deliveries carry it too.
+        again = lib.queue(jobs)
+        again.put(b"streamed")
+        (last,) = again.get()
+        again.dead_letter(last.receipt or "", "over a stream")
+        with remote.queue(dlq).consume(prefetch=1) as consumer:
+            streamed = consumer.get(timeout_s=10)
+            assert streamed is not None and streamed.dead is not None
+            assert (streamed.dead.reason, streamed.dead.detail) == ("rejected", "over a stream")
+            consumer.ack(streamed)
 
 
 def test_sqs_shows_provenance_as_attributes(server: ServerProcess, lib: dirmq.Store) -> None:

@@ -7,7 +7,8 @@ body's bytes as they are:
     {"tag":1,"id":"...","receipt":"...","receive_count":1,"published_at":1700000000.123456,
      "lease_deadline":1700000030.123,"headers":{"Content-Type":"text/plain"},"group":"g"}
 
-(`headers` only when the message has some, `group` only when it has one). Server to client,
+(`headers` only when the message has some, `group` only when it has one, `dead`, a dead
+letter's provenance as in a browse, only when it was dead-lettered). Server to client,
 text: `{"failed": [{"tag": 3, "receipt": "...", "error": "StaleReceipt", "message": "..."}]}`
 for settlements that did not take. Client to server, text: a JSON object with any of `ack` (a
 list of delivery tags or receipts), `ack_through` (a tag: every delivery up to it), `nack` (a
@@ -22,6 +23,7 @@ from typing import Any
 
 from dirmq.errors import InvalidArgument
 from dirmq.store import Message
+from dirmq.wire.messages import dead_from_json, dead_json
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -42,6 +44,8 @@ def encode_delivery(tag: int, message: Message) -> bytes:
         head += b',"headers":' + _dumps(message.headers).encode()
     if message.group is not None:
         head += b',"group":' + _dumps(message.group).encode()
+    if message.dead is not None:
+        head += b',"dead":' + _dumps(dead_json(message.dead)).encode()
     return head + b"}\n" + message.body
 
 
@@ -63,6 +67,7 @@ def decode_delivery(payload: bytes) -> tuple[int, Message]:
         lease_deadline_s=None if deadline is None else float(deadline),
         state="leased",
         group=head.get("group"),
+        dead=dead_from_json(head.get("dead")),
     )
 
 
