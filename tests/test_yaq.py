@@ -312,6 +312,21 @@ def test_content_type_and_encoding_are_kept(server: ServerProcess, yaq_url: str)
     assert "x-not-kept" not in got.headers
 
 
+def test_a_dead_letter_says_why_over_yaq(server: ServerProcess, yaq_url: str) -> None:
+    with dirmq.Store(server.root, create=False) as store:
+        store.create_queue("t/dlq")
+        jobs = store.create_queue("t/jobs", dirmq.QueueConfig(dead_letter_queue="t/dlq"))
+        jobs.put(b"poison")
+        (message,) = jobs.get()
+        jobs.dead_letter(message.receipt or "", "no such sku")
+    with raw_request(yaq_url, "GET", "/t/dlq") as got:
+        got.read_all()
+    assert (got.status, bytes(got.body)) == (200, b"poison")
+    assert got.headers["x-dead-reason"] == "rejected"
+    assert got.headers["x-dead-source"] == "t/jobs"
+    assert got.headers["x-dead-detail"] == "no such sku"
+
+
 def test_message_without_content_type_is_delivered_as_octet_stream(yaq_url: str) -> None:
     with raw_request(yaq_url, "POST", "/t/untyped", b"\x00\x01") as posted:
         posted.read_all()

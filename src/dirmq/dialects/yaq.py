@@ -266,6 +266,8 @@ def _part_headers(message: Message) -> list[tuple[str, str]]:
     if message.content_type is None:
         headers.append(("Content-Type", wire.DEFAULT_CONTENT_TYPE))
     headers.append(("X-Message-Id", message.id))
+    if message.dead is not None:  # a dead letter says why, as on the native API
+        headers.extend(wire.dead_headers(message.dead))
     return headers
 
 
