@@ -327,7 +327,7 @@ async def settle(broker: Broker, request: Request, route: Route) -> Response:
     if parse_receipt(route.ref) is None:
         raise InvalidArgument(f"{route.ref!r} is not a receipt (<message id>.<receive count>)")
     if route.action == "nack":
-        await broker.call(queue.nack, route.ref, _duration(request, "delay", "x-delay") or 0.0)
+        await broker.nack(queue, route.ref, _duration(request, "delay", "x-delay") or 0.0)
     elif route.action == "extend":
         visibility_s = _duration(request, "visibility", "x-visibility")
         if visibility_s is None:
