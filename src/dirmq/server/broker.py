@@ -458,21 +458,28 @@ class Broker:
             return {}
         return await self.settle_chunks(queue, queue.extend_each, distinct, visibility_s)
 
-    async def nack(self, queue: Queue, receipt: str, delay_s: float = 0.0) -> None:
-        """A consumer gives one message back (`Queue.nack`), counted once it is."""
-        await self.call(queue.nack, receipt, delay_s)
+    async def nack(self, queue: Queue, receipt: str, delay_s: float = 0.0) -> str:
+        """A consumer gives one message back (`Queue.nack`: what became of it), counted once
+        it is."""
+        outcome = await self.call(queue.nack, receipt, delay_s)
         self.tell(self.counts.nacked, 1)
+        return outcome
 
     async def nack_many(
-        self, queue: Queue, receipts: list[str], delay_s: float = 0.0
+        self,
+        queue: Queue,
+        receipts: list[str],
+        delay_s: float = 0.0,
+        dead_lettered: list[str] | None = None,
     ) -> dict[str, Exception]:
         """A consumer gives the messages behind `receipts` back (ready after `delay_s`), in one
-        pool call; the failures by receipt, as `ack_many`. Each given back is counted (what
-        the server gives back itself, e.g. a closed stream's deliveries, is not: `give_back`)."""
+        pool call; the failures by receipt, as `ack_many`; those dead-lettered instead (past the
+        queue's max receives) appended to `dead_lettered`. Each given back is counted (what the
+        server gives back itself, e.g. a closed stream's deliveries, is not: `give_back`)."""
         distinct = list(dict.fromkeys(receipts))
         if not distinct:
             return {}
-        failures = await self.call(queue.nack_each, distinct, delay_s)
+        failures = await self.call(queue.nack_each, distinct, delay_s, dead_lettered=dead_lettered)
         if len(failures) < len(distinct):
             self.tell(self.counts.nacked, len(distinct) - len(failures))
         return failures
