@@ -1,8 +1,8 @@
 """The failure counters of a real `dirmq serve --workers 2`, every request on a connection of its
 own (so both workers answer some): nacks at every door (native nack and batch nack, the
-stream's nack, SQS ChangeMessageVisibility to 0, single and batch), dead letters by reason,
-expired leases, a killed worker's restart; each exact, and the same whichever worker answers
-the scrape."""
+stream's nack, SQS ChangeMessageVisibility to 0, single and batch), dead letters by reason
+(max-receives by nacks and by expiry, rejected, unreadable), expired leases, a killed
+worker's restart; each exact, and the same whichever worker answers the scrape."""
 
 from __future__ import annotations
 
@@ -193,18 +193,30 @@ def test_failures_are_counted_exactly_whichever_worker_answers(tmp_path: Path) -
         assert httpx.get(f"{server.url}/poison/messages").status_code == 204
         assert _stats(server, "poison")["dead"] == 8
 
-        # Dead letters a consumer asks for (rejected).
+        # Dead letters a consumer asks for: rejected (with its words or without), unreadable.
         _create(server, "rejects")
-        for receipt in _leased(server, "rejects", 4):
-            assert _post(server, f"rejects/messages/{receipt}/dead-letter").status_code == 204
-        assert _stats(server, "rejects")["dead"] == 4
+        receipts = _leased(server, "rejects", 6)
+        for n, receipt in enumerate(receipts[:4]):
+            params = {"reason": "bad total"} if n % 2 else {}
+            answer = _post(server, f"rejects/messages/{receipt}/dead-letter", params=params)
+            assert answer.status_code == 204, answer.text
+        for receipt in receipts[4:]:
+            params = {"kind": "unreadable"}
+            answer = _post(server, f"rejects/messages/{receipt}/dead-letter", params=params)
+            assert answer.status_code == 204, answer.text
+        stale = _post(server, f"rejects/messages/{receipts[0]}/dead-letter")  # not twice
+        assert stale.status_code >= 400, stale.text
+        assert _stats(server, "rejects")["dead"] == 6
 
         counts = _counted(
             server,
             dirmq_messages_nacked_total=nacked,
             dirmq_leases_expired_total=7,
+            **{"dead:max-receives": 8, "dead:rejected": 4, "dead:unreadable": 2},
         )
         assert counts["dirmq_worker_restarts_total"] == 0
+        assert counts["dead:ttl-expired"] == 0
+        assert counts["dirmq_messages_redriven_total"] == 0
 
         # Both workers answered some of it.
         workers = matching(_scrape(server), "dirmq_worker_requests_answered")
