@@ -417,7 +417,10 @@ def _supervise(
         number = children.pop(pid)
         metrics_files.process_dead(pid)  # its live gauges go; its counts stay
         if not stopping:
-            restarts.inc()  # before the new worker answers a scrape
+            try:
+                restarts.inc()  # before the new worker answers a scrape
+            except Exception:  # a metrics failure (a full /dev/shm) must not stop a restart
+                log.exception("counting a worker restart failed")
             log.error(
                 "worker %d died (%s): restarting it",
                 number,
