@@ -87,7 +87,7 @@ def test_a_malformed_address_is_a_usage_error_saying_what_is_wrong(
     result = _serve(tmp_path / "root", *_with_flag(flag, address))
     assert result.returncode == exits.USAGE
     line = _error_line(result)
-    assert f"argument {flag}: listen address {address!r}" in line and says in line
+    assert f"error: {flag}: listen address {address!r}" in line and says in line
     assert not (tmp_path / "root").exists()
 
 

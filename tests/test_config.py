@@ -120,6 +120,31 @@ def test_print_config_says_where_each_value_came_from(tmp_path: Path) -> None:
     assert not (tmp_path / "elsewhere").exists()  # printing creates nothing
 
 
+def test_the_file_and_variables_take_durations_and_sizes_with_units(tmp_path: Path) -> None:
+    """What the flags take, as TOML strings (and numbers) and variables: one syntax."""
+    (tmp_path / "dirmq.toml").write_text(
+        "max-body-bytes = '10MiB'\nmax-header-bytes = '32 KiB'\nmax-body-memory = 1_000_000\n"
+        "idle-timeout = '1m30s'\nheader-timeout = '500ms'\nbody-timeout = 45\n"
+    )
+    env = {"DIRMQ_DRAIN_TIMEOUT": "1h2m"}
+    done = _dirmq("serve", "--config", "dirmq.toml", "--print-config", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    settings = _settings(done.stdout)
+    assert settings["max-body-bytes"] == 10 * 1024 * 1024
+    assert settings["max-header-bytes"] == 32 * 1024
+    assert settings["max-body-memory"] == 1_000_000
+    assert (settings["idle-timeout"], settings["header-timeout"]) == (90, 0.5)
+    assert (settings["body-timeout"], settings["drain-timeout"]) == (45, 3720)
+    (tmp_path / "bad.toml").write_text("max-body-bytes = '10M'\n")
+    bad = _dirmq("serve", "--config", "bad.toml", "--print-config", cwd=tmp_path)
+    assert bad.returncode == exits.USAGE
+    assert bad.stderr.startswith(
+        "dirmq: error: bad.toml:1: max-body-bytes: '10M' has an ambiguous unit 'M' "
+        "(MB is 1000s, MiB 1024s): use bytes (1048576) or a number with a unit: kB, MB, GB, "
+        "TB (1000s), KiB, MiB, GiB, TiB (1024s)"
+    ), bad.stderr
+
+
 def test_the_root_flag_before_or_after_the_command_wins_over_the_file(tmp_path: Path) -> None:
     (tmp_path / "dirmq.toml").write_text('root = "from-file"\n')
     for args in (["--root", "flag", "serve"], ["serve", "--root", "flag"]):
@@ -184,7 +209,7 @@ def test_every_option_of_serve_is_a_key_and_a_variable() -> None:
         ),
         (
             "workers = 2\nmax-body-bytes = 'big'\n",
-            "bad.toml:2: max-body-bytes: 'big' is not an integer",
+            "bad.toml:2: max-body-bytes: 'big' is not a size: use bytes (1048576) or ",
         ),
         (
             "workers = true\n",
@@ -224,7 +249,8 @@ def test_a_bad_file_stops_a_real_server_before_it_listens(tmp_path: Path) -> Non
     (tmp_path / "bad.toml").write_text("listen = '127.0.0.1:0'\nmax-body-bytes = 1.5\n")
     done = _dirmq("serve", "--config", "bad.toml", cwd=tmp_path)
     assert done.returncode == exits.USAGE
-    assert done.stderr == "dirmq: error: bad.toml:2: max-body-bytes: '1.5' is not an integer\n"
+    said = "dirmq: error: bad.toml:2: max-body-bytes: '1.5' is not a whole number of bytes\n"
+    assert done.stderr == said
     assert "listening" not in done.stdout and not (tmp_path / "dirmq-data").exists()
     missing = _dirmq("serve", "--config", "nowhere.toml", cwd=tmp_path)
     assert missing.returncode == exits.USAGE

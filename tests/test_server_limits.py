@@ -436,7 +436,9 @@ def test_a_body_over_its_queue_limit_is_413_before_it_is_sent(server: ServerProc
         error = json.loads(body)
         assert error == {
             "error": "MessageTooLarge",
-            "message": f"message is {10 * MIB} bytes; queue 'small' accepts at most 1024",
+            "message": f"message is {10 * MIB} bytes; queue 'small' accepts at most 1024: raise "
+            "its max_message_bytes (`dirmq configure small --max-bytes SIZE`, or PUT /small "
+            '{"max_message_bytes": N})',
         }
         assert answers.at_eof()
     with httpx.Client(base_url=server.url, timeout=PATIENCE_S) as http:

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from dirmq.server.notify import notify
+from dirmq.wire.durations import parse_duration
 
 from .servers import REPO, sqs_client, start_server
 from .test_docs import blocks
@@ -75,7 +76,8 @@ def test_the_unit_waits_longer_than_the_server_drains() -> None:
     unit = _unit()
     (stop_after,) = re.findall(r"^TimeoutStopSec=(\d+)$", unit, re.M)
     settings = tomllib.loads(_documented("toml", "dirmq.toml"))
-    assert int(stop_after) >= settings["drain-timeout"] + 10
+    drain_s = parse_duration(str(settings["drain-timeout"]))  # "10s", as the flag takes it
+    assert int(stop_after) >= drain_s + 10
     assert "Type=notify" in unit and "KillMode=mixed" in unit
     assert re.search(r"^ExecStart=/usr/local/bin/dirmq serve --config (\S+)$", unit, re.M)
 

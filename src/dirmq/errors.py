@@ -17,6 +17,8 @@
     ├── Unauthenticated         no credentials, or wrong ones, where the server requires them
     ├── AccessDenied            the credentials' principal lacks the permission for this
     ├── DeliveryNotFound        a pub/sub delivery that is no longer held (aborted or settled)
+    ├── TaskNotFound            no redrive task with that id for that queue
+    ├── RedriveBusy             a redrive of that queue is already running (one at a time)
     ├── CorruptMessage          a message file that does not decode (truncated, bad checksum)
     ├── ProtocolError           what a server sent does not follow the wire format (a client's
     │                           decoder refused it: not JSON, a field missing or mistyped)
@@ -52,10 +54,29 @@ class InvalidArgument(DirmqError, ValueError):
 
 
 class QueueNotFound(DirmqError, LookupError):
-    pass
+    """`queue`: the missing queue's name when one queue is missing (None for a root that is
+    not a dirmq root, or an error rebuilt from its text), so that a door can say how it
+    creates one (`dirmq create NAME`, `PUT /NAME`)."""
+
+    def __init__(self, message: str = "", queue: str | None = None) -> None:
+        super().__init__(message)
+        self.queue = queue
+
+    @classmethod
+    def missing(cls, queue: str) -> QueueNotFound:
+        """The store's words: it cannot know which door the caller came through."""
+        return cls(f"queue {queue!r} does not exist: create it first", queue)
 
 
 class QueueExists(DirmqError):
+    pass
+
+
+class TaskNotFound(DirmqError, LookupError):
+    pass
+
+
+class RedriveBusy(DirmqError):
     pass
 
 
@@ -64,7 +85,15 @@ class QueueFull(DirmqError):
 
 
 class MessageTooLarge(DirmqError, ValueError):
-    pass
+    @classmethod
+    def for_queue(cls, queue: str, size_bytes: int, limit_bytes: int) -> MessageTooLarge:
+        """The one refusal of a message over its queue's `max_message_bytes` (the store's, and
+        the servers' before they read the body), saying how to raise the limit."""
+        return cls(
+            f"message is {size_bytes} bytes; queue {queue!r} accepts at most {limit_bytes}: "
+            f"raise its max_message_bytes (`dirmq configure {queue} --max-bytes SIZE`, or "
+            f'PUT /{queue} {{"max_message_bytes": N}})'
+        )
 
 
 class MessageNotFound(DirmqError, LookupError):

@@ -6,6 +6,7 @@ code from `dirmq.cli.exits` (the table is in docs/cli.md); a traceback is printe
 
     commands    module
     put get ack nack delete peek                    messages.py
+    dead-letter redrive                             deadletters.py
     ls stats create configure rm purge sweep        queues.py
     fsck import-vsqs                                maintenance.py
     serve                                           server.py (imports dirmq.server lazily)
@@ -22,8 +23,8 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from dirmq import __version__
-from dirmq.cli import exits, maintenance, messages, pubsub, queues, server, tokens
-from dirmq.cli.args import Parser, add_root_option, common_options
+from dirmq.cli import deadletters, exits, maintenance, messages, pubsub, queues, server, tokens
+from dirmq.cli.args import Parser, add_root_option, common_options, describe_commands
 
 __all__ = ["build_parser", "main"]
 
@@ -39,15 +40,21 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"dirmq {__version__}")
     add_root_option(parser)
     sub = parser.add_subparsers(
-        dest="command", metavar="COMMAND", required=True, parser_class=Parser
+        dest="command",
+        metavar="COMMAND",
+        required=True,
+        parser_class=Parser,
+        help="what to do; `dirmq COMMAND --help` describes each",
     )
     common = common_options()
     messages.register(sub, common)
+    deadletters.register(sub, common)
     queues.register(sub, common)
     maintenance.register(sub, common)
     pubsub.register(sub, common)
     server.register(sub, common)
     tokens.register(sub, common)
+    describe_commands(parser)
     return parser
 
 

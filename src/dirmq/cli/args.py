@@ -11,6 +11,8 @@ from dirmq.store import Store, default_root
 from dirmq.store.bounds import MAX_DURATION_S
 from dirmq.store.config import Durability
 from dirmq.store.names import validate_queue_name
+from dirmq.wire.durations import EXAMPLES, duration_seconds
+from dirmq.wire.sizes import parse_size
 
 _NONE_WORDS = frozenset({"none", "off", "unset"})
 
@@ -19,8 +21,27 @@ class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line: `dirmq: error: <message>`, exit status 2."""
 
     def error(self, message: str) -> NoReturn:
+        # argparse says "argument --wait: ..."; the option's name alone says it.
+        message = message.removeprefix("argument ")
         print(f"dirmq: error: {message} (see '{self.prog} --help')", file=sys.stderr)
         raise SystemExit(2)
+
+
+def subparsers_of(parser: argparse.ArgumentParser) -> list[argparse._SubParsersAction[Any]]:
+    """The subcommand actions of `parser` (argparse keeps them among its actions)."""
+    return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+
+
+def describe_commands(parser: argparse.ArgumentParser) -> None:
+    """Give every subcommand (at any depth) without a description its one-line help as one,
+    so that `dirmq COMMAND --help` starts by saying what COMMAND does."""
+    for action in subparsers_of(parser):
+        helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+        for name, child in action.choices.items():
+            line = helps.get(name, "")
+            if child.description is None and line:
+                child.description = f"{line[0].upper()}{line[1:]}."
+            describe_commands(child)
 
 
 def queue_name(text: str) -> str:
@@ -31,18 +52,26 @@ def queue_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def seconds(text: str) -> float:
-    """A number of seconds within the store's bounds (refused here, before anything touches
-    the disk, naming the option; the store checks again)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value <= MAX_DURATION_S:  # NaN and infinities too
+def duration(text: str) -> float:
+    """Seconds, spelled as HTTP takes them (2.5, 150ms, 2s, 1h2m), within the store's bounds
+    (refused here, before anything touches the disk, naming the option; the store checks
+    again)."""
+    value = duration_seconds(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration ({EXAMPLES})")
+    if not value <= MAX_DURATION_S:  # NaN and infinities too
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of seconds from 0 to {MAX_DURATION_S:.0f} (a year)"
+            f"{text!r} is longer than a year, the longest duration dirmq takes"
         )
     return value
+
+
+def size(text: str) -> int:
+    """Bytes: plain (1048576) or with a unit (10MB, 64KiB; `dirmq.wire.sizes`)."""
+    try:
+        return parse_size(text, "")  # argparse names the option
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def count(text: str) -> int:
@@ -68,9 +97,9 @@ def listen_address(text: str) -> str:
     return text
 
 
-def optional_seconds(text: str) -> float | None:
-    """Seconds, or `none` to unset the setting."""
-    return None if text.lower() in _NONE_WORDS else seconds(text)
+def optional_duration(text: str) -> float | None:
+    """A duration, or `none` to unset the setting."""
+    return None if text.lower() in _NONE_WORDS else duration(text)
 
 
 def optional_count(text: str) -> int | None:
@@ -108,18 +137,18 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     add(
         "--visibility",
         dest="visibility_timeout_s",
-        type=seconds,
+        type=duration,
         default=suppress,
-        metavar="S",
-        help="visibility timeout (lease length) in seconds",
+        metavar="DUR",
+        help="visibility timeout: how long a received message is leased (e.g. 30s, 5m)",
     )
     add(
         "--delay",
         dest="delay_s",
-        type=seconds,
+        type=duration,
         default=suppress,
-        metavar="S",
-        help="default delivery delay of new messages in seconds",
+        metavar="DUR",
+        help="default delivery delay of new messages (e.g. 2.5, 150ms, 1m)",
     )
     add(
         "--max-receives",
@@ -148,18 +177,18 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     add(
         "--retention",
         dest="retention_s",
-        type=optional_seconds,
+        type=optional_duration,
         default=suppress,
-        metavar="S",
-        help="drop ready messages older than S seconds",
+        metavar="DUR",
+        help="drop ready messages older than DUR (e.g. 336h, two weeks)",
     )
     add(
         "--max-bytes",
         dest="max_message_bytes",
-        type=count,
+        type=size,
         default=suppress,
-        metavar="N",
-        help="largest accepted message body in bytes",
+        metavar="SIZE",
+        help="largest accepted message body: bytes, or with a unit (256KiB, 1MB)",
     )
     add(
         "--durability",
@@ -171,10 +200,10 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     add(
         "--writeback-delay",
         dest="writeback_delay_s",
-        type=seconds,
+        type=duration,
         default=suppress,
-        metavar="S",
-        help="longest delay before a writeback flush",
+        metavar="DUR",
+        help="longest delay before a writeback flush (e.g. 200ms)",
     )
     add(
         "--peers",

@@ -89,6 +89,9 @@ def describe(exc: BaseException) -> str:
     """One line saying what went wrong (an OSError with a file name names it)."""
     if isinstance(exc, StorageError) and exc.strerror:
         return str(exc.strerror)  # already says what was being done, and why it failed
+    if isinstance(exc, QueueNotFound) and exc.queue is not None:
+        # The store's words cannot know the door: say what creates a queue from the shell.
+        return f"queue {exc.queue!r} does not exist: `dirmq create {exc.queue}` creates it"
     if isinstance(exc, OSError) and exc.strerror:
         where = f": {exc.filename}" if exc.filename else ""
         return f"{exc.strerror}{where}"

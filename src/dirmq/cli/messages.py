@@ -15,17 +15,19 @@ import time
 from typing import Any
 
 from dirmq.cli import exits
-from dirmq.cli.args import open_store, queue_name, seconds
+from dirmq.cli.args import duration, open_store, queue_name
 from dirmq.errors import InvalidArgument, MessageNotFound, QueueNotFound
 from dirmq.store import Message
+from dirmq.wire.messages import dead_json
 
 _PREVIEW_CHARS = 48
+_RECEIPT_HELP = "the receipt `get` printed on stderr (or in its --json output)"
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add the message commands to the subparsers action `sub`."""
     p = sub.add_parser("put", parents=[common], help="publish stdin as one message, print its id")
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue to publish to")
     p.add_argument(
         "--header",
         action="append",
@@ -35,12 +37,17 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="a message header (repeatable)",
     )
     p.add_argument("--content-type", metavar="TYPE", help="the Content-Type header")
-    p.add_argument("--delay", type=seconds, metavar="S", help="deliver after S seconds")
+    p.add_argument(
+        "--delay",
+        type=duration,
+        metavar="DUR",
+        help="deliver after DUR (e.g. 2.5, 150ms, 1h2m; default: the queue's delay)",
+    )
     p.add_argument(
         "--timeout",
-        type=seconds,
-        metavar="S",
-        help="at capacity, wait at most S seconds (default: wait as long as it takes)",
+        type=duration,
+        metavar="DUR",
+        help="at capacity, wait at most DUR for room (default: as long as it takes)",
     )
     p.add_argument("--create", action="store_true", help="create the queue if it does not exist")
     p.set_defaults(handler=cmd_put)
@@ -48,18 +55,18 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "get", parents=[common], help="receive one message: body to stdout, receipt to stderr"
     )
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue to receive from")
     p.add_argument(
         "--wait",
-        type=seconds,
+        type=duration,
         default=0.0,
-        metavar="S",
-        help="wait up to S seconds for a message (default: 0)",
+        metavar="DUR",
+        help="wait up to DUR for a message (e.g. 2s, 500ms; default: 0, do not wait)",
     )
     p.add_argument(
         "--visibility",
-        type=seconds,
-        metavar="S",
+        type=duration,
+        metavar="DUR",
         help="lease length (default: the queue's visibility timeout)",
     )
     p.add_argument("--ack", action="store_true", help="acknowledge at once (after printing)")
@@ -67,34 +74,36 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=cmd_get)
 
     p = sub.add_parser("ack", parents=[common], help="acknowledge (delete) a received message")
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
-    p.add_argument("receipt", metavar="RECEIPT")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue it came from")
+    p.add_argument("receipt", metavar="RECEIPT", help=_RECEIPT_HELP)
     p.set_defaults(handler=cmd_ack)
 
     p = sub.add_parser("nack", parents=[common], help="give a received message back")
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
-    p.add_argument("receipt", metavar="RECEIPT")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue it came from")
+    p.add_argument("receipt", metavar="RECEIPT", help=_RECEIPT_HELP)
     p.add_argument(
         "--delay",
-        type=seconds,
+        type=duration,
         default=0.0,
-        metavar="S",
-        help="make it ready again after S seconds (default: at once)",
+        metavar="DUR",
+        help="make it ready again after DUR (e.g. 30s; default: at once)",
     )
     p.set_defaults(handler=cmd_nack)
 
     p = sub.add_parser("delete", parents=[common], help="delete a message by id, in any state")
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
-    p.add_argument("id", metavar="ID")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue holding it")
+    p.add_argument("id", metavar="ID", help="the message id `put` printed")
     p.set_defaults(handler=cmd_delete)
 
     p = sub.add_parser(
         "peek",
         parents=[common],
-        help="show a message by id, or the oldest ready ones, without leasing",
+        help="show a message by id, or the oldest ready (or dead) ones, without leasing",
     )
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
-    p.add_argument("id", nargs="?", metavar="ID")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue to look into")
+    p.add_argument(
+        "id", nargs="?", metavar="ID", help="show this message only (default: the oldest ready)"
+    )
     p.add_argument(
         "--limit",
         type=int,
@@ -103,6 +112,19 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="without ID: show at most N messages (default: 10)",
     )
     p.add_argument("--json", action="store_true", help="one JSON object per message and line")
+    p.add_argument(
+        "--state",
+        choices=("ready", "in_flight", "delayed", "dead"),
+        default="ready",
+        help="without ID: which messages (default: ready; dead: the queue's own dead area)",
+    )
+    p.add_argument(
+        "--dead",
+        dest="state",
+        action="store_const",
+        const="dead",
+        help="without ID: the queue's own dead area, with why each died (--state dead)",
+    )
     p.set_defaults(handler=cmd_peek)
 
 
@@ -115,9 +137,14 @@ def header(text: str) -> tuple[str, str]:
 
 
 def _how_to_create(exc: QueueNotFound, name: str) -> QueueNotFound:
-    """Often a new user's first `put` fails so: say what makes a queue."""
+    """Often a new user's first `put` fails so: say what makes a queue (and a root)."""
+    if exc.queue is None:  # the root is not a dirmq root
+        return QueueNotFound(
+            f"{exc}: `dirmq create {name}` creates the queue (and the root), or publish with "
+            "`put --create`"
+        )
     return QueueNotFound(
-        f"{exc}: `dirmq create {name}` creates the queue (and the root), or publish with "
+        f"queue {name!r} does not exist: `dirmq create {name}` creates it, or publish with "
         "`put --create`"
     )
 
@@ -204,17 +231,25 @@ def cmd_peek(args: argparse.Namespace) -> int:
                 sys.stdout.buffer.write(message.body)
                 sys.stdout.buffer.flush()
             return exits.OK
-        for shown, message in enumerate(queue.browse(args.limit)):
+        state = "leased" if args.state == "in_flight" else args.state
+        dead = state == "dead"
+        for shown, message in enumerate(queue.browse(args.limit, state=state)):
             if args.json:
                 _print_json(message_json(message))
-            else:
-                if not shown:
-                    print(f"{'ID':<29}  {'RECEIVES':>8}  {'BYTES':>9}  {'AGE_S':>9}  BODY")
-                age_s = max(0.0, time.time() - message.published_at_s)
-                print(
-                    f"{message.id:<29}  {message.receive_count:>8}  {len(message.body):>9}  "
-                    f"{age_s:>9.1f}  {preview(message.body)}"
-                )
+                continue
+            if not shown:
+                why = f"  {'REASON':<12}  {'FROM':<16}" if dead else ""
+                print(f"{'ID':<29}  {'RECEIVES':>8}  {'BYTES':>9}  {'AGE_S':>9}{why}  BODY")
+            age_s = max(0.0, time.time() - message.published_at_s)
+            why = ""
+            if dead:
+                known = message.dead  # None: dead-lettered before dirmq kept why
+                reason, source = ("?", "?") if known is None else (known.reason, known.source)
+                why = f"  {reason:<12}  {source:<16}"
+            print(
+                f"{message.id:<29}  {message.receive_count:>8}  {len(message.body):>9}  "
+                f"{age_s:>9.1f}{why}  {preview(message.body)}"
+            )
     return exits.OK
 
 
@@ -236,6 +271,7 @@ def message_json(message: Message) -> dict[str, object]:
         "published_at_s": message.published_at_s,
         "lease_deadline_s": message.lease_deadline_s,
         "headers": message.headers,
+        **({} if message.dead is None else {"dead": dead_json(message.dead)}),
         **body_json(message.body),
     }
 

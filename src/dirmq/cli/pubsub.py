@@ -26,7 +26,7 @@ from types import FrameType
 from typing import Any
 
 from dirmq.cli import exits
-from dirmq.cli.args import count, open_store, queue_name
+from dirmq.cli.args import count, duration, open_store, queue_name
 from dirmq.cli.messages import body_json, header
 from dirmq.errors import DeliveryNotFound, InvalidArgument
 from dirmq.pubsub import Delivery, Mode, Persistence, PubSub, Subscription
@@ -36,7 +36,6 @@ from dirmq.pubsub.model import (
     check_name,
     parse_outcomes,
 )
-from dirmq.wire.durations import parse_duration
 
 # Longest wait inside the library before the loop looks at the signal flag again.
 SLICE_S = 0.2
@@ -49,7 +48,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="publish stdin (or --body) to a pub/sub channel, print its id",
     )
-    p.add_argument("channel", metavar="CHANNEL")
+    p.add_argument("channel", metavar="CHANNEL", help="the channel to publish to")
     p.add_argument("--subject", default="", metavar="S", help="the message's subject")
     p.add_argument(
         "--mode",
@@ -163,16 +162,6 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 # -- argument types ------------------------------------------------------------------------------
-def duration(text: str) -> float:
-    """Seconds or a Go duration (150ms, 2s, 1h2m), as the HTTP API takes them."""
-    try:
-        return parse_duration(text, "duration")
-    except InvalidArgument:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration: use seconds (2.5) or 150ms, 2s, 1h2m"
-        ) from None
-
-
 def outcomes(text: str) -> frozenset[str]:
     try:
         return frozenset(o.value for o in parse_outcomes(text))

@@ -27,12 +27,16 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=cmd_ls)
 
     p = sub.add_parser("stats", parents=[common], help="message counts of one queue or all")
-    p.add_argument("queue", nargs="?", type=queue_name, metavar="QUEUE")
+    p.add_argument(
+        "queue", nargs="?", type=queue_name, metavar="QUEUE", help="this queue only (default: all)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=cmd_stats)
 
     p = sub.add_parser("create", parents=[common], help="create a queue")
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument(
+        "queue", type=queue_name, metavar="QUEUE", help="its name (a/b/c nests it in a/b)"
+    )
     p.add_argument(
         "--exist-ok",
         action="store_true",
@@ -46,22 +50,27 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="change queue settings; without options, print them as JSON",
     )
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue to configure")
     add_config_options(p)
     p.set_defaults(handler=cmd_configure)
 
     p = sub.add_parser(
         "rm", parents=[common], help="delete a queue and all its messages (child queues stay)"
     )
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue to delete")
     p.set_defaults(handler=cmd_rm)
 
     p = sub.add_parser(
         "purge",
         parents=[common],
-        help="delete every message of a queue (ready, in flight, delayed)",
+        help="delete every message of a queue (ready, in flight, delayed), or its dead area",
     )
-    p.add_argument("queue", type=queue_name, metavar="QUEUE")
+    p.add_argument("queue", type=queue_name, metavar="QUEUE", help="the queue to empty")
+    p.add_argument(
+        "--dead",
+        action="store_true",
+        help="delete the messages of the queue's own dead area instead (and nothing else)",
+    )
     p.set_defaults(handler=cmd_purge)
 
     p = sub.add_parser(
@@ -69,7 +78,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="recover expired leases, due delays, orphans (one queue or all)",
     )
-    p.add_argument("queue", nargs="?", type=queue_name, metavar="QUEUE")
+    p.add_argument(
+        "queue", nargs="?", type=queue_name, metavar="QUEUE", help="this queue only (default: all)"
+    )
     p.set_defaults(handler=cmd_sweep)
 
 
@@ -97,7 +108,16 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print(f"{'QUEUE':<{width}}  {'READY':>9}  {'IN_FLIGHT':>9}  {'DELAYED':>9}  {'DEAD':>9}")
         for name, s in rows:
             print(f"{name:<{width}}  {s.ready:>9}  {s.in_flight:>9}  {s.delayed:>9}  {s.dead:>9}")
+        if any(s.dead for _, s in rows):
+            print(DEAD_NOTE)
     return code
+
+
+# What DEAD counts, and what to do about it: a dead area is easy to overlook.
+DEAD_NOTE = (
+    "DEAD: in the queue's own dead area; `dirmq peek --dead QUEUE` shows why each died, "
+    "`dirmq redrive QUEUE` moves them back"
+)
 
 
 def stats_json(name: str, stats: QueueStats) -> dict[str, object]:
@@ -169,9 +189,10 @@ def cmd_rm(args: argparse.Namespace) -> int:
 def cmd_purge(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         queue = store.queue(args.queue)
-        total = queue.stats().total
+        stats = queue.stats()
+        total = stats.dead if args.dead else stats.total
         with progress_bar(f"purge {args.queue}", total) as advance:
-            removed = queue.purge(advance)
+            removed = queue.purge(advance, dead=args.dead)
     print(f"purged {removed} message(s)")
     return exits.OK
 

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from dirmq.cli import config
-from dirmq.cli.args import count, listen_address, seconds
+from dirmq.cli.args import count, duration, listen_address, size
 from dirmq.server.logs import FORMATS, LEVELS
 from dirmq.sqs.deleted import WINDOW_S
 from dirmq.store.root import DEFAULT_ROOT
@@ -92,10 +92,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--drain-timeout",
-        type=seconds,
+        type=duration,
         default=10.0,
-        metavar="S",
-        help="on SIGTERM, how long requests in progress may take to finish",
+        metavar="DUR",
+        help="on SIGTERM, how long requests in progress may take to finish (default 10s)",
     )
     tls = p.add_argument_group("TLS (HTTPS on every listener; see docs/security.md)")
     tls.add_argument(
@@ -158,47 +158,47 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     limits.add_argument(
         "--max-body-bytes",
-        type=count,
+        type=size,
         default=64 * 1024 * 1024,
-        metavar="N",
-        help="larger request bodies get 413 (default 64 MiB)",
+        metavar="SIZE",
+        help="larger request bodies get 413: bytes, or with a unit (10MB, 64MiB; default 64MiB)",
     )
     limits.add_argument(
         "--max-body-memory",
-        type=count,
+        type=size,
         default=None,
-        metavar="N",
+        metavar="SIZE",
         help="request bodies held in memory at once, summed over every connection of every "
         "worker; a body that does not fit gets 503 + Retry-After before it is read (default "
-        "a quarter of RAM, at most 512 MiB, at least --max-body-bytes)",
+        "a quarter of RAM, at most 512MiB, at least --max-body-bytes)",
     )
     limits.add_argument(
         "--max-header-bytes",
-        type=count,
+        type=size,
         default=16 * 1024,
-        metavar="N",
-        help="a larger request line + headers gets 431 (default 16 KiB)",
+        metavar="SIZE",
+        help="a larger request line + headers gets 431 (default 16KiB)",
     )
     limits.add_argument(
         "--header-timeout",
-        type=seconds,
+        type=duration,
         default=10.0,
-        metavar="S",
-        help="a request head slower than this gets 408 (default 10)",
+        metavar="DUR",
+        help="a request head slower than this gets 408 (default 10s)",
     )
     limits.add_argument(
         "--body-timeout",
-        type=seconds,
+        type=duration,
         default=60.0,
-        metavar="S",
-        help="a request body slower than this gets 408 (default 60)",
+        metavar="DUR",
+        help="a request body slower than this gets 408 (default 60s)",
     )
     limits.add_argument(
         "--idle-timeout",
-        type=seconds,
+        type=duration,
         default=75.0,
-        metavar="S",
-        help="idle keep-alive connections are closed after this (default 75)",
+        metavar="DUR",
+        help="idle keep-alive connections are closed after this (default 75s)",
     )
     p.set_defaults(handler=cmd_serve)
     config.layer(p, defaults={"root": DEFAULT_ROOT})  # last: it covers every option above

@@ -20,7 +20,9 @@ MIN_TOKEN_CHARS = 20  # a token is only hashed once: it must not be guessable
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("token", help="make a bearer token for the credentials file")
-    actions = p.add_subparsers(dest="token_command", metavar="ACTION", required=True)
+    actions = p.add_subparsers(
+        dest="token_command", metavar="ACTION", required=True, help="new or hash"
+    )
     new = actions.add_parser(
         "new", help="print a new random token and the token_sha256 line for it"
     )

@@ -16,7 +16,8 @@ one whose client vanished first is given back, never lost. Content-Type and Cont
 are kept. Decisions where yaq's README contradicts itself are in docs/yaq.md.
 
 With credentials (docs/security.md): an enqueue needs `write` on the queue (and creates it if
-absent: yaq's queues are made by use), a dequeue `read`; `/health` is as on the native port.
+absent: yaq's queues are made by use), a dequeue `read` (`browse` is not enough: yaq has no way
+to look without dequeuing); `/health` is as on the native port.
 """
 
 from __future__ import annotations
@@ -125,9 +126,7 @@ class YaqApp(Dialect):
         if length <= limit:
             return None
         # The words of `Queue.validate`'s refusal: the same limit, the same message.
-        refusal = MessageTooLarge(
-            f"message is {length} bytes; queue {name!r} accepts at most {limit}"
-        )
+        refusal = MessageTooLarge.for_queue(name, length, limit)
         return _text(413, str(refusal))
 
     def _health(self) -> Response:

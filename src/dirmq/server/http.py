@@ -183,6 +183,14 @@ BodyCheck = Callable[[str, str, dict[str, str], int], "Response | None"]
 Observe = Callable[[Request, int, int, float], None]
 
 
+def _over_the_limit(limit_bytes: int) -> str:
+    """What a 413 for the server's own limit says: the limit, and who may raise it."""
+    return (
+        f"over the server's limit of {limit_bytes} bytes (its operator raises it with "
+        "`dirmq serve --max-body-bytes SIZE`)"
+    )
+
+
 class _Reject(Exception):
     def __init__(
         self,
@@ -734,7 +742,7 @@ class HttpProtocol(asyncio.Protocol):
         cures it once other requests are answered). Then reserve it."""
         limit = self._limits.max_body_bytes
         if length > limit:
-            raise _Reject(413, f"body of {length} bytes over the server's limit of {limit} bytes")
+            raise _Reject(413, f"body of {length} bytes {_over_the_limit(limit)}")
         check = self._server.body_check
         if check is not None:
             path, _query = _split_url(self._url)
@@ -768,9 +776,7 @@ class HttpProtocol(asyncio.Protocol):
             self._body_io.write(body)  # within its Content-Length: llhttp checks that
             return
         if self._body_bytes > self._limits.max_body_bytes:
-            raise _Reject(
-                413, f"body over the server's limit of {self._limits.max_body_bytes} bytes"
-            )
+            raise _Reject(413, f"body {_over_the_limit(self._limits.max_body_bytes)}")
         if self._body_bytes > self._body_charge:  # sent chunked: reserved as it arrives
             self._reserve(self._body_bytes - self._body_charge)
         self._body.append(body)

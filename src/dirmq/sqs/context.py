@@ -4,7 +4,8 @@ answers as, and the mapping between SQS queue names, URLs, ARNs and dirmq queues
 SQS queue names (1-80 of [A-Za-z0-9_-], `.fifo` suffix for FIFO queues) are dirmq queue names
 as they are: the queue `orders` of the native API and the library is the SQS queue `orders`,
 URL `http://host:port/<account>/orders`. dirmq queues whose names are not valid SQS names
-(nested `a/b`, spaces) are invisible to SQS.
+(nested `a/b`, spaces) are invisible to SQS; one addressed all the same is QueueDoesNotExist,
+in words that say it exists and why SQS cannot reach it (`unreachable`).
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
+from dirmq.errors import DirmqError
 from dirmq.server.broker import Broker
-from dirmq.sqs.errors import SqsError
+from dirmq.sqs.errors import SqsError, no_such_queue, not_an_sqs_name
 
 DEFAULT_ACCOUNT = "000000000000"
 DEFAULT_REGION = "us-east-1"
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,80}")
+_ACCOUNT_RE = re.compile(r"[0-9]{12}")
 
 
 def valid_sqs_name(name: str) -> bool:
@@ -53,9 +56,21 @@ class Context:
             raise SqsError("MissingParameter", "The request must contain the parameter QueueUrl.")
         path = urlsplit(url).path if "://" in url else url
         name = path.rstrip("/").rsplit("/", 1)[-1]
+        # A nested queue `a/b` spelled as its URL would be: /<account>/a/b (or a%2Fb).
+        account, _, nested = unquote(path).strip("/").partition("/")
+        if "/" in nested and _ACCOUNT_RE.fullmatch(account):
+            raise self.unreachable(nested)
         if not valid_sqs_name(name):
-            raise SqsError("QueueDoesNotExist", "The specified queue does not exist.")
+            raise self.unreachable(unquote(name))
         return name
+
+    def unreachable(self, name: str) -> SqsError:
+        """QueueDoesNotExist for `name`, not an SQS name: saying so if the queue exists."""
+        try:
+            exists = self.broker.store.exists(name)
+        except (DirmqError, ValueError):  # not a dirmq queue name either
+            exists = False
+        return not_an_sqs_name(name) if exists else no_such_queue()
 
     def name_from_arn(self, arn: str, parameter: str) -> str:
         parts = arn.split(":")

@@ -151,3 +151,14 @@ def invalid_value(parameter: str, value: object, reason: str) -> SqsError:
 
 def no_such_queue() -> SqsError:
     return SqsError("QueueDoesNotExist", "The specified queue does not exist.")
+
+
+def not_an_sqs_name(name: str) -> SqsError:
+    """A queue that exists under a name SQS cannot spell. Still QueueDoesNotExist (the code
+    SQS clients test for, e.g. boto3's `QueueDoesNotExist` exception): only the words differ."""
+    return SqsError(
+        "QueueDoesNotExist",
+        f"The queue {name!r} exists, but its name is not a valid SQS queue name (1-80 "
+        "characters of A-Z, a-z, 0-9, _ and -, and a .fifo suffix for a FIFO queue), so SQS "
+        "cannot reach it: use dirmq's native API for it, or a queue whose name SQS can spell.",
+    )

@@ -46,7 +46,7 @@ class Slots:
                 used.add(slot)
                 continue
             except FileNotFoundError:
-                raise QueueNotFound(f"queue {self._queue_name!r} does not exist") from None
+                raise QueueNotFound.missing(self._queue_name) from None
             except OSError as exc:
                 raise storage_error(exc, "reserving capacity") from exc
             used.add(slot)

@@ -52,11 +52,11 @@ def queue_depth(root: str | os.PathLike[str], name: str, shared: bool | None = N
     path = queue_path(os.path.abspath(os.fspath(root)), name)
     dedupe = resolve_shared(shared, path)
     if not os.path.exists(os.path.join(path, layout.CONFIG_FILE)):
-        raise QueueNotFound(f"queue {name!r} does not exist")
+        raise QueueNotFound.missing(name)
     try:
         return _depth(path, dedupe)
     except FileNotFoundError:
-        raise QueueNotFound(f"queue {name!r} does not exist") from None
+        raise QueueNotFound.missing(name) from None
     except OSError as exc:
         raise storage_error(exc, f"counting the messages of queue {name!r}") from exc
 

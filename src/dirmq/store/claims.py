@@ -42,7 +42,7 @@ def ready_names(view: QueueView, limit: int | None, promote: bool, groups: bool)
                 _promote_listed(view, config, now_ms())
             names = os.listdir(view.files.dir[layout.READY])
     except FileNotFoundError:
-        raise QueueNotFound(f"queue {view.name!r} does not exist") from None
+        raise QueueNotFound.missing(view.name) from None
     except OSError as exc:
         raise storage_error(exc, f"listing queue {view.name!r}") from exc
     oldest = sorted(names) if limit is None else heapq.nsmallest(limit, names)

@@ -68,6 +68,7 @@ class QueueFiles:
         self.dedup = Dedup(self.dir[layout.DEDUP], context.access)
         self._context = context
         self.access = context.access  # the modes of every file written here
+        self.context = context
         self.quarantined = 0  # corrupt files this process set aside
         # The shared-filesystem mode's claim tokens (claimtokens.py); None on a local disk.
         self.tokens = ClaimTokens(self.dir[layout.TMP], context.access) if context.shared else None

@@ -66,7 +66,7 @@ def purge(view: QueueView, progress: ProgressFn | None, dead: bool = False) -> i
             try:
                 names = os.listdir(files.dir[directory])
             except FileNotFoundError:
-                raise QueueNotFound(f"queue {view.name!r} does not exist") from None
+                raise QueueNotFound.missing(view.name) from None
             for name in names:
                 entry = parse_entry(name)
                 if entry is not None and files.remove(index, directory, name, entry.message_id):

@@ -10,6 +10,7 @@ bytes. A name that passes can never resolve outside the root. Names every door c
 from __future__ import annotations
 
 import os
+import re
 import unicodedata
 
 from dirmq.errors import InvalidName
@@ -39,6 +40,13 @@ def validate_queue_name(name: str) -> str:
 # native API's own paths, and names its grammar reads as `{queue}/messages[/{ref}[/{action}]]`.
 SERVER_PATHS = frozenset({"health", "metrics", "openapi.json"})
 MESSAGE_ACTIONS = frozenset({"nack", "extend", "dead-letter"})
+REDRIVE = "redrive"  # /{queue}/redrive and /{queue}/redrive/{task id}
+_TASK_ID = re.compile("[0-9a-f]{32}")
+
+
+def is_task_id(segment: str) -> bool:
+    """Whether `segment` is spelled as a redrive task's id (32 lower-case hex digits)."""
+    return _TASK_ID.fullmatch(segment) is not None
 
 
 def _refuse_reserved(name: str, segments: list[str]) -> None:
@@ -53,6 +61,13 @@ def _refuse_reserved(name: str, segments: list[str]) -> None:
         raise InvalidName(
             f"queue name {name!r} is reserved: over HTTP, /{name} addresses the messages of "
             "another queue"
+        )
+    if (n >= 2 and segments[-1] == REDRIVE) or (
+        n >= 3 and segments[-2] == REDRIVE and is_task_id(segments[-1])
+    ):
+        raise InvalidName(
+            f"queue name {name!r} is reserved: over HTTP, /{name} addresses the redrive tasks "
+            "of another queue"
         )
 
 

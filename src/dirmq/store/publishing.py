@@ -86,10 +86,7 @@ class Publisher:
         if not isinstance(message.body, bytes | bytearray | memoryview):
             raise InvalidArgument(f"message body must be bytes, got {type(message.body).__name__}")
         if len(message.body) > config.max_message_bytes:
-            raise MessageTooLarge(
-                f"message is {len(message.body)} bytes; queue {self.name!r} accepts at most "
-                f"{config.max_message_bytes}"
-            )
+            raise MessageTooLarge.for_queue(self.name, len(message.body), config.max_message_bytes)
         check_optional_seconds("delay_s", message.delay_s)
         codec.check_headers(message.headers)
         codec.check_label("group", message.group)
@@ -262,7 +259,7 @@ class Publisher:
                 pending.detach(tmp_dir, layout.tmp_name(message_id))
             return pending
         except FileNotFoundError:
-            raise QueueNotFound(f"queue {self.name!r} does not exist") from None
+            raise QueueNotFound.missing(self.name) from None
         except OSError as exc:
             raise storage_error(exc, f"writing a message to queue {self.name!r}") from exc
 
@@ -303,7 +300,7 @@ class Publisher:
                         held[:i], config.writeback_delay_s, time.monotonic()
                     )
                 if exc.errno == errno.ENOENT:
-                    raise QueueNotFound(f"queue {self.name!r} was deleted") from exc
+                    raise QueueNotFound(f"queue {self.name!r} was deleted", self.name) from exc
                 raise storage_error(exc, f"publishing to queue {self.name!r}") from exc
         if held:
             self._context.writeback.hold(held, config.writeback_delay_s, time.monotonic())

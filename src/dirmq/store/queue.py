@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
 from dirmq.errors import StorageError
 from dirmq.store import claims, deadletters, leasing, lookup, maintenance
+from dirmq.store import redrive as redriving
 from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
@@ -239,6 +240,47 @@ class Queue:
         queue's own dead area); with `after` (a message id), only those after it: a page, for
         browsing in steps."""
         return lookup.browse(self._view, limit, after, state)
+
+    # -- redrive (redrive.py) ---------------------------------------------------------------------
+    def redrive(
+        self,
+        ids: Collection[str] | None = None,
+        *,
+        reason: str | None = None,
+        to: str | None = None,
+    ) -> int:
+        """Move this queue's dead messages (its own dead area, and the dead letters it holds
+        as a dead-letter queue) back where they died, or to queue `to`: all of them, or those
+        of `ids`, or of `reason`. Each keeps its id, headers and group (one rename each);
+        returns how many moved. For a paced, cancellable, resumable redrive, see
+        `dirmq.redrive` (what the server's `POST /{queue}/redrive` and `dirmq redrive` run)."""
+        redriving.check_filter(ids, reason)
+        planned = redriving.plan(self._view, ids)
+        return redriving.move(self._view, planned, reason, to).moved
+
+    def redrive_plan(
+        self,
+        ids: Collection[str] | None = None,
+        *,
+        after: str | None = None,
+        until: str | None = None,
+    ) -> list[redriving.Planned]:
+        """What a redrive may move, oldest first (ids after `after`, up to `until`)."""
+        redriving.check_filter(ids, None)
+        return redriving.plan(self._view, ids, after, until)
+
+    def redrive_move(
+        self,
+        planned: list[redriving.Planned],
+        *,
+        reason: str | None = None,
+        to: str | None = None,
+        sole_source: str | None = None,
+        plain_dead: bool = False,
+    ) -> redriving.Moved:
+        """Move what `planned` holds that is dead here (see `redriving.move`)."""
+        redriving.check_filter(None, reason)
+        return redriving.move(self._view, planned, reason, to, sole_source, plain_dead)
 
     @property
     def corrupt_quarantined(self) -> int:

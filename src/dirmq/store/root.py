@@ -189,7 +189,7 @@ class Store:
             with open(os.path.join(path, layout.CONFIG_FILE), "rb") as f:
                 return QueueConfig.loads(f.read())
         except (FileNotFoundError, NotADirectoryError):
-            raise QueueNotFound(f"queue {name!r} does not exist") from None
+            raise QueueNotFound.missing(name) from None
         except ConfigError as exc:
             raise CorruptConfig(f"queue {name!r}: stored configuration: {exc}") from exc
         except OSError as exc:
@@ -252,7 +252,7 @@ class Store:
         try:
             os.unlink(os.path.join(path, layout.CONFIG_FILE))
         except FileNotFoundError:
-            raise QueueNotFound(f"queue {name!r} does not exist") from None
+            raise QueueNotFound.missing(name) from None
         except OSError as exc:
             raise storage_error(exc, f"deleting queue {name!r}") from exc
         trash = os.path.join(self.root, layout.ROOT_TRASH)

@@ -93,7 +93,7 @@ class QueueView:
                     ) from exc
                 self._config_stamp = stamp
         except FileNotFoundError:
-            raise QueueNotFound(f"queue {self.name!r} does not exist") from None
+            raise QueueNotFound.missing(self.name) from None
         except OSError as exc:
             raise storage_error(exc, f"reading the configuration of queue {self.name!r}") from exc
         self._config_checked = time.monotonic()
@@ -125,7 +125,7 @@ class QueueView:
                 directories, context.watch_mode, context.poll_interval_s, context.inotify_hub
             )
         except FileNotFoundError:
-            raise QueueNotFound(f"queue {self.name!r} does not exist") from None
+            raise QueueNotFound.missing(self.name) from None
         except OSError as exc:  # out of inotify watches is not one: the queue is polled
             raise storage_error(exc, f"watching queue {self.name!r}") from exc
         self._attach_listeners()

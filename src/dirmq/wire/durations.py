@@ -23,26 +23,35 @@ _PLAIN = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
 _PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
 
 
-def parse_duration(text: str, name: str = "duration") -> float:
-    """Seconds in `text`; InvalidArgument (naming the parameter) if it is not a duration."""
-    original = text
+EXAMPLES = "e.g. 2.5, 150ms, 2s, 1h2m"
+
+
+def duration_seconds(text: str) -> float | None:
+    """Seconds in `text`, unbounded (inf or NaN never: those are not durations); None if it is
+    not a duration."""
     text = text.strip()
     if text.startswith("+"):
         text = text[1:]
     if _PLAIN.fullmatch(text):
-        seconds = float(text)
-    else:
-        position, seconds = 0, 0.0
-        for match in _PART.finditer(text):
-            if match.start() != position:
-                break
-            seconds += float(match.group(1)) * _UNITS_S[match.group(2)]
-            position = match.end()
-        if position != len(text) or not text:
-            raise InvalidArgument(
-                f"{name}={original!r} is not a duration: use seconds (2.5) or Go syntax "
-                "(150ms, 2s, 1h2m)"
-            )
+        return float(text)
+    position, seconds = 0, 0.0
+    for match in _PART.finditer(text):
+        if match.start() != position:
+            break
+        seconds += float(match.group(1)) * _UNITS_S[match.group(2)]
+        position = match.end()
+    if position != len(text) or not text:
+        return None
+    return seconds
+
+
+def parse_duration(text: str, name: str = "duration") -> float:
+    """Seconds in `text`; InvalidArgument (naming the parameter) if it is not a duration."""
+    seconds = duration_seconds(text)
+    if seconds is None:
+        raise InvalidArgument(
+            f"{name}={text!r} is not a duration: use seconds (2.5) or Go syntax (150ms, 2s, 1h2m)"
+        )
     if not math.isfinite(seconds) or seconds > MAX_DURATION_S:
-        raise InvalidArgument(f"{name}={original!r} is longer than a year")
+        raise InvalidArgument(f"{name}={text!r} is longer than a year")
     return seconds

@@ -20,6 +20,7 @@ POST   /{queue}/messages/ack              many receipts at once: {"receipts": [.
 POST   /{queue}/messages/nack             {"receipts": [...], "delay": ...} (delay optional)
 POST   /{queue}/messages/extend           {"receipts": [...], "visibility": ...}
                                           answered 200 {"settled": N, "failed": [...]}
+POST, GET /{queue}/redrive; GET, DELETE /{queue}/redrive/{task}: redrive tasks (redrive.py)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
 
-from dirmq.dialects.native import batch
+from dirmq.dialects.native import batch, redrive
 from dirmq.dialects.native.routes import Route
 from dirmq.errors import (
     DirmqError,
@@ -243,9 +244,7 @@ def too_large(
     if length <= limit:
         return None
     # The words of `Queue.validate`'s refusal: the same limit, the same message.
-    return MessageTooLarge(
-        f"message is {length} bytes; queue {route.queue!r} accepts at most {limit}"
-    )
+    return MessageTooLarge.for_queue(route.queue, length, limit)
 
 
 # Where a publish's options may come from, besides the query (see `publish`).
@@ -258,9 +257,15 @@ def published(message_id: str) -> Response:
     return Response(201, body, [("Content-Type", "application/json"), ("X-Message-Id", message_id)])
 
 
+def is_peek(request: Request) -> bool:
+    """Whether a `GET /{queue}/messages` browses (`?peek=1`) rather than receives: the one
+    test of it, which the authorisation (browse, not read) relies on too."""
+    return request.query.get("peek", "").lower() in ("1", "true", "yes")
+
+
 async def receive(broker: Broker, request: Request, route: Route) -> Response:
     queue = broker.queue(route.queue)
-    if request.query.get("peek", "").lower() in ("1", "true", "yes"):
+    if is_peek(request):
         return await _browse(broker, queue, request)
     if "state" in request.query:
         raise InvalidArgument("state= chooses what a browse shows: give peek=1 too")
@@ -388,6 +393,10 @@ TABLE: dict[tuple[str, str], Handler] = {
     ("message", "DELETE"): ack,
     ("action", "POST"): settle,
     ("batch", "POST"): batch.settle_batch,
+    ("redrive", "POST"): redrive.start,
+    ("redrive", "GET"): redrive.list_tasks,
+    ("task", "GET"): redrive.get_task,
+    ("task", "DELETE"): redrive.cancel_task,
 }
 
 

@@ -25,6 +25,10 @@ NATIVE: dict[tuple[str, str, str], frozenset[str]] = {
     ("batch", "POST", "ack"): frozenset(),  # the batch's options are in its JSON body
     ("batch", "POST", "nack"): frozenset(),
     ("batch", "POST", "extend"): frozenset(),
+    ("redrive", "POST", ""): frozenset(),  # its options are in its JSON body
+    ("redrive", "GET", ""): frozenset(),
+    ("task", "GET", ""): frozenset(),
+    ("task", "DELETE", ""): frozenset(),
 }
 
 
@@ -35,6 +39,8 @@ _SHAPES = {
     "message": "/{queue}/messages/{id}",
     "action": "/{queue}/messages/{receipt}/",
     "batch": "/{queue}/messages/",
+    "redrive": "/{queue}/redrive",
+    "task": "/{queue}/redrive/{task}",
 }
 
 

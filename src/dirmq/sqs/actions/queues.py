@@ -244,7 +244,9 @@ async def get_queue_url(ctx: Context, params: Params) -> Result:
     if not isinstance(name, str) or not name:
         raise missing("QueueName")
     # QueueOwnerAWSAccountId is accepted whatever it says: one store, one account.
-    if not valid_sqs_name(name) or not await ctx.broker.call(ctx.broker.store.exists, name):
+    if not valid_sqs_name(name):
+        raise await ctx.broker.call(ctx.unreachable, name)
+    if not await ctx.broker.call(ctx.broker.store.exists, name):
         raise no_such_queue()
     return {"QueueUrl": ctx.queue_url(name)}
 
