@@ -1,8 +1,8 @@
 """The failure counters of a real `dirmq serve --workers 2`, every request on a connection of its
 own (so both workers answer some): nacks at every door (native nack and batch nack, the
 stream's nack, SQS ChangeMessageVisibility to 0, single and batch), dead letters by reason
-(max-receives by nacks and by expiry, rejected, unreadable), expired leases, a killed
-worker's restart; each exact, and the same whichever worker answers the scrape."""
+(max-receives by nacks and by expiry, rejected, unreadable), expired leases, redrives, a
+killed worker's restart; each exact, and the same whichever worker answers the scrape."""
 
 from __future__ import annotations
 
@@ -98,6 +98,21 @@ def _post(server: ServerProcess, path: str, **kwargs: object) -> httpx.Response:
 
 def _stats(server: ServerProcess, name: str) -> dict[str, int]:
     return dict(httpx.get(f"{server.url}/{name}").json()["stats"])
+
+
+def _redriven(server: ServerProcess, name: str, **options: str) -> int:
+    """Redrive `name`'s dead messages (POST /{queue}/redrive), once its task is over: how
+    many it moved."""
+    started = _post(server, f"{name}/redrive", json=options)
+    assert started.status_code == 202, started.text
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        task = httpx.get(f"{server.url}{started.headers['location']}").json()
+        if task["status"] != "running":
+            assert task["status"] == "completed", task
+            return int(task["moved"])
+        assert time.monotonic() < deadline, task
+        time.sleep(0.05)
 
 
 def _nack_at_every_door(server: ServerProcess) -> int:
@@ -208,15 +223,20 @@ def test_failures_are_counted_exactly_whichever_worker_answers(tmp_path: Path) -
         assert stale.status_code >= 400, stale.text
         assert _stats(server, "rejects")["dead"] == 6
 
+        # Redrives: the unreadable ones back to their queue, then every dead one of another.
+        assert _redriven(server, "rejects", reason="unreadable") == 2
+        assert _redriven(server, "poison") == 8
+        assert _stats(server, "poison")["dead"] == 0
+
         counts = _counted(
             server,
             dirmq_messages_nacked_total=nacked,
             dirmq_leases_expired_total=7,
+            dirmq_messages_redriven_total=10,
             **{"dead:max-receives": 8, "dead:rejected": 4, "dead:unreadable": 2},
         )
         assert counts["dirmq_worker_restarts_total"] == 0
         assert counts["dead:ttl-expired"] == 0
-        assert counts["dirmq_messages_redriven_total"] == 0
 
         # Both workers answered some of it.
         workers = matching(_scrape(server), "dirmq_worker_requests_answered")
