@@ -15,9 +15,10 @@ import pytest
 import dirmq
 from dirmq.errors import QueueNotFound
 from dirmq.server.http import Request
-from dirmq.server.metrics import MAX_ROUTES, Metrics
+from dirmq.server.metrics import MAX_ROUTES, Metrics, worker_restarts
 from dirmq.server.multiprocess import MetricsFiles
 from dirmq.store.census import census, queue_depth
+from dirmq.store.events import DEAD_REASONS
 
 from .metrics_helpers import inotify_watches, make_queues, matching, value
 
@@ -104,6 +105,56 @@ def test_workers_counts_add_up_and_a_dead_workers_counts_stay(
     assert value(text, "dirmq_pubsub_attached_subscriptions") == 0
     assert value(text, "dirmq_http_requests_total", **labels) == 300  # never backwards
     assert value(text, "dirmq_messages_published_total") == 14
+
+
+def test_failures_of_every_worker_and_the_supervisors_restarts_add_up(
+    tmp_path: Path, metrics_files: MetricsFiles
+) -> None:
+    """Forked workers count nacks and what their Store tells them (dead letters by reason,
+    expired leases, redrives); the parent, as the supervisor does, counts restarts in its own
+    file, made before the fork. A scrape in any process reads the sums."""
+    root = tmp_path / "root"
+    dirmq.Store(root).close()
+    restarts = worker_restarts()  # the supervisor's, before it forks its workers
+    pids = []
+    for worker in (1, 2):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                metrics = Metrics(metrics_files, str(root), worker=worker)
+                events = metrics.events()
+                assert events.dead_lettered and events.leases_expired and events.redriven
+                metrics.nacked(3 * worker)
+                for reason in DEAD_REASONS:
+                    events.dead_lettered("q", reason)
+                events.dead_lettered("q", "max-receives")
+                events.dead_lettered("q", "no such reason")  # a bounded label all the same
+                events.leases_expired("q", 5)
+                events.redriven("q", 4 * worker)
+                code = 0
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    for pid in pids:
+        assert os.waitpid(pid, 0)[1] == 0
+    scraper = Metrics(metrics_files, str(root))
+    text = scraper.render().decode()
+    assert value(text, "dirmq_worker_restarts_total") == 0  # shown before any restart
+    restarts.inc()
+    restarts.inc()
+    for pid in pids:
+        metrics_files.process_dead(pid)
+    text = scraper.render().decode()
+    assert value(text, "dirmq_messages_nacked_total") == 9
+    assert value(text, "dirmq_dead_letters_total", reason="max-receives") == 4
+    for reason in ("rejected", "unreadable", "ttl-expired"):
+        assert value(text, "dirmq_dead_letters_total", reason=reason) == 2
+    assert value(text, "dirmq_dead_letters_total", reason="other") == 2
+    assert len(matching(text, "dirmq_dead_letters_total")) == len(DEAD_REASONS) + 1
+    assert value(text, "dirmq_leases_expired_total") == 10
+    assert value(text, "dirmq_messages_redriven_total") == 12
+    assert value(text, "dirmq_worker_restarts_total") == 2
 
 
 def test_metrics_refuse_to_start_outside_multiprocess_mode(tmp_path: Path) -> None:

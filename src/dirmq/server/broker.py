@@ -73,6 +73,7 @@ class MessageCounts(Protocol):
     def published(self, count: int) -> None: ...
     def delivered(self, count: int) -> None: ...
     def acked(self, count: int) -> None: ...
+    def nacked(self, count: int) -> None: ...
 
 
 class _Uncounted:
@@ -83,6 +84,9 @@ class _Uncounted:
         pass
 
     def acked(self, count: int) -> None:
+        pass
+
+    def nacked(self, count: int) -> None:
         pass
 
 
@@ -454,6 +458,13 @@ class Broker:
             return {}
         return await self.settle_chunks(queue, queue.extend_each, distinct, visibility_s)
 
+    async def nack(self, queue: Queue, receipt: str, delay_s: float = 0.0) -> str:
+        """A consumer gives one message back (`Queue.nack`: what became of it), counted once
+        it is."""
+        outcome = await self.call(queue.nack, receipt, delay_s)
+        self.tell(self.counts.nacked, 1)
+        return outcome
+
     async def nack_many(
         self,
         queue: Queue,
@@ -461,13 +472,17 @@ class Broker:
         delay_s: float = 0.0,
         dead_lettered: list[str] | None = None,
     ) -> dict[str, Exception]:
-        """Give the messages behind `receipts` back (ready after `delay_s`), in one pool call;
-        the failures by receipt, as `ack_many`; those dead-lettered instead (past the queue's
-        max receives) appended to `dead_lettered`."""
+        """A consumer gives the messages behind `receipts` back (ready after `delay_s`), in one
+        pool call; the failures by receipt, as `ack_many`; those dead-lettered instead (past the
+        queue's max receives) appended to `dead_lettered`. Each given back is counted (what the
+        server gives back itself, e.g. a closed stream's deliveries, is not: `give_back`)."""
         distinct = list(dict.fromkeys(receipts))
         if not distinct:
             return {}
-        return await self.call(queue.nack_each, distinct, delay_s, dead_lettered=dead_lettered)
+        failures = await self.call(queue.nack_each, distinct, delay_s, dead_lettered=dead_lettered)
+        if len(failures) < len(distinct):
+            self.tell(self.counts.nacked, len(distinct) - len(failures))
+        return failures
 
     def _give_back_later(self, queue: Queue, done: asyncio.Future[list[Message]]) -> None:
         if done.cancelled() or done.exception() is not None or not done.result():

@@ -1,5 +1,5 @@
-"""Prometheus metrics: requests of every door, messages moved, pub/sub, corrupt files, workers,
-and each queue's depth read from the store at scrape time.
+"""Prometheus metrics: requests of every door, messages moved, failures, pub/sub, corrupt files,
+workers, and each queue's depth read from the store at scrape time.
 
 Every counter, histogram and gauge a worker bumps is prometheus-client's own, in multiprocess
 mode (`multiprocess.py`): the values live in files of the server run's metrics directory, and a
@@ -14,6 +14,14 @@ kept, since `.labels()` costs as much again. Messages are counted by the broker 
 once per batch, whatever the door, without a queue label: per-queue numbers are the depth
 gauges, which are bounded (`--metrics-max-queues`), where a queue label on counters would grow
 every worker's files with every queue ever named.
+
+Failures are counted where they happen, once per message: nacks by the broker (a consumer's
+give-back at any door; not what the server gives back itself, e.g. a closed stream's
+deliveries), dead letters (by `reason`), expired leases and redrives by the store, which tells
+the worker through `events()` (a `StoreEvents`), and worker restarts by the supervisor of
+`--workers N`, which bumps `worker_restarts()` in its own file of the run's directory: a scrape
+in any worker reads it like the workers' own. What another process on the root does (a CLI
+sweep, a library consumer) is that process's to count.
 
 The depth gauges are read at scrape time by `census` from the queues' directory listings: no
 queue is opened, no index built, no inotify watch taken. A root of 10,000 queues is listed in
@@ -36,6 +44,7 @@ from prometheus_client.registry import Collector
 from dirmq.server.http import Request
 from dirmq.server.multiprocess import MetricsFiles
 from dirmq.store.census import QueueDepth, census, queue_depth
+from dirmq.store.events import DEAD_REASONS, StoreEvents
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30)
@@ -48,6 +57,17 @@ MAX_ROUTES = 64
 MAX_CORRUPT_QUEUES = 1000
 _MAX_CACHED = 10_000  # labelled children kept for requests (any more are looked up each time)
 WORKER_TICK_S = 1.0  # how often a worker's own gauge is brought up to date
+OTHER_REASON = "other"  # a dead letter's reason that is none of DEAD_REASONS (bounded label)
+
+
+def worker_restarts() -> Counter:
+    """The count of workers the supervisor replaced. Made by the supervisor (which bumps it) and
+    by every worker (so that one worker, with no supervisor, shows it at 0): the same series."""
+    return Counter(
+        "dirmq_worker_restarts",
+        "Workers that died and were replaced by the supervisor of --workers N",
+        registry=None,
+    )
 
 
 class Metrics:
@@ -95,6 +115,30 @@ class Metrics:
             "Messages acknowledged by receipt (native, SQS, yaq)",
             registry=None,
         )
+        self._nacked = Counter(
+            "dirmq_messages_nacked",
+            "Messages a consumer gave back (native nack, stream nack, SQS visibility 0)",
+            registry=None,
+        )
+        self._dead_letters = Counter(
+            "dirmq_dead_letters",
+            "Messages dead-lettered, by reason",
+            ["reason"],
+            registry=None,
+        )
+        # Every reason's series from the start (at 0), each child looked up once.
+        self._dead = {reason: self._dead_letters.labels(reason) for reason in DEAD_REASONS}
+        self._expired = Counter(
+            "dirmq_leases_expired",
+            "Leases that ran out unsettled (the message returned, or dead-lettered)",
+            registry=None,
+        )
+        self._redriven = Counter(
+            "dirmq_messages_redriven",
+            "Dead messages redriven (back to their queue, or to another)",
+            registry=None,
+        )
+        worker_restarts()  # at 0 in this worker's file: shown even without a supervisor
         self.corrupt = Counter(
             "dirmq_messages_corrupt",
             "Corrupt message files a receive met and set aside in @corrupt",
@@ -183,6 +227,31 @@ class Metrics:
 
     def acked(self, count: int) -> None:
         self._acked.inc(count)
+
+    def nacked(self, count: int) -> None:
+        self._nacked.inc(count)
+
+    # -- the store's events (any thread) -------------------------------------------------------
+    def events(self) -> StoreEvents:
+        """What this worker's Store tells these metrics (`Store(events=...)`)."""
+        return StoreEvents(
+            quarantined=self.quarantined,
+            dead_lettered=self.dead_lettered,
+            leases_expired=self.leases_expired,
+            redriven=self.redriven,
+        )
+
+    def dead_lettered(self, _queue: str, reason: str) -> None:
+        child = self._dead.get(reason)
+        if child is None:  # not a reason the store names: the label stays bounded all the same
+            child = self._dead_letters.labels(OTHER_REASON)
+        child.inc()
+
+    def leases_expired(self, _queue: str, count: int) -> None:
+        self._expired.inc(count)
+
+    def redriven(self, _queue: str, count: int) -> None:
+        self._redriven.inc(count)
 
     def quarantined(self, queue: str) -> None:
         """A corrupt file of `queue` was set aside (the Store's `on_quarantine`; any thread)."""

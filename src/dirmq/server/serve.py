@@ -7,8 +7,9 @@ listener. Nothing here knows a dialect.
 
 With `--workers N` the parent binds the listening ports with SO_REUSEPORT, forks N workers that
 each bind their own socket to the same ports (the kernel spreads connections across them), then
-only supervises: it forwards SIGTERM/SIGINT and restarts a worker that died. Each worker is a
-complete brokerless dirmq process on the shared root, so workers need no coordination.
+only supervises: it forwards SIGTERM/SIGINT and restarts a worker that died (counted in the
+metrics: `dirmq_worker_restarts_total`). Each worker is a complete brokerless dirmq process on
+the shared root, so workers need no coordination.
 
 With `--tls-cert`/`--tls-key` every listener serves HTTPS: the parent builds and checks the
 `ssl.SSLContext` (`tls.py`) before binding anything, and the workers it forks inherit it.
@@ -53,7 +54,7 @@ from dirmq.server.budget import MemoryBudget, WorkerSlots, shared_slots
 from dirmq.server.dialect import Router, unique_dialects
 from dirmq.server.http import LINGER_S, HttpServer, Limits
 from dirmq.server.logs import fields
-from dirmq.server.metrics import DEFAULT_MAX_QUEUES, Metrics
+from dirmq.server.metrics import DEFAULT_MAX_QUEUES, Metrics, worker_restarts
 from dirmq.server.multiprocess import MetricsFiles
 from dirmq.server.notify import forget_notify_socket, notify
 from dirmq.server.tls import TlsFiles, requires_client_certificate, server_context
@@ -178,7 +179,7 @@ async def run_worker(
     metrics = Metrics(
         metrics_files, options.root, max_queues=options.metrics_max_queues, worker=worker
     )
-    store = Store(options.root, on_quarantine=metrics.quarantined)
+    store = Store(options.root, events=metrics.events())
     broker = Broker(store, counts=metrics)
     routers = compose(Worker(store, broker, metrics))
     dialects = unique_dialects(list(routers.values()))
@@ -352,6 +353,8 @@ def _supervise(
     budget_slots = shared_slots(options.workers)
     # TLS connections are never passed on (balance.py): their handshake comes first.
     balance = ConnectionBalance(options.workers) if tls is None else None
+    # In the supervisor's own file of the run's metrics directory: any worker's scrape reads it.
+    restarts = worker_restarts()
 
     def spawn(number: int) -> None:
         # Signals wait during the fork: a child must not run the parent's `forward`.
@@ -414,6 +417,10 @@ def _supervise(
         number = children.pop(pid)
         metrics_files.process_dead(pid)  # its live gauges go; its counts stay
         if not stopping:
+            try:
+                restarts.inc()  # before the new worker answers a scrape
+            except Exception:  # a metrics failure (a full /dev/shm) must not stop a restart
+                log.exception("counting a worker restart failed")
             log.error(
                 "worker %d died (%s): restarting it",
                 number,

@@ -366,7 +366,7 @@ async def settle(broker: Broker, request: Request, route: Route) -> Response:
         raise InvalidArgument(f"{route.ref!r} is not a receipt (<message id>.<receive count>)")
     if route.action == "nack":
         delay_s = _duration(request, "delay", "x-delay") or 0.0
-        outcome = await broker.call(queue.nack, route.ref, delay_s)
+        outcome = await broker.nack(queue, route.ref, delay_s)
         return Response(204, b"", [("X-Outcome", outcome)])
     if route.action == "extend":
         visibility_s = _duration(request, "visibility", "x-visibility")

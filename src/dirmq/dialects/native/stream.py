@@ -92,7 +92,9 @@ class StreamSessions:
 
     async def _give_back(self, queue: Queue, receipts: list[str]) -> None:
         try:
-            await self.broker.nack_many(queue, receipts)  # what fails: its lease expires instead
+            # Not `nack_many`: no consumer asked, so no nack is counted. What fails: its lease
+            # expires instead.
+            await self.broker.call(queue.nack_each, receipts)
         except Exception:  # (the pool is shut down) their leases expire instead
             log.exception("giving back %d messages of %s failed", len(receipts), queue.name)
 

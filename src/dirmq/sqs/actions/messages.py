@@ -827,7 +827,7 @@ async def _check_lease(
 
 async def _apply_visibility(ctx: Context, queue: Queue, receipt: str, visibility: int) -> None:
     if visibility == 0:
-        await ctx.broker.call(queue.nack, receipt)  # visible again now (or dead-lettered)
+        await ctx.broker.nack(queue, receipt)  # visible again now (or dead-lettered)
     else:
         await ctx.broker.call(queue.extend, receipt, float(visibility))
 
