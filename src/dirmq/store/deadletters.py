@@ -206,4 +206,6 @@ def put(
         )
     except OSError as exc:
         raise storage_error(exc, f"storing a dead letter in queue {view.name!r}") from exc
+    if files.context.events.dead_lettered is not None:
+        files.context.events.dead_lettered(view.name, dead.reason)
     return message_id
