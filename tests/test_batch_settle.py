@@ -129,7 +129,7 @@ def test_nack_many_returns_messages_at_once_or_later(http: httpx.Client, queue: 
     now = http.post(f"/{queue}/messages/nack", json={"receipts": receipts[:2]}).json()
     assert now == {"settled": 2, "failed": [], "dead_lettered": []}
     later = http.post(f"/{queue}/messages/nack", json={"receipts": receipts[2:], "delay": "1h"})
-    assert later.json() == {"settled": 2, "failed": []}
+    assert later.json() == {"settled": 2, "failed": [], "dead_lettered": []}
     counts = stats(http, queue)
     assert (counts["ready"], counts["in_flight"], counts["delayed"]) == (2, 0, 2)
     again = http.get(f"/{queue}/messages", params={"max": "10"}).text
