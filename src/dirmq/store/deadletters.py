@@ -21,7 +21,7 @@ Order of steps, so that a crash at any instant loses nothing and a race has one 
 3. for a dead-letter queue, the claimed file is retired from @dead (the pool blanks it).
 
 A crash between 2 and 3 leaves the message in both the dead-letter queue and the source's
-@dead (the older copy, without provenance): one more copy, never none; `fsck` reports it.
+@dead (the older copy, without provenance): one copy too many, never none.
 """
 
 from __future__ import annotations
