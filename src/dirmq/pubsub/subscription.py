@@ -14,6 +14,8 @@ come again (at-least-once).
 A taken message must be settled (`done`, `dismiss`), kept alive (`heartbeat`) or given back
 (`abort`) before its deadline; otherwise it is aborted: an `anyone` message returns to the pool
 for any subscriber, a log delivery to this subscription. Closing gives back everything held.
+What is given back comes again only after the backoff of the subscription's `DeliveryPolicy`,
+and after its last delivery allowed it is dismissed (or dead-lettered) instead (policy.py).
 
 Why it is long: the three feeds (pool, broadcast log, retained log), their saved positions and the
 deliveries held from them are one state machine whose invariants span all three.
@@ -42,11 +44,20 @@ from dirmq.errors import (
     storage_error,
 )
 from dirmq.pubsub.host import SubscriptionHost
-from dirmq.pubsub.layout import BROADCAST, RETAINED, log_key, split_log_key, split_timed
+from dirmq.pubsub.layout import (
+    BROADCAST,
+    RETAINED,
+    EntryName,
+    entry_name,
+    log_key,
+    split_entry,
+    split_log_key,
+)
 from dirmq.pubsub.logs import SeqLog, is_tombstone
 from dirmq.pubsub.model import Delivery, Envelope, Filter, Outcome, check_timeout
+from dirmq.pubsub.policy import DeliveryPolicy
 from dirmq.pubsub.presence import new_session
-from dirmq.pubsub.transitions import Entry, now_ms, read_entry
+from dirmq.pubsub.transitions import Entry, give_up_detail, now_ms, read_entry
 from dirmq.store import smallfiles
 from dirmq.store.watch import RESCAN, PollingWatcher, Watcher, open_watcher
 
@@ -71,6 +82,8 @@ class _Feed:
     returned: dict[int, tuple[Entry, int]] = field(
         default_factory=dict
     )  # seq -> (entry, accept ms)
+    waiting: list[tuple[int, int]] = field(default_factory=list)  # heap of returned (due ms, seq)
+    deliveries: dict[int, int] = field(default_factory=dict)  # held or returned seq -> count
     pending_after_attach: list[int] = field(default_factory=list)  # returned by a past session
     peeked: tuple[int, Entry] | None = None
     # `broadcast` after re-attaching: entries up to `skip_through` published while it was away
@@ -83,7 +96,14 @@ class _Feed:
     dirty: bool = True
 
     def state(self) -> dict[str, Any]:
-        return {"next": self.next_seq, "pending": sorted(self.held | set(self.retry))}
+        pending = self.held | set(self.retry) | {seq for _due, seq in self.waiting}
+        counts = {str(seq): n for seq, n in sorted(self.deliveries.items()) if n > 1}
+        return {"next": self.next_seq, "pending": sorted(pending), "deliveries": counts}
+
+    def release_due(self, at_ms: int) -> None:
+        """Returned deliveries whose backoff is over become deliverable again."""
+        while self.waiting and self.waiting[0][0] <= at_ms:
+            heapq.heappush(self.retry, heapq.heappop(self.waiting)[1])
 
 
 @dataclass(slots=True)
@@ -94,6 +114,7 @@ class _Held:
     feed: _Feed | None = None  # None: an `anyone` delivery
     seq: int = 0
     entry: Entry | None = None
+    deliveries: int = 1  # this delivery's number
 
 
 class Subscription:
@@ -105,10 +126,12 @@ class Subscription:
         *,
         replay_from: int | None = None,
         durable: bool = True,
+        policy: DeliveryPolicy | None = None,
     ) -> None:
         self.hub = hub
         self.name = name
         self.filter = filter
+        self.policy = policy or DeliveryPolicy()
         self.durable = durable  # False: removed when closed
         self._paths = hub.paths
         self._lock = threading.RLock()
@@ -118,6 +141,7 @@ class Subscription:
         self._pool_envelopes: dict[str, Envelope] = {}  # matching pool names that exist
         self._pool_unread: set[str] = set()  # pool names not examined yet
         self._pool_skipped: set[str] = set()  # examined, not for us
+        self._pool_later: list[tuple[int, str]] = []  # heap of matching names not due yet
         self._session = new_session()
         self._saved_state: dict[str, Any] | None = None
         if replay_from is not None and replay_from < 1:
@@ -162,6 +186,7 @@ class Subscription:
             "filter": self.filter.to_json(),
             "attached_ms": now_ms(),
             "session": self._session,
+            "delivery": self.policy.to_json(),
         }
         smallfiles.replace_file(
             paths.subscription_file(self.name),
@@ -186,9 +211,7 @@ class Subscription:
         # Deliveries of `anyone` messages a previous session held go back to the pool.
         taken = paths.taken(self.name)
         for entry in os.listdir(taken):
-            timed = split_timed(entry)
-            if timed is not None:
-                self.hub.abort_entry(os.path.join(taken, entry), self.name, timed)
+            self.hub.abort_entry(os.path.join(taken, entry), self.name, "its session ended")
 
     def _claim_presence(self) -> None:
         """Create `present/<name>`, whole (linked from a written temp file, O_EXCL-like), or raise
@@ -215,6 +238,11 @@ class Subscription:
             return _Feed(letter, seq_log, start)
         feed = _Feed(letter, seq_log, max(1, int(saved.get("next", start))))
         feed.pending_after_attach = [int(s) for s in saved.get("pending", []) if int(s) > 0]
+        counts = saved.get("deliveries")
+        if isinstance(counts, dict):
+            for seq, n in counts.items():
+                if str(seq).isdigit() and isinstance(n, int) and n > 0:
+                    feed.deliveries[int(seq)] = n
         return feed
 
     def _save_state(self, *, detached_us: int | None) -> None:
@@ -250,12 +278,20 @@ class Subscription:
                 self._save_state(detached_us=None)
             except OSError as exc:
                 log.warning("subscription %s positions not saved: %s", self.name, exc)
+            # Sweeping here, not only from an idle `receive`, keeps timeouts and reports going
+            # while this process is busy (a long handler, a message that fails over and over).
+            try:
+                self.hub.maybe_sweep()
+            except Exception:  # a bad moment (disk full) must not stop the heartbeat
+                log.exception("pub/sub sweep failed")
 
     # -- indexing --------------------------------------------------------------------------------
     def _rescan(self) -> None:
         names = set(_listdir(self._paths.anyone))
         self._pool_envelopes = {n: e for n, e in self._pool_envelopes.items() if n in names}
-        self._pool = list(self._pool_envelopes)
+        self._pool, self._pool_later = [], []
+        for name in self._pool_envelopes:
+            self._pool_push(name)
         heapq.heapify(self._pool)
         self._pool_skipped &= names
         self._pool_unread = names - self._pool_skipped - set(self._pool_envelopes)
@@ -296,10 +332,27 @@ class Subscription:
             envelope = entry.envelope
             if self.filter.matches(envelope.channel, envelope.subject):
                 self._pool_envelopes[name] = envelope
-                heapq.heappush(self._pool, name)
+                self._pool_push(name)
             else:
                 self._pool_skipped.add(name)
         self._pool_unread.clear()
+
+    def _pool_push(self, name: str) -> None:
+        """Index a matching pool name: deliverable now, or once its backoff is over."""
+        parsed = split_entry(name)
+        if parsed is not None and parsed.due_ms > now_ms():
+            heapq.heappush(self._pool_later, (parsed.due_ms, name))
+        else:
+            heapq.heappush(self._pool, name)
+
+    def _release_due(self) -> None:
+        at_ms = now_ms()
+        while self._pool_later and self._pool_later[0][0] <= at_ms:
+            name = heapq.heappop(self._pool_later)[1]
+            if name in self._pool_envelopes:
+                heapq.heappush(self._pool, name)
+        for feed in (self._retained, self._broadcast):
+            feed.release_due(at_ms)
 
     def _load_pending(self, feed: _Feed) -> None:
         """Deliveries a past session held or gave back come first, once."""
@@ -308,9 +361,18 @@ class Subscription:
                 entry = read_entry(feed.log.path(seq))
             except (FileNotFoundError, CorruptMessage):
                 continue  # pruned (it timed out) or damaged
-            if seq not in feed.returned:
-                feed.returned[seq] = (entry, self._retry_accept_ms(feed, entry.envelope))
-                heapq.heappush(feed.retry, seq)
+            if seq in feed.returned:
+                continue
+            deliveries = feed.deliveries.setdefault(seq, 1)
+            if self.policy.exhausted(deliveries):
+                # Held by the past session when it ended: that was its last delivery allowed.
+                key = log_key(entry.envelope.key, feed.letter, seq)
+                feed.held.add(seq)
+                held = _Held(0, entry.envelope, feed.log.path(seq), feed, seq, entry, deliveries)
+                self._abort(key, held, "its session ended")
+                continue
+            feed.returned[seq] = (entry, self._retry_accept_ms(feed, entry.envelope))
+            heapq.heappush(feed.retry, seq)
         feed.pending_after_attach = []
 
     def _feed_head(self, feed: _Feed) -> tuple[str, int, Entry] | None:
@@ -394,6 +456,7 @@ class Subscription:
     def _take_next(self) -> Delivery | None:
         while True:
             self._examine_pool()
+            self._release_due()
             while self._pool and self._pool[0] not in self._pool_envelopes:
                 heapq.heappop(self._pool)
             choices: list[tuple[str, _Feed | None]] = []
@@ -413,83 +476,127 @@ class Subscription:
     def _take_pool(self, name: str) -> Delivery | None:
         heapq.heappop(self._pool)
         envelope = self._pool_envelopes.pop(name)
-        timed = split_timed(name)
+        pooled = split_entry(name)
         path = os.path.join(self._paths.anyone, name)
-        if timed is None:
+        if pooled is None:
             return None
-        key, accept_ms = timed
+        key, accept_ms = pooled.key, pooled.ms
         if 0 < accept_ms < now_ms():
             self.hub.transitions.settle(path, key, envelope, "", Outcome.TIMEOUT)
             return None
-        taken = self.hub.transitions.accept(path, key, envelope, self.name)
+        taken = self.hub.transitions.accept(path, pooled, envelope, self.name)
         if taken is None:  # another subscriber was first
             return None
+        taken_path, deadline, deliveries = taken
         try:
-            entry = read_entry(taken[0])
+            entry = read_entry(taken_path)
         except (FileNotFoundError, CorruptMessage) as exc:
-            log.error("taken pool entry %s unreadable: %s", taken[0], exc)
+            log.error("taken pool entry %s unreadable: %s", taken_path, exc)
             return None
-        self._held[key] = _Held(taken[1], envelope, taken[0])
-        return Delivery(key, envelope, entry.body, entry.headers, taken[1], None)
+        self._held[key] = _Held(deadline, envelope, taken_path, deliveries=deliveries)
+        return Delivery(key, envelope, entry.body, entry.headers, deadline, None)
 
     def _take_feed(self, feed: _Feed) -> Delivery | None:
         at_ms = now_ms()
         if feed.retry:
             seq = heapq.heappop(feed.retry)
             entry, accept_ms = feed.returned.pop(seq)
+            deliveries = feed.deliveries.get(seq, 1) + 1
         else:
             assert feed.peeked is not None
             seq, entry = feed.peeked
             feed.peeked = None
             feed.next_seq = seq + 1
             accept_ms = entry.envelope.accept_deadline_ms if feed.letter == BROADCAST else 0
+            deliveries = 1
         envelope = entry.envelope
         key = log_key(envelope.key, feed.letter, seq)
         path = feed.log.path(seq)
         transitions = self.hub.transitions
         if 0 < accept_ms < at_ms:
+            feed.deliveries.pop(seq, None)
             transitions.report_linked(path, key, envelope, self.name, Outcome.TIMEOUT, 0)
             return None
         deadline = at_ms + int(envelope.process_timeout_s * 1000)
         feed.held.add(seq)
-        self._held[key] = _Held(deadline, envelope, path, feed, seq, entry)
+        feed.deliveries[seq] = deliveries
+        self._held[key] = _Held(deadline, envelope, path, feed, seq, entry, deliveries)
         transitions.report_linked(path, key, envelope, self.name, Outcome.ACCEPTED, deadline)
         public_seq = seq if feed.letter == RETAINED else None
         return Delivery(key, envelope, entry.body, entry.headers, deadline, public_seq)
 
-    def _abort(self, key: str, held: _Held) -> None:
-        """Give a held delivery back (aborted). The caller removed it from `_held`."""
+    def _abort(self, key: str, held: _Held, why: str) -> Outcome | None:
+        """Give a held delivery back (`why` it failed): ABORTED, due again after the policy's
+        backoff, or DISMISSED (dead-lettered first if the policy says where) after its last
+        delivery allowed; None if it was no longer ours. The caller removed it from `_held`."""
         feed = held.feed
+        transitions = self.hub.transitions
         if feed is None:
-            self.hub.transitions.abort(held.path, key, held.envelope, self.name, held.deadline)
-            return
+            taken = EntryName(key, held.deadline, held.deliveries)
+            return transitions.give_back(
+                held.path, taken, held.envelope, self.name, self.policy, why
+            )
         feed.held.discard(held.seq)
         assert held.entry is not None
-        feed.returned[held.seq] = (held.entry, self._retry_accept_ms(feed, held.envelope))
-        heapq.heappush(feed.retry, held.seq)
-        self.hub.transitions.report_linked(
+        if self.policy.exhausted(held.deliveries):
+            if self.policy.dead_letter is not None:
+                detail = give_up_detail(self.name, held.deliveries, why)
+                transitions.dead_letter(
+                    self.policy.dead_letter, held.entry, self.name, held.deliveries, detail
+                )
+            feed.deliveries.pop(held.seq, None)
+            transitions.report_linked(
+                held.path, key, held.envelope, self.name, Outcome.DISMISSED, 0
+            )
+            return Outcome.DISMISSED
+        backoff_ms = self.policy.backoff_ms(held.deliveries)
+        due_ms = now_ms() + backoff_ms
+        accept_ms = self._retry_accept_ms(feed, held.envelope)
+        feed.returned[held.seq] = (held.entry, accept_ms + backoff_ms if accept_ms else 0)
+        if backoff_ms > 0:
+            heapq.heappush(feed.waiting, (due_ms, held.seq))
+        else:
+            heapq.heappush(feed.retry, held.seq)
+        transitions.report_linked(
             held.path, key, held.envelope, self.name, Outcome.ABORTED, held.deadline
         )
+        return Outcome.ABORTED
 
-    def _abort_expired(self) -> list[str]:
+    def _abort_expired(self) -> dict[str, Outcome]:
         at_ms = now_ms()
         expired = [key for key, held in self._held.items() if held.deadline < at_ms]
+        results: dict[str, Outcome] = {}
         for key in expired:
-            self._abort(key, self._held.pop(key))
-        return expired
+            held = self._held.pop(key)
+            why = f"no result within its process timeout ({held.envelope.process_timeout_s:g}s)"
+            outcome = self._abort(key, held, why)
+            if outcome is not None:
+                results[key] = outcome
+        return results
 
-    def expire(self) -> list[str]:
-        """Abort (return) held deliveries whose deadline passed, without taking anything; their
-        keys. For event loops that wait on `fileno()` rather than in `receive`."""
+    def expire(self) -> dict[str, Outcome]:
+        """Abort (return) held deliveries whose deadline passed, without taking anything: their
+        keys, each with what became of it (ABORTED, or DISMISSED after its last delivery
+        allowed). For event loops that wait on `fileno()` rather than in `receive`."""
         with self._lock:
             self._check_open()
             return self._abort_expired()
 
     def _next_deadline_s(self) -> float:
-        if not self._held:
+        """Seconds until something held expires or something given back is due again."""
+        times = [held.deadline for held in self._held.values()]
+        if self._pool_later:
+            times.append(self._pool_later[0][0])
+        times += [feed.waiting[0][0] for feed in (self._retained, self._broadcast) if feed.waiting]
+        if not times:
             return 3600.0
-        soonest = min(held.deadline for held in self._held.values())
-        return max(0.0, (soonest - now_ms()) / 1000 + 0.001)
+        return max(0.0, (min(times) - now_ms()) / 1000 + 0.001)
+
+    def wake_in_s(self) -> float:
+        """Seconds until `receive` or `expire` may have something to do without any new
+        message: a deadline passes, or a backoff ends (for event loops)."""
+        with self._lock:
+            return self._next_deadline_s()
 
     # -- settling --------------------------------------------------------------------------------
     def done(self, delivery: Delivery | str) -> None:
@@ -506,6 +613,7 @@ class Subscription:
             held = self._take_held(key)
             if held.feed is not None:
                 held.feed.held.discard(held.seq)
+                held.feed.deliveries.pop(held.seq, None)
                 self.hub.transitions.report_linked(
                     held.path, key, held.envelope, self.name, outcome, 0
                 )
@@ -523,7 +631,8 @@ class Subscription:
             seconds = held.envelope.process_timeout_s if extend_s is None else extend_s
             deadline = now_ms() + int(check_timeout("extension", seconds) * 1000)
             if held.feed is None:  # the deadline is in the taken/ entry's name
-                new_path = os.path.join(os.path.dirname(held.path), f"{key}.{deadline}")
+                new_name = entry_name(key, deadline, held.deliveries)
+                new_path = os.path.join(os.path.dirname(held.path), new_name)
                 try:
                     os.rename(held.path, new_path)
                 except FileNotFoundError:
@@ -537,11 +646,18 @@ class Subscription:
                 delivery.deadline_ms = deadline
             return deadline
 
-    def abort(self, delivery: Delivery | str) -> None:
-        """Give the message back now (reported as `aborted`)."""
+    def abort(self, delivery: Delivery | str, reason: str = "aborted by the subscriber") -> Outcome:
+        """Give the message back (reported as `aborted`), to come again after the policy's
+        backoff; after its last delivery allowed it is dismissed instead (dead-lettered first
+        if the policy names a queue, `reason` its detail). Returns ABORTED or DISMISSED."""
         key = delivery if isinstance(delivery, str) else delivery.key
         with self._lock:
-            self._abort(key, self._take_held(key))
+            outcome = self._abort(key, self._take_held(key), reason)
+        if outcome is None:
+            raise DeliveryNotFound(
+                f"delivery {key} is no longer held (its deadline passed and it was returned)"
+            )
+        return outcome
 
     def _find_held(self, key: str) -> _Held:
         self._check_open()
@@ -583,7 +699,7 @@ class Subscription:
             self._closed = True
             for key in list(self._held):
                 try:
-                    self._abort(key, self._held.pop(key))
+                    self._abort(key, self._held.pop(key), "its subscription was closed")
                 except (StorageError, OSError) as exc:  # the sweeper returns it at its deadline
                     log.warning("delivery %s not returned at close: %s", key, exc)
         self._stop.set()
@@ -615,6 +731,7 @@ class Subscription:
 
     def _feed_head_unreturned(self, feed: _Feed) -> tuple[str, int, Entry] | None:
         feed.retry.clear()
+        feed.waiting.clear()
         feed.pending_after_attach = []
         feed.dirty = True
         return self._feed_head(feed)
