@@ -384,7 +384,10 @@ def test_slots_of_quarantined_messages_are_released(store: Store, root: Path) ->
 
 
 def test_missing_dead_letter_queue_is_a_notice(store: Store, root: Path) -> None:
+    # Named while it existed, deleted since (naming a missing one is refused).
+    store.create_queue("nowhere")
     store.create_queue("q", QueueConfig(dead_letter_queue="nowhere", max_receives=2))
+    store.delete_queue("nowhere")
     report = fsck(root, repair=True)
     assert kinds(report) == [Kind.MISSING_DLQ] and report.ok
 

@@ -280,18 +280,29 @@ def test_deleted_destination_fails_the_task(
     assert ready(store, dlq) == 10 - entry["ApproximateNumberOfMessagesMoved"]
 
 
-def test_several_sources_need_a_destination(
+def test_a_dead_letter_queue_shared_by_two_sources_sends_each_message_back_to_its_own(
     server: ServerProcess, sqs: Any, store: dirmq.Store
 ) -> None:
-    first, dlq = pipe(server, store, 3)
+    """Each dead letter records the queue it died in: without a DestinationArn, a move task of
+    a DLQ that two queues share returns each message to its own source, keeping its id; a
+    message stored in the DLQ without provenance (by hand) stays, since it has no one source."""
+    first, dlq = pipe(server, store, 0)
     second = fresh("src")
-    native_put(server, second, {"dead_letter_queue": dlq, "max_receives": 2})
-    code, _status, message = error_of(lambda: sqs.start_message_move_task(SourceArn=arn(dlq)))
-    assert code == "InvalidParameterValue"
-    assert "DestinationArn" in message and first in message and second in message
-    sqs.start_message_move_task(SourceArn=arn(dlq), DestinationArn=arn(second))
-    assert wait_for(sqs, dlq, finished)["Status"] == "COMPLETED"
-    assert ready(store, second) == 3 and ready(store, first) == 0
+    native_put(server, second, {"dead_letter_queue": dlq, "max_receives": 1})
+    died: dict[str, set[str]] = {first: set(), second: set()}
+    for name in (first, second):
+        queue = store.queue(name)
+        for i in range(3):
+            died[name].add(queue.put(f"{name}-{i}".encode()))
+            (message,) = queue.get()
+            assert queue.nack(message.receipt or "") == "dead-lettered"
+    plain = store.queue(dlq).put(b"by hand")
+    sqs.start_message_move_task(SourceArn=arn(dlq))
+    entry = wait_for(sqs, dlq, finished)
+    assert (entry["Status"], entry["ApproximateNumberOfMessagesMoved"]) == ("COMPLETED", 6)
+    for name in (first, second):
+        assert {m.id for m in store.queue(name).browse()} == died[name]
+    assert [m.id for m in store.queue(dlq).browse()] == [plain]
 
 
 # -- errors ----------------------------------------------------------------------------------------
@@ -460,7 +471,7 @@ class _Task:
 _TASK = """
 import sys, time
 from dataclasses import dataclass
-from dirmq.sqs.move_task_files import TaskFiles
+from dirmq.redrive.records import TaskFiles
 from dirmq.store.access import Access
 
 @dataclass
@@ -490,7 +501,7 @@ sys.stdin.readline()  # keep running the task until every starter has answered
 def test_of_processes_starting_a_task_of_one_source_at_once_exactly_one_starts(
     tmp_path: Any,
 ) -> None:
-    from dirmq.sqs.move_task_files import TaskFiles
+    from dirmq.redrive.records import TaskFiles
 
     for attempt in range(3):
         root = tmp_path / f"root{attempt}"
@@ -534,7 +545,7 @@ files.finish(task)
 def test_a_runner_that_stalls_past_its_hold_is_taken_over_and_writes_nothing_more(
     tmp_path: Any,
 ) -> None:
-    from dirmq.sqs.move_task_files import TaskFiles
+    from dirmq.redrive.records import TaskFiles
 
     task = _Task("t", "dlq")
     files = TaskFiles(str(tmp_path), access=Access.named("private"), hold_timeout_s=1.0)

@@ -17,6 +17,8 @@
     ├── Unauthenticated         no credentials, or wrong ones, where the server requires them
     ├── AccessDenied            the credentials' principal lacks the permission for this
     ├── DeliveryNotFound        a pub/sub delivery that is no longer held (aborted or settled)
+    ├── TaskNotFound            no redrive task with that id for that queue
+    ├── RedriveBusy             a redrive of that queue is already running (one at a time)
     ├── CorruptMessage          a message file that does not decode (truncated, bad checksum)
     ├── ProtocolError           what a server sent does not follow the wire format (a client's
     │                           decoder refused it: not JSON, a field missing or mistyped)
@@ -56,6 +58,14 @@ class QueueNotFound(DirmqError, LookupError):
 
 
 class QueueExists(DirmqError):
+    pass
+
+
+class TaskNotFound(DirmqError, LookupError):
+    pass
+
+
+class RedriveBusy(DirmqError):
     pass
 
 

@@ -223,14 +223,17 @@ class AsyncRemoteQueue:
             failures.update(p.settle_failures(await self._store.request(call)))
         return failures
 
-    async def nack(self, receipt: str, delay_s: float = 0.0) -> None:
-        await self._store.request(p.nack_call(self.name, receipt, delay_s))
+    async def nack(self, receipt: str, delay_s: float = 0.0) -> str | None:
+        answer = await self._store.request(p.nack_call(self.name, receipt, delay_s))
+        return p.settled_outcome(answer)
 
     async def extend(self, receipt: str, visibility_s: float) -> None:
         await self._store.request(p.extend_call(self.name, receipt, visibility_s))
 
-    async def dead_letter(self, receipt: str) -> None:
-        await self._store.request(p.dead_letter_call(self.name, receipt))
+    async def dead_letter(
+        self, receipt: str, detail: str | None = None, *, reason: str = "rejected"
+    ) -> None:
+        await self._store.request(p.dead_letter_call(self.name, receipt, detail, reason))
 
     async def delete(self, message_id: str) -> bool:
         try:

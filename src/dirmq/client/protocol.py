@@ -22,7 +22,13 @@ from dirmq.store.ids import is_id
 from dirmq.store.layout import parse_receipt
 from dirmq.store.names import validate_queue_name
 from dirmq.wire import framing
-from dirmq.wire.messages import STORED_HEADERS, STORED_PREFIX
+from dirmq.wire.messages import (
+    DEAD_HEADERS,
+    STORED_HEADERS,
+    STORED_PREFIX,
+    dead_from_json,
+    parse_dead_headers,
+)
 
 LONG_POLL_MARGIN_S = 30.0
 TOKEN_ENV = "DIRMQ_TOKEN"
@@ -179,6 +185,7 @@ def message_from(headers: Iterable[tuple[str, str]], body: bytes) -> Message:
             "x-receipt",
             "x-lease-deadline",
             "x-group",
+            *DEAD_HEADERS,
         ):
             own[lowered] = value
         elif lowered in STORED_HEADERS or lowered.startswith(STORED_PREFIX):
@@ -195,6 +202,7 @@ def message_from(headers: Iterable[tuple[str, str]], body: bytes) -> Message:
         lease_deadline_s=float(deadline) if deadline else None,
         state="leased" if receipt else "ready",
         group=own.get("x-group"),
+        dead=parse_dead_headers(own),
     )
 
 
@@ -219,6 +227,7 @@ def browsed(answer: Answer) -> list[Message]:
                 published_at_s=item["published_at"],
                 state=item["state"],
                 group=item.get("group"),
+                dead=dead_from_json(item.get("dead")),
             )
         )
     return out
@@ -384,8 +393,17 @@ def settle_failures(answer: Answer) -> dict[str, Exception]:
     }
 
 
-def dead_letter_call(name: str, receipt: str) -> Call:
-    return Call("POST", _message_path(name, ref(receipt, need_receipt=True), "dead-letter"))
+def dead_letter_call(name: str, receipt: str, detail: str | None, reason: str) -> Call:
+    params = {} if detail is None else {"reason": detail}
+    if reason != "rejected":
+        params["kind"] = reason
+    path = _message_path(name, ref(receipt, need_receipt=True), "dead-letter")
+    return Call("POST", path, params)
+
+
+def settled_outcome(answer: Answer) -> str | None:
+    """What a nack did (`X-Outcome`: returned, delayed, dead-lettered), if the server says."""
+    return answer.header("x-outcome")
 
 
 def delete_call(name: str, message_id: str) -> Call:

@@ -228,18 +228,22 @@ class RemoteQueue:
             failures.update(p.settle_failures(self._store.request(call)))
         return failures
 
-    def nack(self, receipt: str, delay_s: float = 0.0) -> None:
+    def nack(self, receipt: str, delay_s: float = 0.0) -> str | None:
+        """As `Queue.nack`: what became of the message; None for a message of a stream
+        (`consume`), whose settles are not answered one by one."""
         consumer = self._streamed(receipt)
         if consumer is not None:
             consumer.nack(receipt, delay_s)
-            return
-        self._store.request(p.nack_call(self.name, receipt, delay_s))
+            return None
+        return p.settled_outcome(self._store.request(p.nack_call(self.name, receipt, delay_s)))
 
     def extend(self, receipt: str, visibility_s: float) -> None:
         self._store.request(p.extend_call(self.name, receipt, visibility_s))
 
-    def dead_letter(self, receipt: str) -> None:
-        self._store.request(p.dead_letter_call(self.name, receipt))
+    def dead_letter(
+        self, receipt: str, detail: str | None = None, *, reason: str = "rejected"
+    ) -> None:
+        self._store.request(p.dead_letter_call(self.name, receipt, detail, reason))
 
     def delete(self, message_id: str) -> bool:
         try:

@@ -26,13 +26,14 @@ damaged, so a reader (the Spark source over `url`) can tell data loss from filte
 `dirmq.wire.pubsub`, beside the client's decoders.
 
 Permissions (docs/security.md), on `@channel/<channel>` and `@subscription/<name>`: a publish
-needs write on its channel (and on its reply_to queue); a subscription or a retained page
-needs read on every channel it may receive (each channel prefix P: a read pattern ending in
-`*` that matches `@channel/P`; no channel filter: `@channel/`), a named subscription read on
-`@subscription/<name>` too; a settle read on the subscription, or to be the principal that
+needs write on its channel (and on its reply_to queue); a subscription needs read on every
+channel it may receive (each channel prefix P: a read pattern ending in `*` that matches
+`@channel/P`; no channel filter: `@channel/`), a named subscription read on
+`@subscription/<name>` too; a retained page, which consumes nothing, browse the same way (a
+browse or read pattern); a settle read on the subscription, or to be the principal that
 attached the stream; deleting a subscription admin on it; the list shows only the
-subscriptions the principal may see; `GET /@pubsub` is judged as `/metrics`, the retained
-head needs a principal only.
+subscriptions the principal may see (any permission); `GET /@pubsub` is judged as
+`/metrics`, the retained head needs a principal only.
 
 Why it is long: the route handlers and the event streams they open (window, wake-ups, keep-alives,
 give-back on close) share the worker's table of attached streams; the next cut, when it grows, is
@@ -72,6 +73,7 @@ from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
 from dirmq.server.credentials import (
     ADMIN,
+    BROWSE,
     CHANNEL_PREFIX,
     READ,
     SUBSCRIPTION_PREFIX,
@@ -363,6 +365,9 @@ class PubSubApi(Dialect):
             if reply_to:
                 access.require(principal, WRITE, reply_to, "reply_to queue")
         elif route.kind in ("subscribe", "retained"):
+            # Attaching a subscription consumes (deliveries are taken from its pool): read. A
+            # retained page only looks: browse (which read grants too).
+            needs = READ if route.kind == "subscribe" else BROWSE
             name = query.get("name") if route.kind == "subscribe" else None
             if name:
                 access.require(principal, READ, SUBSCRIPTION_PREFIX + name, "subscription")
@@ -372,8 +377,9 @@ class PubSubApi(Dialect):
             where = f"{request.method} {request.path}"
             prefixes = [v for k, v in every_value(request.raw_query, where) if k == "channel" and v]
             for prefix in prefixes or [""]:
-                if not access.covers(principal, READ, CHANNEL_PREFIX + prefix):
-                    raise access.refusal(principal, READ, f"every channel starting with {prefix!r}")
+                if not access.covers(principal, needs, CHANNEL_PREFIX + prefix):
+                    every = f"every channel starting with {prefix!r}"
+                    raise access.refusal(principal, needs, every)
         elif route.kind == "subscription":
             access.require(principal, ADMIN, SUBSCRIPTION_PREFIX + route.name, "subscription")
 

@@ -16,7 +16,8 @@ one whose client vanished first is given back, never lost. Content-Type and Cont
 are kept. Decisions where yaq's README contradicts itself are in docs/yaq.md.
 
 With credentials (docs/security.md): an enqueue needs `write` on the queue (and creates it if
-absent: yaq's queues are made by use), a dequeue `read`; `/health` is as on the native port.
+absent: yaq's queues are made by use), a dequeue `read` (`browse` is not enough: yaq has no way
+to look without dequeuing); `/health` is as on the native port.
 """
 
 from __future__ import annotations

@@ -123,8 +123,9 @@ class Access:
 
     # -- authorisation ---------------------------------------------------------------------------
     def allows(self, principal: str, permission: str, name: str) -> bool:
-        """Whether `principal` has `permission` (read, write, admin; `SEE`: any) on the queue
-        or pub/sub resource `name`. Always true on an open server."""
+        """Whether `principal` has `permission` (browse, read, write, admin; `SEE`: any) on the
+        queue or pub/sub resource `name` (`credentials.GRANTED_BY`: read grants browse too).
+        Always true on an open server."""
         if not self.enabled:
             return True
         key = (principal, permission, name)

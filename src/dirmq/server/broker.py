@@ -455,14 +455,19 @@ class Broker:
         return await self.settle_chunks(queue, queue.extend_each, distinct, visibility_s)
 
     async def nack_many(
-        self, queue: Queue, receipts: list[str], delay_s: float = 0.0
+        self,
+        queue: Queue,
+        receipts: list[str],
+        delay_s: float = 0.0,
+        dead_lettered: list[str] | None = None,
     ) -> dict[str, Exception]:
         """Give the messages behind `receipts` back (ready after `delay_s`), in one pool call;
-        the failures by receipt, as `ack_many`."""
+        the failures by receipt, as `ack_many`; those dead-lettered instead (past the queue's
+        max receives) appended to `dead_lettered`."""
         distinct = list(dict.fromkeys(receipts))
         if not distinct:
             return {}
-        return await self.call(queue.nack_each, distinct, delay_s)
+        return await self.call(queue.nack_each, distinct, delay_s, dead_lettered=dead_lettered)
 
     def _give_back_later(self, queue: Queue, done: asyncio.Future[list[Message]]) -> None:
         if done.cancelled() or done.exception() is not None or not done.result():

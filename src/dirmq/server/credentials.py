@@ -8,7 +8,8 @@ at start from `--credentials FILE` (TOML) or the legacy `--sqs-credentials FILE`
     [principals.shop]
     token_sha256 = "<64 hex digits>"            # or a list: several tokens (rotation)
     aws_keys = [{ id = "AKIA...", secret = "..." }]
-    read = ["orders/*"]                         # receive, ack, peek, subscribe, settle
+    browse = ["billing/*"]                      # look, never consume: peek, browse, stats
+    read = ["orders/*"]                         # receive, ack, subscribe, settle; and browse
     write = ["orders/*", "@channel/orders*"]    # publish
     admin = ["orders/*"]                        # create, configure, purge, delete, redrive
     metrics = false
@@ -17,6 +18,11 @@ A token is a random string (`new_token`, `dirmq token new`) of which the file ho
 SHA-256: a token has 256 bits of entropy, so a fast hash is enough (nothing to brute-force),
 and it costs one hash per request, or none once the token was seen. SigV4 needs the AWS
 secret itself, so a file with `aws_keys` must be private (the server warns when it is not).
+
+`browse` is looking without consuming or changing anything: listing, stats and configuration,
+peeking and browsing messages in every state, reading retained pub/sub pages. `read` implies
+it (`GRANTED_BY`); no other permission does. SEE (stats, configuration, listings) is any of
+the four.
 
 Patterns are `fnmatch` globs over the whole name, case-sensitive: `*` is any run of characters
 (`/` included: `orders/*` matches `orders/eu/fr`), `?` one character, `[abc]` one of a set.
@@ -40,9 +46,17 @@ from typing import Any
 from dirmq.errors import ConfigError
 from dirmq.wire.tomlfile import read_toml
 
-READ, WRITE, ADMIN = "read", "write", "admin"
-PERMISSIONS = (READ, WRITE, ADMIN)
-SEE = "see"  # any of the three: a principal sees (lists, inspects) what it may touch at all
+BROWSE, READ, WRITE, ADMIN = "browse", "read", "write", "admin"
+PERMISSIONS = (BROWSE, READ, WRITE, ADMIN)
+SEE = "see"  # any of the four: a principal sees (lists, inspects) what it may touch at all
+# The patterns each permission is granted by: a reader may look at what it may consume.
+GRANTED_BY: dict[str, tuple[str, ...]] = {
+    READ: (READ,),
+    WRITE: (WRITE,),
+    ADMIN: (ADMIN,),
+    BROWSE: (BROWSE, READ),
+    SEE: PERMISSIONS,
+}
 HEALTH_MODES = ("anyone", "principals")
 METRICS_MODES = ("granted", "principals", "anyone")
 CHANNEL_PREFIX = "@channel/"
@@ -90,9 +104,9 @@ class Principal:
         }
 
     def may(self, permission: str, name: str) -> bool:
-        """Whether a pattern of `permission` (SEE: of any permission) matches `name`."""
-        kinds = PERMISSIONS if permission == SEE else (permission,)
-        return any(rx.match(name) for kind in kinds for rx in self._compiled[kind])
+        """Whether a pattern granting `permission` matches `name` (`GRANTED_BY`: browse is
+        granted by browse or read patterns, SEE by any)."""
+        return any(rx.match(name) for kind in GRANTED_BY[permission] for rx in self._compiled[kind])
 
     def covers(self, permission: str, prefix: str) -> bool:
         """Whether `permission` holds for every name that starts with `prefix` (a pub/sub
@@ -101,7 +115,8 @@ class Principal:
         matches, and a pattern without a final `*` cannot (its last piece is fixed)."""
         return any(
             pattern.endswith("*") and rx.match(prefix)
-            for pattern, rx in zip(self.grants[permission], self._compiled[permission], strict=True)
+            for kind in GRANTED_BY[permission]
+            for pattern, rx in zip(self.grants[kind], self._compiled[kind], strict=True)
         )
 
     def __repr__(self) -> str:

@@ -19,6 +19,8 @@ STATUS_BY_ERROR: tuple[tuple[type[errors.DirmqError], int], ...] = (
     (errors.ConfigError, 400),
     (errors.QueueNotFound, 404),
     (errors.MessageNotFound, 404),
+    (errors.TaskNotFound, 404),
+    (errors.RedriveBusy, 409),
     (errors.QueueExists, 409),
     (errors.StaleReceipt, 409),
     (errors.DuplicateMessage, 409),

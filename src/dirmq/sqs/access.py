@@ -5,8 +5,10 @@ and one that does not). docs/security.md has the table for readers.
     read    ReceiveMessage, DeleteMessage(Batch), ChangeMessageVisibility(Batch)
     write   SendMessage(Batch); the queue a RedrivePolicy or a move task sends messages to
     admin   CreateQueue, SetQueueAttributes, PurgeQueue, DeleteQueue, TagQueue, UntagQueue,
-            AddPermission, RemovePermission, Start/List/CancelMessageMoveTask (the source)
-    any     GetQueueUrl, GetQueueAttributes, ListQueueTags, ListDeadLetterSourceQueues
+            AddPermission, RemovePermission, Start/CancelMessageMoveTask (the source)
+    any     GetQueueUrl, GetQueueAttributes, ListQueueTags, ListDeadLetterSourceQueues,
+            ListMessageMoveTasks (the source): the actions that only look, so `browse` is
+            enough (SQS has no way to look at a message without receiving it)
     -       ListQueues (and ListDeadLetterSourceQueues' answer): only the queues the principal
             may see
 
@@ -45,7 +47,7 @@ BY_QUEUE_URL: dict[str, str] = {
     "RemovePermission": ADMIN,
 }
 BY_QUEUE_NAME: dict[str, str] = {"CreateQueue": ADMIN, "GetQueueUrl": SEE}
-BY_SOURCE_ARN = ("StartMessageMoveTask", "ListMessageMoveTasks")
+BY_SOURCE_ARN: dict[str, str] = {"StartMessageMoveTask": ADMIN, "ListMessageMoveTasks": SEE}
 BY_TASK_HANDLE = ("CancelMessageMoveTask",)
 FILTERED = ("ListQueues",)  # their answers hold only what the principal may see
 JUDGED = (*BY_QUEUE_URL, *BY_QUEUE_NAME, *BY_SOURCE_ARN, *BY_TASK_HANDLE, *FILTERED)
@@ -73,9 +75,10 @@ def authorise(
         if action == "CreateQueue":
             _redrive_target(access, principal, action, params, ctx)
         return
-    if action in BY_SOURCE_ARN:
-        _require(access, principal, action, ADMIN, _arn(ctx, params, "SourceArn"))
-        if params.get("DestinationArn") not in (None, ""):
+    needs = BY_SOURCE_ARN.get(action)
+    if needs is not None:
+        _require(access, principal, action, needs, _arn(ctx, params, "SourceArn"))
+        if action == "StartMessageMoveTask" and params.get("DestinationArn") not in (None, ""):
             _require(access, principal, action, WRITE, _arn(ctx, params, "DestinationArn"))
         return
     if action in BY_TASK_HANDLE:

@@ -86,11 +86,14 @@ class SqsApp(Dialect):
 
     def start(self) -> None:
         # Message move tasks whose process died (a crash, a restart) carry on here.
-        self._resuming = asyncio.get_running_loop().create_task(tasks_of(self.broker).resume_all())
+        self._resuming = asyncio.get_running_loop().create_task(
+            self.broker.call(tasks_of(self.broker).resume_all)
+        )
 
     async def close(self) -> None:
         if self._resuming is not None:
             self._resuming.cancel()
+        tasks_of(self.broker).close()  # running redrives stop; the next server resumes them
 
     def claims(self, request: Request) -> bool:
         if is_sqs_request(request):

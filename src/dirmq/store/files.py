@@ -21,17 +21,18 @@ import os
 import time
 
 from dirmq.errors import CorruptMessage, storage_error
-from dirmq.store import layout
+from dirmq.store import deadletters, layout
 from dirmq.store.capacity import Slots, read_slot
 from dirmq.store.claimtokens import ClaimTokens
 from dirmq.store.codec import Decoded
-from dirmq.store.config import QueueConfig
+from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.dedup import Dedup
+from dirmq.store.events import REASON_MAX_RECEIVES, REASON_REJECTED
 from dirmq.store.ids import id_time_us
 from dirmq.store.index import GroupRuns, QueueIndex
 from dirmq.store.layout import Entry, parse_entry
-from dirmq.store.message import Message, SweepReport
+from dirmq.store.message import DeadLetter, Message, SweepReport
 from dirmq.store.pool import FilePool
 from dirmq.store.reading import read_message, stored_message
 from dirmq.store.recovery import remove_orphans
@@ -42,6 +43,11 @@ _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 # GlusterFS, docs/FORMAT.md), with a margin: a claimed file is re-read that long before it
 # is called corrupt.
 SHARED_REREAD_S = 2.0
+# What a settle did with a lease (`QueueFiles.settle`; `Queue.nack` returns it).
+SETTLED_EXTENDED = "extended"
+SETTLED_RETURNED = "returned"  # ready again, in its FIFO place
+SETTLED_DELAYED = "delayed"  # ready again after the delay given
+SETTLED_DEAD = "dead-lettered"  # past the queue's max receives, or a consumer's verdict
 
 
 def now_ms() -> int:
@@ -61,6 +67,8 @@ class QueueFiles:
         self.slots = Slots(name, self.dir[layout.SLOTS])
         self.dedup = Dedup(self.dir[layout.DEDUP], context.access)
         self._context = context
+        self.access = context.access  # the modes of every file written here
+        self.context = context
         self.quarantined = 0  # corrupt files this process set aside
         # The shared-filesystem mode's claim tokens (claimtokens.py); None on a local disk.
         self.tokens = ClaimTokens(self.dir[layout.TMP], context.access) if context.shared else None
@@ -349,6 +357,7 @@ class QueueFiles:
             lease_deadline_s=deadline_ms / 1000,
             state="leased",
             group=decoded.system.get("Group"),
+            dead=deadletters.from_system(decoded.system) if len(decoded.system) > 1 else None,
         )
 
     def _reread(self, path: str, message_id: str) -> Decoded | None:
@@ -413,7 +422,9 @@ class QueueFiles:
             assert entry is not None
             try:
                 if entry.count >= config.receive_limit:
-                    dead += self.dead_letter(index, layout.LEASED, name, config)
+                    dead += self.dead_letter(
+                        index, layout.LEASED, name, config, REASON_MAX_RECEIVES
+                    )
                     continue
                 target = layout.ready_name(entry.message_id, entry.count, entry.group)
                 moved = self.move(layout.LEASED, name, layout.READY, target)
@@ -434,8 +445,12 @@ class QueueFiles:
         action: str,
         lease: str,
         delay_s: float,
-    ) -> None:
-        """Apply extend/nack/dead_letter (an ack is `ack`) to the leased file `lease`.
+        reason: str = REASON_REJECTED,
+        detail: str | None = None,
+    ) -> str:
+        """Apply extend/nack/dead_letter (an ack is `ack`) to the leased file `lease`; what
+        became of it (`SETTLED_*`): a nack past the queue's max receives dead-letters too.
+        `reason` and `detail`: a dead_letter's verdict (deadletters.py).
 
         Raises FileNotFoundError if the lease vanished meanwhile (the caller re-resolves).
         """
@@ -444,16 +459,21 @@ class QueueFiles:
         path = self.path(layout.LEASED, lease)
         if action == "extend":
             self._lease_until(index, path, entry, delay_s)
-        elif action == "dead_letter" or entry.count >= config.receive_limit:
-            if not self.dead_letter(index, layout.LEASED, lease, config):
+            return SETTLED_EXTENDED
+        if action == "dead_letter" or entry.count >= config.receive_limit:
+            if action != "dead_letter":
+                reason, detail = REASON_MAX_RECEIVES, None
+            if not self.dead_letter(index, layout.LEASED, lease, config, reason, detail):
                 raise FileNotFoundError(path)
-        elif delay_s > 0 and entry.group is not None:
+            return SETTLED_DEAD
+        if delay_s > 0 and entry.group is not None:
             # A group message given back with a delay stays in flight until then, holding its
             # group (as SQS's ChangeMessageVisibility does): in @delayed, the group's next
             # message would overtake it. Its receipt stays valid meanwhile.
             self._lease_until(index, path, entry, delay_s)
-        else:
-            self._give_back(index, path, lease, entry, delay_s)
+            return SETTLED_DELAYED
+        self._give_back(index, path, lease, entry, delay_s)
+        return SETTLED_DELAYED if delay_s > 0 else SETTLED_RETURNED
 
     def ack(self, index: QueueIndex, leases: list[str]) -> dict[str, OSError]:
         """Retire each leased file of `leases` (into the pool of recycled files, or unlinked),
@@ -551,21 +571,27 @@ class QueueFiles:
                 raise
             os.rename(src, dst)
 
-    def dead_letter(self, index: QueueIndex, src_dir: str, name: str, config: QueueConfig) -> int:
-        """Move a message to the dead-letter queue (or @dead); 1 if moved, 0 if it was gone."""
+    def dead_letter(
+        self,
+        index: QueueIndex,
+        src_dir: str,
+        name: str,
+        config: QueueConfig,
+        reason: str,
+        detail: str | None = None,
+    ) -> int:
+        """Move a message to the dead-letter queue (or @dead) with its provenance
+        (deadletters.py: claimed into @dead by a rename, then written anew); 1 if moved, 0 if
+        it was gone."""
         entry = parse_entry(name)
         assert entry is not None
         source = self.path(src_dir, name)
         slot = self.slots.slot_of(source, index)
-        target_dir = self._context.dead_letter_dir(config.dead_letter_queue)
-        if target_dir is not None:
-            target = os.path.join(target_dir, layout.ready_name(entry.message_id, 0, entry.group))
-        else:
-            target = self.path(
-                layout.DEAD, layout.dead_name(entry.message_id, entry.count, entry.group)
-            )
+        claimed = self.path(
+            layout.DEAD, layout.dead_name(entry.message_id, entry.count, entry.group)
+        )
         try:
-            self._rename(source, target)
+            self._rename(source, claimed)
         except FileNotFoundError:
             return 0
         except OSError as exc:
@@ -573,7 +599,46 @@ class QueueFiles:
         index.discard(src_dir, name)
         if slot is not None:
             self.slots.release(slot, entry.message_id, index)
+        dead = DeadLetter(reason, self.name, entry.count, time.time(), detail)
+        try:
+            self._write_dead_copy(claimed, entry, config, dead)
+        except CorruptMessage:
+            self.quarantine(claimed, os.path.basename(claimed))
+        except OSError as exc:  # it is dead and safe in @dead, only without its provenance
+            log.warning(
+                "queue %r: message %s is in @dead, without why (%s)",
+                self.name,
+                entry.message_id,
+                exc,
+                extra={"fields": {"queue": self.name, "reason": reason}},
+            )
+        if self._context.events.dead_lettered is not None:
+            self._context.events.dead_lettered(self.name, reason)
         return 1
+
+    def _write_dead_copy(
+        self, claimed: str, entry: Entry, config: QueueConfig, dead: DeadLetter
+    ) -> None:
+        """The message claimed as `claimed` (in @dead), written anew with `dead`: over itself,
+        or into the dead-letter queue (then the claimed file is retired)."""
+        message_id = entry.message_id
+        data = deadletters.rewritten(read_message(claimed, message_id), message_id, dead)
+        durable = config.durability is not Durability.MEMORY
+        access = self._context.access
+        dlq = config.dead_letter_queue
+        dlq_ready = self._context.dead_letter_dir(dlq) if dlq != self.name else None
+        if dlq_ready is None:
+            deadletters.write_replacing(
+                data, self.dir[layout.TMP], claimed, message_id, access, durable
+            )
+            return
+        target = os.path.join(dlq_ready, layout.ready_name(message_id, 0, entry.group))
+        tmp_dir = os.path.join(os.path.dirname(dlq_ready), layout.TMP)
+        deadletters.write_replacing(data, tmp_dir, target, message_id, access, durable)
+        try:
+            self.pool.retire(claimed, message_id)
+        except FileNotFoundError:
+            pass  # deleted by id (or purged) meanwhile: the copy in the DLQ stands
 
     def quarantine(self, path: str, name: str) -> None:
         """Set a file that does not decode aside in @corrupt (never delivered, kept to inspect);

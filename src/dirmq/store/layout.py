@@ -47,8 +47,9 @@ ROOT_TRASH = "@trash"
 # Named here so fsck knows them without importing those layers; each layer checks its own.
 PUBSUB_DIR = "@pubsub"
 SPARK_DIR = "@spark"  # the Spark source's default state directory (spark/options.py)
-SQS_DIR = "@sqs"  # the SQS layer's own files (sqs/deleted.py, attempts, move tasks)
-ROOT_UPPER_DIRS = frozenset({PUBSUB_DIR, SPARK_DIR, SQS_DIR})
+SQS_DIR = "@sqs"  # the SQS layer's own files (sqs/deleted.py, attempts)
+REDRIVE_DIR = "@redrive"  # redrive tasks (dirmq/redrive/records.py)
+ROOT_UPPER_DIRS = frozenset({PUBSUB_DIR, SPARK_DIR, SQS_DIR, REDRIVE_DIR})
 GROUP_TAG_LENGTH = 12
 
 # Counts and times are bounded (bounds.py): every value the store accepts fits these digits.

@@ -22,13 +22,15 @@ from collections.abc import Iterable
 from dirmq.errors import InvalidArgument, QueueNotFound, StaleReceipt, StorageError, storage_error
 from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import QueueConfig
-from dirmq.store.files import now_ms
+from dirmq.store.events import REASON_REJECTED
+from dirmq.store.files import SETTLED_DEAD, now_ms
 from dirmq.store.index import GroupRuns, QueueIndex
 from dirmq.store.layout import ID_LENGTH, lease_prefix, parse_receipt
 from dirmq.store.message import Message
 from dirmq.store.view import QueueView
 
 SETTLE_ACTIONS = ("ack", "nack", "extend", "dead_letter")
+SETTLED_ACKED = "acked"
 _SETTLE_CHUNK = 64  # settles of one settle_each applied per lock hold (and per index sync)
 
 
@@ -145,13 +147,18 @@ def extend_each(
 
 
 def settle_each(
-    view: QueueView, receipts: Iterable[str], action: str, delay_s: float = 0.0
+    view: QueueView,
+    receipts: Iterable[str],
+    action: str,
+    delay_s: float = 0.0,
+    dead_lettered: list[str] | None = None,
 ) -> dict[str, Exception]:
     """Apply `action` to the lease behind each receipt; the failures by receipt (StaleReceipt,
-    InvalidArgument, StorageError). One lock hold, one index sync and one look at the
-    configuration per chunk of `_SETTLE_CHUNK`, not per receipt: our own settles update the
-    index as they go, and a lease that changed elsewhere meanwhile is looked up again after a
-    fresh sync before it is called stale."""
+    InvalidArgument, StorageError), and the receipts whose message was dead-lettered appended
+    to `dead_lettered` (a nack past the queue's max receives). One lock hold, one index sync
+    and one look at the configuration per chunk of `_SETTLE_CHUNK`, not per receipt: our own
+    settles update the index as they go, and a lease that changed elsewhere meanwhile is
+    looked up again after a fresh sync before it is called stale."""
     failures: dict[str, Exception] = {}
     pending = list(receipts)
     # Acks: blanked at the end, outside the lock, on this thread, not by a woken one.
@@ -162,9 +169,14 @@ def settle_each(
                 config = view.config  # a deleted queue: QueueNotFound, raised, not a failure
                 for receipt in pending[start : start + _SETTLE_CHUNK]:
                     try:
-                        settle(view, receipt, action, delay_s, index_fresh=True, config=config)
+                        outcome = settle(
+                            view, receipt, action, delay_s, index_fresh=True, config=config
+                        )
                     except (StaleReceipt, InvalidArgument, StorageError) as exc:
                         failures[receipt] = exc
+                    else:
+                        if outcome == SETTLED_DEAD and dead_lettered is not None:
+                            dead_lettered.append(receipt)
     return failures
 
 
@@ -175,11 +187,14 @@ def settle(
     delay_s: float = 0.0,
     index_fresh: bool = False,
     config: QueueConfig | None = None,
-) -> None:
+    reason: str = REASON_REJECTED,
+    detail: str | None = None,
+) -> str:
     """Apply `action` (one of `SETTLE_ACTIONS`) to the lease behind `receipt`, retrying once if
-    it moved meanwhile (another process extended it between our lookup and our rename).
-    `index_fresh`: the caller synced the index under the lock it holds, so the first lookup may
-    skip that; `config`: the caller read the configuration under that lock too."""
+    it moved meanwhile (another process extended it between our lookup and our rename); what
+    became of it (`files.SETTLED_*`). `index_fresh`: the caller synced the index under the
+    lock it holds, so the first lookup may skip that; `config`: the caller read the
+    configuration under that lock too. `reason`, `detail`: a dead_letter's verdict."""
     assert action in SETTLE_ACTIONS
     sync = not index_fresh
     try:
@@ -201,9 +216,8 @@ def settle(
                         failure = view.files.ack(index, [lease]).get(lease)
                         if failure is not None:
                             raise failure
-                    else:
-                        view.files.settle(index, config, action, lease, delay_s)
-                    return
+                        return SETTLED_ACKED
+                    return view.files.settle(index, config, action, lease, delay_s, reason, detail)
                 except FileNotFoundError:
                     sync = True
                     continue

@@ -1,4 +1,5 @@
-"""Messages by id, and the ready ones in order, without leasing them: peek, browse, delete.
+"""Messages by id, and those of one state in order, without leasing them: peek, browse,
+delete.
 
 A message is found through this process's index (in polling mode, where the index may lag
 behind another host, a miss rescans first), and in @dead by a listing of @dead: dead letters
@@ -45,21 +46,38 @@ def peek(view: QueueView, message_id: str) -> Message:
     raise MessageNotFound(f"no message {message_id} in queue {view.name!r}")
 
 
-def browse(view: QueueView, limit: int | None, after: str | None = None) -> Iterator[Message]:
+BROWSE_STATES = ("ready", "leased", "delayed", "dead")
+
+
+def browse(
+    view: QueueView, limit: int | None, after: str | None = None, state: str = "ready"
+) -> Iterator[Message]:
     """`Queue.browse`."""
     if after is not None:
         _check_id(after)
+    if state not in BROWSE_STATES:
+        raise InvalidArgument(f"state must be one of {', '.join(BROWSE_STATES)}, got {state!r}")
+    directory = f"@{state}"
     with view.lock:
-        index = view.synced()
-        ids = index.ready_ids_in_order()
-        if after is not None:  # a page: the ready messages after that id
+        if state == "dead":  # not indexed: one listing (an operator's look, never a get's)
+            listed = ((layout.parse_entry(n), n) for n in view.files.dead_names(""))
+            by_id = {e.message_id: n for e, n in listed if e is not None}
+        else:
+            index = view.synced()
+            by_id = {
+                "ready": index.ready,
+                "leased": index.leased.names,
+                "delayed": index.delayed.names,
+            }[state]
+        ids = sorted(by_id)
+        if after is not None:  # a page: the messages after that id
             ids = ids[bisect.bisect_right(ids, after) :]
-        names = [index.ready[i] for i in ids]
+        names = [by_id[i] for i in ids]
     yielded = 0
     for name in names:
         if limit is not None and yielded >= limit:
             return
-        message = view.files.read(layout.READY, name)
+        message = view.files.read(directory, name)
         if message is not None:
             yielded += 1
             yield message

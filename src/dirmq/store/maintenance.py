@@ -55,13 +55,14 @@ def _at(name: str) -> int:
     return entry.at_ms if entry and entry.at_ms is not None else 0
 
 
-def purge(view: QueueView, progress: ProgressFn | None) -> int:
+def purge(view: QueueView, progress: ProgressFn | None, dead: bool = False) -> int:
     """`Queue.purge`."""
     files = view.files
     removed = 0
     with view.lock:
         index = view.synced()
-        for directory in (layout.READY, layout.LEASED, layout.DELAYED):
+        directories = (layout.DEAD,) if dead else (layout.READY, layout.LEASED, layout.DELAYED)
+        for directory in directories:
             try:
                 names = os.listdir(files.dir[directory])
             except FileNotFoundError:

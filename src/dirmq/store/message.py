@@ -19,6 +19,22 @@ class OutgoingMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """Why and whence a message was dead-lettered: kept in its file (`Dirmq-Dead-*` system
+    headers, docs/FORMAT.md), shown on delivery (native `X-Dead-*` headers, SQS attributes).
+
+    `reason`: one of `events.DEAD_REASONS`; `source`: the queue it died in; `receive_count`:
+    how often it had been received then; `at_s`: when (epoch seconds); `detail`: the text a
+    consumer gave when it rejected the message, if any."""
+
+    reason: str
+    source: str
+    receive_count: int
+    at_s: float
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     """A delivered (or peeked) message.
 
@@ -36,6 +52,7 @@ class Message:
     lease_deadline_s: float | None = None
     state: str = "ready"
     group: str | None = None
+    dead: DeadLetter | None = None  # set on a message that was dead-lettered (and since)
 
     @property
     def content_type(self) -> str | None:

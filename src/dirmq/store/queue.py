@@ -18,15 +18,19 @@ settling by receipt), `lookup.py` (by id), `maintenance.py` (stats, purge, sweep
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
 from dirmq.errors import StorageError
-from dirmq.store import claims, leasing, lookup, maintenance
+from dirmq.store import claims, deadletters, leasing, lookup, maintenance
+from dirmq.store import redrive as redriving
 from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
+from dirmq.store.deadletters import check_consumer_verdict
+from dirmq.store.events import REASON_REJECTED
 from dirmq.store.files import QueueFiles
-from dirmq.store.message import Message, OutgoingMessage, QueueStats, SweepReport
+from dirmq.store.message import DeadLetter, Message, OutgoingMessage, QueueStats, SweepReport
 from dirmq.store.publishing import Publisher
 from dirmq.store.view import QueueView
 
@@ -133,27 +137,65 @@ class Queue:
         """Delete the leased message behind `receipt`. StaleReceipt if that lease is gone."""
         leasing.settle(self._view, receipt, "ack")
 
-    def nack(self, receipt: str, delay_s: float = 0.0) -> None:
+    def nack(self, receipt: str, delay_s: float = 0.0) -> str:
         """Give the message back: ready again at once (in its FIFO place), or after `delay_s`.
-        Past the queue's max receives it is dead-lettered instead."""
+        Past the queue's max receives it is dead-lettered instead (reason `max-receives`).
+        Returns what became of it: "returned", "delayed" or "dead-lettered"."""
         check_optional_seconds("delay_s", delay_s)
-        leasing.settle(self._view, receipt, "nack", delay_s)
+        return leasing.settle(self._view, receipt, "nack", delay_s)
 
-    def nack_each(self, receipts: Iterable[str], delay_s: float = 0.0) -> dict[str, Exception]:
+    def nack_each(
+        self,
+        receipts: Iterable[str],
+        delay_s: float = 0.0,
+        *,
+        dead_lettered: list[str] | None = None,
+    ) -> dict[str, Exception]:
         """Give several messages back (`nack` of each, one lock and one index sync per chunk);
         the failures by receipt, a `StorageError` among them too (see `ack_each`): a consumer
-        stream that closes gives back everything it held in one call."""
+        stream that closes gives back everything it held in one call. The receipts whose
+        message was dead-lettered instead are appended to `dead_lettered`, if given."""
         check_optional_seconds("delay_s", delay_s)
-        return leasing.settle_each(self._view, _once(receipts), "nack", delay_s)
+        return leasing.settle_each(self._view, _once(receipts), "nack", delay_s, dead_lettered)
 
     def extend(self, receipt: str, visibility_s: float) -> None:
         """Heartbeat: the lease now ends `visibility_s` from now. The receipt stays valid."""
         check_optional_seconds("visibility_s", visibility_s)
         leasing.settle(self._view, receipt, "extend", visibility_s)
 
-    def dead_letter(self, receipt: str) -> None:
-        """Move the leased message to the dead-letter queue (or this queue's @dead)."""
-        leasing.settle(self._view, receipt, "dead_letter")
+    def dead_letter(
+        self, receipt: str, detail: str | None = None, *, reason: str = REASON_REJECTED
+    ) -> None:
+        """Move the leased message to the dead-letter queue (or this queue's @dead), a
+        consumer's verdict on it: `reason` "rejected" (the default) or "unreadable", and
+        `detail`, a line saying why (kept with it: `Message.dead`, the `X-Dead-*` headers)."""
+        check_consumer_verdict(reason, detail)
+        leasing.settle(self._view, receipt, "dead_letter", reason=reason, detail=detail)
+
+    def put_dead_letter(
+        self,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
+        *,
+        reason: str,
+        source: str,
+        receive_count: int,
+        detail: str | None = None,
+        group: str | None = None,
+    ) -> str:
+        """Store a message that died elsewhere (a pub/sub delivery given up on) in this queue,
+        ready, with its provenance, as a dead-lettered message arrives: `reason` (one of
+        `events.DEAD_REASONS`), the `source` it died in (any label), how often it had been
+        delivered, and a consumer's `detail`. Returns its new id. Like every dead letter it
+        takes no capacity token and no dedup record: a dead-letter queue never refuses one."""
+        return deadletters.put(
+            self._view,
+            self._files,
+            body,
+            headers or {},
+            group,
+            DeadLetter(reason, source, receive_count, time.time(), detail),
+        )
 
     def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]:
         """Ack several receipts; returns the failures by receipt (empty when all succeeded).
@@ -190,10 +232,55 @@ class Queue:
         if its file does not decode (it stays where it is: a get sets it aside)."""
         return lookup.peek(self._view, message_id)
 
-    def browse(self, limit: int | None = None, *, after: str | None = None) -> Iterator[Message]:
-        """Ready messages in FIFO order, without leasing them (a snapshot; others may take them);
-        with `after` (a message id), only those after it: a page, for browsing in steps."""
-        return lookup.browse(self._view, limit, after)
+    def browse(
+        self, limit: int | None = None, *, after: str | None = None, state: str = "ready"
+    ) -> Iterator[Message]:
+        """Messages of one state in id (FIFO) order, without leasing them (a snapshot; others
+        may take them): `state` "ready", "leased" (in flight), "delayed" or "dead" (this
+        queue's own dead area); with `after` (a message id), only those after it: a page, for
+        browsing in steps."""
+        return lookup.browse(self._view, limit, after, state)
+
+    # -- redrive (redrive.py) ---------------------------------------------------------------------
+    def redrive(
+        self,
+        ids: Collection[str] | None = None,
+        *,
+        reason: str | None = None,
+        to: str | None = None,
+    ) -> int:
+        """Move this queue's dead messages (its own dead area, and the dead letters it holds
+        as a dead-letter queue) back where they died, or to queue `to`: all of them, or those
+        of `ids`, or of `reason`. Each keeps its id, headers and group (one rename each);
+        returns how many moved. For a paced, cancellable, resumable redrive, see
+        `dirmq.redrive` (what the server's `POST /{queue}/redrive` and `dirmq redrive` run)."""
+        redriving.check_filter(ids, reason)
+        planned = redriving.plan(self._view, ids)
+        return redriving.move(self._view, planned, reason, to).moved
+
+    def redrive_plan(
+        self,
+        ids: Collection[str] | None = None,
+        *,
+        after: str | None = None,
+        until: str | None = None,
+    ) -> list[redriving.Planned]:
+        """What a redrive may move, oldest first (ids after `after`, up to `until`)."""
+        redriving.check_filter(ids, None)
+        return redriving.plan(self._view, ids, after, until)
+
+    def redrive_move(
+        self,
+        planned: list[redriving.Planned],
+        *,
+        reason: str | None = None,
+        to: str | None = None,
+        sole_source: str | None = None,
+        plain_dead: bool = False,
+    ) -> redriving.Moved:
+        """Move what `planned` holds that is dead here (see `redriving.move`)."""
+        redriving.check_filter(None, reason)
+        return redriving.move(self._view, planned, reason, to, sole_source, plain_dead)
 
     @property
     def corrupt_quarantined(self) -> int:
@@ -205,9 +292,10 @@ class Queue:
         """Counts by state. Expired leases and due delays count as ready (they are, to any get)."""
         return maintenance.stats(self._view)
 
-    def purge(self, progress: ProgressFn | None = None) -> int:
-        """Delete every message (ready, in flight, delayed); returns how many were removed."""
-        return maintenance.purge(self._view, progress)
+    def purge(self, progress: ProgressFn | None = None, *, dead: bool = False) -> int:
+        """Delete every message (ready, in flight, delayed), or with `dead` every message of
+        the queue's own dead area (and nothing else); returns how many were removed."""
+        return maintenance.purge(self._view, progress, dead)
 
     def sweep(self) -> SweepReport:
         """Recovery: remove orphaned temp files, requeue expired leases, deliver due delays,

@@ -16,6 +16,7 @@ import os
 
 from dirmq.errors import CorruptMessage
 from dirmq.store import codec, layout
+from dirmq.store.deadletters import from_system
 from dirmq.store.ids import id_time_us
 from dirmq.store.layout import Entry
 from dirmq.store.message import Message
@@ -35,6 +36,7 @@ def stored_message(entry: Entry, directory: str, decoded: codec.Decoded) -> Mess
         lease_deadline_s=deadline,
         state=directory.lstrip("@"),
         group=decoded.system.get("Group"),
+        dead=from_system(decoded.system) if len(decoded.system) > 1 else None,
     )
 
 

@@ -19,7 +19,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from dirmq.errors import ConfigError, CorruptConfig, QueueExists, QueueNotFound, storage_error
+from dirmq.errors import (
+    ConfigError,
+    CorruptConfig,
+    InvalidArgument,
+    QueueExists,
+    QueueNotFound,
+    storage_error,
+)
 from dirmq.store import layout, smallfiles
 from dirmq.store.access import GROUP, PRIVATE, Access, conform, group_id, mismatches, root_access
 from dirmq.store.config import QueueConfig
@@ -131,6 +138,7 @@ class Store:
                 raise QueueExists(f"queue {name!r} already exists")
             return self.queue(name)
         config = config or QueueConfig()
+        self._check_dead_letter_queue(name, config.dead_letter_queue)
         try:
             for directory in layout.STATE_DIRS:
                 self.access.makedirs(os.path.join(path, directory))
@@ -194,6 +202,8 @@ class Store:
         """Change settings of queue `name`; other processes see them within 0.5 s."""
         path = queue_path(self.root, name)
         config = self._read_config(name, path).updated(**changes)
+        if "dead_letter_queue" in changes:
+            self._check_dead_letter_queue(name, config.dead_letter_queue)
         try:
             smallfiles.replace_file(
                 os.path.join(path, layout.CONFIG_FILE),
@@ -208,6 +218,23 @@ class Store:
         if cached is not None:
             cached.reload_config()  # this process sees its own change at once
         return config
+
+    def _check_dead_letter_queue(self, name: str, dlq: str | None) -> None:
+        """InvalidArgument unless `dlq` (a queue's `dead_letter_queue`) is unset or another
+        queue that exists: a typo would otherwise send dead letters to the queue's own @dead
+        unnoticed, and a queue that is its own dead-letter queue would retry forever."""
+        if dlq is None:
+            return
+        if dlq == name:
+            raise InvalidArgument(
+                f"queue {name!r} cannot be its own dead-letter queue: name another queue, or "
+                "none (its dead letters then stay in its own dead area)"
+            )
+        if not self.exists(dlq):
+            raise InvalidArgument(
+                f"dead-letter queue {dlq!r} does not exist: create it first "
+                f"(dirmq create {dlq}, or PUT /{dlq})"
+            )
 
     def list_queues(self, prefix: str = "") -> list[str]:
         """Names of every queue under the root, sorted, optionally filtered by name prefix."""

@@ -10,6 +10,8 @@ from collections.abc import Iterable
 
 from dirmq.errors import InvalidArgument
 from dirmq.store import Message, OutgoingMessage
+from dirmq.store.deadletters import format_time, parse_time
+from dirmq.store.message import DeadLetter
 from dirmq.wire import framing, jsondoc
 from dirmq.wire.durations import parse_duration
 
@@ -45,9 +47,74 @@ def delivery_headers(message: Message) -> list[tuple[str, str]]:
         headers.append(("X-Lease-Deadline", f"{message.lease_deadline_s:.3f}"))
     if message.group is not None:
         headers.append(("X-Group", message.group))
+    if message.dead is not None:
+        headers.extend(dead_headers(message.dead))
     # No Content-Type is invented: a message published without one is delivered without one.
     headers.extend(message.headers.items())
     return headers
+
+
+# A dead letter's provenance (docs/FORMAT.md "Dead letters"), named as on every native answer.
+DEAD_HEADERS = (
+    "x-dead-reason",
+    "x-dead-source",
+    "x-dead-receive-count",
+    "x-dead-at",
+    "x-dead-detail",
+)
+
+
+def dead_headers(dead: DeadLetter) -> list[tuple[str, str]]:
+    """`X-Dead-Reason`, `-Source`, `-Receive-Count`, `-At` (RFC 3339) and, if a consumer
+    gave one, `-Detail`."""
+    headers = [
+        ("X-Dead-Reason", dead.reason),
+        ("X-Dead-Source", dead.source),
+        ("X-Dead-Receive-Count", str(dead.receive_count)),
+        ("X-Dead-At", format_time(dead.at_s)),
+    ]
+    if dead.detail is not None:
+        headers.append(("X-Dead-Detail", dead.detail))
+    return headers
+
+
+def parse_dead_headers(own: dict[str, str]) -> DeadLetter | None:
+    """The provenance in a delivery's headers (lower-cased names), or None."""
+    reason = own.get("x-dead-reason")
+    if reason is None:
+        return None
+    count = own.get("x-dead-receive-count", "0")
+    return DeadLetter(
+        reason=reason,
+        source=own.get("x-dead-source", ""),
+        receive_count=int(count) if count.isascii() and count.isdigit() else 0,
+        at_s=parse_time(own.get("x-dead-at", "")),
+        detail=own.get("x-dead-detail"),
+    )
+
+
+def dead_json(dead: DeadLetter) -> dict[str, object]:
+    data: dict[str, object] = {
+        "reason": dead.reason,
+        "source": dead.source,
+        "receive_count": dead.receive_count,
+        "at": format_time(dead.at_s),
+    }
+    if dead.detail is not None:
+        data["detail"] = dead.detail
+    return data
+
+
+def dead_from_json(data: object) -> DeadLetter | None:
+    if not isinstance(data, dict):
+        return None
+    return DeadLetter(
+        reason=str(data.get("reason", "")),
+        source=str(data.get("source", "")),
+        receive_count=int(data.get("receive_count", 0)),
+        at_s=parse_time(str(data.get("at", ""))),
+        detail=None if data.get("detail") is None else str(data["detail"]),
+    )
 
 
 def multipart_messages(messages: list[Message]) -> tuple[str, bytes]:
@@ -144,6 +211,8 @@ def message_json(message: Message) -> dict[str, object]:
         "state": message.state,
         "headers": message.headers,
     }
+    if message.dead is not None:
+        data["dead"] = dead_json(message.dead)
     try:
         data["body"] = message.body.decode("utf-8")
     except UnicodeDecodeError:

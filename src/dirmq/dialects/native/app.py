@@ -2,17 +2,22 @@
 and the server's own paths (`/health`, `/metrics`, `/openapi.json`) on its port. Requests and
 messages are counted elsewhere (the Router's observer, the broker).
 
-Permissions by route (the Router has authenticated the request already):
+Permissions by route (the Router has authenticated the request already; `NEEDS`):
 
     GET /                          any principal; lists only the queues it may see
     GET|HEAD /{queue}              any permission on the queue
     PUT, DELETE /{queue}           admin (and write on a `dead_letter_queue` it names)
     POST /{queue}/messages         write
-    GET /{queue}/messages          read (a receive, or ?peek=1, or a stream: `stream.py`)
-    DELETE /{queue}/messages       admin (purge)
-    GET, DELETE /{queue}/messages/{ref}, POST .../{receipt}/{action}    read
+    GET /{queue}/messages          read (a receive, or a stream: `stream.py`)
+    GET /{queue}/messages?peek=1   browse (read grants it too), unless it asks for a stream
+    GET|HEAD /{queue}/messages/{id}                                      browse (a peek)
+    DELETE /{queue}/messages/{ref}, POST .../{receipt}/{action}          read
     POST /{queue}/messages/ack|nack|extend (many receipts at once)       read
+    DELETE /{queue}/messages       admin (purge)
     /health, /metrics              as the credentials file says; /openapi.json: any principal
+
+A route of `handlers.TABLE` without a rule here is refused to every principal (never open):
+a new route must be given its permission (tests/test_browse_permission.py checks they are).
 """
 
 from __future__ import annotations
@@ -26,10 +31,10 @@ from dirmq.dialects.native import handlers as native
 from dirmq.dialects.native.parameters import check_native
 from dirmq.dialects.native.routes import Route, parse_route
 from dirmq.dialects.native.stream import StreamSessions
-from dirmq.errors import DirmqError
+from dirmq.errors import AccessDenied, DirmqError
 from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
-from dirmq.server.credentials import ADMIN, READ, SEE, WRITE
+from dirmq.server.credentials import ADMIN, BROWSE, READ, SEE, WRITE
 from dirmq.server.dialect import Dialect
 from dirmq.server.errors import error_response, json_error
 from dirmq.server.http import (
@@ -51,19 +56,23 @@ T = TypeVar("T")
 
 ROUTE_CACHE = 4096  # paths without a message reference, parsed and validated once
 
-# The permission each (route kind, method) needs on the route's queue.
+# The permission each (route kind, method) needs on the route's queue; "peek" is the kind of a
+# `GET /{queue}/messages?peek=1` (`_rule`). Looking without leasing or changing anything takes
+# browse (or SEE: stats and configuration); leasing or settling takes read.
 NEEDS: dict[tuple[str, str], str] = {
     ("queue", "GET"): SEE,
     ("queue", "PUT"): ADMIN,
     ("queue", "DELETE"): ADMIN,
     ("messages", "POST"): WRITE,
     ("messages", "GET"): READ,
+    ("peek", "GET"): BROWSE,
     ("messages", "DELETE"): ADMIN,
-    ("message", "GET"): READ,
+    ("message", "GET"): BROWSE,
     ("message", "DELETE"): READ,
     ("action", "POST"): READ,
     ("batch", "POST"): READ,
 }
+FILTERED = frozenset({("root", "GET")})  # answered with only what the principal may see
 
 
 class NativeApp(Dialect):
@@ -252,9 +261,12 @@ class NativeApp(Dialect):
     def _authorise(self, request: Request, route: Route, method: str) -> None:
         """Raise the refusal (AccessDenied) unless the principal may do this, judged by the
         queue's name alone: nothing is looked up before."""
-        needs = NEEDS.get((route.kind, method))
+        rule = _rule(request, route, method)
+        needs = NEEDS.get(rule)
         if needs is None:
-            return  # the root (filtered), or a method the route has not: 405, nothing to leak
+            if rule in FILTERED or rule not in native.TABLE:
+                return  # the root (filtered), or a method the route has not: 405, nothing to leak
+            raise AccessDenied(f"{method} on a {route.kind} route has no permission rule: refused")
         self.access.require(request.principal, needs, route.queue)
         if route.kind == "queue" and method == "PUT":
             target = native.dead_letter_target(request.body)
@@ -280,6 +292,20 @@ class NativeApp(Dialect):
             text = await self.broker.call(self.metrics.render, queue)
             return Response(200, text, [("Content-Type", METRICS_CONTENT_TYPE)])
         return Response(200, self._openapi, [("Content-Type", "application/json")])
+
+
+def _rule(request: Request, route: Route, method: str) -> tuple[str, str]:
+    """The key of `NEEDS` for a request: its route kind and method, but a browse
+    (`GET /{queue}/messages?peek=1`, decided as `handlers.receive` decides it) is a "peek",
+    unless it asks for a stream (which leases, whatever its query says)."""
+    if (
+        route.kind == "messages"
+        and method == "GET"
+        and native.is_peek(request)
+        and not is_websocket(request)
+    ):
+        return ("peek", "GET")
+    return (route.kind, method)
 
 
 def _answer(respond: Respond, outcome: T | BaseException, build: Callable[[T], Response]) -> bool:

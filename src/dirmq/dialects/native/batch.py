@@ -67,10 +67,11 @@ def _json_duration(value: object, name: str) -> float:
 async def settle_batch(broker: Broker, request: Request, route: Route) -> Response:
     queue = broker.queue(route.queue)  # 404 before the body is looked at
     receipts, duration = read_settle_batch(request.body, route.action)
+    dead: list[str] = []
     if route.action == "ack":
         failures = await broker.ack_many(queue, receipts)
     elif route.action == "nack":
-        failures = await broker.nack_many(queue, receipts, duration or 0.0)
+        failures = await broker.nack_many(queue, receipts, duration or 0.0, dead)
     else:
         assert duration is not None
         failures = await broker.extend_many(queue, receipts, duration)
@@ -81,6 +82,8 @@ async def settle_batch(broker: Broker, request: Request, route: Route) -> Respon
         {"receipt": receipt, "error": type(exc).__name__, "message": str(exc)}
         for receipt, exc in failures.items()
     ]
-    answer = {"settled": len(receipts) - len(failed), "failed": failed}
+    answer: dict[str, object] = {"settled": len(receipts) - len(failed), "failed": failed}
+    if route.action == "nack":  # those past the queue's max receives went to its dead letters
+        answer["dead_lettered"] = dead
     body = json.dumps(answer, separators=(",", ":")).encode() + b"\n"
     return Response(200, body, [("Content-Type", "application/json")])

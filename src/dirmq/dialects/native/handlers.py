@@ -12,9 +12,10 @@ GET    /{queue}/messages                  receive: 200 + body, 204 if empty; ?wa
 DELETE /{queue}/messages                  purge
 GET    /{queue}/messages/{id}             peek, without leasing
 DELETE /{queue}/messages/{id|receipt}     ack: by id (MQ semantics) or by receipt (stale: 409)
-POST   /{queue}/messages/{receipt}/nack   ?delay=
+POST   /{queue}/messages/{receipt}/nack   ?delay=; X-Outcome: returned, delayed, dead-lettered
 POST   /{queue}/messages/{receipt}/extend ?visibility=
-POST   /{queue}/messages/{receipt}/dead-letter
+POST   /{queue}/messages/{receipt}/dead-letter ?reason=TEXT (kept as X-Dead-Detail)
+                                          &kind=rejected|unreadable
 POST   /{queue}/messages/ack              many receipts at once: {"receipts": [...]}
 POST   /{queue}/messages/nack             {"receipts": [...], "delay": ...} (delay optional)
 POST   /{queue}/messages/extend           {"receipts": [...], "visibility": ...}
@@ -41,6 +42,7 @@ from dirmq.server.broker import Broker
 from dirmq.server.errors import json_error
 from dirmq.server.http import Request, Response
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, QueueConfig
+from dirmq.store.events import REASON_REJECTED
 from dirmq.store.ids import is_id
 from dirmq.store.layout import parse_receipt
 from dirmq.wire import jsondoc
@@ -256,10 +258,18 @@ def published(message_id: str) -> Response:
     return Response(201, body, [("Content-Type", "application/json"), ("X-Message-Id", message_id)])
 
 
+def is_peek(request: Request) -> bool:
+    """Whether a `GET /{queue}/messages` browses (`?peek=1`) rather than receives: the one
+    test of it, which the authorisation (browse, not read) relies on too."""
+    return request.query.get("peek", "").lower() in ("1", "true", "yes")
+
+
 async def receive(broker: Broker, request: Request, route: Route) -> Response:
     queue = broker.queue(route.queue)
-    if request.query.get("peek", "").lower() in ("1", "true", "yes"):
+    if is_peek(request):
         return await _browse(broker, queue, request)
+    if "state" in request.query:
+        raise InvalidArgument("state= chooses what a browse shows: give peek=1 too")
     max_count = _int(request, "max", 1, MAX_RECEIVE)
     wait_s = _duration(request, "wait", "x-wait") or 0.0
     if wait_s > MAX_WAIT_S:
@@ -280,8 +290,10 @@ async def _browse(broker: Broker, queue: Queue, request: Request) -> Response:
     if after is not None and not is_id(after):
         raise InvalidArgument(f"after={after[:80]!r} is not a dirmq message id")
 
+    state = _state(request.query.get("state", "ready"))
+
     def snapshot() -> list[Message]:
-        return list(queue.browse(limit, after=after))
+        return list(queue.browse(limit, after=after, state=state))
 
     messages = await broker.call(snapshot)
     return json_response(200, {"messages": [wire.message_json(m) for m in messages]})
@@ -291,9 +303,36 @@ def message_response(message: Message) -> Response:
     return Response(200, message.body, wire.delivery_headers(message))
 
 
+# What `state=` may say (a browse's, a purge's), and the store's name for it.
+_STATES = {
+    "ready": "ready",
+    "in_flight": "leased",
+    "leased": "leased",
+    "delayed": "delayed",
+    "dead": "dead",
+}
+
+
+def _state(value: str) -> str:
+    try:
+        return _STATES[value]
+    except KeyError:
+        raise InvalidArgument(
+            f"state={value[:40]!r} must be one of ready, in_flight, delayed, dead"
+        ) from None
+
+
 async def purge(broker: Broker, request: Request, route: Route) -> Response:
+    """Every live message (ready, in flight, delayed), or with `state=dead` the queue's own
+    dead area (and nothing else)."""
     queue = broker.queue(route.queue)
-    removed = await broker.call(queue.purge)
+    state = request.query.get("state")
+    if state is not None and state != "dead":
+        raise InvalidArgument(
+            f"state={state[:40]!r}: a purge takes state=dead (the dead area), or no state "
+            "(every live message)"
+        )
+    removed = await broker.call(queue.purge, dead=state == "dead")
     return json_response(200, {"purged": removed})
 
 
@@ -327,15 +366,20 @@ async def settle(broker: Broker, request: Request, route: Route) -> Response:
     if parse_receipt(route.ref) is None:
         raise InvalidArgument(f"{route.ref!r} is not a receipt (<message id>.<receive count>)")
     if route.action == "nack":
-        await broker.call(queue.nack, route.ref, _duration(request, "delay", "x-delay") or 0.0)
-    elif route.action == "extend":
+        delay_s = _duration(request, "delay", "x-delay") or 0.0
+        outcome = await broker.call(queue.nack, route.ref, delay_s)
+        return Response(204, b"", [("X-Outcome", outcome)])
+    if route.action == "extend":
         visibility_s = _duration(request, "visibility", "x-visibility")
         if visibility_s is None:
             raise InvalidArgument("extend needs visibility= (e.g. 30s)")
         await broker.call(queue.extend, route.ref, visibility_s)
-    else:
-        await broker.call(queue.dead_letter, route.ref)
-    return Response(204)
+        return Response(204)
+    # A consumer's verdict: ?reason= is its own words (the detail), ?kind= rejected/unreadable.
+    detail = request.query.get("reason")
+    kind = request.query.get("kind", REASON_REJECTED)
+    await broker.call(queue.dead_letter, route.ref, detail, reason=kind)
+    return Response(204, b"", [("X-Outcome", "dead-lettered")])
 
 
 TABLE: dict[tuple[str, str], Handler] = {

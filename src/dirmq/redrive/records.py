@@ -1,5 +1,5 @@
-"""Where SQS message move tasks live, so that every process serving a root shares them:
-`<root>/@sqs/move-tasks/<source queue>/`
+"""Where redrive tasks live, so that every process serving a root (and `dirmq redrive`) shares
+them: `<root>/@redrive/<source queue, percent-encoded>/`
 
 - `<task id>.json`: the task (status, counts, destination...), rewritten whole (`smallfiles`)
   by the process running it after every batch, and at the end;
@@ -14,13 +14,14 @@
     to look takes the hold and carries on;
   - a runner that finds its hold taken over (it stalled past the timeout) stops at once and
     writes nothing more: the new holder carries on from the last record;
-- `<task id>.cancel`: CancelMessageMoveTask from any process; the runner looks for it.
+- `<task id>.cancel`: a cancel asked by any process (`DELETE /{queue}/redrive/{task}`, SQS's
+  CancelMessageMoveTask, `dirmq redrive --cancel`); the runner looks for it between chunks.
 
 No `flock` (it silently fails on NFS): `link`, `rename`, `utime` and listings only.
 
 The newest HISTORY records of a source are kept, finished or not; older finished ones go.
-Records are not flushed: after a machine crash a task may resume from an earlier count, which
-moves nothing twice (each move is deduplicated at the destination, see move_tasks.py).
+Records are not flushed: after a machine crash a task may resume from an earlier cursor, which
+moves nothing twice (each move is a rename: what was moved is no longer there, tasks.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import contextlib
 import json
 import os
 from typing import Any, Protocol
+from urllib.parse import quote, unquote
 
 from dirmq.store import holds, layout, smallfiles
 from dirmq.store.access import Access
@@ -54,20 +56,24 @@ class TaskFiles:
     def __init__(
         self, root: str, *, access: Access, hold_timeout_s: float = HOLD_TIMEOUT_S
     ) -> None:
-        self._dir = os.path.join(root, layout.SQS_DIR, "move-tasks")
+        self._dir = os.path.join(root, layout.REDRIVE_DIR)
         self._access = access  # the root's: the modes of the files made here
         self._hold_timeout_s = hold_timeout_s
         self._held: dict[str, tuple[str, Hold]] = {}  # source -> (task id, our hold)
 
     def sources(self) -> list[str]:
         try:
-            return sorted(os.listdir(self._dir))
+            return sorted(unquote(name) for name in os.listdir(self._dir))
         except FileNotFoundError:
             return []
 
+    def _source_dir(self, source: str) -> str:
+        """One directory per source queue, whatever its nesting (`a/b` is `a%2Fb`)."""
+        return os.path.join(self._dir, quote(source, safe=""))
+
     def load(self, source: str) -> list[tuple[dict[str, Any], bool]]:
         """Every record of `source` (and whether its cancellation was asked), newest first."""
-        directory = os.path.join(self._dir, source)
+        directory = self._source_dir(source)
         try:
             names = os.listdir(directory)
         except FileNotFoundError:
@@ -140,6 +146,14 @@ class TaskFiles:
             hold.release()
         self._prune(task.source)
 
+    def release(self, task: TaskLike) -> None:
+        """Let go of `task` without finishing it (this process is closing): its record stays
+        active, and the next process to look carries on from it."""
+        held = self._held.get(task.source)
+        if held is not None and held[0] == task.task_id:
+            del self._held[task.source]
+            held[1].release()
+
     def request_cancel(self, task: TaskLike) -> None:
         path = self._path(task.source, task.task_id, ".cancel")
         os.close(self._access.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC))
@@ -148,10 +162,10 @@ class TaskFiles:
         return os.path.exists(self._path(task.source, task.task_id, ".cancel"))
 
     def _path(self, source: str, task_id: str, suffix: str) -> str:
-        return os.path.join(self._dir, source, task_id + suffix)
+        return os.path.join(self._source_dir(source), task_id + suffix)
 
     def _take(self, source: str) -> Hold | None:
-        directory = os.path.join(self._dir, source)
+        directory = self._source_dir(source)
         taken = holds.take(directory, RUNNER_PREFIX, self._hold_timeout_s, access=self._access)
         return taken if isinstance(taken, Hold) else None
 
@@ -168,7 +182,7 @@ class TaskFiles:
             for suffix in (".json", ".cancel", ".lock"):  # .lock: left by flock-based versions
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._path(source, str(record["task_id"]), suffix))
-        smallfiles.remove_stale_temps(os.path.join(self._dir, source))
+        smallfiles.remove_stale_temps(self._source_dir(source))
 
 
 def _read_record(path: str) -> dict[str, Any] | None:
