@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from dirmq.client import RemoteStore
@@ -90,6 +91,46 @@ def test_a_message_always_failed_is_delivered_at_most_max_times_spaced_by_a_grow
         outcome for message_id, outcome in reports(server.url) if message_id == poison
     )
     assert outcomes == {"accepted": 4, "aborted": 3, "dismissed": 1}
+
+
+@pytest.mark.parametrize("mode", ["anyone", "everyone"])
+def test_a_message_given_up_on_is_dead_lettered_with_its_provenance(
+    server: ServerProcess, mode: str
+) -> None:
+    with RemoteStore(server.url) as store:
+        store.create_queue("dlq")
+    with (
+        RemotePubSub(server.url, timeout_s=10) as hub,
+        hub.subscribe("resizer", max_deliveries=2, backoff_s=0.05, dead_letter="dlq") as sub,
+    ):
+        poison = hub.publish(
+            "images",
+            b"not an image",
+            mode=mode,
+            headers={"X-Attr-Tenant": "42"},
+            acks="aborted,dismissed",
+            reply_to=REPLY,
+        ).id
+        deliveries = 0
+        while (delivery := sub.receive(wait_s=1)) is not None:
+            deliveries += 1
+            sub.abort(delivery)
+    assert deliveries == 2
+    assert reports(server.url) == [(poison, "aborted"), (poison, "dismissed")]
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        answer = http.get("/dlq/messages")
+        assert answer.status_code == 200, answer.text
+        assert answer.content == b"not an image"
+        assert answer.headers["X-Attr-Tenant"] == "42"
+        assert answer.headers["X-Dead-Reason"] == "max-receives"
+        assert answer.headers["X-Dead-Source"] == "@channel/images"
+        assert answer.headers["X-Dead-Receive-Count"] == "2"
+        assert answer.headers["X-Dead-Detail"] == (
+            f"pub/sub message {poison} delivered 2 times to subscription resizer, "
+            "the last: aborted by the subscriber"
+        )
+        assert "X-Dead-At" in answer.headers
+        assert http.get("/dlq/messages").status_code == 204  # exactly one
 
 
 def test_the_policy_is_kept_with_the_subscription_and_checked(server: ServerProcess) -> None:

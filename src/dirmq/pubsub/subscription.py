@@ -38,6 +38,7 @@ from typing import Any
 from dirmq.errors import (
     CorruptMessage,
     DeliveryNotFound,
+    DirmqError,
     InvalidArgument,
     StorageError,
     SubscriptionBusy,
@@ -538,16 +539,7 @@ class Subscription:
             )
         feed.held.discard(held.seq)
         assert held.entry is not None
-        if self.policy.exhausted(held.deliveries):
-            if self.policy.dead_letter is not None:
-                detail = give_up_detail(self.name, held.deliveries, why)
-                transitions.dead_letter(
-                    self.policy.dead_letter, held.entry, self.name, held.deliveries, detail
-                )
-            feed.deliveries.pop(held.seq, None)
-            transitions.report_linked(
-                held.path, key, held.envelope, self.name, Outcome.DISMISSED, 0
-            )
+        if self.policy.exhausted(held.deliveries) and self._give_up(key, held, why):
             return Outcome.DISMISSED
         backoff_ms = self.policy.backoff_ms(held.deliveries)
         due_ms = now_ms() + backoff_ms
@@ -561,6 +553,31 @@ class Subscription:
             held.path, key, held.envelope, self.name, Outcome.ABORTED, held.deadline
         )
         return Outcome.ABORTED
+
+    def _give_up(self, key: str, held: _Held, why: str) -> bool:
+        """Dismiss a log delivery after its last delivery allowed (dead-lettered first if the
+        policy says where); False if the dead-letter queue refused it (then it is given back,
+        and tried again after its next failure, rather than lost)."""
+        assert held.feed is not None and held.entry is not None
+        dead_letter = self.policy.dead_letter
+        if dead_letter is not None:
+            detail = give_up_detail(held.envelope, self.name, held.deliveries, why)
+            try:
+                self.hub.transitions.dead_letter(
+                    dead_letter, held.entry, self.name, held.deliveries, detail
+                )
+            except (DirmqError, OSError) as exc:
+                log.warning("message %s not dead-lettered yet: %s", held.envelope.id, exc)
+                return False
+        held.feed.deliveries.pop(held.seq, None)
+        self.hub.transitions.report_linked(
+            held.path, key, held.envelope, self.name, Outcome.DISMISSED, 0
+        )
+        log.info(
+            "pub/sub message given up",
+            extra={"fields": {"id": held.envelope.id, "subscriber": self.name, "why": why}},
+        )
+        return True
 
     def _abort_expired(self) -> dict[str, Outcome]:
         at_ms = now_ms()

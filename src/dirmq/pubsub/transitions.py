@@ -37,9 +37,12 @@ from dirmq.pubsub.model import Envelope, Outcome
 from dirmq.pubsub.outcomes import OutcomeReporter
 from dirmq.pubsub.policy import DeliveryPolicy
 from dirmq.store.codec import decode
+from dirmq.store.events import REASON_MAX_RECEIVES
 from dirmq.store.root import Store
 
 log = logging.getLogger("dirmq.pubsub")
+
+CHANNEL_SOURCE = "@channel/"  # a dead letter's source: where it was published (as permissions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,8 +194,13 @@ class Transitions:
         and dismissed (DISMISSED). None if it was settled or given back meanwhile."""
         deliveries = max(taken.deliveries, 1)  # a name of an earlier version counts none
         if policy.exhausted(deliveries):
-            gone = self.give_up(path, taken.key, envelope, subscriber, policy, deliveries, why)
-            return Outcome.DISMISSED if gone else None
+            try:
+                gone = self.give_up(path, taken.key, envelope, subscriber, policy, deliveries, why)
+                return Outcome.DISMISSED if gone else None
+            except (DirmqError, OSError) as exc:
+                # The dead-letter queue was deleted, or is full: keep the message (given back,
+                # tried again after its next failure) rather than lose it.
+                log.warning("message %s not dead-lettered yet: %s", envelope.id, exc)
         backoff_ms = policy.backoff_ms(deliveries)
         if self.abort(
             path,
@@ -219,7 +227,7 @@ class Transitions:
         """Remove a taken `anyone` entry for good after its last delivery: a copy goes to the
         policy's dead-letter queue first (so a crash in between can dead-letter it twice, never
         lose it), then it is settled as dismissed. False if it was gone already."""
-        detail = give_up_detail(subscriber, deliveries, why)
+        detail = give_up_detail(envelope, subscriber, deliveries, why)
         if policy.dead_letter is not None:
             try:
                 entry = read_entry(path)
@@ -234,10 +242,19 @@ class Transitions:
 
     def dead_letter(
         self, queue: str, entry: Entry, subscriber: str, deliveries: int, detail: str
-    ) -> None:
-        """Put a message given up on into the dead-letter queue `queue` (StorageError, or
-        QueueNotFound, if it cannot: then nothing is settled and the sweeper tries again)."""
-        raise NotImplementedError("dead-lettering needs Queue.put_dead_letter")
+    ) -> str:
+        """Put a message given up on into the dead-letter queue `queue`, body and headers, with
+        its provenance: reason `max-receives`, source `@channel/<channel>`, the deliveries, and
+        `detail`. Returns its id there. Raises what the store raises (QueueNotFound for a queue
+        deleted since the subscription attached, StorageError); then nothing was settled."""
+        return self.store.queue(queue).put_dead_letter(
+            entry.body,
+            entry.headers,
+            reason=REASON_MAX_RECEIVES,
+            source=CHANNEL_SOURCE + entry.envelope.channel,
+            receive_count=deliveries,
+            detail=detail,
+        )
 
     def report_linked(
         self,
@@ -284,7 +301,10 @@ class Transitions:
         return taken, deadline, deliveries
 
 
-def give_up_detail(subscriber: str, deliveries: int, why: str) -> str:
+def give_up_detail(envelope: Envelope, subscriber: str, deliveries: int, why: str) -> str:
     """What a dismissal by the delivery limit says (the dead letter's detail, the log line)."""
     times = "once" if deliveries == 1 else f"{deliveries} times"
-    return f"delivered {times} to subscription {subscriber}, the last: {why}"
+    return (
+        f"pub/sub message {envelope.id} delivered {times} to subscription {subscriber}, "
+        f"the last: {why}"
+    )
