@@ -34,6 +34,7 @@ from dirmq.errors import (
     SubscriptionBusy,
     storage_error,
 )
+from dirmq.pubsub.feed import load_state
 from dirmq.pubsub.layout import (
     BROADCAST,
     PubSubPaths,
@@ -65,7 +66,7 @@ from dirmq.pubsub.policy import (
     read_policy,
 )
 from dirmq.pubsub.presence import PresenceIndex, read_subscription
-from dirmq.pubsub.subscription import Subscription, load_state
+from dirmq.pubsub.subscription import Subscription
 from dirmq.pubsub.transitions import Transitions, now_ms, read_entry
 from dirmq.store import smallfiles
 from dirmq.store.codec import check_headers, encode

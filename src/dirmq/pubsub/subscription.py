@@ -32,18 +32,17 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from dirmq.errors import (
     CorruptMessage,
     DeliveryNotFound,
-    DirmqError,
     InvalidArgument,
     StorageError,
     SubscriptionBusy,
     storage_error,
 )
+from dirmq.pubsub.feed import Feed, Held, load_state
 from dirmq.pubsub.host import SubscriptionHost
 from dirmq.pubsub.layout import (
     BROADCAST,
@@ -54,11 +53,10 @@ from dirmq.pubsub.layout import (
     split_entry,
     split_log_key,
 )
-from dirmq.pubsub.logs import SeqLog, is_tombstone
 from dirmq.pubsub.model import Delivery, Envelope, Filter, Outcome, check_timeout
 from dirmq.pubsub.policy import DeliveryPolicy
 from dirmq.pubsub.presence import new_session
-from dirmq.pubsub.transitions import Entry, give_up_detail, now_ms, read_entry
+from dirmq.pubsub.transitions import Entry, now_ms, read_entry
 from dirmq.store import smallfiles
 from dirmq.store.watch import RESCAN, PollingWatcher, Watcher, open_watcher
 
@@ -69,53 +67,6 @@ CURSOR_SAVE_S = 0.5
 # can only be a session that attached and died meanwhile.
 _CLAIM_TRIES = 3
 _OUT_OF_INOTIFY = {errno.EMFILE, errno.ENOSPC}
-
-
-@dataclass(slots=True)
-class _Feed:
-    """This subscription's reading of one log."""
-
-    letter: str  # RETAINED or BROADCAST
-    log: SeqLog
-    next_seq: int
-    held: set[int] = field(default_factory=set)
-    retry: list[int] = field(default_factory=list)  # heap of returned sequence numbers
-    returned: dict[int, tuple[Entry, int]] = field(
-        default_factory=dict
-    )  # seq -> (entry, accept ms)
-    waiting: list[tuple[int, int]] = field(default_factory=list)  # heap of returned (due ms, seq)
-    deliveries: dict[int, int] = field(default_factory=dict)  # held or returned seq -> count
-    pending_after_attach: list[int] = field(default_factory=list)  # returned by a past session
-    peeked: tuple[int, Entry] | None = None
-    # `broadcast` after re-attaching: entries up to `skip_through` published while it was away
-    # (after `away_since_us`) were not for it.
-    skip_through: int = 0
-    away_since_us: int | None = None
-    maybe_pruned: bool = True
-    # Something may have been appended since the last probe found nothing (an inotify event,
-    # a rescan): probing an idle log on every receive would cost an open and a stat.
-    dirty: bool = True
-
-    def state(self) -> dict[str, Any]:
-        pending = self.held | set(self.retry) | {seq for _due, seq in self.waiting}
-        counts = {str(seq): n for seq, n in sorted(self.deliveries.items()) if n > 1}
-        return {"next": self.next_seq, "pending": sorted(pending), "deliveries": counts}
-
-    def release_due(self, at_ms: int) -> None:
-        """Returned deliveries whose backoff is over become deliverable again."""
-        while self.waiting and self.waiting[0][0] <= at_ms:
-            heapq.heappush(self.retry, heapq.heappop(self.waiting)[1])
-
-
-@dataclass(slots=True)
-class _Held:
-    deadline: int
-    envelope: Envelope
-    path: str  # taken/ entry (anyone) or log entry
-    feed: _Feed | None = None  # None: an `anyone` delivery
-    seq: int = 0
-    entry: Entry | None = None
-    deliveries: int = 1  # this delivery's number
 
 
 class Subscription:
@@ -137,7 +88,7 @@ class Subscription:
         self._paths = hub.paths
         self._lock = threading.RLock()
         self._closed = False
-        self._held: dict[str, _Held] = {}
+        self._held: dict[str, Held] = {}
         self._pool: list[str] = []  # heap of matching pool names
         self._pool_envelopes: dict[str, Envelope] = {}  # matching pool names that exist
         self._pool_unread: set[str] = set()  # pool names not examined yet
@@ -198,12 +149,12 @@ class Subscription:
         os.utime(paths.present)  # publishers re-read the list, with this filter
         self.hub.presence.invalidate()
         state, saved_us = load_state(paths.cursor(self.name))
-        self._retained = self._feed(RETAINED, self.hub.retained, state.get("retained"), 1)
+        self._retained = Feed.from_saved(RETAINED, self.hub.retained, state.get("retained"), 1)
         if replay_from is not None:
-            self._retained = _Feed(RETAINED, self.hub.retained, replay_from)
+            self._retained = Feed(RETAINED, self.hub.retained, replay_from)
         broadcast = self.hub.broadcast
         head = broadcast.scan()
-        self._broadcast = self._feed(BROADCAST, broadcast, state.get("broadcast"), head + 1)
+        self._broadcast = Feed.from_saved(BROADCAST, broadcast, state.get("broadcast"), head + 1)
         if "broadcast" in state:
             self._broadcast.skip_through = head
             detached = state.get("detached_us")
@@ -232,19 +183,6 @@ class Subscription:
             raise SubscriptionBusy(f"subscription {self.name!r} is attached elsewhere")
         finally:
             os.unlink(written)
-
-    @staticmethod
-    def _feed(letter: str, seq_log: SeqLog, saved: object, start: int) -> _Feed:
-        if not isinstance(saved, dict):
-            return _Feed(letter, seq_log, start)
-        feed = _Feed(letter, seq_log, max(1, int(saved.get("next", start))))
-        feed.pending_after_attach = [int(s) for s in saved.get("pending", []) if int(s) > 0]
-        counts = saved.get("deliveries")
-        if isinstance(counts, dict):
-            for seq, n in counts.items():
-                if str(seq).isdigit() and isinstance(n, int) and n > 0:
-                    feed.deliveries[int(seq)] = n
-        return feed
 
     def _save_state(self, *, detached_us: int | None) -> None:
         with self._lock:
@@ -355,7 +293,7 @@ class Subscription:
         for feed in (self._retained, self._broadcast):
             feed.release_due(at_ms)
 
-    def _load_pending(self, feed: _Feed) -> None:
+    def _load_pending(self, feed: Feed) -> None:
         """Deliveries a past session held or gave back come first, once."""
         for seq in feed.pending_after_attach:
             try:
@@ -369,67 +307,27 @@ class Subscription:
                 # Held by the past session when it ended: that was its last delivery allowed.
                 key = log_key(entry.envelope.key, feed.letter, seq)
                 feed.held.add(seq)
-                held = _Held(0, entry.envelope, feed.log.path(seq), feed, seq, entry, deliveries)
+                held = Held(0, entry.envelope, feed.log.path(seq), feed, seq, entry, deliveries)
                 self._abort(key, held, "its session ended")
                 continue
             feed.returned[seq] = (entry, self._retry_accept_ms(feed, entry.envelope))
             heapq.heappush(feed.retry, seq)
         feed.pending_after_attach = []
 
-    def _feed_head(self, feed: _Feed) -> tuple[str, int, Entry] | None:
-        """The next delivery `feed` offers: (key, seq, entry), without taking it."""
+    def _feed_head(self, feed: Feed) -> tuple[str, int, Entry] | None:
+        """The next delivery `feed` offers, without taking it."""
         if feed.pending_after_attach:
             self._load_pending(feed)
-        if feed.retry:
-            seq = feed.retry[0]
-            entry = feed.returned[seq][0]
-            return log_key(entry.envelope.key, feed.letter, seq), seq, entry
-        while feed.peeked is None:
-            if not feed.dirty:
-                return None
-            seq = feed.next_seq
-            try:
-                entry = read_entry(feed.log.path(seq))
-            except FileNotFoundError:
-                if feed.log.prunable and feed.maybe_pruned:
-                    feed.maybe_pruned = False
-                    floor = feed.log.floor()
-                    if floor > seq:  # what we had not read yet timed out and was pruned
-                        feed.next_seq = floor
-                        continue
-                # `seq + 1` is linked only once `seq` exists: if it is there and `seq` still is
-                # not (checked again: it may have appeared since our open), it was deleted.
-                if os.path.exists(feed.log.path(seq + 1)):
-                    if os.path.exists(feed.log.path(seq)):
-                        continue
-                    if feed.log.floor() > seq:
-                        feed.next_seq = feed.log.floor()
-                        continue
-                    log.error("log entry %s is missing; skipping it", feed.log.path(seq))
-                    feed.next_seq += 1
-                    continue
-                feed.dirty = False
-                return None
-            except CorruptMessage as exc:
-                if not is_tombstone(feed.log.path(seq)):  # (a buried entry: nothing to say)
-                    log.error("skipping damaged log entry %s: %s", feed.log.path(seq), exc)
-                feed.next_seq += 1
-                continue
-            if not self._wanted(feed, seq, entry.envelope):
-                feed.next_seq += 1
-                continue
-            feed.peeked = (seq, entry)
-        seq, entry = feed.peeked
-        return log_key(entry.envelope.key, feed.letter, seq), seq, entry
+        return feed.head(lambda seq, envelope: self._wanted(feed, seq, envelope))
 
-    def _wanted(self, feed: _Feed, seq: int, envelope: Envelope) -> bool:
+    def _wanted(self, feed: Feed, seq: int, envelope: Envelope) -> bool:
         if not self.filter.matches(envelope.channel, envelope.subject):
             return False
         if feed.away_since_us is not None and seq <= feed.skip_through:
             return envelope.published_us <= feed.away_since_us
         return True
 
-    def _retry_accept_ms(self, feed: _Feed, envelope: Envelope) -> int:
+    def _retry_accept_ms(self, feed: Feed, envelope: Envelope) -> int:
         if feed.letter == RETAINED:
             return 0  # retained messages never time out
         return now_ms() + int(envelope.accept_timeout_s * 1000)
@@ -460,7 +358,7 @@ class Subscription:
             self._release_due()
             while self._pool and self._pool[0] not in self._pool_envelopes:
                 heapq.heappop(self._pool)
-            choices: list[tuple[str, _Feed | None]] = []
+            choices: list[tuple[str, Feed | None]] = []
             if self._pool:
                 choices.append((self._pool[0], None))
             for feed in (self._retained, self._broadcast):
@@ -494,10 +392,10 @@ class Subscription:
         except (FileNotFoundError, CorruptMessage) as exc:
             log.error("taken pool entry %s unreadable: %s", taken_path, exc)
             return None
-        self._held[key] = _Held(deadline, envelope, taken_path, deliveries=deliveries)
+        self._held[key] = Held(deadline, envelope, taken_path, deliveries=deliveries)
         return Delivery(key, envelope, entry.body, entry.headers, deadline, None)
 
-    def _take_feed(self, feed: _Feed) -> Delivery | None:
+    def _take_feed(self, feed: Feed) -> Delivery | None:
         at_ms = now_ms()
         if feed.retry:
             seq = heapq.heappop(feed.retry)
@@ -521,12 +419,12 @@ class Subscription:
         deadline = at_ms + int(envelope.process_timeout_s * 1000)
         feed.held.add(seq)
         feed.deliveries[seq] = deliveries
-        self._held[key] = _Held(deadline, envelope, path, feed, seq, entry, deliveries)
+        self._held[key] = Held(deadline, envelope, path, feed, seq, entry, deliveries)
         transitions.report_linked(path, key, envelope, self.name, Outcome.ACCEPTED, deadline)
         public_seq = seq if feed.letter == RETAINED else None
         return Delivery(key, envelope, entry.body, entry.headers, deadline, public_seq)
 
-    def _abort(self, key: str, held: _Held, why: str) -> Outcome | None:
+    def _abort(self, key: str, held: Held, why: str) -> Outcome | None:
         """Give a held delivery back (`why` it failed): ABORTED, due again after the policy's
         backoff, or DISMISSED (dead-lettered first if the policy says where) after its last
         delivery allowed; None if it was no longer ours. The caller removed it from `_held`."""
@@ -539,45 +437,19 @@ class Subscription:
             )
         feed.held.discard(held.seq)
         assert held.entry is not None
-        if self.policy.exhausted(held.deliveries) and self._give_up(key, held, why):
+        if self.policy.exhausted(held.deliveries) and transitions.give_up_linked(
+            held.path, key, held.entry, self.name, self.policy, held.deliveries, why
+        ):
+            feed.deliveries.pop(held.seq, None)
             return Outcome.DISMISSED
         backoff_ms = self.policy.backoff_ms(held.deliveries)
-        due_ms = now_ms() + backoff_ms
         accept_ms = self._retry_accept_ms(feed, held.envelope)
-        feed.returned[held.seq] = (held.entry, accept_ms + backoff_ms if accept_ms else 0)
-        if backoff_ms > 0:
-            heapq.heappush(feed.waiting, (due_ms, held.seq))
-        else:
-            heapq.heappush(feed.retry, held.seq)
+        due_ms = now_ms() + backoff_ms if backoff_ms > 0 else 0
+        feed.give_back(held.seq, held.entry, accept_ms + backoff_ms if accept_ms else 0, due_ms)
         transitions.report_linked(
             held.path, key, held.envelope, self.name, Outcome.ABORTED, held.deadline
         )
         return Outcome.ABORTED
-
-    def _give_up(self, key: str, held: _Held, why: str) -> bool:
-        """Dismiss a log delivery after its last delivery allowed (dead-lettered first if the
-        policy says where); False if the dead-letter queue refused it (then it is given back,
-        and tried again after its next failure, rather than lost)."""
-        assert held.feed is not None and held.entry is not None
-        dead_letter = self.policy.dead_letter
-        if dead_letter is not None:
-            detail = give_up_detail(held.envelope, self.name, held.deliveries, why)
-            try:
-                self.hub.transitions.dead_letter(
-                    dead_letter, held.entry, self.name, held.deliveries, detail
-                )
-            except (DirmqError, OSError) as exc:
-                log.warning("message %s not dead-lettered yet: %s", held.envelope.id, exc)
-                return False
-        held.feed.deliveries.pop(held.seq, None)
-        self.hub.transitions.report_linked(
-            held.path, key, held.envelope, self.name, Outcome.DISMISSED, 0
-        )
-        log.info(
-            "pub/sub message given up",
-            extra={"fields": {"id": held.envelope.id, "subscriber": self.name, "why": why}},
-        )
-        return True
 
     def _abort_expired(self) -> dict[str, Outcome]:
         at_ms = now_ms()
@@ -676,7 +548,7 @@ class Subscription:
             )
         return outcome
 
-    def _find_held(self, key: str) -> _Held:
+    def _find_held(self, key: str) -> Held:
         self._check_open()
         held = self._held.get(key)
         if held is None:
@@ -685,7 +557,7 @@ class Subscription:
             raise DeliveryNotFound(f"delivery {key} is not held by subscription {self.name!r}")
         return held
 
-    def _take_held(self, key: str) -> _Held:
+    def _take_held(self, key: str) -> Held:
         held = self._find_held(key)
         del self._held[key]
         return held
@@ -729,7 +601,7 @@ class Subscription:
             self._report_never_taken(self._broadcast)
             self.hub.delete_subscription(self.name)
 
-    def _report_never_taken(self, feed: _Feed) -> None:
+    def _report_never_taken(self, feed: Feed) -> None:
         """An anonymous subscription goes for good: the `everyone` messages it was attached for
         and never took time out (reported), rather than vanish."""
         for seq, (entry, _accept) in feed.returned.items():
@@ -746,7 +618,7 @@ class Subscription:
                 feed.log.path(seq), key, entry.envelope, self.name, Outcome.TIMEOUT, 0
             )
 
-    def _feed_head_unreturned(self, feed: _Feed) -> tuple[str, int, Entry] | None:
+    def _feed_head_unreturned(self, feed: Feed) -> tuple[str, int, Entry] | None:
         feed.retry.clear()
         feed.waiting.clear()
         feed.pending_after_attach = []
@@ -766,19 +638,6 @@ class Subscription:
 
     def __repr__(self) -> str:
         return f"Subscription({self.name!r}, {self.filter})"
-
-
-def load_state(path: str) -> tuple[dict[str, Any], int | None]:
-    """A subscription's saved positions and when they were saved (µs), or ({}, None)."""
-    try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read() or b"{}")
-            saved_us = os.fstat(f.fileno()).st_mtime_ns // 1000
-    except (FileNotFoundError, ValueError):
-        return {}, None
-    if isinstance(data, int):  # format of the first release: the retained position only
-        return {"retained": {"next": data, "pending": []}}, saved_us
-    return (data if isinstance(data, dict) else {}), saved_us
 
 
 def _listdir(path: str) -> list[str]:

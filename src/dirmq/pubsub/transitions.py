@@ -240,6 +240,34 @@ class Transitions:
         )
         return self.settle(path, key, envelope, subscriber, Outcome.DISMISSED)
 
+    def give_up_linked(
+        self,
+        path: str,
+        key: str,
+        entry: Entry,
+        subscriber: str,
+        policy: DeliveryPolicy,
+        deliveries: int,
+        why: str,
+    ) -> bool:
+        """`give_up` for a log delivery (its log entry at `path`, no file of its own): put a
+        copy in the policy's dead-letter queue, then report it dismissed. False if the
+        dead-letter queue refused it: the caller gives it back instead, rather than lose it."""
+        envelope = entry.envelope
+        detail = give_up_detail(envelope, subscriber, deliveries, why)
+        if policy.dead_letter is not None:
+            try:
+                self.dead_letter(policy.dead_letter, entry, subscriber, deliveries, detail)
+            except (DirmqError, OSError) as exc:
+                log.warning("message %s not dead-lettered yet: %s", envelope.id, exc)
+                return False
+        log.info(
+            "pub/sub message given up",
+            extra={"fields": {"id": envelope.id, "subscriber": subscriber, "detail": detail}},
+        )
+        self.report_linked(path, key, envelope, subscriber, Outcome.DISMISSED, 0)
+        return True
+
     def dead_letter(
         self, queue: str, entry: Entry, subscriber: str, deliveries: int, detail: str
     ) -> str:
