@@ -20,7 +20,9 @@ from dirmq.client import RemoteStore
 from dirmq.client.pubsub import RemotePubSub
 from dirmq.errors import InvalidArgument, QueueNotFound
 from dirmq.pubsub import PubSub
+from dirmq.pubsub.check import check_pubsub
 from dirmq.pubsub.policy import DeliveryPolicy
+from dirmq.server.credentials import new_token, token_digest
 from dirmq.store import Store
 
 from .servers import ServerProcess, start_server
@@ -131,6 +133,44 @@ def test_a_message_given_up_on_is_dead_lettered_with_its_provenance(
         )
         assert "X-Dead-At" in answer.headers
         assert http.get("/dlq/messages").status_code == 204  # exactly one
+
+
+def test_naming_a_dead_letter_queue_needs_write_on_it(tmp_path: Path) -> None:
+    worker, other, ops = new_token(), new_token(), new_token()
+    credentials = tmp_path / "credentials.toml"
+    credentials.write_text(
+        f"""
+[principals.worker]
+token_sha256 = "{token_digest(worker)}"
+read = ["@channel/jobs*"]
+write = ["jobs-dlq"]
+
+[principals.other]
+token_sha256 = "{token_digest(other)}"
+read = ["@channel/jobs*"]
+
+[principals.ops]
+token_sha256 = "{token_digest(ops)}"
+admin = ["*"]
+"""
+    )
+    credentials.chmod(0o600)
+    server = start_server(tmp_path / "root", "--credentials", str(credentials))
+    try:
+        with httpx.Client(base_url=server.url, timeout=10) as http:
+            assert http.put("/jobs-dlq", headers=_bearer(ops)).status_code == 201
+            params = {"channel": "jobs", "dead_letter": "jobs-dlq"}
+            for token, status in ((other, 403), (worker, 200)):
+                with http.stream(
+                    "GET", "/@pubsub/subscribe", params=params, headers=_bearer(token)
+                ) as answer:
+                    assert answer.status_code == status, token
+    finally:
+        server.stop()
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
 
 
 def test_the_policy_is_kept_with_the_subscription_and_checked(server: ServerProcess) -> None:
@@ -281,3 +321,22 @@ def test_backoff_grows_to_its_cap_with_jitter_below() -> None:
     assert DeliveryPolicy(backoff_s=0).backoff_ms(5) == 0
     with pytest.raises(InvalidArgument, match="max deliveries"):
         DeliveryPolicy(max_deliveries=-1)
+
+
+def test_fsck_accepts_entries_that_count_deliveries_and_wait_a_backoff(tmp_path: Path) -> None:
+    with Store(tmp_path / "root") as store:
+        hub = PubSub(store)
+        hub.publish("c", b"x")
+        with hub.subscribe("w", backoff_s=60) as sub:
+            delivery = sub.receive(wait_s=2)
+            assert delivery is not None
+            (taken,) = (tmp_path / "root" / "@pubsub" / "subs" / "w" / "taken").iterdir()
+            assert taken.name.endswith(".1")  # its first delivery
+            report = check_pubsub(str(tmp_path / "root"))
+            assert report is not None and report.findings == []
+            sub.abort(delivery)
+            assert sub.receive(wait_s=0.2) is None  # waiting out its backoff
+        (pooled,) = (tmp_path / "root" / "@pubsub" / "anyone").iterdir()
+        assert len(pooled.name.split(".")) == 4  # key, accept ms, deliveries, due ms
+        report = check_pubsub(str(tmp_path / "root"))
+        assert report is not None and report.findings == []
