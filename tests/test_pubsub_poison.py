@@ -340,3 +340,28 @@ def test_fsck_accepts_entries_that_count_deliveries_and_wait_a_backoff(tmp_path:
         assert len(pooled.name.split(".")) == 4  # key, accept ms, deliveries, due ms
         report = check_pubsub(str(tmp_path / "root"))
         assert report is not None and report.findings == []
+
+
+@pytest.mark.parametrize("mode", ["anyone", "future"])
+def test_a_dead_letter_queue_that_refuses_keeps_the_message_given_back(
+    tmp_path: Path, mode: str
+) -> None:
+    with Store(tmp_path / "root") as store:
+        store.create_queue("dlq")
+        hub = PubSub(store)
+        hub.publish("c", b"poison", mode=mode)
+        with hub.subscribe("w", max_deliveries=1, backoff_s=0, dead_letter="dlq") as sub:
+            store.delete_queue("dlq")  # deleted since the subscription attached
+            delivery = sub.receive(wait_s=2)
+            assert delivery is not None
+            assert sub.abort(delivery, "bad") == "aborted"  # kept: not lost, not dismissed
+            store.create_queue("dlq")
+            delivery = sub.receive(wait_s=2)
+            assert delivery is not None and delivery.body == b"poison"
+            assert sub.abort(delivery, "bad again") == "dismissed"
+            assert sub.receive(wait_s=0.2) is None
+        dead = store.queue("dlq").get_one()
+        assert dead is not None and dead.body == b"poison" and dead.dead is not None
+        assert dead.dead.receive_count == 2
+        assert dead.dead.detail is not None and dead.dead.detail.endswith("the last: bad again")
+        assert store.queue("dlq").get_one() is None

@@ -26,6 +26,7 @@ failed, crashes in between).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -42,6 +43,7 @@ from dirmq.store.root import Store
 
 log = logging.getLogger("dirmq.pubsub")
 
+GIVE_UP_CLAIM_MS = 60_000
 CHANNEL_SOURCE = "@channel/"  # a dead letter's source: where it was published (as permissions)
 
 
@@ -226,14 +228,29 @@ class Transitions:
     ) -> bool:
         """Remove a taken `anyone` entry for good after its last delivery: a copy goes to the
         policy's dead-letter queue first (so a crash in between can dead-letter it twice, never
-        lose it), then it is settled as dismissed. False if it was gone already."""
+        lose it), then it is settled as dismissed. False if it was gone already; what the
+        dead-letter queue raises, the entry left where it was."""
         detail = give_up_detail(envelope, subscriber, deliveries, why)
         if policy.dead_letter is not None:
+            # First claimed, by a rename to a deadline a minute away: of a subscriber and a
+            # sweeper giving it up at once only one puts a copy in the dead-letter queue, and
+            # after a crash mid-way the sweeper does it again once that deadline passed.
+            claim_ms = now_ms() + GIVE_UP_CLAIM_MS
+            claimed = os.path.join(
+                os.path.dirname(path), entry_name(key, claim_ms, max(deliveries, 1))
+            )
             try:
-                entry = read_entry(path)
+                os.rename(path, claimed)
+                entry = read_entry(claimed)
             except FileNotFoundError:
                 return False
-            self.dead_letter(policy.dead_letter, entry, subscriber, deliveries, detail)
+            try:
+                self.dead_letter(policy.dead_letter, entry, subscriber, deliveries, detail)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.rename(claimed, path)
+                raise
+            path = claimed
         log.info(
             "pub/sub message given up",
             extra={"fields": {"id": envelope.id, "subscriber": subscriber, "detail": detail}},
