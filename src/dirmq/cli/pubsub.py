@@ -2,11 +2,14 @@
 
 `subscribe` reports `done` only after a message was written out (or its `--exec` command exited
 0): if the output cannot be written, or the process is stopped, what it holds is given back
-(`aborted`) and delivered again. SIGINT and SIGTERM only set a flag, checked between short
-waits, so no transition is ever cut in half by a signal.
+(`aborted`) and delivered again, after the subscription's backoff (`--backoff`, at most
+`--max-deliveries` times: dirmq.pubsub.policy). SIGINT and SIGTERM only set a flag, checked
+between short waits, so no transition is ever cut in half by a signal. What a failing `--exec`
+says on stderr is rate-limited (cli/throttle.py).
 
-Why it is long: two commands with their output formats (text, JSON lines, `--exec`) and the signal
-handling they share; at the threshold.
+Why it is long: two commands with their output formats (text, JSON lines, `--exec`), the signal
+handling they share and subscribe's delivery policy options; the next cut is `--exec`'s runner
+into a module of its own.
 """
 
 from __future__ import annotations
