@@ -263,7 +263,7 @@ def test_heartbeat_keeps_a_long_task_alive(hub: PubSub, store: Store) -> None:
 
 def test_explicit_abort_and_close_return_messages(hub: PubSub, store: Store) -> None:
     hub.publish("c", b"x", acks="aborted", reply_to=REPLY)
-    sub = hub.subscribe("w")
+    sub = hub.subscribe("w", backoff_s=0)  # given back: due again at once (backoff: test_poison)
     delivery = sub.receive(wait_s=1)
     assert delivery is not None
     sub.abort(delivery)

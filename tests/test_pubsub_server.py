@@ -265,7 +265,7 @@ def test_explicit_abort_and_disconnect_return_messages(
     server: ServerProcess, hub: RemotePubSub
 ) -> None:
     message = hub.publish("c", b"x", acks="aborted,done", reply_to=REPLY)
-    sub = hub.subscribe("first")
+    sub = hub.subscribe("first", backoff_s=0)  # due again at once (backoff: test_poison)
     delivery = sub.receive(wait_s=2)
     assert delivery is not None
     sub.abort(delivery)

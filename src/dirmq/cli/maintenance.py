@@ -13,7 +13,8 @@ from dirmq.cli import exits
 from dirmq.cli.args import open_store, queue_name
 from dirmq.cli.progress import progress_bar
 from dirmq.pubsub.check import Finding, PubSubReport, check_pubsub
-from dirmq.store import default_root, init_root
+from dirmq.pubsub.layout import PubSubPaths
+from dirmq.store import Store, default_root, init_root
 from dirmq.store.fsck import FsckReport, Problem, fsck
 
 
@@ -55,6 +56,20 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="delete each source file once its message is durable in dirmq",
     )
     p.set_defaults(handler=cmd_import_vsqs)
+
+
+def sweep_pubsub(store: Store) -> str | None:
+    """`dirmq sweep`'s pub/sub part: one sweep of `@pubsub` (deliveries past their deadline
+    given back or given up on, `anyone` messages timed out, broadcast entries pruned, outcomes a
+    crash left unreported, half-finished publishes, dead sessions' presence), as a line of
+    counts; None for a root that never used pub/sub."""
+    if not os.path.isdir(PubSubPaths.under(store.root).base):
+        return None
+    # Imported here: only a root with pub/sub state needs the hub.
+    from dirmq.pubsub.hub import PubSub
+
+    report = PubSub(store).sweep()
+    return "@pubsub: " + " ".join(f"{key}={value}" for key, value in asdict(report).items())
 
 
 def cmd_init(args: argparse.Namespace) -> int:

@@ -2,11 +2,14 @@
 
 `subscribe` reports `done` only after a message was written out (or its `--exec` command exited
 0): if the output cannot be written, or the process is stopped, what it holds is given back
-(`aborted`) and delivered again. SIGINT and SIGTERM only set a flag, checked between short
-waits, so no transition is ever cut in half by a signal.
+(`aborted`) and delivered again, after the subscription's backoff (`--backoff`, at most
+`--max-deliveries` times: dirmq.pubsub.policy). SIGINT and SIGTERM only set a flag, checked
+between short waits, so no transition is ever cut in half by a signal. What a failing `--exec`
+says on stderr is rate-limited (cli/throttle.py).
 
-Why it is long: two commands with their output formats (text, JSON lines, `--exec`) and the signal
-handling they share; at the threshold.
+Why it is long: two commands with their output formats (text, JSON lines, `--exec`), the signal
+handling they share and subscribe's delivery policy options; the next cut is `--exec`'s runner
+into a module of its own.
 """
 
 from __future__ import annotations
@@ -28,14 +31,17 @@ from typing import Any
 from dirmq.cli import exits
 from dirmq.cli.args import count, duration, open_store, queue_name
 from dirmq.cli.messages import body_json, header
+from dirmq.cli.throttle import ThrottledWarnings, warn
 from dirmq.errors import DeliveryNotFound, InvalidArgument
 from dirmq.pubsub import Delivery, Mode, Persistence, PubSub, Subscription
 from dirmq.pubsub.model import (
     DEFAULT_ACCEPT_TIMEOUT_S,
     DEFAULT_PROCESS_TIMEOUT_S,
+    Outcome,
     check_name,
     parse_outcomes,
 )
+from dirmq.pubsub.policy import DEFAULT_BACKOFF_MAX_S, DEFAULT_BACKOFF_S, DEFAULT_MAX_DELIVERIES
 
 # Longest wait inside the library before the loop looks at the signal flag again.
 SLICE_S = 0.2
@@ -158,7 +164,41 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --exec: exit status 1 dismisses the message (dropped) instead",
     )
+    add_policy_options(p)
     p.set_defaults(handler=cmd_subscribe)
+
+
+def add_policy_options(p: argparse.ArgumentParser) -> None:
+    """The subscription's delivery policy (dirmq.pubsub.policy): what it gives back."""
+    p.add_argument(
+        "--max-deliveries",
+        type=count,
+        default=DEFAULT_MAX_DELIVERIES,
+        metavar="N",
+        help="dismiss a message given back after its Nth delivery (dead-letter it with "
+        f"--dead-letter); 0: no limit (default {DEFAULT_MAX_DELIVERIES})",
+    )
+    p.add_argument(
+        "--backoff",
+        type=duration,
+        default=DEFAULT_BACKOFF_S,
+        metavar="DUR",
+        help="a message given back comes again after DUR, doubled after each delivery "
+        f"(default {DEFAULT_BACKOFF_S:g}s)",
+    )
+    p.add_argument(
+        "--backoff-max",
+        type=duration,
+        default=DEFAULT_BACKOFF_MAX_S,
+        metavar="DUR",
+        help=f"the longest backoff (default {DEFAULT_BACKOFF_MAX_S:g}s)",
+    )
+    p.add_argument(
+        "--dead-letter",
+        type=queue_name,
+        metavar="QUEUE",
+        help="put messages given up on (--max-deliveries) into QUEUE, with why",
+    )
 
 
 # -- argument types ------------------------------------------------------------------------------
@@ -282,11 +322,17 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
             channels=args.channel,
             subjects=args.subject,
             replay_from=args.replay_from,
+            max_deliveries=args.max_deliveries,
+            backoff_s=args.backoff,
+            backoff_max_s=args.backoff_max,
+            dead_letter=args.dead_letter,
         )
+        warnings = ThrottledWarnings()
         try:
-            received = _consume(subscription, args, stop)
+            received = _consume(subscription, args, stop, warnings)
         finally:
             subscription.close()  # gives back what it holds; an anonymous one is removed
+            warnings.flush()
     if stop.signum == signal.SIGINT:
         return exits.INTERRUPTED
     if stop.signum is None and received == 0 and args.wait is not None:
@@ -295,7 +341,9 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     return exits.OK
 
 
-def _consume(subscription: Subscription, args: argparse.Namespace, stop: Stop) -> int:
+def _consume(
+    subscription: Subscription, args: argparse.Namespace, stop: Stop, warnings: ThrottledWarnings
+) -> int:
     """Receive and settle until --count, --wait or a signal; returns how many were received."""
     wait_s: float = math.inf if args.wait is None else args.wait
     received = 0
@@ -309,10 +357,10 @@ def _consume(subscription: Subscription, args: argparse.Namespace, stop: Stop) -
             continue
         received += 1
         if args.command is not None:
-            _run_command(subscription, delivery, args, stop)
+            _run_command(subscription, delivery, args, stop, warnings)
         else:
             _print(delivery, as_json=args.json)
-            _settle(subscription, delivery, "done")
+            _settle(subscription, delivery, "done", warnings)
         idle_until = time.monotonic() + wait_s
     return received
 
@@ -342,7 +390,11 @@ def delivery_json(delivery: Delivery) -> dict[str, object]:
 
 
 def _run_command(
-    subscription: Subscription, delivery: Delivery, args: argparse.Namespace, stop: Stop
+    subscription: Subscription,
+    delivery: Delivery,
+    args: argparse.Namespace,
+    stop: Stop,
+    warnings: ThrottledWarnings,
 ) -> None:
     env = {
         **os.environ,
@@ -376,7 +428,9 @@ def _run_command(
                     subscription.heartbeat(delivery)
                 except DeliveryNotFound:
                     held = False
-                    warn(f"message {delivery.id} was given back while {args.command!r} ran")
+                    warnings.warn(
+                        "lost", f"message {delivery.id} was given back while {args.command!r} ran"
+                    )
                 next_beat = time.monotonic() + every_s
     finally:
         stop.child = None
@@ -387,24 +441,33 @@ def _run_command(
     if not held:
         return
     if status == 0:
-        _settle(subscription, delivery, "done")
+        _settle(subscription, delivery, "done", warnings)
     elif status == 1 and args.dismiss_on_error:
-        _settle(subscription, delivery, "dismiss")
+        _settle(subscription, delivery, "dismiss", warnings)
     else:
         how = f"was killed by signal {-status}" if status < 0 else f"exited {status}"
-        warn(f"{args.command!r} {how}: message {delivery.id} given back")
-        subscription.abort(delivery)
+        try:
+            outcome = subscription.abort(delivery, f"{args.command!r} {how}")
+        except DeliveryNotFound:
+            outcome = None
+        if outcome is Outcome.DISMISSED:
+            where = "dead-lettered" if args.dead_letter else "dismissed"
+            warnings.warn(
+                "dismissed",
+                f"{args.command!r} {how}: message {delivery.id} {where} "
+                f"(delivered {args.max_deliveries} times)",
+            )
+        else:
+            warnings.warn("failed", f"{args.command!r} {how}: message {delivery.id} given back")
 
 
-def _settle(subscription: Subscription, delivery: Delivery, how: str) -> None:
+def _settle(
+    subscription: Subscription, delivery: Delivery, how: str, warnings: ThrottledWarnings
+) -> None:
     try:
         if how == "done":
             subscription.done(delivery)
         else:
             subscription.dismiss(delivery)
     except DeliveryNotFound:
-        warn(f"message {delivery.id} was given back before it was reported {how}")
-
-
-def warn(message: str) -> None:
-    print(f"dirmq: warning: {message}", file=sys.stderr, flush=True)
+        warnings.warn("lost", f"message {delivery.id} was given back before it was reported {how}")

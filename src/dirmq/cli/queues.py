@@ -9,6 +9,7 @@ from typing import Any
 
 from dirmq.cli import exits
 from dirmq.cli.args import add_config_options, config_changes, open_store, queue_name
+from dirmq.cli.maintenance import sweep_pubsub
 from dirmq.cli.progress import progress_bar
 from dirmq.errors import DirmqError
 from dirmq.store import QueueConfig, QueueStats, Store
@@ -76,7 +77,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "sweep",
         parents=[common],
-        help="recover expired leases, due delays, orphans (one queue or all)",
+        help="recover expired leases, due delays, orphans (one queue, or all and pub/sub)",
     )
     p.add_argument(
         "queue", nargs="?", type=queue_name, metavar="QUEUE", help="this queue only (default: all)"
@@ -214,4 +215,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 continue
             done = " ".join(f"{key}={value}" for key, value in asdict(report).items())
             print(f"{name}: {done}")
+        if args.queue is None:
+            swept = sweep_pubsub(store)
+            if swept is not None:
+                print(swept)
     return code

@@ -157,10 +157,26 @@ class RemotePubSub:
         subjects: Iterable[str] = (),
         replay_from: int | None = None,
         window: int = 16,
+        max_deliveries: int | None = None,
+        backoff_s: float | None = None,
+        backoff_max_s: float | None = None,
+        dead_letter: str | None = None,
     ) -> RemoteSubscription:
         """Attach subscription `name` (anonymous if None) with a filter; SubscriptionBusy if it
-        is attached elsewhere."""
-        return RemoteSubscription(self, name, list(channels), list(subjects), replay_from, window)
+        is attached elsewhere. The delivery policy (`PubSub.subscribe`): the server's defaults
+        for what is None."""
+        policy: list[tuple[str, str]] = []
+        if max_deliveries is not None:
+            policy.append(("max_deliveries", str(max_deliveries)))
+        if backoff_s is not None:
+            policy.append(("backoff", p.seconds(backoff_s)))
+        if backoff_max_s is not None:
+            policy.append(("backoff_max", p.seconds(backoff_max_s)))
+        if dead_letter is not None:
+            policy.append(("dead_letter", dead_letter))
+        return RemoteSubscription(
+            self, name, list(channels), list(subjects), replay_from, window, policy
+        )
 
     def subscriptions(self) -> list[dict[str, Any]]:
         return list(self.request("GET", "/@pubsub/subscriptions").json())
@@ -258,9 +274,11 @@ class RemoteSubscription:
         subjects: list[str],
         replay_from: int | None,
         window: int,
+        policy: list[tuple[str, str]] | None = None,
     ) -> None:
         self.hub = hub
         params = [("channel", c) for c in channels] + [("subject", s) for s in subjects]
+        params += policy or []
         if name is not None:
             params.append(("name", check_name("subscription name", name)))
         if replay_from is not None:

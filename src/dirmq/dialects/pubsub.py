@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from dirmq.errors import DeliveryNotFound, DirmqError, InvalidArgument, MessageTooLarge
-from dirmq.pubsub import Delivery, Mode, PubSub, Subscription
+from dirmq.pubsub import Delivery, Mode, Outcome, PubSub, Subscription
 from dirmq.pubsub.layout import PubSubPaths, is_delivery_key
 from dirmq.pubsub.logs import LogHead
 from dirmq.pubsub.model import (
@@ -61,6 +61,12 @@ from dirmq.pubsub.model import (
     DEFAULT_PROCESS_TIMEOUT_S,
     Filter,
     check_name,
+)
+from dirmq.pubsub.policy import (
+    DEFAULT_BACKOFF_MAX_S,
+    DEFAULT_BACKOFF_S,
+    DEFAULT_MAX_DELIVERIES,
+    MAX_DELIVERIES_LIMIT,
 )
 from dirmq.pubsub.retained import LostEntry, read_retained
 from dirmq.server.access import OPEN, Access
@@ -100,6 +106,7 @@ RETAINED_PARAMETERS = ("from", "limit", "channel", "subject")
 MAX_BODY_BYTES = 16 * 1024 * 1024  # as a queue's default max_message_bytes
 CLOSE_WAIT_S = 5.0
 ACTIONS = ("done", "dismiss", "abort", "heartbeat")
+SETTLED = {"done": "done", "dismiss": "dismissed", "abort": "aborted"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +163,19 @@ PARAMETERS: dict[str, frozenset[str]] = {
             "persistence",
         }
     ),
-    "subscribe": frozenset({"channel", "subject", "name", "from", "window"}),
+    "subscribe": frozenset(
+        {
+            "channel",
+            "subject",
+            "name",
+            "from",
+            "window",
+            "max_deliveries",
+            "backoff",
+            "backoff_max",
+            "dead_letter",
+        }
+    ),
     "subscriptions": frozenset(),
     "subscription": frozenset(),
     "delivery": frozenset(),
@@ -352,6 +371,9 @@ class PubSubApi(Dialect):
             name = query.get("name") if route.kind == "subscribe" else None
             if name:
                 access.require(principal, READ, SUBSCRIPTION_PREFIX + name, "subscription")
+            dead_letter = query.get("dead_letter") if route.kind == "subscribe" else None
+            if dead_letter:
+                access.require(principal, WRITE, dead_letter, "dead_letter queue")
             where = f"{request.method} {request.path}"
             prefixes = [v for k, v in every_value(request.raw_query, where) if k == "channel" and v]
             for prefix in prefixes or [""]:
@@ -424,6 +446,14 @@ class PubSubApi(Dialect):
         replay_from = _int(request.query.get("from"), "from", 1, 2**62, None)
         window = _int(request.query.get("window"), "window", 1, MAX_WINDOW, DEFAULT_WINDOW)
         assert window is not None
+        max_deliveries = _int(
+            request.query.get("max_deliveries"),
+            "max_deliveries",
+            0,
+            MAX_DELIVERIES_LIMIT,
+            DEFAULT_MAX_DELIVERIES,
+        )
+        assert max_deliveries is not None
         hub = await self.hub()
         sub = await self.broker.call(
             hub.subscribe,
@@ -431,6 +461,10 @@ class PubSubApi(Dialect):
             channels=[c for c in channels if c],
             subjects=[s for s in subjects if s],
             replay_from=replay_from,
+            max_deliveries=max_deliveries,
+            backoff_s=_duration(request, "backoff", DEFAULT_BACKOFF_S),
+            backoff_max_s=_duration(request, "backoff_max", DEFAULT_BACKOFF_MAX_S),
+            dead_letter=request.query.get("dead_letter") or None,
         )
         stream = _Stream(self, sub, window, request.principal)
         self._streams[sub.name] = stream
@@ -539,8 +573,9 @@ class _Stream:
             os.eventfd_read(fd)
         self.wake.set()
 
-    def _step(self) -> tuple[list[Delivery], list[str]]:
-        """In a pool thread: return what passed its deadline, then take up to the window."""
+    def _step(self) -> tuple[list[Delivery], dict[str, Outcome], float]:
+        """In a pool thread: return what passed its deadline, then take up to the window;
+        and in how many seconds something given back is due again (a backoff ends)."""
         expired = self.sub.expire()
         taken: list[Delivery] = []
         while len(self.sub.held()) < self.window:
@@ -548,7 +583,7 @@ class _Stream:
             if delivery is None:
                 break
             taken.append(delivery)
-        return taken, expired
+        return taken, expired, self.sub.wake_in_s()
 
     async def events(self) -> AsyncGenerator[bytes, None]:
         loop = asyncio.get_running_loop()
@@ -564,10 +599,11 @@ class _Stream:
         try:
             while not self.stopped:
                 self.wake.clear()
-                taken, expired = await broker.call(self._step)
-                for key in expired:
+                taken, expired, wake_in_s = await broker.call(self._step)
+                for key, outcome in expired.items():
                     self.deadlines.pop(key, None)
-                    metrics.pubsub_settled.labels("aborted").inc()
+                    # `dismissed` here: given up on after the delivery limit.
+                    metrics.pubsub_settled.labels(outcome.value).inc()
                 if taken:
                     frames = []
                     for delivery in taken:
@@ -577,7 +613,7 @@ class _Stream:
                     last_sent = loop.time()
                     yield b"".join(frames)
                     continue
-                timeout = min(recheck, max(0.0, last_sent + KEEPALIVE_S - loop.time()))
+                timeout = min(recheck, wake_in_s, max(0.0, last_sent + KEEPALIVE_S - loop.time()))
                 if self.deadlines:
                     soonest = (min(self.deadlines.values()) - time.time() * 1000) / 1000
                     timeout = min(timeout, max(0.0, soonest) + 0.002)
@@ -599,9 +635,12 @@ class _Stream:
                 if key in self.deadlines:
                     self.deadlines[key] = deadline
                 return _json(200, pubsub_wire.encode_deadline(deadline))
-            method = {"done": sub.done, "dismiss": sub.dismiss, "abort": sub.abort}[action]
+            result: Outcome | None = None
             try:
-                await self.api.broker.call(method, key)
+                if action == "abort":
+                    result = await self.api.broker.call(sub.abort, key)
+                else:
+                    await self.api.broker.call(sub.done if action == "done" else sub.dismiss, key)
             finally:
                 # Settled, or no longer held (expired): either way its slot may be free.
                 self.deadlines.pop(key, None)
@@ -610,7 +649,8 @@ class _Stream:
             if self.closed:  # the stream ended meanwhile: everything it held went back
                 raise DeliveryNotFound(f"delivery {key} is no longer held") from None
             raise
-        outcome = {"done": "done", "dismiss": "dismissed", "abort": "aborted"}[action]
+        # An abort after the last delivery allowed dismisses (`result` says which).
+        outcome = result.value if result is not None else SETTLED[action]
         self.api.metrics.pubsub_settled.labels(outcome).inc()
         return Response(204)
 

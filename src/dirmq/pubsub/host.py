@@ -13,6 +13,7 @@ from typing import Protocol
 
 from dirmq.pubsub.layout import PubSubPaths
 from dirmq.pubsub.logs import SeqLog
+from dirmq.pubsub.model import Outcome
 from dirmq.pubsub.presence import PresenceIndex
 from dirmq.pubsub.transitions import Transitions
 from dirmq.store.root import Store
@@ -31,8 +32,9 @@ class SubscriptionHost(Protocol):
         """Sweep if no process has lately (a waiting `receive` calls it)."""
         ...
 
-    def abort_entry(self, path: str, subscriber: str, timed: tuple[str, int]) -> int:
-        """Return a taken `anyone` entry to the pool (aborted); 1 if this call did it."""
+    def abort_entry(self, path: str, subscriber: str, why: str) -> Outcome | None:
+        """Give back a taken `anyone` entry under the subscription's delivery policy (aborted,
+        or dismissed after its last delivery allowed); None if it was settled meanwhile."""
         ...
 
     def delete_subscription(self, name: str) -> None:

@@ -29,14 +29,17 @@ from dirmq.errors import (
     CorruptMessage,
     DuplicateMessage,
     InvalidArgument,
+    QueueNotFound,
     StorageError,
     SubscriptionBusy,
     storage_error,
 )
+from dirmq.pubsub.feed import load_state
 from dirmq.pubsub.layout import (
     BROADCAST,
     PubSubPaths,
     log_key,
+    split_entry,
     split_outbox,
     split_timed,
     timed_name,
@@ -55,8 +58,15 @@ from dirmq.pubsub.model import (
     make_envelope,
 )
 from dirmq.pubsub.outcomes import OutcomeReporter
+from dirmq.pubsub.policy import (
+    DEFAULT_BACKOFF_MAX_S,
+    DEFAULT_BACKOFF_S,
+    DEFAULT_MAX_DELIVERIES,
+    DeliveryPolicy,
+    read_policy,
+)
 from dirmq.pubsub.presence import PresenceIndex, read_subscription
-from dirmq.pubsub.subscription import Subscription, load_state
+from dirmq.pubsub.subscription import Subscription
 from dirmq.pubsub.transitions import Transitions, now_ms, read_entry
 from dirmq.store import smallfiles
 from dirmq.store.codec import check_headers, encode
@@ -77,11 +87,13 @@ _STAMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
 
 @dataclass(slots=True)
 class SweepReport:
-    timed_out: int = 0
-    aborted: int = 0
-    reported: int = 0
-    recovered: int = 0
-    removed: int = 0
+    timed_out: int = 0  # `anyone` messages nobody accepted in time
+    aborted: int = 0  # deliveries past their deadline, given back
+    dismissed: int = 0  # ... after their last delivery allowed: dismissed (or dead-lettered)
+    reported: int = 0  # outcomes a crash or a failed report left in outbox/
+    recovered: int = 0  # half-finished publishes
+    removed: int = 0  # pruned broadcast entries, finished messages past the dedup window
+    detached: int = 0  # presence of sessions that died
 
 
 class PubSub:
@@ -105,7 +117,7 @@ class PubSub:
         self.retained = SeqLog(self.paths.retained, prunable=False, access=store.access)
         self.broadcast = SeqLog(self.paths.broadcast, prunable=True, access=store.access)
         self.reporter = OutcomeReporter(store)
-        self.transitions = Transitions(self.paths, self.reporter)
+        self.transitions = Transitions(self.paths, self.reporter, store)
         self.presence = PresenceIndex(self.paths, presence_timeout_s)
         self.sweep_interval_s = sweep_interval_s
         self.dedup_window_s = dedup_window_s
@@ -255,16 +267,34 @@ class PubSub:
         channels: Iterable[str] = (),
         subjects: Iterable[str] = (),
         replay_from: int | None = None,
+        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        backoff_s: float = DEFAULT_BACKOFF_S,
+        backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
+        dead_letter: str | None = None,
     ) -> Subscription:
         """Attach subscription `name` (durable: its log positions survive detaching) or,
         without a name, an anonymous one that is removed when closed. SubscriptionBusy if
-        `name` is attached elsewhere."""
+        `name` is attached elsewhere.
+
+        What it gives back (aborts, passed deadlines) comes again after `backoff_s`, doubling
+        with each delivery up to `backoff_max_s`; after `max_deliveries` (0: no limit) it is
+        dismissed instead, or put in the queue `dead_letter` (which must exist: QueueNotFound)
+        and dismissed. See policy.py."""
+        if dead_letter is not None:
+            validate_queue_name(dead_letter)
+            if not self.store.exists(dead_letter):
+                raise QueueNotFound(
+                    f"dead-letter queue {dead_letter!r} does not exist; create it first "
+                    f"(dirmq create {dead_letter})"
+                )
+        policy = DeliveryPolicy(max_deliveries, backoff_s, backoff_max_s, dead_letter or None)
         return Subscription(
             self,
             check_name("subscription name", name or f"anon-{uuid.uuid4().hex[:16]}"),
             Filter(tuple(channels), tuple(subjects)),
             replay_from=replay_from,
             durable=name is not None,
+            policy=policy,
         )
 
     def subscriptions(self) -> list[dict[str, object]]:
@@ -282,6 +312,7 @@ class PubSub:
                     "retained_next": _position(state, "retained"),
                     "broadcast_next": _position(state, "broadcast"),
                     "taken": _count(self.paths.taken(name)),
+                    "delivery": read_policy(self.paths.subscription_file(name)).to_json(),
                 }
             )
         return result
@@ -293,9 +324,7 @@ class PubSub:
             raise SubscriptionBusy(f"subscription {name!r} is attached; detach it first")
         taken = self.paths.taken(name)
         for entry in _listdir(taken):
-            timed = split_timed(entry)
-            if timed is not None:
-                self.abort_entry(os.path.join(taken, entry), name, timed)
+            self.abort_entry(os.path.join(taken, entry), name, "its subscription was deleted")
         shutil.rmtree(self.paths.sub(name), ignore_errors=True)
 
     def stats(self) -> dict[str, int]:
@@ -351,13 +380,16 @@ class PubSub:
             for entry in _listdir(taken):
                 timed = split_timed(entry)
                 if timed is not None and timed[1] < at_ms:
-                    report.aborted += self.abort_entry(os.path.join(taken, entry), name, timed)
+                    why = "no result within its process timeout"
+                    outcome = self.abort_entry(os.path.join(taken, entry), name, why)
+                    report.aborted += outcome is Outcome.ABORTED
+                    report.dismissed += outcome is Outcome.DISMISSED
         wall = time.time()
         for entry in _listdir(self.paths.present):
             if not self.presence.is_fresh(entry):
                 # Its session died: it no longer gets `everyone` messages. Not a plain unlink:
                 # a fresh session may replace the stale file meanwhile.
-                self.presence.remove_stale(entry)
+                report.detached += self.presence.remove_stale(entry)
                 self.presence.invalidate()
         report.removed += self._prune_broadcast(at_ms)
         report.reported += self._replay_outbox(wall)
@@ -476,12 +508,22 @@ class PubSub:
         key = timed[0] if timed else os.path.basename(path)
         return int(self.transitions.settle(path, key, envelope, subscriber, outcome))
 
-    def abort_entry(self, path: str, subscriber: str, timed: tuple[str, int]) -> int:
+    def abort_entry(self, path: str, subscriber: str, why: str) -> Outcome | None:
+        """Give back the taken `anyone` entry at `path` (`why` it failed) under the
+        subscription's delivery policy: ABORTED, or DISMISSED after its last delivery allowed;
+        None if it was settled meanwhile (or is not an entry)."""
+        taken = split_entry(os.path.basename(path))
+        if taken is None:
+            return None
         envelope = _envelope_or_discard(path)
         if envelope is None:
-            return 0
-        key, deadline = timed
-        return int(self.transitions.abort(path, key, envelope, subscriber, deadline))
+            return None
+        policy = read_policy(self.paths.subscription_file(subscriber))
+        try:
+            return self.transitions.give_back(path, taken, envelope, subscriber, policy, why)
+        except (StorageError, OSError) as exc:  # a dead-letter queue full or gone: next sweep
+            log.warning("delivery %s not given back yet: %s", os.path.basename(path), exc)
+            return None
 
     def _replay_outbox(self, wall: float) -> int:
         reported = 0

@@ -5,7 +5,7 @@
       messages/<id>                  the one written file of each message: publishing
       messages/<id>.live             ... routed (its `queued` outcome is out)
       messages/<id>.end              ... finished; kept for the dedup window, then removed
-      anyone/<key>.<accept-ms>       `anyone` messages waiting for a subscriber
+      anyone/<key>.<accept-ms>[.<n>[.<due-ms>]]   `anyone` messages waiting for a subscriber
       broadcast/<seq, 16 digits>     the `everyone` log, pruned after the accept timeout
       broadcast.floor                its lowest remaining sequence number
       retained/<seq, 16 digits>      the `future` log: dense sequence numbers from 1, kept
@@ -14,13 +14,15 @@
       outbox/<key>~<sub>~<outcome>~<n>   an outcome decided but not yet reported
       subs/<subscriber>/subscription.json   its filter, when it attached
       subs/<subscriber>/cursor       its positions in the two logs (JSON)
-      subs/<subscriber>/taken/<key>.<deadline-ms> `anyone` deliveries it holds (accepted)
+      subs/<subscriber>/taken/<key>.<deadline-ms>.<n> `anyone` deliveries it holds (accepted)
 
 Every entry is a hard link to the message's one file, first written as `messages/<id>`:
 fan-out costs one write and one link whatever the number of subscribers, because subscriptions
 read the logs from their own cursors. `<key>` is `<publish-µs, 16 digits>_<id>`, so names sort
 by publish time; a delivery from a log has the key `<key>+<b|r><seq>`. `<accept-ms>` is the
-epoch millisecond after which an entry nobody accepted times out.
+epoch millisecond after which an entry nobody accepted times out. `<n>` counts the deliveries
+of an `anyone` message so far (absent: none); `<due-ms>`, on an entry given back, is when it may
+be delivered again (its backoff, policy.py).
 """
 
 from __future__ import annotations
@@ -114,11 +116,42 @@ def timed_name(key: str, ms: int) -> str:
 
 
 def split_timed(name: str) -> tuple[str, int] | None:
-    """(key, ms) of a `timed_name`, or None for a foreign file."""
-    key, dot, ms = name.rpartition(".")
-    if not dot or not key or not ms.isdigit():
+    """(key, ms) of a `timed_name` or an `entry_name`, or None for a foreign file."""
+    found = split_entry(name)
+    return None if found is None else (found.key, found.ms)
+
+
+@dataclass(frozen=True, slots=True)
+class EntryName:
+    """What the name of an `anyone/` or `taken/` entry says."""
+
+    key: str
+    ms: int  # accept deadline (anyone/) or process deadline (taken/)
+    deliveries: int = 0  # deliveries so far
+    due_ms: int = 0  # not delivered again before (0: at once)
+
+    def name(self) -> str:
+        return entry_name(self.key, self.ms, self.deliveries, self.due_ms)
+
+
+def entry_name(key: str, ms: int, deliveries: int = 0, due_ms: int = 0) -> str:
+    """`<key>.<ms>[.<deliveries>[.<due-ms>]]`: a `timed_name` that also counts deliveries."""
+    name = timed_name(key, ms)
+    if deliveries or due_ms:
+        name += f".{deliveries}"
+    if due_ms:
+        name += f".{due_ms}"
+    return name
+
+
+def split_entry(name: str) -> EntryName | None:
+    """The parts of an `entry_name` (or a plain `timed_name`), or None for a foreign file."""
+    key, *numbers = name.split(".")
+    if not key or not 1 <= len(numbers) <= 3:
         return None
-    return key, int(ms)
+    if not all(n.isascii() and n.isdigit() for n in numbers):
+        return None
+    return EntryName(key, *(int(n) for n in numbers))
 
 
 RETAINED = "r"

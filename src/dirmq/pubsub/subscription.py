@@ -14,6 +14,8 @@ come again (at-least-once).
 A taken message must be settled (`done`, `dismiss`), kept alive (`heartbeat`) or given back
 (`abort`) before its deadline; otherwise it is aborted: an `anyone` message returns to the pool
 for any subscriber, a log delivery to this subscription. Closing gives back everything held.
+What is given back comes again only after the backoff of the subscription's `DeliveryPolicy`,
+and after its last delivery allowed it is dismissed (or dead-lettered) instead (policy.py).
 
 Why it is long: the three feeds (pool, broadcast log, retained log), their saved positions and the
 deliveries held from them are one state machine whose invariants span all three.
@@ -30,7 +32,6 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from dirmq.errors import (
@@ -41,10 +42,19 @@ from dirmq.errors import (
     SubscriptionBusy,
     storage_error,
 )
+from dirmq.pubsub.feed import Feed, Held, load_state
 from dirmq.pubsub.host import SubscriptionHost
-from dirmq.pubsub.layout import BROADCAST, RETAINED, log_key, split_log_key, split_timed
-from dirmq.pubsub.logs import SeqLog, is_tombstone
+from dirmq.pubsub.layout import (
+    BROADCAST,
+    RETAINED,
+    EntryName,
+    entry_name,
+    log_key,
+    split_entry,
+    split_log_key,
+)
 from dirmq.pubsub.model import Delivery, Envelope, Filter, Outcome, check_timeout
+from dirmq.pubsub.policy import DeliveryPolicy
 from dirmq.pubsub.presence import new_session
 from dirmq.pubsub.transitions import Entry, now_ms, read_entry
 from dirmq.store import smallfiles
@@ -59,43 +69,6 @@ _CLAIM_TRIES = 3
 _OUT_OF_INOTIFY = {errno.EMFILE, errno.ENOSPC}
 
 
-@dataclass(slots=True)
-class _Feed:
-    """This subscription's reading of one log."""
-
-    letter: str  # RETAINED or BROADCAST
-    log: SeqLog
-    next_seq: int
-    held: set[int] = field(default_factory=set)
-    retry: list[int] = field(default_factory=list)  # heap of returned sequence numbers
-    returned: dict[int, tuple[Entry, int]] = field(
-        default_factory=dict
-    )  # seq -> (entry, accept ms)
-    pending_after_attach: list[int] = field(default_factory=list)  # returned by a past session
-    peeked: tuple[int, Entry] | None = None
-    # `broadcast` after re-attaching: entries up to `skip_through` published while it was away
-    # (after `away_since_us`) were not for it.
-    skip_through: int = 0
-    away_since_us: int | None = None
-    maybe_pruned: bool = True
-    # Something may have been appended since the last probe found nothing (an inotify event,
-    # a rescan): probing an idle log on every receive would cost an open and a stat.
-    dirty: bool = True
-
-    def state(self) -> dict[str, Any]:
-        return {"next": self.next_seq, "pending": sorted(self.held | set(self.retry))}
-
-
-@dataclass(slots=True)
-class _Held:
-    deadline: int
-    envelope: Envelope
-    path: str  # taken/ entry (anyone) or log entry
-    feed: _Feed | None = None  # None: an `anyone` delivery
-    seq: int = 0
-    entry: Entry | None = None
-
-
 class Subscription:
     def __init__(
         self,
@@ -105,19 +78,22 @@ class Subscription:
         *,
         replay_from: int | None = None,
         durable: bool = True,
+        policy: DeliveryPolicy | None = None,
     ) -> None:
         self.hub = hub
         self.name = name
         self.filter = filter
+        self.policy = policy or DeliveryPolicy()
         self.durable = durable  # False: removed when closed
         self._paths = hub.paths
         self._lock = threading.RLock()
         self._closed = False
-        self._held: dict[str, _Held] = {}
+        self._held: dict[str, Held] = {}
         self._pool: list[str] = []  # heap of matching pool names
         self._pool_envelopes: dict[str, Envelope] = {}  # matching pool names that exist
         self._pool_unread: set[str] = set()  # pool names not examined yet
         self._pool_skipped: set[str] = set()  # examined, not for us
+        self._pool_later: list[tuple[int, str]] = []  # heap of matching names not due yet
         self._session = new_session()
         self._saved_state: dict[str, Any] | None = None
         if replay_from is not None and replay_from < 1:
@@ -162,6 +138,7 @@ class Subscription:
             "filter": self.filter.to_json(),
             "attached_ms": now_ms(),
             "session": self._session,
+            "delivery": self.policy.to_json(),
         }
         smallfiles.replace_file(
             paths.subscription_file(self.name),
@@ -172,12 +149,12 @@ class Subscription:
         os.utime(paths.present)  # publishers re-read the list, with this filter
         self.hub.presence.invalidate()
         state, saved_us = load_state(paths.cursor(self.name))
-        self._retained = self._feed(RETAINED, self.hub.retained, state.get("retained"), 1)
+        self._retained = Feed.from_saved(RETAINED, self.hub.retained, state.get("retained"), 1)
         if replay_from is not None:
-            self._retained = _Feed(RETAINED, self.hub.retained, replay_from)
+            self._retained = Feed(RETAINED, self.hub.retained, replay_from)
         broadcast = self.hub.broadcast
         head = broadcast.scan()
-        self._broadcast = self._feed(BROADCAST, broadcast, state.get("broadcast"), head + 1)
+        self._broadcast = Feed.from_saved(BROADCAST, broadcast, state.get("broadcast"), head + 1)
         if "broadcast" in state:
             self._broadcast.skip_through = head
             detached = state.get("detached_us")
@@ -186,9 +163,7 @@ class Subscription:
         # Deliveries of `anyone` messages a previous session held go back to the pool.
         taken = paths.taken(self.name)
         for entry in os.listdir(taken):
-            timed = split_timed(entry)
-            if timed is not None:
-                self.hub.abort_entry(os.path.join(taken, entry), self.name, timed)
+            self.hub.abort_entry(os.path.join(taken, entry), self.name, "its session ended")
 
     def _claim_presence(self) -> None:
         """Create `present/<name>`, whole (linked from a written temp file, O_EXCL-like), or raise
@@ -208,14 +183,6 @@ class Subscription:
             raise SubscriptionBusy(f"subscription {self.name!r} is attached elsewhere")
         finally:
             os.unlink(written)
-
-    @staticmethod
-    def _feed(letter: str, seq_log: SeqLog, saved: object, start: int) -> _Feed:
-        if not isinstance(saved, dict):
-            return _Feed(letter, seq_log, start)
-        feed = _Feed(letter, seq_log, max(1, int(saved.get("next", start))))
-        feed.pending_after_attach = [int(s) for s in saved.get("pending", []) if int(s) > 0]
-        return feed
 
     def _save_state(self, *, detached_us: int | None) -> None:
         with self._lock:
@@ -250,12 +217,20 @@ class Subscription:
                 self._save_state(detached_us=None)
             except OSError as exc:
                 log.warning("subscription %s positions not saved: %s", self.name, exc)
+            # Sweeping here, not only from an idle `receive`, keeps timeouts and reports going
+            # while this process is busy (a long handler, a message that fails over and over).
+            try:
+                self.hub.maybe_sweep()
+            except Exception:  # a bad moment (disk full) must not stop the heartbeat
+                log.exception("pub/sub sweep failed")
 
     # -- indexing --------------------------------------------------------------------------------
     def _rescan(self) -> None:
         names = set(_listdir(self._paths.anyone))
         self._pool_envelopes = {n: e for n, e in self._pool_envelopes.items() if n in names}
-        self._pool = list(self._pool_envelopes)
+        self._pool, self._pool_later = [], []
+        for name in self._pool_envelopes:
+            self._pool_push(name)
         heapq.heapify(self._pool)
         self._pool_skipped &= names
         self._pool_unread = names - self._pool_skipped - set(self._pool_envelopes)
@@ -296,77 +271,63 @@ class Subscription:
             envelope = entry.envelope
             if self.filter.matches(envelope.channel, envelope.subject):
                 self._pool_envelopes[name] = envelope
-                heapq.heappush(self._pool, name)
+                self._pool_push(name)
             else:
                 self._pool_skipped.add(name)
         self._pool_unread.clear()
 
-    def _load_pending(self, feed: _Feed) -> None:
+    def _pool_push(self, name: str) -> None:
+        """Index a matching pool name: deliverable now, or once its backoff is over."""
+        parsed = split_entry(name)
+        if parsed is not None and parsed.due_ms > now_ms():
+            heapq.heappush(self._pool_later, (parsed.due_ms, name))
+        else:
+            heapq.heappush(self._pool, name)
+
+    def _release_due(self) -> None:
+        at_ms = now_ms()
+        while self._pool_later and self._pool_later[0][0] <= at_ms:
+            name = heapq.heappop(self._pool_later)[1]
+            if name in self._pool_envelopes:
+                heapq.heappush(self._pool, name)
+        for feed in (self._retained, self._broadcast):
+            feed.release_due(at_ms)
+
+    def _load_pending(self, feed: Feed) -> None:
         """Deliveries a past session held or gave back come first, once."""
         for seq in feed.pending_after_attach:
             try:
                 entry = read_entry(feed.log.path(seq))
             except (FileNotFoundError, CorruptMessage):
                 continue  # pruned (it timed out) or damaged
-            if seq not in feed.returned:
-                feed.returned[seq] = (entry, self._retry_accept_ms(feed, entry.envelope))
-                heapq.heappush(feed.retry, seq)
+            if seq in feed.returned:
+                continue
+            deliveries = feed.deliveries.setdefault(seq, 1)
+            if self.policy.exhausted(deliveries):
+                # Held by the past session when it ended: that was its last delivery allowed.
+                key = log_key(entry.envelope.key, feed.letter, seq)
+                feed.held.add(seq)
+                held = Held(0, entry.envelope, feed.log.path(seq), feed, seq, entry, deliveries)
+                self._abort(key, held, "its session ended")
+                continue
+            feed.returned[seq] = (entry, self._retry_accept_ms(feed, entry.envelope))
+            heapq.heappush(feed.retry, seq)
         feed.pending_after_attach = []
 
-    def _feed_head(self, feed: _Feed) -> tuple[str, int, Entry] | None:
-        """The next delivery `feed` offers: (key, seq, entry), without taking it."""
+    def _feed_head(self, feed: Feed) -> tuple[str, int, Entry] | None:
+        """The next delivery `feed` offers, without taking it."""
         if feed.pending_after_attach:
             self._load_pending(feed)
-        if feed.retry:
-            seq = feed.retry[0]
-            entry = feed.returned[seq][0]
-            return log_key(entry.envelope.key, feed.letter, seq), seq, entry
-        while feed.peeked is None:
-            if not feed.dirty:
-                return None
-            seq = feed.next_seq
-            try:
-                entry = read_entry(feed.log.path(seq))
-            except FileNotFoundError:
-                if feed.log.prunable and feed.maybe_pruned:
-                    feed.maybe_pruned = False
-                    floor = feed.log.floor()
-                    if floor > seq:  # what we had not read yet timed out and was pruned
-                        feed.next_seq = floor
-                        continue
-                # `seq + 1` is linked only once `seq` exists: if it is there and `seq` still is
-                # not (checked again: it may have appeared since our open), it was deleted.
-                if os.path.exists(feed.log.path(seq + 1)):
-                    if os.path.exists(feed.log.path(seq)):
-                        continue
-                    if feed.log.floor() > seq:
-                        feed.next_seq = feed.log.floor()
-                        continue
-                    log.error("log entry %s is missing; skipping it", feed.log.path(seq))
-                    feed.next_seq += 1
-                    continue
-                feed.dirty = False
-                return None
-            except CorruptMessage as exc:
-                if not is_tombstone(feed.log.path(seq)):  # (a buried entry: nothing to say)
-                    log.error("skipping damaged log entry %s: %s", feed.log.path(seq), exc)
-                feed.next_seq += 1
-                continue
-            if not self._wanted(feed, seq, entry.envelope):
-                feed.next_seq += 1
-                continue
-            feed.peeked = (seq, entry)
-        seq, entry = feed.peeked
-        return log_key(entry.envelope.key, feed.letter, seq), seq, entry
+        return feed.head(lambda seq, envelope: self._wanted(feed, seq, envelope))
 
-    def _wanted(self, feed: _Feed, seq: int, envelope: Envelope) -> bool:
+    def _wanted(self, feed: Feed, seq: int, envelope: Envelope) -> bool:
         if not self.filter.matches(envelope.channel, envelope.subject):
             return False
         if feed.away_since_us is not None and seq <= feed.skip_through:
             return envelope.published_us <= feed.away_since_us
         return True
 
-    def _retry_accept_ms(self, feed: _Feed, envelope: Envelope) -> int:
+    def _retry_accept_ms(self, feed: Feed, envelope: Envelope) -> int:
         if feed.letter == RETAINED:
             return 0  # retained messages never time out
         return now_ms() + int(envelope.accept_timeout_s * 1000)
@@ -394,9 +355,10 @@ class Subscription:
     def _take_next(self) -> Delivery | None:
         while True:
             self._examine_pool()
+            self._release_due()
             while self._pool and self._pool[0] not in self._pool_envelopes:
                 heapq.heappop(self._pool)
-            choices: list[tuple[str, _Feed | None]] = []
+            choices: list[tuple[str, Feed | None]] = []
             if self._pool:
                 choices.append((self._pool[0], None))
             for feed in (self._retained, self._broadcast):
@@ -413,83 +375,117 @@ class Subscription:
     def _take_pool(self, name: str) -> Delivery | None:
         heapq.heappop(self._pool)
         envelope = self._pool_envelopes.pop(name)
-        timed = split_timed(name)
+        pooled = split_entry(name)
         path = os.path.join(self._paths.anyone, name)
-        if timed is None:
+        if pooled is None:
             return None
-        key, accept_ms = timed
+        key, accept_ms = pooled.key, pooled.ms
         if 0 < accept_ms < now_ms():
             self.hub.transitions.settle(path, key, envelope, "", Outcome.TIMEOUT)
             return None
-        taken = self.hub.transitions.accept(path, key, envelope, self.name)
+        taken = self.hub.transitions.accept(path, pooled, envelope, self.name)
         if taken is None:  # another subscriber was first
             return None
+        taken_path, deadline, deliveries = taken
         try:
-            entry = read_entry(taken[0])
+            entry = read_entry(taken_path)
         except (FileNotFoundError, CorruptMessage) as exc:
-            log.error("taken pool entry %s unreadable: %s", taken[0], exc)
+            log.error("taken pool entry %s unreadable: %s", taken_path, exc)
             return None
-        self._held[key] = _Held(taken[1], envelope, taken[0])
-        return Delivery(key, envelope, entry.body, entry.headers, taken[1], None)
+        self._held[key] = Held(deadline, envelope, taken_path, deliveries=deliveries)
+        return Delivery(key, envelope, entry.body, entry.headers, deadline, None)
 
-    def _take_feed(self, feed: _Feed) -> Delivery | None:
+    def _take_feed(self, feed: Feed) -> Delivery | None:
         at_ms = now_ms()
         if feed.retry:
             seq = heapq.heappop(feed.retry)
             entry, accept_ms = feed.returned.pop(seq)
+            deliveries = feed.deliveries.get(seq, 1) + 1
         else:
             assert feed.peeked is not None
             seq, entry = feed.peeked
             feed.peeked = None
             feed.next_seq = seq + 1
             accept_ms = entry.envelope.accept_deadline_ms if feed.letter == BROADCAST else 0
+            deliveries = 1
         envelope = entry.envelope
         key = log_key(envelope.key, feed.letter, seq)
         path = feed.log.path(seq)
         transitions = self.hub.transitions
         if 0 < accept_ms < at_ms:
+            feed.deliveries.pop(seq, None)
             transitions.report_linked(path, key, envelope, self.name, Outcome.TIMEOUT, 0)
             return None
         deadline = at_ms + int(envelope.process_timeout_s * 1000)
         feed.held.add(seq)
-        self._held[key] = _Held(deadline, envelope, path, feed, seq, entry)
+        feed.deliveries[seq] = deliveries
+        self._held[key] = Held(deadline, envelope, path, feed, seq, entry, deliveries)
         transitions.report_linked(path, key, envelope, self.name, Outcome.ACCEPTED, deadline)
         public_seq = seq if feed.letter == RETAINED else None
         return Delivery(key, envelope, entry.body, entry.headers, deadline, public_seq)
 
-    def _abort(self, key: str, held: _Held) -> None:
-        """Give a held delivery back (aborted). The caller removed it from `_held`."""
+    def _abort(self, key: str, held: Held, why: str) -> Outcome | None:
+        """Give a held delivery back (`why` it failed): ABORTED, due again after the policy's
+        backoff, or DISMISSED (dead-lettered first if the policy says where) after its last
+        delivery allowed; None if it was no longer ours. The caller removed it from `_held`."""
         feed = held.feed
+        transitions = self.hub.transitions
         if feed is None:
-            self.hub.transitions.abort(held.path, key, held.envelope, self.name, held.deadline)
-            return
+            taken = EntryName(key, held.deadline, held.deliveries)
+            return transitions.give_back(
+                held.path, taken, held.envelope, self.name, self.policy, why
+            )
         feed.held.discard(held.seq)
         assert held.entry is not None
-        feed.returned[held.seq] = (held.entry, self._retry_accept_ms(feed, held.envelope))
-        heapq.heappush(feed.retry, held.seq)
-        self.hub.transitions.report_linked(
+        if self.policy.exhausted(held.deliveries) and transitions.give_up_linked(
+            held.path, key, held.entry, self.name, self.policy, held.deliveries, why
+        ):
+            feed.deliveries.pop(held.seq, None)
+            return Outcome.DISMISSED
+        backoff_ms = self.policy.backoff_ms(held.deliveries)
+        accept_ms = self._retry_accept_ms(feed, held.envelope)
+        due_ms = now_ms() + backoff_ms if backoff_ms > 0 else 0
+        feed.give_back(held.seq, held.entry, accept_ms + backoff_ms if accept_ms else 0, due_ms)
+        transitions.report_linked(
             held.path, key, held.envelope, self.name, Outcome.ABORTED, held.deadline
         )
+        return Outcome.ABORTED
 
-    def _abort_expired(self) -> list[str]:
+    def _abort_expired(self) -> dict[str, Outcome]:
         at_ms = now_ms()
         expired = [key for key, held in self._held.items() if held.deadline < at_ms]
+        results: dict[str, Outcome] = {}
         for key in expired:
-            self._abort(key, self._held.pop(key))
-        return expired
+            held = self._held.pop(key)
+            why = f"no result within its process timeout ({held.envelope.process_timeout_s:g}s)"
+            outcome = self._abort(key, held, why)
+            if outcome is not None:
+                results[key] = outcome
+        return results
 
-    def expire(self) -> list[str]:
-        """Abort (return) held deliveries whose deadline passed, without taking anything; their
-        keys. For event loops that wait on `fileno()` rather than in `receive`."""
+    def expire(self) -> dict[str, Outcome]:
+        """Abort (return) held deliveries whose deadline passed, without taking anything: their
+        keys, each with what became of it (ABORTED, or DISMISSED after its last delivery
+        allowed). For event loops that wait on `fileno()` rather than in `receive`."""
         with self._lock:
             self._check_open()
             return self._abort_expired()
 
     def _next_deadline_s(self) -> float:
-        if not self._held:
+        """Seconds until something held expires or something given back is due again."""
+        times = [held.deadline for held in self._held.values()]
+        if self._pool_later:
+            times.append(self._pool_later[0][0])
+        times += [feed.waiting[0][0] for feed in (self._retained, self._broadcast) if feed.waiting]
+        if not times:
             return 3600.0
-        soonest = min(held.deadline for held in self._held.values())
-        return max(0.0, (soonest - now_ms()) / 1000 + 0.001)
+        return max(0.0, (min(times) - now_ms()) / 1000 + 0.001)
+
+    def wake_in_s(self) -> float:
+        """Seconds until `receive` or `expire` may have something to do without any new
+        message: a deadline passes, or a backoff ends (for event loops)."""
+        with self._lock:
+            return self._next_deadline_s()
 
     # -- settling --------------------------------------------------------------------------------
     def done(self, delivery: Delivery | str) -> None:
@@ -506,6 +502,7 @@ class Subscription:
             held = self._take_held(key)
             if held.feed is not None:
                 held.feed.held.discard(held.seq)
+                held.feed.deliveries.pop(held.seq, None)
                 self.hub.transitions.report_linked(
                     held.path, key, held.envelope, self.name, outcome, 0
                 )
@@ -523,7 +520,8 @@ class Subscription:
             seconds = held.envelope.process_timeout_s if extend_s is None else extend_s
             deadline = now_ms() + int(check_timeout("extension", seconds) * 1000)
             if held.feed is None:  # the deadline is in the taken/ entry's name
-                new_path = os.path.join(os.path.dirname(held.path), f"{key}.{deadline}")
+                new_name = entry_name(key, deadline, held.deliveries)
+                new_path = os.path.join(os.path.dirname(held.path), new_name)
                 try:
                     os.rename(held.path, new_path)
                 except FileNotFoundError:
@@ -537,13 +535,20 @@ class Subscription:
                 delivery.deadline_ms = deadline
             return deadline
 
-    def abort(self, delivery: Delivery | str) -> None:
-        """Give the message back now (reported as `aborted`)."""
+    def abort(self, delivery: Delivery | str, reason: str = "aborted by the subscriber") -> Outcome:
+        """Give the message back (reported as `aborted`), to come again after the policy's
+        backoff; after its last delivery allowed it is dismissed instead (dead-lettered first
+        if the policy names a queue, `reason` its detail). Returns ABORTED or DISMISSED."""
         key = delivery if isinstance(delivery, str) else delivery.key
         with self._lock:
-            self._abort(key, self._take_held(key))
+            outcome = self._abort(key, self._take_held(key), reason)
+        if outcome is None:
+            raise DeliveryNotFound(
+                f"delivery {key} is no longer held (its deadline passed and it was returned)"
+            )
+        return outcome
 
-    def _find_held(self, key: str) -> _Held:
+    def _find_held(self, key: str) -> Held:
         self._check_open()
         held = self._held.get(key)
         if held is None:
@@ -552,7 +557,7 @@ class Subscription:
             raise DeliveryNotFound(f"delivery {key} is not held by subscription {self.name!r}")
         return held
 
-    def _take_held(self, key: str) -> _Held:
+    def _take_held(self, key: str) -> Held:
         held = self._find_held(key)
         del self._held[key]
         return held
@@ -583,7 +588,7 @@ class Subscription:
             self._closed = True
             for key in list(self._held):
                 try:
-                    self._abort(key, self._held.pop(key))
+                    self._abort(key, self._held.pop(key), "its subscription was closed")
                 except (StorageError, OSError) as exc:  # the sweeper returns it at its deadline
                     log.warning("delivery %s not returned at close: %s", key, exc)
         self._stop.set()
@@ -596,7 +601,7 @@ class Subscription:
             self._report_never_taken(self._broadcast)
             self.hub.delete_subscription(self.name)
 
-    def _report_never_taken(self, feed: _Feed) -> None:
+    def _report_never_taken(self, feed: Feed) -> None:
         """An anonymous subscription goes for good: the `everyone` messages it was attached for
         and never took time out (reported), rather than vanish."""
         for seq, (entry, _accept) in feed.returned.items():
@@ -613,8 +618,9 @@ class Subscription:
                 feed.log.path(seq), key, entry.envelope, self.name, Outcome.TIMEOUT, 0
             )
 
-    def _feed_head_unreturned(self, feed: _Feed) -> tuple[str, int, Entry] | None:
+    def _feed_head_unreturned(self, feed: Feed) -> tuple[str, int, Entry] | None:
         feed.retry.clear()
+        feed.waiting.clear()
         feed.pending_after_attach = []
         feed.dirty = True
         return self._feed_head(feed)
@@ -632,19 +638,6 @@ class Subscription:
 
     def __repr__(self) -> str:
         return f"Subscription({self.name!r}, {self.filter})"
-
-
-def load_state(path: str) -> tuple[dict[str, Any], int | None]:
-    """A subscription's saved positions and when they were saved (µs), or ({}, None)."""
-    try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read() or b"{}")
-            saved_us = os.fstat(f.fileno()).st_mtime_ns // 1000
-    except (FileNotFoundError, ValueError):
-        return {}, None
-    if isinstance(data, int):  # format of the first release: the retained position only
-        return {"retained": {"next": data, "pending": []}}, saved_us
-    return (data if isinstance(data, dict) else {}), saved_us
 
 
 def _listdir(path: str) -> list[str]:
