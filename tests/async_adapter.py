@@ -168,8 +168,8 @@ class BlockingAsyncQueue:
     def extend_many(self, receipts: Iterable[str], visibility_s: float) -> dict[str, Exception]:
         return self._run(self._async.extend_many(receipts, visibility_s))
 
-    def nack(self, receipt: str, delay_s: float = 0.0) -> None:
-        self._run(self._async.nack(receipt, delay_s))
+    def nack(self, receipt: str, delay_s: float = 0.0) -> str | None:
+        return self._run(self._async.nack(receipt, delay_s))
 
     def nack_each(self, receipts: Iterable[str], delay_s: float = 0.0) -> dict[str, Exception]:
         return self._run(self._async.nack_each(receipts, delay_s))
@@ -177,8 +177,10 @@ class BlockingAsyncQueue:
     def extend(self, receipt: str, visibility_s: float) -> None:
         self._run(self._async.extend(receipt, visibility_s))
 
-    def dead_letter(self, receipt: str) -> None:
-        self._run(self._async.dead_letter(receipt))
+    def dead_letter(
+        self, receipt: str, detail: str | None = None, *, reason: str = "rejected"
+    ) -> None:
+        self._run(self._async.dead_letter(receipt, detail, reason=reason))
 
     def delete(self, message_id: str) -> bool:
         return self._run(self._async.delete(message_id))
@@ -186,15 +188,17 @@ class BlockingAsyncQueue:
     def peek(self, message_id: str) -> Message:
         return self._run(self._async.peek(message_id))
 
-    def browse(self, limit: int | None = None, *, after: str | None = None) -> Iterator[Message]:
+    def browse(
+        self, limit: int | None = None, *, after: str | None = None, state: str = "ready"
+    ) -> Iterator[Message]:
         # A generator, as the sync client's: the request is sent on the first next().
-        yield from self._run(self._async.browse(limit, after=after))
+        yield from self._run(self._async.browse(limit, after=after, state=state))
 
     def stats(self) -> QueueStats:
         return self._run(self._async.stats())
 
-    def purge(self) -> int:
-        return self._run(self._async.purge())
+    def purge(self, *, dead: bool = False) -> int:
+        return self._run(self._async.purge(dead=dead))
 
     def close(self) -> None:
         self._run(self._async.aclose())

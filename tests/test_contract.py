@@ -262,12 +262,15 @@ def test_nack_past_max_receives_dead_letters(transport: LocalTransport) -> None:
     q.nack(first.receipt)
     second = q.get_one()
     assert second is not None and second.receive_count == 2
-    q.nack(second.receipt)
+    assert q.nack(second.receipt) == "dead-lettered"
     assert q.get_one() is None
     assert q.stats().total == 0
     dead = dlq.get_one()
     assert dead is not None
     assert (dead.id, dead.body, dead.headers) == (message_id, b"poison", {"X-Attr-A": "1"})
+    assert dead.dead is not None
+    assert (dead.dead.reason, dead.dead.receive_count) == ("max-receives", 2)
+    assert dead.dead.source.endswith("work")
 
 
 def test_expired_lease_past_max_receives_dead_letters(transport: LocalTransport) -> None:
@@ -286,10 +289,24 @@ def test_explicit_dead_letter(transport: LocalTransport) -> None:
     message_id = q.put(b"bad")
     m = q.get_one()
     assert m is not None
-    q.dead_letter(m.receipt)
+    q.dead_letter(m.receipt, "no such sku", reason="unreadable")
     assert q.stats().total == 0
     dead = dlq.get_one()
     assert dead is not None and dead.id == message_id
+    assert dead.dead is not None
+    assert (dead.dead.reason, dead.dead.detail) == ("unreadable", "no such sku")
+
+
+def test_the_own_dead_area_is_browsed_and_purged(transport: LocalTransport) -> None:
+    q = transport.make_queue("work", max_receives=1)
+    ids = q.put_many([b"a", b"b", b"c"])
+    for m in q.get(2):
+        assert q.nack(m.receipt) == "dead-lettered"
+    assert [m.id for m in q.browse(state="dead")] == ids[:2]
+    assert [m.dead.reason for m in q.browse(state="dead")] == ["max-receives"] * 2
+    assert [m.id for m in q.browse()] == ids[2:]
+    assert q.purge(dead=True) == 2
+    assert (q.stats().dead, q.stats().ready) == (0, 1)
 
 
 def test_browse_pages_through_more_than_one_answer(transport: LocalTransport) -> None:

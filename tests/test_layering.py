@@ -224,10 +224,11 @@ MAY_IMPORT: dict[str, set[str]] = {
     "wire": {"errors", "store", "pubsub"},
     "pubsub": {"errors", "store"},
     "compat": {"errors", "store"},
+    "redrive": {"errors", "store"},
     "client": {"errors", "store", "wire", "pubsub"},
     "server": {"errors", "store", "wire"},  # the runtime: no dialect
-    "dialects": {"errors", "store", "wire", "pubsub", "server"},
-    "sqs": {"errors", "store", "wire", "server"},
+    "dialects": {"errors", "store", "wire", "pubsub", "server", "redrive"},
+    "sqs": {"errors", "store", "wire", "server", "redrive"},
     "spark": {"errors", "store", "wire", "pubsub", "client"},
     "service": {"errors", "store", "wire", "pubsub", "server", "dialects", "sqs"},
 }

@@ -19,7 +19,8 @@ from dirmq.cli import exits
 from dirmq.cli.args import open_store, queue_name
 from dirmq.cli.progress import progress_bar
 from dirmq.errors import InvalidArgument
-from dirmq.redrive.tasks import Redrives, RedriveTask
+from dirmq.redrive.model import RedriveTask
+from dirmq.redrive.tasks import Redrives
 from dirmq.store.events import DEAD_REASONS
 
 

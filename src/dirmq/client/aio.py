@@ -245,13 +245,15 @@ class AsyncRemoteQueue:
     async def peek(self, message_id: str) -> Message:
         return p.peeked(await self._store.request(p.peek_call(self.name, message_id)))
 
-    async def browse(self, limit: int | None = None, *, after: str | None = None) -> list[Message]:
-        """Ready messages in FIFO order (after the id `after`, if given), without leasing them:
+    async def browse(
+        self, limit: int | None = None, *, after: str | None = None, state: str = "ready"
+    ) -> list[Message]:
+        """Messages of `state` in FIFO order (after the id `after`, if given), without leasing them:
         a list, where the sync client returns an iterator, gathered from pages of up to 1000."""
         found: list[Message] = []
         while limit is None or len(found) < limit:
             left = None if limit is None else limit - len(found)
-            call = p.browse_call(self.name, left, after)
+            call = p.browse_call(self.name, left, after, state)
             page = p.browsed(await self._store.request(call))
             if not page:
                 break
@@ -262,8 +264,8 @@ class AsyncRemoteQueue:
     async def stats(self) -> QueueStats:
         return p.stats_from(await self._store.request(p.queue_call(self.name)))
 
-    async def purge(self) -> int:
-        return p.purged(await self._store.request(p.purge_call(self.name)))
+    async def purge(self, *, dead: bool = False) -> int:
+        return p.purged(await self._store.request(p.purge_call(self.name, dead)))
 
     async def aclose(self) -> None:
         pass

@@ -422,18 +422,22 @@ def peeked(answer: Answer) -> Message:
 MAX_BROWSE = 1000  # messages per browse answer: the server's cap
 
 
-def browse_call(name: str, limit: int | None, after: str | None = None) -> Call:
-    """Browse ready messages as JSON (`browsed`): one answer of at most 1000 (the server's cap),
-    those after the message id `after` when given (the next page)."""
+def browse_call(
+    name: str, limit: int | None, after: str | None = None, state: str = "ready"
+) -> Call:
+    """Browse messages of `state` as JSON (`browsed`): one answer of at most 1000 (the server's
+    cap), those after the message id `after` when given (the next page)."""
     count = MAX_BROWSE if limit is None else max(1, min(limit, MAX_BROWSE))
     params = {"peek": "1", "max": str(count)}
     if after is not None:
         params["after"] = ref(after, need_id=True)
+    if state != "ready":
+        params["state"] = state
     return Call("GET", queue_path(name) + "/messages", params)
 
 
-def purge_call(name: str) -> Call:
-    return Call("DELETE", queue_path(name) + "/messages")
+def purge_call(name: str, dead: bool = False) -> Call:
+    return Call("DELETE", queue_path(name) + "/messages", {"state": "dead"} if dead else {})
 
 
 def purged(answer: Answer) -> int:

@@ -255,14 +255,18 @@ class RemoteQueue:
     def peek(self, message_id: str) -> Message:
         return p.peeked(self._store.request(p.peek_call(self.name, message_id)))
 
-    def browse(self, limit: int | None = None, *, after: str | None = None) -> Iterator[Message]:
-        """Ready messages in FIFO order (those after the id `after`, if given), without leasing
+    def browse(
+        self, limit: int | None = None, *, after: str | None = None, state: str = "ready"
+    ) -> Iterator[Message]:
+        """Messages of `state` (as `Queue.browse`: ready, leased, delayed, dead) in FIFO order
+        (those after the id `after`, if given), without leasing
         them: every one, or the first `limit`, in pages of up to 1000 (one request each, each
         asking for the messages after the last one seen), fetched as the iteration needs them.
         Like `Queue.browse`, not one point-in-time image of a queue others are changing."""
         left = limit
         while left is None or left > 0:
-            page = p.browsed(self._store.request(p.browse_call(self.name, left, after)))
+            call = p.browse_call(self.name, left, after, state)
+            page = p.browsed(self._store.request(call))
             if not page:
                 return
             yield from page
@@ -273,8 +277,9 @@ class RemoteQueue:
     def stats(self) -> QueueStats:
         return p.stats_from(self._store.request(p.queue_call(self.name)))
 
-    def purge(self) -> int:
-        return p.purged(self._store.request(p.purge_call(self.name)))
+    def purge(self, *, dead: bool = False) -> int:
+        """As `Queue.purge`: every live message, or with `dead` the queue's own dead area."""
+        return p.purged(self._store.request(p.purge_call(self.name, dead)))
 
     def close(self) -> None:
         """Close the stream iteration opened, if any (what it still holds goes back)."""

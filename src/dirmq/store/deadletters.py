@@ -29,19 +29,14 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from dirmq.errors import InvalidArgument, MessageTooLarge, storage_error
 from dirmq.store import codec, fsio, layout
 from dirmq.store.access import Access
-from dirmq.store.config import Durability
-from dirmq.store.events import DEAD_REASONS, REASON_REJECTED, REASON_UNREADABLE
+from dirmq.store.config import Durability, QueueConfig
+from dirmq.store.events import DEAD_REASONS, REASON_REJECTED, REASON_UNREADABLE, StoreEvents
 from dirmq.store.ids import new_id
 from dirmq.store.message import DeadLetter
-
-if TYPE_CHECKING:
-    from dirmq.store.files import QueueFiles
-    from dirmq.store.view import QueueView
 
 MAX_DETAIL_BYTES = 1024  # a consumer's text: a header line, bounded like other labels
 # A consumer may give these reasons (the others are the store's own verdicts).
@@ -172,40 +167,39 @@ def _unlink_quietly(path: str) -> None:
 
 
 def put(
-    view: QueueView,
-    files: QueueFiles,
+    queue: str,
+    config: QueueConfig,
+    queue_dir: str,
+    access: Access,
+    events: StoreEvents,
     body: bytes,
     headers: Mapping[str, str],
     group: str | None,
     dead: DeadLetter,
 ) -> str:
-    """`Queue.put_dead_letter`: one new file in @ready (the next index sync finds it)."""
+    """`Queue.put_dead_letter` into the queue `queue` at `queue_dir`: one new file in @ready
+    (the next index sync finds it)."""
     if dead.reason not in DEAD_REASONS:
         choices = ", ".join(DEAD_REASONS)
         raise InvalidArgument(f"reason must be one of {choices}, got {dead.reason!r}")
     if dead.detail is not None:
         codec.check_label("the dead-letter detail", dead.detail)
-    config = view.config
     if len(body) > config.max_message_bytes:
         raise MessageTooLarge(
-            f"message is {len(body)} bytes; queue {view.name!r} accepts at most "
+            f"message is {len(body)} bytes; queue {queue!r} accepts at most "
             f"{config.max_message_bytes}"
         )
     message_id = new_id()
     data = encoded(body, headers, group, dead, message_id)
     tag = None if group is None else layout.group_tag(group)
-    target = files.path(layout.READY, layout.ready_name(message_id, 0, tag))
+    target = os.path.join(queue_dir, layout.READY, layout.ready_name(message_id, 0, tag))
+    durable = config.durability is not Durability.MEMORY
     try:
         write_replacing(
-            data,
-            files.dir[layout.TMP],
-            target,
-            message_id,
-            files.access,
-            config.durability is not Durability.MEMORY,
+            data, os.path.join(queue_dir, layout.TMP), target, message_id, access, durable
         )
     except OSError as exc:
-        raise storage_error(exc, f"storing a dead letter in queue {view.name!r}") from exc
-    if files.context.events.dead_lettered is not None:
-        files.context.events.dead_lettered(view.name, dead.reason)
+        raise storage_error(exc, f"storing a dead letter in queue {queue!r}") from exc
+    if events.dead_lettered is not None:
+        events.dead_lettered(queue, dead.reason)
     return message_id

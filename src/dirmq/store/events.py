@@ -8,7 +8,7 @@ their own (`Store(events=StoreEvents(...))`) to count or log the same things.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Why a message was dead-lettered (the `X-Dead-Reason` it carries, docs/FORMAT.md).
 REASON_MAX_RECEIVES = "max-receives"  # returned or expired with the queue's max receives used
@@ -31,3 +31,11 @@ class StoreEvents:
 
 
 NO_EVENTS = StoreEvents()
+
+
+def with_quarantined(
+    events: StoreEvents | None, quarantined: Callable[[str], None] | None
+) -> StoreEvents:
+    """`events` (or none), with `quarantined` as its hook if given (`Store(on_quarantine=)`)."""
+    events = events or NO_EVENTS
+    return events if quarantined is None else replace(events, quarantined=quarantined)

@@ -14,6 +14,10 @@ return to `@ready` under their original id, i.e. their FIFO place.
 module of its concern: `publishing.py` (put, capacity tokens, dedup), `leasing.py` (get and
 settling by receipt), `lookup.py` (by id), `maintenance.py` (stats, purge, sweep) and
 `claims.py` (the planned claims of cooperating consumers). Each call here is one call there.
+
+Why it is long: it is the whole public contract of a queue, one docstring per operation (what
+is atomic, what is returned, what is raised); every body is one call into the module of its
+concern.
 """
 
 from __future__ import annotations
@@ -188,13 +192,18 @@ class Queue:
         `events.DEAD_REASONS`), the `source` it died in (any label), how often it had been
         delivered, and a consumer's `detail`. Returns its new id. Like every dead letter it
         takes no capacity token and no dedup record: a dead-letter queue never refuses one."""
+        context = self._files.context
+        dead = DeadLetter(reason, source, receive_count, time.time(), detail)
         return deadletters.put(
-            self._view,
-            self._files,
+            self.name,
+            self._view.config,
+            self.path,
+            context.access,
+            context.events,
             body,
             headers or {},
             group,
-            DeadLetter(reason, source, receive_count, time.time(), detail),
+            dead,
         )
 
     def ack_many(self, receipts: Iterable[str]) -> dict[str, Exception]:

@@ -31,7 +31,7 @@ from dirmq.store import layout, smallfiles
 from dirmq.store.access import GROUP, PRIVATE, Access, conform, group_id, mismatches, root_access
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
-from dirmq.store.events import NO_EVENTS, StoreEvents
+from dirmq.store.events import StoreEvents, with_quarantined
 from dirmq.store.filesystems import resolve_shared
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
 from dirmq.store.names import queue_path, validate_queue_name
@@ -46,13 +46,6 @@ EXISTS_RECHECK_S = 0.5
 def root_marker_bytes(access: Access) -> bytes:
     """What `@dirmq.json` holds: the format, and the root's access (absent for a legacy root)."""
     return json.dumps({"format": ROOT_FORMAT, **access.marker_fields()}).encode() + b"\n"
-
-
-def _events(events: StoreEvents | None, on_quarantine: Callable[[str], None] | None) -> StoreEvents:
-    events = events or NO_EVENTS
-    if on_quarantine is not None:
-        events = replace(events, quarantined=on_quarantine)
-    return events
 
 
 def default_root() -> str:
@@ -103,7 +96,7 @@ class Store:
             group_commit=self.group_commit,
             writeback=self.writeback,
             dead_letter_dir=self.dead_letter_dir,
-            events=_events(events, on_quarantine),
+            events=with_quarantined(events, on_quarantine),
             access=self.access,
             shared=resolve_shared(shared, self.root),
         )

@@ -31,6 +31,7 @@ from importlib import resources
 from typing import TypeVar
 
 from dirmq.dialects.native import handlers as native
+from dirmq.dialects.native import queues
 from dirmq.dialects.native.parameters import check_native
 from dirmq.dialects.native.routes import Route, parse_route
 from dirmq.dialects.native.stream import StreamSessions
@@ -273,7 +274,7 @@ class NativeApp(Dialect):
             check_native(request.query, route.kind, method, route.action, request.path)
         if route.kind == "root" and method == "GET":
             visible = self.access.visible(request.principal) if self._checked else None
-            return await native.list_queues(self.broker, request, route, visible)
+            return await queues.list_queues(self.broker, request, route, visible)
         return await handler(self.broker, request, route)
 
     def _authorise(self, request: Request, route: Route, method: str) -> None:
@@ -287,7 +288,7 @@ class NativeApp(Dialect):
             raise AccessDenied(f"{method} on a {route.kind} route has no permission rule: refused")
         self.access.require(request.principal, needs, route.queue)
         if route.kind == "queue" and method == "PUT":
-            target = native.dead_letter_target(request.body)
+            target = queues.dead_letter_target(request.body)
             if target is not None:  # its dead letters are written there
                 self.access.require(request.principal, WRITE, target)
 

@@ -1,15 +1,13 @@
 """The native HTTP API: a superset of SoftLayer MQ's six endpoints, with MQ's status codes.
 
-GET    /                                  queues (?prefix=)
-GET    /{queue}                           stats and configuration; 404 if absent
-PUT    /{queue}                           create (201) or reconfigure (200), optional JSON body
-DELETE /{queue}                           delete with every message, in flight or not (204)
+GET, PUT, DELETE / and /{queue}: the queue routes (queues.py)
 POST   /{queue}/messages                  publish: 201 + X-Message-Id; a batch if the body is
                                           multipart/mixed or JSON lines (one group commit)
 GET    /{queue}/messages                  receive: 200 + body, 204 if empty; ?wait= ?visibility=
                                           ?max= (multipart/mixed), ?peek=1 to browse as JSON
-                                          (&after=<id>: the page after that message)
-DELETE /{queue}/messages                  purge
+                                          (&after=<id>: the page after that message;
+                                          &state=ready|in_flight|delayed|dead)
+DELETE /{queue}/messages                  purge (?state=dead: the dead area)
 GET    /{queue}/messages/{id}             peek, without leasing
 DELETE /{queue}/messages/{id|receipt}     ack: by id (MQ semantics) or by receipt (stale: 409)
 POST   /{queue}/messages/{receipt}/nack   ?delay=; X-Outcome: returned, delayed, dead-lettered
@@ -25,41 +23,38 @@ POST, GET /{queue}/redrive; GET, DELETE /{queue}/redrive/{task}: redrive tasks (
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from dirmq.dialects.native import batch, redrive
+from dirmq.dialects.native.queues import (
+    delete_queue,
+    get_queue,
+    json_response,
+    list_queues,
+    put_queue,
+)
 from dirmq.dialects.native.routes import Route
 from dirmq.errors import (
     DirmqError,
     InvalidArgument,
     MessageNotFound,
     MessageTooLarge,
-    QueueExists,
     QueueNotFound,
 )
 from dirmq.server.broker import Broker
 from dirmq.server.errors import json_error
 from dirmq.server.http import Request, Response
-from dirmq.store import Durability, Message, OutgoingMessage, Queue, QueueConfig
+from dirmq.store import Durability, Message, OutgoingMessage, Queue
 from dirmq.store.events import REASON_REJECTED
 from dirmq.store.ids import is_id
 from dirmq.store.layout import parse_receipt
-from dirmq.wire import jsondoc
 from dirmq.wire import messages as wire
 from dirmq.wire.durations import parse_duration
 
 MAX_RECEIVE = 1000
 MAX_WAIT_S = 3600.0
 Handler = Callable[[Broker, Request, Route], Awaitable[Response]]
-
-
-def json_response(
-    status: int, data: object, headers: list[tuple[str, str]] | None = None
-) -> Response:
-    body = json.dumps(data, separators=(",", ":")).encode() + b"\n"
-    return Response(status, body, [("Content-Type", "application/json"), *(headers or [])])
 
 
 def _param(request: Request, name: str, header: str | None = None) -> str | None:
@@ -92,80 +87,6 @@ def _durability(request: Request) -> Durability | None:
     except ValueError:
         choices = ", ".join(d.value for d in Durability)
         raise InvalidArgument(f"durability={value!r} must be one of {choices}") from None
-
-
-# -- queues ----------------------------------------------------------------------------------
-async def list_queues(
-    broker: Broker, request: Request, route: Route, visible: Callable[[str], bool] | None = None
-) -> Response:
-    """The queues (under ?prefix=), those `visible` allows only when given."""
-    names = await broker.call(broker.store.list_queues, request.query.get("prefix", ""))
-    if visible is not None:
-        names = [name for name in names if visible(name)]
-    return json_response(200, {"queues": names})
-
-
-async def get_queue(broker: Broker, request: Request, route: Route) -> Response:
-    queue = broker.queue(route.queue)
-    stats = await broker.call(queue.stats)
-    return json_response(
-        200,
-        {
-            "name": queue.name,
-            "stats": asdict(stats) | {"total": stats.total},
-            "config": queue.config.to_json(),
-        },
-    )
-
-
-async def put_queue(broker: Broker, request: Request, route: Route) -> Response:
-    changes = _config_body(request.body)
-    store = broker.store
-    config = QueueConfig().updated(**changes)  # 400 before anything happens if invalid
-    try:
-        await broker.call(store.create_queue, route.queue, config, exist_ok=False)
-        created = True
-    except QueueExists:  # it exists (or a concurrent PUT just made it): apply the changes
-        if changes:
-            await broker.call(store.configure, route.queue, **changes)
-        created = False
-    response = await get_queue(broker, request, route)
-    response.status = 201 if created else 200
-    return response
-
-
-def dead_letter_target(body: bytes) -> str | None:
-    """The `dead_letter_queue` a PUT's configuration names, if it names one (a body that does
-    not parse names none: the handler refuses it)."""
-    try:
-        value = _config_body(body).get("dead_letter_queue")
-    except InvalidArgument:
-        return None
-    return value if isinstance(value, str) else None
-
-
-def _config_body(body: bytes) -> dict[str, object]:
-    if not body.strip():
-        return {}
-    try:
-        data = jsondoc.loads(body)
-    except ValueError as exc:
-        raise InvalidArgument(f"queue configuration must be a JSON object: {exc}") from exc
-    if not isinstance(data, dict):
-        raise InvalidArgument("queue configuration must be a JSON object")
-    known = QueueConfig().to_json().keys()
-    for key in data:
-        if key not in known:
-            raise InvalidArgument(
-                f"unknown configuration key {str(key)[:100]!r}: a queue takes "
-                + ", ".join(sorted(known))
-            )
-    return data
-
-
-async def delete_queue(broker: Broker, request: Request, route: Route) -> Response:
-    await broker.call(broker.store.delete_queue, route.queue)
-    return Response(204)
 
 
 # -- messages --------------------------------------------------------------------------------

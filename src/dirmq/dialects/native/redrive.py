@@ -17,7 +17,8 @@ from urllib.parse import quote
 
 from dirmq.dialects.native.routes import Route
 from dirmq.errors import InvalidArgument
-from dirmq.redrive.tasks import RedriveTask, redrives_of
+from dirmq.redrive.model import RedriveTask
+from dirmq.redrive.tasks import redrives_of
 from dirmq.server.broker import Broker
 from dirmq.server.http import Request, Response
 from dirmq.wire import jsondoc

@@ -27,7 +27,8 @@ import binascii
 import json
 
 from dirmq import errors
-from dirmq.redrive.tasks import FAILED, RUNNING, Redrives, RedriveTask, redrives_of
+from dirmq.redrive.model import FAILED, RUNNING, RedriveTask
+from dirmq.redrive.tasks import Redrives, redrives_of
 from dirmq.server.broker import Broker
 from dirmq.sqs.actions.registry import Params, Result, action
 from dirmq.sqs.context import Context, valid_sqs_name
