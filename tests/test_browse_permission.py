@@ -231,6 +231,24 @@ def test_read_implies_browse_and_admin_does_not(http: httpx.Client, states: dict
     assert _stats(http) == BEFORE
 
 
+def test_a_redrive_to_a_queue_named_needs_write_there(
+    http: httpx.Client, states: dict[str, str]
+) -> None:
+    """`admin` on the source is not enough to move its messages into a queue one may not
+    write to (as SQS asks `write` on a move task's DestinationArn)."""
+    keeper = bearer(KEEPER)  # write and admin on orders*, nothing on billing
+    refused = http.post("/orders/redrive", json={"to": "billing"}, headers=keeper)
+    assert refused.status_code == 403
+    assert refused.json()["message"] == (
+        "principal 'keeper' has no write permission on queue 'billing'"
+    )
+    assert _stats(http) == BEFORE
+    for queue in ("orders-spare", "orders-fixes"):
+        assert http.put(f"/{queue}", headers=bearer(OPS)).status_code == 201
+    allowed = http.post("/orders-spare/redrive", json={"to": "orders-fixes"}, headers=keeper)
+    assert allowed.status_code == 202, allowed.text
+
+
 def _upgrade(server: ServerProcess, path: str, token: str) -> str:
     """The status line answering a WebSocket upgrade of `path` (the streaming consumer's)."""
     host, port = server.url.removeprefix("http://").rsplit(":", 1)

@@ -275,3 +275,24 @@ def test_dirmq_redrive_from_the_shell(server: ServerProcess, lib: dirmq.Store) -
     assert listed.returncode == 0 and listed.stdout.count("completed") == 2
     refused = cli(server.root, "redrive", dlq, "--reason", "bored")
     assert refused.returncode == 2 and "invalid choice: 'bored'" in refused.stderr
+
+
+def test_dirmq_redrive_says_busy_and_unknown_task_by_exit_code(
+    server: ServerProcess, http: httpx.Client, lib: dirmq.Store
+) -> None:
+    """A redrive of a queue already being redriven (here by the server) is exit 10 (busy), a
+    cancel of a task the queue never had exit 3 (not found): one line each, no traceback."""
+    jobs = fresh("jobs")
+    kill(lib.create_queue(jobs, dirmq.QueueConfig(max_receives=1)), 20)
+    slow = http.post(f"/{jobs}/redrive", json={"rate_per_s": 5}).json()
+    busy = cli(server.root, "redrive", jobs)
+    assert busy.returncode == 10, busy.stderr
+    assert (
+        busy.stderr.startswith("dirmq: error: a redrive of queue")
+        and "Traceback" not in busy.stderr
+    )
+    unknown = cli(server.root, "redrive", jobs, "--cancel", "f" * 32)
+    assert unknown.returncode == 3, unknown.stderr
+    assert unknown.stderr == f"dirmq: error: no redrive task {'f' * 32!r} of queue {jobs!r}\n"
+    http.delete(f"/{jobs}/redrive/{slow['task_id']}").raise_for_status()
+    wait_task(http, f"/{jobs}/redrive/{slow['task_id']}", finished)

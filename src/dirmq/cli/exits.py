@@ -35,9 +35,11 @@ from dirmq.errors import (
     QueueExists,
     QueueFull,
     QueueNotFound,
+    RedriveBusy,
     StaleReceipt,
     StorageError,
     SubscriptionBusy,
+    TaskNotFound,
 )
 
 OK = 0
@@ -70,6 +72,8 @@ ERROR_EXITS: tuple[tuple[type[BaseException], int], ...] = (
     (DeliveryNotFound, STALE),
     (DuplicateMessage, DUPLICATE),
     (SubscriptionBusy, BUSY),
+    (RedriveBusy, BUSY),
+    (TaskNotFound, EMPTY),
     (CannotListen, CANNOT_LISTEN),
     (CorruptMessage, STORAGE),
     (StorageError, STORAGE),

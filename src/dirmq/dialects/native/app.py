@@ -14,7 +14,8 @@ Permissions by route (the Router has authenticated the request already; `NEEDS`)
     DELETE /{queue}/messages/{ref}, POST .../{receipt}/{action}          read
     POST /{queue}/messages/ack|nack|extend (many receipts at once)       read
     DELETE /{queue}/messages       admin (purge, ?state=dead too)
-    POST /{queue}/redrive, DELETE /{queue}/redrive/{task}                 admin
+    POST /{queue}/redrive          admin (and write on the queue its "to" names)
+    DELETE /{queue}/redrive/{task} admin (a cancel)
     GET /{queue}/redrive[/{task}]                                         any permission
     /health, /metrics              as the credentials file says; /openapi.json: any principal
 
@@ -33,6 +34,7 @@ from typing import TypeVar
 from dirmq.dialects.native import handlers as native
 from dirmq.dialects.native import queues
 from dirmq.dialects.native.parameters import check_native
+from dirmq.dialects.native.redrive import redrive_target
 from dirmq.dialects.native.routes import Route, parse_route
 from dirmq.dialects.native.stream import StreamSessions
 from dirmq.errors import AccessDenied, DirmqError, QueueNotFound
@@ -290,6 +292,10 @@ class NativeApp(Dialect):
         if route.kind == "queue" and method == "PUT":
             target = queues.dead_letter_target(request.body)
             if target is not None:  # its dead letters are written there
+                self.access.require(request.principal, WRITE, target)
+        if route.kind == "redrive" and method == "POST":
+            target = redrive_target(request.body)
+            if target is not None:  # the messages are written there (SQS: a DestinationArn)
                 self.access.require(request.principal, WRITE, target)
 
     async def _server_path(self, request: Request, name: str) -> Response:

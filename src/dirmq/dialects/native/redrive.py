@@ -60,6 +60,16 @@ def read_start(body: bytes) -> dict[str, object]:
     return data
 
 
+def redrive_target(body: bytes) -> str | None:
+    """The queue a start's `"to"` names, if it names one (a body that does not parse names
+    none: `start` refuses it)."""
+    try:
+        to = read_start(body).get("to")
+    except InvalidArgument:
+        return None
+    return to if isinstance(to, str) else None
+
+
 async def start(broker: Broker, request: Request, route: Route) -> Response:
     broker.queue(route.queue)  # 404 before the body is looked at
     options = read_start(request.body)
