@@ -126,7 +126,7 @@ def _refused(response: httpx.Response, *named: str) -> str:
 def test_a_misspelt_wait_is_refused_not_ignored(http: httpx.Client) -> None:
     assert http.put("/params").status_code in (200, 201)
     message = _refused(http.get("/params/messages", params={"wiat": "5s"}), "'wiat'", "wait=")
-    assert "max=, peek=, visibility=, wait=" in message
+    assert "max=, peek=, state=, visibility=, wait=" in message
 
 
 def test_a_misspelt_delay_stores_nothing(http: httpx.Client) -> None:
@@ -142,12 +142,12 @@ def test_a_misspelt_delay_stores_nothing(http: httpx.Client) -> None:
         ("GET", "/params", "no query parameters"),
         ("PUT", "/params", "no query parameters"),
         ("DELETE", "/params-absent", "no query parameters"),
-        ("DELETE", "/params/messages", "no query parameters"),
+        ("DELETE", "/params/messages", "takes state="),
         ("GET", "/params/messages/0000000000000000-0000000000000000", "no query parameters"),
         ("DELETE", "/params/messages/0000000000000000-0000000000000000", "receipt="),
         ("POST", "/params/messages/0000000000000000-0000000000000000.1/nack", "delay="),
         ("POST", "/params/messages/0000000000000000-0000000000000000.1/extend", "visibility="),
-        ("POST", "/params/messages/0000000000000000-0000000000000000.1/dead-letter", "no query"),
+        ("POST", "/params/messages/0000000000000000-0000000000000000.1/dead-letter", "kind="),
         ("GET", "/health", "no query parameters"),
         ("GET", "/metrics", "queue="),
         ("GET", "/openapi.json", "no query parameters"),

@@ -624,6 +624,8 @@ def test_batch_settles_are_one_store_call_each(root: Path, monkeypatch: pytest.M
         def acked(self, count: int) -> None:
             acked.append(count)
 
+        def nacked(self, count: int) -> None: ...
+
     async def main() -> tuple[dict[str, Exception], ...]:
         broker = Broker(store, counts=Counts())
         try:

@@ -248,7 +248,7 @@ def test_a_new_root_is_private_and_keeps_no_acknowledged_body(tmp_path: Path) ->
     recycled = [p for p, st in entries(root) if "@free" in p.parts and stat.S_ISREG(st.st_mode)]
     assert recycled, "acked files were kept for reuse (blanked), not only unlinked"
     assert list(root.glob("@pubsub/messages/*.end")), "finished pub/sub messages are kept, empty"
-    assert list(root.glob("@sqs/move-tasks/*/runner.*")), "the move task took its hold"
+    assert list(root.glob("@redrive/*/runner.*")), "the move task took its hold"
 
     fsck_run = dirmq_cli("--root", str(root), "fsck")
     assert fsck_run.returncode == 0, fsck_run.stdout + fsck_run.stderr

@@ -235,14 +235,14 @@ def test_fsck_reports_and_removes_stale_temps_wherever_small_files_live(tmp_path
     old = [
         _plant_temp(root / layout.ROOT_MARKER, age=True),
         _plant_temp(queue_dir / layout.CONFIG_FILE, age=True),
-        _plant_temp(root / layout.SQS_DIR / "move-tasks" / "dlq" / "t.json", age=True),
+        _plant_temp(root / layout.REDRIVE_DIR / "dlq" / "t.json", age=True),
         _plant_temp(root / layout.SQS_DIR / "attempts" / "q" / "a.json", age=True),
         _plant_temp(root / layout.SPARK_DIR / "consumers" / "q" / "@c" / "acked", age=True),
         _plant_temp(root / layout.SPARK_DIR / "sinks" / "q" / "@query", age=True),
     ]
     young = [
         _plant_temp(queue_dir / layout.CONFIG_FILE, age=False),
-        _plant_temp(root / layout.SQS_DIR / "move-tasks" / "dlq" / "u.json", age=False),
+        _plant_temp(root / layout.REDRIVE_DIR / "dlq" / "u.json", age=False),
     ]
     report = fsck(root, repair=False)
     assert sorted(p.path for p in report.problems) == sorted(map(str, old))

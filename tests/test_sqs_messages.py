@@ -975,7 +975,10 @@ def test_dead_letter_queue_after_max_receive_count(sqs: Client, make_queue: Make
     (dead,) = receive_all(sqs, dlq, MessageAttributeNames=["All"])
     assert dead["MessageId"] == sent["MessageId"]
     assert dead["Body"] == "poison"
-    assert dead["MessageAttributes"] == {"Colour": ATTRIBUTES["Colour"]}
+    provenance = {k: v for k, v in dead["MessageAttributes"].items() if k.startswith("dirmq.")}
+    assert dead["MessageAttributes"] == {"Colour": ATTRIBUTES["Colour"], **provenance}
+    assert provenance["dirmq.DeadReason"] == {"DataType": "String", "StringValue": "max-receives"}
+    assert provenance["dirmq.DeadReceiveCount"] == {"DataType": "Number", "StringValue": "2"}
 
 
 def test_unknown_queue(sqs: Client, server: ServerProcess) -> None:

@@ -47,9 +47,15 @@ NOT_MESSAGE_MOVES = {
     "claimtokens": "the shared-filesystem mode's claim tokens in @tmp (empty files)",
 }
 # Functions that rename for a transition function, and are none themselves.
-PRIMITIVES = {"files.QueueFiles.move", "files.QueueFiles._rename"}
+PRIMITIVES = {
+    "files.QueueFiles.move",
+    "files.QueueFiles._rename",
+    "deadletters.write_replacing",  # a dead copy's temp and rename, for its row's function
+    "deadletters._unlink_quietly",  # that temp, when the write failed
+}
 _OS_CALLS = {"rename", "replace", "link", "unlink"}
 _METHOD_CALLS = {"_rename", "move", "retire", "retire_many", "publish", "commit"}
+_FUNCTION_CALLS = {"write_replacing"}  # a primitive called by name in its own module
 
 
 def _resolve(by: str) -> Callable[..., Any]:
@@ -69,8 +75,11 @@ def _moves_files(node: ast.AST) -> bool:
         if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
             func = child.func
             is_os = isinstance(func.value, ast.Name) and func.value.id == "os"
-            if (is_os and func.attr in _OS_CALLS) or func.attr in _METHOD_CALLS:
+            if (is_os and func.attr in _OS_CALLS) or func.attr in _METHOD_CALLS | _FUNCTION_CALLS:
                 return True
+        called = child.func if isinstance(child, ast.Call) else None
+        if isinstance(called, ast.Name) and called.id in _FUNCTION_CALLS:
+            return True
         if _moves_files(child):
             return True
     return False
@@ -248,7 +257,19 @@ def test_every_row_happens_as_the_table_says(
     _leased(q)
     assert q.delete(_only_id(q, layout.LEASED))  # remove from @leased
     to_dlq.put(b"to the dlq")
-    to_dlq.dead_letter(_leased(to_dlq))  # dead_letter -> the dead-letter queue
+    to_dlq.dead_letter(_leased(to_dlq))  # dead_letter, dead_copy -> the dlq, dead_claim_gone
+    assert to_dlq.redrive() == 0  # nothing dead in its own @dead
+    assert store.queue("dlq").redrive() == 1  # redrive: the dead-letter queue -> q's @ready
+    to_dlq.ack(_leased(to_dlq))
+    q.put(b"dies here")
+    q.dead_letter(_leased(q), "no")  # dead_letter, dead_copy over itself in @dead
+    assert q.redrive() == 2  # redrive: @dead -> @ready (this one, and "limit" above)
+    q.ack(_leased(q))
+    q.ack(_leased(q))
+    q.put_dead_letter(
+        b"from elsewhere", reason="max-receives", source="@channel/c", receive_count=5
+    )
+    q.ack(_leased(q))  # dead_arrival
 
     q.put(b"named")
     [(lease, _message)] = q.claim_named(q.ready_names())

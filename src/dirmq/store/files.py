@@ -635,6 +635,11 @@ class QueueFiles:
         target = os.path.join(dlq_ready, layout.ready_name(message_id, 0, entry.group))
         tmp_dir = os.path.join(os.path.dirname(dlq_ready), layout.TMP)
         deadletters.write_replacing(data, tmp_dir, target, message_id, access, durable)
+        self._retire_claimed(claimed, message_id)
+
+    def _retire_claimed(self, claimed: str, message_id: str) -> None:
+        """The claimed file of a message now in the dead-letter queue goes (its capacity token
+        was freed when it was claimed)."""
         try:
             self.pool.retire(claimed, message_id)
         except FileNotFoundError:

@@ -265,7 +265,7 @@ class Queue:
         `dirmq.redrive` (what the server's `POST /{queue}/redrive` and `dirmq redrive` run)."""
         redriving.check_filter(ids, reason)
         planned = redriving.plan(self._view, ids)
-        return redriving.move(self._view, planned, reason, to).moved
+        return redriving.move_planned(self._view, planned, reason, to).moved
 
     def redrive_plan(
         self,
@@ -287,9 +287,9 @@ class Queue:
         sole_source: str | None = None,
         plain_dead: bool = False,
     ) -> redriving.Moved:
-        """Move what `planned` holds that is dead here (see `redriving.move`)."""
+        """Move what `planned` holds that is dead here (see `redriving.move_planned`)."""
         redriving.check_filter(None, reason)
-        return redriving.move(self._view, planned, reason, to, sole_source, plain_dead)
+        return redriving.move_planned(self._view, planned, reason, to, sole_source, plain_dead)
 
     @property
     def corrupt_quarantined(self) -> int:

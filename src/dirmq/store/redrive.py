@@ -12,8 +12,9 @@ nothing needs deduplicating. It keeps its id (and so its FIFO place), body, head
 and the provenance of its death: on a live message, `X-Dead-*` says it was once dead-lettered.
 
 A redrive is planned once (`plan`: the dead messages' names, oldest first, up to the newest
-there when it began) and moved in chunks (`move`), so that a redrive task (dirmq.redrive) can
-pace itself, be cancelled between chunks and resume after a crash from the last id it recorded.
+there when it began) and moved in chunks (`move_planned`), so that a redrive task
+(dirmq.redrive) can pace itself, be cancelled between chunks and resume after a crash from the
+last id it recorded.
 A message that dies again during its redrive is not redriven twice by that task: its id is
 behind the task's cursor. A destination's capacity is not waited for: a redriven message, like a
 dead-lettered one, takes no capacity token (docs/FORMAT.md, "Dead letters").
@@ -47,7 +48,7 @@ class Planned:
 
 @dataclass(slots=True)
 class Moved:
-    """What one `move` did: how many it moved (to which queues), and the ids it had to leave
+    """What one `move_planned` did: how many it moved (to which queues), and the ids it had to leave
     where they are, with why (the destination does not exist, the message has no known
     source). Messages that are not dead here, or not of the reason asked, are neither."""
 
@@ -71,8 +72,8 @@ def plan(
     until: str | None = None,
 ) -> list[Planned]:
     """The messages a redrive of this queue may move, oldest first: those of its dead area and
-    of its @ready (a ready one is moved only if `move` finds it died elsewhere), only `ids` if
-    given, after `after` and up to `until` (message ids) if given. One listing of @dead (it
+    of its @ready (a ready one is moved only if `move_planned` finds it died elsewhere), only
+    `ids` if given, after `after` and up to `until` (message ids) if given. One listing of @dead (it
     is not indexed) and a look at the index: a redrive is an operator's act, never a get's."""
     wanted = None if ids is None else frozenset(ids)
     found: list[Planned] = []
@@ -101,7 +102,7 @@ def plan(
     ]
 
 
-def move(
+def move_planned(
     view: QueueView,
     planned: list[Planned],
     reason: str | None,

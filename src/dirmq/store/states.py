@@ -65,13 +65,26 @@ TRANSITIONS: tuple[Transition, ...] = (
     _row("ack", {State.LEASED}, {State.RETIRED}, "files.QueueFiles.ack"),
     # An ack by lease name (planned claims), without the index.
     _row("ack_lease", {State.LEASED}, {State.RETIRED}, "files.QueueFiles.retire_leases"),
-    # Asked for, or a lease expired or given back at the receive limit: into the queue's
-    # dead-letter queue when one is set and exists, else into its own @dead.
+    # Asked for, or a lease expired or given back at the receive limit: claimed into the
+    # queue's own @dead (deadletters.py), then written anew with its provenance: over the
+    # claimed file, or into the dead-letter queue when one is set and exists (and the claimed
+    # file retired).
+    _row("dead_letter", {State.LEASED}, {State.DEAD}, "files.QueueFiles.dead_letter"),
     _row(
-        "dead_letter",
-        {State.LEASED},
+        "dead_copy",
+        {State.WRITING},
         {State.DEAD, State.DEAD_LETTER_QUEUE},
-        "files.QueueFiles.dead_letter",
+        "files.QueueFiles._write_dead_copy",
+    ),
+    _row("dead_claim_gone", {State.DEAD}, {State.RETIRED}, "files.QueueFiles._retire_claimed"),
+    # A message that died elsewhere (a pub/sub delivery given up on) stored with its provenance.
+    _row("dead_arrival", {State.WRITING}, {State.READY}, "deadletters.put"),
+    # Redrive: from @dead, or from a dead-letter queue, back to @ready where it died.
+    _row(
+        "redrive",
+        {State.DEAD, State.DEAD_LETTER_QUEUE},
+        {State.READY},
+        "redrive.move_planned",
     ),
     # A leased file that does not decode.
     _row("quarantine", {State.LEASED}, {State.CORRUPT}, "files.QueueFiles.quarantine"),
