@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import dirmq
@@ -32,6 +33,27 @@ def root(tmp_path: Path) -> Path:
 def store(root: Path) -> Iterator[dirmq.Store]:
     with dirmq.Store(root) as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One `dirmq serve` for a test module's tests (each names its queues with `fresh`)."""
+    running = start_server(tmp_path_factory.mktemp("module") / "root")
+    yield running
+    assert running.stop() == 0
+
+
+@pytest.fixture
+def module_http(module_server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=module_server.url, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def module_lib(module_server: ServerProcess) -> Iterator[dirmq.Store]:
+    """The library on the module server's root, beside it (no second root made)."""
+    with dirmq.Store(module_server.root, create=False) as store:
+        yield store
 
 
 @pytest.fixture

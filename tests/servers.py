@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -14,6 +15,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+_names = itertools.count()
+
+
+def fresh(prefix: str) -> str:
+    """A queue name no other test of this process uses (tests sharing a server)."""
+    return f"{prefix}-{next(_names)}"
 
 
 @dataclass

@@ -3,11 +3,9 @@ the own dead area as a state (browse, purge), and what a nack that dead-letters 
 
 from __future__ import annotations
 
-import itertools
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,32 +16,7 @@ import dirmq
 from dirmq.client import RemoteStore
 from dirmq.store import codec, layout
 
-from .servers import ServerProcess, sqs_client, start_server
-
-_names = itertools.count()
-
-
-def fresh(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    running = start_server(tmp_path_factory.mktemp("dead") / "root")
-    yield running
-    assert running.stop() == 0
-
-
-@pytest.fixture
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30) as client:
-        yield client
-
-
-@pytest.fixture
-def lib(server: ServerProcess) -> Iterator[dirmq.Store]:
-    with dirmq.Store(server.root, create=False) as store:
-        yield store
+from .servers import ServerProcess, fresh, sqs_client
 
 
 def cli(root: Path, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
@@ -58,40 +31,42 @@ def cli(root: Path, *args: str, stdin: bytes = b"") -> subprocess.CompletedProce
 
 # -- dead-letter targets are checked on every door -----------------------------------------------
 def test_a_missing_or_self_dead_letter_queue_is_refused_on_every_door(
-    server: ServerProcess, http: httpx.Client, lib: dirmq.Store
+    module_server: ServerProcess, module_http: httpx.Client, module_lib: dirmq.Store
 ) -> None:
     jobs, dlq = fresh("jobs"), fresh("jobs-dlq")
     typo = dlq.replace("dlq", "dql")
-    lib.create_queue(dlq)
+    module_lib.create_queue(dlq)
     for bad in (typo, jobs):
         with pytest.raises(dirmq.InvalidArgument, match="dead-letter queue"):
-            lib.create_queue(jobs, dirmq.QueueConfig(max_receives=1, dead_letter_queue=bad))
-        answer = http.put(f"/{jobs}", json={"max_receives": 1, "dead_letter_queue": bad})
+            module_lib.create_queue(jobs, dirmq.QueueConfig(max_receives=1, dead_letter_queue=bad))
+        answer = module_http.put(f"/{jobs}", json={"max_receives": 1, "dead_letter_queue": bad})
         assert answer.status_code == 400, answer.text
         assert "dead-letter queue" in answer.json()["message"]
-        done = cli(server.root, "create", jobs, "--max-receives", "1", "--dead-letter", bad)
+        done = cli(module_server.root, "create", jobs, "--max-receives", "1", "--dead-letter", bad)
         assert done.returncode == 2, done.stderr
         assert b"dead-letter queue" in done.stderr
-        assert not lib.exists(jobs)
-    missing = http.put(f"/{jobs}", json={"max_receives": 1, "dead_letter_queue": typo}).json()
+        assert not module_lib.exists(jobs)
+    missing = module_http.put(
+        f"/{jobs}", json={"max_receives": 1, "dead_letter_queue": typo}
+    ).json()
     assert missing["message"] == (
         f"dead-letter queue {typo!r} does not exist: create it first (dirmq create {typo}, or "
         f"PUT /{typo})"
     )
     # An existing queue may not be reconfigured to name one either, by any door.
-    lib.create_queue(jobs)
+    module_lib.create_queue(jobs)
     with pytest.raises(dirmq.InvalidArgument):
-        lib.configure(jobs, dead_letter_queue=jobs)
-    assert http.put(f"/{jobs}", json={"dead_letter_queue": typo}).status_code == 400
-    assert cli(server.root, "configure", jobs, "--dead-letter", typo).returncode == 2
-    assert lib.queue(jobs).config.dead_letter_queue is None
-    http.put(f"/{jobs}", json={"dead_letter_queue": dlq}).raise_for_status()
-    lib.queue(jobs).reload_config()
-    assert lib.queue(jobs).config.dead_letter_queue == dlq
+        module_lib.configure(jobs, dead_letter_queue=jobs)
+    assert module_http.put(f"/{jobs}", json={"dead_letter_queue": typo}).status_code == 400
+    assert cli(module_server.root, "configure", jobs, "--dead-letter", typo).returncode == 2
+    assert module_lib.queue(jobs).config.dead_letter_queue is None
+    module_http.put(f"/{jobs}", json={"dead_letter_queue": dlq}).raise_for_status()
+    module_lib.queue(jobs).reload_config()
+    assert module_lib.queue(jobs).config.dead_letter_queue == dlq
 
 
-def test_sqs_refuses_a_redrive_policy_naming_a_missing_queue(server: ServerProcess) -> None:
-    sqs = sqs_client(server.url)
+def test_sqs_refuses_a_redrive_policy_naming_a_missing_queue(module_server: ServerProcess) -> None:
+    sqs = sqs_client(module_server.url)
     url = sqs.create_queue(QueueName=fresh("sqsjobs"))["QueueUrl"]
     policy = '{"deadLetterTargetArn": "arn:aws:sqs:us-east-1:000000000000:nowhere", '
     policy += '"maxReceiveCount": "1"}'
@@ -106,15 +81,15 @@ def test_sqs_refuses_a_redrive_policy_naming_a_missing_queue(server: ServerProce
 
 # -- provenance ---------------------------------------------------------------------------------
 def test_each_reason_leaves_its_provenance_in_the_file_and_on_every_door(
-    server: ServerProcess, http: httpx.Client, lib: dirmq.Store
+    module_server: ServerProcess, module_http: httpx.Client, module_lib: dirmq.Store
 ) -> None:
     """max-receives (by a nack, and by a lease that expired), rejected with words, unreadable:
     the dead letter keeps its id, body, headers and group, and says why, where from, after how
     many receives and when: in its file, to the library, as X-Dead-* headers and in a browse."""
     dlq, jobs = fresh("dlq"), fresh("jobs")
-    lib.create_queue(dlq)
-    lib.create_queue(jobs, dirmq.QueueConfig(max_receives=2, dead_letter_queue=dlq))
-    queue = lib.queue(jobs)
+    module_lib.create_queue(dlq)
+    module_lib.create_queue(jobs, dirmq.QueueConfig(max_receives=2, dead_letter_queue=dlq))
+    queue = module_lib.queue(jobs)
     before = time.time()
     ids = {
         name: queue.put(name.encode(), {"X-Attr-Kind": name})
@@ -127,7 +102,7 @@ def test_each_reason_leaves_its_provenance_in_the_file_and_on_every_door(
     queue.dead_letter(got["unreadable"].receipt or "", reason="unreadable")
     (again,) = queue.get(visibility_s=60)
     assert again.body == b"nacked"
-    answer = http.post(f"/{jobs}/messages/{again.receipt}/nack")
+    answer = module_http.post(f"/{jobs}/messages/{again.receipt}/nack")
     assert answer.status_code == 204 and answer.headers["x-outcome"] == "dead-lettered"
     time.sleep(0.1)
     (expired,) = queue.get(visibility_s=0.01)  # its second receive
@@ -141,7 +116,7 @@ def test_each_reason_leaves_its_provenance_in_the_file_and_on_every_door(
         "rejected": ("rejected", 1, "bad sku 42"),
         "unreadable": ("unreadable", 1, None),
     }
-    dead_queue = lib.queue(dlq)
+    dead_queue = module_lib.queue(dlq)
     browsed = {m.id: m for m in dead_queue.browse()}
     assert set(browsed) == set(ids.values())
     for name, (reason, count, detail) in expected.items():
@@ -158,24 +133,24 @@ def test_each_reason_leaves_its_provenance_in_the_file_and_on_every_door(
         assert decoded.system["Dead-Reason"] == reason
         assert decoded.system["Dead-Source"] == jobs
         # Native: on a peek, and on a delivery.
-        peeked = http.get(f"/{dlq}/messages/{ids[name]}")
+        peeked = module_http.get(f"/{dlq}/messages/{ids[name]}")
         assert peeked.headers["x-dead-reason"] == reason
         assert peeked.headers["x-dead-source"] == jobs
         assert peeked.headers["x-dead-receive-count"] == str(count)
         assert peeked.headers["x-dead-at"].endswith("Z")
         assert peeked.headers.get("x-dead-detail") == detail
-    page = http.get(f"/{dlq}/messages", params={"peek": 1}).json()["messages"]
+    page = module_http.get(f"/{dlq}/messages", params={"peek": 1}).json()["messages"]
     rejected = next(m for m in page if m["id"] == ids["rejected"])
     assert rejected["dead"]["reason"] == "rejected" and rejected["dead"]["detail"] == "bad sku 42"
     # The HTTP client rebuilds the provenance from the headers.
-    with RemoteStore(server.url) as remote:
+    with RemoteStore(module_server.url) as remote:
         delivered = remote.queue(dlq).get(4)
         assert {m.id: m.dead.reason for m in delivered if m.dead} == {
             i: expected[n][0] for n, i in ids.items()
         }
         remote.queue(dlq).ack_many(m.receipt or "" for m in delivered)
         # The streaming consumer's deliveries carry it too.
-        again = lib.queue(jobs)
+        again = module_lib.queue(jobs)
         again.put(b"streamed")
         (last,) = again.get()
         again.dead_letter(last.receipt or "", "over a stream")
@@ -186,13 +161,15 @@ def test_each_reason_leaves_its_provenance_in_the_file_and_on_every_door(
             consumer.ack(streamed)
 
 
-def test_sqs_shows_provenance_as_attributes(server: ServerProcess, lib: dirmq.Store) -> None:
-    sqs = sqs_client(server.url)
+def test_sqs_shows_provenance_as_attributes(
+    module_server: ServerProcess, module_lib: dirmq.Store
+) -> None:
+    sqs = sqs_client(module_server.url)
     dlq_url = sqs.create_queue(QueueName=fresh("sqsdlq"))["QueueUrl"]
     dlq = dlq_url.rsplit("/", 1)[1]
     source = fresh("sqssrc")
-    lib.create_queue(source, dirmq.QueueConfig(max_receives=1, dead_letter_queue=dlq))
-    queue = lib.queue(source)
+    module_lib.create_queue(source, dirmq.QueueConfig(max_receives=1, dead_letter_queue=dlq))
+    queue = module_lib.queue(source)
     queue.put(b"poison", {"X-Attr-Colour": "blue"})
     (message,) = queue.get()
     queue.dead_letter(message.receipt or "", "cannot parse")
@@ -208,16 +185,18 @@ def test_sqs_shows_provenance_as_attributes(server: ServerProcess, lib: dirmq.St
     assert attributes["dirmq.DeadReceiveCount"] == {"StringValue": "1", "DataType": "Number"}
 
 
-def test_a_batch_nack_says_which_were_dead_lettered(http: httpx.Client, lib: dirmq.Store) -> None:
+def test_a_batch_nack_says_which_were_dead_lettered(
+    module_http: httpx.Client, module_lib: dirmq.Store
+) -> None:
     jobs = fresh("jobs")
-    lib.create_queue(jobs, dirmq.QueueConfig(max_receives=2))
-    queue = lib.queue(jobs)
+    module_lib.create_queue(jobs, dirmq.QueueConfig(max_receives=2))
+    queue = module_lib.queue(jobs)
     queue.put_many([b"a", b"b"])
     first = queue.get(2)
     queue.nack(first[0].receipt or "")  # a has used one of its two receives
     queue.nack(first[1].receipt or "")
     once = {m.body: m.receipt for m in queue.get(2)}
-    answer = http.post(f"/{jobs}/messages/nack", json={"receipts": list(once.values())})
+    answer = module_http.post(f"/{jobs}/messages/nack", json={"receipts": list(once.values())})
     assert answer.json() == {
         "settled": 2,
         "failed": [],
@@ -226,10 +205,10 @@ def test_a_batch_nack_says_which_were_dead_lettered(http: httpx.Client, lib: dir
     assert queue.stats().dead == 2
 
 
-def test_a_consumer_verdict_is_checked(http: httpx.Client, lib: dirmq.Store) -> None:
+def test_a_consumer_verdict_is_checked(module_http: httpx.Client, module_lib: dirmq.Store) -> None:
     jobs = fresh("jobs")
-    lib.create_queue(jobs)
-    queue = lib.queue(jobs)
+    module_lib.create_queue(jobs)
+    queue = module_lib.queue(jobs)
     queue.put(b"x")
     (message,) = queue.get()
     receipt = message.receipt or ""
@@ -237,52 +216,58 @@ def test_a_consumer_verdict_is_checked(http: httpx.Client, lib: dirmq.Store) -> 
         queue.dead_letter(receipt, reason="max-receives")  # the store's verdict, not a consumer's
     with pytest.raises(dirmq.InvalidArgument, match="control"):
         queue.dead_letter(receipt, "two\nlines")
-    answer = http.post(f"/{jobs}/messages/{receipt}/dead-letter", params={"reason": "x" * 2000})
+    answer = module_http.post(
+        f"/{jobs}/messages/{receipt}/dead-letter", params={"reason": "x" * 2000}
+    )
     assert answer.status_code == 400 and "the limit is 1024" in answer.json()["message"]
-    answer = http.post(f"/{jobs}/messages/{receipt}/dead-letter", params={"kind": "bored"})
+    answer = module_http.post(f"/{jobs}/messages/{receipt}/dead-letter", params={"kind": "bored"})
     assert answer.status_code == 400
     assert queue.stats().in_flight == 1  # nothing happened to it
-    answer = http.post(f"/{jobs}/messages/{receipt}/dead-letter", params={"reason": "ünïcode"})
+    answer = module_http.post(
+        f"/{jobs}/messages/{receipt}/dead-letter", params={"reason": "ünïcode"}
+    )
     assert answer.status_code == 204
     assert next(queue.browse(state="dead")).dead.detail == "ünïcode"  # type: ignore[union-attr]
 
 
 # -- the own dead area: a state -----------------------------------------------------------------
 def test_the_own_dead_area_is_browsed_counted_and_purged_on_every_door(
-    server: ServerProcess, http: httpx.Client, lib: dirmq.Store
+    module_server: ServerProcess, module_http: httpx.Client, module_lib: dirmq.Store
 ) -> None:
     jobs = fresh("jobs")
-    lib.create_queue(jobs, dirmq.QueueConfig(max_receives=1))
-    queue = lib.queue(jobs)
+    module_lib.create_queue(jobs, dirmq.QueueConfig(max_receives=1))
+    queue = module_lib.queue(jobs)
     dead_ids = [queue.put(f"dead{i}".encode()) for i in range(3)]
     live = queue.put(b"live")
     for message in queue.get(3):
         queue.nack(message.receipt or "")
     assert [m.id for m in queue.browse(state="dead")] == dead_ids
     assert [m.id for m in queue.browse()] == [live]
-    page = http.get(f"/{jobs}/messages", params={"peek": 1, "state": "dead", "max": 2})
+    page = module_http.get(f"/{jobs}/messages", params={"peek": 1, "state": "dead", "max": 2})
     assert [m["id"] for m in page.json()["messages"]] == dead_ids[:2]
     assert {m["state"] for m in page.json()["messages"]} == {"dead"}
-    after = http.get(f"/{jobs}/messages", params={"peek": 1, "state": "dead", "after": dead_ids[1]})
+    after = module_http.get(
+        f"/{jobs}/messages", params={"peek": 1, "state": "dead", "after": dead_ids[1]}
+    )
     assert [m["id"] for m in after.json()["messages"]] == dead_ids[2:]
-    bad = http.get(f"/{jobs}/messages", params={"peek": 1, "state": "gone"})
+    bad = module_http.get(f"/{jobs}/messages", params={"peek": 1, "state": "gone"})
     assert bad.status_code == 400 and "dead" in bad.json()["message"]
-    assert http.get(f"/{jobs}/messages", params={"state": "dead"}).status_code == 400
-    shown = cli(server.root, "peek", "--dead", jobs)
+    assert module_http.get(f"/{jobs}/messages", params={"state": "dead"}).status_code == 400
+    shown = cli(module_server.root, "peek", "--dead", jobs)
     assert shown.returncode == 0, shown.stderr
     assert [line.split()[0] for line in shown.stdout.decode().splitlines()[1:]] == dead_ids
-    listed = cli(server.root, "ls", jobs)
+    listed = cli(module_server.root, "ls", jobs)
     assert listed.returncode == 0
     row = next(line for line in listed.stdout.decode().splitlines() if line.startswith(jobs))
     assert row.split()[1:] == ["1", "0", "0", "3"]
     # A purge of the live messages leaves the dead area; a purge of the dead area, the rest.
-    assert http.delete(f"/{jobs}/messages", params={"state": "dead"}).json() == {"purged": 3}
+    assert module_http.delete(f"/{jobs}/messages", params={"state": "dead"}).json() == {"purged": 3}
     assert queue.stats().dead == 0 and queue.stats().ready == 1
-    assert http.delete(f"/{jobs}/messages", params={"state": "ready"}).status_code == 400
+    assert module_http.delete(f"/{jobs}/messages", params={"state": "ready"}).status_code == 400
     queue.put(b"dies too")
     for message in queue.get(2):
         queue.nack(message.receipt or "")
-    purged = cli(server.root, "purge", "--dead", jobs)
+    purged = cli(module_server.root, "purge", "--dead", jobs)
     assert purged.returncode == 0 and purged.stdout == b"purged 2 message(s)\n"
     assert queue.stats().dead == 0
 
@@ -315,8 +300,8 @@ def test_a_dead_copy_that_cannot_be_written_leaves_the_message_dead_and_whole(
     store.close()
 
 
-def test_put_dead_letter_stores_a_message_that_died_elsewhere(lib: dirmq.Store) -> None:
-    dlq = lib.create_queue(fresh("dlq"))
+def test_put_dead_letter_stores_a_message_that_died_elsewhere(module_lib: dirmq.Store) -> None:
+    dlq = module_lib.create_queue(fresh("dlq"))
     message_id = dlq.put_dead_letter(
         b"b",
         {"X-Attr-K": "v"},

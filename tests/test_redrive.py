@@ -4,13 +4,12 @@ cancelled half-way, and resumed after a SIGKILL of the server with every message
 
 from __future__ import annotations
 
-import itertools
 import json
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,32 +18,7 @@ import pytest
 
 import dirmq
 
-from .servers import ServerProcess, start_server
-
-_names = itertools.count()
-
-
-def fresh(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    running = start_server(tmp_path_factory.mktemp("redrive") / "root")
-    yield running
-    assert running.stop() == 0
-
-
-@pytest.fixture
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30) as client:
-        yield client
-
-
-@pytest.fixture
-def lib(server: ServerProcess) -> Iterator[dirmq.Store]:
-    with dirmq.Store(server.root, create=False) as store:
-        yield store
+from .servers import ServerProcess, fresh, start_server
 
 
 def kill(queue: dirmq.Queue, count: int, *, verdict: str | None = None) -> list[str]:
@@ -95,61 +69,69 @@ def ids_in(lib: dirmq.Store, name: str, state: str = "ready") -> list[str]:
 
 
 def test_a_shared_dead_letter_queue_is_redriven_to_each_source_keeping_ids_and_headers(
-    http: httpx.Client, lib: dirmq.Store
+    module_http: httpx.Client, module_lib: dirmq.Store
 ) -> None:
-    dlq, died = shared_dlq(lib, 3)
+    dlq, died = shared_dlq(module_lib, 3)
     first = next(iter(died))
-    started = http.post(f"/{dlq}/redrive")
+    started = module_http.post(f"/{dlq}/redrive")
     assert started.status_code == 202, started.text
     task = started.json()
     assert started.headers["location"] == f"/{dlq}/redrive/{task['task_id']}"
     assert task["status"] in ("running", "completed")  # 6 moves may be done before the answer
     assert (task["to_move"], task["to"]) == (6, None)
-    done = wait_task(http, started.headers["location"], finished)
+    done = wait_task(module_http, started.headers["location"], finished)
     assert (done["status"], done["moved"], done["left"]) == ("completed", 6, {})
     for name, ids in died.items():
-        assert ids_in(lib, name) == ids
-        for i, message in enumerate(lib.queue(name).browse()):
+        assert ids_in(module_lib, name) == ids
+        for i, message in enumerate(module_lib.queue(name).browse()):
             assert message.headers == {"X-Attr-N": str(i)}
             assert message.receive_count == 0
             assert message.dead is not None and message.dead.source == name  # its history
-    assert ids_in(lib, dlq) == []
-    listed = http.get(f"/{dlq}/redrive").json()["tasks"]
+    assert ids_in(module_lib, dlq) == []
+    listed = module_http.get(f"/{dlq}/redrive").json()["tasks"]
     assert [t["task_id"] for t in listed] == [task["task_id"]]
     # A second redrive finds nothing dead: the redriven messages are live in their sources.
-    again = http.post(f"/{dlq}/redrive").json()
-    assert wait_task(http, f"/{dlq}/redrive/{again['task_id']}", finished)["moved"] == 0
-    assert ids_in(lib, first) == died[first]
+    again = module_http.post(f"/{dlq}/redrive").json()
+    assert wait_task(module_http, f"/{dlq}/redrive/{again['task_id']}", finished)["moved"] == 0
+    assert ids_in(module_lib, first) == died[first]
     # Their sources have no dead to redrive either.
     for name in died:
-        nothing = http.post(f"/{name}/redrive").json()
-        assert wait_task(http, f"/{name}/redrive/{nothing['task_id']}", finished)["moved"] == 0
-        assert ids_in(lib, name) == died[name]
+        nothing = module_http.post(f"/{name}/redrive").json()
+        assert (
+            wait_task(module_http, f"/{name}/redrive/{nothing['task_id']}", finished)["moved"] == 0
+        )
+        assert ids_in(module_lib, name) == died[name]
 
 
-def test_by_ids_by_reason_and_to_a_queue_named(http: httpx.Client, lib: dirmq.Store) -> None:
+def test_by_ids_by_reason_and_to_a_queue_named(
+    module_http: httpx.Client, module_lib: dirmq.Store
+) -> None:
     jobs, other = fresh("jobs"), fresh("other")
-    queue = lib.create_queue(jobs, dirmq.QueueConfig(max_receives=1))
-    lib.create_queue(other)
+    queue = module_lib.create_queue(jobs, dirmq.QueueConfig(max_receives=1))
+    module_lib.create_queue(other)
     expired = kill(queue, 3)  # max-receives
     rejected = kill(queue, 2, verdict="rejected")
     unreadable = kill(queue, 2, verdict="unreadable")
-    assert ids_in(lib, jobs, "dead") == sorted(expired + rejected + unreadable)
+    assert ids_in(module_lib, jobs, "dead") == sorted(expired + rejected + unreadable)
 
-    by_ids = http.post(f"/{jobs}/redrive", json={"ids": [expired[1], rejected[0]]}).json()
-    assert wait_task(http, f"/{jobs}/redrive/{by_ids['task_id']}", finished)["moved"] == 2
-    assert ids_in(lib, jobs) == sorted([expired[1], rejected[0]])
+    by_ids = module_http.post(f"/{jobs}/redrive", json={"ids": [expired[1], rejected[0]]}).json()
+    assert wait_task(module_http, f"/{jobs}/redrive/{by_ids['task_id']}", finished)["moved"] == 2
+    assert ids_in(module_lib, jobs) == sorted([expired[1], rejected[0]])
 
-    by_reason = http.post(f"/{jobs}/redrive", json={"reason": "unreadable", "to": other}).json()
-    task = wait_task(http, f"/{jobs}/redrive/{by_reason['task_id']}", finished)
+    by_reason = module_http.post(
+        f"/{jobs}/redrive", json={"reason": "unreadable", "to": other}
+    ).json()
+    task = wait_task(module_http, f"/{jobs}/redrive/{by_reason['task_id']}", finished)
     assert (task["moved"], task["to"], task["reason"]) == (2, other, "unreadable")
-    assert ids_in(lib, other) == unreadable
-    assert ids_in(lib, jobs, "dead") == sorted([expired[0], expired[2], rejected[1]])
+    assert ids_in(module_lib, other) == unreadable
+    assert ids_in(module_lib, jobs, "dead") == sorted([expired[0], expired[2], rejected[1]])
 
-    everything = http.post(f"/{jobs}/redrive").json()
-    assert wait_task(http, f"/{jobs}/redrive/{everything['task_id']}", finished)["moved"] == 3
-    assert ids_in(lib, jobs, "dead") == []
-    assert ids_in(lib, jobs) == sorted(expired + rejected)
+    everything = module_http.post(f"/{jobs}/redrive").json()
+    assert (
+        wait_task(module_http, f"/{jobs}/redrive/{everything['task_id']}", finished)["moved"] == 3
+    )
+    assert ids_in(module_lib, jobs, "dead") == []
+    assert ids_in(module_lib, jobs) == sorted(expired + rejected)
 
 
 @pytest.mark.parametrize(
@@ -166,60 +148,60 @@ def test_by_ids_by_reason_and_to_a_queue_named(http: httpx.Client, lib: dirmq.St
     ],
 )
 def test_a_bad_start_is_refused_saying_why(
-    http: httpx.Client, lib: dirmq.Store, body: dict[str, Any], words: str
+    module_http: httpx.Client, module_lib: dirmq.Store, body: dict[str, Any], words: str
 ) -> None:
     jobs = fresh("jobs")
-    kill(lib.create_queue(jobs, dirmq.QueueConfig(max_receives=1)), 1)
-    answer = http.post(f"/{jobs}/redrive", json=body)
+    kill(module_lib.create_queue(jobs, dirmq.QueueConfig(max_receives=1)), 1)
+    answer = module_http.post(f"/{jobs}/redrive", json=body)
     assert answer.status_code in (400, 404), answer.text
     assert words in answer.json()["message"]
-    assert http.get(f"/{jobs}/redrive").json() == {"tasks": []}
-    assert lib.queue(jobs).stats().dead == 1
+    assert module_http.get(f"/{jobs}/redrive").json() == {"tasks": []}
+    assert module_lib.queue(jobs).stats().dead == 1
 
 
 def test_one_redrive_of_a_queue_at_a_time_and_unknown_tasks(
-    http: httpx.Client, lib: dirmq.Store
+    module_http: httpx.Client, module_lib: dirmq.Store
 ) -> None:
     jobs = fresh("jobs")
-    kill(lib.create_queue(jobs, dirmq.QueueConfig(max_receives=1)), 20)
-    slow = http.post(f"/{jobs}/redrive", json={"rate_per_s": 5}).json()
-    busy = http.post(f"/{jobs}/redrive")
+    kill(module_lib.create_queue(jobs, dirmq.QueueConfig(max_receives=1)), 20)
+    slow = module_http.post(f"/{jobs}/redrive", json={"rate_per_s": 5}).json()
+    busy = module_http.post(f"/{jobs}/redrive")
     assert busy.status_code == 409 and "already running" in busy.json()["message"]
-    assert http.get(f"/{jobs}/redrive/{'f' * 32}").status_code == 404
-    assert http.get(f"/no-such-queue-{next(_names)}/redrive").status_code == 404
-    http.delete(f"/{jobs}/redrive/{slow['task_id']}").raise_for_status()
-    wait_task(http, f"/{jobs}/redrive/{slow['task_id']}", finished)
+    assert module_http.get(f"/{jobs}/redrive/{'f' * 32}").status_code == 404
+    assert module_http.get(f"/{fresh('no-such-queue')}/redrive").status_code == 404
+    module_http.delete(f"/{jobs}/redrive/{slow['task_id']}").raise_for_status()
+    wait_task(module_http, f"/{jobs}/redrive/{slow['task_id']}", finished)
 
 
 def test_a_paced_redrive_takes_its_time_and_a_cancel_stops_it_half_way(
-    http: httpx.Client, lib: dirmq.Store
+    module_http: httpx.Client, module_lib: dirmq.Store
 ) -> None:
     """100 messages at 20 a second take about 5 s (timed); another 100 at 20 a second,
     cancelled after about 2 s, stop with about 40 moved, and those are exactly the oldest."""
     jobs = fresh("jobs")
-    queue = lib.create_queue(jobs, dirmq.QueueConfig(max_receives=1))
+    queue = module_lib.create_queue(jobs, dirmq.QueueConfig(max_receives=1))
     kill(queue, 100)
     began = time.monotonic()
-    task = http.post(f"/{jobs}/redrive", json={"rate_per_s": 20}).json()
-    done = wait_task(http, f"/{jobs}/redrive/{task['task_id']}", finished)
+    task = module_http.post(f"/{jobs}/redrive", json={"rate_per_s": 20}).json()
+    done = wait_task(module_http, f"/{jobs}/redrive/{task['task_id']}", finished)
     took = time.monotonic() - began
     assert done["moved"] == 100 and done["rate_per_s"] == 20
     assert 4.5 <= took <= 8.0, took
 
     queue.purge()  # the redriven ones: the next get must take the new messages
     dead = kill(queue, 100)
-    task = http.post(f"/{jobs}/redrive", json={"rate_per_s": 20}).json()
+    task = module_http.post(f"/{jobs}/redrive", json={"rate_per_s": 20}).json()
     path = f"/{jobs}/redrive/{task['task_id']}"
     time.sleep(2)
-    cancelled = http.delete(path).json()
+    cancelled = module_http.delete(path).json()
     assert cancelled["status"] in ("cancelling", "cancelled")
-    done = wait_task(http, path, finished)
+    done = wait_task(module_http, path, finished)
     assert done["status"] == "cancelled"
     assert 20 <= done["moved"] <= 60, done
-    still_dead = ids_in(lib, jobs, "dead")
+    still_dead = ids_in(module_lib, jobs, "dead")
     assert len(still_dead) == 100 - done["moved"]
     assert still_dead == dead[done["moved"] :]  # oldest first: the moved ones are the first
-    assert http.delete(path).json()["status"] == "cancelled"  # a finished task stays so
+    assert module_http.delete(path).json()["status"] == "cancelled"  # a finished task stays so
 
 
 def test_a_redrive_resumes_after_a_sigkill_and_moves_each_message_once(tmp_path: Path) -> None:
@@ -259,40 +241,42 @@ def cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_dirmq_redrive_from_the_shell(server: ServerProcess, lib: dirmq.Store) -> None:
-    dlq, died = shared_dlq(lib, 2)
+def test_dirmq_redrive_from_the_shell(
+    module_server: ServerProcess, module_lib: dirmq.Store
+) -> None:
+    dlq, died = shared_dlq(module_lib, 2)
     first, second = died
-    shown = cli(server.root, "redrive", dlq, "--ids", died[first][0], "--json")
+    shown = cli(module_server.root, "redrive", dlq, "--ids", died[first][0], "--json")
     assert shown.returncode == 0, shown.stderr
     task = json.loads(shown.stdout)
     assert (task["status"], task["moved"]) == ("completed", 1)
-    assert ids_in(lib, first) == died[first][:1]
-    done = cli(server.root, "redrive", dlq, "--reason", "max-receives", "--rate", "100")
+    assert ids_in(module_lib, first) == died[first][:1]
+    done = cli(module_server.root, "redrive", dlq, "--reason", "max-receives", "--rate", "100")
     assert done.returncode == 0, done.stderr
     assert "redrove 3 message(s)" in done.stdout
-    assert ids_in(lib, first) == died[first] and ids_in(lib, second) == died[second]
-    listed = cli(server.root, "redrive", dlq, "--list")
+    assert ids_in(module_lib, first) == died[first] and ids_in(module_lib, second) == died[second]
+    listed = cli(module_server.root, "redrive", dlq, "--list")
     assert listed.returncode == 0 and listed.stdout.count("completed") == 2
-    refused = cli(server.root, "redrive", dlq, "--reason", "bored")
+    refused = cli(module_server.root, "redrive", dlq, "--reason", "bored")
     assert refused.returncode == 2 and "invalid choice: 'bored'" in refused.stderr
 
 
 def test_dirmq_redrive_says_busy_and_unknown_task_by_exit_code(
-    server: ServerProcess, http: httpx.Client, lib: dirmq.Store
+    module_server: ServerProcess, module_http: httpx.Client, module_lib: dirmq.Store
 ) -> None:
-    """A redrive of a queue already being redriven (here by the server) is exit 10 (busy), a
+    """A redrive of a queue already being redriven (here by the module_server) is exit 10 (busy), a
     cancel of a task the queue never had exit 3 (not found): one line each, no traceback."""
     jobs = fresh("jobs")
-    kill(lib.create_queue(jobs, dirmq.QueueConfig(max_receives=1)), 20)
-    slow = http.post(f"/{jobs}/redrive", json={"rate_per_s": 5}).json()
-    busy = cli(server.root, "redrive", jobs)
+    kill(module_lib.create_queue(jobs, dirmq.QueueConfig(max_receives=1)), 20)
+    slow = module_http.post(f"/{jobs}/redrive", json={"rate_per_s": 5}).json()
+    busy = cli(module_server.root, "redrive", jobs)
     assert busy.returncode == 10, busy.stderr
     assert (
         busy.stderr.startswith("dirmq: error: a redrive of queue")
         and "Traceback" not in busy.stderr
     )
-    unknown = cli(server.root, "redrive", jobs, "--cancel", "f" * 32)
+    unknown = cli(module_server.root, "redrive", jobs, "--cancel", "f" * 32)
     assert unknown.returncode == 3, unknown.stderr
     assert unknown.stderr == f"dirmq: error: no redrive task {'f' * 32!r} of queue {jobs!r}\n"
-    http.delete(f"/{jobs}/redrive/{slow['task_id']}").raise_for_status()
-    wait_task(http, f"/{jobs}/redrive/{slow['task_id']}", finished)
+    module_http.delete(f"/{jobs}/redrive/{slow['task_id']}").raise_for_status()
+    wait_task(module_http, f"/{jobs}/redrive/{slow['task_id']}", finished)
