@@ -12,6 +12,7 @@ the text: a hostile document of quotes and backslashes costs no more than its de
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 
 from dirmq.errors import InvalidArgument
 
@@ -50,3 +51,23 @@ def loads(document: bytes | str, max_depth: int = MAX_JSON_DEPTH) -> object:
     if depth_of(value, max_depth) > max_depth:
         raise InvalidArgument(too_deep)
     return value
+
+
+def load_object(
+    body: bytes, must: str, keys: Collection[str], takes: str, key_kind: str = "key"
+) -> dict[str, object]:
+    """A request body that is a JSON object of `keys` (an empty body: {}); InvalidArgument
+    otherwise: `must` ("... must be a JSON object"), or for a key it does not know,
+    "unknown <key_kind> '<key>': <takes>"."""
+    if not body.strip():
+        return {}
+    try:
+        data = loads(body)
+    except ValueError as exc:
+        raise InvalidArgument(f"{must}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidArgument(must)
+    for key in data:
+        if key not in keys:
+            raise InvalidArgument(f"unknown {key_kind} {str(key)[:100]!r}: {takes}")
+    return data

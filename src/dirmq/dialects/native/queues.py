@@ -77,22 +77,14 @@ def dead_letter_target(body: bytes) -> str | None:
 
 
 def _config_body(body: bytes) -> dict[str, object]:
-    if not body.strip():
-        return {}
-    try:
-        data = jsondoc.loads(body)
-    except ValueError as exc:
-        raise InvalidArgument(f"queue configuration must be a JSON object: {exc}") from exc
-    if not isinstance(data, dict):
-        raise InvalidArgument("queue configuration must be a JSON object")
     known = QueueConfig().to_json().keys()
-    for key in data:
-        if key not in known:
-            raise InvalidArgument(
-                f"unknown configuration key {str(key)[:100]!r}: a queue takes "
-                + ", ".join(sorted(known))
-            )
-    return data
+    return jsondoc.load_object(
+        body,
+        "queue configuration must be a JSON object",
+        known,
+        "a queue takes " + ", ".join(sorted(known)),
+        "configuration key",
+    )
 
 
 async def delete_queue(broker: Broker, request: Request, route: Route) -> Response:

@@ -38,17 +38,9 @@ def task_path(task: RedriveTask) -> str:
 def read_start(body: bytes) -> dict[str, object]:
     """The options of a start, checked for shape (the values are checked by `start`)."""
     spelled = '{"ids": [...] | "reason": "...", "to": "queue", "rate_per_s": n}, each optional'
-    if not body.strip():
-        return {}
-    try:
-        data = jsondoc.loads(body)
-    except ValueError as exc:
-        raise InvalidArgument(f"the body must be a JSON object {spelled}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise InvalidArgument(f"the body must be a JSON object {spelled}")
-    for key in data:
-        if key not in _KEYS:
-            raise InvalidArgument(f"unknown key {str(key)[:100]!r}: a redrive takes {spelled}")
+    data = jsondoc.load_object(
+        body, f"the body must be a JSON object {spelled}", _KEYS, f"a redrive takes {spelled}"
+    )
     ids = data.get("ids")
     if ids is not None and not isinstance(ids, list):
         raise InvalidArgument('"ids" must be a list of message ids')
