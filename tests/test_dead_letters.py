@@ -3,6 +3,7 @@ the own dead area as a state (browse, purge), and what a nack that dead-letters 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -317,3 +318,18 @@ def test_put_dead_letter_stores_a_message_that_died_elsewhere(module_lib: dirmq.
     assert (message.dead.source, message.dead.receive_count) == ("@channel/orders", 5)
     with pytest.raises(dirmq.InvalidArgument):
         dlq.put_dead_letter(b"", reason="bored", source="x", receive_count=1)
+
+
+def test_the_cli_says_when_a_nack_dead_letters(module_server: ServerProcess) -> None:
+    jobs = fresh("jobs")
+    assert cli(module_server.root, "create", jobs, "--max-receives", "2").returncode == 0
+    assert cli(module_server.root, "put", jobs, stdin=b"x").returncode == 0
+    for attempt in (1, 2):
+        got = cli(module_server.root, "get", jobs)
+        receipt = got.stderr.decode().split()[-1]
+        nacked = cli(module_server.root, "nack", jobs, receipt)
+        assert nacked.returncode == 0
+        said = b"dead-lettered (max_receives reached): now in its own dead area" in nacked.stderr
+        assert said == (attempt == 2), nacked.stderr
+    shown = cli(module_server.root, "peek", "--dead", "--json", jobs)
+    assert json.loads(shown.stdout)["dead"]["reason"] == "max-receives"

@@ -207,7 +207,11 @@ def cmd_ack(args: argparse.Namespace) -> int:
 
 def cmd_nack(args: argparse.Namespace) -> int:
     with open_store(args) as store:
-        store.queue(args.queue).nack(args.receipt, delay_s=args.delay)
+        queue = store.queue(args.queue)
+        outcome = queue.nack(args.receipt, delay_s=args.delay)
+        if outcome == "dead-lettered":  # said, since the message is not coming back
+            where = queue.config.dead_letter_queue or "its own dead area (dirmq peek --dead)"
+            print(f"dirmq: dead-lettered (max_receives reached): now in {where}", file=sys.stderr)
     return exits.OK
 
 
