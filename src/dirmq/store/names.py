@@ -4,7 +4,7 @@ A queue name is one or more segments joined by `/` (`orders`, `fish/saltwater`).
 is 1-255 bytes of UTF-8, is not `.` or `..`, does not start with `@` (reserved for the queue's own
 state directories, see FORMAT.md) and has no control characters. The whole name is at most 1024
 bytes. A name that passes can never resolve outside the root. Names every door could not reach
-(`health`, `x/messages`, ...) are reserved: see `_refuse_reserved`.
+(`health`, `ui/...`, `x/messages`, ...) are reserved: see `_refuse_reserved`.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def validate_queue_name(name: str) -> str:
 # Names one door cannot reach are refused on every door (docs/http-api.md "Queue names"): the
 # native API's own paths, and names its grammar reads as `{queue}/messages[/{ref}[/{action}]]`.
 SERVER_PATHS = frozenset({"health", "metrics", "openapi.json"})
+CONSOLE = "ui"  # /ui and everything under it: the operators' web console (dirmq.console)
 MESSAGE_ACTIONS = frozenset({"nack", "extend", "dead-letter"})
 REDRIVE = "redrive"  # /{queue}/redrive and /{queue}/redrive/{task id}
 _TASK_ID = re.compile("[0-9a-f]{32}")
@@ -52,6 +53,11 @@ def is_task_id(segment: str) -> bool:
 def _refuse_reserved(name: str, segments: list[str]) -> None:
     if name in SERVER_PATHS:
         raise InvalidName(f"queue name {name!r} is reserved (the HTTP server's /{name})")
+    if segments[0] == CONSOLE:
+        raise InvalidName(
+            f"queue name {name!r} is reserved: /{CONSOLE} and what is under it is the web "
+            "console; choose another first segment"
+        )
     n = len(segments)
     if (
         (n >= 2 and segments[-1] == "messages")
