@@ -230,7 +230,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "dialects": {"errors", "store", "wire", "pubsub", "server", "redrive"},
     "sqs": {"errors", "store", "wire", "server", "redrive"},
     "spark": {"errors", "store", "wire", "pubsub", "client"},
-    "service": {"errors", "store", "wire", "pubsub", "server", "dialects", "sqs"},
+    # the web console: a dialect of its own, beside (never importing) the APIs
+    "console": {"errors", "store", "wire", "pubsub", "server", "redrive"},
+    "service": {"errors", "store", "wire", "pubsub", "server", "dialects", "sqs", "console"},
 }
 
 

@@ -4,14 +4,16 @@ The runtime (`dirmq.server`: connections, framing, the broker, workers) knows no
 dialect knows another. Here, once per worker, the dialects are built on the worker's broker and
 put in each listener's `Router`:
 
-- the native port: pub/sub (`/@pubsub...`), then SQS (an `X-Amz-Target` or `Action` request,
-  or a GET of an unknown SQS queue URL), then the native API, which takes the rest;
+- the native port: the web console (`/ui`, `/ui/...`), pub/sub (`/@pubsub...`), then SQS (an
+  `X-Amz-Target` or `Action` request, or a GET of an unknown SQS queue URL), then the native
+  API, which takes the rest;
 - `--yaq-listen`: the yaq dialect alone;
 - `--sqs-listen`: SQS alone (the same SQS dialect as on the native port).
 
 Every listener's `Router` tells the same observers of each answered request (`observers`: the
 request metrics, the access log, the log of authentication failures). A new dialect (the
-console) or a concern that wraps them all is added here, once. Authentication: one `Access`
+console: `dirmq.console`, first on the native port) or a concern that wraps them all is
+added here, once. Authentication: one `Access`
 (`server/access.py`) from `--credentials` (or the legacy `--sqs-credentials`), given to every
 listener's Router (which identifies the principal of each request) and to every dialect (which
 authorises its routes). Without credentials the server is open, and protected mode keeps it on
@@ -21,10 +23,16 @@ other hosts' connections away.
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dirmq import __version__
+from dirmq.console.app import ConsoleApp
+from dirmq.console.call import ServerFacts
+from dirmq.console.session import new_secret
 from dirmq.dialects.native.app import NativeApp
 from dirmq.dialects.pubsub import PubSubApi
 from dirmq.dialects.yaq import YaqApp
@@ -125,6 +133,9 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
     protected = not access.enabled and not options.allow_anonymous
     if protected:
         refuse_exposure(listeners)
+    # Made before the workers fork, so that each accepts the console sessions of every other.
+    console_secret = new_secret()
+    facts = ServerFacts(__version__, options.workers, time.time(), os.path.abspath(options.root))
 
     def compose(worker: runtime.Worker) -> dict[str, Router]:
         broker, metrics = worker.broker, worker.metrics
@@ -133,7 +144,12 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
         observe = observe_all(*observers(options, worker))
         routers = {
             "native": Router(
-                [PubSubApi(broker, metrics, access), sqs, NativeApp(broker, metrics, access)],
+                [
+                    ConsoleApp(broker, access, secret=console_secret, facts=facts),
+                    PubSubApi(broker, metrics, access),
+                    sqs,
+                    NativeApp(broker, metrics, access),
+                ],
                 access,
                 observe,
             ),

@@ -1,0 +1,7 @@
+"""The operators' web console at `/ui/` on the native port (docs/console.md).
+
+A dialect (`app.ConsoleApp`) like the APIs, registered first on the native listener; it keeps
+its own signed session (`session.py`), asks `server/access.py` what each page and action needs
+exactly as the API would (`permissions.py`), and shows messages only through `Queue.browse`
+and `Queue.peek`, which lease nothing.
+"""
