@@ -9,6 +9,7 @@ reads the templates): the Content-Security-Policy allows only this origin's file
 from __future__ import annotations
 
 import hashlib
+import json
 import mimetypes
 import re
 import time
@@ -70,6 +71,11 @@ def size(count: int) -> str:
     return f"{count} B"
 
 
+def pretty(value: object) -> str:
+    """JSON for people (the template escapes it, as any text)."""
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
 @dataclass(frozen=True, slots=True)
 class Asset:
     body: bytes
@@ -85,7 +91,7 @@ class Renderer:
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
-        self.env.filters.update(age=age, when=when, size=size)
+        self.env.filters.update(age=age, when=when, size=size, pretty=pretty)
         self.env.globals.update(queue_url=queue_url, version=__version__)
         self.assets = _load_assets(resources.files("dirmq.console").joinpath("static"))
         digest = hashlib.sha256()
