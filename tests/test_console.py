@@ -270,3 +270,25 @@ def test_the_console_files_ship_in_the_package() -> None:
     pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text()
     assert "console/templates/*.html" in pyproject
     assert "console/static/*" in pyproject
+
+
+def test_every_worker_accepts_a_session_another_made(tmp_path: Path) -> None:
+    path = tmp_path / "credentials.toml"
+    path.write_text(CREDENTIALS)
+    path.chmod(0o600)
+    running = start_server(tmp_path / "root", "--credentials", str(path), "--workers", "2")
+    try:
+        with signed_in(running, OPS) as browser:
+            cookie = browser.cookies["dirmq_console"]
+        answered = set()
+        for _ in range(20):  # a connection each: the workers share them out
+            with httpx.Client(base_url=running.url, timeout=10) as fresh_browser:
+                fresh_browser.cookies.set("dirmq_console", cookie, path="/ui/")
+                answer = fresh_browser.get("/ui/")
+                assert answer.status_code == 200
+                pid = re.search(r'id="worker-pid">(\d+)<', answer.text)
+                assert pid
+                answered.add(pid.group(1))
+        assert len(answered) == 2
+    finally:
+        assert running.stop() == 0

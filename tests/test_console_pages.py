@@ -341,3 +341,22 @@ def test_extend_and_release_a_lease_by_id(ui: httpx.Client, module_lib: dirmq.St
     released = ui.post(f"/ui/q/{name}/lease", data={"csrf": token, "id": held.id, "op": "release"})
     assert released.status_code == 303
     assert queue.stats().ready == 1 and queue.stats().in_flight == 0
+
+
+def test_overview_shows_subscriptions_and_their_lag(
+    ui: httpx.Client, module_lib: dirmq.Store
+) -> None:
+    from dirmq.pubsub.hub import PubSub
+
+    hub = PubSub(module_lib)
+    name = fresh("sub")
+    subscription = hub.subscribe(name, channels=[name])
+    subscription.close()
+    for _ in range(3):
+        hub.publish(name, b"x", mode="future")
+    page = ui.get("/ui/").text
+    row = re.search(
+        rf"<tr><td>{name}</td><td>no</td><td class=\"n\">0</td><td class=\"n\">(\d+)", page
+    )
+    assert row, page[-2000:]
+    assert int(row.group(1)) >= 3

@@ -89,6 +89,7 @@ def overview(console: Console, call: Call) -> Response:
     context |= {
         "facts": facts,
         "uptime_s": now_s() - facts.started_s,
+        "pid": os.getpid(),
         "disk": free_space(facts.root),
         "pubsub": pubsub_summary(console, principal),
     }

@@ -46,7 +46,7 @@ def pubsub_summary(console: Console, principal: str) -> PubSubSummary | None:
         if not console.access.allows(principal, SEE, SUBSCRIPTION_PREFIX + name):
             continue
         position = found.get("retained_next")
-        lag = max(0, head - int(position)) if isinstance(position, int) else None
+        lag = max(0, head + 1 - position) if isinstance(position, int) else None
         taken = found.get("taken")
         rows.append(
             SubscriptionRow(
