@@ -33,6 +33,8 @@ from typing import Any
 
 from dirmq.sqs.errors import SqsError
 from dirmq.sqs.md5 import AttributeValues
+from dirmq.store import Message
+from dirmq.store.deadletters import format_time
 
 MAX_ATTRIBUTES = 10
 MAX_NAME_LENGTH = 256
@@ -425,3 +427,28 @@ def select(attributes: Mapping[str, Attribute], requested: Iterable[str]) -> dic
         for name, attribute in attributes.items()
         if name in exact or (prefixes and name.startswith(prefixes))
     }
+
+
+# A dead letter's provenance where SQS has no notion of its own (the source queue it has:
+# DeadLetterQueueSourceArn), as message attributes: what the native door's X-Dead-* say.
+DEAD_ATTRIBUTES = (
+    "dirmq.DeadReason",
+    "dirmq.DeadReceiveCount",
+    "dirmq.DeadAt",
+    "dirmq.DeadDetail",
+)
+
+
+def of_message(message: Message) -> dict[str, Attribute]:
+    """A message's SQS attributes: those it was published with, and its provenance if it was
+    dead-lettered (`DEAD_ATTRIBUTES`)."""
+    found = from_headers(message.headers)
+    dead = message.dead
+    if dead is None:
+        return found
+    values = (dead.reason, str(dead.receive_count), format_time(dead.at_s), dead.detail)
+    for name, value in zip(DEAD_ATTRIBUTES, values, strict=True):
+        if value is not None:
+            kind = "Number" if name == "dirmq.DeadReceiveCount" else "String"
+            found[name] = Attribute(kind, value)
+    return found

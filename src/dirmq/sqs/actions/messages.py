@@ -46,7 +46,6 @@ from dirmq.sqs.md5 import md5_of_attributes, md5_of_body
 from dirmq.sqs.receive_attempts import Attempt, ReceiveMemory, memory_for
 from dirmq.store import Message, OutgoingMessage, Queue, QueueConfig
 from dirmq.store.codec import MAX_HEADER_BYTES
-from dirmq.store.deadletters import format_time
 
 MAX_MESSAGE_BYTES = 1024 * 1024
 MAX_BATCH_ENTRIES = 10
@@ -66,14 +65,6 @@ SYSTEM_ATTRIBUTES = (
     "MessageGroupId",
     "AWSTraceHeader",
     "DeadLetterQueueSourceArn",
-)
-# A dead letter's provenance where SQS has no notion of its own (the source queue it has:
-# DeadLetterQueueSourceArn), as message attributes: what the native door's X-Dead-* say.
-DEAD_ATTRIBUTES = (
-    "dirmq.DeadReason",
-    "dirmq.DeadReceiveCount",
-    "dirmq.DeadAt",
-    "dirmq.DeadDetail",
 )
 _FIFO_ID_RE = re.compile(r"[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}")
 _BATCH_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,80}")
@@ -510,26 +501,11 @@ def render_message(
     system = _system_attributes(ctx, message, kind, system_names, memory, queue_name)
     if system:
         rendered["Attributes"] = system
-    selected = attrs.select(message_attributes(message), attribute_names)
+    selected = attrs.select(attrs.of_message(message), attribute_names)
     if selected:
         rendered["MD5OfMessageAttributes"] = md5_of_attributes(attrs.md5_values(selected))
         rendered["MessageAttributes"] = {n: a.to_json() for n, a in selected.items()}
     return rendered
-
-
-def message_attributes(message: Message) -> dict[str, attrs.Attribute]:
-    """A message's SQS attributes: those it was published with, and its provenance if it was
-    dead-lettered (`DEAD_ATTRIBUTES`)."""
-    found = attrs.from_headers(message.headers)
-    dead = message.dead
-    if dead is None:
-        return found
-    values = (dead.reason, str(dead.receive_count), format_time(dead.at_s), dead.detail)
-    for name, value in zip(DEAD_ATTRIBUTES, values, strict=True):
-        if value is not None:
-            kind = "Number" if name == "dirmq.DeadReceiveCount" else "String"
-            found[name] = attrs.Attribute(kind, value)
-    return found
 
 
 @action("ReceiveMessage")
@@ -626,7 +602,7 @@ def _with_data(rendered: Result, message: Message, attribute_names: list[str]) -
         if key == "MD5OfBody":
             full["Body"] = message.body.decode("utf-8", "replace")
         elif key == "MD5OfMessageAttributes" and attribute_names:
-            selected = attrs.select(message_attributes(message), attribute_names)
+            selected = attrs.select(attrs.of_message(message), attribute_names)
             full["MessageAttributes"] = {n: a.to_json() for n, a in selected.items()}
     return full
 
