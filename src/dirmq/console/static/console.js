@@ -2,6 +2,19 @@
 // files). Live refresh of the parts marked .live, the refresh interval and theme kept in
 // localStorage, charts of the server's samples when uPlot is there.
 const store = window.localStorage;
+
+// htmx under the console's strict CSP (see static/README.md): set before htmx reads its
+// configuration at DOMContentLoaded (htmx is loaded deferred, before this module).
+if (window.htmx) {
+  Object.assign(window.htmx.config, {
+    allowEval: false,
+    includeIndicatorStyles: false,
+    allowScriptTags: false,
+    selfRequestsOnly: true,
+    historyCacheSize: 0,
+  });
+  document.addEventListener("htmx:afterSwap", () => showRates());
+}
 const root = document.documentElement;
 
 // -- theme: the system's, unless the user chose one ---------------------------------------
@@ -41,6 +54,10 @@ function paused() {
 }
 
 async function refresh(part) {
+  if (window.htmx && part.hasAttribute("hx-get")) {
+    window.htmx.trigger(part, "dirmq:refresh"); // htmx fetches and swaps it
+    return;
+  }
   const response = await fetch(part.dataset.src, { cache: "no-cache", credentials: "same-origin" });
   if (response.status !== 200) return; // 304: unchanged
   const text = await response.text();
