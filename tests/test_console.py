@@ -214,9 +214,13 @@ def test_csrf_and_origin_are_checked_on_every_change(
         purge = f"/ui/q/{shop}/purge"
         assert browser.post(purge, data={"confirm": shop}).status_code == 403
         assert browser.post(purge, data={"confirm": shop, "csrf": "0" * 64}).status_code == 403
-        foreign = {"Origin": "https://evil.example"}
-        answer = browser.post(purge, data={"confirm": shop, "csrf": token}, headers=foreign)
-        assert answer.status_code == 403
+        for foreign in (
+            {"Origin": "https://evil.example"},
+            {"Origin": "null"},  # a sandboxed frame, a data: page
+            {"Origin": "null", "Sec-Fetch-Site": "cross-site"},
+        ):
+            answer = browser.post(purge, data={"confirm": shop, "csrf": token}, headers=foreign)
+            assert answer.status_code == 403, foreign
         assert queue.stats().ready == 1
         # The header htmx sends does as well as the form field; the server's own Origin passes.
         answer = browser.post(
@@ -224,6 +228,11 @@ def test_csrf_and_origin_are_checked_on_every_change(
             data={"confirm": shop},
             headers={"X-CSRF-Token": token, "Origin": server.url},
         )
+        assert answer.status_code == 303, answer.text
+        # What a browser sends from our own form under Referrer-Policy: no-referrer
+        queue.put(b"again")
+        same = {"Origin": "null", "Sec-Fetch-Site": "same-origin"}
+        answer = browser.post(purge, data={"confirm": shop, "csrf": token}, headers=same)
         assert answer.status_code == 303, answer.text
     assert queue.stats().ready == 0
 

@@ -3,8 +3,8 @@ the API asks for the same thing (`permissions.py`), each answered by a redirect 
 that shows its outcome (`?note=`).
 
 Bulk actions reach only what the page showed: a delete or redrive names its ids, and a
-redrive of "all that match" is bounded by the newest id the page had (`newest`), so a dead
-letter that arrived after the page was drawn is not touched.
+redrive of "all that match" is bounded by the newest id the page had (`newest`) and the time
+it was drawn (`drawn`), so a dead letter that arrived after the page was drawn is not touched.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dirmq.errors import InvalidArgument, MessageNotFound, StaleReceipt
 from dirmq.redrive.tasks import MAX_IDS, redrives_of
 from dirmq.server.credentials import WRITE
 from dirmq.server.http import Response
-from dirmq.store import OutgoingMessage, QueueConfig
+from dirmq.store import OutgoingMessage, Queue, QueueConfig
 from dirmq.store.ids import is_id
 from dirmq.wire import jsondoc
 from dirmq.wire.durations import parse_duration
@@ -141,20 +141,29 @@ def redrive(console: Console, call: Call) -> Response:
     name = _queue(console, call, "redrive")
     queue = console.store.queue(name)
     if call.arg("all") == "1":
-        newest = call.arg("newest")
-        if not is_id(newest):
-            raise InvalidArgument("'all that match' needs the newest id the page showed")
-        ids = [p.message_id for p in queue.redrive_plan(until=newest)]
-        if len(ids) > MAX_IDS:
-            raise InvalidArgument(
-                f"{len(ids)} dead letters match; one redrive takes at most {MAX_IDS}"
-            )
+        ids = _shown_then(queue, call.arg("newest"), call.arg("drawn"))
     else:
         ids = _ids(call)
     if not ids:
         raise InvalidArgument("no dead letter selected: nothing to redrive")
     task = redrives_of(console.store).start(name, ids=ids, origin="console")
     return _back(name, f"redriving {task.to_move} dead letters", "redrive", task.task_id)
+
+
+def _shown_then(queue: Queue, newest: str, drawn: str) -> list[str]:
+    """The dead letters "all that match" may reach: none newer than the newest id the page
+    showed, and none that died after the page was drawn (an older message redriven and
+    dead again since then was not what the page showed)."""
+    if not is_id(newest):
+        raise InvalidArgument("'all that match' needs the newest id the page showed")
+    try:
+        drawn_s = float(drawn)
+    except ValueError:
+        raise InvalidArgument("'all that match' needs the time the page was drawn") from None
+    planned = [p.message_id for p in queue.redrive_plan(until=newest)]
+    if len(planned) > MAX_IDS:
+        raise InvalidArgument(f"{len(planned)} dead letters match; one redrive takes {MAX_IDS}")
+    return [m.id for m in queue.read_ids(planned) if m.dead is None or m.dead.at_s <= drawn_s]
 
 
 def cancel(console: Console, call: Call) -> Response:

@@ -42,6 +42,7 @@ from dirmq.server.http import Request, Response, StreamResponse, SwitchProtocols
 log = logging.getLogger("dirmq.console")
 
 PREFIX = "/ui"
+API = "/ui/api/"  # the mounted `api` dialect's (the samples)
 UNSAFE = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 
 
@@ -49,9 +50,28 @@ class ConsoleApp(Dialect):
     name = "console"
 
     def __init__(
-        self, broker: Broker, access: Access = OPEN, *, secret: bytes, facts: ServerFacts
+        self,
+        broker: Broker,
+        access: Access = OPEN,
+        *,
+        secret: bytes,
+        facts: ServerFacts,
+        api: Dialect | None = None,
     ) -> None:
+        """`api`: the dialect answering `/ui/api/...` (the server's samples), which the
+        console mounts: it is asked with the session's principal, as if authenticated by the
+        Router, and started and closed with the console."""
         self.console = Console(broker, access, secret, facts)
+        self.api = api
+        self.console.render.env.globals["has_api"] = api is not None
+
+    def start(self) -> None:
+        if self.api is not None:
+            self.api.start()
+
+    async def close(self) -> None:
+        if self.api is not None:
+            await self.api.close()
 
     def claims(self, request: Request) -> bool:
         path = request.path
@@ -98,6 +118,12 @@ class ConsoleApp(Dialect):
         call = Call(request, session, form, sessions.csrf(session))
         if request.method in UNSAFE:
             self._check_forgery(call)
+        if path.startswith(API) and self.api is not None:
+            request.principal = session.principal  # the session's, as the Router would
+            answer = await self.api(request)
+            if not isinstance(answer, Response):
+                raise InvalidArgument(f"{path[:100]} answers no stream")
+            return answer
         if path == "/ui/sign-out" and request.method == "POST":
             response = _redirect("/ui/sign-in" if self.console.access.enabled else "/ui/")
             response.headers.append(("Set-Cookie", cookie_header(None, secure)))
@@ -124,9 +150,7 @@ class ConsoleApp(Dialect):
             return render.page("sign_in.html", error="", principal="")
         if request.method != "POST":
             raise InvalidArgument("sign in with GET (the form) or POST (a token)")
-        if not same_origin(
-            request.headers.get("origin"), request.headers.get("host"), request.scheme
-        ):
+        if not _same_origin(request):
             raise AccessDenied("a sign-in from another site's page is refused")
         token = (_form(request).get("token") or [""])[0].strip()
         try:
@@ -144,7 +168,7 @@ class ConsoleApp(Dialect):
     def _check_forgery(self, call: Call) -> None:
         request = call.request
         headers = request.headers
-        if not same_origin(headers.get("origin"), headers.get("host"), request.scheme):
+        if not _same_origin(request):
             raise AccessDenied(
                 f"a request from another origin ({headers.get('origin', '')[:100]!r}) is refused"
             )
@@ -172,6 +196,13 @@ def _route(method: str, path: str) -> View:
             if action is not None and (method == "POST" or rest[0] == "configure"):
                 return action
     return pages.not_found
+
+
+def _same_origin(request: Request) -> bool:
+    headers = request.headers
+    return same_origin(
+        headers.get("origin"), headers.get("host"), request.scheme, headers.get("sec-fetch-site")
+    )
 
 
 def _form(request: Request) -> dict[str, list[str]]:

@@ -171,6 +171,7 @@ def browse(console: Console, call: Call) -> Response:
         after=after,
         next_after=rows[-1].message.id if more and rows else None,
         newest=max((r.message.id for r in rows), default=""),
+        drawn=f"{now_s():.3f}",
     )
 
 

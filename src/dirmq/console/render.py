@@ -101,6 +101,7 @@ class Renderer:
         self.env.globals["static"] = f"/ui/static/{self.static_version}"
         self.env.globals["has_htmx"] = "vendor/htmx.min.js" in self.assets
         self.env.globals["has_uplot"] = "vendor/uPlot.iife.min.js" in self.assets
+        self.env.globals["has_api"] = False  # the samples API, once mounted (app.py)
 
     def page(self, template: str, status: int = 200, /, **context: Any) -> Response:
         body = self.env.get_template(template).render(**context).encode()

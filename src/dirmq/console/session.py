@@ -100,8 +100,15 @@ def cookie_of(header: str | None) -> str | None:
     return None
 
 
-def same_origin(origin: str | None, host: str | None, scheme: str) -> bool:
-    """Whether a request's `Origin` (absent: as good as the same) is this server's own."""
+def same_origin(
+    origin: str | None, host: str | None, scheme: str, fetch_site: str | None = None
+) -> bool:
+    """Whether a request's `Origin` (absent: as good as the same) is this server's own. Under
+    `Referrer-Policy: no-referrer` a browser sends `Origin: null` with the console's own form
+    posts; those are told apart by `Sec-Fetch-Site: same-origin`, which no page's script can
+    set (a sandboxed frame elsewhere says `cross-site`)."""
     if origin is None:
         return True
+    if origin == "null":
+        return fetch_site == "same-origin"
     return bool(host) and origin == f"{scheme}://{host}"

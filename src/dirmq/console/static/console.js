@@ -89,11 +89,12 @@ schedule();
 
 // -- rates (the server's samples, when it has them) -------------------------------------------
 async function showRates() {
+  const table = document.querySelector("table[data-rates]");
   const cells = document.querySelectorAll("td.rate[data-queue]");
-  if (!cells.length) return;
+  if (!table || !cells.length) return; // a server without samples: no rates
   let rates;
   try {
-    const response = await fetch("/ui/api/rates", { cache: "no-cache" });
+    const response = await fetch(table.dataset.rates, { cache: "no-cache" });
     if (!response.ok) return;
     rates = await response.json();
   } catch {
