@@ -212,3 +212,14 @@ def test_without_a_session_the_browser_is_sent_to_sign_in(tmp_path: Path, page: 
         expect(page.locator(".who")).to_have_text("ops")
     finally:
         assert running.stop() == 0
+
+
+def test_the_queue_page_counts_follow_the_queue(
+    server: ServerProcess, lib: dirmq.Store, page: Page
+) -> None:
+    name = fresh("counts")
+    queue = lib.create_queue(name)
+    page.goto(url(server, name))
+    expect(page.locator("#count-ready")).to_have_text("0")
+    queue.put_many([b"a", b"b"])
+    expect(page.locator("#count-ready")).to_have_text("2", timeout=3000)
