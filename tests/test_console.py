@@ -6,6 +6,7 @@ and gets 403 on a forged one); the headers every answer carries; no inline scrip
 from __future__ import annotations
 
 import re
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -299,5 +300,32 @@ def test_every_worker_accepts_a_session_another_made(tmp_path: Path) -> None:
                 assert pid
                 answered.add(pid.group(1))
         assert len(answered) == 2
+    finally:
+        assert running.stop() == 0
+
+
+def test_over_tls_the_session_cookie_is_secure(tmp_path: Path) -> None:
+    from .test_tls import make_certificates, tls_options
+
+    certs = make_certificates(tmp_path)
+    path = tmp_path / "credentials.toml"
+    path.write_text(CREDENTIALS)
+    path.chmod(0o600)
+    running = start_server(tmp_path / "root", "--credentials", str(path), *tls_options(certs))
+    try:
+        assert running.url.startswith("https://")
+        verify = ssl.create_default_context(cafile=str(certs.ca))
+        with httpx.Client(base_url=running.url, verify=verify, timeout=10) as browser:
+            answer = browser.post("/ui/sign-in", data={"token": OPS})
+            assert answer.status_code == 303
+            cookie = answer.headers["set-cookie"]
+            assert "; Secure" in cookie and "HttpOnly" in cookie
+            page = browser.get("/ui/")
+            assert page.status_code == 200
+            # The server's own https origin passes; its http twin is another origin.
+            http_twin = running.url.replace("https://", "http://")
+            form = {"csrf": csrf_of(page), "confirm": "x"}
+            refused = browser.post("/ui/q/x/purge", data=form, headers={"Origin": http_twin})
+            assert refused.status_code == 403
     finally:
         assert running.stop() == 0

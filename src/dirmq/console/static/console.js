@@ -145,9 +145,17 @@ window.addEventListener("load", drawCharts);
 for (const form of document.querySelectorAll("form")) {
   form.addEventListener("submit", (event) => {
     const button = event.submitter;
-    if (button && button.id === "redrive-selected" && !form.querySelector("input.pick:checked")) {
-      event.preventDefault();
-      window.alert("Select the dead letters to redrive first.");
+    const needsPick = button && ["redrive-selected", "delete-selected"].includes(button.id);
+    if (needsPick && !form.querySelector("input.pick:checked")) {
+      event.preventDefault(); // said on the page, not in a dialog
+      let said = form.querySelector(".pick-first");
+      if (!said) {
+        said = document.createElement("p");
+        said.className = "pick-first error";
+        said.setAttribute("role", "alert");
+        form.querySelector(".actions")?.after(said);
+      }
+      said.textContent = "Select the messages first.";
     }
   });
 }
