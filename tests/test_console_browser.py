@@ -223,3 +223,39 @@ def test_the_queue_page_counts_follow_the_queue(
     expect(page.locator("#count-ready")).to_have_text("0")
     queue.put_many([b"a", b"b"])
     expect(page.locator("#count-ready")).to_have_text("2", timeout=3000)
+
+
+def test_the_depth_chart_draws_points(tmp_path: Path, page: Page) -> None:
+    """Once the server samples (`/ui/api/samples`, mounted by the console), the queue page's
+    depth chart has pixels drawn on its canvas, not just an element."""
+    from dirmq.service import ServeOptions
+
+    if "sample_interval_s" not in ServeOptions.__dataclass_fields__:
+        pytest.skip("this server takes no samples yet (--sample-interval)")
+    running = start_server(tmp_path / "root", "--sample-interval", "1s")
+    try:
+        with dirmq.Store(running.root, create=False) as store:
+            store.create_queue("charted").put_many([b"a", b"b", b"c"])
+        page.goto(f"{running.url}/ui/q/charted")
+        if page.locator(".charts").count() == 0:
+            pytest.skip("the console does not mount the samples API here")
+        canvas = page.locator("#chart-depth canvas")
+        expect(canvas).to_be_visible(timeout=8000)
+        # pixels of the first series' colour (#0b57d0, the light theme's): the line itself,
+        # not the axes and grid that an empty chart draws too
+        series_pixels = """() => {
+            const canvas = document.querySelector("#chart-depth canvas");
+            const context = canvas.getContext("2d");
+            const data = context.getImageData(0, 0, canvas.width, canvas.height).data;
+            let found = 0;
+            for (let i = 0; i < data.length; i += 4) {
+                const [r, g, b] = [data[i], data[i + 1], data[i + 2]];
+                if (Math.abs(r - 11) < 40 && Math.abs(g - 87) < 40 && Math.abs(b - 208) < 40) {
+                    found++;
+                }
+            }
+            return found;
+        }"""
+        page.wait_for_function(f"() => ({series_pixels})() > 20", timeout=8000)
+    finally:
+        assert running.stop() == 0

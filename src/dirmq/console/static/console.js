@@ -130,11 +130,14 @@ async function drawCharts() {
       old.setData(series);
       continue;
     }
+    // A canvas takes colours, not CSS variables: read the theme's.
+    const style = getComputedStyle(root);
+    const colour = (i) => style.getPropertyValue(`--series-${i}`).trim() || "#0b57d0";
     const opts = {
       title: box.dataset.title,
       width: Math.max(300, box.clientWidth || 600),
       height: 200,
-      series: [{}, ...names.map((n, i) => ({ label: n, stroke: `var(--series-${i})`, width: 2 }))],
+      series: [{}, ...names.map((n, i) => ({ label: n, stroke: colour(i), width: 2 }))],
     };
     charts.set(box.id, new window.uPlot(opts, series, box));
   }
