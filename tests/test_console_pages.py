@@ -364,3 +364,14 @@ def test_overview_shows_subscriptions_and_their_lag(
     )
     assert row, page[-2000:]
     assert int(row.group(1)) >= 3
+
+
+def test_bad_paths_and_forms_are_refused_in_words(ui: httpx.Client) -> None:
+    assert ui.get("/ui/q/%ff").status_code == 400
+    assert ui.get("/ui/q/%2E%2E").status_code == 400
+    assert ui.get("/ui/nowhere").status_code == 404
+    assert ui.get("/ui/q/x/m/not-an-id").status_code == 404
+    token = csrf(ui)
+    assert ui.post("/ui/q/%ff/purge", data={"csrf": token}).status_code == 400
+    answer = ui.post("/ui/q/x/purge", content=b"{}", headers={"Content-Type": "application/json"})
+    assert answer.status_code == 400 and "forms" in answer.text

@@ -88,6 +88,10 @@ class ConsoleApp(Dialect):
             response = self.console.render.page(
                 "error.html", status_of(exc), message=str(exc), principal=""
             )
+        except UnicodeDecodeError:
+            response = self.console.render.page(
+                "error.html", 400, message="the path is not UTF-8 once decoded", principal=""
+            )
         response.headers.extend(SECURITY_HEADERS)
         return response
 

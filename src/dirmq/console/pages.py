@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 from dirmq.console.call import Call, Console, queue_of, ref_of
 from dirmq.console.disk import disk_of, free_space
 from dirmq.console.permissions import permission
-from dirmq.console.preview import preview
+from dirmq.console.preview import Preview, preview
 from dirmq.console.pubsub_view import pubsub_summary
 from dirmq.console.render import now_s
 from dirmq.errors import InvalidArgument, MessageNotFound
@@ -134,7 +134,7 @@ def _allowed(console: Console, call: Call, name: str) -> dict[str, Any]:
 @dataclass(frozen=True, slots=True)
 class Row:
     message: Message
-    preview: object
+    preview: Preview
     due_s: float | None  # a delayed message's due time
 
 
