@@ -329,3 +329,15 @@ def test_over_tls_the_session_cookie_is_secure(tmp_path: Path) -> None:
             assert refused.status_code == 403
     finally:
         assert running.stop() == 0
+
+
+def test_a_session_ends_when_it_expires() -> None:
+    from dirmq.console.session import SESSION_S, Sessions, new_secret
+
+    sessions = Sessions(new_secret())
+    issued = sessions.issue("ops", now_s=1000.0)
+    assert sessions.check(issued.cookie, now_s=1000.0 + SESSION_S - 1) == issued
+    assert sessions.check(issued.cookie, now_s=1000.0 + SESSION_S) is None
+    assert Sessions(new_secret()).check(issued.cookie, now_s=1000.0) is None  # a restart
+    assert sessions.csrf_ok(issued, sessions.csrf(issued))
+    assert not sessions.csrf_ok(sessions.issue("ops", now_s=1001.0), sessions.csrf(issued))

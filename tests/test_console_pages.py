@@ -375,3 +375,24 @@ def test_bad_paths_and_forms_are_refused_in_words(ui: httpx.Client) -> None:
     assert ui.post("/ui/q/%ff/purge", data={"csrf": token}).status_code == 400
     answer = ui.post("/ui/q/x/purge", content=b"{}", headers={"Content-Type": "application/json"})
     assert answer.status_code == 400 and "forms" in answer.text
+
+
+def test_a_redrive_can_be_paced_and_cancelled(ui: httpx.Client, module_lib: dirmq.Store) -> None:
+    name = fresh("paced")
+    queue = module_lib.create_queue(name)
+    queue.put_many([f"d{n}".encode() for n in range(30)])
+    for message in queue.get(30, max_per_group=None):
+        queue.dead_letter(message.receipt or "", "no")
+    dead = [m.id for m in queue.browse(state="dead")]
+    token = csrf(ui, f"/ui/q/{name}")
+    form = {"csrf": token, "id": dead, "rate": "4"}
+    answer = ui.post(f"/ui/q/{name}/redrive", data=form)
+    assert answer.status_code == 303, answer.text
+    task_id = answer.headers["location"].split("?")[0].rsplit("/", 1)[1]
+    cancelled = ui.post(f"/ui/q/{name}/cancel", data={"csrf": token, "task": task_id})
+    assert cancelled.status_code == 303
+    page = ui.get(f"/ui/q/{name}/redrive/{task_id}")
+    assert re.search(r"CANCEL(LING|LED)", page.text), page.text[-1500:]
+    assert queue.stats().dead > 0  # paced at 4 a second: far from all moved
+    bad = ui.post(f"/ui/q/{name}/redrive", data={**form, "rate": "fast"})
+    assert bad.status_code == 400

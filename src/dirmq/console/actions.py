@@ -146,7 +146,12 @@ def redrive(console: Console, call: Call) -> Response:
         ids = _ids(call)
     if not ids:
         raise InvalidArgument("no dead letter selected: nothing to redrive")
-    task = redrives_of(console.store).start(name, ids=ids, origin="console")
+    rate = call.arg("rate").strip()
+    if rate and not rate.isdigit():
+        raise InvalidArgument(f"rate is messages per second, a whole number, not {rate[:40]!r}")
+    task = redrives_of(console.store).start(
+        name, ids=ids, rate_per_s=int(rate) if rate else None, origin="console"
+    )
     return _back(name, f"redriving {task.to_move} dead letters", "redrive", task.task_id)
 
 
