@@ -78,7 +78,7 @@ def csrf_of(page: httpx.Response) -> str:
 
 def test_every_answer_carries_the_security_headers(server: ServerProcess) -> None:
     with client(server) as browser:
-        for path in ("/ui/", "/ui/sign-in", "/ui/static/x/console.js", "/ui/nowhere", "/ui"):
+        for path in ("/ui/", "/ui/sign-in", "/ui/static/x/console.js", "/ui/q/x/nowhere"):
             answer = browser.get(path)
             assert answer.headers["content-security-policy"] == CSP, path
             assert answer.headers["x-content-type-options"] == "nosniff", path
@@ -238,11 +238,17 @@ def test_csrf_and_origin_are_checked_on_every_change(
     assert queue.stats().ready == 0
 
 
-def test_console_names_are_reserved(lib: dirmq.Store) -> None:
+def test_console_names_are_reserved(server: ServerProcess, lib: dirmq.Store) -> None:
     for name in ("ui", "ui/x", "ui/q/a"):
         with pytest.raises(InvalidName, match="web console"):
             validate_queue_name(name)
     assert validate_queue_name("x/ui") == "x/ui"
+    # What is not the console's under /ui is the native API's, refused in its words
+    with client(server) as api:
+        for method, path in (("GET", "/ui"), ("PUT", "/ui"), ("GET", "/ui/other/messages")):
+            answer = api.request(method, path, headers={"Authorization": f"Bearer {OPS}"})
+            assert answer.status_code == 400, (method, path)
+            assert answer.json()["error"] == "InvalidName" and "/ui/" in answer.text
 
 
 def test_each_console_action_asks_what_the_api_asks() -> None:

@@ -369,7 +369,8 @@ def test_overview_shows_subscriptions_and_their_lag(
 def test_bad_paths_and_forms_are_refused_in_words(ui: httpx.Client) -> None:
     assert ui.get("/ui/q/%ff").status_code == 400
     assert ui.get("/ui/q/%2E%2E").status_code == 400
-    assert ui.get("/ui/nowhere").status_code == 404
+    assert ui.get("/ui/q/x/nowhere").status_code == 404
+    assert ui.get("/ui/nowhere").json()["error"] == "InvalidName"  # the API's: reserved
     assert ui.get("/ui/q/x/m/not-an-id").status_code == 404
     token = csrf(ui)
     assert ui.post("/ui/q/%ff/purge", data={"csrf": token}).status_code == 400

@@ -1,8 +1,9 @@
-"""The console as a dialect: it claims `/ui` and everything under it on the native port, keeps
+"""The console as a dialect: it claims its own paths under `/ui/` on the native port, keeps
 its own sessions (the Router treats its routes as public and never reads its cookie: the
 cookie opens no other door), checks CSRF and Origin on every state-changing request, and
 hands each route to its view (`pages.py`, `actions.py`), on the broker's thread pool (views
 touch the filesystem). Every answer carries the security headers (`render.SECURITY_HEADERS`).
+Any other path under /ui (and /ui itself) names a reserved queue: the native API refuses it.
 
     GET  /ui/                            overview (?prefix= &sort= &desc=1 &page=; &part=table)
     GET  /ui/sign-in, POST /ui/sign-in   a token for a session;  POST /ui/sign-out
@@ -41,8 +42,8 @@ from dirmq.server.http import Request, Response, StreamResponse, SwitchProtocols
 
 log = logging.getLogger("dirmq.console")
 
-PREFIX = "/ui"
 API = "/ui/api/"  # the mounted `api` dialect's (the samples)
+OWN = frozenset({"", "static", "sign-in", "sign-out", "q", "api"})  # what follows /ui/
 UNSAFE = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 
 
@@ -74,8 +75,12 @@ class ConsoleApp(Dialect):
             await self.api.close()
 
     def claims(self, request: Request) -> bool:
+        """The console's own paths only; any other under /ui names a reserved queue, which
+        the native API refuses in its words (400 InvalidName), as for `/health/x`."""
         path = request.path
-        return path == PREFIX or path.startswith(PREFIX + "/")
+        if not path.startswith("/ui/"):
+            return False
+        return path.split("/", 3)[2] in OWN
 
     def public(self, request: Request) -> bool:
         return True  # the console checks its own session: the Router knows no cookie
@@ -98,8 +103,6 @@ class ConsoleApp(Dialect):
     async def _answer(self, request: Request) -> Response:
         path = request.path
         render = self.console.render
-        if path == PREFIX:
-            return _redirect("/ui/")
         if path.startswith("/ui/static/"):
             version, _, rest = path[len("/ui/static/") :].partition("/")
             return render.asset(version, rest)

@@ -55,8 +55,8 @@ def _refuse_reserved(name: str, segments: list[str]) -> None:
         raise InvalidName(f"queue name {name!r} is reserved (the HTTP server's /{name})")
     if segments[0] == CONSOLE:
         raise InvalidName(
-            f"queue name {name!r} is reserved: /{CONSOLE} and what is under it is the web "
-            "console; choose another first segment"
+            f"queue name {name!r} is reserved: /{CONSOLE}/ and what is under it is the web "
+            "console (open /ui/ in a browser); choose another first segment"
         )
     n = len(segments)
     if (
