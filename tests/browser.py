@@ -11,6 +11,10 @@ A helper, not collected (as tests/servers.py). conftest.py imports its fixtures:
 - `playwright_loop` (autouse): keeps Playwright's event loop out of the tests that do not use
   the browser, so their asyncio.run() works.
 
+Under a strict CSP, give `page.wait_for_function` a function (`"() => ..."`), never a bare
+expression: Playwright polls an expression with the page's own eval, which the policy blocks (and
+reports, as a violation of the test's making).
+
 In each document an init script keeps that document's violations in `window.__cspViolations`;
 they also reach Python, so those of earlier documents of the page are kept across navigations.
 """

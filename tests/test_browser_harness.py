@@ -34,6 +34,10 @@ PAGES: dict[str, tuple[str, bytes]] = {
         b'<script>document.title = "inline ran";</script>'
         b'<script src="/mark.js"></script></body></html>',
     ),
+    "/late": (
+        "text/html",
+        b'<!doctype html><html><head><script src="/late.js"></script></head><body></body></html>',
+    ),
     "/alert": (
         "text/html",
         b'<!doctype html><html><head><script src="/alert.js"></script></head><body></body></html>',
@@ -45,6 +49,10 @@ PAGES: dict[str, tuple[str, bytes]] = {
     # Chromium asks every site for one; a 404 would be a console error (the console serves one).
     "/favicon.ico": ("image/svg+xml", b'<svg xmlns="http://www.w3.org/2000/svg"/>'),
     "/mark.js": ("text/javascript", b'document.documentElement.dataset.mark = "external ran";'),
+    "/late.js": (
+        "text/javascript",
+        b'setTimeout(() => { document.documentElement.dataset.mark = "late"; }, 100);',
+    ),
     "/alert.js": ("text/javascript", b'alert("from a script");'),
     "/errors.js": (
         "text/javascript",
@@ -99,7 +107,7 @@ def test_a_page_within_its_policy_loads_and_reports_nothing(
     assert response is not None and response.status == 200
     assert response.headers["content-security-policy"] == CSP
     assert page.title() == "clean"
-    page.wait_for_function("document.documentElement.dataset.mark === 'external ran'")
+    page.wait_for_function("() => document.documentElement.dataset.mark === 'external ran'")
     assert page_log.document_violations() == []
     assert page_log.problems() == {}
     page_log.assert_clean()  # and teardown checks it again
@@ -110,9 +118,9 @@ def test_an_inline_script_is_blocked_and_reported(
 ) -> None:
     page_log.expect_problems()
     page.goto(f"{site.url}/inline")
-    page.wait_for_function("document.documentElement.dataset.mark === 'external ran'")
+    page.wait_for_function("() => document.documentElement.dataset.mark === 'external ran'")
     assert page.title() == "inline", "the inline script ran under script-src 'self'"
-    page.wait_for_function("window.__cspViolations.length > 0")
+    page.wait_for_function("() => window.__cspViolations.length > 0")
     (violation,) = page_log.document_violations()
     assert violation["directive"] == "script-src-elem"
     assert violation["blocked"] == "inline"
@@ -128,10 +136,20 @@ def test_violations_of_earlier_documents_are_kept(
 ) -> None:
     page_log.expect_problems()
     page.goto(f"{site.url}/inline")
-    page.wait_for_function("window.__cspViolations.length > 0")
+    page.wait_for_function("() => window.__cspViolations.length > 0")
     page.goto(f"{site.url}/clean")
     assert page_log.document_violations() == []  # the new document's own list
     assert [v["url"] for v in page_log.csp_violations()] == [f"{site.url}/inline"]
+
+
+def test_waiting_on_a_strict_csp_page_reports_nothing(
+    site: Site, page: Page, page_log: PageLog
+) -> None:
+    """wait_for_function with a function polls without the page's eval (see tests/browser.py)."""
+    page.goto(f"{site.url}/late")
+    assert page.evaluate("() => document.documentElement.dataset.mark") is None
+    page.wait_for_function("() => document.documentElement.dataset.mark === 'late'")
+    page_log.assert_clean()
 
 
 def test_a_dialog_is_recorded_and_dismissed(site: Site, page: Page, page_log: PageLog) -> None:
@@ -147,7 +165,7 @@ def test_console_errors_and_uncaught_exceptions_are_recorded(
 ) -> None:
     page_log.expect_problems()
     page.goto(f"{site.url}/errors")
-    page.wait_for_function("true")  # one more round trip: the page's events have arrived
+    page.wait_for_function("() => true")  # one more round trip: the page's events have arrived
     assert [e.split(" (")[0] for e in page_log.console_errors] == ["logged on purpose"]
     assert page_log.page_errors == ["thrown on purpose"]
     assert set(page_log.problems()) == {"console_errors", "page_errors"}
