@@ -8,8 +8,8 @@ A helper, not collected (as tests/servers.py). conftest.py imports its fixtures:
   `securitypolicyviolation` events. At teardown it fails the test if any was recorded, unless
   the test said it expects some (`page_log.expect_problems()`);
 - `page` (function): `page_log.page`, for tests that only drive the page;
-- `playwright_loop` (autouse): keeps Playwright's event loop out of the tests that do not use
-  the browser, so their asyncio.run() works.
+- `playwright_loop` (autouse): hides Playwright's event loop from the tests that do not use
+  the browser, so that their asyncio.run() works.
 
 Under a strict CSP, give `page.wait_for_function` a function (`"() => ..."`), never a bare
 expression: Playwright polls an expression with the page's own eval, which the policy blocks (and
@@ -110,6 +110,9 @@ class Session:
     loop: asyncio.AbstractEventLoop  # Playwright's (see `playwright_loop`)
 
 
+PLAYWRIGHT_LOOPS: set[asyncio.AbstractEventLoop] = set()  # the session's, while it runs
+
+
 @dataclass
 class PageLog:
     """A page and what went wrong in it (see the module's docstring)."""
@@ -188,29 +191,33 @@ def browser_session() -> Iterator[Session]:
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
         session = Session(browser, time.monotonic() - began, asyncio.get_running_loop())
+        PLAYWRIGHT_LOOPS.add(session.loop)
         try:
             yield session
         finally:
-            asyncio._set_running_loop(session.loop)
+            asyncio._set_running_loop(session.loop)  # a test's teardown may have unmarked it
             browser.close()
-    asyncio._set_running_loop(None)
+    asyncio._set_running_loop(None)  # Playwright's loop is closed: nothing runs any more
+    PLAYWRIGHT_LOOPS.discard(session.loop)
 
 
 @pytest.fixture(autouse=True)
 def playwright_loop(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Playwright's sync API marks its event loop as running in this thread between its calls,
-    so that asyncio.run() fails anywhere after it. It is so only during tests that use the
-    browser (where asyncio.run() is not available: use a thread); for every other test of the
-    session the thread has no running loop, as usual."""
-    if "browser_session" not in request.fixturenames:
+    """Playwright's sync API keeps its event loop marked as running in this thread from its
+    start on (its dispatcher runs the loop in a greenlet), and so asyncio.run() would fail in
+    every test after the first browser test. Each test that does not use the browser runs
+    with the mark removed (and restored after it, for Playwright). Tests that use the browser,
+    and fixtures of module or session scope set up after one, keep the mark: asyncio.run() is
+    not available there (use a thread), while every Playwright call works."""
+    marked = asyncio._get_running_loop()
+    if "browser_session" in request.fixturenames or marked not in PLAYWRIGHT_LOOPS:
         yield
         return
-    session: Session = request.getfixturevalue("browser_session")
-    asyncio._set_running_loop(session.loop)
+    asyncio._set_running_loop(None)
     try:
         yield
     finally:
-        asyncio._set_running_loop(None)
+        asyncio._set_running_loop(marked)
 
 
 @pytest.fixture(scope="session")

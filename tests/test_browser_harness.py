@@ -7,6 +7,7 @@ page that keeps to the policy must report nothing, and dialogs and errors must b
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import os
 import tempfile
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page
+from playwright.sync_api import Browser, BrowserContext, Page
 
 from .browser import FLAGS, PageLog, Session
 
@@ -222,3 +223,44 @@ def test_one_browser_starts_for_the_session_in_seconds(
     print(f"chromium {browser_session.browser.version} started in {browser_session.start_s:.2f} s")
     assert browser_session.browser.is_connected()
     assert browser_session.start_s < 20, f"chromium took {browser_session.start_s:.1f} s to start"
+
+
+# The order matters below (pytest keeps a file's order): a browser test, then one without the
+# browser that runs asyncio, then a browser context of module scope used across both kinds.
+def test_a_browser_test_comes_first(
+    browser_session: Session,
+) -> None:
+    assert browser_session.browser.is_connected()  # the session has started: the loop is marked
+
+
+def test_asyncio_run_works_without_the_browser() -> None:
+    async def answer() -> int:
+        await asyncio.sleep(0)
+        return 42
+
+    assert asyncio.run(answer()) == 42
+
+
+@pytest.fixture(scope="module")
+def shared_context(browser: Browser) -> Iterator[BrowserContext]:
+    """A context for several tests (a signed-in console, say): closed after tests without it."""
+    context = browser.new_context()
+    try:
+        yield context
+    finally:
+        context.close()
+
+
+def test_a_module_context_serves_one_test(shared_context: BrowserContext, site: Site) -> None:
+    page = shared_context.new_page()
+    page.goto(f"{site.url}/clean")
+    assert page.title() == "clean"
+
+
+def test_asyncio_still_runs_between_tests_of_a_module_context() -> None:
+    test_asyncio_run_works_without_the_browser()
+
+
+def test_a_module_context_serves_another(shared_context: BrowserContext, site: Site) -> None:
+    assert [p.url for p in shared_context.pages] == [f"{site.url}/clean"]
+    shared_context.pages[0].goto(f"{site.url}/late")
