@@ -2,7 +2,9 @@
 
 A helper, not collected (as tests/servers.py). conftest.py imports its fixtures:
 - `browser` (session): one chromium for the whole run, installed with apt-get when missing
-  (never `playwright install`, which downloads a browser of its own and fails here);
+  (never `playwright install`, which downloads a browser of its own and fails here); the tests
+  that use it skip, saying why, only where it cannot be installed. `browser_session` has it with
+  its start time;
 - `page_log` (function): a new browser context and page, with what went wrong in it recorded:
   console errors, uncaught exceptions, dialogs (alert, confirm, prompt: each dismissed) and
   `securitypolicyviolation` events. At teardown it fails the test if any was recorded, unless
