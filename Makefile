@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	@# docs/operations.md's backup example runs rsync (its test says so and skips where it is missing)
 	command -v rsync >/dev/null || [ "$$(id -u)" != 0 ] || apt-get install -y -q rsync >/dev/null 2>&1 \
 		|| (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q rsync >/dev/null 2>&1) || true
+	@# the browser tests drive Debian's chromium through Playwright (tests/browser.py; never `playwright install`)
+	test -x /usr/bin/chromium || [ "$$(id -u)" != 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+		|| (apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1) || true
 	touch $(STAMP)
 
 # The HTTP server on $DIRMQ_ROOT (default ./dirmq-data), http://127.0.0.1:8080; or where you say:

@@ -18,6 +18,13 @@ from dirmq.client import RemoteStore
 from dirmq.server.multiprocess import MetricsFiles
 
 from .async_adapter import BlockingAsyncStore
+from .browser import (  # noqa: F401  (chromium for browser tests: tests/browser.py)
+    browser,
+    browser_session,
+    page,
+    page_log,
+    playwright_loop,
+)
 from .gluster import gluster_volume  # noqa: F401  (the session's one GlusterFS volume)
 from .servers import ServerProcess, start_server
 

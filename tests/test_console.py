@@ -284,8 +284,8 @@ def test_assets_are_versioned_and_cached(server: ServerProcess) -> None:
 
 def test_the_console_files_ship_in_the_package() -> None:
     pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text()
-    assert "console/templates/*.html" in pyproject
-    assert "console/static/*" in pyproject
+    assert "console/templates/**/*" in pyproject
+    assert "console/static/**/*" in pyproject
 
 
 def test_every_worker_accepts_a_session_another_made(tmp_path: Path) -> None:

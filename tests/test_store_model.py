@@ -539,11 +539,33 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             m.state, m.at_ms = "ready", None
 
-    @rule(receipt=receipts)
-    def dead_letter(self, receipt: str) -> None:
-        m = self._settle_outcome(receipt, lambda: self.queue.dead_letter(receipt))
+    @rule(receipt=receipts, detail=st.none() | st.sampled_from(["bad sku", "ünï", "x" * 1024]))
+    def dead_letter(self, receipt: str, detail: str | None) -> None:
+        m = self._settle_outcome(receipt, lambda: self.queue.dead_letter(receipt, detail))
         if m is not None:
             m.state, m.at_ms = "dead", None
+            dead = self.queue.peek(m.id).dead
+            assert dead is not None and (dead.reason, dead.detail) == ("rejected", detail)
+            assert dead.receive_count == m.count
+
+    @precondition(lambda self: not self.remote)  # a redrive task over HTTP: test_redrive.py
+    @rule()
+    def redrive(self) -> None:
+        """Every dead message back to its FIFO place, received 0 times, its provenance kept."""
+        self.model.opened(self.now())
+        dead = [m for m in self.model.messages.values() if m.state == "dead"]
+        assert self.queue.redrive() == len(dead)
+        for m in dead:
+            m.state, m.count, m.at_ms = "ready", 0, None
+
+    @rule()
+    def purge_dead(self) -> None:
+        removed = self.queue.purge(dead=True)
+        self.model.opened(self.now())
+        dead = [i for i, m in self.model.messages.items() if m.state == "dead"]
+        assert removed == len(dead)
+        for message_id in dead:
+            del self.model.messages[message_id]
 
     @rule(receipt=receipts, visibility_s=any_durations)
     def extend(self, receipt: str, visibility_s: Any) -> None:
