@@ -36,6 +36,7 @@ SECURITY_HEADERS = (
 )
 HTML = "text/html; charset=utf-8"
 _STATIC_PATH = re.compile(r"[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*")
+SERVED = frozenset({"js", "css", "svg", "png"})  # what a page loads; not READMEs, licences
 _TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 
 
@@ -129,7 +130,7 @@ def _load_assets(top: Traversable, prefix: str = "") -> dict[str, Asset]:
         name = f"{prefix}{item.name}"
         if item.is_dir():
             found.update(_load_assets(item, f"{name}/"))
-        elif not item.name.startswith("."):
+        elif item.name.rsplit(".", 1)[-1] in SERVED:
             suffix = "." + item.name.rsplit(".", 1)[-1] if "." in item.name else ""
             kind = _TYPES.get(suffix) or mimetypes.guess_type(item.name)[0]
             found[name] = Asset(item.read_bytes(), kind or "application/octet-stream")
