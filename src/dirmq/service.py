@@ -25,6 +25,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dirmq.console.samples import DEFAULT_INTERVAL_S, check_interval
+from dirmq.console.samples_api import SamplesApi
 from dirmq.dialects.native.app import NativeApp
 from dirmq.dialects.pubsub import PubSubApi
 from dirmq.dialects.yaq import YaqApp
@@ -63,6 +65,7 @@ class ServeOptions:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     metrics_max_queues: int = DEFAULT_MAX_QUEUES  # queues with depth series of their own
+    sample_interval_s: float = DEFAULT_INTERVAL_S  # the console's samples (whole seconds)
     log: LogSettings = field(default_factory=LogSettings)
 
 
@@ -116,6 +119,7 @@ def observers(options: ServeOptions, worker: runtime.Worker) -> list[Observe]:
 def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int:
     """Run the server in the foreground; returns the exit status."""
     tls = tls_files(options.tls_cert, options.tls_key, options.tls_client_ca)
+    sample_interval_s = check_interval(options.sample_interval_s)
     access = load_access(options)
     listeners = [runtime.Listener("native", options.listen)]
     if options.yaq_listen:
@@ -131,9 +135,21 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
         sqs = SqsApp(broker, access=access, deleted_wait_s=options.sqs_deleted_wait_s)
         # Told of every answered request of every listener.
         observe = observe_all(*observers(options, worker))
+        samples = SamplesApi(
+            broker,
+            worker.run_dir,
+            access,
+            interval_s=sample_interval_s,
+            max_queues=options.metrics_max_queues,
+        )
         routers = {
             "native": Router(
-                [PubSubApi(broker, metrics, access), sqs, NativeApp(broker, metrics, access)],
+                [
+                    samples,
+                    PubSubApi(broker, metrics, access),
+                    sqs,
+                    NativeApp(broker, metrics, access),
+                ],
                 access,
                 observe,
             ),
