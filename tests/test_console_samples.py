@@ -30,6 +30,7 @@ from .servers import ServerProcess, start_server
 PUBLISHED = 120
 LEASED = 50
 ACKED = 30
+READY = PUBLISHED - LEASED + 1  # and one nacked
 CONNECTIONS = 24  # each its own connection: the kernel spreads them over both workers
 WAIT_S = 30.0
 
@@ -100,7 +101,8 @@ def _moved(series: dict[str, Any], kind: str) -> float:
 
 
 def _work(server: ServerProcess) -> None:
-    """PUBLISHED publishes over CONNECTIONS connections, then LEASED leased, ACKED acked."""
+    """PUBLISHED publishes over CONNECTIONS connections, then LEASED leased, ACKED of them
+    acked, one nacked, one dead-lettered."""
     assert httpx.put(f"{server.url}/paced").status_code == 201
 
     def publisher(n: int) -> None:
@@ -115,6 +117,8 @@ def _work(server: ServerProcess) -> None:
         got = queue.get(LEASED)
         assert len(got) == LEASED
         assert queue.ack_many([m.receipt for m in got[:ACKED]]) == {}
+        queue.nack(got[ACKED].receipt)  # back to ready
+        queue.dead_letter(got[ACKED + 1].receipt)  # into the queue's own dead area
 
 
 def test_every_worker_answers_the_same_samples_which_say_what_was_done(
@@ -124,12 +128,13 @@ def test_every_worker_answers_the_same_samples_which_say_what_was_done(
 
     def settled() -> dict[str, Any] | None:
         paced = _rates(server)["queues"].get("paced")
-        if paced and paced["counts"][:3] == [PUBLISHED, LEASED, ACKED]:
+        if paced and paced["counts"][:5] == [PUBLISHED, LEASED, ACKED, 1, 1]:
             return paced
         return None
 
     last = _until("a sample of everything done", settled)
-    assert (last["ready"], last["in_flight"]) == (PUBLISHED - LEASED, LEASED - ACKED)
+    in_flight = LEASED - ACKED - 2
+    assert (last["ready"], last["in_flight"], last["dead"]) == (READY, in_flight, 1)
     # One more sample: the series has points after the work too (rates back at 0).
     t = _rates(server)["t"]
     _until("the next sample", lambda: _rates(server)["t"] > t)
@@ -158,16 +163,19 @@ def test_every_worker_answers_the_same_samples_which_say_what_was_done(
     assert _moved(series, "published") == PUBLISHED
     assert _moved(series, "delivered") == LEASED
     assert _moved(series, "acked") == ACKED
-    assert _moved(series, "nacked") == 0
-    assert series["ready"][-1] == PUBLISHED - LEASED
-    assert series["in_flight"][-1] == LEASED - ACKED
+    assert _moved(series, "nacked") == 1
+    assert _moved(series, "dead_lettered") == 1
+    assert _moved(series, "expired") == 0
+    assert series["ready"][-1] == READY
+    assert series["in_flight"][-1] == LEASED - ACKED - 2
+    assert series["dead"][-1] == 1
     assert series["published_per_s"][-1] == 0.0
     assert series["ready"][0] is None  # the hour before the server started: no points
 
     totals = _get(server, "/ui/api/samples").json()
     assert totals["queue"] is None
     assert _moved(totals, "published") == PUBLISHED
-    assert totals["ready"][-1] == PUBLISHED - LEASED
+    assert totals["ready"][-1] == READY
 
 
 def test_an_unchanged_sample_is_answered_304(server: ServerProcess) -> None:
@@ -218,7 +226,7 @@ def test_a_killed_sampler_is_replaced_and_no_count_goes_backwards(
     t = latest["t"]
     _until("the samples to keep coming", lambda: _rates(server)["t"] >= t + 2)
     series = _get(server, "/ui/api/samples", queue="paced").json()
-    assert series["ready"][-1] == PUBLISHED - LEASED
+    assert series["ready"][-1] == READY
 
 
 CREDENTIALS = """
