@@ -4,8 +4,10 @@ The runtime (`dirmq.server`: connections, framing, the broker, workers) knows no
 dialect knows another. Here, once per worker, the dialects are built on the worker's broker and
 put in each listener's `Router`:
 
-- the native port: pub/sub (`/@pubsub...`), then SQS (an `X-Amz-Target` or `Action` request,
-  or a GET of an unknown SQS queue URL), then the native API, which takes the rest;
+- the native port: the console's samples (`/ui/api/samples`, `/ui/api/rates`; each worker's
+  sampler is started and stopped with it), then pub/sub (`/@pubsub...`), then SQS (an
+  `X-Amz-Target` or `Action` request, or a GET of an unknown SQS queue URL), then the native
+  API, which takes the rest;
 - `--yaq-listen`: the yaq dialect alone;
 - `--sqs-listen`: SQS alone (the same SQS dialect as on the native port).
 
