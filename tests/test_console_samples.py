@@ -21,8 +21,9 @@ import httpx
 import pytest
 
 from dirmq.client import RemoteStore
-from dirmq.console.samples_files import SERIES
+from dirmq.console.samples_files import RECORD, SERIES, Point, SampleFiles, slots
 from dirmq.server.credentials import new_token, token_digest
+from dirmq.store.access import root_access
 
 from .metrics_helpers import make_queues, matching
 from .servers import ServerProcess, start_server
@@ -327,3 +328,28 @@ def test_a_root_of_1000_queues_and_a_deep_one_is_sampled_from_listings(tmp_path:
         )
     finally:
         assert server.stop() == 0
+
+
+def test_a_ring_answers_missing_old_and_half_written_points_as_null(tmp_path: Path) -> None:
+    files = SampleFiles(str(tmp_path), root_access(str(tmp_path)))
+    interval = 10
+    end = 1_795_000_000 // interval * interval
+
+    def point(t: int, ready: int) -> Point:
+        return Point(t, (ready, 0, 0, 0), None, (ready,) * 7, (0.3,) * 7)
+
+    # The first is over an hour old, in the slot of end - 30 (which nothing rewrote).
+    for t in (end - 3630, end - 20, end - 10, end):
+        files.write_points(interval, {"q": point(t, max(0, t - end + 100))})
+    path = files.ring_path("q")
+    with open(path, "r+b") as ring:  # the record of end - 10 caught half-written
+        slot = (end - 10) // interval % slots(interval)
+        ring.seek(slot * RECORD.size + RECORD.size - 4)
+        ring.write(b"\0\0\0\0")
+    series = files.read_series("q", interval, end)
+    assert series["t"][-3:] == [end - 20, end - 10, end]
+    assert series["ready"][-3:] == [80, None, 100]
+    assert series["published_per_s"][-3:] == [0.3, None, 0.3]  # a float32 as the number it was
+    assert series["oldest_ready_age_s"][-1] is None
+    assert series["ready"][:-3] == [None] * (slots(interval) - 3)  # the hour-old one included
+    assert files.read_series("never", interval, end)["ready"] == [None] * slots(interval)
