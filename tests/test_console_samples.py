@@ -201,7 +201,9 @@ def test_bad_requests_say_what_was_wrong(server: ServerProcess) -> None:
     assert _get(server, "/ui/api/samples", queue="a//b").status_code == 400
     unknown = _get(server, "/ui/api/rates", queue="paced")
     assert unknown.status_code == 400
-    assert "unknown query parameter 'queue'" in unknown.json()["message"]
+    assert unknown.json()["message"] == (
+        "unknown query parameter 'queue' for /ui/api/rates (it takes: prefix)"
+    )
     posted = httpx.post(f"{server.url}/ui/api/rates")
     assert posted.status_code == 405 and posted.headers["allow"] == "GET, HEAD"
 
@@ -264,6 +266,8 @@ def test_a_principal_sees_the_samples_of_its_queues_only(tmp_path: Path) -> None
         _until("both queues sampled", both_sampled)
         rates = httpx.get(f"{server.url}/ui/api/rates", headers=as_viewer)
         assert set(rates.json()["queues"]) == {"seen"}
+        page = httpx.get(f"{server.url}/ui/api/rates", params={"prefix": "hid"}, headers=as_ops)
+        assert set(page.json()["queues"]) == {"hidden"}
         assert rates.json()["total"]["ready"] == 0  # totals for any principal
         url = f"{server.url}/ui/api/samples"
         assert httpx.get(url, params={"queue": "seen"}, headers=as_viewer).status_code == 200

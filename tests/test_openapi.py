@@ -290,6 +290,7 @@ CASES = [
     Case("consoleSamples", 400, params={"queue": "oa//q"}),
     Case("consoleSamplesHead", 200),
     Case("consoleRates", 200),
+    Case("consoleRates", 200, params={"prefix": "oa/"}),
     Case("consoleRates", 400, params={"queue": "oa"}),
     Case("consoleRatesHead", 200),
 ]

@@ -2,7 +2,7 @@
 
     GET /ui/api/samples              the totals over every queue, the last hour
     GET /ui/api/samples?queue=NAME   one queue's last hour (any permission on it: SEE)
-    GET /ui/api/rates                the last sample of every sampled queue the principal may
+    GET /ui/api/rates[?prefix=P]     the last sample of every sampled queue the principal may
                                      see (depth and rates), and the totals
 
 Every worker answers from the run's sample files, so every answer is the same whichever worker
@@ -109,8 +109,10 @@ class SamplesApi(Dialect):
     async def rates_response(self, request: Request) -> Response:
         """`GET /ui/api/rates`: {"interval_s", "t", "queues": {name: {depth, oldest ready age,
         rates, cumulative counts}}, "total": {...}, "queue_count", "omitted"}: the last sample;
-        queues only those the principal may see."""
-        _only(request, set())
+        queues only those the principal may see (with `prefix`, only those whose name starts
+        with it: an overview's page)."""
+        _only(request, {"prefix"})
+        prefix = request.query.get("prefix", "")
         etag = self._etag(request)
         if etag is not None and _matches(request, etag):
             return _not_modified(etag)
@@ -130,7 +132,9 @@ class SamplesApi(Dialect):
             body = {
                 "interval_s": sample["interval_s"],
                 "t": sample["t"],
-                "queues": {n: q for n, q in sample["queues"].items() if visible(n)},
+                "queues": {
+                    n: q for n, q in sample["queues"].items() if n.startswith(prefix) and visible(n)
+                },
                 "total": sample["total"],
                 "queue_count": sample["queue_count"],
                 "omitted": sample["omitted"],
