@@ -122,18 +122,19 @@ def _work(server: ServerProcess) -> None:
         queue.dead_letter(got[ACKED + 1].receipt)  # into the queue's own dead area
 
 
+def _settled(server: ServerProcess) -> dict[str, Any] | None:
+    """The last sample of queue "paced" once it counts all `_work` did."""
+    paced: dict[str, Any] | None = _rates(server)["queues"].get("paced")
+    if paced and paced["counts"][:5] == [PUBLISHED, LEASED, ACKED, 1, 1]:
+        return paced
+    return None
+
+
 def test_every_worker_answers_the_same_samples_which_say_what_was_done(
     server: ServerProcess,
 ) -> None:
     _work(server)
-
-    def settled() -> dict[str, Any] | None:
-        paced = _rates(server)["queues"].get("paced")
-        if paced and paced["counts"][:5] == [PUBLISHED, LEASED, ACKED, 1, 1]:
-            return paced
-        return None
-
-    last = _until("a sample of everything done", settled)
+    last = _until("a sample of everything done", lambda: _settled(server))
     in_flight = LEASED - ACKED - 2
     assert (last["ready"], last["in_flight"], last["dead"]) == (READY, in_flight, 1)
     # One more sample: the series has points after the work too (rates back at 0).
@@ -213,8 +214,8 @@ def test_a_killed_sampler_is_replaced_and_no_count_goes_backwards(
 ) -> None:
     if not _rates(server)["queues"].get("paced"):
         _work(server)  # run alone
+    counts = _until("a sample of everything done", lambda: _settled(server))["counts"]
     sampler = _latest(server)["sampler_pid"]
-    counts = _until("paced sampled", lambda: _rates(server)["queues"].get("paced"))["counts"]
     killed_at = time.time()
     os.kill(sampler, signal.SIGKILL)
 
