@@ -230,7 +230,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "dialects": {"errors", "store", "wire", "pubsub", "server", "redrive"},
     "sqs": {"errors", "store", "wire", "server", "redrive"},
     "spark": {"errors", "store", "wire", "pubsub", "client"},
-    "service": {"errors", "store", "wire", "pubsub", "server", "dialects", "sqs"},
+    "console": {"errors", "store", "wire", "server"},  # the web console, beside the dialects
+    "service": {"errors", "store", "wire", "pubsub", "server", "dialects", "sqs", "console"},
 }
 
 
