@@ -170,6 +170,8 @@ def steer(case: Case, seeds: Seeds, draw: Callable[[st.SearchStrategy[Any]], Any
         receipts = case.body.get("receipts") if isinstance(case.body, dict) else None
         if isinstance(receipts, list) and draw(st.booleans()):  # a batch settle's body
             receipts.append(seeds.receipt(queue) or "")
+    if case.query and isinstance(case.query.get("queue"), str) and draw(st.booleans()):
+        case.query["queue"] = draw(st.sampled_from(SEEDED_QUEUES))  # a sampled queue's series
     for where in (case.query, case.headers):
         for name in WAIT_PARAMETERS:
             if where and isinstance(where.get(name), str):

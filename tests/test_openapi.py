@@ -21,6 +21,8 @@ from openapi_spec_validator import validate
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from dirmq.console.samples_api import PREFIX as CONSOLE_PREFIX
+from dirmq.console.samples_api import ROUTES as CONSOLE_ROUTES
 from dirmq.dialects.native import handlers as native
 from dirmq.dialects.native.routes import SERVER_PATHS, parse_route
 from dirmq.dialects.pubsub import METHODS as PUBSUB_METHODS
@@ -81,7 +83,9 @@ def fill(template: str, queue: str, ref: str = SOME_ID, receipt: str = f"{SOME_I
 
 
 def kind_of(path: str) -> str:
-    """The route kind of a filled path: pub/sub's own, else the native grammar's."""
+    """The route kind of a filled path: pub/sub's own, the console's, else the native grammar's."""
+    if path.startswith(CONSOLE_PREFIX):
+        return f"console:{path.removeprefix(CONSOLE_PREFIX)}"
     if is_pubsub_path(path):
         route = parse_pubsub_route(path)
         assert route is not None, path
@@ -141,6 +145,7 @@ def test_every_native_route_and_server_path_is_documented() -> None:
         documented.add((kind_of(fill(operation.path, "some/queue")), operation.method.upper()))
     served = set(native.TABLE) | {("server", "GET")}
     served |= {(f"pubsub:{kind}", m) for kind, methods in PUBSUB_METHODS.items() for m in methods}
+    served |= {(f"console:{route}", m) for route in CONSOLE_ROUTES for m in ("GET", "HEAD")}
     assert documented == served
     server_paths = {p.strip("/") for p in SPEC["paths"] if kind_of(fill(p, "q")) == "server"}
     assert server_paths == SERVER_PATHS
@@ -280,6 +285,14 @@ CASES = [
     Case("pubsubRetained", 200, params={"from": "1", "limit": "10", "channel": "oa"}),
     Case("pubsubRetained", 400, params={"limit": "0"}),
     Case("pubsubRetainedHead", 200),
+    Case("consoleSamples", 200),
+    Case("consoleSamples", 404, params={"queue": "oa/never-made"}),
+    Case("consoleSamples", 400, params={"queue": "oa//q"}),
+    Case("consoleSamplesHead", 200),
+    Case("consoleRates", 200),
+    Case("consoleRates", 200, params={"prefix": "oa/"}),
+    Case("consoleRates", 400, params={"queue": "oa"}),
+    Case("consoleRatesHead", 200),
 ]
 
 

@@ -4,7 +4,9 @@ The runtime (`dirmq.server`: connections, framing, the broker, workers) knows no
 dialect knows another. Here, once per worker, the dialects are built on the worker's broker and
 put in each listener's `Router`:
 
-- the native port: the web console (`/ui`, `/ui/...`), pub/sub (`/@pubsub...`), then SQS (an
+- the native port: the web console (`/ui/...`, with the samples' `/ui/api/samples` and
+  `/ui/api/rates` mounted in it; each worker's sampler is started and stopped with it), pub/sub
+  (`/@pubsub...`), then SQS (an
   `X-Amz-Target` or `Action` request, or a GET of an unknown SQS queue URL), then the native
   API, which takes the rest;
 - `--yaq-listen`: the yaq dialect alone;
@@ -32,6 +34,8 @@ from dataclasses import dataclass, field
 from dirmq import __version__
 from dirmq.console.app import ConsoleApp
 from dirmq.console.call import ServerFacts
+from dirmq.console.samples import DEFAULT_INTERVAL_S, check_interval
+from dirmq.console.samples_api import SamplesApi
 from dirmq.console.session import new_secret
 from dirmq.dialects.native.app import NativeApp
 from dirmq.dialects.pubsub import PubSubApi
@@ -71,6 +75,7 @@ class ServeOptions:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     metrics_max_queues: int = DEFAULT_MAX_QUEUES  # queues with depth series of their own
+    sample_interval_s: float = DEFAULT_INTERVAL_S  # the console's samples (whole seconds)
     log: LogSettings = field(default_factory=LogSettings)
 
 
@@ -124,6 +129,7 @@ def observers(options: ServeOptions, worker: runtime.Worker) -> list[Observe]:
 def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int:
     """Run the server in the foreground; returns the exit status."""
     tls = tls_files(options.tls_cert, options.tls_key, options.tls_client_ca)
+    sample_interval_s = check_interval(options.sample_interval_s)
     access = load_access(options)
     listeners = [runtime.Listener("native", options.listen)]
     if options.yaq_listen:
@@ -142,10 +148,17 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
         sqs = SqsApp(broker, access=access, deleted_wait_s=options.sqs_deleted_wait_s)
         # Told of every answered request of every listener.
         observe = observe_all(*observers(options, worker))
+        samples = SamplesApi(
+            broker,
+            worker.run_dir,
+            access,
+            interval_s=sample_interval_s,
+            max_queues=options.metrics_max_queues,
+        )
         routers = {
             "native": Router(
                 [
-                    ConsoleApp(broker, access, secret=console_secret, facts=facts),
+                    ConsoleApp(broker, access, secret=console_secret, facts=facts, api=samples),
                     PubSubApi(broker, metrics, access),
                     sqs,
                     NativeApp(broker, metrics, access),

@@ -121,6 +121,14 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="/metrics gives depth series of their own to the N deepest queues at most; all "
         "are in the totals, /metrics?queue=NAME gives any one (default 1000)",
     )
+    p.add_argument(
+        "--sample-interval",
+        type=duration,
+        default=None,
+        metavar="DUR",
+        help="how often the server samples every queue's depth and rates for the console's "
+        "charts (an hour of them is kept; whole seconds, 1s to 10m; default 10s)",
+    )
     logging = p.add_argument_group("logs (stderr, or --log-file)")
     logging.add_argument(
         "--log-level",
@@ -205,6 +213,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from dirmq.console.samples import DEFAULT_INTERVAL_S
     from dirmq.server.budget import default_body_memory_bytes
     from dirmq.server.http import Limits
     from dirmq.server.logs import LogSettings
@@ -231,6 +240,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_client_ca=args.tls_client_ca,
         metrics_max_queues=(
             DEFAULT_MAX_QUEUES if args.metrics_max_queues is None else args.metrics_max_queues
+        ),
+        sample_interval_s=(
+            DEFAULT_INTERVAL_S if args.sample_interval is None else args.sample_interval
         ),
         limits=Limits(
             max_connections=args.max_connections,

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from dirmq.errors import DirmqError, QueueFull, StorageError
+from dirmq.server.queuecounts import ACKED, DELIVERED, KINDS, NACKED, PUBLISHED, QueueCounts
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
 
 T = TypeVar("T")
@@ -128,10 +129,16 @@ class Broker:
     """One per worker process and root."""
 
     def __init__(
-        self, store: Store, threads: int = 32, counts: MessageCounts | None = None
+        self,
+        store: Store,
+        threads: int = 32,
+        counts: MessageCounts | None = None,
+        queue_counts: QueueCounts | None = None,
     ) -> None:
         self.store = store
         self.counts: MessageCounts = counts or _Uncounted()
+        # By queue (the console's rates); the Store's events count there too (`serve.py`).
+        self.queue_counts = queue_counts or QueueCounts()
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="dirmq-store")
         self._release_timer: asyncio.TimerHandle | None = None
         self._publishers: dict[str, _Publisher] = {}
@@ -161,12 +168,13 @@ class Broker:
             RELEASE_EVERY_S, self._release_idle
         )
 
-    @staticmethod
-    def tell(report: Callable[[int], None], count: int) -> None:
-        """Report `count` messages to `counts`: a metrics bug must not cost a client its answer
-        (or its messages their lease)."""
+    def moved(self, kind: int, queue: str, count: int) -> None:
+        """Count `count` messages of `queue` moved (`queuecounts.KINDS[kind]`): in the metrics'
+        totals and in the per-queue counts. A metrics bug must not cost a client its answer (or
+        its messages their lease)."""
         try:
-            report(count)
+            self.queue_counts.add(queue, kind, count)
+            getattr(self.counts, KINDS[kind])(count)
         except Exception:
             log.exception("counting messages failed")
 
@@ -325,7 +333,7 @@ class Broker:
                     ids = await self.call(
                         queue.put_many, messages, timeout_s=0.0, durability=durability
                     )
-                    self.tell(self.counts.published, len(ids))
+                    self.moved(PUBLISHED, queue.name, len(ids))
                     return ids
                 except QueueFull:
                     remaining = None if deadline is None else deadline - loop.time()
@@ -367,14 +375,14 @@ class Broker:
             raise
         if got or (wait_s is not None and wait_s <= 0) or self.closing:
             if got:
-                self.tell(self.counts.delivered, len(got))
+                self.moved(DELIVERED, queue.name, len(got))
             return got
         receiver = self._receivers.get(queue.name)
         if receiver is None or receiver.queue is not queue:
             receiver = self._receivers[queue.name] = _Receiver(self, queue)
         got = await receiver.wait(max_count, visibility_s, wait_s, max_per_group)
         if got:
-            self.tell(self.counts.delivered, len(got))
+            self.moved(DELIVERED, queue.name, len(got))
         return got
 
     def receive_nowait(
@@ -387,10 +395,11 @@ class Broker:
         """`receive` that does not wait (wait 0), without a coroutine: into the queue's lease
         line, `settle` getting the messages (maybe none) or the error on the event loop."""
         future = self._getter(queue).submit((max_count, visibility_s))
-        future.add_done_callback(functools.partial(self._received_nowait, settle))
+        future.add_done_callback(functools.partial(self._received_nowait, queue, settle))
 
     def _received_nowait(
         self,
+        queue: Queue,
         settle: Callable[[list[Message] | BaseException], None],
         done: asyncio.Future[list[Message]],
     ) -> None:
@@ -400,7 +409,7 @@ class Broker:
             return
         got = done.result()
         if got:
-            self.tell(self.counts.delivered, len(got))
+            self.moved(DELIVERED, queue.name, len(got))
         settle(got)
 
     def _getter(self, queue: Queue) -> _Batcher:
@@ -445,7 +454,7 @@ class Broker:
             return {}
         failures = await self.settle_chunks(queue, queue.ack_each, distinct)
         if len(failures) < len(distinct):
-            self.tell(self.counts.acked, len(distinct) - len(failures))
+            self.moved(ACKED, queue.name, len(distinct) - len(failures))
         return failures
 
     async def extend_many(
@@ -462,7 +471,7 @@ class Broker:
         """A consumer gives one message back (`Queue.nack`: what became of it), counted once
         it is."""
         outcome = await self.call(queue.nack, receipt, delay_s)
-        self.tell(self.counts.nacked, 1)
+        self.moved(NACKED, queue.name, 1)
         return outcome
 
     async def nack_many(
@@ -481,7 +490,7 @@ class Broker:
             return {}
         failures = await self.call(queue.nack_each, distinct, delay_s, dead_lettered=dead_lettered)
         if len(failures) < len(distinct):
-            self.tell(self.counts.nacked, len(distinct) - len(failures))
+            self.moved(NACKED, queue.name, len(distinct) - len(failures))
         return failures
 
     def _give_back_later(self, queue: Queue, done: asyncio.Future[list[Message]]) -> None:
@@ -576,7 +585,7 @@ class _Batcher:
         receipts = [item for item, _ in batch]
         failures = await self.broker.settle_chunks(self.queue, self.queue.ack_each, receipts)
         if len(failures) < len(batch):
-            self.broker.tell(self.broker.counts.acked, len(batch) - len(failures))
+            self.broker.moved(ACKED, self.queue.name, len(batch) - len(failures))
         for receipt, future in batch:
             if future.done():
                 continue
@@ -703,7 +712,7 @@ class _Publisher:
             for p in batch:
                 p.finish(outcome)
             return
-        self.broker.tell(self.broker.counts.published, len(outcome))  # before any answer
+        self.broker.moved(PUBLISHED, self.queue.name, len(outcome))  # before any answer
         start = 0
         for p in batch:
             end = start + len(p.messages)

@@ -57,6 +57,7 @@ from dirmq.server.logs import fields
 from dirmq.server.metrics import DEFAULT_MAX_QUEUES, Metrics, worker_restarts
 from dirmq.server.multiprocess import MetricsFiles
 from dirmq.server.notify import forget_notify_socket, notify
+from dirmq.server.queuecounts import QueueCounts
 from dirmq.server.tls import TlsFiles, requires_client_certificate, server_context
 from dirmq.store import Store
 
@@ -104,6 +105,9 @@ class Worker:
     store: Store
     broker: Broker
     metrics: Metrics
+    # The server run's private directory (0700; removed at exit), shared by every worker: the
+    # metrics' files, and beside them what else the workers share (the console's samples).
+    run_dir: str
 
 
 Compose = Callable[[Worker], dict[str, Router]]  # a Router for each listener, by name
@@ -179,9 +183,10 @@ async def run_worker(
     metrics = Metrics(
         metrics_files, options.root, max_queues=options.metrics_max_queues, worker=worker
     )
-    store = Store(options.root, events=metrics.events())
-    broker = Broker(store, counts=metrics)
-    routers = compose(Worker(store, broker, metrics))
+    queue_counts = QueueCounts()  # by queue: the console's samples read them
+    store = Store(options.root, events=queue_counts.events(metrics.events()))
+    broker = Broker(store, counts=metrics, queue_counts=queue_counts)
+    routers = compose(Worker(store, broker, metrics, metrics_files.path))
     dialects = unique_dialects(list(routers.values()))
     broker.start()
     metrics.start()
