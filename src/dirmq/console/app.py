@@ -34,10 +34,10 @@ from dirmq.console.session import (
     same_origin,
 )
 from dirmq.errors import AccessDenied, DirmqError, InvalidArgument, Unauthenticated
-from dirmq.server.access import OPEN, Access
+from dirmq.server.access import OPEN, Access, credentials_required
 from dirmq.server.broker import Broker
 from dirmq.server.dialect import Dialect
-from dirmq.server.errors import status_of
+from dirmq.server.errors import error_response, json_error, status_of
 from dirmq.server.http import Request, Response, StreamResponse, SwitchProtocols
 
 log = logging.getLogger("dirmq.console")
@@ -111,6 +111,8 @@ class ConsoleApp(Dialect):
         session = sessions.check(cookie_of(request.headers.get("cookie")))
         if session is not None and not self._still_valid(session.principal):
             session = None
+        if path.startswith(API) and self.api is not None:
+            return await self._api(request, session)
         if path == "/ui/sign-in":
             return await self._sign_in(request, session, secure)
         set_cookie: str | None = None
@@ -125,12 +127,6 @@ class ConsoleApp(Dialect):
         call = Call(request, session, form, sessions.csrf(session))
         if request.method in UNSAFE:
             self._check_forgery(call)
-        if path.startswith(API) and self.api is not None:
-            request.principal = session.principal  # the session's, as the Router would
-            answer = await self.api(request)
-            if not isinstance(answer, Response):
-                raise InvalidArgument(f"{path[:100]} answers no stream")
-            return answer
         if path == "/ui/sign-out" and request.method == "POST":
             response = _redirect("/ui/sign-in" if self.console.access.enabled else "/ui/")
             response.headers.append(("Set-Cookie", cookie_header(None, secure)))
@@ -140,6 +136,22 @@ class ConsoleApp(Dialect):
         if set_cookie is not None:
             response.headers.append(("Set-Cookie", set_cookie))
         return response
+
+    async def _api(self, request: Request, session: Session | None) -> Response:
+        """The mounted API (read-only JSON): asked as the session's principal, or as the one
+        the Router found in `Authorization` (a script's Bearer token), else refused 401 where
+        credentials are required. Only GET and HEAD: nothing here needs a CSRF token."""
+        if request.method not in ("GET", "HEAD"):
+            return json_error(405, "MethodNotAllowed", f"{request.path[:100]} is read-only")
+        if session is not None:
+            request.principal = session.principal
+        elif self.console.access.enabled and not request.principal:
+            return error_response(credentials_required())
+        assert self.api is not None
+        answer = await self.api(request)
+        if not isinstance(answer, Response):
+            raise InvalidArgument(f"{request.path[:100]} answers no stream")
+        return answer
 
     def _still_valid(self, principal: str) -> bool:
         access = self.console.access
