@@ -37,7 +37,7 @@ from dirmq.errors import AccessDenied, DirmqError, InvalidArgument, Unauthentica
 from dirmq.server.access import OPEN, Access, credentials_required
 from dirmq.server.broker import Broker
 from dirmq.server.dialect import Dialect
-from dirmq.server.errors import error_response, json_error, status_of
+from dirmq.server.errors import error_response, status_of
 from dirmq.server.http import Request, Response, StreamResponse, SwitchProtocols
 
 log = logging.getLogger("dirmq.console")
@@ -140,9 +140,8 @@ class ConsoleApp(Dialect):
     async def _api(self, request: Request, session: Session | None) -> Response:
         """The mounted API (read-only JSON): asked as the session's principal, or as the one
         the Router found in `Authorization` (a script's Bearer token), else refused 401 where
-        credentials are required. Only GET and HEAD: nothing here needs a CSRF token."""
-        if request.method not in ("GET", "HEAD"):
-            return json_error(405, "MethodNotAllowed", f"{request.path[:100]} is read-only")
+        credentials are required. It changes nothing (other methods: its 405), so nothing here
+        needs a CSRF token."""
         if session is not None:
             request.principal = session.principal
         elif self.console.access.enabled and not request.principal:
