@@ -124,7 +124,11 @@ async function drawCharts() {
   }
   for (const box of section.querySelectorAll(".chart[data-series]")) {
     const names = box.dataset.series.split(",").filter((n) => Array.isArray(data[n]));
-    const series = [data.t ?? [], ...names.map((n) => data[n])];
+    // The hour before the server's first sample is empty: start where the data does.
+    const times = data.t ?? [];
+    let first = times.findIndex((_, i) => names.some((n) => data[n][i] != null));
+    if (first < 0) first = Math.max(0, times.length - 1);
+    const series = [times.slice(first), ...names.map((n) => data[n].slice(first))];
     const old = charts.get(box.id);
     if (old) {
       old.setData(series);
