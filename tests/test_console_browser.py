@@ -5,6 +5,7 @@ console error, uncaught exception or dialog (`page_log`)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -33,7 +34,9 @@ SHOTS = Path(__file__).parent.parent / "docs"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    running = start_server(tmp_path_factory.mktemp("console-browser") / "root")
+    running = start_server(
+        tmp_path_factory.mktemp("console-browser") / "root", "--sample-interval", "1s"
+    )
     yield running
     assert running.stop() == 0
 
@@ -190,6 +193,8 @@ def test_every_page_keeps_to_the_policy(
         page.goto(path)
         page.wait_for_load_state("networkidle")
         if shot and shots:
+            if shot == "console-queue.png":  # a few samples for its charts (a picture only)
+                page.wait_for_timeout(4000)
             page.screenshot(path=str(SHOTS / shot), full_page=False)
     page.locator("#theme").click()
     assert page.evaluate("document.documentElement.dataset.theme") in ("dark", "light")
@@ -225,7 +230,7 @@ def test_the_queue_page_counts_follow_the_queue(
     expect(page.locator("#count-ready")).to_have_text("2", timeout=3000)
 
 
-def test_the_depth_chart_draws_points(tmp_path: Path, page: Page) -> None:
+def test_the_depth_chart_draws_points_and_the_overview_rates(tmp_path: Path, page: Page) -> None:
     """Once the server samples (`/ui/api/samples`, mounted by the console), the queue page's
     depth chart has pixels drawn on its canvas, not just an element."""
     from dirmq.service import ServeOptions
@@ -257,5 +262,9 @@ def test_the_depth_chart_draws_points(tmp_path: Path, page: Page) -> None:
             return found;
         }"""
         page.wait_for_function(f"() => ({series_pixels})() > 20", timeout=8000)
+        # and the overview shows the queue's rates from the same samples
+        page.goto(f"{running.url}/ui/")
+        rate = page.locator('td.rate[data-rate="published"][data-queue="charted"]')
+        expect(rate).to_have_text(re.compile(r"^\d+\.\d$"), timeout=8000)
     finally:
         assert running.stop() == 0
