@@ -200,21 +200,37 @@ def test_every_page_keeps_to_the_policy(
     assert page.evaluate("document.documentElement.dataset.theme") in ("dark", "light")
 
 
-def test_without_a_session_the_browser_is_sent_to_sign_in(tmp_path: Path, page: Page) -> None:
+def test_sign_in_and_what_a_browse_principal_may_do(tmp_path: Path, page: Page) -> None:
+    """Without a session the browser is sent to sign in; a `browse` principal's console has no
+    purge button, and a purge forged in that browser (its cookie, its CSRF token) is 403, as
+    is one without the token; the cookie opens nothing of the API (`GET /` is 401)."""
     token = new_token()
     credentials = tmp_path / "credentials.toml"
     credentials.write_text(
-        f'[principals.ops]\ntoken_sha256 = "{token_digest(token)}"\nadmin = ["*"]\n'
+        f'[principals.viewer]\ntoken_sha256 = "{token_digest(token)}"\nbrowse = ["*"]\n'
     )
     credentials.chmod(0o600)
     running = start_server(tmp_path / "root", "--credentials", str(credentials))
     try:
-        page.goto(f"{running.url}/ui/")
+        with dirmq.Store(running.root, create=False) as store:
+            store.create_queue("kept").put(b"stays")
+        page.goto(f"{running.url}/ui/q/kept")
         expect(page).to_have_url(f"{running.url}/ui/sign-in")
         page.locator("input[name=token]").fill(token)
         page.locator("button[type=submit]").click()
         expect(page).to_have_url(f"{running.url}/ui/")
-        expect(page.locator(".who")).to_have_text("ops")
+        expect(page.locator(".who")).to_have_text("viewer")
+        page.goto(f"{running.url}/ui/q/kept")
+        expect(page.locator("#count-ready")).to_have_text("1")
+        expect(page.locator("#purge")).to_have_count(0)
+        csrf = page.locator("body").get_attribute("data-csrf") or ""
+        purge = f"{running.url}/ui/q/kept/purge"
+        forged = page.request.post(purge, form={"csrf": csrf, "confirm": "kept"})
+        assert forged.status == 403
+        assert page.request.post(purge, form={"confirm": "kept"}).status == 403
+        assert page.request.get(f"{running.url}/").status == 401
+        with dirmq.Store(running.root, create=False) as store:
+            assert store.queue("kept").stats().ready == 1
     finally:
         assert running.stop() == 0
 
