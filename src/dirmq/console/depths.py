@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dirmq.store import layout
-from dirmq.store.census import QueueDepth, census
+from dirmq.store.census import QueueDepth, census, queue_dirs
 from dirmq.store.ids import id_time_us
 from dirmq.store.layout import ID_LENGTH, parse_entry
 from dirmq.store.message import QueueStats
@@ -50,7 +50,7 @@ class Depths:
         if self.shared:
             yield from census(self.root, shared=True)
             return
-        for name, path in _queue_dirs(self.root):
+        for name, path in queue_dirs(self.root):
             try:
                 yield QueueDepth(name, self._depth(path))
             except FileNotFoundError:
@@ -117,23 +117,3 @@ class Depths:
             return os.listdir(directory)
         except FileNotFoundError:
             return []
-
-
-def _queue_dirs(root: str) -> Iterator[tuple[str, str]]:
-    """(name, path) of every queue under `root`, as `census` walks them."""
-    pending = [(root, "")]
-    while pending:
-        path, name = pending.pop()
-        is_queue = False
-        try:
-            with os.scandir(path) as entries:
-                for entry in entries:
-                    child = entry.name
-                    if child[0] == "@":
-                        is_queue = is_queue or child == layout.CONFIG_FILE
-                    elif entry.is_dir(follow_symlinks=False):
-                        pending.append((entry.path, f"{name}/{child}" if name else child))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        if is_queue and name:
-            yield name, path

@@ -38,7 +38,7 @@ def census(root: str | os.PathLike[str], shared: bool | None = None) -> Iterator
     filesystem), where an id listed in two states counts once."""
     top = os.path.abspath(os.fspath(root))
     dedupe = resolve_shared(shared, top)
-    for name, path in _queue_dirs(top):
+    for name, path in queue_dirs(top):
         try:
             yield QueueDepth(name, _depth(path, dedupe))
         except FileNotFoundError:
@@ -61,7 +61,7 @@ def queue_depth(root: str | os.PathLike[str], name: str, shared: bool | None = N
         raise storage_error(exc, f"counting the messages of queue {name!r}") from exc
 
 
-def _queue_dirs(root: str) -> Iterator[tuple[str, str]]:
+def queue_dirs(root: str) -> Iterator[tuple[str, str]]:
     """(name, path) of every queue directory under `root`, as `Store.list_queues` finds them:
     a directory holding @queue.json; `@` directories are the store's own, never queues."""
     pending = [(root, "")]
