@@ -177,6 +177,22 @@ def test_browsing_every_state_leases_nothing(ui: httpx.Client, module_lib: dirmq
     assert ui.get(f"/ui/q/{name}/browse", params={"state": "x"}).status_code == 400
 
 
+def test_a_dead_letter_queue_shows_why_each_died_and_offers_their_redrive(
+    ui: httpx.Client, module_lib: dirmq.Store
+) -> None:
+    dlq, jobs = fresh("dlq"), fresh("jobs")
+    module_lib.create_queue(dlq)
+    queue = module_lib.create_queue(jobs, QueueConfig(dead_letter_queue=dlq))
+    queue.put(b"poison")
+    (message,) = queue.get()
+    queue.dead_letter(message.receipt or "", "no such sku")
+    page = ui.get(f"/ui/q/{dlq}/browse", params={"state": "ready"}).text
+    assert "<th>reason</th>" in page and "no such sku" in page and f"<td>{jobs}</td>" in page
+    assert 'id="redrive-selected"' in page
+    plain = ui.get(f"/ui/q/{jobs}/browse", params={"state": "ready"}).text
+    assert "<th>reason</th>" not in plain and 'id="redrive-selected"' not in plain
+
+
 def test_browsing_pages_by_cursor(ui: httpx.Client, module_lib: dirmq.Store) -> None:
     name = fresh("pages")
     queue = module_lib.create_queue(name)
