@@ -591,3 +591,20 @@ def test_an_sqs_looking_publish_is_still_a_publish(shared_http: httpx.Client) ->
     )
     assert response.status_code == 400, response.text
     assert "unknown parameter 'Action'" in response.json()["message"]
+
+
+def test_a_stream_closed_right_after_a_settle_detaches_at_once(hub: RemotePubSub) -> None:
+    """The settle wakes the stream as the client's close lands: the server must still see the
+    close then (Python 3.11's `wait_for` once swallowed that cancellation, so the closed stream
+    stayed attached until its next keep-alive, 15 s later, about one round in eight)."""
+    for round_ in range(60):  # the race is timing-bound: enough rounds to meet it
+        with hub.subscribe("settle-then-close", channels=["race"]) as subscription:
+            hub.publish("race", b"%d" % round_)
+            delivery = subscription.receive(wait_s=5)
+            assert delivery is not None
+            subscription.done(delivery)
+            closed = time.monotonic()
+        deadline = closed + 3.0
+        while any(s["attached"] for s in hub.subscriptions() if s["name"] == "settle-then-close"):
+            assert time.monotonic() < deadline, f"round {round_}: still attached after 3 s"
+            time.sleep(0.02)

@@ -501,12 +501,12 @@ class AsyncConsumer:
         core = _Core(target, queue, prefetch, visibility_s)
         context = target.ssl_context() if target.tls else None
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(
+            # `asyncio.timeout`, not `wait_for`, here and below: Python 3.11's `wait_for`
+            # swallows a cancellation that lands as the awaited thing completes.
+            async with asyncio.timeout(target.timeout_s):
+                reader, writer = await asyncio.open_connection(
                     target.host, target.port, ssl=context, limit=READ_BYTES * 4
-                ),
-                target.timeout_s,
-            )
+                )
         except (OSError, TimeoutError, ssl.SSLError) as exc:
             raise errors.StorageIOError(
                 0, f"cannot reach dirmq at {target.url}: {exc}{tls.hint(str(exc))}"
@@ -515,7 +515,8 @@ class AsyncConsumer:
         try:
             await consumer._write(core.handshake())
             while not core.accepted:
-                await asyncio.wait_for(consumer._receive(), target.timeout_s)
+                async with asyncio.timeout(target.timeout_s):
+                    await consumer._receive()
         except BaseException:
             writer.close()
             raise
@@ -583,7 +584,8 @@ class AsyncConsumer:
         finally:
             self._writer.close()
             with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
-                await asyncio.wait_for(self._writer.wait_closed(), CLOSE_WAIT_S)
+                async with asyncio.timeout(CLOSE_WAIT_S):
+                    await self._writer.wait_closed()
 
     async def __aenter__(self) -> AsyncConsumer:
         return self

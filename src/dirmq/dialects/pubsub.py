@@ -617,8 +617,12 @@ class _Stream:
                 if self.deadlines:
                     soonest = (min(self.deadlines.values()) - time.time() * 1000) / 1000
                     timeout = min(timeout, max(0.0, soonest) + 0.002)
+                # `asyncio.timeout`, not `wait_for`: Python 3.11's `wait_for` swallows a
+                # cancellation that lands as the wait ends (a client leaving right after a
+                # settle that woke us), and the closed stream then lived on to the keep-alive.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), timeout)
+                    async with asyncio.timeout(timeout):
+                        await self.wake.wait()
                 if loop.time() - last_sent >= KEEPALIVE_S:
                     last_sent = loop.time()
                     yield pubsub_wire.KEEPALIVE

@@ -339,8 +339,9 @@ class Broker:
                     remaining = None if deadline is None else deadline - loop.time()
                     if remaining is not None and remaining <= 0:
                         raise
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), min(remaining or 1.0, 1.0))
+                with contextlib.suppress(TimeoutError):  # not `wait_for`: see `_Stream.events`
+                    async with asyncio.timeout(min(remaining or 1.0, 1.0)):
+                        await changed.wait()
         finally:
             unsubscribe()
 
@@ -829,10 +830,9 @@ class _Receiver:
             while self._live_waiters():
                 due = await self.broker.call(self.queue.next_due_s)
                 timeout = idle if due is None else min(due + 0.001, idle)
-                try:
-                    await asyncio.wait_for(woken.wait(), timeout)
-                except TimeoutError:
-                    pass
+                with contextlib.suppress(TimeoutError):  # cancellable, unlike 3.11's `wait_for`
+                    async with asyncio.timeout(timeout):
+                        await woken.wait()
                 woken.clear()
                 await self._dispatch()
         except Exception as exc:  # e.g. the queue was deleted: every waiter learns why
