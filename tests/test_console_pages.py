@@ -17,10 +17,9 @@ import httpx
 import pytest
 
 import dirmq
-from dirmq.console.depths import Depths
 from dirmq.console.preview import PREVIEW_BYTES, preview
 from dirmq.store import QueueConfig, QueueStats
-from dirmq.store.census import census
+from dirmq.store.census import Census, census
 
 from .servers import ServerProcess, fresh
 
@@ -96,17 +95,22 @@ def test_the_census_keeps_a_settled_ready_listing(tmp_path: Path) -> None:
         settled = time.time() - 10
         for directory in ("@ready", "@dead"):  # as if written long ago
             os.utime(Path(queue.path) / directory, (settled, settled))
-        depths = Depths(store.root, shared=False)
-        [first] = list(depths.all())
-        listed = depths.listings
-        [second] = list(depths.all())
+        kept = Census(store.root, shared=False)
+        [first] = list(kept.depths())
+        listed = kept.listings
+        [second] = list(kept.depths())
         counted = [census_of(d.stats) for d in (first, second, *census(store.root))]
         assert counted == [(50, 0, 0, 0)] * 3  # what `store.census` counts
         # @leased and @delayed again (small), but not @ready nor @dead
-        assert depths.listings - listed == 2
+        assert kept.listings - listed == 2
         queue.put(b"one more")  # the directory changes: listed again
-        [third] = list(depths.all())
+        [third] = list(kept.depths())
         assert third.stats.ready == 51
+        shared = Census(store.root, shared=True)  # another host's renames may not touch an mtime
+        for _ in range(2):
+            before = shared.listings
+            assert [d.stats.ready for d in shared.depths()] == [51]
+            assert shared.listings - before == 4  # every state directory, every time
 
 
 def census_of(stats: QueueStats) -> tuple[int, int, int, int]:

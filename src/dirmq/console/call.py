@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from dirmq.console.depths import Depths
 from dirmq.console.render import Renderer
 from dirmq.console.session import Session, Sessions
 from dirmq.server.access import Access
@@ -52,7 +51,8 @@ class Console:
         self.sessions = Sessions(secret)
         self.render = Renderer()
         self.facts = facts
-        self.depths = Depths(broker.store.root, broker.store.context.shared)
+        # Kept across refreshes: a settled deep @ready is not listed again (store/census.py).
+        self.census = broker.census
         self.hub: object | None = None  # the pub/sub hub, once the overview needs it
 
     def may(self, call: Call, permission: str, name: str) -> bool:

@@ -63,7 +63,7 @@ def overview(console: Console, call: Call) -> Response:
     access = console.access
     depths = [
         d
-        for d in console.depths.all()
+        for d in console.census.depths()
         if d.name.startswith(prefix) and access.allows(principal, SEE, d.name)
     ]
     depths.sort(key=SORTS[sort], reverse=descending)

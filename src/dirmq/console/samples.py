@@ -40,7 +40,7 @@ from dirmq.errors import InvalidArgument
 from dirmq.server.queuecounts import KINDS, QueueCounts
 from dirmq.store import holds, smallfiles
 from dirmq.store.access import Access
-from dirmq.store.census import QueueDepth, census
+from dirmq.store.census import Census, QueueDepth
 from dirmq.store.holds import Hold
 from dirmq.store.message import QueueStats
 
@@ -74,7 +74,7 @@ class Sampler:
 
     def __init__(
         self,
-        root: str,
+        census: Census,
         access: Access,
         queue_counts: QueueCounts,
         run_dir: str,
@@ -82,7 +82,8 @@ class Sampler:
         interval_s: int = DEFAULT_INTERVAL_S,
         max_queues: int = 1000,
     ) -> None:
-        self.root = root
+        self.root = census.root
+        self._census = census  # kept listings: a settled deep @ready is not listed per sample
         self.interval_s = check_interval(interval_s)
         self.max_queues = max_queues
         self.queue_counts = queue_counts
@@ -159,7 +160,7 @@ class Sampler:
     def sample(self, t: int) -> dict[str, Any]:
         """Take the sample of grid time `t` and write it; the last sample as written."""
         began, cpu_began = time.monotonic(), time.thread_time()
-        found = list(census(self.root))
+        found = list(self._census.depths())
         counts = self.files.summed_counts()
         previous_t, previous = self._previous or self._load_previous(t)
         if len(found) > self.max_queues:

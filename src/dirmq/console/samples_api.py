@@ -56,7 +56,7 @@ class SamplesApi(Dialect):
         self.access = access
         store = broker.store
         self.sampler = Sampler(
-            store.root,
+            broker.census,
             store.access,
             broker.queue_counts,
             run_dir,

@@ -40,6 +40,7 @@ from typing import Any, Protocol, TypeVar
 from dirmq.errors import DirmqError, QueueFull, StorageError
 from dirmq.server.queuecounts import ACKED, DELIVERED, KINDS, NACKED, PUBLISHED, QueueCounts
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
+from dirmq.store.census import Census
 
 T = TypeVar("T")
 log = logging.getLogger("dirmq.server")
@@ -134,8 +135,12 @@ class Broker:
         threads: int = 32,
         counts: MessageCounts | None = None,
         queue_counts: QueueCounts | None = None,
+        census: Census | None = None,
     ) -> None:
         self.store = store
+        # Every queue's depth by its names, one per worker for the console, its sampler and the
+        # metrics: kept listings are shared, so a settled deep @ready is listed once, not by each.
+        self.census = census or Census(store.root, store.context.shared)
         self.counts: MessageCounts = counts or _Uncounted()
         # By queue (the console's rates); the Store's events count there too (`serve.py`).
         self.queue_counts = queue_counts or QueueCounts()

@@ -43,7 +43,7 @@ from prometheus_client.registry import Collector
 
 from dirmq.server.http import Request
 from dirmq.server.multiprocess import MetricsFiles
-from dirmq.store.census import QueueDepth, census, queue_depth
+from dirmq.store.census import Census, QueueDepth, queue_depth
 from dirmq.store.events import DEAD_REASONS, StoreEvents
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -81,6 +81,7 @@ class Metrics:
         *,
         max_queues: int = DEFAULT_MAX_QUEUES,
         worker: int = 0,
+        census: Census | None = None,
     ) -> None:
         if not files.active:
             raise RuntimeError("metrics need their run's MetricsFiles active in this process")
@@ -182,7 +183,7 @@ class Metrics:
         self._ticker: asyncio.TimerHandle | None = None
         self.registry = CollectorRegistry()
         MultiProcessCollector(self.registry, path=files.path)  # type: ignore[no-untyped-call]
-        self.registry.register(QueueDepthCollector(root, max_queues))
+        self.registry.register(QueueDepthCollector(census or Census(root), max_queues))
 
     # -- requests (`http.Observe`) --------------------------------------------------------------
     def observe(self, request: Request, status: int, sent: int, seconds: float) -> None:
@@ -321,15 +322,15 @@ class QueueDepthCollector(Collector):
     and series of their own for the `max_queues` deepest (the most messages in any state; by
     name among equals)."""
 
-    def __init__(self, root: str, max_queues: int) -> None:
-        self.root = root
+    def __init__(self, census: Census, max_queues: int) -> None:
+        self._census = census  # kept listings: a settled deep @ready is not listed per scrape
         self.max_queues = max_queues
 
     def describe(self) -> list[GaugeMetricFamily]:
         return []  # nothing to check at registration (a census per registration would be one)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        found = list(census(self.root))
+        found = list(self._census.depths())
         if len(found) > self.max_queues:
             shown = heapq.nsmallest(self.max_queues, found, key=lambda q: (-_held(q), q.name))
         else:

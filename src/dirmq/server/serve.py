@@ -60,6 +60,7 @@ from dirmq.server.notify import forget_notify_socket, notify
 from dirmq.server.queuecounts import QueueCounts
 from dirmq.server.tls import TlsFiles, requires_client_certificate, server_context
 from dirmq.store import Store
+from dirmq.store.census import Census
 
 BACKLOG = 4096
 log = logging.getLogger("dirmq.server")
@@ -180,12 +181,17 @@ async def run_worker(
     (`budget.py`); this worker's is `worker`. `tls`: HTTPS on every listener. `balance`: the
     workers' connections kept even (`balance.py`)."""
     loop = asyncio.get_running_loop()
+    census = Census(options.root)  # the metrics', the console's and its sampler's
     metrics = Metrics(
-        metrics_files, options.root, max_queues=options.metrics_max_queues, worker=worker
+        metrics_files,
+        options.root,
+        max_queues=options.metrics_max_queues,
+        worker=worker,
+        census=census,
     )
     queue_counts = QueueCounts()  # by queue: the console's samples read them
     store = Store(options.root, events=queue_counts.events(metrics.events()))
-    broker = Broker(store, counts=metrics, queue_counts=queue_counts)
+    broker = Broker(store, counts=metrics, queue_counts=queue_counts, census=census)
     routers = compose(Worker(store, broker, metrics, metrics_files.path))
     dialects = unique_dialects(list(routers.values()))
     broker.start()
