@@ -10,19 +10,24 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
+import httpx
 import pytest
 
 import dirmq
+from dirmq.client import RemoteStore
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store import QueueConfig
 
+from .metrics_helpers import matching
 from .servers import ServerProcess, fresh, start_server
 
 try:
-    from playwright.sync_api import Page, expect
+    from playwright.sync_api import Browser, Page, expect
 
     from .browser import PageLog
 except ImportError as missing:  # the harness lands with the vendored assets (issue 33)
@@ -284,3 +289,96 @@ def test_the_depth_chart_draws_points_and_the_overview_rates(tmp_path: Path, pag
         expect(rate).to_have_text(re.compile(r"^\d+\.\d$"), timeout=8000)
     finally:
         assert running.stop() == 0
+
+
+def test_with_two_workers_every_page_shows_the_same_rates_and_charts(
+    tmp_path: Path, browser: Browser
+) -> None:
+    """`--workers 2`: pages opened on fresh connections (so both workers answer them) chart the
+    same points and show the same rates, whichever worker drew them."""
+    running = start_server(tmp_path / "root", "--workers", "2", "--sample-interval", "1s")
+    try:
+        with RemoteStore(running.url) as remote:  # through the server: its workers count it
+            queue = remote.create_queue("shared")
+            queue.put_many([b"m"] * 30)
+            assert queue.ack_many([m.receipt for m in queue.get(10)]) == {}
+        with httpx.Client(base_url=running.url, timeout=10) as api:
+
+            def settled() -> bool:  # a sample that counts all of it, and one before it
+                shared = api.get("/ui/api/rates").json()["queues"].get("shared")
+                return bool(shared) and shared["counts"][:3] == [30, 10, 10]
+
+            deadline = time.monotonic() + 15
+            while not settled():
+                assert time.monotonic() < deadline, "no sample counted the work"
+                time.sleep(0.2)
+            before = answered_by_worker(api)
+            views = [view_in_a_fresh_context(browser, running.url) for _ in range(8)]
+            time.sleep(1.5)  # each worker publishes its answered count every second
+            after = answered_by_worker(api)
+        assert len(after) == 2 and all(after[pid] > before.get(pid, 0) for pid in after), (
+            "both workers answered pages"
+        )
+        # The chart's points: the same value at every grid time any two pages both show.
+        first = views[0].samples
+        for view in views[1:]:
+            common = set(first["t"]) & set(view.samples["t"])
+            assert len(common) >= 3
+            for column in ("ready", "published_per_s", "acked_per_s"):
+                mine = dict(zip(view.samples["t"], view.samples[column], strict=True))
+                theirs = dict(zip(first["t"], first[column], strict=True))
+                assert {t: mine[t] for t in common} == {t: theirs[t] for t in common}, column
+        # The overview's rates: pages drawn from the same sample show the same numbers, and
+        # each page shows what its answer said.
+        by_sample: dict[int, set[tuple[str, str]]] = {}
+        for view in views:
+            by_sample.setdefault(view.rates["t"], set()).add(view.shown_rates)
+            shared = view.rates["queues"]["shared"]
+            assert view.shown_rates == tuple(
+                f"{shared[f'{kind}_per_s']:.1f}" for kind in ("published", "acked")
+            )
+        assert all(len(shown) == 1 for shown in by_sample.values()), by_sample
+    finally:
+        assert running.stop() == 0
+
+
+@dataclass
+class WorkerView:
+    samples: dict[str, Any]  # what the queue page's charts drew
+    rates: dict[str, Any]  # what the overview's rates came from
+    shown_rates: tuple[str, str]  # the overview's publish and ack rate cells
+
+
+def view_in_a_fresh_context(browser: Browser, base: str) -> WorkerView:
+    """The queue page's chart data and the overview's rates, on new connections."""
+    context = browser.new_context()
+    try:
+        log = PageLog(context.new_page())
+        log.attach()
+        page = log.page
+        with page.expect_response(lambda r: "/ui/api/samples" in r.url) as charted:
+            page.goto(f"{base}/ui/q/shared")
+        expect(page.locator("#chart-depth canvas")).to_be_visible(timeout=8000)
+        samples = charted.value.json()  # before the next navigation drops its body
+        with page.expect_response(lambda r: "/ui/api/rates" in r.url) as rated:
+            page.goto(f"{base}/ui/")
+        cells = [
+            page.locator(f'td.rate[data-rate="{kind}"][data-queue="shared"]')
+            for kind in ("published", "acked")
+        ]
+        for cell in cells:
+            expect(cell).to_have_text(re.compile(r"^\d+\.\d$"), timeout=8000)
+        log.assert_clean()
+        shown = (cells[0].inner_text(), cells[1].inner_text())
+        return WorkerView(samples, rated.value.json(), shown)
+    finally:
+        context.close()
+
+
+def answered_by_worker(api: httpx.Client) -> dict[str, float]:
+    """Live workers' pid -> requests answered (each worker's own gauge)."""
+    text = api.get("/metrics").text
+    return {
+        dict(labels)["pid"]: n
+        for labels, n in matching(text, "dirmq_worker_requests_answered").items()
+    }
