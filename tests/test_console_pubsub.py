@@ -172,6 +172,25 @@ def test_the_log_pages_by_sequence_number(ui: httpx.Client, hub: PubSub) -> None
     assert ui.get("/ui/pubsub/log", params={"after": "-1"}).status_code == 400
 
 
+def test_a_page_of_large_bodies_stops_at_8_mib_and_its_cursor_goes_on(
+    ui: httpx.Client, hub: PubSub
+) -> None:
+    channel = fresh("large")
+    head = hub.retained.refresh_head()
+    big = 3 * 1024 * 1024
+    for n in range(4):
+        hub.publish(channel, bytes([65 + n]) * big, mode="future", persistence="none")
+    first = ui.get("/ui/pubsub/log", params={"after": head}).text
+    assert seqs_of(first) == [head + 1, head + 2, head + 3]  # 9 MiB read: no more
+    assert "cut: 3.0 MiB in all" in first and "A" * 4096 in first and "A" * 4097 not in first
+    cursor = re.search(r'href="/ui/pubsub/log\?after=(\d+)" id="next-page"', first)
+    assert cursor and int(cursor.group(1)) == head + 3
+    second = ui.get("/ui/pubsub/log", params={"after": cursor.group(1)}).text
+    assert seqs_of(second) == [head + 4]
+    # the channel's count reads the files' heads only, large or not
+    assert row_of(ui.get("/ui/pubsub").text, "channel", channel)[1] == "4"
+
+
 def test_a_hostile_body_and_header_are_shown_as_text(ui: httpx.Client, hub: PubSub) -> None:
     channel = fresh("hostile")
     head = hub.retained.refresh_head()

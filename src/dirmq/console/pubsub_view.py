@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dirmq.console.preview import Preview, preview
+from dirmq.errors import CorruptMessage, storage_error
 from dirmq.pubsub.hub import PubSub
 from dirmq.pubsub.layout import PubSubPaths
 from dirmq.pubsub.logs import LogHead
 from dirmq.pubsub.model import Filter
 from dirmq.pubsub.policy import DeliveryPolicy
-from dirmq.pubsub.retained import LostEntry, read_retained
+from dirmq.pubsub.retained import LostEntry, read_envelope, read_retained
 from dirmq.pubsub.transitions import Entry
 from dirmq.server.credentials import BROWSE, CHANNEL_PREFIX, SEE, SUBSCRIPTION_PREFIX
 from dirmq.store import layout
@@ -28,9 +29,10 @@ from dirmq.store import layout
 if TYPE_CHECKING:
     from dirmq.console.call import Console
 
-CHANNEL_WINDOW = 200  # the newest retained entries whose channels the pages count
+CHANNEL_WINDOW = 1000  # the newest retained entries whose channels the pages count
 LOG_PAGE = 100  # entries of a log page
 LOG_SCAN = 10 * LOG_PAGE  # entries a filtered log page reads at most, matching or not
+LOG_PAGE_BYTES = 8 * 1024 * 1024  # of bodies read for one log page (as a retained page's cut)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,14 +166,17 @@ def channels(
     """The channels of the retained entries `first` .. `head` the viewer may browse, and the
     channel prefixes the shown subscriptions filter on; a count of entries on each."""
     counts: dict[str, tuple[int, int, float]] = {}
-    for item in read_retained(hub.paths, first, head + 1, Filter(), head=head):
-        if isinstance(item, LostEntry):
-            continue
-        seq, entry = item
-        channel = entry.envelope.channel
+    for seq in range(first, head + 1):
+        try:
+            envelope = read_envelope(hub.paths.retained_entry(seq))
+        except (FileNotFoundError, CorruptMessage):
+            continue  # lost: the log's page shows it
+        except OSError as exc:
+            raise storage_error(exc, f"reading retained entry {seq}") from exc
+        channel = envelope.channel
         if channel in counts or viewer.channel(channel):
             count = counts.get(channel, (0, 0, 0.0))[0]
-            counts[channel] = (count + 1, seq, entry.envelope.published_us / 1e6)
+            counts[channel] = (count + 1, seq, envelope.published_us / 1e6)
     names = set(counts) | {p for s in subs for p in s.channels}
     rows = []
     for name in sorted(names):
@@ -208,21 +213,23 @@ class LogPage:
 
 def log_page(hub: Hub, after: int, channel: str) -> LogPage:
     """Up to LOG_PAGE entries after sequence number `after` on channels starting with
-    `channel` (every channel: ""), reading at most LOG_SCAN entries; and lost ones among
-    them. Reads files, moves nothing."""
+    `channel` (every channel: ""), and the lost ones among them; fewer once LOG_SCAN entries
+    were read (a filter skips some) or LOG_PAGE_BYTES of bodies. Reads files, moves nothing."""
     head = hub.head.current()
     wanted = Filter((channel,) if channel else ())
     end = min(head, after + (LOG_SCAN if channel else LOG_PAGE))
     rows: list[LogRow] = []
     last = end
+    read = 0
     for item in read_retained(hub.paths, after + 1, end + 1, wanted, head=head):
         if isinstance(item, LostEntry):
             why = item.why + (f": {item.error}" if item.error else "")
             rows.append(LogRow(item.seq, None, why, None))
         else:
             seq, entry = item
+            read += len(entry.body)
             rows.append(LogRow(seq, entry, "", preview(entry.body)))
-        if len(rows) == LOG_PAGE:
+        if len(rows) == LOG_PAGE or read >= LOG_PAGE_BYTES:
             last = rows[-1].seq
             break
     return LogPage(head, rows, last if last < head else None, last)
