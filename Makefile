@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	@# docs/operations.md's backup example runs rsync (its test says so and skips where it is missing)
 	command -v rsync >/dev/null || [ "$$(id -u)" != 0 ] || apt-get install -y -q rsync >/dev/null 2>&1 \
 		|| (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q rsync >/dev/null 2>&1) || true
-	@# the browser tests drive Debian's chromium through Playwright (tests/browser.py; never `playwright install`)
+	@# the browser tests drive Debian's chromium through Playwright (tests/support/browser.py; never `playwright install`)
 	test -x /usr/bin/chromium || [ "$$(id -u)" != 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
 		|| (apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1) || true
 	touch $(STAMP)
@@ -44,11 +44,11 @@ fuzz: $(STAMP)
 # server and clients; skipped, saying why, where the machine cannot run a volume); prints the
 # counts of anything lost. `make soak-gluster`: the GlusterFS part alone.
 soak: $(STAMP)
-	$(BIN)/python -m tests.soak
-	$(BIN)/python -m tests.soak_gluster
+	$(BIN)/python -m tests.support.soak
+	$(BIN)/python -m tests.support.soak_gluster
 
 soak-gluster: $(STAMP)
-	$(BIN)/python -m tests.soak_gluster
+	$(BIN)/python -m tests.support.soak_gluster
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -17,16 +17,16 @@ import dirmq
 from dirmq.client import RemoteStore
 from dirmq.server.multiprocess import MetricsFiles
 
-from .async_adapter import BlockingAsyncStore
-from .browser import (  # noqa: F401  (chromium for browser tests: tests/browser.py)
+from .support.async_adapter import BlockingAsyncStore
+from .support.browser import (  # noqa: F401  (chromium for browser tests: tests/support/browser.py)
     browser,
     browser_session,
     page,
     page_log,
     playwright_loop,
 )
-from .gluster import gluster_volume  # noqa: F401  (the session's one GlusterFS volume)
-from .servers import ServerProcess, start_server
+from .support.gluster import gluster_volume  # noqa: F401  (the session's one GlusterFS volume)
+from .support.servers import ServerProcess, start_server
 
 QueueFactory = Callable[..., Any]
 

@@ -51,7 +51,7 @@ from dirmq.server.credentials import (
 from dirmq.sqs.access import JUDGED
 from dirmq.sqs.actions import load
 
-from .servers import REPO, ServerProcess, start_server
+from .support.servers import REPO, ServerProcess, start_server
 
 OPS, READER, WATCHER, PROM, KEEPER = (new_token() for _ in range(5))
 OPS_KEY, OPS_SECRET = "AKIDOPS", "ops-secret/with+odd=chars"

@@ -20,8 +20,8 @@ from dirmq.client import AsyncRemoteQueue, AsyncRemoteStore, RemoteQueue, Remote
 from dirmq.errors import StorageIOError
 from dirmq.store.ids import new_id
 
-from .async_adapter import BlockingAsyncQueue, BlockingAsyncStore
-from .servers import ServerProcess, start_server
+from .support.async_adapter import BlockingAsyncQueue, BlockingAsyncStore
+from .support.servers import ServerProcess, start_server
 
 T = TypeVar("T")
 

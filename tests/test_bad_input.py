@@ -18,7 +18,7 @@ import pytest
 import dirmq
 from dirmq.wire import jsondoc
 
-from .servers import ServerProcess, sqs_client, start_server
+from .support.servers import ServerProcess, sqs_client, start_server
 
 DEEP = b"[" * 50_000  # what made the standard decoder recurse to a 500
 

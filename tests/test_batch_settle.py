@@ -20,7 +20,7 @@ import pytest
 import dirmq
 from dirmq.client import AsyncRemoteStore, RemoteStore
 
-from .servers import ServerProcess, sqs_client, start_server
+from .support.servers import ServerProcess, sqs_client, start_server
 
 
 @pytest.fixture(scope="module")

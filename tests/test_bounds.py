@@ -26,7 +26,7 @@ from dirmq.store.ids import new_id
 from dirmq.store.message import OutgoingMessage
 from dirmq.store.queue import Queue
 
-from .servers import ServerProcess, sqs_client, start_server
+from .support.servers import ServerProcess, sqs_client, start_server
 
 # The reproductions of the defect (1e12, 1e13, 1e300, 2.26e307: 2.26e307 * 1000 overflows to
 # inf) and the other values no duration may take.

@@ -43,7 +43,7 @@ from dirmq.server.credentials import (
 )
 from dirmq.sqs.actions import load
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 OPS, VIEWER, READER, KEEPER = (new_token() for _ in range(4))
 OPS_KEY, OPS_SECRET = "AKIDOPS", "ops-secret"

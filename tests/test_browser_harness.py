@@ -1,4 +1,5 @@
-"""The browser harness (tests/browser.py) sees what the console's browser tests rely on it to see.
+"""The browser harness (tests/support/browser.py) sees what the console's browser tests rely on
+it to see.
 
 Pages come from a throwaway `http.server` on 127.0.0.1:0 that sends a strict
 Content-Security-Policy, as the console does: an inline script must be blocked and reported, a
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page
 
-from .browser import FLAGS, PageLog, Session
+from .support.browser import FLAGS, PageLog, Session
 
 CSP = "default-src 'self'; script-src 'self'; style-src 'self'; object-src 'none'"
 
@@ -146,7 +147,8 @@ def test_violations_of_earlier_documents_are_kept(
 def test_waiting_on_a_strict_csp_page_reports_nothing(
     site: Site, page: Page, page_log: PageLog
 ) -> None:
-    """wait_for_function with a function polls without the page's eval (see tests/browser.py)."""
+    """wait_for_function with a function polls without the page's eval (see
+    tests/support/browser.py)."""
     page.goto(f"{site.url}/late")
     assert page.evaluate("() => document.documentElement.dataset.mark") is None
     page.wait_for_function("() => document.documentElement.dataset.mark === 'late'")

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .servers import REPO
+from .support.servers import REPO
 
 
 def dirmq(root: Path, *args: str, **popen: object) -> subprocess.Popen[bytes]:

@@ -20,7 +20,7 @@ import pytest
 from dirmq.cli import build_parser, config, exits, main
 from dirmq.errors import InvalidArgument
 
-from .servers import REPO, start_server
+from .support.servers import REPO, start_server
 
 
 def _dirmq(

@@ -23,7 +23,7 @@ from dirmq.errors import InvalidName
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store.names import validate_queue_name
 
-from .servers import ServerProcess, fresh, start_server
+from .support.servers import ServerProcess, fresh, start_server
 
 OPS, VIEWER = new_token(), new_token()
 CREDENTIALS = f"""

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page
 
-from .browser import PageLog
-from .servers import REPO
+from .support.browser import PageLog
+from .support.servers import REPO
 
 CONSOLE = REPO / "src" / "dirmq" / "console"
 VENDOR = CONSOLE / "static" / "vendor"

@@ -1,4 +1,5 @@
-"""The web console in a real browser (issue 33; tests/browser.py: Debian's chromium driven by
+"""The web console in a real browser (issue 33; tests/support/browser.py: Debian's chromium driven
+by
 Playwright, one for the session). Each test's page fails it at teardown on any CSP violation,
 console error, uncaught exception or dialog (`page_log`)."""
 
@@ -23,13 +24,13 @@ from dirmq.client import RemoteStore
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store import QueueConfig
 
-from .metrics_helpers import matching
-from .servers import ServerProcess, fresh, start_server
+from .support.metrics_helpers import matching
+from .support.servers import ServerProcess, fresh, start_server
 
 try:
     from playwright.sync_api import Browser, Page, expect
 
-    from .browser import PageLog
+    from .support.browser import PageLog
 except ImportError as missing:  # the harness lands with the vendored assets (issue 33)
     pytest.skip(f"no browser harness: {missing}", allow_module_level=True)
 

@@ -21,7 +21,7 @@ from dirmq.console.preview import PREVIEW_BYTES, preview
 from dirmq.store import QueueConfig, QueueStats
 from dirmq.store.census import Census, census
 
-from .servers import ServerProcess, fresh
+from .support.servers import ServerProcess, fresh
 
 XSS = "<img src=x onerror=alert(1)>"
 

@@ -19,7 +19,7 @@ import dirmq
 from dirmq.pubsub.hub import PubSub
 from dirmq.server.credentials import new_token, token_digest
 
-from .servers import ServerProcess, fresh, start_server
+from .support.servers import ServerProcess, fresh, start_server
 
 XSS = "<img src=x onerror=alert(1)>"
 OPS, SHOP, OUTSIDER = new_token(), new_token(), new_token()

@@ -1,4 +1,4 @@
-"""The console's pub/sub pages in a real browser (tests/browser.py: chromium driven by
+"""The console's pub/sub pages in a real browser (tests/support/browser.py: chromium driven by
 Playwright): they render, from the nav's link on, with no CSP violation, console error,
 uncaught exception or dialog (the `page_log` fixture fails the test at teardown otherwise)."""
 
@@ -11,12 +11,12 @@ import pytest
 import dirmq
 from dirmq.pubsub.hub import PubSub
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 try:
     from playwright.sync_api import expect
 
-    from .browser import PageLog
+    from .support.browser import PageLog
 except ImportError as missing:
     pytest.skip(f"no browser harness: {missing}", allow_module_level=True)
 

@@ -25,8 +25,8 @@ from dirmq.console.samples_files import RECORD, SERIES, Point, SampleFiles, slot
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store.access import root_access
 
-from .metrics_helpers import make_queues, matching
-from .servers import ServerProcess, start_server
+from .support.metrics_helpers import make_queues, matching
+from .support.servers import ServerProcess, start_server
 
 PUBLISHED = 120
 LEASED = 50

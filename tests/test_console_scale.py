@@ -20,7 +20,7 @@ import dirmq
 from dirmq.store.census import Census
 from dirmq.store.ids import new_ids
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 QUEUES = 1000
 DEEP = 1_000_000  # messages of the deep queue (names only: a census reads no file)

@@ -16,8 +16,8 @@ from dirmq.store import layout
 from dirmq.store.fsck import fsck
 from dirmq.store.layout import parse_entry
 
-from .pool_workers import kill_reading_all
-from .procs import kill, spawn
+from .support.pool_workers import kill_reading_all
+from .support.procs import kill, spawn
 
 
 def test_killed_consumer_leases_return_in_fifo_place(store: dirmq.Store) -> None:

@@ -30,7 +30,7 @@ from dirmq.store import QueueConfig, Store, layout
 from dirmq.store.access import GROUP, LEGACY, PRIVATE, Access, process_umask
 from dirmq.store.fsck import Kind, fsck
 
-from .servers import REPO, sqs_client, start_server
+from .support.servers import REPO, sqs_client, start_server
 
 SRC = str(REPO / "src")
 ACCOUNT = "000000000000"

@@ -17,7 +17,7 @@ import dirmq
 from dirmq.client import RemoteStore
 from dirmq.store import codec, layout
 
-from .servers import ServerProcess, fresh, sqs_client
+from .support.servers import ServerProcess, fresh, sqs_client
 
 
 def cli(root: Path, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:

@@ -20,8 +20,8 @@ import dirmq
 from dirmq.store import layout
 from dirmq.store.publishing import OPEN_FILES_PER_BATCH
 
-from .faultfs import FaultyFS
-from .servers import REPO, start_server
+from .support.faultfs import FaultyFS
+from .support.servers import REPO, start_server
 
 LIMIT = 1024
 BATCH = 2000

@@ -12,7 +12,8 @@ The conventions (also in docs/architecture.md, "Examples are tested"):
   `aws` and `python` are the venv's. A file's Python blocks share one interpreter and its shell
   commands one bash (so definitions, `export` and `cd` carry over).
 - A file whose Python imports `pyspark` runs its Python in the test process instead, on the
-  suite's one SparkSession (tests/spark_fixtures.py: `SparkSession.builder.getOrCreate()` in a
+  suite's one SparkSession (tests/support/spark_fixtures.py: `SparkSession.builder.getOrCreate()`
+  in a
   block returns it); without pyspark the file is skipped. Streaming queries a block leaves
   running are stopped at the end of the file.
 - In a shell block, lines starting with `$ ` are commands (a line ending in `\\` or `|` goes on);
@@ -69,8 +70,8 @@ from typing import Any
 
 import pytest
 
-from .servers import REPO, ServerProcess, start_server
-from .spark_fixtures import spark_fixture  # noqa: F401  (requested only by Spark documents)
+from .support.servers import REPO, ServerProcess, start_server
+from .support.spark_fixtures import spark_fixture  # noqa: F401  (requested only by Spark documents)
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUNNABLE = {"python", "sh", "bash", "console"}

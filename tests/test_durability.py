@@ -11,7 +11,7 @@ import pytest
 import dirmq
 from dirmq.store import fsio
 
-from .threads import run_together
+from .support.threads import run_together
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from dirmq.errors import InvalidArgument
 from dirmq.pubsub.model import check_timeout
 from dirmq.wire.durations import parse_duration
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 
 @pytest.fixture(scope="module")

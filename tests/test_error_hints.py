@@ -18,7 +18,7 @@ import dirmq
 from dirmq.cli import exits
 from dirmq.client import RemoteStore
 
-from .servers import ServerProcess, sqs_client, start_server
+from .support.servers import ServerProcess, sqs_client, start_server
 
 NO_QUEUE = "AWS.SimpleQueueService.NonExistentQueue"
 

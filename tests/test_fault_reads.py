@@ -30,7 +30,7 @@ from dirmq.store.ids import new_ids
 from dirmq.store.pool import ORPHAN_POOL_GRACE_S
 from dirmq.store.recovery import ORPHAN_GRACE_S
 
-from .faultfs import READ_ERRORS, FaultyFS
+from .support.faultfs import READ_ERRORS, FaultyFS
 from .test_fault_transitions import _attempt, _check_view, _drain
 
 # Two of the messages are larger than the store's first read of a file (64 KiB): those are read

@@ -26,7 +26,7 @@ from dirmq.server.broker import Broker
 from dirmq.store import fsio, layout, pool
 from dirmq.store.fsck import fsck
 
-from .faultfs import CALLS, ERRORS, FaultyFS
+from .support.faultfs import CALLS, ERRORS, FaultyFS
 
 BODIES = [f"m{i}".encode() for i in range(5)]
 

@@ -16,7 +16,7 @@ import pytest
 import dirmq
 from dirmq.store import fsio, layout
 
-from .disks import small_tmpfs
+from .support.disks import small_tmpfs
 
 
 @pytest.fixture

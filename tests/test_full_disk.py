@@ -23,8 +23,8 @@ import dirmq
 from dirmq.store import layout
 from dirmq.store.fsck import fsck
 
-from .disks import ext4_loop, free_bytes, read_only, small_tmpfs
-from .servers import start_server
+from .support.disks import ext4_loop, free_bytes, read_only, small_tmpfs
+from .support.servers import start_server
 
 
 @pytest.fixture

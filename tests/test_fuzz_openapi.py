@@ -39,7 +39,7 @@ from dirmq.errors import InvalidArgument
 from dirmq.store.fsck import Kind, fsck
 from dirmq.wire.durations import parse_duration
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 FUZZ_SECONDS = float(os.environ.get("DIRMQ_FUZZ_SECONDS", "0"))
 # The whole run is bounded by DIRMQ_FUZZ_SECONDS; the margin covers start-up, shrinking and fsck.

@@ -39,7 +39,7 @@ from dirmq.sqs.context import DEFAULT_ACCOUNT
 from dirmq.sqs.protocol_query import query_model, query_model_document
 from dirmq.store.fsck import Kind, fsck
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 from .test_fuzz_openapi import ServerLog
 
 FUZZ_SECONDS = float(os.environ.get("DIRMQ_FUZZ_SECONDS", "0"))

@@ -1,7 +1,8 @@
 """Several hosts on one root through the library, on a real GlusterFS volume (issue 19): two
 producers and two consumers on each of two mounts of one volume (two mounts stand for two
-hosts; tests/gluster.py), one queue, visibility far beyond the run, every message acknowledged
-once (tests/gluster_load.py counts). The store runs in its shared-filesystem mode, chosen by
+hosts; tests/support/gluster.py), one queue, visibility far beyond the run, every message
+acknowledged
+once (tests/support/gluster_load.py counts). The store runs in its shared-filesystem mode, chosen by
 itself for the FUSE mount (docs/FORMAT.md, "Filesystems"). Skipped, saying why, where the
 machine cannot run a volume (root, /dev/fuse). The servers' part is test_gluster_servers.py."""
 
@@ -11,11 +12,11 @@ import os
 
 from dirmq.store.filesystems import is_shared
 
-from .gluster import GlusterVolume
-from .gluster_load import run_load
+from .support.gluster import GlusterVolume
+from .support.gluster_load import run_load
 
 # About 30 s of load on a busy 2-core machine (plus ~20 s of volume set-up); more by hand:
-# DIRMQ_GLUSTER_MESSAGES=10000, or `python tests/gluster_load.py run 10000`.
+# DIRMQ_GLUSTER_MESSAGES=10000, or `python tests/support/gluster_load.py run 10000`.
 MESSAGES = int(os.environ.get("DIRMQ_GLUSTER_MESSAGES", "600"))
 # The 4 consumers each pick one of the 8 oldest (the queue's `peers`), as an operator would
 # set it for them: racing for one head, a consumer on a shared filesystem loses most claims.

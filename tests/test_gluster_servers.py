@@ -1,5 +1,5 @@
 """Several hosts on one root over HTTP (issue 19): one real `dirmq serve` per mount of a GlusterFS
-volume (tests/gluster.py: two mounts stand for two hosts), producers and consumers on both
+volume (tests/support/gluster.py: two mounts stand for two hosts), producers and consumers on both
 servers at once, then the counts the issue asks for, all 0; and the guide in docs/operations.md
 ("Several hosts on one root"), whose examples run here against the same two mounts.
 
@@ -32,8 +32,8 @@ from dirmq.client.remote import RemoteQueue
 from dirmq.errors import DirmqError
 from dirmq.store import layout
 
-from .gluster import GlusterVolume
-from .servers import REPO, ServerProcess, start_server
+from .support.gluster import GlusterVolume
+from .support.servers import REPO, ServerProcess, start_server
 from .test_docs import Block, Python, Rewriter, Shell, _environment, _run_command, blocks, commands
 
 QUEUE = "jobs"

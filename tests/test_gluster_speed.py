@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 import pytest
 
 import dirmq
-from tests.gluster import GlusterVolume
-from tests.servers import ServerProcess, start_server
+from tests.support.gluster import GlusterVolume
+from tests.support.servers import ServerProcess, start_server
 
 PUBLISHERS = 24
 PER_PUBLISHER = 5

@@ -30,7 +30,7 @@ from dirmq.server.logs import (
     logfmt,
 )
 
-from .servers import REPO, ServerProcess, sqs_client, start_server
+from .support.servers import REPO, ServerProcess, sqs_client, start_server
 
 _TEXT_LINE = re.compile(
     r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) (\S+) (.*)"

@@ -20,7 +20,7 @@ from dirmq.server.multiprocess import MetricsFiles
 from dirmq.store.census import census, queue_depth
 from dirmq.store.events import DEAD_REASONS
 
-from .metrics_helpers import inotify_watches, make_queues, matching, value
+from .support.metrics_helpers import inotify_watches, make_queues, matching, value
 
 
 def _request(door: str, route: str, method: str = "GET") -> Request:

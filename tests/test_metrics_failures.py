@@ -17,8 +17,8 @@ import httpx
 
 from dirmq.client import RemoteStore
 
-from .metrics_helpers import matching, value
-from .servers import ServerProcess, sqs_client, start_server
+from .support.metrics_helpers import matching, value
+from .support.servers import ServerProcess, sqs_client, start_server
 
 COUNTERS = (
     "dirmq_messages_nacked_total",

@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import dirmq
 
-from .metrics_helpers import inotify_watches, make_queues, matching, value
-from .servers import REPO, ServerProcess, sqs_client, start_server
+from .support.metrics_helpers import inotify_watches, make_queues, matching, value
+from .support.servers import REPO, ServerProcess, sqs_client, start_server
 
 PUBLISHES = 1000
 CONNECTIONS = 40  # each keeps its connection: the kernel spreads them over both workers

@@ -10,7 +10,7 @@ import pytest
 
 import dirmq
 
-from .procs import kill, spawn
+from .support.procs import kill, spawn
 
 MESSAGES = 20_000
 PRODUCERS = 4

@@ -31,7 +31,7 @@ from dirmq.errors import InvalidArgument
 from dirmq.store.codec import MAX_HEADER_BYTES
 from dirmq.wire.durations import parse_duration
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 SPEC_BYTES = resources.files("dirmq.dialects.native").joinpath("openapi.json").read_bytes()
 SPEC: dict[str, Any] = json.loads(SPEC_BYTES)

@@ -20,8 +20,8 @@ from dirmq.errors import (
 )
 from dirmq.pubsub import Delivery, PubSub, Subscription
 from dirmq.store import Store
-from tests import procs
-from tests.disks import small_tmpfs
+from tests.support import procs
+from tests.support.disks import small_tmpfs
 
 REPLY = "outcomes/publisher"
 
@@ -395,7 +395,7 @@ def test_polling_mode_delivers_without_inotify(tmp_path: Path) -> None:
 
 # -- processes, crashes, faults -----------------------------------------------------------------
 def spawn(*args: object) -> subprocess.Popen[str]:
-    return procs.spawn(*args, module="tests.pubsub_workers")
+    return procs.spawn(*args, module="tests.support.pubsub_workers")
 
 
 def test_a_publish_in_another_process_wakes_a_waiting_subscriber(hub: PubSub) -> None:

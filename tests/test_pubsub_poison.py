@@ -25,7 +25,7 @@ from dirmq.pubsub.policy import DeliveryPolicy
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store import Store
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 from .test_cli_pubsub import PubSubRun, finish
 
 REPLY = "replies"

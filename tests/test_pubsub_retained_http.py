@@ -21,7 +21,7 @@ from dirmq.pubsub import PubSub
 from dirmq.pubsub.layout import PubSubPaths
 from dirmq.store import Store
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 CHANNELS = ("orders.eu", "orders.us", "audit")
 SUBJECTS = ("created", "paid")

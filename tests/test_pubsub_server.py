@@ -28,7 +28,7 @@ from dirmq.errors import (
 )
 from dirmq.pubsub import Delivery
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 REPLY = "replies/publisher"
 Outcomes = list[tuple[str, str, str | None]]  # (message id, outcome, subscriber)

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 
 @pytest.fixture(scope="module")

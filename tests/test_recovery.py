@@ -10,7 +10,7 @@ import pytest
 import dirmq
 from dirmq.store import layout, pool
 
-from .procs import kill, spawn
+from .support.procs import kill, spawn
 
 
 def test_sweep_reports_what_opening_the_queue_recovered(root: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 import dirmq
 
-from .servers import ServerProcess, fresh, start_server
+from .support.servers import ServerProcess, fresh, start_server
 
 
 def kill(queue: dirmq.Queue, count: int, *, verdict: str | None = None) -> list[str]:

@@ -16,7 +16,7 @@ import pytest
 import dirmq
 from dirmq.client import RemoteStore
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ import pytest
 
 import dirmq
 
-from .disks import small_tmpfs
-from .servers import start_server
+from .support.disks import small_tmpfs
+from .support.servers import start_server
 
 
 def _drain_store(root: Path, name: str) -> list[dirmq.Message]:

@@ -25,7 +25,7 @@ import pytest
 import dirmq
 from dirmq.store.reading import read_message
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 MIB = 1024 * 1024
 GROWTH_BOUND_MIB = 200  # what a few buffers may cost; the defect cost gigabytes

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .servers import start_server
+from .support.servers import start_server
 
 
 def test_a_server_that_never_listens_leaves_no_pipe_open(tmp_path: Path) -> None:

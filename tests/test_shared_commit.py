@@ -19,7 +19,7 @@ from dirmq.store import fsio
 from dirmq.store.config import Durability
 from dirmq.store.publishing import OPEN_FILES_PER_BATCH
 
-from .threads import run_together
+from .support.threads import run_together
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .soak import run_soak
+from .support.soak import run_soak
 
 
 @pytest.mark.slow

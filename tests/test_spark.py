@@ -23,8 +23,8 @@ from pyspark.errors import StreamingQueryException
 import dirmq
 from dirmq.spark.options import STATE_SUBDIR
 
-from .servers import start_server
-from .spark_fixtures import run_available_now, spark_fixture  # noqa: F401
+from .support.servers import start_server
+from .support.spark_fixtures import run_available_now, spark_fixture  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
 

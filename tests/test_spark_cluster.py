@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from dirmq.client import RemoteStore
 
-from .servers import start_server
+from .support.servers import start_server
 
 MESSAGES = 50_000
 _BENCH = Path(__file__).resolve().parent.parent / "bench" / "spark_cluster.py"

@@ -22,8 +22,8 @@ from dirmq.pubsub.layout import PubSubPaths
 from dirmq.pubsub.logs import LogHead
 from dirmq.store import Store
 
-from .servers import start_server
-from .spark_fixtures import run_available_now, spark_fixture  # noqa: F401
+from .support.servers import start_server
+from .support.spark_fixtures import run_available_now, spark_fixture  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -26,7 +26,7 @@ from dirmq.server.http import Request
 from dirmq.sqs.auth import SigV4Authenticator, load_credentials
 from dirmq.sqs.errors import SqsError
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 KEY, SECRET = "AKIDDIRMQTEST0001", "s3cr3t/Key+with=odd_chars"
 KEY2, SECRET2 = "reader", "another-secret"

@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 
 from dirmq.sqs.protocol_query import query_model_document
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 from .test_sqs_queues import make_client
 
 TRACE = "Root=1-3152b799-8954dae64eda91bc9a23a7e8;Parent=7fa8c0f79203be72;Sampled=1"

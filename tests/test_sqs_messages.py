@@ -22,7 +22,7 @@ from botocore.exceptions import ClientError
 import dirmq
 from dirmq.sqs.md5 import md5_of_attributes
 
-from .servers import ServerProcess, sqs_client, start_server
+from .support.servers import ServerProcess, sqs_client, start_server
 
 Client = Any  # boto3's SQS client (untyped)
 _names = itertools.count()

@@ -26,7 +26,7 @@ import dirmq
 from dirmq.sqs.actions.move_tasks import decode_handle, encode_handle
 from dirmq.store.access import Access
 
-from .servers import ServerProcess, sqs_client, start_server
+from .support.servers import ServerProcess, sqs_client, start_server
 
 ACCOUNT = "000000000000"
 _names = itertools.count()

@@ -25,7 +25,7 @@ from dirmq.server.http import Request
 from dirmq.sqs import protocol_json, protocol_query
 from dirmq.sqs.errors import SqsError
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 NS = {"sqs": protocol_query.XMLNS}
 TRICKY = "v <&> \"'\r\n\tdé😀"  # escaping, XML line-end normalisation, non-ASCII

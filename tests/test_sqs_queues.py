@@ -25,7 +25,7 @@ import dirmq
 from dirmq.sqs import attributes as sqs_attributes
 from dirmq.sqs.protocol_query import query_model_document
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 ACCOUNT = "000000000000"
 CREDENTIALS = {

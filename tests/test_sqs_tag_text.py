@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .servers import ServerProcess, sqs_client, start_server
+from .support.servers import ServerProcess, sqs_client, start_server
 
 BAD_TEXT = ["\udcff", "tab\tok but bell\x07", "nul\x00"]
 

@@ -19,7 +19,7 @@ from dirmq.store.index import _plain_timed
 from dirmq.store.message import OutgoingMessage
 from dirmq.store.view import QueueView
 
-from .faultfs import FaultyFS
+from .support.faultfs import FaultyFS
 
 
 def test_ack_many_gives_each_receipt_its_own_outcome(store: dirmq.Store) -> None:

@@ -16,7 +16,7 @@ import dirmq
 from dirmq import OutgoingMessage
 from dirmq.errors import InvalidArgument
 
-from .procs import REPO
+from .support.procs import REPO
 
 
 @pytest.fixture(params=["inotify", "poll"])

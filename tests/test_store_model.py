@@ -50,7 +50,7 @@ from dirmq.store import files, layout
 from dirmq.store.bounds import MAX_DURATION_S
 from dirmq.store.message import OutgoingMessage
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 pytestmark = pytest.mark.fuzz
 

@@ -17,7 +17,7 @@ import dirmq
 from dirmq import OutgoingMessage, QueueConfig
 from dirmq.errors import InvalidArgument, QueueFull, QueueNotFound, StorageError
 
-from .faultfs import FaultyFS
+from .support.faultfs import FaultyFS
 
 
 def test_ready_names_are_the_oldest_ready_messages_in_order(root: Path) -> None:

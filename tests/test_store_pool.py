@@ -16,8 +16,8 @@ from dirmq.store import layout, pool
 from dirmq.store.access import Access
 from dirmq.store.fsck import Kind, fsck
 
-from .pool_workers import kill_reading_all, well_formed
-from .pool_workers import spawn_worker as spawn
+from .support.pool_workers import kill_reading_all, well_formed
+from .support.pool_workers import spawn_worker as spawn
 
 
 def free_dir(q: dirmq.Queue) -> Path:

@@ -21,9 +21,9 @@ import dirmq
 from dirmq.store import layout, pool
 from dirmq.store.fsck import Kind, fsck
 
-from .faultfs import FaultyFS
-from .pool_workers import kill_reading_all, spawn_worker
-from .procs import REPO
+from .support.faultfs import FaultyFS
+from .support.pool_workers import kill_reading_all, spawn_worker
+from .support.procs import REPO
 
 SECRET = b"acked-secret"
 

@@ -34,7 +34,7 @@ from dirmq import errors
 from dirmq.client import AsyncRemoteStore, RemoteStore
 from dirmq.wire import stream as wire
 
-from .servers import REPO, ServerProcess, start_server
+from .support.servers import REPO, ServerProcess, start_server
 from .test_tls import make_certificates, tls_options
 
 

@@ -22,7 +22,7 @@ import pytest
 from dirmq.server.notify import notify
 from dirmq.wire.durations import parse_duration
 
-from .servers import REPO, sqs_client, start_server
+from .support.servers import REPO, sqs_client, start_server
 from .test_docs import blocks
 
 OPERATIONS = REPO / "docs" / "operations.md"

@@ -29,7 +29,7 @@ import trustme
 from dirmq import errors
 from dirmq.client import AsyncRemoteStore, RemotePubSub, RemoteStore
 
-from .servers import REPO, ServerProcess, sqs_client, start_server
+from .support.servers import REPO, ServerProcess, sqs_client, start_server
 from .test_docs import run_markdown
 
 CURL = shutil.which("curl")

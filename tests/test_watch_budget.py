@@ -25,7 +25,7 @@ from dirmq.server import broker as broker_module
 from dirmq.server.broker import Broker
 from dirmq.store import watch
 
-from .metrics_helpers import inotify_watches
+from .support.metrics_helpers import inotify_watches
 
 
 def _publish_from_another_process(root: Path, queue: str, body: str) -> None:

@@ -27,7 +27,7 @@ import pytest
 
 import dirmq
 
-from .servers import ServerProcess, start_server
+from .support.servers import ServerProcess, start_server
 
 FORM = "application/x-www-form-urlencoded"  # what `curl --data` sends
 TEXT = "text/plain; charset=UTF-8"  # what the README's `cat` shows

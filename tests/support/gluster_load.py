@@ -2,10 +2,10 @@
 a test module.
 
 `run_load(roots, messages)` runs, on each root of `roots` (e.g. the mounts of one GlusterFS
-volume, `tests/gluster.py`), `producers` producer and `consumers` consumer processes (library
-`Store(root, watch_mode="poll", shared=shared)`, one queue, visibility `visibility_s`), which
-publish `messages` unique bodies in all (single `put`s) and receive them (`get`, then one `ack`
-each), and returns a `LoadResult`:
+volume, `tests/support/gluster.py`), `producers` producer and `consumers` consumer processes
+(library `Store(root, watch_mode="poll", shared=shared)`, one queue, visibility
+`visibility_s`), which publish `messages` unique bodies in all (single `put`s) and receive
+them (`get`, then one `ack` each), and returns a `LoadResult`:
 
 - `lost`: bodies published (their `put` returned) but never acknowledged;
 - `twice`: deliveries of a body already delivered whose earlier lease had not expired (a
@@ -21,7 +21,8 @@ each writing one JSON line per event into the run's `work` directory; the parent
 consumers once every published body is acknowledged (or `timeout_s` passed) and a short grace
 period (`settle_s`) has let any second delivery show up.
 
-From the command line, on a fresh volume: `python tests/gluster_load.py run 10000` prints the
+From the command line, on a fresh volume: `python tests/support/gluster_load.py run 10000`
+prints the
 result as JSON (`--local` runs both sides on one local temp directory instead; `--peers`,
 `--batch`, `--rate` and `--shared auto|true|false` as in `run_load`). Needs `PYTHONPATH` to
 reach the `dirmq` to test (the processes inherit the environment).

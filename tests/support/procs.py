@@ -1,4 +1,4 @@
-"""Start worker processes (tests/workers.py) as real OS processes."""
+"""Start worker processes (tests/support/workers.py) as real OS processes."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
-def spawn(*args: object, module: str = "tests.workers") -> subprocess.Popen[str]:
+def spawn(*args: object, module: str = "tests.support.workers") -> subprocess.Popen[str]:
     """`python -m module *args` with the checkout importable (the roles live in `module`)."""
     # This checkout's src first: otherwise an editable install of another checkout would run.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}

@@ -1,4 +1,5 @@
-"""Worker processes for the multi-process and crash tests: `python -m tests.workers ROLE ...`.
+"""Worker processes for the multi-process and crash tests:
+`python -m tests.support.workers ROLE ...`.
 
 Each role prints one line per event to stdout (flushed), so the parent can follow it and kill
 the process at a precise moment.

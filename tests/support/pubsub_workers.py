@@ -1,4 +1,4 @@
-"""Pub/sub worker processes for crash tests: `python -m tests.pubsub_workers ROLE ...`.
+"""Pub/sub worker processes for crash tests: `python -m tests.support.pubsub_workers ROLE ...`.
 
 Each role prints one line per event (flushed), so the parent can kill it at a precise moment.
 """

@@ -1,6 +1,6 @@
 """A real browser for tests: Playwright for Python driving Debian's chromium, headless.
 
-A helper, not collected (as tests/servers.py). conftest.py imports its fixtures:
+A helper, not collected (as tests/support/servers.py). conftest.py imports its fixtures:
 - `browser` (session): one chromium for the whole run, installed with apt-get when missing
   (never `playwright install`, which downloads a browser of its own and fails here); the tests
   that use it skip, saying why, only where it cannot be installed. `browser_session` has it with

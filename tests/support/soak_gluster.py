@@ -1,9 +1,9 @@
 """Soak on GlusterFS (issue 19): 10,000 messages through two mounts of one volume, through the
 library and through one `dirmq serve` per mount, while one mount's processes (its server, its
 library producer and consumer, its HTTP producer and consumer) are SIGKILLed 10 times under
-load and restarted. Part of `make soak` (after tests/soak.py); alone:
+load and restarted. Part of `make soak` (after tests/support/soak.py); alone:
 
-    python -m tests.soak_gluster            SOAK_GLUSTER_MESSAGES=10000 SOAK_GLUSTER_KILLS=10
+    python -m tests.support.soak_gluster    SOAK_GLUSTER_MESSAGES=10000 SOAK_GLUSTER_KILLS=10
 
 Every client is a process of its own (this file run as `worker`), which writes one JSON line per
 event into the run's work directory before it goes on: a line is in the kernel once written, so
@@ -156,12 +156,8 @@ class Mount:
             target = str(self.root) if kind.startswith("lib") else self.server.url
             tag = f"m{self.index}.{kind}.{self.incarnation}"
             args = [str(self.work / f"{tag}.jsonl"), str(self.stop), tag]
-            self.clients.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "tests.soak_gluster", "worker", kind, target, *args],
-                    cwd=REPO,
-                )
-            )
+            command = [sys.executable, "-m", "tests.support.soak_gluster", "worker", kind, target]
+            self.clients.append(subprocess.Popen([*command, *args], cwd=REPO))
 
     def kill(self) -> None:
         """SIGKILL the server and the clients, each by pid, all at once; then reap them."""

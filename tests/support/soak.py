@@ -1,8 +1,9 @@
 """Soak: SIGKILL a real `dirmq serve` again and again under mixed load, then count what was lost.
 
-    python -m tests.soak            (make soak)    SOAK_KILLS=100 by default
+    python -m tests.support.soak            (make soak)    SOAK_KILLS=100 by default
 
-(`make soak` then runs tests/soak_gluster.py: the same kind of count on two GlusterFS mounts.)
+(`make soak` then runs tests/support/soak_gluster.py: the same kind of count on two GlusterFS
+mounts.)
 
 Each cycle starts the server on the same root, runs publishers (some with delays), consumers
 (acks, nacks with and without delay, heartbeats, leases left to expire) and a purger of a second

@@ -1,4 +1,5 @@
-"""Worker processes for the recycled-file pool tests: `python -m tests.pool_workers ROLE ...`.
+"""Worker processes for the recycled-file pool tests:
+`python -m tests.support.pool_workers ROLE ...`.
 
 Each role prints one line per event to stdout (flushed), so the parent can follow it and kill
 the process at a precise moment.
@@ -16,15 +17,15 @@ from pathlib import Path
 import dirmq
 from dirmq.store import pool
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def spawn_worker(*args: object) -> subprocess.Popen[str]:
-    """Start `python -m tests.pool_workers ARGS` (the parent's side of this module)."""
+    """Start `python -m tests.support.pool_workers ARGS` (the parent's side of this module)."""
     # This checkout's src first: otherwise an editable install of another checkout would run.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.pool_workers", *map(str, args)],
+        [sys.executable, "-m", "tests.support.pool_workers", *map(str, args)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,
