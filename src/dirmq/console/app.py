@@ -12,6 +12,7 @@ Any other path under /ui (and /ui itself) names a reserved queue: the native API
     GET  /ui/q/<queue>/browse            ?state=ready|leased|delayed|dead|corrupt &after=<id>
     GET  /ui/q/<queue>/m/<id>[/raw]      a message; its file
     GET  /ui/q/<queue>/redrive/<task>    a redrive task's progress
+    GET  /ui/fsck, POST /ui/fsck/check   the last check of the root; a read-only check now
     POST /ui/q/<queue>/<action>          publish, purge, configure (PUT too), delete, lease,
                                          redrive, cancel
 """
@@ -22,7 +23,7 @@ import logging
 import time
 from urllib.parse import parse_qs
 
-from dirmq.console import actions, pages
+from dirmq.console import actions, fsck_panel, pages
 from dirmq.console.call import Call, Console, ServerFacts, View
 from dirmq.console.render import SECURITY_HEADERS
 from dirmq.console.session import (
@@ -43,7 +44,7 @@ from dirmq.server.http import Request, Response, StreamResponse, SwitchProtocols
 log = logging.getLogger("dirmq.console")
 
 API = "/ui/api/"  # the mounted `api` dialect's (the samples)
-OWN = frozenset({"", "static", "sign-in", "sign-out", "q", "api"})  # what follows /ui/
+OWN = frozenset({"", "static", "sign-in", "sign-out", "q", "api", "fsck"})  # what follows /ui/
 UNSAFE = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 
 
@@ -198,6 +199,10 @@ class ConsoleApp(Dialect):
 def _route(method: str, path: str) -> View:
     if path == "/ui/" and method == "GET":
         return pages.overview
+    if path == "/ui/fsck" and method == "GET":
+        return fsck_panel.page
+    if path == "/ui/fsck/check" and method == "POST":
+        return fsck_panel.check_now
     parts = path.split("/")  # "", "ui", "q", <queue>, ...
     if len(parts) >= 4 and parts[2] == "q" and parts[3]:
         rest = parts[4:]
