@@ -1,7 +1,8 @@
 """The console's fsck panel (issue 33) on a real `dirmq serve --credentials FILE`: the root's
 last check as `dirmq fsck` or the console recorded it (`@fsck/last.json`), and a read-only
-"check now" for a principal with admin on every name; and the record itself (the store's
-fsckrecord.py), which fsck, the census and the store's listing leave alone."""
+"check now" for a principal with admin on every name, over HTTP and in a browser
+(tests/browser.py); and the record itself (the store's fsckrecord.py), which fsck, the census
+and the store's listing leave alone."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from urllib.parse import unquote_plus
 
 import httpx
 import pytest
+from playwright.sync_api import Page, expect
 
 import dirmq
 from dirmq.console.fsck_panel import HOLD_PREFIX
@@ -287,3 +289,26 @@ def test_a_damaged_record_is_none_and_no_root_gets_no_record(tmp_path: Path) -> 
     assert os.listdir(plain) == []
     checked = run_fsck(plain)
     assert "warning" in checked.stderr and "not recorded" in checked.stderr
+
+
+# -- in a browser ----------------------------------------------------------------------------------
+def test_the_panel_in_a_browser(server: ServerProcess, lib: dirmq.Store, page: Page) -> None:
+    """The overview's line leads to the panel, whose "Check now" runs a check and shows it;
+    no CSP violation, console error or dialog on the way (the `page` fixture checks)."""
+    damage(lib, "shop")
+    page.goto(f"{server.url}/ui/sign-in")
+    page.locator("input[name=token]").fill(OPS)
+    page.locator("button[type=submit]").click()
+    expect(page).to_have_url(f"{server.url}/ui/")
+    expect(page.locator("#fsck-line")).to_have_text("never checked")
+    page.get_by_role("link", name="fsck").click()
+    expect(page).to_have_url(f"{server.url}/ui/fsck")
+    expect(page.locator("#fsck-status")).to_contain_text("Never checked")
+    page.locator("#check-now").click()
+    expect(page.locator("#fsck-status")).to_contain_text("2 problem(s), checked")
+    expect(page.locator("p.note")).to_contain_text("2 problem(s) found")
+    expect(page.locator("#fsck-kinds")).to_contain_text("corrupt")
+    page.wait_for_load_state("networkidle")
+    page.goto(f"{server.url}/ui/")
+    expect(page.locator("#fsck-line")).to_contain_text("2 problem(s)")
+    page.wait_for_load_state("networkidle")
