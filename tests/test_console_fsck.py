@@ -21,6 +21,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 import dirmq
+from dirmq.console import fsck_panel
 from dirmq.console.fsck_panel import HOLD_PREFIX
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store import fsckrecord, holds, layout
@@ -312,3 +313,13 @@ def test_the_panel_in_a_browser(server: ServerProcess, lib: dirmq.Store, page: P
     page.goto(f"{server.url}/ui/")
     expect(page.locator("#fsck-line")).to_contain_text("2 problem(s)")
     page.wait_for_load_state("networkidle")
+
+
+def test_a_check_in_this_process_turns_the_next_away(server: ServerProcess) -> None:
+    """The lock of one process (a worker): held, a check returns at once and runs nothing."""
+    with fsck_panel._LOCK:
+        outcome = fsck_panel.run_check(str(server.root), "ops")
+    assert outcome.record is None and outcome.busy is not None
+    assert outcome.busy.startswith("a check is running already")
+    assert not (server.root / RECORD).exists()
+    assert fsck_panel.run_check(str(server.root), "ops").record is not None

@@ -91,12 +91,9 @@ def run_check(root: str, principal: str) -> Outcome:
         )
     try:
         _running = (principal, now_s())
-        hold = _hold(root)
-        if isinstance(hold, holds.Busy):
-            held = hold.record.describe(time.time())
-            return Outcome(
-                busy=f"a check is running already ({held}): its result shows here when it ends"
-            )
+        hold, busy = _hold(root)
+        if busy is not None:
+            return Outcome(busy=busy)
         try:
             return _check(root, principal, hold)
         finally:
@@ -107,18 +104,25 @@ def run_check(root: str, principal: str) -> Outcome:
         _LOCK.release()
 
 
-def _hold(root: str) -> holds.Hold | holds.Busy | None:
-    """The root's check hold; None where it cannot be taken (this process's lock only): no
-    marker (no @fsck is made in what may be no root), or a root this process may not write."""
+def _hold(root: str) -> tuple[holds.Hold | None, str | None]:
+    """The root's check hold, or why a check cannot run now. No hold but this process's lock
+    where none can be taken: no marker (no @fsck is made in what may be no root), or a root
+    this process may not write."""
     if not isinstance(read_marker(root), dict):
-        return None
+        return None, None
     try:
-        return holds.take(
+        taken = holds.take(
             fsckrecord.record_dir(root), HOLD_PREFIX, HOLD_TIMEOUT_S, access=root_access(root)
         )
     except OSError as exc:
         log.warning("console fsck: not held (%s): checking anyway", exc.strerror or exc)
-        return None
+        return None, None
+    if isinstance(taken, holds.Busy):
+        held = taken.record.describe(time.time())
+        return None, f"a check is running already ({held}): its result shows here when it ends"
+    if taken is None:
+        return None, "other checks are starting at this moment: look again soon"
+    return taken, None
 
 
 def _check(root: str, principal: str, hold: holds.Hold | None) -> Outcome:
