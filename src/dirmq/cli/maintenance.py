@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -14,7 +16,7 @@ from dirmq.cli.args import open_store, queue_name
 from dirmq.cli.progress import progress_bar
 from dirmq.pubsub.check import Finding, PubSubReport, check_pubsub
 from dirmq.pubsub.layout import PubSubPaths
-from dirmq.store import Store, default_root, init_root
+from dirmq.store import Store, default_root, fsckrecord, init_root
 from dirmq.store.fsck import FsckReport, Problem, fsck
 
 
@@ -87,9 +89,21 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def cmd_fsck(args: argparse.Namespace) -> int:
     root: str = args.root or default_root()
+    started_s, started = time.time(), time.monotonic()
     with progress_bar("fsck", unit="files") as advance:
         report = fsck(root, repair=args.repair, progress=advance)
     pubsub = check_pubsub(root, repair=args.repair)
+    record = fsckrecord.record_of(
+        report,
+        started_s=started_s,
+        duration_s=time.monotonic() - started,
+        by="dirmq fsck",
+        repair=args.repair,
+        more=pubsub.found(report.root) if pubsub is not None else (),
+    )
+    unrecorded = fsckrecord.save(report.root, record)
+    if unrecorded is not None:  # the check itself is done: say so, never fail for it
+        print(f"dirmq: warning: {unrecorded}", file=sys.stderr)
     if args.json:
         data = report_json(report)
         if pubsub is not None:

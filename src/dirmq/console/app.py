@@ -14,6 +14,7 @@ Any other path under /ui (and /ui itself) names a reserved queue: the native API
     GET  /ui/q/<queue>/redrive/<task>    a redrive task's progress
     GET  /ui/pubsub, /ui/pubsub/log      pub/sub: channels and subscriptions; the retained log
                                          (?after=<seq> &channel=<prefix>)
+    GET  /ui/fsck, POST /ui/fsck/check   the last check of the root; a read-only check now
     POST /ui/q/<queue>/<action>          publish, purge, configure (PUT too), delete, lease,
                                          redrive, cancel
 """
@@ -24,7 +25,7 @@ import logging
 import time
 from urllib.parse import parse_qs
 
-from dirmq.console import actions, pages, pubsub_pages
+from dirmq.console import actions, fsck_panel, pages, pubsub_pages
 from dirmq.console.call import Call, Console, ServerFacts, View
 from dirmq.console.render import SECURITY_HEADERS
 from dirmq.console.session import (
@@ -45,7 +46,8 @@ from dirmq.server.http import Request, Response, StreamResponse, SwitchProtocols
 log = logging.getLogger("dirmq.console")
 
 API = "/ui/api/"  # the mounted `api` dialect's (the samples)
-OWN = frozenset({"", "static", "sign-in", "sign-out", "q", "api", "pubsub"})  # what follows /ui/
+# What may follow /ui/ (anything else is a 404).
+OWN = frozenset({"", "static", "sign-in", "sign-out", "q", "api", "pubsub", "fsck"})
 PUBSUB: dict[str, View] = {
     "/ui/pubsub": pubsub_pages.pubsub,
     "/ui/pubsub/log": pubsub_pages.pubsub_log,
@@ -206,6 +208,10 @@ def _route(method: str, path: str) -> View:
         return pages.overview
     if method == "GET" and path in PUBSUB:
         return PUBSUB[path]
+    if path == "/ui/fsck" and method == "GET":
+        return fsck_panel.page
+    if path == "/ui/fsck/check" and method == "POST":
+        return fsck_panel.check_now
     parts = path.split("/")  # "", "ui", "q", <queue>, ...
     if len(parts) >= 4 and parts[2] == "q" and parts[3]:
         rest = parts[4:]

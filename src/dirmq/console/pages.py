@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 
 from dirmq.console.call import Call, Console, queue_of, ref_of
 from dirmq.console.disk import disk_of, free_space
+from dirmq.console.fsck_panel import status as fsck_status
 from dirmq.console.permissions import permission
 from dirmq.console.preview import Preview, preview
 from dirmq.console.pubsub_view import pubsub_summary
@@ -92,6 +93,8 @@ def overview(console: Console, call: Call) -> Response:
         "pid": os.getpid(),
         "disk": free_space(facts.root),
         "pubsub": pubsub_summary(console, principal),
+        "fsck": fsck_status(console),
+        "now": now_s(),
     }
     return console.render.page("overview.html", **context)
 

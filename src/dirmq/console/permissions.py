@@ -1,6 +1,7 @@
 """What each console page and action needs, in the API's terms: the console asks
 `server/access.py` exactly what the native API asks for the same thing (its `NEEDS`; a test
 keeps the two tables in step), so a principal can do nothing here it could not do with curl.
+The fsck panel has no native route: `fsck_panel.py` asks for admin on every name to check now.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from dirmq.pubsub.model import check_name
 from dirmq.pubsub.transitions import read_entry
 from dirmq.store import smallfiles
 from dirmq.store.access import root_access
+from dirmq.store.fsckrecord import Found
 from dirmq.store.recovery import older_than
 
 CORRUPT_DIR = "@corrupt"
@@ -48,6 +49,15 @@ class PubSubReport:
     @property
     def ok(self) -> bool:
         return all(f.repaired or f.notice for f in self.findings)
+
+    def found(self, root: str) -> list[Found]:
+        """The findings as the record of a check counts them (store/fsckrecord.py): kinds
+        prefixed `pubsub-`, paths relative to `root`."""
+        root = os.path.abspath(root)
+        return [
+            Found(f"pubsub-{f.kind}", "", os.path.relpath(f.path, root), f.repaired, f.notice)
+            for f in self.findings
+        ]
 
 
 def check_pubsub(root: str, *, repair: bool = False) -> PubSubReport | None:

@@ -13,7 +13,8 @@ Invariants, and what `repair=True` does about each (see `Kind`):
     root marker @dirmq.json present, a JSON object with "format": 1   recreate (bad one moved aside)
     ... and of format 1 (another format: its rules may differ)        report; repair nothing at all
     @trash empty (an interrupted queue deletion)                      empty it
-    @pubsub, @spark, @sqs at the root (the upper layers', FORMAT.md)  known: left to their layers
+    @pubsub, @spark, @sqs, @redrive at the root (the upper layers',   known: left to their layers
+      FORMAT.md), @fsck (the last check's record, fsckrecord.py)
     @queue.json parses and validates                                  move aside, rewrite it with
                                                                       bad settings reset to default
     every state directory exists                                      mkdir
@@ -26,8 +27,8 @@ Invariants, and what `repair=True` does about each (see `Kind`):
       nor beside its final name in @ready or @delayed (the
       shared-filesystem mode's temps: layout.temp_beside)
     no temp file of a small-file write (smallfiles.py) older than     unlink
-      1 h: beside @dirmq.json and @queue.json, anywhere under @sqs
-      and @spark (@pubsub's check looks at its own)
+      1 h: beside @dirmq.json and @queue.json, anywhere under @sqs,
+      @spark, @redrive and @fsck (@pubsub's check looks at its own)
     no capacity slot pointing at an absent message (older than 60 s)  unlink
     no file in @free sharing its inode with another name              unlink the @free name
     the recycled-file pool of a dead process in @free (pool.py)       blank files back to @free,

@@ -49,7 +49,8 @@ PUBSUB_DIR = "@pubsub"
 SPARK_DIR = "@spark"  # the Spark source's default state directory (spark/options.py)
 SQS_DIR = "@sqs"  # the SQS layer's own files (sqs/deleted.py, attempts)
 REDRIVE_DIR = "@redrive"  # redrive tasks (dirmq/redrive/records.py)
-ROOT_UPPER_DIRS = frozenset({PUBSUB_DIR, SPARK_DIR, SQS_DIR, REDRIVE_DIR})
+FSCK_DIR = "@fsck"  # the record of the last check (fsckrecord.py), the console's check's hold
+ROOT_UPPER_DIRS = frozenset({PUBSUB_DIR, SPARK_DIR, SQS_DIR, REDRIVE_DIR, FSCK_DIR})
 GROUP_TAG_LENGTH = 12
 
 # Counts and times are bounded (bounds.py): every value the store accepts fits these digits.
