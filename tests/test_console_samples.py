@@ -12,7 +12,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from dirmq.store.access import root_access
 
 from .support.metrics_helpers import make_queues, matching
 from .support.servers import ServerProcess, start_server
+from .support.waiting import wait_until
 
 PUBLISHED = 120
 LEASED = 50
@@ -54,17 +55,6 @@ def _get(server: ServerProcess, path: str, **params: str) -> httpx.Response:
         except httpx.TransportError:  # a worker just killed: its connections are reset
             time.sleep(0.1)
     raise AssertionError("no worker answered")
-
-
-def _until(what: str, check: Callable[[], Any]) -> Any:
-    """`check()` once it is truthy: the samples come at the server's pace, not the test's."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _rates(server: ServerProcess) -> dict[str, Any]:
@@ -134,12 +124,14 @@ def test_every_worker_answers_the_same_samples_which_say_what_was_done(
     server: ServerProcess,
 ) -> None:
     _work(server)
-    last = _until("a sample of everything done", lambda: _settled(server))
+    last = wait_until(
+        timeout_s=WAIT_S, what="a sample of everything done", check=lambda: _settled(server)
+    )
     in_flight = LEASED - ACKED - 2
     assert (last["ready"], last["in_flight"], last["dead"]) == (READY, in_flight, 1)
     # One more sample: the series has points after the work too (rates back at 0).
     t = _rates(server)["t"]
-    _until("the next sample", lambda: _rates(server)["t"] > t)
+    wait_until(timeout_s=WAIT_S, what="the next sample", check=lambda: _rates(server)["t"] > t)
 
     before = _answered(server)
     answers: dict[str, set[bytes]] = {}
@@ -214,7 +206,9 @@ def test_a_killed_sampler_is_replaced_and_no_count_goes_backwards(
 ) -> None:
     if not _rates(server)["queues"].get("paced"):
         _work(server)  # run alone
-    counts = _until("a sample of everything done", lambda: _settled(server))["counts"]
+    counts = wait_until(
+        timeout_s=WAIT_S, what="a sample of everything done", check=lambda: _settled(server)
+    )["counts"]
     sampler = _latest(server)["sampler_pid"]
     killed_at = time.time()
     os.kill(sampler, signal.SIGKILL)
@@ -225,10 +219,14 @@ def test_a_killed_sampler_is_replaced_and_no_count_goes_backwards(
             return latest
         return None
 
-    latest = replaced_by = _until("another sampler", replaced)
+    latest = replaced_by = wait_until(timeout_s=WAIT_S, what="another sampler", check=replaced)
     assert replaced_by["queues"]["paced"]["counts"] == counts  # the dead worker's still count
     t = latest["t"]
-    _until("the samples to keep coming", lambda: _rates(server)["t"] >= t + 2)
+    wait_until(
+        timeout_s=WAIT_S,
+        what="the samples to keep coming",
+        check=lambda: _rates(server)["t"] >= t + 2,
+    )
     series = _get(server, "/ui/api/samples", queue="paced").json()
     assert series["ready"][-1] == READY
 
@@ -264,7 +262,7 @@ def test_a_principal_sees_the_samples_of_its_queues_only(tmp_path: Path) -> None
             got = httpx.get(f"{server.url}/ui/api/rates", headers=as_ops).json()
             return {"seen", "hidden"} <= set(got["queues"])
 
-        _until("both queues sampled", both_sampled)
+        wait_until(timeout_s=WAIT_S, what="both queues sampled", check=both_sampled)
         rates = httpx.get(f"{server.url}/ui/api/rates", headers=as_viewer)
         assert set(rates.json()["queues"]) == {"seen"}
         page = httpx.get(f"{server.url}/ui/api/rates", params={"prefix": "hid"}, headers=as_ops)
@@ -318,9 +316,13 @@ def test_a_root_of_1000_queues_and_a_deep_one_is_sampled_from_listings(tmp_path:
     _deep_queue(root / "q0500", DEEP)
     server = start_server(root, "--sample-interval", "1s")
     try:
-        first = _until("a sample", lambda: _rates(server)["t"])
+        first = wait_until(timeout_s=WAIT_S, what="a sample", check=lambda: _rates(server)["t"])
         read_before = _read_bytes(server.proc.pid)
-        latest = _until("the next sample", lambda: (s := _latest(server))["t"] > first and s)
+        latest = wait_until(
+            timeout_s=WAIT_S,
+            what="the next sample",
+            check=lambda: (s := _latest(server))["t"] > first and s,
+        )
         read_s = _read_bytes(server.proc.pid) - read_before
         assert latest["queue_count"] == 1000 and latest["omitted"] == 0
         assert latest["queues"]["q0500"]["ready"] == DEEP

@@ -31,6 +31,7 @@ from dirmq.store.access import GROUP, LEGACY, PRIVATE, Access, process_umask
 from dirmq.store.fsck import Kind, fsck
 
 from .support.servers import REPO, sqs_client, start_server
+from .support.waiting import wait_until
 
 SRC = str(REPO / "src")
 ACCOUNT = "000000000000"
@@ -90,14 +91,6 @@ def dirmq_cli(*args: str, stdin: bytes = b"", **kwargs: Any) -> subprocess.Compl
     )
 
 
-def wait_for(check: Any, timeout_s: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (result := check()):
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
-    return result
-
-
 # -- a new root, through every door -------------------------------------------------------------
 def _library(root: Path, gone: str, kept: str) -> None:
     """Every way the library removes a message for good, and pub/sub's, on a new root."""
@@ -139,7 +132,7 @@ def _library(root: Path, gone: str, kept: str) -> None:
         with hub.subscribe("worker", channels=["jobs"]) as sub:
             hub.publish("jobs", f"{gone} anyone".encode(), acks="done", reply_to="lib/outcomes")
             hub.publish("jobs", f"{gone} everyone".encode(), mode="everyone", accept_timeout_s=0.1)
-            got = [wait_for(lambda: sub.receive(wait_s=1)) for _ in range(2)]
+            got = [wait_until(lambda: sub.receive(wait_s=1)) for _ in range(2)]
             for delivery in got:
                 sub.done(delivery)
         time.sleep(0.15)
@@ -215,14 +208,14 @@ def _server(root: Path, gone: str) -> None:
             found = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=names)
             return int(found["Attributes"]["ApproximateNumberOfMessages"])
 
-        wait_for(lambda: dead_letters() == 1)
+        wait_until(lambda: dead_letters() == 1)
         sqs.start_message_move_task(SourceArn=f"arn:aws:sqs:us-east-1:{ACCOUNT}:redrive-dlq")
-        back = wait_for(lambda: sqs.receive_message(QueueUrl=source).get("Messages"))
+        back = wait_until(lambda: sqs.receive_message(QueueUrl=source).get("Messages"))
         sqs.delete_message(QueueUrl=source, ReceiptHandle=back[0]["ReceiptHandle"])
 
         with RemotePubSub(server.url, timeout_s=10) as hub, hub.subscribe("remote") as sub:
             hub.publish("c", f"{gone} pubsub over http".encode())
-            delivery = wait_for(lambda: sub.receive(wait_s=1))
+            delivery = wait_until(lambda: sub.receive(wait_s=1))
             sub.done(delivery)
     finally:
         assert server.stop() == 0
@@ -410,7 +403,7 @@ def test_finished_pubsub_messages_are_emptied_and_fsck_accepts_them(tmp_path: Pa
         hub = PubSub(store)
         with hub.subscribe("s") as sub:
             hub.publish("c", b"secret", message_id="m1")
-            delivery = wait_for(lambda: sub.receive(wait_s=1))
+            delivery = wait_until(lambda: sub.receive(wait_s=1))
             sub.done(delivery)
         end = Path(hub.paths.canonical("m1", "end"))
         assert end.exists() and end.stat().st_size == 0  # at once, not at the next sweep

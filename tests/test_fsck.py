@@ -20,6 +20,8 @@ from dirmq.store import fsck as fsck_module
 from dirmq.store.fsck import FsckReport, Kind, fsck
 from dirmq.store.ids import new_id
 
+from .support.procs import dead_pid
+
 HOUR_AGO = time.time() - 7200
 pytestmark = pytest.mark.usefixtures("private_umask")  # see conftest.py
 
@@ -33,13 +35,6 @@ def root(tmp_path: Path) -> Path:
 def store(root: Path) -> Iterator[Store]:
     with Store(root) as s:
         yield s
-
-
-def dead_pid() -> int:
-    """The pid of a process that has exited and been reaped."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 def ready_file(queue_dir: Path, message_id: str) -> Path:

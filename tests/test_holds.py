@@ -17,6 +17,8 @@ from dirmq.store import holds
 from dirmq.store.access import PRIVATE, Access
 from dirmq.store.holds import Busy, Hold, Lost
 
+from .support.procs import dead_pid
+
 PREFIX = "runner."
 ACCESS = Access.named(PRIVATE)
 
@@ -33,12 +35,6 @@ def _plant(directory: Path, generation: int, host: str, pid: int, age_s: float) 
     Path(path).write_text(json.dumps(record))
     stamp = time.time() - age_s
     os.utime(path, (stamp, stamp))
-
-
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 def test_one_holder_at_a_time_and_release(tmp_path: Path) -> None:
@@ -87,7 +83,7 @@ def test_a_holder_elsewhere_is_judged_by_its_heartbeat_only(tmp_path: Path) -> N
 def test_a_holder_on_this_host_whose_process_is_gone_is_taken_over_at_once(
     tmp_path: Path,
 ) -> None:
-    _plant(tmp_path, 2, socket.gethostname(), _dead_pid(), age_s=0.0)
+    _plant(tmp_path, 2, socket.gethostname(), dead_pid(), age_s=0.0)
     hold = _take(tmp_path)
     assert isinstance(hold, Hold) and hold.generation == 3
 

@@ -10,7 +10,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from dirmq.errors import (
 from dirmq.pubsub import Delivery
 
 from .support.servers import ServerProcess, start_server
+from .support.waiting import wait_until
 
 REPLY = "replies/publisher"
 Outcomes = list[tuple[str, str, str | None]]  # (message id, outcome, subscriber)
@@ -76,13 +77,6 @@ def outcomes(url: str, queue: str = REPLY) -> Outcomes:
             found.append((report["id"], report["outcome"], report["subscriber"]))
             q.ack(message.receipt or "")
     return found
-
-
-def wait_for(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
 
 
 def drain(sub: RemoteSubscription, idle_s: float = 0.6, settle: bool = True) -> list[Delivery]:
@@ -202,7 +196,7 @@ def test_not_accepted_in_time_times_out_and_is_reported(
     with hub.subscribe("elsewhere", channels=["other"]):
         message = hub.publish("lonely", b"x", acks="timeout", reply_to=REPLY, accept_timeout_s=0.3)
         reported: Outcomes = []
-        wait_for(lambda: bool(reported.extend(outcomes(server.url)) or reported))
+        wait_until(lambda: bool(reported.extend(outcomes(server.url)) or reported))
     assert reported == [(message.id, "timeout", None)]
     with hub.subscribe("late", channels=["lonely"]) as late:
         assert drain(late, idle_s=0.3) == []  # removed: nobody gets it now
@@ -355,7 +349,7 @@ def test_event_stream_on_the_wire(server: ServerProcess, http: httpx.Client) -> 
         listed = http.get("/@pubsub/subscriptions").json()
         assert [s["name"] for s in listed] == [name] and listed[0]["attached"] is True
     # Anonymous: gone once its stream is.
-    wait_for(lambda: http.get("/@pubsub/subscriptions").json() == [])
+    wait_until(lambda: http.get("/@pubsub/subscriptions").json() == [])
 
 
 def test_a_name_is_attached_once_and_deleted_only_when_detached(
@@ -468,7 +462,7 @@ def test_sigkill_mid_delivery_loses_nothing_and_still_reports(tmp_path: Path) ->
                 reported.extend(outcomes(second.url))
                 return {o[0] for o in reported if o[1] == "done"} >= wanted
 
-            wait_for(all_reported, timeout_s=15)  # unreported ones wait in the outbox
+            wait_until(all_reported, timeout_s=15)  # unreported ones wait in the outbox
             by_outcome = {
                 outcome: Counter(o[0] for o in reported if o[1] == outcome)
                 for outcome in ("accepted", "aborted", "done")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,8 @@ pytest.importorskip("pyspark")
 from dirmq.errors import ConsumerBusy
 from dirmq.spark.holder import record_path, take
 from dirmq.store.access import PRIVATE, Access
+
+from .support.procs import dead_pid
 
 ACCESS = Access.named(PRIVATE)
 LABEL = "consumer 'etl' of queue 'events'"
@@ -31,12 +32,6 @@ def _plant(consumer_dir: Path, generation: int, host: str, pid: int, age_s: floa
     Path(path).write_text(json.dumps(record))
     stamp = time.time() - age_s
     os.utime(path, (stamp, stamp))
-
-
-def _dead_pid() -> int:
-    child = subprocess.Popen(["true"])
-    child.wait()
-    return child.pid
 
 
 def test_a_held_name_is_refused_with_who_holds_it_and_what_to_do(tmp_path: Path) -> None:
@@ -79,7 +74,7 @@ def test_a_holder_on_another_host_that_renews_keeps_the_name(tmp_path: Path) -> 
 def test_a_holder_whose_process_is_gone_is_taken_over_at_once(tmp_path: Path) -> None:
     import socket
 
-    _plant(tmp_path, 2, socket.gethostname(), _dead_pid(), age_s=0.0)
+    _plant(tmp_path, 2, socket.gethostname(), dead_pid(), age_s=0.0)
     take(str(tmp_path), LABEL, 30.0, ACCESS)
 
 

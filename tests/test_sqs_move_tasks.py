@@ -27,6 +27,7 @@ from dirmq.sqs.actions.move_tasks import decode_handle, encode_handle
 from dirmq.store.access import Access
 
 from .support.servers import ServerProcess, sqs_client, start_server
+from .support.waiting import wait_until
 
 ACCOUNT = "000000000000"
 _names = itertools.count()
@@ -90,13 +91,13 @@ def bodies(store: dirmq.Store, name: str) -> list[bytes]:
 def wait_for(
     sqs: Any, dlq: str, done: Callable[[dict[str, Any]], bool], timeout_s: float = 15
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """The newest move task of `dlq` once `done` says so."""
+
+    def newest_done() -> dict[str, Any] | None:
         results = sqs.list_message_move_tasks(SourceArn=arn(dlq))["Results"]
-        if results and done(results[0]):
-            return dict(results[0])
-        assert time.monotonic() < deadline, f"task never got there: {results}"
-        time.sleep(0.05)
+        return dict(results[0]) if results and done(results[0]) else None
+
+    return wait_until(newest_done, timeout_s, "the move task")
 
 
 def finished(entry: dict[str, Any]) -> bool:

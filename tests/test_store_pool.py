@@ -4,8 +4,6 @@ pool of a process that dies (real SIGKILLs) or exits."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from dirmq.store.fsck import Kind, fsck
 
 from .support.pool_workers import kill_reading_all, well_formed
 from .support.pool_workers import spawn_worker as spawn
+from .support.procs import dead_pid
 
 
 def free_dir(q: dirmq.Queue) -> Path:
@@ -219,7 +218,7 @@ def test_fsck_unlinks_a_recycled_file_that_is_also_a_message(store: dirmq.Store)
 def test_reclaiming_never_reuses_a_file_with_another_name_nor_one_not_blanked(root: Path) -> None:
     q = dirmq.Store(root).create_queue("r")
     message_id = q.put(b"published")
-    dead = free_dir(q) / f"{layout.HOST_TAG}.{pool._PID_NS}.{_dead_pid()}.1-0badc0de"
+    dead = free_dir(q) / f"{layout.HOST_TAG}.{pool._PID_NS}.{dead_pid()}.1-0badc0de"
     dead.mkdir()
     os.link(Path(q.path, layout.READY, message_id), dead / "x")
     (dead / "y").write_bytes(bytes(7))  # blanked when it was retired
@@ -227,12 +226,6 @@ def test_reclaiming_never_reuses_a_file_with_another_name_nor_one_not_blanked(ro
     assert pool.reclaim_pools(str(free_dir(q))) == 1
     assert not dead.exists() and loose_files(q) == ["y"]
     assert os.stat(Path(q.path, layout.READY, message_id)).st_nlink == 1
-
-
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 def test_killed_churning_process_loses_nothing_and_exposes_nothing_partial(root: Path) -> None:

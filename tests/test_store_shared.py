@@ -20,6 +20,8 @@ from dirmq.store.census import queue_depth
 from dirmq.store.filesystems import is_shared
 from dirmq.store.fsck import fsck
 
+from .support.procs import dead_pid
+
 
 def _files(queue_dir: Path, state: str) -> list[str]:
     found: list[str] = []
@@ -100,14 +102,6 @@ def _plant_temp(queue_dir: Path, state: str, final: str, pid: int, age_s: float 
     return path
 
 
-def _dead_pid() -> int:
-    child = os.fork()
-    if child == 0:
-        os._exit(0)
-    os.waitpid(child, 0)
-    return child
-
-
 def test_temps_beside_of_dead_or_old_writers_are_removed_and_live_ones_kept(root: Path) -> None:
     """Opening a queue, `sweep` and `fsck` treat a temp beside its final name as they treat one
     in @tmp: a dead writer's (or one older than an hour, of a writer they cannot see) is
@@ -116,7 +110,7 @@ def test_temps_beside_of_dead_or_old_writers_are_removed_and_live_ones_kept(root
         store.create_queue("q")
     queue_dir = root / "q"
     final = "1700000000000000-0123456789ab"
-    dead = _plant_temp(queue_dir, layout.READY, final, _dead_pid())
+    dead = _plant_temp(queue_dir, layout.READY, final, dead_pid())
     old = _plant_temp(queue_dir, layout.DELAYED, f"{final}.0.1700000000000", 1, age_s=7200)
     live = _plant_temp(queue_dir, layout.READY, "1700000000000001-0123456789ab", os.getpid())
     report = fsck(root, repair=False)

@@ -28,3 +28,10 @@ def kill(proc: subprocess.Popen[str]) -> str:
     proc.kill()
     out, _ = proc.communicate(timeout=30)
     return out
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited and been reaped (free, until the kernel reuses it)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
