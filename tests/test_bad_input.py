@@ -18,22 +18,16 @@ import pytest
 import dirmq
 from dirmq.wire import jsondoc
 
+from .support.fixtures import http_client, serve
 from .support.servers import ServerProcess, sqs_client, start_server
 
 DEEP = b"[" * 50_000  # what made the standard decoder recurse to a 500
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = start_server(tmp_path_factory.mktemp("bad-input"), yaq=True)
-    yield process
-    process.stop()
+server = serve(yaq=True)
 
 
-@pytest.fixture
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30) as client:
-        yield client
+http = http_client(scope="function")
 
 
 # -- JSON nesting (defect 9) ----------------------------------------------------------------------

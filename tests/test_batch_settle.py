@@ -11,7 +11,6 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -20,20 +19,13 @@ import pytest
 import dirmq
 from dirmq.client import AsyncRemoteStore, RemoteStore
 
-from .support.servers import ServerProcess, sqs_client, start_server
+from .support.fixtures import http_client, serve
+from .support.servers import ServerProcess, sqs_client
+
+server = serve()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = start_server(tmp_path_factory.mktemp("batch-settle"))
-    yield process
-    assert process.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30) as client:
-        yield client
+http = http_client()
 
 
 @pytest.fixture

@@ -26,7 +26,8 @@ from dirmq.store.ids import new_id
 from dirmq.store.message import OutgoingMessage
 from dirmq.store.queue import Queue
 
-from .support.servers import ServerProcess, sqs_client, start_server
+from .support.fixtures import http_client, serve
+from .support.servers import ServerProcess, sqs_client
 
 # The reproductions of the defect (1e12, 1e13, 1e300, 2.26e307: 2.26e307 * 1000 overflows to
 # inf) and the other values no duration may take.
@@ -383,17 +384,10 @@ def test_cli_refuses_counts_out_of_bounds(tmp_path: Path) -> None:
 # -- native HTTP -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = start_server(tmp_path_factory.mktemp("bounds-root"))
-    yield process
-    assert process.stop() == 0
+server = serve()
 
 
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30) as client:
-        yield client
+http = http_client()
 
 
 # The defect's reproductions as JSON text (2.26e307 overflowed in the store, 1e300 made a name

@@ -43,7 +43,8 @@ from dirmq.server.credentials import (
 )
 from dirmq.sqs.actions import load
 
-from .support.servers import ServerProcess, start_server
+from .support.fixtures import serve
+from .support.servers import ServerProcess
 
 OPS, VIEWER, READER, KEEPER = (new_token() for _ in range(4))
 OPS_KEY, OPS_SECRET = "AKIDOPS", "ops-secret"
@@ -77,15 +78,7 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    base = tmp_path_factory.mktemp("browse")
-    path = base / "credentials.toml"
-    path.write_text(CREDENTIALS)
-    path.chmod(0o600)
-    server = start_server(base / "root", "--credentials", str(path), yaq=True)
-    yield server
-    server.stop()
+server = serve(yaq=True, credentials=CREDENTIALS)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from dirmq.errors import InvalidName
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store.names import validate_queue_name
 
+from .support.fixtures import serve
 from .support.servers import ServerProcess, fresh, start_server
 
 OPS, VIEWER = new_token(), new_token()
@@ -39,15 +40,7 @@ browse = ["shop*"]
 """
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    base = tmp_path_factory.mktemp("console")
-    path = base / "credentials.toml"
-    path.write_text(CREDENTIALS)
-    path.chmod(0o600)
-    running = start_server(base / "root", "--credentials", str(path))
-    yield running
-    assert running.stop() == 0
+server = serve(credentials=CREDENTIALS)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from dirmq.client import RemoteStore
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store import QueueConfig
 
+from .support.fixtures import serve
 from .support.metrics_helpers import matching
 from .support.servers import ServerProcess, fresh, start_server
 
@@ -38,13 +39,7 @@ XSS = "<img src=x onerror=alert(1)>"
 SHOTS = Path(__file__).parent.parent / "docs"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    running = start_server(
-        tmp_path_factory.mktemp("console-browser") / "root", "--sample-interval", "1s"
-    )
-    yield running
-    assert running.stop() == 0
+server = serve("--sample-interval", "1s")
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,8 @@ from dirmq.store.access import root_access
 from dirmq.store.census import census
 from dirmq.store.fsck import Kind, fsck
 
-from .support.servers import REPO, ServerProcess, start_server
+from .support.fixtures import serve
+from .support.servers import REPO, ServerProcess
 
 OPS, SHOP_ADMIN, VIEWER = new_token(), new_token(), new_token()
 CREDENTIALS = f"""
@@ -48,15 +49,8 @@ browse = ["shop*"]
 RECORD = Path(layout.FSCK_DIR) / fsckrecord.RECORD_FILE
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    """A server of its own: what the panel shows is the whole root's."""
-    path = tmp_path / "credentials.toml"
-    path.write_text(CREDENTIALS)
-    path.chmod(0o600)
-    running = start_server(tmp_path / "root", "--credentials", str(path))
-    yield running
-    assert running.stop() == 0
+# A server of its own: what the panel shows is the whole root's.
+server = serve(credentials=CREDENTIALS, scope="function")
 
 
 @pytest.fixture

@@ -4,14 +4,13 @@ uncaught exception or dialog (the `page_log` fixture fails the test at teardown 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 import dirmq
 from dirmq.pubsub.hub import PubSub
 
-from .support.servers import ServerProcess, start_server
+from .support.fixtures import serve
+from .support.servers import ServerProcess
 
 try:
     from playwright.sync_api import expect
@@ -23,11 +22,7 @@ except ImportError as missing:
 XSS = "<img src=x onerror=alert(1)>"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    running = start_server(tmp_path_factory.mktemp("console-pubsub-browser") / "root")
-    yield running
-    assert running.stop() == 0
+server = serve()
 
 
 def test_the_pubsub_pages_keep_to_the_policy(server: ServerProcess, page_log: PageLog) -> None:

@@ -12,19 +12,18 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from dirmq.client import RemoteStore
 from dirmq.console.samples_files import RECORD, SERIES, Point, SampleFiles, slots
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store.access import root_access
 
+from .support.fixtures import serve
 from .support.metrics_helpers import make_queues, matching
 from .support.servers import ServerProcess, start_server
 from .support.waiting import wait_until
@@ -37,14 +36,7 @@ CONNECTIONS = 24  # each its own connection: the kernel spreads them over both w
 WAIT_S = 30.0
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("samples") / "root"
-    started = start_server(root, "--workers", "2", "--sample-interval", "1s")
-    try:
-        yield started
-    finally:
-        assert started.stop() == 0
+server = serve("--workers", "2", "--sample-interval", "1s")
 
 
 def _get(server: ServerProcess, path: str, **params: str) -> httpx.Response:

@@ -4,7 +4,6 @@ pub/sub timeouts that are not numbers."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,14 +15,10 @@ from dirmq.errors import InvalidArgument
 from dirmq.pubsub.model import check_timeout
 from dirmq.wire.durations import parse_duration
 
-from .support.servers import ServerProcess, start_server
+from .support.fixtures import serve
+from .support.servers import ServerProcess
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = start_server(tmp_path_factory.mktemp("durations-root"))
-    yield process
-    assert process.stop() == 0
+server = serve()
 
 
 @pytest.mark.parametrize("value", [0, 1e-05, 0.25, 1.5e-3, 30, 12.0, 86400 * 365])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +17,17 @@ import dirmq
 from dirmq.cli import exits
 from dirmq.client import RemoteStore
 
-from .support.servers import ServerProcess, sqs_client, start_server
+from .support.fixtures import http_client, serve
+from .support.servers import ServerProcess, sqs_client
 
 NO_QUEUE = "AWS.SimpleQueueService.NonExistentQueue"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    # A server limit of 2kB (a size with a unit, as every size option takes one).
-    process = start_server(tmp_path_factory.mktemp("hints-root"), "--max-body-bytes", "2kB")
-    yield process
-    assert process.stop() == 0
+# A server limit of 2kB (a size with a unit, as every size option takes one).
+server = serve("--max-body-bytes", "2kB")
 
 
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30) as client:
-        yield client
+http = http_client()
 
 
 def dirmq_cli(root: Path, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:

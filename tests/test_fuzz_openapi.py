@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,8 @@ from dirmq.errors import InvalidArgument
 from dirmq.store.fsck import Kind, fsck
 from dirmq.wire.durations import parse_duration
 
-from .support.servers import ServerProcess, start_server
+from .support.fixtures import serve
+from .support.servers import ServerProcess
 
 FUZZ_SECONDS = float(os.environ.get("DIRMQ_FUZZ_SECONDS", "0"))
 # The whole run is bounded by DIRMQ_FUZZ_SECONDS; the margin covers start-up, shrinking and fsck.
@@ -125,11 +126,7 @@ class ServerLog:
         return [line for line in self.lines if line.startswith("Traceback")]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    started = start_server(tmp_path_factory.mktemp("fuzz-openapi-root"))
-    yield started
-    started.stop()
+server = serve()
 
 
 class Seeds:

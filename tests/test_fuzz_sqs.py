@@ -18,7 +18,6 @@ import os
 import random
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,8 @@ from dirmq.sqs.context import DEFAULT_ACCOUNT
 from dirmq.sqs.protocol_query import query_model, query_model_document
 from dirmq.store.fsck import Kind, fsck
 
-from .support.servers import ServerProcess, start_server
+from .support.fixtures import serve
+from .support.servers import ServerProcess
 from .test_fuzz_openapi import ServerLog
 
 FUZZ_SECONDS = float(os.environ.get("DIRMQ_FUZZ_SECONDS", "0"))
@@ -98,11 +98,7 @@ class Seeds:
         self.receipts[:] = self.receipts[-40:]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    started = start_server(tmp_path_factory.mktemp("fuzz-sqs-root"))
-    yield started
-    started.stop()
+server = serve()
 
 
 def make_client(server: ServerProcess, data_path: Path | None) -> Any:

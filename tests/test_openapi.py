@@ -31,7 +31,8 @@ from dirmq.errors import InvalidArgument
 from dirmq.store.codec import MAX_HEADER_BYTES
 from dirmq.wire.durations import parse_duration
 
-from .support.servers import ServerProcess, start_server
+from .support.fixtures import serve
+from .support.servers import ServerProcess
 
 SPEC_BYTES = resources.files("dirmq.dialects.native").joinpath("openapi.json").read_bytes()
 SPEC: dict[str, Any] = json.loads(SPEC_BYTES)
@@ -179,11 +180,7 @@ def test_duration_pattern_matches_the_parser(text: str) -> None:
 
 
 # -- against a real server ----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    started = start_server(tmp_path_factory.mktemp("openapi-root"))
-    yield started
-    started.stop()
+server = serve()
 
 
 @pytest.fixture(scope="module")

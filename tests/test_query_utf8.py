@@ -5,21 +5,14 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
 
-from .support.servers import ServerProcess, start_server
+from .support.fixtures import serve
+from .support.servers import ServerProcess
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = start_server(tmp_path_factory.mktemp("utf8") / "root", yaq=True)
-    try:
-        yield proc
-    finally:
-        proc.stop()
+server = serve(yaq=True)
 
 
 def send(url: str, method: str, target: str, body: bytes = b"") -> tuple[int, bytes]:

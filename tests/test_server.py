@@ -16,28 +16,13 @@ import pytest
 import dirmq
 from dirmq.client import RemoteStore
 
-from .support.servers import ServerProcess, start_server
+from .support.fixtures import http_client, serve
+from .support.servers import ServerProcess
+
+server = serve("--header-timeout", "1", "--max-body-bytes", "1048576", "--max-header-bytes", "4096")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = start_server(
-        tmp_path_factory.mktemp("server-root"),
-        "--header-timeout",
-        "1",
-        "--max-body-bytes",
-        "1048576",
-        "--max-header-bytes",
-        "4096",
-    )
-    yield srv
-    assert srv.stop() == 0
-
-
-@pytest.fixture
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30) as client:
-        yield client
+http = http_client(scope="function")
 
 
 _names = iter(range(10**6))

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import pytest
 import dirmq
 from dirmq.store.reading import read_message
 
+from .support.fixtures import serve
 from .support.servers import ServerProcess, start_server
 
 MIB = 1024 * 1024
@@ -112,13 +112,7 @@ def peak_rss_while(pid: int, seconds: float) -> int:
     return peak
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    srv = start_server(tmp_path / "root")
-    try:
-        yield srv
-    finally:
-        srv.stop()
+server = serve(scope="function")
 
 
 # -- defect 7: one connection pipelining without reading ---------------------------------------

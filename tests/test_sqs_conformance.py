@@ -16,17 +16,14 @@ from botocore.exceptions import ClientError
 
 from dirmq.sqs.protocol_query import query_model_document
 
-from .support.servers import ServerProcess, start_server
+from .support.fixtures import serve
+from .support.servers import ServerProcess
 from .test_sqs_queues import make_client
 
 TRACE = "Root=1-3152b799-8954dae64eda91bc9a23a7e8;Parent=7fa8c0f79203be72;Sampled=1"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = start_server(tmp_path_factory.mktemp("sqs-conformance"))
-    yield srv
-    assert srv.stop() == 0
+server = serve()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import itertools
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +22,14 @@ from botocore.exceptions import ClientError
 import dirmq
 from dirmq.sqs.md5 import md5_of_attributes
 
+from .support.fixtures import serve
 from .support.servers import ServerProcess, sqs_client, start_server
 
 Client = Any  # boto3's SQS client (untyped)
 _names = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = start_server(tmp_path_factory.mktemp("sqs-messages"))
-    yield process
-    process.stop()
+server = serve()
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ import dirmq
 from dirmq.sqs.actions.move_tasks import decode_handle, encode_handle
 from dirmq.store.access import Access
 
+from .support.fixtures import serve
 from .support.servers import ServerProcess, sqs_client, start_server
 from .support.waiting import wait_until
 
@@ -33,11 +34,7 @@ ACCOUNT = "000000000000"
 _names = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = start_server(tmp_path_factory.mktemp("sqs-move") / "root")
-    yield server
-    server.stop()
+server = serve()
 
 
 @pytest.fixture(scope="module")

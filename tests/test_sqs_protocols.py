@@ -10,7 +10,6 @@ import copy
 import json
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
 
@@ -25,7 +24,8 @@ from dirmq.server.http import Request
 from dirmq.sqs import protocol_json, protocol_query
 from dirmq.sqs.errors import SqsError
 
-from .support.servers import ServerProcess, start_server
+from .support.fixtures import http_client, serve
+from .support.servers import ServerProcess
 
 NS = {"sqs": protocol_query.XMLNS}
 TRICKY = "v <&> \"'\r\n\tdé😀"  # escaping, XML line-end normalisation, non-ASCII
@@ -210,17 +210,10 @@ def test_error_response_is_escaped_xml() -> None:
 
 
 # -- end to end, raw HTTP --------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = start_server(tmp_path_factory.mktemp("sqs-protocols"))
-    yield srv
-    assert srv.stop() == 0
+server = serve()
 
 
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30) as client:
-        yield client
+http = http_client()
 
 
 def unique(prefix: str = "p") -> str:

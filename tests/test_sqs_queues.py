@@ -25,6 +25,7 @@ import dirmq
 from dirmq.sqs import attributes as sqs_attributes
 from dirmq.sqs.protocol_query import query_model_document
 
+from .support.fixtures import serve
 from .support.servers import ServerProcess, start_server
 
 ACCOUNT = "000000000000"
@@ -36,11 +37,7 @@ CREDENTIALS = {
 NO_QUEUE = "AWS.SimpleQueueService.NonExistentQueue"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = start_server(tmp_path_factory.mktemp("sqs-queues"))
-    yield srv
-    assert srv.stop() == 0
+server = serve()
 
 
 def make_client(server: ServerProcess, data_path: Path | None = None) -> Any:

@@ -5,24 +5,18 @@ request is stored, over the query protocol (raw) and the JSON protocol (boto3 an
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from .support.servers import ServerProcess, sqs_client, start_server
+from .support.fixtures import serve
+from .support.servers import ServerProcess, sqs_client
 
 BAD_TEXT = ["\udcff", "tab\tok but bell\x07", "nul\x00"]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = start_server(tmp_path_factory.mktemp("tags") / "root")
-    try:
-        yield proc
-    finally:
-        proc.stop()
+server = serve()
 
 
 @pytest.fixture(scope="module")

@@ -34,17 +34,11 @@ from dirmq import errors
 from dirmq.client import AsyncRemoteStore, RemoteStore
 from dirmq.wire import stream as wire
 
+from .support.fixtures import serve
 from .support.servers import REPO, ServerProcess, start_server
 from .test_tls import make_certificates, tls_options
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    started = start_server(tmp_path_factory.mktemp("stream") / "root")
-    try:
-        yield started
-    finally:
-        assert started.stop() == 0
+server = serve()
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ import pytest
 
 import dirmq
 
+from .support.fixtures import serve
 from .support.servers import ServerProcess, start_server
 
 FORM = "application/x-www-form-urlencoded"  # what `curl --data` sends
@@ -198,11 +199,7 @@ def settle(client: httpx.Client) -> None:
 
 
 # -- fixtures -----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = start_server(tmp_path_factory.mktemp("yaq") / "root", yaq=True)
-    yield process
-    assert process.stop() == 0
+server = serve(yaq=True)
 
 
 @pytest.fixture
