@@ -2,10 +2,10 @@
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/http.py                   # full run, 5 to 7 minutes
-    .venv/bin/python bench/http.py --quick           # smoke run, about a minute
-    .venv/bin/python bench/http.py --profile DIR     # also py-spy each dirmq server under load
-    .venv/bin/python bench/http.py --only publish,latency --json /tmp/out.json
+    .venv/bin/python -m bench.http_load                   # full run, 5 to 7 minutes
+    .venv/bin/python -m bench.http_load --quick           # smoke run, about a minute
+    .venv/bin/python -m bench.http_load --profile DIR     # also py-spy each dirmq server under load
+    .venv/bin/python -m bench.http_load --only publish,latency --json /tmp/out.json
 
 It installs what it needs itself: Debian's `redis-server` (apt-get) when it is missing, and the
 `redis` and `py-spy` packages (pip, into this interpreter). It starts its own Redis (127.0.0.1,
@@ -13,10 +13,8 @@ a free port, `--appendonly yes --appendfsync always --save ''`, in a temp dir) a
 `dirmq serve` processes (127.0.0.1:0), and at the end stops exactly those, by PID, even when a
 step fails. It prints a table and writes JSON (default `bench/results/http.json`).
 
-The load generator is this script run as child processes (`--child-load`): raw uvloop sockets,
-HTTP/1.1 keep-alive (or RESP for Redis), exactly one request in flight per connection (no
-pipelining), request bytes built once, and only the status line, Content-Length and X-Receipt
-parsed. Clients and servers share the machine's cores, so every row also says how many cores
+The load generator is the harness's (`bench.harness.loadgen`, run as child processes): raw uvloop
+sockets, HTTP/1.1 keep-alive (or RESP for Redis), one request in flight per connection. Clients and servers share the machine's cores, so every row also says how many cores
 each side used (from /proc/<pid>/stat and the clients' own process time).
 
 The box is shared and noisy: each section runs its subjects in rounds, one trial of each per round
@@ -48,56 +46,80 @@ its start and at its end (keeping the probed inodes: freeing them would slow wha
 
 from __future__ import annotations
 
-import os
-import sys
-
-# Run as a script, this file's directory comes first on sys.path, and this file is `http`:
-# take it off, or `import http.client` (here and in libraries) would find this file.
-sys.path.remove(os.path.dirname(os.path.abspath(__file__)))
-
 import argparse
 import asyncio
 import collections
 import contextlib
-import ctypes
-import ctypes.util
 import functools
 import http.client
 import importlib
 import importlib.metadata
 import importlib.util
-import itertools
 import json
 import math
+import os
 import platform
-import queue
 import re
 import resource
 import shutil
 import signal
 import socket
-import ssl
 import statistics
 import subprocess
+import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPT = str(Path(__file__).resolve())
-DEFAULT_JSON = REPO / "bench" / "results" / "http.json"
-HOST = "127.0.0.1"
-SHM = "/dev/shm"
-BODY = b"x" * 100
+from bench.harness import BODY, HOST, RESULTS, SHM
+from bench.harness.floors import RawPuts, inode_alloc_us
+from bench.harness.install import ensure_pip, ensure_redis_server, ensure_wrk, py_spy_path
+from bench.harness.load import LoadChild, Trial, run_load, split
+from bench.harness.loadgen import lpush_spec, publish_spec
+from bench.harness.peers import RedisServer, start_redis
+from bench.harness.procs import Processes, cpu_seconds, fd_count, raise_fd_limit, vm_rss_kib
+from bench.harness.profiles import summarize_profile
+from bench.harness.report import Report, filesystem_of, print_summary, source_revision
+from bench.harness.rounds import (
+    check_clean,
+    cores_note,
+    median_of,
+    paired,
+    percentile,
+    rate_text,
+    run_rounds,
+    series,
+)
+from bench.harness.servers import (
+    Access,
+    DirmqServer,
+    create_queue,
+    delete_queue,
+    http_call,
+    queue_stats,
+    start_dirmq,
+    warm_up,
+)
+from bench.harness.wire import (
+    RESP_ARRAY,
+    RESP_INT,
+    Reply,
+    batch_body,
+    header_value,
+    http_request,
+    parse_http,
+    parse_resp,
+    resp_command,
+)
+
+DEFAULT_JSON = RESULTS / "http.json"
 CONNECTIONS = 64  # dirmq load: concurrent connections, one request in flight on each
 REDIS_CLIENTS = 50
 BATCH = 100  # messages per batch request
 SECTIONS = ("publish", "secure", "writeback", "latency", "longpoll", "getack")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 CONNECT_GATE = 64  # long polls: connections in the making at once, over all load processes
 PARK_S = 0.01  # latency: how long a poll sits before the publish (it is parked by then)
 # (import name, distribution, pip requirement)
@@ -136,1012 +158,6 @@ QUICK = Sizes(
     longpoll_procs=2,
     latency_samples=50,
 )
-
-
-# -- installing what the benchmark needs -------------------------------------------------------
-def _apt_install(package: str) -> None:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", package]
-    if subprocess.run(install, env=env, check=False, timeout=900).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, check=False, timeout=900)
-        subprocess.run(install, env=env, check=True, timeout=900)
-
-
-def ensure_debian_tool(command: str, package: str) -> str:
-    """Install Debian's `package` if `command` is missing; return `command --version`'s text."""
-    if shutil.which(command) is None:
-        print(f"installing {package} (apt-get) ...", file=sys.stderr, flush=True)
-        _apt_install(package)
-    out = subprocess.run(
-        [command, "--version"], check=False, capture_output=True, text=True, timeout=30
-    )
-    return out.stdout + out.stderr
-
-
-def ensure_redis_server() -> str:
-    """Install Debian's redis-server if missing; return its version."""
-    out = ensure_debian_tool("redis-server", "redis-server")
-    version = next((w[2:] for w in out.split() if w.startswith("v=")), out.strip())
-    if int(version.split(".")[0]) < 7:
-        print(f"warning: redis-server {version} is older than 7", file=sys.stderr)
-    return version
-
-
-def ensure_wrk() -> str:
-    """Install Debian's wrk if missing; return its version."""
-    words = ensure_debian_tool("wrk", "wrk").split()
-    return words[1] if len(words) > 1 else "?"
-
-
-def ensure_pip() -> dict[str, str]:
-    versions: dict[str, str] = {}
-    for module, dist, requirement in PIP_NEEDS:
-        present = importlib.util.find_spec(module) is not None
-        if module == "py_spy":  # a binary, not a module
-            present = shutil.which("py-spy") is not None or _venv_bin("py-spy").exists()
-        if not present:
-            print(f"installing {requirement} (pip) ...", file=sys.stderr, flush=True)
-            command = [sys.executable, "-m", "pip", "install", "-q", requirement]
-            subprocess.run(command, check=False, timeout=900)
-            importlib.invalidate_caches()
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            versions[dist] = "missing"
-    return versions
-
-
-def _venv_bin(name: str) -> Path:
-    return Path(sys.executable).parent / name
-
-
-def py_spy_path() -> str | None:
-    local = _venv_bin("py-spy")
-    return str(local) if local.exists() else shutil.which("py-spy")
-
-
-# -- processes we start, and only those ----------------------------------------------------------
-def _stat_fields(pid: int) -> list[str]:
-    """Fields of /proc/<pid>/stat after the command name (field 3 onwards)."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()
-
-
-def cpu_seconds(pids: Iterable[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = _stat_fields(pid)
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / CLK_TCK
-    return total
-
-
-def vm_rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def fd_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def child_pids(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
-
-
-class Processes:
-    """Every process this benchmark started (and the workers they forked), to be stopped by PID."""
-
-    def __init__(self) -> None:
-        self.started: list[subprocess.Popen[Any]] = []
-        self.forked: list[tuple[int, str]] = []  # (pid, start time): never signal a reused pid
-
-    def start(self, args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
-        proc: subprocess.Popen[Any] = subprocess.Popen(args, **kwargs)
-        self.started.append(proc)
-        return proc
-
-    def adopt(self, pid: int) -> None:
-        with contextlib.suppress(OSError):
-            self.forked.append((pid, _stat_fields(pid)[19]))
-
-    @staticmethod
-    def stop(proc: subprocess.Popen[Any], timeout_s: float = 20.0) -> None:
-        """SIGTERM (a dirmq server drains), then SIGKILL after `timeout_s`; reap it."""
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-    @staticmethod
-    def reap(proc: subprocess.Popen[Any], timeout_s: float) -> None:
-        """Wait for a process that ends by itself; kill it (by PID) if it does not."""
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-    def stop_all(self) -> None:
-        for proc in reversed(self.started):
-            try:
-                self.stop(proc)
-            except Exception as exc:
-                print(f"could not stop pid {proc.pid}: {exc!r}", file=sys.stderr)
-        for pid, started in self.forked:  # a worker whose supervisor died without it
-            try:
-                if _stat_fields(pid)[19] == started:
-                    os.kill(pid, signal.SIGKILL)
-            except (OSError, IndexError):
-                pass
-
-
-def _drain_output(stream: Any, tail: collections.deque[str]) -> None:
-    for line in stream:
-        tail.append(line.rstrip("\n"))
-
-
-@dataclass
-class DirmqServer:
-    proc: subprocess.Popen[str]
-    port: int
-    root: str
-    workers: list[int]  # the PIDs that serve requests
-    label: str
-    access: Access | None = None  # TLS and a token (the "secure" section); None: plain HTTP
-    log: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=50))
-
-    @property
-    def pids(self) -> list[int]:
-        return [self.proc.pid, *[p for p in self.workers if p != self.proc.pid]]
-
-
-@dataclass(frozen=True)
-class Access:
-    """How a client reaches a server started with TLS and credentials."""
-
-    cafile: str
-    token: str
-
-    def context(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=self.cafile)
-
-
-def start_dirmq(
-    procs: Processes,
-    root: str,
-    workers: int,
-    label: str,
-    extra: Sequence[str] = (),
-    access: Access | None = None,
-) -> DirmqServer:
-    args = [sys.executable, "-m", "dirmq", "serve", "--root", root, "--listen", f"{HOST}:0"]
-    args += ["--workers", str(workers), *extra]
-    proc = procs.start(
-        args,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert proc.stdout is not None
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def read_until_started() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line)
-            if line.startswith("storing queues under"):
-                break
-        lines.put(None)
-
-    reader = threading.Thread(target=read_until_started, daemon=True)
-    reader.start()
-    url = ""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
-            raise RuntimeError(f"dirmq serve ({label}) did not start within 30 s") from None
-        if line is None:
-            break
-        if " native API listening on " in line:
-            url = line.rsplit(" ", 1)[1].strip()
-    if not url:
-        raise RuntimeError(f"dirmq serve ({label}) exited with {proc.poll()} before listening")
-    reader.join(timeout=5)
-    server = DirmqServer(proc, int(url.rsplit(":", 1)[1]), root, [proc.pid], label, access=access)
-    threading.Thread(target=_drain_output, args=(proc.stdout, server.log), daemon=True).start()
-    if workers > 1:
-        deadline = time.monotonic() + 10
-        while len(child_pids(proc.pid)) < workers and time.monotonic() < deadline:
-            time.sleep(0.05)
-        server.workers = child_pids(proc.pid)
-        for pid in server.workers:
-            procs.adopt(pid)
-        if len(server.workers) != workers:
-            raise RuntimeError(f"{label}: {len(server.workers)} of {workers} workers started")
-    wait_http(server.port, access=access)
-    return server
-
-
-def wait_http(port: int, budget_s: float = 10.0, access: Access | None = None) -> None:
-    deadline = time.monotonic() + budget_s
-    while True:
-        try:
-            if http_call(port, "GET", "/health", timeout_s=2, access=access)[0] == 200:
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no healthy dirmq on port {port}")
-        time.sleep(0.05)
-
-
-@dataclass
-class RedisServer:
-    proc: subprocess.Popen[bytes]
-    port: int
-    version: str
-    client: Any  # redis.Redis, for setup and checks (the load goes through raw sockets)
-
-    @property
-    def pids(self) -> list[int]:
-        return [self.proc.pid]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def start_redis(procs: Processes, directory: str, version: str) -> RedisServer:
-    import redis
-
-    os.makedirs(directory, exist_ok=True)
-    port = free_port()
-    args = ["redis-server", "--bind", HOST, "--port", str(port), "--dir", directory]
-    args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
-    args += ["--maxclients", "15000"]  # the held long polls: 10,000 at once
-    args += ["--daemonize", "no", "--logfile", os.path.join(directory, "redis.log")]
-    proc = procs.start(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(host=HOST, port=port, socket_timeout=60)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            if client.ping():
-                break
-        except redis.ConnectionError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"redis-server did not start (exit {proc.poll()})")
-        time.sleep(0.05)
-    fsync = client.config_get("appendfsync")["appendfsync"]
-    if fsync != "always":
-        raise RuntimeError(f"redis appendfsync is {fsync!r}, not 'always'")
-    return RedisServer(proc, port, version, client)
-
-
-# -- control-plane calls from this process ---------------------------------------------------------
-def http_call(
-    port: int,
-    method: str,
-    path: str,
-    body: bytes = b"",
-    headers: dict[str, str] | None = None,
-    timeout_s: float = 60.0,
-    access: Access | None = None,
-) -> tuple[int, dict[str, str], bytes]:
-    conn: http.client.HTTPConnection
-    headers = dict(headers or {})
-    if access is None:
-        conn = http.client.HTTPConnection(HOST, port, timeout=timeout_s)
-    else:
-        conn = http.client.HTTPSConnection(HOST, port, timeout=timeout_s, context=access.context())
-        headers["Authorization"] = f"Bearer {access.token}"
-    try:
-        conn.request(method, path, body=body, headers=headers)
-        response = conn.getresponse()
-        data = response.read()
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, data
-    finally:
-        conn.close()
-
-
-def create_queue(
-    port: int, name: str, durability: str | None = None, access: Access | None = None
-) -> None:
-    config = {} if durability is None else {"durability": durability}
-    body = json.dumps(config).encode()
-    status, _, body = http_call(port, "PUT", f"/{name}", body, access=access)
-    if status not in (200, 201):
-        raise RuntimeError(f"PUT /{name}: {status} {body[:200]!r}")
-
-
-def warm_up(port: int, name: str, access: Access | None = None) -> None:
-    """One publish, one get, one ack: the queue's index, watcher and publisher exist after it."""
-    status, _, _ = http_call(port, "POST", f"/{name}/messages", BODY, access=access)
-    if status != 201:
-        raise RuntimeError(f"warm-up publish to {name}: {status}")
-    status, headers, _ = http_call(port, "GET", f"/{name}/messages", access=access)
-    if status != 200:
-        raise RuntimeError(f"warm-up get from {name}: {status}")
-    receipt = headers["x-receipt"]
-    status, _, _ = http_call(port, "DELETE", f"/{name}/messages/{receipt}", access=access)
-    if status != 204:
-        raise RuntimeError(f"warm-up ack on {name}: {status}")
-
-
-def queue_stats(port: int, name: str) -> dict[str, Any]:
-    status, _, body = http_call(port, "GET", f"/{name}")
-    if status != 200:
-        raise RuntimeError(f"GET /{name}: {status}")
-    stats: dict[str, Any] = json.loads(body)["stats"]
-    return stats
-
-
-# -- wire formats ----------------------------------------------------------------------------------
-def http_request(
-    method: str, path: str, body: bytes = b"", headers: Iterable[tuple[str, str]] = ()
-) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {HOST}"]
-    lines += [f"{name}: {value}" for name, value in headers]
-    if body or method in ("POST", "PUT"):
-        lines.append(f"Content-Length: {len(body)}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-
-def batch_body(count: int) -> bytes:
-    """JSON lines: `count` messages of 100 B."""
-    return b"".join(b'{"body":"' + BODY + b'"}\n' for _ in range(count))
-
-
-def resp_command(*args: bytes) -> bytes:
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        parts.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
-    return b"".join(parts)
-
-
-# A parsed reply: (bytes consumed, code, head, payload). For HTTP the code is the status and the
-# payload the body; for RESP the code is the type byte (":" 58, "$" 36, "*" 42, "-" 45, "+" 43)
-# and the payload the value (None for a nil bulk string or array).
-Reply = tuple[int, int, bytes, bytes | None]
-RESP_INT, RESP_BULK, RESP_ARRAY = ord(":"), ord("$"), ord("*")
-
-
-def parse_http(buf: bytearray) -> Reply | None:
-    end = buf.find(b"\r\n\r\n")
-    if end < 0:
-        return None
-    head = bytes(buf[:end])
-    status = int(head[9:12])
-    at = head.find(b"\r\nContent-Length: ")
-    if at < 0:
-        at = head.lower().find(b"\r\ncontent-length: ")
-    length = 0
-    if at >= 0:
-        stop = head.find(b"\r\n", at + 2)
-        length = int(head[at + 18 : stop if stop >= 0 else len(head)])
-    elif b"\r\ntransfer-encoding: chunked" in head.lower():
-        raise RuntimeError("chunked responses are not expected here")
-    total = end + 4 + length
-    if len(buf) < total:
-        return None
-    return total, status, head, bytes(buf[end + 4 : total])
-
-
-def parse_resp(buf: bytearray) -> Reply | None:
-    """Simple strings, errors, integers, bulk strings, and flat arrays of bulk strings (whose
-    last element is the payload, as BLPOP answers `key, value`)."""
-    end = buf.find(b"\r\n")
-    if end < 0:
-        return None
-    kind = buf[0]
-    if kind == RESP_BULK:
-        size = int(buf[1:end])
-        if size < 0:
-            return end + 2, kind, b"", None
-        stop = end + 2 + size
-        if len(buf) < stop + 2:
-            return None
-        return stop + 2, kind, b"", bytes(buf[end + 2 : stop])
-    if kind == RESP_ARRAY:
-        count = int(buf[1:end])
-        pos, last = end + 2, None
-        if count < 0:
-            return pos, kind, b"", None
-        for _ in range(count):
-            line_end = buf.find(b"\r\n", pos)
-            if line_end < 0:
-                return None
-            stop = line_end + 2 + int(buf[pos + 1 : line_end])
-            if len(buf) < stop + 2:
-                return None
-            last, pos = bytes(buf[line_end + 2 : stop]), stop + 2
-        return pos, kind, b"", last
-    return end + 2, kind, b"", bytes(buf[1:end])
-
-
-def header_value(head: bytes, name: bytes) -> bytes | None:
-    at = head.find(b"\r\n" + name + b": ")
-    if at < 0:
-        return None
-    start = at + len(name) + 4
-    stop = head.find(b"\r\n", start)
-    return head[start : stop if stop >= 0 else len(head)]
-
-
-# -- the load generator (runs in child processes) --------------------------------------------------
-class Tally:
-    """What one load process did; shared by its connections."""
-
-    def __init__(self, max_ops: int) -> None:
-        self.max_ops = max_ops
-        self.deadline = math.inf  # perf_counter() time; set at "go"
-        self.ops = 0
-        self.requests = 0
-        self.dry = 0  # connections that found the queue empty
-        self.errors: collections.Counter[str] = collections.Counter()
-        self.times: list[float] = []  # long polls: wall-clock time each message arrived
-
-    def more(self) -> bool:
-        return self.ops < self.max_ops and time.perf_counter() < self.deadline
-
-    def error(self, code: int, payload: bytes | None) -> None:
-        detail = (payload or b"")[:80].decode("latin-1")
-        self.errors[f"{code}: {detail}" if code < 100 else str(code)] += 1
-
-
-class Script:
-    """What one connection sends: the first request, then the next one from each reply
-    (None: this connection is done)."""
-
-    def __init__(self, tally: Tally) -> None:
-        self.tally = tally
-
-    def first(self) -> bytes:
-        raise NotImplementedError
-
-    def next(self, code: int, head: bytes, payload: bytes | None) -> bytes | None:
-        raise NotImplementedError
-
-
-class Repeat(Script):
-    """The same request again and again; each reply with code `ok` counts `per_ok` messages."""
-
-    def __init__(self, tally: Tally, request: bytes, ok: int, per_ok: int) -> None:
-        super().__init__(tally)
-        self.request, self.ok, self.per_ok = request, ok, per_ok
-
-    def first(self) -> bytes:
-        return self.request
-
-    def next(self, code: int, head: bytes, payload: bytes | None) -> bytes | None:
-        tally = self.tally
-        tally.requests += 1
-        if code == self.ok:
-            tally.ops += self.per_ok
-        else:
-            tally.error(code, payload)
-        return self.request if tally.more() else None
-
-
-class Pop(Script):
-    """Redis RPOP until the list is empty (a nil reply ends this connection)."""
-
-    def __init__(self, tally: Tally, request: bytes) -> None:
-        super().__init__(tally)
-        self.request = request
-
-    def first(self) -> bytes:
-        return self.request
-
-    def next(self, code: int, head: bytes, payload: bytes | None) -> bytes | None:
-        tally = self.tally
-        tally.requests += 1
-        if code != RESP_BULK:
-            tally.error(code, payload)
-            return None
-        if payload is None:
-            tally.dry += 1
-            return None
-        tally.ops += 1
-        return self.request if tally.more() else None
-
-
-class GetAck(Script):
-    """dirmq: GET a message (leasing it), then DELETE it by its receipt; one op per ack."""
-
-    def __init__(self, tally: Tally, queue_name: str) -> None:
-        super().__init__(tally)
-        self.get = http_request("GET", f"/{queue_name}/messages")
-        self.ack_prefix = f"DELETE /{queue_name}/messages/".encode()
-        self.ack_suffix = f" HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()
-        self.acking = False
-
-    def first(self) -> bytes:
-        return self.get
-
-    def next(self, code: int, head: bytes, payload: bytes | None) -> bytes | None:
-        tally = self.tally
-        tally.requests += 1
-        if self.acking:
-            self.acking = False
-            if code == 204:
-                tally.ops += 1
-            else:
-                tally.error(code, payload)
-            return self.get if tally.more() else None
-        if code == 204:
-            tally.dry += 1
-            return None
-        receipt = header_value(head, b"X-Receipt") if code == 200 else None
-        if receipt is None:
-            tally.error(code, payload)
-            return None
-        self.acking = True
-        return self.ack_prefix + receipt + self.ack_suffix
-
-
-class MoveRemove(Script):
-    """Redis reliable queue: LMOVE src -> processing, then LREM it from processing (the ack)."""
-
-    def __init__(self, tally: Tally, source: str, processing: str) -> None:
-        super().__init__(tally)
-        self.move = resp_command(b"LMOVE", source.encode(), processing.encode(), b"RIGHT", b"LEFT")
-        self.processing = processing.encode()
-        self.acking = False
-
-    def first(self) -> bytes:
-        return self.move
-
-    def next(self, code: int, head: bytes, payload: bytes | None) -> bytes | None:
-        tally = self.tally
-        tally.requests += 1
-        if self.acking:
-            self.acking = False
-            if code == RESP_INT:
-                tally.ops += 1
-            else:
-                tally.error(code, payload)
-            return self.move if tally.more() else None
-        if code != RESP_BULK:
-            tally.error(code, payload)
-            return None
-        if payload is None:
-            tally.dry += 1
-            return None
-        self.acking = True
-        return resp_command(b"LREM", self.processing, b"1", payload)
-
-
-class LongPoll(Script):
-    """One long poll; counts the message (or the empty answer) and ends."""
-
-    def __init__(self, tally: Tally, request: bytes, ok: int) -> None:
-        super().__init__(tally)
-        self.request, self.ok = request, ok
-
-    def first(self) -> bytes:
-        return self.request
-
-    def next(self, code: int, head: bytes, payload: bytes | None) -> bytes | None:
-        tally = self.tally
-        tally.requests += 1
-        if code == self.ok and payload is not None:
-            tally.ops += 1
-            tally.times.append(time.time())
-        elif code in (204, RESP_ARRAY):  # waited it out with nothing
-            tally.dry += 1
-        else:
-            tally.error(code, payload)
-        return None
-
-
-def make_script(spec: dict[str, Any], tally: Tally) -> Script:
-    kind = spec["script"]
-    request = spec.get("request", "").encode("latin-1")
-    if kind == "repeat":
-        return Repeat(tally, request, spec["ok"], spec["per_ok"])
-    if kind == "pop":
-        return Pop(tally, request)
-    if kind == "getack":
-        return GetAck(tally, spec["queue"])
-    if kind == "move_remove":
-        return MoveRemove(tally, spec["source"], spec["processing"])
-    if kind == "longpoll":
-        return LongPoll(tally, request, spec["ok"])
-    raise ValueError(f"unknown script {kind!r}")
-
-
-class LoadConnection(asyncio.Protocol):
-    """One client connection driven by a Script, one request in flight."""
-
-    def __init__(self, parse: Callable[[bytearray], Reply | None], script: Script) -> None:
-        self.parse = parse
-        self.script = script
-        self.buf = bytearray()
-        self.transport: asyncio.Transport | None = None
-        self.done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def start(self) -> None:
-        assert self.transport is not None
-        self.transport.write(self.script.first())
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while not self.done.done():
-            reply = self.parse(self.buf)
-            if reply is None:
-                return
-            used, code, head, payload = reply
-            del self.buf[:used]
-            request = self.script.next(code, head, payload)
-            if request is None:
-                self.done.set_result(True)
-                return
-            assert self.transport is not None
-            self.transport.write(request)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.done.done():
-            self.script.tally.errors["connection closed"] += 1
-            self.done.set_result(False)
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-
-async def _load(spec: dict[str, Any]) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    tally = Tally(int(spec["max_ops"]))
-    parse = parse_http if spec["proto"] == "http" else parse_resp
-    # Connections in the making at once: the server's accept queue is finite (see hold_polls).
-    gate = asyncio.Semaphore(int(spec.get("connect_concurrency", 100)))
-
-    cafile = spec.get("cafile")
-    tls = ssl.create_default_context(cafile=cafile) if cafile else None
-
-    async def connect() -> LoadConnection:
-        async with gate:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: LoadConnection(parse, make_script(spec, tally)),
-                    HOST,
-                    spec["port"],
-                    ssl=tls,
-                ),
-                30,
-            )
-            return conn
-
-    conns = await asyncio.gather(*(connect() for _ in range(int(spec["conns"]))))
-    print("ready", flush=True)
-    line = await loop.run_in_executor(None, sys.stdin.readline)
-    if line.strip() != "go":
-        for conn in conns:
-            conn.close()
-        return {"error": "aborted before go"}
-    cpu0, start = time.process_time(), time.time()
-    tally.deadline = time.perf_counter() + float(spec["duration_s"])
-    for conn in conns:
-        conn.start()
-    print("sent", flush=True)
-    grace_s = 30.0
-    _, pending = await asyncio.wait(
-        [c.done for c in conns], timeout=float(spec["duration_s"]) + grace_s
-    )
-    end = time.time()
-    for conn in conns:
-        conn.close()
-    return {
-        "ops": tally.ops,
-        "requests": tally.requests,
-        "dry": tally.dry,
-        "unfinished": len(pending),
-        "errors": dict(tally.errors),
-        "start": start,
-        "end": end,
-        "cpu_s": time.process_time() - cpu0,
-        "times": tally.times,
-    }
-
-
-def raise_fd_limit() -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        return hard
-    return soft
-
-
-def child_main(spec_json: str) -> int:
-    import uvloop
-
-    raise_fd_limit()
-    result = uvloop.run(_load(json.loads(spec_json)))
-    print(json.dumps(result), flush=True)
-    return 0
-
-
-# -- driving load processes from the parent --------------------------------------------------------
-class LoadChild:
-    def __init__(
-        self,
-        procs: Processes,
-        spec: dict[str, Any],
-        script: str = SCRIPT,
-        flag: str = "--child-load",
-    ) -> None:
-        self.proc = procs.start(
-            [sys.executable, script, flag, json.dumps(spec)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-        )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def line(self, timeout_s: float) -> str:
-        try:
-            line = self.lines.get(timeout=timeout_s)
-        except queue.Empty:
-            raise RuntimeError(f"load process {self.proc.pid} silent for {timeout_s} s") from None
-        if line is None:
-            raise RuntimeError(f"load process {self.proc.pid} exited ({self.proc.poll()})")
-        return line
-
-    def expect(self, word: str, timeout_s: float) -> None:
-        line = self.line(timeout_s)
-        if line != word:
-            raise RuntimeError(f"load process {self.proc.pid} said {line[:200]!r}, not {word!r}")
-
-    def go(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
-
-    def result(self, timeout_s: float) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(self.line(timeout_s))
-        return data
-
-
-def split(total: int, parts: int) -> list[int]:
-    parts = max(1, min(parts, total))
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
-
-
-@dataclass(frozen=True, slots=True)
-class Trial:
-    ops: int
-    seconds: float
-    server_cpu_s: float
-    client_cpu_s: float
-    errors: dict[str, int]
-    dry: int = 0
-
-    @property
-    def rate(self) -> float:
-        return self.ops / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def server_cores(self) -> float:
-        return self.server_cpu_s / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def client_cores(self) -> float:
-        return self.client_cpu_s / self.seconds if self.seconds > 0 else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ops": self.ops,
-            "seconds": round(self.seconds, 4),
-            "per_s": round(self.rate, 1),
-            "server_cores": round(self.server_cores, 2),
-            "client_cores": round(self.client_cores, 2),
-            "errors": self.errors,
-            "dry_connections": self.dry,
-        }
-
-
-def run_load(
-    procs: Processes,
-    spec: dict[str, Any],
-    conns: int,
-    nprocs: int,
-    server_pids: list[int],
-) -> Trial:
-    """Run `spec` on `conns` connections spread over `nprocs` load processes, all started at
-    once after every connection is open; the rate is all ops over the union of their windows."""
-    children = [LoadChild(procs, {**spec, "conns": n}) for n in split(conns, nprocs)]
-    try:
-        for child in children:
-            child.expect("ready", 60)
-        cpu0 = cpu_seconds(server_pids)
-        for child in children:
-            child.go()
-        for child in children:
-            child.expect("sent", 30)
-        results = [c.result(float(spec["duration_s"]) + 60) for c in children]
-        server_cpu = cpu_seconds(server_pids) - cpu0
-    finally:
-        for child in children:
-            if child.proc.stdin is not None:
-                with contextlib.suppress(OSError):
-                    child.proc.stdin.close()
-            procs.reap(child.proc, 15)
-    errors: collections.Counter[str] = collections.Counter()
-    for r in results:
-        errors.update(r["errors"])
-        if r["unfinished"]:
-            errors["unfinished connections"] += r["unfinished"]
-    seconds = max(r["end"] for r in results) - min(r["start"] for r in results)
-    return Trial(
-        ops=sum(r["ops"] for r in results),
-        seconds=seconds,
-        server_cpu_s=server_cpu,
-        client_cpu_s=sum(r["cpu_s"] for r in results),
-        errors=dict(errors),
-        dry=sum(r["dry"] for r in results),
-    )
-
-
-# -- results ---------------------------------------------------------------------------------------
-@dataclass(slots=True)
-class Report:
-    rows: list[tuple[str, str, str, str]] = field(default_factory=list)
-    targets: list[dict[str, Any]] = field(default_factory=list)
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def row(self, bench: str, subject: str, result: str, note: str = "") -> None:
-        self.rows.append((bench, subject, result, note))
-        print(f"  {bench:<30} {subject:<34} {result:>16}  {note}", flush=True)
-
-    def target(self, name: str, value: float, goal: str, met: bool, detail: str) -> None:
-        self.targets.append(
-            {"name": name, "value": round(value, 3), "goal": goal, "met": met, "detail": detail}
-        )
-
-
-def rate_text(per_s: float) -> str:
-    return f"{per_s:,.0f} msg/s"
-
-
-def ratio(a: float, b: float) -> float:
-    return a / b if b > 0 else math.inf
-
-
-def median_of(trials: list[Trial], key: Callable[[Trial], float]) -> float:
-    return statistics.median(key(t) for t in trials) if trials else 0.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def run_rounds(
-    title: str, subjects: dict[str, Callable[[int], Trial]], rounds: int
-) -> dict[str, list[Trial]]:
-    """One trial of each subject per round, the order rotated each round."""
-    names = list(subjects)
-    trials: dict[str, list[Trial]] = {name: [] for name in names}
-    for r in range(rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            trial = subjects[name](r)
-            trials[name].append(trial)
-            errors = f", errors {trial.errors}" if trial.errors else ""
-            print(
-                f"    {title} round {r + 1}: {name:<28} {rate_text(trial.rate):>14} "
-                f"(server {trial.server_cores:.2f} cores, load {trial.client_cores:.2f}){errors}",
-                flush=True,
-            )
-    return trials
-
-
-def paired(trials: dict[str, list[Trial]], top: str, bottom: str) -> list[float]:
-    return [
-        round(ratio(a.rate, b.rate), 3) for a, b in zip(trials[top], trials[bottom], strict=True)
-    ]
-
-
-def series(trials: list[Trial]) -> dict[str, Any]:
-    return {
-        "median_per_s": round(median_of(trials, lambda t: t.rate), 1),
-        "median_server_cores": round(median_of(trials, lambda t: t.server_cores), 2),
-        "median_client_cores": round(median_of(trials, lambda t: t.client_cores), 2),
-        "trials": [t.to_json() for t in trials],
-    }
-
-
-def cores_note(trials: list[Trial]) -> str:
-    server = median_of(trials, lambda t: t.server_cores)
-    client = median_of(trials, lambda t: t.client_cores)
-    return f"server {server:.2f} + load {client:.2f} cores"
-
-
-def check_clean(name: str, trials: list[Trial]) -> None:
-    for trial in trials:
-        if trial.errors:
-            print(f"  warning: {name} had errors: {trial.errors}", file=sys.stderr)
-
-
-# -- profiling -------------------------------------------------------------------------------------
-def summarize_profile(path: str, top: int = 25) -> dict[str, Any]:
-    """Self and inclusive sample counts per function from py-spy's raw (collapsed) output."""
-    self_count: collections.Counter[str] = collections.Counter()
-    inclusive: collections.Counter[str] = collections.Counter()
-    total = 0
-    with open(path) as f:
-        for line in f:
-            stack, _, count_text = line.rstrip("\n").rpartition(" ")
-            if not stack or not count_text.isdigit():
-                continue
-            count = int(count_text)
-            total += count
-            frames = [_frame_name(frame) for frame in stack.split(";")]
-            frames = [frame for frame in frames if frame]
-            if not frames:
-                continue
-            self_count[frames[-1]] += count
-            for frame in set(frames):
-                inclusive[frame] += count
-
-    def share(counter: collections.Counter[str]) -> list[tuple[str, float]]:
-        return (
-            [(k, round(100 * v / total, 1)) for k, v in counter.most_common(top)] if total else []
-        )
-
-    return {"samples": total, "self_pct": share(self_count), "inclusive_pct": share(inclusive)}
-
-
-def _frame_name(frame: str) -> str:
-    """`func (path/to/file.py:123)` -> `func (file.py)`; process and thread frames dropped."""
-    name, _, where = frame.partition(" (")
-    if not where:
-        return ""
-    file_part = where.rstrip(")").rsplit(":", 1)[0]
-    if not file_part.endswith((".py", ".pyx", ".so")) and "/" not in file_part:
-        return ""  # "process 123:..." or "thread (0x...)" pseudo frames
-    return f"{name} ({os.path.basename(file_part)})"
 
 
 def profile_trial(
@@ -1239,22 +255,6 @@ class Context:
         return run_load(self.procs, full, conns, nprocs or self.load_procs, server.pids)
 
 
-def publish_spec(
-    queue_name: str, batch: int = 1, headers: tuple[tuple[str, str], ...] = ()
-) -> dict[str, Any]:
-    if batch == 1:
-        request = http_request("POST", f"/{queue_name}/messages", BODY, headers)
-    else:
-        batch_headers = (("Content-Type", "application/x-ndjson"), *headers)
-        request = http_request("POST", f"/{queue_name}/messages", batch_body(batch), batch_headers)
-    return {"script": "repeat", "request": request.decode("latin-1"), "ok": 201, "per_ok": batch}
-
-
-def lpush_spec(key: str) -> dict[str, Any]:
-    request = resp_command(b"LPUSH", key.encode(), BODY)
-    return {"script": "repeat", "request": request.decode("latin-1"), "ok": RESP_INT, "per_ok": 1}
-
-
 # -- wrk: a load generator in C --------------------------------------------------------------------
 WRK_SCRIPT = f"""wrk.method = "POST"
 wrk.body = string.rep("x", {len(BODY)})
@@ -1305,105 +305,7 @@ def wrk_publish(ctx: Context, server: DirmqServer, queue_name: str) -> Trial:
     )
 
 
-def delete_queue(port: int, name: str) -> None:
-    """Untimed, after a trial: every trial then starts from the same filesystem state."""
-    status, _, body = http_call(port, "DELETE", f"/{name}", timeout_s=600)
-    if status != 204:
-        raise RuntimeError(f"DELETE /{name}: {status} {body[:200]!r}")
-
-
 # -- the filesystem's floor -----------------------------------------------------------------------
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_AT_FDCWD, _AT_SYMLINK_FOLLOW, _AT_EMPTY_PATH = -100, 0x400, 0x1000
-
-
-class RawPuts:
-    """What a batch of puts asks of the filesystem, in a bare loop in this process, no HTTP: per
-    message an `O_TMPFILE` open and a write, then `linkat` into place; when durable, one `syncfs`
-    before the links and one directory fsync after them per batch (dirmq's writethrough group
-    commit). Its rate is the most one core gets from these syscalls here; its CPU time says how
-    much of that is the kernel's (e.g. inode allocation)."""
-
-    def __init__(self, directory: str, durable: bool, batch: int = CONNECTIONS) -> None:
-        self.tmp = os.path.join(directory, "tmp")
-        self.ready = os.path.join(directory, "ready")
-        os.makedirs(self.tmp, exist_ok=True)
-        os.makedirs(self.ready, exist_ok=True)
-        self.durable, self.batch = durable, batch
-        self.names = itertools.count()
-        self.data = b"Content-Length: 100\n\n" + BODY  # about what dirmq writes
-
-    def _put_batch(self) -> int:
-        fds = []
-        try:
-            for _ in range(self.batch):
-                fd = os.open(self.tmp, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
-                fds.append(fd)
-                os.write(fd, self.data)
-            if self.durable and _libc.syncfs(fds[0]) != 0:
-                raise OSError(ctypes.get_errno(), "syncfs")
-            for fd in fds:
-                target = os.path.join(self.ready, str(next(self.names))).encode()
-                source = f"/proc/self/fd/{fd}".encode()
-                if _libc.linkat(_AT_FDCWD, source, _AT_FDCWD, target, _AT_SYMLINK_FOLLOW) != 0:
-                    raise OSError(ctypes.get_errno(), "linkat")
-        finally:
-            for fd in fds:
-                os.close(fd)
-        if self.durable:
-            dir_fd = os.open(self.ready, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        return self.batch
-
-    def trial(self, count: int, budget_s: float) -> Trial:
-        done = 0
-        cpu0 = time.process_time()
-        start = time.perf_counter()
-        deadline = start + budget_s
-        while done < count and time.perf_counter() < deadline:
-            done += self._put_batch()
-        elapsed = time.perf_counter() - start
-        cpu = time.process_time() - cpu0
-        if not self.durable:  # on tmpfs, untimed: the next trial starts from an empty directory
-            # (not on the disk: on ext4 without a journal, freed inodes slow later allocations)
-            shutil.rmtree(self.ready)
-            os.makedirs(self.ready)
-        return Trial(done, elapsed, cpu, 0.0, {})
-
-
-def inode_alloc_us(directory: str, count: int = 200) -> dict[str, float]:
-    """Mean wall and system-CPU microseconds of one `O_TMPFILE` open (an inode allocation).
-
-    Each probed inode is then linked into `directory` (untimed) and kept until the run ends: an
-    inode freed here would be one more "recently deleted" inode for later allocations to skip,
-    which is the very cost this measures."""
-    os.makedirs(directory, exist_ok=True)
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    names = itertools.count(len(os.listdir(directory)))
-    spent_s = spent_sys_s = 0.0
-    try:
-        for _ in range(count):
-            usage0, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-            fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
-            spent_s += time.perf_counter() - start
-            spent_sys_s += resource.getrusage(resource.RUSAGE_SELF).ru_stime - usage0.ru_stime
-            try:
-                name = str(next(names)).encode()
-                if _libc.linkat(fd, b"", dir_fd, name, _AT_EMPTY_PATH) != 0:
-                    source = f"/proc/self/fd/{fd}".encode()
-                    if _libc.linkat(_AT_FDCWD, source, dir_fd, name, _AT_SYMLINK_FOLLOW) != 0:
-                        raise OSError(ctypes.get_errno(), "linkat")
-            finally:
-                os.close(fd)
-    finally:
-        os.close(dir_fd)
-    return {
-        "wall_us": round(spent_s / count * 1e6, 1),
-        "sys_us": round(spent_sys_s / count * 1e6, 1),
-    }
 
 
 # -- 1: durable publish ----------------------------------------------------------------------------
@@ -2274,49 +1176,6 @@ def bench_latency(ctx: Context) -> None:
 
 
 # -- driver ----------------------------------------------------------------------------------------
-def filesystem_of(path: str) -> str:
-    """Filesystem type, mount point and device of `path`; for ext4, whether it has a journal."""
-    best, kind, device = "", "?", "?"
-    real = os.path.realpath(path)
-    with open("/proc/mounts") as f:
-        for line in f:
-            parts = line.split()
-            mount, fstype = parts[1], parts[2]
-            inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-            if inside and len(mount) > len(best):
-                best, kind, device = mount, fstype, parts[0]
-    text = f"{kind} on {best} ({device})"
-    if kind == "ext4":
-        name = os.path.basename(os.path.realpath(device))
-        try:
-            journals = os.listdir("/proc/fs/jbd2")
-        except OSError:
-            journals = []
-        journaled = any(j.split("-")[0] == name for j in journals)
-        text += ", with a journal" if journaled else ", no journal"
-    return text
-
-
-def source_revision() -> str:
-    """The commit the servers ran, and whether src/ had uncommitted changes."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(REPO), "status", "--porcelain", "src"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return f"{head} + uncommitted changes in src/" if dirty else head
 
 
 def machine(ctx: Context, versions: dict[str, str], fd_limit: int) -> dict[str, Any]:
@@ -2340,17 +1199,6 @@ def machine(ctx: Context, versions: dict[str, str], fd_limit: int) -> dict[str, 
     }
 
 
-def print_summary(report: Report, rounds: int) -> None:
-    widths = [max(len(r[i]) for r in report.rows) for i in range(3)] if report.rows else [0] * 3
-    print(f"\n== results (medians of {rounds} rounds; clients and servers share the cores) ==")
-    for bench, subject, result, note in report.rows:
-        print(f"{bench:<{widths[0]}}  {subject:<{widths[1]}}  {result:>{widths[2]}}  {note}")
-    print("\n== targets ==")
-    for t in report.targets:
-        verdict = "MET " if t["met"] else "MISS"
-        print(f"{verdict}  {t['name']:<44} {t['value']:>12,.2f}  (goal {t['goal']}; {t['detail']})")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
@@ -2363,10 +1211,7 @@ def main(argv: list[str] | None = None) -> int:
         "--load-procs", type=int, default=2, help="load generator processes (default 2)"
     )
     parser.add_argument("--profile", metavar="DIR", help="py-spy the servers into DIR")
-    parser.add_argument("--child-load", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child_load:
-        return child_main(args.child_load)
     sections = {s.strip() for s in args.only.split(",") if s.strip()}
     unknown = sections - set(SECTIONS)
     if unknown:
@@ -2375,7 +1220,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else FULL
     redis_version = ensure_redis_server()
     wrk_version = ensure_wrk()
-    versions = ensure_pip() | {"wrk": wrk_version}
+    versions = ensure_pip(PIP_NEEDS) | {"wrk": wrk_version}
     fd_limit = raise_fd_limit()  # the servers and load processes inherit it
     if fd_limit < sizes.longpolls + 1000 and "longpoll" in sections:
         print(f"warning: fd limit {fd_limit} is low for {sizes.longpolls} polls", file=sys.stderr)

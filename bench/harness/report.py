@@ -1,0 +1,82 @@
+"""Result rows and targets, the printed table, the JSON file, and what a run measured on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.harness import REPO
+
+
+@dataclass(slots=True)
+class Report:
+    rows: list[tuple[str, str, str, str]] = field(default_factory=list)
+    targets: list[dict[str, Any]] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def row(self, bench: str, subject: str, result: str, note: str = "") -> None:
+        self.rows.append((bench, subject, result, note))
+        print(f"  {bench:<30} {subject:<34} {result:>16}  {note}", flush=True)
+
+    def target(self, name: str, value: float, goal: str, met: bool, detail: str) -> None:
+        self.targets.append(
+            {"name": name, "value": round(value, 3), "goal": goal, "met": met, "detail": detail}
+        )
+
+
+def filesystem_of(path: str) -> str:
+    """Filesystem type, mount point and device of `path`; for ext4, whether it has a journal."""
+    best, kind, device = "", "?", "?"
+    real = os.path.realpath(path)
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mount, fstype = parts[1], parts[2]
+            inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+            if inside and len(mount) > len(best):
+                best, kind, device = mount, fstype, parts[0]
+    text = f"{kind} on {best} ({device})"
+    if kind == "ext4":
+        name = os.path.basename(os.path.realpath(device))
+        try:
+            journals = os.listdir("/proc/fs/jbd2")
+        except OSError:
+            journals = []
+        journaled = any(j.split("-")[0] == name for j in journals)
+        text += ", with a journal" if journaled else ", no journal"
+    return text
+
+
+def source_revision() -> str:
+    """The commit the servers ran, and whether src/ had uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "src"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head} + uncommitted changes in src/" if dirty else head
+
+
+def print_summary(report: Report, rounds: int) -> None:
+    widths = [max(len(r[i]) for r in report.rows) for i in range(3)] if report.rows else [0] * 3
+    print(f"\n== results (medians of {rounds} rounds; clients and servers share the cores) ==")
+    for bench, subject, result, note in report.rows:
+        print(f"{bench:<{widths[0]}}  {subject:<{widths[1]}}  {result:>{widths[2]}}  {note}")
+    print("\n== targets ==")
+    for t in report.targets:
+        verdict = "MET " if t["met"] else "MISS"
+        print(f"{verdict}  {t['name']:<44} {t['value']:>12,.2f}  (goal {t['goal']}; {t['detail']})")
