@@ -30,10 +30,6 @@ from __future__ import annotations
 import os
 import sys
 
-# Run as a script, this file's directory comes first on sys.path, where bench/http.py would
-# shadow the standard library's `http` (which urllib imports): take it off.
-sys.path.remove(os.path.dirname(os.path.abspath(__file__)))
-
 import argparse
 import collections
 import importlib.util

@@ -28,10 +28,6 @@ from __future__ import annotations
 import os
 import sys
 
-# Run as a script, bench/ comes first on sys.path, where bench/http.py would shadow the standard
-# library's `http`.
-sys.path.remove(os.path.dirname(os.path.abspath(__file__)))
-
 import argparse
 import asyncio
 import json

@@ -13,9 +13,10 @@ a free port, `--appendonly yes --appendfsync always --save ''`, in a temp dir) a
 `dirmq serve` processes (127.0.0.1:0), and at the end stops exactly those, by PID, even when a
 step fails. It prints a table and writes JSON (default `bench/results/http.json`).
 
-The load generator is the harness's (`bench.harness.loadgen`, run as child processes): raw uvloop
-sockets, HTTP/1.1 keep-alive (or RESP for Redis), one request in flight per connection. Clients and servers share the machine's cores, so every row also says how many cores
-each side used (from /proc/<pid>/stat and the clients' own process time).
+The load generator is the harness's (`bench.harness.loadgen`, run as child processes): raw
+uvloop sockets, HTTP/1.1 keep-alive (or RESP for Redis), one request in flight per connection.
+Clients and servers share the machine's cores, so every row also says how many cores each side
+used (from /proc/<pid>/stat and the clients' own process time).
 
 The box is shared and noisy: each section runs its subjects in rounds, one trial of each per round
 in a rotating order, and reports medians; the verdicts against Redis use the median of per-round

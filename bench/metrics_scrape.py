@@ -44,10 +44,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Run as a script, this file's directory comes first on sys.path, and bench/http.py would then
-# shadow the standard library's `http` (which urllib imports): take it off.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(__file__)]
-
 import urllib.error  # noqa: E402
 import urllib.request  # noqa: E402
 

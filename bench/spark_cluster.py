@@ -25,12 +25,6 @@ from __future__ import annotations
 import os
 import sys
 
-# Run as a script, this file's directory comes first on sys.path, where bench/http.py would
-# shadow the standard library's `http`: take it off (imported, it is not there).
-_HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE in sys.path:
-    sys.path.remove(_HERE)
-
 import json  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402

@@ -57,10 +57,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Run as a script, this file's directory comes first on sys.path, and bench/http.py would then
-# shadow the standard library's `http` (which botocore imports): take it off.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(__file__)]
-
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = str(Path(__file__).resolve())
 DEFAULT_JSON = REPO / "bench" / "results" / "sqs.json"

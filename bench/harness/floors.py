@@ -8,6 +8,7 @@ import itertools
 import os
 import resource
 import shutil
+import tempfile
 import time
 
 from bench.harness import BODY
@@ -104,3 +105,58 @@ def inode_alloc_us(directory: str, count: int = 200) -> dict[str, float]:
         "wall_us": round(spent_s / count * 1e6, 1),
         "sys_us": round(spent_sys_s / count * 1e6, 1),
     }
+
+
+# == the consume floor: a consumed message's syscalls in a bare loop ===========================
+def _floor_share(directory: str, names: list[str], pool: str) -> None:
+    """One process's share: what the store does for a leased, read and acknowledged message
+    whose file is kept for reuse (a drain's acks), and nothing else."""
+    ready, leased = os.path.join(directory, "ready"), os.path.join(directory, "leased")
+    for name in names:
+        os.rename(os.path.join(ready, name), os.path.join(leased, name))
+        fd = os.open(os.path.join(leased, name), os.O_RDONLY)
+        try:
+            os.read(fd, 64 * 1024)
+        finally:
+            os.close(fd)
+        os.rename(os.path.join(leased, name), os.path.join(pool, name))
+
+
+def consume_floor(
+    parent: str, messages: int, processes: int = 2, body_bytes: int = 1024
+) -> tuple[float, float]:
+    """The consume floor on the servers' filesystem: `messages` files of `body_bytes`, written
+    untimed, then per message a rename into `leased/`, an open + read + close and a rename into
+    a per-process pool directory, in `processes` processes (one per core, as dirmq's workers);
+    (messages/s, seconds). No HTTP, no index, no lock: what no server on this disk beats."""
+    import multiprocessing
+
+    directory = tempfile.mkdtemp(prefix="consume-floor-", dir=parent)
+    try:
+        for sub in ("ready", "leased"):
+            os.mkdir(os.path.join(directory, sub))
+        body = b"x" * body_bytes
+        names = [f"{i:012d}" for i in range(messages)]
+        for name in names:
+            with open(os.path.join(directory, "ready", name), "wb") as f:
+                f.write(body)
+        pools = []
+        for n in range(processes):
+            pools.append(os.path.join(directory, f"pool{n}"))
+            os.mkdir(pools[-1])
+        context = multiprocessing.get_context("fork")
+        workers = [
+            context.Process(target=_floor_share, args=(directory, names[n::processes], pools[n]))
+            for n in range(processes)
+        ]
+        began = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        seconds = time.perf_counter() - began
+        if any(worker.exitcode for worker in workers):
+            raise RuntimeError("a consume floor process failed")
+        return messages / seconds, seconds
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-def _apt_install(package: str) -> None:
+def apt_install(package: str) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "-q", package]
     if subprocess.run(install, env=env, check=False, timeout=900).returncode != 0:
@@ -23,7 +23,7 @@ def ensure_debian_tool(command: str, package: str) -> str:
     """Install Debian's `package` if `command` is missing; return `command --version`'s text."""
     if shutil.which(command) is None:
         print(f"installing {package} (apt-get) ...", file=sys.stderr, flush=True)
-        _apt_install(package)
+        apt_install(package)
     out = subprocess.run(
         [command, "--version"], check=False, capture_output=True, text=True, timeout=30
     )
@@ -71,3 +71,10 @@ def _venv_bin(name: str) -> Path:
 def py_spy_path() -> str | None:
     local = _venv_bin("py-spy")
     return str(local) if local.exists() else shutil.which("py-spy")
+
+
+def package_version(package: str) -> str:
+    out = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True, check=False
+    )
+    return out.stdout.strip() or "?"

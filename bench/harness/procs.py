@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -119,3 +120,38 @@ def raise_fd_limit() -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         return hard
     return soft
+
+
+# == the servers (parent process) ===============================================================
+def process_tree(root: int) -> list[int]:
+    """`root` and every descendant (children of any of its threads), from /proc."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    todo.extend(int(p) for p in f.read().split())
+            except OSError:
+                pass
+    return found
+
+
+def wait_port(port: int, proc: subprocess.Popen[Any], what: str, budget_s: float) -> None:
+    """Until `port` accepts a connection; an error if `proc` exits first or the budget ends."""
+    deadline = time.monotonic() + budget_s
+    while True:
+        with socket.socket() as s:
+            s.settimeout(1.0)
+            if s.connect_ex((HOST, port)) == 0:
+                return
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} before listening")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not listen on {port} within {budget_s:.0f} s")
+        time.sleep(0.2)
