@@ -3,8 +3,8 @@ per sample, on a root of many queues, with or without one deep queue.
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/console_samples.py                      # 1,000 queues, 10 samples
-    .venv/bin/python bench/console_samples.py --deep 1000000       # and one of 1,000,000 ready
+    .venv/bin/python -m bench.console_samples                      # 1,000 queues, 10 samples
+    .venv/bin/python -m bench.console_samples --deep 1000000       # and one of 1,000,000 ready
 
 It builds a fresh root under /tmp (on disk): `--queues` queues laid out as `Store.create_queue`
 lays them out (without its fsyncs), `--deep` ready message files of 100 bytes in the first one

@@ -1,9 +1,9 @@
 """Probes of what dirmq's store assumes of a filesystem, between two clients of one directory
 (issue 19): run by hand as root from the project root, never collected by pytest.
 
-    .venv/bin/python bench/gluster_probe.py                 # sets up GlusterFS (tests/gluster.py)
-    .venv/bin/python bench/gluster_probe.py --quick         # fewer trials, about a minute
-    .venv/bin/python bench/gluster_probe.py --mounts A B    # two existing mounts of one volume
+    .venv/bin/python -m bench.gluster_probe                 # sets up GlusterFS (tests/gluster.py)
+    .venv/bin/python -m bench.gluster_probe --quick         # fewer trials, about a minute
+    .venv/bin/python -m bench.gluster_probe --mounts A B    # two existing mounts of one volume
 
 Each probe runs on three subjects: the GlusterFS volume, mounted twice (client A writes through
 one mount, client B through the other: two mounts stand for two hosts), and for contrast the
@@ -51,7 +51,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.harness import REPO, RESULTS
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _AT_FDCWD = -100
 _AT_EMPTY_PATH = 0x1000
@@ -640,7 +641,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer trials")
     parser.add_argument("--mounts", nargs=2, metavar="DIR", help="two mounts of one volume")
     parser.add_argument("--only", choices=SUBJECTS, action="append", help="repeatable")
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "gluster_probe.json"))
+    parser.add_argument("--out", default=str(RESULTS / "gluster_probe.json"))
     args = parser.parse_args()
     subjects = args.only or (["glusterfs"] if args.mounts else SUBJECTS)
     all_results: dict[str, Result] = {}

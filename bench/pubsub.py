@@ -2,9 +2,9 @@
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/pubsub.py                       # 1, 10 and 100 subscribers
-    .venv/bin/python bench/pubsub.py --messages 200 --fanout 1,10 --json /tmp/out.json
-    .venv/bin/python bench/pubsub.py --no-loop             # on a plain directory (see below)
+    .venv/bin/python -m bench.pubsub                       # 1, 10 and 100 subscribers
+    .venv/bin/python -m bench.pubsub --messages 200 --fanout 1,10 --json /tmp/out.json
+    .venv/bin/python -m bench.pubsub --no-loop             # on a plain directory (see below)
 
 It installs what it needs itself: Debian's `redis-server` (apt-get) when it is missing and the
 `redis` package (pip, into this interpreter). Every process it starts (Redis servers on
@@ -61,8 +61,9 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_JSON = REPO / "bench" / "results" / "pubsub.json"
+from bench.harness import REPO, RESULTS
+
+DEFAULT_JSON = RESULTS / "pubsub.json"
 HOST = "127.0.0.1"
 CHANNEL = "bench"
 BODY = b"x" * 100

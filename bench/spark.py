@@ -2,10 +2,10 @@
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/spark.py                  # full run (200,000 messages): 15-25 min
-    .venv/bin/python bench/spark.py --quick          # smoke run, about a minute
-    .venv/bin/python bench/spark.py --dir /dev/shm   # queues and files on tmpfs
-    .venv/bin/python bench/spark.py --cluster        # url mode on a standalone cluster, ~4 min
+    .venv/bin/python -m bench.spark                  # full run (200,000 messages): 15-25 min
+    .venv/bin/python -m bench.spark --quick          # smoke run, about a minute
+    .venv/bin/python -m bench.spark --dir /dev/shm   # queues and files on tmpfs
+    .venv/bin/python -m bench.spark --cluster        # url mode on a standalone cluster, ~4 min
 
 It needs the `spark` extra (pyspark 4.x, pyarrow) and Java 17, prints a table and writes JSON
 (default `bench/results/spark.json`). One local[2] SparkSession serves every measurement; both
@@ -46,9 +46,10 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from bench.harness import RESULTS
 from dirmq import Durability, QueueConfig, Store
 
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "spark.json"
+DEFAULT_JSON = RESULTS / "spark.json"
 DEFAULT_CLUSTER_JSON = DEFAULT_JSON.with_name("spark-cluster.json")
 TARGET_STREAM = 25_000
 TARGET_BATCH = 50_000
@@ -314,18 +315,11 @@ def _design_floor(syscalls: dict[str, Any], count: int, alone: dict[str, Any]) -
 
 
 def cluster_main(where: Path, count: int, trials: int, json_path: str) -> int:
-    """The url mode on a Spark standalone cluster (`bench/spark_cluster.py`): a fresh server,
+    """The url mode on a Spark standalone cluster (`bench.spark_cluster`): a fresh server,
     cluster and driver per trial; the streaming rate is timed from `start()` to the end of the
     AvailableNow query (every message acknowledged), the batch rate is a snapshot `count()`."""
-    import importlib.util
+    from bench import spark_cluster as cluster
 
-    spec = importlib.util.spec_from_file_location(
-        "spark_cluster", Path(__file__).resolve().parent / "spark_cluster.py"
-    )
-    assert spec is not None and spec.loader is not None
-    cluster = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = cluster
-    spec.loader.exec_module(cluster)
     results = []
     floors = []
     syscalls = []

@@ -2,9 +2,9 @@
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/sqs.py                    # full run, about 3 minutes
-    .venv/bin/python bench/sqs.py --quick            # smoke run, under a minute
-    .venv/bin/python bench/sqs.py --profile DIR      # also py-spy the dirmq server under load
+    .venv/bin/python -m bench.sqs                    # full run, about 3 minutes
+    .venv/bin/python -m bench.sqs --quick            # smoke run, under a minute
+    .venv/bin/python -m bench.sqs --profile DIR      # also py-spy the dirmq server under load
 
 It installs what it needs itself (`moto[server]`, and `py-spy` for --profile, with this
 interpreter's pip), starts its own servers on free ports of 127.0.0.1 and stops exactly those,
@@ -57,9 +57,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.harness import REPO, RESULTS
+
 SCRIPT = str(Path(__file__).resolve())
-DEFAULT_JSON = REPO / "bench" / "results" / "sqs.json"
+DEFAULT_JSON = RESULTS / "sqs.json"
 BODY = "x" * 100
 KEY_ID, SECRET = "AKIDBENCH", "bench-secret"
 PHASES = ("send", "consume", "send_batch", "consume_batch")

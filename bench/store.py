@@ -2,8 +2,8 @@
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/store.py            # full run, a few minutes
-    .venv/bin/python bench/store.py --quick    # smoke run, well under a minute
+    .venv/bin/python -m bench.store            # full run, a few minutes
+    .venv/bin/python -m bench.store --quick    # smoke run, well under a minute
 
 It installs the peers it compares with (vsqs 0.3 and watchdog, dirq, persist-queue, litequeue)
 with pip if they are missing, prints a table and writes JSON (default `bench/results/store.json`).
@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.harness import RESULTS
 from dirmq import Durability, QueueConfig, Store
 from dirmq.store import fsio
 from dirmq.store.pool import release_own_pool, wait_reaped
@@ -55,7 +56,7 @@ from dirmq.store.pool import release_own_pool, wait_reaped
 BODY = b"x" * 100
 REPEATS = 3
 SHM = "/dev/shm"
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "store.json"
+DEFAULT_JSON = RESULTS / "store.json"
 SECTIONS = ("put", "threads", "depth", "backlog")
 # (import name, distribution name, pip requirement)
 PEERS: tuple[tuple[str, str, str], ...] = (

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +58,11 @@ def start_dirmq(
     label: str,
     extra: Sequence[str] = (),
     access: Access | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> DirmqServer:
+    """`dirmq serve --workers N` on 127.0.0.1:0, once it answers /health: its port and PIDs
+    (each worker adopted by `procs`, stopped by PID even if the supervisor dies first). `env`:
+    variables over this process's (`PYTHONPATH` to run another checkout's dirmq)."""
     args = [sys.executable, "-m", "dirmq", "serve", "--root", root, "--listen", f"{HOST}:0"]
     args += ["--workers", str(workers), *extra]
     proc = procs.start(
@@ -67,7 +71,7 @@ def start_dirmq(
         stderr=subprocess.STDOUT,
         text=True,
         cwd=REPO,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None
     lines: queue.Queue[str | None] = queue.Queue()
