@@ -48,14 +48,13 @@ from typing import Any
 from tests import gluster
 
 import dirmq
-from bench.harness import RESULTS
+from bench.harness import BODY, RESULTS
 from bench.harness.load import run_load
 from bench.harness.loadgen import publish_spec
 from bench.harness.procs import Processes, cpu_seconds
 from bench.harness.servers import create_queue, start_dirmq, warm_up
 
 DEFAULT_JSON = str(RESULTS / "gluster.json")
-BODY = b"x" * 100
 CONNECTIONS = 32
 BATCH = 64
 FLOOR_THREADS = 16

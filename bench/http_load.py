@@ -1281,7 +1281,7 @@ def main(argv: list[str] | None = None) -> int:
     report.data["seconds"] = round(time.perf_counter() - started, 1)
     report.data["table"] = [list(r) for r in report.rows]
     report.data["targets"] = report.targets
-    print_summary(report, sizes.rounds)
+    print_summary(report, f"medians of {sizes.rounds} rounds; clients and servers share the cores")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report.data, indent=2) + "\n")

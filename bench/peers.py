@@ -59,7 +59,6 @@ import re
 import resource
 import shutil
 import signal
-import statistics
 import struct
 import subprocess
 import sys
@@ -79,7 +78,7 @@ from bench.harness.load import LoadChild, Trial, split
 from bench.harness.peers import RABBIT_SERVER, Peer, start_nats, start_rabbitmq, start_redis
 from bench.harness.procs import Processes, cpu_seconds, process_tree, raise_fd_limit
 from bench.harness.report import filesystem_of, source_revision
-from bench.harness.rounds import percentile, ratio
+from bench.harness.rounds import median, percentile, ratio
 from bench.harness.servers import create_queue, http_call, queue_stats, start_dirmq
 from bench.harness.wire import header_value, http_request
 
@@ -1303,12 +1302,6 @@ def describe(subject: Subject, outcome: Outcome) -> str:
     if t.errors:
         text += f"; ERRORS {t.errors}"
     return text
-
-
-# == results ======================================================================================
-def median(values: Iterable[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return statistics.median(finite) if finite else math.nan
 
 
 def summarize(ctx: Run) -> dict[str, Any]:

@@ -37,7 +37,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import RESULTS
+from bench.harness.rounds import median
 from dirmq import Durability, QueueConfig, Store
 
 DEFAULT_JSON = RESULTS / "spark.json"
@@ -285,9 +285,9 @@ def trial(where: Path, run: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def median(results: list[dict[str, Any]], key: str) -> float:
-    values = [r[key] for r in results if r.get(key) is not None]
-    return statistics.median(values) if values else float("nan")  # not run (--only)
+def median_at(results: list[dict[str, Any]], key: str) -> float:
+    """The median of `key` over the trials that ran it (NaN if none did: --only)."""
+    return median(r[key] for r in results if r.get(key) is not None)
 
 
 def _cluster_summary(result: dict[str, Any]) -> str:
@@ -349,9 +349,9 @@ def cluster_main(where: Path, count: int, trials: int, json_path: str) -> int:
             f"{last['stream_msgs_per_s']:,.0f} msg/s",
             flush=True,
         )
-    stream = median(results, "stream_msgs_per_s")
-    floor = median(floors, "stream_msgs_per_s")
-    design = median(syscalls, "stream_msgs_per_s")
+    stream = median_at(results, "stream_msgs_per_s")
+    floor = median_at(floors, "stream_msgs_per_s")
+    design = median_at(syscalls, "stream_msgs_per_s")
     once = all(
         r["duplicates"] == 0 and r["delivered"] == count and r["left_in_queue"] == 0
         for r in results + floors
@@ -363,7 +363,7 @@ def cluster_main(where: Path, count: int, trials: int, json_path: str) -> int:
     print(
         f"\nurl mode on a standalone cluster, {count:,} messages: streaming {stream:,.0f} msg/s "
         f"end to end ({stream / CLUSTER_URL_BEFORE:.1f}x the {CLUSTER_URL_BEFORE:,} msg/s before "
-        f"issue 18), batch count() {median(results, 'batch_rows_per_s'):,.0f} rows/s; "
+        f"issue 18), batch count() {median_at(results, 'batch_rows_per_s'):,.0f} rows/s; "
         f"every message delivered exactly once: {once}\n"
         f"Spark alone (the same micro-batches from a source with no queue): {floor:,.0f} msg/s "
         f"({floor / CLUSTER_URL_BEFORE:.1f}x the 940); dirmq / Spark alone per trial: {ratios}\n"
@@ -472,12 +472,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name}: {results[name][-1]}", flush=True)
     spark.stop()
 
-    stream = median(results["stream_dirmq"], "msgs_per_s")
-    in_batches = median(results["stream_dirmq"], "in_batch_msgs_per_s")
-    narrow = median(results["stream_dirmq_narrow"], "msgs_per_s")
-    tuned = median(results["stream_binaryfile_tuned"], "msgs_per_s")
-    default = median(results["stream_binaryfile_default"], "msgs_per_s")
-    batch_count = median(results["batch_dirmq"], "count_rows_per_s")
+    stream = median_at(results["stream_dirmq"], "msgs_per_s")
+    in_batches = median_at(results["stream_dirmq"], "in_batch_msgs_per_s")
+    narrow = median_at(results["stream_dirmq_narrow"], "msgs_per_s")
+    tuned = median_at(results["stream_binaryfile_tuned"], "msgs_per_s")
+    default = median_at(results["stream_binaryfile_default"], "msgs_per_s")
+    batch_count = median_at(results["batch_dirmq"], "count_rows_per_s")
     rows = [
         ("streaming into parquet", "dirmq (availableNow, acked)", stream),
         ("", "  of which inside micro-batches", in_batches),
@@ -485,27 +485,27 @@ def main(argv: list[str] | None = None) -> int:
         (
             "",
             "  of which inside micro-batches",
-            median(results["stream_dirmq_narrow"], "in_batch_msgs_per_s"),
+            median_at(results["stream_dirmq_narrow"], "in_batch_msgs_per_s"),
         ),
         ("", "binaryFile, openCostInBytes=8192", tuned),
         ("", "binaryFile, Spark defaults", default),
         (
             "store ceiling (no Spark)",
             "2 processes get(1000)+ack_many",
-            median(results["store_ceiling_2proc"], "msgs_per_s"),
+            median_at(results["store_ceiling_2proc"], "msgs_per_s"),
         ),
         (
             "",
             "2 processes, named claims (as Spark)",
-            median(results["store_ceiling_named_2proc"], "msgs_per_s"),
+            median_at(results["store_ceiling_named_2proc"], "msgs_per_s"),
         ),
         ("batch read", "dirmq count()", batch_count),
-        ("", "dirmq -> parquet", median(results["batch_dirmq"], "parquet_rows_per_s")),
-        ("", "binaryFile count()", median(results["batch_binaryfile"], "count_rows_per_s")),
+        ("", "dirmq -> parquet", median_at(results["batch_dirmq"], "parquet_rows_per_s")),
+        ("", "binaryFile count()", median_at(results["batch_binaryfile"], "count_rows_per_s")),
         (
             "batch write",
             "parquet -> dirmq (writeback)",
-            median(results["batch_dirmq"], "write_rows_per_s"),
+            median_at(results["batch_dirmq"], "write_rows_per_s"),
         ),
     ]
     print(f"\n{'benchmark':26} {'subject':36} {'msgs/s':>10}")

@@ -45,17 +45,31 @@ def ensure_wrk() -> str:
     return words[1] if len(words) > 1 else "?"
 
 
+def _present(module: str, dist: str, requirement: str) -> bool:
+    if module == "py_spy":  # a binary, not a module
+        return shutil.which("py-spy") is not None or _venv_bin("py-spy").exists()
+    if importlib.util.find_spec(module) is None:
+        return False
+    if "==" in requirement:
+        try:
+            return importlib.metadata.version(dist) == requirement.split("==", 1)[1]
+        except importlib.metadata.PackageNotFoundError:
+            return False
+    return True
+
+
 def ensure_pip(needs: Sequence[tuple[str, str, str]]) -> dict[str, str]:
-    """Pip-install each (import name, distribution, requirement) that is missing; their versions."""
+    """Pip-install each (import name, distribution, requirement) that is missing, or not at the
+    version a `==` requirement pins, into this interpreter; {distribution: version or "missing"}."""
     versions: dict[str, str] = {}
     for module, dist, requirement in needs:
-        present = importlib.util.find_spec(module) is not None
-        if module == "py_spy":  # a binary, not a module
-            present = shutil.which("py-spy") is not None or _venv_bin("py-spy").exists()
-        if not present:
+        if not _present(module, dist, requirement):
             print(f"installing {requirement} (pip) ...", file=sys.stderr, flush=True)
             command = [sys.executable, "-m", "pip", "install", "-q", requirement]
-            subprocess.run(command, check=False, timeout=900)
+            try:
+                subprocess.run(command, check=False, timeout=900)
+            except subprocess.TimeoutExpired:
+                print(f"  pip timed out installing {requirement}", file=sys.stderr)
             importlib.invalidate_caches()
         try:
             versions[dist] = importlib.metadata.version(dist)

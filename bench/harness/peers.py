@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,12 @@ class RedisServer:
         return [self.proc.pid]
 
 
-def start_redis(procs: Processes, directory: str, version: str) -> RedisServer:
+def start_redis(
+    procs: Processes, directory: str, version: str, extra: Sequence[str] = ()
+) -> RedisServer:
+    """redis-server on a free loopback port, its data in `directory`: an append-only file
+    fsynced before each reply (`appendfsync always`), no snapshots. `extra`: more settings (a
+    later one wins over the defaults here)."""
     import redis
 
     os.makedirs(directory, exist_ok=True)
@@ -35,7 +40,7 @@ def start_redis(procs: Processes, directory: str, version: str) -> RedisServer:
     args = ["redis-server", "--bind", HOST, "--port", str(port), "--dir", directory]
     args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
     args += ["--maxclients", "15000"]  # the held long polls: 10,000 at once
-    args += ["--daemonize", "no", "--logfile", os.path.join(directory, "redis.log")]
+    args += ["--daemonize", "no", "--logfile", os.path.join(directory, "redis.log"), *extra]
     proc = procs.start(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = redis.Redis(host=HOST, port=port, socket_timeout=60)
     deadline = time.monotonic() + 15

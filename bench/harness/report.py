@@ -12,13 +12,15 @@ from bench.harness import REPO
 
 @dataclass(slots=True)
 class Report:
+    widths: tuple[int, int, int] = (30, 34, 16)  # of the live rows' bench, subject and result
     rows: list[tuple[str, str, str, str]] = field(default_factory=list)
     targets: list[dict[str, Any]] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
 
     def row(self, bench: str, subject: str, result: str, note: str = "") -> None:
         self.rows.append((bench, subject, result, note))
-        print(f"  {bench:<30} {subject:<34} {result:>16}  {note}", flush=True)
+        w = self.widths
+        print(f"  {bench:<{w[0]}} {subject:<{w[1]}} {result:>{w[2]}}  {note}", flush=True)
 
     def target(self, name: str, value: float, goal: str, met: bool, detail: str) -> None:
         self.targets.append(
@@ -44,6 +46,7 @@ def filesystem_of(path: str) -> str:
             journals = os.listdir("/proc/fs/jbd2")
         except OSError:
             journals = []
+        # jbd2 lists one entry per journaled filesystem, named after the block device.
         journaled = any(j.split("-")[0] == name for j in journals)
         text += ", with a journal" if journaled else ", no journal"
     return text
@@ -71,9 +74,10 @@ def source_revision() -> str:
     return f"{head} + uncommitted changes in src/" if dirty else head
 
 
-def print_summary(report: Report, rounds: int) -> None:
+def print_summary(report: Report, heading: str) -> None:
+    """The rows as a table under `heading` (what the values are), then the targets met or not."""
     widths = [max(len(r[i]) for r in report.rows) for i in range(3)] if report.rows else [0] * 3
-    print(f"\n== results (medians of {rounds} rounds; clients and servers share the cores) ==")
+    print(f"\n== results ({heading}) ==")
     for bench, subject, result, note in report.rows:
         print(f"{bench:<{widths[0]}}  {subject:<{widths[1]}}  {result:>{widths[2]}}  {note}")
     print("\n== targets ==")

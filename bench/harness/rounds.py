@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from bench.harness.load import Trial
@@ -18,6 +18,12 @@ def rate_text(per_s: float) -> str:
 
 def ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.inf
+
+
+def median(values: Iterable[float], empty: float = math.nan) -> float:
+    """The median of the values that are numbers (a subject not run is NaN); `empty` if none."""
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.median(finite) if finite else empty
 
 
 def median_of(trials: list[Trial], key: Callable[[Trial], float]) -> float:
