@@ -51,7 +51,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.harness import REPO, RESULTS
+from bench.harness import RESULTS
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _AT_FDCWD = -100
@@ -622,7 +622,6 @@ def gluster_pair(label: str, mounts: list[str] | None) -> Iterator[tuple[Pair, R
         a = tempfile.mkdtemp(prefix="dirmq-probe-", dir=mounts[0])
         yield Pair(label, a, os.path.join(mounts[1], os.path.basename(a))), {}
         return
-    sys.path.insert(0, str(REPO))
     from tests import gluster
 
     nocache = label == "glusterfs-nocache"

@@ -320,9 +320,9 @@ def cluster_main(where: Path, count: int, trials: int, json_path: str) -> int:
     AvailableNow query (every message acknowledged), the batch rate is a snapshot `count()`."""
     from bench import spark_cluster as cluster
 
-    results = []
-    floors = []
-    syscalls = []
+    results: list[dict[str, Any]] = []
+    floors: list[dict[str, Any]] = []
+    syscalls: list[dict[str, Any]] = []
     for n in range(trials):  # alternating: dirmq, then Spark alone, on fresh clusters
         for subject, measure, into in (
             ("cluster url", cluster.measure, results),
