@@ -53,13 +53,9 @@ import collections
 import contextlib
 import functools
 import http.client
-import importlib
-import importlib.metadata
-import importlib.util
 import json
 import math
 import os
-import platform
 import re
 import resource
 import shutil
@@ -83,7 +79,12 @@ from bench.harness.loadgen import lpush_spec, publish_spec
 from bench.harness.peers import RedisServer, start_redis
 from bench.harness.procs import Processes, cpu_seconds, fd_count, raise_fd_limit, vm_rss_kib
 from bench.harness.profiles import summarize_profile
-from bench.harness.report import Report, filesystem_of, print_summary, source_revision
+from bench.harness.report import (
+    Report,
+    filesystem_of,
+    machine_basics,
+    print_summary,
+)
 from bench.harness.rounds import (
     check_clean,
     cores_note,
@@ -1180,14 +1181,7 @@ def bench_latency(ctx: Context) -> None:
 
 
 def machine(ctx: Context, versions: dict[str, str], fd_limit: int) -> dict[str, Any]:
-    return {
-        "source": source_revision(),
-        "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "loadavg_at_start": os.getloadavg(),
-        "dirmq": importlib.metadata.version("dirmq"),
+    return machine_basics() | {
         "redis_server": ctx.redis_version,
         "pip": versions,
         "disk_dir": ctx.disk,

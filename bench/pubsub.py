@@ -42,12 +42,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
-import importlib.util
 import json
 import multiprocessing as mp
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -59,10 +56,11 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from bench.harness import BODY, HOST, REPO, RESULTS
+from bench.harness import BODY, HOST, RESULTS
 from bench.harness.install import ensure_pip, ensure_redis_server
 from bench.harness.peers import start_redis
 from bench.harness.procs import Processes, cpu_seconds
+from bench.harness.report import machine_basics, version_of
 
 DEFAULT_JSON = RESULTS / "pubsub.json"
 CHANNEL = "bench"
@@ -573,28 +571,9 @@ def print_table(trials: list[Trial]) -> list[dict[str, Any]]:
 
 
 def machine(disk: Disk, redis_version: str) -> dict[str, Any]:
-    def version(name: str) -> str | None:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    commit = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    return {
-        "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "loadavg_at_start": os.getloadavg(),
-        "dirmq": version("dirmq"),
-        "commit": commit,
+    return machine_basics() | {
         "redis_server": redis_version,
-        "redis_py": version("redis"),
+        "redis_py": version_of("redis"),
         "disk": disk.description,
         "disk_isolated": disk.isolated,
         "body_bytes": len(BODY),

@@ -40,8 +40,6 @@ import argparse
 import collections
 import contextlib
 import json
-import os
-import platform
 import signal
 import subprocess
 import sys
@@ -56,6 +54,7 @@ from typing import Any
 from bench.harness import HOST, REPO, RESULTS
 from bench.harness.install import ensure_pip, py_spy_path
 from bench.harness.procs import Processes, cpu_seconds, free_port
+from bench.harness.report import machine_basics, version_of
 from bench.harness.rounds import median
 from bench.harness.servers import start_dirmq
 
@@ -391,24 +390,7 @@ def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    def version(name: str) -> str | None:
-        from importlib.metadata import PackageNotFoundError
-        from importlib.metadata import version as v
-
-        try:
-            return v(name)
-        except PackageNotFoundError:
-            return None
-
-    return {
-        "python": platform.python_version(),
-        "kernel": platform.release(),
-        "cpus": os.cpu_count(),
-        "loadavg_at_start": os.getloadavg(),
-        "boto3": version("boto3"),
-        "moto": version("moto"),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
+    return machine_basics() | {"boto3": version_of("boto3"), "moto": version_of("moto")}
 
 
 def report(result: Run) -> str:

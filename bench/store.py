@@ -28,13 +28,9 @@ What is measured:
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.metadata
-import importlib.util
 import itertools
 import json
 import os
-import platform
 import shutil
 import sqlite3
 import statistics
@@ -50,7 +46,7 @@ from typing import Any
 
 from bench.harness import BODY, RESULTS, SHM
 from bench.harness.install import ensure_pip
-from bench.harness.report import Report, filesystem_of, print_summary
+from bench.harness.report import Report, filesystem_of, machine_basics, print_summary
 from bench.harness.rounds import rate_text, ratio
 from dirmq import Durability, QueueConfig, Store
 from dirmq.store import fsio
@@ -999,13 +995,8 @@ def bench_threads(base: str, sizes: Sizes, report: Report) -> None:
 
 
 def machine(base: str, versions: dict[str, str]) -> dict[str, Any]:
-    return {
-        "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
+    return machine_basics() | {
         "sqlite": sqlite3.sqlite_version,
-        "dirmq": importlib.metadata.version("dirmq"),
         "peers": versions,
         "disk_dir": base,
         "disk_fs": filesystem_of(base),

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import platform
 import subprocess
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,3 +87,24 @@ def print_summary(report: Report, heading: str) -> None:
     for t in report.targets:
         verdict = "MET " if t["met"] else "MISS"
         print(f"{verdict}  {t['name']:<44} {t['value']:>12,.2f}  (goal {t['goal']}; {t['detail']})")
+
+
+def version_of(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine_basics() -> dict[str, Any]:
+    """What every result file says of its run: the source measured, when, and on what."""
+    return {
+        "source": source_revision(),
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "platform": platform.platform(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": os.getloadavg(),
+        "dirmq": version_of("dirmq"),
+    }
