@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import dirmq
+from bench.harness import RESULTS
 from dirmq.console.samples import Sampler
 from dirmq.console.samples_files import RECORD, slots
 from dirmq.server.queuecounts import KINDS, QueueCounts
@@ -78,7 +79,7 @@ def main() -> None:
     parser.add_argument("--queues", type=int, default=1000)
     parser.add_argument("--deep", type=int, default=0)
     parser.add_argument("--samples", type=int, default=10)
-    parser.add_argument("--output", default="bench/results/console_samples.json")
+    parser.add_argument("--output", default=str(RESULTS / "console_samples.json"))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dirmq-bench-samples-", dir="/tmp"))
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None

@@ -465,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child_serve:
         root, port, out_path = args.child_serve
         return child_serve(root, int(port), out_path)
-    ensure_pip(PIP_NEEDS)
+    if args.profile:
+        ensure_pip(PIP_NEEDS)  # py-spy
     raise_fd_limit()
     strace = None if args.no_strace else ensure_strace()
     results = []

@@ -38,8 +38,9 @@ class LoadChild:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
+        with self.proc.stdout:  # closed at its end: this thread is its only reader
+            for line in self.proc.stdout:
+                self.lines.put(line.rstrip("\n"))
         self.lines.put(None)
 
     def line(self, timeout_s: float) -> str:

@@ -21,8 +21,11 @@ from bench.harness.procs import Processes, child_pids
 
 
 def _drain_output(stream: Any, tail: collections.deque[str]) -> None:
-    for line in stream:
-        tail.append(line.rstrip("\n"))
+    """Read a server's output to its end (or the pipe fills and the server stalls), keeping
+    the last lines for an error message; the stream is closed at the end."""
+    with stream:
+        for line in stream:
+            tail.append(line.rstrip("\n"))
 
 
 @dataclass
