@@ -27,7 +27,7 @@ those processes, by PID, at the end, also on Ctrl-C, SIGTERM or an error:
   dirmq's GET + DELETE and GET ?max=50 + POST ack with only the bare-loop consume floor's
   syscalls behind them: what no server on this disk and stack beats (consume workloads only).
 
-The load generator is this script run as child processes (`--child`, uvloop), the same shape for
+The load generator is this module run as child processes (`--child`, uvloop), the same shape for
 every system: N asyncio tasks, each with one operation in flight, on the system's usual Python
 client (aio-pika, redis.asyncio, nats-py); dirmq through a minimal keep-alive HTTP/1.1 client
 (raw asyncio streams, as cheap as the peers' clients), and its streaming consumer through the

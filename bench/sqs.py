@@ -15,7 +15,7 @@ by PID, at the end, even when a step fails:
 - dirmq+sigv4: the same with `--sqs-credentials`, so every request's signature is verified;
 - moto: `python -m moto.server` (in-memory, nothing written anywhere).
 
-Every subject gets the same client code and concurrency: `--procs` client processes (this script
+Every subject gets the same client code and concurrency: `--procs` client processes (this module
 with `--child`), each with `--threads` threads, each thread with its own boto3 client (JSON
 protocol, SigV4-signed, keep-alive, no retries). Phases, each on a fresh queue, in rounds; each
 round runs the subjects in a rotating order:
