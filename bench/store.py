@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness import BODY, RESULTS, SHM
+from bench.harness import BODY, REPO, RESULTS, SHM
 from bench.harness.install import ensure_pip
 from bench.harness.report import Report, filesystem_of, machine_basics, print_summary
 from bench.harness.rounds import rate_text, ratio
@@ -836,9 +836,14 @@ def backlog_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
-    command = [sys.executable, str(Path(__file__).resolve()), "--child-backlog", json.dumps(spec)]
+    command = [sys.executable, "-m", "bench.store", "--child-backlog", json.dumps(spec)]
     done = subprocess.run(
-        command, check=True, capture_output=True, text=True, timeout=spec["budget_s"] + 600
+        command,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=spec["budget_s"] + 600,
+        cwd=REPO,
     )
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
