@@ -27,7 +27,11 @@ from bench.harness.rounds import paired, run_rounds
 from bench.harness.servers import create_queue, queue_stats, start_dirmq, warm_up
 
 REPO = Path(__file__).resolve().parent.parent
-BENCHMARKS = sorted(p.stem for p in (REPO / "bench").glob("*.py") if p.stem != "__init__")
+# A benchmark is a module of `bench`, or a package of it with a `__main__` (bench/http_load/).
+BENCHMARKS = sorted(
+    [p.stem for p in (REPO / "bench").glob("*.py") if p.stem != "__init__"]
+    + [p.parent.name for p in (REPO / "bench").glob("*/__main__.py")]
+)
 # Experiments removed once their answers were in the docs, which still cite them for the numbers
 # they gave (with the commit to `git show` them from).
 REMOVED = {"bench/stream_candidates.py", "bench/flush_merge.py"}
@@ -62,7 +66,9 @@ def test_every_benchmark_the_docs_cite_exists() -> None:
         for module in re.findall(r"-m (bench(?:\.[a-z_]+)+)", text):
             if importlib.util.find_spec(module) is None:
                 missing.append(f"{path.name}: python -m {module}")
-        for cited in re.findall(r"bench/[a-z_/]+\.py", text):
+        for cited in re.findall(r"bench/[a-z_/]+(?:\.py|/)", text):
+            if cited.startswith("bench/results/"):  # the runs' output, git-ignored
+                continue
             if not (REPO / cited).exists() and cited not in REMOVED:
                 missing.append(f"{path.name}: {cited}")
     assert missing == []
