@@ -32,8 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import dirmq
 from bench.harness import RESULTS
+from bench.harness.roots import make_queues
 from dirmq.console.samples import Sampler
 from dirmq.console.samples_files import RECORD, slots
 from dirmq.server.queuecounts import KINDS, QueueCounts
@@ -42,14 +42,8 @@ from dirmq.store.access import root_access
 
 
 def build_root(root: Path, queues: int, deep: int) -> list[str]:
-    dirmq.Store(root).close()
-    config = dirmq.QueueConfig().dumps()
     names = [f"t{n // 100:02d}/q{n % 100:02d}" for n in range(queues)]
-    for name in names:
-        path = root / name
-        for directory in layout.STATE_DIRS:
-            (path / directory).mkdir(parents=True, exist_ok=True)
-        (path / layout.CONFIG_FILE).write_bytes(config)
+    make_queues(root, names)
     ready = root / names[0] / layout.READY
     body = b"x" * 100
     base = 1_700_000_000_000_000

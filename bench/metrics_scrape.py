@@ -46,6 +46,7 @@ from typing import Any
 
 from bench.harness import HOST, REPO, RESULTS
 from bench.harness.procs import Processes, vm_rss_kib
+from bench.harness.roots import make_queues
 from bench.harness.servers import start_dirmq
 
 DEFAULT_JSON = RESULTS / "metrics_scrape.json"
@@ -55,17 +56,10 @@ def build_root(root: Path, queues: int) -> tuple[list[str], float]:
     """`queues` empty queues, then messages in one queue of a hundred; returns the names and
     the seconds it took."""
     import dirmq
-    from dirmq.store import layout
 
     started = time.monotonic()
-    dirmq.Store(root).close()
-    config = dirmq.QueueConfig().dumps()
     names = [f"t{n // 100:03d}/q{n % 100:02d}" for n in range(queues)]
-    for name in names:
-        path = root / name
-        for directory in layout.STATE_DIRS:
-            (path / directory).mkdir(parents=True, exist_ok=True)
-        (path / layout.CONFIG_FILE).write_bytes(config)
+    make_queues(root, names)
     with dirmq.Store(root) as store:
         for name in names[::100]:
             queue = store.queue(name)

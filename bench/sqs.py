@@ -343,7 +343,7 @@ def supports_batches(server: Server) -> str | None:
     return None
 
 
-def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
+def busy_profile(path: Path, top: int = 15) -> dict[str, Any]:
     """Where the server's threads spent the phase, from py-spy's raw output (`--idle`, so
     waiting shows too). The event loop thread is idle when its leaf frame is `Runner.run` (it
     is inside uvloop's C code, waiting for sockets); a pool thread is idle when its leaf is
@@ -519,7 +519,7 @@ def main() -> int:
         for phase in PHASES:
             path = args.profile / f"sqs-{phase}.txt"
             if path.exists():
-                result.profiles[phase] = summarize_profile(path)
+                result.profiles[phase] = busy_profile(path)
     result.machine["seconds"] = round(time.monotonic() - started, 1)
     table = report(result)
     print()

@@ -10,6 +10,7 @@
 - `rounds`: rounds in rotating order, medians and per-round ratios;
 - `report`: result rows, tables, JSON, and what machine and source a run measured;
 - `profiles`: py-spy's collapsed stacks summarized;
+- `roots`: roots of many queues, built straight into the on-disk layout;
 - `floors`: bare-syscall loops, what the store's own syscalls cost without dirmq around them;
 - `charts`: bar charts of results (matplotlib).
 """
