@@ -3,8 +3,8 @@ per sample, on a root of many queues, with or without one deep queue.
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/console_samples.py                      # 1,000 queues, 10 samples
-    .venv/bin/python bench/console_samples.py --deep 1000000       # and one of 1,000,000 ready
+    .venv/bin/python -m bench.console_samples                      # 1,000 queues, 10 samples
+    .venv/bin/python -m bench.console_samples --deep 1000000       # and one of 1,000,000 ready
 
 It builds a fresh root under /tmp (on disk): `--queues` queues laid out as `Store.create_queue`
 lays them out (without its fsyncs), `--deep` ready message files of 100 bytes in the first one
@@ -32,23 +32,19 @@ import tempfile
 import time
 from pathlib import Path
 
-import dirmq
+from bench.harness import RESULTS
+from bench.harness.roots import make_queues
 from dirmq.console.samples import Sampler
 from dirmq.console.samples_files import RECORD, slots
 from dirmq.server.queuecounts import KINDS, QueueCounts
 from dirmq.store import layout
 from dirmq.store.access import root_access
+from dirmq.store.census import Census
 
 
 def build_root(root: Path, queues: int, deep: int) -> list[str]:
-    dirmq.Store(root).close()
-    config = dirmq.QueueConfig().dumps()
     names = [f"t{n // 100:02d}/q{n % 100:02d}" for n in range(queues)]
-    for name in names:
-        path = root / name
-        for directory in layout.STATE_DIRS:
-            (path / directory).mkdir(parents=True, exist_ok=True)
-        (path / layout.CONFIG_FILE).write_bytes(config)
+    make_queues(root, names)
     ready = root / names[0] / layout.READY
     body = b"x" * 100
     base = 1_700_000_000_000_000
@@ -78,7 +74,7 @@ def main() -> None:
     parser.add_argument("--queues", type=int, default=1000)
     parser.add_argument("--deep", type=int, default=0)
     parser.add_argument("--samples", type=int, default=10)
-    parser.add_argument("--output", default="bench/results/console_samples.json")
+    parser.add_argument("--output", default=str(RESULTS / "console_samples.json"))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dirmq-bench-samples-", dir="/tmp"))
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
@@ -89,7 +85,7 @@ def main() -> None:
         built_s = time.monotonic() - began
         counts = QueueCounts()
         access = root_access(str(work / "root"))
-        sampler = Sampler(str(work / "root"), access, counts, run_dir, interval_s=10)
+        sampler = Sampler(Census(str(work / "root")), access, counts, run_dir, interval_s=10)
         for worker in (1, 2):  # two workers' counts files, every queue counted
             rows = {name: [worker * (i + 1)] * len(KINDS) for i, name in enumerate(names)}
             sampler.files.write_counts(worker, rows)

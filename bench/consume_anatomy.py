@@ -2,8 +2,8 @@
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/consume_anatomy.py                 # 3 rounds of 20,000 messages
-    .venv/bin/python bench/consume_anatomy.py --messages 5000 --rounds 1 --json /tmp/a.json
+    .venv/bin/python -m bench.consume_anatomy                 # 3 rounds of 20,000 messages
+    .venv/bin/python -m bench.consume_anatomy --messages 5000 --rounds 1 --json /tmp/a.json
 
 Four subjects drain the same kind of backlog (1 KiB bodies, published by `put_many`, so the
 files are what a real queue holds), in rounds, in turn:
@@ -24,19 +24,14 @@ gives medians over the rounds; the JSON (`bench/results/consume_anatomy.json`) e
 
 from __future__ import annotations
 
-import os
-import sys
-
-# Run as a script, bench/ comes first on sys.path, where bench/http.py would shadow the standard
-# library's `http`.
-sys.path.remove(os.path.dirname(os.path.abspath(__file__)))
-
 import argparse
 import heapq
 import json
+import os
 import shutil
 import statistics
 import struct
+import sys
 import tempfile
 import time
 import zlib
@@ -44,12 +39,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import dirmq
+from bench.harness import RESULTS
 from dirmq.store import layout
 from dirmq.store.codec import _BARE_HEAD_RE
 from dirmq.store.message import Message
 from dirmq.store.watch import _MASK, _libc, add_watch
 
-RESULTS = Path(__file__).resolve().parent / "results"
 BODY = b"x" * 1024
 BATCH = 50
 _EVENT = struct.Struct("iIII")

@@ -2,14 +2,14 @@
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/consume_trace.py                     # /tmp and /dev/shm, ~1 min
-    .venv/bin/python bench/consume_trace.py --dirs /srv/q --prefill 40000 --no-strace
-    .venv/bin/python bench/consume_trace.py --layers /tmp/prof/getack-w1.txt  # py-spy by layer
+    .venv/bin/python -m bench.consume_trace                     # /tmp and /dev/shm, ~1 min
+    .venv/bin/python -m bench.consume_trace --dirs /srv/q --prefill 40000 --no-strace
+    .venv/bin/python -m bench.consume_trace --layers /tmp/prof/getack-w1.txt  # py-spy by layer
 
 For each filesystem (`--dirs`, default a disk under /tmp and tmpfs under /dev/shm) it starts
 `dirmq serve --workers 1` in a child process whose store calls (`Queue.get`, `Queue.ack_each`)
 are wrapped with timers before it serves, fills a queue with `--prefill` 100-byte messages
-(batches, writeback, untimed), and drains it with bench/http.py's load generator: 64
+(batches, writeback, untimed), and drains it with `bench.http_load`'s load generator: 64
 connections, each a loop of GET /q/messages then DELETE /q/messages/{receipt}. It reports:
 
 - the rate, and the server's CPU per message (user and system, from /proc);
@@ -27,32 +27,36 @@ by PID at the end; the roots are deleted.
 
 from __future__ import annotations
 
-import os
-import sys
-
-# Run as a script, this file's directory comes first on sys.path, where bench/http.py would
-# shadow the standard library's `http` (which urllib imports): take it off.
-sys.path.remove(os.path.dirname(os.path.abspath(__file__)))
-
 import argparse
 import collections
-import importlib.util
 import json
+import os
 import re
 import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_JSON = REPO / "bench" / "results" / "consume_trace.json"
+from bench.harness import REPO, RESULTS
+from bench.harness.install import ensure_pip, py_spy_path
+from bench.harness.load import run_load
+from bench.harness.loadgen import publish_spec
+from bench.harness.procs import Processes, free_port, raise_fd_limit
+from bench.harness.profiles import summarize_profile
+from bench.harness.report import filesystem_of
+from bench.harness.servers import create_queue, wait_http, warm_up
+
+DEFAULT_JSON = RESULTS / "consume_trace.json"
+PIP_NEEDS = (("py_spy", "py-spy", "py-spy"),)  # (import name, distribution, requirement)
+BATCH = 100  # messages per prefill request
+CONNECTIONS = 64  # the drain's connections, as bench.http_load's get+ack
 QUEUE = "q"
 # Syscalls of the event loop and thread hand-offs, as opposed to the store's file work.
 LOOP_CALLS = {"epoll_wait", "epoll_pwait", "epoll_ctl", "futex", "getpid", "clock_gettime"}
@@ -65,17 +69,6 @@ LAYERS = {
 }
 GLUE = {"thread.py", "tasks.py", "futures.py", "events.py", "base_events.py", "threading.py"}
 GLUE |= {"queue.py", "_base.py", "functools.py"}
-
-
-def load_http_bench() -> ModuleType:
-    """bench/http.py under another name (its load generator, prefill and /proc helpers)."""
-    sys.path.append(str(REPO / "bench"))  # it takes its own directory off sys.path: last here
-    spec = importlib.util.spec_from_file_location("dirmq_http_bench", REPO / "bench" / "http.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
 
 
 # -- in the traced server ------------------------------------------------------------------------
@@ -147,37 +140,36 @@ def cpu_split(pid: int) -> tuple[float, float]:
 class Traced:
     """One traced `dirmq serve` with a root under `parent`."""
 
-    def __init__(self, hb: ModuleType, parent: str) -> None:
-        self.hb = hb
+    def __init__(self, parent: str) -> None:
         self.base = tempfile.mkdtemp(prefix="dirmq-consume-trace-", dir=parent)
         self.out_path = os.path.join(self.base, "calls.jsonl")
-        self.port = hb.free_port()
+        self.port = free_port()
         args = [os.path.join(self.base, "root"), str(self.port), self.out_path]
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--child-serve", *args],
+            [sys.executable, "-m", "bench.consume_trace", "--child-serve", *args],
+            cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        self.procs = hb.Processes()
-        hb.wait_http(self.port, budget_s=20.0)
-        hb.create_queue(self.port, QUEUE)
+        self.procs = Processes()
+        wait_http(self.port, budget_s=20.0)
+        create_queue(self.port, QUEUE)
 
     def load(self, spec: dict[str, Any], conns: int, nprocs: int) -> Any:
         full = {"proto": "http", "port": self.port, "duration_s": 300.0} | spec
-        return self.hb.run_load(self.procs, full, conns, nprocs, [self.proc.pid])
+        return run_load(self.procs, full, conns, nprocs, [self.proc.pid])
 
     def prefill(self, count: int) -> None:
-        hb = self.hb
-        spec = hb.publish_spec(QUEUE, hb.BATCH, (("X-Durability", "writeback"),))
+        spec = publish_spec(QUEUE, BATCH, (("X-Durability", "writeback"),))
         trial = self.load(spec | {"max_ops": count}, 8, 1)
         if trial.errors or trial.ops < count:
             raise RuntimeError(f"prefill: {trial.ops} of {count}, errors {trial.errors}")
         os.sync()
-        hb.warm_up(self.port, QUEUE)
+        warm_up(self.port, QUEUE)
 
     def drain(self, count: int) -> Any:
         spec = {"script": "getack", "queue": QUEUE, "max_ops": count}
-        return self.load(spec, self.hb.CONNECTIONS, 2)
+        return self.load(spec, CONNECTIONS, 2)
 
     def calls(self) -> list[list[Any]]:
         before = len(self._lines())
@@ -265,8 +257,7 @@ _TRACE_LINE = re.compile(r"^(\d+)\s+(\w+)\((.*)\)\s+=\s+(.*?)\s+<([\d.]+)>$")
 
 def strace_one(strace: str, server: Traced) -> list[dict[str, Any]]:
     """Every syscall the server makes for one GET and one DELETE (a queue holding 1 message)."""
-    hb = server.hb
-    hb.create_queue(server.port, "one")
+    create_queue(server.port, "one")
     urllib.request.urlopen(
         urllib.request.Request(f"http://127.0.0.1:{server.port}/one/messages", data=b"x" * 100),
         timeout=10,
@@ -333,8 +324,7 @@ def layer_shares(raw_path: str) -> dict[str, float]:
 
 def profile_drain(server: Traced, prefill: int, out_dir: str, label: str) -> dict[str, Any]:
     """One more drain with py-spy recording the server (collapsed stacks in `out_dir`)."""
-    hb = server.hb
-    spy = hb.py_spy_path()
+    spy = py_spy_path()
     if spy is None:
         return {}
     server.prefill(prefill)
@@ -352,20 +342,19 @@ def profile_drain(server: Traced, prefill: int, out_dir: str, label: str) -> dic
         spy_proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
         spy_proc.wait(timeout=60)
     server.drain(prefill - int(prefill * 0.9))
-    summary: dict[str, Any] = hb.summarize_profile(out, top=20)
+    summary: dict[str, Any] = summarize_profile(out, top=20)
     return summary | {"rate": round(trial.rate, 1), "raw": out, "layers": layer_shares(out)}
 
 
 def run_filesystem(
-    hb: ModuleType,
     parent: str,
     prefill: int,
     strace: str | None,
     rounds: int,
     profile_dir: str | None,
 ) -> dict[str, Any]:
-    server = Traced(hb, parent)
-    result: dict[str, Any] = {"dir": parent, "filesystem": hb.filesystem_of(parent)}
+    server = Traced(parent)
+    result: dict[str, Any] = {"dir": parent, "filesystem": filesystem_of(parent)}
     try:
         drained = int(prefill * 0.9)
         timed = []
@@ -476,15 +465,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.child_serve:
         root, port, out_path = args.child_serve
         return child_serve(root, int(port), out_path)
-    hb = load_http_bench()
-    hb.ensure_pip()
-    hb.raise_fd_limit()
+    if args.profile:
+        ensure_pip(PIP_NEEDS)  # py-spy
+    raise_fd_limit()
     strace = None if args.no_strace else ensure_strace()
     results = []
     for parent in [d for d in args.dirs.split(",") if d]:
         if args.profile:
             os.makedirs(args.profile, exist_ok=True)
-        result = run_filesystem(hb, parent, args.prefill, strace, args.rounds, args.profile)
+        result = run_filesystem(parent, args.prefill, strace, args.rounds, args.profile)
         print_result(result)
         results.append(result)
     out = Path(args.json)

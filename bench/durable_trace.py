@@ -2,8 +2,8 @@
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/durable_trace.py                      # 2 workers, /tmp, ~15 s
-    .venv/bin/python bench/durable_trace.py --workers 1 --seconds 8 --dir /srv/q
+    .venv/bin/python -m bench.durable_trace                      # 2 workers, /tmp, ~15 s
+    .venv/bin/python -m bench.durable_trace --workers 1 --seconds 8 --dir /srv/q
 
 It starts `dirmq serve` (127.0.0.1, a free port, a fresh root under `--dir`) in a child process
 whose store calls are wrapped with timers before the workers fork, creates a `writethrough`
@@ -14,29 +14,23 @@ the data `syncfs`, the `linkat`s, the shared directory fsync, and the gap before
 It prints a table per worker and writes JSON (default `bench/results/durable_trace.json`).
 
 The timers cost a little CPU on the traced path, so the rate here is not the benchmark's rate
-(`bench/http.py` measures that); the shares of a batch's time are what this is for. Every
+(`bench.http_load` measures that); the shares of a batch's time are what this is for. Every
 process it starts is stopped by PID at the end; wrk stops by itself after `--seconds`. The root
 is deleted at the end: on ext4 without a journal that slows inode allocation for a few minutes,
-so do not run it just before `bench/http.py`.
+so do not run it just before `bench.http_load`.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
-# Run as a script, this file's directory comes first on sys.path, where bench/http.py would
-# shadow the standard library's `http` (which urllib imports): take it off.
-sys.path.remove(os.path.dirname(os.path.abspath(__file__)))
-
 import argparse
 import itertools
 import json
+import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -44,8 +38,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_JSON = REPO / "bench" / "results" / "durable_trace.json"
+from bench.harness import REPO, RESULTS
+from bench.harness.install import ensure_wrk
+from bench.harness.procs import Processes, child_pids, free_port
+from bench.harness.servers import wait_http
+
+DEFAULT_JSON = RESULTS / "durable_trace.json"
 WRK_SCRIPT = 'wrk.method = "POST"\nwrk.body = string.rep("x", 100)\n'
 WARM_UP_S = 1.0
 
@@ -115,38 +113,6 @@ def child_serve(root: str, port: int, workers: int, out_path: str) -> int:
 
 
 # -- the driver ----------------------------------------------------------------------------------
-def ensure_wrk() -> None:
-    if shutil.which("wrk") is None:
-        print("installing wrk (apt-get) ...", file=sys.stderr, flush=True)
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=True, env=env, timeout=600)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def worker_pids(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
-
-
-def wait_ready(port: int, budget_s: float = 20.0) -> None:
-    deadline = time.monotonic() + budget_s
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("the traced server did not start")
 
 
 def wrk(port: int, seconds: float, connections: int, script: str) -> float:
@@ -198,18 +164,20 @@ def main(argv: list[str] | None = None) -> int:
     Path(script).write_text(WRK_SCRIPT)
     port = free_port()
     child_args = [os.path.join(base, "root"), str(port), str(args.workers), out_path]
-    server = subprocess.Popen(
-        [sys.executable, __file__, "--child-serve", *child_args],
+    procs = Processes()
+    server = procs.start(
+        [sys.executable, "-m", "bench.durable_trace", "--child-serve", *child_args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        cwd=REPO,
     )
     try:
-        wait_ready(port)
+        wait_http(port, budget_s=20.0)
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/q", data=b'{"durability": "writethrough"}', method="PUT"
         )
         urllib.request.urlopen(request, timeout=10).read()
-        workers = worker_pids(server.pid) or [server.pid]
+        workers = child_pids(server.pid) or [server.pid]
         wrk(port, WARM_UP_S, args.connections, script)
         for pid in workers:
             os.kill(pid, signal.SIGUSR2)
@@ -224,12 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.1)
         traces = [json.loads(line) for line in lines]
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        procs.stop_all()
         shutil.rmtree(base, ignore_errors=True)
     summaries = {str(t["pid"]): summarize(t["batches"]) for t in traces if len(t["batches"]) > 1}
     print(f"\nwrk: {rate:,.0f} msg/s, {args.workers} workers, {args.connections} connections")

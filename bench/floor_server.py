@@ -1,7 +1,7 @@
 """The request-per-operation floor: the least a Python server on dirmq's stack (uvloop + httptools,
 one process per core) can do to answer dirmq's consume requests, and nothing more.
 
-`bench/peers.py` runs it beside dirmq, with the same load generator and the same wire forms, so
+`bench.peers` runs it beside dirmq, with the same load generator and the same wire forms, so
 "dirmq GET + DELETE" and "dirmq GET max=50 + POST ack" each get a ratio to what no server on this
 disk, this interpreter and these libraries beats. Per consumed message it makes the syscalls of
 peers.py's bare-loop consume floor (a rename into `leased/`, an open + read + close, a rename
@@ -11,9 +11,9 @@ what a queue needs: no index (it knows its file names: `Admin` writes `000000000
 no inotify, no metrics, no logs, no routing, no authentication, no checksums, no headers beyond
 what the client reads.
 
-    python bench/floor_server.py --root DIR [--workers 2]    # prints "listening on PORT"
+    python -m bench.floor_server --root DIR [--workers 2]    # prints "listening on PORT"
 
-The wire, as dirmq's (what bench/peers.py's `DirmqLoad` reads):
+The wire, as dirmq's (what `bench.peers`'s `DirmqLoad` reads):
 - `GET /{q}/messages`: 200 with the body and `X-Receipt`, or 204 when the queue is drained;
 - `GET /{q}/messages?max=N`: 200 multipart/mixed, a part per message with its `X-Receipt`;
 - `DELETE /{q}/messages/{receipt}`: 204;
@@ -25,18 +25,13 @@ the workers race for a name only near the end of a drain (a lost race is one ENO
 
 from __future__ import annotations
 
-import os
-import sys
-
-# Run as a script, bench/ comes first on sys.path, where bench/http.py would shadow the standard
-# library's `http`.
-sys.path.remove(os.path.dirname(os.path.abspath(__file__)))
-
 import argparse
 import asyncio
 import json
+import os
 import signal
 import socket
+import sys
 from collections.abc import Iterator
 from typing import Any
 

@@ -3,14 +3,14 @@ in the same run, through the library and through one `dirmq serve` per root.
 
 Run by hand, as root, from the project root (never collected by pytest):
 
-    PYTHONPATH=src .venv/bin/python bench/gluster.py            # full run, about 3 minutes
-    PYTHONPATH=src .venv/bin/python bench/gluster.py --quick    # smoke run, under a minute
-    PYTHONPATH=src .venv/bin/python bench/gluster.py --json /tmp/out.json
+    PYTHONPATH=src .venv/bin/python -m bench.gluster            # full run, about 3 minutes
+    PYTHONPATH=src .venv/bin/python -m bench.gluster --quick    # smoke run, under a minute
+    PYTHONPATH=src .venv/bin/python -m bench.gluster --json /tmp/out.json
 
-It sets up its own volume with tests/gluster.py's `running_volume()` (2 bricks on 127.0.0.2,
+It sets up its own volume with tests/support/gluster.py's `running_volume()` (2 bricks on 127.0.0.2,
 one mount; waits for any other volume run on the machine to end first) and removes it after;
 the local root is a temp dir on the disk (/tmp). Servers are `dirmq serve --workers 1`, started
-and stopped by PID with bench/http.py's machinery, which also drives the HTTP load (raw uvloop
+and stopped by PID by the harness (`bench.harness`), which also drives the HTTP load (raw uvloop
 connections in child processes, one request in flight per connection). It prints a table and
 writes JSON (default `bench/results/gluster.json`).
 
@@ -31,58 +31,33 @@ one run over absolute values.
 
 from __future__ import annotations
 
-import os
-import sys
-
-# Run as a script, this file's directory comes first on sys.path, and bench/http.py would then
-# shadow the standard library's `http`: take it off.
-sys.path.remove(os.path.dirname(os.path.abspath(__file__)))
-
 import argparse
 import contextlib
-import importlib.util
 import json
+import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
-import dirmq
+from tests.support import gluster
 
-BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(BENCH_DIR)
-DEFAULT_JSON = os.path.join(REPO, "bench", "results", "gluster.json")
-BODY = b"x" * 100
+import dirmq
+from bench.harness import BODY, RESULTS
+from bench.harness.load import run_load
+from bench.harness.loadgen import publish_spec
+from bench.harness.procs import Processes, cpu_seconds
+from bench.harness.servers import create_queue, start_dirmq, warm_up
+
+DEFAULT_JSON = str(RESULTS / "gluster.json")
 CONNECTIONS = 32
 BATCH = 64
 FLOOR_THREADS = 16
-
-
-def _load(name: str, path: str) -> ModuleType:
-    """A module by file path (bench/http.py takes its own directory off sys.path as it loads,
-    and `tests` is no package on sys.path)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while it loads
-    sys.path.append(BENCH_DIR)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        while BENCH_DIR in sys.path:
-            sys.path.remove(BENCH_DIR)
-    return module
-
-
-hb = _load("dirmq_bench_http", os.path.join(BENCH_DIR, "http.py"))
-gluster = _load("dirmq_tests_gluster", os.path.join(REPO, "tests", "gluster.py"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +98,7 @@ GLUSTER_PIDS: list[int] = []  # the volume's client (the mount) and brick proces
 
 
 def gluster_cpu_s() -> float:
-    return float(hb.cpu_seconds(GLUSTER_PIDS)) if GLUSTER_PIDS else 0.0
+    return float(cpu_seconds(GLUSTER_PIDS)) if GLUSTER_PIDS else 0.0
 
 
 def gluster_note(cpu_before: float, seconds: float) -> str:
@@ -222,31 +197,31 @@ def library_rows(fs: str, root: str, sizes: Sizes) -> list[Row]:
 
 # -- the server -----------------------------------------------------------------------------------
 def load(
-    procs: Any, server: Any, spec: dict[str, Any], sizes: Sizes, max_ops: int
+    procs: Processes, server: Any, spec: dict[str, Any], sizes: Sizes, max_ops: int
 ) -> tuple[Any, str]:
     """A load trial and its note (cores of the server and of GlusterFS, errors)."""
     full = {"proto": "http", "port": server.port, "duration_s": sizes.trial_s, "max_ops": max_ops}
     cpu0 = gluster_cpu_s()
-    trial = hb.run_load(procs, full | spec, CONNECTIONS, 2, server.pids)
+    trial = run_load(procs, full | spec, CONNECTIONS, 2, server.pids)
     notes = [f"{CONNECTIONS} conns", f"server {trial.server_cores:.2f} cores"]
     notes += [gluster_note(cpu0, trial.seconds)] if GLUSTER_PIDS else []
     notes += [f"errors {trial.errors}"] if trial.errors else []
     return trial, "; ".join(notes)
 
 
-def server_rows(fs: str, root: str, sizes: Sizes, procs: Any) -> list[Row]:
+def server_rows(fs: str, root: str, sizes: Sizes, procs: Processes) -> list[Row]:
     with dirmq.Store(root) as store:  # prefilled by the library: untimed
         prefill = store.create_queue("srv-getack")
         for start in range(0, sizes.prefill, 256):
             prefill.put_many([BODY] * min(256, sizes.prefill - start), durability="writeback")
-    server = hb.start_dirmq(procs, root, 1, f"{fs}-server")
+    server = start_dirmq(procs, root, 1, f"{fs}-server")
     rows: list[Row] = []
     try:
-        hb.create_queue(server.port, "srv-put")
-        hb.warm_up(server.port, "srv-put")
-        trial, note = load(procs, server, hb.publish_spec("srv-put"), sizes, sizes.ops * 4)
+        create_queue(server.port, "srv-put")
+        warm_up(server.port, "srv-put")
+        trial, note = load(procs, server, publish_spec("srv-put"), sizes, sizes.ops * 4)
         rows.append(Row(fs, "server publish", trial.ops, trial.seconds, note))
-        hb.warm_up(server.port, "srv-getack")
+        warm_up(server.port, "srv-getack")
         spec = {"script": "getack", "queue": "srv-getack"}
         trial, note = load(procs, server, spec, sizes, int(sizes.prefill * 0.9))
         rows.append(Row(fs, "server get+ack", trial.ops, trial.seconds, note))
@@ -255,7 +230,7 @@ def server_rows(fs: str, root: str, sizes: Sizes, procs: Any) -> list[Row]:
     return rows
 
 
-def measure(fs: str, base: str, sizes: Sizes, procs: Any) -> list[Row]:
+def measure(fs: str, base: str, sizes: Sizes, procs: Processes) -> list[Row]:
     print(f"== {fs}: {base}", flush=True)
     rows: list[Row] = []
     for threads, beside in ((1, False), (FLOOR_THREADS, False), (FLOOR_THREADS, True)):
@@ -325,7 +300,7 @@ def main() -> int:
     parser.add_argument("--json", default=DEFAULT_JSON, help="where to write the results")
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
-    procs = hb.Processes()
+    procs = Processes()
     rows: list[Row] = []
     started = time.time()
     try:

@@ -1,9 +1,9 @@
 """Probes of what dirmq's store assumes of a filesystem, between two clients of one directory
 (issue 19): run by hand as root from the project root, never collected by pytest.
 
-    .venv/bin/python bench/gluster_probe.py                 # sets up GlusterFS (tests/gluster.py)
-    .venv/bin/python bench/gluster_probe.py --quick         # fewer trials, about a minute
-    .venv/bin/python bench/gluster_probe.py --mounts A B    # two existing mounts of one volume
+    .venv/bin/python -m bench.gluster_probe         # sets up GlusterFS (tests/support/gluster.py)
+    .venv/bin/python -m bench.gluster_probe --quick         # fewer trials, about a minute
+    .venv/bin/python -m bench.gluster_probe --mounts A B    # two existing mounts of one volume
 
 Each probe runs on three subjects: the GlusterFS volume, mounted twice (client A writes through
 one mount, client B through the other: two mounts stand for two hosts), and for contrast the
@@ -51,7 +51,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.harness import RESULTS
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _AT_FDCWD = -100
 _AT_EMPTY_PATH = 0x1000
@@ -616,13 +617,12 @@ def local_pair(label: str, parent: str) -> Iterator[Pair]:
 @contextmanager
 def gluster_pair(label: str, mounts: list[str] | None) -> Iterator[tuple[Pair, Result]]:
     """`glusterfs`: the volume as created (Debian's defaults); `glusterfs-nocache`: with the
-    client caches off (tests/gluster.py's NO_CACHE_* options)."""
+    client caches off (tests/support/gluster.py's NO_CACHE_* options)."""
     if mounts:
         a = tempfile.mkdtemp(prefix="dirmq-probe-", dir=mounts[0])
         yield Pair(label, a, os.path.join(mounts[1], os.path.basename(a))), {}
         return
-    sys.path.insert(0, str(REPO))
-    from tests import gluster
+    from tests.support import gluster
 
     nocache = label == "glusterfs-nocache"
     with gluster.running_volume(
@@ -640,7 +640,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer trials")
     parser.add_argument("--mounts", nargs=2, metavar="DIR", help="two mounts of one volume")
     parser.add_argument("--only", choices=SUBJECTS, action="append", help="repeatable")
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "gluster_probe.json"))
+    parser.add_argument("--out", default=str(RESULTS / "gluster_probe.json"))
     args = parser.parse_args()
     subjects = args.only or (["glusterfs"] if args.mounts else SUBJECTS)
     all_results: dict[str, Result] = {}

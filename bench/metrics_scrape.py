@@ -3,9 +3,9 @@ leaves in the server (inotify watches, memory).
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/metrics_scrape.py               # 10,000 queues, 20 warm scrapes
-    .venv/bin/python bench/metrics_scrape.py --quick       # the same root, 5 warm scrapes
-    .venv/bin/python bench/metrics_scrape.py --queues 50000 --max-queues 200
+    .venv/bin/python -m bench.metrics_scrape               # 10,000 queues, 20 warm scrapes
+    .venv/bin/python -m bench.metrics_scrape --quick       # the same root, 5 warm scrapes
+    .venv/bin/python -m bench.metrics_scrape --queues 50000 --max-queues 200
 
 It builds a fresh root under /tmp (on disk): `--queues` queues laid out as `Store.create_queue`
 lays them out (without its fsyncs, so building is quick), nested `tNN/qNNNN`, and publishes a
@@ -35,41 +35,31 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-# Run as a script, this file's directory comes first on sys.path, and bench/http.py would then
-# shadow the standard library's `http` (which urllib imports): take it off.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(__file__)]
+from bench.harness import HOST, REPO, RESULTS
+from bench.harness.procs import Processes, vm_rss_kib
+from bench.harness.roots import make_queues
+from bench.harness.servers import start_dirmq
 
-import urllib.error  # noqa: E402
-import urllib.request  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_JSON = REPO / "bench" / "results" / "metrics_scrape.json"
+DEFAULT_JSON = RESULTS / "metrics_scrape.json"
 
 
 def build_root(root: Path, queues: int) -> tuple[list[str], float]:
     """`queues` empty queues, then messages in one queue of a hundred; returns the names and
     the seconds it took."""
     import dirmq
-    from dirmq.store import layout
 
     started = time.monotonic()
-    dirmq.Store(root).close()
-    config = dirmq.QueueConfig().dumps()
     names = [f"t{n // 100:03d}/q{n % 100:02d}" for n in range(queues)]
-    for name in names:
-        path = root / name
-        for directory in layout.STATE_DIRS:
-            (path / directory).mkdir(parents=True, exist_ok=True)
-        (path / layout.CONFIG_FILE).write_bytes(config)
+    make_queues(root, names)
     with dirmq.Store(root) as store:
         for name in names[::100]:
             queue = store.queue(name)
@@ -79,39 +69,11 @@ def build_root(root: Path, queues: int) -> tuple[list[str], float]:
     return names, time.monotonic() - started
 
 
-def start_server(root: Path, max_queues: int | None, src: str) -> tuple[subprocess.Popen[str], str]:
-    args = [sys.executable, "-m", "dirmq", "serve", "--root", str(root), "--listen"]
-    args.append("127.0.0.1:0")
-    if max_queues is not None:
-        args += ["--metrics-max-queues", str(max_queues)]
-    proc = subprocess.Popen(
-        args,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONPATH": src},
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if " API listening on " in line:
-            return proc, line.rsplit(" ", 1)[1].strip()
-    proc.wait()
-    raise RuntimeError(f"dirmq serve exited with {proc.returncode} before listening")
-
-
 def get(url: str) -> tuple[bytes, float]:
     started = time.perf_counter()
     with urllib.request.urlopen(url, timeout=120) as response:
         body: bytes = response.read()
     return body, time.perf_counter() - started
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def inotify_watches(pid: int) -> int:
@@ -127,12 +89,15 @@ def inotify_watches(pid: int) -> int:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="dirmq-bench-metrics-", dir="/tmp"))
-    proc: subprocess.Popen[str] | None = None
+    procs = Processes()
     try:
         names, built_s = build_root(workdir / "root", args.queues)
-        proc, url = start_server(workdir / "root", args.max_queues, args.src)
+        extra = [] if args.max_queues is None else ["--metrics-max-queues", str(args.max_queues)]
+        env = {"PYTHONPATH": args.src}
+        server = start_dirmq(procs, str(workdir / "root"), 1, "metrics", extra, env=env)
+        proc, url = server.proc, f"http://{HOST}:{server.port}"
         get(f"{url}/health")
-        rss_before = rss_bytes(proc.pid)
+        rss_before = 1024 * vm_rss_kib(proc.pid)
         watches_before = inotify_watches(proc.pid)
         body, cold_s = get(f"{url}/metrics")
         warm = [get(f"{url}/metrics")[1] for _ in range(args.scrapes)]
@@ -155,18 +120,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "series": sum(1 for line in body.splitlines() if line and not line.startswith(b"#")),
             "inotify_watches_before": watches_before,
             "inotify_watches_after": inotify_watches(proc.pid),
-            "rss_growth_mib": round((rss_bytes(proc.pid) - rss_before) / 2**20, 1),
+            "rss_growth_mib": round((1024 * vm_rss_kib(proc.pid) - rss_before) / 2**20, 1),
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
         }
     finally:
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.communicate()
+        procs.stop_all()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

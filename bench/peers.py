@@ -4,9 +4,9 @@ rate, all in one run, in alternating rounds.
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/peers.py                  # full run: 3 rounds, about 15 minutes
-    .venv/bin/python bench/peers.py --quick          # smoke run: 1 round, small counts, < 1 min
-    .venv/bin/python bench/peers.py --systems dirmq,rabbitmq --workloads publish,consume
+    .venv/bin/python -m bench.peers                  # full run: 3 rounds, about 15 minutes
+    .venv/bin/python -m bench.peers --quick          # smoke run: 1 round, small counts, < 1 min
+    .venv/bin/python -m bench.peers --systems dirmq,rabbitmq --workloads publish,consume
 
 It installs what it needs itself: Debian's `rabbitmq-server`, `redis-server` and `nats-server`
 (apt-get) when missing, and the Python clients of the `bench` extra (aio-pika, redis, nats-py,
@@ -15,7 +15,7 @@ ports, with data directories in one temp dir on the disk (`/tmp`, or `--dir`), a
 those processes, by PID, at the end, also on Ctrl-C, SIGTERM or an error:
 
 - dirmq: `dirmq serve --workers 2`, default durability (writethrough: file and directory
-  fsynced before the 201), started as bench/http.py starts it;
+  fsynced before the 201), started by the harness (`bench.harness.servers`);
 - RabbitMQ (Debian's 3.10): its own epmd on a free port, a unique node name, no plugins; a
   durable classic queue, persistent messages, publisher confirms (sent once the message store
   has fsynced), manual acks;
@@ -23,11 +23,11 @@ those processes, by PID, at the end, also on Ctrl-C, SIGTERM or an error:
 - NATS JetStream (Debian's 2.9): `-js`, file storage, a work-queue stream, a durable pull
   consumer with explicit acks. 2.9 has no `sync_interval` setting (2.10 added it): its file
   store is fsynced every 2 minutes, so a publish ack means "in the OS page cache", not "on disk";
-- floor: `bench/floor_server.py`, dirmq's stack (uvloop + httptools, 2 processes) answering
+- floor: `bench.floor_server`, dirmq's stack (uvloop + httptools, 2 processes) answering
   dirmq's GET + DELETE and GET ?max=50 + POST ack with only the bare-loop consume floor's
   syscalls behind them: what no server on this disk and stack beats (consume workloads only).
 
-The load generator is this script run as child processes (`--child`, uvloop), the same shape for
+The load generator is this module run as child processes (`--child`, uvloop), the same shape for
 every system: N asyncio tasks, each with one operation in flight, on the system's usual Python
 client (aio-pika, redis.asyncio, nats-py); dirmq through a minimal keep-alive HTTP/1.1 client
 (raw asyncio streams, as cheap as the peers' clients), and its streaming consumer through the
@@ -43,13 +43,6 @@ rate per system (`bench/results/peers.png`, matplotlib).
 
 from __future__ import annotations
 
-import os
-import sys
-
-# Run as a script, this file's directory comes first on sys.path, and bench/http.py would then
-# shadow the standard library's `http` (which aio-pika, redis and matplotlib import): take it off.
-sys.path.remove(os.path.dirname(os.path.abspath(__file__)))
-
 import argparse
 import asyncio
 import collections
@@ -60,51 +53,36 @@ import importlib.metadata
 import importlib.util
 import json
 import math
+import os
 import platform
 import re
 import resource
 import shutil
 import signal
-import statistics
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+from bench.harness import HOST, REPO, RESULTS
+from bench.harness.charts import draw_chart
+from bench.harness.floors import consume_floor
+from bench.harness.install import apt_install, ensure_debian_tool, ensure_pip, ensure_redis_server
+from bench.harness.load import LoadChild, Trial, split
+from bench.harness.peers import RABBIT_SERVER, Peer, start_nats, start_rabbitmq, start_redis
+from bench.harness.procs import Processes, cpu_seconds, process_tree, raise_fd_limit
+from bench.harness.report import filesystem_of, source_revision
+from bench.harness.rounds import median, percentile, ratio
+from bench.harness.servers import create_queue, http_call, queue_stats, start_dirmq
+from bench.harness.wire import header_value, http_request
 
-
-def _load_http_bench() -> ModuleType:
-    """bench/http.py, under another module name: its process handling, dirmq and Redis start-up,
-    installers and /proc readers are reused as they are."""
-    name = "dirmq_bench_http"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH_DIR, "http.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while it loads
-    sys.path.append(BENCH_DIR)  # http.py takes its own directory off sys.path as it loads
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        while BENCH_DIR in sys.path:
-            sys.path.remove(BENCH_DIR)
-    return module
-
-
-hb = _load_http_bench()
-
-REPO = Path(BENCH_DIR).parent
-SCRIPT = os.path.abspath(__file__)
-RESULTS = REPO / "bench" / "results"
-HOST = "127.0.0.1"
+CHILD = ("-m", "bench.peers", "--child")  # the load generator: this module in child processes
 BODY_BYTES = 1024
 BODY = b"x" * BODY_BYTES
 STAMP = struct.Struct("<d")  # latency bodies start with the send time (perf_counter)
@@ -123,12 +101,12 @@ BATCH = 50  # messages per batch ack (dirmq native, RabbitMQ multiple=True, Redi
 SQS_BATCH = 10  # SQS caps ReceiveMessage and DeleteMessageBatch at 10
 IDLE_S = 5.0  # a consumer that sees nothing this long gives up (the trial then reports it)
 # (import name, pip requirement): also the `bench` extra of pyproject.toml
-PIP_NEEDS = (
-    ("aio_pika", "aio-pika>=9"),
-    ("redis", "redis>=5"),
-    ("nats", "nats-py>=2.6"),
-    ("matplotlib", "matplotlib>=3.7"),
-    ("uvloop", "uvloop>=0.19"),
+PIP_NEEDS = (  # (import name, distribution, requirement)
+    ("aio_pika", "aio-pika", "aio-pika>=9"),
+    ("redis", "redis", "redis>=5"),
+    ("nats", "nats-py", "nats-py>=2.6"),
+    ("matplotlib", "matplotlib", "matplotlib>=3.7"),
+    ("uvloop", "uvloop", "uvloop>=0.19"),
 )
 FSYNC = {
     "dirmq": "writethrough (default): message file and directory fsynced before the 201",
@@ -137,7 +115,7 @@ FSYNC = {
     "redis": "appendonly yes, appendfsync always: the reply follows the AOF write and fsync",
     "nats": "JetStream file store, fsynced every 2 min (2.9's fixed default; sync_interval "
     "appeared in 2.10): the publish ack precedes any fsync",
-    "floor": "none (it only consumes): bench/floor_server.py, dirmq's stack (uvloop + "
+    "floor": "none (it only consumes): `bench.floor_server`, dirmq's stack (uvloop + "
     "httptools, 2 processes) doing the bare-loop consume floor's syscalls and nothing else",
 }
 
@@ -287,12 +265,12 @@ class HttpConnection:
     async def request(
         self, method: str, path: str, body: bytes = b"", headers: Iterable[tuple[str, str]] = ()
     ) -> tuple[int, bytes, bytes]:
-        self.writer.write(hb.http_request(method, path, body, headers))
+        self.writer.write(http_request(method, path, body, headers))
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
-        length = hb.header_value(head[:-2], b"Content-Length")
+        length = header_value(head[:-2], b"Content-Length")
         if length is None:
-            length = hb.header_value(head[:-2].lower(), b"content-length")
+            length = header_value(head[:-2].lower(), b"content-length")
         payload = await self.reader.readexactly(int(length)) if length else b""
         return status, head, payload
 
@@ -345,7 +323,7 @@ class DirmqLoad:
                     continue
                 tally.idle += 1
                 return
-            receipt = hb.header_value(head[:-2], b"X-Receipt")
+            receipt = header_value(head[:-2], b"X-Receipt")
             if status != 200 or receipt is None:
                 tally.error(f"get {status} {payload[:60]!r}")
                 return
@@ -880,129 +858,16 @@ def child_main(spec_json: str) -> int:
     return 0
 
 
-# == the servers (parent process) ===============================================================
-def process_tree(root: int) -> list[int]:
-    """`root` and every descendant (children of any of its threads), from /proc."""
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children") as f:
-                    todo.extend(int(p) for p in f.read().split())
-            except OSError:
-                pass
-    return found
+def redis_peer(procs: Processes, directory: str, version: str) -> Peer:
+    redis = start_redis(procs, directory, version)
+    return Peer("redis", redis.port, version, lambda: [redis.proc.pid], handle=redis)
 
 
-@dataclass
-class Server:
-    system: str
-    port: int
-    version: str
-    pids: Callable[[], list[int]]  # the processes whose CPU is the server's, now
-    detail: str = ""
-    handle: Any = None  # hb.DirmqServer / hb.RedisServer
-
-
-def wait_port(port: int, proc: subprocess.Popen[Any], what: str, budget_s: float) -> None:
-    import socket
-
-    deadline = time.monotonic() + budget_s
-    while True:
-        with socket.socket() as s:
-            s.settimeout(1.0)
-            if s.connect_ex((HOST, port)) == 0:
-                return
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} before listening")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not listen on {port} within {budget_s:.0f} s")
-        time.sleep(0.2)
-
-
-RABBIT_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"  # not the su wrapper in /usr/sbin
-
-
-def package_version(package: str) -> str:
-    out = subprocess.run(
-        ["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True, check=False
-    )
-    return out.stdout.strip() or "?"
-
-
-def start_rabbitmq(procs: Any, directory: str) -> Server:
-    """A RabbitMQ node of our own: its own epmd (on a free port, so no system-wide epmd is
-    started or used), node name, AMQP and distribution ports, Mnesia and log dirs, HOME (for the
-    Erlang cookie) and an empty plugin list."""
-    for sub in ("mnesia", "log", "home"):
-        os.makedirs(os.path.join(directory, sub), exist_ok=True)
-    plugins = os.path.join(directory, "enabled_plugins")
-    Path(plugins).write_text("[].\n")
-    epmd_port, amqp_port, dist_port = hb.free_port(), hb.free_port(), hb.free_port()
-    epmd = procs.start(
-        ["epmd", "-port", str(epmd_port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    wait_port(epmd_port, epmd, "epmd", 15)
-    env = {
-        **os.environ,
-        "HOME": os.path.join(directory, "home"),
-        "ERL_EPMD_PORT": str(epmd_port),
-        "RABBITMQ_NODENAME": f"dirmqbench{os.getpid()}@localhost",
-        "RABBITMQ_NODE_IP_ADDRESS": HOST,
-        "RABBITMQ_NODE_PORT": str(amqp_port),
-        "RABBITMQ_DIST_PORT": str(dist_port),
-        "RABBITMQ_MNESIA_BASE": os.path.join(directory, "mnesia"),
-        "RABBITMQ_LOG_BASE": os.path.join(directory, "log"),
-        "RABBITMQ_ENABLED_PLUGINS_FILE": plugins,
-        "RABBITMQ_CONFIG_FILE": os.path.join(directory, "rabbitmq"),  # none: the defaults
-        "RABBITMQ_PID_FILE": os.path.join(directory, "rabbitmq.pid"),
-    }
-    log = open(os.path.join(directory, "stdout.log"), "wb")  # noqa: SIM115 (the server's life)
-    proc = procs.start([RABBIT_SERVER], env=env, stdout=log, stderr=subprocess.STDOUT)
-    wait_port(amqp_port, proc, "rabbitmq-server", 120)
-    for pid in process_tree(proc.pid)[1:]:
-        procs.adopt(pid)  # beam.smp and its helpers: killed by PID if the script dies without them
-    return Server(
-        "rabbitmq",
-        amqp_port,
-        package_version("rabbitmq-server"),
-        lambda: process_tree(proc.pid),
-        detail=f"epmd port {epmd_port}, node {env['RABBITMQ_NODENAME']}",
-    )
-
-
-def start_nats(procs: Any, directory: str) -> Server:
-    store = os.path.join(directory, "jetstream")
-    os.makedirs(store, exist_ok=True)
-    port = hb.free_port()
-    conf = os.path.join(directory, "nats.conf")
-    # No sync_interval: 2.9 refuses the key ("unknown field"); its file store syncs every 2 min.
-    Path(conf).write_text(f'listen: "{HOST}:{port}"\njetstream {{\n  store_dir: "{store}"\n}}\n')
-    log = open(os.path.join(directory, "nats.log"), "wb")  # noqa: SIM115 (the server's life)
-    proc = procs.start(["nats-server", "-c", conf], stdout=log, stderr=subprocess.STDOUT)
-    wait_port(port, proc, "nats-server", 30)
-    out = subprocess.run(["nats-server", "--version"], capture_output=True, text=True, check=False)
-    version = out.stdout.strip().removeprefix("nats-server: ") or "?"
-    return Server("nats", port, version, lambda: process_tree(proc.pid))
-
-
-def start_redis(procs: Any, directory: str, version: str) -> Server:
-    redis = hb.start_redis(procs, directory, version)
-    return Server("redis", redis.port, version, lambda: [redis.proc.pid], handle=redis)
-
-
-def start_floor(procs: Any, directory: str) -> Server:
-    """bench/floor_server.py with 2 worker processes, its queues under `directory`."""
+def floor_peer(procs: Processes, directory: str) -> Peer:
+    """`bench.floor_server` with 2 worker processes, its queues under `directory`."""
     os.makedirs(directory, exist_ok=True)
-    script = os.path.join(BENCH_DIR, "floor_server.py")
-    args = [sys.executable, script, "--root", directory, "--workers", "2"]
-    proc = procs.start(args, stdout=subprocess.PIPE, text=True)
+    args = [sys.executable, "-m", "bench.floor_server", "--root", directory, "--workers", "2"]
+    proc = procs.start(args, stdout=subprocess.PIPE, text=True, cwd=REPO)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith("listening on "):
@@ -1010,23 +875,21 @@ def start_floor(procs: Any, directory: str) -> Server:
     port = int(line.split()[-1])
     for pid in process_tree(proc.pid)[1:]:
         procs.adopt(pid)
-    return Server(
+    return Peer(
         "floor", port, "-", lambda: process_tree(proc.pid), handle=directory, detail="2 workers"
     )
 
 
-def start_dirmq(procs: Any, directory: str) -> Server:
-    server = hb.start_dirmq(procs, directory, 2, "dirmq-peers")
-    return Server(
-        "dirmq", server.port, hb.source_revision(), lambda: list(server.pids), handle=server
-    )
+def dirmq_peer(procs: Processes, directory: str) -> Peer:
+    server = start_dirmq(procs, directory, 2, "dirmq-peers")
+    return Peer("dirmq", server.port, source_revision(), lambda: list(server.pids), handle=server)
 
 
 # == setting up each trial (parent process) =====================================================
 class Admin:
     """Creates, preloads and deletes each trial's queue, untimed, from the parent process."""
 
-    def __init__(self, servers: dict[str, Server]) -> None:
+    def __init__(self, servers: dict[str, Peer]) -> None:
         self.servers = servers
         self.loop = asyncio.new_event_loop()
         self.rabbit: Any = None
@@ -1078,7 +941,7 @@ class Admin:
         server = self.servers[system]
         spec: dict[str, Any] = {"port": server.port, "queue": name}
         if system == "dirmq":
-            hb.create_queue(server.port, name)
+            create_queue(server.port, name)
         elif system == "floor":
             for sub in ("ready", "leased"):
                 os.makedirs(os.path.join(server.handle, name, sub))
@@ -1123,7 +986,7 @@ class Admin:
             line = b'{"body":"' + BODY + b'"}\n'
             headers = {"Content-Type": "application/x-ndjson"}
             for size in chunks(count, chunk):
-                status, _, body = hb.http_call(
+                status, _, body = http_call(
                     server.port, "POST", f"/{name}/messages", line * size, headers
                 )
                 if status != 201:
@@ -1165,7 +1028,7 @@ class Admin:
         """Messages still in the queue (ready, or leased and not acked) after a trial."""
         server = self.servers[system]
         if system == "dirmq":
-            stats = hb.queue_stats(server.port, name)
+            stats = queue_stats(server.port, name)
             return int(stats["ready"]) + int(stats["in_flight"])
         if system == "floor":
             directory = os.path.join(server.handle, name)
@@ -1213,14 +1076,14 @@ def chunks(total: int, size: int) -> list[int]:
 def probe_batch_ack(port: int) -> str | None:
     """Contract 2's `POST /{queue}/messages/ack`: None when it settles a real lease."""
     name = "peers-probe-batchack"
-    hb.create_queue(port, name)
+    create_queue(port, name)
     try:
-        status, _, _ = hb.http_call(port, "POST", f"/{name}/messages", BODY)
-        status, headers, _ = hb.http_call(port, "GET", f"/{name}/messages")
+        status, _, _ = http_call(port, "POST", f"/{name}/messages", BODY)
+        status, headers, _ = http_call(port, "GET", f"/{name}/messages")
         if status != 200:
             return f"probe: GET answered {status}"
         body = json.dumps({"receipts": [headers["x-receipt"]]}).encode()
-        status, _, answer = hb.http_call(
+        status, _, answer = http_call(
             port, "POST", f"/{name}/messages/ack", body, {"Content-Type": "application/json"}
         )
         if status != 200:
@@ -1228,13 +1091,13 @@ def probe_batch_ack(port: int) -> str | None:
         settled = json.loads(answer).get("settled")
         return None if settled == 1 else f"POST /{{queue}}/messages/ack settled {settled!r}, not 1"
     finally:
-        hb.http_call(port, "DELETE", f"/{name}")
+        http_call(port, "DELETE", f"/{name}")
 
 
 def probe_stream(port: int) -> str | None:
     """Contract 3's WebSocket upgrade on an empty queue (a plain GET would answer 204)."""
     name = "peers-probe-stream"
-    hb.create_queue(port, name)
+    create_queue(port, name)
     try:
         headers = {
             "Connection": "Upgrade",
@@ -1243,27 +1106,20 @@ def probe_stream(port: int) -> str | None:
             "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
         }
         try:
-            status, _, _ = hb.http_call(port, "GET", f"/{name}/messages", b"", headers, 5)
+            status, _, _ = http_call(port, "GET", f"/{name}/messages", b"", headers, 5)
         except OSError as exc:
             return f"the WebSocket upgrade failed: {exc!r}"
         if status != 101:
             return f"the server answers a WebSocket upgrade with {status}, not 101 (not built yet)"
         return stream_api_problem()
     finally:
-        hb.http_call(port, "DELETE", f"/{name}")
+        http_call(port, "DELETE", f"/{name}")
 
 
 # == running trials (parent process) ============================================================
-class LoadChild(hb.LoadChild):  # type: ignore[misc, name-defined]
-    """One load process of this benchmark: started, told "go", asked for its JSON result."""
-
-    def __init__(self, procs: Any, spec: dict[str, Any]) -> None:
-        super().__init__(procs, spec, SCRIPT, "--child")
-
-
 @dataclass
 class Outcome:
-    trial: Any  # hb.Trial
+    trial: Any  # Trial
     latency: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -1277,19 +1133,19 @@ class Outcome:
 
 
 def run_children(
-    procs: Any, specs: list[dict[str, Any]], server: Server, budget_s: float
+    procs: Processes, specs: list[dict[str, Any]], server: Peer, budget_s: float
 ) -> tuple[Any, list[dict[str, Any]]]:
-    children = [LoadChild(procs, spec) for spec in specs]
+    children = [LoadChild(procs, spec, CHILD) for spec in specs]
     try:
         for child in children:
             if (said := child.line(120)) != "ready":
                 raise RuntimeError(f"load process said {said[:300]!r}, not 'ready'")
         pids = server.pids()
-        cpu0 = hb.cpu_seconds(pids)
+        cpu0 = cpu_seconds(pids)
         for child in children:
             child.go()
         results = [json.loads(c.line(budget_s + 120)) for c in children]
-        server_cpu = hb.cpu_seconds(pids) - cpu0
+        server_cpu = cpu_seconds(pids) - cpu0
     finally:
         for child in children:
             if child.proc.stdin is not None:
@@ -1299,7 +1155,7 @@ def run_children(
     errors: collections.Counter[str] = collections.Counter()
     for result in results:
         errors.update(result["errors"])
-    trial = hb.Trial(
+    trial = Trial(
         ops=sum(r["ops"] for r in results),
         seconds=max(r["end"] for r in results) - min(r["start"] for r in results),
         server_cpu_s=server_cpu,
@@ -1333,9 +1189,7 @@ def run_trial(ctx: Run, subject: Subject, round_no: int) -> Outcome:
             procs = min(s.load_procs, s.concurrency)
             specs = [
                 base | {"quota": q, "tasks": t, "budget_s": s.trial_s}
-                for q, t in zip(
-                    hb.split(s.messages, procs), hb.split(s.concurrency, procs), strict=True
-                )
+                for q, t in zip(split(s.messages, procs), split(s.concurrency, procs), strict=True)
             ]
             os.sync()  # (see below)
             trial, _ = run_children(ctx.procs, specs, server, s.trial_s)
@@ -1350,7 +1204,7 @@ def run_trial(ctx: Run, subject: Subject, round_no: int) -> Outcome:
             target = max(1, int(s.backlog * CONSUMED_SHARE))
             specs = [
                 base | {"quota": q, "budget_s": s.trial_s} | consumers_of(subject, t)
-                for q, t in zip(hb.split(target, procs), hb.split(s.consumers, procs), strict=True)
+                for q, t in zip(split(target, procs), split(s.consumers, procs), strict=True)
             ]
             trial, _ = run_children(ctx.procs, specs, server, s.trial_s)
             if trial.ops < target and not trial.errors:
@@ -1375,8 +1229,8 @@ def run_trial(ctx: Run, subject: Subject, round_no: int) -> Outcome:
             "received": len(samples),
             "sent": count,
             "sent_per_s": round(results[0]["sent_per_s"], 1),
-            "p50_ms": round(hb.percentile(samples, 50), 3),
-            "p99_ms": round(hb.percentile(samples, 99), 3),
+            "p50_ms": round(percentile(samples, 50), 3),
+            "p99_ms": round(percentile(samples, 99), 3),
             "max_ms": round(max(samples), 3) if samples else math.nan,
         }
         return Outcome(trial, latency)
@@ -1387,8 +1241,8 @@ def run_trial(ctx: Run, subject: Subject, round_no: int) -> Outcome:
 @dataclass
 class Run:
     settings: Settings
-    procs: Any  # hb.Processes
-    servers: dict[str, Server]
+    procs: Processes  # Processes
+    servers: dict[str, Peer]
     admin: Admin
     subjects: list[Subject]
     skipped: dict[str, str]  # subject key -> why
@@ -1397,59 +1251,6 @@ class Run:
     trials_run: int = 0
     data_dir: str = ""  # where the servers' data lives (and the consume floor runs)
     floors: list[float] = field(default_factory=list)  # the consume floor of each round, msg/s
-
-
-# == the consume floor: a consumed message's syscalls in a bare loop ===========================
-def _floor_share(directory: str, names: list[str], pool: str) -> None:
-    """One process's share: what the store does for a leased, read and acknowledged message
-    whose file is kept for reuse (a drain's acks), and nothing else."""
-    ready, leased = os.path.join(directory, "ready"), os.path.join(directory, "leased")
-    for name in names:
-        os.rename(os.path.join(ready, name), os.path.join(leased, name))
-        fd = os.open(os.path.join(leased, name), os.O_RDONLY)
-        try:
-            os.read(fd, 64 * 1024)
-        finally:
-            os.close(fd)
-        os.rename(os.path.join(leased, name), os.path.join(pool, name))
-
-
-def consume_floor(parent: str, messages: int, processes: int = 2) -> tuple[float, float]:
-    """The consume floor on the servers' filesystem: `messages` files of BODY_BYTES, written
-    untimed, then per message a rename into `leased/`, an open + read + close and a rename into
-    a per-process pool directory, in `processes` processes (one per core, as dirmq's workers);
-    (messages/s, seconds). No HTTP, no index, no lock: what no server on this disk beats."""
-    import multiprocessing
-
-    directory = tempfile.mkdtemp(prefix="consume-floor-", dir=parent)
-    try:
-        for sub in ("ready", "leased"):
-            os.mkdir(os.path.join(directory, sub))
-        body = b"x" * BODY_BYTES
-        names = [f"{i:012d}" for i in range(messages)]
-        for name in names:
-            with open(os.path.join(directory, "ready", name), "wb") as f:
-                f.write(body)
-        pools = []
-        for n in range(processes):
-            pools.append(os.path.join(directory, f"pool{n}"))
-            os.mkdir(pools[-1])
-        context = multiprocessing.get_context("fork")
-        workers = [
-            context.Process(target=_floor_share, args=(directory, names[n::processes], pools[n]))
-            for n in range(processes)
-        ]
-        began = time.perf_counter()
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        seconds = time.perf_counter() - began
-        if any(worker.exitcode for worker in workers):
-            raise RuntimeError("a consume floor process failed")
-        return messages / seconds, seconds
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def run_rounds(ctx: Run, workloads: list[str]) -> None:
@@ -1503,12 +1304,6 @@ def describe(subject: Subject, outcome: Outcome) -> str:
     return text
 
 
-# == results ======================================================================================
-def median(values: Iterable[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return statistics.median(finite) if finite else math.nan
-
-
 def summarize(ctx: Run) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for subject in ctx.subjects:
@@ -1544,7 +1339,7 @@ def summarize(ctx: Run) -> dict[str, Any]:
 
 def per_round(ctx: Run, top: str, bottom: str) -> list[float]:
     a, b = ctx.outcomes.get(top, []), ctx.outcomes.get(bottom, [])
-    return [round(hb.ratio(x.trial.rate, y.trial.rate), 3) for x, y in zip(a, b, strict=False)]
+    return [round(ratio(x.trial.rate, y.trial.rate), 3) for x, y in zip(a, b, strict=False)]
 
 
 def ratios(ctx: Run) -> list[dict[str, Any]]:
@@ -1582,7 +1377,7 @@ def targets(ctx: Run) -> list[dict[str, Any]]:
 
     def entry(name: str, tops: list[str], bottoms: list[str]) -> dict[str, Any]:
         top, bottom = best_per_round(tops), best_per_round(bottoms)
-        rounds = [round(hb.ratio(a, b), 3) for a, b in zip(top, bottom, strict=False)]
+        rounds = [round(ratio(a, b), 3) for a, b in zip(top, bottom, strict=False)]
         missing = [k for k in tops + bottoms if k in ctx.skipped]
         why = "; ".join(f"{k}: {ctx.skipped[k]}" for k in missing)
         return {
@@ -1693,83 +1488,22 @@ COLORS = {
 }
 
 
-def draw_chart(rows: dict[str, Any], path: Path, title: str) -> None:
-    """One panel per workload: each subject's median rate (latency: p50 and p99), colored by
-    system, horizontal bars so the long labels stay readable."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
-
-    panels = [w for w in WORKLOADS if any(r["workload"] == w for r in rows.values())]
-    heights = [max(1, sum(r["workload"] == w for r in rows.values())) + 1.2 for w in panels]
-    fig, axes = plt.subplots(
-        len(panels),
-        1,
-        figsize=(10, 0.45 * sum(heights) + 1.2),
-        squeeze=False,
-        gridspec_kw={"height_ratios": heights},
-    )
-    for ax, workload in zip(axes[:, 0], panels, strict=True):
-        mine = [r for r in rows.values() if r["workload"] == workload]
-        labels = [r["label"] for r in mine]
-        colors = [COLORS[r["system"]] for r in mine]
-        ys = list(range(len(mine)))[::-1]
-        if workload == "latency":
-            p50 = [r["median_p50_ms"] for r in mine]
-            p99 = [r["median_p99_ms"] for r in mine]
-            ax.barh([y + 0.2 for y in ys], p50, height=0.4, color=colors, alpha=0.55)
-            ax.barh([y - 0.2 for y in ys], p99, height=0.4, color=colors)
-            for y, a, b in zip(ys, p50, p99, strict=True):
-                ax.text(a, y + 0.2, f" p50 {a:.2f} ms", va="center", fontsize=8)
-                ax.text(b, y - 0.2, f" p99 {b:.2f} ms", va="center", fontsize=8)
-            ax.set_xlabel("end-to-end latency, ms (lower is better)")
-        else:
-            rates = [r["median_per_s"] for r in mine]
-            ax.barh(ys, rates, color=colors)
-            for y, v in zip(ys, rates, strict=True):
-                ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
-            ax.set_xlabel("messages per second (higher is better)")
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-        ax.set_yticks(ys)
-        ax.set_yticklabels(labels, fontsize=9)
-        ax.set_title(workload, loc="left", fontsize=10, fontweight="bold")
-        ax.margins(x=0.25)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 # == main ==========================================================================================
 def ensure_installed(systems: list[str]) -> dict[str, str]:
     """Debian packages and pip packages, each only when missing; returns versions."""
     versions: dict[str, str] = {}
     if "redis" in systems:
-        versions["redis-server"] = hb.ensure_redis_server()
+        versions["redis-server"] = ensure_redis_server()
     if "nats" in systems:
-        hb.ensure_debian_tool("nats-server", "nats-server")
+        ensure_debian_tool("nats-server", "nats-server")
     if "rabbitmq" in systems and not os.path.exists(RABBIT_SERVER):
         print("installing rabbitmq-server (apt-get) ...", file=sys.stderr, flush=True)
-        hb._apt_install("rabbitmq-server")
-    for module, requirement in PIP_NEEDS:
-        if importlib.util.find_spec(module) is None:
-            print(f"installing {requirement} (pip) ...", file=sys.stderr, flush=True)
-            subprocess.run(
-                [sys.executable, "-m", "pip", "install", "-q", requirement],
-                check=False,
-                timeout=900,
-            )
-            importlib.invalidate_caches()
-        dist = requirement.split(">")[0].split("=")[0]
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            raise SystemExit(
-                f"{dist} is missing and could not be installed: pip install '{requirement}'"
-            ) from None
+        apt_install("rabbitmq-server")
+    pip = ensure_pip(PIP_NEEDS)
+    missing = [r for _, dist, r in PIP_NEEDS if pip[dist] == "missing"]
+    if missing:
+        raise SystemExit(f"missing and could not be installed: pip install {' '.join(missing)}")
+    return versions | pip
     return versions
 
 
@@ -1833,27 +1567,27 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown workloads {sorted(bad)}: choose from {', '.join(WORKLOADS)}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
     versions = ensure_installed(systems)
-    hb.raise_fd_limit()
+    raise_fd_limit()
     parent = args.dir or tempfile.gettempdir()
     os.makedirs(parent, exist_ok=True)
     data_dir = tempfile.mkdtemp(prefix="dirmq-peers-bench-", dir=parent)
-    procs = hb.Processes()
-    servers: dict[str, Server] = {}
+    procs = Processes()
+    servers: dict[str, Peer] = {}
     admin: Admin | None = None
     started = time.perf_counter()
     print(f"dirmq vs peers ({'quick' if args.quick else 'full'}): {settings}")
-    print(f"  data in {data_dir} ({hb.filesystem_of(data_dir)})", flush=True)
+    print(f"  data in {data_dir} ({filesystem_of(data_dir)})", flush=True)
     try:
         for system in systems:
             where = os.path.join(data_dir, system)
             if system == "dirmq":
-                servers[system] = start_dirmq(procs, where)
+                servers[system] = dirmq_peer(procs, where)
             elif system == "floor":
-                servers[system] = start_floor(procs, where)
+                servers[system] = floor_peer(procs, where)
             elif system == "rabbitmq":
                 servers[system] = start_rabbitmq(procs, where)
             elif system == "redis":
-                servers[system] = start_redis(procs, where, versions["redis-server"])
+                servers[system] = redis_peer(procs, where, versions["redis-server"])
             else:
                 servers[system] = start_nats(procs, where)
             server = servers[system]
@@ -1896,13 +1630,13 @@ def main(argv: list[str] | None = None) -> int:
         "settings": dataclasses.asdict(settings),
         "seconds": seconds,
         "machine": {
-            "source": hb.source_revision(),
+            "source": source_revision(),
             "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
             "platform": platform.platform(),
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "loadavg_at_end": os.getloadavg(),
-            "data_fs": hb.filesystem_of(parent),
+            "data_fs": filesystem_of(parent),
             "note": "load generator and servers share the same cores",
         },
         "servers": {
@@ -1935,7 +1669,7 @@ def main(argv: list[str] | None = None) -> int:
         f"dirmq vs peers, loopback, {os.cpu_count()} cores shared with the load, 1 KiB bodies, "
         f"medians of {settings.rounds} round(s){' (quick: not a result)' if args.quick else ''}"
     )
-    draw_chart(rows, chart, title)
+    draw_chart(rows, chart, title, WORKLOADS, COLORS)
     print(f"\nwrote {out} and {chart} ({seconds} s)")
     return 0
 

@@ -2,9 +2,9 @@
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/pubsub.py                       # 1, 10 and 100 subscribers
-    .venv/bin/python bench/pubsub.py --messages 200 --fanout 1,10 --json /tmp/out.json
-    .venv/bin/python bench/pubsub.py --no-loop             # on a plain directory (see below)
+    .venv/bin/python -m bench.pubsub                       # 1, 10 and 100 subscribers
+    .venv/bin/python -m bench.pubsub --messages 200 --fanout 1,10 --json /tmp/out.json
+    .venv/bin/python -m bench.pubsub --no-loop             # on a plain directory (see below)
 
 It installs what it needs itself: Debian's `redis-server` (apt-get) when it is missing and the
 `redis` package (pip, into this interpreter). Every process it starts (Redis servers on
@@ -42,15 +42,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
-import importlib.util
 import json
 import multiprocessing as mp
 import os
-import platform
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -61,40 +56,19 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_JSON = REPO / "bench" / "results" / "pubsub.json"
-HOST = "127.0.0.1"
+from bench.harness import BODY, HOST, RESULTS
+from bench.harness.install import ensure_pip, ensure_redis_server
+from bench.harness.peers import start_redis
+from bench.harness.procs import Processes, cpu_seconds
+from bench.harness.report import machine_basics, version_of
+
+DEFAULT_JSON = RESULTS / "pubsub.json"
 CHANNEL = "bench"
-BODY = b"x" * 100
 IMAGE_BYTES = 4 << 30  # sparse: only what is written takes space
 READ_BATCH = 100  # Redis streams: entries per XREADGROUP (and per XACK)
 INOTIFY_SPARE = 16  # inotify instances left to the user's other programs
 POLL_S = 1.0  # a worker looks at its deadline at least this often
 CTX = mp.get_context("fork")  # the parent holds no threads or stores when it forks
-
-
-# -- installing what the benchmark needs ---------------------------------------------------------
-def _apt_install(package: str) -> None:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", package]
-    if subprocess.run(install, env=env, check=False, timeout=900).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, check=False, timeout=900)
-        subprocess.run(install, env=env, check=True, timeout=900)
-
-
-def ensure_redis() -> str:
-    """Debian's redis-server and the `redis` client package; returns the server's version."""
-    if shutil.which("redis-server") is None:
-        print("installing redis-server (apt-get) ...", file=sys.stderr, flush=True)
-        _apt_install("redis-server")
-    if importlib.util.find_spec("redis") is None:
-        print("installing redis (pip) ...", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "redis"], check=True)
-        importlib.invalidate_caches()
-    out = subprocess.run(
-        ["redis-server", "--version"], capture_output=True, text=True, check=True, timeout=30
-    ).stdout
-    return next((w[2:] for w in out.split() if w.startswith("v=")), out.strip())
 
 
 # -- the filesystem under test, and counting what reaches its device ----------------------------
@@ -208,12 +182,6 @@ def proc_io_written(pid: int | str = "self") -> int:
             if line.startswith("write_bytes:"):
                 return int(line.split()[1])
     return 0
-
-
-def proc_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- worker processes ----------------------------------------------------------------------------
@@ -367,54 +335,20 @@ def redis_stream_subscriber(
 
 
 # -- Redis servers of our own --------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
 def redis_server(directory: str) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
-    import redis
-
-    os.makedirs(directory, exist_ok=True)
-    port = free_port()
-    args = ["redis-server", "--bind", HOST, "--port", str(port), "--dir", directory]
-    args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
-    args += ["--auto-aof-rewrite-percentage", "0"]  # no rewrite in the middle of a trial
-    args += ["--client-output-buffer-limit", "pubsub 0 0 0"]  # never drop a slow subscriber
-    args += ["--maxclients", "1000", "--daemonize", "no"]
-    args += ["--logfile", os.path.join(directory, "redis.log")]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """The harness's Redis (AOF fsynced before each reply), never rewriting its AOF in the
+    middle of a trial nor dropping a slow subscriber."""
+    procs = Processes()
+    extra = ["--auto-aof-rewrite-percentage", "0", "--client-output-buffer-limit", "pubsub 0 0 0"]
     try:
-        client = redis.Redis(host=HOST, port=port, socket_timeout=30)
-        deadline = time.monotonic() + 15
-        while True:
-            with contextlib.suppress(redis.ConnectionError):
-                if client.ping():
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start (exit {proc.poll()})")
-            time.sleep(0.05)
-        if client.config_get("appendfsync")["appendfsync"] != "always":
-            raise RuntimeError("redis appendfsync is not 'always'")
-        client.close()
-        yield port, proc
+        redis = start_redis(procs, directory, "", [*extra, "--maxclients", "1000"])
+        redis.client.close()
+        yield redis.port, redis.proc
     finally:
-        stop_process(proc)
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process we started, SIGKILL after 20 s; reap it."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        procs.stop_all()
 
 
 def dir_bytes(path: str) -> int:
@@ -533,7 +467,7 @@ def run_trial(
         disk.sync()
         device0 = disk.written()
         redis_io0 = proc_io_written(redis_proc.pid) if redis_proc else 0
-        redis_cpu0 = proc_cpu_s(redis_proc.pid) if redis_proc else 0.0
+        redis_cpu0 = cpu_seconds([redis_proc.pid]) if redis_proc else 0.0
         aof0 = dir_bytes(os.path.join(work, "redis")) if redis_proc else 0
         workers.start(publisher[0], *publisher[1])
         results = workers.collect(fanout + 1, deadline + 30)
@@ -543,7 +477,7 @@ def run_trial(
         trial.cpu_s = sum(r.cpu_s for r in results)
         if redis_proc is not None:
             process_bytes += proc_io_written(redis_proc.pid) - redis_io0
-            trial.cpu_s += proc_cpu_s(redis_proc.pid) - redis_cpu0
+            trial.cpu_s += cpu_seconds([redis_proc.pid]) - redis_cpu0
             if system == "redis-streams":
                 aof = dir_bytes(os.path.join(work, "redis")) - aof0
                 trial.logical_bytes_per_msg = aof / messages
@@ -637,28 +571,9 @@ def print_table(trials: list[Trial]) -> list[dict[str, Any]]:
 
 
 def machine(disk: Disk, redis_version: str) -> dict[str, Any]:
-    def version(name: str) -> str | None:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    commit = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    return {
-        "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "loadavg_at_start": os.getloadavg(),
-        "dirmq": version("dirmq"),
-        "commit": commit,
+    return machine_basics() | {
         "redis_server": redis_version,
-        "redis_py": version("redis"),
+        "redis_py": version_of("redis"),
         "disk": disk.description,
         "disk_isolated": disk.isolated,
         "body_bytes": len(BODY),
@@ -688,7 +603,8 @@ def main() -> int:
     args = parser.parse_args()
     fanouts = [int(n) for n in args.fanout.split(",")]
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    redis_version = ensure_redis()
+    redis_version = ensure_redis_server()
+    ensure_pip((("redis", "redis", "redis"),))
     trials: list[Trial] = []
     opened = plain_disk(args.dir) if args.no_loop else loop_disk(args.dir, not args.no_journal)
     with opened as disk:

@@ -2,10 +2,10 @@
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/spark.py                  # full run (200,000 messages): 15-25 min
-    .venv/bin/python bench/spark.py --quick          # smoke run, about a minute
-    .venv/bin/python bench/spark.py --dir /dev/shm   # queues and files on tmpfs
-    .venv/bin/python bench/spark.py --cluster        # url mode on a standalone cluster, ~4 min
+    .venv/bin/python -m bench.spark                  # full run (200,000 messages): 15-25 min
+    .venv/bin/python -m bench.spark --quick          # smoke run, about a minute
+    .venv/bin/python -m bench.spark --dir /dev/shm   # queues and files on tmpfs
+    .venv/bin/python -m bench.spark --cluster        # url mode on a standalone cluster, ~4 min
 
 It needs the `spark` extra (pyspark 4.x, pyarrow) and Java 17, prints a table and writes JSON
 (default `bench/results/spark.json`). One local[2] SparkSession serves every measurement; both
@@ -37,7 +37,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -46,9 +45,11 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from bench.harness import RESULTS
+from bench.harness.rounds import median
 from dirmq import Durability, QueueConfig, Store
 
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "spark.json"
+DEFAULT_JSON = RESULTS / "spark.json"
 DEFAULT_CLUSTER_JSON = DEFAULT_JSON.with_name("spark-cluster.json")
 TARGET_STREAM = 25_000
 TARGET_BATCH = 50_000
@@ -284,9 +285,9 @@ def trial(where: Path, run: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def median(results: list[dict[str, Any]], key: str) -> float:
-    values = [r[key] for r in results if r.get(key) is not None]
-    return statistics.median(values) if values else float("nan")  # not run (--only)
+def median_at(results: list[dict[str, Any]], key: str) -> float:
+    """The median of `key` over the trials that ran it (NaN if none did: --only)."""
+    return median(r[key] for r in results if r.get(key) is not None)
 
 
 def _cluster_summary(result: dict[str, Any]) -> str:
@@ -314,21 +315,14 @@ def _design_floor(syscalls: dict[str, Any], count: int, alone: dict[str, Any]) -
 
 
 def cluster_main(where: Path, count: int, trials: int, json_path: str) -> int:
-    """The url mode on a Spark standalone cluster (`bench/spark_cluster.py`): a fresh server,
+    """The url mode on a Spark standalone cluster (`bench.spark_cluster`): a fresh server,
     cluster and driver per trial; the streaming rate is timed from `start()` to the end of the
     AvailableNow query (every message acknowledged), the batch rate is a snapshot `count()`."""
-    import importlib.util
+    from bench import spark_cluster as cluster
 
-    spec = importlib.util.spec_from_file_location(
-        "spark_cluster", Path(__file__).resolve().parent / "spark_cluster.py"
-    )
-    assert spec is not None and spec.loader is not None
-    cluster = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = cluster
-    spec.loader.exec_module(cluster)
-    results = []
-    floors = []
-    syscalls = []
+    results: list[dict[str, Any]] = []
+    floors: list[dict[str, Any]] = []
+    syscalls: list[dict[str, Any]] = []
     for n in range(trials):  # alternating: dirmq, then Spark alone, on fresh clusters
         for subject, measure, into in (
             ("cluster url", cluster.measure, results),
@@ -355,9 +349,9 @@ def cluster_main(where: Path, count: int, trials: int, json_path: str) -> int:
             f"{last['stream_msgs_per_s']:,.0f} msg/s",
             flush=True,
         )
-    stream = median(results, "stream_msgs_per_s")
-    floor = median(floors, "stream_msgs_per_s")
-    design = median(syscalls, "stream_msgs_per_s")
+    stream = median_at(results, "stream_msgs_per_s")
+    floor = median_at(floors, "stream_msgs_per_s")
+    design = median_at(syscalls, "stream_msgs_per_s")
     once = all(
         r["duplicates"] == 0 and r["delivered"] == count and r["left_in_queue"] == 0
         for r in results + floors
@@ -369,7 +363,7 @@ def cluster_main(where: Path, count: int, trials: int, json_path: str) -> int:
     print(
         f"\nurl mode on a standalone cluster, {count:,} messages: streaming {stream:,.0f} msg/s "
         f"end to end ({stream / CLUSTER_URL_BEFORE:.1f}x the {CLUSTER_URL_BEFORE:,} msg/s before "
-        f"issue 18), batch count() {median(results, 'batch_rows_per_s'):,.0f} rows/s; "
+        f"issue 18), batch count() {median_at(results, 'batch_rows_per_s'):,.0f} rows/s; "
         f"every message delivered exactly once: {once}\n"
         f"Spark alone (the same micro-batches from a source with no queue): {floor:,.0f} msg/s "
         f"({floor / CLUSTER_URL_BEFORE:.1f}x the 940); dirmq / Spark alone per trial: {ratios}\n"
@@ -478,12 +472,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name}: {results[name][-1]}", flush=True)
     spark.stop()
 
-    stream = median(results["stream_dirmq"], "msgs_per_s")
-    in_batches = median(results["stream_dirmq"], "in_batch_msgs_per_s")
-    narrow = median(results["stream_dirmq_narrow"], "msgs_per_s")
-    tuned = median(results["stream_binaryfile_tuned"], "msgs_per_s")
-    default = median(results["stream_binaryfile_default"], "msgs_per_s")
-    batch_count = median(results["batch_dirmq"], "count_rows_per_s")
+    stream = median_at(results["stream_dirmq"], "msgs_per_s")
+    in_batches = median_at(results["stream_dirmq"], "in_batch_msgs_per_s")
+    narrow = median_at(results["stream_dirmq_narrow"], "msgs_per_s")
+    tuned = median_at(results["stream_binaryfile_tuned"], "msgs_per_s")
+    default = median_at(results["stream_binaryfile_default"], "msgs_per_s")
+    batch_count = median_at(results["batch_dirmq"], "count_rows_per_s")
     rows = [
         ("streaming into parquet", "dirmq (availableNow, acked)", stream),
         ("", "  of which inside micro-batches", in_batches),
@@ -491,27 +485,27 @@ def main(argv: list[str] | None = None) -> int:
         (
             "",
             "  of which inside micro-batches",
-            median(results["stream_dirmq_narrow"], "in_batch_msgs_per_s"),
+            median_at(results["stream_dirmq_narrow"], "in_batch_msgs_per_s"),
         ),
         ("", "binaryFile, openCostInBytes=8192", tuned),
         ("", "binaryFile, Spark defaults", default),
         (
             "store ceiling (no Spark)",
             "2 processes get(1000)+ack_many",
-            median(results["store_ceiling_2proc"], "msgs_per_s"),
+            median_at(results["store_ceiling_2proc"], "msgs_per_s"),
         ),
         (
             "",
             "2 processes, named claims (as Spark)",
-            median(results["store_ceiling_named_2proc"], "msgs_per_s"),
+            median_at(results["store_ceiling_named_2proc"], "msgs_per_s"),
         ),
         ("batch read", "dirmq count()", batch_count),
-        ("", "dirmq -> parquet", median(results["batch_dirmq"], "parquet_rows_per_s")),
-        ("", "binaryFile count()", median(results["batch_binaryfile"], "count_rows_per_s")),
+        ("", "dirmq -> parquet", median_at(results["batch_dirmq"], "parquet_rows_per_s")),
+        ("", "binaryFile count()", median_at(results["batch_binaryfile"], "count_rows_per_s")),
         (
             "batch write",
             "parquet -> dirmq (writeback)",
-            median(results["batch_dirmq"], "write_rows_per_s"),
+            median_at(results["batch_dirmq"], "write_rows_per_s"),
         ),
     ]
     print(f"\n{'benchmark':26} {'subject':36} {'msgs/s':>10}")

@@ -9,10 +9,10 @@ this checkout's `src` (PYTHONPATH in the workers' environment and `spark.executo
 local SparkSession cannot share the JVM): a batch read (a snapshot of the queue, paged over HTTP)
 and a streaming read (Trigger.AvailableNow) into parquet, timed. It is used by
 `tests/test_spark_cluster.py` (which checks every message arrived exactly once) and by
-`bench/spark.py --cluster`.
+`bench.spark --cluster`.
 
-    python bench/spark_cluster.py drive MASTER URL QUEUE OUT CHECKPOINT STATE [MAX_PER_BATCH]
-    python bench/spark_cluster.py drive-floor MASTER COUNT OUT
+    python -m bench.spark_cluster drive MASTER URL QUEUE OUT CHECKPOINT STATE [MAX_PER_BATCH]
+    python -m bench.spark_cluster drive-floor MASTER COUNT OUT
 
 `drive-floor` is the same run with a source that has no queue behind it
 (`sparkfloor/dirmq_bench_floor.py`): Spark's own part of a url-mode run. `critical_syscalls`
@@ -22,25 +22,20 @@ first batch, acknowledging the last): with Spark alone, the benchmark's design f
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import subprocess
 import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-# Run as a script, this file's directory comes first on sys.path, where bench/http.py would
-# shadow the standard library's `http`: take it off (imported, it is not there).
-_HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE in sys.path:
-    sys.path.remove(_HERE)
+from bench.harness import HOST, REPO
+from bench.harness.procs import Processes
+from bench.harness.servers import start_dirmq
 
-import json  # noqa: E402
-import re  # noqa: E402
-import subprocess  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
 SRC = REPO / "src"
 FLOOR = Path(__file__).resolve().parent / "sparkfloor"  # the queue-less source, for the floor
 START_TIMEOUT_S = 90.0
@@ -56,7 +51,7 @@ def _env() -> dict[str, str]:
     path = os.environ.get("PYTHONPATH")
     return {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(SRC), str(FLOOR), *([path] if path else [])]),
+        "PYTHONPATH": os.pathsep.join([str(SRC), str(REPO), str(FLOOR), *([path] if path else [])]),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "SPARK_LOCAL_IP": "127.0.0.1",
@@ -188,7 +183,7 @@ def _run_driver(
     cluster: SparkCluster, command: list[str], workdir: Path, timeout_s: float
 ) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, str(Path(__file__).resolve()), *command]
+    args = [sys.executable, "-m", "bench.spark_cluster", *command]
     done = subprocess.run(
         args,
         check=False,
@@ -206,52 +201,18 @@ def _run_driver(
     return result
 
 
-def start_dirmq(root: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
-    """`dirmq serve` on `root` on a free loopback port: the process and its native API's URL
-    (stop it with `terminate()`: it is ours)."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dirmq",
-            "serve",
-            "--root",
-            str(root),
-            "--listen",
-            "127.0.0.1:0",
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**_env(), "PYTHONUNBUFFERED": "1"},
-    )
-    assert proc.stdout is not None
-    url = None
-    for line in proc.stdout:
-        if " API listening on " in line and line.split()[1] == "native":
-            url = line.rsplit(" ", 1)[1].strip()
-        if line.startswith("storing queues under"):
-            break
-    if url is None:
-        proc.kill()
-        raise RuntimeError(f"dirmq serve exited with {proc.wait()} before listening")
-    # Its access log must be read, or the server stops once the pipe fills.
-    threading.Thread(
-        target=lambda: proc.stdout.read() if proc.stdout else None, daemon=True
-    ).start()
-    return proc, url
-
-
 def measure(base: Path, count: int, max_per_batch: int | None = None) -> dict[str, Any]:
     """One url-mode run on a fresh cluster and server: `count` messages (~100 bytes), a batch
     read and a streaming read of them; the driver's timings, rates, and whether every message
     arrived exactly once and the queue is empty."""
     from dirmq.client import RemoteStore
 
-    server, url = start_dirmq(base / "root")
+    procs = Processes()
     cluster = None
     try:
+        env = {"PYTHONPATH": _env()["PYTHONPATH"]}  # this checkout's dirmq, as the executors'
+        server = start_dirmq(procs, str(base / "root"), 1, "spark-cluster", env=env)
+        url = f"http://{HOST}:{server.port}"
         with RemoteStore(url) as remote:
             queue = remote.create_queue("events")
             for start in range(0, count, 1000):
@@ -272,8 +233,7 @@ def measure(base: Path, count: int, max_per_batch: int | None = None) -> dict[st
     finally:
         if cluster is not None:
             cluster.stop()
-        server.terminate()
-        server.wait(timeout=30)
+        procs.stop_all()
     result["stream_msgs_per_s"] = count / result["stream_s"]
     result["batch_rows_per_s"] = count / result["batch_s"]
     return result

@@ -2,9 +2,9 @@
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/sqs.py                    # full run, about 3 minutes
-    .venv/bin/python bench/sqs.py --quick            # smoke run, under a minute
-    .venv/bin/python bench/sqs.py --profile DIR      # also py-spy the dirmq server under load
+    .venv/bin/python -m bench.sqs                    # full run, about 3 minutes
+    .venv/bin/python -m bench.sqs --quick            # smoke run, under a minute
+    .venv/bin/python -m bench.sqs --profile DIR      # also py-spy the dirmq server under load
 
 It installs what it needs itself (`moto[server]`, and `py-spy` for --profile, with this
 interpreter's pip), starts its own servers on free ports of 127.0.0.1 and stops exactly those,
@@ -15,7 +15,7 @@ by PID, at the end, even when a step fails:
 - dirmq+sigv4: the same with `--sqs-credentials`, so every request's signature is verified;
 - moto: `python -m moto.server` (in-memory, nothing written anywhere).
 
-Every subject gets the same client code and concurrency: `--procs` client processes (this script
+Every subject gets the same client code and concurrency: `--procs` client processes (this module
 with `--child`), each with `--threads` threads, each thread with its own boto3 client (JSON
 protocol, SigV4-signed, keep-alive, no retries). Phases, each on a fresh queue, in rounds; each
 round runs the subjects in a rotating order:
@@ -39,14 +39,8 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import importlib.util
 import json
-import os
-import platform
-import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,13 +51,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Run as a script, this file's directory comes first on sys.path, and bench/http.py would then
-# shadow the standard library's `http` (which botocore imports): take it off.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(__file__)]
+from bench.harness import HOST, REPO, RESULTS
+from bench.harness.install import ensure_pip, py_spy_path
+from bench.harness.procs import Processes, cpu_seconds, free_port
+from bench.harness.report import machine_basics, version_of
+from bench.harness.rounds import median
+from bench.harness.servers import start_dirmq
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPT = str(Path(__file__).resolve())
-DEFAULT_JSON = REPO / "bench" / "results" / "sqs.json"
+DEFAULT_JSON = RESULTS / "sqs.json"
 BODY = "x" * 100
 KEY_ID, SECRET = "AKIDBENCH", "bench-secret"
 PHASES = ("send", "consume", "send_batch", "consume_batch")
@@ -73,9 +68,7 @@ PHASE_LABELS = {
     "send_batch": "send batch (10)",
     "consume_batch": "receive+delete batch (10)",
 }
-TICKS = os.sysconf("SC_CLK_TCK")
 TIMES = "\u00d7"  # the multiplication sign, for the table
-PY_SPY = Path(sys.executable).parent / "py-spy"
 
 
 # -- the client side (child processes) ----------------------------------------------------------
@@ -171,73 +164,33 @@ def child_main(spec: dict[str, Any]) -> None:
 # -- servers --------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Server:
+    """A server under test, started and stopped by PID through the run's `Processes`."""
+
     name: str
-    proc: subprocess.Popen[bytes]
     url: str
-    log: Path
+    pid: int
 
     def cpu_s(self) -> float:
-        """User + system CPU of the server process and its reaped children."""
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return sum(int(f) for f in fields[11:15]) / TICKS
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        return cpu_seconds([self.pid])
 
 
-def start_dirmq(name: str, root: Path, logs: Path, *extra: str) -> Server:
-    log = logs / f"{name}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "dirmq", "serve", "--root", str(root)),
-                *("--listen", "127.0.0.1:0", *extra),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for line in log.read_text().splitlines():
-            if "native API listening on" in line:
-                return Server(name, proc, line.rsplit(" ", 1)[1].strip(), log)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
-    raise RuntimeError(f"{name} did not start: {log.read_text()[-2000:]}")
+def start_sqs_dirmq(procs: Processes, name: str, root: Path, *extra: str) -> Server:
+    server = start_dirmq(procs, str(root), 1, name, extra)
+    return Server(name, f"http://{HOST}:{server.port}", server.proc.pid)
 
 
-def start_moto(logs: Path) -> Server:
+def start_moto(procs: Processes, logs: Path) -> Server:
     port = free_port()
     log = logs / "moto.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        proc = procs.start(
+            [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    server = Server("moto", proc, f"http://127.0.0.1:{port}", log)
+    server = Server("moto", f"http://{HOST}:{port}", proc.pid)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -247,16 +200,8 @@ def start_moto(logs: Path) -> Server:
             return server
         except Exception:
             time.sleep(0.2)
-    server.stop()
+    procs.stop(proc)
     raise RuntimeError(f"moto did not start: {log.read_text()[-2000:]}")
-
-
-def ensure(module: str, requirement: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        print(f"installing {requirement} ...", flush=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", requirement], check=True, timeout=600
-        )
 
 
 # -- the parent: phases, rounds, table ------------------------------------------------------------
@@ -307,10 +252,11 @@ def run_phase(
     }
     children = [
         subprocess.Popen(
-            [sys.executable, SCRIPT, "--child", json.dumps(spec)],
+            [sys.executable, "-m", "bench.sqs", "--child", json.dumps(spec)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            cwd=REPO,
         )
         for _ in range(args.procs)
     ]
@@ -324,10 +270,10 @@ def run_phase(
         if profile is not None:
             spy = subprocess.Popen(
                 [
-                    str(PY_SPY) if PY_SPY.exists() else "py-spy",
+                    py_spy_path() or "py-spy",
                     "record",
                     "-p",
-                    str(server.proc.pid),
+                    str(server.pid),
                     "-d",
                     str(int(args.seconds) + 10),
                     "-r",
@@ -397,7 +343,7 @@ def supports_batches(server: Server) -> str | None:
     return None
 
 
-def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
+def busy_profile(path: Path, top: int = 15) -> dict[str, Any]:
     """Where the server's threads spent the phase, from py-spy's raw output (`--idle`, so
     waiting shows too). The event loop thread is idle when its leaf frame is `Runner.run` (it
     is inside uvloop's C code, waiting for sockets); a pool thread is idle when its leaf is
@@ -444,28 +390,7 @@ def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    def version(name: str) -> str | None:
-        from importlib.metadata import PackageNotFoundError
-        from importlib.metadata import version as v
-
-        try:
-            return v(name)
-        except PackageNotFoundError:
-            return None
-
-    return {
-        "python": platform.python_version(),
-        "kernel": platform.release(),
-        "cpus": os.cpu_count(),
-        "loadavg_at_start": os.getloadavg(),
-        "boto3": version("boto3"),
-        "moto": version("moto"),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
+    return machine_basics() | {"boto3": version_of("boto3"), "moto": version_of("moto")}
 
 
 def report(result: Run) -> str:
@@ -492,14 +417,13 @@ def report(result: Run) -> str:
                     if moto and moto[0].rate > 0:
                         paired.append(t.rate / moto[0].rate)
                 if paired:
-                    ratio = (
-                        f"**{median(paired):.2f}{TIMES}** ({', '.join(f'{p:.2f}' for p in paired)})"
-                    )
+                    each = ", ".join(f"{p:.2f}" for p in paired)
+                    ratio = f"**{median(paired):.2f}{TIMES}** ({each})"
             lines.append(
-                f"| {PHASE_LABELS[phase]} | {subject} | {median(rates):,.0f} | "
+                f"| {PHASE_LABELS[phase]} | {subject} | {median(rates, 0.0):,.0f} | "
                 f"{', '.join(f'{r:,.0f}' for r in rates)} | "
-                f"{median([t.server_cores for t in trials]):.2f} | "
-                f"{median([t.client_cores for t in trials]):.2f} | "
+                f"{median([t.server_cores for t in trials], 0.0):.2f} | "
+                f"{median([t.client_cores for t in trials], 0.0):.2f} | "
                 f"{sum(t.errors for t in trials)} | {ratio} |"
             )
     return "\n".join(lines)
@@ -508,23 +432,23 @@ def report(result: Run) -> str:
 @contextlib.contextmanager
 def servers(work: Path, logs: Path, names: list[str]) -> Iterator[list[Server]]:
     started: list[Server] = []
+    procs = Processes()
     try:
         if "dirmq" in names:
-            started.append(start_dirmq("dirmq", work / "root-plain", logs))
+            started.append(start_sqs_dirmq(procs, "dirmq", work / "root-plain"))
         if "dirmq+sigv4" in names:
             creds = work / "credentials"
             creds.write_text(f"# bench\n{KEY_ID} {SECRET}\n")
             started.append(
-                start_dirmq(
-                    "dirmq+sigv4", work / "root-sigv4", logs, "--sqs-credentials", str(creds)
+                start_sqs_dirmq(
+                    procs, "dirmq+sigv4", work / "root-sigv4", "--sqs-credentials", str(creds)
                 )
             )
         if "moto" in names:
-            started.append(start_moto(logs))
+            started.append(start_moto(procs, logs))
         yield started
     finally:
-        for server in started:
-            server.stop()
+        procs.stop_all()
 
 
 def main() -> int:
@@ -546,11 +470,9 @@ def main() -> int:
         return 0
     if args.quick:
         args.rounds, args.seconds, args.messages = 1, 2.0, 4_000
-    ensure("moto", "moto[server]")
-    ensure("flask", "moto[server]")
+    ensure_pip((("moto", "moto", "moto[server]"), ("flask", "flask", "moto[server]")))
     if args.profile:
-        if not PY_SPY.exists() and shutil.which("py-spy") is None:
-            ensure("py_spy", "py-spy")
+        ensure_pip((("py_spy", "py-spy", "py-spy"),))
         args.profile.mkdir(parents=True, exist_ok=True)
     result = Run(args={k: str(v) for k, v in vars(args).items()}, machine=machine())
     started = time.monotonic()
@@ -597,7 +519,7 @@ def main() -> int:
         for phase in PHASES:
             path = args.profile / f"sqs-{phase}.txt"
             if path.exists():
-                result.profiles[phase] = summarize_profile(path)
+                result.profiles[phase] = busy_profile(path)
     result.machine["seconds"] = round(time.monotonic() - started, 1)
     table = report(result)
     print()

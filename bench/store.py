@@ -2,8 +2,8 @@
 
 Run by hand from the project root (never collected by pytest):
 
-    .venv/bin/python bench/store.py            # full run, a few minutes
-    .venv/bin/python bench/store.py --quick    # smoke run, well under a minute
+    .venv/bin/python -m bench.store            # full run, a few minutes
+    .venv/bin/python -m bench.store --quick    # smoke run, well under a minute
 
 It installs the peers it compares with (vsqs 0.3 and watchdog, dirq, persist-queue, litequeue)
 with pip if they are missing, prints a table and writes JSON (default `bench/results/store.json`).
@@ -28,13 +28,9 @@ What is measured:
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.metadata
-import importlib.util
 import itertools
 import json
 import os
-import platform
 import shutil
 import sqlite3
 import statistics
@@ -44,18 +40,20 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.harness import BODY, REPO, RESULTS, SHM
+from bench.harness.install import ensure_pip
+from bench.harness.report import Report, filesystem_of, machine_basics, print_summary
+from bench.harness.rounds import rate_text, ratio
 from dirmq import Durability, QueueConfig, Store
 from dirmq.store import fsio
 from dirmq.store.pool import release_own_pool, wait_reaped
 
-BODY = b"x" * 100
 REPEATS = 3
-SHM = "/dev/shm"
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "store.json"
+DEFAULT_JSON = RESULTS / "store.json"
 SECTIONS = ("put", "threads", "depth", "backlog")
 # (import name, distribution name, pip requirement)
 PEERS: tuple[tuple[str, str, str], ...] = (
@@ -130,34 +128,9 @@ QUICK = Sizes(
 
 
 # -- peers -----------------------------------------------------------------------------------------
-def _peer_present(module: str, dist: str, requirement: str) -> bool:
-    if importlib.util.find_spec(module) is None:
-        return False
-    if "==" in requirement:
-        try:
-            return importlib.metadata.version(dist) == requirement.split("==", 1)[1]
-        except importlib.metadata.PackageNotFoundError:
-            return False
-    return True
-
-
 def ensure_peers() -> dict[str, str]:
     """Install each missing peer with this interpreter's pip; {distribution: version or note}."""
-    versions: dict[str, str] = {}
-    for module, dist, requirement in PEERS:
-        if not _peer_present(module, dist, requirement):
-            print(f"installing {requirement} ...", file=sys.stderr, flush=True)
-            command = [sys.executable, "-m", "pip", "install", "-q", requirement]
-            try:
-                subprocess.run(command, check=False, timeout=900)
-            except subprocess.TimeoutExpired:
-                print(f"  pip timed out installing {requirement}", file=sys.stderr)
-            importlib.invalidate_caches()
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            versions[dist] = "missing"
-    return versions
+    return ensure_pip(PEERS)
 
 
 # -- timing ----------------------------------------------------------------------------------------
@@ -248,29 +221,7 @@ def series(trials: list[Trial]) -> dict[str, Any]:
     return {"median_per_s": round(median_rate(trials), 1), "trials": [t.to_json() for t in trials]}
 
 
-def ratio(a: float, b: float) -> float:
-    return a / b if b > 0 else float("inf")
-
-
 # -- results ---------------------------------------------------------------------------------------
-@dataclass(slots=True)
-class Report:
-    rows: list[tuple[str, str, str, str]] = field(default_factory=list)
-    targets: list[dict[str, Any]] = field(default_factory=list)
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def row(self, bench: str, subject: str, result: str, note: str = "") -> None:
-        self.rows.append((bench, subject, result, note))
-        print(f"  {bench:<26} {subject:<22} {result:>18}  {note}", flush=True)
-
-    def target(self, name: str, value: float, goal: str, met: bool, detail: str) -> None:
-        self.targets.append(
-            {"name": name, "value": round(value, 3), "goal": goal, "met": met, "detail": detail}
-        )
-
-
-def rate_text(per_s: float) -> str:
-    return f"{per_s:,.0f} msg/s"
 
 
 # -- 1, 2: durable put -----------------------------------------------------------------------------
@@ -885,9 +836,14 @@ def backlog_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
-    command = [sys.executable, str(Path(__file__).resolve()), "--child-backlog", json.dumps(spec)]
+    command = [sys.executable, "-m", "bench.store", "--child-backlog", json.dumps(spec)]
     done = subprocess.run(
-        command, check=True, capture_output=True, text=True, timeout=spec["budget_s"] + 600
+        command,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=spec["budget_s"] + 600,
+        cwd=REPO,
     )
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
@@ -1041,55 +997,17 @@ def bench_threads(base: str, sizes: Sizes, report: Report) -> None:
 
 
 # -- driver ----------------------------------------------------------------------------------------
-def filesystem_of(path: str) -> str:
-    """Filesystem type, mount point and device of `path`; for ext4, whether it has a journal."""
-    best, kind, device = "", "?", "?"
-    real = os.path.realpath(path)
-    with open("/proc/mounts") as f:
-        for line in f:
-            parts = line.split()
-            mount, fstype = parts[1], parts[2]
-            inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-            if inside and len(mount) > len(best):
-                best, kind, device = mount, fstype, parts[0]
-    text = f"{kind} on {best} ({device})"
-    if kind == "ext4":
-        # jbd2 lists one entry per journaled filesystem, named after the block device.
-        name = os.path.basename(os.path.realpath(device))
-        try:
-            journals = os.listdir("/proc/fs/jbd2")
-        except OSError:
-            journals = []
-        journaled = any(j.split("-")[0] == name for j in journals)
-        text += ", with a journal" if journaled else ", NO journal (see docs/benchmarks.md)"
-    return text
 
 
 def machine(base: str, versions: dict[str, str]) -> dict[str, Any]:
-    return {
-        "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
+    return machine_basics() | {
         "sqlite": sqlite3.sqlite_version,
-        "dirmq": importlib.metadata.version("dirmq"),
         "peers": versions,
         "disk_dir": base,
         "disk_fs": filesystem_of(base),
         "tmpfs_fs": filesystem_of(SHM) if os.path.isdir(SHM) else "absent",
         "repeats": REPEATS,
     }
-
-
-def print_summary(report: Report) -> None:
-    widths = [max(len(r[i]) for r in report.rows) for i in range(3)] if report.rows else [0] * 3
-    print(f"\n== results (medians of {REPEATS} runs) ==")
-    for bench, subject, result, note in report.rows:
-        print(f"{bench:<{widths[0]}}  {subject:<{widths[1]}}  {result:>{widths[2]}}  {note}")
-    print("\n== targets ==")
-    for t in report.targets:
-        verdict = "MET " if t["met"] else "MISS"
-        print(f"{verdict}  {t['name']:<36} {t['value']:>10.2f}  (goal {t['goal']}; {t['detail']})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1114,7 +1032,7 @@ def main(argv: list[str] | None = None) -> int:
     parent = args.dir or tempfile.gettempdir()
     os.makedirs(parent, exist_ok=True)
     base = tempfile.mkdtemp(prefix="dirmq-bench-", dir=parent)
-    report = Report()
+    report = Report(widths=(26, 22, 18))
     report.data["machine"] = machine(base, versions)
     report.data["mode"] = "quick" if args.quick else "full"
     print(f"dirmq store benchmark ({report.data['mode']}); disk queues in {base}")
@@ -1137,7 +1055,7 @@ def main(argv: list[str] | None = None) -> int:
     report.data["seconds"] = round(time.perf_counter() - started, 1)
     report.data["table"] = [list(r) for r in report.rows]
     report.data["targets"] = report.targets
-    print_summary(report)
+    print_summary(report, f"medians of {REPEATS} runs")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report.data, indent=2) + "\n")

@@ -1,5 +1,5 @@
 """The Spark source's `url` mode on a real Spark standalone cluster: a master and two workers
-on loopback (`bench/spark_cluster.py`), executors that reach the queue only through a real
+on loopback (`bench.spark_cluster`), executors that reach the queue only through a real
 `dirmq serve`. A batch read sees all of a 50,000-message queue (more than 1000: paged), and a
 streaming read delivers every message exactly once and empties the queue.
 
@@ -9,38 +9,25 @@ JVM). Heavy (six JVMs): about a minute on 2 busy cores.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("pyspark")  # an install without the `spark` extra skips this module
 
 import pyarrow.parquet as pq
+from bench import spark_cluster
 
 from dirmq.client import RemoteStore
 
 from .support.servers import start_server
 
 MESSAGES = 50_000
-_BENCH = Path(__file__).resolve().parent.parent / "bench" / "spark_cluster.py"
-
-
-def _cluster_module() -> Any:
-    spec = importlib.util.spec_from_file_location("spark_cluster", _BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.timeout(300)
 def test_url_mode_on_a_standalone_cluster_delivers_every_message_once(tmp_path: Path) -> None:
-    cluster_module = _cluster_module()
     server = start_server(tmp_path / "root")
     cluster = None
     try:
@@ -49,9 +36,9 @@ def test_url_mode_on_a_standalone_cluster_delivers_every_message_once(tmp_path: 
             ids: list[str] = []
             for start in range(0, MESSAGES, 1000):
                 ids += queue.put_many([b'{"n": %d}' % n for n in range(start, start + 1000)])
-            cluster = cluster_module.start_cluster(tmp_path / "cluster")
+            cluster = spark_cluster.start_cluster(tmp_path / "cluster")
             began = time.monotonic()
-            result = cluster_module.run_on_cluster(
+            result = spark_cluster.run_on_cluster(
                 cluster, server.url, "events", tmp_path / "out", tmp_path / "driver"
             )
             elapsed = time.monotonic() - began
@@ -75,9 +62,9 @@ def test_url_mode_on_a_standalone_cluster_delivers_every_message_once(tmp_path: 
 def test_the_design_floor_times_the_plans_first_lease_and_last_ack_in_a_bare_loop(
     tmp_path: Path,
 ) -> None:
-    """`bench/spark.py --cluster`'s design floor: the syscalls of leasing the source's first
+    """`python -m bench.spark --cluster`'s design floor: the syscalls of leasing the source's first
     batch and acknowledging its last, for the plan of the run's size, and nothing left behind."""
-    result = _cluster_module().critical_syscalls(tmp_path, 4_000)
+    result = spark_cluster.critical_syscalls(tmp_path, 4_000)
     assert (result["first_batch"], result["last_batch"]) == (2_000, 1_000)
     assert result["lease_s"] > 0 and result["ack_s"] > 0
     assert list(tmp_path.iterdir()) == []

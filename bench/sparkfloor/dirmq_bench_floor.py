@@ -8,8 +8,8 @@ Arrow IPC partition per batch, `read_rows` on the executors), and writes the sam
 leases, records, sends and acknowledges nothing. The messages exist only in the planner's
 memory: ids and bodies of the same sizes as the benchmark's.
 
-This directory (not `bench/`, whose `http.py` would shadow the standard library) is put on
-the driver's and the executors' PYTHONPATH by `bench/spark_cluster.py`.
+This directory is put on the driver's and the executors' PYTHONPATH by `bench/spark_cluster.py`:
+Spark's Python workers import the source by its top-level name, `dirmq_bench_floor`.
 """
 
 from __future__ import annotations
