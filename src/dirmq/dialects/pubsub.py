@@ -71,6 +71,7 @@ from dirmq.pubsub.policy import (
 from dirmq.pubsub.retained import LostEntry, read_retained
 from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
+from dirmq.server.contract import Request, Response, StreamResponse
 from dirmq.server.credentials import (
     ADMIN,
     BROWSE,
@@ -81,7 +82,6 @@ from dirmq.server.credentials import (
 )
 from dirmq.server.dialect import Dialect
 from dirmq.server.errors import error_response, json_error
-from dirmq.server.http import Request, Response, StreamResponse
 from dirmq.server.metrics import Metrics
 from dirmq.server.parameters import check_parameters, every_value
 from dirmq.wire import messages as wire

@@ -35,10 +35,10 @@ from dirmq.errors import (
 )
 from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
+from dirmq.server.contract import Request, Response, StreamResponse
 from dirmq.server.credentials import READ, WRITE
 from dirmq.server.dialect import Dialect
 from dirmq.server.errors import CHALLENGES, status_of
-from dirmq.server.http import Request, Response, StreamResponse
 from dirmq.server.parameters import check_parameters
 from dirmq.store import Message, OutgoingMessage, Queue, QueueConfig
 from dirmq.store.names import validate_queue_name

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dirmq.server.http import Request
+from dirmq.server.contract import Request
 
 ACCESS_LOGGER = "dirmq.access"
 AUTH_LOGGER = "dirmq.auth"

@@ -20,8 +20,7 @@ from collections.abc import Sequence
 
 from dirmq.errors import DirmqError, Unauthenticated
 from dirmq.server.access import Access, credentials_required
-from dirmq.server.errors import error_response
-from dirmq.server.http import (
+from dirmq.server.contract import (
     Later,
     Observe,
     Request,
@@ -30,6 +29,7 @@ from dirmq.server.http import (
     StreamResponse,
     SwitchProtocols,
 )
+from dirmq.server.errors import error_response
 
 log = logging.getLogger("dirmq.server")
 

@@ -41,7 +41,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from dirmq.server.http import Request
+from dirmq.server.contract import Request
 from dirmq.server.multiprocess import MetricsFiles
 from dirmq.store.census import Census, QueueDepth, queue_depth
 from dirmq.store.events import DEAD_REASONS, StoreEvents

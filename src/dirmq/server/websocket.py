@@ -28,7 +28,7 @@ from wsproto.connection import Connection, ConnectionState, ConnectionType
 from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
 
 from dirmq.errors import InvalidArgument
-from dirmq.server.http import Request
+from dirmq.server.contract import Request
 
 log = logging.getLogger("dirmq.server")
 

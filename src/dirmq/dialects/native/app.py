@@ -41,10 +41,7 @@ from dirmq.errors import AccessDenied, DirmqError, QueueNotFound
 from dirmq.redrive.tasks import redrives_of
 from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
-from dirmq.server.credentials import ADMIN, BROWSE, READ, SEE, WRITE
-from dirmq.server.dialect import Dialect
-from dirmq.server.errors import error_response, json_error
-from dirmq.server.http import (
+from dirmq.server.contract import (
     LATER,
     Later,
     Request,
@@ -53,6 +50,9 @@ from dirmq.server.http import (
     StreamResponse,
     SwitchProtocols,
 )
+from dirmq.server.credentials import ADMIN, BROWSE, READ, SEE, WRITE
+from dirmq.server.dialect import Dialect
+from dirmq.server.errors import error_response, json_error
 from dirmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dirmq.server.metrics import Metrics
 from dirmq.server.websocket import is_websocket
