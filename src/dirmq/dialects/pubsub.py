@@ -55,7 +55,6 @@ from urllib.parse import unquote
 from dirmq.errors import DeliveryNotFound, DirmqError, InvalidArgument, MessageTooLarge
 from dirmq.pubsub import Delivery, Mode, Outcome, PubSub, Subscription
 from dirmq.pubsub.layout import PubSubPaths, is_delivery_key
-from dirmq.pubsub.logs import LogHead
 from dirmq.pubsub.model import (
     DEFAULT_ACCEPT_TIMEOUT_S,
     DEFAULT_PROCESS_TIMEOUT_S,
@@ -69,6 +68,7 @@ from dirmq.pubsub.policy import (
     MAX_DELIVERIES_LIMIT,
 )
 from dirmq.pubsub.retained import LostEntry, read_retained
+from dirmq.pubsub.seqlogs import LogHead
 from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
 from dirmq.server.contract import Request, Response, StreamResponse
