@@ -107,7 +107,7 @@ class YaqApp(Dialect):
     def body_check(
         self, method: str, path: str, headers: dict[str, str], length: int, principal: str = ""
     ) -> Response | None:
-        """`http.BodyCheck`: an enqueue over its queue's size limit (a queue it would create:
+        """`contract.BodyCheck`: an enqueue over its queue's size limit (a queue it would create:
         the default limit) gets its 413 from its Content-Length, before the body is read (to
         a principal that may enqueue there only: the limit tells that the queue exists)."""
         if method != "POST":

@@ -5,9 +5,10 @@ the limits that protect the server from its clients (header and body size, slow 
 connection count), handles keep-alive, pipelining (answered in order, one at a time),
 `Expect: 100-continue`, streaming responses with trailers, back-pressure from slow readers, and
 draining on shutdown. What a request means is the business of the listener's dialects
-(`dialect.py`). A `GET` asking for a protocol upgrade is answered like any other; if the
-application answers it with `SwitchProtocols`, the connection's bytes go to the `Upgraded` object
-it names from then on (`websocket.py`), else the connection closes after the answer.
+(`dialect.py`); what it hands them and takes back is the contract (`contract.py`). A `GET`
+asking for a protocol upgrade is answered like any other; if the application answers it with
+`SwitchProtocols`, the connection's bytes go to the `Upgraded` object it names from then on
+(`websocket.py`), else the connection closes after the answer.
 
 Why it is long: one connection's state machine (parsing, pipelining, back-pressure, limits, timers,
 streaming, drain), whose invariants (answers in order, each budget charge given back exactly once)

@@ -185,7 +185,7 @@ class Metrics:
         MultiProcessCollector(self.registry, path=files.path)  # type: ignore[no-untyped-call]
         self.registry.register(QueueDepthCollector(census or Census(root), max_queues))
 
-    # -- requests (`http.Observe`) --------------------------------------------------------------
+    # -- requests (`contract.Observe`) ----------------------------------------------------------
     def observe(self, request: Request, status: int, sent: int, seconds: float) -> None:
         """Count an answered request and its latency (the observer of every Router)."""
         self.answered += 1
