@@ -38,8 +38,8 @@ from dirmq.console.samples import Sampler
 from dirmq.console.samples_files import RECORD, slots
 from dirmq.server.queuecounts import KINDS, QueueCounts
 from dirmq.store import layout
-from dirmq.store.access import root_access
 from dirmq.store.census import Census
+from dirmq.store.filemodes import root_access
 
 
 def build_root(root: Path, queues: int, deep: int) -> list[str]:

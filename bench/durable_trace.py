@@ -52,14 +52,14 @@ WARM_UP_S = 1.0
 def _install_timers(out_path: str) -> None:
     """Wrap the durable path's steps; SIGUSR2 starts recording, SIGUSR1 appends a worker's
     batches to `out_path` as one JSON line."""
-    from dirmq.server import broker
+    from dirmq.server import publish_line
     from dirmq.store import fsio
 
     phases = threading.local()
     batches: list[list[float]] = []  # start, end, messages, commit, syncfs, dir fsync
     recording = threading.Event()
     syncfs, sync_dirs = fsio.syncfs, fsio.GroupCommit._sync_dirs
-    commit, store = fsio.GroupCommit.commit, broker._Publisher._store
+    commit, store = fsio.GroupCommit.commit, publish_line.PublishLine._store
 
     def timed_syncfs(fd: int) -> None:
         started = time.perf_counter()
@@ -98,7 +98,7 @@ def _install_timers(out_path: str) -> None:
     fsio.syncfs = timed_syncfs
     fsio.GroupCommit._sync_dirs = timed_sync_dirs  # type: ignore[method-assign]
     fsio.GroupCommit.commit = timed_commit  # type: ignore[method-assign]
-    broker._Publisher._store = timed_store  # type: ignore[method-assign]
+    publish_line.PublishLine._store = timed_store  # type: ignore[method-assign]
     signal.signal(signal.SIGUSR1, dump)
     signal.signal(signal.SIGUSR2, start)
 

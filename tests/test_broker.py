@@ -16,7 +16,8 @@ import pytest
 import dirmq
 from dirmq.errors import QueueNotFound, StorageError
 from dirmq.server import broker as broker_module
-from dirmq.server.broker import Broker, on_memory_filesystem
+from dirmq.server.broker import Broker
+from dirmq.server.publish_line import on_memory_filesystem
 from dirmq.store import OutgoingMessage
 
 

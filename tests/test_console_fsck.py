@@ -25,8 +25,8 @@ from dirmq.console import fsck_panel
 from dirmq.console.fsck_panel import HOLD_PREFIX
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store import fsckrecord, holds, layout
-from dirmq.store.access import root_access
 from dirmq.store.census import census
+from dirmq.store.filemodes import root_access
 from dirmq.store.fsck import Kind, fsck
 
 from .support.fixtures import serve

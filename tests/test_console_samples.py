@@ -21,7 +21,7 @@ import httpx
 from dirmq.client import RemoteStore
 from dirmq.console.samples_files import RECORD, SERIES, Point, SampleFiles, slots
 from dirmq.server.credentials import new_token, token_digest
-from dirmq.store.access import root_access
+from dirmq.store.filemodes import root_access
 
 from .support.fixtures import serve
 from .support.metrics_helpers import make_queues, matching

@@ -27,7 +27,7 @@ from dirmq.errors import CorruptConfig, DuplicateMessage
 from dirmq.pubsub import PubSub
 from dirmq.pubsub.check import check_pubsub
 from dirmq.store import QueueConfig, Store, layout
-from dirmq.store.access import GROUP, LEGACY, PRIVATE, Access, process_umask
+from dirmq.store.filemodes import GROUP, LEGACY, PRIVATE, Access, process_umask
 from dirmq.store.fsck import Kind, fsck
 
 from .support.servers import REPO, sqs_client, start_server

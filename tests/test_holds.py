@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from dirmq.store import holds
-from dirmq.store.access import PRIVATE, Access
+from dirmq.store.filemodes import PRIVATE, Access
 from dirmq.store.holds import Busy, Hold, Lost
 
 from .support.procs import dead_pid
@@ -104,7 +104,7 @@ def test_a_removed_hold_is_lost(tmp_path: Path) -> None:
 _TAKER = """
 import sys, time
 from dirmq.store import holds
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 directory, at = sys.argv[1], float(sys.argv[2])
 time.sleep(max(0.0, at - time.time()))
 taken = holds.take(directory, "runner.", 30.0, access=Access.named("private"))

@@ -19,8 +19,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from dirmq.server.access_log import AccessLog, AuthFailureLog
+from dirmq.server.contract import Request
 from dirmq.server.dialect import observe_all
-from dirmq.server.http import Request
 from dirmq.server.logs import (
     FLUSH_AFTER_S,
     BatchHandler,

@@ -14,7 +14,7 @@ import pytest
 
 import dirmq
 from dirmq.errors import QueueNotFound
-from dirmq.server.http import Request
+from dirmq.server.contract import Request
 from dirmq.server.metrics import MAX_ROUTES, Metrics, worker_restarts
 from dirmq.server.multiprocess import MetricsFiles
 from dirmq.store.census import census, queue_depth

@@ -12,18 +12,8 @@ from pathlib import Path
 import pytest
 
 import dirmq
-from dirmq.server.http import (
-    LATER,
-    HttpServer,
-    Later,
-    Limits,
-    Request,
-    Respond,
-    Response,
-    StreamResponse,
-    _Clock,
-    _response_head,
-)
+from dirmq.server.contract import LATER, Later, Request, Respond, Response, StreamResponse
+from dirmq.server.http import HttpServer, Limits, _Clock, _response_head
 from dirmq.server.metrics import Metrics
 from dirmq.server.multiprocess import MetricsFiles
 from dirmq.wire import framing

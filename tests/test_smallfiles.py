@@ -17,7 +17,7 @@ import pytest
 from dirmq.pubsub.check import check_pubsub
 from dirmq.pubsub.layout import PubSubPaths
 from dirmq.store import Store, layout, smallfiles
-from dirmq.store.access import PRIVATE, Access
+from dirmq.store.filemodes import PRIVATE, Access
 from dirmq.store.fsck import Kind, fsck
 
 ACCESS = Access.named(PRIVATE)
@@ -119,7 +119,7 @@ def test_a_failed_link_removes_its_temp_file(
 _REWRITER = """
 import sys
 from dirmq.store import smallfiles
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 ACCESS = Access.named("private")
 path, durable = sys.argv[1], sys.argv[2] == "1"
 print("ready", flush=True)
@@ -191,7 +191,7 @@ def test_of_threads_creating_one_name_exactly_one_wins(tmp_path: Path) -> None:
 _CREATOR = """
 import sys, time
 from dirmq.store import smallfiles
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 ACCESS = Access.named("private")
 path, me, at = sys.argv[1], sys.argv[2], float(sys.argv[3])
 time.sleep(max(0.0, at - time.time()))

@@ -16,7 +16,7 @@ pytest.importorskip("pyspark")
 
 from dirmq.errors import ConsumerBusy
 from dirmq.spark.holder import record_path, take
-from dirmq.store.access import PRIVATE, Access
+from dirmq.store.filemodes import PRIVATE, Access
 
 from .support.procs import dead_pid
 

@@ -39,7 +39,7 @@ from dirmq.spark.writing import (
     publish,
     with_dedup_ids,
 )
-from dirmq.store.access import PRIVATE, Access
+from dirmq.store.filemodes import PRIVATE, Access
 
 ACCESS = Access.named(PRIVATE)
 

@@ -19,7 +19,7 @@ from pyspark.errors import StreamingQueryException
 from dirmq.client.pubsub import RemotePubSub
 from dirmq.pubsub import PubSub
 from dirmq.pubsub.layout import PubSubPaths
-from dirmq.pubsub.logs import LogHead
+from dirmq.pubsub.seqlogs import LogHead
 from dirmq.store import Store
 
 from .support.servers import start_server

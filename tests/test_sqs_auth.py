@@ -22,7 +22,7 @@ from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from dirmq.errors import ConfigError
-from dirmq.server.http import Request
+from dirmq.server.contract import Request
 from dirmq.sqs.auth import SigV4Authenticator, load_credentials
 from dirmq.sqs.errors import SqsError
 

@@ -24,7 +24,7 @@ from botocore.exceptions import ClientError
 
 import dirmq
 from dirmq.sqs.actions.move_tasks import decode_handle, encode_handle
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 
 from .support.fixtures import serve
 from .support.servers import ServerProcess, sqs_client, start_server
@@ -470,7 +470,7 @@ _TASK = """
 import sys, time
 from dataclasses import dataclass
 from dirmq.redrive.records import TaskFiles
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 
 @dataclass
 class Task:

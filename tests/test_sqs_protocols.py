@@ -20,7 +20,7 @@ from botocore.model import ServiceModel
 from botocore.parsers import create_parser
 from botocore.serialize import create_serializer
 
-from dirmq.server.http import Request
+from dirmq.server.contract import Request
 from dirmq.sqs import protocol_json, protocol_query
 from dirmq.sqs.errors import SqsError
 

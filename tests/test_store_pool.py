@@ -11,7 +11,7 @@ import pytest
 
 import dirmq
 from dirmq.store import layout, pool
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 from dirmq.store.fsck import Kind, fsck
 
 from .support.pool_workers import kill_reading_all, well_formed

@@ -96,7 +96,7 @@ def test_shared_mode_writes_each_put_beside_its_final_name(root: Path) -> None:
 def _plant_temp(queue_dir: Path, state: str, final: str, pid: int, age_s: float = 0) -> Path:
     path = queue_dir / state / f".{final}.{layout.HOST_TAG}-{pid}"
     path.write_bytes(b"half a mess")
-    path.chmod(0o600)  # the root's private access (access.py)
+    path.chmod(0o600)  # the root's private access (store/filemodes.py)
     if age_s:
         os.utime(path, (time.time() - age_s, time.time() - age_s))
     return path

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from dirmq.errors import InvalidArgument, MessageTooLarge, storage_error
 from dirmq.store import Store, codec, layout
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 from dirmq.store.fsio import PendingFile, create_pending, fsync_dir
 from dirmq.store.names import RESERVED_PREFIX
 

@@ -16,8 +16,8 @@ from dirmq.console.permissions import permission
 from dirmq.console.render import queue_url
 from dirmq.errors import InvalidArgument, MessageNotFound, StaleReceipt
 from dirmq.redrive.tasks import MAX_IDS, redrives_of
+from dirmq.server.contract import Response
 from dirmq.server.credentials import WRITE
-from dirmq.server.http import Response
 from dirmq.store import OutgoingMessage, Queue, QueueConfig
 from dirmq.store.ids import is_id
 from dirmq.wire import jsondoc

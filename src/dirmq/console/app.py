@@ -39,9 +39,9 @@ from dirmq.console.session import (
 from dirmq.errors import AccessDenied, DirmqError, InvalidArgument, Unauthenticated
 from dirmq.server.access import OPEN, Access, credentials_required
 from dirmq.server.broker import Broker
+from dirmq.server.contract import Request, Response, StreamResponse, SwitchProtocols
 from dirmq.server.dialect import Dialect
 from dirmq.server.errors import error_response, status_of
-from dirmq.server.http import Request, Response, StreamResponse, SwitchProtocols
 
 log = logging.getLogger("dirmq.console")
 

@@ -12,7 +12,7 @@ from dirmq.console.render import Renderer
 from dirmq.console.session import Session, Sessions
 from dirmq.server.access import Access
 from dirmq.server.broker import Broker
-from dirmq.server.http import Request, Response
+from dirmq.server.contract import Request, Response
 
 
 @dataclass(frozen=True, slots=True)

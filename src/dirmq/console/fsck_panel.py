@@ -26,10 +26,10 @@ from dirmq.console.call import Call, Console
 from dirmq.console.render import now_s
 from dirmq.errors import AccessDenied
 from dirmq.pubsub.check import check_pubsub
+from dirmq.server.contract import Response
 from dirmq.server.credentials import ADMIN, SEE
-from dirmq.server.http import Response
 from dirmq.store import fsckrecord, holds
-from dirmq.store.access import read_marker, root_access
+from dirmq.store.filemodes import read_marker, root_access
 from dirmq.store.fsck import fsck
 from dirmq.store.fsckrecord import FsckRecord
 

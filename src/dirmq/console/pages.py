@@ -23,8 +23,8 @@ from dirmq.console.pubsub_view import pubsub_summary
 from dirmq.console.render import now_s
 from dirmq.errors import InvalidArgument, MessageNotFound
 from dirmq.redrive.tasks import redrives_of
+from dirmq.server.contract import Response
 from dirmq.server.credentials import SEE
-from dirmq.server.http import Response
 from dirmq.store import layout
 from dirmq.store.ids import is_id
 from dirmq.store.message import Message

@@ -19,8 +19,8 @@ from dirmq.console.call import Call, Console
 from dirmq.console.pubsub_view import LOG_PAGE, hub_of, log_page, pubsub_summary, viewer_of
 from dirmq.errors import InvalidArgument
 from dirmq.pubsub.layout import SEQ_DIGITS
+from dirmq.server.contract import Response
 from dirmq.server.credentials import BROWSE
-from dirmq.server.http import Response
 
 
 def pubsub(console: Console, call: Call) -> Response:

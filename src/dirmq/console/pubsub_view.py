@@ -18,10 +18,10 @@ from dirmq.console.preview import Preview, preview
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.pubsub.hub import PubSub
 from dirmq.pubsub.layout import PubSubPaths
-from dirmq.pubsub.logs import LogHead
 from dirmq.pubsub.model import Filter
 from dirmq.pubsub.policy import DeliveryPolicy
 from dirmq.pubsub.retained import LostEntry, read_envelope, read_retained
+from dirmq.pubsub.seqlogs import LogHead
 from dirmq.pubsub.transitions import Entry
 from dirmq.server.credentials import BROWSE, CHANNEL_PREFIX, SEE, SUBSCRIPTION_PREFIX
 from dirmq.store import layout

@@ -23,7 +23,7 @@ from urllib.parse import quote
 import jinja2
 
 from dirmq import __version__
-from dirmq.server.http import Response
+from dirmq.server.contract import Response
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "

@@ -39,8 +39,8 @@ from dirmq.console.samples_files import TOTAL, Point, SampleFiles, slots
 from dirmq.errors import InvalidArgument
 from dirmq.server.queuecounts import KINDS, QueueCounts
 from dirmq.store import holds, smallfiles
-from dirmq.store.access import Access
 from dirmq.store.census import Census, QueueDepth
+from dirmq.store.filemodes import Access
 from dirmq.store.holds import Hold
 from dirmq.store.message import QueueStats
 

@@ -27,10 +27,10 @@ from dirmq.console.samples_files import SERIES, TOTAL, SampleFiles
 from dirmq.errors import DirmqError, InvalidArgument, QueueNotFound
 from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
+from dirmq.server.contract import Request, Response
 from dirmq.server.credentials import SEE
 from dirmq.server.dialect import Dialect
 from dirmq.server.errors import error_response, json_error
-from dirmq.server.http import Request, Response
 from dirmq.store import layout
 from dirmq.store.names import queue_path
 

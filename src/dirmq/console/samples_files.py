@@ -31,7 +31,7 @@ from typing import Any
 
 from dirmq.server.queuecounts import KINDS
 from dirmq.store import smallfiles
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 
 WINDOW_S = 3600  # how far back the rings go
 TOTAL = "@total"  # the ring of every queue together (no queue name starts with @)

@@ -55,7 +55,6 @@ from urllib.parse import unquote
 from dirmq.errors import DeliveryNotFound, DirmqError, InvalidArgument, MessageTooLarge
 from dirmq.pubsub import Delivery, Mode, Outcome, PubSub, Subscription
 from dirmq.pubsub.layout import PubSubPaths, is_delivery_key
-from dirmq.pubsub.logs import LogHead
 from dirmq.pubsub.model import (
     DEFAULT_ACCEPT_TIMEOUT_S,
     DEFAULT_PROCESS_TIMEOUT_S,
@@ -69,8 +68,10 @@ from dirmq.pubsub.policy import (
     MAX_DELIVERIES_LIMIT,
 )
 from dirmq.pubsub.retained import LostEntry, read_retained
+from dirmq.pubsub.seqlogs import LogHead
 from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
+from dirmq.server.contract import Request, Response, StreamResponse
 from dirmq.server.credentials import (
     ADMIN,
     BROWSE,
@@ -81,7 +82,6 @@ from dirmq.server.credentials import (
 )
 from dirmq.server.dialect import Dialect
 from dirmq.server.errors import error_response, json_error
-from dirmq.server.http import Request, Response, StreamResponse
 from dirmq.server.metrics import Metrics
 from dirmq.server.parameters import check_parameters, every_value
 from dirmq.wire import messages as wire

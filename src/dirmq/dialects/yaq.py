@@ -35,10 +35,10 @@ from dirmq.errors import (
 )
 from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
+from dirmq.server.contract import Request, Response, StreamResponse
 from dirmq.server.credentials import READ, WRITE
 from dirmq.server.dialect import Dialect
 from dirmq.server.errors import CHALLENGES, status_of
-from dirmq.server.http import Request, Response, StreamResponse
 from dirmq.server.parameters import check_parameters
 from dirmq.store import Message, OutgoingMessage, Queue, QueueConfig
 from dirmq.store.names import validate_queue_name
@@ -107,7 +107,7 @@ class YaqApp(Dialect):
     def body_check(
         self, method: str, path: str, headers: dict[str, str], length: int, principal: str = ""
     ) -> Response | None:
-        """`http.BodyCheck`: an enqueue over its queue's size limit (a queue it would create:
+        """`contract.BodyCheck`: an enqueue over its queue's size limit (a queue it would create:
         the default limit) gets its 413 from its Content-Length, before the body is read (to
         a principal that may enqueue there only: the limit tells that the queue exists)."""
         if method != "POST":

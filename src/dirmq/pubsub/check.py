@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 from dirmq.errors import CorruptMessage
 from dirmq.pubsub.layout import SEQ_DIGITS, PubSubPaths, split_outbox, split_timed
-from dirmq.pubsub.logs import is_tombstone
 from dirmq.pubsub.model import check_name
+from dirmq.pubsub.seqlogs import is_tombstone
 from dirmq.pubsub.transitions import read_entry
 from dirmq.store import smallfiles
-from dirmq.store.access import root_access
+from dirmq.store.filemodes import root_access
 from dirmq.store.fsckrecord import Found
 from dirmq.store.recovery import older_than
 

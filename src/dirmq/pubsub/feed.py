@@ -20,8 +20,8 @@ from typing import Any
 
 from dirmq.errors import CorruptMessage
 from dirmq.pubsub.layout import log_key
-from dirmq.pubsub.logs import SeqLog, is_tombstone
 from dirmq.pubsub.model import Envelope
+from dirmq.pubsub.seqlogs import SeqLog, is_tombstone
 from dirmq.pubsub.transitions import Entry, read_entry
 
 log = logging.getLogger("dirmq.pubsub")

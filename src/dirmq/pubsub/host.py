@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from dirmq.pubsub.layout import PubSubPaths
-from dirmq.pubsub.logs import SeqLog
 from dirmq.pubsub.model import Outcome
 from dirmq.pubsub.presence import PresenceIndex
+from dirmq.pubsub.seqlogs import SeqLog
 from dirmq.pubsub.transitions import Transitions
 from dirmq.store.root import Store
 

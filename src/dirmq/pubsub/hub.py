@@ -9,7 +9,7 @@ one, finishes what a dead one left half done (`sweep`).
 
 Why it is long: publishing, routing and the sweep's recovery steps act on the same directories and
 must agree with one another; what can live apart already does (`subscription.py`, `transitions.py`,
-`outcomes.py`, `logs.py`, `presence.py`).
+`outcomes.py`, `seqlogs.py`, `presence.py`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from dirmq.pubsub.layout import (
     split_timed,
     timed_name,
 )
-from dirmq.pubsub.logs import SeqLog, is_tombstone
 from dirmq.pubsub.model import (
     DEFAULT_ACCEPT_TIMEOUT_S,
     DEFAULT_PROCESS_TIMEOUT_S,
@@ -66,6 +65,7 @@ from dirmq.pubsub.policy import (
     read_policy,
 )
 from dirmq.pubsub.presence import PresenceIndex, read_subscription
+from dirmq.pubsub.seqlogs import SeqLog, is_tombstone
 from dirmq.pubsub.subscription import Subscription
 from dirmq.pubsub.transitions import Transitions, now_ms, read_entry
 from dirmq.store import smallfiles

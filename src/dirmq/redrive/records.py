@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from urllib.parse import quote, unquote
 
 from dirmq.store import holds, layout, smallfiles
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 from dirmq.store.holds import Hold
 
 HISTORY = 10  # task records kept per source queue

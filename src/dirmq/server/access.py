@@ -27,8 +27,8 @@ import binascii
 from collections.abc import Callable, Mapping
 
 from dirmq.errors import AccessDenied, Unauthenticated
+from dirmq.server.contract import Request
 from dirmq.server.credentials import SEE, Credentials, Principal, token_digest
-from dirmq.server.http import Request
 
 # The SigV4 check of a request: the principal owning the access key, or Unauthenticated.
 SignatureCheck = Callable[[Request], str]

@@ -1,4 +1,4 @@
-"""Observers of answered requests (`http.Observe`): the access log and the log of
+"""Observers of answered requests (`contract.Observe`): the access log and the log of
 authentication failures. The composition root (`dirmq.service`) puts them, with any other
 observer (request metrics), on every listener's `Router` through `dialect.observe_all`.
 
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dirmq.server.http import Request
+from dirmq.server.contract import Request
 
 ACCESS_LOGGER = "dirmq.access"
 AUTH_LOGGER = "dirmq.auth"

@@ -20,8 +20,7 @@ from collections.abc import Sequence
 
 from dirmq.errors import DirmqError, Unauthenticated
 from dirmq.server.access import Access, credentials_required
-from dirmq.server.errors import error_response
-from dirmq.server.http import (
+from dirmq.server.contract import (
     Later,
     Observe,
     Request,
@@ -30,6 +29,7 @@ from dirmq.server.http import (
     StreamResponse,
     SwitchProtocols,
 )
+from dirmq.server.errors import error_response
 
 log = logging.getLogger("dirmq.server")
 
@@ -50,7 +50,7 @@ class Dialect:
         raise NotImplementedError
 
     def fast(self, request: Request, respond: Respond) -> Response | Later | None:
-        """An answer without a Task (see `http.FastHandler`), or None: `__call__` answers."""
+        """An answer without a Task (see `contract.FastHandler`), or None: `__call__` answers."""
         return None
 
     def body_check(
@@ -81,7 +81,7 @@ class Dialect:
 
 class Router:
     """A listener's handler: each request goes to the first dialect that claims it, else to
-    the last. `observe` is told of every answered request (`http.Observe`): the request says
+    the last. `observe` is told of every answered request (`contract.Observe`): the request says
     which dialect (`door`) answered it, and what it asked as far as that dialect filled in."""
 
     def __init__(

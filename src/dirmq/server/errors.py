@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from dirmq import errors
-from dirmq.server.http import Response
+from dirmq.server.contract import Response
 
 RETRY_AFTER_S = 1
 

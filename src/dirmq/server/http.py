@@ -5,9 +5,10 @@ the limits that protect the server from its clients (header and body size, slow 
 connection count), handles keep-alive, pipelining (answered in order, one at a time),
 `Expect: 100-continue`, streaming responses with trailers, back-pressure from slow readers, and
 draining on shutdown. What a request means is the business of the listener's dialects
-(`dialect.py`). A `GET` asking for a protocol upgrade is answered like any other; if the
-application answers it with `SwitchProtocols`, the connection's bytes go to the `Upgraded` object
-it names from then on (`websocket.py`), else the connection closes after the answer.
+(`dialect.py`); what it hands them and takes back is the contract (`contract.py`). A `GET`
+asking for a protocol upgrade is answered like any other; if the application answers it with
+`SwitchProtocols`, the connection's bytes go to the `Upgraded` object it names from then on
+(`websocket.py`), else the connection closes after the answer.
 
 Why it is long: one connection's state machine (parsing, pipelining, back-pressure, limits, timers,
 streaming, drain), whose invariants (answers in order, each budget charge given back exactly once)
@@ -24,10 +25,10 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import formatdate
-from typing import Any, Protocol, cast
+from typing import Any, cast
 from urllib.parse import parse_qsl
 
 import httptools
@@ -35,6 +36,19 @@ import httptools
 from dirmq.server.addresses import is_loopback_peer
 from dirmq.server.balance import ConnectionBalance
 from dirmq.server.budget import MemoryBudget, default_body_memory_bytes
+from dirmq.server.contract import (
+    LATER,
+    BodyCheck,
+    FastHandler,
+    Handler,
+    Later,
+    Observe,
+    Request,
+    Response,
+    StreamResponse,
+    SwitchProtocols,
+    Upgraded,
+)
 from dirmq.wire import framing
 
 log = logging.getLogger("dirmq.server")
@@ -77,110 +91,6 @@ class Limits:
     max_connections: int = 20_000
     # The sum of request bodies (and response bodies stuck in write buffers) held in memory.
     max_body_memory_bytes: int = field(default_factory=default_body_memory_bytes)
-
-
-@dataclass(slots=True)
-class Request:
-    method: str
-    path: str  # as sent: still percent-encoded
-    query: dict[str, str]  # first value of each parameter, percent-decoded
-    headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
-    body: bytes
-    keep_alive: bool
-    raw_headers: list[tuple[str, str]] = field(default_factory=list)  # names as sent
-    raw_query: str = ""  # as sent, still percent-encoded (signatures are computed over it)
-    held_bytes: int = 0  # of the server's MemoryBudget, given back once answered
-    started: float = 0.0  # time.monotonic() when the whole request had arrived
-    # Filled in while it is answered, for whoever observes requests (access log, metrics):
-    door: str = ""  # the dialect that answered it ("native", "sqs", "yaq", "pubsub")
-    route: str = ""  # a low-cardinality name of what it asked (a route kind, an SQS action)
-    queue: str = ""  # the queue (or pub/sub name) it addressed, when it named one
-    principal: str = ""  # who sent it, once authenticated
-    scheme: str = "http"  # "https" on a TLS listener (for the URLs a dialect hands out)
-    peer: str = ""  # the client's IP address
-
-    def header(self, name: str) -> str | None:
-        return self.headers.get(name)
-
-
-@dataclass(slots=True)
-class Response:
-    status: int
-    body: bytes = b""
-    headers: list[tuple[str, str]] = field(default_factory=list)
-    # Runs once the response is handed to the socket (not if the client vanished first).
-    after: Callable[[], Awaitable[None]] | None = None
-
-
-@dataclass(slots=True)
-class StreamResponse:
-    """A chunked response. `trailers` may be filled in by `body` before it finishes."""
-
-    status: int
-    body: AsyncIterator[bytes]
-    headers: list[tuple[str, str]] = field(default_factory=list)
-    trailer_names: tuple[str, ...] = ()
-    trailers: list[tuple[str, str]] = field(default_factory=list)
-
-
-class Upgraded(Protocol):
-    """What takes a connection over once it switched protocols (after the 101). It writes to
-    the transport it is given, and closes or aborts it when done."""
-
-    def start(self, transport: asyncio.Transport, received: bytes) -> None:
-        """The 101 is written; `received`: what the client sent after its request, if any."""
-
-    def data_received(self, data: bytes) -> None: ...
-
-    def writable(self, can_write: bool) -> None:
-        """The transport's write buffer went over its high-water mark (False) or back under
-        its low-water mark (True)."""
-
-    def shutdown(self) -> None:
-        """The server drains: say goodbye to the peer and close soon."""
-
-    def connection_lost(self) -> None: ...
-
-
-@dataclass(slots=True)
-class SwitchProtocols:
-    """The answer that upgrades a connection: 101 with `headers`, then `connection` has it."""
-
-    headers: list[tuple[str, str]]
-    connection: Upgraded
-
-
-Handler = Callable[[Request], Awaitable[Response | StreamResponse | SwitchProtocols]]
-# How a fast handler answers later: once, on the event loop, with the response or with the
-# unexpected error it met (logged, then answered 500). False: the connection had gone away
-# and nothing was sent (what the answer handed over can be given back).
-Respond = Callable[[Response | BaseException], bool]
-
-
-class Later:
-    """What a fast handler returns when it will answer through `respond`, and what the
-    connection holds as its `_task` meanwhile. Nothing to cancel: if the client goes away, the
-    work finishes all the same and its answer is dropped."""
-
-    __slots__ = ()
-
-    def cancel(self) -> bool:
-        return False
-
-
-LATER = Later()
-# A synchronous first look at a request: its response now, LATER (it calls `respond`), or None
-# to leave the request to the Handler. It spares the common requests a Task, a chain of
-# coroutines and a future (each hop through the event loop costs microseconds). Its responses
-# have no `after`.
-FastHandler = Callable[[Request, Respond], "Response | Later | None"]
-# A look at a request's head before its body is read: (method, path, headers, Content-Length)
-# -> the response that refuses it (e.g. a body over its queue's limit), or None to read it.
-BodyCheck = Callable[[str, str, dict[str, str], int], "Response | None"]
-# Told of each answered request once its response is handed to the transport (a stream: once
-# it ended): (request, status, response body bytes, seconds since the request arrived). The
-# access log and the request metrics hang here, so every dialect is seen the same way.
-Observe = Callable[[Request, int, int, float], None]
 
 
 def _over_the_limit(limit_bytes: int) -> str:

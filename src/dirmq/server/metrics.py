@@ -41,7 +41,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from dirmq.server.http import Request
+from dirmq.server.contract import Request
 from dirmq.server.multiprocess import MetricsFiles
 from dirmq.store.census import Census, QueueDepth, queue_depth
 from dirmq.store.events import DEAD_REASONS, StoreEvents
@@ -185,7 +185,7 @@ class Metrics:
         MultiProcessCollector(self.registry, path=files.path)  # type: ignore[no-untyped-call]
         self.registry.register(QueueDepthCollector(census or Census(root), max_queues))
 
-    # -- requests (`http.Observe`) --------------------------------------------------------------
+    # -- requests (`contract.Observe`) ----------------------------------------------------------
     def observe(self, request: Request, status: int, sent: int, seconds: float) -> None:
         """Count an answered request and its latency (the observer of every Router)."""
         self.answered += 1

@@ -28,7 +28,7 @@ from wsproto.connection import Connection, ConnectionState, ConnectionType
 from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
 
 from dirmq.errors import InvalidArgument
-from dirmq.server.http import Request
+from dirmq.server.contract import Request
 
 log = logging.getLogger("dirmq.server")
 
@@ -124,7 +124,7 @@ class Endpoint(Protocol):
 
 
 class WebSocket:
-    """The `http.Upgraded` for one WebSocket connection."""
+    """The `contract.Upgraded` for one WebSocket connection."""
 
     __slots__ = (
         "_closed_told",
@@ -156,7 +156,7 @@ class WebSocket:
         self.last_heard = self._loop.time()
         self.sent_bytes = 0
 
-    # -- http.Upgraded --------------------------------------------------------------------------
+    # -- contract.Upgraded ----------------------------------------------------------------------
     def start(self, transport: asyncio.Transport, received: bytes) -> None:
         self._transport = transport
         self._timer = self._loop.call_later(self._limits.ping_interval_s, self._tick)

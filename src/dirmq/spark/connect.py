@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from dirmq.errors import MessageTooLarge, QueueNotFound
 from dirmq.spark.options import Options
 from dirmq.store import Message, OutgoingMessage, QueueConfig, QueueStats, Store
-from dirmq.store.access import PRIVATE, Access
+from dirmq.store.filemodes import PRIVATE, Access
 
 # Messages (a get) or receipts (an ack_many, extend_many, nack_each) one request to the server
 # carries at most: the server's limit.

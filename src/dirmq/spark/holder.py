@@ -25,7 +25,7 @@ import time
 
 from dirmq.errors import ConsumerBusy, storage_error
 from dirmq.store import holds, smallfiles
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 from dirmq.store.holds import Busy, Hold, HoldRecord, Lost
 
 PREFIX = "holder."

@@ -31,7 +31,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from dirmq.errors import storage_error, storage_errors
 from dirmq.store import smallfiles
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 
 _ROWS = "rows.arrow"
 

@@ -38,9 +38,9 @@ from pyspark.sql.streaming.datasource import (
 from dirmq.client.pubsub import MAX_RETAINED_LIMIT, RemotePubSub
 from dirmq.errors import DirmqError, InvalidArgument
 from dirmq.pubsub.layout import PubSubPaths
-from dirmq.pubsub.logs import LogHead
 from dirmq.pubsub.model import Filter
 from dirmq.pubsub.retained import ABSENT, LostEntry, read_retained
+from dirmq.pubsub.seqlogs import LogHead
 from dirmq.pubsub.transitions import Entry
 from dirmq.spark.leasing import ROWS_PER_BATCH, split
 from dirmq.spark.options import EARLIEST, LATEST, RetainedOptions, partitions_for

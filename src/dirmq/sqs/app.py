@@ -17,9 +17,9 @@ from typing import Any, Protocol
 from dirmq import errors
 from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
+from dirmq.server.contract import Request, Response
 from dirmq.server.credentials import SEE
 from dirmq.server.dialect import Dialect
-from dirmq.server.http import Request, Response
 from dirmq.sqs import protocol_json, protocol_query, protocol_query_json
 from dirmq.sqs.access import authorise
 from dirmq.sqs.actions import load

@@ -49,8 +49,8 @@ from botocore.credentials import Credentials  # type: ignore[import-untyped]
 from dirmq.errors import Unauthenticated
 from dirmq.server import credentials as principals
 from dirmq.server.access import SignatureCheck
+from dirmq.server.contract import Request
 from dirmq.server.credentials import read_key_lines
-from dirmq.server.http import Request
 from dirmq.sqs.errors import SqsError
 
 ALGORITHM = "AWS4-HMAC-SHA256"

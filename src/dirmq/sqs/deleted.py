@@ -15,7 +15,7 @@ import os
 import time
 
 from dirmq.store import layout
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 
 WINDOW_S = 60.0
 MESSAGE = (

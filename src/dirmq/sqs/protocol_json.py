@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from dirmq.server.http import Request, Response
+from dirmq.server.contract import Request, Response
 from dirmq.sqs.errors import SqsError
 from dirmq.wire import jsondoc
 

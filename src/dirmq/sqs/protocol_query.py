@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 from xml.sax.saxutils import escape
 
-from dirmq.server.http import Request, Response
+from dirmq.server.contract import Request, Response
 from dirmq.sqs.errors import SqsError, invalid_value
 
 XMLNS = "http://queue.amazonaws.com/doc/2012-11-05/"

@@ -21,7 +21,7 @@ import base64
 import json
 from typing import Any
 
-from dirmq.server.http import Request, Response
+from dirmq.server.contract import Request, Response
 from dirmq.sqs import protocol_query
 from dirmq.sqs.errors import SqsError
 

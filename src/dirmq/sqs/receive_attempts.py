@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dirmq.store import Store, layout, smallfiles
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 
 ATTEMPT_TTL_S = 300.0
 PRUNE_EVERY_S = 60.0

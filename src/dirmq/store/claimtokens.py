@@ -26,7 +26,7 @@ import threading
 import time
 from collections import deque
 
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 
 HOLD_S = 10.0
 SUFFIX = ".claim"

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dirmq.store.access import Access
 from dirmq.store.events import NO_EVENTS, StoreEvents
+from dirmq.store.filemodes import Access
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
 from dirmq.store.watch import InotifyHub
 
@@ -26,7 +26,7 @@ class QueueContext:
     writeback: WritebackFlusher  # writeback publishes mark it dirty
     # The @ready directory of dead-letter queue `name`, or None if unset or absent.
     dead_letter_dir: Callable[[str | None], str | None]
-    access: Access  # the modes of every file and directory the queue creates (access.py)
+    access: Access  # the modes of every file and directory the queue creates (filemodes.py)
     # The shared-filesystem mode (filesystems.py): other hosts act on the same names through
     # their own caches, so no transition may count on this kernel seeing every change.
     shared: bool = False

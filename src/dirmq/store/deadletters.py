@@ -32,9 +32,9 @@ from collections.abc import Mapping
 
 from dirmq.errors import InvalidArgument, MessageTooLarge, storage_error
 from dirmq.store import codec, fsio, layout
-from dirmq.store.access import Access
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.events import DEAD_REASONS, REASON_REJECTED, REASON_UNREADABLE, StoreEvents
+from dirmq.store.filemodes import Access
 from dirmq.store.ids import new_id
 from dirmq.store.message import DeadLetter
 

@@ -16,7 +16,7 @@ import os
 import time
 
 from dirmq.errors import StorageError, storage_error
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 
 
 class Dedup:

@@ -38,7 +38,7 @@ Invariants, and what `repair=True` does about each (see `Kind`):
     state directories without @queue.json (crashed create/delete)     remove when empty, else report
     stray unknown files                                               report only (a notice)
     every file and directory has the modes of the root's access      chmod (and chgrp, in a group
-      (access.py: private 0600/0700, group 0660/2770 in the root's     root)
+      (filemodes.py: private 0600/0700, group 0660/2770 in the root's  root)
       group; nothing is checked in a root made before the setting)
     no file in the shared pool of @free holds data (a retired file   unlink
       is blanked: one that is not was retired by an earlier version)
@@ -79,10 +79,10 @@ from functools import partial
 
 from dirmq.errors import ConfigError, CorruptMessage, InvalidArgument, InvalidName, storage_error
 from dirmq.store import codec, layout, smallfiles
-from dirmq.store.access import GROUP, LEGACY, Access, conform, inferred_access, mismatches
 from dirmq.store.bounds import AT_MS_DIGITS, MAX_DURATION_S, MAX_RECEIVE_COUNT
 from dirmq.store.capacity import LEAK_GRACE_S
 from dirmq.store.config import QueueConfig
+from dirmq.store.filemodes import GROUP, LEGACY, Access, conform, inferred_access, mismatches
 from dirmq.store.ids import ID_PATTERN, is_id
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.names import validate_queue_name

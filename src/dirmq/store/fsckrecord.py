@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from dirmq.store import layout, smallfiles
-from dirmq.store.access import read_marker, root_access
+from dirmq.store.filemodes import read_marker, root_access
 from dirmq.store.fsck import FsckReport
 
 RECORD_FILE = "last.json"

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from dirmq.errors import QueueNotFound, storage_error
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 from dirmq.store.filesystems import is_shared
 
 T = TypeVar("T")

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from dirmq.store import smallfiles
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 
 RELEASED_MTIME = 0.0
 _GENERATION_DIGITS = 20

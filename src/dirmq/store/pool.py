@@ -96,7 +96,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from dirmq.store import layout
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 from dirmq.store.fsio import DirHandle, PendingFile, overwrite_pending
 
 MAX_RECYCLED_BYTES = 64 * 1024

@@ -28,10 +28,10 @@ from dirmq.errors import (
     storage_error,
 )
 from dirmq.store import layout, smallfiles
-from dirmq.store.access import GROUP, PRIVATE, Access, conform, group_id, mismatches, root_access
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.events import StoreEvents, with_quarantined
+from dirmq.store.filemodes import GROUP, PRIVATE, Access, conform, group_id, mismatches, root_access
 from dirmq.store.filesystems import resolve_shared
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
 from dirmq.store.names import queue_path, validate_queue_name

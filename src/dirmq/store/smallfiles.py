@@ -36,7 +36,7 @@ import re
 import uuid
 from collections.abc import Iterator
 
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 from dirmq.store.fsio import fsync_dir, write_new_file
 from dirmq.store.recovery import older_than
 

@@ -41,10 +41,7 @@ from dirmq.errors import AccessDenied, DirmqError, QueueNotFound
 from dirmq.redrive.tasks import redrives_of
 from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
-from dirmq.server.credentials import ADMIN, BROWSE, READ, SEE, WRITE
-from dirmq.server.dialect import Dialect
-from dirmq.server.errors import error_response, json_error
-from dirmq.server.http import (
+from dirmq.server.contract import (
     LATER,
     Later,
     Request,
@@ -53,6 +50,9 @@ from dirmq.server.http import (
     StreamResponse,
     SwitchProtocols,
 )
+from dirmq.server.credentials import ADMIN, BROWSE, READ, SEE, WRITE
+from dirmq.server.dialect import Dialect
+from dirmq.server.errors import error_response, json_error
 from dirmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dirmq.server.metrics import Metrics
 from dirmq.server.websocket import is_websocket
@@ -130,7 +130,7 @@ class NativeApp(Dialect):
         return response
 
     def fast(self, request: Request, respond: Respond) -> Response | Later | None:
-        """A publish, or an ack by receipt, answered without a Task (see `http.FastHandler`):
+        """A publish, or an ack by receipt, answered without a Task (see `contract.FastHandler`):
         a publish read as `publish` reads it, handed to the queue's line, answered when stored;
         an ack handed to the queue's ack line (`_fast_ack`). Anything else, every error (left
         to `__call__` to report) and a queue with a capacity (whose waits need a Task that the
@@ -222,7 +222,7 @@ class NativeApp(Dialect):
     def body_check(
         self, method: str, path: str, headers: dict[str, str], length: int, principal: str = ""
     ) -> Response | None:
-        """`http.BodyCheck`: a publish over its queue's size limit gets its 413 from its
+        """`contract.BodyCheck`: a publish over its queue's size limit gets its 413 from its
         Content-Length, before the body is read (only for a principal that may publish there:
         the limit tells that the queue exists)."""
         if method != "POST":

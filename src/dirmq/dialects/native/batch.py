@@ -15,7 +15,7 @@ import json
 from dirmq.dialects.native.routes import Route
 from dirmq.errors import InvalidArgument, StorageError
 from dirmq.server.broker import Broker
-from dirmq.server.http import Request, Response
+from dirmq.server.contract import Request, Response
 from dirmq.store.bounds import check_seconds
 from dirmq.wire import jsondoc
 from dirmq.wire.durations import parse_duration

@@ -43,8 +43,8 @@ from dirmq.errors import (
     QueueNotFound,
 )
 from dirmq.server.broker import Broker
+from dirmq.server.contract import Request, Response
 from dirmq.server.errors import json_error
-from dirmq.server.http import Request, Response
 from dirmq.store import Durability, Message, OutgoingMessage, Queue
 from dirmq.store.events import REASON_REJECTED
 from dirmq.store.ids import is_id

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from dirmq.dialects.native.routes import Route
 from dirmq.errors import InvalidArgument, QueueExists
 from dirmq.server.broker import Broker
-from dirmq.server.http import Request, Response
+from dirmq.server.contract import Request, Response
 from dirmq.store import QueueConfig
 from dirmq.wire import jsondoc
 

@@ -20,7 +20,7 @@ from dirmq.errors import InvalidArgument
 from dirmq.redrive.model import RedriveTask
 from dirmq.redrive.tasks import redrives_of
 from dirmq.server.broker import Broker
-from dirmq.server.http import Request, Response
+from dirmq.server.contract import Request, Response
 from dirmq.wire import jsondoc
 
 _KEYS = ("ids", "reason", "to", "rate_per_s")

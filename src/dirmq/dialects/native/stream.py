@@ -26,8 +26,8 @@ from typing import Any
 
 from dirmq.errors import DirmqError, InvalidArgument
 from dirmq.server.broker import Broker
+from dirmq.server.contract import Request, SwitchProtocols
 from dirmq.server.errors import status_of
-from dirmq.server.http import Request, SwitchProtocols
 from dirmq.server.parameters import check_parameters
 from dirmq.server.websocket import (
     GOING_AWAY,

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dirmq.errors import storage_error
 from dirmq.pubsub.layout import SEQ_DIGITS, seq_name
 from dirmq.store import smallfiles
-from dirmq.store.access import Access
+from dirmq.store.filemodes import Access
 
 _RESCAN_AFTER = 64  # EEXIST in a row: our idea of the head is stale, list the directory
 

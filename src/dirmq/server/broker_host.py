@@ -1,0 +1,62 @@
+"""What the broker's engines need from the `Broker` that runs them, as a protocol.
+
+`Broker` (broker.py) creates its engines, one of each per queue: the publish line
+(publish_line.py), the get and ack batchers (batcher.py) and the long-poll waiters
+(longpolls.py), so it imports their modules; an engine only hands work to the broker's pool,
+leases and settles through its event-loop calls, gives back what nobody takes and counts what
+it moved. Naming that here, below all of them, lets the engines import nothing from broker.py:
+no import circle, and their dependencies are written down in one place. `Broker` is the one
+implementation (it matches structurally; nothing registers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Protocol, TypeVar
+
+from dirmq.store import Message, Queue, Store
+
+T = TypeVar("T")
+# The most one batch of an engine takes: messages a group commit of the publish line,
+# requests a batch of a get or ack line.
+MAX_BATCH_MESSAGES = 1024
+
+
+class BrokerHost(Protocol):
+    store: Store  # its watch settings (poll interval) for the long polls
+    closing: bool
+
+    def submit(self, fn: Callable[..., Any], *args: object) -> Future[Any]:
+        """Run `fn(*args)` on the broker's pool; RuntimeError once the pool is shut down."""
+        ...
+
+    async def call(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """A blocking store call, awaited from the pool."""
+        ...
+
+    async def lease(self, queue: Queue, wanted: int, visibility_s: float | None) -> list[Message]:
+        """Up to `wanted` messages of `queue`, leased through the broker's event-loop calls."""
+        ...
+
+    async def settle_chunks(
+        self,
+        queue: Queue,
+        fn: Callable[..., dict[str, Exception]],
+        receipts: list[str],
+        *args: object,
+    ) -> dict[str, Exception]:
+        """`fn(receipts, *args)`, a chunk at a time; the failures by receipt."""
+        ...
+
+    def give_back(self, queue: Queue, messages: list[Message]) -> None:
+        """Make leased messages nobody will take ready again, without waiting."""
+        ...
+
+    def moved(self, kind: int, queue: str, count: int) -> None:
+        """Count `count` messages of `queue` moved (`queuecounts.KINDS[kind]`)."""
+        ...
+
+    def watch_store(self) -> None:
+        """Pump the store's shared inotify descriptor from the event loop."""
+        ...
