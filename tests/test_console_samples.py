@@ -22,6 +22,7 @@ from dirmq.client import RemoteStore
 from dirmq.console.samples_files import RECORD, SERIES, Point, SampleFiles, slots
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store.filemodes import root_access
+from dirmq.store.processes import HOST_TAG, current
 
 from .support.fixtures import serve
 from .support.metrics_helpers import make_queues, matching
@@ -66,9 +67,8 @@ def _answered(server: ServerProcess) -> dict[str, float]:
 
 
 def _run_dir(server: ServerProcess) -> str:
-    (found,) = glob.glob(f"/dev/shm/dirmq-metrics-{server.proc.pid}-*") or glob.glob(
-        f"/tmp/dirmq-metrics-{server.proc.pid}-*"
-    )
+    name = f"dirmq-metrics.{HOST_TAG}.{current().pid_ns}.{server.proc.pid}.*"
+    (found,) = glob.glob(f"/dev/shm/{name}") or glob.glob(f"/tmp/{name}")
     return found
 
 

@@ -15,6 +15,7 @@ import dirmq
 from dirmq.store import layout
 from dirmq.store.fsck import fsck
 from dirmq.store.layout import parse_entry
+from dirmq.store.processes import ProcessIdentity, current
 
 from .support.pool_workers import kill_reading_all
 from .support.procs import kill, spawn
@@ -105,9 +106,8 @@ def test_sweep_on_open_after_kill_requeues_and_cleans(root: Path) -> None:
     # a temp file left by a dead process (one that never touched the queue)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(timeout=30)
-    orphan = os.path.join(
-        q.path, layout.TMP, f"{dirmq.store.ids.new_id()}.{layout.HOST_TAG}.{dead.pid}.tmp"
-    )
+    writer = ProcessIdentity(layout.HOST_TAG, current().pid_ns, dead.pid, 0)
+    orphan = os.path.join(q.path, layout.TMP, f"{dirmq.store.ids.new_id()}.{writer.token()}.tmp")
     Path(orphan).write_bytes(b"partial")
     time.sleep(0.3)
     reopened = dirmq.Store(root).queue("s")

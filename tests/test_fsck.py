@@ -19,6 +19,7 @@ from dirmq.store import OutgoingMessage, Queue, codec, layout
 from dirmq.store import fsck as fsck_module
 from dirmq.store.fsck import FsckReport, Kind, fsck
 from dirmq.store.ids import new_id
+from dirmq.store.processes import ProcessIdentity, current
 
 from .support.procs import dead_pid
 
@@ -116,7 +117,8 @@ def test_every_kind_of_damage_is_found_repaired_and_nothing_good_is_lost(
     lease = qdir / layout.LEASED / layout.timed_name(duplicated, 1, future_ms)
     shutil.copyfile(ready_file(qdir, duplicated), lease)
     # An orphaned temp file of a writer that died, and one of a live writer (ours).
-    orphan = qdir / layout.TMP / f"{new_id()}.{layout.HOST_TAG}.{dead_pid()}.tmp"
+    writer = ProcessIdentity(layout.HOST_TAG, current().pid_ns, dead_pid(), 0)
+    orphan = qdir / layout.TMP / f"{new_id()}.{writer.token()}.tmp"
     orphan.write_bytes(b"half written")
     live_tmp = qdir / layout.TMP / layout.tmp_name(new_id())
     live_tmp.write_bytes(b"being written")

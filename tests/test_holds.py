@@ -16,6 +16,7 @@ from pathlib import Path
 from dirmq.store import holds
 from dirmq.store.filemodes import PRIVATE, Access
 from dirmq.store.holds import Busy, Hold, Lost
+from dirmq.store.processes import ProcessIdentity, current, host_tag
 
 from .support.procs import dead_pid
 
@@ -31,7 +32,8 @@ def _plant(directory: Path, generation: int, host: str, pid: int, age_s: float) 
     """A record as another process would have written it, last renewed `age_s` ago."""
     path = holds.record_path(str(directory), PREFIX, generation)
     directory.mkdir(parents=True, exist_ok=True)
-    record = {"host": host, "pid": pid, "started": None, "token": "theirs", "timeout_s": 30.0}
+    process = ProcessIdentity(host_tag(host), current().pid_ns, pid, 0).token()
+    record = {"process": process, "host": host, "pid": pid, "token": "theirs", "timeout_s": 30.0}
     Path(path).write_text(json.dumps(record))
     stamp = time.time() - age_s
     os.utime(path, (stamp, stamp))

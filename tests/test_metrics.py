@@ -19,6 +19,7 @@ from dirmq.server.metrics import MAX_ROUTES, Metrics, worker_restarts
 from dirmq.server.multiprocess import MetricsFiles
 from dirmq.store.census import census, queue_depth
 from dirmq.store.events import DEAD_REASONS
+from dirmq.store.processes import HOST_TAG, ProcessIdentity, current
 
 from .support.metrics_helpers import inotify_watches, make_queues, matching, value
 
@@ -218,10 +219,11 @@ def test_the_depth_series_are_capped_and_any_queue_is_there_on_demand(
 def test_a_runs_metrics_directory_is_private_and_goes_with_it(tmp_path: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    left = tmp_path / f"dirmq-metrics-{dead.pid}-killed"  # a server killed with -9 left it
+    killed = ProcessIdentity(HOST_TAG, current().pid_ns, dead.pid, 0)
+    left = tmp_path / f"dirmq-metrics.{killed.token()}.killed"  # a server killed with -9 left it
     left.mkdir()
     (left / "counter_1.db").write_bytes(b"")
-    alive = tmp_path / f"dirmq-metrics-{os.getpid()}-running"  # a live server's
+    alive = tmp_path / f"dirmq-metrics.{current().token()}.running"  # a live server's
     alive.mkdir()
     with MetricsFiles.create(str(tmp_path)) as files:
         path = Path(files.path)

@@ -15,6 +15,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 import dirmq
+from dirmq.store.processes import HOST_TAG, current
 
 from .support.metrics_helpers import inotify_watches, make_queues, matching, value
 from .support.servers import REPO, ServerProcess, sqs_client, start_server
@@ -126,7 +127,7 @@ def test_two_workers_count_every_publish_once_in_every_scrape(tmp_path: Path) ->
     finally:
         assert server.stop() == 0
     if os.path.isdir("/dev/shm"):  # the run's metrics files went with it
-        mine = f"dirmq-metrics-{server.proc.pid}-"
+        mine = f"dirmq-metrics.{HOST_TAG}.{current().pid_ns}.{server.proc.pid}."
         assert not [name for name in os.listdir("/dev/shm") if name.startswith(mine)]
 
 

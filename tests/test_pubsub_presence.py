@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from dirmq.errors import SubscriptionBusy
 from dirmq.pubsub import PubSub
 from dirmq.pubsub.layout import PubSubPaths
 from dirmq.store import Store
+from dirmq.store.processes import HOST_TAG, parse_token
 
 NAME = "billing"
 ROUNDS = 60
@@ -118,11 +118,12 @@ def test_a_zombie_owner_is_taken_over(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the owner did not exit"
             time.sleep(0.05)
         present = Path(PubSubPaths.under(str(root)).present) / NAME
-        assert present.read_text().split()[:2] == [socket.gethostname(), str(owner.pid)]
+        session = parse_token(present.read_text().split()[0])
+        assert session is not None and (session.host, session.pid) == (HOST_TAG, owner.pid)
         with Store(root) as store:
             hub = PubSub(store)  # presence timeout 10 s: the file is not stale by age
             with hub.subscribe(NAME) as sub:
-                assert present.read_text() != f"{socket.gethostname()} {owner.pid}"
+                assert parse_token(present.read_text().split()[0]) != session
                 assert sub.name == NAME
     finally:
         owner.stdout.close() if owner.stdout else None

@@ -17,6 +17,7 @@ pytest.importorskip("pyspark")
 from dirmq.errors import ConsumerBusy
 from dirmq.spark.holder import record_path, take
 from dirmq.store.filemodes import PRIVATE, Access
+from dirmq.store.processes import ProcessIdentity, current, host_tag
 
 from .support.procs import dead_pid
 
@@ -28,7 +29,8 @@ def _plant(consumer_dir: Path, generation: int, host: str, pid: int, age_s: floa
     """A holder record as another query would have written it, last renewed `age_s` ago."""
     path = record_path(str(consumer_dir), generation)
     os.makedirs(consumer_dir, exist_ok=True)
-    record = {"host": host, "pid": pid, "started": None, "token": "theirs", "timeout_s": 30.0}
+    process = ProcessIdentity(host_tag(host), current().pid_ns, pid, 0).token()
+    record = {"process": process, "host": host, "pid": pid, "token": "theirs", "timeout_s": 30.0}
     Path(path).write_text(json.dumps(record))
     stamp = time.time() - age_s
     os.utime(path, (stamp, stamp))

@@ -13,6 +13,7 @@ import dirmq
 from dirmq.store import layout, pool
 from dirmq.store.filemodes import Access
 from dirmq.store.fsck import Kind, fsck
+from dirmq.store.processes import current
 
 from .support.pool_workers import kill_reading_all, well_formed
 from .support.pool_workers import spawn_worker as spawn
@@ -218,7 +219,7 @@ def test_fsck_unlinks_a_recycled_file_that_is_also_a_message(store: dirmq.Store)
 def test_reclaiming_never_reuses_a_file_with_another_name_nor_one_not_blanked(root: Path) -> None:
     q = dirmq.Store(root).create_queue("r")
     message_id = q.put(b"published")
-    dead = free_dir(q) / f"{layout.HOST_TAG}.{pool._PID_NS}.{dead_pid()}.1-0badc0de"
+    dead = free_dir(q) / f"{layout.HOST_TAG}.{current().pid_ns}.{dead_pid()}.1-0badc0de"
     dead.mkdir()
     os.link(Path(q.path, layout.READY, message_id), dead / "x")
     (dead / "y").write_bytes(bytes(7))  # blanked when it was retired

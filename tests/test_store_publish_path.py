@@ -14,6 +14,7 @@ import pytest
 
 import dirmq
 from dirmq.store import fsio, layout
+from dirmq.store.processes import current
 from dirmq.store.publishing import Publisher
 
 
@@ -168,5 +169,6 @@ def test_tmp_name_carries_the_pid_of_a_forked_child() -> None:
     name = os.read(read, 200).decode()
     os.close(read)
     os.waitpid(pid, 0)
-    assert name == f"x.{layout.HOST_TAG}.{pid}.tmp"
-    assert layout.tmp_name("x") == f"x.{layout.HOST_TAG}.{os.getpid()}.tmp"
+    assert name.startswith(f"x.{layout.HOST_TAG}.{current().pid_ns}.{pid}.")
+    assert layout.tmp_name("x") == f"x.{current().token()}.tmp"
+    assert current().pid == os.getpid()

@@ -19,6 +19,7 @@ from dirmq.store import codec, layout
 from dirmq.store.census import queue_depth
 from dirmq.store.filesystems import is_shared
 from dirmq.store.fsck import fsck
+from dirmq.store.processes import ProcessIdentity, current
 
 from .support.procs import dead_pid
 
@@ -94,7 +95,8 @@ def test_shared_mode_writes_each_put_beside_its_final_name(root: Path) -> None:
 
 
 def _plant_temp(queue_dir: Path, state: str, final: str, pid: int, age_s: float = 0) -> Path:
-    path = queue_dir / state / f".{final}.{layout.HOST_TAG}-{pid}"
+    writer = ProcessIdentity(layout.HOST_TAG, current().pid_ns, pid, 0)
+    path = queue_dir / state / f".{final}.{writer.token('-')}"
     path.write_bytes(b"half a mess")
     path.chmod(0o600)  # the root's private access (store/filemodes.py)
     if age_s:

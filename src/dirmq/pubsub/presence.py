@@ -1,7 +1,8 @@
 """Which subscriptions are attached right now, for `everyone` fan-out.
 
 An attached subscription has `present/<name>`, whose mtime its session refreshes every third of
-the presence timeout; a file older than the timeout belongs to a session that died (the sweeper
+the presence timeout; a file older than the timeout, or whose process is dead
+(`processes.liveness` of the identity in it), belongs to a session that died (the sweeper
 removes it). Publishers cache the list and re-read it when the directory changes (an attach or
 detach anywhere changes its mtime) or after `MAX_CACHE_S`, which is how stale sessions drop out.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import threading
 import time
 import uuid
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from dirmq.pubsub.layout import PubSubPaths
 from dirmq.pubsub.model import Filter
+from dirmq.store.processes import Liveness, current, liveness, parse_token
 
 MAX_CACHE_S = 1.0
 
@@ -117,33 +118,14 @@ class PresenceIndex:
 
 
 def new_session() -> str:
-    """What a session writes in its presence file: host, pid and a random token."""
-    return f"{socket.gethostname()} {os.getpid()} {uuid.uuid4().hex}"
+    """What a session writes in its presence file: its process's identity and a random token."""
+    return f"{current().token()} {uuid.uuid4().hex}"
 
 
 def _owner_died(owner: str) -> bool:
-    """True when the session was on this host and its process is gone (a killed server restarts
-    and its subscribers re-attach at once, without waiting for the presence timeout)."""
+    """True when the session's process is dead for sure (`processes.liveness`): a killed server
+    restarts and its subscribers re-attach at once, without waiting for the presence timeout.
+    An earlier version's "<host name> <pid> <token>" says too little: its heartbeat decides."""
     parts = owner.split()
-    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
-        return False
-    pid = int(parts[1])
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    """A zombie has exited (its parent has not reaped it yet): signal 0 still reaches it."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:  # no /proc here, or it has been reaped since
-        return False
-    # The state follows the command name, which is in parentheses and may hold anything.
-    state = stat[stat.rfind(b")") + 1 :].split(maxsplit=1)[:1]
-    return state in ([b"Z"], [b"X"])
+    process = parse_token(parts[0]) if len(parts) == 2 else None
+    return process is not None and liveness(process) is Liveness.DEAD

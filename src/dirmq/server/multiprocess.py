@@ -14,10 +14,11 @@ runs. So `MetricsFiles.create` sets the class itself (`values.ValueClass`, the m
 every metric reads when it makes a value), before any metric is made, and `Metrics` refuses to
 start on any other class.
 
-The directory is made per run (mode 0700, empty, `dirmq-metrics-<pid>-*` in /dev/shm: the
-files are written at every request, memory is where they belong; else the temp directory),
-removed when the server exits; one that a killed server left behind is removed by the next
-start once its pid is gone.
+The directory is made per run (mode 0700, empty, `dirmq-metrics.<process>.*` in /dev/shm, with
+the server's identity (store/processes.py): the files are written at every request, memory is
+where they belong; else the temp directory), removed when the server exits; one that a killed
+server left behind is removed by the next start once that process is dead (`liveness`; an
+earlier version's `dirmq-metrics-<pid>-*` names too little to tell, and is left alone).
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ import tempfile
 from prometheus_client import values
 from prometheus_client.multiprocess import mark_process_dead
 
+from dirmq.store.processes import Liveness, current, liveness, parse_token
+
 ENVIRONMENT = "PROMETHEUS_MULTIPROC_DIR"
-_PREFIX = "dirmq-metrics-"
-_LEFT_BEHIND = re.compile(rf"{re.escape(_PREFIX)}([0-9]+)-")
+_PREFIX = "dirmq-metrics."  # not an earlier version's "dirmq-metrics-<pid>-": it would judge us
+_LEFT_BEHIND = re.compile(r"dirmq-metrics\.([0-9a-f.]+)\.")
 
 _pid = os.getpid()  # not a getpid(2) per increment: prometheus-client asks at every one
 
@@ -62,7 +65,7 @@ class MetricsFiles:
     def create(cls, parent: str | None = None) -> MetricsFiles:
         """A new empty directory (0700) under `parent` (default: /dev/shm, or where that
         cannot be written the temp directory), active in this process."""
-        prefix = f"{_PREFIX}{os.getpid()}-"
+        prefix = f"{_PREFIX}{current().token()}."
         if parent is not None:
             path = tempfile.mkdtemp(prefix=prefix, dir=parent)
         else:
@@ -134,13 +137,13 @@ def _remove_left_behind(parent: str, keep: str) -> None:
         return
     for entry in entries:
         match = _LEFT_BEHIND.match(entry.name)
-        if match is None or entry.path == keep or not entry.is_dir(follow_symlinks=False):
+        owner = parse_token(match.group(1)) if match else None
+        if owner is None or entry.path == keep or not entry.is_dir(follow_symlinks=False):
             continue
         try:
             if entry.stat(follow_symlinks=False).st_uid != os.getuid():
                 continue
-            os.kill(int(match.group(1)), 0)
-        except ProcessLookupError:
-            shutil.rmtree(entry.path, ignore_errors=True)
         except OSError:
-            continue  # alive (or not ours to judge)
+            continue  # gone meanwhile
+        if liveness(owner) is Liveness.DEAD:
+            shutil.rmtree(entry.path, ignore_errors=True)

@@ -87,6 +87,7 @@ from dirmq.store.ids import ID_PATTERN, is_id
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.names import validate_queue_name
 from dirmq.store.pool import DEFAULT_POOL_FILES, Owner, is_blank, pool_owner, reclaim_pool
+from dirmq.store.processes import Liveness, liveness
 from dirmq.store.recovery import ORPHAN_GRACE_S, is_orphan, older_than
 from dirmq.store.root import ROOT_FORMAT, root_marker_bytes
 
@@ -970,8 +971,8 @@ def _unlink(path: str) -> Callable[[], str]:
 
 def _orphan_reason(name: str) -> str:
     parsed = layout.parse_tmp(name) or layout.parse_temp_beside(name)
-    if parsed is not None and parsed[1] == layout.HOST_TAG:
-        return f"temp file of dead process {parsed[2]}"
+    if parsed is not None and liveness(parsed[1]) is Liveness.DEAD:
+        return f"temp file of dead process {parsed[1].pid}"
     return f"temp file older than {ORPHAN_GRACE_S:.0f} s"
 
 

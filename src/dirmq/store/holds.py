@@ -1,6 +1,7 @@
 """Holds: which process holds something (a consumer name, a running task), on any filesystem.
 
-    <directory>/<prefix><generation, 20 digits>   {"host", "pid", "started", "token", "timeout_s"}
+    <directory>/<prefix><generation, 20 digits>
+        {"process", "host", "pid", "started", "token", "timeout_s"}
 
 A hold is a lease without file locks (`flock` silently fails on NFS): `link`, `utime` and a
 listing only. The record of the highest generation is the holder's, and its mtime is the
@@ -18,9 +19,11 @@ holder's heartbeat, renewed (`Hold.renew`) well within `timeout_s`.
   not renew for `timeout_s`) or removed no longer holds it. `renew` says so (False) and the
   holder must stop acting as one; `Hold.lost` says why.
 
-Alive means: renewed within its `timeout_s`, and, on this host, by a process that still runs
-(same pid and start time, not a zombie): a holder on this host that dies is taken over at once,
-one elsewhere once its heartbeat lapses. The heartbeat is a file's mtime compared with this
+Alive means: renewed within its `timeout_s`, by a process that `processes.liveness` does not
+call dead (`process`: its identity): a holder this process can see die (same host and pid
+namespace) is taken over at once, one elsewhere once its heartbeat lapses. `host`, `pid` and
+`started` are kept for people and earlier versions; a record without `process` (an earlier
+version's) is judged by its heartbeat alone. The heartbeat is a file's mtime compared with this
 host's clock, so the hosts' clocks must agree to well within `timeout_s` (as for message leases).
 """
 
@@ -37,6 +40,7 @@ from enum import StrEnum
 
 from dirmq.store import smallfiles
 from dirmq.store.filemodes import Access
+from dirmq.store.processes import Liveness, ProcessIdentity, current, liveness, parse_token
 
 RELEASED_MTIME = 0.0
 _GENERATION_DIGITS = 20
@@ -64,28 +68,11 @@ def generations(directory: str, prefix: str) -> list[int]:
     return sorted(int(g) for g in found if len(g) == _GENERATION_DIGITS and g.isdigit())
 
 
-def _proc_stat(pid: int) -> list[bytes]:
-    """The fields of /proc/<pid>/stat after the command name (state first), or [] if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return []
-    return stat[stat.rfind(b")") + 2 :].split()
-
-
-def process_started(pid: int) -> str | None:
-    """When process `pid` started (clock ticks since boot), or None if unknown: a pid reused by
-    another process does not pass for the holder."""
-    fields = _proc_stat(pid)
-    return fields[19].decode() if len(fields) > 19 else None
-
-
 @dataclass(frozen=True, slots=True)
 class HoldRecord:
-    host: str
+    host: str  # the holder's host name
     pid: int
-    started: str | None
+    process: ProcessIdentity | None  # None in an earlier version's record
     token: str
     timeout_s: float
     renewed_at: float  # the file's mtime
@@ -98,19 +85,7 @@ class HoldRecord:
         """Renewed within its timeout by a process that is not known to be gone."""
         if self.renewed_at == RELEASED_MTIME or now - self.renewed_at > self.timeout_s:
             return False
-        if self.host != socket.gethostname():
-            return True  # only the heartbeat can tell
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        fields = _proc_stat(self.pid)
-        if fields[:1] == [b"Z"]:
-            return False  # exited, not yet reaped: it renews nothing any more
-        started = fields[19].decode() if len(fields) > 19 else None
-        return self.started is None or started is None or started == self.started
+        return self.process is None or liveness(self.process) is not Liveness.DEAD
 
 
 def read_record(path: str) -> HoldRecord | None:
@@ -127,7 +102,7 @@ def read_record(path: str) -> HoldRecord | None:
         return HoldRecord(
             str(data["host"]),
             int(data["pid"]),
-            data.get("started"),
+            parse_token(data["process"]) if "process" in data else None,
             str(data["token"]),
             float(data["timeout_s"]),
             renewed_at,
@@ -209,12 +184,13 @@ def take(
     have released yet)."""
     grace_until = time.monotonic() + grace_s
     token = uuid.uuid4().hex
-    pid = os.getpid()
+    me = current()
     host = socket.gethostname()
     record = {
+        "process": me.token(),
         "host": host,
-        "pid": pid,
-        "started": process_started(pid),
+        "pid": me.pid,
+        "started": str(me.start) if me.start else None,
         "token": token,
         "timeout_s": timeout_s,
     }

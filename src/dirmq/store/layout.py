@@ -1,9 +1,9 @@
 """Where things live inside a queue directory, and how state is spelled in file names.
 
     <queue>/@queue.json        configuration (replaced atomically)
-    <queue>/@tmp/              files being written: <id>.<host>.<pid>.tmp
+    <queue>/@tmp/              files being written: <id>.<process>.tmp
     <queue>/@ready/            <id>            never received
-                               .<final name>.<host>-<pid>  being written (shared filesystems)
+                               .<final name>.<process, dashes>  being written (shared filesystems)
                                <id>.<count>    received <count> times, then returned
     <queue>/@leased/           <id>.<count>.<deadline_ms>
     <queue>/@delayed/          <id>.<count>.<due_ms>
@@ -15,6 +15,7 @@
     <queue>/@dedup/            dedup records: symlink <sha256(dedup id)[:40]> -> <id>
 
 Everything a process needs to recover leases and delays is in the names: no file is opened.
+`<process>` is the writer's identity (processes.py: host tag, pid namespace, pid, start time).
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ import functools
 import hashlib
 import os
 import re
-import socket
-import zlib
 from dataclasses import dataclass
 
+from dirmq.store import processes
 from dirmq.store.bounds import AT_MS_DIGITS, COUNT_DIGITS
 from dirmq.store.ids import ID_PATTERN
+from dirmq.store.processes import ProcessIdentity, current, parse_token
 
 CONFIG_FILE = "@queue.json"
 TMP = "@tmp"
@@ -61,10 +62,9 @@ _ENTRY_RE = re.compile(
 _BARE_ID_RE = re.compile(ID_PATTERN)
 ID_LENGTH = 29  # 16 digits, a dash, 12 hex digits (ids.py)
 _RECEIPT_RE = re.compile(rf"({ID_PATTERN})\.([0-9]{{1,{COUNT_DIGITS}}})")
-_TMP_RE = re.compile(rf"({ID_PATTERN})\.([0-9a-f]{{8}})\.([0-9]+)\.tmp")
-_BESIDE_RE = re.compile(r"\.(.+)\.([0-9a-f]{8})-([0-9]+)")
-
-HOST_TAG = f"{zlib.crc32(socket.gethostname().encode()):08x}"
+_TMP_RE = re.compile(rf"({ID_PATTERN})\.([0-9a-f.]+)\.tmp")
+_BESIDE_RE = re.compile(r"\.(.+)\.([0-9a-f-]+)")
+HOST_TAG = processes.HOST_TAG  # its home is processes.py
 
 
 def group_tag(group: str) -> str:
@@ -143,25 +143,28 @@ def parse_receipt(receipt: str) -> tuple[str, int] | None:
     return (match.group(1), int(match.group(2))) if match else None
 
 
-_pid = os.getpid()  # not a getpid(2) per message; a forked child takes its own
+_token = current().token()  # not rendered per message; a forked child takes its own
+_dashed = current().token("-")
 
 
 def _after_fork() -> None:
-    global _pid
-    _pid = os.getpid()
+    global _token, _dashed
+    _token, _dashed = current().token(), current().token("-")
 
 
 os.register_at_fork(after_in_child=_after_fork)
 
 
 def tmp_name(message_id: str) -> str:
-    return f"{message_id}.{HOST_TAG}.{_pid}.tmp"
+    return f"{message_id}.{_token}.tmp"
 
 
-def parse_tmp(name: str) -> tuple[str, str, int] | None:
-    """(id, host tag, pid) of a temp file name, or None."""
+def parse_tmp(name: str) -> tuple[str, ProcessIdentity] | None:
+    """(id, writer) of a temp file name (an earlier version's `<id>.<host>.<pid>.tmp` too),
+    or None."""
     match = _TMP_RE.fullmatch(name)
-    return (match.group(1), match.group(2), int(match.group(3))) if match else None
+    writer = parse_token(match.group(2)) if match else None
+    return (match.group(1), writer) if match and writer else None
 
 
 def temp_beside(final_name: str) -> str:
@@ -169,15 +172,18 @@ def temp_beside(final_name: str) -> str:
     shared-filesystem mode's temps (FORMAT.md, "Temps beside their final name"). Every listing
     skips it (`parse_entry` gives None: a leading dot). GlusterFS's DHT places a name of this
     shape (its default `rsync-hash-regex`, `^\\.(.+)\\.[^.]+$`) on the brick of `<final name>`,
-    so the rename that publishes it stays on one brick and needs no link file."""
-    return f".{final_name}.{HOST_TAG}-{_pid}"
+    so the rename that publishes it stays on one brick and needs no link file: hence the
+    writer's identity with dashes, no dot."""
+    return f".{final_name}.{_dashed}"
 
 
-def parse_temp_beside(name: str) -> tuple[str, str, int] | None:
-    """(final name, host tag, pid) of a `temp_beside` name, or None."""
+def parse_temp_beside(name: str) -> tuple[str, ProcessIdentity] | None:
+    """(final name, writer) of a `temp_beside` name (an earlier version's
+    `.<final name>.<host>-<pid>` too), or None."""
     if not name.startswith("."):
         return None
     match = _BESIDE_RE.fullmatch(name)
     if match is None or parse_entry(match.group(1)) is None:
         return None
-    return (match.group(1), match.group(2), int(match.group(3)))
+    writer = parse_token(match.group(2), "-")
+    return (match.group(1), writer) if writer else None

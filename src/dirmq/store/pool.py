@@ -8,7 +8,7 @@ and a later put overwrites it and publishes it exactly like a new file (flush, t
 `@ready/`).
 
 Two pools per queue:
-- the process's own pool, `@free/<host>.<pidns>.<pid>.<start>-<nonce>/`: a directory only this
+- the process's own pool, `@free/<process>-<nonce>/` (processes.py): a directory only this
   process touches while it lives, so a put overwrites one of its files in place and publishes it
   with a single rename (no claim rename: nobody else can take it). One per process and queue
   (shared by every `Store` of the process; a forked child starts its own).
@@ -98,6 +98,7 @@ from enum import Enum
 from dirmq.store import layout
 from dirmq.store.filemodes import Access
 from dirmq.store.fsio import DirHandle, PendingFile, overwrite_pending
+from dirmq.store.processes import Liveness, current, liveness, parse_token
 
 MAX_RECYCLED_BYTES = 64 * 1024
 DEFAULT_POOL_FILES = 1024
@@ -130,39 +131,13 @@ log = logging.getLogger(__name__)
 ORPHAN_POOL_GRACE_S = 3600.0  # a pool of another host: its owner is presumed dead after this
 
 _ZEROS = memoryview(bytes(MAX_RECYCLED_BYTES))  # what a retired file is overwritten with
-_POOL_DIR_RE = re.compile(r"([0-9a-f]{8})\.([0-9]+)\.([0-9]+)\.([0-9]+)-([0-9a-f]{8})")
-
-
-def _pid_namespace() -> int:
-    """This process's pid namespace (0 if unknown): pids mean something only inside it, and
-    containers sharing a root may well share a host name."""
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
-
-
-_PID_NS = _pid_namespace()
-
-
-def _start_ticks(pid: int) -> int | None:
-    """When process `pid` started (clock ticks since boot), or None if unknown or gone.
-
-    With the pid it names one process for good: a pid reused by a later process has another
-    start time, so a dead process's pool is never taken for a live one's (or the other way)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return int(stat[stat.rindex(b")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+_POOL_DIR_RE = re.compile(r"(.+)-([0-9a-f]{8})")
 
 
 def pool_dir_name() -> str:
-    """This process's own pool directory name (a fresh nonce each time: never reused)."""
-    pid = os.getpid()
-    start = _start_ticks(pid) or 0
-    return f"{layout.HOST_TAG}.{_PID_NS}.{pid}.{start}-{os.urandom(4).hex()}"
+    """This process's own pool directory name, `<process>-<nonce>` (processes.py: its identity;
+    a fresh nonce each time: never reused)."""
+    return f"{current().token()}-{os.urandom(4).hex()}"
 
 
 class Owner(Enum):
@@ -176,28 +151,21 @@ class Owner(Enum):
 
 def pool_owner(name: str, path: str) -> Owner:
     match = _POOL_DIR_RE.fullmatch(name)
-    if match is None:
+    # A pool's name has always carried all four fields (no earlier, shorter form).
+    owner = parse_token(match.group(1)) if match and match.group(1).count(".") == 3 else None
+    if owner is None:
         return Owner.UNKNOWN
-    host, pid_ns, pid, start = match.group(1), *map(int, match.group(2, 3, 4))
-    if host != layout.HOST_TAG or (pid_ns and _PID_NS and pid_ns != _PID_NS):
-        # Liveness on another host (or in another pid namespace) cannot be checked; an owner
-        # that is merely idle could still be overwriting a file it took, so its files are only
-        # ever deleted (a put of its that loses its file fails), never handed to another writer.
-        try:
-            idle_s = time.time() - os.lstat(path).st_mtime
-        except OSError:  # gone, or its age cannot be read now: judged again next time
-            return Owner.ALIVE
-        return Owner.STALE if idle_s > ORPHAN_POOL_GRACE_S else Owner.ALIVE
-    ticks = _start_ticks(pid)
-    if ticks is not None:
-        return Owner.ALIVE if start in (0, ticks) else Owner.DEAD
-    try:  # no /proc: the pid alone must do (a reused pid keeps a dead pool until it exits)
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return Owner.DEAD
-    except PermissionError:
-        pass
-    return Owner.ALIVE
+    alive = liveness(owner)
+    if alive is not Liveness.UNKNOWN:
+        return Owner.ALIVE if alive is Liveness.ALIVE else Owner.DEAD
+    # Liveness on another host (or in another pid namespace) cannot be checked; an owner
+    # that is merely idle could still be overwriting a file it took, so its files are only
+    # ever deleted (a put of its that loses its file fails), never handed to another writer.
+    try:
+        idle_s = time.time() - os.lstat(path).st_mtime
+    except OSError:  # gone, or its age cannot be read now: judged again next time
+        return Owner.ALIVE
+    return Owner.STALE if idle_s > ORPHAN_POOL_GRACE_S else Owner.ALIVE
 
 
 def _blank(name: str, size: int, directory: DirHandle) -> None:

@@ -1,10 +1,10 @@
 """Finding what crashed writers left behind: temps in `@tmp/`, and the shared-filesystem
 mode's temps beside their final names in `@ready/` and `@delayed/` (`layout.temp_beside`).
 
-A temp file is an orphan when no live writer will ever publish it: its process (identified by
-host tag and pid in the name) is gone, or, for files we cannot attribute (another host, another
-naming), it is older than `ORPHAN_GRACE_S`. Unnamed O_TMPFILE inodes never need this: the kernel
-frees them when their writer dies.
+A temp file is an orphan when no live writer will ever publish it: its process (the identity in
+its name, judged by `processes.liveness`) is dead, or, when that cannot be told (another host or
+pid namespace, another naming) or the writer lives, it is older than `ORPHAN_GRACE_S`.
+Unnamed O_TMPFILE inodes never need this: the kernel frees them when their writer dies.
 """
 
 from __future__ import annotations
@@ -13,23 +13,20 @@ import os
 import time
 
 from dirmq.store import layout
+from dirmq.store.processes import Liveness, current, liveness
 
 ORPHAN_GRACE_S = 3600.0
 
 
 def is_orphan(path: str, name: str) -> bool:
     parsed = layout.parse_tmp(name) or layout.parse_temp_beside(name)
-    if parsed is not None and parsed[1] == layout.HOST_TAG:
-        pid = parsed[2]
-        if pid == os.getpid():
+    if parsed is not None:
+        writer = parsed[1]
+        if writer == current():
             return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if liveness(writer) is Liveness.DEAD:
             return True
-        except PermissionError:
-            return False
-        # The pid is alive but may have been reused by an unrelated process.
+    # A live writer's temp is old only if it leaked (a writer never takes an hour on one).
     return older_than(path, ORPHAN_GRACE_S)
 
 
