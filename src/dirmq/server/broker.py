@@ -123,6 +123,7 @@ class _Waiter:
     visibility_s: float | None
     future: asyncio.Future[list[Message]] = field(repr=False)
     max_per_group: int | None = 1
+    consumer: str | None = None  # whom the leases name as their holder (`Queue.get`)
 
 
 class Broker:
@@ -244,10 +245,13 @@ class Broker:
             failures.update(await self.settle_call(queue, len(chunk), fn, chunk, *args))
         return failures
 
-    async def lease(self, queue: Queue, wanted: int, visibility_s: float | None) -> list[Message]:
+    async def lease(
+        self, queue: Queue, wanted: int, visibility_s: float | None, consumer: str | None = None
+    ) -> list[Message]:
         """Up to `wanted` messages of `queue` (`Queue.get`, one message per group), leased
         through `settle_call` at most `INLINE_MAX_MESSAGES` a call, as `settle_chunks`. If a
-        later call fails, what the earlier ones leased goes back before the error is raised."""
+        later call fails, what the earlier ones leased goes back before the error is raised.
+        `consumer`: the holder's label the leases carry (a request's principal)."""
         step = INLINE_MAX_MESSAGES if self._inline else wanted
         got: list[Message] = []
         try:
@@ -256,7 +260,7 @@ class Broker:
                     await asyncio.sleep(0)
                 ask = min(step, wanted - len(got))
                 more: list[Message] = await self.settle_call(
-                    queue, ask, queue.get, ask, visibility_s=visibility_s
+                    queue, ask, queue.get, ask, visibility_s=visibility_s, consumer=consumer
                 )
                 got += more
                 if len(more) < ask:  # the queue has no more ready now
@@ -353,19 +357,25 @@ class Broker:
         wait_s: float | None,
         *,
         max_per_group: int | None = 1,
+        consumer: str | None = None,
     ) -> list[Message]:
         """Lease up to `max_count` messages, waiting up to `wait_s` (None: forever) for the
-        first. `max_per_group` as in `Queue.get`: with more than one message of a group per
+        first; the leases name this worker, labelled `consumer` (the request's principal), as
+        their holder. `max_per_group` as in `Queue.get`: with more than one message of a group per
         request (SQS FIFO: None, a whole run), each request leases with a get of its own, since
         merging the gets of concurrent requests and splitting the result could hand one group's
         run to two consumers; the wait is the same."""
         first: asyncio.Future[list[Message]]
         if max_per_group == 1:
-            first = self._getter(queue).submit((max_count, visibility_s))
+            first = self._getter(queue).submit((max_count, visibility_s, consumer))
         else:
             first = asyncio.ensure_future(
                 self.call(
-                    queue.get, max_count, visibility_s=visibility_s, max_per_group=max_per_group
+                    queue.get,
+                    max_count,
+                    visibility_s=visibility_s,
+                    max_per_group=max_per_group,
+                    consumer=consumer,
                 )
             )
         try:
@@ -381,7 +391,7 @@ class Broker:
         receiver = self._receivers.get(queue.name)
         if receiver is None or receiver.queue is not queue:
             receiver = self._receivers[queue.name] = _Receiver(self, queue)
-        got = await receiver.wait(max_count, visibility_s, wait_s, max_per_group)
+        got = await receiver.wait(max_count, visibility_s, wait_s, max_per_group, consumer)
         if got:
             self.moved(DELIVERED, queue.name, len(got))
         return got
@@ -392,10 +402,11 @@ class Broker:
         max_count: int,
         visibility_s: float | None,
         settle: Callable[[list[Message] | BaseException], None],
+        consumer: str | None = None,
     ) -> None:
         """`receive` that does not wait (wait 0), without a coroutine: into the queue's lease
         line, `settle` getting the messages (maybe none) or the error on the event loop."""
-        future = self._getter(queue).submit((max_count, visibility_s))
+        future = self._getter(queue).submit((max_count, visibility_s, consumer))
         future.add_done_callback(functools.partial(self._received_nowait, queue, settle))
 
     def _received_nowait(
@@ -596,13 +607,15 @@ class _Batcher:
                 future.set_result(None)
 
     async def _gets(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> None:
-        # One lease call per visibility timeout asked for (almost always just one).
-        by_visibility: dict[float | None, list[tuple[Any, asyncio.Future[Any]]]] = {}
+        # One lease call per visibility timeout and holder asked for (almost always just one:
+        # a holder is a principal, and the leases of one call name one).
+        by_kind: dict[tuple[float | None, str | None], list[tuple[Any, asyncio.Future[Any]]]]
+        by_kind = {}
         for entry in batch:
-            by_visibility.setdefault(entry[0][1], []).append(entry)
-        for visibility_s, entries in by_visibility.items():
+            by_kind.setdefault(entry[0][1:], []).append(entry)
+        for (visibility_s, consumer), entries in by_kind.items():
             wanted = min(sum(item[0] for item, _ in entries), MAX_GET_BATCH)
-            got = await self.broker.lease(self.queue, wanted, visibility_s)
+            got = await self.broker.lease(self.queue, wanted, visibility_s, consumer)
             dry = len(got) < wanted  # the queue had no more ready: an empty share is the truth
             deferred: list[tuple[Any, asyncio.Future[Any]]] = []
             for item, future in entries:
@@ -769,9 +782,10 @@ class _Receiver:
         visibility_s: float | None,
         wait_s: float | None,
         max_per_group: int | None = 1,
+        consumer: str | None = None,
     ) -> list[Message]:
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(max_count, visibility_s, loop.create_future(), max_per_group)
+        waiter = _Waiter(max_count, visibility_s, loop.create_future(), max_per_group, consumer)
         self._waiters.append(waiter)
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._watch())
@@ -857,6 +871,7 @@ class _Receiver:
                 waiter.max_count,
                 visibility_s=waiter.visibility_s,
                 max_per_group=waiter.max_per_group,
+                consumer=waiter.consumer,
             )
             if not got:
                 return
@@ -873,8 +888,8 @@ class _Receiver:
                 break
             if other.future.done() or (
                 other is not waiter
-                and (other.visibility_s, other.max_per_group)
-                != (waiter.visibility_s, waiter.max_per_group)
+                and (other.visibility_s, other.max_per_group, other.consumer)
+                != (waiter.visibility_s, waiter.max_per_group, waiter.consumer)
             ):
                 continue
             if len(rest) > other.max_count and other.max_per_group != 1:
