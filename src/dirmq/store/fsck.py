@@ -87,10 +87,10 @@ from dirmq.store.config import QueueConfig
 from dirmq.store.holders import is_record_name, orphan_record
 from dirmq.store.ids import ID_PATTERN, is_id
 from dirmq.store.layout import Entry, parse_entry
+from dirmq.store.marker import READABLE_ROOT_FORMATS, root_marker_bytes
 from dirmq.store.names import validate_queue_name
 from dirmq.store.pool import DEFAULT_POOL_FILES, Owner, is_blank, pool_owner, reclaim_pool
 from dirmq.store.recovery import ORPHAN_GRACE_S, is_orphan, older_than
-from dirmq.store.root import READABLE_ROOT_FORMATS, root_marker_bytes
 
 # Message states in the order a duplicate is kept (first = kept first), and their name shapes.
 _MESSAGE_DIRS = (layout.LEASED, layout.READY, layout.DELAYED, layout.DEAD)

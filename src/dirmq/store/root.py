@@ -10,7 +10,6 @@ removes the trash.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import threading
@@ -28,39 +27,20 @@ from dirmq.errors import (
     storage_error,
 )
 from dirmq.store import layout, smallfiles
-from dirmq.store.access import (
-    GROUP,
-    PRIVATE,
-    Access,
-    conform,
-    group_id,
-    mismatches,
-    read_marker,
-    root_access,
-)
+from dirmq.store.access import GROUP, PRIVATE, Access, conform, group_id, mismatches, root_access
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.events import StoreEvents, with_quarantined
 from dirmq.store.filesystems import resolve_shared
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
 from dirmq.store.holders import Holders
+from dirmq.store.marker import mark_current, root_marker_bytes
 from dirmq.store.names import queue_path, validate_queue_name
 from dirmq.store.queue import Queue
 from dirmq.store.watch import InotifyHub
 
-# 2: lease names may carry their holder (`+<token>`, records in @holders: docs/FORMAT.md,
-# "Lease holders"). A root of format 1 is read alike, and marked 2 when a Store opens it, so
-# that the `dirmq fsck` of a version before holders repairs nothing there (it would re-home
-# the leases whose names it cannot parse).
-ROOT_FORMAT = 2
-READABLE_ROOT_FORMATS = (1, 2)
 DEFAULT_ROOT = "./dirmq-data"
 EXISTS_RECHECK_S = 0.5
-
-
-def root_marker_bytes(access: Access) -> bytes:
-    """What `@dirmq.json` holds: the format, and the root's access (absent for a legacy root)."""
-    return json.dumps({"format": ROOT_FORMAT, **access.marker_fields()}).encode() + b"\n"
 
 
 def default_root() -> str:
@@ -101,7 +81,7 @@ class Store:
             self.access = root_access(self.root)
         except OSError as exc:
             raise storage_error(exc, f"reading {marker}") from exc
-        _mark_current(self.root, self.access)
+        mark_current(self.root, self.access)
         self.group_commit = GroupCommit()
         self.writeback = WritebackFlusher(self.root)
         # What each queue is given of this Store (queues never see the Store itself).
@@ -353,19 +333,6 @@ def _exists(marker: str) -> bool:
     except OSError as exc:
         raise storage_error(exc, f"opening root {os.path.dirname(marker)}") from exc
     return True
-
-
-def _mark_current(root: str, access: Access) -> None:
-    """Mark a root of format 1 with the current format (what it holds is unchanged: format 2
-    only adds what a newer process writes). Left as it is where this user may not write it."""
-    data = read_marker(root)
-    if not isinstance(data, dict) or data.get("format") != 1:
-        return
-    try:
-        marker = os.path.join(root, layout.ROOT_MARKER)
-        smallfiles.replace_file(marker, root_marker_bytes(access), durable=True, access=access)
-    except OSError:
-        pass
 
 
 def _init_root(root: str, access: Access, *, replace_marker: bool = False) -> None:
