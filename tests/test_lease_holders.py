@@ -27,7 +27,7 @@ from dirmq.store.holders import Holders
 from dirmq.store.layout import parse_entry
 from dirmq.store.message import LeaseHolder
 
-from .servers import REPO, ServerProcess, start_server
+from .servers import REPO, ServerProcess, fresh, start_server
 
 ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789"
 ALICE_KEY, ALICE_SECRET = "AKIDALICE", "alice-secret"
@@ -364,3 +364,29 @@ def test_a_library_holder_in_a_server_s_root_shows_over_http(
             "since": holder["since"],
         }
         assert Holders(str(server.root), store.access).describe(str(holder["token"])).known
+
+
+# -- the console ----------------------------------------------------------------------------------
+def test_the_console_shows_who_holds_each_lease(
+    module_server: ServerProcess, module_lib: dirmq.Store
+) -> None:
+    name = fresh("held")
+    queue = module_lib.create_queue(name)
+    queue.put_many([b"labelled", b"older"])
+    labelled, older = queue.get(2, visibility_s=600, consumer="nightly <report>")
+    leased = Path(queue.path) / layout.LEASED
+    for lease in os.listdir(leased):  # as a version before holders named it
+        entry = parse_entry(lease)
+        if entry is not None and entry.message_id == older.id and entry.at_ms is not None:
+            os.rename(leased / lease, leased / layout.timed_name(older.id, 1, entry.at_ms))
+    with httpx.Client(base_url=module_server.url, timeout=30) as ui:
+        page = ui.get(f"/ui/q/{name}/browse", params={"state": "leased"})
+        assert page.status_code == 200
+        assert "held by" in page.text and "nightly &lt;report&gt;" in page.text
+        assert f"pid {os.getpid()} on {socket.gethostname()}" in page.text
+        assert page.text.count(">unknown<") == 1  # the lease whose name names nobody
+        one = ui.get(f"/ui/q/{name}/m/{labelled.id}")
+        assert one.status_code == 200 and "nightly &lt;report&gt;" in one.text
+        assert f"{labelled.id}.1." in one.text  # the file's path, found with its holder's token
+        other = ui.get(f"/ui/q/{name}/m/{older.id}").text
+        assert 'id="holder"><span class="holder unknown">unknown' in other
