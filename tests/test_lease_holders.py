@@ -390,3 +390,21 @@ def test_the_console_shows_who_holds_each_lease(
         assert f"{labelled.id}.1." in one.text  # the file's path, found with its holder's token
         other = ui.get(f"/ui/q/{name}/m/{older.id}").text
         assert 'id="holder"><span class="holder unknown">unknown' in other
+
+
+def test_peek_in_flight_has_a_holder_column(store: dirmq.Store, root: Path) -> None:
+    q = store.create_queue("cli")
+    q.put_many([b"held"])
+    (message,) = q.get(visibility_s=600, consumer="cli-check")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    command = [sys.executable, "-m", "dirmq", "--root", str(root), "peek", "--state", "in_flight"]
+    shown = subprocess.run([*command, "cli"], env=env, capture_output=True, text=True, check=True)
+    head, row = shown.stdout.splitlines()
+    assert head.split() == ["ID", "RECEIVES", "BYTES", "AGE_S", "HOLDER", "BODY"]
+    assert row.split()[0] == message.id
+    assert row.split()[4] == f"cli-check/{os.getpid()}@{socket.gethostname()}"
+    as_json = subprocess.run(
+        [*command, "--json", "cli"], env=env, capture_output=True, text=True, check=True
+    )
+    holder = json.loads(as_json.stdout)["holder"]
+    assert (holder["known"], holder["label"], holder["pid"]) == (True, "cli-check", os.getpid())

@@ -66,7 +66,10 @@ def program() -> str:
     if _program is not None:
         return _program
     argv0 = sys.argv[0] if sys.argv and sys.argv[0] else sys.executable
-    return os.path.basename(argv0) or "python"
+    name = os.path.basename(argv0)
+    if name == "__main__.py":  # `python -m package`: the package's name says more
+        name = os.path.basename(os.path.dirname(argv0))
+    return name or "python"
 
 
 def check_label(label: str | None) -> None:
