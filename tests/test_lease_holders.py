@@ -163,7 +163,10 @@ def test_a_dead_holder_s_record_is_swept(root: Path) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
         subprocess.run([sys.executable, "-c", script, str(root)], check=True, env=env)
         assert len(records(root)) == 2
-        q.sweep()
+        with dirmq.Store(root) as another:  # a process opening a queue sweeps them once
+            another.queue("swept").stats()
+        assert len(records(root)) == 1
+        q.sweep()  # and so does every sweep (here: nothing left to remove)
         (kept,) = records(root)
         (browsed,) = [m for m in q.browse(state="leased") if m.id == mine[0].id]
         assert browsed.holder is not None and f"{browsed.holder.token}.json" == kept
@@ -408,3 +411,16 @@ def test_peek_in_flight_has_a_holder_column(store: dirmq.Store, root: Path) -> N
     )
     holder = json.loads(as_json.stdout)["holder"]
     assert (holder["known"], holder["label"], holder["pid"]) == (True, "cli-check", os.getpid())
+
+
+def test_spark_s_leases_name_its_consumer(store: dirmq.Store) -> None:
+    """The streaming reader's two ways to lease (path mode: named claims, or a quota of gets)
+    pass the query's consumer name as the holder's label (the whole query: tests/test_spark.py)."""
+    leasing = pytest.importorskip("dirmq.spark.leasing")
+    q = store.create_queue("spark")
+    q.put_many([b"planned", b"quota"])
+    planned = leasing.lease_named(q, q.ready_names(1), 60, "orders-etl")
+    got = leasing.lease(q, 1, 60, consumer="orders-etl")
+    assert len(planned) == len(got) == 1
+    labels = [m.holder.label for m in q.browse(state="leased") if m.holder]
+    assert labels == ["orders-etl", "orders-etl"]

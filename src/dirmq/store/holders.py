@@ -15,7 +15,8 @@ message). A record this process cannot write (a read-only root) costs nothing bu
 the lease is taken without a token, and shows as unknown.
 
 A record whose process is gone (this host and pid namespace, no process with that pid and
-start time: the pools' rule, `_alive`) is removed by `sweep`; another host's cannot be judged,
+start time: the pools' rule, `_alive`) is removed by `sweep`, and by each process when it
+first opens a queue of the root; another host's cannot be judged,
 and is removed by `dirmq fsck --repair` once no lease names it and it is an hour old (a
 notice, `orphan-holder`).
 """
@@ -116,6 +117,7 @@ class Holders:
         self._generation = _generation
         self._known: dict[str, LeaseHolder] = {}
         self._failed = False
+        self._swept = False
 
     def token(self, label: str | None = None) -> str | None:
         """The token this process puts in the names of the leases it takes for `label`; its
@@ -175,6 +177,14 @@ class Holders:
                 self._known.clear()
             self._known[token] = holder
         return holder
+
+    def sweep_once(self) -> None:
+        """`sweep`, the first time this process opens a queue of the root: the records of
+        processes that ran a get and exited (a `dirmq get` each) do not pile up between
+        sweeps."""
+        if not self._swept:
+            self._swept = True
+            self.sweep()
 
     def sweep(self) -> int:
         """Remove the records of processes that are gone (on this host and pid namespace);
