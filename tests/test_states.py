@@ -45,6 +45,7 @@ NOT_MESSAGE_MOVES = {
     "smallfiles": "configs and the upper layers' records, beside the messages",
     "holds": "hold records (who runs a consumer name or a move task)",
     "claimtokens": "the shared-filesystem mode's claim tokens in @tmp (empty files)",
+    "holders": "lease holder records in @holders (one per process and label)",
 }
 # Functions that rename for a transition function, and are none themselves.
 PRIMITIVES = {

@@ -18,7 +18,8 @@ from dirmq.cli import exits
 from dirmq.cli.args import duration, open_store, queue_name
 from dirmq.errors import InvalidArgument, MessageNotFound, QueueNotFound
 from dirmq.store import Message
-from dirmq.wire.messages import dead_json
+from dirmq.store.message import LeaseHolder
+from dirmq.wire.messages import dead_json, holder_json
 
 _PREVIEW_CHARS = 48
 _RECEIPT_HELP = "the receipt `get` printed on stderr (or in its --json output)"
@@ -236,13 +237,14 @@ def cmd_peek(args: argparse.Namespace) -> int:
                 sys.stdout.buffer.flush()
             return exits.OK
         state = "leased" if args.state == "in_flight" else args.state
-        dead = state == "dead"
+        dead, leased = state == "dead", state == "leased"
         for shown, message in enumerate(queue.browse(args.limit, state=state)):
             if args.json:
                 _print_json(message_json(message))
                 continue
             if not shown:
                 why = f"  {'REASON':<12}  {'FROM':<16}" if dead else ""
+                why += f"  {'HOLDER':<32}" if leased else ""
                 print(f"{'ID':<29}  {'RECEIVES':>8}  {'BYTES':>9}  {'AGE_S':>9}{why}  BODY")
             age_s = max(0.0, time.time() - message.published_at_s)
             why = ""
@@ -250,6 +252,8 @@ def cmd_peek(args: argparse.Namespace) -> int:
                 known = message.dead  # None: dead-lettered before dirmq kept why
                 reason, source = ("?", "?") if known is None else (known.reason, known.source)
                 why = f"  {reason:<12}  {source:<16}"
+            if leased:
+                why = f"  {holder_cell(message.holder):<32}"
             print(
                 f"{message.id:<29}  {message.receive_count:>8}  {len(message.body):>9}  "
                 f"{age_s:>9.1f}{why}  {preview(message.body)}"
@@ -276,8 +280,18 @@ def message_json(message: Message) -> dict[str, object]:
         "lease_deadline_s": message.lease_deadline_s,
         "headers": message.headers,
         **({} if message.dead is None else {"dead": dead_json(message.dead)}),
+        **({} if message.holder is None else {"holder": holder_json(message.holder)}),
         **body_json(message.body),
     }
+
+
+def holder_cell(holder: LeaseHolder | None) -> str:
+    """Who holds a lease in one word: `label/pid@host` (the program for a label), or
+    `unknown` (docs/FORMAT.md, "Lease holders")."""
+    if holder is None or not holder.known:
+        return "unknown"
+    who = holder.label or holder.program or "?"
+    return f"{who}/{holder.pid if holder.pid is not None else '?'}@{holder.host or '?'}"
 
 
 def preview(body: bytes) -> str:

@@ -27,6 +27,7 @@ from dirmq.wire.messages import (
     STORED_HEADERS,
     STORED_PREFIX,
     dead_from_json,
+    holder_from_json,
     parse_dead_headers,
 )
 
@@ -228,6 +229,7 @@ def browsed(answer: Answer) -> list[Message]:
                 state=item["state"],
                 group=item.get("group"),
                 dead=dead_from_json(item.get("dead")),
+                holder=holder_from_json(item.get("holder")),
             )
         )
     return out

@@ -249,7 +249,8 @@ def _file_of(queue_path: str, found: Message) -> str | None:
         candidates = [layout.dead_name(found.id, found.receive_count, tag)]
     elif found.state == "leased" and found.lease_deadline_s is not None:
         at_ms = round(found.lease_deadline_s * 1000)
-        candidates = [layout.timed_name(found.id, found.receive_count, at_ms, tag)]
+        holder = found.holder.token if found.holder else None
+        candidates = [layout.timed_name(found.id, found.receive_count, at_ms, tag, holder)]
     else:
         prefix = layout.lease_prefix(found.id, found.receive_count)
         candidates = [n for n in _listdir(directory) if n.startswith(prefix)]

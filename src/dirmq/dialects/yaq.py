@@ -183,7 +183,11 @@ class YaqApp(Dialect):
             if timeout_s is not None:  # the wait for the queue counts against the timeout
                 timeout_s = max(0.0, timeout_s - (asyncio.get_running_loop().time() - started))
             messages = (
-                [] if queue is None else await self.broker.receive(queue, 1, LEASE_S, timeout_s)
+                []
+                if queue is None
+                else await self.broker.receive(
+                    queue, 1, LEASE_S, timeout_s, consumer=request.principal or None
+                )
             )
             if queue is None or not messages:
                 return Response(504)  # as in yaq's transcript: no body
@@ -198,7 +202,9 @@ class YaqApp(Dialect):
             headers=[("Content-Type", f'multipart/mixed; boundary="{boundary}"')],
             trailer_names=(TRAILER,),
         )
-        response.body = self._stream(name, boundary, quantity, timeout_s, response)
+        response.body = self._stream(
+            name, boundary, quantity, timeout_s, response, request.principal or None
+        )
         return response
 
     def _acker(self, queue: Queue, message: Message):  # type: ignore[no-untyped-def]
@@ -217,6 +223,7 @@ class YaqApp(Dialect):
         quantity: int | None,
         timeout_s: float | None,
         response: StreamResponse,
+        consumer: str | None,
     ) -> AsyncIterator[bytes]:
         sent = 0
         unacked: Message | None = None
@@ -229,7 +236,9 @@ class YaqApp(Dialect):
                     got = (
                         []
                         if queue is None
-                        else await self.broker.receive(queue, 1, LEASE_S, timeout_s)
+                        else await self.broker.receive(
+                            queue, 1, LEASE_S, timeout_s, consumer=consumer
+                        )
                     )
                 except DirmqError as exc:
                     response.trailers.append((TRAILER, str(status_of(exc))))

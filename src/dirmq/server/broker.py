@@ -200,10 +200,13 @@ class Broker:
             failures.update(await self.settle_call(queue, len(chunk), fn, chunk, *args))
         return failures
 
-    async def lease(self, queue: Queue, wanted: int, visibility_s: float | None) -> list[Message]:
+    async def lease(
+        self, queue: Queue, wanted: int, visibility_s: float | None, consumer: str | None = None
+    ) -> list[Message]:
         """Up to `wanted` messages of `queue` (`Queue.get`, one message per group), leased
         through `settle_call` at most `INLINE_MAX_MESSAGES` a call, as `settle_chunks`. If a
-        later call fails, what the earlier ones leased goes back before the error is raised."""
+        later call fails, what the earlier ones leased goes back before the error is raised.
+        `consumer`: the holder's label the leases carry (a request's principal)."""
         step = INLINE_MAX_MESSAGES if self._inline else wanted
         got: list[Message] = []
         try:
@@ -212,7 +215,7 @@ class Broker:
                     await asyncio.sleep(0)
                 ask = min(step, wanted - len(got))
                 more: list[Message] = await self.settle_call(
-                    queue, ask, queue.get, ask, visibility_s=visibility_s
+                    queue, ask, queue.get, ask, visibility_s=visibility_s, consumer=consumer
                 )
                 got += more
                 if len(more) < ask:  # the queue has no more ready now
@@ -309,19 +312,25 @@ class Broker:
         wait_s: float | None,
         *,
         max_per_group: int | None = 1,
+        consumer: str | None = None,
     ) -> list[Message]:
         """Lease up to `max_count` messages, waiting up to `wait_s` (None: forever) for the
-        first. `max_per_group` as in `Queue.get`: with more than one message of a group per
+        first; the leases name this worker, labelled `consumer` (the request's principal), as
+        their holder. `max_per_group` as in `Queue.get`: with more than one message of a group per
         request (SQS FIFO: None, a whole run), each request leases with a get of its own, since
         merging the gets of concurrent requests and splitting the result could hand one group's
         run to two consumers; the wait is the same."""
         first: asyncio.Future[list[Message]]
         if max_per_group == 1:
-            first = self._getter(queue).submit((max_count, visibility_s))
+            first = self._getter(queue).submit((max_count, visibility_s, consumer))
         else:
             first = asyncio.ensure_future(
                 self.call(
-                    queue.get, max_count, visibility_s=visibility_s, max_per_group=max_per_group
+                    queue.get,
+                    max_count,
+                    visibility_s=visibility_s,
+                    max_per_group=max_per_group,
+                    consumer=consumer,
                 )
             )
         try:
@@ -337,7 +346,7 @@ class Broker:
         receiver = self._receivers.get(queue.name)
         if receiver is None or receiver.queue is not queue:
             receiver = self._receivers[queue.name] = LongPolls(self, queue)
-        got = await receiver.wait(max_count, visibility_s, wait_s, max_per_group)
+        got = await receiver.wait(max_count, visibility_s, wait_s, max_per_group, consumer)
         if got:
             self.moved(DELIVERED, queue.name, len(got))
         return got
@@ -348,10 +357,11 @@ class Broker:
         max_count: int,
         visibility_s: float | None,
         settle: Callable[[list[Message] | BaseException], None],
+        consumer: str | None = None,
     ) -> None:
         """`receive` that does not wait (wait 0), without a coroutine: into the queue's lease
         line, `settle` getting the messages (maybe none) or the error on the event loop."""
-        future = self._getter(queue).submit((max_count, visibility_s))
+        future = self._getter(queue).submit((max_count, visibility_s, consumer))
         future.add_done_callback(functools.partial(self._received_nowait, queue, settle))
 
     def _received_nowait(

@@ -35,8 +35,11 @@ class BrokerHost(Protocol):
         """A blocking store call, awaited from the pool."""
         ...
 
-    async def lease(self, queue: Queue, wanted: int, visibility_s: float | None) -> list[Message]:
-        """Up to `wanted` messages of `queue`, leased through the broker's event-loop calls."""
+    async def lease(
+        self, queue: Queue, wanted: int, visibility_s: float | None, consumer: str | None = None
+    ) -> list[Message]:
+        """Up to `wanted` messages of `queue`, leased through the broker's event-loop calls
+        (naming `consumer` as the holder's label)."""
         ...
 
     async def settle_chunks(

@@ -26,6 +26,7 @@ class _Waiter:
     visibility_s: float | None
     future: asyncio.Future[list[Message]] = field(repr=False)
     max_per_group: int | None = 1
+    consumer: str | None = None  # whom the leases name as their holder (`Queue.get`)
 
 
 def _expire(future: asyncio.Future[list[Message]]) -> None:
@@ -47,9 +48,10 @@ class LongPolls:
         visibility_s: float | None,
         wait_s: float | None,
         max_per_group: int | None = 1,
+        consumer: str | None = None,
     ) -> list[Message]:
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(max_count, visibility_s, loop.create_future(), max_per_group)
+        waiter = _Waiter(max_count, visibility_s, loop.create_future(), max_per_group, consumer)
         self._waiters.append(waiter)
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._watch())
@@ -135,6 +137,7 @@ class LongPolls:
                 waiter.max_count,
                 visibility_s=waiter.visibility_s,
                 max_per_group=waiter.max_per_group,
+                consumer=waiter.consumer,
             )
             if not got:
                 return
@@ -151,8 +154,8 @@ class LongPolls:
                 break
             if other.future.done() or (
                 other is not waiter
-                and (other.visibility_s, other.max_per_group)
-                != (waiter.visibility_s, waiter.max_per_group)
+                and (other.visibility_s, other.max_per_group, other.consumer)
+                != (waiter.visibility_s, waiter.max_per_group, waiter.consumer)
             ):
                 continue
             if len(rest) > other.max_count and other.max_per_group != 1:

@@ -59,7 +59,7 @@ from dirmq.server.multiprocess import MetricsFiles
 from dirmq.server.notify import forget_notify_socket, notify
 from dirmq.server.queuecounts import QueueCounts
 from dirmq.server.tls import TlsFiles, requires_client_certificate, server_context
-from dirmq.store import Store
+from dirmq.store import Store, holders
 from dirmq.store.census import Census
 
 BACKLOG = 4096
@@ -190,6 +190,7 @@ async def run_worker(
         census=census,
     )
     queue_counts = QueueCounts()  # by queue: the console's samples read them
+    holders.set_program(f"dirmq serve worker {worker}")  # who holds its leases (FORMAT.md)
     store = Store(options.root, events=queue_counts.events(metrics.events()))
     broker = Broker(store, counts=metrics, queue_counts=queue_counts, census=census)
     routers = compose(Worker(store, broker, metrics, metrics_files.path))

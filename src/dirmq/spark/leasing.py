@@ -67,14 +67,23 @@ def split(count: int, parts: int) -> list[int]:
 
 
 def lease(
-    queue: QueueHandle, count: int, lease_s: float, *, first_wait_s: float = 0.0
+    queue: QueueHandle,
+    count: int,
+    lease_s: float,
+    *,
+    first_wait_s: float = 0.0,
+    consumer: str | None = None,
 ) -> list[Message]:
     """Lease up to `count` messages, oldest first; fewer if the queue runs dry. Only the first
-    get may wait (`first_wait_s`) for a message to arrive."""
+    get may wait (`first_wait_s`) for a message to arrive. `consumer`: the holder's label the
+    leases carry on a local queue (over `url` the server names the request's principal)."""
     got: list[Message] = []
     wait_s = first_wait_s
+    named = {"consumer": consumer} if consumer is not None and isinstance(queue, Queue) else {}
     while len(got) < count:
-        chunk = queue.get(min(GET_CHUNK, count - len(got)), visibility_s=lease_s, wait_s=wait_s)
+        chunk = queue.get(
+            min(GET_CHUNK, count - len(got)), visibility_s=lease_s, wait_s=wait_s, **named
+        )
         if not chunk:
             break
         got.extend(chunk)
@@ -82,7 +91,9 @@ def lease(
     return got
 
 
-def lease_named(queue: Queue, names: list[str], lease_s: float) -> list[str]:
+def lease_named(
+    queue: Queue, names: list[str], lease_s: float, consumer: str | None = None
+) -> list[str]:
     """Lease the named ready messages that are still there, in chunks (the queue's lock is not
     held for a whole batch); their lease names. Nothing is read yet. Each chunk tells the
     store the whole share's size (`drain`), so the acks that free these files keep them all
@@ -91,7 +102,9 @@ def lease_named(queue: Queue, names: list[str], lease_s: float) -> list[str]:
     leases: list[str] = []
     for start in range(0, len(names), GET_CHUNK):
         chunk = names[start : start + GET_CHUNK]
-        leases.extend(queue.lease_named(chunk, visibility_s=lease_s, drain=len(names)))
+        leases.extend(
+            queue.lease_named(chunk, visibility_s=lease_s, drain=len(names), consumer=consumer)
+        )
     return leases
 
 
@@ -101,6 +114,7 @@ def read_leased(
     partition: LeasePartition,
     lease_s: float,
     columns: Columns = READ_COLUMNS,
+    consumer: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The rows of a path-mode partition: its recorded messages on a replay, else fresh leases,
     recorded before the first row is produced. Named leases are read after the record is
@@ -109,14 +123,14 @@ def read_leased(
     record = ledger.part_record(seq, part)
     if record is None:
         if partition.names and isinstance(queue, Queue):
-            leases = lease_named(queue, partition.names, lease_s)
+            leases = lease_named(queue, partition.names, lease_s, consumer)
             mine = [_receipt(lease) for lease in leases]
             if ledger.record_part(seq, part, mine, leases):
                 yield from _batches(read_leases(queue, leases), columns)
                 settle_committed(queue, ledger, partition.settle)
                 return
         else:
-            messages = lease(queue, partition.quota, lease_s)
+            messages = lease(queue, partition.quota, lease_s, consumer=consumer)
             mine = [m.receipt or "" for m in messages]
             if ledger.record_part(seq, part, mine):
                 yield from _batches(messages, columns)

@@ -236,7 +236,13 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if driver.ahead is not None:
             messages = driver.ahead.take(cap)
         else:
-            messages = lease(driver.queue, cap, options.lease_s, first_wait_s=options.poll_wait_s)
+            messages = lease(
+                driver.queue,
+                cap,
+                options.lease_s,
+                first_wait_s=options.poll_wait_s,
+                consumer=options.consumer,
+            )
         if not messages:
             return None
         table = leased_table(messages)
@@ -337,4 +343,6 @@ class DirmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         options = self._options
         queue = open_queue(options)
         ledger = Ledger(options.consumer_dir(), state_access(options))
-        return read_leased(queue, ledger, partition, options.lease_s, self._columns)
+        return read_leased(
+            queue, ledger, partition, options.lease_s, self._columns, options.consumer
+        )

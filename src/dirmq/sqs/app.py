@@ -163,6 +163,7 @@ class SqsApp(Dialect):
             request.headers.get("x-amzn-trace-id"),
             self.deleted_wait_s,
             self.access.visible(request.principal),
+            request.principal or None,
         )
 
 

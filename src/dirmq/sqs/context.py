@@ -43,6 +43,7 @@ class Context:
     deleted_wait_s: float | None = None
     # Which queue names the request's principal may see: what listings show (sqs/access.py).
     visible: Callable[[str], bool] = lambda _name: True
+    principal: str | None = None  # who signed the request: the holder's label of its leases
 
     def queue_url(self, name: str) -> str:
         return f"{self.base_url}/{self.account}/{name}"

@@ -23,6 +23,7 @@ from dirmq.store import layout
 from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import QueueConfig
 from dirmq.store.files import now_ms
+from dirmq.store.holders import token_of
 from dirmq.store.index import QueueIndex
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.message import Message
@@ -74,10 +75,14 @@ def _promote_listed(view: QueueView, config: QueueConfig, at_ms: int) -> None:
 
 
 def claim_named(
-    view: QueueView, names: list[str], visibility_s: float | None, drain: int | None = None
+    view: QueueView,
+    names: list[str],
+    visibility_s: float | None,
+    drain: int | None = None,
+    consumer: str | None = None,
 ) -> list[tuple[str, Message]]:
     """`Queue.claim_named`."""
-    taken, deadline_ms = _take_named(view, names, visibility_s, drain)
+    taken, deadline_ms = _take_named(view, names, visibility_s, drain, consumer)
     leased: list[tuple[str, Message]] = []
     for i, (lease, _name, entry) in enumerate(taken):
         count = entry.count + 1
@@ -102,15 +107,23 @@ def _hand_back(view: QueueView, taken: list[tuple[str, str, Entry]]) -> None:
 
 
 def lease_named(
-    view: QueueView, names: list[str], visibility_s: float | None, drain: int | None = None
+    view: QueueView,
+    names: list[str],
+    visibility_s: float | None,
+    drain: int | None = None,
+    consumer: str | None = None,
 ) -> list[str]:
     """`Queue.lease_named`."""
-    taken, _deadline_ms = _take_named(view, names, visibility_s, drain)
+    taken, _deadline_ms = _take_named(view, names, visibility_s, drain, consumer)
     return [lease for lease, _name, _entry in taken]
 
 
 def _take_named(
-    view: QueueView, names: list[str], visibility_s: float | None, drain: int | None
+    view: QueueView,
+    names: list[str],
+    visibility_s: float | None,
+    drain: int | None,
+    consumer: str | None,
 ) -> tuple[list[tuple[str, str, Entry]], int]:
     """Rename the named ready files into @leased: (lease name, ready name, parsed ready name)
     of each one taken, and their lease deadline."""
@@ -118,6 +131,7 @@ def _take_named(
     if drain is not None and (isinstance(drain, bool) or not isinstance(drain, int) or drain < 0):
         raise InvalidArgument(f"drain must be a whole number >= 0, not {drain!r}")
     entries = _ready_entries(names)
+    holder = token_of(view.files.context.holders, consumer)
     # A drain keeps what it frees (pool.py): as many files as this consumer's whole share,
     # which a caller passing its names in chunks tells in `drain` (a chunk alone is ~1000).
     view.files.pool.note_depth(max(len(entries), drain or 0))
@@ -126,7 +140,7 @@ def _take_named(
             config = view.config
             visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
             at_ms, visibility_ms = now_ms(), round(visibility * 1000)
-            taken = view.files.take_named(view.index, config, entries, at_ms, visibility_ms)
+            taken = view.files.take_named(view.index, config, entries, at_ms, visibility_ms, holder)
     except OSError as exc:
         raise storage_error(exc, f"leasing messages of queue {view.name!r}") from exc
     if names and not taken:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from dirmq.store.events import NO_EVENTS, StoreEvents
 from dirmq.store.filemodes import Access
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
+from dirmq.store.holders import Holders
 from dirmq.store.watch import InotifyHub
 
 
@@ -32,3 +33,6 @@ class QueueContext:
     shared: bool = False
     # What the Store's owner is told as it happens (events.py: the server's metrics).
     events: StoreEvents = NO_EVENTS
+    # Who holds leases: this process's holder tokens and every process's records (holders.py);
+    # None: leases name nobody.
+    holders: Holders | None = None

@@ -19,6 +19,7 @@ import errno
 import logging
 import os
 import time
+from dataclasses import replace
 
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import deadletters, layout
@@ -103,7 +104,10 @@ class QueueFiles:
             raise
         except OSError as exc:
             raise storage_error(exc, f"reading a message of queue {self.name!r}") from exc
-        return stored_message(entry, directory, decoded)
+        message = stored_message(entry, directory, decoded)
+        if directory == layout.LEASED and (holders := self._context.holders) is not None:
+            return replace(message, holder=holders.describe(entry.holder))
+        return message
 
     def locate_listed(self, message_ids: set[str]) -> dict[str, tuple[str, str]]:
         """(state directory, file name) of each of `message_ids` found by listing the state
@@ -132,17 +136,19 @@ class QueueFiles:
         at_ms: int,
         visibility_ms: int,
         runs: GroupRuns | None = None,
+        holder: str | None = None,
     ) -> Message | None:
         """Lease the oldest ready message (ready -> leased); None when nothing is ready.
 
-        `runs` is the state of the get this claim is part of (which groups it holds)."""
+        `runs` is the state of the get this claim is part of (which groups it holds);
+        `holder` the token its lease name carries (holders.py), if any."""
         runs = GroupRuns() if runs is None else runs
         self.pool.note_depth(len(index.ready))  # a drain keeps its freed files for later puts
         while (name := index.pop_ready(config.peers, runs)) is not None:
             entry = parse_entry(name)
             assert entry is not None
             try:
-                lease = self._take(index, config, name, entry, at_ms, visibility_ms)
+                lease = self._take(index, config, name, entry, at_ms, visibility_ms, holder)
             except OSError:
                 index.add(layout.READY, name)  # still in @ready: in its FIFO place next time
                 raise
@@ -173,23 +179,26 @@ class QueueFiles:
         visibility_ms: int,
         runs: GroupRuns,
         max_count: int,
+        holder: str | None = None,
     ) -> list[Message]:
         """Lease up to `max_count` of the oldest ready messages (a get's leases): `claim` over
         and over, with its usual case in line. A head in no group, on a local filesystem, in
         a queue that keeps messages for ever and spreads nothing over its head (no retention,
         no `peers`) costs a rename, a read and the index's two entries: no parse of its name,
         no `Entry`. Anything else takes `claim`'s way. A failure after something was leased
-        ends the batch and is not raised: what is leased goes to the caller."""
+        ends the batch and is not raised: what is leased goes to the caller. `holder`: the
+        token every lease name of the batch carries (holders.py), if any."""
         self.pool.note_depth(len(index.ready))  # a drain keeps its freed files for later puts
         got: list[Message] = []
         plain = not config.peers and self.tokens is None and config.retention_s is None
         deadline_ms = at_ms + visibility_ms
+        suffix = f"+{holder}" if holder else ""
         id_length, pop_plain = layout.ID_LENGTH, index.pop_plain_head
         try:
             while len(got) < max_count:
                 name = pop_plain() if plain else None
                 if name is None:  # nothing ready, or not the usual case: `claim` decides
-                    message = self.claim(index, config, at_ms, visibility_ms, runs)
+                    message = self.claim(index, config, at_ms, visibility_ms, runs, holder)
                     if message is None:
                         break
                     got.append(message)
@@ -201,7 +210,7 @@ class QueueFiles:
                     entry = parse_entry(name)
                     assert entry is not None
                     count = entry.count + 1
-                lease = f"{message_id}.{count}.{deadline_ms}"
+                lease = f"{message_id}.{count}.{deadline_ms}{suffix}"
                 try:
                     leased = self._lease(index, name, lease, message_id, deadline_ms)
                 except OSError:
@@ -241,6 +250,7 @@ class QueueFiles:
         entries: list[tuple[str, Entry]],
         at_ms: int,
         visibility_ms: int,
+        holder: str | None = None,
     ) -> list[tuple[str, str, Entry]]:
         """Lease exactly the @ready files named in `entries` (name, parsed name) that are still
         there, in order, without reading them: (lease name, ready name, parsed ready name) of
@@ -250,7 +260,7 @@ class QueueFiles:
         taken: list[tuple[str, str, Entry]] = []
         for name, entry in entries:
             try:
-                lease = self._take(index, config, name, entry, at_ms, visibility_ms)
+                lease = self._take(index, config, name, entry, at_ms, visibility_ms, holder)
             except OSError:
                 if taken:  # what is leased already goes to the caller, not to waste
                     break
@@ -267,6 +277,7 @@ class QueueFiles:
         entry: Entry,
         at_ms: int,
         visibility_ms: int,
+        holder: str | None = None,
     ) -> str | None:
         """Rename @ready/`name` into @leased; its lease name, or None when it was gone (or past
         the queue's retention, and removed now)."""
@@ -274,7 +285,7 @@ class QueueFiles:
             self.remove(index, layout.READY, name, entry.message_id)
             return None
         lease = layout.timed_name(
-            entry.message_id, entry.count + 1, at_ms + visibility_ms, entry.group
+            entry.message_id, entry.count + 1, at_ms + visibility_ms, entry.group, holder
         )
         tokens, token = self.tokens, None
         if tokens is not None:  # the shared-filesystem mode: see claimtokens.py
@@ -544,9 +555,9 @@ class QueueFiles:
         return failures
 
     def _lease_until(self, index: QueueIndex, path: str, entry: Entry, seconds: float) -> None:
-        """The lease at `path` now ends `seconds` from now."""
+        """The lease at `path` now ends `seconds` from now, held by the same holder."""
         due_ms = now_ms() + round(seconds * 1000)
-        new = layout.timed_name(entry.message_id, entry.count, due_ms, entry.group)
+        new = layout.timed_name(entry.message_id, entry.count, due_ms, entry.group, entry.holder)
         self._rename(path, self.path(layout.LEASED, new))
         index.add(layout.LEASED, new)
 

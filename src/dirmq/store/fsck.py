@@ -10,11 +10,13 @@ ids, leaked capacity slots) are confirmed by a second look before anything is re
 
 Invariants, and what `repair=True` does about each (see `Kind`):
 
-    root marker @dirmq.json present, a JSON object with "format": 1   recreate (bad one moved aside)
-    ... and of format 1 (another format: its rules may differ)        report; repair nothing at all
+    root marker @dirmq.json present, a JSON object with "format": 2   recreate (bad one moved aside)
+    ... and of format 1 or 2 (another: its rules may differ)          report; repair nothing at all
     @trash empty (an interrupted queue deletion)                      empty it
     @pubsub, @spark, @sqs, @redrive at the root (the upper layers',   known: left to their layers
       FORMAT.md), @fsck (the last check's record, fsckrecord.py)
+    @holders: no record of another host's process that no lease      unlink
+      names, an hour old (a notice; this host's dead ones: sweep)
     @queue.json parses and validates                                  move aside, rewrite it with
                                                                       bad settings reset to default
     every state directory exists                                      mkdir
@@ -83,13 +85,14 @@ from dirmq.store.bounds import AT_MS_DIGITS, MAX_DURATION_S, MAX_RECEIVE_COUNT
 from dirmq.store.capacity import LEAK_GRACE_S
 from dirmq.store.config import QueueConfig
 from dirmq.store.filemodes import GROUP, LEGACY, Access, conform, inferred_access, mismatches
+from dirmq.store.holders import is_record_name, orphan_record
 from dirmq.store.ids import ID_PATTERN, is_id
 from dirmq.store.layout import Entry, parse_entry
+from dirmq.store.marker import READABLE_ROOT_FORMATS, root_marker_bytes
 from dirmq.store.names import validate_queue_name
 from dirmq.store.pool import DEFAULT_POOL_FILES, Owner, is_blank, pool_owner, reclaim_pool
 from dirmq.store.processes import Liveness, liveness
 from dirmq.store.recovery import ORPHAN_GRACE_S, is_orphan, older_than
-from dirmq.store.root import ROOT_FORMAT, root_marker_bytes
 
 # Message states in the order a duplicate is kept (first = kept first), and their name shapes.
 _MESSAGE_DIRS = (layout.LEASED, layout.READY, layout.DELAYED, layout.DEAD)
@@ -124,11 +127,12 @@ class Kind(StrEnum):
     ACCESS = "access"  # an entry's mode (or group) is not what the root's access gives
     READABLE_FREE = "readable-free"  # a recycled file still holding a retired message's bytes
     STRAY = "stray"  # notice: a file or directory dirmq does not know
+    ORPHAN_HOLDER = "orphan-holder"  # notice: another host's holder record no lease names
 
 
 # Notices do not break an invariant the store relies on: they never make a report not `ok`.
 # A dead process's pool is not damage either: the next open of the queue reclaims it.
-NOTICE_KINDS = frozenset({Kind.STRAY, Kind.MISSING_DLQ, Kind.ORPHAN_POOL})
+NOTICE_KINDS = frozenset({Kind.STRAY, Kind.MISSING_DLQ, Kind.ORPHAN_POOL, Kind.ORPHAN_HOLDER})
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +200,7 @@ def fsck(
     try:
         checker.check_format()
         checker.walk(root, "")
+        checker.check_holders()
         checker.check_root()
         checker.check_access()
     except OSError as exc:
@@ -244,6 +249,7 @@ class _Checker:
         self._progress = progress
         self._pending = 0
         self.access = Access.named(LEGACY)  # until check_format has read the marker
+        self.holders_in_use: set[str] = set()  # holder tokens the lease names carry
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def report(self) -> FsckReport:
@@ -301,7 +307,7 @@ class _Checker:
             self.access = inferred_access(self.root)
             self.fix("", marker, Kind.ROOT_MARKER, str(exc), self._write_marker)
         found = data.get("format") if isinstance(data, dict) else None
-        if isinstance(found, int) and found != ROOT_FORMAT:
+        if isinstance(found, int) and found not in READABLE_ROOT_FORMATS:
             # Its rules may differ from ours: "repairing" it could destroy what it means.
             self.repair = False
             detail = f"unsupported root format {found}: checked, nothing repaired"
@@ -410,6 +416,8 @@ class _Checker:
             if child == layout.ROOT_TRASH:
                 self._check_trash(entry.path)
                 return
+            if child == layout.HOLDERS_DIR:
+                return  # after the walk, once every lease's holder is known (check_holders)
             if child in layout.ROOT_UPPER_DIRS:
                 if not entry.is_dir(follow_symlinks=False):
                     self.add(name, entry.path, Kind.STRAY, "expected a directory")
@@ -437,6 +445,20 @@ class _Checker:
         target = smallfiles.temp_target(os.path.basename(path))
         detail = f"temp file of an unfinished write of {target}"
         self.fix(name, path, Kind.ORPHAN_TMP, detail, _unlink(path))
+
+    def check_holders(self) -> None:
+        """@holders (holders.py): another host's record that no lease names an hour after it
+        was written is a notice (`orphan-holder`), removed by a repair (one of a process gone
+        from this host is no damage: a sweep removes it); a leftover temp as any small
+        file's; anything else is stray."""
+        directory = os.path.join(self.root, layout.HOLDERS_DIR)
+        for entry in _scandir(directory):
+            if smallfiles.temp_target(entry.name) is not None:
+                self._check_small_temp("", entry.path)
+            elif not is_record_name(entry.name):
+                self.add("", entry.path, Kind.STRAY, "not a holder record")
+            elif (detail := orphan_record(entry.path, self.holders_in_use)) is not None:
+                self.fix("", entry.path, Kind.ORPHAN_HOLDER, detail, _unlink(entry.path))
 
     def check_unconfigured(self, path: str, name: str, state_dirs: list[str]) -> None:
         """State directories without @queue.json: a create or delete that crashed midway."""
@@ -643,6 +665,8 @@ class _Checker:
                 if self.repair and not os.path.lexists(entry.path):
                     renamed.add(canonical)
                     parsed = parse_entry(canonical) or parsed
+            if state == layout.LEASED and parsed.holder is not None:
+                self.holders_in_use.add(parsed.holder)
             if state == layout.LEASED and parsed.at_ms is not None and parsed.at_ms <= now_ms:
                 self.counts.expired += 1
             elif state == layout.DELAYED and parsed.at_ms is not None and parsed.at_ms <= now_ms:
@@ -870,10 +894,12 @@ def _keep_order(copy: _Copy) -> tuple[int, bool, int, int]:
 
 
 def _canonical(state: str, entry: Entry, now_ms: int) -> str:
-    """The name `entry` should have in `state` (a missing lease/due time becomes "now")."""
+    """The name `entry` should have in `state` (a missing lease/due time becomes "now"); only
+    a lease names a holder."""
     if state in _TIMED:
         at_ms = now_ms if entry.at_ms is None else entry.at_ms
-        return layout.timed_name(entry.message_id, entry.count, at_ms, entry.group)
+        holder = entry.holder if state == layout.LEASED else None
+        return layout.timed_name(entry.message_id, entry.count, at_ms, entry.group, holder)
     if state == layout.DEAD:
         return layout.dead_name(entry.message_id, entry.count, entry.group)
     return layout.ready_name(entry.message_id, entry.count, entry.group)

@@ -131,12 +131,15 @@ def group_of(name: str) -> str | None:
 
 
 def _plain_timed(name: str) -> int | None:
-    """The time in `name` when it is a timed name in no group, `<id>.<count>.<at_ms>` with an
-    id of the usual shape; else None (then `parse_entry` decides)."""
+    """The time in `name` when it is a timed name in no group, `<id>.<count>.<at_ms>` (maybe
+    with `+<holder>`) with an id of the usual shape; else None (then `parse_entry` decides)."""
     id_length = layout.ID_LENGTH
     if len(name) <= id_length + 4 or name[id_length] != "." or name[16] != "-":
         return None
     count, dot, at_ms = name[id_length + 1 :].partition(".")
+    at_ms, plus, holder = at_ms.partition("+")
+    if plus and not _is_holder(holder):
+        return None
     if (
         not dot
         or not count.isdigit()
@@ -149,6 +152,10 @@ def _plain_timed(name: str) -> int | None:
     ):
         return None
     return int(at_ms)
+
+
+def _is_holder(token: str) -> bool:
+    return len(token) == layout.HOLDER_LENGTH and all(c in "0123456789abcdef" for c in token)
 
 
 def parse_at(name: str) -> int:

@@ -5,7 +5,7 @@
     <queue>/@ready/            <id>            never received
                                .<final name>.<process, dashes>  being written (shared filesystems)
                                <id>.<count>    received <count> times, then returned
-    <queue>/@leased/           <id>.<count>.<deadline_ms>
+    <queue>/@leased/           <id>.<count>.<deadline_ms>[+<holder token>]
     <queue>/@delayed/          <id>.<count>.<due_ms>
     <queue>/@dead/             <id>.<count>    dead-lettered here (no dead-letter queue set)
     Any of these may end in ~<group tag> for a message of a group (FIFO per group).
@@ -52,12 +52,14 @@ SQS_DIR = "@sqs"  # the SQS layer's own files (sqs/deleted.py, attempts)
 REDRIVE_DIR = "@redrive"  # redrive tasks (dirmq/redrive/records.py)
 FSCK_DIR = "@fsck"  # the record of the last check (fsckrecord.py), the console's check's hold
 ROOT_UPPER_DIRS = frozenset({PUBSUB_DIR, SPARK_DIR, SQS_DIR, REDRIVE_DIR, FSCK_DIR})
+HOLDERS_DIR = "@holders"  # who holds leases: one record per process and label (holders.py)
 GROUP_TAG_LENGTH = 12
+HOLDER_LENGTH = 12  # a holder token: 12 hex digits, random per process and label
 
 # Counts and times are bounded (bounds.py): every value the store accepts fits these digits.
 _ENTRY_RE = re.compile(
     rf"({ID_PATTERN})(?:\.([0-9]{{1,{COUNT_DIGITS}}}))?(?:\.([0-9]{{1,{AT_MS_DIGITS}}}))?"
-    rf"(?:~([0-9a-f]{{{GROUP_TAG_LENGTH}}}))?"
+    rf"(?:\+([0-9a-f]{{{HOLDER_LENGTH}}}))?(?:~([0-9a-f]{{{GROUP_TAG_LENGTH}}}))?"
 )
 _BARE_ID_RE = re.compile(ID_PATTERN)
 ID_LENGTH = 29  # 16 digits, a dash, 12 hex digits (ids.py)
@@ -80,6 +82,7 @@ class Entry:
     count: int
     at_ms: int | None  # lease deadline or delivery due time
     group: str | None = None  # tag of the message group (leased by one get at a time)
+    holder: str | None = None  # a lease's holder token (holders.py); None: unknown
 
     @property
     def receipt(self) -> str:
@@ -111,7 +114,11 @@ def _parse_entry(name: str) -> Entry | None:
         return None
     count, at_ms = match.group(2), match.group(3)
     return Entry(
-        match.group(1), int(count) if count else 0, int(at_ms) if at_ms else None, match.group(4)
+        match.group(1),
+        int(count) if count else 0,
+        int(at_ms) if at_ms else None,
+        match.group(5),
+        match.group(4),
     )
 
 
@@ -123,8 +130,13 @@ def ready_name(message_id: str, count: int, group: str | None = None) -> str:
     return _tagged(message_id if count == 0 else f"{message_id}.{count}", group)
 
 
-def timed_name(message_id: str, count: int, at_ms: int, group: str | None = None) -> str:
-    """Name in @leased (at_ms = deadline) or @delayed (at_ms = due time)."""
+def timed_name(
+    message_id: str, count: int, at_ms: int, group: str | None = None, holder: str | None = None
+) -> str:
+    """Name in @leased (at_ms = deadline; `holder`: who holds the lease, a token of
+    holders.py) or @delayed (at_ms = due time; never a holder)."""
+    if holder:
+        return _tagged(f"{message_id}.{count}.{at_ms}+{holder}", group)
     return _tagged(f"{message_id}.{count}.{at_ms}", group)
 
 

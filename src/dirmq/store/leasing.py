@@ -24,6 +24,7 @@ from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import QueueConfig
 from dirmq.store.events import REASON_REJECTED
 from dirmq.store.files import SETTLED_DEAD, now_ms
+from dirmq.store.holders import token_of
 from dirmq.store.index import GroupRuns, QueueIndex
 from dirmq.store.layout import ID_LENGTH, lease_prefix, parse_receipt
 from dirmq.store.message import Message
@@ -40,6 +41,7 @@ def get(
     visibility_s: float | None,
     wait_s: float,
     max_per_group: int | None,
+    consumer: str | None = None,
 ) -> list[Message]:
     """`Queue.get`."""
     if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
@@ -53,6 +55,7 @@ def get(
     check_optional_seconds("visibility_s", visibility_s)
     check_optional_seconds("wait_s", wait_s)
     files = view.files
+    holder = token_of(view.files.context.holders, consumer)
     deadline = time.monotonic() + wait_s
     relisted = False
     while True:
@@ -64,7 +67,7 @@ def get(
             visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
             visibility_ms = round(visibility * 1000)
             runs = GroupRuns(max_per_group)
-            got = files.claim_many(index, config, at_ms, visibility_ms, runs, max_count)
+            got = files.claim_many(index, config, at_ms, visibility_ms, runs, max_count, holder)
             if not got and runs.missed and not relisted and view.polling():
                 # Polling, every name this get tried was gone: other hosts' consumers took
                 # them since the last listing. List again now rather than sleep until the

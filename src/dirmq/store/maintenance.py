@@ -96,6 +96,8 @@ def sweep(view: QueueView) -> SweepReport:
         pools = reclaim_pools(files.dir[layout.FREE])
         files.pool.trim(keep=DEFAULT_POOL_FILES)
         files.dedup.expire(config.dedup_window_s)
+        if files.context.holders is not None:  # the root's: dead processes' holder records
+            files.context.holders.sweep()
         on_open, view.recovered_on_open = view.recovered_on_open, SweepReport()
     report = SweepReport(
         orphans_removed=orphans + on_open.orphans_removed,

@@ -35,6 +35,22 @@ class DeadLetter:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseHolder:
+    """Who holds a lease (docs/FORMAT.md, "Lease holders"): the record its lease name's token
+    names. `known` is False for a lease whose name names nobody (taken by an older version,
+    or where the record could not be written) or whose record is gone: then only `token`, if
+    any, is set. `label`: the principal or consumer name the lease was taken for, if any."""
+
+    token: str | None
+    label: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    program: str | None = None
+    created_s: float | None = None
+    known: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     """A delivered (or peeked) message.
 
@@ -53,6 +69,7 @@ class Message:
     state: str = "ready"
     group: str | None = None
     dead: DeadLetter | None = None  # set on a message that was dead-lettered (and since)
+    holder: LeaseHolder | None = None  # who holds it: set by peek and browse of a leased one
 
     @property
     def content_type(self) -> str | None:

@@ -112,6 +112,7 @@ class Queue:
         visibility_s: float | None = None,
         wait_s: float = 0.0,
         max_per_group: int | None = 1,
+        consumer: str | None = None,
     ) -> list[Message]:
         """Lease up to `max_count` messages, oldest first.
 
@@ -124,11 +125,20 @@ class Queue:
         (None: as many as it can, like SQS FIFO); the group then stays held back from every
         other get, in any process, until none of them is in flight (acked, returned, expired).
         Keep the default of 1 when the messages of one get are shared among several consumers.
-        """
-        return leasing.get(self._view, max_count, visibility_s, wait_s, max_per_group)
 
-    def get_one(self, *, visibility_s: float | None = None, wait_s: float = 0.0) -> Message | None:
-        got = leasing.get(self._view, 1, visibility_s, wait_s, 1)
+        The leases name this process as their holder (docs/FORMAT.md, "Lease holders"), with
+        `consumer` as its label when given (a principal, a worker's name): browse shows it.
+        """
+        return leasing.get(self._view, max_count, visibility_s, wait_s, max_per_group, consumer)
+
+    def get_one(
+        self,
+        *,
+        visibility_s: float | None = None,
+        wait_s: float = 0.0,
+        consumer: str | None = None,
+    ) -> Message | None:
+        got = leasing.get(self._view, 1, visibility_s, wait_s, 1, consumer)
         return got[0] if got else None
 
     def next_due_s(self) -> float | None:
@@ -326,7 +336,12 @@ class Queue:
         return claims.ready_names(self._view, limit, promote, groups)
 
     def claim_named(
-        self, names: list[str], *, visibility_s: float | None = None, drain: int | None = None
+        self,
+        names: list[str],
+        *,
+        visibility_s: float | None = None,
+        drain: int | None = None,
+        consumer: str | None = None,
     ) -> list[tuple[str, Message]]:
         """Lease the ready messages `names` (from `ready_names`) that nobody took meanwhile, in
         order: (lease name, message) pairs. The lease name acknowledges the message with
@@ -337,16 +352,22 @@ class Queue:
         `drain`: how many names this consumer's share holds in all, when it passes them in
         chunks. The files its acks free are then kept for later puts up to that many, as a
         `get` keeps up to the queue's depth (docs/FORMAT.md, "A drain keeps what it frees"),
-        instead of up to one chunk's size, beyond which each ack would pay an unlink."""
-        return claims.claim_named(self._view, names, visibility_s, drain)
+        instead of up to one chunk's size, beyond which each ack would pay an unlink.
+        `consumer`: the label of the holder the leases name, as in `get`."""
+        return claims.claim_named(self._view, names, visibility_s, drain, consumer)
 
     def lease_named(
-        self, names: list[str], *, visibility_s: float | None = None, drain: int | None = None
+        self,
+        names: list[str],
+        *,
+        visibility_s: float | None = None,
+        drain: int | None = None,
+        consumer: str | None = None,
     ) -> list[str]:
         """`claim_named` without reading the messages: the lease names of those taken, in
         order. Read them with `read_leases`, one at a time: a consumer that must record what
         it leased before processing any of it then never holds the whole lot in memory."""
-        return claims.lease_named(self._view, names, visibility_s, drain)
+        return claims.lease_named(self._view, names, visibility_s, drain, consumer)
 
     def read_leases(self, leases: Iterable[str]) -> Iterator[Message]:
         """The messages behind lease names (from `lease_named`), one at a time: a consumer

@@ -10,7 +10,6 @@ removes the trash.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import threading
@@ -34,18 +33,14 @@ from dirmq.store.events import StoreEvents, with_quarantined
 from dirmq.store.filemodes import GROUP, PRIVATE, Access, conform, group_id, mismatches, root_access
 from dirmq.store.filesystems import resolve_shared
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
+from dirmq.store.holders import Holders
+from dirmq.store.marker import mark_current, root_marker_bytes
 from dirmq.store.names import queue_path, validate_queue_name
 from dirmq.store.queue import Queue
 from dirmq.store.watch import InotifyHub
 
-ROOT_FORMAT = 1
 DEFAULT_ROOT = "./dirmq-data"
 EXISTS_RECHECK_S = 0.5
-
-
-def root_marker_bytes(access: Access) -> bytes:
-    """What `@dirmq.json` holds: the format, and the root's access (absent for a legacy root)."""
-    return json.dumps({"format": ROOT_FORMAT, **access.marker_fields()}).encode() + b"\n"
 
 
 def default_root() -> str:
@@ -86,6 +81,7 @@ class Store:
             self.access = root_access(self.root)
         except OSError as exc:
             raise storage_error(exc, f"reading {marker}") from exc
+        mark_current(self.root, self.access)
         self.group_commit = GroupCommit()
         self.writeback = WritebackFlusher(self.root)
         # What each queue is given of this Store (queues never see the Store itself).
@@ -99,6 +95,7 @@ class Store:
             events=with_quarantined(events, on_quarantine),
             access=self.access,
             shared=resolve_shared(shared, self.root),
+            holders=Holders(self.root, self.access),
         )
         self._queues: dict[str, Queue] = {}
         self._checked: dict[str, float] = {}  # name -> when its @queue.json was last seen

@@ -143,6 +143,8 @@ class QueueView:
         # the next sweep() reports it.
         orphans = self.files.remove_orphans()
         pools = reclaim_pools(self.files.dir[layout.FREE])
+        if context.holders is not None:  # the root's, once a process: holders.py
+            context.holders.sweep_once()
         try:
             promoted = self.files.promote(index, self._config, now_ms())
         except StorageError:  # a disk that refuses writes can still be read: gets promote later

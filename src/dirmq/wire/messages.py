@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dirmq.errors import InvalidArgument
 from dirmq.store import Message, OutgoingMessage
 from dirmq.store.deadletters import format_time, parse_time
-from dirmq.store.message import DeadLetter
+from dirmq.store.message import DeadLetter, LeaseHolder
 from dirmq.wire import framing, jsondoc
 from dirmq.wire.durations import parse_duration
 
@@ -117,6 +117,45 @@ def dead_from_json(data: object) -> DeadLetter | None:
     )
 
 
+def holder_json(holder: LeaseHolder) -> dict[str, object]:
+    """Who holds a lease, for browse: `known` false (and nothing else but a `token` the name
+    carried) when the store cannot tell (docs/FORMAT.md, "Lease holders")."""
+    data: dict[str, object] = {"known": holder.known}
+    for key, value in (
+        ("token", holder.token),
+        ("label", holder.label),
+        ("host", holder.host),
+        ("pid", holder.pid),
+        ("program", holder.program),
+    ):
+        if value is not None:
+            data[key] = value
+    if holder.created_s is not None:
+        data["since"] = format_time(holder.created_s)
+    return data
+
+
+def holder_from_json(data: object) -> LeaseHolder | None:
+    if not isinstance(data, dict):
+        return None
+
+    def text(key: str) -> str | None:
+        value = data.get(key)
+        return value if isinstance(value, str) else None
+
+    pid = data.get("pid")
+    since = text("since")
+    return LeaseHolder(
+        token=text("token"),
+        label=text("label"),
+        host=text("host"),
+        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        program=text("program"),
+        created_s=None if since is None else parse_time(since),
+        known=data.get("known") is True,
+    )
+
+
 def multipart_messages(messages: list[Message]) -> tuple[str, bytes]:
     """(Content-Type, body) of a multipart/mixed response holding `messages`."""
     boundary = framing.new_boundary()
@@ -213,6 +252,8 @@ def message_json(message: Message) -> dict[str, object]:
     }
     if message.dead is not None:
         data["dead"] = dead_json(message.dead)
+    if message.holder is not None:
+        data["holder"] = holder_json(message.holder)
     try:
         data["body"] = message.body.decode("utf-8")
     except UnicodeDecodeError:

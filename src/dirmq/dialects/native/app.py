@@ -216,7 +216,7 @@ class NativeApp(Dialect):
             if not _answer(respond, outcome, _delivery) and isinstance(outcome, list):
                 self.broker.give_back(queue, outcome)  # the client left while it was leased
 
-        self.broker.receive_nowait(queue, 1, None, settle)
+        self.broker.receive_nowait(queue, 1, None, settle, request.principal or None)
         return LATER
 
     def body_check(

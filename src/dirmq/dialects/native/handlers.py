@@ -195,7 +195,9 @@ async def receive(broker: Broker, request: Request, route: Route) -> Response:
     if wait_s > MAX_WAIT_S:
         raise InvalidArgument(f"wait must be at most {MAX_WAIT_S:.0f} s")
     visibility_s = _duration(request, "visibility", "x-visibility")
-    messages = await broker.receive(queue, max_count or 1, visibility_s, wait_s)
+    messages = await broker.receive(
+        queue, max_count or 1, visibility_s, wait_s, consumer=request.principal or None
+    )
     if not messages:
         return Response(204)
     if max_count is None:

@@ -75,7 +75,7 @@ class StreamSessions:
         visibility_s = None if visibility is None else parse_duration(visibility, "visibility")
         headers = handshake_headers(request)
         queue = self.broker.queue(queue_name)
-        session = Session(self, queue, prefetch, visibility_s)
+        session = Session(self, queue, prefetch, visibility_s, request.principal or None)
         return SwitchProtocols(headers, WebSocket(session))
 
     def ack_line(self, queue: Queue) -> _AckLine:
@@ -129,6 +129,7 @@ class Session:
         "_room",
         "_socket",
         "_tags",
+        "consumer",
         "last_tag",
         "queue",
         "sessions",
@@ -137,12 +138,18 @@ class Session:
     )
 
     def __init__(
-        self, sessions: StreamSessions, queue: Queue, prefetch: int, visibility_s: float | None
+        self,
+        sessions: StreamSessions,
+        queue: Queue,
+        prefetch: int,
+        visibility_s: float | None,
+        consumer: str | None = None,
     ) -> None:
         self.sessions = sessions
         self.queue = queue
         self.window = prefetch
         self.visibility_s = visibility_s
+        self.consumer = consumer  # the principal its leases name as their holder
         self.last_tag = 0
         self._tags: dict[int, str] = {}  # unacknowledged: delivery tag -> receipt
         self._by_receipt: dict[str, int] = {}
@@ -309,7 +316,11 @@ class Session:
                     await socket.can_write.wait()
                     continue
                 got = await broker.receive(
-                    self.queue, min(room, MAX_PREFETCH), self.visibility_s, None
+                    self.queue,
+                    min(room, MAX_PREFETCH),
+                    self.visibility_s,
+                    None,
+                    consumer=self.consumer,
                 )
                 if not socket.open:
                     self.sessions.give_back(self.queue, [m.receipt or "" for m in got])

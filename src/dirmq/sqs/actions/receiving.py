@@ -159,7 +159,12 @@ async def receive_message(ctx: Context, params: Params) -> Result:
         wait_s = float(kind.wait_default_s if wait is None else wait)
         # FIFO: as many consecutive messages of a group as fit, like AWS.
         got = await ctx.broker.receive(
-            queue, count or 1, visibility_s, wait_s, max_per_group=None if kind.fifo else 1
+            queue,
+            count or 1,
+            visibility_s,
+            wait_s,
+            max_per_group=None if kind.fifo else 1,
+            consumer=ctx.principal,
         )
         return [
             render_message(ctx, m, kind, attribute_names, system_names, memory, queue.name)

@@ -1,0 +1,36 @@
+"""The root marker `@dirmq.json`: which format a root is in, and what it holds.
+
+Format 2 adds lease holders (`+<token>` at the end of a lease name, records in `@holders`:
+docs/FORMAT.md, "Lease holders"). A root of format 1 is read alike, and marked 2 when a Store
+opens it: the `dirmq fsck` of a version before holders repairs nothing in a root of a format it
+does not know, where it would otherwise re-home the leases whose names it cannot parse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from dirmq.store import layout, smallfiles
+from dirmq.store.filemodes import Access, read_marker
+
+ROOT_FORMAT = 2
+READABLE_ROOT_FORMATS = (1, 2)
+
+
+def root_marker_bytes(access: Access) -> bytes:
+    """What `@dirmq.json` holds: the format, and the root's access (absent for a legacy root)."""
+    return json.dumps({"format": ROOT_FORMAT, **access.marker_fields()}).encode() + b"\n"
+
+
+def mark_current(root: str, access: Access) -> None:
+    """Mark a root of format 1 with the current format (what it holds is unchanged: format 2
+    only adds what a newer process writes). Left as it is where this user may not write it."""
+    data = read_marker(root)
+    if not isinstance(data, dict) or data.get("format") != 1:
+        return
+    try:
+        marker = os.path.join(root, layout.ROOT_MARKER)
+        smallfiles.replace_file(marker, root_marker_bytes(access), durable=True, access=access)
+    except OSError:
+        pass
