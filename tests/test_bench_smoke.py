@@ -121,6 +121,7 @@ def test_the_consume_floor_runs_and_leaves_nothing_behind(tmp_path: Path) -> Non
         ("console_samples", ["--queues", "20", "--samples", "2", "--output"]),
         ("consume_anatomy", ["--messages", "300", "--rounds", "1", "--json"]),
         ("metrics_scrape", ["--queues", "100", "--scrapes", "2", "--json"]),
+        ("scale", ["--quick", "--json"]),
     ],
 )
 def test_a_benchmark_that_needs_nothing_installed_runs_end_to_end(

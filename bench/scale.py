@@ -1,0 +1,472 @@
+"""What a deep queue, many queues and a large body cost, as an operator meets them (issue 35).
+
+Run by hand from the project root (never collected by pytest; the machine to itself, for the
+full form):
+
+    .venv/bin/python -m bench.scale                    # 1k/100k/1M deep, 10/1,000/10,000 queues,
+                                                       # 1 KiB/1 MiB/64 MiB bodies
+    .venv/bin/python -m bench.scale --quick            # 1k/10k deep, 10/100 queues, 1 KiB/1 MiB
+    .venv/bin/python -m bench.scale --parts deep,bodies --json /tmp/scale.json
+
+It builds its roots under a fresh temp dir (`--dir`, default /tmp: the disk) and removes it at
+the end, also on an error or Ctrl-C; every process it starts is stopped by PID.
+
+- deep: one queue of 100 B messages, written straight into `@ready/` (the build time is
+  reported) and deepened in place from one size to the next. At each depth: a fresh library
+  process's first get+ack (its own time from before `Store(...)` to after the ack), one `dirmq
+  get --ack` (the subprocess's wall time) and `dirmq serve` from spawn to its first answered
+  `GET /q/messages`; each with the process's peak RSS, and the ratio deepest/shallowest.
+- queues: a root of N empty queues and one `dirmq serve` (1 worker). The server's CPU
+  (utime+stime, /proc) to register one long poll on each of min(N, 5,000) distinct queues, and
+  the same number of polls on one queue as the yardstick; a publish sent halfway through the
+  burst to a queue already polled, and how long until that poll answers.
+- bodies: one body of each size POSTed to a queue of a fresh server and then got; each timed
+  against `dd bs=1M conv=fsync` of the same size on the same filesystem (the floor, same run),
+  with the server's peak RSS growth (VmHWM, reset before each step) during the POST and the GET.
+
+It prints one table per part and the targets, and writes JSON (default
+`bench/results/scale.json`). One run; compare within a row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.harness import BODY, HOST, REPO, RESULTS
+from bench.harness.procs import Processes, cpu_seconds, raise_fd_limit
+from bench.harness.report import Report, filesystem_of, machine_basics, print_summary
+from bench.harness.roots import fill_ready, make_queues
+from bench.harness.servers import http_call, start_dirmq
+
+DEFAULT_JSON = RESULTS / "scale.json"
+PARTS = ("deep", "queues", "bodies")
+FULL = {"depths": [1_000, 100_000, 1_000_000], "queues": [10, 1_000, 10_000]}
+FULL["bodies"] = [1024, 2**20, 64 * 2**20]
+QUICK = {"depths": [1_000, 10_000], "queues": [10, 100], "bodies": [1024, 2**20]}
+MAX_POLLS = 5_000  # the issue's burst: 5,000 long polls on 5,000 distinct queues
+STEP_BUDGET_S = 300.0  # any one timed subprocess or wait; a run that exceeds it is broken
+
+# A fresh library process's first get+ack: its own clock from before Store(...) to after the
+# ack (the import is not timed), then its peak RSS from /proc.
+LIBRARY_CHILD = """
+import json, sys, time
+import dirmq
+started = time.perf_counter()
+with dirmq.Store(sys.argv[1]) as store:
+    queue = store.queue(sys.argv[2])
+    message = queue.get_one()
+    assert message is not None, "the queue is empty"
+    queue.ack(message.receipt)
+    seconds = time.perf_counter() - started
+with open("/proc/self/status") as f:
+    hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+print(json.dumps({"seconds": seconds, "hwm_kib": hwm}))
+"""
+
+
+def vm_hwm_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def reset_hwm(pid: int) -> None:
+    """Peak RSS back to the current RSS (Linux >= 4.0): the next VmHWM is this step's peak."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+
+
+def run_child(procs: Processes, args: list[str], workdir: Path) -> tuple[float, int, str]:
+    """Run `args` to its end: wall seconds, its own peak RSS in KiB (the rusage `wait4` gives of
+    this child alone) and its stdout. An error if it fails; killed by PID past the budget."""
+    out_path, err_path = workdir / "child.out", workdir / "child.err"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        started = time.perf_counter()
+        proc = procs.start(args, stdout=out, stderr=err, cwd=REPO)
+        timer = threading.Timer(STEP_BUDGET_S, os.kill, (proc.pid, signal.SIGKILL))
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        seconds = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    if proc.returncode != 0:
+        tail = err_path.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{' '.join(args[1:3])} exited {proc.returncode}: {tail}")
+    return seconds, usage.ru_maxrss, out_path.read_text()
+
+
+def table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    """A part's table: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    print(f"\n== {title} ==")
+    for r in [header, *rows]:
+        cells = [r[0].ljust(widths[0])]
+        cells += [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
+        print("  ".join(cells))
+
+
+# == deep: one queue at 1k, 100k, 1M ===========================================================
+def first_served_get(procs: Processes, root: Path) -> tuple[float, int]:
+    """`dirmq serve` (1 worker) from spawn to its first 200 to `GET /q/messages`; its VmHWM."""
+    started = time.perf_counter()
+    server = start_dirmq(procs, str(root), 1, "deep")
+    try:
+        status, _, _ = http_call(server.port, "GET", "/q/messages", timeout_s=STEP_BUDGET_S)
+        seconds = time.perf_counter() - started
+        if status != 200:
+            raise RuntimeError(f"first GET /q/messages of a deep queue: {status}")
+        return seconds, vm_hwm_kib(server.proc.pid)
+    finally:
+        procs.stop(server.proc)
+
+
+def deep(procs: Processes, workdir: Path, depths: list[int], report: Report) -> dict[str, Any]:
+    root = workdir / "deep"
+    make_queues(root, ["q"])
+    results: dict[str, Any] = {"rows": {}, "build_s": {}}
+    have = 0
+    for depth in depths:
+        started = time.perf_counter()
+        fill_ready(root / "q", depth - have, BODY)
+        os.sync()  # the build's writeback is not charged to the first row
+        results["build_s"][depth] = round(time.perf_counter() - started, 2)
+        report.row("deep: build", f"{depth:,} deep", f"{results['build_s'][depth]:.1f} s")
+        py = sys.executable
+        lib_s, lib_rss, out = run_child(procs, [py, "-c", LIBRARY_CHILD, str(root), "q"], workdir)
+        lib = json.loads(out)
+        cli_s, cli_rss, _ = run_child(
+            procs, [py, "-m", "dirmq", "get", "--ack", "--root", str(root), "q"], workdir
+        )
+        srv_s, srv_hwm = first_served_get(procs, root)
+        row = {
+            "library_first_get_ack_s": lib["seconds"],
+            "library_child_wall_s": lib_s,
+            "library_hwm_kib": lib["hwm_kib"],
+            "library_maxrss_kib": lib_rss,
+            "cli_get_ack_s": cli_s,
+            "cli_maxrss_kib": cli_rss,
+            "serve_first_get_s": srv_s,
+            "serve_hwm_kib": srv_hwm,
+        }
+        results["rows"][depth] = row
+        have = depth - 3  # each of the three consumed one message
+        for name, value in row.items():
+            shown = f"{value / 1024:.1f} MiB" if name.endswith("kib") else f"{value:.3f} s"
+            report.row(f"deep: {depth:,}", name, shown)
+    low, high = depths[0], depths[-1]
+    ratios = {}
+    for name in results["rows"][low]:
+        base = results["rows"][low][name]
+        ratios[name] = results["rows"][high][name] / base if base else float("inf")
+    results["ratios"] = {"of": f"{high}/{low}", **ratios}
+    rows = []
+    for name in results["rows"][low]:
+        scale = 1024 if name.endswith("kib") else 1
+        rows.append([name, *(f"{results['rows'][d][name] / scale:.3f}" for d in depths)])
+        rows[-1].append(f"{ratios[name]:.2f}x")
+    header = ["row (s, or MiB)", *(f"{d:,} deep" for d in depths), f"{high:,}/{low:,}"]
+    table("deep: one queue of 100 B messages", header, rows)
+    for name in ("library_first_get_ack_s", "cli_get_ack_s", "serve_first_get_s"):
+        value = ratios[name]
+        report.target(f"deep {name}", value, "<= 2x", value <= 2.0, f"{high:,} vs {low:,} deep")
+    return results
+
+
+# == queues: long polls on many queues =========================================================
+async def _open_poll(port: int, name: str, wait_s: int) -> tuple[Any, Any]:
+    reader, writer = await asyncio.open_connection(HOST, port)
+    writer.write(f"GET /{name}/messages?wait={wait_s} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+    return reader, writer
+
+
+async def _publish_and_wait(port: int, name: str, poll: Any) -> float:
+    """Publish one message to `name`; seconds from sending it to its poll's status line."""
+    _, writer = await asyncio.open_connection(HOST, port)
+    request = (
+        f"POST /{name}/messages HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: {len(BODY)}\r\n\r\n"
+    )
+    started = time.perf_counter()
+    writer.write(request.encode() + BODY)
+    status = await asyncio.wait_for(poll.readline(), timeout=60)
+    seconds = time.perf_counter() - started
+    if b" 200 " not in status:
+        raise RuntimeError(f"the polled queue {name} answered {status!r} to its publish")
+    writer.close()
+    return seconds
+
+
+async def burst(port: int, pids: list[int], names: list[str], probe: bool) -> dict[str, float]:
+    """One long poll per name, each on its own connection, opened one after another; with
+    `probe`, a publish to the first name when half are open. The server's CPU from before the
+    first to when it is idle again (no 10 ms of CPU in 0.2 s) after the last."""
+    cpu_before = cpu_seconds(pids)
+    started = time.perf_counter()
+    polls: list[tuple[Any, Any]] = []
+    delivery: asyncio.Task[float] | None = None
+    try:
+        for i, name in enumerate(names):
+            polls.append(await _open_poll(port, name, 600))
+            if probe and i == len(names) // 2:
+                delivery = asyncio.create_task(_publish_and_wait(port, names[0], polls[0][0]))
+        sent_s = time.perf_counter() - started
+        latency = await delivery if delivery is not None else float("nan")
+        deadline, last = time.monotonic() + STEP_BUDGET_S, cpu_seconds(pids)
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            now = cpu_seconds(pids)
+            if now - last < 0.01:
+                break
+            last = now
+        cpu = cpu_seconds(pids) - cpu_before
+        return {"polls": len(names), "server_cpu_s": cpu, "sent_s": sent_s, "delivery_s": latency}
+    finally:
+        for _, writer in polls:
+            writer.close()
+
+
+def queues(procs: Processes, workdir: Path, counts: list[int], report: Report) -> dict[int, Any]:
+    raise_fd_limit()  # the server (started after) inherits it
+    results: dict[int, Any] = {}
+    for count in counts:
+        root = workdir / f"queues-{count}"
+        names = [f"q{n:05d}" for n in range(count)]
+        make_queues(root, names)
+        polled = names[: min(count, MAX_POLLS)]
+        server = start_dirmq(procs, str(root), 1, f"queues-{count}")
+        try:
+            distinct = asyncio.run(burst(server.port, server.pids, polled, probe=True))
+        finally:
+            procs.stop(server.proc)
+        server = start_dirmq(procs, str(root), 1, f"queues-{count}-one")
+        try:
+            one = asyncio.run(burst(server.port, server.pids, [names[0]] * len(polled), False))
+        finally:
+            procs.stop(server.proc)
+        shutil.rmtree(root)
+        results[count] = {"distinct": distinct, "one_queue": one}
+        each = f"{1000 * distinct['server_cpu_s'] / len(polled):.2f} ms each"
+        report.row(
+            f"queues: {count:,}",
+            f"{len(polled):,} polls, distinct queues",
+            f"{distinct['server_cpu_s']:.3f} s CPU",
+            each,
+        )
+        report.row(
+            f"queues: {count:,}",
+            f"{len(polled):,} polls, one queue",
+            f"{one['server_cpu_s']:.3f} s CPU",
+        )
+        report.row(
+            f"queues: {count:,}",
+            "publish during the burst",
+            f"{1000 * distinct['delivery_s']:.1f} ms",
+            "to its poll's answer",
+        )
+    rows = []
+    for count, r in results.items():
+        d, o = r["distinct"], r["one_queue"]
+        ratio = d["server_cpu_s"] / o["server_cpu_s"] if o["server_cpu_s"] else float("inf")
+        r["ratio_distinct_to_one"] = ratio
+        cpu, one_cpu, ms = d["server_cpu_s"], o["server_cpu_s"], 1000 * d["delivery_s"]
+        rows.append([f"{count:,}", f"{d['polls']:,}", f"{cpu:.3f}", f"{one_cpu:.3f}"])
+        rows[-1] += [f"{ratio:.2f}x", f"{ms:.1f}"]
+    header = ["queues", "polls", "CPU s, distinct", "CPU s, one queue", "ratio", "delivery ms"]
+    table("queues: long polls, the server's CPU to register them", header, rows)
+    top = results[counts[-1]]["distinct"]
+    polls = int(top["polls"])
+    report.target(
+        f"CPU of {polls:,} polls on distinct queues",
+        top["server_cpu_s"],
+        "<= 0.5 s",
+        top["server_cpu_s"] <= 0.5,
+        f"{counts[-1]:,} queues",
+    )
+    report.target(
+        "publish delivered during the burst",
+        1000 * top["delivery_s"],
+        "<= 50 ms",
+        top["delivery_s"] <= 0.05,
+        f"{polls:,} polls",
+    )
+    return results
+
+
+# == bodies: large messages through the server =================================================
+def dd_fsync(source: Path, target: Path) -> float:
+    started = time.perf_counter()
+    subprocess.run(
+        ["dd", f"if={source}", f"of={target}", "bs=1M", "conv=fsync", "status=none"],
+        check=True,
+        timeout=STEP_BUDGET_S,
+    )
+    seconds = time.perf_counter() - started
+    target.unlink()
+    return seconds
+
+
+def bodies(procs: Processes, workdir: Path, sizes: list[int], report: Report) -> dict[int, Any]:
+    root = workdir / "bodies"
+    limit = str(2 * max(sizes) + 2**20)
+    server = start_dirmq(procs, str(root), 1, "bodies", ["--max-body-bytes", limit])
+    results: dict[int, Any] = {}
+    try:
+        status, _, text = http_call(
+            server.port, "PUT", "/big", json.dumps({"max_message_bytes": int(limit)}).encode()
+        )
+        if status not in (200, 201):
+            raise RuntimeError(f"PUT /big: {status} {text[:200]!r}")
+        pid = server.proc.pid
+        for size in sizes:
+            source = workdir / f"body-{size}"
+            body = os.urandom(size)
+            source.write_bytes(body)
+            floor_s = dd_fsync(source, workdir / f"dd-{size}")
+            reset_hwm(pid)
+            before = vm_hwm_kib(pid)
+            started = time.perf_counter()
+            status, _, _ = http_call(
+                server.port, "POST", "/big/messages", body, timeout_s=STEP_BUDGET_S
+            )
+            post_s = time.perf_counter() - started
+            if status != 201:
+                raise RuntimeError(f"POST of {size} bytes: {status}")
+            post_growth = vm_hwm_kib(pid) - before
+            reset_hwm(pid)
+            before = vm_hwm_kib(pid)
+            started = time.perf_counter()
+            status, headers, got = http_call(
+                server.port, "GET", "/big/messages", timeout_s=STEP_BUDGET_S
+            )
+            get_s = time.perf_counter() - started
+            if status != 200 or got != body:
+                raise RuntimeError(
+                    f"GET of the {size} bytes just posted: {status}, {len(got)} bytes"
+                )
+            get_growth = vm_hwm_kib(pid) - before
+            http_call(server.port, "DELETE", f"/big/messages/{headers['x-receipt']}")
+            source.unlink()
+            del body, got
+            results[size] = {
+                "dd_fsync_s": floor_s,
+                "post_s": post_s,
+                "get_s": get_s,
+                "post_vs_dd": floor_s / post_s,
+                "get_vs_dd": floor_s / get_s,
+                "post_hwm_growth_kib": post_growth,
+                "get_hwm_growth_kib": get_growth,
+            }
+            r = results[size]
+            report.row(
+                f"bodies: {size:,} B",
+                "POST",
+                f"{post_s:.4f} s",
+                f"{r['post_vs_dd']:.2f}x dd conv=fsync ({floor_s:.4f} s); "
+                f"RSS +{post_growth / 1024:.1f} MiB",
+            )
+            report.row(
+                f"bodies: {size:,} B",
+                "GET",
+                f"{get_s:.4f} s",
+                f"{r['get_vs_dd']:.2f}x dd; RSS +{get_growth / 1024:.1f} MiB",
+            )
+    finally:
+        procs.stop(server.proc)
+    rows = []
+    for size, r in results.items():
+        rows.append([f"{size:,}", f"{r['dd_fsync_s']:.4f}", f"{r['post_s']:.4f}"])
+        rows[-1] += [f"{r['post_vs_dd']:.2f}", f"{r['get_s']:.4f}", f"{r['get_vs_dd']:.2f}"]
+        rows[-1] += [f"{r[f'{step}_hwm_growth_kib'] / 1024:.1f}" for step in ("post", "get")]
+    header = ["bytes", "dd s", "POST s", "x dd", "GET s", "x dd", "POST +MiB", "GET +MiB"]
+    table("bodies: through the server vs dd bs=1M conv=fsync (x dd: speed over dd's)", header, rows)
+    top, r = sizes[-1], results[sizes[-1]]
+    for step in ("post", "get"):
+        ratio = r[f"{step}_vs_dd"]
+        report.target(
+            f"{step.upper()} {top:,} B vs dd conv=fsync",
+            ratio,
+            ">= 0.5x",
+            ratio >= 0.5,
+            "same size, same filesystem",
+        )
+        growth = r[f"{step}_hwm_growth_kib"] / 1024
+        report.target(
+            f"server RSS growth during {step.upper()}",
+            growth,
+            "<= 32 MiB",
+            growth <= 32,
+            f"{top:,} B body",
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.scale", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="1k/10k deep, 10/100 queues, 1 KiB/1 MiB bodies"
+    )
+    parser.add_argument(
+        "--parts", default=",".join(PARTS), help=f"comma-separated, of {','.join(PARTS)}"
+    )
+    parser.add_argument(
+        "--dir", default="/tmp", help="where the temp dir of roots goes (default /tmp)"
+    )
+    parser.add_argument(
+        "--json", default=str(DEFAULT_JSON), help=f"results file (default {DEFAULT_JSON})"
+    )
+    args = parser.parse_args(argv)
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
+    sizes = QUICK if args.quick else FULL
+    procs, report = Processes(), Report()
+    out: dict[str, Any] = {"machine": machine_basics(), "quick": args.quick, "dir": args.dir}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up as on Ctrl-C
+    workdir = Path(tempfile.mkdtemp(prefix="dirmq-bench-scale-", dir=args.dir))
+    run: dict[str, Callable[[], Any]] = {
+        "deep": lambda: deep(procs, workdir, sizes["depths"], report),
+        "queues": lambda: queues(procs, workdir, sizes["queues"], report),
+        "bodies": lambda: bodies(procs, workdir, sizes["bodies"], report),
+    }
+    started = time.monotonic()
+    try:
+        out["machine"]["disk_fs"] = filesystem_of(str(workdir))
+        for part in parts:
+            print(f"\n-- {part} --", flush=True)
+            out[part] = run[part]()
+    finally:
+        procs.stop_all()
+        shutil.rmtree(workdir, ignore_errors=True)
+    out["seconds"] = round(time.monotonic() - started, 1)
+    out["targets"] = report.targets
+    print_summary(report, "times in s, RSS in MiB; one run")
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(f"\nwrote {path} ({out['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
