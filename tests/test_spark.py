@@ -399,6 +399,7 @@ def test_a_dead_holder_of_a_consumer_name_is_taken_over(spark: Any, tmp_path: Pa
     import subprocess
 
     from dirmq.spark.holder import read_record, record_path
+    from dirmq.store.processes import HOST_TAG, ProcessIdentity, current
 
     root, out = tmp_path / "root", tmp_path / "parquet"
     queue = dirmq.Store(root).create_queue("q")
@@ -407,7 +408,14 @@ def test_a_dead_holder_of_a_consumer_name_is_taken_over(spark: Any, tmp_path: Pa
     gone.wait()
     consumer_dir = root / STATE_SUBDIR / "consumers" / "q" / "@etl"
     consumer_dir.mkdir(parents=True)
-    record = {"host": socket.gethostname(), "pid": gone.pid, "token": "x", "timeout_s": 600}
+    process = ProcessIdentity(HOST_TAG, current().pid_ns, gone.pid, 0).token()  # FORMAT.md
+    record = {
+        "process": process,
+        "host": socket.gethostname(),
+        "pid": gone.pid,
+        "token": "x",
+        "timeout_s": 600,
+    }
     Path(record_path(str(consumer_dir), 4)).write_text(json.dumps(record))  # renewed just now
     query = run_available_now(
         _stream(spark, path=str(root), queue="q", consumer="etl"), out, tmp_path / "checkpoint"
