@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import ssl
 from collections.abc import Iterator
-from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from dirmq.errors import InvalidName
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store.names import validate_queue_name
 
+from .support.console import signed_in
 from .support.fixtures import serve
 from .support.servers import ServerProcess, fresh, start_server
 
@@ -51,16 +51,6 @@ def lib(server: ServerProcess) -> Iterator[dirmq.Store]:
 
 def client(server: ServerProcess) -> httpx.Client:
     return httpx.Client(base_url=server.url, timeout=10)
-
-
-@contextmanager
-def signed_in(server: ServerProcess, token: str) -> Iterator[httpx.Client]:
-    """A client holding a console session (its cookie), as a browser would after sign-in."""
-    with client(server) as browser:
-        answer = browser.post("/ui/sign-in", data={"token": token})
-        assert answer.status_code == 303, answer.text
-        assert answer.headers["location"] == "/ui/"
-        yield browser
 
 
 def csrf_of(page: httpx.Response) -> str:

@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote_plus
 
@@ -29,6 +28,7 @@ from dirmq.store.census import census
 from dirmq.store.filemodes import root_access
 from dirmq.store.fsck import Kind, fsck
 
+from .support.console import signed_in
 from .support.fixtures import serve
 from .support.servers import REPO, ServerProcess
 
@@ -57,14 +57,6 @@ server = serve(credentials=CREDENTIALS, scope="function")
 def lib(server: ServerProcess) -> Iterator[dirmq.Store]:
     with dirmq.Store(server.root, create=False) as store:
         yield store
-
-
-@contextmanager
-def signed_in(server: ServerProcess, token: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30) as browser:
-        answer = browser.post("/ui/sign-in", data={"token": token})
-        assert answer.status_code == 303, answer.text
-        yield browser
 
 
 def csrf_of(browser: httpx.Client) -> str:

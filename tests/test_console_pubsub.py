@@ -9,7 +9,6 @@ import html
 import os
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -19,6 +18,7 @@ import dirmq
 from dirmq.pubsub.hub import PubSub
 from dirmq.server.credentials import new_token, token_digest
 
+from .support.console import signed_in
 from .support.servers import ServerProcess, fresh, start_server
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -224,14 +224,6 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
     running = start_server(base / "root", "--credentials", str(path))
     yield running
     assert running.stop() == 0
-
-
-@contextmanager
-def signed_in(server: ServerProcess, token: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30) as browser:
-        answer = browser.post("/ui/sign-in", data={"token": token})
-        assert answer.status_code == 303, answer.text
-        yield browser
 
 
 def test_each_principal_sees_what_the_pubsub_api_would_show_it(guarded: ServerProcess) -> None:
