@@ -9,10 +9,8 @@ page that keeps to the policy must report nothing, and dialogs and errors must b
 from __future__ import annotations
 
 import asyncio
-import http.server
 import os
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +18,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page
 
-from .support.browser import FLAGS, PageLog, Session
+from .support.browser import FLAGS, PageLog, Session, static_site
 
 CSP = "default-src 'self'; script-src 'self'; style-src 'self'; object-src 'none'"
 
@@ -63,27 +61,6 @@ PAGES: dict[str, tuple[str, bytes]] = {
 }
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        found = PAGES.get(self.path)
-        if found is None:
-            self.send_error(404)
-            return
-        content_type, body = found
-        try:
-            self.send_response(200)
-            self.send_header("Content-Type", f"{content_type}; charset=utf-8")
-            self.send_header("Content-Security-Policy", CSP)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # a test closed its page meanwhile (chromium's favicon request, say)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @dataclass
 class Site:
     url: str
@@ -91,15 +68,8 @@ class Site:
 
 @pytest.fixture(scope="module")
 def site() -> Iterator[Site]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield Site(f"http://127.0.0.1:{server.server_address[1]}")
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with static_site(PAGES.get, CSP) as url:
+        yield Site(url)
 
 
 def test_a_page_within_its_policy_loads_and_reports_nothing(

@@ -8,14 +8,12 @@ package-data globs that would leave a console file out of the sdist or the wheel
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
-import threading
 import zipfile
 from collections.abc import Iterator
 from importlib import resources
@@ -25,7 +23,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page
 
-from .support.browser import PageLog
+from .support.browser import Found, PageLog, static_site
 from .support.servers import REPO
 
 CONSOLE = REPO / "src" / "dirmq" / "console"
@@ -220,45 +218,19 @@ document.documentElement.dataset.drawn = "yes";
 CONTENT_TYPES = {".js": "text/javascript", ".css": "text/css"}
 
 
-class StrictSite(http.server.BaseHTTPRequestHandler):
-    """The test pages, and the vendored files from the installed package, under STRICT_CSP."""
-
-    def do_GET(self) -> None:
-        if self.path.startswith("/static/vendor/"):
-            name = self.path.removeprefix("/static/vendor/")
-            resource = resources.files("dirmq") / f"console/static/vendor/{name}"
-            found = (CONTENT_TYPES.get(Path(name).suffix, "text/plain"), resource.read_bytes())
-        elif self.path in SITE:
-            found = SITE[self.path]
-        else:
-            self.send_error(404)
-            return
-        content_type, body = found
-        try:
-            self.send_response(200)
-            self.send_header("Content-Type", f"{content_type}; charset=utf-8")
-            self.send_header("Content-Security-Policy", STRICT_CSP)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the test closed its page meanwhile
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+def strict_page(path: str) -> Found | None:
+    """The test pages, and the vendored files from the installed package."""
+    if path.startswith("/static/vendor/"):
+        name = path.removeprefix("/static/vendor/")
+        resource = resources.files("dirmq") / f"console/static/vendor/{name}"
+        return CONTENT_TYPES.get(Path(name).suffix, "text/plain"), resource.read_bytes()
+    return SITE.get(path)
 
 
 @pytest.fixture(scope="module")
 def strict_site() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StrictSite)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with static_site(strict_page, STRICT_CSP) as url:
+        yield url
 
 
 def test_htmx_with_the_readme_settings_swaps_under_a_strict_csp(

@@ -54,6 +54,12 @@ def test_killed_producer_never_exposes_a_partial_message(root: Path, shared: boo
         setup.create_queue("big")
     for delay_s in (0.05, 0.13, 0.21, 0.3, 0.42):
         writer = spawn("write", root, "big", size, *(["shared"] if shared else []))
+        # Its first stored message says it is writing (a slow start under load must not let
+        # the kill land before any put): then kill it mid-stream, `delay_s` later.
+        assert writer.stdout is not None
+        first = writer.stdout.readline()
+        assert first, "the writer ended before storing a message"
+        confirmed.extend(first.split())
         time.sleep(delay_s)
         out = kill(writer)
         confirmed.extend(out.split())

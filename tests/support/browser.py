@@ -24,11 +24,14 @@ they also reach Python, so those of earlier documents of the page are kept acros
 from __future__ import annotations
 
 import asyncio
+import http.server
 import os
 import shutil
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -244,3 +247,42 @@ def page_log(browser: Browser) -> Iterator[PageLog]:
 @pytest.fixture
 def page(page_log: PageLog) -> Page:
     return page_log.page
+
+
+Found = tuple[str, bytes]  # a page's content type and body
+
+
+@contextmanager
+def static_site(find: Callable[[str], Found | None], csp: str) -> Iterator[str]:
+    """A site of fixed pages on 127.0.0.1 for a browser test (its base URL): `find(path)` gives
+    a page or None (404); every page is served under the Content-Security-Policy `csp`."""
+
+    class Pages(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            found = find(self.path)
+            if found is None:
+                self.send_error(404)
+                return
+            content_type, body = found
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", f"{content_type}; charset=utf-8")
+                self.send_header("Content-Security-Policy", csp)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the test closed its page meanwhile (chromium's favicon request, say)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Pages)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
