@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 import dirmq
-from dirmq.store import files, fsio, layout
+from dirmq.store import backlog, codec, files, fsio, layout, view
 from dirmq.store.ids import new_ids
 from dirmq.store.states import TRANSITIONS, State, Transition
 
@@ -156,6 +156,8 @@ class MoveSpy:
         if os.path.dirname(path) == self.dlq_ready:
             return State.DEAD_LETTER_QUEUE
         parts = path[len(self.root) + 1 :].split("/")
+        if layout.BACKLOG in parts:
+            return State.BACKLOG
         if layout.FREE in parts:
             return State.RETIRED if target else State.WRITING
         directory = parts[-2] if len(parts) >= 2 else ""
@@ -287,6 +289,26 @@ def test_every_row_happens_as_the_table_says(
         q.get_one()  # lease, then hand_back
     monkeypatch.setattr(files, "read_message", real_read)
     q.ack(_leased(q))
+
+    # A deep queue (the thresholds made small): publish into the backlog, refill, remove from
+    # it, and a long flat @ready cut down on open (spill_excess).
+    monkeypatch.setattr(backlog, "SPILL_AT", 2)
+    monkeypatch.setattr(files, "SPILL_AT", 2)
+    monkeypatch.setattr(view, "MIGRATE_ABOVE", 3)
+    deep = store.create_queue("deep")
+    deep.put_many([b"1", b"2", b"3", b"4"])  # publish into @ready, then into the backlog
+    in_backlog = [name for _, name in backlog.names(deep.path)]
+    assert len(in_backlog) == 2
+    assert deep.delete(in_backlog[-1][: layout.ID_LENGTH])  # remove from the backlog
+    for _ in range(3):
+        deep.ack(_leased(deep))  # the third get refills @ready from the backlog
+    for message_id in new_ids(5):
+        (Path(deep.path) / layout.READY / message_id).write_bytes(
+            codec.encode(b"flat", {}, message_id=message_id)
+        )
+    with dirmq.Store(store.root) as reopened:
+        # spill_excess moves 3 on open, and the get refills them
+        assert len(reopened.queue("deep").get(max_count=5)) == 5
 
     corrupt_id = new_ids(1)[0]
     (Path(q.path) / layout.READY / corrupt_id).write_bytes(b"not a message")

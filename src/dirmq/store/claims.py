@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from dirmq.errors import InvalidArgument, QueueNotFound, storage_error
 from dirmq.store import layout
+from dirmq.store.backlog import REFILL_BELOW
 from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import QueueConfig
 from dirmq.store.files import now_ms
@@ -41,6 +42,8 @@ def ready_names(view: QueueView, limit: int | None, promote: bool, groups: bool)
             config = view.config
             if promote:
                 _promote_listed(view, config, now_ms())
+            # A deep queue's newer messages wait in the backlog: as many as asked come forward.
+            view.files.refill(view.synced(), REFILL_BELOW if limit is None else limit)
             names = os.listdir(view.files.dir[layout.READY])
     except FileNotFoundError:
         raise QueueNotFound.missing(view.name) from None

@@ -22,7 +22,9 @@ import time
 from dataclasses import replace
 
 from dirmq.errors import CorruptMessage, storage_error
+from dirmq.store import backlog as backlog_files
 from dirmq.store import deadletters, layout
+from dirmq.store.backlog import EPOCH_DIGITS, REFILL_BELOW, REFILL_CHUNK, SPILL_AT, Backlog
 from dirmq.store.capacity import Slots, read_slot
 from dirmq.store.claimtokens import ClaimTokens
 from dirmq.store.codec import Decoded
@@ -59,6 +61,8 @@ class QueueFiles:
     def __init__(self, context: QueueContext, name: str, path: str) -> None:
         self.name = name
         self.dir = {d: os.path.join(path, d) for d in layout.STATE_DIRS}
+        self.queue_dir = path
+        self.backlog = Backlog(path, context.access)
         self.pool = FilePool(
             self.dir[layout.FREE],
             context.access,
@@ -84,7 +88,53 @@ class QueueFiles:
         return removed
 
     def path(self, directory: str, name: str) -> str:
-        return f"{self.dir[directory]}/{name}"  # names hold no "/": no os.path.join needed
+        """`directory`: a state directory, or a backlog bucket (`@backlog/<epoch>/<second>`,
+        backlog.relative_dir)."""
+        base = self.dir.get(directory) or f"{self.queue_dir}/{directory}"
+        return f"{base}/{name}"  # names hold no "/": no os.path.join needed
+
+    def spill_excess(self, index: QueueIndex) -> int:
+        """Move every ready message but the oldest SPILL_AT into the backlog (a @ready too long
+        for a cheap open: backlog.MIGRATE_ABOVE), newest first, one rename each: a kill at any
+        point leaves each message in @ready or in its bucket, and the next open goes on. How
+        many moved."""
+        ordered = index.ready_ids_in_order()
+        moved = 0
+        for message_id in reversed(ordered[SPILL_AT:]):
+            name = index.ready.get(message_id)
+            if name is None:
+                continue
+            bucket = self.backlog.prepare(name, durable=True)
+            try:
+                os.rename(self.path(layout.READY, name), f"{bucket}/{name}")
+            except FileNotFoundError:
+                continue  # claimed by another process meanwhile
+            except OSError as exc:
+                raise storage_error(exc, f"moving messages of queue {self.name!r}") from exc
+            index.discard(layout.READY, name)
+            index.backlog.add(name[:EPOCH_DIGITS])
+            moved += 1
+        if moved:
+            log.info(
+                "queue %r: %d ready messages moved to the backlog (a long @ready)",
+                self.name,
+                moved,
+                extra={"fields": {"queue": self.name, "moved": moved}},
+            )
+        return moved
+
+    def refill(self, index: QueueIndex, want: int = REFILL_BELOW) -> int:
+        """Move the oldest messages of the backlog into @ready (backlog.py) while @ready holds
+        fewer than `want` and the index knows of a bucket: how many moved."""
+        total = 0
+        while index.backlog and len(index.ready) < want:
+            moved = self.backlog.refill(max(REFILL_CHUNK, want - len(index.ready)))
+            for name in moved:
+                index.add(layout.READY, name)
+            total += len(moved)
+            if not moved:
+                break
+        return total
 
     # -- reading ------------------------------------------------------------------------------
     def read(self, directory: str, name: str, *, corrupt_ok: bool = True) -> Message | None:
@@ -126,6 +176,8 @@ class QueueFiles:
                     entry = parse_entry(name)
                     if entry is not None and entry.message_id == message_id:
                         found[message_id] = (directory, name)
+        if missing := message_ids - found.keys():
+            found.update(backlog_files.find(self.queue_dir, missing))
         return found
 
     # -- transitions --------------------------------------------------------------------------
@@ -143,6 +195,8 @@ class QueueFiles:
         `runs` is the state of the get this claim is part of (which groups it holds);
         `holder` the token its lease name carries (holders.py), if any."""
         runs = GroupRuns() if runs is None else runs
+        if index.backlog:
+            self.refill(index)
         self.pool.note_depth(len(index.ready))  # a drain keeps its freed files for later puts
         while (name := index.pop_ready(config.peers, runs)) is not None:
             entry = parse_entry(name)
@@ -188,6 +242,8 @@ class QueueFiles:
         no `Entry`. Anything else takes `claim`'s way. A failure after something was leased
         ends the batch and is not raised: what is leased goes to the caller. `holder`: the
         token every lease name of the batch carries (holders.py), if any."""
+        if index.backlog:
+            self.refill(index)
         self.pool.note_depth(len(index.ready))  # a drain keeps its freed files for later puts
         got: list[Message] = []
         plain = not config.peers and self.tokens is None and config.retention_s is None

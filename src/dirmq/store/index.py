@@ -15,6 +15,7 @@ from collections import Counter
 
 from dirmq.errors import storage_error
 from dirmq.store import layout
+from dirmq.store.backlog import is_epoch
 from dirmq.store.bounds import AT_MS_DIGITS, COUNT_DIGITS
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.watch import Event
@@ -170,6 +171,9 @@ class QueueIndex:
         self.leased = _TimedSet()
         self.delayed = _TimedSet()
         self.slots: set[str] = set()
+        # The backlog's epoch directories (backlog.py): while there is one, a get that finds
+        # @ready short refills it, and a waiting get looks again every BACKLOG_RECHECK_S.
+        self.backlog: set[str] = set()
 
     # -- building and updating -------------------------------------------------------------
     def rescan(self, queue_dir: str) -> None:
@@ -178,12 +182,19 @@ class QueueIndex:
         it was, not emptied, so the messages it knew are still delivered."""
         listed = {
             directory: _list(os.path.join(queue_dir, directory))
-            for directory in (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS)
+            for directory in (
+                layout.READY,
+                layout.LEASED,
+                layout.DELAYED,
+                layout.SLOTS,
+                layout.BACKLOG,
+            )
         }
         self.ready.clear()
         self.leased.clear()
         self.delayed.clear()
         self.slots.clear()
+        self.backlog.clear()
         self._scan_ready(listed.pop(layout.READY))
         for directory, names in listed.items():
             for name in names:
@@ -235,6 +246,10 @@ class QueueIndex:
         if directory == layout.SLOTS:
             self.slots.add(name)
             return
+        if directory == layout.BACKLOG:
+            if is_epoch(name):
+                self.backlog.add(name)
+            return
         if directory == layout.READY:
             if self.ready.get(name[: layout.ID_LENGTH]) == name:
                 return  # known: most often the echo of this process's own rename
@@ -275,6 +290,9 @@ class QueueIndex:
         # name's first ID_LENGTH characters; any other name matches none of them.
         if directory == layout.SLOTS:
             self.slots.discard(name)
+            return
+        if directory == layout.BACKLOG:
+            self.backlog.discard(name)
             return
         message_id = name[: layout.ID_LENGTH]
         if directory == layout.READY:

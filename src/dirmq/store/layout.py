@@ -13,6 +13,8 @@
     <queue>/@slots/            capacity tokens: symlink <n> -> <id>
     <queue>/@free/             retired message files kept for reuse (see pool.py): <id>
     <queue>/@dedup/            dedup records: symlink <sha256(dedup id)[:40]> -> <id>
+    <queue>/@backlog/<epoch>/<second>/<ready name>   a deep queue's messages behind @ready,
+                               in buckets of one second of ids (backlog.py)
 
 Everything a process needs to recover leases and delays is in the names: no file is opened.
 `<process>` is the writer's identity (processes.py: host tag, pid namespace, pid, start time).
@@ -41,7 +43,8 @@ CORRUPT = "@corrupt"
 FREE = "@free"
 DEDUP = "@dedup"
 SLOTS = "@slots"
-STATE_DIRS = (TMP, READY, LEASED, DELAYED, DEAD, CORRUPT, SLOTS, FREE, DEDUP)
+BACKLOG = "@backlog"  # a deep queue's messages behind its head (backlog.py)
+STATE_DIRS = (TMP, READY, LEASED, DELAYED, DEAD, CORRUPT, SLOTS, FREE, DEDUP, BACKLOG)
 ROOT_MARKER = "@dirmq.json"
 ROOT_TRASH = "@trash"
 # Root directories of the layers above the store (docs/FORMAT.md): pub/sub, the Spark source.

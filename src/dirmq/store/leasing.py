@@ -32,7 +32,9 @@ from dirmq.store.view import QueueView
 
 SETTLE_ACTIONS = ("ack", "nack", "extend", "dead_letter")
 SETTLED_ACKED = "acked"
-_SETTLE_CHUNK = 64  # settles of one settle_each applied per lock hold (and per index sync)
+_SETTLE_CHUNK = 64
+# A waiting get looks at a non-empty backlog this often (a refill then moves what it holds).
+BACKLOG_RECHECK_S = 0.1  # settles of one settle_each applied per lock hold (and per index sync)
 
 
 def get(
@@ -88,13 +90,19 @@ def next_due_s(view: QueueView) -> float | None:
         index = view.synced()
         at_ms = now_ms()
         times = [t[0] for t in (index.leased.earliest(), index.delayed.earliest()) if t]
-        return max(0.0, (min(times) - at_ms) / 1000) if times else None
+        due = max(0.0, (min(times) - at_ms) / 1000) if times else None
+        if index.backlog:  # see _next_due_s
+            return BACKLOG_RECHECK_S if due is None else min(due, BACKLOG_RECHECK_S)
+        return due
 
 
 def _next_due_s(index: QueueIndex, at_ms: int) -> float:
-    """Seconds until the earliest lease or delay in the index falls due (60 if none)."""
+    """Seconds until the earliest lease or delay in the index falls due (60 if none), or
+    until the backlog's next look while it has a bucket: a message published into an existing
+    bucket makes no event this process watches (backlog.py watches only its epochs)."""
     times = [t[0] for t in (index.leased.earliest(), index.delayed.earliest()) if t]
-    return max(0.001, (min(times) - at_ms) / 1000) if times else 60.0
+    due = max(0.001, (min(times) - at_ms) / 1000) if times else 60.0
+    return min(due, BACKLOG_RECHECK_S) if index.backlog else due
 
 
 def ack_each(view: QueueView, receipts: Iterable[str]) -> dict[str, Exception]:

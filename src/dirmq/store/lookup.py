@@ -10,10 +10,11 @@ and the read or removal: each is tried again on what a fresh lookup finds.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterable, Iterator
 
 from dirmq.errors import InvalidArgument, MessageNotFound
-from dirmq.store import layout
+from dirmq.store import backlog, layout
 from dirmq.store.ids import is_id
 from dirmq.store.message import Message
 from dirmq.store.view import QueueView
@@ -73,11 +74,15 @@ def browse(
         if after is not None:  # a page: the messages after that id
             ids = ids[bisect.bisect_right(ids, after) :]
         names = [by_id[i] for i in ids]
+    places: Iterable[tuple[str, str]] = ((directory, name) for name in names)
+    if state == "ready":  # then those behind @ready, newer than all of it (backlog.py)
+        last = ids[-1] if ids else after
+        places = itertools.chain(places, backlog.names_after(view.path, last))
     yielded = 0
-    for name in names:
+    for place in places:
         if limit is not None and yielded >= limit:
             return
-        message = view.files.read(directory, name)
+        message = view.files.read(*place)
         if message is not None:
             yielded += 1
             yield message
@@ -92,6 +97,8 @@ def _locate(view: QueueView, message_id: str) -> tuple[str, str] | None:
         found = index.locate(message_id)
     if found is None and (dead := view.files.dead_names(message_id)):
         return layout.DEAD, dead[0]
+    if found is None and index.backlog:  # behind @ready: the bucket its id names
+        return backlog.find(view.path, {message_id}).get(message_id)
     return found
 
 

@@ -27,6 +27,7 @@ from dirmq.errors import (
     storage_error,
 )
 from dirmq.store import codec, layout
+from dirmq.store.backlog import EPOCH_DIGITS
 from dirmq.store.bounds import check_optional_seconds, check_timeout
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
@@ -133,7 +134,8 @@ class Publisher:
         return result
 
     def _withdraw(self, published: PendingFile) -> None:
-        directory = os.path.basename(os.path.dirname(published.final_path))
+        # The state directory, or a backlog bucket, relative to the queue (QueueFiles.path).
+        directory = os.path.relpath(os.path.dirname(published.final_path), self._files.queue_dir)
         name = os.path.basename(published.final_path)
         view = self._view
         with view.lock:
@@ -147,11 +149,30 @@ class Publisher:
         timeout_s: float | None,
     ) -> tuple[list[str], list[PendingFile]]:
         """Write and publish `outgoing` (already validated); their ids and published files, in
-        order."""
+        order. A batch that lost a backlog bucket to a refill that emptied and removed it
+        between its making and the rename (backlog.py) is written once more: nothing of the
+        first try is left."""
+        try:
+            return self._publish_once(outgoing, config, level, timeout_s)
+        except QueueNotFound:
+            if not os.path.exists(os.path.join(self._files.queue_dir, layout.CONFIG_FILE)):
+                raise
+        return self._publish_once(outgoing, config, level, timeout_s)
+
+    def _publish_once(
+        self,
+        outgoing: list[OutgoingMessage],
+        config: QueueConfig,
+        level: Durability,
+        timeout_s: float | None,
+    ) -> tuple[list[str], list[PendingFile]]:
         if not outgoing:
             return [], []
         view = self._view
         ids = new_ids(len(outgoing))
+        index = view.index
+        backlog = self._files.backlog
+        room = backlog.room(None if index is None else len(index.ready))
         slots: list[str | None] = [None] * len(ids)
         if config.capacity is not None:
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -160,13 +181,17 @@ class Publisher:
         try:
             at_ms = now_ms()
             if len(ids) > 1 and self._overlapped():
-                self._write_overlapped(ids, outgoing, slots, config, at_ms, pending)
+                self._write_overlapped(ids, outgoing, slots, config, at_ms, pending, room)
             else:
-                for message_id, message, slot in zip(ids, outgoing, slots, strict=True):
+                for i, (message_id, message, slot) in enumerate(
+                    zip(ids, outgoing, slots, strict=True)
+                ):
                     data = self._encode(message_id, message, slot)
                     keep_open = len(pending) < OPEN_FILES_PER_BATCH
                     pending.append(
-                        self._write_tmp(message_id, data, message, config, at_ms, keep_open)
+                        self._write_tmp(
+                            message_id, data, message, config, at_ms, keep_open, i >= room
+                        )
                     )
             self._commit(pending, level, config)
         except BaseException as exc:
@@ -189,6 +214,9 @@ class Publisher:
                         os.path.basename(os.path.dirname(f.final_path)),
                         os.path.basename(f.final_path),
                     )
+            if index is not None and room < len(ids):  # an epoch it may not hear of (backlog.py)
+                index.backlog.add(ids[-1][:EPOCH_DIGITS])
+        backlog.published_into_ready(min(room, len(ids)))
         return ids, pending
 
     @staticmethod
@@ -212,14 +240,16 @@ class Publisher:
         config: QueueConfig,
         at_ms: int,
         pending: list[PendingFile],
+        room: int,
     ) -> None:
         """Write the batch's files at once (`fsio.overlap`), appending each written file to
-        `pending` (for the caller to discard on failure); raises the first failure."""
+        `pending` (for the caller to discard on failure); raises the first failure. The files
+        from the `room`th on go to the backlog."""
 
         def write(i: int) -> PendingFile:
             data = self._encode(ids[i], outgoing[i], slots[i])
             keep_open = i < OPEN_FILES_PER_BATCH
-            return self._write_tmp(ids[i], data, outgoing[i], config, at_ms, keep_open)
+            return self._write_tmp(ids[i], data, outgoing[i], config, at_ms, keep_open, i >= room)
 
         written, error = overlap(write, range(len(ids)))
         pending.extend(f for f in written if f is not None)
@@ -234,17 +264,23 @@ class Publisher:
         config: QueueConfig,
         at_ms: int,
         keep_open: bool = True,
+        spill: bool = False,
     ) -> PendingFile:
-        """The message's file, written, to be published (open unless `keep_open` is false)."""
+        """The message's file, written, to be published (open unless `keep_open` is false);
+        `spill`: into the backlog's bucket of its id rather than @ready (backlog.py)."""
         delay_s = config.delay_s if message.delay_s is None else message.delay_s
         tag = None if message.group is None else layout.group_tag(message.group)
-        if delay_s > 0:
-            due_ms = at_ms + round(delay_s * 1000)
-            name = layout.timed_name(message_id, 0, due_ms, tag)
-            final = f"{self._files.dir[layout.DELAYED]}/{name}"
-        else:
-            final = f"{self._files.dir[layout.READY]}/{layout.ready_name(message_id, 0, tag)}"
         try:
+            if delay_s > 0:
+                due_ms = at_ms + round(delay_s * 1000)
+                name = layout.timed_name(message_id, 0, due_ms, tag)
+                final = f"{self._files.dir[layout.DELAYED]}/{name}"
+            elif spill:
+                name = layout.ready_name(message_id, 0, tag)
+                durable = config.durability is not Durability.MEMORY
+                final = f"{self._files.backlog.prepare(name, durable)}/{name}"
+            else:
+                final = f"{self._files.dir[layout.READY]}/{layout.ready_name(message_id, 0, tag)}"
             if self._context.shared:
                 return self._write_beside(final, data, keep_open)
             pool = self._files.pool

@@ -26,6 +26,8 @@ class State(Enum):
     # being overwritten. It becomes a message when it is renamed (or linked) into place.
     WRITING = layout.TMP
     READY = layout.READY
+    # Ready, behind @ready: a deep queue's newer messages, in buckets (backlog.py).
+    BACKLOG = layout.BACKLOG
     LEASED = layout.LEASED
     DELAYED = layout.DELAYED
     DEAD = layout.DEAD
@@ -49,8 +51,18 @@ def _row(event: str, sources: set[State], targets: set[State], by: str) -> Trans
 
 
 TRANSITIONS: tuple[Transition, ...] = (
-    # A publish: into @delayed when the message has a delay, else @ready.
-    _row("publish", {State.WRITING}, {State.READY, State.DELAYED}, "publishing.Publisher._commit"),
+    # A publish: into @delayed when the message has a delay, else @ready, or the backlog
+    # behind a long @ready.
+    _row(
+        "publish",
+        {State.WRITING},
+        {State.READY, State.DELAYED, State.BACKLOG},
+        "publishing.Publisher._commit",
+    ),
+    # A get that finds @ready short moves the backlog's oldest messages into it.
+    _row("refill", {State.BACKLOG}, {State.READY}, "backlog.Backlog.refill"),
+    # An open that finds @ready too long (an earlier version's root) moves all but its head.
+    _row("spill_excess", {State.READY}, {State.BACKLOG}, "files.QueueFiles.spill_excess"),
     # A get or a planned claim leases it (a message past retention is removed instead).
     _row("lease", {State.READY}, {State.LEASED}, "files.QueueFiles._lease"),
     # A claim that could not read what it leased puts it back in its FIFO place.
@@ -91,7 +103,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     # Delete by id, purge, retention, a dedup race's loser withdrawn.
     _row(
         "remove",
-        {State.READY, State.LEASED, State.DELAYED, State.DEAD},
+        {State.READY, State.BACKLOG, State.LEASED, State.DELAYED, State.DEAD},
         {State.RETIRED},
         "files.QueueFiles.remove",
     ),

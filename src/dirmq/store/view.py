@@ -29,6 +29,7 @@ from dirmq.errors import (
     storage_error,
 )
 from dirmq.store import layout
+from dirmq.store.backlog import MIGRATE_ABOVE
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.files import QueueFiles, now_ms
@@ -38,7 +39,7 @@ from dirmq.store.pool import reclaim_pools
 from dirmq.store.watch import RESCAN, Watcher, open_watcher
 
 CONFIG_RECHECK_S = 0.5
-_WATCHED = (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS)
+_WATCHED = (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS, layout.BACKLOG)
 
 
 class QueueView:
@@ -120,6 +121,15 @@ class QueueView:
         directories = {d: self.files.dir[d] for d in _WATCHED}
         context = self._context
         try:
+            # A queue made before the backlog existed has none yet: it is watched from now.
+            context.access.mkdir(directories[layout.BACKLOG])
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            raise QueueNotFound.missing(self.name) from None
+        except OSError as exc:
+            raise storage_error(exc, f"making the backlog of queue {self.name!r}") from exc
+        try:
             # The watcher starts before the scan, so nothing that happens in between is missed.
             self._watcher = open_watcher(
                 directories, context.watch_mode, context.poll_interval_s, context.inotify_hub
@@ -139,6 +149,10 @@ class QueueView:
             self._watcher = None
             raise
         self.index = index
+        if len(index.ready) > MIGRATE_ABOVE:
+            # A flat @ready of an earlier version (or written around the store): all but its
+            # oldest go to the backlog now, once (backlog.py); the next open lists the head.
+            self.files.spill_excess(index)
         # Recovery on open: what crashed processes left behind is cleaned up now, not later;
         # the next sweep() reports it.
         orphans = self.files.remove_orphans()

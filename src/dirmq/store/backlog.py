@@ -1,0 +1,270 @@
+"""The backlog: where a deep queue keeps the messages behind its head, so that opening it, and
+every get, costs what a short queue's does.
+
+    <queue>/@backlog/<epoch>/<second>/<ready name>
+        epoch:  the first 6 digits of the message id (10^10 microseconds, about 2.8 hours)
+        second: the next 4 digits (the id's second): a bucket holds one second of publishes
+
+A message is published into @ready while @ready holds fewer than `SPILL_AT` messages and the
+backlog is empty; otherwise into the bucket of its id's second (`spill`). A consumer whose
+@ready runs below `REFILL_BELOW` moves the oldest `REFILL_CHUNK` messages of the backlog into
+@ready, in id order, one rename each (`refill`), and removes the buckets it empties. So @ready
+stays about `SPILL_AT` long whatever the depth, and a process that opens a queue lists @ready
+and the backlog's epochs: O(head), not O(depth). ext4 never shrinks a directory, so a flat
+@ready that once held a million names would scan slowly for ever; buckets are removed instead.
+
+FIFO holds: every message in the backlog is newer than every message published into @ready
+(spilling starts only behind a full @ready and goes on while anything is in the backlog), and a
+refill takes the oldest bucket first (bucket names are the ids' own digits). Messages returned to
+@ready (nack, expiry, due delays) are older than the backlog, as in a queue without one.
+
+Crash safety: every move is one rename of a complete file (a message is in @ready, or in its
+bucket, never in both and never in neither); a bucket this process creates is flushed into its
+parent before a message is renamed into it. An empty bucket left by a kill is removed by the
+next refill; one a publisher is about to fill is re-made (`PublishRace`, retried once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+
+from dirmq.errors import storage_error
+from dirmq.store import layout
+from dirmq.store.filemodes import Access
+from dirmq.store.fsio import fsync_dir
+
+BACKLOG = layout.BACKLOG
+SPILL_AT = 1000  # @ready's length from which new messages go to the backlog
+REFILL_BELOW = 500  # a consumer refills @ready when it holds fewer than this
+REFILL_CHUNK = 1000  # messages moved by one refill
+# A @ready longer than this when a process opens the queue (a root of an earlier version, or
+# files written around the store) is cut down to SPILL_AT then: the rest go to the backlog.
+MIGRATE_ABOVE = 4 * SPILL_AT
+EPOCH_DIGITS = 6
+SECOND_DIGITS = 10  # the id's first 10 digits: its second (ids are microseconds, 16 digits)
+# A directory entry takes at least this many bytes in every filesystem dirmq runs on (ext4 ~40
+# for an id, tmpfs 20, btrfs twice the name): a @ready smaller than SPILL_AT times this holds
+# fewer than SPILL_AT names, without listing it.
+_MIN_ENTRY_BYTES = 16
+_ESTIMATE_FOR_S = 0.5  # a publisher without an index counts @ready at most this often
+
+
+def bucket_of(name: str) -> tuple[str, str]:
+    """(epoch, second) directory names of the bucket of a ready name (it starts with its id)."""
+    return name[:EPOCH_DIGITS], name[EPOCH_DIGITS:SECOND_DIGITS]
+
+
+def relative_dir(name: str) -> str:
+    """The bucket of `name` as a queue-relative directory, `@backlog/<epoch>/<second>`: what
+    `QueueFiles.path` takes as a state directory for a backlog file."""
+    epoch, second = bucket_of(name)
+    return f"{BACKLOG}/{epoch}/{second}"
+
+
+def is_bucket_dir(directory: str) -> bool:
+    """Whether a queue-relative directory is a backlog bucket (a ready message's place)."""
+    return directory.startswith(f"{BACKLOG}/")
+
+
+def is_epoch(name: str) -> bool:
+    return len(name) == EPOCH_DIGITS and name.isdigit() and name.isascii()
+
+
+def is_second(name: str) -> bool:
+    return len(name) == SECOND_DIGITS - EPOCH_DIGITS and name.isdigit() and name.isascii()
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        raise storage_error(exc, f"listing {path}") from exc
+
+
+def buckets(queue_dir: str) -> Iterator[tuple[str, str]]:
+    """(queue-relative bucket directory, its path) of every bucket, oldest first."""
+    top = os.path.join(queue_dir, BACKLOG)
+    for epoch in sorted(n for n in _listdir(top) if is_epoch(n)):
+        epoch_dir = os.path.join(top, epoch)
+        for second in sorted(n for n in _listdir(epoch_dir) if is_second(n)):
+            yield f"{BACKLOG}/{epoch}/{second}", os.path.join(epoch_dir, second)
+
+
+def names(queue_dir: str) -> Iterator[tuple[str, str]]:
+    """(queue-relative bucket directory, name) of every message file in the backlog, in id
+    order: for listings that must see every ready message (browse, census, fsck, Spark)."""
+    for relative, path in buckets(queue_dir):
+        for name in sorted(n for n in _listdir(path) if n[:1] != "."):
+            yield relative, name
+
+
+def find(queue_dir: str, message_ids: set[str]) -> dict[str, tuple[str, str]]:
+    """(queue-relative bucket directory, name) of each of `message_ids` in the backlog: a
+    listing of each one's own bucket (an id names its bucket), not of the backlog."""
+    found: dict[str, tuple[str, str]] = {}
+    by_bucket: dict[str, set[str]] = {}
+    for message_id in message_ids:
+        by_bucket.setdefault(relative_dir(message_id), set()).add(message_id)
+    for relative, wanted in by_bucket.items():
+        for name in _listdir(os.path.join(queue_dir, relative)):
+            message_id = name[: layout.ID_LENGTH]
+            if message_id in wanted and name[:1] != ".":
+                found[message_id] = (relative, name)
+    return found
+
+
+def names_after(queue_dir: str, after: str | None) -> Iterator[tuple[str, str]]:
+    """`names`, from the first name past the id `after` (a page of a browse)."""
+    start = None if after is None else relative_dir(after)
+    for relative, path in buckets(queue_dir):
+        if start is not None and relative < start:
+            continue
+        for name in sorted(n for n in _listdir(path) if n[:1] != "."):
+            if after is None or name[: layout.ID_LENGTH] > after:
+                yield relative, name
+
+
+def occupied(queue_dir: str) -> bool:
+    """Whether the backlog holds any bucket (then a new message goes behind it). One stat: a
+    directory's link count is 2 plus its subdirectories on the filesystems that count them."""
+    top = os.path.join(queue_dir, BACKLOG)
+    try:
+        st = os.stat(top)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise storage_error(exc, f"looking at {top}") from exc
+    if st.st_nlink >= 2:
+        return st.st_nlink > 2
+    return any(is_epoch(n) for n in _listdir(top))  # btrfs & co: directories count no links
+
+
+class PublishRace(Exception):
+    """A bucket was removed between its making and a publish into it (a refill emptied it):
+    the publish is tried once more."""
+
+
+class Backlog:
+    """One queue's backlog, for one process: where a publish goes, and refills."""
+
+    def __init__(self, queue_dir: str, access: Access) -> None:
+        self.queue_dir = queue_dir
+        self.dir = os.path.join(queue_dir, BACKLOG)
+        self.ready_dir = os.path.join(queue_dir, layout.READY)
+        self._access = access
+        self._estimate = 0  # @ready's length as last counted by a publisher without an index
+        self._estimated_at = -_ESTIMATE_FOR_S
+
+    # -- publishing ---------------------------------------------------------------------------
+    def room(self, ready_count: int | None) -> int:
+        """How many of the next messages published may still go into @ready (the rest go to
+        the backlog). `ready_count`: @ready's length if the caller's index knows it."""
+        if occupied(self.queue_dir):
+            return 0
+        count = self._estimate_ready() if ready_count is None else ready_count
+        return max(0, SPILL_AT - count)
+
+    def published_into_ready(self, count: int) -> None:
+        """`count` messages went into @ready since the last estimate (kept without a look)."""
+        self._estimate += count
+
+    def _estimate_ready(self) -> int:
+        """@ready's length, up to SPILL_AT, for a publisher without an index: a stat, and a
+        bounded count only when the directory is large enough to hold SPILL_AT names."""
+        now = time.monotonic()
+        if now - self._estimated_at < _ESTIMATE_FOR_S:
+            return self._estimate
+        self._estimated_at = now
+        try:
+            size = os.stat(self.ready_dir).st_size
+        except OSError:
+            size = 0
+        if size < SPILL_AT * _MIN_ENTRY_BYTES:
+            self._estimate = 0
+            return 0
+        counted = 0
+        try:
+            with os.scandir(self.ready_dir) as entries:
+                for entry in entries:
+                    if entry.name[:1] != ".":
+                        counted += 1
+                        if counted >= SPILL_AT:
+                            break
+        except OSError:
+            pass
+        self._estimate = counted
+        return counted
+
+    def prepare(self, name: str, durable: bool) -> str:
+        """The bucket directory a new file named `name` goes into, made if missing (each new
+        directory flushed into its parent when `durable`): its path."""
+        epoch, second = bucket_of(name)
+        epoch_dir = os.path.join(self.dir, epoch)
+        bucket = os.path.join(epoch_dir, second)
+        try:
+            os.mkdir(bucket, self._access.dir_mode)
+        except FileExistsError:
+            return bucket
+        except FileNotFoundError:
+            self._make(self.dir, self.queue_dir, durable)
+            self._make(epoch_dir, self.dir, durable)
+            self._make(bucket, epoch_dir, durable)
+            return bucket
+        except OSError as exc:
+            raise storage_error(exc, f"making backlog bucket {bucket}") from exc
+        if self._access.chmod_after:
+            os.chmod(bucket, self._access.dir_mode)
+        if durable:
+            fsync_dir(epoch_dir)
+        return bucket
+
+    def _make(self, path: str, parent: str, durable: bool) -> None:
+        try:
+            self._access.mkdir(path)
+        except FileExistsError:
+            return
+        except FileNotFoundError:
+            raise  # the queue is gone: the publisher says so
+        except OSError as exc:
+            raise storage_error(exc, f"making backlog directory {path}") from exc
+        if durable:
+            fsync_dir(parent)
+
+    # -- consuming ----------------------------------------------------------------------------
+    def refill(self, limit: int = REFILL_CHUNK) -> list[str]:
+        """Move up to `limit` of the oldest backlog messages into @ready (one rename each, in
+        id order); the names moved. Buckets emptied are removed (a publisher that was about to
+        fill one makes it again). Several processes may refill at once: each file moves once."""
+        moved: list[str] = []
+        for epoch in sorted(n for n in _listdir(self.dir) if is_epoch(n)):
+            epoch_dir = os.path.join(self.dir, epoch)
+            for second in sorted(n for n in _listdir(epoch_dir) if is_second(n)):
+                bucket = os.path.join(epoch_dir, second)
+                waiting = sorted(n for n in _listdir(bucket) if n[:1] != ".")
+                for name in waiting[: limit - len(moved)]:
+                    try:
+                        os.rename(f"{bucket}/{name}", f"{self.ready_dir}/{name}")
+                    except FileNotFoundError:
+                        continue  # another consumer's refill moved it
+                    except OSError as exc:
+                        if moved:
+                            return moved  # what moved is in @ready: the caller indexes it
+                        raise storage_error(exc, f"refilling {self.ready_dir}") from exc
+                    moved.append(name)
+                if len(moved) >= limit:
+                    return moved
+                _remove_empty(bucket)
+            _remove_empty(epoch_dir)
+        return moved
+
+
+def _remove_empty(path: str) -> None:
+    """rmdir, quietly: a directory another process filled (ENOTEMPTY) or removed meanwhile stays
+    or is gone, and one that cannot be removed costs nothing but a listing at the next refill."""
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
