@@ -40,6 +40,7 @@ NOT_MESSAGE_MOVES = {
     "recovery": "orphaned temp files in @tmp",
     "root": "queue directories and @queue.json",
     "fsck": "repair: it moves what breaks the table's rules",
+    "fsck_backlog": "repair of the backlog: a message moved into its own bucket",
     "fsio": "the mechanics of a publish, done for `Publisher._commit` (seen at run time)",
     "pool": "`FilePool.retire`/`retire_many` is what RETIRED is; its other moves: @tmp, @free",
     "smallfiles": "configs and the upper layers' records, beside the messages",

@@ -24,16 +24,29 @@ def make_queues(root: Path, names: Sequence[str]) -> None:
 
 
 def fill_ready(queue_dir: Path, count: int, body: bytes) -> None:
-    """`count` bare messages of `body` written straight into `queue_dir/@ready/`, as a put lays
-    them out (docs/FORMAT.md, "A message file") but without fsyncs: a million in about a minute,
-    where `put_many` would take several. Their ids follow every id this process minted before."""
-    from dirmq.store import codec, ids, layout
+    """`count` bare messages of `body` written straight into the queue's layout as puts lay
+    them out (docs/FORMAT.md, "A message file" and "The backlog"): into `@ready/` until it holds
+    `SPILL_AT`, the rest into the backlog's buckets, but without fsyncs: a million in about a
+    minute, where `put_many` would take several. Their ids follow every id this process minted
+    before (so a deeper fill goes behind what is there)."""
+    from dirmq.store import backlog, codec, ids, layout
 
     ready = queue_dir / layout.READY
+    room = 0 if backlog.occupied(str(queue_dir)) else backlog.SPILL_AT - len(os.listdir(ready))
+    made: set[Path] = set()
     chunk = 10_000
     for start in range(0, count, chunk):
         for message_id in ids.new_ids(min(chunk, count - start)):
-            fd = os.open(ready / message_id, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            if room > 0:
+                room -= 1
+                path = ready / message_id
+            else:
+                bucket = queue_dir / backlog.relative_dir(message_id)
+                if bucket not in made:
+                    bucket.mkdir(parents=True, exist_ok=True)
+                    made.add(bucket)
+                path = bucket / message_id
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 os.write(fd, codec.encode(body, {}, message_id=message_id))
             finally:

@@ -34,7 +34,7 @@ from dirmq.spark.connect import local_store, open_queue
 from dirmq.spark.leasing import ROWS_PER_BATCH, split
 from dirmq.spark.options import DEFAULT_STATES, Options
 from dirmq.spark.rows import READ_COLUMNS, Columns, messages_batch
-from dirmq.store import Message, layout
+from dirmq.store import Message, backlog, layout
 from dirmq.store.layout import parse_entry
 from dirmq.store.names import queue_path
 from dirmq.store.reading import read_at, stored_message
@@ -192,5 +192,8 @@ def list_entries(directory: str, states: tuple[str, ...]) -> list[tuple[str, str
             entry = parse_entry(name)
             if entry is not None:
                 found.append((entry.message_id, state_dir, name))
+        if state == "ready":  # and those behind @ready (a deep queue's backlog)
+            for bucket, name in backlog.names(directory):
+                found.append((name[: layout.ID_LENGTH], bucket, name))
     found.sort()
     return [(state_dir, name) for _id, state_dir, name in found]

@@ -95,6 +95,12 @@ def buckets(queue_dir: str) -> Iterator[tuple[str, str]]:
             yield f"{BACKLOG}/{epoch}/{second}", os.path.join(epoch_dir, second)
 
 
+def bucket_dirs(queue_dir: str) -> list[str]:
+    """Every bucket as a queue-relative directory, oldest first (the epochs and their seconds
+    listed: no message)."""
+    return [relative for relative, _path in buckets(queue_dir)]
+
+
 def names(queue_dir: str) -> Iterator[tuple[str, str]]:
     """(queue-relative bucket directory, name) of every message file in the backlog, in id
     order: for listings that must see every ready message (browse, census, fsck, Spark)."""
@@ -159,6 +165,7 @@ class Backlog:
         self._access = access
         self._estimate = 0  # @ready's length as last counted by a publisher without an index
         self._estimated_at = -_ESTIMATE_FOR_S
+        self._counted: dict[str, tuple[int, int, str]] = {}  # bucket -> (mtime, count, least)
 
     # -- publishing ---------------------------------------------------------------------------
     def room(self, ready_count: int | None) -> int:
@@ -234,6 +241,38 @@ class Backlog:
             raise storage_error(exc, f"making backlog directory {path}") from exc
         if durable:
             fsync_dir(parent)
+
+    # -- counting -----------------------------------------------------------------------------
+    def count(self) -> tuple[int, str]:
+        """(messages in the backlog, the least id there or ""): each bucket listed once it has
+        settled (its mtime a second old: no rename can still be missing from a listing kept
+        by mtime), not at every call: `Queue.stats` of a deep queue costs a stat a bucket."""
+        total, oldest = 0, ""
+        kept: dict[str, tuple[int, int, str]] = {}
+        for _relative, path in buckets(self.queue_dir):
+            try:
+                mtime_ns = os.stat(path).st_mtime_ns
+            except FileNotFoundError:
+                continue
+            counted = self._counted.get(path)
+            if counted is None or counted[0] != mtime_ns:
+                listed = [n for n in _listdir(path) if n[:1] != "."]
+                counted = (mtime_ns, len(listed), min(listed, default="")[: layout.ID_LENGTH])
+            if time.time_ns() - mtime_ns > 1e9:
+                kept[path] = counted
+            total += counted[1]
+            oldest = oldest or counted[2]
+        self._counted = kept
+        return total, oldest
+
+    def prune(self) -> None:
+        """Remove every empty bucket and epoch (after a purge: an empty bucket would send
+        publishes behind it for nothing)."""
+        for epoch in sorted(n for n in _listdir(self.dir) if is_epoch(n)):
+            epoch_dir = os.path.join(self.dir, epoch)
+            for second in _listdir(epoch_dir):
+                _remove_empty(os.path.join(epoch_dir, second))
+            _remove_empty(epoch_dir)
 
     # -- consuming ----------------------------------------------------------------------------
     def refill(self, limit: int = REFILL_CHUNK) -> list[str]:

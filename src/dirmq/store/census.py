@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dirmq.errors import QueueNotFound, storage_error
-from dirmq.store import layout
+from dirmq.store import backlog, layout
 from dirmq.store.filesystems import resolve_shared
 from dirmq.store.ids import id_time_us
 from dirmq.store.layout import ID_LENGTH, parse_entry
@@ -100,6 +100,10 @@ class Census:
         leased_ids = {name[:ID_LENGTH] for name in leased} if self.dedupe else set()
         ready_summary = self._summary(path, layout.READY, leased_ids)
         ready, oldest = ready_summary.count, ready_summary.oldest
+        for bucket in backlog.bucket_dirs(path):  # behind @ready, newer than all of it
+            behind = self._summary(path, bucket, leased_ids)
+            ready += behind.count
+            oldest = oldest or behind.oldest
         in_flight = 0
         counted: set[str] = set()
         for name in leased:

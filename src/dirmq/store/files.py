@@ -36,7 +36,7 @@ from dirmq.store.ids import id_time_us
 from dirmq.store.index import GroupRuns, QueueIndex
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.message import DeadLetter, Message, SweepReport
-from dirmq.store.pool import FilePool
+from dirmq.store.pool import DRAIN_KEEP_FILES, FilePool
 from dirmq.store.reading import read_message, stored_message
 from dirmq.store.recovery import remove_orphans
 
@@ -85,6 +85,8 @@ class QueueFiles:
         if self._context.shared:
             for directory in (layout.READY, layout.DELAYED):
                 removed += remove_orphans(self.dir[directory], beside=True)
+            for bucket in backlog_files.bucket_dirs(self.queue_dir):
+                removed += remove_orphans(f"{self.queue_dir}/{bucket}", beside=True)
         return removed
 
     def path(self, directory: str, name: str) -> str:
@@ -197,7 +199,7 @@ class QueueFiles:
         runs = GroupRuns() if runs is None else runs
         if index.backlog:
             self.refill(index)
-        self.pool.note_depth(len(index.ready))  # a drain keeps its freed files for later puts
+        self.pool.note_depth(_depth(index))  # a drain keeps its freed files for later puts
         while (name := index.pop_ready(config.peers, runs)) is not None:
             entry = parse_entry(name)
             assert entry is not None
@@ -244,7 +246,7 @@ class QueueFiles:
         token every lease name of the batch carries (holders.py), if any."""
         if index.backlog:
             self.refill(index)
-        self.pool.note_depth(len(index.ready))  # a drain keeps its freed files for later puts
+        self.pool.note_depth(_depth(index))  # a drain keeps its freed files for later puts
         got: list[Message] = []
         plain = not config.peers and self.tokens is None and config.retention_s is None
         deadline_ms = at_ms + visibility_ms
@@ -762,6 +764,13 @@ class QueueFiles:
 
 
 _NOTHING_PROMOTED = SweepReport()
+
+
+def _depth(index: QueueIndex) -> int:
+    """How deep the queue is, for the pool (`FilePool.note_depth`): @ready, or, while the
+    backlog has a bucket, as deep as the pool ever keeps for (counting it would list it; what
+    a drain keeps is still bounded by what it frees, and by the pool's byte bounds)."""
+    return DRAIN_KEEP_FILES if index.backlog else len(index.ready)
 
 
 def _keep_due(index: QueueIndex, directory: str, names: list[str]) -> None:

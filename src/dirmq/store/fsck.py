@@ -80,7 +80,7 @@ from enum import StrEnum
 from functools import partial
 
 from dirmq.errors import ConfigError, CorruptMessage, InvalidArgument, InvalidName, storage_error
-from dirmq.store import codec, layout, smallfiles
+from dirmq.store import backlog, codec, fsck_backlog, layout, smallfiles
 from dirmq.store.bounds import AT_MS_DIGITS, MAX_DURATION_S, MAX_RECEIVE_COUNT
 from dirmq.store.capacity import LEAK_GRACE_S
 from dirmq.store.config import QueueConfig
@@ -236,8 +236,14 @@ class _QueueScan:
     quarantined: set[str] = field(default_factory=set)  # corrupt, moved to @corrupt by repair
     rehomed: set[str] = field(default_factory=set)  # paths of files re-homed by repair
 
+    buckets: list[str] = field(default_factory=list)  # the backlog's (queue-relative)
+
     def dir(self, state: str) -> str:
         return os.path.join(self.path, state)
+
+    def message_dirs(self) -> list[str]:
+        """The state directories that hold messages, then the backlog's buckets."""
+        return [*(d for d in _MESSAGE_DIRS if d not in self.missing), *self.buckets]
 
 
 class _Checker:
@@ -495,6 +501,14 @@ class _Checker:
         for state in _MESSAGE_DIRS:
             if state not in scan.missing:
                 self._check_messages(scan, state)
+        scan.buckets = backlog.bucket_dirs(path)
+        for bucket in scan.buckets:  # ready messages behind @ready: checked as @ready's are
+            self._check_messages(scan, bucket)
+        for found in fsck_backlog.findings(path, self.access):
+            if found.move_home is None:
+                self.add(scan.name, found.path, Kind.STRAY, found.detail)
+            else:
+                self.fix(scan.name, found.path, Kind.MISNAMED, found.detail, found.move_home)
         if scan.duplicates:
             self._resolve_duplicates(scan)
         self._check_slots(scan)
@@ -532,8 +546,10 @@ class _Checker:
     def _check_dirs(self, scan: _QueueScan) -> None:
         for state in layout.STATE_DIRS:
             directory = scan.dir(state)
-            if os.path.isdir(directory):
-                continue
+            if os.path.isdir(directory) or (
+                state == layout.BACKLOG and not os.path.lexists(directory)
+            ):
+                continue  # a queue made before the backlog gets it when next opened
             if os.path.lexists(directory):
                 # Something else has the name: moving it aside would be guessing what it is.
                 self.add(scan.name, directory, Kind.MISSING_DIR, "exists but is not a directory")
@@ -775,9 +791,7 @@ class _Checker:
         """Look again at the ids seen twice: a file renamed between two directory listings was
         seen in both, and is one file (one inode), not two copies."""
         copies: dict[str, list[_Copy]] = {i: [] for i in scan.duplicates}
-        for state in _MESSAGE_DIRS:
-            if state in scan.missing:
-                continue
+        for state in scan.message_dirs():
             for entry in _scandir(scan.dir(state)):
                 parsed = parse_entry(entry.name)
                 if parsed is None or parsed.message_id not in copies:
@@ -859,7 +873,8 @@ class _Checker:
 
     def _live_ids(self, scan: _QueueScan, wanted: set[str]) -> set[str]:
         present: set[str] = set()
-        for state in (layout.READY, layout.LEASED, layout.DELAYED):
+        live = [layout.READY, layout.LEASED, layout.DELAYED, *scan.buckets]
+        for state in live:
             if state in scan.missing:
                 continue
             for entry in _scandir(scan.dir(state)):
@@ -885,8 +900,9 @@ class _Copy:
 
 def _keep_order(copy: _Copy) -> tuple[int, bool, int, int]:
     fits = copy.name == _canonical(copy.state, copy.parsed, copy.parsed.at_ms or 0)
+    state = layout.READY if backlog.is_bucket_dir(copy.state) else copy.state
     return (
-        _MESSAGE_DIRS.index(copy.state),
+        _MESSAGE_DIRS.index(state),
         not fits,
         -copy.parsed.count,
         -(copy.parsed.at_ms or 0),

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from dirmq.errors import QueueNotFound, storage_error
-from dirmq.store import layout, smallfiles
+from dirmq.store import backlog, layout, smallfiles
 from dirmq.store.files import expired_by_retention, now_ms
 from dirmq.store.ids import id_time_us
 from dirmq.store.layout import parse_entry
@@ -34,6 +34,9 @@ def stats(view: QueueView) -> QueueStats:
         expired = [i for i, n in index.leased.names.items() if _at(n) <= at_ms]
         due = sum(1 for n in index.delayed.names.values() if _at(n) <= at_ms)
         oldest = min([*expired, *index.ready], default=None)
+        behind, behind_oldest = view.files.backlog.count() if index.backlog else (0, "")
+        if oldest is None and behind_oldest:
+            oldest = behind_oldest
         age = None if oldest is None else max(0.0, time.time() - id_time_us(oldest) / 1e6)
         try:
             dead = len(os.listdir(view.files.dir[layout.DEAD]))
@@ -42,7 +45,7 @@ def stats(view: QueueView) -> QueueStats:
         except OSError as exc:
             raise storage_error(exc, f"listing @dead of queue {view.name!r}") from exc
         return QueueStats(
-            ready=len(index.ready) + len(expired) + due,
+            ready=len(index.ready) + behind + len(expired) + due,
             in_flight=len(index.leased.names) - len(expired),
             delayed=len(index.delayed.names) - due,
             dead=dead,
@@ -73,6 +76,14 @@ def purge(view: QueueView, progress: ProgressFn | None, dead: bool = False) -> i
                     removed += 1
                 if progress:
                     progress(1)
+        if not dead:  # and those behind @ready (backlog.py)
+            for bucket, name in backlog.names(view.path):
+                entry = parse_entry(name)
+                if entry is not None and files.remove(index, bucket, name, entry.message_id):
+                    removed += 1
+                if progress:
+                    progress(1)
+            files.backlog.prune()
     return removed
 
 

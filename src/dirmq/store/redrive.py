@@ -28,7 +28,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from dirmq.errors import InvalidArgument, QueueNotFound, storage_error
-from dirmq.store import layout
+from dirmq.store import backlog, layout
 from dirmq.store.events import DEAD_REASONS
 from dirmq.store.ids import is_id
 from dirmq.store.view import QueueView
@@ -42,7 +42,7 @@ class Planned:
     """One message a redrive will try to move: where it is now."""
 
     message_id: str
-    directory: str  # layout.DEAD or layout.READY
+    directory: str  # layout.DEAD, layout.READY or a backlog bucket
     name: str
 
 
@@ -88,6 +88,8 @@ def plan(
             raise storage_error(exc, f"listing @dead of queue {view.name!r}") from exc
     for message_id, name in ready:
         found.append(Planned(message_id, layout.READY, name))
+    for bucket, name in backlog.names(view.path):  # a deep dead-letter queue's newer ones
+        found.append(Planned(name[: layout.ID_LENGTH], bucket, name))
     for name in dead_names:
         entry = layout.parse_entry(name)
         if entry is not None:
@@ -120,12 +122,13 @@ def move_planned(
     result = Moved()
     for item in planned:
         destination = to
-        if item.directory == layout.READY or reason is not None:
+        ready = item.directory == layout.READY or backlog.is_bucket_dir(item.directory)
+        if ready or reason is not None:
             message = files.read(item.directory, item.name)
             if message is None:
                 continue  # gone meanwhile (a consumer of the DLQ took it), or corrupt: left
             dead = message.dead
-            if item.directory == layout.READY:
+            if ready:
                 if dead is None and not plain_dead:
                     continue  # a live message
                 source = dead.source if dead is not None else sole_source
@@ -139,7 +142,7 @@ def move_planned(
             if reason is not None and (dead is None or dead.reason != reason):
                 continue
         destination = destination or view.name
-        if destination == view.name and item.directory == layout.READY:
+        if destination == view.name and ready:
             continue  # already there
         target_dir = ready_dir_of(destination)
         if target_dir is None:

@@ -1,0 +1,65 @@
+"""`dirmq fsck` of a queue's backlog (backlog.py): its shape, and each file in its own bucket.
+
+The message files in the buckets are checked as those of @ready are (fsck.py, `_check_messages`
+with the bucket as the state directory); this module finds what is particular to the backlog:
+entries that are neither epoch nor second directories, and messages outside the bucket their id
+names (refilled out of their FIFO place; repair moves each home).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from dirmq.store import backlog, layout
+from dirmq.store.filemodes import Access
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    path: str
+    detail: str
+    move_home: Callable[[], str] | None  # None: a stray entry (a notice, nothing to repair)
+
+
+def findings(queue_dir: str, access: Access) -> Iterator[Finding]:
+    top = os.path.join(queue_dir, layout.BACKLOG)
+    for epoch in _entries(top):
+        if not (backlog.is_epoch(epoch.name) and epoch.is_dir(follow_symlinks=False)):
+            yield Finding(epoch.path, "not a backlog epoch directory", None)
+            continue
+        for second in _entries(epoch.path):
+            if not (backlog.is_second(second.name) and second.is_dir(follow_symlinks=False)):
+                yield Finding(second.path, "not a backlog bucket directory", None)
+                continue
+            relative = f"{layout.BACKLOG}/{epoch.name}/{second.name}"
+            for entry in _entries(second.path):
+                name = entry.name
+                if name[:1] == "." or layout.parse_entry(name) is None:
+                    continue  # temps and bad names: the message check's
+                home = backlog.relative_dir(name)
+                if home != relative:
+                    detail = f"{name!r} is in bucket {relative}, its id's is {home}"
+                    yield Finding(entry.path, detail, _mover(access, entry.path, queue_dir, name))
+
+
+def _mover(access: Access, path: str, queue_dir: str, name: str) -> Callable[[], str]:
+    def move() -> str:
+        home = backlog.relative_dir(name)
+        access.makedirs(os.path.join(queue_dir, home))
+        target = os.path.join(queue_dir, home, name)
+        if os.path.lexists(target):
+            raise FileExistsError(0, f"{target} already exists")
+        os.rename(path, target)
+        return f"moved to {home}"
+
+    return move
+
+
+def _entries(path: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as entries:
+            return list(entries)
+    except (FileNotFoundError, NotADirectoryError):
+        return []

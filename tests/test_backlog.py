@@ -1,0 +1,309 @@
+"""The backlog (store/backlog.py): a deep queue costs what a short one does to open, keeps FIFO,
+and loses nothing at a kill, during a refill or during the migration of an earlier version's
+flat @ready; fsck knows its layout; every count and listing sees what waits in it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import dirmq
+from dirmq.store import backlog, codec, layout
+from dirmq.store.census import queue_depth
+from dirmq.store.fsck import Kind, fsck
+from dirmq.store.ids import new_ids
+
+from .support.fixtures import http_client, serve
+from .support.procs import REPO
+from .support.waiting import wait_until
+
+MEMORY = dirmq.QueueConfig(durability="memory")
+
+# A fresh process's open and first get+ack, counting every name a directory listing returned.
+COUNT_LISTED = """
+import json, os, sys
+counted = [0]
+real_listdir, real_scandir = os.listdir, os.scandir
+def listdir(path="."):
+    names = real_listdir(path)
+    counted[0] += len(names)
+    return names
+class Scan:
+    def __init__(self, it):
+        self._it = it
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        self._it.close()
+    def __iter__(self):
+        for entry in self._it:
+            counted[0] += 1
+            yield entry
+    def close(self):
+        self._it.close()
+os.listdir = listdir
+os.scandir = lambda path=".": Scan(real_scandir(path))
+import dirmq
+with dirmq.Store(sys.argv[1]) as store:
+    queue = store.queue(sys.argv[2])
+    message = queue.get_one()
+    assert message is not None
+    queue.ack(message.receipt)
+print(json.dumps({"listed": counted[0]}))
+"""
+
+
+def _python(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    return subprocess.Popen(
+        [sys.executable, *args], stdout=subprocess.PIPE, text=True, cwd=REPO, env=env
+    )
+
+
+def _listed_by_a_first_get(root: Path, queue: str) -> int:
+    child = _python("-c", COUNT_LISTED, str(root), queue)
+    out, _ = child.communicate(timeout=120)
+    assert child.returncode == 0, out
+    return int(json.loads(out)["listed"])
+
+
+def _fill(queue: dirmq.Queue, count: int) -> list[str]:
+    ids: list[str] = []
+    for start in range(0, count, 1000):
+        ids += queue.put_many([b"m%d" % i for i in range(start, min(count, start + 1000))])
+    return ids
+
+
+def _backlog_count(queue: dirmq.Queue) -> int:
+    return sum(1 for _ in backlog.names(queue.path))
+
+
+def _drain(queue: dirmq.Queue) -> list[str]:
+    got: list[str] = []
+    while batch := queue.get(100):
+        got += [m.id for m in batch]
+        assert queue.ack_many([m.receipt or "" for m in batch]) == {}
+    return got
+
+
+def test_an_open_lists_the_head_not_the_depth(store: dirmq.Store) -> None:
+    """The O(head) property: what a fresh process lists to open a queue and take one message
+    does not grow with the depth (here 2,000 against 30,000: the same head of @ready)."""
+    shallow, deep = store.create_queue("shallow", MEMORY), store.create_queue("deep", MEMORY)
+    _fill(shallow, 2_000)
+    _fill(deep, 30_000)
+    assert len(os.listdir(Path(deep.path) / layout.READY)) == backlog.SPILL_AT
+    assert _backlog_count(deep) == 30_000 - backlog.SPILL_AT
+    listed_shallow = _listed_by_a_first_get(Path(store.root), "shallow")
+    listed_deep = _listed_by_a_first_get(Path(store.root), "deep")
+    assert listed_shallow < 3 * backlog.SPILL_AT
+    assert listed_deep <= listed_shallow + 50, (listed_shallow, listed_deep)
+
+
+def test_fifo_through_the_backlog_and_counts_that_see_it(store: dirmq.Store) -> None:
+    q = store.create_queue("fifo", MEMORY)
+    ids = _fill(q, 3_500)
+    assert q.stats().ready == 3_500
+    assert queue_depth(store.root, "fifo").ready == 3_500
+    browsed = [m.id for m in q.browse(limit=None)]
+    assert browsed == ids  # @ready, then the backlog, in id order
+    assert [m.id for m in q.browse(limit=10, after=ids[2_000])] == ids[2_001:2_011]
+    assert all(m.state == "ready" for m in q.browse(limit=3, after=ids[3_000]))
+    assert q.peek(ids[-1]).body == b"m3499"  # by id, in its bucket
+    assert _drain(q) == ids
+    assert os.listdir(Path(q.path) / layout.BACKLOG) == []  # every bucket removed
+    assert fsck(store.root, repair=False).ok
+
+
+def test_purge_and_delete_reach_the_backlog(store: dirmq.Store) -> None:
+    q = store.create_queue("purged", MEMORY)
+    ids = _fill(q, 1_500)
+    assert q.delete(ids[-1])
+    assert q.purge() == 1_499
+    assert os.listdir(Path(q.path) / layout.BACKLOG) == []
+    q.put(b"after")  # an empty backlog: straight into @ready again
+    assert os.listdir(Path(q.path) / layout.READY) != []
+    assert q.stats().ready == 1
+
+
+def test_concurrent_consumers_take_each_message_once(store: dirmq.Store) -> None:
+    """Four processes drain a deep queue at once, each refilling @ready from the backlog as it
+    runs short: every message once."""
+    q = store.create_queue("shared", MEMORY)
+    ids = _fill(q, 6_000)
+    drain = (
+        "import sys, dirmq\n"
+        "with dirmq.Store(sys.argv[1]) as s:\n"
+        "    q = s.queue('shared')\n"
+        "    while batch := q.get(50):\n"
+        "        print(' '.join(m.id for m in batch), flush=True)\n"
+        "        q.ack_many([m.receipt for m in batch])\n"
+    )
+    children = [_python("-c", drain, str(store.root)) for _ in range(4)]
+    got: list[str] = []
+    for child in children:
+        out, _ = child.communicate(timeout=120)
+        assert child.returncode == 0
+        got += out.split()
+    assert sorted(got) == sorted(ids) and len(got) == len(set(got))
+
+
+def test_a_waiting_get_finds_a_message_published_into_an_existing_bucket(
+    store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish into a bucket that already exists makes no event a consumer watches (here the
+    consumer's removal of the emptied bucket lost the race to that publish: made a no-op): a get
+    waiting while the backlog has a bucket looks again (every BACKLOG_RECHECK_S). An empty
+    bucket (a kill between its making and a publish) is removed by the next refill, and then
+    publishes go straight to @ready."""
+    q = store.create_queue("wake", MEMORY)
+    message_id = new_ids(1)[0]
+    bucket = Path(q.path) / backlog.relative_dir(message_id)
+    bucket.mkdir(parents=True)
+    monkeypatch.setattr(backlog, "_remove_empty", lambda path: None)
+    got: list[dirmq.Message | None] = []
+    waiter = threading.Thread(target=lambda: got.append(q.get_one(wait_s=20)))
+    waiter.start()
+    time.sleep(0.3)  # the waiter is asleep on an empty @ready, the bucket known
+    fd = os.open(bucket / message_id, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, codec.encode(b"late", {}, message_id=message_id))
+    os.close(fd)
+    waiter.join(10)
+    assert not waiter.is_alive() and got and got[0] is not None and got[0].id == message_id
+    monkeypatch.undo()
+    assert bucket.is_dir()  # a kill's leftover, say: empty
+    assert q.get_one() is None  # refilled nothing, removed it
+    assert os.listdir(Path(q.path) / layout.BACKLOG) == []
+    q.put(b"straight")
+    assert len(os.listdir(Path(q.path) / layout.READY)) == 1
+
+
+def _write_flat(queue_dir: Path, count: int) -> list[str]:
+    """An earlier version's deep queue: every message in @ready."""
+    ids = new_ids(count)
+    for message_id in ids:  # with the private root's mode, as the store writes them
+        fd = os.open(queue_dir / layout.READY / message_id, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, codec.encode(b"flat", {}, message_id=message_id))
+        os.close(fd)
+    return ids
+
+
+def test_a_flat_ready_is_migrated_on_open_and_a_kill_midway_loses_nothing(
+    store: dirmq.Store,
+) -> None:
+    q = store.create_queue("flat", MEMORY)
+    ids = _write_flat(Path(q.path), 12_000)
+    opener = (
+        "import sys, time, dirmq\n"
+        "with dirmq.Store(sys.argv[1]) as s:\n"
+        "    s.queue('flat').stats()\n"
+        "    time.sleep(60)\n"
+    )
+    child = _python("-c", opener, str(store.root))
+    try:  # killed as soon as the migration has moved some (not all) messages
+        wait_until(lambda: _backlog_count(q) > 0, timeout_s=60, interval_s=0.001)
+    finally:
+        child.kill()
+        child.communicate(timeout=30)
+    moved = _backlog_count(q)
+    assert moved > 0
+    ready = len(os.listdir(Path(q.path) / layout.READY))
+    assert ready + moved == 12_000  # each message in one place, at every instant
+    with dirmq.Store(store.root) as reopened:
+        again = reopened.queue("flat")
+        assert again.stats().ready == 12_000  # the open finished the migration
+        assert len(os.listdir(Path(q.path) / layout.READY)) == backlog.SPILL_AT
+        assert _drain(again) == ids
+    assert fsck(store.root, repair=False).ok
+
+
+def test_killed_consumers_refilling_lose_nothing(store: dirmq.Store) -> None:
+    """Consumers SIGKILLed while they refill and drain: nothing acknowledged comes back,
+    nothing else is lost, and fsck finds the queue sound."""
+    q = store.create_queue("killed", dirmq.QueueConfig(visibility_timeout_s=0.2))
+    ids = _fill(q, 8_000)
+    drain = (  # says what it is about to ack, then that it did
+        "import sys, dirmq\n"
+        "with dirmq.Store(sys.argv[1]) as s:\n"
+        "    q = s.queue('killed')\n"
+        "    while batch := q.get(200):\n"
+        "        print('acking', ' '.join(m.id for m in batch), flush=True)\n"
+        "        failures = q.ack_many([m.receipt for m in batch])\n"
+        "        assert not failures, failures\n"
+        "        print('acked', flush=True)\n"
+    )
+    acked: list[str] = []
+    maybe: list[str] = []  # announced, not confirmed: the kill came during their ack
+    for round_ in range(4):
+        child = _python("-c", drain, str(store.root))
+        assert child.stdout is not None
+        first = child.stdout.readline()
+        assert first.startswith("acking")  # it drains: kill it mid-refill
+        time.sleep(0.01 * round_)
+        child.kill()
+        out, _ = child.communicate(timeout=30)
+        lines = [first.rstrip("\n"), *out.splitlines()]
+        for i, line in enumerate(lines):
+            if line.startswith("acking "):
+                done = i + 1 < len(lines) and lines[i + 1] == "acked"
+                (acked if done else maybe).extend(line.split()[1:])
+    time.sleep(0.3)  # the killed consumers' leases expire
+    rest = _drain(q)
+    assert not set(rest) & set(acked), "an acknowledged message came back"
+    lost = set(ids) - set(rest) - set(acked) - set(maybe)
+    assert not lost, f"{len(lost)} messages lost"
+    assert len(rest) == len(set(rest))
+    report = fsck(store.root, repair=False)
+    assert report.ok, report.problems
+
+
+def test_fsck_checks_the_backlog(store: dirmq.Store) -> None:
+    q = store.create_queue("checked", MEMORY)
+    ids = _fill(q, 1_200)
+    path = Path(q.path)
+    [(bucket, name)] = [b for b in backlog.names(q.path) if b[1] == ids[-1]]
+    (path / bucket / name).write_bytes(b"not a message")
+    stray_bucket = path / layout.BACKLOG / "000001" / "0001"
+    stray_bucket.mkdir(parents=True)
+    misplaced = ids[-2]
+    os.rename(path / backlog.relative_dir(misplaced) / misplaced, stray_bucket / misplaced)
+    (path / layout.BACKLOG / "notes.txt").write_text("hello")
+    report = fsck(store.root, repair=False)
+    kinds = {(p.kind, os.path.basename(p.path)) for p in report.problems}
+    assert (Kind.CORRUPT, ids[-1]) in kinds
+    assert (Kind.MISNAMED, misplaced) in kinds
+    assert (Kind.STRAY, "notes.txt") in kinds
+    assert not report.ok
+    repaired = fsck(store.root, repair=True)
+    assert all(p.repaired for p in repaired.problems if p.kind != Kind.STRAY)
+    assert (path / backlog.relative_dir(misplaced) / misplaced).exists()
+    (path / layout.BACKLOG / "notes.txt").unlink()
+    assert fsck(store.root, repair=False).problems == ()
+    assert _drain(q) == ids[:-1]  # the corrupt one set aside, the misplaced one in its place
+
+
+server = serve()
+http = http_client()
+
+
+def test_a_deep_queue_through_the_server(http: httpx.Client) -> None:
+    """The native API over a deep queue: its count, and every message in order."""
+    count = 1_500
+    assert http.put("/deep").status_code == 201
+    sent = [http.post("/deep/messages", content=b"%d" % i).json()["id"] for i in range(count)]
+    assert http.get("/deep").json()["stats"]["ready"] == count
+    got = []
+    for _ in range(count):
+        answer = http.get("/deep/messages")
+        assert answer.status_code == 200
+        got.append(answer.headers["x-message-id"])
+        assert http.delete(f"/deep/messages/{answer.headers['x-receipt']}").status_code == 204
+    assert got == sent
