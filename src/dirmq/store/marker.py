@@ -1,9 +1,10 @@
 """The root marker `@dirmq.json`: which format a root is in, and what it holds.
 
 Format 2 adds lease holders (`+<token>` at the end of a lease name, records in `@holders`:
-docs/FORMAT.md, "Lease holders"). A root of format 1 is read alike, and marked 2 when a Store
-opens it: the `dirmq fsck` of a version before holders repairs nothing in a root of a format it
-does not know, where it would otherwise re-home the leases whose names it cannot parse.
+docs/FORMAT.md, "Lease holders"); format 3 the backlog (`@backlog/` in a queue: "The
+backlog"). A root of format 1 or 2 is read alike, and marked 3 when a Store opens it: the
+`dirmq fsck` of an earlier version repairs nothing in a root of a format it does not know, where
+it would otherwise re-home leases whose names it cannot parse.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import os
 from dirmq.store import layout, smallfiles
 from dirmq.store.filemodes import Access, read_marker
 
-ROOT_FORMAT = 2
-READABLE_ROOT_FORMATS = (1, 2)
+ROOT_FORMAT = 3
+READABLE_ROOT_FORMATS = (1, 2, 3)
 
 
 def root_marker_bytes(access: Access) -> bytes:
@@ -24,10 +25,11 @@ def root_marker_bytes(access: Access) -> bytes:
 
 
 def mark_current(root: str, access: Access) -> None:
-    """Mark a root of format 1 with the current format (what it holds is unchanged: format 2
-    only adds what a newer process writes). Left as it is where this user may not write it."""
+    """Mark a root of an earlier format with the current one (what it holds is unchanged: each
+    format only adds what a newer process writes). Left as it is where this user may not write
+    it."""
     data = read_marker(root)
-    if not isinstance(data, dict) or data.get("format") != 1:
+    if not isinstance(data, dict) or data.get("format") not in (1, 2):
         return
     try:
         marker = os.path.join(root, layout.ROOT_MARKER)
