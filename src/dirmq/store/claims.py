@@ -19,8 +19,7 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import replace
 
 from dirmq.errors import InvalidArgument, QueueNotFound, storage_error
-from dirmq.store import layout
-from dirmq.store.backlog import REFILL_BELOW
+from dirmq.store import backlog, layout
 from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import QueueConfig
 from dirmq.store.files import now_ms
@@ -30,6 +29,9 @@ from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.message import Message
 from dirmq.store.view import QueueView
 
+# Ready names a planner without a limit is given at most, beyond what @ready holds: the rest of
+# a deep queue stays in the backlog (backlog.py), so that @ready stays short for every process.
+PLAN_AHEAD = 10 * backlog.REFILL_CHUNK
 READ_CHUNK = 256  # `read_leases`: lease files opened before moved ones are looked for
 
 
@@ -42,9 +44,13 @@ def ready_names(view: QueueView, limit: int | None, promote: bool, groups: bool)
             config = view.config
             if promote:
                 _promote_listed(view, config, now_ms())
-            # A deep queue's newer messages wait in the backlog: as many as asked come forward.
-            view.files.refill(view.synced(), REFILL_BELOW if limit is None else limit)
             names = os.listdir(view.files.dir[layout.READY])
+            # A deep queue's newer messages wait in the backlog: as many as asked come forward
+            # (without a limit, a planner's round: PLAN_AHEAD), without opening the index.
+            want = PLAN_AHEAD if limit is None else limit
+            if len(names) < want and backlog.occupied(view.path):
+                view.files.backlog.refill(want - len(names))
+                names = os.listdir(view.files.dir[layout.READY])
     except FileNotFoundError:
         raise QueueNotFound.missing(view.name) from None
     except OSError as exc:

@@ -327,8 +327,9 @@ class Queue:
     def ready_names(
         self, limit: int | None = None, *, promote: bool = True, groups: bool = False
     ) -> list[str]:
-        """The file names of the oldest ready messages (all, or the oldest `limit`), oldest
-        first, without leasing them: a plan that one coordinator splits among cooperating
+        """The file names of the oldest ready messages (the oldest `limit`, or without one all
+        of @ready and, from a deep queue's backlog, up to 10,000 more), oldest first, without
+        leasing them: a plan that one coordinator splits among cooperating
         consumers, each of which `claim_named`s its share, so that no two of them race for the
         head of the queue. Due delayed messages and expired leases are made ready first (unless
         `promote` is false). The list stops before the first message of a group (a group's
