@@ -8,12 +8,13 @@ import json
 import signal
 import sys
 import threading
+from dataclasses import replace
 from typing import Any
 
 from dirmq.cli import exits
 from dirmq.cli.args import duration, open_store, queue_name
 from dirmq.cli.messages import header
-from dirmq.errors import InvalidArgument
+from dirmq.errors import InvalidArgument, QueueNotFound
 from dirmq.schedules import Schedules, ScheduleStatus, schedule
 from dirmq.schedules.model import validate_schedule_name
 from dirmq.schedules.runner import LATE_S
@@ -98,22 +99,26 @@ def cmd_put(args: argparse.Namespace) -> int:
     headers = dict(args.header)
     if len(headers) != len(args.header):
         raise InvalidArgument("a header is given twice")
+    spec = schedule(  # checked before stdin is read
+        args.name,
+        args.queue,
+        cron=args.cron,
+        every_s=args.every,
+        timezone=args.timezone,
+        headers=headers,
+        missed=args.missed,
+        paused=args.paused,
+    )
     with open_store(args) as store:
-        body = args.body.encode() if args.body is not None else sys.stdin.buffer.read()
-        stored = Schedules(store).put(
-            schedule(
-                args.name,
-                args.queue,
-                cron=args.cron,
-                every_s=args.every,
-                timezone=args.timezone,
-                body=body,
-                headers=headers,
-                missed=args.missed,
-                paused=args.paused,
+        schedules = Schedules(store)
+        if not store.exists(spec.queue):
+            raise QueueNotFound(
+                f"queue {spec.queue!r} does not exist: `dirmq create {spec.queue}` creates it",
+                spec.queue,
             )
-        )
-        print(status_line(Schedules(store).status(stored.name)))
+        body = args.body.encode() if args.body is not None else sys.stdin.buffer.read()
+        stored = schedules.put(replace(spec, body=body))
+        print(status_line(schedules.status(stored.name)))
     return exits.OK
 
 

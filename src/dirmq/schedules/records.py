@@ -90,7 +90,7 @@ class ScheduleFiles:
         except OSError as exc:
             raise storage_error(exc, f"reading schedule {name!r}") from exc
         if data is None:
-            raise ScheduleNotFound(f"no schedule named {name!r}: PUT /@schedules/{name} makes it")
+            raise ScheduleNotFound(f"no schedule named {name!r}")
         try:
             parsed = json.loads(data)
         except ValueError as exc:
