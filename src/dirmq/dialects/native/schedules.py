@@ -57,7 +57,7 @@ class ScheduleRoutes:
             check_parameters(request.query, frozenset(), f"{request.method} {PREFIX}")
         if not name:
             if request.method not in ("GET", "HEAD"):
-                return _not_allowed(f"{PREFIX} lists the schedules", "GET, HEAD")
+                return _not_allowed(f"{PREFIX} lists the schedules", "GET")
             return await self._list(request)
         validate_schedule_name(name)
         method = "GET" if request.method == "HEAD" else request.method
@@ -67,7 +67,7 @@ class ScheduleRoutes:
             return await self._put(request, name)
         if method == "DELETE":
             return await self._delete(request, name)
-        return _not_allowed(f"{PREFIX}/{name}", "GET, HEAD, PUT, DELETE")
+        return _not_allowed(f"{PREFIX}/{name}", "DELETE, GET, PUT")
 
     async def _list(self, request: Request) -> Response:
         statuses = await self.broker.call(self.schedules.statuses)
