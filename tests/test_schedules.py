@@ -19,8 +19,9 @@ from dirmq.cli import main as cli
 from dirmq.errors import InvalidArgument, InvalidName, QueueNotFound, ScheduleNotFound
 from dirmq.schedules import Scheduler, Schedules, schedule
 from dirmq.schedules.check import check_schedules
-from dirmq.schedules.model import Schedule, iso_utc
+from dirmq.schedules.model import MAX_TICKS_PER_STEP, Schedule, iso_utc
 from dirmq.schedules.records import ScheduleFiles
+from dirmq.schedules.runner import KEEP_TICKS
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store import Store
 
@@ -107,6 +108,34 @@ def test_a_fixed_clock_runner_publishes_berlin_ticks_at_their_instants(store: St
     message = store.queue("q").get_one()
     assert message is not None and message.body == b"wake"
     assert message.headers["X-Schedule"] == "daily"
+
+
+def test_a_long_idle_cron_schedule_costs_a_bounded_look_back() -> None:
+    spec = schedule("secondly", "q", cron="* * * * * *")  # six fields: seconds last
+    until = ms("2026-06-01T00:00:00Z")
+    ticks, count = spec.ticks_through(until - 365 * 86_400_000, until)
+    assert count == len(ticks) == MAX_TICKS_PER_STEP and ticks[-1] == until
+
+
+def test_old_tick_records_are_removed_and_never_claimed_again(store: Store) -> None:
+    t0 = ms("2026-05-01T10:00:00Z") / 1000
+    now = [t0]
+    stored(store, schedule("beat", "q", every_s=1), t0)
+    runner = Scheduler(store, clock=lambda: now[0])
+    for second in range(1, 101):
+        now[0] = t0 + second
+        runner.step()
+    files = ScheduleFiles(store.root)
+    records = files.ticks("beat")
+    assert len(records) <= 2 * KEEP_TICKS  # bounded: the oldest finished ones went
+    floor = files.floor("beat")
+    assert floor >= round((t0 + 100) * 1000) - 2 * KEEP_TICKS * 1000
+    assert min(records) > floor
+    # A runner with a stale view (it listed before the clean-up) claims a removed tick: no.
+    assert not runner._claim("beat", floor, 0, "tick", 0)
+    assert not os.path.exists(files.claim_path("beat", floor, 0))
+    published = [t for t, _ in ticks_in(store)]
+    assert len(published) == 100 == len(set(published))
 
 
 # -- missed ticks -------------------------------------------------------------------------------

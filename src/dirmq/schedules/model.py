@@ -145,7 +145,8 @@ class Schedule:
 
     def ticks_through(self, after_ms: int, until_ms: int) -> tuple[list[int], int]:
         """The ticks in (`after_ms`, `until_ms`]: the last `MAX_TICKS_PER_STEP` of them, and how
-        many there were in all (an every-second schedule idle for a year has 31 million)."""
+        many there were (an every-second schedule idle for a year has 31 million: counted in
+        full for `every_s`, up to the cap for `cron`)."""
         every = self.every_ms
         if every is not None:
             first = after_ms // every + 1
@@ -154,18 +155,18 @@ class Schedule:
             lo = max(first, last - MAX_TICKS_PER_STEP + 1)
             return [k * every for k in range(lo, last + 1)], count
         assert self.cron is not None
+        # Backwards from `until_ms`: a long idle time costs at most the cap, newest ticks first.
         ticks: list[int] = []
-        count = 0
-        start = datetime.fromtimestamp(after_ms / 1000, self.zone())
-        for moment in CronSim(self.cron, start):
+        start = datetime.fromtimestamp((until_ms + 1000) / 1000, self.zone())
+        for moment in CronSim(self.cron, start, reverse=True):
             tick = round(moment.timestamp() * 1000)
             if tick > until_ms:
+                continue
+            if tick <= after_ms or len(ticks) >= MAX_TICKS_PER_STEP:
                 break
-            count += 1
             ticks.append(tick)
-            if len(ticks) > MAX_TICKS_PER_STEP:
-                del ticks[0]
-        return ticks, count
+        ticks.reverse()
+        return ticks, len(ticks)
 
     def to_json(self) -> dict[str, Any]:
         """The schedule as stored and answered (`body` as text when it is UTF-8, else
