@@ -72,7 +72,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
     listing.set_defaults(handler=cmd_list)
     show = actions.add_parser("show", parents=[common], help="one schedule as JSON")
-    show.add_argument("name", type=schedule_name, metavar="NAME")
+    show.add_argument("name", type=schedule_name, metavar="NAME", help="the schedule's name")
     show.set_defaults(handler=cmd_show)
     for action, help_line in (
         ("pause", "stop publishing (its ticks while paused are skipped)"),
@@ -80,7 +80,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         ("delete", "delete a schedule and its tick records"),
     ):
         p = actions.add_parser(action, parents=[common], help=help_line)
-        p.add_argument("name", type=schedule_name, metavar="NAME")
+        p.add_argument("name", type=schedule_name, metavar="NAME", help="the schedule's name")
         p.set_defaults(handler=cmd_change, action=action)
     run = actions.add_parser(
         "run", parents=[common], help="run the root's schedules in the foreground until stopped"
