@@ -16,7 +16,13 @@ import httpx
 import pytest
 
 from dirmq.cli import main as cli
-from dirmq.errors import InvalidArgument, InvalidName, QueueNotFound, ScheduleNotFound
+from dirmq.errors import (
+    CorruptConfig,
+    InvalidArgument,
+    InvalidName,
+    QueueNotFound,
+    ScheduleNotFound,
+)
 from dirmq.schedules import Scheduler, Schedules, schedule
 from dirmq.schedules.check import check_schedules
 from dirmq.schedules.model import MAX_TICKS_PER_STEP, Schedule, iso_utc
@@ -221,6 +227,12 @@ def test_library_crud_and_refusals(store: Store) -> None:
         schedule("x", "q", cron="0 * * * *", every_s=5)
     with pytest.raises(InvalidArgument, match="set by the scheduler"):
         schedule("x", "q", every_s=5, headers={"X-Schedule-Tick": "now"})
+    Path(ScheduleFiles(store.root).spec_path("nightly")).write_text('{"queue": 3}')
+    with pytest.raises(CorruptConfig, match="fsck"):
+        schedules.get("nightly")
+    assert schedules.list() == []  # left out (fsck reports it), never fatal to a runner
+    Scheduler(store).step()
+    schedules.put(schedule("nightly", "q", cron="0 3 * * *"))  # a put replaces a damaged one
     schedules.delete("nightly")
     with pytest.raises(ScheduleNotFound):
         schedules.get("nightly")

@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from dirmq.errors import QueueNotFound
+from dirmq.errors import ConfigError, QueueNotFound
 from dirmq.schedules.model import Schedule, iso_utc, schedule_from_json
 from dirmq.schedules.records import ScheduleFiles, read_record
 from dirmq.schedules.runner import LATE_S, Scheduler
@@ -55,7 +55,7 @@ class Schedules:
         now = time.time()
         try:
             created = self.files.read(schedule.name).created_s
-        except LookupError:
+        except (LookupError, ConfigError):  # none yet, or a damaged file: this one replaces it
             created = now
         stored = replace(schedule, created_s=created, updated_s=now)
         self.files.write(stored)

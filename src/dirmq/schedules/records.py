@@ -25,7 +25,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from dirmq.errors import InvalidArgument, InvalidName, ScheduleNotFound, storage_error
+from dirmq.errors import (
+    CorruptConfig,
+    InvalidName,
+    ScheduleNotFound,
+    storage_error,
+)
 from dirmq.schedules.model import Schedule, schedule_from_json, validate_schedule_name
 from dirmq.store import smallfiles
 from dirmq.store.filemodes import Access, root_access
@@ -84,7 +89,7 @@ class ScheduleFiles:
         return sorted(names)
 
     def read(self, name: str) -> Schedule:
-        """The schedule `name` (ScheduleNotFound; InvalidArgument for a damaged file)."""
+        """The schedule `name` (ScheduleNotFound; CorruptConfig for a damaged file)."""
         try:
             data = smallfiles.read_file(self.spec_path(name))
         except OSError as exc:
@@ -92,13 +97,12 @@ class ScheduleFiles:
         if data is None:
             raise ScheduleNotFound(f"no schedule named {name!r}")
         try:
-            parsed = json.loads(data)
-        except ValueError as exc:
-            raise InvalidArgument(
-                f"schedule file {name}{SPEC_SUFFIX} is not JSON: put the schedule again, "
-                "or run `dirmq fsck`"
+            return schedule_from_json(name, json.loads(data), stored=True)
+        except ValueError as exc:  # not JSON, or not a schedule (InvalidArgument, InvalidName)
+            raise CorruptConfig(
+                f"schedule file @schedules/{name}{SPEC_SUFFIX} is damaged ({exc}): put the "
+                "schedule again, or run `dirmq fsck --repair`"
             ) from exc
-        return schedule_from_json(name, parsed, stored=True)
 
     def write(self, schedule: Schedule) -> None:
         """Store `schedule` (replacing one of that name) and make its ticks directory."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from urllib.parse import unquote
 
-from dirmq.errors import InvalidArgument, ScheduleNotFound
+from dirmq.errors import CorruptConfig, ScheduleNotFound
 from dirmq.schedules import Schedules
 from dirmq.schedules.model import SPEC_KEYS, schedule_from_json, validate_schedule_name
 from dirmq.server.access import Access
@@ -95,7 +95,7 @@ class ScheduleRoutes:
             existing = await self.broker.call(self.schedules.get, name)
         except ScheduleNotFound:
             existing = None
-        except InvalidArgument:  # a damaged file: replaced by an admin of the new queue
+        except CorruptConfig:  # a damaged file: replaced by an admin of the new queue
             existing = None
         if existing is not None and existing.queue != schedule.queue:
             self.access.require(request.principal, ADMIN, existing.queue)
