@@ -27,9 +27,10 @@ from dirmq.schedules import Scheduler, Schedules, schedule
 from dirmq.schedules.check import check_schedules
 from dirmq.schedules.model import MAX_TICKS_PER_STEP, Schedule, iso_utc
 from dirmq.schedules.records import ScheduleFiles
-from dirmq.schedules.runner import KEEP_TICKS
+from dirmq.schedules.runner import KEEP_TICKS, STALE_CLAIM_S
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store import Store
+from dirmq.store.processes import ProcessIdentity, host_tag
 
 from .support.fixtures import serve
 from .support.procs import spawn
@@ -204,6 +205,25 @@ def test_a_tick_claimed_by_a_killed_runner_is_published_once(store: Store, event
     published = [t for t, _ in ticks_in(store)]
     assert published.count(iso_utc(tick)) == 1
     assert len(published) == len(set(published))
+
+
+def test_a_claim_from_another_host_is_taken_over_once_stale(store: Store) -> None:
+    t0 = ms("2026-05-01T10:00:00Z") / 1000
+    now = [t0 + 1.2]
+    stored(store, schedule("beat", "q", every_s=1), t0)
+    files = ScheduleFiles(store.root)
+    tick = round((t0 + 1) * 1000)
+    elsewhere = ProcessIdentity(host_tag("another-host"), 4026531836, 4242, 77)
+    claim = files.claim_path("beat", tick, 0)
+    assert files.create(claim, {"by": elsewhere.token(), "kind": "tick", "missed": 0})
+    os.utime(claim, (t0 + 1, t0 + 1))
+    runner = Scheduler(store, clock=lambda: now[0])
+    runner.step()  # its liveness cannot be seen from here: it is given time
+    assert files.ticks("beat")[tick].done is None and ticks_in(store) == []
+    now[0] = t0 + 1 + STALE_CLAIM_S + 1
+    runner.step()
+    assert files.ticks("beat")[tick].done is not None
+    assert [t for t, _ in ticks_in(store)].count(iso_utc(tick)) == 1
 
 
 # -- the library and the CLI --------------------------------------------------------------------

@@ -8,7 +8,8 @@ step, for each schedule that is not paused:
    (store/processes.py's one rule): this very process retries its own publish (a queue that was
    full, a disk error); a dead one's claim is taken over by making the next generation
    (`<tick>.c<gen+1>`, an exclusive link: one taker wins) and publishing. A claimer on another
-   host is never judged dead (its liveness is unknown), so its claim waits for it.
+   host cannot be seen: its claim is taken over once it is `STALE_CLAIM_S` old (the hosts'
+   clocks must agree; were it still publishing, the store's dedup keeps one copy of the two).
 2. Due ticks. The ticks after the newest record (or the floor, or the schedule's last change:
    a new, changed or resumed schedule never publishes ticks from before) up to now. Those more
    than `late_s` late were missed (no runner was alive, or all were stopped): `skip` claims the
@@ -46,7 +47,13 @@ from dirmq.schedules.records import ScheduleFiles, TickRecords, read_record
 from dirmq.store import Store
 from dirmq.store.layout import DEDUP
 from dirmq.store.names import queue_path
-from dirmq.store.processes import Liveness, current, liveness, parse_token
+from dirmq.store.processes import (
+    Liveness,
+    ProcessIdentity,
+    current,
+    liveness,
+    parse_token,
+)
 
 log = logging.getLogger("dirmq.schedules")
 
@@ -54,6 +61,7 @@ LATE_S = 5.0  # a tick published later than this after its time counts as missed
 KEEP_TICKS = 32  # finished ticks kept per schedule (the last tick's record among them)
 STEP_MAX_S = 1.0  # how long a runner sleeps at most: schedules put meanwhile are seen by then
 PUT_TIMEOUT_S = 5.0  # a full queue: the claim stays, the put is tried again at the next step
+STALE_CLAIM_S = 60.0  # a claim by a process on another host, unfinished this long: taken over
 
 # Claims this process is publishing now: two runners in one process share one identity, so
 # neither may take the other's claim for a retry of its own.
@@ -176,11 +184,27 @@ class Scheduler:
         owner = parse_token(owner_text) if isinstance(owner_text, str) else None
         if owner == current():
             self._publish(schedule, tick, str(kind), missed)  # our own: a retry
-        elif (owner is None or liveness(owner) is Liveness.DEAD) and self._claim(
+        elif self._abandoned(owner, records.claims[top]) and self._claim(
             schedule.name, tick, top + 1, str(kind), missed
         ):
             log.info("schedules: %s: tick %s taken over from %s", schedule.name, tick, owner)
             self._publish(schedule, tick, str(kind), missed)
+
+    def _abandoned(self, owner: ProcessIdentity | None, claim: str) -> bool:
+        """Whether a claim by `owner` may be taken over: its process is dead (or the record is
+        damaged), or it runs where liveness cannot be seen (another host) and its claim is
+        older than `STALE_CLAIM_S` (a live claimer finishes, or fails its put, long before)."""
+        if owner is None:
+            return True
+        alive = liveness(owner)
+        if alive is Liveness.DEAD:
+            return True
+        if alive is Liveness.UNKNOWN:
+            try:
+                return self.clock() - os.stat(claim).st_mtime > STALE_CLAIM_S
+            except FileNotFoundError:
+                return False
+        return False
 
     def _claim(self, name: str, tick: int, generation: int, kind: str, missed: int) -> bool:
         """Make generation `generation` of tick `tick`'s claim; True if this process now owns
