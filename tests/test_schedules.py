@@ -26,7 +26,7 @@ from dirmq.errors import (
 from dirmq.schedules import Scheduler, Schedules, schedule
 from dirmq.schedules.check import check_schedules
 from dirmq.schedules.model import MAX_TICKS_PER_STEP, Schedule, iso_utc
-from dirmq.schedules.records import ScheduleFiles
+from dirmq.schedules.records import ScheduleFiles, read_record
 from dirmq.schedules.runner import KEEP_TICKS, STALE_CLAIM_S
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store import Store
@@ -224,6 +224,21 @@ def test_a_claim_from_another_host_is_taken_over_once_stale(store: Store) -> Non
     runner.step()
     assert files.ticks("beat")[tick].done is not None
     assert [t for t, _ in ticks_in(store)].count(iso_utc(tick)) == 1
+
+
+def test_a_tick_that_can_never_be_published_is_recorded_not_retried(store: Store) -> None:
+    t0 = ms("2026-05-01T10:00:00Z") / 1000
+    now = [t0 + 1.1]
+    stored(store, schedule("big", "q", every_s=1, body="x" * 2000), t0)
+    store.configure("q", max_message_bytes=1024)  # the queue no longer takes its body
+    runner = Scheduler(store, clock=lambda: now[0])
+    runner.step()
+    files = ScheduleFiles(store.root)
+    done = read_record(files.ticks("big")[round((t0 + 1) * 1000)].done)
+    assert "1024" in str(done["error"]) and "message_id" not in done
+    status = Schedules(store).status("big", now_s=now[0])
+    assert status.last_tick_ms == round((t0 + 1) * 1000) and status.last_message_id is None
+    assert ticks_in(store) == []
 
 
 # -- the library and the CLI --------------------------------------------------------------------

@@ -6,7 +6,8 @@
                                         "kind": "tick" | "once" | "skip", "missed": n}; made
                                         with an exclusive link, so one claimer per generation
         <tick ms, 15 digits>.done       the tick is published: {"message_id", "at_s", "by"}
-                                        (or {"error"} when it could not be: queue deleted)
+                                        (or {"error"} when it never can be: its queue was
+                                        deleted, or no longer takes its body or headers)
         floor                           the newest tick whose records were cleaned up; no
                                         tick at or below it is ever claimed again
 

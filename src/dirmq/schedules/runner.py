@@ -42,7 +42,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 
-from dirmq.errors import DirmqError, QueueFull, QueueNotFound
+from dirmq.errors import (
+    DirmqError,
+    InvalidArgument,
+    MessageTooLarge,
+    QueueFull,
+    QueueNotFound,
+)
 from dirmq.schedules.model import MISSED_HEADER, NAME_HEADER, TICK_HEADER, Schedule, iso_utc
 from dirmq.schedules.records import ScheduleFiles, TickRecords, read_record
 from dirmq.store import Store
@@ -278,6 +284,9 @@ class Scheduler:
             except QueueNotFound:
                 done["error"] = f"queue {schedule.queue!r} does not exist"
                 log.warning("schedules: %s: tick %s lost: %s", name, tick, done["error"])
+            except (MessageTooLarge, InvalidArgument) as exc:  # the queue's limits changed
+                done["error"] = str(exc)
+                log.warning("schedules: %s: tick %s lost: %s", name, tick, exc)
             except QueueFull:
                 log.warning(
                     "schedules: %s: queue %s is full: tick %s waits", name, schedule.queue, tick
