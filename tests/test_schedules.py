@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -34,6 +35,7 @@ from dirmq.store.processes import ProcessIdentity, host_tag
 
 from .support.fixtures import serve
 from .support.procs import spawn
+from .support.servers import ServerProcess
 from .support.waiting import wait_until
 
 
@@ -43,7 +45,7 @@ def ms(text: str) -> int:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
+def store(tmp_path: Path) -> Iterator[Store]:
     with Store(tmp_path / "root", create=True) as opened:
         opened.create_queue("q")
         yield opened
@@ -362,8 +364,8 @@ def as_(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def test_http_crud_with_permissions(server: object) -> None:
-    url = server.url  # type: ignore[attr-defined]
+def test_http_crud_with_permissions(server: ServerProcess) -> None:
+    url = server.url
     with httpx.Client(base_url=url, timeout=30) as http:
         for queue in ("orders-1", "billing-1"):
             assert http.put(f"/{queue}", headers=as_(OPS)).status_code in (200, 201)
@@ -395,7 +397,11 @@ def test_http_crud_with_permissions(server: object) -> None:
             return got if got.status_code == 200 else None
 
         message = wait_until(delivered, what="a scheduled message")
-        assert message.content == b"tick" and message.headers["X-Schedule"] == "beat"
+        assert (
+            message is not None
+            and message.content == b"tick"
+            and message.headers["X-Schedule"] == "beat"
+        )
         assert message.headers["X-Schedule-Tick"].endswith(".000Z")
         assert message.headers["X-Attr-A"] == "1"
         shown = wait_until(
