@@ -225,14 +225,25 @@ MAY_IMPORT: dict[str, set[str]] = {
     "pubsub": {"errors", "store"},
     "compat": {"errors", "store"},
     "redrive": {"errors", "store"},
+    "schedules": {"errors", "store"},  # recurring schedules: the files and their runners
     "client": {"errors", "store", "wire", "pubsub"},
     "server": {"errors", "store", "wire"},  # the runtime: no dialect
-    "dialects": {"errors", "store", "wire", "pubsub", "server", "redrive"},
+    "dialects": {"errors", "store", "wire", "pubsub", "server", "redrive", "schedules"},
     "sqs": {"errors", "store", "wire", "server", "redrive"},
     "spark": {"errors", "store", "wire", "pubsub", "client"},
     # the web console: a dialect of its own, beside (never importing) the APIs
-    "console": {"errors", "store", "wire", "pubsub", "server", "redrive"},
-    "service": {"errors", "store", "wire", "pubsub", "server", "dialects", "sqs", "console"},
+    "console": {"errors", "store", "wire", "pubsub", "server", "redrive", "schedules"},
+    "service": {
+        "errors",
+        "store",
+        "wire",
+        "pubsub",
+        "server",
+        "dialects",
+        "sqs",
+        "console",
+        "schedules",
+    },
 }
 
 

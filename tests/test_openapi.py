@@ -25,6 +25,7 @@ from dirmq.console.samples_api import PREFIX as CONSOLE_PREFIX
 from dirmq.console.samples_api import ROUTES as CONSOLE_ROUTES
 from dirmq.dialects.native import handlers as native
 from dirmq.dialects.native.routes import SERVER_PATHS, parse_route
+from dirmq.dialects.native.schedules import PREFIX as SCHEDULES_PREFIX
 from dirmq.dialects.pubsub import METHODS as PUBSUB_METHODS
 from dirmq.dialects.pubsub import is_pubsub_path, parse_pubsub_route
 from dirmq.errors import InvalidArgument
@@ -87,6 +88,8 @@ def kind_of(path: str) -> str:
     """The route kind of a filled path: pub/sub's own, the console's, else the native grammar's."""
     if path.startswith(CONSOLE_PREFIX):
         return f"console:{path.removeprefix(CONSOLE_PREFIX)}"
+    if path.startswith(SCHEDULES_PREFIX):  # judged by dialects/native/schedules.py
+        return "schedules:one" if path.startswith(SCHEDULES_PREFIX + "/") else "schedules:all"
     if is_pubsub_path(path):
         route = parse_pubsub_route(path)
         assert route is not None, path
@@ -147,6 +150,7 @@ def test_every_native_route_and_server_path_is_documented() -> None:
     served = set(native.TABLE) | {("server", "GET")}
     served |= {(f"pubsub:{kind}", m) for kind, methods in PUBSUB_METHODS.items() for m in methods}
     served |= {(f"console:{route}", m) for route in CONSOLE_ROUTES for m in ("GET", "HEAD")}
+    served |= {("schedules:all", "GET")} | {("schedules:one", m) for m in ("GET", "PUT", "DELETE")}
     assert documented == served
     server_paths = {p.strip("/") for p in SPEC["paths"] if kind_of(fill(p, "q")) == "server"}
     assert server_paths == SERVER_PATHS
@@ -290,6 +294,11 @@ CASES = [
     Case("consoleRates", 200, params={"prefix": "oa/"}),
     Case("consoleRates", 400, params={"queue": "oa"}),
     Case("consoleRatesHead", 200),
+    Case("listSchedules", 200),
+    Case("getSchedule", 404),
+    Case("putSchedule", 404, body=b'{"queue": "oa-never-made", "every_s": 60}'),
+    Case("putSchedule", 400, body=b'{"queue": "oa", "every_s": 60, "missed": "twice"}'),
+    Case("deleteSchedule", 404),
 ]
 
 
@@ -463,3 +472,26 @@ def test_a_ref_naming_a_batch_path_is_a_documented_405(http: httpx.Client) -> No
             )
             check_documented(operation, response)
             assert response.status_code == 405 and response.headers["allow"] == "POST"
+
+
+def test_a_schedule_s_answers_are_documented(http: httpx.Client) -> None:
+    """The schedule operations' answers on success (CASES cannot make the queue a body names)."""
+    by_id = {o.op_id: o for o in operations()}
+    queue, path = "oa/scheduled", "/@schedules/oa-beat"
+    spec = {"queue": queue, "cron": "0 3 * * *", "timezone": "Europe/Berlin", "body": "b"}
+    assert http.put(f"/{queue}").status_code == 201
+    try:
+        for op_id, method, url, status in (
+            ("putSchedule", "PUT", path, 201),
+            ("putSchedule", "PUT", path, 200),
+            ("getSchedule", "GET", path, 200),
+            ("listSchedules", "GET", "/@schedules", 200),
+            ("deleteSchedule", "DELETE", path, 204),
+        ):
+            body = json.dumps(spec).encode() if method == "PUT" else None
+            response = http.request(method, url, content=body)
+            check_documented(by_id[op_id], response)
+            assert response.status_code == status, response.text
+    finally:
+        http.delete(path)
+        http.delete(f"/{queue}")

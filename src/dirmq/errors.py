@@ -19,6 +19,7 @@
     ├── DeliveryNotFound        a pub/sub delivery that is no longer held (aborted or settled)
     ├── TaskNotFound            no redrive task with that id for that queue
     ├── RedriveBusy             a redrive of that queue is already running (one at a time)
+    ├── ScheduleNotFound        no recurring schedule of that name
     ├── CorruptMessage          a message file that does not decode (truncated, bad checksum)
     ├── ProtocolError           what a server sent does not follow the wire format (a client's
     │                           decoder refused it: not JSON, a field missing or mistyped)
@@ -77,6 +78,10 @@ class TaskNotFound(DirmqError, LookupError):
 
 
 class RedriveBusy(DirmqError):
+    pass
+
+
+class ScheduleNotFound(DirmqError, LookupError):
     pass
 
 

@@ -12,6 +12,7 @@ code from `dirmq.cli.exits` (the table is in docs/cli.md); a traceback is printe
     serve                                           server.py (imports dirmq.server lazily)
     publish subscribe                               pubsub.py
     token new, token hash                           tokens.py
+    schedule put|list|show|pause|resume|delete|run  schedules.py
 """
 
 from __future__ import annotations
@@ -23,7 +24,17 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from dirmq import __version__
-from dirmq.cli import deadletters, exits, maintenance, messages, pubsub, queues, server, tokens
+from dirmq.cli import (
+    deadletters,
+    exits,
+    maintenance,
+    messages,
+    pubsub,
+    queues,
+    schedules,
+    server,
+    tokens,
+)
 from dirmq.cli.args import Parser, add_root_option, common_options, describe_commands
 
 __all__ = ["build_parser", "main"]
@@ -52,6 +63,7 @@ def build_parser() -> Parser:
     queues.register(sub, common)
     maintenance.register(sub, common)
     pubsub.register(sub, common)
+    schedules.register(sub, common)
     server.register(sub, common)
     tokens.register(sub, common)
     describe_commands(parser)

@@ -16,6 +16,8 @@ from dirmq.cli.args import open_store, queue_name
 from dirmq.cli.progress import progress_bar
 from dirmq.pubsub.check import Finding, PubSubReport, check_pubsub
 from dirmq.pubsub.layout import PubSubPaths
+from dirmq.schedules.check import Finding as ScheduleFinding
+from dirmq.schedules.check import SchedulesReport, check_schedules
 from dirmq.store import Store, default_root, fsckrecord, init_root
 from dirmq.store.fsck import FsckReport, Problem, fsck
 
@@ -93,13 +95,17 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     with progress_bar("fsck", unit="files") as advance:
         report = fsck(root, repair=args.repair, progress=advance)
     pubsub = check_pubsub(root, repair=args.repair)
+    schedules = check_schedules(root, repair=args.repair)
+    more = pubsub.found(report.root) if pubsub is not None else []
+    if schedules is not None:
+        more = [*more, *schedules.found(report.root)]
     record = fsckrecord.record_of(
         report,
         started_s=started_s,
         duration_s=time.monotonic() - started,
         by="dirmq fsck",
         repair=args.repair,
-        more=pubsub.found(report.root) if pubsub is not None else (),
+        more=more,
     )
     unrecorded = fsckrecord.save(report.root, record)
     if unrecorded is not None:  # the check itself is done: say so, never fail for it
@@ -112,7 +118,15 @@ def cmd_fsck(args: argparse.Namespace) -> int:
                 "entries_checked": pubsub.entries_checked,
                 "ok": pubsub.ok,
             }
-            data["ok"] = report.ok and pubsub.ok
+        if schedules is not None:
+            data["schedules"] = {
+                "findings": [asdict(f) for f in schedules.findings],
+                "schedules_checked": schedules.schedules_checked,
+                "records_checked": schedules.records_checked,
+                "ok": schedules.ok,
+            }
+        data["ok"] = report.ok and (pubsub is None or pubsub.ok)
+        data["ok"] = data["ok"] and (schedules is None or schedules.ok)
         print(json.dumps(data))
     else:
         for problem in report.problems:
@@ -120,14 +134,19 @@ def cmd_fsck(args: argparse.Namespace) -> int:
         if pubsub is not None:
             for finding in pubsub.findings:
                 print(finding_line(finding, report.root))
+        if schedules is not None:
+            for found in schedules.findings:
+                print(finding_line(found, report.root))
         print(summary(report))
         if pubsub is not None:
             print(pubsub_summary(pubsub))
-    ok = report.ok and (pubsub is None or pubsub.ok)
+        if schedules is not None:
+            print(schedules_summary(schedules))
+    ok = report.ok and (pubsub is None or pubsub.ok) and (schedules is None or schedules.ok)
     return exits.OK if ok else exits.FSCK_UNREPAIRED
 
 
-def finding_line(finding: Finding, root: str) -> str:
+def finding_line(finding: Finding | ScheduleFinding, root: str) -> str:
     status = "repaired" if finding.repaired else "notice" if finding.notice else "PROBLEM"
     where = os.path.relpath(finding.path, root)
     return f"{status:<8}  {finding.kind:<14}  {where}: {finding.detail}"
@@ -139,6 +158,16 @@ def pubsub_summary(report: PubSubReport) -> str:
     return (
         f"pub/sub: {report.entries_checked} entr(ies) checked: {len(found)} problem(s), "
         f"{len(found) - len(left)} repaired, {len(left)} left"
+    )
+
+
+def schedules_summary(report: SchedulesReport) -> str:
+    found = [f for f in report.findings if not f.notice]
+    left = [f for f in found if not f.repaired]
+    return (
+        f"schedules: {report.schedules_checked} schedule(s), {report.records_checked} tick "
+        f"record(s) checked: {len(found)} problem(s), {len(found) - len(left)} repaired, "
+        f"{len(left)} left"
     )
 
 

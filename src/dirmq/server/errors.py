@@ -20,6 +20,7 @@ STATUS_BY_ERROR: tuple[tuple[type[errors.DirmqError], int], ...] = (
     (errors.QueueNotFound, 404),
     (errors.MessageNotFound, 404),
     (errors.TaskNotFound, 404),
+    (errors.ScheduleNotFound, 404),
     (errors.RedriveBusy, 409),
     (errors.QueueExists, 409),
     (errors.StaleReceipt, 409),

@@ -18,6 +18,11 @@ Permissions by route (the Router has authenticated the request already; `NEEDS`)
     DELETE /{queue}/redrive/{task} admin (a cancel)
     GET /{queue}/redrive[/{task}]                                         any permission
     /health, /metrics              as the credentials file says; /openapi.json: any principal
+    /@schedules[/{name}]           judged in schedules.py: admin on a schedule's queue to
+                                   change it, browse to see it (its queue is not in the path)
+
+Every worker also runs the root's recurring schedules (dirmq/schedules: each tick once, however
+many servers and processes run them), from `start` to `close`.
 
 A route of `handlers.TABLE` without a rule here is refused to every principal (never open):
 a new route must be given its permission (tests/test_browse_permission.py checks they are).
@@ -36,9 +41,11 @@ from dirmq.dialects.native import queues
 from dirmq.dialects.native.parameters import check_native
 from dirmq.dialects.native.redrive import redrive_target
 from dirmq.dialects.native.routes import Route, parse_route
+from dirmq.dialects.native.schedules import ScheduleRoutes, schedule_path
 from dirmq.dialects.native.stream import StreamSessions
 from dirmq.errors import AccessDenied, DirmqError, QueueNotFound
 from dirmq.redrive.tasks import redrives_of
+from dirmq.schedules import Scheduler
 from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
 from dirmq.server.contract import (
@@ -102,22 +109,30 @@ class NativeApp(Dialect):
         self._routes: dict[str, Route] = {}
         self.streams = StreamSessions(broker)
         self._resuming: asyncio.Task[None] | None = None
+        self.schedule_routes = ScheduleRoutes(broker, access)
+        self._scheduler = Scheduler(broker.store)
 
     def start(self) -> None:
         # Redrive tasks whose process died (a crash, a restart) carry on here.
         self._resuming = asyncio.get_running_loop().create_task(
             self.broker.call(redrives_of(self.broker.store).resume_all)
         )
+        self._scheduler.start()
 
     async def close(self) -> None:
         if self._resuming is not None:
             self._resuming.cancel()
+        await asyncio.to_thread(self._scheduler.stop)  # a tick being published is finished
         redrives_of(self.broker.store).close()  # running redrives stop; the next resumes them
         await self.streams.close()
 
     async def __call__(self, request: Request) -> Response | StreamResponse | SwitchProtocols:
         request.route = "invalid"  # until the path is known to be one of ours
         try:
+            schedule = schedule_path(request.path)
+            if schedule is not None:
+                request.route = "schedules"
+                return await self.schedule_routes(request, schedule)
             route = self._route(request.path)
             request.route = route.label
             if route.kind != "server":
