@@ -5,8 +5,8 @@ A message file is read once or twice in its life (a get, maybe a peek), so each 
 few system calls as it can: `open` (O_NOATIME: no inode write per read), one `read` of up to
 `_FIRST_READ` bytes that decodes a whole small file, and for a larger one an `fstat` and one
 `pread` of the body, so the body is not copied out of the whole file's bytes (1x its size to
-deliver, not 3x). A file that holds another message, or fails its length or CRC check, is
-`CorruptMessage` (see codec.py).
+deliver, not 3x; none at all for a caller that sends it from the file: bodyfiles.py). A file
+that holds another message, or fails its length or CRC check, is `CorruptMessage` (codec.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import errno
 import os
 
 from dirmq.errors import CorruptMessage
-from dirmq.store import codec, layout
+from dirmq.store import bodyfiles, codec, layout
 from dirmq.store.deadletters import from_system
 from dirmq.store.ids import id_time_us
 from dirmq.store.layout import Entry
@@ -84,6 +84,11 @@ def _decode_fd(fd: int, message_id: str) -> codec.Decoded:
             # end, then decide.
             split = data.find(b"\n\n")
             if split >= 0 and len(data) == _FIRST_READ:
+                over = bodyfiles.threshold()
+                if over is not None:  # a caller that sends a large body from its file
+                    left = bodyfiles.decode_in_file(fd, data[:split], split + 2, message_id, over)
+                    if left is not None:
+                        return left
                 # A large file whose head we have: its body in one read of its own, so the
                 # body is not a copy out of the whole file's bytes (1x its size, not 3x).
                 body = _read_to_end(fd, split + 2)
