@@ -1,0 +1,292 @@
+"""Large message bodies go to their file as they arrive and leave it by `sendfile` (issue 35):
+a streamed file is byte for byte what the codec writes, a large body round-trips over plain TCP
+and TLS, an upload that does not finish leaves nothing, and the server's memory does not grow
+with the body's size."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import struct
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dirmq.errors import InvalidArgument
+from dirmq.store import Store, codec
+from dirmq.store.fsck import fsck
+from dirmq.store.streamed import StreamedFile
+
+from .support.servers import ServerProcess, start_server
+from .support.waiting import wait_until
+from .test_server_limits import Answers, connect, recv_exactly, status_field
+from .test_tls import Certificates, make_certificates, tls_options
+
+MIB = 1024 * 1024
+SIZE = 20 * MIB  # large enough to stream, small enough for a quick suite
+
+
+def _body(size: int, seed: int = 0) -> bytes:
+    """Bytes no two pieces of which are alike (a misplaced piece shows)."""
+    block = os.urandom(64 * 1024) if seed == 0 else bytes([seed]) * (64 * 1024)
+    return (block * (size // len(block) + 1))[:size]
+
+
+# -- the store's streamed file -------------------------------------------------------------------
+@pytest.mark.parametrize("group", [None, "orders-1"])
+def test_a_streamed_file_is_byte_for_byte_what_the_codec_writes(
+    tmp_path: Path, group: str | None
+) -> None:
+    store = Store(tmp_path / "root")
+    queue = store.create_queue("q")
+    body = os.urandom(3 * MIB + 17)
+    headers = {"Content-Type": "application/octet-stream", "X-Colour": "blé"}
+    streamed = StreamedFile.create(queue, len(body), headers, group)
+    for start in range(0, len(body), 700_001):  # uneven pieces
+        streamed.write(body[start : start + 700_001])
+    message_id = streamed.publish()
+    got = queue.get_one(visibility_s=60)
+    assert got is not None and got.id == message_id
+    assert got.body == body and got.headers == headers and got.group == group
+    (leased,) = (tmp_path / "root" / "q" / "@leased").iterdir()
+    system = {"Group": group} if group else {}
+    assert leased.read_bytes() == codec.encode(body, headers, system, message_id=message_id)
+    assert not list((tmp_path / "root" / "q" / "@tmp").iterdir())
+    assert fsck(tmp_path / "root", repair=False).ok
+
+
+def test_a_streamed_file_that_is_delayed_waits_in_delayed(tmp_path: Path) -> None:
+    queue = Store(tmp_path / "root").create_queue("q")
+    streamed = StreamedFile.create(queue, 5, {})
+    streamed.write(b"later")
+    streamed.publish(delay_s=3600)
+    stats = queue.stats()
+    assert (stats.ready, stats.delayed) == (0, 1)
+
+
+def test_a_streamed_file_short_or_long_of_its_length_is_never_published(tmp_path: Path) -> None:
+    queue = Store(tmp_path / "root").create_queue("q")
+    short = StreamedFile.create(queue, 10, {})
+    short.write(b"12345")
+    with pytest.raises(InvalidArgument, match="ended after 5 of its 10 bytes"):
+        short.publish()
+    long = StreamedFile.create(queue, 3, {})
+    with pytest.raises(InvalidArgument, match="longer than its Content-Length of 3"):
+        long.write(b"1234")
+    assert queue.stats().ready == 0
+    assert not list((tmp_path / "root" / "q" / "@tmp").iterdir())
+    assert fsck(tmp_path / "root", repair=False).ok
+
+
+# -- through the server --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    running = start_server(tmp_path_factory.mktemp("bodies") / "root", "--max-body-bytes", "80MiB")
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0, running.output[-2000:]
+
+
+def _queue(url: str, name: str, verify: ssl.SSLContext | bool = True, **config: object) -> None:
+    config.setdefault("max_message_bytes", 80 * MIB)
+    with httpx.Client(base_url=url, timeout=30, verify=verify) as http:
+        assert http.put(f"/{name}", json=config).status_code == 201
+
+
+def _temps_open(server: ServerProcess) -> list[str]:
+    """What the server holds open in some @tmp (an O_TMPFILE inode shows as @tmp/#N)."""
+    found = []
+    for fd in Path(f"/proc/{server.proc.pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:
+            continue
+        if "/@tmp/" in target:
+            found.append(target)
+    return found
+
+
+def _round_trip(url: str, queue: str, body: bytes, verify: ssl.SSLContext | bool = True) -> None:
+    with httpx.Client(base_url=url, timeout=60, verify=verify) as http:
+        headers = {"Content-Type": "application/x-test", "X-Attr-Colour": "blue"}
+        posted = http.post(f"/{queue}/messages", content=body, headers=headers)
+        assert posted.status_code == 201, posted.text
+        message_id = posted.json()["id"]
+        got = http.get(f"/{queue}/messages")
+        assert got.status_code == 200
+        assert got.headers["x-message-id"] == message_id
+        assert got.headers["content-type"] == "application/x-test"
+        assert got.headers["x-attr-colour"] == "blue"
+        assert int(got.headers["content-length"]) == len(body)
+        assert got.content == body
+        assert http.delete(f"/{queue}/messages/{got.headers['x-receipt']}").status_code == 204
+        assert http.get(f"/{queue}").json()["stats"]["ready"] == 0
+
+
+def test_a_large_body_round_trips_over_plain_tcp(server: ServerProcess) -> None:
+    _queue(server.url, "plain")
+    _round_trip(server.url, "plain", _body(SIZE))
+    assert not list((server.root / "plain" / "@tmp").iterdir())
+    assert not _temps_open(server)
+    assert fsck(server.root, repair=False).ok
+
+
+def test_a_body_just_under_the_threshold_and_one_over_it_round_trip(
+    server: ServerProcess,
+) -> None:
+    _queue(server.url, "edges")
+    for size in (MIB - 1, MIB, MIB + 1):
+        _round_trip(server.url, "edges", _body(size, seed=size % 251 + 1))
+
+
+def test_large_bodies_in_a_multipart_receive_and_a_long_poll_are_whole(
+    server: ServerProcess,
+) -> None:
+    """Only a plain GET sends a body from its file; a multipart receive and a long poll's
+    answer carry the bodies they read."""
+    _queue(server.url, "many")
+    first, second = _body(2 * MIB, seed=1), _body(3 * MIB, seed=2)
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        for body in (first, second):
+            assert http.post("/many/messages", content=body).status_code == 201
+        got = http.get("/many/messages", params={"max": "2"})
+        assert got.status_code == 200
+        assert first in got.content and second in got.content
+    _queue(server.url, "polled")
+    body = _body(2 * MIB, seed=3)
+    answers: list[httpx.Response] = []
+
+    def poll() -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            answers.append(http.get("/polled/messages", params={"wait": "20s"}))
+
+    with ThreadPoolExecutor(1) as pool:
+        polling = pool.submit(poll)
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            assert http.post("/polled/messages", content=body).status_code == 201
+        polling.result(60)
+    assert answers[0].status_code == 200 and answers[0].content == body
+
+
+def _upload_head(queue: str, size: int) -> bytes:
+    return f"POST /{queue}/messages HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode()
+
+
+@pytest.mark.parametrize("how", ["reset", "half-close"])
+def test_an_upload_cut_short_leaves_no_message_and_no_temp_file(
+    server: ServerProcess, how: str
+) -> None:
+    queue = f"cut-{how}"
+    _queue(server.url, queue)
+    with connect(server) as sock:
+        sock.sendall(_upload_head(queue, SIZE) + _body(5 * MIB))
+        # The upload is under way: its file is open in @tmp.
+        wait_until(lambda: _temps_open(server), what="the upload's temp file")
+        if how == "half-close":  # the body ends short of its Content-Length
+            sock.shutdown(socket.SHUT_WR)
+            assert sock.recv(1024) == b""  # closed without an answer: there is no request
+        else:
+            # Closed with a reset (SO_LINGER on, 0 s): the client is gone mid-body.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    wait_until(lambda: not _temps_open(server), what="the temp file's removal")
+    assert not list((server.root / queue / "@tmp").iterdir())
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.get(f"/{queue}").json()["stats"]["ready"] == 0
+        assert http.get(f"/{queue}/messages").status_code == 204
+    assert fsck(server.root, repair=False).ok
+
+
+def test_a_body_that_stops_short_is_answered_408_and_leaves_nothing(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "root", "--body-timeout", "1s")
+    try:
+        _queue(server.url, "stalled")
+        with connect(server) as sock:
+            sock.sendall(_upload_head("stalled", SIZE) + _body(2 * MIB))
+            status, _headers, body = Answers(sock).next()  # the client sends no more
+            assert status == 408
+            assert "did not arrive in time" in json.loads(body)["message"]
+        wait_until(lambda: not _temps_open(server), what="the temp file's removal")
+        assert not list((server.root / "stalled" / "@tmp").iterdir())
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            assert http.get("/stalled").json()["stats"]["ready"] == 0
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_body_over_its_queue_limit_gets_413_before_any_file_is_made(
+    server: ServerProcess,
+) -> None:
+    _queue(server.url, "limited", max_message_bytes=2 * MIB)
+    with connect(server) as sock:
+        sock.sendall(_upload_head("limited", SIZE))  # the head alone: the body is never needed
+        status, _headers, body = Answers(sock).next()
+        assert status == 413
+        assert "accepts at most 2097152" in json.loads(body)["message"]
+    assert not _temps_open(server)
+    assert not list((server.root / "limited" / "@tmp").iterdir())
+
+
+def test_a_publish_with_100_continue_streams_too(server: ServerProcess) -> None:
+    _queue(server.url, "continued")
+    body = _body(2 * MIB, seed=7)
+    with connect(server) as sock:
+        head = _upload_head("continued", len(body))
+        sock.sendall(head.replace(b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n"))
+        assert recv_exactly(sock, 25) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        assert Answers(sock).next()[0] == 201
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        assert http.get("/continued/messages").content == body
+
+
+def _reset_peak(pid: int) -> None:
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")  # VmHWM back to VmRSS (Linux >= 4.0)
+
+
+def test_the_servers_memory_does_not_grow_with_the_body(tmp_path: Path) -> None:
+    """A 64 MiB message in and out: the server's peak RSS grows by a window, not by the body
+    (it grew by 128 MiB for the POST and 64 MiB for the GET when bodies were held)."""
+    size = 64 * MIB
+    server = start_server(tmp_path / "root", "--max-body-bytes", "80MiB")
+    try:
+        _queue(server.url, "big")
+        body = _body(size)
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            assert http.post("/big/messages", content=b"warm-up").status_code == 201
+            assert http.get("/big/messages").status_code == 200
+            pid = server.proc.pid
+            _reset_peak(pid)
+            before = status_field(pid, "VmHWM")
+            assert http.post("/big/messages", content=body).status_code == 201
+            got = http.get("/big/messages")
+            assert got.status_code == 200 and got.content == body
+            grown = status_field(pid, "VmHWM") - before
+        assert grown < 24, f"the server's peak RSS grew by {grown} MiB for a {size // MIB} MiB body"
+        assert fsck(server.root, repair=False).ok
+    finally:
+        assert server.stop() == 0
+
+
+# -- over TLS --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    return make_certificates(tmp_path_factory.mktemp("certs"))
+
+
+def test_a_large_body_round_trips_over_tls(tmp_path: Path, certs: Certificates) -> None:
+    server = start_server(tmp_path / "root", *tls_options(certs), "--max-body-bytes", "80MiB")
+    try:
+        assert server.url.startswith("https://")
+        trusting = ssl.create_default_context(cafile=str(certs.ca))
+        _queue(server.url, "secret", verify=trusting)
+        _round_trip(server.url, "secret", _body(SIZE), verify=trusting)
+        assert fsck(server.root, repair=False).ok
+    finally:
+        assert server.stop() == 0
