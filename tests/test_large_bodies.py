@@ -48,7 +48,7 @@ def test_a_streamed_file_is_byte_for_byte_what_the_codec_writes(
     headers = {"Content-Type": "application/octet-stream", "X-Colour": "blé"}
     streamed = StreamedFile.create(queue, len(body), headers, group)
     for start in range(0, len(body), 700_001):  # uneven pieces
-        streamed.write(body[start : start + 700_001])
+        streamed.write([body[start : start + 700_001]])
     message_id = streamed.publish()
     got = queue.get_one(visibility_s=60)
     assert got is not None and got.id == message_id
@@ -63,7 +63,7 @@ def test_a_streamed_file_is_byte_for_byte_what_the_codec_writes(
 def test_a_streamed_file_that_is_delayed_waits_in_delayed(tmp_path: Path) -> None:
     queue = Store(tmp_path / "root").create_queue("q")
     streamed = StreamedFile.create(queue, 5, {})
-    streamed.write(b"later")
+    streamed.write([b"later"])
     streamed.publish(delay_s=3600)
     stats = queue.stats()
     assert (stats.ready, stats.delayed) == (0, 1)
@@ -72,12 +72,12 @@ def test_a_streamed_file_that_is_delayed_waits_in_delayed(tmp_path: Path) -> Non
 def test_a_streamed_file_short_or_long_of_its_length_is_never_published(tmp_path: Path) -> None:
     queue = Store(tmp_path / "root").create_queue("q")
     short = StreamedFile.create(queue, 10, {})
-    short.write(b"12345")
+    short.write([b"123", b"45"])
     with pytest.raises(InvalidArgument, match="ended after 5 of its 10 bytes"):
         short.publish()
     long = StreamedFile.create(queue, 3, {})
     with pytest.raises(InvalidArgument, match="longer than its Content-Length of 3"):
-        long.write(b"1234")
+        long.write([b"1234"])
     assert queue.stats().ready == 0
     assert not list((tmp_path / "root" / "q" / "@tmp").iterdir())
     assert fsck(tmp_path / "root", repair=False).ok

@@ -57,9 +57,8 @@ def window_for(size: int) -> int:
 
 
 def _write(sink: BodySink, pieces: list[bytes]) -> int:
-    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-    sink.write(data)
-    return len(data)
+    sink.write(pieces)  # as they came: no join, no copy
+    return sum(len(piece) for piece in pieces)
 
 
 def _discard(sink: BodySink) -> None:

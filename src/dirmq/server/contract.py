@@ -105,7 +105,8 @@ class BodySink(Protocol):
     """Where a request body too large to hold goes as it arrives (a message's file). Its calls
     block: the runtime makes them off the event loop, one at a time, in order."""
 
-    def write(self, data: bytes) -> None: ...
+    def write(self, pieces: list[bytes]) -> None:
+        """Append the pieces, in order."""
 
     def discard(self) -> None:
         """Undo what was written, unless the application made use of it (idempotent)."""

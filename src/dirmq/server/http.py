@@ -968,11 +968,23 @@ class HttpProtocol(asyncio.Protocol):
         self._file_sending = True
         try:
             if socket_fd is not None:
-                sender = filesend.SocketSender(socket_fd, file, self._limits.idle_timeout_s)
+                try:
+                    sender = filesend.SocketSender(socket_fd, file, self._limits.idle_timeout_s)
+                except BaseException:
+                    file.close()
+                    raise
                 await sender.send(head)
             else:
                 transport.write(head)
                 await filesend.copy_file(transport, file, self._writable)
+        except ConnectionError:
+            raise
+        except OSError as exc:
+            # Part of the answer may be out: the only honest signal left is an aborted
+            # connection (the client sees a short body, never a hang).
+            log.error("sending a body from its file failed: %s", exc)
+            transport.abort()
+            raise ConnectionResetError("sending failed") from exc
         finally:
             self._file_sending = False
 
