@@ -86,7 +86,8 @@ def test_a_streamed_file_short_or_long_of_its_length_is_never_published(tmp_path
 # -- through the server --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    running = start_server(tmp_path_factory.mktemp("bodies") / "root", "--max-body-bytes", "80MiB")
+    root = tmp_path_factory.mktemp("bodies") / "root"
+    running = start_server(root, "--max-body-bytes", "80MiB", yaq=True)
     try:
         yield running
     finally:
@@ -174,18 +175,44 @@ def test_large_bodies_in_a_multipart_receive_and_a_long_poll_are_whole(
     assert answers[0].status_code == 200 and answers[0].content == body
 
 
+def test_a_large_body_round_trips_through_yaq(server: ServerProcess) -> None:
+    """yaq's enqueue into an existing queue streams to the file too, and its dequeue sends
+    from it (then acknowledges, as yaq does once the answer is out)."""
+    assert server.yaq_url is not None
+    _queue(server.url, "yaqbig")
+    body = _body(SIZE, seed=5)
+    with httpx.Client(base_url=server.yaq_url, timeout=60) as yaq:
+        posted = yaq.post("/yaqbig", content=body, headers={"X-Attr-Kind": "big"})
+        assert posted.status_code == 200, posted.text
+        got = yaq.get("/yaqbig")
+        assert got.status_code == 200
+        assert got.headers["x-message-id"] == posted.headers["x-message-id"]
+        assert got.headers["x-attr-kind"] == "big"
+        assert got.content == body
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        wait_until(lambda: http.get("/yaqbig").json()["stats"]["in_flight"] == 0, what="the ack")
+        assert http.get("/yaqbig").json()["stats"]["ready"] == 0
+    assert not _temps_open(server)
+
+
 def _upload_head(queue: str, size: int) -> bytes:
     return f"POST /{queue}/messages HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode()
 
 
+@pytest.mark.parametrize("door", ["native", "yaq"])
 @pytest.mark.parametrize("how", ["reset", "half-close"])
 def test_an_upload_cut_short_leaves_no_message_and_no_temp_file(
-    server: ServerProcess, how: str
+    server: ServerProcess, how: str, door: str
 ) -> None:
-    queue = f"cut-{how}"
+    queue = f"cut-{how}-{door}"
     _queue(server.url, queue)
-    with connect(server) as sock:
-        sock.sendall(_upload_head(queue, SIZE) + _body(5 * MIB))
+    url = server.url if door == "native" else server.yaq_url
+    assert url is not None
+    host, port = url.removeprefix("http://").split(":")
+    path = f"/{queue}/messages" if door == "native" else f"/{queue}"
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {SIZE}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head + _body(5 * MIB))
         # The upload is under way: its file is open in @tmp.
         wait_until(lambda: _temps_open(server), what="the upload's temp file")
         if how == "half-close":  # the body ends short of its Content-Length
