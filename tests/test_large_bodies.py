@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from dirmq.errors import InvalidArgument
+from dirmq.server.credentials import new_token, token_digest
 from dirmq.store import Store, codec
 from dirmq.store.fsck import fsck
 from dirmq.store.streamed import StreamedFile
@@ -270,6 +271,54 @@ def test_a_publish_with_100_continue_streams_too(server: ServerProcess) -> None:
         assert Answers(sock).next()[0] == 201
     with httpx.Client(base_url=server.url, timeout=60) as http:
         assert http.get("/continued/messages").content == body
+
+
+WRITER, READER = new_token(), new_token()
+GUARDED = f"""
+[principals.writer]
+token_sha256 = "{token_digest(WRITER)}"
+write = ["big"]
+admin = ["big"]
+
+[principals.reader]
+token_sha256 = "{token_digest(READER)}"
+read = ["big"]
+"""
+
+
+def test_only_a_principal_that_may_publish_gets_a_file(tmp_path: Path) -> None:
+    """A body is streamed to a file only for a token allowed to publish there: anyone else's
+    is read (and refused) as before, and never touches the disk."""
+    path = tmp_path / "credentials.toml"
+    path.write_text(GUARDED)
+    path.chmod(0o600)
+    server = start_server(tmp_path / "root", "--credentials", str(path))
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            made = http.put("/big", headers={"Authorization": f"Bearer {WRITER}"})
+            assert made.status_code == 201
+        body = _body(2 * MIB, seed=9)
+        for token, status, files in ((READER, 403, 0), ("", 401, 0), (WRITER, 201, 1)):
+            auth = f"Authorization: Bearer {token}\r\n" if token else ""
+            head = (
+                f"POST /big/messages HTTP/1.1\r\nHost: x\r\n{auth}Expect: 100-continue\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            with connect(server) as sock:
+                sock.sendall(head)
+                # Said once the head is judged: a file is open by then, or never will be.
+                assert recv_exactly(sock, 25) == b"HTTP/1.1 100 Continue\r\n\r\n"
+                assert len(_temps_open(server)) == files, token
+                sock.sendall(body)
+                assert Answers(sock).next()[0] == status
+        wait_until(lambda: not _temps_open(server), what="the temp file's removal")
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            got = http.get("/big/messages", headers={"Authorization": f"Bearer {WRITER}"})
+            assert got.status_code == 403  # the writer may not read: the message is there
+            stats = http.get("/big", headers={"Authorization": f"Bearer {WRITER}"}).json()
+            assert stats["stats"]["ready"] == 1
+    finally:
+        assert server.stop() == 0
 
 
 def _reset_peak(pid: int) -> None:
