@@ -23,6 +23,7 @@ from dirmq.store import Store, codec
 from dirmq.store.fsck import fsck
 from dirmq.store.streamed import StreamedFile
 
+from .support.disks import small_tmpfs
 from .support.servers import ServerProcess, start_server
 from .support.waiting import wait_until
 from .test_server_limits import Answers, connect, recv_exactly, status_field
@@ -196,6 +197,38 @@ def test_a_large_body_round_trips_through_yaq(server: ServerProcess) -> None:
     assert not _temps_open(server)
 
 
+def _open_under(server: ServerProcess, directory: Path) -> list[str]:
+    found = []
+    for fd in Path(f"/proc/{server.proc.pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:
+            continue
+        if target.startswith(f"{directory}/"):
+            found.append(target)
+    return found
+
+
+def test_a_reader_that_stalls_then_leaves_mid_body_frees_the_file(server: ServerProcess) -> None:
+    """A GET whose client stops reading holds its message file (and the lease) while others are
+    served; once it leaves, the file is closed and the lease runs its course as before."""
+    _queue(server.url, "slow")
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        assert http.post("/slow/messages", content=_body(SIZE, seed=11)).status_code == 201
+    leased = server.root / "slow" / "@leased"
+    with connect(server) as sock:
+        sock.sendall(b"GET /slow/messages?visibility=1h HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(64 * 1024)  # the head and the start of the body, then nothing read
+        assert wait_until(lambda: _open_under(server, leased), what="the file being sent")
+        with httpx.Client(base_url=server.url, timeout=30) as other:  # not held up meanwhile
+            assert other.get("/health").status_code == 200
+            assert other.get("/slow").json()["stats"]["in_flight"] == 1
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    wait_until(lambda: not _open_under(server, leased), what="the file's descriptor closed")
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.get("/slow").json()["stats"]["in_flight"] == 1  # leased, as a receive is
+
+
 def _upload_head(queue: str, size: int) -> bytes:
     return f"POST /{queue}/messages HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode()
 
@@ -245,6 +278,26 @@ def test_a_body_that_stops_short_is_answered_408_and_leaves_nothing(tmp_path: Pa
             assert http.get("/stalled").json()["stats"]["ready"] == 0
     finally:
         assert server.stop() == 0
+
+
+def test_a_disk_that_fills_mid_upload_answers_503_and_keeps_nothing(tmp_path: Path) -> None:
+    """The writer meets ENOSPC half-way: the rest of the body is read and dropped, the answer
+    says why, and the space is free again (the file discarded)."""
+    with small_tmpfs(tmp_path, "8m") as mount_point:
+        server = start_server(mount_point / "root", "--max-body-bytes", "80MiB")
+        try:
+            _queue(server.url, "full")
+            with httpx.Client(base_url=server.url, timeout=60) as http:
+                refused = http.post("/full/messages", content=_body(SIZE))
+                assert refused.status_code == 503, refused.text
+                assert "No space left on device" in refused.json()["message"]
+                assert not list((mount_point / "root" / "full" / "@tmp").iterdir())
+                wait_until(lambda: not _temps_open(server), what="the temp file's removal")
+                # The space is back: a message that fits is stored.
+                assert http.post("/full/messages", content=_body(2 * MIB)).status_code == 201
+                assert http.get("/full").json()["stats"]["ready"] == 1
+        finally:
+            assert server.stop() == 0
 
 
 def test_a_body_over_its_queue_limit_gets_413_before_any_file_is_made(
