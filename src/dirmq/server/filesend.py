@@ -17,6 +17,7 @@ memory stays at a piece plus the transport's high-water mark.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import select
 import socket
@@ -25,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from dirmq.server.contract import BodyFile
 
+log = logging.getLogger("dirmq.server")
 SENDFILE_STEP_BYTES = 4 * 1024 * 1024  # per sendfile call: a stop is seen between calls
 COPY_PIECE_BYTES = 256 * 1024  # what the TLS path reads and writes at a time
 POLL_SLICE_S = 0.5  # a thread waiting for room looks for a stop this often
@@ -46,6 +48,37 @@ def _executor() -> ThreadPoolExecutor:
     if _senders is None:
         _senders = ThreadPoolExecutor(SENDER_THREADS, thread_name_prefix="dirmq-sendfile")
     return _senders
+
+
+async def send(
+    transport: asyncio.Transport,
+    head: bytes,
+    file: BodyFile,
+    timeout_s: float,
+    writable: Callable[[], Awaitable[None]],
+) -> None:
+    """Send a response's `head`, then its body from `file` (closed once done with), the best
+    way the transport allows. ConnectionError if the client left, stalled for `timeout_s`,
+    or the sending failed (then the connection is aborted: part of the answer may be out, and
+    a short body is the only honest signal left, never a hang)."""
+    socket_fd = plain_socket(transport)
+    try:
+        if socket_fd is not None:
+            try:
+                sender = SocketSender(socket_fd, file, timeout_s)
+            except BaseException:
+                file.close()
+                raise
+            await sender.send(head)
+        else:
+            transport.write(head)
+            await copy_file(transport, file, writable)
+    except ConnectionError:
+        raise
+    except OSError as exc:
+        log.error("sending a body from its file failed: %s", exc)
+        transport.abort()
+        raise ConnectionResetError("sending failed") from exc
 
 
 def plain_socket(transport: asyncio.Transport) -> int | None:

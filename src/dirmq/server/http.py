@@ -8,7 +8,9 @@ draining on shutdown. What a request means is the business of the listener's dia
 (`dialect.py`); what it hands them and takes back is the contract (`contract.py`). A `GET`
 asking for a protocol upgrade is answered like any other; if the application answers it with
 `SwitchProtocols`, the connection's bytes go to the `Upgraded` object it names from then on
-(`websocket.py`), else the connection closes after the answer.
+(`websocket.py`), else the connection closes after the answer. A large body the application
+gives a sink for is written there as it arrives (`bodies.py`), and an answer whose body is a
+file is sent from it (`filesend.py`): neither is held in memory.
 
 Why it is long: one connection's state machine (parsing, pipelining, back-pressure, limits, timers,
 streaming, drain), whose invariants (answers in order, each budget charge given back exactly once)
@@ -495,8 +497,9 @@ class HttpProtocol(asyncio.Protocol):
     def _release(self, request: Request) -> None:
         """A request is answered (or dropped): its body's share of the budget is free, and
         its upload's sink is discarded (what the answer kept, it has taken)."""
-        if request.upload is not None:
-            cast(Upload, request.upload).close()
+        upload = request.upload
+        if isinstance(upload, Upload):
+            upload.close()
             request.upload = None
         if request.held_bytes:
             self._server.budget.give(request.held_bytes)
@@ -845,7 +848,7 @@ class HttpProtocol(asyncio.Protocol):
                 self._reply(request, result)
                 return
         task = self._task = self._loop.create_task(self._answer(request))
-        if request.held_bytes:
+        if request.held_bytes or request.upload is not None:
             # Not in `_answer`: a task cancelled before it starts never runs its `finally`.
             task.add_done_callback(lambda _task: self._release(request))
 
@@ -964,27 +967,9 @@ class HttpProtocol(asyncio.Protocol):
             file.close()
             transport.write(head)
             return
-        socket_fd = filesend.plain_socket(transport)
         self._file_sending = True
         try:
-            if socket_fd is not None:
-                try:
-                    sender = filesend.SocketSender(socket_fd, file, self._limits.idle_timeout_s)
-                except BaseException:
-                    file.close()
-                    raise
-                await sender.send(head)
-            else:
-                transport.write(head)
-                await filesend.copy_file(transport, file, self._writable)
-        except ConnectionError:
-            raise
-        except OSError as exc:
-            # Part of the answer may be out: the only honest signal left is an aborted
-            # connection (the client sees a short body, never a hang).
-            log.error("sending a body from its file failed: %s", exc)
-            transport.abort()
-            raise ConnectionResetError("sending failed") from exc
+            await filesend.send(transport, head, file, self._limits.idle_timeout_s, self._writable)
         finally:
             self._file_sending = False
 
