@@ -64,7 +64,7 @@ def test_a_streamed_file_is_byte_for_byte_what_the_codec_writes(
 
 def test_a_streamed_file_that_is_delayed_waits_in_delayed(tmp_path: Path) -> None:
     queue = Store(tmp_path / "root").create_queue("q")
-    streamed = StreamedFile.create(queue, 5, {})
+    streamed = StreamedFile.create(queue, 5, {}, durability="memory")
     streamed.write([b"later"])
     streamed.publish(delay_s=3600)
     stats = queue.stats()
@@ -130,6 +130,14 @@ def _round_trip(url: str, queue: str, body: bytes, verify: ssl.SSLContext | bool
         assert got.content == body
         assert http.delete(f"/{queue}/messages/{got.headers['x-receipt']}").status_code == 204
         assert http.get(f"/{queue}").json()["stats"]["ready"] == 0
+        # With the publish's options: durability, delay, group (kept in the file's head).
+        options = {"durability": "writeback", "delay": "1h", "group": "g-1"}
+        posted = http.post(f"/{queue}/messages", content=body, params=options)
+        assert posted.status_code == 201, posted.text
+        peeked = http.get(f"/{queue}/messages/{posted.json()['id']}")
+        assert peeked.headers["x-group"] == "g-1" and peeked.content == body
+        assert http.get(f"/{queue}").json()["stats"]["delayed"] == 1
+        assert http.delete(f"/{queue}/messages/{posted.json()['id']}").status_code == 204
 
 
 def test_a_large_body_round_trips_over_plain_tcp(server: ServerProcess) -> None:

@@ -5,10 +5,11 @@ O_TMPFILE inode where the filesystem has them, so a crash leaves nothing; else a
 recovery.py removes once its writer is dead) and writes its head at once: the header lines
 `codec.encode` writes, in its order, with the two values known only at the end, `Body-CRC32` and
 `Dirmq-Id`, as placeholders of their fixed widths. `write` appends body bytes and folds them into
-the CRC, so nothing but the pieces being written is held, and asks the kernel to start writing
-them to the disk (`sync_file_range`, every `WRITEBACK_BYTES`): the final fsync then waits for the
-last few megabytes rather than the whole body, so the disk works while the body still arrives
-(a file written whole and then fsynced, as `dd conv=fsync` does, leaves it idle until the end).
+the CRC, so nothing but the pieces being written is held; for a `writethrough` publish it asks
+the kernel to start writing them to the disk (`sync_file_range`, every `WRITEBACK_BYTES`): the
+final fsync then waits for the last few megabytes rather than the whole body, so the disk works
+while the body still arrives (a file written whole and then fsynced, as `dd conv=fsync` does,
+leaves it idle until the end).
 `publish` checks that exactly
 `Content-Length` bytes came, mints the id (now: FIFO is publish order, as for every message),
 writes it and the CRC over their placeholders (`pwrite`), and hands the file to the queue's own
@@ -111,12 +112,17 @@ class StreamedFile:
         group: str | None,
         offsets: tuple[int, int],
         head_size: int,
+        durability: Durability | None,
     ) -> None:
         self.queue = queue
+        self.durability = durability  # None: the queue's, when it is published
         self.length = length  # the body's, from the request's Content-Length
         self.written = 0
         self._head_size = head_size
         self._flushed = 0  # the file's bytes up to here are handed to the disk
+        # Early writeback only where the publish will wait for the disk anyway.
+        level = durability or queue.config.durability
+        self._write_back = level is Durability.WRITETHROUGH
         self._pending: PendingFile | None = pending
         self._taking = threading.Lock()
         self._group = group
@@ -130,10 +136,12 @@ class StreamedFile:
         length: int,
         headers: Mapping[str, str],
         group: str | None = None,
+        durability: Durability | str | None = None,
     ) -> StreamedFile:
-        """The file of a message of `length` body bytes, its head written. Raises what a
-        publish of the same message would (`MessageTooLarge`, `InvalidArgument`, a missing
-        queue), before anything is written."""
+        """The file of a message of `length` body bytes, its head written, to be published as
+        `durability` says (None: the queue's). Raises what a publish of the same message would
+        (`MessageTooLarge`, `InvalidArgument`, a missing queue), before anything is written."""
+        level = None if durability is None else Durability(durability)
         config = queue.config
         if length > config.max_message_bytes:
             raise MessageTooLarge.for_queue(queue.name, length, config.max_message_bytes)
@@ -149,7 +157,7 @@ class StreamedFile:
             raise QueueNotFound.missing(queue.name) from None
         except OSError as exc:
             raise storage_error(exc, f"writing a message to queue {queue.name!r}") from exc
-        return cls(queue, pending, length, group, (crc_at, id_at), len(head))
+        return cls(queue, pending, length, group, (crc_at, id_at), len(head), level)
 
     def write(self, pieces: Sequence[bytes | memoryview]) -> None:
         """Append body bytes, the pieces in order (blocking: call it off an event loop). More
@@ -168,7 +176,7 @@ class StreamedFile:
             _write_pieces(pending.fd, pieces)
             self.written += size
             end = self._head_size + self.written
-            if end - self._flushed >= WRITEBACK_BYTES:
+            if self._write_back and end - self._flushed >= WRITEBACK_BYTES:
                 _start_writeback(pending.fd, self._flushed, end - self._flushed)
                 self._flushed = end
         except OSError as exc:
@@ -176,9 +184,7 @@ class StreamedFile:
             raise storage_error(exc, f"writing a message to queue {self.queue.name!r}") from exc
         self._crc = crc
 
-    def publish(
-        self, delay_s: float | None = None, durability: Durability | str | None = None
-    ) -> str:
+    def publish(self, delay_s: float | None = None) -> str:
         """Seal the file (its CRC and a fresh id written in place) and publish it as
         `Queue.put` would (`delay_s` None: the queue's default delay); its id. On any failure
         the file is discarded and nothing is published."""
@@ -195,7 +201,7 @@ class StreamedFile:
             publisher = queue._publisher
             view = queue._view
             config = view.config
-            level = Durability(durability) if durability is not None else config.durability
+            level = self.durability or config.durability
             message_id = new_id()
             try:
                 os.pwrite(pending.fd, b"%08x" % self._crc, self._crc_at)

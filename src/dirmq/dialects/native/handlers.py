@@ -163,7 +163,7 @@ def streamed_file(read: Publish, length: int) -> StreamedFile | None:
     if read.batch or read.messages[0].dedup_id is not None or not streamable(read.queue):
         return None
     message = read.messages[0]
-    return StreamedFile.create(read.queue, length, message.headers, message.group)
+    return StreamedFile.create(read.queue, length, message.headers, message.group, read.durability)
 
 
 async def _publish_streamed(broker: Broker, request: Request, read: Publish) -> Response:
@@ -174,7 +174,7 @@ async def _publish_streamed(broker: Broker, request: Request, read: Publish) -> 
     if not isinstance(sink, StreamedFile):  # only `streamed_file` makes the native API's sinks
         raise TypeError(f"a publish's body went to a {type(sink).__name__}")
     delay_s = read.messages[0].delay_s
-    message_id = await broker.call(sink.publish, delay_s, read.durability)
+    message_id = await broker.call(sink.publish, delay_s)
     broker.moved(PUBLISHED, read.queue.name, 1)
     return published(message_id)
 
