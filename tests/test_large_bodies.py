@@ -205,6 +205,40 @@ def test_a_large_body_round_trips_through_yaq(server: ServerProcess) -> None:
     assert not _temps_open(server)
 
 
+def test_a_request_pipelined_after_an_upload_is_answered_in_order(server: ServerProcess) -> None:
+    _queue(server.url, "piped")
+    body = _body(3 * MIB, seed=13)
+    with connect(server) as sock:
+        sock.sendall(
+            _upload_head("piped", len(body))
+            + body
+            + b"GET /piped/messages HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        answers = Answers(sock)
+        assert answers.next()[0] == 201
+        status, _headers, got = answers.next()
+        assert status == 200 and got == body
+
+
+def test_concurrent_uploads_each_store_their_own_bytes(server: ServerProcess) -> None:
+    """More uploads at once than writer threads: every file gets its own pieces, in order."""
+    _queue(server.url, "together")
+    bodies = [_body(6 * MIB, seed=20 + i) for i in range(6)]
+
+    def upload(body: bytes) -> str:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            posted = http.post("/together/messages", content=body)
+            assert posted.status_code == 201, posted.text
+            return str(posted.json()["id"])
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        ids = list(pool.map(upload, bodies))
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        for message_id, body in zip(ids, bodies, strict=True):
+            assert http.get(f"/together/messages/{message_id}").content == body
+    assert not _temps_open(server)
+
+
 def _open_under(server: ServerProcess, directory: Path) -> list[str]:
     found = []
     for fd in Path(f"/proc/{server.proc.pid}/fd").iterdir():
