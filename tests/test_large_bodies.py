@@ -10,6 +10,7 @@ import os
 import socket
 import ssl
 import struct
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +20,8 @@ import pytest
 
 from dirmq.errors import InvalidArgument
 from dirmq.server.credentials import new_token, token_digest
-from dirmq.store import Store, codec
+from dirmq.store import QueueConfig, Store, codec
+from dirmq.store.bodyfiles import FileBody, bodies_by_file
 from dirmq.store.fsck import fsck
 from dirmq.store.streamed import StreamedFile
 
@@ -82,6 +84,43 @@ def test_a_streamed_file_short_or_long_of_its_length_is_never_published(tmp_path
         long.write([b"1234"])
     assert queue.stats().ready == 0
     assert not list((tmp_path / "root" / "q" / "@tmp").iterdir())
+    assert fsck(tmp_path / "root", repair=False).ok
+
+
+def test_a_get_inside_bodies_by_file_leaves_a_large_body_in_its_checked_file(
+    tmp_path: Path,
+) -> None:
+    queue = Store(tmp_path / "root").create_queue("q")
+    small, large = b"small", os.urandom(3 * MIB)
+    queue.put_many([small, large])
+    with bodies_by_file(MIB):
+        first, second = queue.get(2, visibility_s=60)
+    assert first.body == small and type(first.body) is bytes
+    assert isinstance(second.body, FileBody) and second.body.size == len(large)
+    assert second.body.read() == large
+    second.body.close()
+    queue.put(large)  # damaged in place: the CRC, checked without holding the body, says so
+    (ready,) = (tmp_path / "root" / "q" / "@ready").iterdir()
+    with open(ready, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([large[-1] ^ 1]))
+    with bodies_by_file(MIB):
+        assert queue.get(1, visibility_s=60) == []  # set aside, never delivered
+    assert list((tmp_path / "root" / "q" / "@corrupt").iterdir())
+
+
+def test_a_dead_letter_written_during_such_a_get_keeps_its_body(tmp_path: Path) -> None:
+    """Only the leases a get hands out leave bodies in files: a message the same get
+    dead-letters (its receives used up) is rewritten with its bytes."""
+    queue = Store(tmp_path / "root").create_queue("q", QueueConfig(max_receives=1))
+    body = os.urandom(3 * MIB)
+    queue.put(body)
+    assert queue.get_one(visibility_s=0.001) is not None  # its one receive; the lease expires
+    time.sleep(0.01)  # past its deadline (a lease's expiry is a time, not an event)
+    with bodies_by_file(MIB):
+        assert queue.get(1, visibility_s=60) == []  # it died here, of max_receives
+    (dead,) = queue.browse(10, state="dead")
+    assert dead.body == body and type(dead.body) is bytes
     assert fsck(tmp_path / "root", repair=False).ok
 
 

@@ -1,8 +1,9 @@
 """Large bodies left in their message file when a message is leased, for a caller that sends
 them from there (the server's plain GET: `sendfile`) instead of holding them in memory.
 
-Opt-in, per call: inside `bodies_by_file(over_bytes)` (this thread only) a message read by a
-get whose body has at least `over_bytes` comes back with a `FileBody` as its `body`: an empty
+Opt-in, per call: inside `bodies_by_file(over_bytes)` (this thread only) a message a get leases
+(files.py, `open_lease`: nothing else the store reads meanwhile, such as a dead letter it
+rewrites) whose body has at least `over_bytes` comes back with a `FileBody` as its `body`: an empty
 `bytes` that stands for the body, with a descriptor of its own of the message's file, the
 body's offset and size. Its length and CRC are checked as for any read (reading the file a
 megabyte at a time), so a corrupt file is still never delivered. The descriptor keeps the bytes

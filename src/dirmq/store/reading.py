@@ -66,13 +66,14 @@ def read_at(dir_fd: int, name: str, message_id: str) -> codec.Decoded:
     return _decode_fd(_open_to_read(name, dir_fd), message_id)
 
 
-def read_message(path: str, message_id: str) -> codec.Decoded:
+def read_message(path: str, message_id: str, body_file_over: int | None = None) -> codec.Decoded:
     """Decode the file at `path`, named for `message_id`: one holding another message (see
-    codec.py) is `CorruptMessage`, like a damaged one."""
-    return _decode_fd(_open_to_read(path), message_id)
+    codec.py) is `CorruptMessage`, like a damaged one. A body of `body_file_over` bytes or more
+    is left in the file (`bodyfiles.FileBody`): only for a caller that sends it from there."""
+    return _decode_fd(_open_to_read(path), message_id, body_file_over)
 
 
-def _decode_fd(fd: int, message_id: str) -> codec.Decoded:
+def _decode_fd(fd: int, message_id: str, body_file_over: int | None = None) -> codec.Decoded:
     """Decode the file open as `fd`, and close it. One read takes a whole message file of up to
     `_FIRST_READ` bytes; when that does not decode, the rest is read before deciding."""
     try:
@@ -84,7 +85,7 @@ def _decode_fd(fd: int, message_id: str) -> codec.Decoded:
             # end, then decide.
             split = data.find(b"\n\n")
             if split >= 0 and len(data) == _FIRST_READ:
-                over = bodyfiles.threshold()
+                over = body_file_over
                 if over is not None:  # a caller that sends a large body from its file
                     left = bodyfiles.decode_in_file(fd, data[:split], split + 2, message_id, over)
                     if left is not None:
