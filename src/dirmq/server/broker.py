@@ -30,7 +30,7 @@ from dirmq.server.longpolls import LongPolls
 from dirmq.server.publish_line import Publish, PublishLine, Settle, resolve
 from dirmq.server.queuecounts import ACKED, DELIVERED, KINDS, NACKED, PUBLISHED, QueueCounts
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
-from dirmq.store.bodyfiles import bodies_by_file
+from dirmq.store.bodyfiles import call_by_file
 from dirmq.store.census import Census
 
 T = TypeVar("T")
@@ -217,7 +217,7 @@ class Broker:
         later call fails, what the earlier ones leased goes back before the error is raised.
         `consumer`: the holder's label the leases carry (a request's principal); `by_file`:
         bodies of `BODY_FILE_BYTES` or more left in their files (`FileBody`)."""
-        get = functools.partial(_get_by_file, queue) if by_file else queue.get
+        get = functools.partial(call_by_file, BODY_FILE_BYTES, queue.get) if by_file else queue.get
         step = INLINE_MAX_MESSAGES if self._inline else wanted
         got: list[Message] = []
         try:
@@ -516,9 +516,3 @@ def _report_ack(settle: Callable[[BaseException | None], None], done: asyncio.Fu
 def _give_back(queue: Queue, messages: list[Message]) -> None:
     with contextlib.suppress(DirmqError):  # gone, or expired and leased again: not ours now
         queue.nack_each(message.receipt or "" for message in messages)
-
-
-def _get_by_file(queue: Queue, *args: Any, **kwargs: Any) -> list[Message]:
-    """`queue.get`, leaving bodies of `BODY_FILE_BYTES` or more in their files."""
-    with bodies_by_file(BODY_FILE_BYTES):
-        return queue.get(*args, **kwargs)

@@ -21,12 +21,14 @@ import contextlib
 import os
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from dirmq.store import codec
 
 CHECK_CHUNK_BYTES = 1024 * 1024  # read this much at a time to check a body left in its file
 
+T = TypeVar("T")
 _local = threading.local()
 
 
@@ -38,6 +40,17 @@ def bodies_by_file(over_bytes: int) -> Iterator[None]:
     _local.over = over_bytes
     try:
         yield
+    finally:
+        _local.over = before
+
+
+def call_by_file(over_bytes: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` inside `bodies_by_file(over_bytes)`, without a generator's cost
+    (the server's every plain GET comes this way)."""
+    before = getattr(_local, "over", None)
+    _local.over = over_bytes
+    try:
+        return fn(*args, **kwargs)
     finally:
         _local.over = before
 
