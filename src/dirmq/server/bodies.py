@@ -2,8 +2,8 @@
 
 A body of at least `STREAM_BODY_BYTES` that a dialect gives a sink for (`contract.BodySinkFor`:
 the native publish gives the message's file) is not gathered in memory: `http.py` hands each
-piece it parses to the connection's `Upload`, which writes what has gathered on a thread of its
-own (`_WRITERS`), one write at a time, in order, while the event loop goes on reading. When
+piece it parses to the connection's `Upload`, which writes what has gathered on a thread (one of
+`WRITER_THREADS` per worker), one write at a time, in order, while the event loop reads on. When
 more than `WINDOW_BYTES` wait for the disk, the connection stops reading (`behind`; the kernel's
 buffers fill and TCP stops the client) until the writer is back under `RESUME_BYTES`. So an
 upload holds at most about a window in memory whatever its size, and the window is what the
@@ -52,7 +52,8 @@ def _executor() -> ThreadPoolExecutor:
 
 
 def window_for(size: int) -> int:
-    """What an upload of `size` bytes holds in memory at most (charged to the budget)."""
+    """What an upload of `size` bytes is charged to the budget: more than it holds at most
+    (a window, and the piece that went over it)."""
     return min(size, WINDOW_BYTES + RESUME_BYTES)
 
 
