@@ -20,7 +20,7 @@ import pytest
 
 from dirmq.errors import InvalidArgument
 from dirmq.server.credentials import new_token, token_digest
-from dirmq.store import QueueConfig, Store, codec
+from dirmq.store import QueueConfig, Store, codec, fsio
 from dirmq.store.bodyfiles import FileBody, bodies_by_file
 from dirmq.store.fsck import fsck
 from dirmq.store.streamed import StreamedFile
@@ -121,6 +121,30 @@ def test_a_dead_letter_written_during_such_a_get_keeps_its_body(tmp_path: Path) 
         assert queue.get(1, visibility_s=60) == []  # it died here, of max_receives
     (dead,) = queue.browse(10, state="dead")
     assert dead.body == body and type(dead.body) is bytes
+    assert fsck(tmp_path / "root", repair=False).ok
+
+
+def test_without_o_tmpfile_a_named_temp_is_used_and_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the filesystem has no O_TMPFILE, the upload is a named temp in @tmp (recovery's to
+    remove if its writer dies), gone once published or discarded."""
+    queue = Store(tmp_path / "root").create_queue("q")
+    tmp = tmp_path / "root" / "q" / "@tmp"
+    monkeypatch.setattr(fsio, "_tmpfile_unsupported", {str(tmp)})
+    body = os.urandom(2 * MIB)
+    for publish in (True, False):
+        streamed = StreamedFile.create(queue, len(body), {})
+        (named,) = tmp.iterdir()
+        assert named.name.endswith(".tmp")
+        streamed.write([body])
+        if publish:
+            message_id = streamed.publish()
+        else:
+            streamed.discard()
+        assert not list(tmp.iterdir())
+    got = queue.get_one(visibility_s=60)
+    assert got is not None and got.id == message_id and got.body == body
     assert fsck(tmp_path / "root", repair=False).ok
 
 
@@ -342,6 +366,34 @@ def test_an_upload_cut_short_leaves_no_message_and_no_temp_file(
         assert http.get(f"/{queue}").json()["stats"]["ready"] == 0
         assert http.get(f"/{queue}/messages").status_code == 204
     assert fsck(server.root, repair=False).ok
+
+
+def test_a_server_killed_mid_upload_leaves_no_message_and_a_clean_root(tmp_path: Path) -> None:
+    """SIGKILL while a large body is being written: nothing is visible, fsck finds nothing to
+    repair, and the next server takes uploads as before."""
+    root = tmp_path / "root"
+    server = start_server(root, "--max-body-bytes", "80MiB")
+    try:
+        _queue(server.url, "crash")
+        with connect(server) as sock:
+            sock.sendall(_upload_head("crash", SIZE) + _body(5 * MIB))
+            wait_until(lambda: _temps_open(server), what="the upload's temp file")
+            server.proc.kill()
+            server.proc.wait()
+    finally:
+        server.stop()
+    report = fsck(root, repair=False)
+    assert report.ok and report.problems == (), report.problems
+    again = start_server(root, "--max-body-bytes", "80MiB")
+    try:
+        with httpx.Client(base_url=again.url, timeout=60) as http:
+            assert http.get("/crash").json()["stats"]["ready"] == 0
+            body = _body(2 * MIB, seed=17)
+            assert http.post("/crash/messages", content=body).status_code == 201
+            assert http.get("/crash/messages").content == body
+    finally:
+        assert again.stop() == 0
+    assert not list((root / "crash" / "@tmp").iterdir())
 
 
 def test_a_body_that_stops_short_is_answered_408_and_leaves_nothing(tmp_path: Path) -> None:
