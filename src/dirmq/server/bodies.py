@@ -3,11 +3,13 @@
 A body of at least `STREAM_BODY_BYTES` that a dialect gives a sink for (`contract.BodySinkFor`:
 the native publish gives the message's file) is not gathered in memory: `http.py` hands each
 piece it parses to the connection's `Upload`, which writes what has gathered on a thread (one of
-`WRITER_THREADS` per worker), one write at a time, in order, while the event loop reads on. When
-more than `WINDOW_BYTES` wait for the disk, the connection stops reading (`behind`; the kernel's
-buffers fill and TCP stops the client) until the writer is back under `RESUME_BYTES`. So an
-upload holds at most about a window in memory whatever its size, and the window is what the
-server's `MemoryBudget` is charged for it.
+`WRITER_THREADS` per worker), one write of at most `JOB_BYTES` at a time, in order, while the
+event loop reads on. When more than `WINDOW_BYTES` wait for the disk, the connection stops
+reading (`behind`; the kernel's buffers fill and TCP stops the client) until the writer is back
+under `RESUME_BYTES`: the backlog falls a job at a time, so reading resumes while the writer
+still has work, and the disk is never left waiting for the network. So an upload holds at most
+about a window in memory whatever its size, and the window is what the server's `MemoryBudget`
+is charged for it.
 
 A failed write (a full disk) ends the writing: the rest of the body is read and dropped, and the
 request's handler gets the error from `written()`. However the request ends (answered, refused,
@@ -29,7 +31,8 @@ log = logging.getLogger("dirmq.server")
 
 STREAM_BODY_BYTES = 1024 * 1024  # bodies from this size on may go to a sink as they arrive
 WINDOW_BYTES = 4 * 1024 * 1024  # received, not yet written: reading pauses at this...
-RESUME_BYTES = 1024 * 1024  # ...and resumes under this
+RESUME_BYTES = 2 * 1024 * 1024  # ...and resumes under this, while the writer still has work
+JOB_BYTES = 1024 * 1024  # what one write takes at most: the backlog falls a step at a time
 WRITER_THREADS = 4  # uploads written at once, per worker process
 
 
@@ -54,7 +57,7 @@ def _executor() -> ThreadPoolExecutor:
 def window_for(size: int) -> int:
     """What an upload of `size` bytes is charged to the budget: more than it holds at most
     (a window, and the piece that went over it)."""
-    return min(size, WINDOW_BYTES + RESUME_BYTES)
+    return min(size, WINDOW_BYTES + JOB_BYTES)
 
 
 def _write(sink: BodySink, pieces: list[bytes]) -> int:
@@ -143,7 +146,12 @@ class Upload:
             self._waiter.set_result(None)
 
     def _write_next(self) -> None:
-        pieces, self._pieces = self._pieces, []
+        """Hand the writer the oldest pieces, up to `JOB_BYTES` (at least one)."""
+        pieces, taken, count = self._pieces, 0, 0
+        while count < len(pieces) and (count == 0 or taken + len(pieces[count]) <= JOB_BYTES):
+            taken += len(pieces[count])
+            count += 1
+        pieces, self._pieces = pieces[:count], pieces[count:]
         self._busy = True
         future = self._loop.run_in_executor(_executor(), _write, self._sink, pieces)
         future.add_done_callback(self._written)
