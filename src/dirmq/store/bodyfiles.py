@@ -110,13 +110,16 @@ def decode_in_file(
         return None
 
     def crc() -> int:
+        # One buffer read into again and again: no allocation (and its page faults) a chunk.
+        buffer = bytearray(min(CHECK_CHUNK_BYTES, size))
+        view = memoryview(buffer)
         value, at, end = 0, offset, offset + size
         while at < end:
-            chunk = os.pread(fd, min(CHECK_CHUNK_BYTES, end - at), at)
-            if not chunk:
+            got = os.preadv(fd, [view[: min(len(buffer), end - at)]], at)
+            if not got:
                 break  # cut short meanwhile: the CRC then tells
-            value = zlib.crc32(chunk, value)
-            at += len(chunk)
+            value = zlib.crc32(view[:got], value)
+            at += got
         return value
 
     headers, system = codec.decode_head(head, size, crc, message_id)
