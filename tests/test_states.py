@@ -282,7 +282,7 @@ def test_every_row_happens_as_the_table_says(
     q.put(b"unreadable")
     real_read = files.read_message
 
-    def read_fails(path: str, message_id: str) -> Any:
+    def read_fails(path: str, message_id: str, body_file_over: int | None = None) -> Any:
         raise OSError(errno.EIO, "injected")
 
     monkeypatch.setattr(files, "read_message", read_fails)

@@ -220,9 +220,9 @@ def test_read_leases_reads_one_file_at_a_time(root: Path, monkeypatch: pytest.Mo
     reads: list[str] = []
     real = files.read_message
 
-    def counted(path: str, message_id: str) -> Any:
+    def counted(path: str, message_id: str, body_file_over: int | None = None) -> Any:
         reads.append(message_id)
-        return real(path, message_id)
+        return real(path, message_id, body_file_over)
 
     with dirmq.Store(root) as store:
         queue = store.create_queue("q")

@@ -35,13 +35,16 @@ from dirmq.errors import (
 )
 from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
-from dirmq.server.contract import Request, Response, StreamResponse
+from dirmq.server.contract import BodySink, Request, Response, StreamResponse
 from dirmq.server.credentials import READ, WRITE
 from dirmq.server.dialect import Dialect
 from dirmq.server.errors import CHALLENGES, status_of
 from dirmq.server.parameters import check_parameters
+from dirmq.server.queuecounts import PUBLISHED
 from dirmq.store import Message, OutgoingMessage, Queue, QueueConfig
+from dirmq.store.bodyfiles import FileBody
 from dirmq.store.names import validate_queue_name
+from dirmq.store.streamed import StreamedFile, streamable
 from dirmq.wire import framing
 from dirmq.wire import messages as wire
 from dirmq.wire.durations import parse_duration
@@ -129,6 +132,23 @@ class YaqApp(Dialect):
         refusal = MessageTooLarge.for_queue(name, length, limit)
         return _text(413, str(refusal))
 
+    def body_sink(self, head: Request, length: int) -> BodySink | None:
+        """An enqueue into a queue that exists (one a POST would create is left to `_enqueue`)
+        goes to the message's file as it arrives (store/streamed.py), for a principal that may
+        enqueue there; anything else is read into memory and answered as usual."""
+        if head.method != "POST" or head.query:
+            return None
+        try:
+            name = unquote(head.path, errors="strict").strip("/") or ROOT_QUEUE
+            if not self.access.allows(head.principal, WRITE, name):
+                return None
+            queue = self.broker.queue(name)
+            if not streamable(queue):
+                return None
+            return StreamedFile.create(queue, length, wire.stored_headers(head.raw_headers))
+        except (DirmqError, UnicodeDecodeError):
+            return None
+
     def _health(self) -> Response:
         closing = self.broker.closing
         body = b'{"status": "draining"}\n' if closing else b'{"status": "ok"}\n'
@@ -158,6 +178,13 @@ class YaqApp(Dialect):
             await asyncio.sleep(CREATION_POLL_S if left is None else min(CREATION_POLL_S, left))
 
     async def _enqueue(self, name: str, request: Request, timeout_s: float | None) -> Response:
+        if request.upload is not None:  # its body went to its file as it arrived
+            sink = await request.upload.written()
+            if not isinstance(sink, StreamedFile):  # only `body_sink` makes yaq's sinks
+                raise TypeError(f"an enqueue's body went to a {type(sink).__name__}")
+            message_id = await self.broker.call(sink.publish)
+            self.broker.moved(PUBLISHED, sink.queue.name, 1)
+            return Response(200, b"", [("X-Message-Id", message_id)])
         queue = await self._created(name)
         message = OutgoingMessage(request.body, wire.stored_headers(request.raw_headers))
         queue.validate(message)
@@ -186,14 +213,24 @@ class YaqApp(Dialect):
                 []
                 if queue is None
                 else await self.broker.receive(
-                    queue, 1, LEASE_S, timeout_s, consumer=request.principal or None
+                    queue,
+                    1,
+                    LEASE_S,
+                    timeout_s,
+                    consumer=request.principal or None,
+                    by_file=True,  # a large body is sent from its file
                 )
             )
             if queue is None or not messages:
                 return Response(504)  # as in yaq's transcript: no body
             message = messages[0]
+            body = message.body
             return Response(
-                200, message.body, _part_headers(message), after=self._acker(queue, message)
+                200,
+                b"" if isinstance(body, FileBody) else body,
+                _part_headers(message),
+                after=self._acker(queue, message),
+                file=body if isinstance(body, FileBody) else None,
             )
         boundary = framing.new_boundary()
         response = StreamResponse(

@@ -78,14 +78,15 @@ class Batcher:
 
     async def _gets(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> None:
         # One lease call per visibility timeout and holder asked for (almost always just one:
-        # a holder is a principal, and the leases of one call name one).
-        by_kind: dict[tuple[float | None, str | None], list[tuple[Any, asyncio.Future[Any]]]]
+        # a holder is a principal, and the leases of one call name one), and per way of
+        # taking bodies (a request that sends them from their files, or any other).
+        by_kind: dict[tuple[float | None, str | None, bool], list[tuple[Any, asyncio.Future[Any]]]]
         by_kind = {}
         for entry in batch:
             by_kind.setdefault(entry[0][1:], []).append(entry)
-        for (visibility_s, consumer), entries in by_kind.items():
+        for (visibility_s, consumer, by_file), entries in by_kind.items():
             wanted = min(sum(item[0] for item, _ in entries), MAX_GET_BATCH)
-            got = await self.broker.lease(self.queue, wanted, visibility_s, consumer)
+            got = await self.broker.lease(self.queue, wanted, visibility_s, consumer, by_file)
             dry = len(got) < wanted  # the queue had no more ready: an empty share is the truth
             deferred: list[tuple[Any, asyncio.Future[Any]]] = []
             for item, future in entries:

@@ -30,6 +30,7 @@ from dirmq.server.longpolls import LongPolls
 from dirmq.server.publish_line import Publish, PublishLine, Settle, resolve
 from dirmq.server.queuecounts import ACKED, DELIVERED, KINDS, NACKED, PUBLISHED, QueueCounts
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
+from dirmq.store.bodyfiles import call_by_file
 from dirmq.store.census import Census
 
 T = TypeVar("T")
@@ -43,6 +44,9 @@ POOL_AFTER_STALL_S = 10.0
 # At most this many messages a store call on the event loop (a few ms of renames): a larger
 # batch runs as several such calls, the loop's other work between them (`settle_chunks`).
 INLINE_MAX_MESSAGES = 256
+# A receive that sends bodies from their files (`by_file`) gets bodies from this size on as
+# `FileBody` (store/bodyfiles.py): the native plain GET's sendfile.
+BODY_FILE_BYTES = 1024 * 1024
 # Every RELEASE_EVERY_S, queues nobody waits on nor used for IDLE_RELEASE_S give back their
 # inotify watches and index (`Store.release_idle`): a server that touched 10,000 queues must not
 # keep 40,000 watches (the user's limit is often 8,192) and their indexes for its lifetime.
@@ -201,12 +205,19 @@ class Broker:
         return failures
 
     async def lease(
-        self, queue: Queue, wanted: int, visibility_s: float | None, consumer: str | None = None
+        self,
+        queue: Queue,
+        wanted: int,
+        visibility_s: float | None,
+        consumer: str | None = None,
+        by_file: bool = False,
     ) -> list[Message]:
         """Up to `wanted` messages of `queue` (`Queue.get`, one message per group), leased
         through `settle_call` at most `INLINE_MAX_MESSAGES` a call, as `settle_chunks`. If a
         later call fails, what the earlier ones leased goes back before the error is raised.
-        `consumer`: the holder's label the leases carry (a request's principal)."""
+        `consumer`: the holder's label the leases carry (a request's principal); `by_file`:
+        bodies of `BODY_FILE_BYTES` or more left in their files (`FileBody`)."""
+        get = functools.partial(call_by_file, BODY_FILE_BYTES, queue.get) if by_file else queue.get
         step = INLINE_MAX_MESSAGES if self._inline else wanted
         got: list[Message] = []
         try:
@@ -215,7 +226,7 @@ class Broker:
                     await asyncio.sleep(0)
                 ask = min(step, wanted - len(got))
                 more: list[Message] = await self.settle_call(
-                    queue, ask, queue.get, ask, visibility_s=visibility_s, consumer=consumer
+                    queue, ask, get, ask, visibility_s=visibility_s, consumer=consumer
                 )
                 got += more
                 if len(more) < ask:  # the queue has no more ready now
@@ -313,16 +324,19 @@ class Broker:
         *,
         max_per_group: int | None = 1,
         consumer: str | None = None,
+        by_file: bool = False,
     ) -> list[Message]:
         """Lease up to `max_count` messages, waiting up to `wait_s` (None: forever) for the
         first; the leases name this worker, labelled `consumer` (the request's principal), as
         their holder. `max_per_group` as in `Queue.get`: with more than one message of a group per
         request (SQS FIFO: None, a whole run), each request leases with a get of its own, since
         merging the gets of concurrent requests and splitting the result could hand one group's
-        run to two consumers; the wait is the same."""
+        run to two consumers; the wait is the same. `by_file`: a large body may come as a
+        `FileBody` (`lease`), which the caller sends and closes (not from a long poll's
+        wait: those bodies are read)."""
         first: asyncio.Future[list[Message]]
         if max_per_group == 1:
-            first = self._getter(queue).submit((max_count, visibility_s, consumer))
+            first = self._getter(queue).submit((max_count, visibility_s, consumer, by_file))
         else:
             first = asyncio.ensure_future(
                 self.call(
@@ -358,10 +372,11 @@ class Broker:
         visibility_s: float | None,
         settle: Callable[[list[Message] | BaseException], None],
         consumer: str | None = None,
+        by_file: bool = False,
     ) -> None:
         """`receive` that does not wait (wait 0), without a coroutine: into the queue's lease
         line, `settle` getting the messages (maybe none) or the error on the event loop."""
-        future = self._getter(queue).submit((max_count, visibility_s, consumer))
+        future = self._getter(queue).submit((max_count, visibility_s, consumer, by_file))
         future.add_done_callback(functools.partial(self._received_nowait, queue, settle))
 
     def _received_nowait(

@@ -36,10 +36,16 @@ class BrokerHost(Protocol):
         ...
 
     async def lease(
-        self, queue: Queue, wanted: int, visibility_s: float | None, consumer: str | None = None
+        self,
+        queue: Queue,
+        wanted: int,
+        visibility_s: float | None,
+        consumer: str | None = None,
+        by_file: bool = False,
     ) -> list[Message]:
         """Up to `wanted` messages of `queue`, leased through the broker's event-loop calls
-        (naming `consumer` as the holder's label)."""
+        (naming `consumer` as the holder's label); `by_file`: large bodies left in their files
+        (store/bodyfiles.py)."""
         ...
 
     async def settle_chunks(

@@ -5,7 +5,10 @@ by chunk when it is sent chunked) and given back once its request is answered; a
 does not fit gets 503 + Retry-After without its body being read, which a retry cures once other
 requests finish. Response bodies that a slow reader leaves in a connection's write buffer are
 charged too (unconditionally: they are already in memory), so many slow downloads make new
-uploads wait instead of letting the sum grow.
+uploads wait instead of letting the sum grow. A large body written to its sink as it arrives
+(bodies.py: a message's file) is charged only the window it may hold at a time, whatever its
+size; the budget bounds how many such uploads run at once. A body sent from its file
+(filesend.py) is not in memory, and is not charged.
 
 Without a budget nothing bounds the sum over thousands of connections of up to `max_body_bytes`
 each. With `--workers N` the budget is the server's, not each worker's: every worker publishes

@@ -1,8 +1,9 @@
-"""The runtime<->dialect contract: what a dialect receives (`Request`), what it answers
-(`Response`, `StreamResponse`, `SwitchProtocols` with the `Upgraded` object that takes the
-connection over) and the shapes of the callables the runtime calls (`Handler`, `FastHandler`
-with `Respond` and `LATER`, `BodyCheck`, `Observe`). `http.py` serves it on every connection;
-the dialects, the router and the observers import it alone.
+"""The runtime<->dialect contract: what a dialect receives (`Request`, its large body maybe in
+a sink: `ReceivedBody`), what it answers (`Response`, its body maybe a `BodyFile`;
+`StreamResponse`; `SwitchProtocols` with the `Upgraded` object that takes the connection over)
+and the shapes of the callables the runtime calls (`Handler`, `FastHandler` with `Respond` and
+`LATER`, `BodyCheck`, `BodySinkFor` with `BodySink`, `Observe`). `http.py` serves it on every
+connection; the dialects, the router and the observers import it alone.
 """
 
 from __future__ import annotations
@@ -32,9 +33,22 @@ class Request:
     principal: str = ""  # who sent it, once authenticated
     scheme: str = "http"  # "https" on a TLS listener (for the URLs a dialect hands out)
     peer: str = ""  # the client's IP address
+    # A large body that went to a sink as it arrived (`BodySinkFor`): `body` is then empty.
+    upload: ReceivedBody | None = None
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
+
+
+class BodyFile(Protocol):
+    """A response body left in a file: `size` bytes from `offset` of the file open as `fd`
+    (the object's own descriptor, which `close` closes)."""
+
+    fd: int
+    offset: int
+    size: int
+
+    def close(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -44,6 +58,9 @@ class Response:
     headers: list[tuple[str, str]] = field(default_factory=list)
     # Runs once the response is handed to the socket (not if the client vanished first).
     after: Callable[[], Awaitable[None]] | None = None
+    # The body is this file's bytes (`body` is then empty): sent from it, never held, and
+    # closed by the runtime once sent (or not: the client left).
+    file: BodyFile | None = None
 
 
 @dataclass(slots=True)
@@ -84,6 +101,29 @@ class SwitchProtocols:
     connection: Upgraded
 
 
+class BodySink(Protocol):
+    """Where a request body too large to hold goes as it arrives (a message's file). Its calls
+    block: the runtime makes them off the event loop, one at a time, in order."""
+
+    def write(self, pieces: list[bytes]) -> None:
+        """Append the pieces, in order."""
+
+    def discard(self) -> None:
+        """Undo what was written, unless the application made use of it (idempotent)."""
+
+
+class ReceivedBody(Protocol):
+    """A request's body in its sink (`Request.upload`). The runtime discards the sink once the
+    request is answered, whatever became of it: what the application keeps, it has taken
+    from the sink by then (e.g. a message file published)."""
+
+    size: int  # the body's bytes (its Content-Length)
+
+    async def written(self) -> BodySink:
+        """The sink, once the whole body is in it; raises what writing it raised."""
+        ...
+
+
 Handler = Callable[[Request], Awaitable[Response | StreamResponse | SwitchProtocols]]
 # How a fast handler answers later: once, on the event loop, with the response or with the
 # unexpected error it met (logged, then answered 500). False: the connection had gone away
@@ -111,6 +151,10 @@ FastHandler = Callable[[Request, Respond], "Response | Later | None"]
 # A look at a request's head before its body is read: (method, path, headers, Content-Length)
 # -> the response that refuses it (e.g. a body over its queue's limit), or None to read it.
 BodyCheck = Callable[[str, str, dict[str, str], int], "Response | None"]
+# A second look at a head whose body is large (past `bodies.STREAM_BODY_BYTES`, within the
+# limits): (the request without its body, Content-Length) -> the sink the body is written to as
+# it arrives (`Request.upload`), or None to read it into memory as usual.
+BodySinkFor = Callable[[Request, int], "BodySink | None"]
 # Told of each answered request once its response is handed to the transport (a stream: once
 # it ended): (request, status, response body bytes, seconds since the request arrived). The
 # access log and the request metrics hang here, so every dialect is seen the same way.

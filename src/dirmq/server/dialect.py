@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dirmq.errors import DirmqError, Unauthenticated
 from dirmq.server.access import Access, credentials_required
 from dirmq.server.contract import (
+    BodySink,
     Later,
     Observe,
     Request,
@@ -60,6 +61,12 @@ class Dialect:
         body is read; None to read it. Only the head is known here, not who claims it: a
         dialect refuses only requests of its own shape, and only to a `principal` allowed to
         learn what the refusal tells (a queue's size limit tells that it exists)."""
+        return None
+
+    def body_sink(self, head: Request, length: int) -> BodySink | None:
+        """Where a large body (`length` bytes) of a request this dialect claims goes as it
+        arrives (`contract.BodySinkFor`; `head.principal` is known from a token, if any), or
+        None: read into memory."""
         return None
 
     def public(self, request: Request) -> bool:
@@ -148,6 +155,16 @@ class Router:
             if refusal is not None:
                 return refusal
         return None
+
+    def body_sink(self, head: Request, length: int) -> BodySink | None:
+        """`contract.BodySinkFor`: asked of the dialect that will answer the request, for a
+        principal known from its token (none where credentials are required: the body is
+        read, and the request judged, as usual)."""
+        if self._access is not None:
+            head.principal = self._access.token_of(head.headers.get("authorization"))
+            if not head.principal:
+                return None
+        return self.dialect_for(head).body_sink(head, length)
 
 
 def unique_dialects(routers: Sequence[Router]) -> list[Dialect]:

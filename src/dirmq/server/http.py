@@ -8,7 +8,9 @@ draining on shutdown. What a request means is the business of the listener's dia
 (`dialect.py`); what it hands them and takes back is the contract (`contract.py`). A `GET`
 asking for a protocol upgrade is answered like any other; if the application answers it with
 `SwitchProtocols`, the connection's bytes go to the `Upgraded` object it names from then on
-(`websocket.py`), else the connection closes after the answer.
+(`websocket.py`), else the connection closes after the answer. A large body the application
+gives a sink for is written there as it arrives (`bodies.py`), and an answer whose body is a
+file is sent from it (`filesend.py`): neither is held in memory.
 
 Why it is long: one connection's state machine (parsing, pipelining, back-pressure, limits, timers,
 streaming, drain), whose invariants (answers in order, each budget charge given back exactly once)
@@ -33,12 +35,15 @@ from urllib.parse import parse_qsl
 
 import httptools
 
+from dirmq.server import filesend
 from dirmq.server.addresses import is_loopback_peer
 from dirmq.server.balance import ConnectionBalance
+from dirmq.server.bodies import STREAM_BODY_BYTES, Upload, window_for
 from dirmq.server.budget import MemoryBudget, default_body_memory_bytes
 from dirmq.server.contract import (
     LATER,
     BodyCheck,
+    BodySinkFor,
     FastHandler,
     Handler,
     Later,
@@ -60,6 +65,7 @@ MAX_PIPELINED = 16
 # as soon as the connection must not be read: 256 KiB of pipelined requests would otherwise
 # become thousands of queued requests (megabytes) on every such connection.
 FEED_BYTES = 4 * 1024
+UPLOAD_FEED_BYTES = 64 * 1024
 MAX_SWEEP_S = 0.5  # timeouts fire at most this late (less when a limit is shorter)
 # After refusing a request whose body is unread, how long we keep reading (and dropping) what
 # the client still sends: closing at once with unread data makes the kernel send a reset, which
@@ -159,6 +165,7 @@ class HttpServer:
         *,
         budget: MemoryBudget | None = None,
         body_check: BodyCheck | None = None,
+        body_sink: BodySinkFor | None = None,
         observe: Observe | None = None,
         scheme: str = "http",
         require_client_certificate: bool = False,
@@ -172,6 +179,7 @@ class HttpServer:
         self.require_client_certificate = require_client_certificate
         self.fast = fast
         self.body_check = body_check
+        self.body_sink = body_sink  # large bodies written as they arrive (bodies.py)
         self.observe = observe
         self.limits = limits or Limits()
         # Shared by every listener of a worker process (serve.py passes one).
@@ -246,6 +254,7 @@ class HttpProtocol(asyncio.Protocol):
         "_can_write",
         "_closed",
         "_counted",
+        "_file_sending",
         "_first_read",
         "_head_bytes",
         "_headers",
@@ -270,6 +279,7 @@ class HttpProtocol(asyncio.Protocol):
         "_unparsed",
         "_upgrade_tail",
         "_upgraded",
+        "_upload",
         "_url",
         "_write_paused",
         "deadline",
@@ -319,6 +329,7 @@ class HttpProtocol(asyncio.Protocol):
         # paused meanwhile; httptools parses nothing after an upgrade request).
         self._upgrade_tail: bytes | None = None
         self._upgraded: Upgraded | None = None  # the protocol the connection switched to
+        self._file_sending = False  # a body goes from its file straight to the socket
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -330,6 +341,7 @@ class HttpProtocol(asyncio.Protocol):
         self._body_io: io.BytesIO | None = None
         self._body_bytes = 0
         self._in_message = False
+        self._upload: Upload | None = None  # the body going to its sink (bodies.py)
 
     # -- connection lifecycle -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -397,6 +409,7 @@ class HttpProtocol(asyncio.Protocol):
         if self._can_write is not None:
             self._can_write.set()
         # What the budget holds for this connection (the running request gives its own back).
+        self._drop_upload()
         self._give_body_charge()
         while self._pending:
             self._release(self._pending.popleft())
@@ -448,6 +461,7 @@ class HttpProtocol(asyncio.Protocol):
     def _must_pause(self) -> bool:
         return not self._lingering and (
             self._write_paused
+            or (self._upload is not None and self._upload.behind)
             or self._upgrade_tail is not None
             or self._refusal is not None
             or (self._pending is not None and len(self._pending) > MAX_PIPELINED)
@@ -465,13 +479,28 @@ class HttpProtocol(asyncio.Protocol):
             self._server.budget.give(self._response_charge)
             self._response_charge = 0
 
+    def _drop_upload(self) -> None:
+        """The body being received will never be a request's (refused, or its client left)."""
+        upload, self._upload = self._upload, None
+        if upload is not None:
+            upload.close()
+
+    def _upload_progress(self) -> None:
+        """The upload's writer caught up (or failed): read on."""
+        self._update_reading()
+
     def _give_body_charge(self) -> None:
         if self._body_charge:
             self._server.budget.give(self._body_charge)
             self._body_charge = 0
 
     def _release(self, request: Request) -> None:
-        """A request is answered (or dropped): its body's share of the budget is free."""
+        """A request is answered (or dropped): its body's share of the budget is free, and
+        its upload's sink is discarded (what the answer kept, it has taken)."""
+        upload = request.upload
+        if isinstance(upload, Upload):
+            upload.close()
+            request.upload = None
         if request.held_bytes:
             self._server.budget.give(request.held_bytes)
             request.held_bytes = 0
@@ -527,7 +556,7 @@ class HttpProtocol(asyncio.Protocol):
             self._feed_piece(data)  # the usual case: one request, or a few
         else:
             self._feed(memoryview(data))
-        if self._unparsed is not None:
+        if self._unparsed is not None or self._upload is not None:
             self._update_reading()
 
     def _pass_stream(self, data: bytes) -> bool:
@@ -565,11 +594,13 @@ class HttpProtocol(asyncio.Protocol):
             if self._must_pause():
                 self._keep_unparsed(data)
                 return
-            if not self._feed_piece(data[:FEED_BYTES]):
+            # An upload's body in larger pieces: it ends no request, only its window pauses.
+            size = UPLOAD_FEED_BYTES if self._upload is not None else FEED_BYTES
+            if not self._feed_piece(data[:size]):
                 if self._upgrade_tail is not None:
-                    self._upgrade_tail += data[FEED_BYTES:]
+                    self._upgrade_tail += data[size:]
                 return
-            data = data[FEED_BYTES:]
+            data = data[size:]
 
     def _feed_unparsed(self) -> None:
         data = self._take_unparsed()
@@ -610,6 +641,7 @@ class HttpProtocol(asyncio.Protocol):
         return False
 
     def on_message_begin(self) -> None:
+        self._drop_upload()
         self._reset_message()
         self._in_message = True
         self._began = time.monotonic()
@@ -637,12 +669,22 @@ class HttpProtocol(asyncio.Protocol):
         length = _content_length(headers)
         if length:
             self._check_body(length)
-            if length >= PREALLOCATE_BYTES:
-                # Filled in place: `bytes(n)` is lazily zeroed memory, and a BytesIO that holds
-                # the only reference to its bytes writes into them and hands them back as is.
-                self._body_io = io.BytesIO(bytes(length))
+            # A large body may go to a sink as it arrives (its window reserved), else it is
+            # reserved whole and read into memory.
+            if length < STREAM_BODY_BYTES or not self._stream_body(length):
+                self._reserve(length)
+                if length >= PREALLOCATE_BYTES:
+                    # Filled in place: `bytes(n)` is lazily zeroed memory, and a BytesIO that
+                    # holds the only reference to its bytes writes into them and hands them
+                    # back as is.
+                    self._body_io = io.BytesIO(bytes(length))
         expect = headers.get("expect")
-        if expect is not None and expect.strip().lower() == "100-continue" and self._transport:
+        if (
+            expect is not None
+            and expect.strip().lower() == "100-continue"
+            and self._transport
+            and not self._file_sending  # its bytes would land amid the body being sent
+        ):
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self._arm(self._limits.body_timeout_s)
 
@@ -663,9 +705,41 @@ class HttpProtocol(asyncio.Protocol):
                 refusal = None
             if refusal is not None:
                 raise _Reject(refusal.status, "refused by the application", response=refusal)
-        self._reserve(length)
+
+    def _stream_body(self, length: int) -> bool:
+        """Whether the body (of `length` bytes, checked) goes to a sink the application gives
+        for it as it arrives (bodies.py), its window reserved."""
+        body_sink = self._server.body_sink
+        sink = None
+        if body_sink is not None:
+            path, query = _split_url(self._url)
+            head = Request(
+                self._method(),
+                path,
+                _first_values(query) if query else {},
+                self._headers,
+                b"",
+                False,
+                self._raw_headers,
+                query,
+                scheme=self._server.scheme,
+                peer=self._peer,
+            )
+            self._reserve(window_for(length))  # before a sink is made: 503 makes none
+            try:
+                sink = body_sink(head, length)
+            except Exception:  # a bug there must not cost the request: read it into memory
+                log.exception("choosing a sink for the body of %s failed", path)
+            if sink is None:
+                self._give_body_charge()
+        if sink is None:
+            return False
+        self._upload = Upload(sink, length, self._upload_progress)
+        return True
 
     def _reserve(self, size: int) -> None:
+        """Reserve `size` bytes of the budget for the body being read (503 if they do not
+        fit)."""
         budget = self._server.budget
         if not budget.try_take(size):
             raise _Reject(
@@ -682,6 +756,9 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
+        if self._upload is not None:
+            self._upload.feed(body)  # within its Content-Length: llhttp checks that
+            return
         if self._body_io is not None:
             self._body_io.write(body)  # within its Content-Length: llhttp checks that
             return
@@ -695,6 +772,7 @@ class HttpProtocol(asyncio.Protocol):
         self.deadline = 0.0
         upgrade = self._parser.should_upgrade()
         if upgrade and (self._method() != "GET" or self._body_bytes):
+            self._drop_upload()
             self._give_body_charge()
             self._reset_message()
             return  # refused as httptools stops after it (`_feed_piece`)
@@ -720,7 +798,11 @@ class HttpProtocol(asyncio.Protocol):
             time.monotonic(),
             scheme=self._server.scheme,
             peer=self._peer,
+            upload=self._upload,
         )
+        if self._upload is not None:
+            self._upload.finish()
+            self._upload = None  # the request's now, like its charge
         self._body_charge = 0  # the request's now
         self._reset_message()
         if upgrade:
@@ -766,7 +848,7 @@ class HttpProtocol(asyncio.Protocol):
                 self._reply(request, result)
                 return
         task = self._task = self._loop.create_task(self._answer(request))
-        if request.held_bytes:
+        if request.held_bytes or request.upload is not None:
             # Not in `_answer`: a task cancelled before it starts never runs its `finally`.
             task.add_done_callback(lambda _task: self._release(request))
 
@@ -788,8 +870,13 @@ class HttpProtocol(asyncio.Protocol):
         """Send a fast answer's response, then what `_answer` does after its own; False if the
         connection is gone."""
         if self._transport is None or self._closed:
+            if response.file is not None:
+                response.file.close()
             return False
         keep_alive = request.keep_alive and not self._server.draining
+        if response.file is not None:  # sent from its file: a task (see `_send_file`)
+            self._task = self._loop.create_task(self._answer_file(request, response, keep_alive))
+            return True
         self._write_response(request, response, keep_alive)
         self._server.requests_served += 1
         self._observed(request, response.status, len(response.body))
@@ -847,6 +934,50 @@ class HttpProtocol(asyncio.Protocol):
                 self._observed(request, sent[0], sent[1])
         self._next_request(keep_alive)
 
+    async def _answer_file(self, request: Request, response: Response, keep_alive: bool) -> None:
+        """A fast answer whose body is a file: `_reply`'s rest, after the body is sent."""
+        sent = 0
+        try:
+            await self._send_file(request, response, keep_alive)
+            sent = response.file.size if response.file is not None else 0
+            self._server.requests_served += 1
+        except asyncio.CancelledError:
+            return
+        except ConnectionError:
+            keep_alive = False
+        finally:
+            self._task = None
+            self._observed(request, response.status, sent)
+        self._next_request(keep_alive)
+
+    async def _send_file(self, request: Request, response: Response, keep_alive: bool) -> None:
+        """Write a response whose body is a file (filesend.py): on plain TCP by `sendfile`
+        from a thread, under TLS copied through the transport a piece at a time. The file is
+        closed once sent, or the sending given up."""
+        transport, file = self._transport, response.file
+        assert transport is not None and file is not None
+        status = response.status
+        head = _response_head(
+            self._server.clock.prefix(status), response.headers, status, file.size, keep_alive
+        )
+        if self._closed or transport.is_closing():
+            file.close()
+            raise ConnectionResetError("client went away")
+        if request.method == "HEAD" or status in _NO_BODY:
+            file.close()
+            transport.write(head)
+            return
+        self._file_sending = True
+        try:
+            await filesend.send(transport, head, file, self._limits.idle_timeout_s, self._writable)
+        finally:
+            self._file_sending = False
+
+    async def _writable(self) -> None:
+        """Once the transport's write buffer is under its high-water mark."""
+        if self._can_write is not None:
+            await self._can_write.wait()
+
     def _switch(self, request: Request, response: SwitchProtocols) -> None:
         """Write the 101 and hand the connection to `response.connection` (from `_answer`,
         whose `finally` clears `_task`: the connection stays busy for the drain)."""
@@ -903,6 +1034,10 @@ class HttpProtocol(asyncio.Protocol):
         transport = self._transport
         assert transport is not None
         if isinstance(response, Response):
+            if response.file is not None:
+                await self._send_file(request, response, keep_alive)
+                sent[1] = response.file.size
+                return
             self._write_response(request, response, keep_alive)
             sent[1] = len(response.body)
             return
@@ -955,6 +1090,7 @@ class HttpProtocol(asyncio.Protocol):
         """Refuse a request we could not parse or accept, after the answers to the requests
         pipelined before it (reading nothing more meanwhile), then close the connection."""
         self._disarm()
+        self._drop_upload()
         self._give_body_charge()
         if self._closed or self._refusal is not None:
             return

@@ -211,6 +211,7 @@ async def run_worker(
             router.fast,
             budget=budget,
             body_check=router.body_check,
+            body_sink=router.body_sink,
             observe=router.observe,
             scheme="https" if tls else "http",
             require_client_certificate=requires_client_certificate(tls),

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from dirmq.errors import CorruptMessage, InvalidArgument
@@ -167,6 +167,19 @@ def decode(data: bytes, message_id: str | None = None) -> Decoded:
 def decode_parts(head_bytes: bytes, body: bytes, message_id: str | None = None) -> Decoded:
     """`decode` of a file read as its head (up to, without, the blank line) and its body: a
     large file's body read on its own is not copied out of the whole file's bytes."""
+    headers, system = decode_head(head_bytes, len(body), lambda: zlib.crc32(body), message_id)
+    return Decoded(headers, body, system)
+
+
+def decode_head(
+    head_bytes: bytes,
+    body_size: int,
+    body_crc: Callable[[], int],
+    message_id: str | None = None,
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(headers, system headers) of a file's head, checked as `decode_parts` checks a whole
+    file, against a body of `body_size` bytes whose CRC-32 `body_crc()` tells (asked only once
+    the length is right): a body left in its file is checked without being held."""
     try:
         head = head_bytes.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -191,13 +204,13 @@ def decode_parts(head_bytes: bytes, body: bytes, message_id: str | None = None) 
             headers[name] = value
     if version != str(FORMAT_VERSION):
         raise CorruptMessage(f"unknown or missing Dirmq-Format {version!r}")
-    if length is None or not length.isdigit() or int(length) != len(body):
-        raise CorruptMessage(f"body is {len(body)} bytes but Content-Length says {length!r}")
-    if crc is None or crc != f"{zlib.crc32(body):08x}":
+    if length is None or not length.isdigit() or int(length) != body_size:
+        raise CorruptMessage(f"body is {body_size} bytes but Content-Length says {length!r}")
+    if crc is None or crc != f"{body_crc():08x}":
         raise CorruptMessage("body checksum mismatch")
     if message_id is not None and system.get(ID, message_id) != message_id:
         raise CorruptMessage(
             f"the file holds message {system[ID][:80]!r}, not {message_id}: a recycled file's "
             "old content or a rename undone by a crash"
         )
-    return Decoded(headers, body, system)
+    return headers, system

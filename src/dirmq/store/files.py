@@ -25,6 +25,7 @@ from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import backlog as backlog_files
 from dirmq.store import deadletters, layout
 from dirmq.store.backlog import EPOCH_DIGITS, REFILL_BELOW, REFILL_CHUNK, SPILL_AT, Backlog
+from dirmq.store.bodyfiles import threshold as bodies_by_file_over
 from dirmq.store.capacity import Slots, read_slot
 from dirmq.store.claimtokens import ClaimTokens
 from dirmq.store.codec import Decoded
@@ -405,13 +406,17 @@ class QueueFiles:
         """The message leased as @leased/`lease`: None if it is corrupt (set aside now);
         FileNotFoundError if it is not there (deleted by id, or its lease moved on)."""
         target = self.path(layout.LEASED, lease)
+        # A get inside `bodyfiles.bodies_by_file` (the server's plain GET): large bodies stay
+        # in their files. Only here: what the store itself reads (a dead letter's rewrite, a
+        # peek) is always the bytes.
+        over = bodies_by_file_over()
         try:
-            decoded = read_message(target, message_id)
+            decoded = read_message(target, message_id, over)
         except CorruptMessage:
             if not self._context.shared:
                 self.quarantine(target, lease)
                 return None
-            reread = self._reread(target, message_id)
+            reread = self._reread(target, message_id, over)
             if reread is None:
                 self.quarantine(target, lease)
                 return None
@@ -429,7 +434,7 @@ class QueueFiles:
             dead=deadletters.from_system(decoded.system) if len(decoded.system) > 1 else None,
         )
 
-    def _reread(self, path: str, message_id: str) -> Decoded | None:
+    def _reread(self, path: str, message_id: str, over: int | None = None) -> Decoded | None:
         """On a shared filesystem, a file that did not decode is read again for up to
         `SHARED_REREAD_S` before it is called corrupt: this host's client may still serve
         bytes it read before another host wrote the file (docs/FORMAT.md, "Filesystems":
@@ -438,7 +443,7 @@ class QueueFiles:
         while time.monotonic() < deadline:
             time.sleep(0.1)
             try:
-                return read_message(path, message_id)
+                return read_message(path, message_id, over)
             except CorruptMessage:
                 continue
         return None

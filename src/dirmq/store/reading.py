@@ -5,8 +5,8 @@ A message file is read once or twice in its life (a get, maybe a peek), so each 
 few system calls as it can: `open` (O_NOATIME: no inode write per read), one `read` of up to
 `_FIRST_READ` bytes that decodes a whole small file, and for a larger one an `fstat` and one
 `pread` of the body, so the body is not copied out of the whole file's bytes (1x its size to
-deliver, not 3x). A file that holds another message, or fails its length or CRC check, is
-`CorruptMessage` (see codec.py).
+deliver, not 3x; none at all for a caller that sends it from the file: bodyfiles.py). A file
+that holds another message, or fails its length or CRC check, is `CorruptMessage` (codec.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import errno
 import os
 
 from dirmq.errors import CorruptMessage
-from dirmq.store import codec, layout
+from dirmq.store import bodyfiles, codec, layout
 from dirmq.store.deadletters import from_system
 from dirmq.store.ids import id_time_us
 from dirmq.store.layout import Entry
@@ -67,13 +67,14 @@ def read_at(dir_fd: int, name: str, message_id: str) -> codec.Decoded:
     return _decode_fd(_open_to_read(name, dir_fd), message_id)
 
 
-def read_message(path: str, message_id: str) -> codec.Decoded:
+def read_message(path: str, message_id: str, body_file_over: int | None = None) -> codec.Decoded:
     """Decode the file at `path`, named for `message_id`: one holding another message (see
-    codec.py) is `CorruptMessage`, like a damaged one."""
-    return _decode_fd(_open_to_read(path), message_id)
+    codec.py) is `CorruptMessage`, like a damaged one. A body of `body_file_over` bytes or more
+    is left in the file (`bodyfiles.FileBody`): only for a caller that sends it from there."""
+    return _decode_fd(_open_to_read(path), message_id, body_file_over)
 
 
-def _decode_fd(fd: int, message_id: str) -> codec.Decoded:
+def _decode_fd(fd: int, message_id: str, body_file_over: int | None = None) -> codec.Decoded:
     """Decode the file open as `fd`, and close it. One read takes a whole message file of up to
     `_FIRST_READ` bytes; when that does not decode, the rest is read before deciding."""
     try:
@@ -85,6 +86,11 @@ def _decode_fd(fd: int, message_id: str) -> codec.Decoded:
             # end, then decide.
             split = data.find(b"\n\n")
             if split >= 0 and len(data) == _FIRST_READ:
+                over = body_file_over
+                if over is not None:  # a caller that sends a large body from its file
+                    left = bodyfiles.decode_in_file(fd, data[:split], split + 2, message_id, over)
+                    if left is not None:
+                        return left
                 # A large file whose head we have: its body in one read of its own, so the
                 # body is not a copy out of the whole file's bytes (1x its size, not 3x).
                 body = _read_to_end(fd, split + 2)

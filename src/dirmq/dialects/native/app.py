@@ -50,6 +50,7 @@ from dirmq.server.access import OPEN, Access
 from dirmq.server.broker import Broker
 from dirmq.server.contract import (
     LATER,
+    BodySink,
     Later,
     Request,
     Respond,
@@ -154,8 +155,8 @@ class NativeApp(Dialect):
             return self._fast_ack(request, respond)
         if request.method == "GET":
             return self._fast_get(request, respond)
-        if request.method != "POST":
-            return None
+        if request.method != "POST" or request.upload is not None:
+            return None  # an uploaded body is published once written: `handlers.publish`
         route = self._fast_route(request, "messages", WRITE)
         if route is None:
             return None
@@ -231,7 +232,7 @@ class NativeApp(Dialect):
             if not _answer(respond, outcome, _delivery) and isinstance(outcome, list):
                 self.broker.give_back(queue, outcome)  # the client left while it was leased
 
-        self.broker.receive_nowait(queue, 1, None, settle, request.principal or None)
+        self.broker.receive_nowait(queue, 1, None, settle, request.principal or None, by_file=True)
         return LATER
 
     def body_check(
@@ -252,6 +253,23 @@ class NativeApp(Dialect):
         if refusal is None:
             return None
         return error_response(refusal)
+
+    def body_sink(self, head: Request, length: int) -> BodySink | None:
+        """A single-message publish's body goes to the message's file as it arrives
+        (`handlers.streamed_file`), for a principal that may publish there; anything it
+        cannot take (a batch, a dedup id, a queue with a capacity, any refusal) is read into
+        memory and answered the usual way."""
+        if head.method != "POST":
+            return None
+        route = self._fast_route(head, "messages", WRITE)
+        if route is None:
+            return None
+        try:
+            if head.query:
+                check_native(head.query, route.kind, "POST", "", head.path)
+            return native.streamed_file(native.read_publish(self.broker, head, route), length)
+        except (DirmqError, UnicodeDecodeError):
+            return None
 
     def public(self, request: Request) -> bool:
         path = request.path

@@ -45,10 +45,13 @@ from dirmq.errors import (
 from dirmq.server.broker import Broker
 from dirmq.server.contract import Request, Response
 from dirmq.server.errors import json_error
+from dirmq.server.queuecounts import PUBLISHED
 from dirmq.store import Durability, Message, OutgoingMessage, Queue
+from dirmq.store.bodyfiles import FileBody
 from dirmq.store.events import REASON_REJECTED
 from dirmq.store.ids import is_id
 from dirmq.store.layout import parse_receipt
+from dirmq.store.streamed import StreamedFile, streamable
 from dirmq.wire import messages as wire
 from dirmq.wire.durations import parse_duration
 
@@ -145,10 +148,35 @@ def published_response(publish: Publish, ids: list[str]) -> Response:
 
 async def publish(broker: Broker, request: Request, route: Route) -> Response:
     read = read_publish(broker, request, route)
+    if request.upload is not None:
+        return await _publish_streamed(broker, request, read)
     ids = await broker.publish(
         read.queue, read.messages, durability=read.durability, timeout_s=read.timeout_s
     )
     return published_response(read, ids)
+
+
+def streamed_file(read: Publish, length: int) -> StreamedFile | None:
+    """The file a publish's body of `length` bytes is written to as it arrives (its head
+    written), when it is one message with no dedup id for a queue that takes one
+    (`streamed.streamable`); None: the body is read into memory."""
+    if read.batch or read.messages[0].dedup_id is not None or not streamable(read.queue):
+        return None
+    message = read.messages[0]
+    return StreamedFile.create(read.queue, length, message.headers, message.group, read.durability)
+
+
+async def _publish_streamed(broker: Broker, request: Request, read: Publish) -> Response:
+    """A publish whose body went to its file as it arrived (`streamed_file`): published once
+    the last byte is written, as durably as any other (the runtime discards it otherwise)."""
+    assert request.upload is not None
+    sink = await request.upload.written()
+    if not isinstance(sink, StreamedFile):  # only `streamed_file` makes the native API's sinks
+        raise TypeError(f"a publish's body went to a {type(sink).__name__}")
+    delay_s = read.messages[0].delay_s
+    message_id = await broker.call(sink.publish, delay_s)
+    broker.moved(PUBLISHED, read.queue.name, 1)
+    return published(message_id)
 
 
 def too_large(
@@ -196,7 +224,12 @@ async def receive(broker: Broker, request: Request, route: Route) -> Response:
         raise InvalidArgument(f"wait must be at most {MAX_WAIT_S:.0f} s")
     visibility_s = _duration(request, "visibility", "x-visibility")
     messages = await broker.receive(
-        queue, max_count or 1, visibility_s, wait_s, consumer=request.principal or None
+        queue,
+        max_count or 1,
+        visibility_s,
+        wait_s,
+        consumer=request.principal or None,
+        by_file=max_count is None,  # one message: its body may be sent from its file
     )
     if not messages:
         return Response(204)
@@ -222,7 +255,12 @@ async def _browse(broker: Broker, queue: Queue, request: Request) -> Response:
 
 
 def message_response(message: Message) -> Response:
-    return Response(200, message.body, wire.delivery_headers(message))
+    """A message as the answer to a GET; a large body left in its file by the lease
+    (`Broker.receive(by_file=True)`) is sent from there."""
+    body = message.body
+    if isinstance(body, FileBody):
+        return Response(200, b"", wire.delivery_headers(message), file=body)
+    return Response(200, body, wire.delivery_headers(message))
 
 
 # What `state=` may say (a browse's, a purge's), and the store's name for it.
