@@ -229,7 +229,14 @@ class StreamedFile:
         if delay_s > 0:
             name = layout.timed_name(message_id, 0, now_ms() + round(delay_s * 1000), tag)
             return f"{files.dir[layout.DELAYED]}/{name}"
-        return f"{files.dir[layout.READY]}/{layout.ready_name(message_id, 0, tag)}"
+        name = layout.ready_name(message_id, 0, tag)
+        index = self.queue._view.index
+        if files.backlog.room(None if index is None else len(index.ready)) > 0:
+            files.backlog.published_into_ready(1)
+            return f"{files.dir[layout.READY]}/{name}"
+        # behind a long @ready, as every publish (backlog.py)
+        durable = self.queue._view.config.durability is not Durability.MEMORY
+        return f"{files.backlog.prepare(name, durable)}/{name}"
 
     def discard(self) -> None:
         """Remove the unpublished file (idempotent; a published one stays)."""
