@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 import dirmq
-from dirmq.store import backlog, codec, layout
+from dirmq.store import backlog, codec, fsio, layout
 from dirmq.store.census import queue_depth
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.ids import new_ids
@@ -307,3 +307,27 @@ def test_a_deep_queue_through_the_server(http: httpx.Client) -> None:
         got.append(answer.headers["x-message-id"])
         assert http.delete(f"/deep/messages/{answer.headers['x-receipt']}").status_code == 204
     assert got == sent
+
+
+def test_a_bucket_removed_under_a_publish_is_made_again(
+    store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refill that empties and removes the bucket a publisher has just made (between its
+    mkdir and the rename): the rename makes it again, and the message is stored once."""
+    q = store.create_queue("raced")
+    _fill(q, backlog.SPILL_AT)
+    real_name = fsio.PendingFile._name
+    removed: list[str] = []
+
+    def name_after_a_refill(pending: fsio.PendingFile) -> None:
+        bucket = os.path.dirname(pending.final_path)
+        if not removed and backlog.is_bucket_dir(os.path.relpath(bucket, q.path)):
+            os.rmdir(bucket)  # what a refill's removal of an emptied bucket does
+            removed.append(bucket)
+        real_name(pending)
+
+    monkeypatch.setattr(fsio.PendingFile, "_name", name_after_a_refill)
+    message_id = q.put(b"raced")
+    assert removed
+    assert [name for _, name in backlog.names(q.path)] == [message_id]
+    assert fsck(store.root, repair=False).ok

@@ -199,11 +199,12 @@ def test_fsck_leaves_a_lease_s_holder_alone_and_reports_strays(
     assert not foreign.exists()
 
 
-def test_a_root_of_format_1_is_marked_2(root: Path) -> None:
+@pytest.mark.parametrize("earlier", [1, 2])
+def test_a_root_of_an_earlier_format_is_marked_current(root: Path, earlier: int) -> None:
     root.mkdir(exist_ok=True)
-    (root / layout.ROOT_MARKER).write_text('{"format": 1, "access": "private"}\n')
+    (root / layout.ROOT_MARKER).write_text(f'{{"format": {earlier}, "access": "private"}}\n')
     dirmq.Store(root).close()
-    assert json.loads((root / layout.ROOT_MARKER).read_text())["format"] == 2
+    assert json.loads((root / layout.ROOT_MARKER).read_text())["format"] == 3
 
 
 _GETS_SCRIPT = textwrap.dedent(

@@ -62,7 +62,7 @@ def test_past_the_watch_limit_a_long_poll_still_gets_a_message(
     with dirmq.Store(root) as setup:
         setup.create_queue("watched")
         setup.create_queue("polled")
-    refused = _limit_watches(monkeypatch, allowed=6)  # one queue's four, then half of one
+    refused = _limit_watches(monkeypatch, allowed=7)  # one queue's five, then two of five
     monkeypatch.setattr(watch, "_last_warning", [-watch.WARN_EVERY_S])  # none warned yet
     gc.collect()  # an earlier test's unclosed Store must not give its watches back meanwhile
     before = inotify_watches()
@@ -75,7 +75,7 @@ def test_past_the_watch_limit_a_long_poll_still_gets_a_message(
             watched_fd = await broker.call(watched.fileno)
             polled = store.queue("polled")
             polled_fd = await broker.call(polled.fileno)  # no error: polled
-            assert inotify_watches() - before == 4  # the half-watched one gave back its two
+            assert inotify_watches() - before == 5  # the half-watched one gave back its two
             started = time.monotonic()
             waiting = asyncio.ensure_future(broker.receive(polled, 1, None, 20.0))
             await asyncio.sleep(0.3)
@@ -121,16 +121,16 @@ def test_queues_nobody_waits_on_give_their_watches_back(tmp_path: Path) -> None:
         queues = [store.create_queue(f"q{n}") for n in range(25)]
         for queue in queues:
             assert queue.get(1) == []  # used: watched, indexed
-        assert inotify_watches() - before == 4 * 25
+        assert inotify_watches() - before == 5 * 25
         woken: list[int] = []
         unsubscribe = queues[0].subscribe(lambda: woken.append(1))  # someone waits on q0
         assert store.release_idle(3600) == 0  # all used within the hour
         assert store.release_idle(0) == 24
-        assert inotify_watches() - before == 4
+        assert inotify_watches() - before == 5
         _publish_from_another_process(root, "q7", "after")
         (got,) = queues[7].get(1)  # a released queue builds its index again
         assert got.body == b"after"
-        assert inotify_watches() - before == 8
+        assert inotify_watches() - before == 10
         unsubscribe()
         assert store.release_idle(0) == 2
         assert inotify_watches() - before == 0
@@ -168,6 +168,6 @@ def test_the_server_gives_idle_queues_watches_back(
             store.close()
 
     touched, idle, bodies = asyncio.run(main())
-    assert touched == 40
-    assert idle == 4  # q0's, which a long poll waits on
+    assert touched == 50
+    assert idle == 5  # q0's, which a long poll waits on
     assert bodies == [b"woken"]

@@ -218,9 +218,15 @@ class Backlog:
         except FileExistsError:
             return bucket
         except FileNotFoundError:
-            self._make(self.dir, self.queue_dir, durable)
-            self._make(epoch_dir, self.dir, durable)
-            self._make(bucket, epoch_dir, durable)
+            for attempt in range(3):  # a refill may remove the epoch just made: again
+                self._make(self.dir, self.queue_dir, durable)
+                self._make(epoch_dir, self.dir, durable)
+                try:
+                    self._make(bucket, epoch_dir, durable)
+                    return bucket
+                except FileNotFoundError:
+                    if attempt == 2:
+                        raise
             return bucket
         except OSError as exc:
             raise storage_error(exc, f"making backlog bucket {bucket}") from exc

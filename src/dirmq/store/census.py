@@ -3,7 +3,7 @@
 `Queue.stats` counts from the queue's index, which a process builds on first use (a listing of
 every state directory, recovery of what crashed processes left) and keeps with inotify watches
 for as long as the queue is open. A census of a whole root (a metrics scrape) must not do that
-to every queue: it would keep four watches and an index per queue for the process's lifetime.
+to every queue: it would keep five watches and an index per queue for the process's lifetime.
 Here each queue costs four directory listings and nothing stays behind: the names say it all
 (layout.py): a ready name is its message id (publish time first), a lease or a delay carries its
 deadline or due time. The counts are those `Queue.stats` gives (expired leases and due delays

@@ -190,6 +190,9 @@ class PendingFile:
     final_path: str
     open: bool = True
     tmp_dir: DirHandle | None = None
+    # Makes the final directory again when the rename finds it gone (a backlog bucket a
+    # refill emptied and removed between its making and this rename: backlog.py).
+    make_dir: Callable[[], object] | None = None
 
     @property
     def message_id(self) -> str:
@@ -225,16 +228,28 @@ class PendingFile:
         return os.open(self.tmp_path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
 
     def publish(self) -> None:
-        """Give the file its final name (EEXIST/ENOENT propagate), then close it."""
+        """Give the file its final name (EEXIST/ENOENT propagate), then close it. With
+        `make_dir`, a final directory found gone is made again and the name given once more,
+        up to three times."""
         try:
-            if self.tmp_path is None:
-                _link_fd(self.fd, self.final_path)
-            elif self.tmp_dir is not None:
-                os.rename(self.tmp_path, self.final_path, src_dir_fd=self.tmp_dir.fd)
-            else:
-                os.rename(self.tmp_path, self.final_path)
+            for attempt in range(4):
+                try:
+                    self._name()
+                    return
+                except FileNotFoundError:
+                    if self.make_dir is None or attempt == 3:
+                        raise
+                    self.make_dir()
         finally:
             self.close()
+
+    def _name(self) -> None:
+        if self.tmp_path is None:
+            _link_fd(self.fd, self.final_path)
+        elif self.tmp_dir is not None:
+            os.rename(self.tmp_path, self.final_path, src_dir_fd=self.tmp_dir.fd)
+        else:
+            os.rename(self.tmp_path, self.final_path)
 
     def detach(self, tmp_dir: str, tmp_name: str) -> None:
         """Close the descriptor now and keep the file by a name until it is published, so a

@@ -14,6 +14,7 @@ stored or none is. Dedup records are written after the message (see dedup.py).
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import time
 from collections.abc import Iterable
@@ -152,11 +153,12 @@ class Publisher:
         order. A batch that lost a backlog bucket to a refill that emptied and removed it
         between its making and the rename (backlog.py) is written once more: nothing of the
         first try is left."""
-        try:
-            return self._publish_once(outgoing, config, level, timeout_s)
-        except QueueNotFound:
-            if not os.path.exists(os.path.join(self._files.queue_dir, layout.CONFIG_FILE)):
-                raise
+        for _attempt in range(2):
+            try:
+                return self._publish_once(outgoing, config, level, timeout_s)
+            except QueueNotFound:
+                if not os.path.exists(os.path.join(self._files.queue_dir, layout.CONFIG_FILE)):
+                    raise
         return self._publish_once(outgoing, config, level, timeout_s)
 
     def _publish_once(
@@ -270,6 +272,7 @@ class Publisher:
         `spill`: into the backlog's bucket of its id rather than @ready (backlog.py)."""
         delay_s = config.delay_s if message.delay_s is None else message.delay_s
         tag = None if message.group is None else layout.group_tag(message.group)
+        make_dir = None
         try:
             if delay_s > 0:
                 due_ms = at_ms + round(delay_s * 1000)
@@ -279,6 +282,7 @@ class Publisher:
                 name = layout.ready_name(message_id, 0, tag)
                 durable = config.durability is not Durability.MEMORY
                 final = f"{self._files.backlog.prepare(name, durable)}/{name}"
+                make_dir = functools.partial(self._files.backlog.prepare, name, durable)
             else:
                 final = f"{self._files.dir[layout.READY]}/{layout.ready_name(message_id, 0, tag)}"
             if self._context.shared:
@@ -293,6 +297,8 @@ class Publisher:
                     pending = create_pending(tmp_dir, tmp_name, final, data, self._context.access)
             if not keep_open:
                 pending.detach(tmp_dir, layout.tmp_name(message_id))
+            if spill:
+                pending.make_dir = make_dir
             return pending
         except FileNotFoundError:
             raise QueueNotFound.missing(self.name) from None

@@ -9,7 +9,7 @@ directories. inotify's own queue overflow also degrades to one `RESCAN`.
 inotify is a per-user budget: 128 instances and `fs.inotify.max_user_watches` watches (8,192 on
 many kernels), shared by every process of the user. A queue that cannot get its watches (ENOSPC,
 EMFILE, ENOMEM) is polled instead, with a warning, never refused: it answers as a queue on NFS
-does, its waiters woken within `poll_interval_s`. Watches are four per queue a process keeps
+does, its waiters woken within `poll_interval_s`. Watches are five per queue a process keeps
 open; `Store.release_idle` gives back those of queues nobody waits on.
 """
 
