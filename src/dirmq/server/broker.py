@@ -392,6 +392,11 @@ class Broker:
             self.moved(DELIVERED, queue.name, len(got))
         return got
 
+    def waiting_polls(self) -> dict[str, int]:
+        """The waiter line of each queue this worker keeps, and how many polls wait in it: a
+        line is forgotten once its last poll has left (never a 0 here for long)."""
+        return {name: line.waiting() for name, line in self._receivers.items()}
+
     def _forget_receiver(self, receiver: LongPolls) -> None:
         """`receiver`'s last waiter left: a queue polled once is not kept for good."""
         if self._receivers.get(receiver.queue.name) is receiver:

@@ -75,6 +75,10 @@ class LongPolls:
         self._again = False  # woken while a dispatch (or the arming) was under way
         self._wake_pending = False  # a `_woken` is scheduled (set from any thread)
 
+    def waiting(self) -> int:
+        """Polls waiting in this line now."""
+        return sum(not waiter.future.done() for waiter in self._waiters)
+
     async def wait(
         self,
         max_count: int,
