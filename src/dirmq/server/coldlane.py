@@ -30,7 +30,7 @@ LANES = 2
 # Calls a lane takes at a time: a turn of the event loop runs at most LANES * BATCH of them
 # (a few ms of a pool thread's work), so deliveries and requests are not starved of the CPU
 # and the GIL by a burst of first uses.
-BATCH = 8
+BATCH = 16
 Done = Callable[[Any, BaseException | None], None]
 
 
@@ -44,6 +44,7 @@ class ColdLane:
         self._running = 0  # lanes submitted and not yet ended (changed on the loop only)
         self._calls: deque[tuple[Callable[[], Any], Done]] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._start_scheduled = False
 
     def submit(self, call: Callable[[], Any], done: Done) -> None:
         """Run `call()` on the cold line; `done(result, None)`, or `done(None, error)`, on the
@@ -51,7 +52,9 @@ class ColdLane:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         self._calls.append((call, done))
-        self._start_lanes()
+        if not self._start_scheduled:  # at the end of this turn: its calls in one batch
+            self._start_scheduled = True
+            self._loop.call_soon(self._start_lanes)
 
     async def run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """`fn(*args, **kwargs)` on the cold line, awaited."""
@@ -60,6 +63,7 @@ class ColdLane:
         return await future
 
     def _start_lanes(self) -> None:
+        self._start_scheduled = False
         calls = self._calls
         while self._running < self._lanes and calls:
             batch = [calls.popleft() for _ in range(min(BATCH, len(calls)))]
