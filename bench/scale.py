@@ -215,19 +215,22 @@ async def _publish_and_wait(
     )
     started = time.perf_counter()
     writer.write(request.encode() + BODY)
-    stored_at: list[float] = []
-    stored = asyncio.create_task(reader.readline())
-    stored.add_done_callback(lambda _: stored_at.append(time.perf_counter()))
+
+    async def stored_answer() -> tuple[bytes, float]:
+        line = await reader.readline()
+        return line, time.perf_counter()
+
+    stored = asyncio.create_task(stored_answer())
     async with asyncio.timeout(60):
         status = await answer
         seconds = time.perf_counter() - started
-        published = await stored
+        published, stored_at = await stored
     writer.close()
     if b" 200 " not in status:
         raise RuntimeError(f"the poll on {name} answered {status!r} to a publish")
     if b" 201 " not in published:
         raise RuntimeError(f"the publish to {name} answered {published!r}")
-    return seconds, stored_at[0] - started
+    return seconds, stored_at - started
 
 
 async def burst(port: int, pids: list[int], names: list[str], probe: bool) -> dict[str, float]:
