@@ -195,3 +195,61 @@ def test_a_delivery_does_not_wait_for_a_burst_of_registrations(
         assert all(store.queue(name).release_if_idle(later) for name in ["first", *names])
     finally:
         store.close()
+
+
+def test_first_uses_take_two_pool_threads_at_most(root: Path) -> None:
+    """Polls on 40 queues this process has no index of: their first looks run off the event
+    loop, never more than two at once (the cold lane), and meanwhile the pool still runs other
+    calls at once (a publish's or delivery's would not wait behind them)."""
+    names = [f"cold-{n}" for n in range(40)]
+    with dirmq.Store(root) as setup:
+        for name in names:
+            setup.create_queue(name)
+    store = dirmq.Store(root)
+    inside = [0]
+    most = [0]
+    threads: set[int] = set()
+    lock = threading.Lock()
+    release = threading.Event()
+    real = dirmq.Queue.subscribe
+
+    def counted(self: dirmq.Queue, listener: Any) -> Any:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            threads.add(threading.get_ident())
+        try:
+            release.wait(30)
+            return real(self, listener)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    async def main() -> tuple[int, list[list[dirmq.Message]]]:
+        broker = Broker(store)
+        try:
+            polls = [
+                asyncio.ensure_future(broker.receive(store.queue(name), 1, 30, 30))
+                for name in names
+            ]
+            while inside[0] < 2:  # both lanes are held
+                await asyncio.sleep(0.01)
+            assert await broker.call(lambda: "free") == "free"  # the rest of the pool is
+            release.set()
+            for name in names:
+                await broker.call(store.queue(name).put, name.encode())
+            async with asyncio.timeout(30):
+                return threading.get_ident(), await asyncio.gather(*polls)
+        finally:
+            release.set()
+            broker.close()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dirmq.Queue, "subscribe", counted)
+        try:
+            loop_thread, got = asyncio.run(main())
+        finally:
+            store.close()
+    assert [[m.body for m in messages] for messages in got] == [[n.encode()] for n in names]
+    assert most[0] == 2
+    assert loop_thread not in threads
