@@ -7,6 +7,7 @@ full form):
                                                        # 1 KiB/1 MiB/64 MiB bodies
     .venv/bin/python -m bench.scale --quick            # 1k/10k deep, 10/100 queues, 1 KiB/1 MiB
     .venv/bin/python -m bench.scale --parts deep,bodies --json /tmp/scale.json
+    .venv/bin/python -m bench.scale --parts queues --queues 5000   # the issue's 5,000 polls
 
 It builds its roots under a fresh temp dir (`--dir`, default /tmp: the disk) and removes it at
 the end, also on an error or Ctrl-C; every process it starts is stopped by PID.
@@ -34,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -201,20 +203,34 @@ async def _open_poll(port: int, name: str, wait_s: int) -> tuple[asyncio.Task[by
     return asyncio.create_task(reader.readline()), writer
 
 
-async def _publish_and_wait(port: int, name: str, answer: asyncio.Task[bytes]) -> float:
-    """Publish one message to `name`; seconds from sending it to its poll's status line."""
-    _, writer = await asyncio.open_connection(HOST, port)
+async def _publish_and_wait(
+    port: int, name: str, answer: asyncio.Task[bytes]
+) -> tuple[float, float]:
+    """Publish one message to `name`; seconds from sending it to its poll's status line, and
+    to the publish's own answer (the server read and stored it: what came before that is the
+    server's backlog of connections to read, not the delivery's)."""
+    reader, writer = await asyncio.open_connection(HOST, port)
     request = (
         f"POST /{name}/messages HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: {len(BODY)}\r\n\r\n"
     )
     started = time.perf_counter()
     writer.write(request.encode() + BODY)
-    status = await asyncio.wait_for(answer, timeout=60)
-    seconds = time.perf_counter() - started
+
+    async def stored_answer() -> tuple[bytes, float]:
+        line = await reader.readline()
+        return line, time.perf_counter()
+
+    stored = asyncio.create_task(stored_answer())
+    async with asyncio.timeout(60):
+        status = await answer
+        seconds = time.perf_counter() - started
+        published, stored_at = await stored
     writer.close()
     if b" 200 " not in status:
         raise RuntimeError(f"the poll on {name} answered {status!r} to a publish")
-    return seconds
+    if b" 201 " not in published:
+        raise RuntimeError(f"the publish to {name} answered {published!r}")
+    return seconds, stored_at - started
 
 
 async def burst(port: int, pids: list[int], names: list[str], probe: bool) -> dict[str, float]:
@@ -225,14 +241,14 @@ async def burst(port: int, pids: list[int], names: list[str], probe: bool) -> di
     cpu_before = cpu_seconds(pids)
     started = time.perf_counter()
     polls: list[tuple[asyncio.Task[bytes], Any]] = []
-    delivery: asyncio.Task[float] | None = None
+    delivery: asyncio.Task[tuple[float, float]] | None = None
     try:
         for i, name in enumerate(names):
             polls.append(await _open_poll(port, name, 600))
             if probe and i == len(names) // 2:
                 delivery = asyncio.create_task(_publish_and_wait(port, names[0], polls[0][0]))
         sent_s = time.perf_counter() - started
-        latency = await delivery if delivery is not None else float("nan")
+        latency, stored = await delivery if delivery is not None else (math.nan, math.nan)
         deadline, last = time.monotonic() + STEP_BUDGET_S, cpu_seconds(pids)
         while time.monotonic() < deadline:
             await asyncio.sleep(0.2)
@@ -245,7 +261,13 @@ async def burst(port: int, pids: list[int], names: list[str], probe: bool) -> di
         if answered:
             first = answered[0].result() if not answered[0].exception() else answered[0]
             raise RuntimeError(f"{len(answered)} polls answered with nothing published: {first!r}")
-        return {"polls": len(names), "server_cpu_s": cpu, "sent_s": sent_s, "delivery_s": latency}
+        return {
+            "polls": len(names),
+            "server_cpu_s": cpu,
+            "sent_s": sent_s,
+            "delivery_s": latency,
+            "stored_s": stored,  # to the publish's 201: the server had read it
+        }
     finally:
         for task, writer in polls:
             task.cancel()
@@ -288,7 +310,7 @@ def queues(procs: Processes, workdir: Path, counts: list[int], report: Report) -
             f"queues: {count:,}",
             "publish during the burst",
             f"{1000 * distinct['delivery_s']:.1f} ms",
-            "to its poll's answer",
+            f"to its poll's answer ({1000 * distinct['stored_s']:.1f} ms to its own 201)",
         )
     rows = []
     for count, r in results.items():
@@ -299,7 +321,9 @@ def queues(procs: Processes, workdir: Path, counts: list[int], report: Report) -
         cpu, one_cpu, ms = d["server_cpu_s"], o["server_cpu_s"], 1000 * d["delivery_s"]
         rows.append([f"{count:,}", f"{d['polls']:,}", f"{cpu:.3f}", f"{one_cpu:.3f}"])
         rows[-1] += ["-" if ratio is None else f"{ratio:.2f}x", f"{ms:.1f}"]
+        rows[-1] += [f"{1000 * d['stored_s']:.1f}"]
     header = ["queues", "polls", "CPU s, distinct", "CPU s, one queue", "ratio", "delivery ms"]
+    header += ["its 201 ms"]
     table("queues: long polls, the server's CPU to register them", header, rows)
     top = results[counts[-1]]["distinct"]
     polls = int(top["polls"])
@@ -439,6 +463,11 @@ def main(argv: list[str] | None = None) -> int:
         "--parts", default=",".join(PARTS), help=f"comma-separated, of {','.join(PARTS)}"
     )
     parser.add_argument(
+        "--queues",
+        help="queue counts of the queues part, comma-separated (e.g. 5000: 5,000 polls on "
+        "5,000 queues), in place of the form's",
+    )
+    parser.add_argument(
         "--dir", default="/tmp", help="where the temp dir of roots goes (default /tmp)"
     )
     parser.add_argument(
@@ -449,7 +478,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         parser.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
-    sizes = QUICK if args.quick else FULL
+    sizes = dict(QUICK if args.quick else FULL)
+    if args.queues:
+        try:
+            sizes["queues"] = [int(n.replace("_", "")) for n in args.queues.split(",")]
+        except ValueError:
+            parser.error(f"--queues takes whole numbers, comma-separated; got {args.queues!r}")
     procs, report = Processes(), Report()
     out: dict[str, Any] = {"machine": machine_basics(), "quick": args.quick, "dir": args.dir}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up as on Ctrl-C

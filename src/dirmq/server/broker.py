@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 
 from dirmq.errors import DirmqError, QueueFull
 from dirmq.server.batcher import Batcher
+from dirmq.server.coldlane import ColdLane
 from dirmq.server.longpolls import LongPolls
 from dirmq.server.publish_line import Publish, PublishLine, Settle, resolve
 from dirmq.server.queuecounts import ACKED, DELIVERED, KINDS, NACKED, PUBLISHED, QueueCounts
@@ -96,6 +97,7 @@ class Broker:
         # By queue (the console's rates); the Store's events count there too (`serve.py`).
         self.queue_counts = queue_counts or QueueCounts()
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="dirmq-store")
+        self._cold = ColdLane(self._executor.submit)  # first uses of queues: see `settle_call`
         self._release_timer: asyncio.TimerHandle | None = None
         self._publishers: dict[str, PublishLine] = {}
         self._receivers: dict[str, LongPolls] = {}
@@ -143,6 +145,41 @@ class Broker:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
 
+    def runs_here(self, queue: Queue, messages: int) -> bool:
+        """Whether a lease or settle call of `queue` on `messages` messages runs on the event
+        loop now (`settle_call`): a local filesystem, at most `INLINE_MAX_MESSAGES`, an index
+        this process holds, and no stall lately."""
+        return (
+            messages <= INLINE_MAX_MESSAGES
+            and self._inline
+            and queue.indexed()
+            and self._on_pool_until <= time.monotonic()
+        )
+
+    def call_here(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """`fn(*args, **kwargs)` on the event loop, now (`runs_here` said so): one slower than
+        `INLINE_STALL_S` sends such calls to the pool for `POOL_AFTER_STALL_S`."""
+        began = time.monotonic()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            ended = time.monotonic()
+            if ended - began > INLINE_STALL_S:
+                self._on_pool_until = ended + POOL_AFTER_STALL_S
+                log.info(
+                    "a %s took %.0f ms on the event loop: lease and settle calls run on the "
+                    "pool for %.0f s",
+                    getattr(fn, "__name__", "store call"),
+                    (ended - began) * 1000,
+                    POOL_AFTER_STALL_S,
+                )
+
+    def first_use(
+        self, call: Callable[[], Any], done: Callable[[Any, BaseException | None], None]
+    ) -> None:
+        """`call()` on the cold lane (coldlane.py), `done(result, error)` on the event loop."""
+        self._cold.submit(call, done)
+
     async def settle_call(
         self,
         queue: Queue,
@@ -157,29 +194,15 @@ class Broker:
         17% faster, with 15% less server CPU a message). A call slower than `INLINE_STALL_S` (a
         stalled disk) sends every such call to the pool for `POOL_AFTER_STALL_S`, so a slow
         disk does not hold up every connection of the worker. On a shared filesystem (a network
-        round trip a rename), for more than `INLINE_MAX_MESSAGES`, and while this process has
-        no index of the queue (its first use lists the queue's directories: on a deep backlog,
-        seconds), always the pool."""
-        if (
-            messages > INLINE_MAX_MESSAGES
-            or not self._inline
-            or not queue.indexed()
-            or self._on_pool_until > (began := time.monotonic())
-        ):
+        round trip a rename) and for more than `INLINE_MAX_MESSAGES`, the pool; while this
+        process has no index of the queue (its first use lists the queue's directories: on a
+        deep backlog, seconds), the pool's cold lane, so that a burst of first uses does not
+        hold up the calls of queues in use."""
+        if not queue.indexed():
+            return await self._cold.run(fn, *args, **kwargs)
+        if not self.runs_here(queue, messages):
             return await self.call(fn, *args, **kwargs)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            ended = time.monotonic()
-            if ended - began > INLINE_STALL_S:
-                self._on_pool_until = ended + POOL_AFTER_STALL_S
-                log.info(
-                    "a %s took %.0f ms on the event loop: lease and settle calls run on the "
-                    "pool for %.0f s",
-                    getattr(fn, "__name__", "store call"),
-                    (ended - began) * 1000,
-                    POOL_AFTER_STALL_S,
-                )
+        return self.call_here(fn, *args, **kwargs)
 
     async def settle_chunks(
         self,
@@ -334,6 +357,11 @@ class Broker:
         run to two consumers; the wait is the same. `by_file`: a large body may come as a
         `FileBody` (`lease`), which the caller sends and closes (not from a long poll's
         wait: those bodies are read)."""
+        if (wait_s is None or wait_s > 0) and not queue.indexed() and not self.closing:
+            # A queue this worker has no index of (the thousands a restart's consumers poll
+            # at once): the waiter line's first look is its get, made in one call on the cold
+            # lane with the line's subscription, rather than a get of its own and then that.
+            return await self._wait(queue, max_count, visibility_s, wait_s, max_per_group, consumer)
         first: asyncio.Future[list[Message]]
         if max_per_group == 1:
             first = self._getter(queue).submit((max_count, visibility_s, consumer, by_file))
@@ -357,13 +385,36 @@ class Broker:
             if got:
                 self.moved(DELIVERED, queue.name, len(got))
             return got
+        return await self._wait(queue, max_count, visibility_s, wait_s, max_per_group, consumer)
+
+    async def _wait(
+        self,
+        queue: Queue,
+        max_count: int,
+        visibility_s: float | None,
+        wait_s: float | None,
+        max_per_group: int | None,
+        consumer: str | None,
+    ) -> list[Message]:
+        """`receive`'s wait in the queue's waiter line (longpolls.py)."""
         receiver = self._receivers.get(queue.name)
         if receiver is None or receiver.queue is not queue:
-            receiver = self._receivers[queue.name] = LongPolls(self, queue)
+            receiver = LongPolls(self, queue, self._forget_receiver)
+            self._receivers[queue.name] = receiver
         got = await receiver.wait(max_count, visibility_s, wait_s, max_per_group, consumer)
         if got:
             self.moved(DELIVERED, queue.name, len(got))
         return got
+
+    def waiting_polls(self) -> dict[str, int]:
+        """The waiter line of each queue this worker keeps, and how many polls wait in it: a
+        line is forgotten once its last poll has left (never a 0 here for long)."""
+        return {name: line.waiting() for name, line in self._receivers.items()}
+
+    def _forget_receiver(self, receiver: LongPolls) -> None:
+        """`receiver`'s last waiter left: a queue polled once is not kept for good."""
+        if self._receivers.get(receiver.queue.name) is receiver:
+            del self._receivers[receiver.queue.name]
 
     def receive_nowait(
         self,
@@ -504,7 +555,7 @@ class Broker:
         if self._hub_fd is not None:
             asyncio.get_running_loop().remove_reader(self._hub_fd)
             self._hub_fd = None
-        for receiver in self._receivers.values():
+        for receiver in list(self._receivers.values()):  # each forgets itself
             receiver.release_all()
         self._executor.shutdown(wait=False, cancel_futures=False)
 

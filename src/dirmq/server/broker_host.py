@@ -35,6 +35,29 @@ class BrokerHost(Protocol):
         """A blocking store call, awaited from the pool."""
         ...
 
+    def runs_here(self, queue: Queue, messages: int) -> bool:
+        """Whether a lease or settle call of `queue` on `messages` messages runs on the event
+        loop now (else on the pool, or its cold lane while the queue has no index)."""
+        ...
+
+    def call_here(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """`fn(*args, **kwargs)` on the event loop, now, timed (`runs_here` said so)."""
+        ...
+
+    def first_use(
+        self, call: Callable[[], Any], done: Callable[[Any, BaseException | None], None]
+    ) -> None:
+        """`call()` on the pool's cold lane (a queue this worker is taking up: coldlane.py);
+        `done(result, None)` or `done(None, error)` on the event loop."""
+        ...
+
+    async def settle_call(
+        self, queue: Queue, messages: int, fn: Callable[..., T], *args: object, **kwargs: object
+    ) -> T:
+        """A lease or settle call of `queue` on `messages` messages: on the event loop if
+        `runs_here`, else on the pool (its cold lane while the queue has no index)."""
+        ...
+
     async def lease(
         self,
         queue: Queue,

@@ -1,14 +1,23 @@
-"""Long polls. A waiting receive is a future in the queue's waiter line, not a thread: thousands
-cost a few KiB each. One task per queue with waiters sleeps on the queue's inotify descriptor
-(any process's publish, nack or expiry wakes it) or until the next lease or delay falls due,
-then leases messages for the waiters in arrival order. Messages leased for a waiter that gave up
-meanwhile are handed back at once.
+"""Long polls. A waiting receive is a future in its queue's waiter line, not a thread, and a
+line that waits is a subscription to its queue's changes and a timer, not a task: thousands of
+polls on thousands of queues cost a few KiB each and nothing while nothing happens.
+
+A line is armed by its first waiter: subscribed to the queue's inotify descriptor (any
+process's publish, nack or expiry calls it), told when the next lease or delay falls due, and
+given a first look (a change before the subscription would go unnoticed). On a local disk, with
+the queue's index at hand, that is a few calls on the event loop, as a lease is
+(`Broker.runs_here`); else one call on the pool's cold lane (coldlane.py), which a burst of
+registrations shares without standing in the way of deliveries. A change (or the timer) starts
+a dispatch: messages leased for the waiters in arrival order, on the event loop or the pool as
+a lease would be (the pool while the queue is polled: its look may list the queue's
+directories). Messages leased for a waiter that gave up meanwhile go to the next waiter that
+leases alike, else back at once. A line whose last waiter left unsubscribes and is forgotten.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import itertools
 from collections import deque
 from collections.abc import Callable
@@ -18,6 +27,7 @@ from dirmq.server.broker_host import BrokerHost
 from dirmq.store import Message, Queue
 
 IDLE_RECHECK_S = 30.0
+_IDLE, _ARMING, _ARMED = "idle", "arming", "armed"
 
 
 @dataclass(slots=True)
@@ -29,6 +39,16 @@ class _Waiter:
     consumer: str | None = None  # whom the leases name as their holder (`Queue.get`)
 
 
+@dataclass(frozen=True, slots=True)
+class _Armed:
+    """What arming a line found out (`_subscribe_and_look`)."""
+
+    unsubscribe: Callable[[], None]
+    polled: bool
+    due_s: float | None
+    got: list[Message]
+
+
 def _expire(future: asyncio.Future[list[Message]]) -> None:
     """A long poll's wait is over: it answers empty (unless messages got there first)."""
     if not future.done():
@@ -36,11 +56,28 @@ def _expire(future: asyncio.Future[list[Message]]) -> None:
 
 
 class LongPolls:
-    def __init__(self, broker: BrokerHost, queue: Queue) -> None:
+    """The waiter line of one queue. `ended` is called when its last waiter has left and it
+    has unsubscribed: the broker forgets it."""
+
+    def __init__(
+        self, broker: BrokerHost, queue: Queue, ended: Callable[[LongPolls], None]
+    ) -> None:
         self.broker = broker
         self.queue = queue
+        self._ended = ended
+        self._loop = asyncio.get_running_loop()
         self._waiters: deque[_Waiter] = deque()
-        self._task: asyncio.Task[None] | None = None
+        self._state = _IDLE
+        self._unsubscribe: Callable[[], None] | None = None
+        self._polled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._dispatch_task: asyncio.Task[None] | None = None
+        self._again = False  # woken while a dispatch (or the arming) was under way
+        self._wake_pending = False  # a `_woken` is scheduled (set from any thread)
+
+    def waiting(self) -> int:
+        """Polls waiting in this line now."""
+        return sum(not waiter.future.done() for waiter in self._waiters)
 
     async def wait(
         self,
@@ -50,18 +87,18 @@ class LongPolls:
         max_per_group: int | None = 1,
         consumer: str | None = None,
     ) -> list[Message]:
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         waiter = _Waiter(max_count, visibility_s, loop.create_future(), max_per_group, consumer)
         self._waiters.append(waiter)
-        if self._task is None or self._task.done():
-            self._task = loop.create_task(self._watch())
+        if self._state is _IDLE:
+            self._arm()
         # A parked poll is just this future and one timer: thousands must stay cheap.
         future = waiter.future
         timer = None if wait_s is None else loop.call_later(wait_s, _expire, future)
         try:
             got = await future  # cancelling the request cancels the future: see _give_up
         except asyncio.CancelledError:
-            await self._give_up(waiter)
+            self._give_up(waiter)
             raise
         finally:
             if timer is not None:
@@ -75,73 +112,138 @@ class LongPolls:
             self._waiters.remove(waiter)
         except ValueError:
             pass
+        self._retire_if_unwaited()
 
-    async def _give_up(self, waiter: _Waiter) -> None:
+    def _give_up(self, waiter: _Waiter) -> None:
         if waiter.future.done() and not waiter.future.cancelled():
             if waiter.future.exception() is None:
                 self.broker.give_back(self.queue, waiter.future.result())
         else:
             waiter.future.cancel()
-        try:
-            self._waiters.remove(waiter)
-        except ValueError:
-            pass
+        self._forget(waiter)
 
     def release_all(self) -> None:
+        """Answer every waiter with nothing (the broker is closing) and unsubscribe."""
         for waiter in self._waiters:
             if not waiter.future.done():
                 waiter.future.set_result([])
         self._waiters.clear()
+        self._retire_if_unwaited()
 
-    async def _watch(self) -> None:
-        loop = asyncio.get_running_loop()
-        woken = asyncio.Event()
+    # -- arming: subscribed, due time known, a first look ---------------------------------------
+    def _arm(self) -> None:
+        self._state = _ARMING
+        self._again = False
+        head = self._waiters[0]
+        look = functools.partial(
+            _subscribe_and_look,
+            self.queue,
+            self._notice,
+            head.max_count,
+            head.visibility_s,
+            head.max_per_group,
+            head.consumer,
+        )
+        if self.broker.runs_here(self.queue, head.max_count):
+            try:
+                armed = self.broker.call_here(look)
+            except Exception as exc:
+                self._armed(head, None, exc)
+            else:
+                self._armed(head, armed, None)
+        else:
+            self.broker.first_use(look, functools.partial(self._armed, head))
 
-        def notice() -> None:  # called by whichever thread pumps the store's inotify
-            loop.call_soon_threadsafe(woken.set)
+    def _armed(self, head: _Waiter, armed: _Armed | None, error: BaseException | None) -> None:
+        if error is not None or armed is None:
+            self._state = _IDLE
+            self._fail(error or RuntimeError("arming a long poll line returned nothing"))
+            return
+        if self._state is not _ARMING:  # every waiter left (or the broker closed) meanwhile
+            armed.unsubscribe()
+            self.broker.give_back(self.queue, armed.got)
+            return
+        self._state = _ARMED
+        self._unsubscribe = armed.unsubscribe
+        self._polled = armed.polled
+        self.broker.watch_store()  # the store's inotify read here, so that `_notice` is called
+        if armed.got:
+            self._hand_out(head, armed.got)
+        if not self._live_waiters():
+            self._retire_if_unwaited()
+            return
+        self._set_timer(armed.due_s)
+        if armed.got or self._again:  # maybe more for the next waiters; or a change since
+            self._woken()
 
-        unsubscribe: Callable[[], None] | None = None
+    # -- waking: a change, or the timer ----------------------------------------------------------
+    def _notice(self) -> None:
+        """The queue may have changed (called by whichever thread pumps the store's inotify)."""
+        if self._wake_pending:
+            return  # a `_woken` is scheduled and has not begun: it will see this change too
+        self._wake_pending = True
         try:
-            unsubscribe = await self.broker.call(self.queue.subscribe, notice)
-            woken.set()  # a change between a waiter's first look and our subscribing is missed
-            polling = await self.broker.call(self.queue.polled)
-            self.broker.watch_store()
-            idle = self.broker.store.poll_interval_s if polling else IDLE_RECHECK_S
-            while self._live_waiters():
-                due = await self.broker.call(self.queue.next_due_s)
-                timeout = idle if due is None else min(due + 0.001, idle)
-                with contextlib.suppress(TimeoutError):  # cancellable, unlike 3.11's `wait_for`
-                    async with asyncio.timeout(timeout):
-                        await woken.wait()
-                woken.clear()
-                await self._dispatch()
+            self._loop.call_soon_threadsafe(self._woken)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    def _woken(self) -> None:
+        self._wake_pending = False
+        if self._state is not _ARMED or self._dispatch_task is not None:
+            self._again = True
+            return
+        self._dispatch_task = self._loop.create_task(self._dispatch())
+
+    def _set_timer(self, due_s: float | None) -> None:
+        idle = self.broker.store.poll_interval_s if self._polled else IDLE_RECHECK_S
+        timeout = idle if due_s is None else min(due_s + 0.001, idle)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_later(timeout, self._woken)
+
+    async def _dispatch(self) -> None:
+        try:
+            while self._state is _ARMED:
+                self._again = False
+                while self._live_waiters():
+                    waiter = self._waiters[0]
+                    got = await self._lease(waiter)
+                    if not got:
+                        break
+                    self._hand_out(waiter, got)
+                if not self._live_waiters():
+                    self._retire_if_unwaited()
+                    return
+                if self._polled:
+                    due_s = await self.broker.call(self.queue.next_due_s)
+                else:
+                    due_s = await self.broker.settle_call(self.queue, 1, self.queue.next_due_s)
+                if self._state is _ARMED:
+                    self._set_timer(due_s)
+                if not self._again:
+                    return
         except Exception as exc:  # e.g. the queue was deleted: every waiter learns why
-            for waiter in self._waiters:
-                if not waiter.future.done():
-                    waiter.future.set_exception(exc)
-            self._waiters.clear()
+            self._fail(exc)
         finally:
-            if unsubscribe is not None:
-                unsubscribe()
+            self._dispatch_task = None
+
+    async def _lease(self, waiter: _Waiter) -> list[Message]:
+        args = (waiter.max_count,)
+        kwargs: dict[str, object] = {
+            "visibility_s": waiter.visibility_s,
+            "max_per_group": waiter.max_per_group,
+            "consumer": waiter.consumer,
+        }
+        if self._polled:  # a look may list the queue's directories: never on the loop
+            return await self.broker.call(self.queue.get, *args, **kwargs)
+        return await self.broker.settle_call(
+            self.queue, waiter.max_count, self.queue.get, *args, **kwargs
+        )
 
     def _live_waiters(self) -> bool:
         while self._waiters and self._waiters[0].future.done():
             self._waiters.popleft()
         return bool(self._waiters)
-
-    async def _dispatch(self) -> None:
-        while self._live_waiters():
-            waiter = self._waiters[0]
-            got = await self.broker.call(
-                self.queue.get,
-                waiter.max_count,
-                visibility_s=waiter.visibility_s,
-                max_per_group=waiter.max_per_group,
-                consumer=waiter.consumer,
-            )
-            if not got:
-                return
-            self._hand_out(waiter, got)
 
     def _hand_out(self, waiter: _Waiter, got: list[Message]) -> None:
         """`got` was leased for `waiter`. If its wait ended while the lease was under way, the
@@ -164,3 +266,49 @@ class LongPolls:
             rest = rest[other.max_count :]
         self._live_waiters()
         self.broker.give_back(self.queue, rest)
+
+    # -- ending ----------------------------------------------------------------------------------
+    def _fail(self, error: BaseException) -> None:
+        for waiter in self._waiters:
+            if not waiter.future.done():
+                waiter.future.set_exception(error)
+        self._waiters.clear()
+        self._retire_if_unwaited()
+
+    def _retire_if_unwaited(self) -> None:
+        """With no live waiter left: unsubscribe, stop the timer, and let the broker forget this
+        line (a dispatch under way finds no waiter and ends; an arming under way undoes itself
+        when it is done)."""
+        if self._live_waiters():
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._unsubscribe is not None:
+            unsubscribe, self._unsubscribe = self._unsubscribe, None
+            unsubscribe()
+        self._state = _IDLE
+        self._ended(self)
+
+
+def _subscribe_and_look(
+    queue: Queue,
+    listener: Callable[[], None],
+    max_count: int,
+    visibility_s: float | None,
+    max_per_group: int | None,
+    consumer: str | None,
+) -> _Armed:
+    """Arm a line (on the loop or the cold lane): subscribe first, then look, so that nothing
+    published in between goes unnoticed."""
+    unsubscribe = queue.subscribe(listener)
+    try:
+        polled = queue.polled()
+        due_s = queue.next_due_s()
+        got = queue.get(
+            max_count, visibility_s=visibility_s, max_per_group=max_per_group, consumer=consumer
+        )
+    except BaseException:
+        unsubscribe()
+        raise
+    return _Armed(unsubscribe, polled, due_s, got)

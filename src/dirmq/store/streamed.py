@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import threading
 import zlib
 from collections.abc import Mapping, Sequence
 
 from dirmq.errors import InvalidArgument, MessageTooLarge, QueueNotFound, storage_error
-from dirmq.store import codec, layout
+from dirmq.store import backlog, codec, layout
 from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import Durability
 from dirmq.store.files import now_ms
@@ -209,6 +210,12 @@ class StreamedFile:
             except OSError as exc:
                 raise storage_error(exc, f"writing a message to queue {queue.name!r}") from exc
             pending.final_path = self._final_path(message_id, delay_s, config.delay_s)
+            if backlog.is_bucket_dir(
+                os.path.relpath(os.path.dirname(pending.final_path), view.path)
+            ):
+                durable = config.durability is not Durability.MEMORY
+                name = os.path.basename(pending.final_path)
+                pending.make_dir = functools.partial(queue._files.backlog.prepare, name, durable)
             publisher._commit([pending], level, config)
         except BaseException:
             pending.discard()

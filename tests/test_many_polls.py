@@ -1,0 +1,255 @@
+"""Long polls on many queues at once (issue 35): each answered by its own queue's message, none
+lost; a delivery never waits for the registrations of a burst of polls on other queues; a poll
+nobody publishes to answers empty at its deadline; a closed connection leaves nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import dirmq
+from dirmq.server.broker import Broker
+from dirmq.server.dialect import Router
+from dirmq.server.http import HttpServer
+from dirmq.server.metrics import Metrics
+from dirmq.server.multiprocess import MetricsFiles
+
+from .support.fixtures import serve
+from .support.servers import ServerProcess
+
+server = serve()
+MANY = 1_000
+
+
+async def _poll(port: int, name: str, wait_s: int) -> tuple[asyncio.StreamReader, Any]:
+    """A long poll on `name` on a connection of its own, sent (not answered)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET /{name}/messages?wait={wait_s} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    return reader, writer
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One HTTP answer (Content-Length framed): its status and body."""
+    status = int((await reader.readline()).split()[1])
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value)
+    return status, await reader.readexactly(length)
+
+
+async def _publish(port: int, name: str, body: bytes) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        head = f"POST /{name}/messages HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        writer.write(head.encode() + body)
+        status, _ = await _answer(reader)
+        return status
+    finally:
+        writer.close()
+
+
+def test_polls_on_a_thousand_queues_each_get_their_own_message(server: ServerProcess) -> None:
+    """1,000 queues polled at once, one connection each (the server has used none of them
+    before), then one message published to each: every poll answers with its own queue's
+    message, and every message is leased once (none lost, none twice). Polls on queues nobody
+    publishes to answer 204 at their deadline, not before."""
+    names = [f"many-{n:04d}" for n in range(MANY)]
+    idle = [f"idle-{n}" for n in range(20)]
+    with dirmq.Store(server.root) as store:
+        for name in names + idle:
+            store.create_queue(name)
+    port = httpx.URL(server.url).port
+    assert port is not None
+
+    async def main() -> tuple[list[tuple[int, bytes]], list[tuple[int, float]]]:
+        polls = [await _poll(port, name, 60) for name in names]
+        idle_sent = time.monotonic()
+        idle_polls = [await _poll(port, name, 1) for name in idle]
+        statuses = await asyncio.gather(*(_publish(port, name, name.encode()) for name in names))
+        assert set(statuses) == {201}
+        async with asyncio.timeout(60):
+            answers = await asyncio.gather(*(_answer(reader) for reader, _ in polls))
+            empty = []
+            for reader, _ in idle_polls:
+                status, _body = await _answer(reader)
+                empty.append((status, time.monotonic() - idle_sent))
+        for _, writer in polls + idle_polls:
+            writer.close()
+        return answers, empty
+
+    answers, empty = asyncio.run(main())
+    assert [body for _, body in answers] == [name.encode() for name in names]
+    assert {status for status, _ in answers} == {200}
+    assert {status for status, _ in empty} == {204}
+    assert min(waited for _, waited in empty) >= 1.0  # the deadline, not sooner
+    with dirmq.Store(server.root) as store:
+        stats = [store.queue(name).stats() for name in names]
+    assert {(s.ready, s.in_flight) for s in stats} == {(0, 1)}
+
+
+@pytest.fixture
+def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, list[str]]]:
+    """Subscribing to a queue named `burst-*` (a long poll's registration) waits until the
+    event is set; each such subscription is recorded as it begins."""
+    opened = threading.Event()
+    begun: list[str] = []
+    real = dirmq.Queue.subscribe
+
+    def gated(self: dirmq.Queue, listener: Any) -> Any:
+        if self.name.startswith("burst-"):
+            begun.append(self.name)
+            if not opened.wait(60):
+                raise TimeoutError("the test never opened the gate")
+        return real(self, listener)
+
+    monkeypatch.setattr(dirmq.Queue, "subscribe", gated)
+    try:
+        yield opened, begun
+    finally:
+        opened.set()  # no pool thread is left waiting
+
+
+def test_a_delivery_does_not_wait_for_a_burst_of_registrations(
+    root: Path, metrics_files: MetricsFiles, gate: tuple[threading.Event, list[str]]
+) -> None:
+    """A real server in this process (its HTTP on a socket, the native API, the broker). A poll
+    waits on one queue; then 1,000 polls on as many new queues arrive, and their registrations
+    cannot finish (held at a gate). A message published to the first queue meanwhile reaches
+    its poll all the same (before the held registrations, in the order of events: the gate is
+    still shut when it arrives). Then the gate opens and every poll of the burst gets its own
+    message. Once every connection is closed, the broker keeps no waiter line and no queue a
+    subscription (nothing left to leak)."""
+    opened, begun = gate
+    names = [f"burst-{n:04d}" for n in range(MANY)]
+    with dirmq.Store(root) as setup:
+        for name in ["first", *names]:
+            setup.create_queue(name)
+    store = dirmq.Store(root)
+
+    async def main() -> None:
+        from dirmq.dialects.native.app import NativeApp
+
+        metrics = Metrics(metrics_files, str(store.root))
+        broker = Broker(store, counts=metrics)
+        app = NativeApp(broker, metrics)
+        router = Router([app], observe=metrics.observe)
+        http = HttpServer(router, fast=router.fast, observe=router.observe)
+        listener = await asyncio.get_running_loop().create_server(http.protocol, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        writers: list[Any] = []
+        try:
+            # A get without waiting first: the queue's index is built, so the poll after it
+            # registers (subscribes, looks) as its request is handled.
+            reader, writer = await _poll(port, "first", 0)
+            writers.append(writer)
+            assert await _answer(reader) == (204, b"")
+            first, writer = await _poll(port, "first", 60)
+            writers.append(writer)
+            while broker.waiting_polls().get("first") != 1:
+                await asyncio.sleep(0.01)
+            polls = [await _poll(port, name, 60) for name in names]
+            writers += [writer for _, writer in polls]
+            while not begun:  # the burst's registrations have begun, and are held
+                await asyncio.sleep(0.01)
+            async with asyncio.timeout(30):
+                assert await _publish(port, "first", b"now") == 201
+                assert await _answer(first) == (200, b"now")
+            assert not opened.is_set()  # delivered while every registration of the burst waits
+            assert len(begun) < len(names)
+            opened.set()
+            async with asyncio.timeout(60):
+                statuses = await asyncio.gather(*(_publish(port, n, n.encode()) for n in names))
+                assert set(statuses) == {201}
+                answers = await asyncio.gather(*(_answer(reader) for reader, _ in polls))
+            assert answers == [(200, name.encode()) for name in names]
+            # Closed connections: their polls (now idle ones, waiting again) are released.
+            again = [await _poll(port, name, 60) for name in names[:100]]
+            writers += [writer for _, writer in again]
+            while sum(broker.waiting_polls().values()) < len(again):
+                await asyncio.sleep(0.01)
+        finally:
+            for writer in writers:
+                writer.close()
+        async with asyncio.timeout(30):
+            while broker.waiting_polls():
+                await asyncio.sleep(0.01)
+        listener.close()
+        await listener.wait_closed()
+        broker.close()
+
+    try:
+        asyncio.run(main())
+        later = time.monotonic() + 1
+        # No listener left on any queue: each can give its watches back (`release_if_idle`
+        # refuses a queue somebody is subscribed to).
+        assert all(store.queue(name).release_if_idle(later) for name in ["first", *names])
+    finally:
+        store.close()
+
+
+def test_first_uses_take_two_pool_threads_at_most(root: Path) -> None:
+    """Polls on 40 queues this process has no index of: their first looks run off the event
+    loop, never more than two at once (the cold lane), and meanwhile the pool still runs other
+    calls at once (a publish's or delivery's would not wait behind them)."""
+    names = [f"cold-{n}" for n in range(40)]
+    with dirmq.Store(root) as setup:
+        for name in names:
+            setup.create_queue(name)
+    store = dirmq.Store(root)
+    inside = [0]
+    most = [0]
+    threads: set[int] = set()
+    lock = threading.Lock()
+    release = threading.Event()
+    real = dirmq.Queue.subscribe
+
+    def counted(self: dirmq.Queue, listener: Any) -> Any:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            threads.add(threading.get_ident())
+        try:
+            release.wait(30)
+            return real(self, listener)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    async def main() -> tuple[int, list[list[dirmq.Message]]]:
+        broker = Broker(store)
+        try:
+            polls = [
+                asyncio.ensure_future(broker.receive(store.queue(name), 1, 30, 30))
+                for name in names
+            ]
+            while inside[0] < 2:  # both lanes are held
+                await asyncio.sleep(0.01)
+            assert await broker.call(lambda: "free") == "free"  # the rest of the pool is
+            release.set()
+            for name in names:
+                await broker.call(store.queue(name).put, name.encode())
+            async with asyncio.timeout(30):
+                return threading.get_ident(), await asyncio.gather(*polls)
+        finally:
+            release.set()
+            broker.close()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dirmq.Queue, "subscribe", counted)
+        try:
+            loop_thread, got = asyncio.run(main())
+        finally:
+            store.close()
+    assert [[m.body for m in messages] for messages in got] == [[n.encode()] for n in names]
+    assert most[0] == 2
+    assert loop_thread not in threads
