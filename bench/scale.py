@@ -12,8 +12,9 @@ full form):
 It builds its roots under a fresh temp dir (`--dir`, default /tmp: the disk) and removes it at
 the end, also on an error or Ctrl-C; every process it starts is stopped by PID.
 
-- deep: one queue of 100 B messages, written straight into `@ready/` (the build time is
-  reported) and deepened in place from one size to the next. At each depth: a fresh library
+- deep: one queue of 100 B messages, written straight into the layout as puts lay them out
+  (`@ready/` up to its 1,000, the rest in the backlog's buckets; the build time is reported)
+  and deepened in place from one size to the next. At each depth: a fresh library
   process's first get+ack (its own time from before `Store(...)` to after the ack), one `dirmq
   get --ack` (the subprocess's wall time) and `dirmq serve` from spawn to its first answered
   `GET /q/messages`; each with the process's peak RSS, and the ratio deepest/shallowest.
