@@ -5,7 +5,8 @@
 (`make soak` then runs tests/support/soak_gluster.py: the same kind of count on two GlusterFS
 mounts.)
 
-Each cycle starts the server on the same root, runs publishers (some with delays), consumers
+MAIN starts 3,000 deep, so that its backlog (messages behind @ready) is in play. Each cycle
+starts the server on the same root, runs publishers (some with delays), consumers
 (acks, nacks with and without delay, heartbeats, leases left to expire) and a purger of a second
 queue against it for a random while, then SIGKILLs it mid-flight. One stretch of cycles runs with
 the disk full (a ballast file takes every free block of the small filesystem), and the ballast
@@ -151,6 +152,8 @@ def fill_disk(path: Path) -> int:
     return written
 
 
+BACKLOG = 3_000  # messages in MAIN before the first cycle: more than @ready holds
+
 # -- the load ----------------------------------------------------------------------------------
 class Load:
     """Client threads against one server; stopped (and joined) before the server is killed
@@ -286,8 +289,14 @@ def run_soak(
         if kind == "dir":
             full_cycles = set()
         with dirmq.Store(root) as store:
-            store.create_queue(MAIN, dirmq.QueueConfig(visibility_timeout_s=VISIBILITY_S))
+            main = store.create_queue(MAIN, dirmq.QueueConfig(visibility_timeout_s=VISIBILITY_S))
             store.create_queue(PURGED)
+            # A backlog from the start (docs/FORMAT.md, "The backlog"): publishes go behind
+            # it, gets refill from it, and kills land in both.
+            for start in range(0, BACKLOG, 500):
+                bodies = [f"backlog-{i}".encode() for i in range(start, start + 500)]
+                main.put_many(bodies)
+                ledger.published.update(bodies)
         for cycle in range(kills):
             if cycle in full_cycles and not ballast.exists():
                 fill_disk(ballast)
