@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from dirmq.store import layout
+from dirmq.store import backlog, layout
 
 LOW_FRACTION = 0.10  # below this much free space or inodes, the overview warns
 LISTED_UP_TO = 10_000  # a state directory with more entries is counted, not measured
@@ -42,7 +42,7 @@ def free_space(root: str) -> FreeSpace:
 @dataclass(frozen=True, slots=True)
 class StateDir:
     name: str
-    files: int
+    files: int | None  # None: counted in @ready's (a deep queue's backlog)
     size_bytes: int | None  # None: not measured (a deep @ready: its count is the census's)
 
 
@@ -54,6 +54,9 @@ def disk_of(queue_path: str, ready: int) -> list[StateDir]:
         path = os.path.join(queue_path, name)
         if name == layout.READY and ready > LISTED_UP_TO:
             found.append(StateDir(name, ready, None))
+            continue
+        if name == layout.BACKLOG:
+            found.append(_backlog_of(queue_path, ready))
             continue
         files = 0
         total = 0
@@ -71,3 +74,24 @@ def disk_of(queue_path: str, ready: int) -> list[StateDir]:
             pass
         found.append(StateDir(name, files, total if files <= LISTED_UP_TO else None))
     return found
+
+
+def _backlog_of(queue_path: str, ready: int) -> StateDir:
+    """The backlog's message files, bucket by bucket (docs/FORMAT.md, "The backlog"); in a deep
+    queue (more than `LISTED_UP_TO` ready) not listed: counted with @ready, in the census's
+    `ready`, and shown there."""
+    if ready > LISTED_UP_TO:
+        return StateDir(layout.BACKLOG, None, None)
+    files = total = 0
+    for _relative, path in backlog.buckets(queue_path):
+        try:
+            with os.scandir(path) as entries:
+                for entry in entries:
+                    try:
+                        total += entry.stat(follow_symlinks=False).st_size
+                        files += 1
+                    except FileNotFoundError:
+                        continue
+        except FileNotFoundError:
+            continue
+    return StateDir(layout.BACKLOG, files, total)
