@@ -114,7 +114,7 @@ def optional_rate(text: str) -> float | None:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (deliveries a second)") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number a second") from None
     if not value > 0:  # NaN too
         raise argparse.ArgumentTypeError(f"{text!r} is not above 0 (none: no limit)")
     return value
