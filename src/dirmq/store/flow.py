@@ -29,12 +29,14 @@ import weakref
 from dataclasses import dataclass, field
 
 from dirmq.errors import storage_error
+from dirmq.store import layout
 from dirmq.store.config import QueueConfig
 from dirmq.store.filemodes import Access
+from dirmq.store.fsck_rate import parse_slot
 from dirmq.store.index import QueueIndex
 from dirmq.store.view import QueueView
 
-RATE_DIR = "@rate"
+RATE_DIR = layout.RATE
 PAUSE_RECHECK_S = 0.2  # a paused queue's waiting gets read @queue.json this often
 _EXCL = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
 
@@ -42,14 +44,6 @@ _EXCL = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
 def quota(rate: float, second: int) -> int:
     """Deliveries second `second` (of the Unix epoch) may make at `rate` per second."""
     return math.floor(rate * (second + 1)) - math.floor(rate * second)
-
-
-def parse_slot(name: str) -> tuple[int, int] | None:
-    """(second, n) of a slot file's name `<second>.<n>`, or None (fsck: not ours)."""
-    second, dot, n = name.partition(".")
-    if not (dot and second.isdigit() and n.isdigit() and second.isascii() and n.isascii()):
-        return None
-    return int(second), int(n)
 
 
 @dataclass(slots=True)
