@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 import dirmq
+from dirmq.client import RemoteStore
 from dirmq.store.config import QueueConfig
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.view import CONFIG_RECHECK_S
@@ -198,3 +199,26 @@ def test_a_rate_limit_holds_within_10_percent_over_20_s(tmp_path: Path) -> None:
     assert max(per_second) <= 20, per_second
     problems = fsck(str(root), repair=False).problems
     assert not [p for p in problems if p.kind is not Kind.STALE_RATE_SLOT]
+
+
+def test_a_stream_holds_while_paused_and_resumes(tmp_path: Path) -> None:
+    """A streaming receive open on a paused queue is pushed nothing; resumed, it gets what
+    waited, and a message published while paused too."""
+    server = start_server(tmp_path / "root")
+    try:
+        with RemoteStore(server.url) as store:
+            queue = store.create_queue("streamed")
+            store.configure("streamed", paused=True)
+            queue.put(b"first")
+            with queue.consume(prefetch=5) as consumer:
+                assert consumer.get(timeout_s=1.0) is None
+                queue.put(b"second")
+                assert consumer.get(timeout_s=0.5) is None
+                store.configure("streamed", paused=False)
+                got = [consumer.get(timeout_s=10), consumer.get(timeout_s=10)]
+                assert [m.body for m in got if m is not None] == [b"first", b"second"]
+                for message in got:
+                    assert message is not None
+                    consumer.ack(message)
+    finally:
+        assert server.stop() == 0, server.output[-2000:]
