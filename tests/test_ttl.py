@@ -146,3 +146,22 @@ def test_sigkill_of_a_holder_past_the_ttl(tmp_path: Path, action: str) -> None:
     assert len(dead) == (5 if action == "dead-letter" else 0)
     assert queue.stats().total == 0
     assert fsck(root, repair=False).ok
+
+
+def test_planned_claims_never_hand_out_an_expired_message(tmp_path: Path) -> None:
+    """The Spark source's way (ready_names, claim_named or lease_named + read_leases): an
+    expired message is dead-lettered there too, not returned."""
+    store = dirmq.Store(str(tmp_path / "root"))
+    queue = store.create_queue("planned")
+    queue.put_many([dirmq.OutgoingMessage(b"late", ttl_s=0.1), dirmq.OutgoingMessage(b"kept")])
+    queue.put_many([dirmq.OutgoingMessage(b"late too", ttl_s=0.1), dirmq.OutgoingMessage(b"ok")])
+    _past(time.time() + 0.1)
+    names = queue.ready_names()
+    assert len(names) == 4
+    claimed = queue.claim_named(names[:2])
+    assert [m.body for _lease, m in claimed] == [b"kept"]
+    leases = queue.lease_named(names[2:])
+    assert [m.body for m in queue.read_leases(leases)] == [b"ok"]
+    dead = list(queue.browse(state="dead"))
+    assert sorted(m.body for m in dead) == [b"late", b"late too"]
+    assert {m.dead.reason for m in dead if m.dead} == {"ttl-expired"}
