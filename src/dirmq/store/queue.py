@@ -147,7 +147,9 @@ class Queue:
 
     def next_due_s(self) -> float | None:
         """Seconds until the earliest lease expires or delayed message falls due (as this process
-        knows them), or None: when a waiter should look again even if nothing is published."""
+        knows them), or None: when a waiter should look again even if nothing is published. A
+        paused queue says soon (a resume makes no event), a rate-limited one the next second
+        (flow.py)."""
         return leasing.next_due_s(self._view)
 
     # -- settling leases --------------------------------------------------------------------------
