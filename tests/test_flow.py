@@ -222,3 +222,20 @@ def test_a_stream_holds_while_paused_and_resumes(tmp_path: Path) -> None:
                     consumer.ack(message)
     finally:
         assert server.stop() == 0, server.output[-2000:]
+
+
+def test_planned_claims_obey_pause_and_rate(tmp_path: Path) -> None:
+    """The Spark source's claims (claim_named, lease_named): none while paused; under a rate
+    limit, only as many of the names as the second's slots, the others left ready."""
+    store = dirmq.Store(str(tmp_path / "root"))
+    queue = store.create_queue("planned")
+    queue.put_many([b"%d" % n for n in range(10)])
+    names = queue.ready_names()
+    store.configure("planned", paused=True)
+    assert queue.claim_named(names) == [] and queue.lease_named(names) == []
+    store.configure("planned", paused=False, delivery_rate_per_s=3)
+    wait_until(lambda: time.time() % 1 < 0.5, what="the first half of a second")
+    claimed = queue.claim_named(names)
+    assert [m.body for _lease, m in claimed] == [b"0", b"1", b"2"]
+    assert queue.claim_named(names[3:]) == []  # this second's slots are spent
+    assert queue.stats().ready == 7

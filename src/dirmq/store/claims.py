@@ -66,9 +66,6 @@ def ready_names(view: QueueView, limit: int | None, promote: bool, groups: bool)
         if entry.group is not None and not groups:
             break
         planned.append(name)
-    if planned and config.delivery_rate_per_s is not None:
-        with view.lock:  # a planned name is claimed next: it takes its delivery slot now
-            planned = planned[: flow.plan_count(view, config, len(planned))]
     return planned
 
 
@@ -155,13 +152,17 @@ def _take_named(
     view.files.pool.note_depth(max(len(entries), drain or 0))
     try:
         with view.lock:
-            config = view.config
+            config = flow.current_config(view)
             visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
             at_ms, visibility_ms = now_ms(), round(visibility * 1000)
-            taken = view.files.take_named(view.index, config, entries, at_ms, visibility_ms, holder)
+            # Paused: none; under a rate limit, as many as this second's slots allow (flow.py).
+            admitted = flow.admit_named(view, config, len(entries))
+            allowed = entries[: admitted.count]
+            taken = view.files.take_named(view.index, config, allowed, at_ms, visibility_ms, holder)
+            flow.settle(view, admitted, len(taken))
     except OSError as exc:
         raise storage_error(exc, f"leasing messages of queue {view.name!r}") from exc
-    if names and not taken:
+    if allowed and not taken:
         view.reload_config()  # every name gone: QueueNotFound if the queue is
     return taken, at_ms + visibility_ms
 

@@ -181,11 +181,14 @@ def hold_s(config: QueueConfig) -> float | None:
     return None
 
 
-def plan_count(view: QueueView, config: QueueConfig, planned: int) -> int:
-    """How many of `planned` names a planner (`ready_names`) may hand out under the queue's
-    rate limit: as many as the slots it takes for them now (each planned name is claimed
-    next; call under the view's lock)."""
+def admit_named(view: QueueView, config: QueueConfig, want: int) -> Admission:
+    """How many of `want` named ready messages a planned claim (`claim_named`, `lease_named`)
+    may lease now: none while paused; under a rate limit, as many as the slots it gets (the
+    others stay ready: the caller's next plan lists them again). Call under the view's lock."""
+    if config.paused or not want:
+        return Admission(0)
     rate = config.delivery_rate_per_s
     if rate is None:
-        return planned
-    return len(_rate_slots(view).take(rate, planned, time.time()))
+        return Admission(want)
+    taken = _rate_slots(view).take(rate, want, time.time())
+    return Admission(len(taken), None, taken)
