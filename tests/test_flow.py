@@ -4,6 +4,7 @@ resume made elsewhere; a rate that holds within 10 % over 20 s with several cons
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -239,3 +240,24 @@ def test_planned_claims_obey_pause_and_rate(tmp_path: Path) -> None:
     assert [m.body for _lease, m in claimed] == [b"0", b"1", b"2"]
     assert queue.claim_named(names[3:]) == []  # this second's slots are spent
     assert queue.stats().ready == 7
+
+
+def test_fsck_knows_the_delivery_slots(tmp_path: Path) -> None:
+    """@rate: this second's slots are fine; one of a past minute is a notice a repair removes;
+    anything else there is stray."""
+    root = tmp_path / "root"
+    store = dirmq.Store(str(root))
+    queue = store.create_queue("paced", QueueConfig(delivery_rate_per_s=5))
+    queue.put(b"x")
+    assert queue.get()  # takes a slot: @rate is made
+    rate = root / "paced" / "@rate"
+    old = f"{int(time.time()) - 3600}.0"
+    for name in (old, "notes.txt"):
+        (rate / name).touch(mode=0o600)  # the root's access (private): only what is asked
+        (rate / name).chmod(0o600)
+    found = {(p.kind, Path(p.path).name) for p in fsck(str(root), repair=False).problems}
+    assert found == {(Kind.STALE_RATE_SLOT, old), (Kind.STRAY, "notes.txt")}
+    assert fsck(str(root), repair=False).ok  # notices only
+    fsck(str(root), repair=True)
+    assert "notes.txt" in os.listdir(rate)  # a stray is left alone
+    assert old not in os.listdir(rate)

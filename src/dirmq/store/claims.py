@@ -156,7 +156,7 @@ def _take_named(
             visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
             at_ms, visibility_ms = now_ms(), round(visibility * 1000)
             # Paused: none; under a rate limit, as many as this second's slots allow (flow.py).
-            admitted = flow.admit_named(view, config, len(entries))
+            admitted = flow.admit_named(view, config, len(entries), at_ms)
             allowed = entries[: admitted.count]
             taken = view.files.take_named(view.index, config, allowed, at_ms, visibility_ms, holder)
             flow.settle(view, admitted, len(taken))

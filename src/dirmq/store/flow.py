@@ -146,8 +146,11 @@ def current_config(view: QueueView) -> QueueConfig:
     return config
 
 
-def admit(view: QueueView, config: QueueConfig, index: QueueIndex, want: int) -> Admission:
-    """How many messages a get may claim now (call under the view's lock)."""
+def admit(
+    view: QueueView, config: QueueConfig, index: QueueIndex, want: int, at_ms: int
+) -> Admission:
+    """How many messages a get claiming at `at_ms` may claim (call under the view's lock): its
+    slots are of the second its leases say they were taken in."""
     if config.paused:
         return Admission(0, PAUSE_RECHECK_S)
     rate = config.delivery_rate_per_s
@@ -157,7 +160,7 @@ def admit(view: QueueView, config: QueueConfig, index: QueueIndex, want: int) ->
         want = min(want, len(index.ready))
         if not want:
             return Admission(0)  # nothing ready: the usual wait, no slot spent
-    now_s = time.time()
+    now_s = at_ms / 1000
     taken = _rate_slots(view).take(rate, want, now_s)
     if not taken:
         return Admission(0, max(0.001, math.floor(now_s) + 1 - now_s))
@@ -181,7 +184,7 @@ def hold_s(config: QueueConfig) -> float | None:
     return None
 
 
-def admit_named(view: QueueView, config: QueueConfig, want: int) -> Admission:
+def admit_named(view: QueueView, config: QueueConfig, want: int, at_ms: int) -> Admission:
     """How many of `want` named ready messages a planned claim (`claim_named`, `lease_named`)
     may lease now: none while paused; under a rate limit, as many as the slots it gets (the
     others stay ready: the caller's next plan lists them again). Call under the view's lock."""
@@ -190,5 +193,5 @@ def admit_named(view: QueueView, config: QueueConfig, want: int) -> Admission:
     rate = config.delivery_rate_per_s
     if rate is None:
         return Admission(want)
-    taken = _rate_slots(view).take(rate, want, time.time())
+    taken = _rate_slots(view).take(rate, want, at_ms / 1000)
     return Admission(len(taken), None, taken)

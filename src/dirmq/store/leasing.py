@@ -70,7 +70,7 @@ def get(
             visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
             visibility_ms = round(visibility * 1000)
             runs = GroupRuns(max_per_group)
-            admitted = flow.admit(view, config, index, max_count)
+            admitted = flow.admit(view, config, index, max_count, at_ms)
             got = (
                 files.claim_many(index, config, at_ms, visibility_ms, runs, admitted.count, holder)
                 if admitted.count
