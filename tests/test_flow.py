@@ -70,6 +70,7 @@ def test_a_waiting_get_wakes_on_a_resume_by_another_process(tmp_path: Path) -> N
     store = dirmq.Store(str(root))
     queue = store.create_queue("jobs")
     assert cli(root, "pause", "jobs").returncode == 0
+    queue.reload_config()  # seen at once, not within the 0.5 s every process takes at most
     queue.put(b"held")
     waiting: list[list[dirmq.Message]] = []
     getter = threading.Thread(target=lambda: waiting.append(queue.get(wait_s=30)))
