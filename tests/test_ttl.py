@@ -165,3 +165,27 @@ def test_planned_claims_never_hand_out_an_expired_message(tmp_path: Path) -> Non
     dead = list(queue.browse(state="dead"))
     assert sorted(m.body for m in dead) == [b"late", b"late too"]
     assert {m.dead.reason for m in dead if m.dead} == {"ttl-expired"}
+
+
+def test_sigkill_of_a_consumer_while_it_expires_messages(tmp_path: Path) -> None:
+    """A consumer SIGKILLed while its gets dead-letter expired messages: none is delivered, by it
+    or after; each reaches the dead-letter queue (a kill between the copy and the retire may
+    leave one in the source's @dead too: one copy too many, never none); fsck is clean."""
+    root = str(tmp_path / "root")
+    store = dirmq.Store(root)
+    store.create_queue("dlq")
+    config = dirmq.QueueConfig(dead_letter_queue="dlq", visibility_timeout_s=1)
+    queue = store.create_queue("jobs", config)
+    ids = queue.put_many([dirmq.OutgoingMessage(b"%d" % n, ttl_s=0.05) for n in range(400)])
+    _past(time.time() + 0.05)
+    consumer = spawn("consume", root, "jobs", 5)
+    wait_until(lambda: store.queue("dlq").stats().ready > 20, what="dead letters")
+    printed = kill(consumer)
+    assert printed == ""  # it acked (was delivered) nothing
+    wait_until(lambda: queue.stats().in_flight == 0, what="its leases to expire")
+    assert queue.get(10) == []  # the rest, reached now: dead-lettered, not delivered
+    dead = {m.id for m in store.queue("dlq").browse()} | {m.id for m in queue.browse(state="dead")}
+    assert dead == set(ids)
+    assert queue.stats().total == 0
+    store.queue("dlq").sweep()  # a dead letter's temp the kill interrupted: recovery's
+    assert fsck(root, repair=False).ok
