@@ -47,6 +47,8 @@ NOT_MESSAGE_MOVES = {
     "holds": "hold records (who runs a consumer name or a move task)",
     "claimtokens": "the shared-filesystem mode's claim tokens in @tmp (empty files)",
     "holders": "lease holder records in @holders (one per process and label)",
+    "flow": "delivery slots of a rate limit in @rate (empty files)",
+    "fsck_rate": "repair of @rate: stale delivery slots removed",
 }
 # Functions that rename for a transition function, and are none themselves.
 PRIMITIVES = {

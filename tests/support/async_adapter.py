@@ -130,6 +130,7 @@ class BlockingAsyncQueue:
         timeout_s: float | None = None,
         durability: Durability | str | None = None,
         dedup_id: str | None = None,
+        ttl_s: float | None = None,
     ) -> str:
         return self._run(
             self._async.put(
@@ -138,6 +139,7 @@ class BlockingAsyncQueue:
                 delay_s=delay_s,
                 timeout_s=timeout_s,
                 durability=durability,
+                ttl_s=ttl_s,
                 dedup_id=dedup_id,
             )
         )

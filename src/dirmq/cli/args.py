@@ -107,6 +107,19 @@ def optional_count(text: str) -> int | None:
     return None if text.lower() in _NONE_WORDS else count(text)
 
 
+def optional_rate(text: str) -> float | None:
+    """A number of deliveries per second above 0 (2, 0.5), or `none` for no limit."""
+    if text.lower() in _NONE_WORDS:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number a second") from None
+    if not value > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text!r} is not above 0 (none: no limit)")
+    return value
+
+
 def optional_queue_name(text: str) -> str | None:
     """A queue name, or `none` to unset the setting."""
     return None if text.lower() in _NONE_WORDS else queue_name(text)
@@ -213,6 +226,34 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="take one of the oldest N+1 messages at random (spreads many consumers)",
     )
+    add_flow_options(add)
+
+
+def add_flow_options(add: Any) -> None:
+    """Delivery rate and time to live (issue 36; pause and resume are commands of their own)."""
+    add(
+        "--rate",
+        dest="delivery_rate_per_s",
+        type=optional_rate,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="deliver at most N messages a second over every consumer (e.g. 50, 0.5; none)",
+    )
+    add(
+        "--ttl",
+        dest="message_ttl_s",
+        type=optional_duration,
+        default=argparse.SUPPRESS,
+        metavar="DUR",
+        help="default time to live of new messages: undelivered after DUR, out (e.g. 10m)",
+    )
+    add(
+        "--ttl-action",
+        dest="ttl_action",
+        choices=["dead-letter", "drop"],
+        default=argparse.SUPPRESS,
+        help="what becomes of an expired message (default: dead-letter)",
+    )
 
 
 CONFIG_FIELDS = (
@@ -226,6 +267,11 @@ CONFIG_FIELDS = (
     "durability",
     "writeback_delay_s",
     "peers",
+    # flow control and time to live (add_flow_options; `paused`: dirmq pause, resume)
+    "paused",
+    "delivery_rate_per_s",
+    "message_ttl_s",
+    "ttl_action",
 )
 
 

@@ -50,6 +50,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="DUR",
         help="at capacity, wait at most DUR for room (default: as long as it takes)",
     )
+    p.add_argument(
+        "--ttl",
+        type=duration,
+        metavar="DUR",
+        help="not delivered within DUR of now: dead-lettered or dropped (default: the queue's)",
+    )
     p.add_argument("--create", action="store_true", help="create the queue if it does not exist")
     p.set_defaults(handler=cmd_put)
 
@@ -170,7 +176,9 @@ def cmd_put(args: argparse.Namespace) -> int:
             raise _how_to_create(exc, name) from exc
         # Read only once the queue is known to exist, so a typo fails before stdin is consumed.
         body = sys.stdin.buffer.read()
-        message_id = queue.put(body, headers, delay_s=args.delay, timeout_s=args.timeout)
+        message_id = queue.put(
+            body, headers, delay_s=args.delay, timeout_s=args.timeout, ttl_s=args.ttl
+        )
     print(message_id)
     return exits.OK
 

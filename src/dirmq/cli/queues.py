@@ -55,6 +55,14 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     add_config_options(p)
     p.set_defaults(handler=cmd_configure)
 
+    for verb, paused, what in (
+        ("pause", True, "stop deliveries of a queue (publishes are still accepted)"),
+        ("resume", False, "deliver again from a paused queue"),
+    ):
+        p = sub.add_parser(verb, parents=[common], help=what)
+        p.add_argument("queue", type=queue_name, metavar="QUEUE", help=f"the queue to {verb}")
+        p.set_defaults(handler=cmd_configure, paused=paused)
+
     p = sub.add_parser(
         "rm", parents=[common], help="delete a queue and all its messages (child queues stay)"
     )

@@ -102,6 +102,8 @@ def check_message(message: OutgoingMessage) -> None:
             )
     if message.delay_s is not None:
         seconds(message.delay_s)
+    if message.ttl_s is not None:
+        seconds(message.ttl_s)
 
 
 def publish_call(
@@ -124,6 +126,8 @@ def publish_call(
             headers["X-Dedup-Id"] = message.dedup_id.encode()
         if message.group is not None:
             headers["X-Group"] = message.group.encode()
+        if message.ttl_s is not None:
+            params["ttl"] = seconds(message.ttl_s)
         return Call("POST", path, params, headers, bytes(message.body), _wait_budget(timeout_s))
     boundary = framing.new_boundary()
     parts = []
@@ -135,6 +139,8 @@ def publish_call(
             part_headers.append(("X-Dedup-Id", message.dedup_id))
         if message.group is not None:
             part_headers.append(("X-Group", message.group))
+        if message.ttl_s is not None:
+            part_headers.append(("X-TTL", seconds(message.ttl_s)))
         parts.append((part_headers, bytes(message.body)))
     body = framing.multipart_body(boundary, parts)
     content_type = f'multipart/mixed; boundary="{boundary}"'.encode()

@@ -25,6 +25,7 @@ MAX_RECEIVE_COUNT = 10**COUNT_DIGITS - 1  # past it a returned lease is dead-let
 MAX_AT_MS = 10**AT_MS_DIGITS - 1
 MAX_CAPACITY = 10**COUNT_DIGITS - 1  # messages in one queue (capacity tokens are names too)
 MAX_MESSAGE_BYTES = 4 * 1024**3  # every door holds a body in memory whole
+MAX_DELIVERY_RATE = 100_000  # a queue's delivery_rate_per_s: one slot file per delivery (flow.py)
 MAX_PEERS = 1024  # a get looks at the oldest peers + 1 ready messages
 
 

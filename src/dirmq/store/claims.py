@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import replace
 
 from dirmq.errors import InvalidArgument, QueueNotFound, storage_error
-from dirmq.store import backlog, layout
+from dirmq.store import backlog, expiry, flow, layout
 from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import QueueConfig
 from dirmq.store.files import now_ms
@@ -41,7 +41,9 @@ def ready_names(view: QueueView, limit: int | None, promote: bool, groups: bool)
     for."""
     try:
         with view.lock:
-            config = view.config
+            config = flow.current_config(view)
+            if config.paused:
+                return []  # a paused queue plans nothing (flow.py)
             if promote:
                 _promote_listed(view, config, now_ms())
             names = os.listdir(view.files.dir[layout.READY])
@@ -104,6 +106,10 @@ def claim_named(
             raise storage_error(exc, f"reading a message of queue {view.name!r}") from exc
         if message is not None:
             leased.append((lease, message))
+    if expiry.any_expiring([m for _lease, m in leased]):
+        with view.lock:  # past their time to live: taken out, not delivered (expiry.py)
+            index = view.index if view.index is not None else QueueIndex()
+            leased = expiry.take_expired(view.files, index, view.config, leased, now_ms())
     return leased
 
 
@@ -146,13 +152,17 @@ def _take_named(
     view.files.pool.note_depth(max(len(entries), drain or 0))
     try:
         with view.lock:
-            config = view.config
+            config = flow.current_config(view)
             visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
             at_ms, visibility_ms = now_ms(), round(visibility * 1000)
-            taken = view.files.take_named(view.index, config, entries, at_ms, visibility_ms, holder)
+            # Paused: none; under a rate limit, as many as this second's slots allow (flow.py).
+            admitted = flow.admit_named(view, config, len(entries), at_ms)
+            allowed = entries[: admitted.count]
+            taken = view.files.take_named(view.index, config, allowed, at_ms, visibility_ms, holder)
+            flow.settle(view, admitted, len(taken))
     except OSError as exc:
         raise storage_error(exc, f"leasing messages of queue {view.name!r}") from exc
-    if names and not taken:
+    if allowed and not taken:
         view.reload_config()  # every name gone: QueueNotFound if the queue is
     return taken, at_ms + visibility_ms
 
@@ -192,13 +202,23 @@ def _read_lease_chunk(view: QueueView, chunk: list[tuple[str, Entry, int]]) -> I
             continue
         except OSError as exc:
             raise storage_error(exc, f"reading a message of queue {view.name!r}") from exc
-        if message is not None:  # None: damaged, set aside
+        if message is not None and expiry.any_expiring([message]):
+            message = _unexpired(view, lease, message)
+        if message is not None:  # None: damaged, set aside (or past its time to live)
             yield message
     for found in read_ids(view, moved):
         entry = moved[found.id]
         if found.state == "leased" and found.receive_count == entry.count:
             found = replace(found, receipt=entry.receipt)  # noqa: PLW2901 (still our lease)
         yield found
+
+
+def _unexpired(view: QueueView, lease: str, message: Message) -> Message | None:
+    """`message` (read under `lease`), or None if it was past its time to live (taken out)."""
+    with view.lock:
+        index = view.index if view.index is not None else QueueIndex()
+        kept = expiry.take_expired(view.files, index, view.config, [(lease, message)], now_ms())
+    return kept[0][1] if kept else None
 
 
 def read_ids(view: QueueView, message_ids: Collection[str]) -> Iterator[Message]:

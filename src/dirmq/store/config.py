@@ -35,6 +35,11 @@ class QueueConfig:
     writeback_delay_s: float = 0.5
     peers: int = 0
     dedup_window_s: float = 300.0
+    # Flow control and time to live (flow.py, expiry.py): issue 36.
+    paused: bool = False
+    delivery_rate_per_s: float | None = None
+    message_ttl_s: float | None = None
+    ttl_action: str = "dead-letter"
     # Settings of protocols above the store (SQS attributes and tags...), kept with the queue
     # and opaque to the store: {"sqs": {...}}.
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -54,6 +59,7 @@ class QueueConfig:
         _check_int("peers", self.peers, 0, bounds.MAX_PEERS)
         if self.dead_letter_queue is not None:
             validate_queue_name(self.dead_letter_queue)
+        _check_flow(self)
         if not isinstance(self.metadata, dict):
             raise ConfigError("metadata must be a JSON object")
         if not isinstance(self.durability, Durability):
@@ -101,6 +107,31 @@ class QueueConfig:
             if isinstance(exc, ConfigError):
                 raise
             raise ConfigError(f"configuration is not valid: {exc}") from exc
+
+
+TTL_ACTIONS = ("dead-letter", "drop")
+
+
+def _check_flow(config: QueueConfig) -> None:
+    """The keys of pause, delivery rate and time to live (docs/FORMAT.md, "Flow control")."""
+    if not isinstance(config.paused, bool):
+        raise ConfigError(f"paused must be true or false, got {config.paused!r}")
+    rate = config.delivery_rate_per_s
+    if rate is not None and (
+        isinstance(rate, bool)
+        or not isinstance(rate, int | float)
+        or not 0 < rate <= bounds.MAX_DELIVERY_RATE
+    ):
+        raise ConfigError(
+            f"delivery_rate_per_s must be a number above 0 and at most "
+            f"{bounds.MAX_DELIVERY_RATE}, or null (no limit), got {rate!r}"
+        )
+    if config.message_ttl_s is not None:
+        _check_seconds("message_ttl_s", config.message_ttl_s, 0.001)
+    if config.ttl_action not in TTL_ACTIONS:
+        raise ConfigError(
+            f"ttl_action must be one of {', '.join(TTL_ACTIONS)}, got {config.ttl_action!r}"
+        )
 
 
 def _check_seconds(name: str, value: object, minimum: float) -> None:

@@ -50,8 +50,9 @@ _REASON, _SOURCE, _COUNT, _AT, _DETAIL = (
     "Dead-Detail",
 )
 # System headers a rewrite does not carry over: its own, the id (written anew), the slot of a
-# capacity token the source queue frees.
-_NOT_COPIED = frozenset({codec.ID, "Slot"})
+# capacity token the source queue frees, the deadline of its time to live (a dead letter is kept
+# and redriven, never expired again: expiry.py).
+_NOT_COPIED = frozenset({codec.ID, "Slot", "Expires"})
 
 
 def check_consumer_verdict(reason: str, detail: str | None) -> None:

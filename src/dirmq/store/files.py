@@ -33,6 +33,7 @@ from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.dedup import Dedup
 from dirmq.store.events import REASON_MAX_RECEIVES, REASON_REJECTED
+from dirmq.store.expiry import read_deadline_s
 from dirmq.store.ids import id_time_us
 from dirmq.store.index import GroupRuns, QueueIndex
 from dirmq.store.layout import Entry, parse_entry
@@ -432,6 +433,7 @@ class QueueFiles:
             state="leased",
             group=decoded.system.get("Group"),
             dead=deadletters.from_system(decoded.system) if len(decoded.system) > 1 else None,
+            expires_at_s=read_deadline_s(decoded.system) if len(decoded.system) > 1 else None,
         )
 
     def _reread(self, path: str, message_id: str, over: int | None = None) -> Decoded | None:

@@ -80,7 +80,7 @@ from enum import StrEnum
 from functools import partial
 
 from dirmq.errors import ConfigError, CorruptMessage, InvalidArgument, InvalidName, storage_error
-from dirmq.store import backlog, codec, fsck_backlog, layout, smallfiles
+from dirmq.store import backlog, codec, fsck_backlog, fsck_rate, layout, smallfiles
 from dirmq.store.bounds import AT_MS_DIGITS, MAX_DURATION_S, MAX_RECEIVE_COUNT
 from dirmq.store.capacity import LEAK_GRACE_S
 from dirmq.store.config import QueueConfig
@@ -128,11 +128,14 @@ class Kind(StrEnum):
     READABLE_FREE = "readable-free"  # a recycled file still holding a retired message's bytes
     STRAY = "stray"  # notice: a file or directory dirmq does not know
     ORPHAN_HOLDER = "orphan-holder"  # notice: another host's holder record no lease names
+    STALE_RATE_SLOT = "stale-rate-slot"  # notice: a delivery slot of a past second (flow.py)
 
 
 # Notices do not break an invariant the store relies on: they never make a report not `ok`.
 # A dead process's pool is not damage either: the next open of the queue reclaims it.
-NOTICE_KINDS = frozenset({Kind.STRAY, Kind.MISSING_DLQ, Kind.ORPHAN_POOL, Kind.ORPHAN_HOLDER})
+NOTICE_KINDS = frozenset(
+    {Kind.STRAY, Kind.MISSING_DLQ, Kind.ORPHAN_POOL, Kind.ORPHAN_HOLDER, Kind.STALE_RATE_SLOT}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,7 +437,7 @@ class _Checker:
             if smallfiles.temp_target(child) == layout.ROOT_MARKER:
                 self._check_small_temp(name, entry.path)
                 return
-        elif child in layout.STATE_DIRS:
+        elif child in layout.STATE_DIRS or child == layout.RATE:
             return  # checked with the queue, or reported as unconfigured
         elif child == layout.CONFIG_FILE or child.startswith(f"{layout.CONFIG_FILE}.bad-"):
             return
@@ -509,6 +512,11 @@ class _Checker:
                 self.add(scan.name, found.path, Kind.STRAY, found.detail)
             else:
                 self.fix(scan.name, found.path, Kind.MISNAMED, found.detail, found.move_home)
+        for slot in fsck_rate.findings(path):  # delivery slots (flow.py)
+            if slot.remove is None:
+                self.add(scan.name, slot.path, Kind.STRAY, slot.detail)
+            else:
+                self.fix(scan.name, slot.path, Kind.STALE_RATE_SLOT, slot.detail, slot.remove)
         if scan.duplicates:
             self._resolve_duplicates(scan)
         self._check_slots(scan)

@@ -15,6 +15,7 @@
     <queue>/@dedup/            dedup records: symlink <sha256(dedup id)[:40]> -> <id>
     <queue>/@backlog/<epoch>/<second>/<ready name>   a deep queue's messages behind @ready,
                                in buckets of one second of ids (backlog.py)
+    <queue>/@rate/<second>.<n>  delivery slots of a rate-limited queue (flow.py)
 
 Everything a process needs to recover leases and delays is in the names: no file is opened.
 `<process>` is the writer's identity (processes.py: host tag, pid namespace, pid, start time).
@@ -44,6 +45,7 @@ FREE = "@free"
 DEDUP = "@dedup"
 SLOTS = "@slots"
 BACKLOG = "@backlog"  # a deep queue's messages behind its head (backlog.py)
+RATE = "@rate"  # delivery slots of a rate-limited queue, made on first use (flow.py)
 STATE_DIRS = (TMP, READY, LEASED, DELAYED, DEAD, CORRUPT, SLOTS, FREE, DEDUP, BACKLOG)
 ROOT_MARKER = "@dirmq.json"
 ROOT_TRASH = "@trash"

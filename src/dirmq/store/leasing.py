@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterable
 
 from dirmq.errors import InvalidArgument, QueueNotFound, StaleReceipt, StorageError, storage_error
+from dirmq.store import expiry, flow
 from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import QueueConfig
 from dirmq.store.events import REASON_REJECTED
@@ -62,14 +63,26 @@ def get(
     relisted = False
     while True:
         with view.lock:
-            config = view.config
+            config = flow.current_config(view)
             index = view.synced()
             at_ms = now_ms()
             files.promote(index, config, at_ms)
             visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
             visibility_ms = round(visibility * 1000)
             runs = GroupRuns(max_per_group)
-            got = files.claim_many(index, config, at_ms, visibility_ms, runs, max_count, holder)
+            admitted = flow.admit(view, config, index, max_count, at_ms)
+            got = (
+                files.claim_many(index, config, at_ms, visibility_ms, runs, admitted.count, holder)
+                if admitted.count
+                else []
+            )
+            if got and expiry.any_expiring(got):
+                claimed = len(got)
+                got = _unexpired(view, index, config, got)
+                if claimed > len(got) and not got:
+                    flow.settle(view, admitted, 0)
+                    continue  # only expired ones: look again at once
+            flow.settle(view, admitted, len(got))
             if not got and runs.missed and not relisted and view.polling():
                 # Polling, every name this get tried was gone: other hosts' consumers took
                 # them since the last listing. List again now rather than sleep until the
@@ -80,8 +93,17 @@ def get(
             remaining = deadline - time.monotonic()
             if got or remaining <= 0:
                 return got
-            timeout = min(remaining, _next_due_s(index, at_ms))
+            timeout = min(remaining, _next_due_s(index, at_ms), admitted.hold_s or remaining)
         view.wait(timeout)
+
+
+def _unexpired(
+    view: QueueView, index: QueueIndex, config: QueueConfig, got: list[Message]
+) -> list[Message]:
+    """`got` without the messages past their time to live (taken out now: expiry.py)."""
+    names = index.leased.names
+    leased = [(names.get(m.id, ""), m) for m in got]
+    return [m for _lease, m in expiry.take_expired(view.files, index, config, leased, now_ms())]
 
 
 def next_due_s(view: QueueView) -> float | None:
@@ -91,6 +113,9 @@ def next_due_s(view: QueueView) -> float | None:
         at_ms = now_ms()
         times = [t[0] for t in (index.leased.earliest(), index.delayed.earliest()) if t]
         due = max(0.0, (min(times) - at_ms) / 1000) if times else None
+        hold = flow.hold_s(view.config)  # paused or rate-limited: look again then
+        if hold is not None:
+            due = hold if due is None else min(due, hold)
         if index.backlog:  # see _next_due_s
             return BACKLOG_RECHECK_S if due is None else min(due, BACKLOG_RECHECK_S)
         return due

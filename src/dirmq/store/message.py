@@ -16,6 +16,7 @@ class OutgoingMessage:
     delay_s: float | None = None
     dedup_id: str | None = None
     group: str | None = None  # messages of one group are delivered in order, one at a time
+    ttl_s: float | None = None  # None: the queue's message_ttl_s (expiry.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,7 @@ class Message:
     group: str | None = None
     dead: DeadLetter | None = None  # set on a message that was dead-lettered (and since)
     holder: LeaseHolder | None = None  # who holds it: set by peek and browse of a leased one
+    expires_at_s: float | None = None  # its time to live ends then (epoch s; expiry.py)
 
     @property
     def content_type(self) -> str | None:

@@ -29,9 +29,10 @@ from dirmq.errors import (
 )
 from dirmq.store import codec, layout
 from dirmq.store.backlog import EPOCH_DIGITS
-from dirmq.store.bounds import check_optional_seconds, check_timeout
+from dirmq.store.bounds import check_optional_seconds, check_seconds, check_timeout
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
+from dirmq.store.expiry import EXPIRES, deadline_ms
 from dirmq.store.files import now_ms
 from dirmq.store.fsio import PendingFile, create_pending, overlap
 from dirmq.store.ids import new_ids
@@ -90,6 +91,8 @@ class Publisher:
         if len(message.body) > config.max_message_bytes:
             raise MessageTooLarge.for_queue(self.name, len(message.body), config.max_message_bytes)
         check_optional_seconds("delay_s", message.delay_s)
+        if message.ttl_s is not None:
+            check_seconds("ttl_s", message.ttl_s, minimum=0.001)
         codec.check_headers(message.headers)
         codec.check_label("group", message.group)
         codec.check_label("dedup_id", message.dedup_id)
@@ -188,7 +191,8 @@ class Publisher:
                 for i, (message_id, message, slot) in enumerate(
                     zip(ids, outgoing, slots, strict=True)
                 ):
-                    data = self._encode(message_id, message, slot)
+                    expires = deadline_ms(message, config, at_ms)
+                    data = self._encode(message_id, message, slot, expires)
                     keep_open = len(pending) < OPEN_FILES_PER_BATCH
                     pending.append(
                         self._write_tmp(
@@ -222,10 +226,14 @@ class Publisher:
         return ids, pending
 
     @staticmethod
-    def _encode(message_id: str, message: OutgoingMessage, slot: str | None) -> bytes:
+    def _encode(
+        message_id: str, message: OutgoingMessage, slot: str | None, expires_ms: int | None
+    ) -> bytes:
         system = {"Slot": slot} if slot else {}
         if message.group is not None:
             system["Group"] = message.group
+        if expires_ms is not None:
+            system[EXPIRES] = str(expires_ms)
         return codec.encode(message.body, message.headers, system, message_id=message_id)
 
     def _overlapped(self) -> bool:
@@ -249,7 +257,8 @@ class Publisher:
         from the `room`th on go to the backlog."""
 
         def write(i: int) -> PendingFile:
-            data = self._encode(ids[i], outgoing[i], slots[i])
+            expires = deadline_ms(outgoing[i], config, at_ms)
+            data = self._encode(ids[i], outgoing[i], slots[i], expires)
             keep_open = i < OPEN_FILES_PER_BATCH
             return self._write_tmp(ids[i], data, outgoing[i], config, at_ms, keep_open, i >= room)
 

@@ -71,6 +71,7 @@ class Queue:
         timeout_s: float | None = None,
         durability: Durability | str | None = None,
         dedup_id: str | None = None,
+        ttl_s: float | None = None,
     ) -> str:
         """Publish one message and return its id.
 
@@ -78,9 +79,12 @@ class Queue:
         on stable storage). At capacity, blocks up to `timeout_s` (None: indefinitely) then
         raises `QueueFull`. Raises `StorageError` (nothing stored, nothing partial visible) if the
         filesystem fails. With `dedup_id`, a message already published with that id within the
-        queue's `dedup_window_s` is not stored again and its id is returned.
+        queue's `dedup_window_s` is not stored again and its id is returned. With `ttl_s`
+        (default: the queue's `message_ttl_s`), a message not delivered within that many
+        seconds of its publish is dead-lettered (reason `ttl-expired`) or dropped, as the
+        queue's `ttl_action` says, and never delivered after it.
         """
-        message = OutgoingMessage(body, headers or {}, delay_s, dedup_id)
+        message = OutgoingMessage(body, headers or {}, delay_s, dedup_id, ttl_s=ttl_s)
         return self._publisher.put_many([message], timeout_s, durability)[0]
 
     def put_many(
@@ -143,7 +147,9 @@ class Queue:
 
     def next_due_s(self) -> float | None:
         """Seconds until the earliest lease expires or delayed message falls due (as this process
-        knows them), or None: when a waiter should look again even if nothing is published."""
+        knows them), or None: when a waiter should look again even if nothing is published. A
+        paused queue says soon (a resume makes no event), a rate-limited one the next second
+        (flow.py)."""
         return leasing.next_due_s(self._view)
 
     # -- settling leases --------------------------------------------------------------------------

@@ -20,7 +20,7 @@ STORED_PREFIX = "x-attr-"
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 # What a JSON-lines batch line may hold (another key is refused: a misspelt "dealy" would
 # otherwise publish a message ready now).
-JSON_LINE_KEYS = ("body", "body_base64", "headers", "delay", "dedup_id", "group")
+JSON_LINE_KEYS = ("body", "body_base64", "headers", "delay", "dedup_id", "group", "ttl")
 
 
 def stored_headers(raw_headers: Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -178,6 +178,7 @@ def parse_batch(content_type: str, body: bytes) -> list[OutgoingMessage]:
                     delay,
                     lowered.get("x-dedup-id"),
                     lowered.get("x-group"),
+                    ttl_s=_part_duration(lowered, "x-ttl", f"X-TTL of part {index}"),
                 )
             )
         return messages
@@ -203,6 +204,11 @@ def _part_delay(headers: dict[str, str], index: int) -> float | None:
         if name.lower() == "x-delay":
             return parse_duration(value, f"X-Delay of part {index}")
     return None
+
+
+def _part_duration(lowered: dict[str, str], name: str, what: str) -> float | None:
+    value = lowered.get(name)
+    return None if value is None else parse_duration(value, what)
 
 
 def _json_line(line: bytes, index: int) -> OutgoingMessage:
@@ -237,7 +243,9 @@ def _json_line(line: bytes, index: int) -> OutgoingMessage:
     for key, value in (("dedup_id", dedup_id), ("group", group)):
         if value is not None and not isinstance(value, str):
             raise InvalidArgument(f"line {index + 1}: {key!r} must be a string")
-    return OutgoingMessage(body, headers, delay_s, dedup_id, group)
+    ttl = item.get("ttl")
+    ttl_s = None if ttl is None else parse_duration(str(ttl), f"ttl of line {index + 1}")
+    return OutgoingMessage(body, headers, delay_s, dedup_id, group, ttl_s=ttl_s)
 
 
 def message_json(message: Message) -> dict[str, object]:

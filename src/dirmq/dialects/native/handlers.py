@@ -116,6 +116,7 @@ def read_publish(broker: Broker, request: Request, route: Route) -> Publish:
         queue.validate(message)
         return Publish(queue, [message])
     delay_s = _duration(request, "delay", "x-delay")
+    ttl_s = _duration(request, "ttl", "x-ttl")
     dedup_id = _param(request, "dedup", "x-dedup-id")
     group = _param(request, "group", "x-group")
     if batch:
@@ -126,6 +127,7 @@ def read_publish(broker: Broker, request: Request, route: Route) -> Publish:
                 m,
                 delay_s=delay_s if m.delay_s is None else m.delay_s,
                 group=group if m.group is None else m.group,
+                ttl_s=ttl_s if m.ttl_s is None else m.ttl_s,
             )
             for m in wire.parse_batch(content_type or "", request.body)
         ]
@@ -133,7 +135,7 @@ def read_publish(broker: Broker, request: Request, route: Route) -> Publish:
             raise InvalidArgument("the batch holds no messages")
     else:
         headers = wire.stored_headers(request.raw_headers)
-        messages = [OutgoingMessage(request.body, headers, delay_s, dedup_id, group)]
+        messages = [OutgoingMessage(request.body, headers, delay_s, dedup_id, group, ttl_s)]
     for message in messages:
         queue.validate(message)
     timeout_s = _duration(request, "timeout", "x-timeout") or 0.0
@@ -197,7 +199,9 @@ def too_large(
 
 
 # Where a publish's options may come from, besides the query (see `publish`).
-_PUBLISH_HEADERS = frozenset({"x-delay", "x-dedup-id", "x-group", "x-durability", "x-timeout"})
+_PUBLISH_HEADERS = frozenset(
+    {"x-delay", "x-dedup-id", "x-group", "x-durability", "x-timeout", "x-ttl"}
+)
 
 
 def published(message_id: str) -> Response:

@@ -1,0 +1,58 @@
+"""`dirmq fsck` of a queue's delivery slots (`@rate/<second>.<n>`, flow.py).
+
+A slot of a second more than `STALE_S` ago is a notice: gets remove the old ones as they take
+slot 0 of a second, so they remain only where the limit was lifted or nothing was received
+since; a repair removes them. Anything else in @rate is stray (left alone).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from dirmq.store import layout
+
+STALE_S = 60  # older seconds' slots count for nothing: a notice, removed by a repair
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    path: str
+    detail: str
+    remove: Callable[[], str] | None  # None: a stray entry (a notice, nothing to repair)
+
+
+def parse_slot(name: str) -> tuple[int, int] | None:
+    """(second, n) of a slot file's name `<second>.<n>`, or None (not a slot)."""
+    second, dot, n = name.partition(".")
+    if not (dot and second.isascii() and second.isdigit() and n.isascii() and n.isdigit()):
+        return None
+    return int(second), int(n)
+
+
+def findings(queue_dir: str, now_s: float | None = None) -> Iterator[Finding]:
+    directory = os.path.join(queue_dir, layout.RATE)
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    oldest = int(time.time() if now_s is None else now_s) - STALE_S
+    for entry in entries:
+        parsed = parse_slot(entry.name)
+        if parsed is None or not entry.is_file(follow_symlinks=False):
+            yield Finding(entry.path, "not a delivery slot", None)
+        elif parsed[0] < oldest:
+            yield Finding(entry.path, "delivery slot of a past second", _unlinker(entry.path))
+
+
+def _unlinker(path: str) -> Callable[[], str]:
+    def unlink() -> str:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return "removed"
+
+    return unlink
