@@ -26,6 +26,7 @@ MAX_AT_MS = 10**AT_MS_DIGITS - 1
 MAX_CAPACITY = 10**COUNT_DIGITS - 1  # messages in one queue (capacity tokens are names too)
 MAX_MESSAGE_BYTES = 4 * 1024**3  # every door holds a body in memory whole
 MAX_PEERS = 1024  # a get looks at the oldest peers + 1 ready messages
+MAX_PRIORITY_LEVELS = 10  # priority levels 0-9: one digit in a name (FORMAT.md)
 
 
 def check_seconds(

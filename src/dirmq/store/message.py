@@ -16,6 +16,7 @@ class OutgoingMessage:
     delay_s: float | None = None
     dedup_id: str | None = None
     group: str | None = None  # messages of one group are delivered in order, one at a time
+    priority: int = 0  # 0 (lowest) to the queue's priority_levels - 1: higher goes first
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,7 @@ class Message:
     group: str | None = None
     dead: DeadLetter | None = None  # set on a message that was dead-lettered (and since)
     holder: LeaseHolder | None = None  # who holds it: set by peek and browse of a leased one
+    priority: int = 0  # its priority level (in its file name, FORMAT.md)
 
     @property
     def content_type(self) -> str | None:

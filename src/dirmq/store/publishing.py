@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable
 
 from dirmq.errors import (
@@ -27,7 +28,7 @@ from dirmq.errors import (
     storage_error,
 )
 from dirmq.store import codec, layout
-from dirmq.store.backlog import EPOCH_DIGITS
+from dirmq.store.backlog import tree_key
 from dirmq.store.bounds import check_optional_seconds, check_timeout
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
@@ -35,6 +36,7 @@ from dirmq.store.files import now_ms
 from dirmq.store.fsio import PendingFile, create_pending, overlap
 from dirmq.store.ids import new_ids
 from dirmq.store.message import OutgoingMessage
+from dirmq.store.priorities import check_priority
 from dirmq.store.view import QueueView
 
 _MAX_VALIDATED = 4096  # validated messages remembered per queue (a server batch is <= 1024)
@@ -92,6 +94,8 @@ class Publisher:
         codec.check_headers(message.headers)
         codec.check_label("group", message.group)
         codec.check_label("dedup_id", message.dedup_id)
+        if message.priority:
+            check_priority(self.name, message.priority, config)
 
     def _put_deduplicated(
         self,
@@ -172,7 +176,7 @@ class Publisher:
         ids = new_ids(len(outgoing))
         index = view.index
         backlog = self._files.backlog
-        room = backlog.room(None if index is None else len(index.ready))
+        spills = self._spills(outgoing, config)
         slots: list[str | None] = [None] * len(ids)
         if config.capacity is not None:
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -181,7 +185,7 @@ class Publisher:
         try:
             at_ms = now_ms()
             if len(ids) > 1 and self._overlapped():
-                self._write_overlapped(ids, outgoing, slots, config, at_ms, pending, room)
+                self._write_overlapped(ids, outgoing, slots, config, at_ms, pending, spills)
             else:
                 for i, (message_id, message, slot) in enumerate(
                     zip(ids, outgoing, slots, strict=True)
@@ -190,7 +194,7 @@ class Publisher:
                     keep_open = len(pending) < OPEN_FILES_PER_BATCH
                     pending.append(
                         self._write_tmp(
-                            message_id, data, message, config, at_ms, keep_open, i >= room
+                            message_id, data, message, config, at_ms, keep_open, spills[i]
                         )
                     )
             self._commit(pending, level, config)
@@ -214,10 +218,36 @@ class Publisher:
                         os.path.basename(os.path.dirname(f.final_path)),
                         os.path.basename(f.final_path),
                     )
-            if index is not None and room < len(ids):  # an epoch it may not hear of (backlog.py)
-                index.backlog.add(ids[-1][:EPOCH_DIGITS])
-        backlog.published_into_ready(min(room, len(ids)))
+            if index is not None:  # a tree it may not hear of (backlog.py)
+                for message_id, message, spilled in zip(ids, outgoing, spills, strict=True):
+                    if spilled:
+                        index.backlog.add(
+                            tree_key(layout.ready_name(message_id, 0, None, message.priority))
+                        )
+        into_ready: Counter[int] = Counter()
+        for message, spilled in zip(outgoing, spills, strict=True):
+            if not spilled:
+                into_ready[message.priority] += 1
+        for priority, count in into_ready.items():
+            backlog.published_into_ready(count, priority)
         return ids, pending
+
+    def _spills(self, outgoing: list[OutgoingMessage], config: QueueConfig) -> list[bool]:
+        """Which of `outgoing` go to the backlog rather than @ready (backlog.py): each priority
+        level by its own room."""
+        index, backlog = self._view.index, self._files.backlog
+        levels = config.priority_levels
+        rooms: dict[int, int] = {}
+        spills: list[bool] = []
+        for message in outgoing:
+            level = message.priority
+            room = rooms.get(level)
+            if room is None:
+                count = None if index is None else index.ready_count(level)
+                room = backlog.room(count, level, levels)
+            spills.append(room <= 0)
+            rooms[level] = room - 1
+        return spills
 
     @staticmethod
     def _encode(message_id: str, message: OutgoingMessage, slot: str | None) -> bytes:
@@ -240,16 +270,16 @@ class Publisher:
         config: QueueConfig,
         at_ms: int,
         pending: list[PendingFile],
-        room: int,
+        spills: list[bool],
     ) -> None:
         """Write the batch's files at once (`fsio.overlap`), appending each written file to
         `pending` (for the caller to discard on failure); raises the first failure. The files
-        from the `room`th on go to the backlog."""
+        `spills` says which go to the backlog."""
 
         def write(i: int) -> PendingFile:
             data = self._encode(ids[i], outgoing[i], slots[i])
             keep_open = i < OPEN_FILES_PER_BATCH
-            return self._write_tmp(ids[i], data, outgoing[i], config, at_ms, keep_open, i >= room)
+            return self._write_tmp(ids[i], data, outgoing[i], config, at_ms, keep_open, spills[i])
 
         written, error = overlap(write, range(len(ids)))
         pending.extend(f for f in written if f is not None)
@@ -270,17 +300,19 @@ class Publisher:
         `spill`: into the backlog's bucket of its id rather than @ready (backlog.py)."""
         delay_s = config.delay_s if message.delay_s is None else message.delay_s
         tag = None if message.group is None else layout.group_tag(message.group)
+        level = message.priority
         try:
             if delay_s > 0:
                 due_ms = at_ms + round(delay_s * 1000)
-                name = layout.timed_name(message_id, 0, due_ms, tag)
+                name = layout.timed_name(message_id, 0, due_ms, tag, None, level)
                 final = f"{self._files.dir[layout.DELAYED]}/{name}"
             elif spill:
-                name = layout.ready_name(message_id, 0, tag)
+                name = layout.ready_name(message_id, 0, tag, level)
                 durable = config.durability is not Durability.MEMORY
                 final = f"{self._files.backlog.prepare(name, durable)}/{name}"
             else:
-                final = f"{self._files.dir[layout.READY]}/{layout.ready_name(message_id, 0, tag)}"
+                name = layout.ready_name(message_id, 0, tag, level)
+                final = f"{self._files.dir[layout.READY]}/{name}"
             if self._context.shared:
                 return self._write_beside(final, data, keep_open)
             pool = self._files.pool

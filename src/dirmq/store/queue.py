@@ -71,6 +71,7 @@ class Queue:
         timeout_s: float | None = None,
         durability: Durability | str | None = None,
         dedup_id: str | None = None,
+        priority: int = 0,
     ) -> str:
         """Publish one message and return its id.
 
@@ -78,9 +79,10 @@ class Queue:
         on stable storage). At capacity, blocks up to `timeout_s` (None: indefinitely) then
         raises `QueueFull`. Raises `StorageError` (nothing stored, nothing partial visible) if the
         filesystem fails. With `dedup_id`, a message already published with that id within the
-        queue's `dedup_window_s` is not stored again and its id is returned.
+        queue's `dedup_window_s` is not stored again and its id is returned. `priority`: 0 to
+        the queue's `priority_levels - 1`, the higher delivered first (InvalidArgument outside).
         """
-        message = OutgoingMessage(body, headers or {}, delay_s, dedup_id)
+        message = OutgoingMessage(body, headers or {}, delay_s, dedup_id, priority=priority)
         return self._publisher.put_many([message], timeout_s, durability)[0]
 
     def put_many(
