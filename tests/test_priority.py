@@ -227,3 +227,33 @@ def test_a_kill_during_priority_publishes_leaves_nothing_partial(
     levels = [m.priority for m in got]
     assert levels == sorted(levels, reverse=True)
     assert all(m.body == b"x" * 300 for m in got)
+
+
+def test_fsck_knows_the_levels_names_and_trees(store: dirmq.Store) -> None:
+    q = store.create_queue("checked", MEMORY)
+    batch = [OutgoingMessage(b"%d" % i, priority=2) for i in range(1_200)]
+    ids = q.put_many(batch) + [q.put(b"low"), q.put(b"mid", priority=1)]
+    q.get(1)  # a lease of level 2 in @leased
+    assert fsck(store.root, repair=False).ok  # clean: every name and tree of the levels
+    path = Path(q.path)
+    behind = [name for _bucket, name in backlog.names(q.path)]
+    assert behind and all(name.endswith("^2") for name in behind)
+    # A level-2 message in level 0's tree goes home; a stray file in a level's tree is a
+    # notice; a name with ^0 (never written) does not parse: not a message, set aside.
+    moved = behind[-1]
+    level0 = path / layout.BACKLOG / "/".join(backlog.bucket_of(moved))
+    level0.mkdir(parents=True, exist_ok=True)
+    os.rename(path / backlog.relative_dir(moved) / moved, level0 / moved)
+    (path / layout.BACKLOG / "p2" / "junk").write_text("x")
+    (path / layout.READY / f"{ids[-1]}^0").write_text("x")  # ^0 is never written
+    report = fsck(store.root, repair=False)
+    kinds = {(p.kind.name, os.path.basename(p.path)) for p in report.problems}
+    assert ("MISNAMED", moved) in kinds, kinds
+    assert ("STRAY", "junk") in kinds, kinds
+    assert not report.ok
+    repaired = fsck(store.root, repair=True)
+    assert all(p.repaired for p in repaired.problems if p.kind.name != "STRAY"), repaired
+    assert (path / backlog.relative_dir(moved) / moved).exists()
+    (path / layout.BACKLOG / "p2" / "junk").unlink()
+    assert fsck(store.root, repair=False).problems == ()
+    assert not (path / layout.READY / f"{ids[-1]}^0").exists()
