@@ -232,7 +232,7 @@ def test_a_kill_during_priority_publishes_leaves_nothing_partial(
 def test_fsck_knows_the_levels_names_and_trees(store: dirmq.Store) -> None:
     q = store.create_queue("checked", MEMORY)
     batch = [OutgoingMessage(b"%d" % i, priority=2) for i in range(1_200)]
-    ids = q.put_many(batch) + [q.put(b"low"), q.put(b"mid", priority=1)]
+    ids = [*q.put_many(batch), q.put(b"low"), q.put(b"mid", priority=1)]
     q.get(1)  # a lease of level 2 in @leased
     assert fsck(store.root, repair=False).ok  # clean: every name and tree of the levels
     path = Path(q.path)
