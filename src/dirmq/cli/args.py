@@ -213,6 +213,14 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="take one of the oldest N+1 messages at random (spreads many consumers)",
     )
+    add(
+        "--priority-levels",
+        dest="priority_levels",
+        type=count,
+        default=suppress,
+        metavar="N",
+        help="priority levels 0 to N-1 (1 to 10; default 1), the highest delivered first",
+    )
 
 
 CONFIG_FIELDS = (
@@ -226,6 +234,7 @@ CONFIG_FIELDS = (
     "durability",
     "writeback_delay_s",
     "peers",
+    "priority_levels",
 )
 
 

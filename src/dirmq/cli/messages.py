@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from dirmq.cli import exits
-from dirmq.cli.args import duration, open_store, queue_name
+from dirmq.cli.args import count, duration, open_store, queue_name
 from dirmq.errors import InvalidArgument, MessageNotFound, QueueNotFound
 from dirmq.store import Message
 from dirmq.store.message import LeaseHolder
@@ -49,6 +49,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         type=duration,
         metavar="DUR",
         help="at capacity, wait at most DUR for room (default: as long as it takes)",
+    )
+    p.add_argument(
+        "--priority",
+        type=count,
+        default=0,
+        metavar="N",
+        help="its priority: 0 (the default, lowest) to the queue's priority_levels - 1",
     )
     p.add_argument("--create", action="store_true", help="create the queue if it does not exist")
     p.set_defaults(handler=cmd_put)
@@ -170,7 +177,9 @@ def cmd_put(args: argparse.Namespace) -> int:
             raise _how_to_create(exc, name) from exc
         # Read only once the queue is known to exist, so a typo fails before stdin is consumed.
         body = sys.stdin.buffer.read()
-        message_id = queue.put(body, headers, delay_s=args.delay, timeout_s=args.timeout)
+        message_id = queue.put(
+            body, headers, delay_s=args.delay, timeout_s=args.timeout, priority=args.priority
+        )
     print(message_id)
     return exits.OK
 
@@ -275,6 +284,7 @@ def message_json(message: Message) -> dict[str, object]:
         "id": message.id,
         "receipt": message.receipt,
         "receive_count": message.receive_count,
+        **({"priority": message.priority} if message.priority else {}),
         "state": message.state,
         "published_at_s": message.published_at_s,
         "lease_deadline_s": message.lease_deadline_s,

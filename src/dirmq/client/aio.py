@@ -167,8 +167,9 @@ class AsyncRemoteQueue:
         timeout_s: float | None = None,
         durability: Durability | str | None = None,
         dedup_id: str | None = None,
+        priority: int = 0,
     ) -> str:
-        message = OutgoingMessage(body, headers or {}, delay_s, dedup_id)
+        message = OutgoingMessage(body, headers or {}, delay_s, dedup_id, priority=priority)
         return (await self.put_many([message], timeout_s=timeout_s, durability=durability))[0]
 
     async def put_many(

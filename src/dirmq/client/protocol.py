@@ -124,6 +124,8 @@ def publish_call(
             headers["X-Dedup-Id"] = message.dedup_id.encode()
         if message.group is not None:
             headers["X-Group"] = message.group.encode()
+        if message.priority:
+            headers["X-Priority"] = str(message.priority).encode()
         return Call("POST", path, params, headers, bytes(message.body), _wait_budget(timeout_s))
     boundary = framing.new_boundary()
     parts = []
@@ -135,6 +137,8 @@ def publish_call(
             part_headers.append(("X-Dedup-Id", message.dedup_id))
         if message.group is not None:
             part_headers.append(("X-Group", message.group))
+        if message.priority:
+            part_headers.append(("X-Priority", str(message.priority)))
         parts.append((part_headers, bytes(message.body)))
     body = framing.multipart_body(boundary, parts)
     content_type = f'multipart/mixed; boundary="{boundary}"'.encode()
@@ -186,6 +190,7 @@ def message_from(headers: Iterable[tuple[str, str]], body: bytes) -> Message:
             "x-receipt",
             "x-lease-deadline",
             "x-group",
+            "x-priority",
             *DEAD_HEADERS,
         ):
             own[lowered] = value
@@ -204,6 +209,7 @@ def message_from(headers: Iterable[tuple[str, str]], body: bytes) -> Message:
         state="leased" if receipt else "ready",
         group=own.get("x-group"),
         dead=parse_dead_headers(own),
+        priority=int(own.get("x-priority", "0")),
     )
 
 
@@ -230,6 +236,7 @@ def browsed(answer: Answer) -> list[Message]:
                 group=item.get("group"),
                 dead=dead_from_json(item.get("dead")),
                 holder=holder_from_json(item.get("holder")),
+                priority=int(item.get("priority", 0)),
             )
         )
     return out

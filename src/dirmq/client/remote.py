@@ -172,8 +172,9 @@ class RemoteQueue:
         timeout_s: float | None = None,
         durability: Durability | str | None = None,
         dedup_id: str | None = None,
+        priority: int = 0,
     ) -> str:
-        message = OutgoingMessage(body, headers or {}, delay_s, dedup_id)
+        message = OutgoingMessage(body, headers or {}, delay_s, dedup_id, priority=priority)
         return self.put_many([message], timeout_s=timeout_s, durability=durability)[0]
 
     def put_many(

@@ -14,7 +14,9 @@ NATIVE: dict[tuple[str, str, str], frozenset[str]] = {
     ("queue", "GET", ""): frozenset(),
     ("queue", "PUT", ""): frozenset(),
     ("queue", "DELETE", ""): frozenset(),
-    ("messages", "POST", ""): frozenset({"delay", "dedup", "group", "durability", "timeout"}),
+    ("messages", "POST", ""): frozenset(
+        {"delay", "dedup", "group", "durability", "timeout", "priority"}
+    ),
     ("messages", "GET", ""): frozenset({"max", "wait", "visibility", "peek", "after", "state"}),
     ("messages", "DELETE", ""): frozenset({"state"}),
     ("message", "GET", ""): frozenset(),
