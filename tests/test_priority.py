@@ -257,3 +257,25 @@ def test_fsck_knows_the_levels_names_and_trees(store: dirmq.Store) -> None:
     (path / layout.BACKLOG / "p2" / "junk").unlink()
     assert fsck(store.root, repair=False).problems == ()
     assert not (path / layout.READY / f"{ids[-1]}^0").exists()
+
+
+def test_dead_letters_and_redrive_keep_the_level(store: dirmq.Store) -> None:
+    store.create_queue("jobs-dlq", MEMORY)
+    jobs = store.create_queue(
+        "jobs",
+        dirmq.QueueConfig(durability="memory", priority_levels=3, dead_letter_queue="jobs-dlq"),
+    )
+    low, high = jobs.put(b"low"), jobs.put(b"high", priority=2)
+    for message in jobs.get(2):
+        jobs.dead_letter(message.receipt or "", "no")
+    dlq = store.queue("jobs-dlq")
+    assert [(m.id, m.priority) for m in dlq.browse(limit=None)] == [(low, 0), (high, 2)]
+    assert dlq.redrive() == 2  # back where they died, at their levels
+    assert [(m.id, m.priority) for m in jobs.get(2)] == [(high, 2), (low, 0)]
+    here = store.create_queue("here", MEMORY)  # dead-lettered into its own @dead
+    kept = here.put(b"k", priority=1)
+    (message,) = here.get(1)
+    here.dead_letter(message.receipt or "")
+    assert [m.priority for m in here.browse(state="dead", limit=None)] == [1]
+    assert here.redrive() == 1
+    assert [(m.id, m.priority) for m in here.get(1)] == [(kept, 1)]
