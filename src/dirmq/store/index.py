@@ -4,6 +4,10 @@ Built by one scan when first needed, then kept current by watcher events (every 
 publishes, claims, acks and requeues show up as names appearing and disappearing). The index may be
 stale by a few microseconds: a claim of a name another process took a moment ago fails with ENOENT
 and the caller moves on. Heaps use lazy deletion and are rebuilt when mostly stale.
+
+Why it is long: every structure here is on the per-message path and kept in step by the same
+events (`apply`): the ready heaps (one per priority level), the timed sets of @leased and
+@delayed, the group runs; split, each event would be dispatched twice.
 """
 
 from __future__ import annotations

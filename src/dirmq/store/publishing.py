@@ -9,6 +9,10 @@ fsio.py explains) and the whole batch is made visible at once by one group commi
 (`writethrough`), or renamed into place and flushed later (`writeback`, `memory`). Anything that
 fails before the commit discards every file of the batch and gives back its tokens: all are
 stored or none is. Dedup records are written after the message (see dedup.py).
+
+Why it is long: the steps above are one transaction (a failure at any of them undoes the
+earlier ones), and where each file goes, @ready or its level's backlog bucket (`_spills`), is
+decided per batch with it; split, the undoing would cross modules.
 """
 
 from __future__ import annotations
