@@ -279,3 +279,18 @@ def test_dead_letters_and_redrive_keep_the_level(store: dirmq.Store) -> None:
     assert [m.priority for m in here.browse(state="dead", limit=None)] == [1]
     assert here.redrive() == 1
     assert [(m.id, m.priority) for m in here.get(1)] == [(kept, 1)]
+
+
+def test_purge_and_delete_reach_every_levels_tree(store: dirmq.Store) -> None:
+    q = store.create_queue("purged", MEMORY)
+    ids = q.put_many([OutgoingMessage(b"a", priority=1) for _ in range(1_500)])
+    ids += q.put_many([OutgoingMessage(b"b") for _ in range(1_500)])
+    tree = Path(q.path) / layout.BACKLOG
+    assert "p1" in os.listdir(tree)
+    assert q.peek(ids[1_499]).priority == 1  # by id, in its level's tree
+    assert q.delete(ids[1_499])
+    assert q.purge() == 2_999
+    assert os.listdir(tree) == []  # every tree, epoch and bucket removed
+    q.put(b"after", priority=1)  # an empty backlog: straight into @ready again
+    assert [n for n in os.listdir(Path(q.path) / layout.READY)] != []
+    assert q.stats().ready == 1

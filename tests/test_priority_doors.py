@@ -51,6 +51,9 @@ def test_native_publish_by_query_and_header_and_receive_highest_first(
         mid: 1,
         high: 2,
     }
+    peeked = http.get(f"/{name}/messages/{mid}")  # a message by id says its level too
+    assert peeked.status_code == 200 and peeked.headers["x-priority"] == "1"
+    assert "x-priority" not in http.get(f"/{name}/messages/{low}").headers
     got = []
     for _ in range(3):
         answer = http.get(f"/{name}/messages")
@@ -87,6 +90,13 @@ def test_native_batches_and_config(http: httpx.Client) -> None:
     ).json()["ids"]
     answer = http.get(f"/{name}/messages")
     assert answer.headers["x-message-id"] == ids[1] and answer.headers["x-priority"] == "1"
+    parts = b"--B\r\nX-Priority: 1\r\n\r\np\r\n--B\r\n\r\nq\r\n--B--\r\n"
+    multipart = {"Content-Type": "multipart/mixed; boundary=B"}
+    ids = http.post(f"/{name}/messages", content=parts, headers=multipart).json()["ids"]
+    assert http.get(f"/{name}/messages").headers["x-message-id"] == ids[0]
+    bad = parts.replace(b"X-Priority: 1", b"X-Priority: 2")
+    refused = http.post(f"/{name}/messages", content=bad, headers=multipart)
+    assert refused.status_code == 400 and "from 0 to 1" in refused.text
     assert http.put(f"/{name}", json={"priority_levels": 11}).status_code == 400
     assert http.put(f"/{name}", json={"priority_levels": 0}).status_code == 400
     assert http.put(f"/{name}", json={"priority_levels": "2"}).status_code == 400
