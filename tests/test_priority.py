@@ -294,3 +294,17 @@ def test_purge_and_delete_reach_every_levels_tree(store: dirmq.Store) -> None:
     q.put(b"after", priority=1)  # an empty backlog: straight into @ready again
     assert [n for n in os.listdir(Path(q.path) / layout.READY)] != []
     assert q.stats().ready == 1
+
+
+def test_a_group_across_levels_is_leased_one_at_a_time_higher_level_first(
+    store: dirmq.Store,
+) -> None:
+    q = store.create_queue("grouped", MEMORY)
+    older = q.put_many([OutgoingMessage(b"old", group="g")])[0]
+    newer = q.put_many([OutgoingMessage(b"new", group="g", priority=2)])[0]
+    other = q.put(b"other")
+    (first,) = q.get(1)
+    assert (first.id, first.priority) == (newer, 2)
+    assert [m.id for m in q.get(5)] == [other]  # the group is held while its message is out
+    q.ack(first.receipt or "")
+    assert [m.id for m in q.get(5)] == [older]
