@@ -5,6 +5,7 @@ not got."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -20,6 +21,7 @@ from dirmq.client import RemoteStore
 from dirmq.store.message import OutgoingMessage
 
 from .support.fixtures import http_client, serve
+from .support.procs import REPO
 from .support.servers import ServerProcess, sqs_client
 
 server = serve()
@@ -163,3 +165,61 @@ def test_cli_put_priority_and_queue_levels(tmp_path: Path) -> None:
     assert got.returncode == 0, got.stderr
     message = json.loads(got.stdout)
     assert (message["body"], message["priority"]) == ("high", 2)
+
+
+HTTP_CONSUMER = """
+import json, sys
+import httpx
+from dirmq.client.protocol import Answer, received
+url, name, out = sys.argv[1:4]
+got = []
+with httpx.Client(base_url=url, timeout=30) as http:
+    while True:
+        answer = http.get(f"/{name}/messages", params={"max": "5", "wait": "1s"})
+        if answer.status_code == 204:
+            break
+        assert answer.status_code == 200, answer.text
+        headers = [(k.lower(), v) for k, v in answer.headers.multi_items()]
+        messages = received(Answer(answer.status_code, headers, answer.content))
+        for m in messages:
+            got.append([m.id, m.priority])
+            assert http.delete(f"/{name}/messages/{m.receipt}").status_code == 204
+with open(out, "w") as f:
+    json.dump(got, f)
+"""
+
+
+def test_eight_http_consumer_processes_highest_first_each_once(
+    http: httpx.Client, server: ServerProcess, tmp_path: Path
+) -> None:
+    name = _queue(http, 4)
+    sent: dict[str, int] = {}
+    lines = [json.dumps({"body": str(i), "priority": (i * 3) % 4}) for i in range(800)]
+    for start in range(0, 800, 200):
+        body = "\n".join(lines[start : start + 200]).encode()
+        ids = http.post(
+            f"/{name}/messages", content=body, headers={"Content-Type": "application/x-ndjson"}
+        ).json()["ids"]
+        for i, message_id in enumerate(ids):
+            sent[message_id] = ((start + i) * 3) % 4
+    outs = [tmp_path / f"h{n}.json" for n in range(8)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", HTTP_CONSUMER, server.url, name, str(out)], env=env, cwd=REPO
+        )
+        for out in outs
+    ]
+    for child in children:
+        assert child.wait(timeout=300) == 0
+    seen: list[str] = []
+    for out in outs:
+        got = json.loads(out.read_text())
+        seen += [message_id for message_id, _level in got]
+        levels = [level for _id, level in got]
+        assert levels == sorted(levels, reverse=True)  # higher levels first, in each consumer
+        for level in range(4):  # FIFO within a level
+            ids = [message_id for message_id, lv in got if lv == level]
+            assert ids == sorted(ids)
+        assert all(sent[message_id] == level for message_id, level in got)
+    assert sorted(seen) == sorted(sent)  # every message exactly once, none lost
