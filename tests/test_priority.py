@@ -217,16 +217,24 @@ def test_a_kill_during_priority_publishes_leaves_nothing_partial(
         text=True,
     )
     assert child.stdout is not None and child.stdout.readline() == "stored\n"
+    # Killed once every level spills into its own backlog tree: mid-publish, mid-bucket.
+    tree = Path(q.path) / layout.BACKLOG
+    wait_until(lambda: {"p1", "p2"} <= set(os.listdir(tree)), 120.0, "every level's tree")
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=30)
     child.stdout.close()
     report = fsck(store.root, repair=False)
     assert report.ok, report
     got = _drain(q, 100)
-    assert len(got) >= 50
+    assert len(got) >= 3 * backlog.SPILL_AT
     levels = [m.priority for m in got]
     assert levels == sorted(levels, reverse=True)
+    for level in range(3):  # FIFO within each level, through its tree
+        ids = [m.id for m in got if m.priority == level]
+        assert ids == sorted(ids)
+    assert len({m.id for m in got}) == len(got)
     assert all(m.body == b"x" * 300 for m in got)
+    assert fsck(store.root, repair=False).ok
 
 
 def test_fsck_knows_the_levels_names_and_trees(store: dirmq.Store) -> None:
