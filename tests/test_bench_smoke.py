@@ -122,6 +122,7 @@ def test_the_consume_floor_runs_and_leaves_nothing_behind(tmp_path: Path) -> Non
         ("consume_anatomy", ["--messages", "300", "--rounds", "1", "--json"]),
         ("metrics_scrape", ["--queues", "100", "--scrapes", "2", "--json"]),
         ("scale", ["--quick", "--json"]),
+        ("priority", ["--per-queue", "2000", "--deep", "5000", "--json"]),
     ],
 )
 def test_a_benchmark_that_needs_nothing_installed_runs_end_to_end(

@@ -247,10 +247,10 @@ def test_root_marker_missing_or_broken_is_rewritten(store: Store, root: Path) ->
     assert kinds(report) == [Kind.ROOT_MARKER] and not report.ok
     assert fsck(root, repair=True).ok
     # The access the root directory's mode says (0700: private), as the lost marker did.
-    assert json.loads(marker.read_text()) == {"format": 3, "access": "private"}
+    assert json.loads(marker.read_text()) == {"format": 4, "access": "private"}
     marker.write_text("[1, 2")
     assert kinds(fsck(root, repair=True)) == [Kind.ROOT_MARKER]
-    assert json.loads(marker.read_text()) == {"format": 3, "access": "private"}
+    assert json.loads(marker.read_text()) == {"format": 4, "access": "private"}
     assert fsck(root, repair=False).problems == ()
 
 

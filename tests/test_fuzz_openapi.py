@@ -137,9 +137,16 @@ class Seeds:
         self.ids: list[str] = []
 
     def stock(self, queue: str) -> None:
-        self.http.put(f"/{queue}")
-        # Messages as clients store them: typed, with an empty type, with none at all.
-        for headers in ({"Content-Type": "text/plain", "X-Attr-N": "1"}, {"Content-Type": ""}, {}):
+        # One queue of priority levels, so generated priorities are stored, not only refused.
+        self.http.put(f"/{queue}", json={"priority_levels": 3} if queue == "fz/a" else None)
+        # Messages as clients store them: typed, with an empty type, with none at all, and of a
+        # priority (refused, 400, where the queue has one level).
+        for headers in (
+            {"Content-Type": "text/plain", "X-Attr-N": "1"},
+            {"Content-Type": ""},
+            {},
+            {"X-Priority": "2"},
+        ):
             answer = self.http.post(f"/{queue}/messages", content=b"seed", headers=headers)
             if answer.status_code == 201:
                 self.ids.append(answer.headers["X-Message-Id"])

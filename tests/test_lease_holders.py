@@ -25,6 +25,7 @@ from dirmq.store import layout
 from dirmq.store.fsck import fsck
 from dirmq.store.holders import Holders
 from dirmq.store.layout import parse_entry
+from dirmq.store.marker import ROOT_FORMAT
 from dirmq.store.message import LeaseHolder
 
 from .support.servers import REPO, ServerProcess, fresh, start_server
@@ -199,12 +200,12 @@ def test_fsck_leaves_a_lease_s_holder_alone_and_reports_strays(
     assert not foreign.exists()
 
 
-@pytest.mark.parametrize("earlier", [1, 2])
+@pytest.mark.parametrize("earlier", [1, 2, 3])
 def test_a_root_of_an_earlier_format_is_marked_current(root: Path, earlier: int) -> None:
     root.mkdir(exist_ok=True)
     (root / layout.ROOT_MARKER).write_text(f'{{"format": {earlier}, "access": "private"}}\n')
     dirmq.Store(root).close()
-    assert json.loads((root / layout.ROOT_MARKER).read_text())["format"] == 3
+    assert json.loads((root / layout.ROOT_MARKER).read_text())["format"] == ROOT_FORMAT
 
 
 _GETS_SCRIPT = textwrap.dedent(

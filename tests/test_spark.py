@@ -94,6 +94,29 @@ def _stream(spark: Any, **options: str) -> Any:
 
 
 # -- batch ----------------------------------------------------------------------------------------
+def test_priorities_are_written_and_read(spark: Any, tmp_path: Path) -> None:
+    """A `priority` column writes each row at its level; reads show each message's level, and
+    the queue delivers the highest first."""
+    root = tmp_path / "root"
+    store = dirmq.Store(root)
+    store.create_queue("tickets", dirmq.QueueConfig(priority_levels=3))
+    df = spark.createDataFrame(
+        [(b"low", 0), (b"high", 2), (b"mid", 1)], "body binary, priority int"
+    )
+    df.write.format("dirmq").option("path", str(root)).option("queue", "tickets").mode(
+        "append"
+    ).save()
+    back = spark.read.format("dirmq").option("path", str(root)).option("queue", "tickets").load()
+    assert {bytes(r.body): r.priority for r in back.collect()} == {b"low": 0, b"high": 2, b"mid": 1}
+    bad = spark.createDataFrame([(b"x", 3)], "body binary, priority int")
+    with pytest.raises(Exception, match="from 0 to 2"):
+        bad.write.format("dirmq").option("path", str(root)).option("queue", "tickets").mode(
+            "append"
+        ).save()
+    assert [m.body for m in store.queue("tickets").get(3)] == [b"high", b"mid", b"low"]
+    store.close()
+
+
 def test_write_then_read_back(spark: Any, tmp_path: Path) -> None:
     root = tmp_path / "root"
     store = dirmq.Store(root)

@@ -254,6 +254,14 @@ def add_flow_options(add: Any) -> None:
         default=argparse.SUPPRESS,
         help="what becomes of an expired message (default: dead-letter)",
     )
+    add(
+        "--priority-levels",
+        dest="priority_levels",
+        type=count,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="priority levels 0 to N-1 (1 to 10; default 1), the highest delivered first",
+    )
 
 
 CONFIG_FIELDS = (
@@ -272,6 +280,7 @@ CONFIG_FIELDS = (
     "delivery_rate_per_s",
     "message_ttl_s",
     "ttl_action",
+    "priority_levels",
 )
 
 

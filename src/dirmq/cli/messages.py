@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from dirmq.cli import exits
-from dirmq.cli.args import duration, open_store, queue_name
+from dirmq.cli.args import count, duration, open_store, queue_name
 from dirmq.errors import InvalidArgument, MessageNotFound, QueueNotFound
 from dirmq.store import Message
 from dirmq.store.message import LeaseHolder
@@ -55,6 +55,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         type=duration,
         metavar="DUR",
         help="not delivered within DUR of now: dead-lettered or dropped (default: the queue's)",
+    )
+    p.add_argument(
+        "--priority",
+        type=count,
+        default=0,
+        metavar="N",
+        help="its priority: 0 (the default, lowest) to the queue's priority_levels - 1",
     )
     p.add_argument("--create", action="store_true", help="create the queue if it does not exist")
     p.set_defaults(handler=cmd_put)
@@ -177,7 +184,12 @@ def cmd_put(args: argparse.Namespace) -> int:
         # Read only once the queue is known to exist, so a typo fails before stdin is consumed.
         body = sys.stdin.buffer.read()
         message_id = queue.put(
-            body, headers, delay_s=args.delay, timeout_s=args.timeout, ttl_s=args.ttl
+            body,
+            headers,
+            delay_s=args.delay,
+            timeout_s=args.timeout,
+            ttl_s=args.ttl,
+            priority=args.priority,
         )
     print(message_id)
     return exits.OK
@@ -283,6 +295,7 @@ def message_json(message: Message) -> dict[str, object]:
         "id": message.id,
         "receipt": message.receipt,
         "receive_count": message.receive_count,
+        **({"priority": message.priority} if message.priority else {}),
         "state": message.state,
         "published_at_s": message.published_at_s,
         "lease_deadline_s": message.lease_deadline_s,

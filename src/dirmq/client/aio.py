@@ -168,8 +168,11 @@ class AsyncRemoteQueue:
         durability: Durability | str | None = None,
         dedup_id: str | None = None,
         ttl_s: float | None = None,
+        priority: int = 0,
     ) -> str:
-        message = OutgoingMessage(body, headers or {}, delay_s, dedup_id, ttl_s=ttl_s)
+        message = OutgoingMessage(
+            body, headers or {}, delay_s, dedup_id, ttl_s=ttl_s, priority=priority
+        )
         return (await self.put_many([message], timeout_s=timeout_s, durability=durability))[0]
 
     async def put_many(

@@ -128,6 +128,8 @@ def publish_call(
             headers["X-Group"] = message.group.encode()
         if message.ttl_s is not None:
             params["ttl"] = seconds(message.ttl_s)
+        if message.priority:
+            headers["X-Priority"] = str(message.priority).encode()
         return Call("POST", path, params, headers, bytes(message.body), _wait_budget(timeout_s))
     boundary = framing.new_boundary()
     parts = []
@@ -141,6 +143,8 @@ def publish_call(
             part_headers.append(("X-Group", message.group))
         if message.ttl_s is not None:
             part_headers.append(("X-TTL", seconds(message.ttl_s)))
+        if message.priority:
+            part_headers.append(("X-Priority", str(message.priority)))
         parts.append((part_headers, bytes(message.body)))
     body = framing.multipart_body(boundary, parts)
     content_type = f'multipart/mixed; boundary="{boundary}"'.encode()
@@ -192,6 +196,7 @@ def message_from(headers: Iterable[tuple[str, str]], body: bytes) -> Message:
             "x-receipt",
             "x-lease-deadline",
             "x-group",
+            "x-priority",
             *DEAD_HEADERS,
         ):
             own[lowered] = value
@@ -210,6 +215,7 @@ def message_from(headers: Iterable[tuple[str, str]], body: bytes) -> Message:
         state="leased" if receipt else "ready",
         group=own.get("x-group"),
         dead=parse_dead_headers(own),
+        priority=int(own.get("x-priority", "0")),
     )
 
 
@@ -236,6 +242,7 @@ def browsed(answer: Answer) -> list[Message]:
                 group=item.get("group"),
                 dead=dead_from_json(item.get("dead")),
                 holder=holder_from_json(item.get("holder")),
+                priority=int(item.get("priority", 0)),
             )
         )
     return out

@@ -173,8 +173,11 @@ class RemoteQueue:
         durability: Durability | str | None = None,
         dedup_id: str | None = None,
         ttl_s: float | None = None,
+        priority: int = 0,
     ) -> str:
-        message = OutgoingMessage(body, headers or {}, delay_s, dedup_id, ttl_s=ttl_s)
+        message = OutgoingMessage(
+            body, headers or {}, delay_s, dedup_id, ttl_s=ttl_s, priority=priority
+        )
         return self.put_many([message], timeout_s=timeout_s, durability=durability)[0]
 
     def put_many(

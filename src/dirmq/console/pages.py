@@ -244,13 +244,14 @@ def _file_of(queue_path: str, found: Message) -> str | None:
     tag = layout.group_tag(found.group) if found.group else None
     directory = os.path.join(queue_path, "@" + found.state)
     if found.state == "ready":
-        candidates = [layout.ready_name(found.id, found.receive_count, tag)]
+        candidates = [layout.ready_name(found.id, found.receive_count, tag, found.priority)]
     elif found.state == "dead":
-        candidates = [layout.dead_name(found.id, found.receive_count, tag)]
+        candidates = [layout.dead_name(found.id, found.receive_count, tag, found.priority)]
     elif found.state == "leased" and found.lease_deadline_s is not None:
         at_ms = round(found.lease_deadline_s * 1000)
         holder = found.holder.token if found.holder else None
-        candidates = [layout.timed_name(found.id, found.receive_count, at_ms, tag, holder)]
+        name = layout.timed_name(found.id, found.receive_count, at_ms, tag, holder, found.priority)
+        candidates = [name]
     else:
         prefix = layout.lease_prefix(found.id, found.receive_count)
         candidates = [n for n in _listdir(directory) if n.startswith(prefix)]

@@ -10,6 +10,7 @@ Read schema (batch and streaming alike):
     receive_count INT        how many times the message was leased, this delivery included
     state         STRING     ready | leased | delayed | dead (streaming rows: leased)
     group         STRING     the message group, if any
+    priority      INT        its priority level (0 unless the queue has priority_levels)
 
 Reads of the pub/sub retained log (`stream=retained`) produce `id`, `body`, `headers`,
 `content_type` and `published_at` as above (publish time from the envelope), then
@@ -28,7 +29,8 @@ Spark schema, so Spark takes them without a per-row conversion.
 
 Write columns: `body` (BINARY or STRING, required) and, optionally, `headers`
 (MAP<STRING,STRING>), `content_type` (STRING), `delay_s` (a number of seconds), `group` and
-`dedup_id` (STRING). Any other column is refused, so a typo cannot silently drop data.
+`dedup_id` (STRING), `priority` (an integer: 0 to the queue's priority_levels - 1). Any other
+column is refused, so a typo cannot silently drop data.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ READ_SCHEMA = StructType(
         StructField("receive_count", IntegerType()),
         StructField("state", StringType()),
         StructField("group", StringType()),
+        StructField("priority", IntegerType()),
     ]
 )
 ARROW_READ_SCHEMA: pa.Schema = to_arrow_schema(READ_SCHEMA, timezone="UTC")
@@ -90,6 +93,7 @@ WRITE_COLUMNS: dict[str, tuple[type[DataType], ...]] = {
     "delay_s": _NUMBERS,
     "group": (StringType,),
     "dedup_id": (StringType,),
+    "priority": (IntegerType, LongType, ShortType),
 }
 
 
@@ -147,6 +151,7 @@ _MESSAGE_COLUMNS: dict[str, Builder] = {
     "receive_count": lambda ms, _: pa.array([m.receive_count for m in ms], pa.int32()),
     "state": lambda ms, state: pa.array([state or m.state for m in ms], pa.string()),
     "group": lambda ms, _: pa.array([m.group for m in ms], pa.string()),
+    "priority": lambda ms, _: pa.array([m.priority for m in ms], pa.int32()),
 }
 
 
@@ -237,6 +242,7 @@ def outgoing(table: pa.Table | pa.RecordBatch) -> list[OutgoingMessage]:
     delays = columns.get("delay_s") or [None] * count
     groups = columns.get("group") or [None] * count
     dedups = columns.get("dedup_id") or [None] * count
+    priorities = columns.get("priority") or [None] * count
     result = []
     for i in range(count):
         body = bodies[i]
@@ -251,6 +257,7 @@ def outgoing(table: pa.Table | pa.RecordBatch) -> list[OutgoingMessage]:
                 None if delays[i] is None else float(delays[i]),
                 dedups[i],
                 groups[i],
+                priorities[i] or 0,
             )
         )
     return result

@@ -18,6 +18,11 @@ FIFO holds: every message in the backlog is newer than every message published i
 refill takes the oldest bucket first (bucket names are the ids' own digits). Messages returned to
 @ready (nack, expiry, due delays) are older than the backlog, as in a queue without one.
 
+Priorities (FORMAT.md "Priorities"): the messages of level L > 0 have a tree of their own,
+`@backlog/p<L>/<epoch>/<second>/`, spilled and refilled by that level's own count in @ready, so
+a full @ready of low messages never holds a high one back; level 0 keeps `@backlog/<epoch>/`.
+A level's tree goes (`rmdir`) with its last epoch; the index sees `p<L>` come and go.
+
 Crash safety: every move is one rename of a complete file (a message is in @ready, or in its
 bucket, never in both and never in neither); a bucket this process creates is flushed into its
 parent before a message is renamed into it. An empty bucket left by a kill is removed by the
@@ -27,6 +32,7 @@ next refill; one a publisher is about to fill is re-made (`PublishRace`, retried
 from __future__ import annotations
 
 import contextlib
+import heapq
 import os
 import time
 from collections.abc import Iterator
@@ -35,6 +41,7 @@ from dirmq.errors import storage_error
 from dirmq.store import layout
 from dirmq.store.filemodes import Access
 from dirmq.store.fsio import fsync_dir
+from dirmq.store.layout import level_of
 
 BACKLOG = layout.BACKLOG
 SPILL_AT = 1000  # @ready's length from which new messages go to the backlog
@@ -52,16 +59,42 @@ _MIN_ENTRY_BYTES = 16
 _ESTIMATE_FOR_S = 0.5  # a publisher without an index counts @ready at most this often
 
 
+LEVEL_PREFIX = "p"  # @backlog/p<level>: the tree of a priority level above 0
+
+
 def bucket_of(name: str) -> tuple[str, str]:
     """(epoch, second) directory names of the bucket of a ready name (it starts with its id)."""
     return name[:EPOCH_DIGITS], name[EPOCH_DIGITS:SECOND_DIGITS]
 
 
+def level_root(level: int) -> str:
+    """The queue-relative tree of a priority level: `@backlog` (0) or `@backlog/p<level>`."""
+    return f"{BACKLOG}/{LEVEL_PREFIX}{level}" if level else BACKLOG
+
+
+def is_level_dir(name: str) -> bool:
+    """Whether an entry of @backlog names a level's tree (`p1` to `p9`)."""
+    return len(name) == 2 and name[0] == LEVEL_PREFIX and name[1] in "123456789"
+
+
+def level_dir_level(name: str) -> int:
+    return int(name[1])
+
+
+def tree_key(name: str) -> str:
+    """What an index keeps (`QueueIndex.backlog`) for the tree a spilled `name` went into: its
+    epoch (level 0) or its level's `p<level>`."""
+    level = level_of(name) if "^" in name else 0
+    return f"{LEVEL_PREFIX}{level}" if level else name[:EPOCH_DIGITS]
+
+
 def relative_dir(name: str) -> str:
-    """The bucket of `name` as a queue-relative directory, `@backlog/<epoch>/<second>`: what
-    `QueueFiles.path` takes as a state directory for a backlog file."""
+    """The bucket of `name` as a queue-relative directory, `@backlog/[p<level>/]<epoch>/<second>`
+    (the level from the name): what `QueueFiles.path` takes as a state directory for a backlog
+    file."""
     epoch, second = bucket_of(name)
-    return f"{BACKLOG}/{epoch}/{second}"
+    level = level_of(name) if "^" in name else 0
+    return f"{level_root(level)}/{epoch}/{second}"
 
 
 def is_bucket_dir(directory: str) -> bool:
@@ -86,27 +119,47 @@ def _listdir(path: str) -> list[str]:
         raise storage_error(exc, f"listing {path}") from exc
 
 
-def buckets(queue_dir: str) -> Iterator[tuple[str, str]]:
-    """(queue-relative bucket directory, its path) of every bucket, oldest first."""
+def levels(queue_dir: str) -> list[int]:
+    """The levels that have a tree in the backlog (0 always), highest first: one listing of
+    @backlog (its epochs and level trees)."""
     top = os.path.join(queue_dir, BACKLOG)
-    for epoch in sorted(n for n in _listdir(top) if is_epoch(n)):
-        epoch_dir = os.path.join(top, epoch)
-        for second in sorted(n for n in _listdir(epoch_dir) if is_second(n)):
-            yield f"{BACKLOG}/{epoch}/{second}", os.path.join(epoch_dir, second)
+    found = [level_dir_level(n) for n in _listdir(top) if is_level_dir(n)]
+    return [*sorted(found, reverse=True), 0]
+
+
+def buckets(queue_dir: str, level: int | None = None) -> Iterator[tuple[str, str]]:
+    """(queue-relative bucket directory, its path) of every bucket of `level` (None: of
+    every level, highest first), oldest first."""
+    for each in levels(queue_dir) if level is None else [level]:
+        root = level_root(each)
+        top = os.path.join(queue_dir, root)
+        for epoch in sorted(n for n in _listdir(top) if is_epoch(n)):
+            epoch_dir = os.path.join(top, epoch)
+            for second in sorted(n for n in _listdir(epoch_dir) if is_second(n)):
+                yield f"{root}/{epoch}/{second}", os.path.join(epoch_dir, second)
 
 
 def bucket_dirs(queue_dir: str) -> list[str]:
-    """Every bucket as a queue-relative directory, oldest first (the epochs and their seconds
-    listed: no message)."""
+    """Every bucket as a queue-relative directory (the epochs and their seconds listed: no
+    message)."""
     return [relative for relative, _path in buckets(queue_dir)]
+
+
+def _level_names(queue_dir: str, level: int) -> Iterator[tuple[str, str]]:
+    for relative, path in buckets(queue_dir, level):
+        for name in sorted(n for n in _listdir(path) if n[:1] != "."):
+            yield relative, name
 
 
 def names(queue_dir: str) -> Iterator[tuple[str, str]]:
     """(queue-relative bucket directory, name) of every message file in the backlog, in id
-    order: for listings that must see every ready message (browse, census, fsck, Spark)."""
-    for relative, path in buckets(queue_dir):
-        for name in sorted(n for n in _listdir(path) if n[:1] != "."):
-            yield relative, name
+    order (the levels' trees merged): for listings that must see every ready message (browse,
+    census, fsck, Spark)."""
+    trees = [_level_names(queue_dir, level) for level in levels(queue_dir)]
+    if len(trees) == 1:
+        yield from trees[0]
+        return
+    yield from heapq.merge(*trees, key=lambda item: item[1][: layout.ID_LENGTH])
 
 
 def find(queue_dir: str, message_ids: set[str]) -> dict[str, tuple[str, str]]:
@@ -114,8 +167,11 @@ def find(queue_dir: str, message_ids: set[str]) -> dict[str, tuple[str, str]]:
     listing of each one's own bucket (an id names its bucket), not of the backlog."""
     found: dict[str, tuple[str, str]] = {}
     by_bucket: dict[str, set[str]] = {}
+    roots = [level_root(level) for level in levels(queue_dir)]
     for message_id in message_ids:
-        by_bucket.setdefault(relative_dir(message_id), set()).add(message_id)
+        epoch, second = bucket_of(message_id)
+        for root in roots:  # an id does not say its level: its second in each level's tree
+            by_bucket.setdefault(f"{root}/{epoch}/{second}", set()).add(message_id)
     for relative, wanted in by_bucket.items():
         for name in _listdir(os.path.join(queue_dir, relative)):
             message_id = name[: layout.ID_LENGTH]
@@ -126,26 +182,38 @@ def find(queue_dir: str, message_ids: set[str]) -> dict[str, tuple[str, str]]:
 
 def names_after(queue_dir: str, after: str | None) -> Iterator[tuple[str, str]]:
     """`names`, from the first name past the id `after` (a page of a browse)."""
-    start = None if after is None else relative_dir(after)
-    for relative, path in buckets(queue_dir):
-        if start is not None and relative < start:
-            continue
-        for name in sorted(n for n in _listdir(path) if n[:1] != "."):
-            if after is None or name[: layout.ID_LENGTH] > after:
-                yield relative, name
+
+    def tree(level: int) -> Iterator[tuple[str, str]]:
+        root = level_root(level)
+        start = None if after is None else f"{root}/{'/'.join(bucket_of(after))}"
+        for relative, path in buckets(queue_dir, level):
+            if start is not None and relative < start:
+                continue
+            for name in sorted(n for n in _listdir(path) if n[:1] != "."):
+                if after is None or name[: layout.ID_LENGTH] > after:
+                    yield relative, name
+
+    trees = [tree(level) for level in levels(queue_dir)]
+    if len(trees) == 1:
+        yield from trees[0]
+        return
+    yield from heapq.merge(*trees, key=lambda item: item[1][: layout.ID_LENGTH])
 
 
-def occupied(queue_dir: str) -> bool:
-    """Whether the backlog holds any bucket (then a new message goes behind it). One stat: a
-    directory's link count is 2 plus its subdirectories on the filesystems that count them."""
-    top = os.path.join(queue_dir, BACKLOG)
+def occupied(queue_dir: str, level: int = 0, level_count: int = 1) -> bool:
+    """Whether the tree of `level` holds any epoch (then a new message of that level goes
+    behind it), in a queue of `level_count` priority levels. One stat: a directory's link count is
+    2 plus its subdirectories on the filesystems that count them; only level 0's tree of a
+    queue of several levels, whose subdirectories may be level trees, is listed when it has
+    any."""
+    top = os.path.join(queue_dir, level_root(level))
     try:
         st = os.stat(top)
     except FileNotFoundError:
         return False
     except OSError as exc:
         raise storage_error(exc, f"looking at {top}") from exc
-    if st.st_nlink >= 2:
+    if st.st_nlink >= 2 and (level_count == 1 or level or st.st_nlink == 2):
         return st.st_nlink > 2
     return any(is_epoch(n) for n in _listdir(top))  # btrfs & co: directories count no links
 
@@ -163,55 +231,62 @@ class Backlog:
         self.dir = os.path.join(queue_dir, BACKLOG)
         self.ready_dir = os.path.join(queue_dir, layout.READY)
         self._access = access
-        self._estimate = 0  # @ready's length as last counted by a publisher without an index
+        # @ready's length per level as last counted by a publisher without an index
+        self._estimate: dict[int, int] = {}
         self._estimated_at = -_ESTIMATE_FOR_S
         self._counted: dict[str, tuple[int, int, str]] = {}  # bucket -> (mtime, count, least)
 
     # -- publishing ---------------------------------------------------------------------------
-    def room(self, ready_count: int | None) -> int:
-        """How many of the next messages published may still go into @ready (the rest go to
-        the backlog). `ready_count`: @ready's length if the caller's index knows it."""
-        if occupied(self.queue_dir):
+    def room(self, ready_count: int | None, level: int = 0, level_count: int = 1) -> int:
+        """How many of the next messages of priority `level` published may still go into
+        @ready (the rest go to the backlog), in a queue of `level_count` levels. `ready_count`:
+        @ready's length at that level if the caller's index knows it."""
+        if occupied(self.queue_dir, level, level_count):
             return 0
-        count = self._estimate_ready() if ready_count is None else ready_count
+        count = self._estimate_ready(level, level_count) if ready_count is None else ready_count
         return max(0, SPILL_AT - count)
 
-    def published_into_ready(self, count: int) -> None:
+    def published_into_ready(self, count: int, level: int = 0) -> None:
         """`count` messages went into @ready since the last estimate (kept without a look)."""
-        self._estimate += count
+        self._estimate[level] = self._estimate.get(level, 0) + count
 
-    def _estimate_ready(self) -> int:
-        """@ready's length, up to SPILL_AT, for a publisher without an index: a stat, and a
-        bounded count only when the directory is large enough to hold SPILL_AT names."""
+    def _estimate_ready(self, level: int, level_count: int) -> int:
+        """@ready's length at `level`, up to SPILL_AT, for a publisher without an index: a
+        stat, and a bounded count only when the directory is large enough to hold SPILL_AT
+        names (of a queue of several levels: each level's, in one listing of @ready)."""
         now = time.monotonic()
         if now - self._estimated_at < _ESTIMATE_FOR_S:
-            return self._estimate
+            return self._estimate.get(level, 0)
         self._estimated_at = now
         try:
             size = os.stat(self.ready_dir).st_size
         except OSError:
             size = 0
+        self._estimate = {}
         if size < SPILL_AT * _MIN_ENTRY_BYTES:
-            self._estimate = 0
             return 0
-        counted = 0
+        counted: dict[int, int] = {}
         try:
             with os.scandir(self.ready_dir) as entries:
                 for entry in entries:
-                    if entry.name[:1] != ".":
-                        counted += 1
-                        if counted >= SPILL_AT:
+                    name = entry.name
+                    if name[:1] != ".":
+                        at = level_of(name) if level_count > 1 and "^" in name else 0
+                        counted[at] = counted.get(at, 0) + 1
+                        if level_count == 1 and counted[0] >= SPILL_AT:
                             break
         except OSError:
             pass
         self._estimate = counted
-        return counted
+        return counted.get(level, 0)
 
     def prepare(self, name: str, durable: bool) -> str:
         """The bucket directory a new file named `name` goes into, made if missing (each new
         directory flushed into its parent when `durable`): its path."""
         epoch, second = bucket_of(name)
-        epoch_dir = os.path.join(self.dir, epoch)
+        level = level_of(name) if "^" in name else 0
+        tree = os.path.join(self.queue_dir, level_root(level))
+        epoch_dir = os.path.join(tree, epoch)
         bucket = os.path.join(epoch_dir, second)
         try:
             os.mkdir(bucket, self._access.dir_mode)
@@ -220,7 +295,9 @@ class Backlog:
         except FileNotFoundError:
             for attempt in range(3):  # a refill may remove the epoch just made: again
                 self._make(self.dir, self.queue_dir, durable)
-                self._make(epoch_dir, self.dir, durable)
+                if level:
+                    self._make(tree, self.dir, durable)
+                self._make(epoch_dir, tree, durable)
                 try:
                     self._make(bucket, epoch_dir, durable)
                     return bucket
@@ -267,27 +344,34 @@ class Backlog:
             if time.time_ns() - mtime_ns > 1e9:
                 kept[path] = counted
             total += counted[1]
-            oldest = oldest or counted[2]
+            if counted[2] and (not oldest or counted[2] < oldest):  # the levels' trees
+                oldest = counted[2]
         self._counted = kept
         return total, oldest
 
     def prune(self) -> None:
         """Remove every empty bucket and epoch (after a purge: an empty bucket would send
         publishes behind it for nothing)."""
-        for epoch in sorted(n for n in _listdir(self.dir) if is_epoch(n)):
-            epoch_dir = os.path.join(self.dir, epoch)
-            for second in _listdir(epoch_dir):
-                _remove_empty(os.path.join(epoch_dir, second))
-            _remove_empty(epoch_dir)
+        for level in levels(self.queue_dir):
+            tree = os.path.join(self.queue_dir, level_root(level))
+            for epoch in sorted(n for n in _listdir(tree) if is_epoch(n)):
+                epoch_dir = os.path.join(tree, epoch)
+                for second in _listdir(epoch_dir):
+                    _remove_empty(os.path.join(epoch_dir, second))
+                _remove_empty(epoch_dir)
+            if level:
+                _remove_empty(tree)
 
     # -- consuming ----------------------------------------------------------------------------
-    def refill(self, limit: int = REFILL_CHUNK) -> list[str]:
-        """Move up to `limit` of the oldest backlog messages into @ready (one rename each, in
-        id order); the names moved. Buckets emptied are removed (a publisher that was about to
-        fill one makes it again). Several processes may refill at once: each file moves once."""
+    def refill(self, limit: int = REFILL_CHUNK, level: int = 0) -> list[str]:
+        """Move up to `limit` of the oldest backlog messages of priority `level` into @ready
+        (one rename each, in id order); the names moved. Buckets emptied are removed (a
+        publisher that was about to fill one makes it again), and a level's tree with its last
+        epoch. Several processes may refill at once: each file moves once."""
         moved: list[str] = []
-        for epoch in sorted(n for n in _listdir(self.dir) if is_epoch(n)):
-            epoch_dir = os.path.join(self.dir, epoch)
+        tree = os.path.join(self.queue_dir, level_root(level))
+        for epoch in sorted(n for n in _listdir(tree) if is_epoch(n)):
+            epoch_dir = os.path.join(tree, epoch)
             for second in sorted(n for n in _listdir(epoch_dir) if is_second(n)):
                 bucket = os.path.join(epoch_dir, second)
                 waiting = sorted(n for n in _listdir(bucket) if n[:1] != ".")
@@ -305,6 +389,8 @@ class Backlog:
                     return moved
                 _remove_empty(bucket)
             _remove_empty(epoch_dir)
+        if level:
+            _remove_empty(tree)  # the level's last epoch went: its tree goes too
         return moved
 
 

@@ -27,6 +27,7 @@ MAX_CAPACITY = 10**COUNT_DIGITS - 1  # messages in one queue (capacity tokens ar
 MAX_MESSAGE_BYTES = 4 * 1024**3  # every door holds a body in memory whole
 MAX_DELIVERY_RATE = 100_000  # a queue's delivery_rate_per_s: one slot file per delivery (flow.py)
 MAX_PEERS = 1024  # a get looks at the oldest peers + 1 ready messages
+MAX_PRIORITY_LEVELS = 10  # priority levels 0-9: one digit in a name (FORMAT.md)
 
 
 def check_seconds(

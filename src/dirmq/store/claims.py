@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import os
+from collections import Counter
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import replace
 
@@ -53,13 +54,17 @@ def ready_names(view: QueueView, limit: int | None, promote: bool, groups: bool)
             if len(names) < want and backlog.occupied(view.path):
                 view.files.backlog.refill(want - len(names))
                 names = os.listdir(view.files.dir[layout.READY])
+            if _refill_levels(view, names, want):
+                names = os.listdir(view.files.dir[layout.READY])
     except FileNotFoundError:
         raise QueueNotFound.missing(view.name) from None
     except OSError as exc:
         raise storage_error(exc, f"listing queue {view.name!r}") from exc
-    oldest = sorted(names) if limit is None else heapq.nsmallest(limit, names)
+    # ids are fixed-width: names sort in id order; the highest priority level first
+    key = _priority_order if any("^" in n for n in names) else None
+    oldest = sorted(names, key=key) if limit is None else heapq.nsmallest(limit, names, key=key)
     planned = []
-    for name in oldest:  # ids are fixed-width: names sort in id order
+    for name in oldest:
         entry = parse_entry(name)
         if entry is None or entry.at_ms is not None:
             continue
@@ -67,6 +72,24 @@ def ready_names(view: QueueView, limit: int | None, promote: bool, groups: bool)
             break
         planned.append(name)
     return planned
+
+
+def _refill_levels(view: QueueView, names: list[str], want: int) -> int:
+    """Refill each priority level above 0 that has a tree (FORMAT.md "Priorities") up to
+    `want` in @ready by its own count in `names`: how many moved."""
+    trees = backlog.levels(view.path)[:-1]
+    if not trees:
+        return 0
+    counts = Counter(layout.level_of(n) for n in names if "^" in n)
+    return sum(
+        len(view.files.backlog.refill(want - counts[level], level))
+        for level in trees
+        if counts[level] < want
+    )
+
+
+def _priority_order(name: str) -> tuple[int, str]:
+    return (-layout.level_of(name), name)
 
 
 def _promote_listed(view: QueueView, config: QueueConfig, at_ms: int) -> None:

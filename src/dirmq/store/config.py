@@ -40,6 +40,8 @@ class QueueConfig:
     delivery_rate_per_s: float | None = None
     message_ttl_s: float | None = None
     ttl_action: str = "dead-letter"
+    # Priority levels 0 .. priority_levels - 1, the highest delivered first (FORMAT.md).
+    priority_levels: int = 1
     # Settings of protocols above the store (SQS attributes and tags...), kept with the queue
     # and opaque to the store: {"sqs": {...}}.
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -57,6 +59,7 @@ class QueueConfig:
             _check_int("capacity", self.capacity, 1, bounds.MAX_CAPACITY)
         _check_int("max_message_bytes", self.max_message_bytes, 1, bounds.MAX_MESSAGE_BYTES)
         _check_int("peers", self.peers, 0, bounds.MAX_PEERS)
+        _check_int("priority_levels", self.priority_levels, 1, bounds.MAX_PRIORITY_LEVELS)
         if self.dead_letter_queue is not None:
             validate_queue_name(self.dead_letter_queue)
         _check_flow(self)

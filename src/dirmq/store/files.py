@@ -24,7 +24,7 @@ from dataclasses import replace
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import backlog as backlog_files
 from dirmq.store import deadletters, layout
-from dirmq.store.backlog import EPOCH_DIGITS, REFILL_BELOW, REFILL_CHUNK, SPILL_AT, Backlog
+from dirmq.store.backlog import REFILL_BELOW, REFILL_CHUNK, SPILL_AT, Backlog
 from dirmq.store.bodyfiles import threshold as bodies_by_file_over
 from dirmq.store.capacity import Slots, read_slot
 from dirmq.store.claimtokens import ClaimTokens
@@ -98,26 +98,26 @@ class QueueFiles:
         return f"{base}/{name}"  # names hold no "/": no os.path.join needed
 
     def spill_excess(self, index: QueueIndex) -> int:
-        """Move every ready message but the oldest SPILL_AT into the backlog (a @ready too long
-        for a cheap open: backlog.MIGRATE_ABOVE), newest first, one rename each: a kill at any
-        point leaves each message in @ready or in its bucket, and the next open goes on. How
-        many moved."""
-        ordered = index.ready_ids_in_order()
+        """Move every ready message but the oldest SPILL_AT of each priority level into the
+        backlog (a @ready too long for a cheap open: backlog.MIGRATE_ABOVE), newest first, one
+        rename each: a kill at any point leaves each message in @ready or in its bucket, and
+        the next open goes on. How many moved."""
         moved = 0
-        for message_id in reversed(ordered[SPILL_AT:]):
-            name = index.ready.get(message_id)
-            if name is None:
-                continue
-            bucket = self.backlog.prepare(name, durable=True)
-            try:
-                os.rename(self.path(layout.READY, name), f"{bucket}/{name}")
-            except FileNotFoundError:
-                continue  # claimed by another process meanwhile
-            except OSError as exc:
-                raise storage_error(exc, f"moving messages of queue {self.name!r}") from exc
-            index.discard(layout.READY, name)
-            index.backlog.add(name[:EPOCH_DIGITS])
-            moved += 1
+        for ordered in index.ready_ids_by_level().values():
+            for message_id in reversed(ordered[SPILL_AT:]):
+                name = index.ready.get(message_id)
+                if name is None:
+                    continue
+                bucket = self.backlog.prepare(name, durable=True)
+                try:
+                    os.rename(self.path(layout.READY, name), f"{bucket}/{name}")
+                except FileNotFoundError:
+                    continue  # claimed by another process meanwhile
+                except OSError as exc:
+                    raise storage_error(exc, f"moving messages of queue {self.name!r}") from exc
+                index.discard(layout.READY, name)
+                index.backlog.add(backlog_files.tree_key(name))
+                moved += 1
         if moved:
             log.info(
                 "queue %r: %d ready messages moved to the backlog (a long @ready)",
@@ -129,15 +129,22 @@ class QueueFiles:
 
     def refill(self, index: QueueIndex, want: int = REFILL_BELOW) -> int:
         """Move the oldest messages of the backlog into @ready (backlog.py) while @ready holds
-        fewer than `want` and the index knows of a bucket: how many moved."""
+        fewer than `want` and the index knows of a bucket: how many moved. Each priority level
+        by its own count in @ready, from its own tree."""
+        if not any(backlog_files.is_level_dir(n) for n in index.backlog):
+            levels = [0]  # the usual case: level 0's epochs only
+        else:
+            levels = sorted(index.backlog_levels(), reverse=True)
         total = 0
-        while index.backlog and len(index.ready) < want:
-            moved = self.backlog.refill(max(REFILL_CHUNK, want - len(index.ready)))
-            for name in moved:
-                index.add(layout.READY, name)
-            total += len(moved)
-            if not moved:
-                break
+        for level in levels:
+            while index.backlog and index.ready_count(level) < want:
+                count = index.ready_count(level)
+                moved = self.backlog.refill(max(REFILL_CHUNK, want - count), level)
+                for name in moved:
+                    index.add(layout.READY, name)
+                total += len(moved)
+                if not moved:
+                    break
         return total
 
     # -- reading ------------------------------------------------------------------------------
@@ -266,11 +273,14 @@ class QueueFiles:
                 message_id = name[:id_length]
                 if len(name) == id_length:
                     count = 1  # never received: most of a backlog
-                else:  # returned before: the count is in its name (indexed, so it parsed)
+                    lease = f"{message_id}.{count}.{deadline_ms}{suffix}"
+                else:  # returned before, or of a level: both are in its name (indexed: parsed)
                     entry = parse_entry(name)
                     assert entry is not None
                     count = entry.count + 1
-                lease = f"{message_id}.{count}.{deadline_ms}{suffix}"
+                    lease = layout.timed_name(
+                        message_id, count, deadline_ms, None, holder, entry.level
+                    )
                 try:
                     leased = self._lease(index, name, lease, message_id, deadline_ms)
                 except OSError:
@@ -345,7 +355,12 @@ class QueueFiles:
             self.remove(index, layout.READY, name, entry.message_id)
             return None
         lease = layout.timed_name(
-            entry.message_id, entry.count + 1, at_ms + visibility_ms, entry.group, holder
+            entry.message_id,
+            entry.count + 1,
+            at_ms + visibility_ms,
+            entry.group,
+            holder,
+            entry.level,
         )
         tokens, token = self.tokens, None
         if tokens is not None:  # the shared-filesystem mode: see claimtokens.py
@@ -434,6 +449,7 @@ class QueueFiles:
             group=decoded.system.get("Group"),
             dead=deadletters.from_system(decoded.system) if len(decoded.system) > 1 else None,
             expires_at_s=read_deadline_s(decoded.system) if len(decoded.system) > 1 else None,
+            priority=layout.level_of(lease),
         )
 
     def _reread(self, path: str, message_id: str, over: int | None = None) -> Decoded | None:
@@ -475,7 +491,7 @@ class QueueFiles:
         for i, name in enumerate(due):
             entry = parse_entry(name)
             assert entry is not None
-            target = layout.ready_name(entry.message_id, entry.count, entry.group)
+            target = layout.ready_name(entry.message_id, entry.count, entry.group, entry.level)
             try:
                 moved = self.move(layout.DELAYED, name, layout.READY, target)
             except OSError:
@@ -502,7 +518,7 @@ class QueueFiles:
                         index, layout.LEASED, name, config, REASON_MAX_RECEIVES
                     )
                     continue
-                target = layout.ready_name(entry.message_id, entry.count, entry.group)
+                target = layout.ready_name(entry.message_id, entry.count, entry.group, entry.level)
                 moved = self.move(layout.LEASED, name, layout.READY, target)
             except OSError:
                 _keep_due(index, layout.LEASED, expired[i:])
@@ -589,10 +605,11 @@ class QueueFiles:
         if delay_s > 0:
             directory = layout.DELAYED
             new = layout.timed_name(
-                message_id, count, now_ms() + round(delay_s * 1000), entry.group
+                message_id, count, now_ms() + round(delay_s * 1000), entry.group, None, entry.level
             )
         else:
-            directory, new = layout.READY, layout.ready_name(message_id, count, entry.group)
+            new = layout.ready_name(message_id, count, entry.group, entry.level)
+            directory = layout.READY
         self._rename(path, self.path(directory, new))
         index.add(directory, new)
         index.leased.discard(message_id, lease)
@@ -622,7 +639,9 @@ class QueueFiles:
     def _lease_until(self, index: QueueIndex, path: str, entry: Entry, seconds: float) -> None:
         """The lease at `path` now ends `seconds` from now, held by the same holder."""
         due_ms = now_ms() + round(seconds * 1000)
-        new = layout.timed_name(entry.message_id, entry.count, due_ms, entry.group, entry.holder)
+        new = layout.timed_name(
+            entry.message_id, entry.count, due_ms, entry.group, entry.holder, entry.level
+        )
         self._rename(path, self.path(layout.LEASED, new))
         index.add(layout.LEASED, new)
 
@@ -664,7 +683,8 @@ class QueueFiles:
         source = self.path(src_dir, name)
         slot = self.slots.slot_of(source, index)
         claimed = self.path(
-            layout.DEAD, layout.dead_name(entry.message_id, entry.count, entry.group)
+            layout.DEAD,
+            layout.dead_name(entry.message_id, entry.count, entry.group, entry.level),
         )
         try:
             self._rename(source, claimed)
@@ -708,7 +728,7 @@ class QueueFiles:
                 data, self.dir[layout.TMP], claimed, message_id, access, durable
             )
             return
-        target = os.path.join(dlq_ready, layout.ready_name(message_id, 0, entry.group))
+        target = os.path.join(dlq_ready, layout.ready_name(message_id, 0, entry.group, entry.level))
         tmp_dir = os.path.join(os.path.dirname(dlq_ready), layout.TMP)
         deadletters.write_replacing(data, tmp_dir, target, message_id, access, durable)
         self._retire_claimed(claimed, message_id)

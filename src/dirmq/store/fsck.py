@@ -923,10 +923,12 @@ def _canonical(state: str, entry: Entry, now_ms: int) -> str:
     if state in _TIMED:
         at_ms = now_ms if entry.at_ms is None else entry.at_ms
         holder = entry.holder if state == layout.LEASED else None
-        return layout.timed_name(entry.message_id, entry.count, at_ms, entry.group, holder)
+        return layout.timed_name(
+            entry.message_id, entry.count, at_ms, entry.group, holder, entry.level
+        )
     if state == layout.DEAD:
-        return layout.dead_name(entry.message_id, entry.count, entry.group)
-    return layout.ready_name(entry.message_id, entry.count, entry.group)
+        return layout.dead_name(entry.message_id, entry.count, entry.group, entry.level)
+    return layout.ready_name(entry.message_id, entry.count, entry.group, entry.level)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,9 @@
 
 The message files in the buckets are checked as those of @ready are (fsck.py, `_check_messages`
 with the bucket as the state directory); this module finds what is particular to the backlog:
-entries that are neither epoch nor second directories, and messages outside the bucket their id
-names (refilled out of their FIFO place; repair moves each home).
+entries that are neither epoch (or priority level, `p<level>`) nor second directories, and
+messages outside the bucket their id and level name (refilled out of their FIFO place; repair
+moves each home).
 """
 
 from __future__ import annotations
@@ -26,22 +27,36 @@ class Finding:
 def findings(queue_dir: str, access: Access) -> Iterator[Finding]:
     top = os.path.join(queue_dir, layout.BACKLOG)
     for epoch in _entries(top):
-        if not (backlog.is_epoch(epoch.name) and epoch.is_dir(follow_symlinks=False)):
-            yield Finding(epoch.path, "not a backlog epoch directory", None)
+        if backlog.is_level_dir(epoch.name) and epoch.is_dir(follow_symlinks=False):
+            # A priority level's tree (FORMAT.md "Priorities"): epochs only, and messages of
+            # its own level only (a message of another level is moved to its level's tree).
+            level_root = backlog.level_root(backlog.level_dir_level(epoch.name))
+            for inner in _entries(epoch.path):
+                if not (backlog.is_epoch(inner.name) and inner.is_dir(follow_symlinks=False)):
+                    yield Finding(inner.path, "not a backlog epoch directory", None)
+                    continue
+                yield from _epoch(queue_dir, access, level_root, inner)
             continue
-        for second in _entries(epoch.path):
-            if not (backlog.is_second(second.name) and second.is_dir(follow_symlinks=False)):
-                yield Finding(second.path, "not a backlog bucket directory", None)
-                continue
-            relative = f"{layout.BACKLOG}/{epoch.name}/{second.name}"
-            for entry in _entries(second.path):
-                name = entry.name
-                if name[:1] == "." or layout.parse_entry(name) is None:
-                    continue  # temps and bad names: the message check's
-                home = backlog.relative_dir(name)
-                if home != relative:
-                    detail = f"{name!r} is in bucket {relative}, its id's is {home}"
-                    yield Finding(entry.path, detail, _mover(access, entry.path, queue_dir, name))
+        if not (backlog.is_epoch(epoch.name) and epoch.is_dir(follow_symlinks=False)):
+            yield Finding(epoch.path, "not a backlog epoch or priority level directory", None)
+            continue
+        yield from _epoch(queue_dir, access, layout.BACKLOG, epoch)
+
+
+def _epoch(queue_dir: str, access: Access, root: str, epoch: os.DirEntry[str]) -> Iterator[Finding]:
+    for second in _entries(epoch.path):
+        if not (backlog.is_second(second.name) and second.is_dir(follow_symlinks=False)):
+            yield Finding(second.path, "not a backlog bucket directory", None)
+            continue
+        relative = f"{root}/{epoch.name}/{second.name}"
+        for entry in _entries(second.path):
+            name = entry.name
+            if name[:1] == "." or layout.parse_entry(name) is None:
+                continue  # temps and bad names: the message check's
+            home = backlog.relative_dir(name)
+            if home != relative:
+                detail = f"{name!r} is in bucket {relative}, its id's and level's is {home}"
+                yield Finding(entry.path, detail, _mover(access, entry.path, queue_dir, name))
 
 
 def _mover(access: Access, path: str, queue_dir: str, name: str) -> Callable[[], str]:

@@ -4,6 +4,10 @@ Built by one scan when first needed, then kept current by watcher events (every 
 publishes, claims, acks and requeues show up as names appearing and disappearing). The index may be
 stale by a few microseconds: a claim of a name another process took a moment ago fails with ENOENT
 and the caller moves on. Heaps use lazy deletion and are rebuilt when mostly stale.
+
+Why it is long: every structure here is on the per-message path and kept in step by the same
+events (`apply`): the ready heaps (one per priority level), the timed sets of @leased and
+@delayed, the group runs; split, each event would be dispatched twice.
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ from collections import Counter
 
 from dirmq.errors import storage_error
 from dirmq.store import layout
-from dirmq.store.backlog import is_epoch
+from dirmq.store.backlog import is_epoch, is_level_dir, level_dir_level
 from dirmq.store.bounds import AT_MS_DIGITS, COUNT_DIGITS
-from dirmq.store.layout import Entry, parse_entry
+from dirmq.store.layout import Entry, level_of, parse_entry
 from dirmq.store.watch import Event
 
 _ID_LENGTH = 29  # see ids.py: 16 digits, a dash, 12 hex digits
@@ -167,7 +171,13 @@ def parse_at(name: str) -> int:
 class QueueIndex:
     def __init__(self) -> None:
         self.ready: dict[str, str] = {}  # id -> name in @ready
-        self._ready_heap: list[str] = []
+        self._ready_heap: list[str] = []  # ids of level 0 (the only level of most queues)
+        # Priority levels above 0 (FORMAT.md "Priorities"): a heap of ids per level, and how
+        # many of `ready` are of each; `_levels` those levels, highest first. All empty in a
+        # queue of one level: its gets take the same path as before levels existed.
+        self._level_heaps: dict[int, list[str]] = {}
+        self._level_counts: Counter[int] = Counter()
+        self._levels: list[int] = []
         self.leased = _TimedSet()
         self.delayed = _TimedSet()
         self.slots: set[str] = set()
@@ -204,8 +214,58 @@ class QueueIndex:
         # of the other name would only fail, but counts would take it twice).
         for message_id in self.leased.names:
             self.ready.pop(message_id, None)
-        self._ready_heap = list(self.ready)
-        heapq.heapify(self._ready_heap)
+        self._rebuild_heaps()
+
+    def _rebuild_heaps(self) -> None:
+        """Every ready heap afresh from `ready` (no stale entries), with the levels' counts."""
+        self._level_heaps.clear()
+        self._level_counts.clear()
+        plain: list[str] = []
+        for message_id, name in self.ready.items():
+            if "^" in name and (level := level_of(name)):
+                self._level_heaps.setdefault(level, []).append(message_id)
+                self._level_counts[level] += 1
+            else:
+                plain.append(message_id)
+        self._ready_heap = plain
+        heapq.heapify(plain)
+        for heap in self._level_heaps.values():
+            heapq.heapify(heap)
+        self._levels = sorted(self._level_heaps, reverse=True)
+
+    def _push_ready(self, message_id: str, name: str) -> None:
+        """A new ready id onto the heap of its level (once `ready` holds it)."""
+        if "^" in name and (level := level_of(name)):
+            heap = self._level_heaps.get(level)
+            if heap is None:
+                heap = self._level_heaps[level] = []
+                self._levels = sorted(self._level_heaps, reverse=True)
+            heapq.heappush(heap, message_id)
+            self._level_counts[level] += 1
+            if len(heap) > 2 * self._level_counts[level] + 1024:
+                self._rebuild_heaps()
+            return
+        heapq.heappush(self._ready_heap, message_id)
+        if len(self._ready_heap) > 2 * len(self.ready) + 1024:
+            self._ready_heap = [i for i, n in self.ready.items() if "^" not in n]
+            heapq.heapify(self._ready_heap)
+
+    def _dropped(self, name: str) -> None:
+        """Count a ready name of a level leaving `ready` (level 0 is counted by difference)."""
+        if "^" in name and (level := level_of(name)):
+            self._level_counts[level] -= 1
+
+    def ready_count(self, level: int = 0) -> int:
+        """How many ready messages of `level` are in @ready."""
+        if not self._level_heaps:
+            return len(self.ready) if level == 0 else 0
+        if level:
+            return self._level_counts[level]
+        return len(self.ready) - sum(self._level_counts.values())
+
+    def backlog_levels(self) -> set[int]:
+        """The levels whose backlog tree holds something, as far as this index knows."""
+        return {level_dir_level(n) if is_level_dir(n) else 0 for n in self.backlog}
 
     def _scan_ready(self, names: list[str]) -> None:
         # The bulk of a backlog is never-received messages named by their bare id: take those
@@ -237,6 +297,8 @@ class QueueIndex:
             elif directory == layout.READY:
                 if ready.get(message_id := name[:id_length]) == name:
                     del ready[message_id]
+                    if self._level_heaps:
+                        self._dropped(name)
             elif directory == layout.LEASED:
                 leased.discard(name[:id_length], name)
             else:
@@ -247,7 +309,7 @@ class QueueIndex:
             self.slots.add(name)
             return
         if directory == layout.BACKLOG:
-            if is_epoch(name):
+            if is_epoch(name) or is_level_dir(name):
                 self.backlog.add(name)
             return
         if directory == layout.READY:
@@ -260,12 +322,10 @@ class QueueIndex:
                 message_id = entry.message_id
             else:
                 return
-            if message_id not in self.ready:
-                heapq.heappush(self._ready_heap, message_id)
+            known = message_id in self.ready
             self.ready[message_id] = name
-            if len(self._ready_heap) > 2 * len(self.ready) + 1024:
-                self._ready_heap = list(self.ready)
-                heapq.heapify(self._ready_heap)
+            if not known:
+                self._push_ready(message_id, name)
             return
         if directory == layout.LEASED and self.leased.names.get(name[: layout.ID_LENGTH]) == name:
             return  # known: most often the echo of this process's own claim
@@ -298,6 +358,7 @@ class QueueIndex:
         if directory == layout.READY:
             if self.ready.get(message_id) == name:
                 del self.ready[message_id]
+                self._dropped(name)
         elif directory == layout.LEASED:
             self.leased.discard(message_id, name)
         elif directory == layout.DELAYED:
@@ -314,7 +375,19 @@ class QueueIndex:
         """
         if not peers and (name := self.pop_plain_head()) is not None:
             return name  # the usual case, without the lists below
-        heap, ready = self._ready_heap, self.ready
+        if not self._level_heaps:
+            return self._pop_from(self._ready_heap, peers, runs)
+        # Highest level first: a lower level is reached only when every higher one has nothing
+        # this get may take (empty, or only groups held by other gets).
+        for level in self._levels:
+            if (name := self._pop_from(self._level_heaps[level], peers, runs)) is not None:
+                self._level_counts[level] -= 1
+                return name
+        return self._pop_from(self._ready_heap, peers, runs)
+
+    def _pop_from(self, heap: list[str], peers: int, runs: GroupRuns | None) -> str | None:
+        """`pop_ready` within the ready ids of one level (`heap`)."""
+        ready = self.ready
         candidates: list[str] = []
         passed: list[str] = []  # ready, but their group is busy: they stay where they are
         groups_seen: set[str] = set()
@@ -342,10 +415,26 @@ class QueueIndex:
         return ready.pop(chosen)
 
     def pop_plain_head(self) -> str | None:
-        """`pop_ready`'s usual case alone: the name of the oldest ready message, taken out of
-        the index, when it is in no group; None when nothing is ready or the head is a group's
-        (whose turn `pop_ready` decides)."""
-        heap, ready = self._ready_heap, self.ready
+        """`pop_ready`'s usual case alone: the name of the oldest ready message of the highest
+        level that has one, taken out of the index, when it is in no group; None when nothing
+        is ready or the head is a group's (whose turn `pop_ready` decides)."""
+        ready = self.ready
+        if self._level_heaps:
+            for level in self._levels:
+                heap = self._level_heaps[level]
+                while heap:
+                    message_id = heap[0]
+                    name = ready.get(message_id)
+                    if name is None:
+                        heapq.heappop(heap)  # taken or gone meanwhile: a stale heap entry
+                        continue
+                    if "~" in name:
+                        return None
+                    heapq.heappop(heap)
+                    del ready[message_id]
+                    self._level_counts[level] -= 1
+                    return name
+        heap = self._ready_heap
         while heap:
             message_id = heap[0]
             name = ready.get(message_id)
@@ -369,6 +458,15 @@ class QueueIndex:
 
     def ready_ids_in_order(self) -> list[str]:
         return sorted(self.ready)
+
+    def ready_ids_by_level(self) -> dict[int, list[str]]:
+        """The ready ids of each level present, each list oldest first."""
+        levels: dict[int, list[str]] = {}
+        for message_id, name in self.ready.items():
+            levels.setdefault(level_of(name) if "^" in name else 0, []).append(message_id)
+        for ids in levels.values():
+            ids.sort()
+        return levels
 
     def total(self) -> int:
         """Messages that count towards capacity: ready, leased and delayed."""

@@ -8,7 +8,8 @@
     <queue>/@leased/           <id>.<count>.<deadline_ms>[+<holder token>]
     <queue>/@delayed/          <id>.<count>.<due_ms>
     <queue>/@dead/             <id>.<count>    dead-lettered here (no dead-letter queue set)
-    Any of these may end in ~<group tag> for a message of a group (FIFO per group).
+    Any of these may end in ^<level> for a message of priority level 1-9 (before a group's
+    tag: level 0 names carry none), and in ~<group tag> for a message of a group.
     <queue>/@corrupt/          files that failed to decode, kept for inspection
     <queue>/@slots/            capacity tokens: symlink <n> -> <id>
     <queue>/@free/             retired message files kept for reuse (see pool.py): <id>
@@ -65,8 +66,9 @@ HOLDER_LENGTH = 12  # a holder token: 12 hex digits, random per process and labe
 # Counts and times are bounded (bounds.py): every value the store accepts fits these digits.
 _ENTRY_RE = re.compile(
     rf"({ID_PATTERN})(?:\.([0-9]{{1,{COUNT_DIGITS}}}))?(?:\.([0-9]{{1,{AT_MS_DIGITS}}}))?"
-    rf"(?:\+([0-9a-f]{{{HOLDER_LENGTH}}}))?(?:~([0-9a-f]{{{GROUP_TAG_LENGTH}}}))?"
+    rf"(?:\+([0-9a-f]{{{HOLDER_LENGTH}}}))?(?:\^([1-9]))?(?:~([0-9a-f]{{{GROUP_TAG_LENGTH}}}))?"
 )
+
 _BARE_ID_RE = re.compile(ID_PATTERN)
 ID_LENGTH = 29  # 16 digits, a dash, 12 hex digits (ids.py)
 _RECEIPT_RE = re.compile(rf"({ID_PATTERN})\.([0-9]{{1,{COUNT_DIGITS}}})")
@@ -89,6 +91,7 @@ class Entry:
     at_ms: int | None  # lease deadline or delivery due time
     group: str | None = None  # tag of the message group (leased by one get at a time)
     holder: str | None = None  # a lease's holder token (holders.py); None: unknown
+    level: int = 0  # priority level (`^<level>` in the name; 0: none), delivered highest first
 
     @property
     def receipt(self) -> str:
@@ -123,27 +126,41 @@ def _parse_entry(name: str) -> Entry | None:
         match.group(1),
         int(count) if count else 0,
         int(at_ms) if at_ms else None,
-        match.group(5),
+        match.group(6),
         match.group(4),
+        int(match.group(5) or 0),
     )
 
 
-def _tagged(name: str, group: str | None) -> str:
+def level_of(name: str) -> int:
+    """The priority level in a state name (0 when it carries none), without a full parse."""
+    at = name.find("^")
+    return 0 if at < 0 else int(name[at + 1])
+
+
+def _tagged(name: str, group: str | None, level: int = 0) -> str:
+    if level:
+        name = f"{name}^{level}"
     return f"{name}~{group}" if group else name
 
 
-def ready_name(message_id: str, count: int, group: str | None = None) -> str:
-    return _tagged(message_id if count == 0 else f"{message_id}.{count}", group)
+def ready_name(message_id: str, count: int, group: str | None = None, level: int = 0) -> str:
+    return _tagged(message_id if count == 0 else f"{message_id}.{count}", group, level)
 
 
 def timed_name(
-    message_id: str, count: int, at_ms: int, group: str | None = None, holder: str | None = None
+    message_id: str,
+    count: int,
+    at_ms: int,
+    group: str | None = None,
+    holder: str | None = None,
+    level: int = 0,
 ) -> str:
     """Name in @leased (at_ms = deadline; `holder`: who holds the lease, a token of
     holders.py) or @delayed (at_ms = due time; never a holder)."""
     if holder:
-        return _tagged(f"{message_id}.{count}.{at_ms}+{holder}", group)
-    return _tagged(f"{message_id}.{count}.{at_ms}", group)
+        return _tagged(f"{message_id}.{count}.{at_ms}+{holder}", group, level)
+    return _tagged(f"{message_id}.{count}.{at_ms}", group, level)
 
 
 def lease_prefix(message_id: str, count: int) -> str:
@@ -152,8 +169,8 @@ def lease_prefix(message_id: str, count: int) -> str:
     return f"{message_id}.{count}."
 
 
-def dead_name(message_id: str, count: int, group: str | None = None) -> str:
-    return _tagged(f"{message_id}.{count}", group)
+def dead_name(message_id: str, count: int, group: str | None = None, level: int = 0) -> str:
+    return _tagged(f"{message_id}.{count}", group, level)
 
 
 def parse_receipt(receipt: str) -> tuple[str, int] | None:

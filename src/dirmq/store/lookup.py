@@ -10,6 +10,7 @@ and the read or removal: each is tried again on what a fresh lookup finds.
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 from collections.abc import Iterable, Iterator
 
@@ -75,7 +76,12 @@ def browse(
             ids = ids[bisect.bisect_right(ids, after) :]
         names = [by_id[i] for i in ids]
     places: Iterable[tuple[str, str]] = ((directory, name) for name in names)
-    if state == "ready":  # then those behind @ready, newer than all of it (backlog.py)
+    if state == "ready" and len(backlog.levels(view.path)) > 1:
+        # Priority levels' trees (FORMAT.md "Priorities"): a level's backlog is newer than its
+        # own messages in @ready only, so the two merge in id order.
+        behind = backlog.names_after(view.path, after)
+        places = heapq.merge(places, behind, key=lambda place: place[1][: layout.ID_LENGTH])
+    elif state == "ready":  # then those behind @ready, newer than all of it (backlog.py)
         last = ids[-1] if ids else after
         places = itertools.chain(places, backlog.names_after(view.path, last))
     yielded = 0

@@ -2,7 +2,8 @@
 
 Format 2 adds lease holders (`+<token>` at the end of a lease name, records in `@holders`:
 docs/FORMAT.md, "Lease holders"); format 3 the backlog (`@backlog/` in a queue: "The
-backlog"). A root of format 1 or 2 is read alike, and marked 3 when a Store opens it: the
+backlog"); format 4 message priorities (`^<level>` in state names, `@backlog/p<level>/`:
+"Priorities"). A root of format 1 to 3 is read alike, and marked 4 when a Store opens it: the
 `dirmq fsck` of an earlier version repairs nothing in a root of a format it does not know, where
 it would otherwise re-home leases whose names it cannot parse.
 """
@@ -15,8 +16,8 @@ import os
 from dirmq.store import layout, smallfiles
 from dirmq.store.filemodes import Access, read_marker
 
-ROOT_FORMAT = 3
-READABLE_ROOT_FORMATS = (1, 2, 3)
+ROOT_FORMAT = 4
+READABLE_ROOT_FORMATS = (1, 2, 3, 4)
 
 
 def root_marker_bytes(access: Access) -> bytes:
@@ -29,7 +30,7 @@ def mark_current(root: str, access: Access) -> None:
     format only adds what a newer process writes). Left as it is where this user may not write
     it."""
     data = read_marker(root)
-    if not isinstance(data, dict) or data.get("format") not in (1, 2):
+    if not isinstance(data, dict) or data.get("format") not in (1, 2, 3):
         return
     try:
         marker = os.path.join(root, layout.ROOT_MARKER)

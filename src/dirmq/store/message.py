@@ -17,6 +17,7 @@ class OutgoingMessage:
     dedup_id: str | None = None
     group: str | None = None  # messages of one group are delivered in order, one at a time
     ttl_s: float | None = None  # None: the queue's message_ttl_s (expiry.py)
+    priority: int = 0  # 0 (lowest) to the queue's priority_levels - 1: higher goes first
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,7 @@ class Message:
     dead: DeadLetter | None = None  # set on a message that was dead-lettered (and since)
     holder: LeaseHolder | None = None  # who holds it: set by peek and browse of a leased one
     expires_at_s: float | None = None  # its time to live ends then (epoch s; expiry.py)
+    priority: int = 0  # its priority level (in its file name, FORMAT.md)
 
     @property
     def content_type(self) -> str | None:

@@ -9,6 +9,10 @@ fsio.py explains) and the whole batch is made visible at once by one group commi
 (`writethrough`), or renamed into place and flushed later (`writeback`, `memory`). Anything that
 fails before the commit discards every file of the batch and gives back its tokens: all are
 stored or none is. Dedup records are written after the message (see dedup.py).
+
+Why it is long: the steps above are one transaction (a failure at any of them undoes the
+earlier ones), and where each file goes, @ready or its level's backlog bucket (`_spills`), is
+decided per batch with it; split, the undoing would cross modules.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import errno
 import functools
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable
 
 from dirmq.errors import (
@@ -28,7 +33,7 @@ from dirmq.errors import (
     storage_error,
 )
 from dirmq.store import codec, layout
-from dirmq.store.backlog import EPOCH_DIGITS
+from dirmq.store.backlog import tree_key
 from dirmq.store.bounds import check_optional_seconds, check_seconds, check_timeout
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
@@ -37,6 +42,7 @@ from dirmq.store.files import now_ms
 from dirmq.store.fsio import PendingFile, create_pending, overlap
 from dirmq.store.ids import new_ids
 from dirmq.store.message import OutgoingMessage
+from dirmq.store.priorities import check_priority
 from dirmq.store.view import QueueView
 
 _MAX_VALIDATED = 4096  # validated messages remembered per queue (a server batch is <= 1024)
@@ -96,6 +102,8 @@ class Publisher:
         codec.check_headers(message.headers)
         codec.check_label("group", message.group)
         codec.check_label("dedup_id", message.dedup_id)
+        if message.priority:
+            check_priority(self.name, message.priority, config)
 
     def _put_deduplicated(
         self,
@@ -177,7 +185,7 @@ class Publisher:
         ids = new_ids(len(outgoing))
         index = view.index
         backlog = self._files.backlog
-        room = backlog.room(None if index is None else len(index.ready))
+        spills = self._spills(outgoing, config)
         slots: list[str | None] = [None] * len(ids)
         if config.capacity is not None:
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -186,7 +194,7 @@ class Publisher:
         try:
             at_ms = now_ms()
             if len(ids) > 1 and self._overlapped():
-                self._write_overlapped(ids, outgoing, slots, config, at_ms, pending, room)
+                self._write_overlapped(ids, outgoing, slots, config, at_ms, pending, spills)
             else:
                 for i, (message_id, message, slot) in enumerate(
                     zip(ids, outgoing, slots, strict=True)
@@ -196,7 +204,7 @@ class Publisher:
                     keep_open = len(pending) < OPEN_FILES_PER_BATCH
                     pending.append(
                         self._write_tmp(
-                            message_id, data, message, config, at_ms, keep_open, i >= room
+                            message_id, data, message, config, at_ms, keep_open, spills[i]
                         )
                     )
             self._commit(pending, level, config)
@@ -220,10 +228,36 @@ class Publisher:
                         os.path.basename(os.path.dirname(f.final_path)),
                         os.path.basename(f.final_path),
                     )
-            if index is not None and room < len(ids):  # an epoch it may not hear of (backlog.py)
-                index.backlog.add(ids[-1][:EPOCH_DIGITS])
-        backlog.published_into_ready(min(room, len(ids)))
+            if index is not None:  # a tree it may not hear of (backlog.py)
+                for message_id, message, spilled in zip(ids, outgoing, spills, strict=True):
+                    if spilled:
+                        index.backlog.add(
+                            tree_key(layout.ready_name(message_id, 0, None, message.priority))
+                        )
+        into_ready: Counter[int] = Counter()
+        for message, spilled in zip(outgoing, spills, strict=True):
+            if not spilled:
+                into_ready[message.priority] += 1
+        for priority, count in into_ready.items():
+            backlog.published_into_ready(count, priority)
         return ids, pending
+
+    def _spills(self, outgoing: list[OutgoingMessage], config: QueueConfig) -> list[bool]:
+        """Which of `outgoing` go to the backlog rather than @ready (backlog.py): each priority
+        level by its own room."""
+        index, backlog = self._view.index, self._files.backlog
+        levels = config.priority_levels
+        rooms: dict[int, int] = {}
+        spills: list[bool] = []
+        for message in outgoing:
+            level = message.priority
+            room = rooms.get(level)
+            if room is None:
+                count = None if index is None else index.ready_count(level)
+                room = backlog.room(count, level, levels)
+            spills.append(room <= 0)
+            rooms[level] = room - 1
+        return spills
 
     @staticmethod
     def _encode(
@@ -250,17 +284,17 @@ class Publisher:
         config: QueueConfig,
         at_ms: int,
         pending: list[PendingFile],
-        room: int,
+        spills: list[bool],
     ) -> None:
         """Write the batch's files at once (`fsio.overlap`), appending each written file to
         `pending` (for the caller to discard on failure); raises the first failure. The files
-        from the `room`th on go to the backlog."""
+        `spills` says which go to the backlog."""
 
         def write(i: int) -> PendingFile:
             expires = deadline_ms(outgoing[i], config, at_ms)
             data = self._encode(ids[i], outgoing[i], slots[i], expires)
             keep_open = i < OPEN_FILES_PER_BATCH
-            return self._write_tmp(ids[i], data, outgoing[i], config, at_ms, keep_open, i >= room)
+            return self._write_tmp(ids[i], data, outgoing[i], config, at_ms, keep_open, spills[i])
 
         written, error = overlap(write, range(len(ids)))
         pending.extend(f for f in written if f is not None)
@@ -282,18 +316,20 @@ class Publisher:
         delay_s = config.delay_s if message.delay_s is None else message.delay_s
         tag = None if message.group is None else layout.group_tag(message.group)
         make_dir = None
+        level = message.priority
         try:
             if delay_s > 0:
                 due_ms = at_ms + round(delay_s * 1000)
-                name = layout.timed_name(message_id, 0, due_ms, tag)
+                name = layout.timed_name(message_id, 0, due_ms, tag, None, level)
                 final = f"{self._files.dir[layout.DELAYED]}/{name}"
             elif spill:
-                name = layout.ready_name(message_id, 0, tag)
+                name = layout.ready_name(message_id, 0, tag, level)
                 durable = config.durability is not Durability.MEMORY
                 final = f"{self._files.backlog.prepare(name, durable)}/{name}"
                 make_dir = functools.partial(self._files.backlog.prepare, name, durable)
             else:
-                final = f"{self._files.dir[layout.READY]}/{layout.ready_name(message_id, 0, tag)}"
+                name = layout.ready_name(message_id, 0, tag, level)
+                final = f"{self._files.dir[layout.READY]}/{name}"
             if self._context.shared:
                 return self._write_beside(final, data, keep_open)
             pool = self._files.pool

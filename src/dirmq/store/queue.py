@@ -72,6 +72,7 @@ class Queue:
         durability: Durability | str | None = None,
         dedup_id: str | None = None,
         ttl_s: float | None = None,
+        priority: int = 0,
     ) -> str:
         """Publish one message and return its id.
 
@@ -82,9 +83,12 @@ class Queue:
         queue's `dedup_window_s` is not stored again and its id is returned. With `ttl_s`
         (default: the queue's `message_ttl_s`), a message not delivered within that many
         seconds of its publish is dead-lettered (reason `ttl-expired`) or dropped, as the
-        queue's `ttl_action` says, and never delivered after it.
+        queue's `ttl_action` says, and never delivered after it. `priority`: 0 to the queue's
+        `priority_levels - 1`, the higher delivered first (InvalidArgument outside).
         """
-        message = OutgoingMessage(body, headers or {}, delay_s, dedup_id, ttl_s=ttl_s)
+        message = OutgoingMessage(
+            body, headers or {}, delay_s, dedup_id, ttl_s=ttl_s, priority=priority
+        )
         return self._publisher.put_many([message], timeout_s, durability)[0]
 
     def put_many(

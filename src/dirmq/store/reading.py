@@ -38,6 +38,7 @@ def stored_message(entry: Entry, directory: str, decoded: codec.Decoded) -> Mess
         state="ready" if directory.startswith(layout.BACKLOG) else directory.lstrip("@"),
         group=decoded.system.get("Group"),
         dead=from_system(decoded.system) if len(decoded.system) > 1 else None,
+        priority=entry.level,
     )
 
 

@@ -152,7 +152,9 @@ def move_planned(
             continue
         entry = layout.parse_entry(item.name)
         assert entry is not None
-        target = os.path.join(target_dir, layout.ready_name(entry.message_id, 0, entry.group))
+        target = os.path.join(
+            target_dir, layout.ready_name(entry.message_id, 0, entry.group, entry.level)
+        )
         with view.lock:
             try:
                 os.rename(files.path(item.directory, item.name), target)

@@ -149,9 +149,12 @@ class QueueView:
             self._watcher = None
             raise
         self.index = index
-        if len(index.ready) > MIGRATE_ABOVE:
+        if len(index.ready) > MIGRATE_ABOVE and any(
+            len(ids) > MIGRATE_ABOVE for ids in index.ready_ids_by_level().values()
+        ):
             # A flat @ready of an earlier version (or written around the store): all but its
             # oldest go to the backlog now, once (backlog.py); the next open lists the head.
+            # Each priority level keeps its own head of SPILL_AT.
             self.files.spill_excess(index)
         # Recovery on open: what crashed processes left behind is cleaned up now, not later;
         # the next sweep() reports it.

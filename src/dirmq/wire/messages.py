@@ -20,7 +20,16 @@ STORED_PREFIX = "x-attr-"
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 # What a JSON-lines batch line may hold (another key is refused: a misspelt "dealy" would
 # otherwise publish a message ready now).
-JSON_LINE_KEYS = ("body", "body_base64", "headers", "delay", "dedup_id", "group", "ttl")
+JSON_LINE_KEYS = (
+    "body",
+    "body_base64",
+    "headers",
+    "delay",
+    "dedup_id",
+    "group",
+    "ttl",
+    "priority",
+)
 
 
 def stored_headers(raw_headers: Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -37,6 +46,19 @@ def stored_headers(raw_headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     return kept
 
 
+def parse_priority(value: object, what: str = "priority") -> int:
+    """A publish's priority as given (a decimal string, or an int from JSON): its range is the
+    queue's (`priorities.check_priority`), checked where the message is validated."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 3:
+        return int(value)
+    raise InvalidArgument(
+        f"{what} must be an integer from 0 to the queue's priority_levels - 1, got "
+        f"{str(value)[:40]!r}"
+    )
+
+
 def delivery_headers(message: Message) -> list[tuple[str, str]]:
     """Response headers describing a delivered (or peeked) message, then its stored headers."""
     headers = [("X-Message-Id", message.id), ("X-Receive-Count", str(message.receive_count))]
@@ -47,6 +69,8 @@ def delivery_headers(message: Message) -> list[tuple[str, str]]:
         headers.append(("X-Lease-Deadline", f"{message.lease_deadline_s:.3f}"))
     if message.group is not None:
         headers.append(("X-Group", message.group))
+    if message.priority:  # absent: 0, as in a queue of one level
+        headers.append(("X-Priority", str(message.priority)))
     if message.dead is not None:
         headers.extend(dead_headers(message.dead))
     # No Content-Type is invented: a message published without one is delivered without one.
@@ -179,6 +203,7 @@ def parse_batch(content_type: str, body: bytes) -> list[OutgoingMessage]:
                     lowered.get("x-dedup-id"),
                     lowered.get("x-group"),
                     ttl_s=_part_duration(lowered, "x-ttl", f"X-TTL of part {index}"),
+                    priority=_part_priority(lowered, index),
                 )
             )
         return messages
@@ -197,6 +222,11 @@ def is_batch(content_type: str | None) -> bool:
         "application/jsonl",
         "application/json-lines",
     )
+
+
+def _part_priority(lowered: dict[str, str], index: int) -> int:
+    value = lowered.get("x-priority")
+    return 0 if value is None else parse_priority(value, f"X-Priority of part {index}")
 
 
 def _part_delay(headers: dict[str, str], index: int) -> float | None:
@@ -245,7 +275,9 @@ def _json_line(line: bytes, index: int) -> OutgoingMessage:
             raise InvalidArgument(f"line {index + 1}: {key!r} must be a string")
     ttl = item.get("ttl")
     ttl_s = None if ttl is None else parse_duration(str(ttl), f"ttl of line {index + 1}")
-    return OutgoingMessage(body, headers, delay_s, dedup_id, group, ttl_s=ttl_s)
+    priority = item.get("priority")
+    level = 0 if priority is None else parse_priority(priority, f"priority of line {index + 1}")
+    return OutgoingMessage(body, headers, delay_s, dedup_id, group, ttl_s=ttl_s, priority=level)
 
 
 def message_json(message: Message) -> dict[str, object]:
@@ -258,6 +290,8 @@ def message_json(message: Message) -> dict[str, object]:
         "state": message.state,
         "headers": message.headers,
     }
+    if message.priority:
+        data["priority"] = message.priority
     if message.dead is not None:
         data["dead"] = dead_json(message.dead)
     if message.holder is not None:

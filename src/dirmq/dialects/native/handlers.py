@@ -119,6 +119,8 @@ def read_publish(broker: Broker, request: Request, route: Route) -> Publish:
     ttl_s = _duration(request, "ttl", "x-ttl")
     dedup_id = _param(request, "dedup", "x-dedup-id")
     group = _param(request, "group", "x-group")
+    given = _param(request, "priority", "x-priority")
+    priority = None if given is None else wire.parse_priority(given)
     if batch:
         if dedup_id is not None:
             raise InvalidArgument("in a batch, give each message its own dedup id (X-Dedup-Id)")
@@ -128,6 +130,7 @@ def read_publish(broker: Broker, request: Request, route: Route) -> Publish:
                 delay_s=delay_s if m.delay_s is None else m.delay_s,
                 group=group if m.group is None else m.group,
                 ttl_s=ttl_s if m.ttl_s is None else m.ttl_s,
+                priority=m.priority or priority or 0,
             )
             for m in wire.parse_batch(content_type or "", request.body)
         ]
@@ -135,7 +138,11 @@ def read_publish(broker: Broker, request: Request, route: Route) -> Publish:
             raise InvalidArgument("the batch holds no messages")
     else:
         headers = wire.stored_headers(request.raw_headers)
-        messages = [OutgoingMessage(request.body, headers, delay_s, dedup_id, group, ttl_s)]
+        messages = [
+            OutgoingMessage(
+                request.body, headers, delay_s, dedup_id, group, ttl_s, priority or 0
+            )
+        ]
     for message in messages:
         queue.validate(message)
     timeout_s = _duration(request, "timeout", "x-timeout") or 0.0
@@ -200,7 +207,7 @@ def too_large(
 
 # Where a publish's options may come from, besides the query (see `publish`).
 _PUBLISH_HEADERS = frozenset(
-    {"x-delay", "x-dedup-id", "x-group", "x-durability", "x-timeout", "x-ttl"}
+    {"x-delay", "x-dedup-id", "x-group", "x-durability", "x-timeout", "x-ttl", "x-priority"}
 )
 
 

@@ -15,7 +15,7 @@ NATIVE: dict[tuple[str, str, str], frozenset[str]] = {
     ("queue", "PUT", ""): frozenset(),
     ("queue", "DELETE", ""): frozenset(),
     ("messages", "POST", ""): frozenset(
-        {"delay", "dedup", "group", "durability", "timeout", "ttl"}
+        {"delay", "dedup", "group", "durability", "timeout", "ttl", "priority"}
     ),
     ("messages", "GET", ""): frozenset({"max", "wait", "visibility", "peek", "after", "state"}),
     ("messages", "DELETE", ""): frozenset({"state"}),

@@ -163,7 +163,12 @@ def prepare(
             " bytes of attributes per message.",
         )
     outgoing = OutgoingMessage(
-        body.encode("utf-8"), headers, delay_s, dedup_id=store_dedup, group=store_group
+        body.encode("utf-8"),
+        headers,
+        delay_s,
+        dedup_id=store_dedup,
+        group=store_group,
+        priority=_priority(attributes.get(PRIORITY_ATTRIBUTE)),
     )
     try:
         queue.validate(outgoing)
@@ -184,6 +189,25 @@ def prepare(
         md5_of_attributes(values),
         None if system is None else md5_of_attributes(system),
     )
+
+
+# A dirmq extension (docs/sqs.md "Priorities"): a Number message attribute of this name is the
+# message's priority in a queue of several priority levels; it is kept and delivered as sent.
+PRIORITY_ATTRIBUTE = "DirmqPriority"
+
+
+def _priority(attribute: attrs.Attribute | None) -> int:
+    if attribute is None:
+        return 0
+    value = attribute.value
+    text = value if isinstance(value, str) else ""
+    if attribute.base_type != "Number" or not (text.isascii() and text.isdigit()):
+        raise SqsError(
+            "InvalidParameterValue",
+            f"The message attribute '{PRIORITY_ATTRIBUTE}' (a dirmq priority) must be a Number "
+            f"from 0 to the queue's priority_levels - 1, got {str(value)[:40]!r}.",
+        )
+    return int(text)
 
 
 def _sent(prepared: Prepared, message_id: str, kind: QueueKind) -> Result:
