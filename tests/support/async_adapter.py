@@ -131,6 +131,7 @@ class BlockingAsyncQueue:
         durability: Durability | str | None = None,
         dedup_id: str | None = None,
         ttl_s: float | None = None,
+        priority: int = 0,
     ) -> str:
         return self._run(
             self._async.put(
@@ -141,6 +142,7 @@ class BlockingAsyncQueue:
                 durability=durability,
                 ttl_s=ttl_s,
                 dedup_id=dedup_id,
+                priority=priority,
             )
         )
 

@@ -154,6 +154,7 @@ def fill_disk(path: Path) -> int:
 
 BACKLOG = 3_000  # messages in MAIN before the first cycle: more than @ready holds
 
+
 # -- the load ----------------------------------------------------------------------------------
 class Load:
     """Client threads against one server; stopped (and joined) before the server is killed

@@ -257,7 +257,7 @@ def outgoing(table: pa.Table | pa.RecordBatch) -> list[OutgoingMessage]:
                 None if delays[i] is None else float(delays[i]),
                 dedups[i],
                 groups[i],
-                priorities[i] or 0,
+                priority=priorities[i] or 0,
             )
         )
     return result

@@ -139,9 +139,7 @@ def read_publish(broker: Broker, request: Request, route: Route) -> Publish:
     else:
         headers = wire.stored_headers(request.raw_headers)
         messages = [
-            OutgoingMessage(
-                request.body, headers, delay_s, dedup_id, group, ttl_s, priority or 0
-            )
+            OutgoingMessage(request.body, headers, delay_s, dedup_id, group, ttl_s, priority or 0)
         ]
     for message in messages:
         queue.validate(message)
