@@ -63,10 +63,6 @@ from dirmq.store import Store, holders
 from dirmq.store.census import Census
 
 BACKLOG = 4096
-# The collector's youngest generation is walked after this many container allocations net
-# (Python's default, 700, walked it every few requests of a burst of long polls: ~15% of
-# the burst's CPU). Garbage in cycles waits longer, at most this many objects' worth.
-GC_YOUNG_THRESHOLD = int(os.environ.get("DIRMQ_GC0", "10000"))
 log = logging.getLogger("dirmq.server")
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 # A SIGTERM or SIGINT that came before the event loop listened for them (right after READY=1
@@ -258,8 +254,6 @@ async def run_worker(
     # Everything imported and built so far lives as long as the process: out of the collector's
     # sight, a full collection under load walks only what requests allocate.
     gc.freeze()
-    _, *older = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *older)
     if options.workers > 1:
         log.info("worker %d serving", worker, extra=fields(worker=worker, pid=os.getpid()))
     await stop.wait()
