@@ -5,6 +5,7 @@ nobody publishes to answers empty at its deadline; a closed connection leaves no
 from __future__ import annotations
 
 import asyncio
+import errno
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from dirmq.server.dialect import Router
 from dirmq.server.http import HttpServer
 from dirmq.server.metrics import Metrics
 from dirmq.server.multiprocess import MetricsFiles
+from dirmq.store import watch
 
 from .support.fixtures import serve
 from .support.servers import ServerProcess
@@ -318,3 +320,44 @@ def test_polls_on_idle_queues_are_only_watched_until_a_change(root: Path) -> Non
             asyncio.run(main())
         finally:
             store.close()
+
+
+def test_an_idle_queue_past_the_watch_limit_is_polled(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no inotify watch to be had (the user's budget spent), a poll on an idle queue new
+    to the worker cannot be only watched: it is armed as before, its queue polled, and another
+    process's publish still reaches it."""
+    with dirmq.Store(root) as setup:
+        setup.create_queue("spent")
+    refused: list[str] = []
+
+    def add_watch(fd: int, path: str, mask: int) -> int:
+        refused.append(path)
+        raise OSError(errno.ENOSPC, f"inotify_add_watch {path}: No space left on device")
+
+    monkeypatch.setattr(watch, "add_watch", add_watch)
+    store = dirmq.Store(root, poll_interval_s=0.1)
+
+    async def main() -> list[dirmq.Message]:
+        broker = Broker(store)
+        other = dirmq.Store(root)
+        try:
+            queue = store.queue("spent")
+            waiting = asyncio.ensure_future(broker.receive(queue, 1, 30, 30))
+            while broker.waiting_polls().get("spent") != 1 or not queue.indexed():
+                await asyncio.sleep(0.01)
+            assert queue.polled()
+            other.queue("spent").put(b"polled")
+            async with asyncio.timeout(30):
+                return await waiting
+        finally:
+            other.close()
+            broker.close()
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        store.close()
+    assert [m.body for m in got] == [b"polled"]
+    assert len(refused) >= 2  # watched alone (quiet), then for the index: both refused
