@@ -5,6 +5,7 @@ nobody publishes to answers empty at its deadline; a closed connection leaves no
 from __future__ import annotations
 
 import asyncio
+import errno
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from dirmq.server.dialect import Router
 from dirmq.server.http import HttpServer
 from dirmq.server.metrics import Metrics
 from dirmq.server.multiprocess import MetricsFiles
+from dirmq.store import watch
 
 from .support.fixtures import serve
 from .support.servers import ServerProcess
@@ -97,6 +99,12 @@ def test_polls_on_a_thousand_queues_each_get_their_own_message(server: ServerPro
     assert {(s.ready, s.in_flight) for s in stats} == {(0, 1)}
 
 
+def _delay_one(store: dirmq.Store, name: str) -> None:
+    """A message in `name`'s @delayed for an hour: the queue is not idle (something falls
+    due), so a poll on it is armed with an index (subscribed, on the cold lane)."""
+    store.queue(name).put(b"later", delay_s=3600, durability="memory")
+
+
 @pytest.fixture
 def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, list[str]]]:
     """Subscribing to a queue named `burst-*` (a long poll's registration) waits until the
@@ -134,6 +142,8 @@ def test_a_delivery_does_not_wait_for_a_burst_of_registrations(
     with dirmq.Store(root) as setup:
         for name in ["first", *names]:
             setup.create_queue(name)
+        for name in names:  # not idle (something falls due): each is armed on the cold lane
+            _delay_one(setup, name)
     store = dirmq.Store(root)
 
     async def main() -> None:
@@ -205,6 +215,7 @@ def test_first_uses_take_two_pool_threads_at_most(root: Path) -> None:
     with dirmq.Store(root) as setup:
         for name in names:
             setup.create_queue(name)
+            _delay_one(setup, name)
     store = dirmq.Store(root)
     inside = [0]
     most = [0]
@@ -253,3 +264,100 @@ def test_first_uses_take_two_pool_threads_at_most(root: Path) -> None:
     assert [[m.body for m in messages] for messages in got] == [[n.encode()] for n in names]
     assert most[0] == 2
     assert loop_thread not in threads
+
+
+def test_polls_on_idle_queues_are_only_watched_until_a_change(root: Path) -> None:
+    """Polls on 50 queues this process has no index of, each with nothing ready, in the
+    backlog, delayed or leased: registered without an index or a subscription (no pool call,
+    no listing), only watched. Another process's publish, a delayed publish (delivered once
+    due) and a deletion each reach their poll; a queue not idle is subscribed to as before."""
+    names = [f"idle-{n}" for n in range(50)]
+    with dirmq.Store(root) as setup:
+        for name in [*names, "busy", "doomed"]:
+            setup.create_queue(name)
+        _delay_one(setup, "busy")
+    store = dirmq.Store(root)
+    subscribed: list[str] = []
+    real = dirmq.Queue.subscribe
+
+    def recorded(self: dirmq.Queue, listener: Any) -> Any:
+        subscribed.append(self.name)
+        return real(self, listener)
+
+    async def main() -> None:
+        broker = Broker(store)
+        other = dirmq.Store(root)  # another process's view: it publishes
+        try:
+            polls = {
+                name: asyncio.ensure_future(broker.receive(store.queue(name), 1, 30, 30))
+                for name in [*names, "busy", "doomed"]
+            }
+            while sum(broker.waiting_polls().values()) < len(polls):
+                await asyncio.sleep(0.01)
+            assert subscribed == ["busy"]
+            assert not any(store.queue(name).indexed() for name in [*names, "doomed"])
+            other.queue(names[0]).put(b"later", delay_s=0.2)
+            for name in names[1:]:
+                other.queue(name).put(name.encode())
+            other.delete_queue("doomed")
+            async with asyncio.timeout(30):
+                got = await asyncio.gather(*(polls[name] for name in names))
+                with pytest.raises(dirmq.QueueNotFound):
+                    await polls["doomed"]
+            assert [[m.body for m in messages] for messages in got] == [
+                [b"later"],
+                *[[name.encode()] for name in names[1:]],
+            ]
+            assert not polls["busy"].done()
+            polls["busy"].cancel()
+        finally:
+            other.close()
+            broker.close()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dirmq.Queue, "subscribe", recorded)
+        try:
+            asyncio.run(main())
+        finally:
+            store.close()
+
+
+def test_an_idle_queue_past_the_watch_limit_is_polled(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no inotify watch to be had (the user's budget spent), a poll on an idle queue new
+    to the worker cannot be only watched: it is armed as before, its queue polled, and another
+    process's publish still reaches it."""
+    with dirmq.Store(root) as setup:
+        setup.create_queue("spent")
+    refused: list[str] = []
+
+    def add_watch(fd: int, path: str, mask: int) -> int:
+        refused.append(path)
+        raise OSError(errno.ENOSPC, f"inotify_add_watch {path}: No space left on device")
+
+    monkeypatch.setattr(watch, "add_watch", add_watch)
+    store = dirmq.Store(root, poll_interval_s=0.1)
+
+    async def main() -> list[dirmq.Message]:
+        broker = Broker(store)
+        other = dirmq.Store(root)
+        try:
+            queue = store.queue("spent")
+            waiting = asyncio.ensure_future(broker.receive(queue, 1, 30, 30))
+            while broker.waiting_polls().get("spent") != 1 or not queue.indexed():
+                await asyncio.sleep(0.01)
+            assert queue.polled()
+            other.queue("spent").put(b"polled")
+            async with asyncio.timeout(30):
+                return await waiting
+        finally:
+            other.close()
+            broker.close()
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        store.close()
+    assert [m.body for m in got] == [b"polled"]
+    assert len(refused) >= 2  # watched alone (quiet), then for the index: both refused

@@ -145,6 +145,11 @@ class Broker:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
 
+    def looks_here(self) -> bool:
+        """Whether a few store system calls may run on the event loop now: a local
+        filesystem, and no stall lately (`call_here`)."""
+        return self._inline and self._on_pool_until <= time.monotonic()
+
     def runs_here(self, queue: Queue, messages: int) -> bool:
         """Whether a lease or settle call of `queue` on `messages` messages runs on the event
         loop now (`settle_call`): a local filesystem, at most `INLINE_MAX_MESSAGES`, an index

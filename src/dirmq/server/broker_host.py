@@ -35,6 +35,10 @@ class BrokerHost(Protocol):
         """A blocking store call, awaited from the pool."""
         ...
 
+    def looks_here(self) -> bool:
+        """Whether a few store system calls (no listing) may run on the event loop now."""
+        ...
+
     def runs_here(self, queue: Queue, messages: int) -> bool:
         """Whether a lease or settle call of `queue` on `messages` messages runs on the event
         loop now (else on the pool, or its cold lane while the queue has no index)."""

@@ -27,7 +27,7 @@ from dirmq.server.broker_host import BrokerHost
 from dirmq.store import Message, Queue
 
 IDLE_RECHECK_S = 30.0
-_IDLE, _ARMING, _ARMED = "idle", "arming", "armed"
+_IDLE, _QUIET, _ARMING, _ARMED = "idle", "quiet", "arming", "armed"
 
 
 @dataclass(slots=True)
@@ -132,6 +132,8 @@ class LongPolls:
 
     # -- arming: subscribed, due time known, a first look ---------------------------------------
     def _arm(self) -> None:
+        if self._quiet():
+            return
         self._state = _ARMING
         self._again = False
         head = self._waiters[0]
@@ -153,6 +155,24 @@ class LongPolls:
                 self._armed(head, armed, None)
         else:
             self.broker.first_use(look, functools.partial(self._armed, head))
+
+    def _quiet(self) -> bool:
+        """A queue without an index here that has nothing to lease nor anything falling due
+        (a restart's consumers polling thousands of idle queues) is only watched, on the event
+        loop, until a change comes (`Queue.watch_if_idle`): no index, no pool thread, no timer.
+        The change arms the line as usual (`_woken`)."""
+        if self.queue.indexed() or not self.broker.looks_here():
+            return False
+        try:
+            unsubscribe = self.broker.call_here(self.queue.watch_if_idle, self._notice)
+        except Exception:  # the usual arming tells the waiters what is wrong
+            return False
+        if unsubscribe is None:
+            return False
+        self._state = _QUIET
+        self._unsubscribe = unsubscribe
+        self.broker.watch_store()  # the store's inotify read here, so that `_notice` is called
+        return True
 
     def _armed(self, head: _Waiter, armed: _Armed | None, error: BaseException | None) -> None:
         if error is not None or armed is None:
@@ -189,6 +209,16 @@ class LongPolls:
 
     def _woken(self) -> None:
         self._wake_pending = False
+        if self._state is _QUIET:  # something changed: now a look (and an index) is due
+            assert self._unsubscribe is not None
+            unsubscribe, self._unsubscribe = self._unsubscribe, None
+            unsubscribe()
+            self._state = _IDLE
+            if self._live_waiters():
+                self._arm()
+            else:
+                self._retire_if_unwaited()
+            return
         if self._state is not _ARMED or self._dispatch_task is not None:
             self._again = True
             return

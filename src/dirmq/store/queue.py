@@ -44,11 +44,20 @@ ProgressFn = maintenance.ProgressFn
 class Queue:
     """A queue directory opened by this process. Thread-safe; obtain it from `Store`."""
 
-    def __init__(self, context: QueueContext, name: str, path: str, config: QueueConfig) -> None:
+    def __init__(
+        self,
+        context: QueueContext,
+        name: str,
+        path: str,
+        config: QueueConfig,
+        config_stamp: tuple[int, int] | None = None,
+    ) -> None:
+        """`config_stamp`: the (inode, mtime) of the @queue.json `config` was read from, if
+        known (`Store.queue`): not read again until it changes."""
         self.name = name
         self.path = path
         self._files = QueueFiles(context, name, path)
-        self._view = QueueView(context, name, path, self._files, config)
+        self._view = QueueView(context, name, path, self._files, config, config_stamp)
         self._publisher = Publisher(self._view, context)
 
     # -- configuration -------------------------------------------------------------------------
@@ -428,6 +437,14 @@ class Queue:
         `lambda: loop.call_soon_threadsafe(event.set)`; the Store's shared inotify descriptor
         (`Store.watch_fileno`) must be pumped for changes to be noticed without a blocked get."""
         return self._view.subscribe(listener)
+
+    def watch_if_idle(self, listener: Callable[[], None]) -> Callable[[], None] | None:
+        """For waiting on a queue this process holds no index of, without building one: if
+        nothing is ready, in the backlog, delayed or leased, call `listener` (as `subscribe`
+        does) when any of that changes, and return the function that unsubscribes; else None
+        (also when changes are polled, or no inotify watch is to be had): `subscribe` then.
+        A few system calls, no listing beyond a first entry: cheap enough for an event loop."""
+        return self._view.watch_if_idle(listener)
 
     def release_if_idle(self, unused_since: float) -> bool:
         """Stop watching and forget the index if nobody waits on this queue nor used it since

@@ -166,13 +166,35 @@ class Store:
                     self._checked[name] = now
                     return cached
             path = queue_path(self.root, name)
-            config = self._read_config(name, path)
+            config, stamp = self._read_config_stamped(name, path)
             if cached is not None:
                 cached.close()
-            queue = Queue(self.context, name, path, config)
+            queue = Queue(self.context, name, path, config, config_stamp=stamp)
             self._queues[name] = queue
             self._checked[name] = now
             return queue
+
+    def _read_config_stamped(self, name: str, path: str) -> tuple[QueueConfig, tuple[int, int]]:
+        """The configuration and its file's (inode, mtime): the queue's first index build
+        then stats the file rather than reading and parsing it again (a long poll on each of
+        thousands of queues opens each once, on the server's event loop)."""
+        try:
+            fd = os.open(os.path.join(path, layout.CONFIG_FILE), os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            raise QueueNotFound.missing(name) from None
+        except OSError as exc:
+            raise storage_error(exc, f"reading the configuration of queue {name!r}") from exc
+        try:
+            st = os.fstat(fd)
+            raw = os.read(fd, st.st_size + 1)  # whole: the file is replaced, never rewritten
+        except OSError as exc:
+            raise storage_error(exc, f"reading the configuration of queue {name!r}") from exc
+        finally:
+            os.close(fd)
+        try:
+            return QueueConfig.loads(raw), (st.st_ino, st.st_mtime_ns)
+        except ConfigError as exc:
+            raise CorruptConfig(f"queue {name!r}: stored configuration: {exc}") from exc
 
     def _read_config(self, name: str, path: str) -> QueueConfig:
         try:

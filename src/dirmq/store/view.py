@@ -36,10 +36,13 @@ from dirmq.store.files import QueueFiles, now_ms
 from dirmq.store.index import QueueIndex
 from dirmq.store.message import SweepReport
 from dirmq.store.pool import reclaim_pools
-from dirmq.store.watch import RESCAN, Watcher, open_watcher
+from dirmq.store.watch import RESCAN, Watcher, open_watcher, polls
 
 CONFIG_RECHECK_S = 0.5
 _WATCHED = (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS, layout.BACKLOG)
+# Where anything a get could lease, or a due time, comes from: empty, a queue needs no index
+# to be waited on (`watch_if_idle`).
+_IDLE_WATCHED = (layout.READY, layout.BACKLOG, layout.DELAYED, layout.LEASED)
 
 
 class QueueView:
@@ -52,6 +55,7 @@ class QueueView:
         path: str,
         files: QueueFiles,
         config: QueueConfig,
+        config_stamp: tuple[int, int] | None = None,
     ) -> None:
         self.name = name
         self.path = path
@@ -62,7 +66,8 @@ class QueueView:
         self.recovered_on_open = SweepReport()
         self._context = context
         self._config = config
-        self._config_stamp: tuple[int, int] | None = None
+        # (inode, mtime) of the @queue.json `_config` was read from: a check is a stat.
+        self._config_stamp = config_stamp
         self._config_checked = time.monotonic()
         self._watcher: Watcher | None = None
         self._listeners: list[Callable[[], None]] = []
@@ -215,6 +220,31 @@ class QueueView:
 
         return unsubscribe
 
+    def watch_if_idle(self, listener: Callable[[], None]) -> Callable[[], None] | None:
+        """`Queue.watch_if_idle`: watch the directories of `_IDLE_WATCHED`, then look into
+        each (so nothing arriving in between is missed); the unsubscribe if all four were empty,
+        else None (also with an index already, a polled queue, no watch to be had, or a
+        directory missing: the index's way of waiting handles each)."""
+        if self.index is not None:
+            return None
+        context = self._context
+        directories = {d: self.files.dir[d] for d in _IDLE_WATCHED}
+        if polls(context.watch_mode, directories[layout.READY]):
+            return None
+        try:
+            signal = context.inotify_hub().listen(directories, listener)
+        except OSError:
+            return None
+        idle = False
+        try:
+            idle = all(_empty(path) for path in directories.values())
+        except OSError:  # a directory gone: the queue deleted, or being
+            pass
+        finally:
+            if not idle:
+                signal.close()
+        return signal.close if idle else None
+
     def _attach_listeners(self) -> None:
         if self._watcher is not None:
             self._watcher.listeners = self._listeners
@@ -250,3 +280,9 @@ class QueueView:
             listeners = list(self._listeners)
         for listener in listeners:  # let waiters look again: they will find out why
             listener()
+
+
+def _empty(directory: str) -> bool:
+    """Whether `directory` has no entry (its first, if any, is all that is read)."""
+    with os.scandir(directory) as entries:
+        return next(entries, None) is None

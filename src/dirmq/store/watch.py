@@ -93,7 +93,7 @@ class InotifyHub:
             raise OSError(code, f"inotify_init1: {os.strerror(code)}")
         self._fd = int(fd)
         self.lock = threading.Lock()
-        self._subscribers: dict[int, list[tuple[HubWatcher, str]]] = {}
+        self._subscribers: dict[int, list[tuple[_Subscriber, str]]] = {}
         # A Store that is dropped without close() must not keep one of the user's 128
         # inotify instances.
         self._finalizer = weakref.finalize(self, _close_quietly, self._fd)
@@ -103,6 +103,17 @@ class InotifyHub:
 
     def subscribe(self, directories: dict[str, str]) -> HubWatcher:
         watcher = HubWatcher(self)
+        self._add(watcher, directories)
+        return watcher
+
+    def listen(self, directories: dict[str, str], listener: Callable[[], None]) -> ChangeSignal:
+        """`listener` called when anything in `directories` changes: a `ChangeSignal`, which
+        keeps no event (OSError as `subscribe`)."""
+        signal = ChangeSignal(self, listener)
+        self._add(signal, directories)
+        return signal
+
+    def _add(self, watcher: _Subscriber, directories: dict[str, str]) -> None:
         try:
             with self.lock:
                 for key, path in directories.items():
@@ -110,15 +121,14 @@ class InotifyHub:
                     self._subscribers.setdefault(wd, []).append((watcher, key))
                     watcher.wds.append(wd)
         except OSError:
-            watcher.close()  # the watches it got, and its eventfd
+            watcher.close()  # the watches it got (and a HubWatcher's eventfd)
             raise
-        return watcher
 
-    def unsubscribe(self, watcher: HubWatcher) -> None:
+    def unsubscribe(self, watcher: _Subscriber) -> None:
         with self.lock:
             self._remove(watcher)
 
-    def _remove(self, watcher: HubWatcher) -> None:
+    def _remove(self, watcher: _Subscriber) -> None:
         for wd in watcher.wds:
             remaining = [s for s in self._subscribers.get(wd, []) if s[0] is not watcher]
             if remaining:
@@ -131,7 +141,7 @@ class InotifyHub:
     def pump(self) -> None:
         """Read every pending event and hand each to the watchers of its directory."""
         with self.lock:
-            woken: set[HubWatcher] = set()
+            woken: set[_Subscriber] = set()
             while True:
                 try:
                     data = os.read(self._fd, _READ_BYTES)
@@ -148,7 +158,7 @@ class InotifyHub:
             for listener in list(watcher.listeners):
                 listener()
 
-    def _dispatch(self, data: bytes, woken: set[HubWatcher]) -> None:
+    def _dispatch(self, data: bytes, woken: set[_Subscriber]) -> None:
         offset, end, size = 0, len(data), _EVENT.size
         unpack, subscribed, new_event = _EVENT.unpack_from, self._subscribers, tuple.__new__
         while offset < end:
@@ -265,6 +275,34 @@ class HubWatcher:
             self._hub.unsubscribe(self)
             self._finalizer()
             self._efd = -1
+
+
+class ChangeSignal:
+    """A subscription to an `InotifyHub` that keeps no events and has no eventfd: its
+    listeners are called (by whoever pumps the hub) when a watched directory changed, went
+    away, or the hub overflowed. What a long poll on a queue without an index waits on
+    (`QueueView.watch_if_idle`): it needs to know when to look, not what changed."""
+
+    def __init__(self, hub: InotifyHub, listener: Callable[[], None]) -> None:
+        self._hub = hub
+        self.wds: list[int] = []
+        self.listeners = [listener]
+        self.pending: list[Event] = []  # emptied as soon as it is filled: see `signal`
+        self.overflowed = False
+        self.lost = False
+        self._closed = False
+
+    def signal(self) -> None:
+        """Called under the hub's lock after events were given: nobody takes them."""
+        self.pending.clear()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._hub.unsubscribe(self)
+
+
+_Subscriber = HubWatcher | ChangeSignal
 
 
 class PollingWatcher:
