@@ -194,7 +194,8 @@ FLOOR_WHAT = {
     "O_TMPFILE open + write of the 1 KiB body, one syncfs for the group, per file a linkat into "
     "ready/, one fsync of ready/; one thread, groups one after another (one queue's publish line)",
     "publish-2": "the same in 2 threads, each committing groups of N/2: two groups' flushes "
-    "overlapped",
+    "overlapped, as dirmq's 2 worker processes do (each has its own line for the queue and gets "
+    "about half the publishers)",
     "consume": "per message: rename into leased/, open + read + close, rename into a "
     "per-process pool directory; 2 processes; backlog files written untimed",
 }
@@ -1292,12 +1293,14 @@ class Run:
     floors: dict[str, list[float]] = field(default_factory=dict)
 
 
-def run_floors(ctx: Run, workloads: list[str]) -> None:
-    """This round's design floors of the workloads run (FLOORS), on the servers' filesystem."""
+def run_floors(ctx: Run, workloads: list[str], round_no: int) -> None:
+    """This round's design floors of the workloads run (FLOORS), on the servers' filesystem, in
+    an order rotated from round to round as the subjects' (the first after a trial of another
+    kind, e.g. the disk still writing back, is not always the same one)."""
     s = ctx.settings
-    for floor in FLOORS:
-        if not set(floor.workloads) & set(workloads):
-            continue
+    floors = [f for f in FLOORS if set(f.workloads) & set(workloads)]
+    shift = round_no % max(1, len(floors))
+    for floor in floors[shift:] + floors[:shift]:
         if floor.name == "consume":
             rate, seconds = consume_floor(ctx.data_dir, s.backlog)
         else:
@@ -1313,7 +1316,7 @@ def run_rounds(ctx: Run, workloads: list[str]) -> None:
     workloads run (`run_floors`) on the same filesystem."""
     for r in range(ctx.settings.rounds):
         print(f"\n== round {r + 1} of {ctx.settings.rounds} ==", flush=True)
-        run_floors(ctx, workloads)
+        run_floors(ctx, workloads, r)
         for workload in workloads:
             subjects = [s for s in ctx.subjects if s.workload == workload]
             if not subjects:
