@@ -72,7 +72,7 @@ from typing import Any
 
 from bench.harness import HOST, REPO, RESULTS
 from bench.harness.charts import draw_chart
-from bench.harness.floors import consume_floor
+from bench.harness.floors import consume_floor, publish_floor
 from bench.harness.install import apt_install, ensure_debian_tool, ensure_pip, ensure_redis_server
 from bench.harness.load import LoadChild, Trial, split
 from bench.harness.peers import RABBIT_SERVER, Peer, start_nats, start_rabbitmq, start_redis
@@ -160,6 +160,45 @@ SUBJECTS = (
     Subject("latency", "redis", "blmove", "Redis BLMOVE + LREM"),
     Subject("latency", "nats", "fetch", "NATS fetch 1, fsync 2 min"),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Floor:
+    """A design floor: a workload's store syscalls in a bare loop, no server (bench.harness.floors),
+    measured each round; every system's rows of `workloads` get a ratio to it."""
+
+    name: str
+    workloads: tuple[str, ...]  # measured when one of these runs; their rows are read against it
+    label: str
+
+
+FLOORS = (
+    Floor(
+        "publish",
+        ("publish",),
+        "durable creates, 1 group of N at a time",
+    ),
+    Floor(
+        "publish-2",
+        ("publish",),
+        "durable creates, 2 groups of N/2 overlap",
+    ),
+    Floor(
+        "consume",
+        ("consume", "consume-batch"),
+        "lease+read+ack syscalls, bare loop, 2 procs",
+    ),
+)
+FLOOR_WHAT = {
+    "publish": "N = --concurrency publishers, each with one message in flight: per file an "
+    "O_TMPFILE open + write of the 1 KiB body, one syncfs for the group, per file a linkat into "
+    "ready/, one fsync of ready/; one thread, groups one after another (one queue's publish line)",
+    "publish-2": "the same in 2 threads, each committing groups of N/2: two groups' flushes "
+    "overlapped, as dirmq's 2 worker processes do (each has its own line for the queue and gets "
+    "about half the publishers)",
+    "consume": "per message: rename into leased/, open + read + close, rename into a "
+    "per-process pool directory; 2 processes; backlog files written untimed",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -1250,23 +1289,34 @@ class Run:
     failures: dict[str, list[str]] = field(default_factory=dict)  # subject key -> what failed
     trials_run: int = 0
     data_dir: str = ""  # where the servers' data lives (and the consume floor runs)
-    floors: list[float] = field(default_factory=list)  # the consume floor of each round, msg/s
+    # floor name -> its rate in each round (msg/s): FLOORS' bare loops on the servers' disk
+    floors: dict[str, list[float]] = field(default_factory=dict)
+
+
+def run_floors(ctx: Run, workloads: list[str], round_no: int) -> None:
+    """This round's design floors of the workloads run (FLOORS), on the servers' filesystem, in
+    an order rotated from round to round as the subjects' (the first after a trial of another
+    kind, e.g. the disk still writing back, is not always the same one)."""
+    s = ctx.settings
+    floors = [f for f in FLOORS if set(f.workloads) & set(workloads)]
+    shift = round_no % max(1, len(floors))
+    for floor in floors[shift:] + floors[:shift]:
+        if floor.name == "consume":
+            rate, seconds = consume_floor(ctx.data_dir, s.backlog)
+        else:
+            lines = 2 if floor.name == "publish-2" else 1
+            rate, seconds = publish_floor(ctx.data_dir, s.messages, s.concurrency, lines)
+        ctx.floors.setdefault(floor.name, []).append(round(rate, 1))
+        print(f"  {'floor':<13} {floor.label:<38} {rate:9,.0f} msg/s ({seconds:.1f} s)", flush=True)
 
 
 def run_rounds(ctx: Run, workloads: list[str]) -> None:
     """Round-major: each round runs every workload, and in it every subject once, the subjects'
-    order rotated from round to round. With dirmq and a consume workload, each round first
-    measures the consume floor on the same filesystem (`consume_floor`)."""
+    order rotated from round to round. Each round first measures the design floors of the
+    workloads run (`run_floors`) on the same filesystem."""
     for r in range(ctx.settings.rounds):
         print(f"\n== round {r + 1} of {ctx.settings.rounds} ==", flush=True)
-        if "dirmq" in ctx.servers and {"consume", "consume-batch"} & set(workloads):
-            rate, seconds = consume_floor(ctx.data_dir, ctx.settings.backlog)
-            ctx.floors.append(round(rate, 1))
-            print(
-                f"  {'floor':<13} {'lease+read+ack syscalls, bare loop, 2 procs':<38} "
-                f"{rate:8,.0f} msg/s ({seconds:.1f} s)",
-                flush=True,
-            )
+        run_floors(ctx, workloads, r)
         for workload in workloads:
             subjects = [s for s in ctx.subjects if s.workload == workload]
             if not subjects:
@@ -1433,13 +1483,42 @@ def targets(ctx: Run) -> list[dict[str, Any]]:
     ]
 
 
+def floor_ratios(ctx: Run) -> list[dict[str, Any]]:
+    """Every system's row against each design floor of its workload: the median of per-round
+    ratios (each trial against the floor measured in the same round)."""
+    found = []
+    for floor in FLOORS:
+        rates = ctx.floors.get(floor.name, [])
+        if not rates:
+            continue
+        for subject in ctx.subjects:
+            if subject.workload not in floor.workloads:
+                continue
+            outcomes = ctx.outcomes.get(subject.key, [])
+            rounds = [
+                round(ratio(o.trial.rate, f), 3) for o, f in zip(outcomes, rates, strict=False)
+            ]
+            if rounds:
+                found.append(
+                    {
+                        "floor": floor.name,
+                        "subject": subject.key,
+                        "label": subject.label,
+                        "per_round": rounds,
+                        "median": median(rounds),
+                    }
+                )
+    return found
+
+
 def print_table(
     rows: dict[str, Any],
     found: list[dict[str, Any]],
     goals: list[dict[str, Any]],
     skipped: dict[str, str],
     rounds: int,
-    floors: list[float] | None = None,
+    floors: dict[str, list[float]] | None = None,
+    vs_floors: list[dict[str, Any]] | None = None,
 ) -> None:
     print(
         f"\n== results: medians of {rounds} round(s); 1 KiB bodies; "
@@ -1460,12 +1539,14 @@ def print_table(
         )
     for key, why in skipped.items():
         print(f"{key:<52} skipped: {why}")
-    if floors:
-        floor = median(floors)
-        print(f"\n== consume floor (bare-loop syscalls, 2 procs): {floor:,.0f} msg/s {floors} ==")
-        for row in rows.values():
-            if row["system"] == "dirmq" and row["workload"] in ("consume", "consume-batch"):
-                print(f"  {row['label']:<38} {row['median_per_s'] / floor:6.2f}x the floor")
+    for floor in FLOORS:
+        rates = (floors or {}).get(floor.name)
+        if not rates:
+            continue
+        print(f"\n== floor: {floor.label}: {median(rates):,.0f} msg/s {rates} ==")
+        for r in vs_floors or []:
+            if r["floor"] == floor.name:
+                print(f"  {r['label']:<38} {r['median']:6.2f}x the floor  {r['per_round']}")
     print("\n== dirmq / peer, median of per-round ratios ==")
     for r in found:
         print(f"  {r['top']:<38} / {r['bottom']:<38} {r['median']:6.2f}x  {r['per_round']}")
@@ -1624,7 +1705,8 @@ def main(argv: list[str] | None = None) -> int:
     found = ratios(run)
     goals = targets(run)
     seconds = round(time.perf_counter() - started, 1)
-    print_table(rows, found, goals, skipped, settings.rounds, run.floors)
+    vs_floors = floor_ratios(run)
+    print_table(rows, found, goals, skipped, settings.rounds, run.floors, vs_floors)
     report = {
         "mode": "quick" if args.quick else "full",
         "settings": dataclasses.asdict(settings),
@@ -1646,16 +1728,19 @@ def main(argv: list[str] | None = None) -> int:
         "body_bytes": BODY_BYTES,
         "skipped": skipped,
         "failures": run.failures,
-        "consume_floor": {
-            "what": "per message: rename into leased/, open + read + close, rename into a "
-            "per-process pool directory; 2 processes; backlog files written untimed",
-            "per_round_per_s": run.floors,
-            "median_per_s": median(run.floors) if run.floors else None,
-            "vs_floor": {
-                key: round(row["median_per_s"] / median(run.floors), 3)
-                for key, row in rows.items()
-                if run.floors and row["workload"] in ("consume", "consume-batch")
-            },
+        "floors": {
+            floor.name: {
+                "what": FLOOR_WHAT[floor.name],
+                "per_round_per_s": run.floors[floor.name],
+                "median_per_s": median(run.floors[floor.name]),
+                "vs_floor": {
+                    r["subject"]: {"median": r["median"], "per_round": r["per_round"]}
+                    for r in vs_floors
+                    if r["floor"] == floor.name
+                },
+            }
+            for floor in FLOORS
+            if run.floors.get(floor.name)
         },
         "results": rows,
         "ratios": found,

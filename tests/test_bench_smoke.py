@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bench.harness.floors import consume_floor
+from bench.harness.floors import consume_floor, publish_floor
 from bench.harness.load import Trial, run_load
 from bench.harness.loadgen import publish_spec
 from bench.harness.procs import Processes
@@ -139,3 +139,16 @@ def test_a_benchmark_that_needs_nothing_installed_runs_end_to_end(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(out.read_text())  # its results, written where it was told
+
+
+@pytest.mark.parametrize("lines", [1, 2])
+def test_the_publish_floor_makes_every_file_durable_under_its_name(
+    tmp_path: Path, lines: int
+) -> None:
+    rate, seconds = publish_floor(str(tmp_path), 100, publishers=8, lines=lines, body_bytes=10)
+    assert rate > 0 and seconds > 0
+    (floor,) = tmp_path.iterdir()
+    files = sorted((floor / "ready").iterdir())
+    assert len(files) == 96  # whole groups only: 12 groups of 8 (or 2 lines x 12 of 4)
+    assert {f.read_bytes() for f in files} == {b"Content-Length: 10\n\n" + b"x" * 10}
+    assert list((floor / "tmp").iterdir()) == []  # unnamed temps: nothing left behind

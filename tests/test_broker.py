@@ -16,6 +16,7 @@ import pytest
 import dirmq
 from dirmq.errors import QueueNotFound, StorageError
 from dirmq.server import broker as broker_module
+from dirmq.server import publish_line
 from dirmq.server.broker import Broker
 from dirmq.server.publish_line import on_memory_filesystem
 from dirmq.store import OutgoingMessage
@@ -90,6 +91,55 @@ def test_concurrent_publishes_share_flushes(
     assert on_loop == on_memory_filesystem(str(any_root))
 
 
+def threads_of_puts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The thread each `Queue.put_many` runs on from now on, in order."""
+    threads: list[int] = []
+    real = dirmq.Queue.put_many
+
+    def recording(self: dirmq.Queue, *args: object, **kwargs: object) -> list[str]:
+        threads.append(threading.get_ident())
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dirmq.Queue, "put_many", recording)
+    return threads
+
+
+@pytest.mark.parametrize("disk_is_quick", [True, False])
+def test_a_quiet_publish_line_on_a_disk_stores_on_the_event_loop_if_its_disk_is_quick(
+    root: Path, monkeypatch: pytest.MonkeyPatch, disk_is_quick: bool
+) -> None:
+    """Publishes far apart on a quick disk are stored on the event loop's thread (no hop to the
+    pool and back); on a disk slower than INLINE_BELOW_S they stay on the pool. The first one
+    always goes to the pool: it measures the disk. (Publishes close together go to the pool:
+    test_concurrent_publishes_share_flushes.)"""
+    if on_memory_filesystem(str(root)):
+        pytest.skip("the temp dir is on a memory filesystem")
+    # "Quick" and "slow" are set against this disk: a limit no store reaches, and one all do.
+    monkeypatch.setattr(publish_line, "INLINE_BELOW_S", 60.0 if disk_is_quick else 0.0)
+    store = dirmq.Store(root)
+    queue = store.create_queue("quiet")
+    threads = threads_of_puts(monkeypatch)
+
+    async def main() -> int:
+        broker = Broker(store)
+        try:
+            for i in range(6):
+                await broker.publish(queue, [OutgoingMessage(f"q{i}".encode())])
+                # A quiet line: the next publish comes after several of its stores' time.
+                await asyncio.sleep(0.05)
+            return threading.get_ident()
+        finally:
+            broker.close()
+
+    loop_thread = run(main())
+    assert threads[0] != loop_thread  # measures the disk
+    if disk_is_quick:
+        assert threads[1:] == [loop_thread] * 5
+    else:
+        assert loop_thread not in threads
+    assert queue.stats().ready == 6
+
+
 def test_a_failed_flush_fails_every_request_of_its_batch(any_root: Path) -> None:
     store = dirmq.Store(any_root)
     queue = store.create_queue("gone")
@@ -111,7 +161,12 @@ def test_a_failed_flush_fails_every_request_of_its_batch(any_root: Path) -> None
     assert all(isinstance(r, QueueNotFound) for r in results), results
 
 
-def test_a_publish_after_the_pool_is_shut_down_is_refused(any_root: Path) -> None:
+def test_a_publish_after_the_pool_is_shut_down_is_refused(
+    any_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A quiet line on a quick disk stores on the event loop, as on a memory filesystem: this
+    # one is the pool's.
+    monkeypatch.setattr(publish_line, "INLINE_BELOW_S", 0.0)
     store = dirmq.Store(any_root)
     queue = store.create_queue("late")
 

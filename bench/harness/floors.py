@@ -9,6 +9,7 @@ import os
 import resource
 import shutil
 import tempfile
+import threading
 import time
 
 from bench.harness import BODY
@@ -160,3 +161,74 @@ def consume_floor(
         return messages / seconds, seconds
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+# == the durable publish floor: groups of durable creates in a bare loop ========================
+def _durable_groups(directory: str, data: bytes, group: int, groups: int, worker: int) -> None:
+    """`groups` durable groups of `group` files: per file an `O_TMPFILE` open and a write, one
+    `syncfs` for the group (one `fsync` for a group of one), per file a `linkat` into `ready/`,
+    then one fsync of `ready/`: what dirmq's writethrough group commit does for a batch."""
+    ready = os.path.join(directory, "ready")
+    tmp = os.path.join(directory, "tmp")
+    for g in range(groups):
+        fds = []
+        try:
+            for _ in range(group):
+                fd = os.open(tmp, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+                fds.append(fd)
+                os.write(fd, data)
+            if len(fds) == 1:
+                os.fsync(fds[0])
+            elif _libc.syncfs(fds[0]) != 0:
+                raise OSError(ctypes.get_errno(), "syncfs")
+            for n, fd in enumerate(fds):
+                target = f"{ready}/{worker}-{g}-{n}".encode()
+                source = b"/proc/self/fd/%d" % fd
+                if _libc.linkat(_AT_FDCWD, source, _AT_FDCWD, target, _AT_SYMLINK_FOLLOW) != 0:
+                    raise OSError(ctypes.get_errno(), "linkat")
+        finally:
+            for fd in fds:
+                os.close(fd)
+        dir_fd = os.open(ready, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def publish_floor(
+    parent: str, messages: int, publishers: int, lines: int = 1, body_bytes: int = 1024
+) -> tuple[float, float]:
+    """The durable publish floor on the servers' filesystem for `publishers` concurrent
+    publishers, each with one message in flight: `lines` threads (the groups a server has in
+    flight at once) each commit groups of `publishers // lines` files, `_durable_groups`' calls
+    and nothing else (no HTTP, no index, no headers, no checksum); (messages/s, seconds).
+
+    `lines=1` is today's arrangement of one queue (one group commits while the next gathers);
+    `lines=2` shows what overlapping two groups' flushes would gain. The files stay until the
+    caller removes `parent` (a mass unlink here would slow the next trial's creates)."""
+    directory = tempfile.mkdtemp(prefix="publish-floor-", dir=parent)
+    for sub in ("ready", "tmp"):
+        os.mkdir(os.path.join(directory, sub))
+    data = b"Content-Length: %d\n\n" % body_bytes + b"x" * body_bytes  # about what dirmq writes
+    group = max(1, publishers // lines)
+    groups = max(1, messages // (group * lines))
+    errors: list[BaseException] = []
+
+    def work(worker: int) -> None:
+        try:
+            _durable_groups(directory, data, group, groups, worker)
+        except BaseException as exc:  # reported by the caller, not lost in a thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(lines)]
+    os.sync()  # as before every trial: no other writes in this one's flushes
+    began = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - began
+    if errors:
+        raise errors[0]
+    return group * groups * lines / seconds, seconds
