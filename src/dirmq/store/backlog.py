@@ -23,6 +23,10 @@ Priorities (FORMAT.md "Priorities"): the messages of level L > 0 have a tree of 
 a full @ready of low messages never holds a high one back; level 0 keeps `@backlog/<epoch>/`.
 A level's tree goes (`rmdir`) with its last epoch; the index sees `p<L>` come and go.
 
+Why it is long: it is the whole of one layout, which every process must follow alike: where a
+publish goes, how a bucket is made durably against a refill that removes it, refills, and the
+listings and counts everything else reads the backlog through.
+
 Crash safety: every move is one rename of a complete file (a message is in @ready, or in its
 bucket, never in both and never in neither); a bucket this process creates is flushed into its
 parent before a message is renamed into it. An empty bucket left by a kill is removed by the
@@ -32,6 +36,7 @@ next refill; one a publisher is about to fill is re-made (`PublishRace`, retried
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import os
 import time
@@ -57,6 +62,7 @@ SECOND_DIGITS = 10  # the id's first 10 digits: its second (ids are microseconds
 # fewer than SPILL_AT names, without listing it.
 _MIN_ENTRY_BYTES = 16
 _ESTIMATE_FOR_S = 0.5  # a publisher without an index counts @ready at most this often
+_PREPARE_ATTEMPTS = 8
 
 
 LEVEL_PREFIX = "p"  # @backlog/p<level>: the tree of a priority level above 0
@@ -282,48 +288,42 @@ class Backlog:
 
     def prepare(self, name: str, durable: bool) -> str:
         """The bucket directory a new file named `name` goes into, made if missing (each new
-        directory flushed into its parent when `durable`): its path."""
+        directory flushed into its parent when `durable`): its path. A refill may empty and
+        remove a bucket, its epoch or its tree at any instant, also between two steps here:
+        made again, up to `_PREPARE_ATTEMPTS` times; FileNotFoundError once the queue is gone."""
         epoch, second = bucket_of(name)
         level = level_of(name) if "^" in name else 0
         tree = os.path.join(self.queue_dir, level_root(level))
         epoch_dir = os.path.join(tree, epoch)
         bucket = os.path.join(epoch_dir, second)
-        try:
-            os.mkdir(bucket, self._access.dir_mode)
-        except FileExistsError:
-            return bucket
-        except FileNotFoundError:
-            for attempt in range(3):  # a refill may remove the epoch just made: again
+        for _attempt in range(_PREPARE_ATTEMPTS):
+            try:
+                if self._make(bucket, epoch_dir, durable):
+                    return bucket
                 self._make(self.dir, self.queue_dir, durable)
                 if level:
                     self._make(tree, self.dir, durable)
                 self._make(epoch_dir, tree, durable)
-                try:
-                    self._make(bucket, epoch_dir, durable)
-                    return bucket
-                except FileNotFoundError:
-                    if attempt == 2:
-                        raise
-            return bucket
-        except OSError as exc:
-            raise storage_error(exc, f"making backlog bucket {bucket}") from exc
-        if self._access.chmod_after:
-            os.chmod(bucket, self._access.dir_mode)
-        if durable:
-            fsync_dir(epoch_dir)
-        return bucket
+            except FileNotFoundError:
+                pass  # a directory just made was removed before its flush: again
+            if not os.path.isdir(self.queue_dir):
+                break
+        raise FileNotFoundError(errno.ENOENT, "the queue or its backlog went away", bucket)
 
-    def _make(self, path: str, parent: str, durable: bool) -> None:
+    def _make(self, path: str, parent: str, durable: bool) -> bool:
+        """mkdir with the root's mode (flushed into `parent` when `durable`): True if `path`
+        is there now, made or found; False if a directory above it is missing."""
         try:
             self._access.mkdir(path)
         except FileExistsError:
-            return
+            return True
         except FileNotFoundError:
-            raise  # the queue is gone: the publisher says so
+            return False
         except OSError as exc:
             raise storage_error(exc, f"making backlog directory {path}") from exc
         if durable:
-            fsync_dir(parent)
+            fsync_dir(parent)  # FileNotFoundError if a refill removed it meanwhile: again
+        return True
 
     # -- counting -----------------------------------------------------------------------------
     def count(self) -> tuple[int, str]:

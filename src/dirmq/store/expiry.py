@@ -16,16 +16,33 @@ it, it counts as ready in `stats`. A dead-lettered copy no longer carries the de
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dirmq.store import layout
 from dirmq.store.config import QueueConfig
 from dirmq.store.events import REASON_TTL_EXPIRED
+from dirmq.store.index import QueueIndex
 from dirmq.store.message import Message, OutgoingMessage
 
-if TYPE_CHECKING:  # files.py reads deadlines with this module
-    from dirmq.store.files import QueueFiles
-    from dirmq.store.index import QueueIndex
+
+class _Settling(Protocol):
+    """What `take_expired` does with an expired lease: files.QueueFiles (which reads deadlines
+    with this module, so it is not imported here)."""
+
+    def remove(
+        self, index: QueueIndex | None, directory: str, name: str, message_id: str
+    ) -> bool: ...
+
+    def dead_letter(
+        self,
+        index: QueueIndex,
+        src_dir: str,
+        name: str,
+        config: QueueConfig,
+        reason: str,
+        detail: str | None = None,
+    ) -> int: ...
+
 
 EXPIRES = "Expires"  # the system header (Dirmq-Expires): epoch milliseconds
 DROP = "drop"
@@ -47,7 +64,7 @@ def read_deadline_s(system: Mapping[str, str]) -> float | None:
 
 
 def take_expired(
-    files: QueueFiles,
+    files: _Settling,
     index: QueueIndex,
     config: QueueConfig,
     leased: list[tuple[str, Message]],

@@ -5,6 +5,10 @@ A queue is any directory under the root that holds `@queue.json`; names may nest
 configuration (so nobody opens it any more), then moves each state directory into `@trash`
 (atomically, so a concurrent put fails with QueueNotFound instead of stranding a message), then
 removes the trash.
+
+Why it is long: the Store is the library's front door; what it holds per process (the open
+queues and their one-read opening, the shared inotify hub, the group commit, the root's access)
+is created, shared and closed together here.
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ many kernels), shared by every process of the user. A queue that cannot get its 
 EMFILE, ENOMEM) is polled instead, with a warning, never refused: it answers as a queue on NFS
 does, its waiters woken within `poll_interval_s`. Watches are five per queue a process keeps
 open; `Store.release_idle` gives back those of queues nobody waits on.
+
+Why it is long: the one inotify instance a Store shares (the hub), each queue's view of it, the
+light signal of a queue only watched until a change (long polls on idle queues), and polling
+are one mechanism with one budget, and the fallbacks between them must agree.
 """
 
 from __future__ import annotations
