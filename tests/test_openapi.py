@@ -193,11 +193,12 @@ def http(server: ServerProcess) -> Iterator[httpx.Client]:
         yield client
 
 
-def test_served_document_is_exactly_the_packaged_file(http: httpx.Client) -> None:
+def test_served_document_is_the_packaged_file_compacted(http: httpx.Client) -> None:
     response = http.get("/openapi.json")
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/json"
-    assert response.content == SPEC_BYTES
+    assert response.json() == json.loads(SPEC_BYTES)
+    assert len(response.content) < 0.7 * len(SPEC_BYTES)  # without the file's indentation
 
 
 @dataclass(frozen=True)

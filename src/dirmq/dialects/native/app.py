@@ -104,9 +104,11 @@ class NativeApp(Dialect):
         self.metrics = metrics
         self.access = access
         self._checked = access.enabled  # an open server skips every check
-        self._openapi = (
-            resources.files("dirmq.dialects.native").joinpath("openapi.json").read_bytes()
-        )
+        # Served without the file's indentation: a third fewer bytes for every client to take.
+        document = resources.files("dirmq.dialects.native").joinpath("openapi.json").read_bytes()
+        self._openapi = json.dumps(
+            json.loads(document), separators=(",", ":"), ensure_ascii=False
+        ).encode()
         self._routes: dict[str, Route] = {}
         self.streams = StreamSessions(broker)
         self._resuming: asyncio.Task[None] | None = None
