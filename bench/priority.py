@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import REPO, RESULTS
-from bench.harness.report import Report, filesystem_of, machine_basics, print_summary
+from bench.harness.report import Report, filesystem_of, machine_basics, write_results
 
 DEFAULT_JSON = RESULTS / "priority.json"
 BODY = b"x" * 100
@@ -220,12 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     out["seconds"] = round(time.monotonic() - started, 1)
-    out["targets"] = report.targets
-    print_summary(report, "CPU seconds of a fresh consumer process; one run")
-    path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2, default=str) + "\n")
-    print(f"\nwrote {path} ({out['seconds']} s)")
+    write_results(report, out, args.json, "CPU seconds of a fresh consumer process; one run")
     return 0
 
 

@@ -51,7 +51,7 @@ from typing import Any
 
 from bench.harness import BODY, HOST, REPO, RESULTS
 from bench.harness.procs import Processes, cpu_seconds, raise_fd_limit
-from bench.harness.report import Report, filesystem_of, machine_basics, print_summary
+from bench.harness.report import Report, filesystem_of, machine_basics, write_results
 from bench.harness.roots import fill_ready, make_queues
 from bench.harness.servers import http_call, start_dirmq
 
@@ -504,12 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         procs.stop_all()
         shutil.rmtree(workdir, ignore_errors=True)
     out["seconds"] = round(time.monotonic() - started, 1)
-    out["targets"] = report.targets
-    print_summary(report, "times in s, RSS in MiB; one run")
-    path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2, default=str) + "\n")
-    print(f"\nwrote {path} ({out['seconds']} s)")
+    write_results(report, out, args.json, "times in s, RSS in MiB; one run")
     return 0
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bench.harness import REPO
@@ -87,6 +89,17 @@ def print_summary(report: Report, heading: str) -> None:
     for t in report.targets:
         verdict = "MET " if t["met"] else "MISS"
         print(f"{verdict}  {t['name']:<44} {t['value']:>12,.2f}  (goal {t['goal']}; {t['detail']})")
+
+
+def write_results(report: Report, out: dict[str, Any], path: str, heading: str) -> None:
+    """The end of a run: its targets into `out`, the summary printed under `heading`, and `out`
+    written as JSON to `path` (its directory made)."""
+    out["targets"] = report.targets
+    print_summary(report, heading)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(f"\nwrote {target} ({out.get('seconds', '?')} s)")
 
 
 def version_of(distribution: str) -> str | None:
