@@ -63,6 +63,7 @@ SECOND_DIGITS = 10  # the id's first 10 digits: its second (ids are microseconds
 _MIN_ENTRY_BYTES = 16
 _ESTIMATE_FOR_S = 0.5  # a publisher without an index counts @ready at most this often
 _PREPARE_ATTEMPTS = 8
+SETTLE_S = 1.0  # an emptied epoch or level tree stays this long after its last change
 
 
 LEVEL_PREFIX = "p"  # @backlog/p<level>: the tree of a priority level above 0
@@ -207,11 +208,13 @@ def names_after(queue_dir: str, after: str | None) -> Iterator[tuple[str, str]]:
 
 
 def occupied(queue_dir: str, level: int = 0, level_count: int = 1) -> bool:
-    """Whether the tree of `level` holds any epoch (then a new message of that level goes
-    behind it), in a queue of `level_count` priority levels. One stat: a directory's link count is
-    2 plus its subdirectories on the filesystems that count them; only level 0's tree of a
-    queue of several levels, whose subdirectories may be level trees, is listed when it has
-    any."""
+    """Whether the tree of `level` holds a message (then a new message of that level goes
+    behind it), in a queue of `level_count` priority levels. Empty directories do not count: a
+    refill leaves the buckets of the last seconds and an emptied epoch for a while (a publisher
+    may be about to fill them). A stat when the tree has no subdirectory at all (the link count
+    is 2 plus the subdirectories, on the filesystems that count them); else the oldest buckets
+    are looked at until one holds a message (in a deep queue, the first)."""
+    del level_count  # each level's tree is looked at alike (level trees are not epochs)
     top = os.path.join(queue_dir, level_root(level))
     try:
         st = os.stat(top)
@@ -219,9 +222,14 @@ def occupied(queue_dir: str, level: int = 0, level_count: int = 1) -> bool:
         return False
     except OSError as exc:
         raise storage_error(exc, f"looking at {top}") from exc
-    if st.st_nlink >= 2 and (level_count == 1 or level or st.st_nlink == 2):
-        return st.st_nlink > 2
-    return any(is_epoch(n) for n in _listdir(top))  # btrfs & co: directories count no links
+    if st.st_nlink == 2:
+        return False
+    for epoch in sorted(n for n in _listdir(top) if is_epoch(n)):
+        epoch_dir = os.path.join(top, epoch)
+        for second in sorted(n for n in _listdir(epoch_dir) if is_second(n)):
+            if any(n[:1] != "." for n in _listdir(os.path.join(epoch_dir, second))):
+                return True
+    return False
 
 
 class PublishRace(Exception):
@@ -387,11 +395,23 @@ class Backlog:
                     moved.append(name)
                 if len(moved) >= limit:
                     return moved
-                _remove_empty(bucket)
-            _remove_empty(epoch_dir)
+                if int(epoch + second) + 1 + SETTLE_S < time.time():
+                    _remove_empty(bucket)  # not one a publisher of now may be filling
+            _remove_settled(epoch_dir)
         if level:
-            _remove_empty(tree)  # the level's last epoch went: its tree goes too
+            _remove_settled(tree)  # the level's last epoch went: its tree goes too
         return moved
+
+
+def _remove_settled(path: str) -> None:
+    """`_remove_empty` of an epoch or a level's tree unchanged for `SETTLE_S`: a publisher
+    makes the epoch, then its bucket in it, and an epoch removed in between would fail it."""
+    try:
+        if time.time() - os.stat(path).st_mtime < SETTLE_S:
+            return
+    except OSError:
+        return
+    _remove_empty(path)
 
 
 def _remove_empty(path: str) -> None:

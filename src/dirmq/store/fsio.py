@@ -80,6 +80,18 @@ def syncfs(fd: int) -> None:
         raise OSError(code, os.strerror(code))
 
 
+def _sync_filesystem_of(path: str) -> None:
+    """`syncfs` of the filesystem of the nearest existing directory above `path`."""
+    parent = os.path.dirname(path)
+    while parent and not os.path.isdir(parent):
+        parent = os.path.dirname(parent)
+    fd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        syncfs(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -485,6 +497,14 @@ def _fsync_group(group: list[_Waiter]) -> None:
     for path in set().union(*(w.dirs for w in group)):
         try:
             fsync_dir(path)
+        except FileNotFoundError as exc:
+            # A backlog bucket a refill emptied and removed after our rename into it: our files
+            # moved on (into @ready, or further), by renames nobody flushed. Flushing the whole
+            # filesystem makes them durable wherever they are now.
+            try:
+                _sync_filesystem_of(path)
+            except OSError:
+                failed[path] = exc
         except OSError as exc:
             failed[path] = exc
     for waiter in group:

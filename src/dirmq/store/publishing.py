@@ -49,6 +49,12 @@ _MAX_VALIDATED = 4096  # validated messages remembered per queue (a server batch
 OPEN_FILES_PER_BATCH = 256  # a batch's files beyond these are closed once written (EMFILE)
 
 
+class _BucketGone(Exception):
+    """A file's backlog bucket could not be made while the batch was being written: nothing of
+    the batch is published yet, so it is written again (a failure once files are published is
+    not retried: a consumer may hold one already)."""
+
+
 class Publisher:
     """Publishes to one queue (`Queue.put_many`, `Queue.validate`). Thread-safe."""
 
@@ -167,10 +173,13 @@ class Publisher:
         for _attempt in range(2):
             try:
                 return self._publish_once(outgoing, config, level, timeout_s)
-            except QueueNotFound:
+            except _BucketGone:  # nothing of this try was published: all of it again
                 if not os.path.exists(os.path.join(self._files.queue_dir, layout.CONFIG_FILE)):
-                    raise
-        return self._publish_once(outgoing, config, level, timeout_s)
+                    raise QueueNotFound.missing(self.name) from None
+        try:
+            return self._publish_once(outgoing, config, level, timeout_s)
+        except _BucketGone:
+            raise QueueNotFound.missing(self.name) from None
 
     def _publish_once(
         self,
@@ -346,6 +355,8 @@ class Publisher:
                 pending.make_dir = make_dir
             return pending
         except FileNotFoundError:
+            if spill:  # its bucket could not be made (a refill removed it, or the queue went)
+                raise _BucketGone from None
             raise QueueNotFound.missing(self.name) from None
         except OSError as exc:
             raise storage_error(exc, f"writing a message to queue {self.name!r}") from exc
