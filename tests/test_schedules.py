@@ -434,3 +434,13 @@ def test_cli_runner_is_a_library_process(store: Store) -> None:
         proc.terminate()
         proc.communicate(timeout=30)
     assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("encoded", ["not base64!", "\u0080", "é=="])
+def test_a_body_base64_that_is_not_base64_is_a_clear_error(encoded: str) -> None:
+    """Found by the OpenAPI fuzz: a character beyond ASCII made the decoder raise ValueError,
+    which the server answered 500."""
+    from dirmq.schedules.model import schedule_from_json
+
+    with pytest.raises(InvalidArgument, match="not valid base64"):
+        schedule_from_json("s", {"queue": "q", "every_s": 60, "body_base64": encoded})

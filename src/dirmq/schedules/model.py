@@ -213,7 +213,7 @@ def schedule_from_json(name: str, data: object, *, stored: bool = False) -> Sche
     if "body_base64" in data:
         try:
             body = base64.b64decode(_str(data, "body_base64"), validate=True)
-        except binascii.Error as exc:
+        except (binascii.Error, ValueError) as exc:  # ValueError: a character beyond ASCII
             raise InvalidArgument("'body_base64' is not valid base64") from exc
     elif "body" in data:
         body = _str(data, "body").encode("utf-8")
