@@ -13,13 +13,14 @@ schedule's queue is in its file, not in the path, so each row is judged on its o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote, unquote, urlencode
 
 from dirmq.console.call import Call, Console
 from dirmq.console.permissions import SCHEDULE_NEEDS
 from dirmq.console.preview import Preview, preview
-from dirmq.errors import InvalidArgument
+from dirmq.errors import CorruptConfig, InvalidArgument, ScheduleNotFound
 from dirmq.schedules import Schedules, ScheduleStatus, validate_schedule_name
 from dirmq.server.contract import Response
 from dirmq.store.names import validate_queue_name
@@ -40,19 +41,34 @@ class Row:
 
 def schedules_of(console: Console, queue: str) -> list[ScheduleStatus]:
     """The schedules publishing to `queue` (shown on its page to one who may browse it)."""
-    return [s for s in Schedules(console.store).statuses() if s.schedule.queue == queue]
+    return _statuses(Schedules(console.store), lambda target: target == queue)
+
+
+def _statuses(schedules: Schedules, wanted: Callable[[str], bool]) -> list[ScheduleStatus]:
+    """The status of each schedule whose queue is `wanted`: the tick records of those only
+    are listed (a page refreshed every 2 s on a root of many schedules)."""
+    found = []
+    for each in schedules.list():
+        if wanted(each.queue):
+            try:
+                found.append(schedules.status(each.name))
+            except (ScheduleNotFound, CorruptConfig):  # deleted or replaced meanwhile
+                continue
+    return found
 
 
 def page(console: Console, call: Call) -> Response:
     queue = call.request.query.get("queue", "")
     if queue:
         validate_queue_name(queue)
+    see, change = SCHEDULE_NEEDS["see"], SCHEDULE_NEEDS["change"]
+
+    def wanted(target: str) -> bool:
+        return (not queue or target == queue) and console.may(call, see, target)
+
     rows = []
-    for status in Schedules(console.store).statuses():
-        target = status.schedule.queue
-        if (queue and target != queue) or not console.may(call, SCHEDULE_NEEDS["see"], target):
-            continue
-        may_change = console.may(call, SCHEDULE_NEEDS["change"], target)
+    for status in _statuses(Schedules(console.store), wanted):
+        may_change = console.may(call, change, status.schedule.queue)
         rows.append(Row(status, preview(status.schedule.body), may_change))
     return console.render.page(
         "schedules.html",
