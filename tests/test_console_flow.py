@@ -271,6 +271,9 @@ def test_the_schedules_page_shows_last_and_next_tick_and_changes_them(
     assert ui.post(f"/ui/schedules/{every}/pause", data={"csrf": token}).status_code == 404
     assert ui.post(f"/ui/schedules/{nightly}/stop", data={"csrf": token}).status_code == 400
     assert ui.post(f"/ui/schedules/{nightly}/pause", data={}).status_code == 403  # no CSRF
+    foreign = {"Origin": "https://evil.example"}
+    forged = ui.post(f"/ui/schedules/{nightly}/pause", data={"csrf": token}, headers=foreign)
+    assert forged.status_code == 403 and not schedules.get(nightly).paused
     offsite = ui.post(
         f"/ui/schedules/{nightly}/pause", data={"csrf": token, "back": "//evil.example/"}
     )
