@@ -168,6 +168,7 @@ def test_a_browse_principal_gets_no_action_and_403_on_a_forged_one(
         assert 'id="purge"' not in page.text
         assert "Publish a test message" not in page.text
         assert '<textarea name="config"' not in page.text
+        assert 'id="pause-resume"' not in page.text
         listing = browser.get(f"/ui/q/{shop}/browse", params={"state": "ready"})
         assert listing.status_code == 200 and "kept" in listing.text
         assert "Delete selected" not in listing.text
@@ -177,14 +178,16 @@ def test_a_browse_principal_gets_no_action_and_403_on_a_forged_one(
             ("publish", {"body": "x"}),
             ("configure", {"config": "{}"}),
             ("delete", {"id": "0000000000000001-000000000000"}),
+            ("pause", {"op": "pause"}),
         ):
             answer = browser.post(f"/ui/q/{shop}/{action}", data={"csrf": token, **form})
             assert answer.status_code == 403, action
             assert "viewer" in answer.text
-    assert queue.stats().ready == 1
+    queue.reload_config()
+    assert queue.stats().ready == 1 and not queue.config.paused
     with signed_in(server, OPS) as browser:
         page = browser.get(f"/ui/q/{shop}")
-        assert 'id="purge"' in page.text
+        assert 'id="purge"' in page.text and 'id="pause-resume"' in page.text
 
 
 def test_csrf_and_origin_are_checked_on_every_change(

@@ -21,6 +21,7 @@ import pytest
 
 import dirmq
 from dirmq.client import RemoteStore
+from dirmq.schedules import Schedules, schedule
 from dirmq.server.credentials import new_token, token_digest
 from dirmq.store import QueueConfig
 
@@ -172,15 +173,25 @@ def test_every_page_keeps_to_the_policy(
     page = page_log.page
     page.set_viewport_size({"width": 1280, "height": 800})
     name = fresh("orders")
-    queue = lib.create_queue(name, QueueConfig(max_receives=3))
+    settings = QueueConfig(
+        max_receives=3, priority_levels=3, delivery_rate_per_s=200, message_ttl_s=86400
+    )
+    queue = lib.create_queue(name, settings)
     ids = queue.put_many(
         [
             dirmq.OutgoingMessage(
-                b'{"order": 1, "items": ["tea", "cups"]}', {"Content-Type": "application/json"}
+                b'{"order": 1, "items": ["tea", "cups"]}',
+                {"Content-Type": "application/json"},
+                priority=2,
             ),
-            dirmq.OutgoingMessage(b"plain text body"),
+            dirmq.OutgoingMessage(b"plain text body", priority=1),
             dirmq.OutgoingMessage(bytes(range(40))),
         ]
+    )
+    lib.create_queue(fresh("held"), QueueConfig(paused=True, priority_levels=2)).put(b"held")
+    report = fresh("nightly-report")
+    Schedules(lib).put(
+        schedule(report, name, cron="30 2 * * *", timezone="Europe/Berlin", body='{"report": 1}')
     )
     shots = os.environ.get("DIRMQ_SCREENSHOTS") == "1"
     for path, shot in (
@@ -190,6 +201,7 @@ def test_every_page_keeps_to_the_policy(
         (url(server, name, "browse") + "?state=dead", None),
         (url(server, name, "browse") + "?state=corrupt", None),
         (url(server, name, "m", ids[0]), "console-message.png"),
+        (f"{server.url}/ui/schedules", "console-schedules.png"),
     ):
         page.goto(path)
         page.wait_for_load_state("networkidle")
@@ -199,6 +211,46 @@ def test_every_page_keeps_to_the_policy(
             page.screenshot(path=str(SHOTS / shot), full_page=False)
     page.locator("#theme").click()
     assert page.evaluate("document.documentElement.dataset.theme") in ("dark", "light")
+    Schedules(lib).delete(report)
+
+
+def test_pause_with_the_button_then_resume_and_see_the_schedules_tick(
+    server: ServerProcess, lib: dirmq.Store, page: Page
+) -> None:
+    """An admin pauses a queue with its button: the badge shows on its page and the overview,
+    a publish is accepted while no get delivers; resumed, the message is delivered. The
+    schedules page, reached from the nav, shows a schedule's last tick and its next moving on."""
+    name, target = fresh("held"), fresh("beats")
+    lib.create_queue(name)
+    lib.create_queue(target)
+    beat = fresh("beat")
+    Schedules(lib).put(schedule(beat, target, every_s=1, body="beat"))
+    page.goto(url(server, name))
+    expect(page.locator("#queue-state .badge")).to_have_text("delivering")
+    page.locator("#pause-resume").click()
+    expect(page.locator(".note")).to_contain_text("paused: nothing is delivered")
+    expect(page.locator("#queue-state .badge.paused")).to_be_visible()
+    with httpx.Client(base_url=server.url, timeout=30) as api:
+        assert api.post(f"/{name}/messages", content=b"waits").status_code == 201
+        assert api.get(f"/{name}/messages", params={"wait": "1s"}).status_code == 204
+        page.goto(f"{server.url}/ui/?prefix={name}")
+        expect(page.locator(f'tr[data-queue="{name}"] .badge.paused')).to_be_visible()
+        expect(page.locator("#paused-queues")).to_have_text("1 paused")
+        page.locator(f'tr[data-queue="{name}"] a').first.click()
+        expect(page.locator("#pause-resume")).to_have_text("Resume deliveries")
+        page.locator("#pause-resume").click()
+        expect(page.locator("#queue-state .badge")).to_have_text("delivering")
+        delivered = api.get(f"/{name}/messages", params={"wait": "5s"})
+        assert delivered.status_code == 200 and delivered.content == b"waits"
+    page.locator("header.top a[href='/ui/schedules']").click()
+    row = page.locator(f'tr[data-schedule="{beat}"]')
+    expect(row.locator("td.state")).to_have_text("running")
+    expect(row.locator("td.last")).to_contain_text("published", timeout=10_000)
+    expect(row.locator("td.next")).to_contain_text("UTC")
+    first_next = row.locator("td.next .tick").inner_text()
+    # the live table moves on by itself: the next tick is another one a refresh later
+    expect(row.locator("td.next .tick")).not_to_have_text(first_next, timeout=8000)
+    Schedules(lib).delete(beat)
 
 
 def test_sign_in_and_what_a_browse_principal_may_do(tmp_path: Path, page: Page) -> None:

@@ -104,6 +104,19 @@ def configure(console: Console, call: Call) -> Response:
     return _back(name, "configuration saved")
 
 
+def pause(console: Console, call: Call) -> Response:
+    """Pause or resume a queue's deliveries (`op`): its `paused` key, as `PUT /{queue}`
+    writes it; every process and server sees it within a second (store/flow.py)."""
+    name = _queue(console, call, "pause")
+    op = call.arg("op")
+    if op not in ("pause", "resume"):
+        raise InvalidArgument(f"op is pause or resume, not {op[:40]!r}")
+    console.store.configure(name, paused=op == "pause")
+    if op == "pause":
+        return _back(name, "paused: nothing is delivered until it is resumed; publishes go on")
+    return _back(name, "resumed: deliveries go on")
+
+
 def delete(console: Console, call: Call) -> Response:
     name = _queue(console, call, "delete")
     queue = console.store.queue(name)
@@ -182,6 +195,7 @@ ACTIONS: dict[str, View] = {
     "publish": publish,
     "purge": purge,
     "configure": configure,
+    "pause": pause,
     "delete": delete,
     "lease": lease,
     "redrive": redrive,

@@ -15,8 +15,10 @@ Any other path under /ui (and /ui itself) names a reserved queue: the native API
     GET  /ui/pubsub, /ui/pubsub/log      pub/sub: channels and subscriptions; the retained log
                                          (?after=<seq> &channel=<prefix>)
     GET  /ui/fsck, POST /ui/fsck/check   the last check of the root; a read-only check now
-    POST /ui/q/<queue>/<action>          publish, purge, configure (PUT too), delete, lease,
-                                         redrive, cancel
+    GET  /ui/schedules[?queue=]          recurring schedules: last and next tick
+    POST /ui/schedules/<name>/<op>       pause, resume, delete a schedule
+    POST /ui/q/<queue>/<action>          publish, purge, configure (PUT too), pause (or
+                                         resume), delete, lease, redrive, cancel
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import logging
 import time
 from urllib.parse import parse_qs
 
-from dirmq.console import actions, fsck_panel, pages, pubsub_pages
+from dirmq.console import actions, fsck_panel, pages, pubsub_pages, schedules_page
 from dirmq.console.call import Call, Console, ServerFacts, View
 from dirmq.console.render import SECURITY_HEADERS
 from dirmq.console.session import (
@@ -47,7 +49,7 @@ log = logging.getLogger("dirmq.console")
 
 API = "/ui/api/"  # the mounted `api` dialect's (the samples)
 # What may follow /ui/ (anything else is a 404).
-OWN = frozenset({"", "static", "sign-in", "sign-out", "q", "api", "pubsub", "fsck"})
+OWN = frozenset({"", "static", "sign-in", "sign-out", "q", "api", "pubsub", "fsck", "schedules"})
 PUBSUB: dict[str, View] = {
     "/ui/pubsub": pubsub_pages.pubsub,
     "/ui/pubsub/log": pubsub_pages.pubsub_log,
@@ -213,6 +215,10 @@ def _route(method: str, path: str) -> View:
     if path == "/ui/fsck/check" and method == "POST":
         return fsck_panel.check_now
     parts = path.split("/")  # "", "ui", "q", <queue>, ...
+    if path == "/ui/schedules" and method == "GET":
+        return schedules_page.page
+    if len(parts) == 5 and parts[2] == "schedules" and parts[3] and method == "POST":
+        return schedules_page.act
     if len(parts) >= 4 and parts[2] == "q" and parts[3]:
         rest = parts[4:]
         if not rest and method == "GET":

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
+from dirmq.console.queue_flags import FlagsCache
 from dirmq.console.render import Renderer
 from dirmq.console.session import Session, Sessions
 from dirmq.server.access import Access
@@ -53,6 +54,7 @@ class Console:
         self.facts = facts
         # Kept across refreshes: a settled deep @ready is not listed again (store/census.py).
         self.census = broker.census
+        self.flags = FlagsCache(self.store.root)  # each queue's flow settings, by mtime
         self.hub: object | None = None  # the pub/sub hub, once the overview needs it
 
     def may(self, call: Call, permission: str, name: str) -> bool:

@@ -21,6 +21,7 @@ from dirmq.console.permissions import permission
 from dirmq.console.preview import Preview, preview
 from dirmq.console.pubsub_view import pubsub_summary
 from dirmq.console.render import now_s
+from dirmq.console.schedules_page import schedules_of
 from dirmq.errors import InvalidArgument, MessageNotFound
 from dirmq.redrive.tasks import redrives_of
 from dirmq.server.contract import Response
@@ -62,19 +63,34 @@ def overview(console: Console, call: Call) -> Response:
     page = _int(query.get("page", "1"), "page")
     principal = call.session.principal
     access = console.access
+    paused_only = query.get("paused") == "1"
     depths = [
         d
         for d in console.census.depths()
         if d.name.startswith(prefix) and access.allows(principal, SEE, d.name)
     ]
+    flags = {d.name: console.flags.flags(d.name) for d in depths}  # a stat each (queue_flags)
+    if not prefix:
+        console.flags.forget_except(set(flags))
+    paused = sum(1 for f in flags.values() if f.paused)
+    if paused_only:
+        depths = [d for d in depths if flags[d.name].paused]
     depths.sort(key=SORTS[sort], reverse=descending)
     pages = max(1, -(-len(depths) // PAGE_SIZE))
     page = min(page, pages)
     shown = depths[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
-    state = {"prefix": prefix, "sort": sort, "desc": "1" if descending else "", "page": page}
+    state = {
+        "prefix": prefix,
+        "paused": "1" if paused_only else "",
+        "sort": sort,
+        "desc": "1" if descending else "",
+        "page": page,
+    }
     context = {
         **_common(console, call),
         "queues": shown,
+        "flags": flags,
+        "paused_count": paused,
         "total": len(depths),
         "page": page,
         "pages": pages,
@@ -115,22 +131,37 @@ def queue_page(console: Console, call: Call) -> Response:
     name = _queue_name(console, call, "queue")
     queue = console.store.queue(name)
     stats = queue.stats()
-    config = queue.config.to_json()
+    settings = queue.config
+    allowed = _allowed(console, call, name)
+    levels = queue.ready_by_level() if settings.priority_levels > 1 else {}
     return console.render.page(
         "queue.html",
         **_common(console, call),
-        **_allowed(console, call, name),
+        **allowed,
         name=name,
         stats=stats,
-        config=config,
+        settings=settings,
+        levels=sorted(levels.items(), reverse=True),  # highest first: the order of delivery
+        config=settings.to_json(),
         disk=disk_of(queue.path, stats.ready),
         tasks=redrives_of(console.store).list(name)[:5],
+        schedules=schedules_of(console, name) if allowed["may_browse"] else [],
     )
 
 
 def _allowed(console: Console, call: Call, name: str) -> dict[str, Any]:
     """What the principal may do here: only those buttons are drawn."""
-    actions = ("browse", "configure", "publish", "purge", "delete", "lease", "redrive", "cancel")
+    actions = (
+        "browse",
+        "configure",
+        "pause",
+        "publish",
+        "purge",
+        "delete",
+        "lease",
+        "redrive",
+        "cancel",
+    )
     return {f"may_{a}": console.may(call, permission(a), name) for a in actions}
 
 
@@ -170,6 +201,8 @@ def browse(console: Console, call: Call) -> Response:
         state=state,
         states=STATES,
         rows=rows,
+        levels=queue.config.priority_levels,
+        expiring=any(r.message.expires_at_s is not None for r in rows),
         corrupt=corrupt,
         after=after,
         next_after=rows[-1].message.id if more and rows else None,
@@ -212,6 +245,8 @@ def message(console: Console, call: Call) -> Response:
         **_allowed(console, call, name),
         name=name,
         m=found,
+        levels=queue.config.priority_levels,
+        now=now_s(),
         body=preview(found.body, None),
         file=os.path.relpath(path, console.store.root) if path else None,
         file_bytes=len(raw),

@@ -63,6 +63,19 @@ def when(epoch_s: float | None) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
+def relative(epoch_s: float | None) -> str:
+    """`epoch_s` from now: "in 4 s", "12 s ago" (the page says when it was drawn)."""
+    if epoch_s is None:
+        return "-"
+    delta = epoch_s - time.time()
+    return f"in {age(delta)}" if delta >= 0 else f"{age(-delta)} ago"
+
+
+def number(value: float) -> str:
+    """A rate or count as people write it: 2.5, 10, not 10.0."""
+    return f"{value:g}"
+
+
 def size(count: int) -> str:
     value = float(count)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -92,7 +105,9 @@ class Renderer:
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
-        self.env.filters.update(age=age, when=when, size=size, pretty=pretty)
+        self.env.filters.update(
+            age=age, when=when, relative=relative, number=number, size=size, pretty=pretty
+        )
         self.env.globals.update(queue_url=queue_url, version=__version__)
         self.assets = _load_assets(resources.files("dirmq.console").joinpath("static"))
         digest = hashlib.sha256()

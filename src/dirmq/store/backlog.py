@@ -338,9 +338,15 @@ class Backlog:
         """(messages in the backlog, the least id there or ""): each bucket listed once it has
         settled (its mtime a second old: no rename can still be missing from a listing kept
         by mtime), not at every call: `Queue.stats` of a deep queue costs a stat a bucket."""
-        total, oldest = 0, ""
+        by_level, oldest = self.count_by_level()
+        return sum(by_level.values()), oldest
+
+    def count_by_level(self) -> tuple[dict[int, int], str]:
+        """`count`, split by priority level ({level: messages}, levels with a tree only)."""
+        by_level: dict[int, int] = {}
+        oldest = ""
         kept: dict[str, tuple[int, int, str]] = {}
-        for _relative, path in buckets(self.queue_dir):
+        for relative, path in buckets(self.queue_dir):
             try:
                 mtime_ns = os.stat(path).st_mtime_ns
             except FileNotFoundError:
@@ -351,11 +357,13 @@ class Backlog:
                 counted = (mtime_ns, len(listed), min(listed, default="")[: layout.ID_LENGTH])
             if time.time_ns() - mtime_ns > 1e9:
                 kept[path] = counted
-            total += counted[1]
+            tree = relative.split("/", 2)[1]  # an epoch (level 0), or a level's p<level>
+            level = level_dir_level(tree) if is_level_dir(tree) else 0
+            by_level[level] = by_level.get(level, 0) + counted[1]
             if counted[2] and (not oldest or counted[2] < oldest):  # the levels' trees
                 oldest = counted[2]
         self._counted = kept
-        return total, oldest
+        return by_level, oldest
 
     def prune(self) -> None:
         """Remove every empty bucket and epoch (after a purge: an empty bucket would send

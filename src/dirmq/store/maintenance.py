@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 from dirmq.errors import QueueNotFound, storage_error
 from dirmq.store import backlog, layout, smallfiles
+from dirmq.store.bounds import MAX_PRIORITY_LEVELS
 from dirmq.store.files import expired_by_retention, now_ms
 from dirmq.store.ids import id_time_us
-from dirmq.store.layout import parse_entry
+from dirmq.store.layout import level_of, parse_entry
 from dirmq.store.message import QueueStats, SweepReport
 from dirmq.store.pool import DEFAULT_POOL_FILES, reclaim_pools
 from dirmq.store.view import QueueView
@@ -51,6 +52,26 @@ def stats(view: QueueView) -> QueueStats:
             dead=dead,
             oldest_ready_age_s=age,
         )
+
+
+def ready_by_level(view: QueueView) -> dict[int, int]:
+    """`Queue.ready_by_level`: what `stats` counts as ready, by priority level, from the index's
+    per-level counts, the backlog's per-bucket counts (kept by mtime, as `stats` keeps them)
+    and the names of expired leases and due delays: no message is read."""
+    with view.lock:
+        index = view.synced()
+        counts = {level: index.ready_count(level) for level in range(MAX_PRIORITY_LEVELS)}
+        if index.backlog:
+            for level, behind in view.files.backlog.count_by_level()[0].items():
+                counts[level] = counts.get(level, 0) + behind
+        at_ms = now_ms()
+        for timed in (index.leased.names.values(), index.delayed.names.values()):
+            for name in timed:
+                if _at(name) <= at_ms:
+                    level = level_of(name) if "^" in name else 0
+                    counts[level] = counts.get(level, 0) + 1
+        levels = view.config.priority_levels
+        return {level: n for level, n in sorted(counts.items()) if level < levels or n}
 
 
 def _at(name: str) -> int:

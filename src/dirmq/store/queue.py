@@ -330,6 +330,13 @@ class Queue:
         """Counts by state. Expired leases and due delays count as ready (they are, to any get)."""
         return maintenance.stats(self._view)
 
+    def ready_by_level(self) -> dict[int, int]:
+        """The ready count of each priority level ({level: count}, every level of the queue's
+        `priority_levels`, and any other still holding messages), summing to `stats().ready`
+        at one instant. From counts, not by reading messages: O(levels + backlog buckets +
+        in flight + delayed), as `stats`."""
+        return maintenance.ready_by_level(self._view)
+
     def purge(self, progress: ProgressFn | None = None, *, dead: bool = False) -> int:
         """Delete every message (ready, in flight, delayed), or with `dead` every message of
         the queue's own dead area (and nothing else); returns how many were removed."""

@@ -17,6 +17,7 @@ import os
 from dirmq.errors import CorruptMessage
 from dirmq.store import bodyfiles, codec, layout
 from dirmq.store.deadletters import from_system
+from dirmq.store.expiry import read_deadline_s
 from dirmq.store.ids import id_time_us
 from dirmq.store.layout import Entry
 from dirmq.store.message import Message
@@ -38,6 +39,7 @@ def stored_message(entry: Entry, directory: str, decoded: codec.Decoded) -> Mess
         state="ready" if directory.startswith(layout.BACKLOG) else directory.lstrip("@"),
         group=decoded.system.get("Group"),
         dead=from_system(decoded.system) if len(decoded.system) > 1 else None,
+        expires_at_s=read_deadline_s(decoded.system) if len(decoded.system) > 1 else None,
         priority=entry.level,
     )
 

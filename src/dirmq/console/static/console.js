@@ -46,9 +46,11 @@ if (select) {
 }
 
 function paused() {
-  // Not while the tab is hidden, nor while the user has rows selected or is typing.
+  // Not while the tab is hidden, nor while the user has rows selected, a confirmation open
+  // or is typing.
   if (document.hidden) return true;
   if (document.querySelector("input.pick:checked")) return true;
+  if (document.querySelector(".live details[open]")) return true; // a confirmation is open
   const active = document.activeElement;
   return Boolean(active && active.closest("form") && active.matches("input, textarea, select:not(#refresh)"));
 }
