@@ -32,6 +32,10 @@ browse or read pattern); a settle read on the subscription, or to be the princip
 attached the stream; deleting a subscription admin on it; the list shows only the
 subscriptions the principal may see (any permission); `GET /@pubsub` is judged as
 `/metrics`, the retained head needs a principal only.
+
+Why it is long: eight routes, each with its query parameters, its permission rule (`_authorise`)
+and its handler, over one hub and one table of attached streams; the event stream itself is
+apart (`pubsub_stream.py`).
 """
 
 from __future__ import annotations
