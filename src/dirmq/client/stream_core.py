@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import quote
 
 from wsproto import ConnectionType, WSConnection
@@ -33,9 +33,6 @@ from dirmq.client.frames import FrameSplitter
 from dirmq.store import Message
 from dirmq.wire import stream as wire
 
-if TYPE_CHECKING:
-    from dirmq.client.stream import StreamTarget
-
 log = logging.getLogger("dirmq.client")
 
 ACK_DELAY_S = 0.05  # a buffered ack waits at most this long for company
@@ -44,12 +41,22 @@ MAX_HANDSHAKE_BYTES = 64 * 1024  # the head of the server's answer to the handsh
 ENDS = frozenset({1000, 1001})
 
 
+class Endpoint(Protocol):
+    """What the core needs of where it connects (`stream.StreamTarget`, which also connects)."""
+
+    url: str
+    host: str
+    port: int
+    base_path: str
+    headers: dict[str, str]
+
+
 class StreamCore:
     """What a consumer does, without I/O: the WebSocket (wsproto), the messages received and
     not yet handed out, the tags of those not yet settled, the buffered acks. Its methods
     return the bytes to send; the sync and async consumers move them."""
 
-    def __init__(self, target: StreamTarget, queue: str, prefetch: int, visibility_s: float | None):
+    def __init__(self, target: Endpoint, queue: str, prefetch: int, visibility_s: float | None):
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise errors.InvalidArgument(f"prefetch must be a positive integer, got {prefetch!r}")
         self.target = target
