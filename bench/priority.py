@@ -42,6 +42,7 @@ from typing import Any
 
 from bench.harness import REPO, RESULTS
 from bench.harness.report import Report, filesystem_of, machine_basics, write_results
+from bench.harness.roots import fill_ready
 
 DEFAULT_JSON = RESULTS / "priority.json"
 BODY = b"x" * 100
@@ -83,44 +84,12 @@ print(json.dumps({"first_wall": first_wall, "first_cpu": first_cpu, "taken": tak
 """
 
 
-def fill(queue_dir: Path, count: int, levels: int) -> None:
-    """`count` bare messages spread over `levels` (in turn), laid out as puts lay them out: per
-    level, into `@ready/` until it holds SPILL_AT of that level, the rest into the level's
-    backlog tree; without fsyncs."""
-    from dirmq.store import backlog, codec, ids, layout
-
-    ready = queue_dir / layout.READY
-    room = dict.fromkeys(range(levels), backlog.SPILL_AT)
-    made: set[Path] = set()
-    chunk = 10_000
-    n = 0
-    for start in range(0, count, chunk):
-        for message_id in ids.new_ids(min(chunk, count - start)):
-            level = n % levels
-            n += 1
-            name = layout.ready_name(message_id, 0, None, level)
-            if room[level] > 0:
-                room[level] -= 1
-                path = ready / name
-            else:
-                bucket = queue_dir / backlog.relative_dir(name)
-                if bucket not in made:
-                    bucket.mkdir(parents=True, exist_ok=True)
-                    made.add(bucket)
-                path = bucket / name
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.write(fd, codec.encode(BODY, {}, message_id=message_id))
-            finally:
-                os.close(fd)
-
-
 def make(root: Path, name: str, levels: int, count: int) -> None:
     import dirmq
 
     with dirmq.Store(str(root)) as store:
         store.create_queue(name, dirmq.QueueConfig(priority_levels=levels))
-    fill(root / name, count, levels)
+    fill_ready(root / name, count, BODY, levels)
 
 
 def consume(root: Path, name: str, count: int) -> dict[str, Any]:

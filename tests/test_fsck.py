@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from dirmq import InvalidArgument, QueueConfig, Store
-from dirmq.store import OutgoingMessage, Queue, codec, layout
-from dirmq.store import fsck as fsck_module
+from dirmq.store import OutgoingMessage, Queue, codec, fsck_messages, layout
 from dirmq.store.fsck import FsckReport, Kind, fsck
 from dirmq.store.ids import new_id
 from dirmq.store.processes import ProcessIdentity, current
@@ -304,7 +303,7 @@ def test_messages_moving_during_the_scan_are_not_damage(
     [leased_name] = os.listdir(qdir / layout.LEASED)
     [delayed_name] = os.listdir(qdir / layout.DELAYED)
     store.close()
-    real = fsck_module._scandir
+    real = fsck_messages.scandir
     moved: set[str] = set()
 
     def racing_scandir(path: str) -> Iterator[os.DirEntry[str]]:
@@ -317,7 +316,7 @@ def test_messages_moving_during_the_scan_are_not_damage(
             moved.add(state)
             os.rename(qdir / layout.DELAYED / delayed_name, ready_file(qdir, hidden))
 
-    monkeypatch.setattr(fsck_module, "_scandir", racing_scandir)
+    monkeypatch.setattr(fsck_messages, "scandir", racing_scandir)
     report = fsck(root, repair=True)
     assert moved == {layout.LEASED, layout.READY}
     assert report.problems == ()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from dirmq.errors import InvalidArgument, InvalidName
@@ -142,146 +144,136 @@ def common_options() -> argparse.ArgumentParser:
     return parent
 
 
+@dataclass(frozen=True, slots=True)
+class _Setting:
+    """One queue setting's option: `field` is its `QueueConfig` field and the option's dest."""
+
+    flag: str
+    field: str
+    help: str
+    type: Callable[[str], Any] = str
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+
+
+_SETTINGS = (
+    _Setting(
+        "--visibility",
+        "visibility_timeout_s",
+        "visibility timeout: how long a received message is leased (e.g. 30s, 5m)",
+        duration,
+        "DUR",
+    ),
+    _Setting(
+        "--delay",
+        "delay_s",
+        "default delivery delay of new messages (e.g. 2.5, 150ms, 1m)",
+        duration,
+        "DUR",
+    ),
+    _Setting(
+        "--max-receives",
+        "max_receives",
+        "dead-letter a message after N deliveries",
+        optional_count,
+        "N",
+    ),
+    _Setting(
+        "--dead-letter",
+        "dead_letter_queue",
+        "queue receiving dead letters (default: this queue's @dead)",
+        optional_queue_name,
+        "QUEUE",
+    ),
+    _Setting(
+        "--capacity",
+        "capacity",
+        "at most N messages ready, in flight or delayed",
+        optional_count,
+        "N",
+    ),
+    _Setting(
+        "--retention",
+        "retention_s",
+        "drop ready messages older than DUR (e.g. 336h, two weeks)",
+        optional_duration,
+        "DUR",
+    ),
+    _Setting(
+        "--max-bytes",
+        "max_message_bytes",
+        "largest accepted message body: bytes, or with a unit (256KiB, 1MB)",
+        size,
+        "SIZE",
+    ),
+    _Setting(
+        "--durability",
+        "durability",
+        "when a put is acknowledged (default: writethrough)",
+        choices=tuple(d.value for d in Durability),
+    ),
+    _Setting(
+        "--writeback-delay",
+        "writeback_delay_s",
+        "longest delay before a writeback flush (e.g. 200ms)",
+        duration,
+        "DUR",
+    ),
+    _Setting(
+        "--peers",
+        "peers",
+        "take one of the oldest N+1 messages at random (spreads many consumers)",
+        count,
+        "N",
+    ),
+    # Delivery rate and time to live (issue 36; pause and resume are commands of their own).
+    _Setting(
+        "--rate",
+        "delivery_rate_per_s",
+        "deliver at most N messages a second over every consumer (e.g. 50, 0.5; none)",
+        optional_rate,
+        "N",
+    ),
+    _Setting(
+        "--ttl",
+        "message_ttl_s",
+        "default time to live of new messages: undelivered after DUR, out (e.g. 10m)",
+        optional_duration,
+        "DUR",
+    ),
+    _Setting(
+        "--ttl-action",
+        "ttl_action",
+        "what becomes of an expired message (default: dead-letter)",
+        choices=("dead-letter", "drop"),
+    ),
+    _Setting(
+        "--priority-levels",
+        "priority_levels",
+        "priority levels 0 to N-1 (1 to 10; default 1), the highest delivered first",
+        count,
+        "N",
+    ),
+)
+
+
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     """Queue settings; dests are `QueueConfig` field names, present only when given."""
     group = parser.add_argument_group("queue settings ('none' unsets an optional one)")
-    add = group.add_argument
-    suppress = argparse.SUPPRESS
-    add(
-        "--visibility",
-        dest="visibility_timeout_s",
-        type=duration,
-        default=suppress,
-        metavar="DUR",
-        help="visibility timeout: how long a received message is leased (e.g. 30s, 5m)",
-    )
-    add(
-        "--delay",
-        dest="delay_s",
-        type=duration,
-        default=suppress,
-        metavar="DUR",
-        help="default delivery delay of new messages (e.g. 2.5, 150ms, 1m)",
-    )
-    add(
-        "--max-receives",
-        dest="max_receives",
-        type=optional_count,
-        default=suppress,
-        metavar="N",
-        help="dead-letter a message after N deliveries",
-    )
-    add(
-        "--dead-letter",
-        dest="dead_letter_queue",
-        type=optional_queue_name,
-        default=suppress,
-        metavar="QUEUE",
-        help="queue receiving dead letters (default: this queue's @dead)",
-    )
-    add(
-        "--capacity",
-        dest="capacity",
-        type=optional_count,
-        default=suppress,
-        metavar="N",
-        help="at most N messages ready, in flight or delayed",
-    )
-    add(
-        "--retention",
-        dest="retention_s",
-        type=optional_duration,
-        default=suppress,
-        metavar="DUR",
-        help="drop ready messages older than DUR (e.g. 336h, two weeks)",
-    )
-    add(
-        "--max-bytes",
-        dest="max_message_bytes",
-        type=size,
-        default=suppress,
-        metavar="SIZE",
-        help="largest accepted message body: bytes, or with a unit (256KiB, 1MB)",
-    )
-    add(
-        "--durability",
-        dest="durability",
-        choices=[d.value for d in Durability],
-        default=suppress,
-        help="when a put is acknowledged (default: writethrough)",
-    )
-    add(
-        "--writeback-delay",
-        dest="writeback_delay_s",
-        type=duration,
-        default=suppress,
-        metavar="DUR",
-        help="longest delay before a writeback flush (e.g. 200ms)",
-    )
-    add(
-        "--peers",
-        dest="peers",
-        type=count,
-        default=suppress,
-        metavar="N",
-        help="take one of the oldest N+1 messages at random (spreads many consumers)",
-    )
-    add_flow_options(add)
+    for s in _SETTINGS:
+        group.add_argument(
+            s.flag,
+            dest=s.field,
+            type=s.type,
+            choices=s.choices,
+            default=argparse.SUPPRESS,
+            metavar=s.metavar,
+            help=s.help,
+        )
 
 
-def add_flow_options(add: Any) -> None:
-    """Delivery rate and time to live (issue 36; pause and resume are commands of their own)."""
-    add(
-        "--rate",
-        dest="delivery_rate_per_s",
-        type=optional_rate,
-        default=argparse.SUPPRESS,
-        metavar="N",
-        help="deliver at most N messages a second over every consumer (e.g. 50, 0.5; none)",
-    )
-    add(
-        "--ttl",
-        dest="message_ttl_s",
-        type=optional_duration,
-        default=argparse.SUPPRESS,
-        metavar="DUR",
-        help="default time to live of new messages: undelivered after DUR, out (e.g. 10m)",
-    )
-    add(
-        "--ttl-action",
-        dest="ttl_action",
-        choices=["dead-letter", "drop"],
-        default=argparse.SUPPRESS,
-        help="what becomes of an expired message (default: dead-letter)",
-    )
-    add(
-        "--priority-levels",
-        dest="priority_levels",
-        type=count,
-        default=argparse.SUPPRESS,
-        metavar="N",
-        help="priority levels 0 to N-1 (1 to 10; default 1), the highest delivered first",
-    )
-
-
-CONFIG_FIELDS = (
-    "visibility_timeout_s",
-    "delay_s",
-    "max_receives",
-    "dead_letter_queue",
-    "capacity",
-    "retention_s",
-    "max_message_bytes",
-    "durability",
-    "writeback_delay_s",
-    "peers",
-    # flow control and time to live (add_flow_options; `paused`: dirmq pause, resume)
-    "paused",
-    "delivery_rate_per_s",
-    "message_ttl_s",
-    "ttl_action",
-    "priority_levels",
-)
+# The settings the options give, and `paused` (dirmq pause, resume).
+CONFIG_FIELDS = (*(s.field for s in _SETTINGS), "paused")
 
 
 def config_changes(args: argparse.Namespace) -> dict[str, Any]:

@@ -10,13 +10,11 @@ GET    /@pubsub/retained                                  a page of the retained
 GET    /@pubsub/retained/head                             the retained log's head
 
 Everything durable happens in `dirmq.pubsub` on the shared root; this module only maps HTTP onto
-it. A stream is one `Subscription` of this process, fed from the event loop: its eventfd (set
-when the store's shared inotify descriptor, pumped by the loop, reports a change) or a timer
-(the next delivery deadline, the keep-alive, a periodic re-check) wakes it; each step runs on the
-broker's thread pool. At most `window` deliveries are outstanding; settling one (a POST, which
-must reach this process) frees its slot. A sweeper task runs `PubSub.maybe_sweep` every
-`SWEEP_EVERY_S` whether or not anyone is subscribed, so accept timeouts, crashed sessions'
-deliveries and unreported outcomes are handled by any live server.
+it. A subscription attached here is an event stream of this process (`pubsub_stream.py`: its
+window, wake-ups, keep-alives and give-back on close), kept in the worker's table of attached
+streams: settling one of its deliveries is a POST that must reach this process. A sweeper task
+runs `PubSub.maybe_sweep` every `SWEEP_EVERY_S` whether or not anyone is subscribed, so accept
+timeouts, crashed sessions' deliveries and unreported outcomes are handled by any live server.
 
 Reading the retained log (`GET /@pubsub/retained`) consumes nothing and holds no state: a page
 is `[from, from + limit)` cut at the head (`dirmq.pubsub.retained`), one JSON line per entry (the
@@ -35,25 +33,25 @@ attached the stream; deleting a subscription admin on it; the list shows only th
 subscriptions the principal may see (any permission); `GET /@pubsub` is judged as
 `/metrics`, the retained head needs a principal only.
 
-Why it is long: the route handlers and the event streams they open (window, wake-ups, keep-alives,
-give-back on close) share the worker's table of attached streams; the next cut, when it grows, is
-the stream machinery into a module of its own.
+Why it is long: eight routes, each with its query parameters, its permission rule (`_authorise`)
+and its handler, over one hub and one table of attached streams; the event stream itself is
+apart (`pubsub_stream.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
+from dirmq.dialects.pubsub_stream import EventStream, StreamBody
 from dirmq.errors import DeliveryNotFound, DirmqError, InvalidArgument, MessageTooLarge
-from dirmq.pubsub import Delivery, Mode, Outcome, PubSub, Subscription
+from dirmq.pubsub import Mode, PubSub
 from dirmq.pubsub.layout import PubSubPaths, is_delivery_key
 from dirmq.pubsub.model import (
     DEFAULT_ACCEPT_TIMEOUT_S,
@@ -92,8 +90,6 @@ log = logging.getLogger("dirmq.server")
 
 PREFIX = "/@pubsub"
 SWEEP_EVERY_S = 0.5
-KEEPALIVE_S = 15.0
-RECHECK_S = 5.0  # a stream looks again even without a wake-up (belt and braces)
 DEFAULT_WINDOW = 16
 MAX_WINDOW = 1000
 MAX_SEQ = 2**62
@@ -106,7 +102,6 @@ RETAINED_PARAMETERS = ("from", "limit", "channel", "subject")
 MAX_BODY_BYTES = 16 * 1024 * 1024  # as a queue's default max_message_bytes
 CLOSE_WAIT_S = 5.0
 ACTIONS = ("done", "dismiss", "abort", "heartbeat")
-SETTLED = {"done": "done", "dismiss": "dismissed", "abort": "aborted"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +261,7 @@ class PubSubApi(Dialect):
         self.access = access
         self._hub: PubSub | None = None
         self._retained_head: LogHead | None = None
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, EventStream] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self.closing = False
 
@@ -466,10 +461,10 @@ class PubSubApi(Dialect):
             backoff_max_s=_duration(request, "backoff_max", DEFAULT_BACKOFF_MAX_S),
             dead_letter=request.query.get("dead_letter") or None,
         )
-        stream = _Stream(self, sub, window, request.principal)
+        stream = EventStream(self.broker, self.metrics, sub, window, request.principal, self.forget)
         self._streams[sub.name] = stream
         self.metrics.pubsub_attached.inc()
-        return StreamResponse(200, _Body(stream), list(pubsub_wire.SSE_HEADERS))
+        return StreamResponse(200, StreamBody(stream), list(pubsub_wire.SSE_HEADERS))
 
     def _head(self, hub: PubSub) -> int:
         if self._retained_head is None:
@@ -523,7 +518,10 @@ class PubSubApi(Dialect):
         extend_s = None
         if route.action == "heartbeat" and "extend" in request.query:
             extend_s = parse_duration(request.query["extend"], "extend")
-        return await stream.settle(route.key, route.action, extend_s)
+        deadline = await stream.settle(route.key, route.action, extend_s)
+        if deadline is None:
+            return Response(204)
+        return _json(200, pubsub_wire.encode_deadline(deadline))
 
     async def list_subscriptions(self, request: Request, route: PubSubRoute) -> Response:
         hub = await self.hub()
@@ -541,154 +539,7 @@ class PubSubApi(Dialect):
         await self.broker.call(hub.delete_subscription, route.name)
         return Response(204)
 
-    def forget(self, stream: _Stream) -> None:
+    def forget(self, stream: EventStream) -> None:
         if self._streams.get(stream.sub.name) is stream:
             del self._streams[stream.sub.name]
             self.metrics.pubsub_attached.dec()
-
-
-class _Stream:
-    """One attached subscription feeding one event stream."""
-
-    def __init__(self, api: PubSubApi, sub: Subscription, window: int, owner: str) -> None:
-        self.api = api
-        self.sub = sub
-        self.window = window
-        self.owner = owner  # the principal that attached it (may settle what it receives)
-        # Deadlines of what we sent, only to time the next wake-up: the subscription itself
-        # decides what is held and what expired (`held`, `expire`).
-        self.deadlines: dict[str, int] = {}
-        self.wake = asyncio.Event()
-        self.stopped = False
-        self.closed = False
-
-    def stop(self) -> None:
-        self.stopped = True
-        self.wake.set()
-
-    def _readable(self, fd: int) -> None:
-        # Reset the eventfd here (level-triggered readers would spin otherwise); the events
-        # themselves wait in the watcher for the next `receive`.
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.eventfd_read(fd)
-        self.wake.set()
-
-    def _step(self) -> tuple[list[Delivery], dict[str, Outcome], float]:
-        """In a pool thread: return what passed its deadline, then take up to the window;
-        and in how many seconds something given back is due again (a backoff ends)."""
-        expired = self.sub.expire()
-        taken: list[Delivery] = []
-        while len(self.sub.held()) < self.window:
-            delivery = self.sub.receive(0)
-            if delivery is None:
-                break
-            taken.append(delivery)
-        return taken, expired, self.sub.wake_in_s()
-
-    async def events(self) -> AsyncGenerator[bytes, None]:
-        loop = asyncio.get_running_loop()
-        broker = self.api.broker
-        metrics = self.api.metrics
-        yield pubsub_wire.attached_event(pubsub_wire.Attached(self.sub.name, self.sub.cursor))
-        fd = self.sub.fileno()
-        if fd is not None:
-            loop.add_reader(fd, self._readable, fd)
-            broker.watch_store()  # the loop pumps the shared inotify descriptor into our eventfd
-        recheck = RECHECK_S if fd is not None else broker.store.poll_interval_s
-        last_sent = loop.time()
-        try:
-            while not self.stopped:
-                self.wake.clear()
-                taken, expired, wake_in_s = await broker.call(self._step)
-                for key, outcome in expired.items():
-                    self.deadlines.pop(key, None)
-                    # `dismissed` here: given up on after the delivery limit.
-                    metrics.pubsub_settled.labels(outcome.value).inc()
-                if taken:
-                    frames = []
-                    for delivery in taken:
-                        self.deadlines[delivery.key] = delivery.deadline_ms
-                        frames.append(pubsub_wire.message_event(delivery))
-                    metrics.pubsub_delivered.inc(len(taken))
-                    last_sent = loop.time()
-                    yield b"".join(frames)
-                    continue
-                timeout = min(recheck, wake_in_s, max(0.0, last_sent + KEEPALIVE_S - loop.time()))
-                if self.deadlines:
-                    soonest = (min(self.deadlines.values()) - time.time() * 1000) / 1000
-                    timeout = min(timeout, max(0.0, soonest) + 0.002)
-                # `asyncio.timeout`, not `wait_for`: Python 3.11's `wait_for` swallows a
-                # cancellation that lands as the wait ends (a client leaving right after a
-                # settle that woke us), and the closed stream then lived on to the keep-alive.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(timeout):
-                        await self.wake.wait()
-                if loop.time() - last_sent >= KEEPALIVE_S:
-                    last_sent = loop.time()
-                    yield pubsub_wire.KEEPALIVE
-        finally:
-            if fd is not None:
-                with contextlib.suppress(ValueError, OSError):
-                    loop.remove_reader(fd)
-
-    async def settle(self, key: str, action: str, extend_s: float | None) -> Response:
-        sub = self.sub
-        try:
-            if action == "heartbeat":
-                deadline = await self.api.broker.call(sub.heartbeat, key, extend_s)
-                if key in self.deadlines:
-                    self.deadlines[key] = deadline
-                return _json(200, pubsub_wire.encode_deadline(deadline))
-            result: Outcome | None = None
-            try:
-                if action == "abort":
-                    result = await self.api.broker.call(sub.abort, key)
-                else:
-                    await self.api.broker.call(sub.done if action == "done" else sub.dismiss, key)
-            finally:
-                # Settled, or no longer held (expired): either way its slot may be free.
-                self.deadlines.pop(key, None)
-                self.wake.set()
-        except InvalidArgument:
-            if self.closed:  # the stream ended meanwhile: everything it held went back
-                raise DeliveryNotFound(f"delivery {key} is no longer held") from None
-            raise
-        # An abort after the last delivery allowed dismisses (`result` says which).
-        outcome = result.value if result is not None else SETTLED[action]
-        self.api.metrics.pubsub_settled.labels(outcome).inc()
-        return Response(204)
-
-    async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            # Held deliveries go back; an anonymous subscription is removed (the library's
-            # `close` does both).
-            await self.api.broker.call(self.sub.close)
-        except Exception:
-            log.exception("closing subscription %s", self.sub.name)
-        finally:
-            self.api.forget(self)  # last: a shutdown waits for this before stopping the pool
-
-
-class _Body:
-    """The stream's body: closing it (the client left, the stream ended, the server stops)
-    closes the subscription, even if the stream never started."""
-
-    def __init__(self, stream: _Stream) -> None:
-        self._stream = stream
-        self._events = stream.events()
-
-    def __aiter__(self) -> _Body:
-        return self
-
-    async def __anext__(self) -> bytes:
-        return await self._events.__anext__()
-
-    async def aclose(self) -> None:
-        try:
-            await self._events.aclose()
-        finally:
-            # Shielded: the connection's task is usually being cancelled right now.
-            await asyncio.shield(self._stream.close())

@@ -337,7 +337,7 @@ class Broker:
                     remaining = None if deadline is None else deadline - loop.time()
                     if remaining is not None and remaining <= 0:
                         raise
-                with contextlib.suppress(TimeoutError):  # not `wait_for`: see `_Stream.events`
+                with contextlib.suppress(TimeoutError):  # not `wait_for`: see `EventStream.events`
                     async with asyncio.timeout(min(remaining or 1.0, 1.0)):
                         await changed.wait()
         finally:

@@ -1,27 +1,20 @@
 """`dirmq fsck` of a queue's backlog (backlog.py): its shape, and each file in its own bucket.
 
-The message files in the buckets are checked as those of @ready are (fsck.py, `_check_messages`
-with the bucket as the state directory); this module finds what is particular to the backlog:
-entries that are neither epoch (or priority level, `p<level>`) nor second directories, and
-messages outside the bucket their id and level name (refilled out of their FIFO place; repair
-moves each home).
+The message files in the buckets are checked as those of @ready are (fsck_messages.py, with the
+bucket as the state directory); this module finds what is particular to the backlog:
+entries that are neither epoch (or priority level, `p<level>`) nor second directories (stray,
+a notice), and messages outside the bucket their id and level name (refilled out of their FIFO
+place: misnamed, and a repair moves each home). One of fsck.py's `QUEUE_CHECKS`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from dirmq.store import backlog, layout
 from dirmq.store.filemodes import Access
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    path: str
-    detail: str
-    move_home: Callable[[], str] | None  # None: a stray entry (a notice, nothing to repair)
+from dirmq.store.fsck_findings import Finding, Kind
 
 
 def findings(queue_dir: str, access: Access) -> Iterator[Finding]:
@@ -33,12 +26,13 @@ def findings(queue_dir: str, access: Access) -> Iterator[Finding]:
             level_root = backlog.level_root(backlog.level_dir_level(epoch.name))
             for inner in _entries(epoch.path):
                 if not (backlog.is_epoch(inner.name) and inner.is_dir(follow_symlinks=False)):
-                    yield Finding(inner.path, "not a backlog epoch directory", None)
+                    yield Finding(Kind.STRAY, inner.path, "not a backlog epoch directory", None)
                     continue
                 yield from _epoch(queue_dir, access, level_root, inner)
             continue
         if not (backlog.is_epoch(epoch.name) and epoch.is_dir(follow_symlinks=False)):
-            yield Finding(epoch.path, "not a backlog epoch or priority level directory", None)
+            detail = "not a backlog epoch or priority level directory"
+            yield Finding(Kind.STRAY, epoch.path, detail, None)
             continue
         yield from _epoch(queue_dir, access, layout.BACKLOG, epoch)
 
@@ -46,7 +40,7 @@ def findings(queue_dir: str, access: Access) -> Iterator[Finding]:
 def _epoch(queue_dir: str, access: Access, root: str, epoch: os.DirEntry[str]) -> Iterator[Finding]:
     for second in _entries(epoch.path):
         if not (backlog.is_second(second.name) and second.is_dir(follow_symlinks=False)):
-            yield Finding(second.path, "not a backlog bucket directory", None)
+            yield Finding(Kind.STRAY, second.path, "not a backlog bucket directory", None)
             continue
         relative = f"{root}/{epoch.name}/{second.name}"
         for entry in _entries(second.path):
@@ -56,7 +50,8 @@ def _epoch(queue_dir: str, access: Access, root: str, epoch: os.DirEntry[str]) -
             home = backlog.relative_dir(name)
             if home != relative:
                 detail = f"{name!r} is in bucket {relative}, its id's and level's is {home}"
-                yield Finding(entry.path, detail, _mover(access, entry.path, queue_dir, name))
+                move = _mover(access, entry.path, queue_dir, name)
+                yield Finding(Kind.MISNAMED, entry.path, detail, move)
 
 
 def _mover(access: Access, path: str, queue_dir: str, name: str) -> Callable[[], str]:

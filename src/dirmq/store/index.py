@@ -418,35 +418,34 @@ class QueueIndex:
         """`pop_ready`'s usual case alone: the name of the oldest ready message of the highest
         level that has one, taken out of the index, when it is in no group; None when nothing
         is ready or the head is a group's (whose turn `pop_ready` decides)."""
-        ready = self.ready
-        if self._level_heaps:
-            for level in self._levels:
-                heap = self._level_heaps[level]
-                while heap:
-                    message_id = heap[0]
-                    name = ready.get(message_id)
-                    if name is None:
-                        heapq.heappop(heap)  # taken or gone meanwhile: a stale heap entry
-                        continue
-                    if "~" in name:
-                        return None
-                    heapq.heappop(heap)
-                    del ready[message_id]
+        for level in self._levels:
+            heap = self._level_heaps[level]
+            if self._drop_stale(heap):
+                if (name := self._take_plain_head(heap)) is not None:
                     self._level_counts[level] -= 1
-                    return name
-        heap = self._ready_heap
-        while heap:
-            message_id = heap[0]
-            name = ready.get(message_id)
-            if name is None:
-                heapq.heappop(heap)  # taken or gone meanwhile: a stale heap entry
-                continue
-            if "~" in name:
-                return None
-            heapq.heappop(heap)
-            del ready[message_id]
-            return name
+                return name
+        if self._drop_stale(self._ready_heap):
+            return self._take_plain_head(self._ready_heap)
         return None
+
+    def _drop_stale(self, heap: list[str]) -> bool:
+        """Pop the ids at the top of `heap` that are no longer ready (taken or gone meanwhile:
+        stale heap entries); whether a ready id is left on top."""
+        ready = self.ready
+        while heap:
+            if heap[0] in ready:
+                return True
+            heapq.heappop(heap)
+        return False
+
+    def _take_plain_head(self, heap: list[str]) -> str | None:
+        """The name of `heap`'s head (ready: `_drop_stale`), taken out of the index; None,
+        leaving it, when it is a group's."""
+        name = self.ready[heap[0]]
+        if "~" in name:
+            return None
+        del self.ready[heapq.heappop(heap)]
+        return name
 
     def due_by(self, at_ms: int) -> bool:
         """Whether a delay or a lease falls due by `at_ms` (`QueueFiles.promote` has work)."""
