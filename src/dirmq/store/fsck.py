@@ -10,8 +10,9 @@ ids, leaked capacity slots) are confirmed by a second look before anything is re
 
 Invariants, and what `repair=True` does about each (see `Kind`):
 
-    root marker @dirmq.json present, a JSON object with "format": 2   recreate (bad one moved aside)
-    ... and of format 1 or 2 (another: its rules may differ)          report; repair nothing at all
+    root marker @dirmq.json present, a JSON object with "format": 4   recreate (bad one moved aside)
+    ... or an older one this version reads (1-3); any other format    report; repair nothing at all
+        (a newer version's: its rules may differ)
     @trash empty (an interrupted queue deletion)                      empty it
     @pubsub, @spark, @sqs, @redrive at the root (the upper layers',   known: left to their layers
       FORMAT.md), @fsck (the last check's record, fsckrecord.py)
