@@ -32,13 +32,20 @@ from dirmq.errors import storage_error
 from dirmq.store import layout
 from dirmq.store.config import QueueConfig
 from dirmq.store.filemodes import Access
-from dirmq.store.fsck_rate import parse_slot
 from dirmq.store.index import QueueIndex
 from dirmq.store.view import QueueView
 
 RATE_DIR = layout.RATE
 PAUSE_RECHECK_S = 0.2  # a paused queue's waiting gets read @queue.json this often
 _EXCL = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
+
+
+def parse_slot(name: str) -> tuple[int, int] | None:
+    """(second, n) of a slot file's name `<second>.<n>`, or None (not a slot)."""
+    second, dot, n = name.partition(".")
+    if not (dot and second.isascii() and second.isdigit() and n.isascii() and n.isdigit()):
+        return None
+    return int(second), int(n)
 
 
 def quota(rate: float, second: int) -> int:

@@ -14,17 +14,10 @@ from collections.abc import Iterator
 
 from dirmq.store import layout
 from dirmq.store.filemodes import Access
+from dirmq.store.flow import parse_slot
 from dirmq.store.fsck_findings import Finding, Kind, unlinker
 
 STALE_S = 60  # older seconds' slots count for nothing: a notice, removed by a repair
-
-
-def parse_slot(name: str) -> tuple[int, int] | None:
-    """(second, n) of a slot file's name `<second>.<n>`, or None (not a slot)."""
-    second, dot, n = name.partition(".")
-    if not (dot and second.isascii() and second.isdigit() and n.isascii() and n.isdigit()):
-        return None
-    return int(second), int(n)
 
 
 def findings(queue_dir: str, access: Access, now_s: float | None = None) -> Iterator[Finding]:
