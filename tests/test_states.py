@@ -277,6 +277,11 @@ def test_every_row_happens_as_the_table_says(
     )
     q.ack(_leased(q))  # dead_arrival
 
+    direct = dirmq.OutgoingMessage(b"straight into a lease")
+    q.validate(direct)
+    assert q.direct.admits(direct, None)  # nothing ready: the direct path may take it
+    q.ack(q.direct.put_leased(direct, 30, None).receipt or "")  # publish_leased
+
     q.put(b"named")
     [(lease, _message)] = q.claim_named(q.ready_names())
     assert q.ack_leases([lease]) == []  # ack_lease

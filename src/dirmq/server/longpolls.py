@@ -130,6 +130,16 @@ class LongPolls:
         self._waiters.clear()
         self._retire_if_unwaited()
 
+    def take_waiter(self, admit: Callable[[_Waiter], bool]) -> _Waiter | None:
+        """The first waiting poll, out of the line, if `admit` (called on it) says so: a
+        publish is to be leased straight for it (server/direct.py), which then answers its
+        future. None while the line is arming or dispatching (that leases for its head)."""
+        if self._state is not _ARMED or self._dispatch_task is not None:
+            return None
+        if not self._live_waiters() or not admit(self._waiters[0]):
+            return None
+        return self._waiters.popleft()
+
     # -- arming: subscribed, due time known, a first look ---------------------------------------
     def _arm(self) -> None:
         if self._quiet():

@@ -1,0 +1,144 @@
+"""Publishing a message straight into a consumer's lease: the shortest durable path from a
+publisher to a consumer that is already waiting (issue 37).
+
+Theory of operation. A message for a waiting consumer would normally be written, flushed and
+renamed into @ready (its directory flushed too), then noticed through inotify and leased by a
+second rename. Here its file is created once, durably, under its lease name in @leased
+(`<id>.1.<deadline>[+<holder>][^<level>]`, as a get would have named it): one write, one fsync,
+one link or rename, one directory fsync, and the consumer holds it. Other processes see an
+ordinary lease (an expiry returns it to @ready, an ack retires it); `dirmq fsck` checks it as
+any lease.
+
+Only when that keeps every promise the two-step path keeps (`admits`, under the queue's lock):
+a writethrough publish on a local filesystem, the queue neither paused nor rate-limited nor
+bounded by a capacity nor spreading its head (`peers`), the message not delayed, in no group,
+with no dedup id, and nothing ready, in the backlog, or falling due in this process's index
+(so nothing older, or of a higher priority, is passed over). Its receive count is 1, and a time
+to live does not matter: it is delivered now. Anything else takes the usual path.
+
+A crash at any instant leaves no message (before the link: the file is unnamed, in this
+process's pool, or in @tmp, all reclaimed as after any publish) or a leased one, which returns
+to @ready when its lease expires, like any other.
+"""
+
+from __future__ import annotations
+
+from dirmq.errors import DiskFull, QueueNotFound, storage_error
+from dirmq.store import codec, flow, layout
+from dirmq.store.config import Durability, QueueConfig
+from dirmq.store.context import QueueContext
+from dirmq.store.expiry import EXPIRES, deadline_ms
+from dirmq.store.files import now_ms
+from dirmq.store.fsio import PendingFile, create_pending
+from dirmq.store.holders import token_of
+from dirmq.store.ids import id_time_us, new_ids
+from dirmq.store.message import Message, OutgoingMessage
+from dirmq.store.publishing import Publisher
+from dirmq.store.view import QueueView
+
+
+class DirectLeases:
+    """The direct path of one queue (`Queue.direct`). Thread-safe."""
+
+    def __init__(self, view: QueueView, publisher: Publisher, context: QueueContext) -> None:
+        self._view = view
+        self._publisher = publisher
+        self._context = context
+
+    def admits(self, message: OutgoingMessage, durability: Durability | str | None) -> bool:
+        """Whether `message` (already passed by `Queue.validate`) may go straight into a
+        lease now (see the module's docstring). True also takes over its validation: the
+        caller then stores it by `put_leased`, never by `put_many`."""
+        if self._context.shared or type(message.body) is not bytes:
+            return False
+        if message.group is not None or message.dedup_id is not None:
+            return False
+        view = self._view
+        with view.lock:
+            config = flow.current_config(view)
+            level = Durability(durability) if durability is not None else config.durability
+            delay_s = config.delay_s if message.delay_s is None else message.delay_s
+            if (
+                level is not Durability.WRITETHROUGH
+                or delay_s > 0
+                or config.paused
+                or config.delivery_rate_per_s is not None
+                or config.capacity is not None
+                or config.peers
+            ):
+                return False
+            index = view.synced()
+            if index.ready or index.backlog or index.due_by(now_ms()):
+                return False
+            return self._publisher.forget_validated(message, config)
+
+    def put_leased(
+        self, message: OutgoingMessage, visibility_s: float | None, consumer: str | None
+    ) -> Message:
+        """Store `message` (which `admits` let through) as a lease of `visibility_s` (None:
+        the queue's visibility timeout) held by `consumer`, durably: the message as delivered.
+        Raises as a publish does (`StorageError`, `DiskFull`, `QueueNotFound`), leaving
+        nothing behind."""
+        view, files = self._view, self._view.files
+        config = view.config
+        [message_id] = new_ids(1)
+        at_ms = now_ms()
+        visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
+        lease_deadline_ms = at_ms + round(visibility * 1000)
+        holder = token_of(files.context.holders, consumer)
+        lease = layout.timed_name(message_id, 1, lease_deadline_ms, None, holder, message.priority)
+        expires_ms = deadline_ms(message, config, at_ms)
+        system = {} if expires_ms is None else {EXPIRES: str(expires_ms)}
+        data = codec.encode(message.body, message.headers, system, message_id=message_id)
+        pending = self._write(message_id, f"{files.dir[layout.LEASED]}/{lease}", data)
+        try:
+            self._context.group_commit.commit([pending])
+        except DiskFull:
+            files.pool.release_space()  # recycled files are space the disk needs now
+            raise
+        with view.lock:
+            # Known before inotify echoes it (the echo of a known lease is skipped): a receipt
+            # of it may be acked at once.
+            if view.index is not None:
+                view.index.leased.add_ungrouped(message_id, lease_deadline_ms, lease)
+        return Message(
+            id=message_id,
+            body=bytes(message.body),
+            headers=dict(message.headers),
+            receive_count=1,
+            published_at_s=id_time_us(message_id) / 1e6,
+            receipt=f"{message_id}.1",
+            lease_deadline_s=lease_deadline_ms / 1000,
+            state="leased",
+            expires_at_s=None if expires_ms is None else expires_ms / 1000,
+            priority=message.priority,
+        )
+
+    def _write(self, message_id: str, final: str, data: bytes) -> PendingFile:
+        """The file, written (a recycled one where the pools have one), to be linked as
+        `final`: the publish's own way (publishing.py `_write_tmp`)."""
+        files = self._view.files
+        pool, tmp_dir = files.pool, files.dir[layout.TMP]
+        tmp_name = layout.tmp_name(message_id)
+        try:
+            pending = pool.overwrite_own(final, data)
+            if pending is None:
+                pending = pool.overwrite_shared(f"{tmp_dir}/{tmp_name}", final, data)
+            if pending is None:
+                pending = create_pending(tmp_dir, tmp_name, final, data, self._context.access)
+            return pending
+        except FileNotFoundError:
+            raise QueueNotFound.missing(self._view.name) from None
+        except OSError as exc:
+            raise storage_error(exc, f"writing a message to queue {self._view.name!r}") from exc
+
+
+def admissible_config(config: QueueConfig) -> bool:
+    """Whether a queue so configured may ever take the direct path (a cheap first test)."""
+    return (
+        not config.paused
+        and config.delivery_rate_per_s is None
+        and config.capacity is None
+        and not config.peers
+        and config.delay_s <= 0
+    )
