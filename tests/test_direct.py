@@ -10,7 +10,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -200,68 +200,65 @@ def _watch(*directories: Path) -> tuple[int, dict[int, str]]:
     return fd, wds
 
 
-def _kill_at_the_create(running: ServerProcess) -> str:
-    """Publish to a waiting poll, SIGKILLing the server at the first file to appear in the
-    queue's @leased or @ready: the directory it appeared in."""
-    with httpx.Client(base_url=running.url, timeout=10) as http:
-        http.put("/crash", json={"visibility_timeout_s": 1})
-        _until_direct(running, http, "crash")  # the path is warm
-        queue = running.root / "crash"
-        fd, wds = _watch(queue / layout.LEASED, queue / layout.READY)
-        first: list[str] = []
+def _publish_and_kill_at_the_create(
+    running: ServerProcess, http: httpx.Client, body: bytes
+) -> bool:
+    """Publish `body` to a waiting poll; if its file appears in @leased first (the direct path),
+    SIGKILL the server at once and say True. If it appears in @ready first (the poll was not
+    waiting yet: the usual path), take and acknowledge it and say False."""
+    queue = running.root / "crash"
+    fd, wds = _watch(queue / layout.LEASED, queue / layout.READY)
+    first: list[str] = []
 
-        def kill_on_first_event() -> None:
-            data = os.read(fd, 4096)
-            first.append(wds[int.from_bytes(data[:4], "little", signed=True)])
+    def kill_if_direct() -> None:
+        data = os.read(fd, 4096)
+        first.append(wds[int.from_bytes(data[:4], "little", signed=True)])
+        if first[0] == layout.LEASED:
             os.kill(running.proc.pid, signal.SIGKILL)
 
-        killer = threading.Thread(target=kill_on_first_event)
-        killer.start()
+    killer = threading.Thread(target=kill_if_direct)
+    killer.start()
+    try:
         answer = _raw_poll(running.url, "/crash/messages?wait=10")
         try:
-            http.post("/crash/messages", content=b"in the balance")
+            http.post("/crash/messages", content=body)
         except httpx.HTTPError:
             pass
         killer.join(timeout=10)
+    finally:
         os.close(fd)
-        try:
-            answer()
-        except OSError:
-            pass
-    running.proc.wait(timeout=10)
-    return first[0]
+    try:
+        got = answer()
+    except OSError:
+        return True  # killed before it could answer
+    if first == [layout.LEASED]:
+        return True  # killed after its answers: still a lease nobody acknowledged
+    assert got.content == body
+    _ack(http, "crash", got)
+    return False
 
 
-@pytest.fixture
-def killable(tmp_path: Path) -> Iterator[Callable[[], ServerProcess]]:
-    started: list[ServerProcess] = []
-
-    def start() -> ServerProcess:
-        started.append(start_server(tmp_path / f"root{len(started)}"))
-        return started[-1]
-
-    yield start
-    for running in started:
-        running.stop(signal.SIGKILL)
-
-
-def test_sigkill_between_the_create_and_the_answers_loses_nothing(
-    killable: Callable[[], ServerProcess],
-) -> None:
+def test_sigkill_between_the_create_and_the_answers_loses_nothing(tmp_path: Path) -> None:
     """The server is killed as soon as the lease file appears (before its directory fsync and
     both answers, most often): neither client hears back, and the message, leased once, comes
     back when its lease expires and is delivered exactly once more. fsck finds nothing wrong."""
-    for _attempt in range(3):
-        running = killable()
-        first = _kill_at_the_create(running)
-        if first == layout.LEASED:
-            break  # killed on the direct path's create
-    else:
-        pytest.fail(f"the publish never went the direct path before the kill: {first}")
+    running = start_server(tmp_path / "root")
+    try:
+        with httpx.Client(base_url=running.url, timeout=10) as http:
+            http.put("/crash", json={"visibility_timeout_s": 1})
+            for attempt in range(ATTEMPTS):
+                body = b"in the balance %d" % attempt
+                if _publish_and_kill_at_the_create(running, http, body):
+                    break
+            else:
+                pytest.fail(f"no publish of {ATTEMPTS} took the direct path")
+        running.proc.wait(timeout=10)
+    finally:
+        running.stop(signal.SIGKILL)
     with dirmq.Store(running.root) as store:
         q = store.queue("crash")
         message = q.get_one(wait_s=5)  # once its lease (1 s) expires
-        assert message is not None and message.body == b"in the balance"
+        assert message is not None and message.body == body
         assert message.receive_count == 2
         q.ack(message.receipt or "")
         assert q.get_one(wait_s=1.5) is None, "delivered twice"

@@ -308,7 +308,7 @@ class Broker:
     def _direct_path(self) -> DirectPath:
         """A publish straight into a waiting consumer's lease, when it may (direct.py)."""
         if self._direct is None:
-            self._direct = DirectPath(self, self._receivers, self._publishers)
+            self._direct = DirectPath(self, self._receivers)
         return self._direct
 
     def _publisher(self, queue: Queue) -> PublishLine:

@@ -90,10 +90,6 @@ class PublishLine:
         # running mean of a store's time, None until the first store (on the pool) measures it.
         self._store_s: float | None = None
 
-    def busy(self) -> bool:
-        """Whether publishes wait in the line or a drain is under way (server/direct.py)."""
-        return self._draining or bool(self._pending)
-
     def enqueue(self, publish: Publish) -> None:
         """Append to the line; start draining it unless a drain is already under way."""
         now = time.monotonic()
