@@ -19,6 +19,7 @@ import pytest
 import dirmq
 from dirmq.client import RemoteStore
 from dirmq.store import layout, watch
+from dirmq.store.direct_lease import DirectLease
 from dirmq.store.fsck import fsck
 
 from .support.fixtures import http_client, serve
@@ -293,11 +294,16 @@ def test_the_store_admits_only_what_keeps_every_promise(tmp_path: Path) -> None:
         q.reload_config()
         message = dirmq.OutgoingMessage(b"now", ttl_s=60)
         assert admits(message)
-        leased = q.direct.put_leased(message, 0.2, "alice")
+        [leased] = q.direct.put_leased([DirectLease(message, 0.2, "alice")])
         assert (leased.receive_count, leased.state, leased.body) == (1, "leased", b"now")
         assert leased.expires_at_s is not None
         [browsed] = [m for m in q.browse(state="leased") if m.id == leased.id]
         assert browsed.holder is not None and browsed.holder.label == "alice"
         again = q.get_one(wait_s=2)  # its lease (0.2 s) expired: ready again, as any lease
         assert again is not None and again.id == leased.id and again.receive_count == 2
+        q.ack(again.receipt or "")
+        pair = [dirmq.OutgoingMessage(b"one"), dirmq.OutgoingMessage(b"two")]
+        both = q.direct.put_leased([DirectLease(m, None, None) for m in pair])  # one commit
+        assert [m.body for m in both] == [b"one", b"two"] and both[0].id < both[1].id
+        assert q.ack_each(m.receipt or "" for m in both) == {}
     assert not fsck(tmp_path / "root", repair=False).problems

@@ -23,6 +23,9 @@ to @ready when its lease expires, like any other.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import NamedTuple
+
 from dirmq.errors import DiskFull, QueueNotFound, storage_error
 from dirmq.store import codec, flow, layout
 from dirmq.store.config import Durability, QueueConfig
@@ -35,6 +38,14 @@ from dirmq.store.ids import id_time_us, new_ids
 from dirmq.store.message import Message, OutgoingMessage
 from dirmq.store.publishing import Publisher
 from dirmq.store.view import QueueView
+
+
+class DirectLease(NamedTuple):
+    """One message for `DirectLeases.put_leased`, and the lease it is to be stored as."""
+
+    message: OutgoingMessage
+    visibility_s: float | None  # None: the queue's visibility timeout
+    consumer: str | None  # the holder's label (holders.py)
 
 
 class DirectLeases:
@@ -72,47 +83,62 @@ class DirectLeases:
                 return False
             return self._publisher.forget_validated(message, config)
 
-    def put_leased(
-        self, message: OutgoingMessage, visibility_s: float | None, consumer: str | None
-    ) -> Message:
-        """Store `message` (which `admits` let through) as a lease of `visibility_s` (None:
-        the queue's visibility timeout) held by `consumer`, durably: the message as delivered.
-        Raises as a publish does (`StorageError`, `DiskFull`, `QueueNotFound`), leaving
-        nothing behind."""
+    def put_leased(self, leases: Sequence[DirectLease]) -> list[Message]:
+        """Store each message of `leases` (which `admits` let through) as a lease of its
+        `visibility_s` (None: the queue's visibility timeout) held by its `consumer`, all in
+        one durable commit (one `syncfs` for several files, one fsync of @leased): the messages
+        as delivered, in order. All or none: raises as a publish does (`StorageError`,
+        `DiskFull`, `QueueNotFound`), leaving nothing behind."""
         view, files = self._view, self._view.files
         config = view.config
-        [message_id] = new_ids(1)
+        ids = new_ids(len(leases))
         at_ms = now_ms()
-        visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
-        lease_deadline_ms = at_ms + round(visibility * 1000)
-        holder = token_of(files.context.holders, consumer)
-        lease = layout.timed_name(message_id, 1, lease_deadline_ms, None, holder, message.priority)
-        expires_ms = deadline_ms(message, config, at_ms)
-        system = {} if expires_ms is None else {EXPIRES: str(expires_ms)}
-        data = codec.encode(message.body, message.headers, system, message_id=message_id)
-        pending = self._write(message_id, f"{files.dir[layout.LEASED]}/{lease}", data)
+        leased_dir = files.dir[layout.LEASED]
+        pending: list[PendingFile] = []
+        made: list[tuple[str, int, str, int | None]] = []  # id, deadline, lease name, expiry
         try:
-            self._context.group_commit.commit([pending])
-        except DiskFull:
-            files.pool.release_space()  # recycled files are space the disk needs now
+            for message_id, (message, visibility_s, consumer) in zip(ids, leases, strict=True):
+                visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
+                lease_deadline_ms = at_ms + round(visibility * 1000)
+                holder = token_of(files.context.holders, consumer)
+                lease = layout.timed_name(
+                    message_id, 1, lease_deadline_ms, None, holder, message.priority
+                )
+                expires_ms = deadline_ms(message, config, at_ms)
+                system = {} if expires_ms is None else {EXPIRES: str(expires_ms)}
+                data = codec.encode(message.body, message.headers, system, message_id=message_id)
+                pending.append(self._write(message_id, f"{leased_dir}/{lease}", data))
+                made.append((message_id, lease_deadline_ms, lease, expires_ms))
+            self._context.group_commit.commit(pending)
+        except BaseException as exc:
+            for f in pending:
+                f.discard()
+            if isinstance(exc, DiskFull):
+                files.pool.release_space()  # recycled files are space the disk needs now
             raise
         with view.lock:
-            # Known before inotify echoes it (the echo of a known lease is skipped): a receipt
-            # of it may be acked at once.
+            # Known before inotify echoes them (the echo of a known lease is skipped): a
+            # receipt may be acked at once.
             if view.index is not None:
-                view.index.leased.add_ungrouped(message_id, lease_deadline_ms, lease)
-        return Message(
-            id=message_id,
-            body=bytes(message.body),
-            headers=dict(message.headers),
-            receive_count=1,
-            published_at_s=id_time_us(message_id) / 1e6,
-            receipt=f"{message_id}.1",
-            lease_deadline_s=lease_deadline_ms / 1000,
-            state="leased",
-            expires_at_s=None if expires_ms is None else expires_ms / 1000,
-            priority=message.priority,
-        )
+                for message_id, lease_deadline_ms, lease, _expires in made:
+                    view.index.leased.add_ungrouped(message_id, lease_deadline_ms, lease)
+        return [
+            Message(
+                id=message_id,
+                body=bytes(message.body),
+                headers=dict(message.headers),
+                receive_count=1,
+                published_at_s=id_time_us(message_id) / 1e6,
+                receipt=f"{message_id}.1",
+                lease_deadline_s=lease_deadline_ms / 1000,
+                state="leased",
+                expires_at_s=None if expires_ms is None else expires_ms / 1000,
+                priority=message.priority,
+            )
+            for (message_id, lease_deadline_ms, _lease, expires_ms), (message, _v, _c) in zip(
+                made, leases, strict=True
+            )
+        ]
 
     def _write(self, message_id: str, final: str, data: bytes) -> PendingFile:
         """The file, written (a recycled one where the pools have one), to be linked as
