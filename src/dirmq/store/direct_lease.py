@@ -23,7 +23,10 @@ to @ready when its lease expires, like any other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import errno
+import os
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from dirmq.errors import DiskFull, QueueNotFound, storage_error
@@ -32,7 +35,7 @@ from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.expiry import EXPIRES, deadline_ms
 from dirmq.store.files import now_ms
-from dirmq.store.fsio import PendingFile, create_pending
+from dirmq.store.fsio import PendingFile, create_pending, fsync_dir, syncfs
 from dirmq.store.holders import token_of
 from dirmq.store.ids import id_time_us, new_ids
 from dirmq.store.message import Message, OutgoingMessage
@@ -83,19 +86,28 @@ class DirectLeases:
                 return False
             return self._publisher.forget_validated(message, config)
 
-    def put_leased(self, leases: Sequence[DirectLease]) -> list[Message]:
+    def put_leased(
+        self,
+        leases: Sequence[DirectLease],
+        linked: Callable[[list[Message]], None] | None = None,
+    ) -> list[Message]:
         """Store each message of `leases` (which `admits` let through) as a lease of its
         `visibility_s` (None: the queue's visibility timeout) held by its `consumer`, all in
-        one durable commit (one `syncfs` for several files, one fsync of @leased): the messages
-        as delivered, in order. All or none: raises as a publish does (`StorageError`,
-        `DiskFull`, `QueueNotFound`), leaving nothing behind."""
+        one durable commit: the files flushed (one `syncfs` for several), linked into @leased,
+        @leased fsynced. The messages as delivered, in order. `linked`, if given, is called
+        with them once every file is linked, before the directory fsync: the consumers may have
+        them then, as the usual path's consumer sees a message once its rename is visible.
+        Raises as a publish does (`StorageError`, `DiskFull`, `QueueNotFound`): before the
+        links, leaving nothing behind; after them (the directory fsync failed), leaving the
+        leases to expire or be settled like any other."""
         view, files = self._view, self._view.files
         config = view.config
         ids = new_ids(len(leases))
         at_ms = now_ms()
         leased_dir = files.dir[layout.LEASED]
         pending: list[PendingFile] = []
-        made: list[tuple[str, int, str, int | None]] = []  # id, deadline, lease name, expiry
+        messages: list[Message] = []
+        names: list[str] = []
         try:
             for message_id, (message, visibility_s, consumer) in zip(ids, leases, strict=True):
                 visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
@@ -108,8 +120,9 @@ class DirectLeases:
                 system = {} if expires_ms is None else {EXPIRES: str(expires_ms)}
                 data = codec.encode(message.body, message.headers, system, message_id=message_id)
                 pending.append(self._write(message_id, f"{leased_dir}/{lease}", data))
-                made.append((message_id, lease_deadline_ms, lease, expires_ms))
-            self._context.group_commit.commit(pending)
+                names.append(lease)
+                messages.append(_delivered(message_id, message, lease_deadline_ms, expires_ms))
+            self._link(pending)
         except BaseException as exc:
             for f in pending:
                 f.discard()
@@ -120,25 +133,36 @@ class DirectLeases:
             # Known before inotify echoes them (the echo of a known lease is skipped): a
             # receipt may be acked at once.
             if view.index is not None:
-                for message_id, lease_deadline_ms, lease, _expires in made:
-                    view.index.leased.add_ungrouped(message_id, lease_deadline_ms, lease)
-        return [
-            Message(
-                id=message_id,
-                body=bytes(message.body),
-                headers=dict(message.headers),
-                receive_count=1,
-                published_at_s=id_time_us(message_id) / 1e6,
-                receipt=f"{message_id}.1",
-                lease_deadline_s=lease_deadline_ms / 1000,
-                state="leased",
-                expires_at_s=None if expires_ms is None else expires_ms / 1000,
-                priority=message.priority,
-            )
-            for (message_id, lease_deadline_ms, _lease, expires_ms), (message, _v, _c) in zip(
-                made, leases, strict=True
-            )
-        ]
+                for delivered, lease in zip(messages, names, strict=True):
+                    deadline = round((delivered.lease_deadline_s or 0) * 1000)
+                    view.index.leased.add_ungrouped(delivered.id, deadline, lease)
+        if linked is not None:
+            linked(messages)
+        try:
+            fsync_dir(leased_dir)
+        except OSError as exc:
+            raise storage_error(exc, f"storing new messages in queue {view.name!r}") from exc
+        return messages
+
+    def _link(self, pending: list[PendingFile]) -> None:
+        """Flush `pending` and link each into place: all or none (a failure unlinks those
+        linked already, and raises)."""
+        done: list[str] = []
+        try:
+            if len(pending) == 1:
+                os.fsync(pending[0].fd)
+            else:
+                syncfs(pending[0].fd)
+            for f in pending:
+                f.publish()
+                done.append(f.final_path)
+        except OSError as exc:
+            for path in done:  # all or nothing: no consumer has any of them yet
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            if exc.errno == errno.ENOENT:
+                raise QueueNotFound.missing(self._view.name) from exc
+            raise storage_error(exc, f"storing new messages in queue {self._view.name!r}") from exc
 
     def _write(self, message_id: str, final: str, data: bytes) -> PendingFile:
         """The file, written (a recycled one where the pools have one), to be linked as
@@ -157,6 +181,24 @@ class DirectLeases:
             raise QueueNotFound.missing(self._view.name) from None
         except OSError as exc:
             raise storage_error(exc, f"writing a message to queue {self._view.name!r}") from exc
+
+
+def _delivered(
+    message_id: str, message: OutgoingMessage, lease_deadline_ms: int, expires_ms: int | None
+) -> Message:
+    """What the consumer of a direct lease receives: the message as a get would read it."""
+    return Message(
+        id=message_id,
+        body=bytes(message.body),
+        headers=dict(message.headers),
+        receive_count=1,
+        published_at_s=id_time_us(message_id) / 1e6,
+        receipt=f"{message_id}.1",
+        lease_deadline_s=lease_deadline_ms / 1000,
+        state="leased",
+        expires_at_s=None if expires_ms is None else expires_ms / 1000,
+        priority=message.priority,
+    )
 
 
 def admissible_config(config: QueueConfig) -> bool:

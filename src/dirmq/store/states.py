@@ -64,7 +64,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         "publish_leased",
         {State.WRITING},
         {State.LEASED},
-        "direct_lease.DirectLeases.put_leased",
+        "direct_lease.DirectLeases._link",
     ),
     # A get that finds @ready short moves the backlog's oldest messages into it.
     _row("refill", {State.BACKLOG}, {State.READY}, "backlog.Backlog.refill"),
