@@ -26,10 +26,12 @@ group commit under load. A batch runs where the publish line runs a quiet line's
 event loop while creates are quick and rare (the mean create shorter than `INLINE_BELOW_S`, the
 last direct publish more than twice that ago), else on the pool.
 
-If the consumer has gone by the time the create is durable (its wait ended, its client hung
-up), the lease is given back at once (a nack without delay), as any lease nobody takes; if the
-create failed, the publisher gets the error and the consumer an empty answer, as if its wait
-had ended.
+If the consumer has gone by the time the file is linked (its wait ended, its client hung up),
+the lease is given back once the commit is done (a nack without delay), as any lease nobody
+takes; if the create failed before the link, the publisher gets the error and the consumer an
+empty answer, as if its wait had ended (after the link, a failed directory fsync fails the
+publisher only: the consumer keeps its lease, as the usual path's consumer keeps a message it
+leased before its publisher's commit failed).
 """
 
 from __future__ import annotations
