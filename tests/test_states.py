@@ -28,6 +28,7 @@ import pytest
 
 import dirmq
 from dirmq.store import backlog, codec, files, fsio, layout, view
+from dirmq.store.direct_lease import DirectLease
 from dirmq.store.ids import new_ids
 from dirmq.store.states import TRANSITIONS, State, Transition
 
@@ -281,6 +282,12 @@ def test_every_row_happens_as_the_table_says(
         b"from elsewhere", reason="max-receives", source="@channel/c", receive_count=5
     )
     q.ack(_leased(q))  # dead_arrival
+
+    direct = dirmq.OutgoingMessage(b"straight into a lease")
+    q.validate(direct)
+    assert q.direct.admits(direct, None)  # nothing ready: the direct path may take it
+    [leased] = q.direct.put_leased([DirectLease(direct, 30, None)])  # publish_leased
+    q.ack(leased.receipt or "")
 
     q.put(b"named")
     [(lease, _message)] = q.claim_named(q.ready_names())

@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 from dirmq.errors import DirmqError, QueueFull
 from dirmq.server.batcher import Batcher
 from dirmq.server.coldlane import ColdLane
+from dirmq.server.direct import DirectPath
 from dirmq.server.longpolls import LongPolls
 from dirmq.server.publish_line import Publish, PublishLine, Settle, resolve
 from dirmq.server.queuecounts import ACKED, DELIVERED, KINDS, NACKED, PUBLISHED, QueueCounts
@@ -107,6 +108,7 @@ class Broker:
         self.closing = False
         self._inline = not store.context.shared  # see `settle_call`
         self._on_pool_until = 0.0  # time.monotonic(): settle calls on the pool until then
+        self._direct: DirectPath | None = None  # made on the event loop (`_direct_path`)
 
     def start(self) -> None:
         """On the event loop, once: from now on, now and then, the queues nobody waits on
@@ -282,9 +284,9 @@ class Broker:
         # Not shielded, nor needing to be: a request that is cancelled (its client hung up)
         # cancels only this future; its messages stay in the line and are stored all the same.
         future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
-        self._publisher(queue).enqueue(
-            Publish(messages, durability, functools.partial(resolve, future))
-        )
+        settle = functools.partial(resolve, future)
+        if not self._direct_path().offer(queue, messages, durability, settle):
+            self._publisher(queue).enqueue(Publish(messages, durability, settle))
         return await future
 
     def publish_nowait(
@@ -299,8 +301,15 @@ class Broker:
         capacity (whose waits need `publish`)."""
         if queue.config.capacity is not None:
             return False
-        self._publisher(queue).enqueue(Publish(messages, durability, settle))
+        if not self._direct_path().offer(queue, messages, durability, settle):
+            self._publisher(queue).enqueue(Publish(messages, durability, settle))
         return True
+
+    def _direct_path(self) -> DirectPath:
+        """A publish straight into a waiting consumer's lease, when it may (direct.py)."""
+        if self._direct is None:
+            self._direct = DirectPath(self, self._receivers)
+        return self._direct
 
     def _publisher(self, queue: Queue) -> PublishLine:
         publisher = self._publishers.get(queue.name)

@@ -130,6 +130,22 @@ class LongPolls:
         self._waiters.clear()
         self._retire_if_unwaited()
 
+    def take_waiter(self, admit: Callable[[_Waiter], bool]) -> _Waiter | None:
+        """A waiting poll, out of the line, if `admit` (called on it) says so: a publish is to
+        be leased straight for it (server/direct.py), which then answers its future. The first
+        one; while a dispatch is under way (it leases for the first), the last, if another.
+        None while the line is arming (its first look leases for the first)."""
+        if self._state is not _ARMED or not self._live_waiters():
+            return None
+        waiters = self._waiters
+        waiter = waiters[0] if self._dispatch_task is None else waiters[-1]
+        if waiter.future.done() or (self._dispatch_task is not None and waiter is waiters[0]):
+            return None
+        if not admit(waiter):
+            return None
+        waiters.remove(waiter)
+        return waiter
+
     # -- arming: subscribed, due time known, a first look ---------------------------------------
     def _arm(self) -> None:
         if self._quiet():

@@ -97,6 +97,12 @@ class Publisher:
                 validated.clear()
             validated[id(message)] = (message, config)
 
+    def forget_validated(self, message: OutgoingMessage, config: QueueConfig) -> bool:
+        """Whether `validate` passed `message` against `config`, forgetting that it did: the
+        direct path (direct_lease.py) stores it without `put_many`."""
+        record = self._validated.pop(id(message), None) if self._validated else None
+        return record is not None and record[0] is message and record[1] is config
+
     def _check_outgoing(self, message: OutgoingMessage, config: QueueConfig) -> None:
         if not isinstance(message.body, bytes | bytearray | memoryview):
             raise InvalidArgument(f"message body must be bytes, got {type(message.body).__name__}")

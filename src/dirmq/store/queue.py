@@ -32,6 +32,7 @@ from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.deadletters import check_consumer_verdict
+from dirmq.store.direct_lease import DirectLeases
 from dirmq.store.events import REASON_REJECTED
 from dirmq.store.files import QueueFiles
 from dirmq.store.message import DeadLetter, Message, OutgoingMessage, QueueStats, SweepReport
@@ -59,6 +60,7 @@ class Queue:
         self._files = QueueFiles(context, name, path)
         self._view = QueueView(context, name, path, self._files, config, config_stamp)
         self._publisher = Publisher(self._view, context)
+        self.direct = DirectLeases(self._view, self._publisher, context)  # direct_lease.py
 
     # -- configuration -------------------------------------------------------------------------
     @property

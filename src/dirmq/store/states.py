@@ -59,6 +59,13 @@ TRANSITIONS: tuple[Transition, ...] = (
         {State.READY, State.DELAYED, State.BACKLOG},
         "publishing.Publisher._commit",
     ),
+    # A publish straight into a waiting consumer's lease (direct_lease.py): no @ready.
+    _row(
+        "publish_leased",
+        {State.WRITING},
+        {State.LEASED},
+        "direct_lease.DirectLeases._link",
+    ),
     # A get that finds @ready short moves the backlog's oldest messages into it.
     _row("refill", {State.BACKLOG}, {State.READY}, "backlog.Backlog.refill"),
     # An open that finds @ready too long (an earlier version's root) moves all but its head.
