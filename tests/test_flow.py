@@ -177,6 +177,7 @@ def test_a_rate_limit_holds_within_10_percent_over_20_s(tmp_path: Path) -> None:
     queue.put_many([str(n).encode() for n in range(1500)])
     store.configure("paced", delivery_rate_per_s=20)
     server = start_server(root)
+    began = time.time()
     try:
         run_s = 24
         workers = [
@@ -192,6 +193,10 @@ def test_a_rate_limit_holds_within_10_percent_over_20_s(tmp_path: Path) -> None:
     finally:
         assert server.stop() == 0, server.output[-2000:]
     times = sorted(float(line.split(" ", 1)[0]) for line in lines)
+    # Each worker's claim times are of this run: a worker that misreported them (a library get
+    # without the visibility its arithmetic assumed put them 30 s early) would leave the HTTP
+    # consumers' deliveries out of the window and the slots they took would look unused.
+    assert began - 1 <= times[0] and times[-1] <= time.time(), (began, times[0], times[-1])
     bodies = [line.split(" ", 1)[1] for line in lines]
     assert len(set(bodies)) == len(bodies)
     start = int(times[0]) + 2  # whole seconds, away from the start-up
