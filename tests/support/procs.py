@@ -10,12 +10,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def spawn(*args: object, module: str = "tests.support.workers") -> subprocess.Popen[str]:
-    """`python -m module *args` with the checkout importable (the roles live in `module`)."""
+def spawn(
+    *args: object, module: str = "tests.support.workers", stdin: bool = False
+) -> subprocess.Popen[str]:
+    """`python -m module *args` with the checkout importable (the roles live in `module`);
+    `stdin`: with a pipe to its standard input (closed by `kill` or `communicate`)."""
     # This checkout's src first: otherwise an editable install of another checkout would run.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
     return subprocess.Popen(
         [sys.executable, "-m", module, *map(str, args)],
+        stdin=subprocess.PIPE if stdin else None,
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,

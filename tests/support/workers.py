@@ -48,6 +48,17 @@ def hold_leases(root: str, queue: str, count: int, visibility_s: float) -> None:
     time.sleep(600)
 
 
+def hold_leases_on_go(root: str, queue: str, count: int, visibility_s: float) -> None:
+    """`hold_leases`, started ahead: say "ready" once the queue is open, then lease when the
+    parent writes a line (what the parent published in between is leased at once, however
+    slowly this interpreter started)."""
+    q = dirmq.Store(root).queue(queue)
+    q.stats()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    hold_leases(root, queue, count, visibility_s)
+
+
 def write_forever(root: str, queue: str, size: int, shared: bool | None = None) -> None:
     """Publish large messages until killed, reporting each id once `put` has returned; every
     third one delayed and every fifth in a batch of 3 (each path's own temps)."""
@@ -72,6 +83,7 @@ ROLES = {
     "produce": lambda a: produce(a[0], a[1], int(a[2]), int(a[3]), int(a[4])),
     "consume": lambda a: consume(a[0], a[1], float(a[2])),
     "hold": lambda a: hold_leases(a[0], a[1], int(a[2]), float(a[3])),
+    "hold-on-go": lambda a: hold_leases_on_go(a[0], a[1], int(a[2]), float(a[3])),
     "write": lambda a: write_forever(a[0], a[1], int(a[2]), True if a[3:] == ["shared"] else None),
     "ack": lambda a: ack_loop(a[0], a[1]),
 }
