@@ -25,10 +25,14 @@ def produce(root: str, queue: str, first: int, count: int, batch: int) -> None:
     print("done", flush=True)
 
 
-def consume(root: str, queue: str, idle_s: float) -> None:
-    """Receive and ack until the queue has been empty for `idle_s`; print each body acked."""
+def consume(root: str, queue: str, idle_s: float, announce: bool = False) -> None:
+    """Receive and ack until the queue has been empty for `idle_s`; print each body acked
+    (`announce`: and "ready" first, once the queue is open, before the first get)."""
     q = dirmq.Store(root).queue(queue)
     out = sys.stdout
+    if announce:
+        q.stats()
+        print("ready", flush=True)
     while True:
         got = q.get(10, wait_s=idle_s)
         if not got:
@@ -81,7 +85,7 @@ def ack_loop(root: str, queue: str) -> None:
 
 ROLES = {
     "produce": lambda a: produce(a[0], a[1], int(a[2]), int(a[3]), int(a[4])),
-    "consume": lambda a: consume(a[0], a[1], float(a[2])),
+    "consume": lambda a: consume(a[0], a[1], float(a[2]), a[3:] == ["announce"]),
     "hold": lambda a: hold_leases(a[0], a[1], int(a[2]), float(a[3])),
     "hold-on-go": lambda a: hold_leases_on_go(a[0], a[1], int(a[2]), float(a[3])),
     "write": lambda a: write_forever(a[0], a[1], int(a[2]), True if a[3:] == ["shared"] else None),
