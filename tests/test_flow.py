@@ -21,7 +21,7 @@ from dirmq.store.config import QueueConfig
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.view import CONFIG_RECHECK_S
 
-from .support.procs import spawn
+from .support.procs import kill, spawn
 from .support.servers import ServerProcess, fresh, sqs_client, start_server
 from .support.waiting import wait_until
 
@@ -138,10 +138,14 @@ def test_pause_and_resume_under_load_on_two_servers(
         assert http.get(f"/{queue}").json()["stats"]["ready"] >= held
         resumed_at = time.time()
         http.put(f"/{queue}", json={"paused": False}).raise_for_status()
+        # All acknowledged is all printed (a consumer prints a message before it acks it): the
+        # consumers are done, whatever is left of their 15 s.
+        wait_until(
+            lambda: http.get(f"/{queue}").json()["stats"]["total"] == 0, 30, "every delivery"
+        )
     lines: list[str] = []
     for consumer in consumers:
-        out, _ = consumer.communicate(timeout=60)
-        lines += out.splitlines()
+        lines += kill(consumer).splitlines()
     claims = [(float(t), body) for t, body in (line.split(" ", 1) for line in lines)]
     assert sorted(int(body) for _t, body in claims) == list(range(total))  # once each
     during = [t for t, _b in claims if paused_at + CONFIG_RECHECK_S + 0.1 < t < resumed_at]
