@@ -32,23 +32,6 @@ from .support.servers import ServerProcess, start_server
 QueueFactory = Callable[..., Any]
 
 
-# Under pytest-xdist (`make unit` runs two workers, `--dist loadgroup`): each module's tests stay
-# on one worker (its module-scoped server is started once), and the tests of a machine-wide or
-# session-wide resource stay together on one: the GlusterFS volume (one at a time on a machine:
-# a second worker would wait for the first's whole session), the SparkSession (a JVM each) and
-# chromium. Without xdist the marks do nothing.
-_SHARED_GROUPS = {"gluster_volume": "gluster", "spark": "spark", "browser_session": "browser"}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        group = next((g for f, g in _SHARED_GROUPS.items() if f in fixtures), None)
-        if group is None and item.path.name.startswith(("test_spark", "test_gluster")):
-            group = item.path.stem.split("_")[1]  # a cluster's JVMs, a volume
-        item.add_marker(pytest.mark.xdist_group(group or item.path.name))
-
-
 @pytest.fixture(autouse=True)
 def _workers_reaped() -> Iterator[None]:
     """Workers a test spawned (support/procs.py) and left running, killed after it."""
