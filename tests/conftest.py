@@ -26,9 +26,17 @@ from .support.browser import (  # noqa: F401  (chromium for browser tests: tests
     playwright_loop,
 )
 from .support.gluster import gluster_volume  # noqa: F401  (the session's one GlusterFS volume)
+from .support.procs import reap_spawned
 from .support.servers import ServerProcess, start_server
 
 QueueFactory = Callable[..., Any]
+
+
+@pytest.fixture(autouse=True)
+def _workers_reaped() -> Iterator[None]:
+    """Workers a test spawned (support/procs.py) and left running, killed after it."""
+    yield
+    reap_spawned()
 
 
 @pytest.fixture

@@ -6,10 +6,8 @@ with 405, exactly the methods it does not document."""
 
 from __future__ import annotations
 
-import gc
 import json
 import re
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
@@ -140,17 +138,6 @@ def check_documented(operation: Operation, response: httpx.Response) -> dict[str
 
 
 # -- the document itself ------------------------------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def _earlier_garbage_collected() -> None:
-    """What earlier tests of a full run left for the garbage collector (one leaves a process's
-    text pipe unclosed: see the session note) is collected here, its ResourceWarning not
-    counted, rather than in the middle of the validator's allocations below, where pytest
-    would charge it to this module's first test."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
-
-
 def test_document_is_valid_openapi_3_1() -> None:
     assert SPEC["openapi"].startswith("3.1.")
     validate(SPEC)

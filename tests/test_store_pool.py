@@ -236,8 +236,13 @@ def test_killed_churning_process_loses_nothing_and_exposes_nothing_partial(root:
     kills = (0.05, 0.11, 0.23, 0.31, 0.47)
     for delay_s in kills:
         worker = spawn("churn", root, "churn")
+        # Its first batch stored says it churns (a slow start under load must not let the kill
+        # land before anything was put): then kill it `delay_s` later, mid-churn.
+        assert worker.stdout is not None
+        first = worker.stdout.readline()
+        assert first.startswith("put "), f"the worker ended before a put: {first!r}"
         time.sleep(delay_s)
-        for line in kill_reading_all(worker).splitlines():
+        for line in [first, *kill_reading_all(worker).splitlines()]:
             kind, *ids = line.split()
             assert kind != "malformed", f"delivered a damaged message: {line}"
             (confirmed if kind == "put" else acked).update(ids)

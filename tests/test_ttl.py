@@ -135,12 +135,20 @@ def test_sigkill_of_a_holder_past_the_ttl(tmp_path: Path, action: str) -> None:
     root = str(tmp_path / "root")
     store = dirmq.Store(root)
     queue = store.create_queue("jobs", dirmq.QueueConfig(ttl_action=action))
-    ids = queue.put_many([dirmq.OutgoingMessage(b"%d" % n, ttl_s=0.5) for n in range(5)])
-    holder = spawn("hold", root, "jobs", 5, 1.0)
-    assert holder.stdout is not None
-    held = [holder.stdout.readline().strip() for _ in ids]
+    # Started first: an interpreter that starts slower than the TTL would find them expired.
+    holder = spawn("hold-on-go", root, "jobs", 5, 2.0, stdin=True)
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline() == "ready\n"
+        ids = queue.put_many([dirmq.OutgoingMessage(b"%d" % n, ttl_s=1.0) for n in range(5)])
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        held = []  # until it says it holds them (or ends)
+        while (line := holder.stdout.readline()) not in ("holding\n", ""):
+            held.append(line.strip())
+    finally:
+        kill(holder)
     assert sorted(held) == sorted(ids)
-    kill(holder)
     wait_until(lambda: queue.stats().in_flight == 0 and not queue.get(10), what="the leases")
     dead = list(queue.browse(state="dead"))
     assert len(dead) == (5 if action == "dead-letter" else 0)

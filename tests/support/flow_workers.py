@@ -18,7 +18,8 @@ def library(root: str, queue: str, run_s: str) -> None:
     end = time.monotonic() + float(run_s)
     visibility = 60.0
     while time.monotonic() < end:
-        for message in q.get(5, wait_s=min(1.0, max(0.0, end - time.monotonic()))):
+        wait_s = min(1.0, max(0.0, end - time.monotonic()))
+        for message in q.get(5, visibility_s=visibility, wait_s=wait_s):
             claimed = (message.lease_deadline_s or 0.0) - visibility
             print(f"{claimed:.3f} {message.body.decode()}", flush=True)
             q.ack(message.receipt or "")

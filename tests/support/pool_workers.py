@@ -7,30 +7,20 @@ the process at a precise moment.
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import dirmq
 from dirmq.store import pool
 
-REPO = Path(__file__).resolve().parents[2]
+from .procs import spawn
 
 
 def spawn_worker(*args: object) -> subprocess.Popen[str]:
     """Start `python -m tests.support.pool_workers ARGS` (the parent's side of this module)."""
-    # This checkout's src first: otherwise an editable install of another checkout would run.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.support.pool_workers", *map(str, args)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=env,
-    )
+    return spawn(*args, module="tests.support.pool_workers")
 
 
 def kill_reading_all(proc: subprocess.Popen[str]) -> str:

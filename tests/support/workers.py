@@ -25,10 +25,14 @@ def produce(root: str, queue: str, first: int, count: int, batch: int) -> None:
     print("done", flush=True)
 
 
-def consume(root: str, queue: str, idle_s: float) -> None:
-    """Receive and ack until the queue has been empty for `idle_s`; print each body acked."""
+def consume(root: str, queue: str, idle_s: float, announce: bool = False) -> None:
+    """Receive and ack until the queue has been empty for `idle_s`; print each body acked
+    (`announce`: and "ready" first, once the queue is open, before the first get)."""
     q = dirmq.Store(root).queue(queue)
     out = sys.stdout
+    if announce:
+        q.stats()
+        print("ready", flush=True)
     while True:
         got = q.get(10, wait_s=idle_s)
         if not got:
@@ -46,6 +50,17 @@ def hold_leases(root: str, queue: str, count: int, visibility_s: float) -> None:
         print(message.id, flush=True)
     print("holding", flush=True)
     time.sleep(600)
+
+
+def hold_leases_on_go(root: str, queue: str, count: int, visibility_s: float) -> None:
+    """`hold_leases`, started ahead: say "ready" once the queue is open, then lease when the
+    parent writes a line (what the parent published in between is leased at once, however
+    slowly this interpreter started)."""
+    q = dirmq.Store(root).queue(queue)
+    q.stats()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    hold_leases(root, queue, count, visibility_s)
 
 
 def write_forever(root: str, queue: str, size: int, shared: bool | None = None) -> None:
@@ -70,8 +85,9 @@ def ack_loop(root: str, queue: str) -> None:
 
 ROLES = {
     "produce": lambda a: produce(a[0], a[1], int(a[2]), int(a[3]), int(a[4])),
-    "consume": lambda a: consume(a[0], a[1], float(a[2])),
+    "consume": lambda a: consume(a[0], a[1], float(a[2]), a[3:] == ["announce"]),
     "hold": lambda a: hold_leases(a[0], a[1], int(a[2]), float(a[3])),
+    "hold-on-go": lambda a: hold_leases_on_go(a[0], a[1], int(a[2]), float(a[3])),
     "write": lambda a: write_forever(a[0], a[1], int(a[2]), True if a[3:] == ["shared"] else None),
     "ack": lambda a: ack_loop(a[0], a[1]),
 }
