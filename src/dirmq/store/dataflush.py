@@ -4,12 +4,13 @@ has cost less lately for batches of that size.
 
 Why both, and why chosen at run time: `syncfs` is one call whatever the batch's size, but it
 writes back every dirty page of the filesystem, a neighbour's too (another process's big write,
-another agent's build), and returns any writeback error the filesystem met since the last one;
+another agent's build), and reports a writeback error met anywhere on it since the file was opened;
 per-file flushes write only the batch's files, but on a disk without a journal to merge them
 (this project's ext4) each waits for its own device flush. Which costs less changes with the
-neighbours: on this machine, busy with other processes, a batch of 32 new 1 KiB files took a
-median 9.1 ms by `syncfs` and 6.3 ms by 32 flushes from threads, while on a quiet disk `syncfs`
-won (docs/benchmarks.md, "Durable publishing"). Both make every file durable before its rename,
+neighbours: on this machine, shared with other processes, a batch of 32 new 1 KiB files took
+9.1 ms by `syncfs` and 6.3 ms by flushes from threads one minute, 5.9 ms and 14.1 ms another,
+and 121 ms and 28 ms while a neighbour rewrote a large file (docs/benchmarks.md, "Durable
+publishing: the floors beside Redis"). Both make every file durable before its rename,
 so the choice changes no promise and nothing on the disk (docs/FORMAT.md, "Durability").
 
 Each size class (powers of two) keeps the running mean of a batch's flush time by the way taken
