@@ -6,6 +6,7 @@ SIGKILL."""
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import threading
 import time
@@ -17,7 +18,14 @@ import pytest
 
 import dirmq
 from dirmq.store import codec, fsio, layout
-from dirmq.store.dataflush import EACH, EXPLORE_EVERY, SYNCFS, DataFlush, size_class
+from dirmq.store.dataflush import (
+    EACH,
+    EXPLORE_EVERY,
+    MAX_EXPLORE_EVERY,
+    SYNCFS,
+    DataFlush,
+    size_class,
+)
 from dirmq.store.fsck import fsck
 from dirmq.store.layout import parse_entry
 
@@ -49,12 +57,25 @@ def test_the_cheaper_way_wins_and_the_other_is_tried_now_and_then() -> None:
     chooser.record(8, EACH, 0.003)
     ways = Counter(chooser.choose(8) for _ in range(EXPLORE_EVERY * 3))
     assert ways == Counter({EACH: EXPLORE_EVERY * 3 - 3, SYNCFS: 3})
-    for _ in range(8):  # a neighbour stopped writing: syncfs got cheap, each file dearer
-        chooser.record(8, SYNCFS, 0.001)
-        chooser.record(8, EACH, 0.005)
+    chooser.record(8, SYNCFS, 0.001)  # a neighbour stopped writing: syncfs got cheap
+    chooser.record(8, EACH, 0.0015)  # ...and each file a little dearer
     assert Counter(chooser.choose(8) for _ in range(EXPLORE_EVERY)) == Counter(
         {SYNCFS: EXPLORE_EVERY - 1, EACH: 1}
     )
+
+
+def test_a_way_far_dearer_is_tried_less_and_less_often() -> None:
+    chooser = DataFlush(FakeClock())
+    chooser.record(32, SYNCFS, 0.010)
+    tries = []
+    for n in range(1, 4 * MAX_EXPLORE_EVERY + 1):
+        if chooser.choose(32) == EACH:
+            tries.append(n)
+            chooser.record(32, EACH, 0.100)  # ten times dearer, every time it is tried
+    gaps = [b - a for a, b in itertools.pairwise(tries)]
+    assert gaps[:5] == [32, 64, 128, 256, 512] and set(gaps[5:]) == {MAX_EXPLORE_EVERY}
+    chooser.record(32, EACH, 0.001)  # then it wins: tried and taken at once, every 32 again
+    assert chooser.choose(32) == EACH
 
 
 class Flushes:

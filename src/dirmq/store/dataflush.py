@@ -15,8 +15,10 @@ so the choice changes no promise and nothing on the disk (docs/FORMAT.md, "Durab
 
 Each size class (powers of two) keeps the running mean of a batch's flush time by the way taken
 and the last time of the other; a batch takes the cheaper, and every EXPLORE_EVERY-th batch of a
-class the other, so a neighbour that starts or stops writing is noticed within that many. The
-first EXPLORE_EVERY - 1 batches of a class take `syncfs` (the way before this choice existed).
+class the other, so a neighbour that starts or stops writing is noticed within that many; a try
+that cost over twice the cheaper way doubles that interval (up to MAX_EXPLORE_EVERY), so a way
+far dearer costs little. The first EXPLORE_EVERY - 1 batches of a class take `syncfs` (the way
+before this choice existed).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from dirmq.store.fsio import PendingFile, overlap
 SYNCFS = "syncfs"
 EACH = "each"  # an fsync of each file, overlapped (fsio.overlap)
 EXPLORE_EVERY = 32  # batches of a size class between two tries of the way not taken
+# ...doubled after each try that cost over twice the way taken, up to this: a way far dearer (a
+# batch's fsyncs once took 139 ms against 17 for its syncfs) costs a try less and less often.
+MAX_EXPLORE_EVERY = 1024
 WEIGHT = 0.25  # of the newest batch in a way's running mean
 _LARGEST_CLASS = 8  # batches of 128 files and more share one record
 
@@ -49,6 +54,7 @@ class DataFlush:
         self._lock = threading.Lock()
         self._cost: dict[tuple[int, str], float] = {}  # (size class, way) -> mean seconds
         self._batches: dict[int, int] = {}  # size class -> batches flushed (chosen)
+        self._every: dict[int, int] = {}  # size class -> batches between tries, if not 32
 
     def choose(self, files: int) -> str:
         """The way the next batch of `files` files is flushed (counts it as chosen)."""
@@ -57,7 +63,7 @@ class DataFlush:
             n = self._batches[key] = self._batches.get(key, 0) + 1
             by_syncfs = self._cost.get((key, SYNCFS))
             by_each = self._cost.get((key, EACH))
-        explore = n % EXPLORE_EVERY == 0
+            explore = n % self._every.get(key, EXPLORE_EVERY) == 0
         if by_syncfs is None or by_each is None:
             return EACH if explore and by_syncfs is not None else SYNCFS
         better, other = (EACH, SYNCFS) if by_each < by_syncfs else (SYNCFS, EACH)
@@ -73,6 +79,10 @@ class DataFlush:
             # then: its newest time replaces it (a neighbour that stopped is noticed at once).
             if mean is None or (other is not None and mean > other):
                 self._cost[cls, way] = seconds
+                if other is not None:  # a try of the way not taken: how soon the next
+                    every = self._every.get(cls, EXPLORE_EVERY)
+                    far = seconds > 2 * other
+                    self._every[cls] = min(2 * every, MAX_EXPLORE_EVERY) if far else EXPLORE_EVERY
             else:
                 self._cost[cls, way] = mean + (seconds - mean) * WEIGHT
 
