@@ -170,18 +170,47 @@ class Floor:
     name: str
     workloads: tuple[str, ...]  # measured when one of these runs; their rows are read against it
     label: str
+    lines: int = 1  # publish floors: groups in flight at once
+    flush: str = "syncfs"  # publish floors: how a group is made durable (PUBLISH_FLUSHES)
 
 
 FLOORS = (
+    Floor("publish", ("publish",), "durable creates, 1 group of N at a time"),
+    Floor("publish-2", ("publish",), "durable creates, 2 groups of N/2 overlap", lines=2),
+    Floor("publish-syncfs2", ("publish",), "syncfs, links, syncfs (no dir fsync)", flush="syncfs2"),
     Floor(
-        "publish",
+        "publish-fsync-each",
         ("publish",),
-        "durable creates, 1 group of N at a time",
+        "fsync each file in turn, links, dir",
+        flush="fsync-each",
     ),
     Floor(
-        "publish-2",
+        "publish-fdatasync-threads",
         ("publish",),
-        "durable creates, 2 groups of N/2 overlap",
+        "fdatasync each file at once, links, dir",
+        flush="fdatasync-threads",
+    ),
+    Floor(
+        "publish-pipelined",
+        ("publish",),
+        "1 syncfs a group: data + previous links",
+        flush="pipelined",
+    ),
+    Floor(
+        "publish-named-1",
+        ("publish",),
+        "named temps, 1 syncfs, links (format change)",
+        flush="named-1",
+    ),
+    Floor(
+        "publish-named-1-2",
+        ("publish",),
+        "named temps, 1 syncfs, 2 groups of N/2",
+        lines=2,
+        flush="named-1",
+    ),
+    Floor(
+        "publish-append", ("publish",), "append to 1 file + fdatasync (Redis's way)", flush="append"
     ),
     Floor(
         "consume",
@@ -189,6 +218,7 @@ FLOORS = (
         "lease+read+ack syscalls, bare loop, 2 procs",
     ),
 )
+_GROUP = "groups of N = --concurrency files (one publisher's message each), one group at a time"
 FLOOR_WHAT = {
     "publish": "N = --concurrency publishers, each with one message in flight: per file an "
     "O_TMPFILE open + write of the 1 KiB body, one syncfs for the group, per file a linkat into "
@@ -196,6 +226,21 @@ FLOOR_WHAT = {
     "publish-2": "the same in 2 threads, each committing groups of N/2: two groups' flushes "
     "overlapped, as dirmq's 2 worker processes do (each has its own line for the queue and gets "
     "about half the publishers)",
+    "publish-syncfs2": f"{_GROUP}: O_TMPFILE + write each, one syncfs, linkat each, a second "
+    "syncfs in place of the directory fsync",
+    "publish-fsync-each": f"{_GROUP}: O_TMPFILE + write each, an fsync of each file one after "
+    "another, linkat each, one fsync of ready/",
+    "publish-fdatasync-threads": f"{_GROUP}: O_TMPFILE + write each, an fdatasync of each file "
+    "from its own thread, all at once, linkat each, one fsync of ready/",
+    "publish-pipelined": f"{_GROUP}: O_TMPFILE + write each, one syncfs that flushes this "
+    "group's data and the previous group's links, linkat each (a group's answer waits for the "
+    "next group's syncfs: a lower bound that ignores that latency)",
+    "publish-named-1": f"{_GROUP}: a named temp each (open O_CREAT|O_EXCL + write), one syncfs "
+    "(data, inodes and temp names), link each into ready/ and answer; the previous group's temps "
+    "unlinked: one flush per answer, but a recovery would have to link a surviving temp",
+    "publish-named-1-2": "publish-named-1 in 2 threads, each committing groups of N/2",
+    "publish-append": f"{_GROUP}: the group's bodies appended to one file and one fdatasync: "
+    "Redis's appendfsync always, not a design dirmq could use (a message is one file)",
     "consume": "per message: rename into leased/, open + read + close, rename into a "
     "per-process pool directory; 2 processes; backlog files written untimed",
 }
@@ -1304,8 +1349,9 @@ def run_floors(ctx: Run, workloads: list[str], round_no: int) -> None:
         if floor.name == "consume":
             rate, seconds = consume_floor(ctx.data_dir, s.backlog)
         else:
-            lines = 2 if floor.name == "publish-2" else 1
-            rate, seconds = publish_floor(ctx.data_dir, s.messages, s.concurrency, lines)
+            rate, seconds = publish_floor(
+                ctx.data_dir, s.messages, s.concurrency, floor.lines, flush=floor.flush
+            )
         ctx.floors.setdefault(floor.name, []).append(round(rate, 1))
         print(f"  {'floor':<13} {floor.label:<38} {rate:9,.0f} msg/s ({seconds:.1f} s)", flush=True)
 
@@ -1547,6 +1593,10 @@ def print_table(
         for r in vs_floors or []:
             if r["floor"] == floor.name:
                 print(f"  {r['label']:<38} {r['median']:6.2f}x the floor  {r['per_round']}")
+                if r["subject"] == "publish/redis/lpush":  # the floor against Redis always
+                    back = [round(1 / x, 3) for x in r["per_round"] if x]
+                    if back:
+                        print(f"  {'the floor / Redis LPUSH (always)':<38} {median(back):6.2f}x")
     print("\n== dirmq / peer, median of per-round ratios ==")
     for r in found:
         print(f"  {r['top']:<38} / {r['bottom']:<38} {r['median']:6.2f}x  {r['per_round']}")

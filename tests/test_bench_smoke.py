@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bench.harness.floors import consume_floor, publish_floor
+from bench.harness.floors import PUBLISH_FLUSHES, consume_floor, publish_floor
 from bench.harness.load import Trial, run_load
 from bench.harness.loadgen import publish_spec
 from bench.harness.procs import Processes
@@ -122,6 +122,7 @@ def test_the_consume_floor_runs_and_leaves_nothing_behind(tmp_path: Path) -> Non
         ("consume_anatomy", ["--messages", "300", "--rounds", "1", "--json"]),
         ("metrics_scrape", ["--queues", "100", "--scrapes", "2", "--json"]),
         ("scale", ["--quick", "--json"]),
+        ("dataflush", ["--quick", "--neighbour", "--json"]),
         ("priority", ["--per-queue", "2000", "--deep", "5000", "--json"]),
     ],
 )
@@ -142,13 +143,27 @@ def test_a_benchmark_that_needs_nothing_installed_runs_end_to_end(
 
 
 @pytest.mark.parametrize("lines", [1, 2])
+@pytest.mark.parametrize("flush", PUBLISH_FLUSHES)
 def test_the_publish_floor_makes_every_file_durable_under_its_name(
-    tmp_path: Path, lines: int
+    tmp_path: Path, lines: int, flush: str
 ) -> None:
-    rate, seconds = publish_floor(str(tmp_path), 100, publishers=8, lines=lines, body_bytes=10)
+    rate, seconds = publish_floor(
+        str(tmp_path), 100, publishers=8, lines=lines, body_bytes=10, flush=flush
+    )
     assert rate > 0 and seconds > 0
     (floor,) = tmp_path.iterdir()
     files = sorted((floor / "ready").iterdir())
+    message = b"Content-Length: 10\n\n" + b"x" * 10
+    if flush == "append":  # Redis's way: the bodies in one file a line
+        assert files == []
+        sizes = [(floor / f"append-{n}").stat().st_size for n in range(lines)]
+        assert sizes == [96 // lines * len(message)] * lines
+        return
     assert len(files) == 96  # whole groups only: 12 groups of 8 (or 2 lines x 12 of 4)
-    assert {f.read_bytes() for f in files} == {b"Content-Length: 10\n\n" + b"x" * 10}
-    assert list((floor / "tmp").iterdir()) == []  # unnamed temps: nothing left behind
+    assert {f.read_bytes() for f in files} == {message}
+    assert list((floor / "tmp").iterdir()) == []  # temps unnamed, or unlinked: none left
+
+
+def test_the_publish_floor_refuses_an_unknown_flush(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="flush must be one of"):
+        publish_floor(str(tmp_path), 100, publishers=8, flush="fsync-maybe")

@@ -11,6 +11,7 @@ import shutil
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from bench.harness import BODY
 from bench.harness.load import Trial
@@ -163,41 +164,121 @@ def consume_floor(
         shutil.rmtree(directory, ignore_errors=True)
 
 
-# == the durable publish floor: groups of durable creates in a bare loop ========================
-def _durable_groups(directory: str, data: bytes, group: int, groups: int, worker: int) -> None:
-    """`groups` durable groups of `group` files: per file an `O_TMPFILE` open and a write, one
-    `syncfs` for the group (one `fsync` for a group of one), per file a `linkat` into `ready/`,
-    then one fsync of `ready/`: what dirmq's writethrough group commit does for a batch."""
+# == the durable publish floors: groups of durable creates in bare loops ========================
+# How a group's files are made durable before they are linked into ready/ and how the links are
+# made durable after (issue 37's floors; what each costs on a disk is in docs/benchmarks.md):
+#   syncfs       one syncfs for the data (one fsync for a group of one), links, one fsync of
+#                ready/: dirmq's writethrough group commit
+#   syncfs2      one syncfs for the data, links, a second syncfs (not a directory fsync)
+#   fsync-each   an fsync per file, one after another, links, one fsync of ready/
+#   fdatasync-threads  an fdatasync per file, all at once from a thread each (concurrent
+#                flushes a filesystem with a journal merges into one commit), links, fsync ready/
+#   pipelined    one syncfs per group that flushes this group's data and the previous group's
+#                links at once (a group's 201 then waits for the next group's flush)
+#   named-1      named temps in tmp/, one syncfs (data, inodes and the temps' names), links into
+#                ready/, answered: a crash before the links are durable leaves the temps, which a
+#                recovery would have to link (a format change); the previous group's temps are
+#                unlinked after the next syncfs
+#   append       not a dirmq design: the group's bodies appended to one file and one fdatasync,
+#                what Redis's `appendfsync always` does per event-loop iteration
+PUBLISH_FLUSHES = (
+    "syncfs",
+    "syncfs2",
+    "fsync-each",
+    "fdatasync-threads",
+    "pipelined",
+    "named-1",
+    "append",
+)
+_flush_threads: list[ThreadPoolExecutor] = []
+
+
+def _flush_pool() -> ThreadPoolExecutor:
+    if not _flush_threads:
+        _flush_threads.append(ThreadPoolExecutor(64, thread_name_prefix="floor-fdatasync"))
+    return _flush_threads[0]
+
+
+def _checked(code: int, what: str) -> None:
+    if code != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _link_all(fds: list[int], ready: str, tag: str) -> None:
+    for n, fd in enumerate(fds):
+        target = f"{ready}/{tag}-{n}".encode()
+        source = b"/proc/self/fd/%d" % fd
+        _checked(_libc.linkat(_AT_FDCWD, source, _AT_FDCWD, target, _AT_SYMLINK_FOLLOW), "linkat")
+
+
+def _durable_groups(
+    directory: str, data: bytes, group: int, groups: int, worker: int, flush: str = "syncfs"
+) -> None:
+    """`groups` durable groups of `group` files, made durable as `flush` says (above)."""
     ready = os.path.join(directory, "ready")
     tmp = os.path.join(directory, "tmp")
-    for g in range(groups):
-        fds = []
-        try:
-            for _ in range(group):
-                fd = os.open(tmp, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
-                fds.append(fd)
-                os.write(fd, data)
-            if len(fds) == 1:
-                os.fsync(fds[0])
-            elif _libc.syncfs(fds[0]) != 0:
-                raise OSError(ctypes.get_errno(), "syncfs")
-            for n, fd in enumerate(fds):
-                target = f"{ready}/{worker}-{g}-{n}".encode()
-                source = b"/proc/self/fd/%d" % fd
-                if _libc.linkat(_AT_FDCWD, source, _AT_FDCWD, target, _AT_SYMLINK_FOLLOW) != 0:
-                    raise OSError(ctypes.get_errno(), "linkat")
-        finally:
-            for fd in fds:
-                os.close(fd)
-        dir_fd = os.open(ready, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    ready_fd = os.open(ready, os.O_RDONLY | os.O_DIRECTORY)
+    appended = os.open(f"{directory}/append-{worker}", os.O_CREAT | os.O_WRONLY | os.O_APPEND)
+    named: list[str] = []  # named-1: the previous group's temps, unlinked after the next flush
+    try:
+        for g in range(groups):
+            tag = f"{worker}-{g}"
+            if flush == "append":
+                os.write(appended, data * group)
+                os.fdatasync(appended)
+                continue
+            if flush == "named-1":
+                previous, named = named, [f"{tmp}/{tag}-{n}" for n in range(group)]
+                for path in named:
+                    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+                    os.write(fd, data)
+                    os.close(fd)
+                _checked(_libc.syncfs(ready_fd), "syncfs")
+                for n, path in enumerate(named):
+                    os.link(path, f"{ready}/{tag}-{n}")
+                for path in previous:
+                    os.unlink(path)
+                continue
+            fds = []
+            try:
+                for _ in range(group):
+                    fd = os.open(tmp, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+                    fds.append(fd)
+                    os.write(fd, data)
+                if flush == "fsync-each":
+                    for fd in fds:
+                        os.fsync(fd)
+                elif flush == "fdatasync-threads":
+                    list(_flush_pool().map(os.fdatasync, fds))
+                elif len(fds) == 1 and flush != "pipelined":
+                    os.fsync(fds[0])
+                else:
+                    _checked(_libc.syncfs(fds[0]), "syncfs")
+                _link_all(fds, ready, tag)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            if flush == "syncfs2":
+                _checked(_libc.syncfs(ready_fd), "syncfs")
+            elif flush != "pipelined":
+                os.fsync(ready_fd)
+        if flush == "pipelined":  # the last group's links
+            os.fsync(ready_fd)
+        for path in named:
+            os.unlink(path)
+    finally:
+        os.close(ready_fd)
+        os.close(appended)
 
 
 def publish_floor(
-    parent: str, messages: int, publishers: int, lines: int = 1, body_bytes: int = 1024
+    parent: str,
+    messages: int,
+    publishers: int,
+    lines: int = 1,
+    body_bytes: int = 1024,
+    flush: str = "syncfs",
 ) -> tuple[float, float]:
     """The durable publish floor on the servers' filesystem for `publishers` concurrent
     publishers, each with one message in flight: `lines` threads (the groups a server has in
@@ -205,8 +286,11 @@ def publish_floor(
     and nothing else (no HTTP, no index, no headers, no checksum); (messages/s, seconds).
 
     `lines=1` is today's arrangement of one queue (one group commits while the next gathers);
-    `lines=2` shows what overlapping two groups' flushes would gain. The files stay until the
-    caller removes `parent` (a mass unlink here would slow the next trial's creates)."""
+    `lines=2` shows what overlapping two groups' flushes would gain. `flush`: how a group is
+    made durable (PUBLISH_FLUSHES). The files stay until the caller removes `parent` (a mass
+    unlink here would slow the next trial's creates)."""
+    if flush not in PUBLISH_FLUSHES:
+        raise ValueError(f"flush must be one of {', '.join(PUBLISH_FLUSHES)}, not {flush!r}")
     directory = tempfile.mkdtemp(prefix="publish-floor-", dir=parent)
     for sub in ("ready", "tmp"):
         os.mkdir(os.path.join(directory, sub))
@@ -217,7 +301,7 @@ def publish_floor(
 
     def work(worker: int) -> None:
         try:
-            _durable_groups(directory, data, group, groups, worker)
+            _durable_groups(directory, data, group, groups, worker, flush)
         except BaseException as exc:  # reported by the caller, not lost in a thread
             errors.append(exc)
 

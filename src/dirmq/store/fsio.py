@@ -1,7 +1,8 @@
 """Durable file creation with group commit.
 
 Theory of operation. A put writes its message to `@tmp/`, makes the data durable itself (one
-`fsync` for a single file, one `syncfs` for a batch), renames it into its state directory, and
+`fsync` for a single file; for a batch one `syncfs`, or each file's `fsync` on several threads,
+whichever costs less now), renames it into its state directory, and
 only then joins the root's `GroupCommit` to make the rename durable: the first caller to arrive
 becomes the leader and fsyncs every directory the waiting callers renamed into; callers that
 arrive meanwhile form the next group. Data fsyncs of concurrent writers run in parallel (the
@@ -14,11 +15,12 @@ file. If a flush fails (EIO, ENOSPC) the caller gets a `StorageError` and its fi
 (temp files before the rename, the renamed files if the directory flush failed). After a failed
 fsync the page cache cannot be trusted, so a flush is never retried with the same files.
 
-Why `syncfs` for a batch rather than a flush per file: on this project's unjournalled ext4, a
-batch of 16-64 files cost 1.1-7 ms either way, and which won changed from one minute to the next
-(per-file `fdatasync` from 16 threads, or `sync_file_range` then `fdatasync`, won after mass
-deletions; `syncfs` on a quiet disk and for 16 files: docs/benchmarks-http.md). Per-file flushes
-also grow with the batch, while `syncfs` stays one call.
+`syncfs` for a batch or a flush per file: on this project's unjournalled ext4, a batch of 16-64
+files cost 1.1-9 ms either way, and which won changed from one minute to the next (per-file
+flushes from threads won after mass deletions and while neighbours wrote, whose dirty pages a
+`syncfs` writes too; `syncfs` on a quiet disk: docs/benchmarks-http.md, docs/benchmarks.md). So a
+Store's group commit takes whichever has cost less lately for batches of that size
+(dataflush.py); either way every file is durable before any is renamed.
 
 On a shared filesystem (NFS, FUSE such as GlusterFS, ...: `filesystems.is_shared`, or a root
 opened with `Store(shared=True)`) `syncfs` is no flush: FUSE passes it on only to filesystems that
@@ -401,10 +403,18 @@ class _Waiter:
     error: OSError | None = None
 
 
-class GroupCommit:
-    """Shares directory fsyncs between every thread publishing under one root in this process."""
+def _syncfs_batch(files: list[PendingFile]) -> None:
+    syncfs(files[0].fd)
 
-    def __init__(self) -> None:
+
+class GroupCommit:
+    """Shares directory fsyncs between every thread publishing under one root in this process.
+
+    `flush_data` makes a local batch's data durable (two or more files, the first still open):
+    one `syncfs` unless the Store gives its chooser (dataflush.py)."""
+
+    def __init__(self, flush_data: Callable[[list[PendingFile]], None] = _syncfs_batch) -> None:
+        self.flush_data = flush_data  # replaceable, e.g. by a test that wants one way
         self._cond = threading.Condition(threading.Lock())
         self._waiting: list[_Waiter] = []
         self._leader_busy = False
@@ -436,7 +446,7 @@ class GroupCommit:
                 if len(files) == 1:
                     os.fsync(files[0].fd)
                 elif files:
-                    syncfs(files[0].fd)
+                    self.flush_data(files)
                 for f in files:
                     f.publish()
                     published.append(f.final_path)

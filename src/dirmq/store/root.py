@@ -33,6 +33,7 @@ from dirmq.errors import (
 from dirmq.store import layout, smallfiles
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
+from dirmq.store.dataflush import DataFlush
 from dirmq.store.events import StoreEvents, with_quarantined
 from dirmq.store.filemodes import GROUP, PRIVATE, Access, conform, group_id, mismatches, root_access
 from dirmq.store.filesystems import resolve_shared
@@ -86,7 +87,7 @@ class Store:
         except OSError as exc:
             raise storage_error(exc, f"reading {marker}") from exc
         mark_current(self.root, self.access)
-        self.group_commit = GroupCommit()
+        self.group_commit = GroupCommit(DataFlush().flush)
         self.writeback = WritebackFlusher(self.root)
         # What each queue is given of this Store (queues never see the Store itself).
         self.context = QueueContext(
