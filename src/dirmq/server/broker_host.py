@@ -55,6 +55,10 @@ class BrokerHost(Protocol):
         `done(result, None)` or `done(None, error)` on the event loop."""
         ...
 
+    def register_later(self, step: Callable[[], None]) -> None:
+        """`step()` on a later turn of the event loop, behind the requests (registrations.py)."""
+        ...
+
     async def settle_call(
         self, queue: Queue, messages: int, fn: Callable[..., T], *args: object, **kwargs: object
     ) -> T:

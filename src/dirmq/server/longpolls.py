@@ -5,9 +5,12 @@ polls on thousands of queues cost a few KiB each and nothing while nothing happe
 A line is armed by its first waiter: subscribed to the queue's inotify descriptor (any
 process's publish, nack or expiry calls it), told when the next lease or delay falls due, and
 given a first look (a change before the subscription would go unnoticed). On a local disk, with
-the queue's index at hand, that is a few calls on the event loop, as a lease is
-(`Broker.runs_here`); else one call on the pool's cold lane (coldlane.py), which a burst of
-registrations shares without standing in the way of deliveries. A change (or the timer) starts
+the queue's index at hand, that is a few calls on the event loop at once, as a lease is
+(`Broker.runs_here`). On a queue this worker holds no index of, the arming waits a few loop
+turns behind the requests (registrations.py; a publish here to the queue runs it at once), then
+is only a watch ("quiet", `Queue.watch_if_idle`) if the queue is idle, else one call on the
+pool's cold lane (coldlane.py), which a burst of registrations shares without standing in the
+way of deliveries. A change (or the timer) starts
 a dispatch: messages leased for the waiters in arrival order, on the event loop or the pool as
 a lease would be (the pool while the queue is polled: its look may list the queue's
 directories). Messages leased for a waiter that gave up meanwhile go to the next waiter that
@@ -27,7 +30,7 @@ from dirmq.server.broker_host import BrokerHost
 from dirmq.store import Message, Queue
 
 IDLE_RECHECK_S = 30.0
-_IDLE, _QUIET, _ARMING, _ARMED = "idle", "quiet", "arming", "armed"
+_IDLE, _PENDING, _QUIET, _ARMING, _ARMED = "idle", "pending", "quiet", "arming", "armed"
 
 
 @dataclass(slots=True)
@@ -91,7 +94,11 @@ class LongPolls:
         waiter = _Waiter(max_count, visibility_s, loop.create_future(), max_per_group, consumer)
         self._waiters.append(waiter)
         if self._state is _IDLE:
-            self._arm()
+            if self.queue.indexed():  # a few calls on the index: at once, as a lease would be
+                self._arm()
+            else:  # behind the requests (registrations.py): it waits for a change anyway
+                self._state = _PENDING
+                self.broker.register_later(self._register)
         # A parked poll is just this future and one timer: thousands must stay cheap.
         future = waiter.future
         timer = None if wait_s is None else loop.call_later(wait_s, _expire, future)
@@ -131,6 +138,21 @@ class LongPolls:
         self._retire_if_unwaited()
 
     # -- arming: subscribed, due time known, a first look ---------------------------------------
+    def _register(self) -> None:
+        """The registration's turn has come (or a publish here hurried it): arm the line,
+        unless every waiter has left meanwhile (then the line is retired already)."""
+        if self._state is _PENDING:
+            self._state = _IDLE
+            if self._live_waiters():
+                self._arm()
+            else:
+                self._retire_if_unwaited()
+
+    def hurry(self) -> None:
+        """This worker is publishing to the queue: a registration still pending runs now (the
+        message is found by its look, or its watch), not when the line of them gets to it."""
+        self._register()
+
     def _arm(self) -> None:
         if self._quiet():
             return
