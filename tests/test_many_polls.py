@@ -477,3 +477,41 @@ def test_registrations_wait_while_polls_keep_coming() -> None:
     while_coming, ran = asyncio.run(main(0.0))  # every one overdue at once: 4 a turn
     assert while_coming[:4] == [0, 1, 2, 3]
     assert ran == list(range(20))
+
+
+def test_after_a_stall_idle_queues_are_watched_off_the_loop_without_an_index(root: Path) -> None:
+    """After a stall of the event loop (store calls go to the pool for a while), polls on idle
+    queues new to the worker are still only watched, not indexed: the watch and looks run on
+    the cold lane. Another process's publish reaches each poll."""
+    names = [f"stalled-{n}" for n in range(20)]
+    with dirmq.Store(root) as setup:
+        for name in names:
+            setup.create_queue(name)
+    store = dirmq.Store(root)
+
+    async def main() -> list[list[dirmq.Message]]:
+        broker = Broker(store)
+        broker._on_pool_until = time.monotonic() + 600  # as `call_here` leaves it after a stall
+        other = dirmq.Store(root)
+        try:
+            assert not broker.looks_here()
+            polls = [
+                asyncio.ensure_future(broker.receive(store.queue(name), 1, 30, 30))
+                for name in names
+            ]
+            while broker.registering() or len(store.inotify_hub()._subscribers) < 3 * len(names):
+                await asyncio.sleep(0.01)
+            assert not any(store.queue(name).indexed() for name in names)
+            for name in names:
+                other.queue(name).put(name.encode())
+            async with asyncio.timeout(30):
+                return await asyncio.gather(*polls)
+        finally:
+            other.close()
+            broker.close()
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        store.close()
+    assert [[m.body for m in messages] for messages in got] == [[n.encode()] for n in names]

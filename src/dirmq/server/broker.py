@@ -147,6 +147,10 @@ class Broker:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
 
+    def on_local_disk(self) -> bool:
+        """Whether the root is on a local filesystem (store calls may run on the event loop)."""
+        return self._inline
+
     def looks_here(self) -> bool:
         """Whether a few store system calls may run on the event loop now: a local
         filesystem, and no stall lately (`call_here`)."""

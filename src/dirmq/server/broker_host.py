@@ -35,6 +35,10 @@ class BrokerHost(Protocol):
         """A blocking store call, awaited from the pool."""
         ...
 
+    def on_local_disk(self) -> bool:
+        """Whether the root is on a local filesystem."""
+        ...
+
     def looks_here(self) -> bool:
         """Whether a few store system calls (no listing) may run on the event loop now."""
         ...

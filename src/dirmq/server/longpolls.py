@@ -154,8 +154,10 @@ class LongPolls:
         self._register()
 
     def _arm(self) -> None:
-        if self._quiet():
-            return
+        if not self._quiet():
+            self._arm_indexed()
+
+    def _arm_indexed(self) -> None:
         self._state = _ARMING
         self._again = False
         head = self._waiters[0]
@@ -180,21 +182,50 @@ class LongPolls:
 
     def _quiet(self) -> bool:
         """A queue without an index here that has nothing to lease nor anything falling due
-        (a restart's consumers polling thousands of idle queues) is only watched, on the event
-        loop, until a change comes (`Queue.watch_if_idle`): no index, no pool thread, no timer.
-        The change arms the line as usual (`_woken`)."""
-        if self.queue.indexed() or not self.broker.looks_here():
+        (a restart's consumers polling thousands of idle queues) is only watched until a change
+        comes (`Queue.watch_if_idle`): no index, no timer, on the event loop (or, after a stall
+        of the loop lately, on the cold lane: still no index). The change arms the line as
+        usual (`_woken`)."""
+        if self.queue.indexed() or not self.broker.on_local_disk():
             return False
+        if not self.broker.looks_here():
+            self._state = _ARMING
+            self._again = False
+            watch = functools.partial(self.queue.watch_if_idle, self._notice)
+            self.broker.first_use(watch, self._watched)
+            return True
         try:
             unsubscribe = self.broker.call_here(self.queue.watch_if_idle, self._notice)
         except Exception:  # the usual arming tells the waiters what is wrong
             return False
         if unsubscribe is None:
             return False
+        self._watching(unsubscribe)
+        return True
+
+    def _watching(self, unsubscribe: Callable[[], None]) -> None:
         self._state = _QUIET
         self._unsubscribe = unsubscribe
         self.broker.watch_store()  # the store's inotify read here, so that `_notice` is called
-        return True
+
+    def _watched(self, unsubscribe: Callable[[], None] | None, error: BaseException | None) -> None:
+        """The cold lane's `watch_if_idle` is done: quiet, or (not idle, or an error) armed as
+        usual; undone if every waiter left meanwhile."""
+        if self._state is not _ARMING:
+            if unsubscribe is not None:
+                unsubscribe()
+            return
+        if not self._live_waiters():
+            if unsubscribe is not None:
+                unsubscribe()
+            self._retire_if_unwaited()
+            return
+        if error is not None or unsubscribe is None:
+            self._arm_indexed()
+            return
+        self._watching(unsubscribe)
+        if self._again:  # a change came while the watch was being set up: look now
+            self._woken()
 
     def _armed(self, head: _Waiter, armed: _Armed | None, error: BaseException | None) -> None:
         if error is not None or armed is None:
