@@ -82,7 +82,7 @@ def is_loopback_peer(peer: object) -> bool:
 @functools.lru_cache(maxsize=1024)
 def _loopback_host(host: str) -> bool:
     """`is_loopback_peer` of a peer's host, remembered: asked at every connection, and parsing
-    an address took a third of the server's time to take one on (clients come from few hosts)."""
+    the address was half of what taking a connection on cost (clients come from few hosts)."""
     try:
         address = ipaddress.ip_address(host.partition("%")[0])
     except ValueError:
