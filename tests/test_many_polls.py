@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -292,8 +293,11 @@ def test_polls_on_idle_queues_are_only_watched_until_a_change(root: Path) -> Non
                 name: asyncio.ensure_future(broker.receive(store.queue(name), 1, 30, 30))
                 for name in [*names, "busy", "doomed"]
             }
-            while sum(broker.waiting_polls().values()) < len(polls):
+            # Registered once the loop has no more polls to read (registrations.py), "busy"'s
+            # on the cold lane.
+            while broker.registering() or not store.queue("busy").indexed():
                 await asyncio.sleep(0.01)
+            assert sum(broker.waiting_polls().values()) == len(polls)
             assert subscribed == ["busy"]
             assert not any(store.queue(name).indexed() for name in [*names, "doomed"])
             other.queue(names[0]).put(b"later", delay_s=0.2)
@@ -361,3 +365,153 @@ def test_an_idle_queue_past_the_watch_limit_is_polled(
         store.close()
     assert [m.body for m in got] == [b"polled"]
     assert len(refused) >= 2  # watched alone (quiet), then for the index: both refused
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The broker's registrations are held here (never run unless the test runs them)."""
+    steps: list[Any] = []
+    monkeypatch.setattr(Broker, "register_later", lambda self, step: steps.append(step))
+    return steps
+
+
+def test_a_publish_here_runs_its_queues_pending_registration(root: Path, held: list[Any]) -> None:
+    """A poll on an idle queue whose registration has not run (held): a publish through the
+    same broker runs it at once, and the poll gets the message without the held line ever
+    running."""
+    with dirmq.Store(root) as setup:
+        setup.create_queue("pending")
+    store = dirmq.Store(root)
+
+    async def main() -> list[dirmq.Message]:
+        broker = Broker(store)
+        try:
+            queue = store.queue("pending")
+            poll = asyncio.ensure_future(broker.receive(queue, 1, 30, 30))
+            while not held:
+                await asyncio.sleep(0.01)
+            assert broker.waiting_polls() == {"pending": 1}
+            await broker.publish(queue, [dirmq.OutgoingMessage(b"here", {})])
+            async with asyncio.timeout(10):
+                return await poll
+        finally:
+            broker.close()
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        store.close()
+    assert [m.body for m in got] == [b"here"]
+    assert len(held) == 1  # never run: the publish ran the registration
+
+
+def test_a_registration_finds_what_was_published_while_it_waited(
+    root: Path, held: list[Any]
+) -> None:
+    """Polls on idle queues whose registrations wait; another process publishes to each
+    meanwhile (no watch of this process could see it). Once the registrations run, each poll
+    gets its queue's message: the registration's look finds what its watch was too late for."""
+    names = [f"late-{n}" for n in range(20)]
+    with dirmq.Store(root) as setup:
+        for name in names:
+            setup.create_queue(name)
+    store = dirmq.Store(root)
+
+    async def main() -> list[list[dirmq.Message]]:
+        broker = Broker(store)
+        other = dirmq.Store(root)
+        try:
+            polls = [
+                asyncio.ensure_future(broker.receive(store.queue(name), 1, 30, 30))
+                for name in names
+            ]
+            while len(held) < len(names):
+                await asyncio.sleep(0.01)
+            for name in names:
+                other.queue(name).put(name.encode())
+            assert not any(poll.done() for poll in polls)
+            for step in held:
+                step()
+            async with asyncio.timeout(30):
+                return await asyncio.gather(*polls)
+        finally:
+            other.close()
+            broker.close()
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        store.close()
+    assert [[m.body for m in messages] for messages in got] == [[n.encode()] for n in names]
+
+
+def test_registrations_wait_while_polls_keep_coming() -> None:
+    """Registrations run on the loop turns that added none (polls are still coming: the
+    requests first), except one that has waited its longest; each in arrival order."""
+    from dirmq.server.registrations import Registrations
+
+    async def main(max_wait_s: float) -> tuple[list[int], list[int]]:
+        lane = Registrations(per_turn=4, max_wait_s=max_wait_s)
+        ran: list[int] = []
+        ran_while_coming: list[int] = []
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def arrive(n: int) -> None:  # a poll a loop turn, 20 turns
+            lane.add(functools.partial(ran.append, n))
+            if n < 19:
+                loop.call_soon(arrive, n + 1)
+            else:
+                ran_while_coming.extend(ran)
+                done.set_result(None)
+
+        loop.call_soon(arrive, 0)
+        await done
+        while len(lane):
+            await asyncio.sleep(0)
+        return ran_while_coming, ran
+
+    while_coming, ran = asyncio.run(main(60.0))
+    assert while_coming == []
+    assert ran == list(range(20))
+    while_coming, ran = asyncio.run(main(0.0))  # every one overdue at once: 4 a turn
+    assert while_coming[:4] == [0, 1, 2, 3]
+    assert ran == list(range(20))
+
+
+def test_after_a_stall_idle_queues_are_watched_off_the_loop_without_an_index(root: Path) -> None:
+    """After a stall of the event loop (store calls go to the pool for a while), polls on idle
+    queues new to the worker are still only watched, not indexed: the watch and looks run on
+    the cold lane. Another process's publish reaches each poll."""
+    names = [f"stalled-{n}" for n in range(20)]
+    with dirmq.Store(root) as setup:
+        for name in names:
+            setup.create_queue(name)
+    store = dirmq.Store(root)
+
+    async def main() -> list[list[dirmq.Message]]:
+        broker = Broker(store)
+        broker._on_pool_until = time.monotonic() + 600  # as `call_here` leaves it after a stall
+        other = dirmq.Store(root)
+        try:
+            assert not broker.looks_here()
+            polls = [
+                asyncio.ensure_future(broker.receive(store.queue(name), 1, 30, 30))
+                for name in names
+            ]
+            while broker.registering() or len(store.inotify_hub()._subscribers) < 3 * len(names):
+                await asyncio.sleep(0.01)
+            assert not any(store.queue(name).indexed() for name in names)
+            for name in names:
+                other.queue(name).put(name.encode())
+            async with asyncio.timeout(30):
+                return await asyncio.gather(*polls)
+        finally:
+            other.close()
+            broker.close()
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        store.close()
+    assert [[m.body for m in messages] for messages in got] == [[n.encode()] for n in names]

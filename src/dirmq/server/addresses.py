@@ -4,6 +4,7 @@ serves, loopback only)."""
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import socket
@@ -75,8 +76,15 @@ def is_loopback_peer(peer: object) -> bool:
     peer that is no IP address (a Unix socket) is local too."""
     if not isinstance(peer, tuple) or not peer or not isinstance(peer[0], str):
         return True
+    return _loopback_host(peer[0])
+
+
+@functools.lru_cache(maxsize=1024)
+def _loopback_host(host: str) -> bool:
+    """`is_loopback_peer` of a peer's host, remembered: asked at every connection, and parsing
+    the address was half of what taking a connection on cost (clients come from few hosts)."""
     try:
-        address = ipaddress.ip_address(peer[0].partition("%")[0])
+        address = ipaddress.ip_address(host.partition("%")[0])
     except ValueError:
         return False
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:

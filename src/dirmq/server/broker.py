@@ -31,6 +31,7 @@ from dirmq.server.direct import DirectPath
 from dirmq.server.longpolls import LongPolls
 from dirmq.server.publish_line import Publish, PublishLine, Settle, resolve
 from dirmq.server.queuecounts import ACKED, DELIVERED, KINDS, NACKED, PUBLISHED, QueueCounts
+from dirmq.server.registrations import Registrations
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
 from dirmq.store.bodyfiles import call_by_file
 from dirmq.store.census import Census
@@ -99,6 +100,7 @@ class Broker:
         self.queue_counts = queue_counts or QueueCounts()
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="dirmq-store")
         self._cold = ColdLane(self._executor.submit)  # first uses of queues: see `settle_call`
+        self._registrations = Registrations()  # long polls' on queues without an index here
         self._release_timer: asyncio.TimerHandle | None = None
         self._publishers: dict[str, PublishLine] = {}
         self._receivers: dict[str, LongPolls] = {}
@@ -147,6 +149,10 @@ class Broker:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
 
+    def on_local_disk(self) -> bool:
+        """Whether the root is on a local filesystem (store calls may run on the event loop)."""
+        return self._inline
+
     def looks_here(self) -> bool:
         """Whether a few store system calls may run on the event loop now: a local
         filesystem, and no stall lately (`call_here`)."""
@@ -186,6 +192,20 @@ class Broker:
     ) -> None:
         """`call()` on the cold lane (coldlane.py), `done(result, error)` on the event loop."""
         self._cold.submit(call, done)
+
+    def register_later(self, step: Callable[[], None]) -> None:
+        """`step()` a few loop turns later, behind the requests (registrations.py)."""
+        self._registrations.add(step)
+
+    def registering(self) -> int:
+        """Long polls' registrations not yet run (registrations.py)."""
+        return len(self._registrations)
+
+    def _hurry(self, queue: Queue) -> None:
+        """A publish to `queue`: its waiter line's registration, if pending, runs now."""
+        line = self._receivers.get(queue.name)
+        if line is not None and line.queue is queue:
+            line.hurry()
 
     async def settle_call(
         self,
@@ -279,6 +299,7 @@ class Broker:
     ) -> list[str]:
         """Store `messages` (validated by the caller) and return their ids, all or none: the
         one way to publish. At capacity, wait up to `timeout_s` (None: forever) for room."""
+        self._hurry(queue)
         if queue.config.capacity is not None:
             return await self._publish_at_capacity(queue, messages, durability, timeout_s)
         # Not shielded, nor needing to be: a request that is cancelled (its client hung up)
@@ -301,6 +322,7 @@ class Broker:
         capacity (whose waits need `publish`)."""
         if queue.config.capacity is not None:
             return False
+        self._hurry(queue)
         if not self._direct_path().offer(queue, messages, durability, settle):
             self._publisher(queue).enqueue(Publish(messages, durability, settle))
         return True

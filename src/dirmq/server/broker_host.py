@@ -35,6 +35,10 @@ class BrokerHost(Protocol):
         """A blocking store call, awaited from the pool."""
         ...
 
+    def on_local_disk(self) -> bool:
+        """Whether the root is on a local filesystem."""
+        ...
+
     def looks_here(self) -> bool:
         """Whether a few store system calls (no listing) may run on the event loop now."""
         ...
@@ -53,6 +57,10 @@ class BrokerHost(Protocol):
     ) -> None:
         """`call()` on the pool's cold lane (a queue this worker is taking up: coldlane.py);
         `done(result, None)` or `done(None, error)` on the event loop."""
+        ...
+
+    def register_later(self, step: Callable[[], None]) -> None:
+        """`step()` on a later turn of the event loop, behind the requests (registrations.py)."""
         ...
 
     async def settle_call(

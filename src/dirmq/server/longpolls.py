@@ -5,9 +5,12 @@ polls on thousands of queues cost a few KiB each and nothing while nothing happe
 A line is armed by its first waiter: subscribed to the queue's inotify descriptor (any
 process's publish, nack or expiry calls it), told when the next lease or delay falls due, and
 given a first look (a change before the subscription would go unnoticed). On a local disk, with
-the queue's index at hand, that is a few calls on the event loop, as a lease is
-(`Broker.runs_here`); else one call on the pool's cold lane (coldlane.py), which a burst of
-registrations shares without standing in the way of deliveries. A change (or the timer) starts
+the queue's index at hand, that is a few calls on the event loop at once, as a lease is
+(`Broker.runs_here`). On a queue this worker holds no index of, the arming waits a few loop
+turns behind the requests (registrations.py; a publish here to the queue runs it at once), then
+is only a watch ("quiet", `Queue.watch_if_idle`) if the queue is idle, else one call on the
+pool's cold lane (coldlane.py), which a burst of registrations shares without standing in the
+way of deliveries. A change (or the timer) starts
 a dispatch: messages leased for the waiters in arrival order, on the event loop or the pool as
 a lease would be (the pool while the queue is polled: its look may list the queue's
 directories). Messages leased for a waiter that gave up meanwhile go to the next waiter that
@@ -27,7 +30,7 @@ from dirmq.server.broker_host import BrokerHost
 from dirmq.store import Message, Queue
 
 IDLE_RECHECK_S = 30.0
-_IDLE, _QUIET, _ARMING, _ARMED = "idle", "quiet", "arming", "armed"
+_IDLE, _PENDING, _QUIET, _ARMING, _ARMED = "idle", "pending", "quiet", "arming", "armed"
 
 
 @dataclass(slots=True)
@@ -91,7 +94,11 @@ class LongPolls:
         waiter = _Waiter(max_count, visibility_s, loop.create_future(), max_per_group, consumer)
         self._waiters.append(waiter)
         if self._state is _IDLE:
-            self._arm()
+            if self.queue.indexed():  # a few calls on the index: at once, as a lease would be
+                self._arm()
+            else:  # behind the requests (registrations.py): it waits for a change anyway
+                self._state = _PENDING
+                self.broker.register_later(self._register)
         # A parked poll is just this future and one timer: thousands must stay cheap.
         future = waiter.future
         timer = None if wait_s is None else loop.call_later(wait_s, _expire, future)
@@ -147,9 +154,26 @@ class LongPolls:
         return waiter
 
     # -- arming: subscribed, due time known, a first look ---------------------------------------
+    def _register(self) -> None:
+        """The registration's turn has come (or a publish here hurried it): arm the line,
+        unless every waiter has left meanwhile (then the line is retired already)."""
+        if self._state is _PENDING:
+            self._state = _IDLE
+            if self._live_waiters():
+                self._arm()
+            else:
+                self._retire_if_unwaited()
+
+    def hurry(self) -> None:
+        """This worker is publishing to the queue: a registration still pending runs now (the
+        message is found by its look, or its watch), not when the line of them gets to it."""
+        self._register()
+
     def _arm(self) -> None:
-        if self._quiet():
-            return
+        if not self._quiet():
+            self._arm_indexed()
+
+    def _arm_indexed(self) -> None:
         self._state = _ARMING
         self._again = False
         head = self._waiters[0]
@@ -174,21 +198,50 @@ class LongPolls:
 
     def _quiet(self) -> bool:
         """A queue without an index here that has nothing to lease nor anything falling due
-        (a restart's consumers polling thousands of idle queues) is only watched, on the event
-        loop, until a change comes (`Queue.watch_if_idle`): no index, no pool thread, no timer.
-        The change arms the line as usual (`_woken`)."""
-        if self.queue.indexed() or not self.broker.looks_here():
+        (a restart's consumers polling thousands of idle queues) is only watched until a change
+        comes (`Queue.watch_if_idle`): no index, no timer, on the event loop (or, after a stall
+        of the loop lately, on the cold lane: still no index). The change arms the line as
+        usual (`_woken`)."""
+        if self.queue.indexed() or not self.broker.on_local_disk():
             return False
+        if not self.broker.looks_here():
+            self._state = _ARMING
+            self._again = False
+            watch = functools.partial(self.queue.watch_if_idle, self._notice)
+            self.broker.first_use(watch, self._watched)
+            return True
         try:
             unsubscribe = self.broker.call_here(self.queue.watch_if_idle, self._notice)
         except Exception:  # the usual arming tells the waiters what is wrong
             return False
         if unsubscribe is None:
             return False
+        self._watching(unsubscribe)
+        return True
+
+    def _watching(self, unsubscribe: Callable[[], None]) -> None:
         self._state = _QUIET
         self._unsubscribe = unsubscribe
         self.broker.watch_store()  # the store's inotify read here, so that `_notice` is called
-        return True
+
+    def _watched(self, unsubscribe: Callable[[], None] | None, error: BaseException | None) -> None:
+        """The cold lane's `watch_if_idle` is done: quiet, or (not idle, or an error) armed as
+        usual; undone if every waiter left meanwhile."""
+        if self._state is not _ARMING:
+            if unsubscribe is not None:
+                unsubscribe()
+            return
+        if not self._live_waiters():
+            if unsubscribe is not None:
+                unsubscribe()
+            self._retire_if_unwaited()
+            return
+        if error is not None or unsubscribe is None:
+            self._arm_indexed()
+            return
+        self._watching(unsubscribe)
+        if self._again:  # a change came while the watch was being set up: look now
+            self._woken()
 
     def _armed(self, head: _Waiter, armed: _Armed | None, error: BaseException | None) -> None:
         if error is not None or armed is None:

@@ -62,7 +62,8 @@ def now_ms() -> int:
 class QueueFiles:
     def __init__(self, context: QueueContext, name: str, path: str) -> None:
         self.name = name
-        self.dir = {d: os.path.join(path, d) for d in layout.STATE_DIRS}
+        prefix = os.path.join(path, "")  # one join, not one per directory: opened per queue
+        self.dir = {d: prefix + d for d in layout.STATE_DIRS}
         self.queue_dir = path
         self.backlog = Backlog(path, context.access)
         self.pool = FilePool(

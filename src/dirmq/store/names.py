@@ -96,8 +96,10 @@ def queue_path(root: str, name: str) -> str:
     """The directory of queue `name` under `root`, after validation; never outside `root`."""
     validate_queue_name(name)
     path = os.path.join(root, *name.split("/"))
-    # Belt and braces: validation already excludes every escape, this re-checks the result.
+    # Belt and braces: validation already excludes every escape, this re-checks the result
+    # (one normpath, not commonpath's: the server opens thousands of queues on its event loop).
     real_root = os.path.abspath(root)
-    if os.path.commonpath([real_root, os.path.abspath(path)]) != real_root:
+    resolved = os.path.normpath(os.path.join(real_root, *name.split("/")))
+    if not resolved.startswith(real_root.rstrip(os.sep) + os.sep):
         raise InvalidName(f"queue name {name!r} resolves outside the root")
     return path

@@ -46,6 +46,10 @@ from dirmq.store.watch import InotifyHub
 
 DEFAULT_ROOT = "./dirmq-data"
 EXISTS_RECHECK_S = 0.5
+# Configurations parsed, by their file's bytes: most queues of a root share a few (the defaults),
+# and a parse and its checks cost 3x the read (a long poll on each of thousands of queues opens
+# each once, on the server's event loop). Cleared when full.
+PARSED_CONFIGS = 256
 
 
 def default_root() -> str:
@@ -104,6 +108,7 @@ class Store:
         )
         self._queues: dict[str, Queue] = {}
         self._checked: dict[str, float] = {}  # name -> when its @queue.json was last seen
+        self._parsed: dict[bytes, QueueConfig] = {}  # under `_lock`: see PARSED_CONFIGS
         self._lock = threading.Lock()
         self._hub: InotifyHub | None = None
 
@@ -196,10 +201,17 @@ class Store:
             raise storage_error(exc, f"reading the configuration of queue {name!r}") from exc
         finally:
             os.close(fd)
-        try:
-            return QueueConfig.loads(raw), (st.st_ino, st.st_mtime_ns)
-        except ConfigError as exc:
-            raise CorruptConfig(f"queue {name!r}: stored configuration: {exc}") from exc
+        config = self._parsed.get(raw)
+        if config is None:
+            try:
+                config = QueueConfig.loads(raw)
+            except ConfigError as exc:
+                raise CorruptConfig(f"queue {name!r}: stored configuration: {exc}") from exc
+            if not config.metadata:  # shared by queues alike: nothing mutable in it
+                if len(self._parsed) >= PARSED_CONFIGS:
+                    self._parsed.clear()
+                self._parsed[raw] = config
+        return config, (st.st_ino, st.st_mtime_ns)
 
     def _read_config(self, name: str, path: str) -> QueueConfig:
         try:

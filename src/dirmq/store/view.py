@@ -41,8 +41,10 @@ from dirmq.store.watch import RESCAN, Watcher, open_watcher, polls
 CONFIG_RECHECK_S = 0.5
 _WATCHED = (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS, layout.BACKLOG)
 # Where anything a get could lease, or a due time, comes from: empty, a queue needs no index
-# to be waited on (`watch_if_idle`).
-_IDLE_WATCHED = (layout.READY, layout.BACKLOG, layout.DELAYED, layout.LEASED)
+# to be waited on (`watch_if_idle`). All four are looked into; @leased is not watched: while the
+# others are empty a lease can only be taken from @ready, whose watch tells of it.
+_IDLE_LOOKED = (layout.READY, layout.BACKLOG, layout.DELAYED, layout.LEASED)
+_IDLE_WATCHED = _IDLE_LOOKED[:3]
 
 
 class QueueView:
@@ -222,22 +224,24 @@ class QueueView:
 
     def watch_if_idle(self, listener: Callable[[], None]) -> Callable[[], None] | None:
         """`Queue.watch_if_idle`: watch the directories of `_IDLE_WATCHED`, then look into
-        each (so nothing arriving in between is missed); the unsubscribe if all four were empty,
-        else None (also with an index already, a polled queue, no watch to be had, or a
-        directory missing: the index's way of waiting handles each)."""
+        those of `_IDLE_LOOKED` (so nothing arriving in between is missed); the unsubscribe if
+        all four were empty, else None (also with an index already, a polled queue, no watch to
+        be had, or a directory missing: the index's way of waiting handles each)."""
         if self.index is not None:
             return None
         context = self._context
-        directories = {d: self.files.dir[d] for d in _IDLE_WATCHED}
+        directories = self.files.dir
         if polls(context.watch_mode, directories[layout.READY]):
             return None
         try:
-            signal = context.inotify_hub().listen(directories, listener)
+            signal = context.inotify_hub().listen(
+                {d: directories[d] for d in _IDLE_WATCHED}, listener
+            )
         except OSError:
             return None
         idle = False
         try:
-            idle = all(_empty(path) for path in directories.values())
+            idle = all(_empty(directories[d]) for d in _IDLE_LOOKED)
         except OSError:  # a directory gone: the queue deleted, or being
             pass
         finally:
