@@ -15,6 +15,10 @@ a dispatch: messages leased for the waiters in arrival order, on the event loop 
 a lease would be (the pool while the queue is polled: its look may list the queue's
 directories). Messages leased for a waiter that gave up meanwhile go to the next waiter that
 leases alike, else back at once. A line whose last waiter left unsubscribes and is forgotten.
+
+Why it is long: one waiter line is one state machine (idle, pending, quiet, arming, armed), and
+each of its transitions needs the others' bookkeeping; the registrations' pacing, the cold lane
+and the direct path's taking of a waiter are already modules of their own.
 """
 
 from __future__ import annotations
