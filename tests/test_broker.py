@@ -7,7 +7,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -280,13 +280,21 @@ def test_a_cancelled_long_poll_gives_its_message_back(root: Path) -> None:
     run(main())
 
 
-def _slow_leases(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    """Every get that leases something returns `seconds` late, as on a slow shared mount."""
+def _slow_leases(
+    monkeypatch: pytest.MonkeyPatch, seconds: float, until: Callable[[], bool] | None = None
+) -> None:
+    """Every get that leases something returns `seconds` late, as on a slow shared mount (or,
+    with `until`, once `until()` holds: at most 10 s)."""
     real = dirmq.Queue.get
 
     def slow(self: dirmq.Queue, *args: object, **kwargs: object) -> list[dirmq.Message]:
         got = real(self, *args, **kwargs)  # type: ignore[arg-type]
-        if got:
+        if got and until is None:
+            time.sleep(seconds)
+        elif got and until is not None:
+            deadline = time.monotonic() + 10
+            while not until() and time.monotonic() < deadline:
+                time.sleep(0.01)
             time.sleep(seconds)
         return got
 
@@ -344,14 +352,17 @@ def test_messages_leased_for_a_poll_that_ended_are_given_back_at_once(
     async def main() -> tuple[list[dirmq.Message], list[dirmq.Message]]:
         broker = Broker(store)
         try:
-            poll = asyncio.ensure_future(broker.receive(queue, 5, 30, 1.0))
+            poll = asyncio.ensure_future(broker.receive(queue, 5, 30, 2.0))
             await asyncio.sleep(0.2)
             with monkeypatch.context() as patch:
-                _slow_leases(patch, 1.5)  # the poll's wait ends during its lease
+                # The poll's wait ends during its lease, however slow the machine: the lease
+                # returns only once the poll is over.
+                _slow_leases(patch, 0.1, until=poll.done)
                 other = dirmq.Store(root, watch_mode="poll").queue("back")
                 await asyncio.to_thread(other.put_many, [b"a", b"b"])
-                polled = await asyncio.wait_for(poll, 5)
-                await asyncio.sleep(1.0)  # until the lease is done: nobody waits for it then
+                async with asyncio.timeout(15):
+                    polled = await poll
+                await asyncio.sleep(0.5)  # until the lease is done: nobody waits for it then
             again: list[dirmq.Message] = []
             deadline = time.monotonic() + 5
             while len(again) < 2 and time.monotonic() < deadline:
