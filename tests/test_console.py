@@ -19,25 +19,16 @@ from dirmq.console.permissions import NEEDS as CONSOLE_NEEDS
 from dirmq.console.render import CSP
 from dirmq.dialects.native.app import NEEDS as NATIVE_NEEDS
 from dirmq.errors import InvalidName
-from dirmq.server.credentials import new_token, token_digest
+from dirmq.server.credentials import new_token
 from dirmq.store.names import validate_queue_name
 
 from .support.console import signed_in
 from .support.fixtures import serve
+from .support.principals import everything, principal
 from .support.servers import ServerProcess, fresh, start_server
 
 OPS, VIEWER = new_token(), new_token()
-CREDENTIALS = f"""
-[principals.ops]
-token_sha256 = "{token_digest(OPS)}"
-read = ["*"]
-write = ["*"]
-admin = ["*"]
-
-[principals.viewer]
-token_sha256 = "{token_digest(VIEWER)}"
-browse = ["shop*"]
-"""
+CREDENTIALS = everything("ops", OPS) + principal("viewer", VIEWER, browse=["shop*"])
 
 
 server = serve(credentials=CREDENTIALS)

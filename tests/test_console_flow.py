@@ -19,32 +19,22 @@ import pytest
 import dirmq
 from dirmq.console.queue_flags import FlagsCache
 from dirmq.schedules import Schedules, schedule
-from dirmq.server.credentials import new_token, token_digest
+from dirmq.server.credentials import new_token
 from dirmq.store import OutgoingMessage, QueueConfig
 
 from .support.console import signed_in
 from .support.fixtures import serve
+from .support.principals import everything, principal
 from .support.servers import ServerProcess, fresh
 from .support.waiting import wait_until
 
 XSS = "<img src=x onerror=alert(1)>"
 OPS, VIEWER, WORKER = new_token(), new_token(), new_token()
-CREDENTIALS = f"""
-[principals.ops]
-token_sha256 = "{token_digest(OPS)}"
-read = ["*"]
-write = ["*"]
-admin = ["*"]
-
-[principals.viewer]
-token_sha256 = "{token_digest(VIEWER)}"
-browse = ["shop*"]
-
-[principals.worker]
-token_sha256 = "{token_digest(WORKER)}"
-read = ["shop*"]
-write = ["shop*"]
-"""
+CREDENTIALS = (
+    everything("ops", OPS)
+    + principal("viewer", VIEWER, browse=["shop*"])
+    + principal("worker", WORKER, read=["shop*"], write=["shop*"])
+)
 
 guarded = serve(credentials=CREDENTIALS, name="guarded")
 

@@ -29,11 +29,12 @@ from dirmq.schedules.check import check_schedules
 from dirmq.schedules.model import MAX_TICKS_PER_STEP, Schedule, iso_utc
 from dirmq.schedules.records import ScheduleFiles, read_record
 from dirmq.schedules.runner import KEEP_TICKS, STALE_CLAIM_S
-from dirmq.server.credentials import new_token, token_digest
+from dirmq.server.credentials import new_token
 from dirmq.store import Store
 from dirmq.store.processes import ProcessIdentity, host_tag
 
 from .support.fixtures import serve
+from .support.principals import everything, principal
 from .support.procs import spawn
 from .support.servers import ServerProcess
 from .support.waiting import wait_until
@@ -338,25 +339,12 @@ def test_fsck_clean_then_dirty_then_repaired(store: Store) -> None:
 # -- the native API -----------------------------------------------------------------------------
 
 OPS, KEEPER, VIEWER, OTHER = (new_token() for _ in range(4))
-CREDENTIALS = f"""
-[principals.ops]
-token_sha256 = "{token_digest(OPS)}"
-read = ["*"]
-write = ["*"]
-admin = ["*"]
-
-[principals.keeper]
-token_sha256 = "{token_digest(KEEPER)}"
-admin = ["orders*"]
-
-[principals.viewer]
-token_sha256 = "{token_digest(VIEWER)}"
-browse = ["orders*"]
-
-[principals.other]
-token_sha256 = "{token_digest(OTHER)}"
-admin = ["billing*"]
-"""
+CREDENTIALS = (
+    everything("ops", OPS)
+    + principal("keeper", KEEPER, admin=["orders*"])
+    + principal("viewer", VIEWER, browse=["orders*"])
+    + principal("other", OTHER, admin=["billing*"])
+)
 server = serve(credentials=CREDENTIALS)
 
 
