@@ -213,6 +213,19 @@ FLOORS = (
         "publish-append", ("publish",), "append to 1 file + fdatasync (Redis's way)", flush="append"
     ),
     Floor(
+        "publish-journal",
+        ("publish",),
+        "journal: 1 fdatasync a group, links, no fsync",
+        flush="journal",
+    ),
+    Floor(
+        "publish-journal-2",
+        ("publish",),
+        "journal, 2 groups of N/2 overlap",
+        lines=2,
+        flush="journal",
+    ),
+    Floor(
         "consume",
         ("consume", "consume-batch"),
         "lease+read+ack syscalls, bare loop, 2 procs",
@@ -241,6 +254,12 @@ FLOOR_WHAT = {
     "publish-named-1-2": "publish-named-1 in 2 threads, each committing groups of N/2",
     "publish-append": f"{_GROUP}: the group's bodies appended to one file and one fdatasync: "
     "Redis's appendfsync always, not a design dirmq could use (a message is one file)",
+    "publish-journal": f"{_GROUP}: the group's files appended to one journal file and one "
+    "fdatasync, then O_TMPFILE + write + linkat each into ready/, no fsync of file or directory; "
+    "a checkpoint thread syncfs-es once a second and truncates the journal (a proposed "
+    "format change: a per-process commit journal)",
+    "publish-journal-2": "publish-journal in 2 threads, each committing groups of N/2 to a "
+    "journal of its own",
     "consume": "per message: rename into leased/, open + read + close, rename into a "
     "per-process pool directory; 2 processes; backlog files written untimed",
 }

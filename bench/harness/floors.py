@@ -181,6 +181,11 @@ def consume_floor(
 #                unlinked after the next syncfs
 #   append       not a dirmq design: the group's bodies appended to one file and one fdatasync,
 #                what Redis's `appendfsync always` does per event-loop iteration
+#   journal      a per-process commit journal (a proposed format change, issue 37): the
+#                group's files appended to one journal file as records and one fdatasync, then
+#                per file an O_TMPFILE create, write and linkat into ready/ with no fsync of
+#                file or directory; a checkpoint thread syncfs-es once a second (and truncates
+#                the journal) while it runs
 PUBLISH_FLUSHES = (
     "syncfs",
     "syncfs2",
@@ -189,6 +194,7 @@ PUBLISH_FLUSHES = (
     "pipelined",
     "named-1",
     "append",
+    "journal",
 )
 _flush_threads: list[ThreadPoolExecutor] = []
 
@@ -224,10 +230,11 @@ def _durable_groups(
     try:
         for g in range(groups):
             tag = f"{worker}-{g}"
-            if flush == "append":
+            if flush in ("append", "journal"):
                 os.write(appended, data * group)
                 os.fdatasync(appended)
-                continue
+                if flush == "append":
+                    continue
             if flush == "named-1":
                 previous, named = named, [f"{tmp}/{tag}-{n}" for n in range(group)]
                 for path in named:
@@ -246,7 +253,9 @@ def _durable_groups(
                     fd = os.open(tmp, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
                     fds.append(fd)
                     os.write(fd, data)
-                if flush == "fsync-each":
+                if flush == "journal":
+                    pass  # durable in the journal already
+                elif flush == "fsync-each":
                     for fd in fds:
                         os.fsync(fd)
                 elif flush == "fdatasync-threads":
@@ -261,7 +270,7 @@ def _durable_groups(
                     os.close(fd)
             if flush == "syncfs2":
                 _checked(_libc.syncfs(ready_fd), "syncfs")
-            elif flush != "pipelined":
+            elif flush not in ("pipelined", "journal"):
                 os.fsync(ready_fd)
         if flush == "pipelined":  # the last group's links
             os.fsync(ready_fd)
@@ -270,6 +279,19 @@ def _durable_groups(
     finally:
         os.close(ready_fd)
         os.close(appended)
+
+
+def _checkpoints(directory: str, lines: int, done: threading.Event) -> None:
+    """The journal floor's checkpoint: once a second, a syncfs (every file linked before it is
+    then durable), then the journals cut back (what the store does with a new segment)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        while not done.wait(1.0):
+            _checked(_libc.syncfs(fd), "syncfs")
+            for worker in range(lines):
+                os.truncate(f"{directory}/append-{worker}", 0)
+    finally:
+        os.close(fd)
 
 
 def publish_floor(
@@ -306,13 +328,19 @@ def publish_floor(
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(lines)]
+    done = threading.Event()
+    if flush == "journal":
+        threads.append(threading.Thread(target=_checkpoints, args=(directory, lines, done)))
     os.sync()  # as before every trial: no other writes in this one's flushes
     began = time.perf_counter()
     for thread in threads:
         thread.start()
-    for thread in threads:
+    for thread in threads[:lines]:
         thread.join()
     seconds = time.perf_counter() - began
+    done.set()
+    for thread in threads[lines:]:
+        thread.join()
     if errors:
         raise errors[0]
     return group * groups * lines / seconds, seconds
