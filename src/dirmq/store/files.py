@@ -577,7 +577,7 @@ class QueueFiles:
         (else it would hold none)."""
         failures: dict[str, OSError] = {}
         discard, id_length = index.leased.discard, layout.ID_LENGTH
-        if not index.slots:
+        if not index.slots_in_use():
             failures = self.pool.retire_many(self.dir[layout.LEASED], leases)
             for lease in leases:
                 if lease not in failures:
