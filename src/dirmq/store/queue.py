@@ -22,6 +22,7 @@ concern.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
@@ -59,8 +60,17 @@ class Queue:
         self.path = path
         self._files = QueueFiles(context, name, path)
         self._view = QueueView(context, name, path, self._files, config, config_stamp)
-        self._publisher = Publisher(self._view, context)
-        self.direct = DirectLeases(self._view, self._publisher, context)  # direct_lease.py
+        self._context = context
+
+    # Made at first use, as QueueFiles' parts are: a queue only waited on needs neither.
+    @functools.cached_property
+    def _publisher(self) -> Publisher:
+        return Publisher(self._view, self._context)
+
+    @functools.cached_property
+    def direct(self) -> DirectLeases:
+        """Publishes straight into waiting consumers' leases (direct_lease.py)."""
+        return DirectLeases(self._view, self._publisher, self._context)
 
     # -- configuration -------------------------------------------------------------------------
     @property

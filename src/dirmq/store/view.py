@@ -45,6 +45,7 @@ _WATCHED = (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS, layout.BA
 # others are empty a lease can only be taken from @ready, whose watch tells of it.
 _IDLE_LOOKED = (layout.READY, layout.BACKLOG, layout.DELAYED, layout.LEASED)
 _IDLE_WATCHED = _IDLE_LOOKED[:3]
+_NOTHING_RECOVERED = SweepReport()  # frozen: one for every view not yet opened
 
 
 class QueueView:
@@ -65,7 +66,7 @@ class QueueView:
         self.lock = threading.RLock()
         self.index: QueueIndex | None = None  # None until first used, and once closed
         # What opening the index recovered, until the next sweep reports it.
-        self.recovered_on_open = SweepReport()
+        self.recovered_on_open = _NOTHING_RECOVERED
         self._context = context
         self._config = config
         # (inode, mtime) of the @queue.json `_config` was read from: a check is a stat.
