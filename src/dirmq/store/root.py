@@ -40,7 +40,7 @@ from dirmq.store.filesystems import resolve_shared
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
 from dirmq.store.holders import Holders
 from dirmq.store.marker import mark_current, root_marker_bytes
-from dirmq.store.names import queue_path, validate_queue_name
+from dirmq.store.names import queue_path
 from dirmq.store.queue import Queue
 from dirmq.store.watch import InotifyHub
 
@@ -162,7 +162,7 @@ class Store:
             cached = self._queues.get(name)
             if cached is not None and now - self._checked.get(name, 0.0) < EXISTS_RECHECK_S:
                 return cached
-        validate_queue_name(name)
+        path = queue_path(self.root, name)  # validated here, once
         with self._lock:
             cached = self._queues.get(name)
             if cached is not None:
@@ -175,7 +175,6 @@ class Store:
                 else:
                     self._checked[name] = now
                     return cached
-            path = queue_path(self.root, name)
             config, stamp = self._read_config_stamped(name, path)
             if cached is not None:
                 cached.close()
