@@ -51,11 +51,12 @@ class Queue:
         context: QueueContext,
         name: str,
         path: str,
-        config: QueueConfig,
+        config: QueueConfig | None,
         config_stamp: tuple[int, int] | None = None,
     ) -> None:
         """`config_stamp`: the (inode, mtime) of the @queue.json `config` was read from, if
-        known (`Store.queue`): not read again until it changes."""
+        known (`Store.queue`): not read again until it changes. `config` None: read at first
+        use (`Store.queue(lazy=True)`)."""
         self.name = name
         self.path = path
         self._files = QueueFiles(context, name, path)

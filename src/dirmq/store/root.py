@@ -52,6 +52,16 @@ EXISTS_RECHECK_S = 0.5
 PARSED_CONFIGS = 256
 
 
+def _config_exists(name: str, path: str) -> None:
+    """QueueNotFound unless queue `name`'s @queue.json exists (under `path`)."""
+    try:
+        os.stat(os.path.join(path, layout.CONFIG_FILE))
+    except (FileNotFoundError, NotADirectoryError):
+        raise QueueNotFound.missing(name) from None
+    except OSError as exc:
+        raise storage_error(exc, f"reading the configuration of queue {name!r}") from exc
+
+
 def default_root() -> str:
     return os.environ.get("DIRMQ_ROOT") or DEFAULT_ROOT
 
@@ -152,11 +162,14 @@ class Store:
             raise QueueExists(f"queue {name!r} already exists")
         return self.queue(name)
 
-    def queue(self, name: str) -> Queue:
+    def queue(self, name: str, *, lazy: bool = False) -> Queue:
         """Open an existing queue (QueueNotFound if absent). One object per name per Store.
 
         An open queue is re-checked for existence at most every 0.5 s (as its configuration is):
-        this is on every request's path in the server."""
+        this is on every request's path in the server. `lazy`: a queue not open yet has its
+        configuration read at its first use (a bad one is reported then), only its existence
+        checked now: one stat instead of a read (the server's, whose long polls open thousands
+        of queues on its event loop, most of them only to wait on)."""
         now = time.monotonic()
         with self._lock:
             cached = self._queues.get(name)
@@ -175,7 +188,11 @@ class Store:
                 else:
                     self._checked[name] = now
                     return cached
-            config, stamp = self._read_config_stamped(name, path)
+            if lazy:
+                config, stamp = None, None
+                _config_exists(name, path)
+            else:
+                config, stamp = self._read_config_stamped(name, path)
             if cached is not None:
                 cached.close()
             queue = Queue(self.context, name, path, config, config_stamp=stamp)

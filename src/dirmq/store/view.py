@@ -57,7 +57,7 @@ class QueueView:
         name: str,
         path: str,
         files: QueueFiles,
-        config: QueueConfig,
+        config: QueueConfig | None,
         config_stamp: tuple[int, int] | None = None,
     ) -> None:
         self.name = name
@@ -81,8 +81,9 @@ class QueueView:
     @property
     def config(self) -> QueueConfig:
         """The current configuration (changes made by other processes show within 0.5 s)."""
-        if time.monotonic() - self._config_checked > CONFIG_RECHECK_S:
+        if self._config is None or time.monotonic() - self._config_checked > CONFIG_RECHECK_S:
             self.reload_config()
+        assert self._config is not None  # reload_config read it, or raised
         return self._config
 
     def reload_config(self) -> None:
@@ -171,7 +172,7 @@ class QueueView:
         if context.holders is not None:  # the root's, once a process: holders.py
             context.holders.sweep_once()
         try:
-            promoted = self.files.promote(index, self._config, now_ms())
+            promoted = self.files.promote(index, self.config, now_ms())
         except StorageError:  # a disk that refuses writes can still be read: gets promote later
             promoted = SweepReport()
         self.recovered_on_open = replace(promoted, orphans_removed=orphans, pools_reclaimed=pools)
@@ -227,9 +228,13 @@ class QueueView:
         """`Queue.watch_if_idle`: watch the directories of `_IDLE_WATCHED`, then look into
         those of `_IDLE_LOOKED` (so nothing arriving in between is missed); the unsubscribe if
         all four were empty, else None (also with an index already, a polled queue, no watch to
-        be had, or a directory missing: the index's way of waiting handles each)."""
+        be had, or a directory missing: the index's way of waiting handles each). A queue
+        opened lazily has its configuration read first: what is wrong with it (CorruptConfig,
+        QueueNotFound) is raised now, not at the first change."""
         if self.index is not None:
             return None
+        if self._config is None:
+            self.reload_config()
         context = self._context
         directories = self.files.dir
         if polls(context.watch_mode, directories[layout.READY]):
