@@ -115,10 +115,11 @@ class Store:
             access=self.access,
             shared=resolve_shared(shared, self.root),
             holders=Holders(self.root, self.access),
+            parse_config=self._parse_config,
         )
         self._queues: dict[str, Queue] = {}
         self._checked: dict[str, float] = {}  # name -> when its @queue.json was last seen
-        self._parsed: dict[bytes, QueueConfig] = {}  # under `_lock`: see PARSED_CONFIGS
+        self._parsed: dict[bytes, QueueConfig] = {}  # see PARSED_CONFIGS
         self._lock = threading.Lock()
         self._hub: InotifyHub | None = None
 
@@ -217,17 +218,23 @@ class Store:
             raise storage_error(exc, f"reading the configuration of queue {name!r}") from exc
         finally:
             os.close(fd)
+        try:
+            config = self._parse_config(raw)
+        except ConfigError as exc:
+            raise CorruptConfig(f"queue {name!r}: stored configuration: {exc}") from exc
+        return config, (st.st_ino, st.st_mtime_ns)
+
+    def _parse_config(self, raw: bytes) -> QueueConfig:
+        """`QueueConfig.loads(raw)`, shared by queues whose @queue.json has the same bytes
+        (ConfigError if bad); any thread (`QueueContext.parse_config`)."""
         config = self._parsed.get(raw)
         if config is None:
-            try:
-                config = QueueConfig.loads(raw)
-            except ConfigError as exc:
-                raise CorruptConfig(f"queue {name!r}: stored configuration: {exc}") from exc
+            config = QueueConfig.loads(raw)
             if not config.metadata:  # shared by queues alike: nothing mutable in it
                 if len(self._parsed) >= PARSED_CONFIGS:
                     self._parsed.clear()
-                self._parsed[raw] = config
-        return config, (st.st_ino, st.st_mtime_ns)
+                self._parsed[raw] = config  # (one dict operation each: no lock needed)
+        return config
 
     def _read_config(self, name: str, path: str) -> QueueConfig:
         try:

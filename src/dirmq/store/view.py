@@ -90,13 +90,24 @@ class QueueView:
         """Re-read @queue.json now if it changed (QueueNotFound if the queue is gone)."""
         config_path = os.path.join(self.path, layout.CONFIG_FILE)
         try:
-            st = os.stat(config_path)
-            stamp = (st.st_ino, st.st_mtime_ns)
-            if stamp != self._config_stamp:
-                with open(config_path, "rb") as f:
-                    raw = f.read()
+            if self._config_stamp is None:  # never read: read it, stamped by its descriptor
+                fd = os.open(config_path, os.O_RDONLY | os.O_CLOEXEC)
                 try:
-                    self._config = QueueConfig.loads(raw)
+                    st = os.fstat(fd)
+                    raw = os.read(fd, st.st_size + 1)  # whole: replaced, never rewritten
+                finally:
+                    os.close(fd)
+                stamp = (st.st_ino, st.st_mtime_ns)
+            else:
+                st = os.stat(config_path)
+                stamp = (st.st_ino, st.st_mtime_ns)
+                raw = None
+                if stamp != self._config_stamp:
+                    with open(config_path, "rb") as f:
+                        raw = f.read()
+            if raw is not None:
+                try:
+                    self._config = self._context.parse_config(raw)
                 except ConfigError as exc:
                     raise CorruptConfig(
                         f"queue {self.name!r}: stored configuration: {exc}"
