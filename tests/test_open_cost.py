@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import dirmq
-from dirmq.errors import QueueFull
+from dirmq.errors import CorruptConfig, QueueFull, QueueNotFound
 from dirmq.store import layout
 
 from .support.procs import REPO
@@ -133,3 +133,19 @@ def test_an_open_lists_the_delays_head_not_all_of_them(store: dirmq.Store) -> No
     listed_few = _listed_by_a_first_get(store.root, "few")
     listed_many = _listed_by_a_first_get(store.root, "many")
     assert sum(listed_many.values()) <= sum(listed_few.values()) + 50, (listed_few, listed_many)
+
+
+def test_a_lazy_open_reads_the_configuration_at_first_use(store: dirmq.Store) -> None:
+    """`Store.queue(lazy=True)` (the server's) checks that the queue exists and leaves its
+    @queue.json to its first use: a bad one is told then, and a missing queue at once."""
+    queue = store.create_queue("lazy")
+    Path(queue.path, layout.CONFIG_FILE).write_text('{"visibility_timeout_s": 1e13}')
+    with dirmq.Store(store.root) as other:
+        opened = other.queue("lazy", lazy=True)
+        with pytest.raises(CorruptConfig, match="visibility_timeout_s"):
+            opened.get_one()
+        with pytest.raises(QueueNotFound):
+            other.queue("absent", lazy=True)
+    Path(queue.path, layout.CONFIG_FILE).write_text('{"delay_s": 7}')
+    with dirmq.Store(store.root) as other:
+        assert other.queue("lazy", lazy=True).config.delay_s == 7
