@@ -75,7 +75,9 @@ class QueueFiles:
 
     # The parts below are made at first use: a long poll on each of thousands of idle queues
     # opens each (on the server's event loop) and uses none of them until a message comes, and
-    # every object a queue keeps is walked by the cyclic GC.
+    # every object a queue keeps is walked by the cyclic GC. (Python 3.12's cached_property
+    # takes no lock: two threads' first uses may each make one, and either is right, as each
+    # part keeps only caches; the process's own pool is shared by directory, pool.py.)
     @functools.cached_property
     def backlog(self) -> Backlog:
         return Backlog(self.queue_dir, self.access)
