@@ -134,7 +134,9 @@ def _occupied(directory: str) -> bool:
     is gone); StorageError if it cannot be read."""
     try:
         with os.scandir(directory) as entries:
-            return next(entries, None) is not None
+            for _entry in entries:
+                return True
+        return False
     except FileNotFoundError:
         return False
     except OSError as exc:
