@@ -22,7 +22,9 @@ the end, also on an error or Ctrl-C; every process it starts is stopped by PID.
   (utime+stime, /proc) to register one long poll on each of min(N, 5,000) distinct queues, and
   the same number of polls on one queue as the yardstick, and as many `GET /health` (each on
   its connection, kept open) as the HTTP floor; a publish sent halfway through the burst to a
-  queue already polled, and how long until that poll answers.
+  queue already polled, and how long until that poll answers; beside it, how long the client
+  took to open every connection, and how many connections the kernel dropped meanwhile for a
+  full accept queue (machine-wide; each such client retries a second later).
 - bodies: one body of each size POSTed to a queue of a fresh server and then got; each timed
   against `dd bs=1M conv=fsync` of the same size on the same filesystem (the floor, same run),
   with the server's peak RSS growth (VmHWM, reset before each step) during the POST and the GET.
@@ -239,12 +241,27 @@ async def _publish_and_wait(
     return seconds, stored_at - started
 
 
+def listen_overflows() -> int:
+    """The kernel's count of connections dropped because a listener's accept queue was full
+    (TcpExt ListenOverflows, the whole machine): a client whose connection is dropped retries
+    its SYN a second later, which shows in a delivery as a second more."""
+    try:
+        with open("/proc/net/netstat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    for head, values in zip(lines[::2], lines[1::2], strict=False):
+        if head.startswith("TcpExt:") and "ListenOverflows" in head.split():
+            return int(values.split()[head.split().index("ListenOverflows")])
+    return 0
+
+
 async def burst(port: int, pids: list[int], names: list[str], probe: bool) -> dict[str, float]:
     """One long poll per name, each on its own connection, opened one after another; with
     `probe`, a publish to the first name when half are open. The server's CPU from before the
     first to when it is idle again (no 10 ms of CPU in 0.2 s) after the last. An error if any
     other poll was answered meanwhile (refused: its cost would not be a registration's)."""
-    cpu_before = cpu_seconds(pids)
+    cpu_before, overflows = cpu_seconds(pids), listen_overflows()
     started = time.perf_counter()
     polls: list[tuple[asyncio.Task[bytes], Any]] = []
     delivery: asyncio.Task[tuple[float, float]] | None = None
@@ -273,6 +290,7 @@ async def burst(port: int, pids: list[int], names: list[str], probe: bool) -> di
             "sent_s": sent_s,
             "delivery_s": latency,
             "stored_s": stored,  # to the publish's 201: the server had read it
+            "listen_overflows": listen_overflows() - overflows,  # machine-wide, during the burst
         }
     finally:
         for task, writer in polls:
@@ -368,9 +386,10 @@ def queues(procs: Processes, workdir: Path, counts: list[int], report: Report) -
         floor_cpu = r["floor"]["server_cpu_s"]
         rows.append([f"{count:,}", f"{d['polls']:,}", f"{cpu:.3f}", f"{one_cpu:.3f}"])
         rows[-1] += [f"{floor_cpu:.3f}", "-" if ratio is None else f"{ratio:.2f}x", f"{ms:.1f}"]
-        rows[-1] += [f"{1000 * d['stored_s']:.1f}"]
+        rows[-1] += [f"{1000 * d['stored_s']:.1f}", f"{d['sent_s']:.2f}"]
+        rows[-1] += [f"{d['listen_overflows']:,}"]
     header = ["queues", "polls", "CPU s, distinct", "CPU s, one queue", "CPU s, floor"]
-    header += ["ratio", "delivery ms", "its 201 ms"]
+    header += ["ratio", "delivery ms", "its 201 ms", "client s", "overflows"]
     table("queues: long polls, the server's CPU to register them", header, rows)
     top = results[counts[-1]]["distinct"]
     polls = int(top["polls"])

@@ -515,3 +515,20 @@ def test_after_a_stall_idle_queues_are_watched_off_the_loop_without_an_index(roo
     finally:
         store.close()
     assert [[m.body for m in messages] for messages in got] == [[n.encode()] for n in names]
+
+
+def test_a_poll_on_a_queue_with_a_bad_configuration_is_told_so(server: ServerProcess) -> None:
+    """The server opens a queue new to it without reading its @queue.json (a stat: the read
+    waits for the poll's registration); a configuration that is bad is still reported to the
+    poll (500, naming the field), not waited on until its deadline, and to a publish."""
+    with dirmq.Store(server.root) as store:
+        queue = store.create_queue("bad-config")
+    Path(queue.path, "@queue.json").write_text('{"visibility_timeout_s": 1e13}')
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        polled = client.get("/bad-config/messages", params={"wait": "50"})
+        published = client.post("/bad-config/messages", content=b"x")
+        missing = client.get("/no-such-queue/messages", params={"wait": "50"})
+    assert polled.status_code == 500, polled.text
+    assert "visibility_timeout_s" in polled.text
+    assert published.status_code == 500, published.text
+    assert missing.status_code == 404, missing.text

@@ -287,7 +287,9 @@ class Broker:
         return got
 
     def queue(self, name: str) -> Queue:
-        return self.store.queue(name)
+        # Lazily: a long poll on a queue new to the worker reads its configuration when it is
+        # registered (registrations.py), behind the requests, not while they wait.
+        return self.store.queue(name, lazy=True)
 
     async def publish(
         self,

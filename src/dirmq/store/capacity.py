@@ -5,6 +5,10 @@ atomic and exclusive, so two processes can never hold the same slot), then write
 with `Dirmq-Slot: <n>`. Whoever removes the message from the queue removes the slot whose link
 still points at that id. A crash between the two steps leaks a slot; `sweep` frees slots whose
 message has been gone for over a minute.
+
+A process lists @slots only when it needs every token: its first publish under a capacity and a
+sweep (`listed`). Opening a queue reads one entry of it (`QueueIndex.slots_in_use`), so a queue
+of a large capacity, holding many tokens, costs its consumers what a small one does to open.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ class Slots:
 
     def try_acquire(self, message_id: str, capacity: int, index: QueueIndex) -> str | None:
         """Take a free slot for `message_id`; None if the queue is full right now."""
-        used = index.slots
+        used = self.listed(index)
         # Tokens make the limit exact across processes; the index total also counts messages
         # published before the queue had a capacity (they hold no token).
         if max(len(used), index.total()) >= capacity:
@@ -52,6 +56,21 @@ class Slots:
             used.add(slot)
             return slot
         return None
+
+    def listed(self, index: QueueIndex) -> set[str]:
+        """Every token held (`index.slots`), listing @slots first if this index has not yet:
+        after that, the watcher's events keep the set in step."""
+        if index.slots_unlisted:
+            try:
+                names = os.listdir(self._dir)
+            except FileNotFoundError:
+                raise QueueNotFound.missing(self._queue_name) from None
+            except OSError as exc:
+                raise storage_error(exc, "listing the capacity tokens") from exc
+            # Events drained before this are in the listing; those after it follow as usual.
+            index.slots = set(names)
+            index.slots_unlisted = False
+        return index.slots
 
     def any_held(self) -> bool:
         """Whether any token exists now (one directory read, for callers without an index)."""
@@ -76,14 +95,14 @@ class Slots:
     def slot_of(path: str, index: QueueIndex | None) -> str | None:
         """The slot recorded in the message file at `path`, to release once the file is gone
         (a failed removal must leave the message its token)."""
-        if index is not None and not index.slots:
+        if index is not None and not index.slots_in_use():
             return None  # no tokens in use: skip reading the file (the common case, every ack)
         return read_slot(path)
 
     def release_leaked(self, index: QueueIndex) -> int:
         """Free slots whose message left the queue over a minute ago; returns how many."""
         released = 0
-        for slot in list(index.slots):
+        for slot in list(self.listed(index)):
             path = os.path.join(self._dir, slot)
             try:
                 target = os.readlink(path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dirmq.store.config import QueueConfig
 from dirmq.store.events import NO_EVENTS, StoreEvents
 from dirmq.store.filemodes import Access
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
@@ -36,3 +37,6 @@ class QueueContext:
     # Who holds leases: this process's holder tokens and every process's records (holders.py);
     # None: leases name nobody.
     holders: Holders | None = None
+    # A configuration from its file's bytes (ConfigError if bad): the Store's, which shares one
+    # parse among queues of the same bytes.
+    parse_config: Callable[[bytes], QueueConfig] = QueueConfig.loads

@@ -16,6 +16,7 @@ message file, and who does it".
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import time
@@ -65,21 +66,38 @@ class QueueFiles:
         prefix = os.path.join(path, "")  # one join, not one per directory: opened per queue
         self.dir = {d: prefix + d for d in layout.STATE_DIRS}
         self.queue_dir = path
-        self.backlog = Backlog(path, context.access)
-        self.pool = FilePool(
-            self.dir[layout.FREE],
-            context.access,
-            shared=context.shared,
-            tmp_dir=self.dir[layout.TMP],
-        )
-        self.slots = Slots(name, self.dir[layout.SLOTS])
-        self.dedup = Dedup(self.dir[layout.DEDUP], context.access)
         self._context = context
         self.access = context.access  # the modes of every file written here
         self.context = context
         self.quarantined = 0  # corrupt files this process set aside
         # The shared-filesystem mode's claim tokens (claimtokens.py); None on a local disk.
         self.tokens = ClaimTokens(self.dir[layout.TMP], context.access) if context.shared else None
+
+    # The parts below are made at first use: a long poll on each of thousands of idle queues
+    # opens each (on the server's event loop) and uses none of them until a message comes, and
+    # every object a queue keeps is walked by the cyclic GC. (Python 3.12's cached_property
+    # takes no lock: two threads' first uses may each make one, and either is right, as each
+    # part keeps only caches; the process's own pool is shared by directory, pool.py.)
+    @functools.cached_property
+    def backlog(self) -> Backlog:
+        return Backlog(self.queue_dir, self.access)
+
+    @functools.cached_property
+    def pool(self) -> FilePool:
+        return FilePool(
+            self.dir[layout.FREE],
+            self.access,
+            shared=self._context.shared,
+            tmp_dir=self.dir[layout.TMP],
+        )
+
+    @functools.cached_property
+    def slots(self) -> Slots:
+        return Slots(self.name, self.dir[layout.SLOTS])
+
+    @functools.cached_property
+    def dedup(self) -> Dedup:
+        return Dedup(self.dir[layout.DEDUP], self.access)
 
     def remove_orphans(self) -> int:
         """Unlink the temps no live writer will publish (recovery.py): in @tmp, and in the
@@ -577,7 +595,7 @@ class QueueFiles:
         (else it would hold none)."""
         failures: dict[str, OSError] = {}
         discard, id_length = index.leased.discard, layout.ID_LENGTH
-        if not index.slots:
+        if not index.slots_in_use():
             failures = self.pool.retire_many(self.dir[layout.LEASED], leases)
             for lease in leases:
                 if lease not in failures:

@@ -129,6 +129,20 @@ def _list(directory: str) -> list[str]:
         raise storage_error(exc, f"listing {directory}") from exc
 
 
+def _occupied(directory: str) -> bool:
+    """Whether `directory` has an entry (its first, if any, is all that is read; False if it
+    is gone); StorageError if it cannot be read."""
+    try:
+        with os.scandir(directory) as entries:
+            for _entry in entries:
+                return True
+        return False
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise storage_error(exc, f"listing {directory}") from exc
+
+
 def group_of(name: str) -> str | None:
     """The group tag at the end of a state name, if any (cheaper than a full parse)."""
     _head, sep, tag = name.rpartition("~")
@@ -180,7 +194,11 @@ class QueueIndex:
         self._levels: list[int] = []
         self.leased = _TimedSet()
         self.delayed = _TimedSet()
+        # Capacity tokens (@slots): listed only when a publish needs them (capacity.py,
+        # `Slots.listed`), not on open, so an open costs the same whatever the capacity; until
+        # then `slots` holds those seen come since, and `slots_unlisted` says the open found some.
         self.slots: set[str] = set()
+        self.slots_unlisted = False
         # The backlog's epoch directories (backlog.py): while there is one, a get that finds
         # @ready short refills it, and a waiting get looks again every BACKLOG_RECHECK_S.
         self.backlog: set[str] = set()
@@ -192,19 +210,15 @@ class QueueIndex:
         it was, not emptied, so the messages it knew are still delivered."""
         listed = {
             directory: _list(os.path.join(queue_dir, directory))
-            for directory in (
-                layout.READY,
-                layout.LEASED,
-                layout.DELAYED,
-                layout.SLOTS,
-                layout.BACKLOG,
-            )
+            for directory in (layout.READY, layout.LEASED, layout.DELAYED, layout.BACKLOG)
         }
+        slots_held = _occupied(os.path.join(queue_dir, layout.SLOTS))
         self.ready.clear()
         self.leased.clear()
         self.delayed.clear()
         self.slots.clear()
         self.backlog.clear()
+        self.slots_unlisted = slots_held
         self._scan_ready(listed.pop(layout.READY))
         for directory, names in listed.items():
             for name in names:
@@ -254,6 +268,10 @@ class QueueIndex:
         """Count a ready name of a level leaving `ready` (level 0 is counted by difference)."""
         if "^" in name and (level := level_of(name)):
             self._level_counts[level] -= 1
+
+    def slots_in_use(self) -> bool:
+        """Whether any capacity token may be held (then a message's removal frees its own)."""
+        return self.slots_unlisted or bool(self.slots)
 
     def ready_count(self, level: int = 0) -> int:
         """How many ready messages of `level` are in @ready."""

@@ -22,6 +22,7 @@ concern.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
@@ -50,17 +51,27 @@ class Queue:
         context: QueueContext,
         name: str,
         path: str,
-        config: QueueConfig,
+        config: QueueConfig | None,
         config_stamp: tuple[int, int] | None = None,
     ) -> None:
         """`config_stamp`: the (inode, mtime) of the @queue.json `config` was read from, if
-        known (`Store.queue`): not read again until it changes."""
+        known (`Store.queue`): not read again until it changes. `config` None: read at first
+        use (`Store.queue(lazy=True)`)."""
         self.name = name
         self.path = path
         self._files = QueueFiles(context, name, path)
         self._view = QueueView(context, name, path, self._files, config, config_stamp)
-        self._publisher = Publisher(self._view, context)
-        self.direct = DirectLeases(self._view, self._publisher, context)  # direct_lease.py
+        self._context = context
+
+    # Made at first use, as QueueFiles' parts are: a queue only waited on needs neither.
+    @functools.cached_property
+    def _publisher(self) -> Publisher:
+        return Publisher(self._view, self._context)
+
+    @functools.cached_property
+    def direct(self) -> DirectLeases:
+        """Publishes straight into waiting consumers' leases (direct_lease.py)."""
+        return DirectLeases(self._view, self._publisher, self._context)
 
     # -- configuration -------------------------------------------------------------------------
     @property

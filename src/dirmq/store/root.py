@@ -40,7 +40,7 @@ from dirmq.store.filesystems import resolve_shared
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
 from dirmq.store.holders import Holders
 from dirmq.store.marker import mark_current, root_marker_bytes
-from dirmq.store.names import queue_path, validate_queue_name
+from dirmq.store.names import queue_path
 from dirmq.store.queue import Queue
 from dirmq.store.watch import InotifyHub
 
@@ -50,6 +50,16 @@ EXISTS_RECHECK_S = 0.5
 # and a parse and its checks cost 3x the read (a long poll on each of thousands of queues opens
 # each once, on the server's event loop). Cleared when full.
 PARSED_CONFIGS = 256
+
+
+def _config_exists(name: str, path: str) -> None:
+    """QueueNotFound unless queue `name`'s @queue.json exists (under `path`)."""
+    try:
+        os.stat(os.path.join(path, layout.CONFIG_FILE))
+    except (FileNotFoundError, NotADirectoryError):
+        raise QueueNotFound.missing(name) from None
+    except OSError as exc:
+        raise storage_error(exc, f"reading the configuration of queue {name!r}") from exc
 
 
 def default_root() -> str:
@@ -105,10 +115,11 @@ class Store:
             access=self.access,
             shared=resolve_shared(shared, self.root),
             holders=Holders(self.root, self.access),
+            parse_config=self._parse_config,
         )
         self._queues: dict[str, Queue] = {}
         self._checked: dict[str, float] = {}  # name -> when its @queue.json was last seen
-        self._parsed: dict[bytes, QueueConfig] = {}  # under `_lock`: see PARSED_CONFIGS
+        self._parsed: dict[bytes, QueueConfig] = {}  # see PARSED_CONFIGS
         self._lock = threading.Lock()
         self._hub: InotifyHub | None = None
 
@@ -152,17 +163,20 @@ class Store:
             raise QueueExists(f"queue {name!r} already exists")
         return self.queue(name)
 
-    def queue(self, name: str) -> Queue:
+    def queue(self, name: str, *, lazy: bool = False) -> Queue:
         """Open an existing queue (QueueNotFound if absent). One object per name per Store.
 
         An open queue is re-checked for existence at most every 0.5 s (as its configuration is):
-        this is on every request's path in the server."""
+        this is on every request's path in the server. `lazy`: a queue not open yet has its
+        configuration read at its first use (a bad one is reported then), only its existence
+        checked now: one stat instead of a read (the server's, whose long polls open thousands
+        of queues on its event loop, most of them only to wait on)."""
         now = time.monotonic()
         with self._lock:
             cached = self._queues.get(name)
             if cached is not None and now - self._checked.get(name, 0.0) < EXISTS_RECHECK_S:
                 return cached
-        validate_queue_name(name)
+        path = queue_path(self.root, name)  # validated here, once
         with self._lock:
             cached = self._queues.get(name)
             if cached is not None:
@@ -175,8 +189,11 @@ class Store:
                 else:
                     self._checked[name] = now
                     return cached
-            path = queue_path(self.root, name)
-            config, stamp = self._read_config_stamped(name, path)
+            if lazy:
+                config, stamp = None, None
+                _config_exists(name, path)
+            else:
+                config, stamp = self._read_config_stamped(name, path)
             if cached is not None:
                 cached.close()
             queue = Queue(self.context, name, path, config, config_stamp=stamp)
@@ -201,17 +218,23 @@ class Store:
             raise storage_error(exc, f"reading the configuration of queue {name!r}") from exc
         finally:
             os.close(fd)
+        try:
+            config = self._parse_config(raw)
+        except ConfigError as exc:
+            raise CorruptConfig(f"queue {name!r}: stored configuration: {exc}") from exc
+        return config, (st.st_ino, st.st_mtime_ns)
+
+    def _parse_config(self, raw: bytes) -> QueueConfig:
+        """`QueueConfig.loads(raw)`, shared by queues whose @queue.json has the same bytes
+        (ConfigError if bad); any thread (`QueueContext.parse_config`)."""
         config = self._parsed.get(raw)
         if config is None:
-            try:
-                config = QueueConfig.loads(raw)
-            except ConfigError as exc:
-                raise CorruptConfig(f"queue {name!r}: stored configuration: {exc}") from exc
+            config = QueueConfig.loads(raw)
             if not config.metadata:  # shared by queues alike: nothing mutable in it
                 if len(self._parsed) >= PARSED_CONFIGS:
                     self._parsed.clear()
-                self._parsed[raw] = config
-        return config, (st.st_ino, st.st_mtime_ns)
+                self._parsed[raw] = config  # (one dict operation each: no lock needed)
+        return config
 
     def _read_config(self, name: str, path: str) -> QueueConfig:
         try:

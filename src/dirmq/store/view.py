@@ -45,6 +45,7 @@ _WATCHED = (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS, layout.BA
 # others are empty a lease can only be taken from @ready, whose watch tells of it.
 _IDLE_LOOKED = (layout.READY, layout.BACKLOG, layout.DELAYED, layout.LEASED)
 _IDLE_WATCHED = _IDLE_LOOKED[:3]
+_NOTHING_RECOVERED = SweepReport()  # frozen: one for every view not yet opened
 
 
 class QueueView:
@@ -56,7 +57,7 @@ class QueueView:
         name: str,
         path: str,
         files: QueueFiles,
-        config: QueueConfig,
+        config: QueueConfig | None,
         config_stamp: tuple[int, int] | None = None,
     ) -> None:
         self.name = name
@@ -65,7 +66,7 @@ class QueueView:
         self.lock = threading.RLock()
         self.index: QueueIndex | None = None  # None until first used, and once closed
         # What opening the index recovered, until the next sweep reports it.
-        self.recovered_on_open = SweepReport()
+        self.recovered_on_open = _NOTHING_RECOVERED
         self._context = context
         self._config = config
         # (inode, mtime) of the @queue.json `_config` was read from: a check is a stat.
@@ -80,21 +81,33 @@ class QueueView:
     @property
     def config(self) -> QueueConfig:
         """The current configuration (changes made by other processes show within 0.5 s)."""
-        if time.monotonic() - self._config_checked > CONFIG_RECHECK_S:
+        if self._config is None or time.monotonic() - self._config_checked > CONFIG_RECHECK_S:
             self.reload_config()
+        assert self._config is not None  # reload_config read it, or raised
         return self._config
 
     def reload_config(self) -> None:
         """Re-read @queue.json now if it changed (QueueNotFound if the queue is gone)."""
         config_path = os.path.join(self.path, layout.CONFIG_FILE)
         try:
-            st = os.stat(config_path)
-            stamp = (st.st_ino, st.st_mtime_ns)
-            if stamp != self._config_stamp:
-                with open(config_path, "rb") as f:
-                    raw = f.read()
+            if self._config_stamp is None:  # never read: read it, stamped by its descriptor
+                fd = os.open(config_path, os.O_RDONLY | os.O_CLOEXEC)
                 try:
-                    self._config = QueueConfig.loads(raw)
+                    st = os.fstat(fd)
+                    raw = os.read(fd, st.st_size + 1)  # whole: replaced, never rewritten
+                finally:
+                    os.close(fd)
+                stamp = (st.st_ino, st.st_mtime_ns)
+            else:
+                st = os.stat(config_path)
+                stamp = (st.st_ino, st.st_mtime_ns)
+                raw = None
+                if stamp != self._config_stamp:
+                    with open(config_path, "rb") as f:
+                        raw = f.read()
+            if raw is not None:
+                try:
+                    self._config = self._context.parse_config(raw)
                 except ConfigError as exc:
                     raise CorruptConfig(
                         f"queue {self.name!r}: stored configuration: {exc}"
@@ -170,7 +183,7 @@ class QueueView:
         if context.holders is not None:  # the root's, once a process: holders.py
             context.holders.sweep_once()
         try:
-            promoted = self.files.promote(index, self._config, now_ms())
+            promoted = self.files.promote(index, self.config, now_ms())
         except StorageError:  # a disk that refuses writes can still be read: gets promote later
             promoted = SweepReport()
         self.recovered_on_open = replace(promoted, orphans_removed=orphans, pools_reclaimed=pools)
@@ -226,9 +239,13 @@ class QueueView:
         """`Queue.watch_if_idle`: watch the directories of `_IDLE_WATCHED`, then look into
         those of `_IDLE_LOOKED` (so nothing arriving in between is missed); the unsubscribe if
         all four were empty, else None (also with an index already, a polled queue, no watch to
-        be had, or a directory missing: the index's way of waiting handles each)."""
+        be had, or a directory missing: the index's way of waiting handles each). A queue
+        opened lazily has its configuration read first: what is wrong with it (CorruptConfig,
+        QueueNotFound) is raised now, not at the first change."""
         if self.index is not None:
             return None
+        if self._config is None:
+            self.reload_config()
         context = self._context
         directories = self.files.dir
         if polls(context.watch_mode, directories[layout.READY]):
