@@ -402,3 +402,37 @@ def test_a_publish_reads_the_oldest_bucket_only_up_to_its_first_message(
     monkeypatch.setattr(backlog.os, "scandir", Counted)
     assert backlog.occupied(q.path)
     assert len(read) == 1
+
+
+def test_a_batch_behind_the_backlog_looks_at_the_last_message_it_spilled(
+    store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the message a publisher spilled last is still in its bucket the backlog holds a
+    message: the next batch goes behind it without listing the backlog; once that message is
+    gone (a refill), the backlog is looked at again."""
+    q = store.create_queue("behind")
+    _fill(q, backlog.SPILL_AT + 1)
+    listed: list[str] = []
+    real_listdir, real_scandir = os.listdir, os.scandir
+
+    def listdir(path: str) -> list[str]:
+        listed.append(path)
+        return real_listdir(path)
+
+    def scandir(path: str) -> Iterator[os.DirEntry[str]]:
+        listed.append(path)
+        return real_scandir(path)
+
+    monkeypatch.setattr(backlog.os, "listdir", listdir)
+    monkeypatch.setattr(backlog.os, "scandir", scandir)
+    ids = q.put_many([b"a", b"b"])
+    assert listed == []
+    spilled = {
+        name[: layout.ID_LENGTH]: (relative, name) for relative, name in backlog.names(q.path)
+    }
+    assert set(ids) <= set(spilled)
+    for relative, name in spilled.values():  # a refill takes them all
+        os.rename(os.path.join(q.path, relative, name), os.path.join(q.path, layout.READY, name))
+    listed.clear()
+    q.put(b"c")
+    assert listed, "the backlog was not looked at once the witness had gone"

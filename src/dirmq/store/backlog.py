@@ -264,16 +264,38 @@ class Backlog:
         self._counted: dict[str, tuple[int, int, str]] = {}  # bucket -> (mtime, count, least)
         # ((level, the id's first SECOND_DIGITS), bucket path) last made or found (`prepare`)
         self._made: tuple[tuple[int, str], str] | None = None
+        # level -> the path of the message this process spilled last into that level's tree:
+        # while it is there the tree holds a message (`room`: one stat, not a walk)
+        self._witness: dict[int, str] = {}
 
     # -- publishing ---------------------------------------------------------------------------
     def room(self, ready_count: int | None, level: int = 0, level_count: int = 1) -> int:
         """How many of the next messages of priority `level` published may still go into
         @ready (the rest go to the backlog), in a queue of `level_count` levels. `ready_count`:
         @ready's length at that level if the caller's index knows it."""
-        if occupied(self.queue_dir, level, level_count):
+        if self._witnessed(level) or occupied(self.queue_dir, level, level_count):
             return 0
         count = self._estimate_ready(level, level_count) if ready_count is None else ready_count
         return max(0, SPILL_AT - count)
+
+    def spilled(self, level: int, path: str) -> None:
+        """A message of priority `level` was published into the backlog at `path`."""
+        self._witness[level] = path
+
+    def _witnessed(self, level: int) -> bool:
+        """Whether the message this process spilled last into the tree of `level` is still
+        there (a refill takes the oldest first: in a deep queue the newest stays longest). A
+        publish behind the backlog asks this per batch: a stat instead of a stat and four
+        listings (`occupied`)."""
+        path = self._witness.get(level)
+        if path is None:
+            return False
+        try:
+            os.lstat(path)
+        except OSError:  # moved on (refilled), or its bucket removed: the walk decides
+            self._witness.pop(level, None)
+            return False
+        return True
 
     def published_into_ready(self, count: int, level: int = 0) -> None:
         """`count` messages went into @ready since the last estimate (kept without a look)."""

@@ -251,6 +251,11 @@ class Publisher:
                         if spilled
                     }
                 )
+        if any(spills):  # the last of each level: what the next batch's `room` looks at
+            in_backlog = f"{backlog.dir}/"
+            for f, message, spilled in zip(pending, outgoing, spills, strict=True):
+                if spilled and f.final_path.startswith(in_backlog):  # not a delayed one
+                    backlog.spilled(message.priority, f.final_path)
         if not all(spills):
             into_ready = Counter(
                 message.priority
