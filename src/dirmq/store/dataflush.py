@@ -13,13 +13,14 @@ and 121 ms and 28 ms while a neighbour rewrote a large file (docs/benchmarks.md,
 publishing: the floors beside Redis"). Both make every file durable before its rename,
 so the choice changes no promise and nothing on the disk (docs/FORMAT.md, "Durability").
 
-A batch's cost is its flush's time plus the CPU it took on every thread: per-file flushes each
-write their file back and flush the device on a thread of their own (plus a thread's wake-up
-and a hand-off each), about 2-3 times a `syncfs`'s CPU for a batch of 16 on this machine (77
-against 34 µs a message user, 152-315 against 75-119 sys), which a server on two cores shared
-with its load pays in requests not served; a `syncfs` that waits longer for the device costs
-them nothing. So flushes from threads win only where they save more time than they burn (a
-neighbour's dirty pages in every `syncfs`: 121 ms against 28).
+A batch's cost is its flush's time plus, for flushes from threads, the CPU they took on every
+thread: each file is written back and the device flushed from a thread of its own (a wake-up
+and a hand-off each), which cost a process publishing batches of 16 on this machine 300-330 µs
+of CPU a message against 74-284 by `syncfs` (medians of rounds, the disk shared), CPU that a
+server on two cores shared with its load pays in requests not served. A `syncfs`'s own CPU, one
+call's, is next to nothing beside its wait and is not counted. So flushes from threads win
+only where they save more time than they burn (a neighbour's dirty pages in every `syncfs`:
+121 ms against 28).
 
 Each size class (powers of two) keeps the running mean of a batch's cost by the way taken
 and the last cost of the other; a batch takes the cheaper, and every EXPLORE_EVERY-th batch of a
@@ -109,12 +110,12 @@ class DataFlush:
         """Make the data of `files` (two or more, the first still open) durable; raises the
         first failure (the caller discards the batch: a flush is never retried)."""
         way = self.choose(len(files))
-        cpu_clock = self._cpu_clock
-        began, cpu = self._clock(), cpu_clock()
+        began = self._clock()
+        cpu = 0.0  # a syncfs's: one call's, next to nothing beside its wait
         if way == SYNCFS:
             fsio.syncfs(files[0].fd)  # by the module: what tests that count flushes wrap
-            cpu = cpu_clock() - cpu
         else:
+            cpu_clock = self._cpu_clock
 
             def flush_one(f: PendingFile) -> float:
                 """The file flushed; the CPU it took this thread."""
@@ -122,10 +123,11 @@ class DataFlush:
                 f.flush()
                 return cpu_clock() - at
 
+            mine = cpu_clock()
             took, error = overlap(flush_one, files)
             if error is not None:
                 raise error
             # This thread's whole share (its file, handing the others out, collecting them),
             # and each other file's on its own thread.
-            cpu = cpu_clock() - cpu + sum(t for t in took[1:] if t is not None)
+            cpu = cpu_clock() - mine + sum(t for t in took[1:] if t is not None)
         self.record(len(files), way, self._clock() - began + cpu)
