@@ -262,8 +262,8 @@ class Backlog:
         self._estimate: dict[int, int] = {}
         self._estimated_at = -_ESTIMATE_FOR_S
         self._counted: dict[str, tuple[int, int, str]] = {}  # bucket -> (mtime, count, least)
-        # ((level, the id's first SECOND_DIGITS), bucket path) last made or found (`prepare`)
-        self._made: tuple[tuple[int, str], str] | None = None
+        # ((level, the id's first SECOND_DIGITS, durable), bucket path) last made or found
+        self._made: tuple[tuple[int, str, bool], str] | None = None
         # level -> the path of the message this process spilled last into that level's tree:
         # while it is there the tree holds a message (`room`: one stat, not a walk)
         self._witness: dict[int, str] = {}
@@ -340,7 +340,7 @@ class Backlog:
         The bucket last made or found is taken on trust (a second's publishes share it: no
         mkdir each): a publish whose rename finds it gone calls this `again`, which looks."""
         level = level_of(name) if "^" in name else 0
-        key = (level, name[:SECOND_DIGITS])
+        key = (level, name[:SECOND_DIGITS], durable)  # one made for memory is no durable one's
         made = self._made
         if made is not None and made[0] == key and not again:
             return made[1]
