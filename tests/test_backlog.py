@@ -11,13 +11,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 import dirmq
-from dirmq.store import backlog, codec, fsio, layout
+from dirmq.store import backlog, codec, fsio, layout, publishing
 from dirmq.store.census import queue_depth
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.ids import new_ids
@@ -345,3 +346,93 @@ def test_a_bucket_removed_under_a_publish_is_made_again(
     assert removed
     assert [name for _, name in backlog.names(q.path)] == [message_id]
     assert fsck(store.root, repair=False).ok
+
+
+def test_a_trusted_bucket_removed_since_is_made_again(
+    store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publisher trusts the bucket it made last (no mkdir per message). A refill that moved
+    its messages out and removed it meanwhile: the next publish into that second's bucket finds
+    it gone at its rename, makes it again, and is stored once."""
+    q = store.create_queue("trusted")
+    _fill(q, backlog.SPILL_AT)
+    first = q.put(b"first")
+    [(relative, name)] = list(backlog.names(q.path))
+    bucket = os.path.join(q.path, relative)
+    os.rename(os.path.join(bucket, name), os.path.join(q.path, layout.READY, name))  # a refill
+    os.rmdir(bucket)
+    later = f"{int(first[:16]) + 1:016d}{first[16:]}"  # the same second's next id
+    monkeypatch.setattr(publishing, "new_ids", lambda count: [later])
+    assert q.put(b"second") == later
+    assert [name for _, name in backlog.names(q.path)] == [later]
+    assert fsck(store.root, repair=False).ok
+
+
+def test_a_publish_reads_the_oldest_bucket_only_up_to_its_first_message(
+    store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether the backlog holds a message (asked by every batch published behind it) reads
+    the oldest bucket's listing no further than its first name: in a deep queue that bucket
+    holds a second's publishes."""
+    q = store.create_queue("deep")
+    _fill(q, backlog.SPILL_AT + 1)
+    [(relative, _name)] = list(backlog.names(q.path))
+    bucket = os.path.join(q.path, relative)
+    for i in range(300):  # more of that second's messages (fsck would see them; no matter)
+        with open(os.path.join(bucket, f"{i:016d}-000000000000"), "wb"):
+            pass
+    read: list[str] = []
+    real_scandir = os.scandir
+
+    class Counted:
+        def __init__(self, path: str) -> None:
+            self._it = real_scandir(path)
+
+        def __enter__(self) -> Counted:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._it.close()
+
+        def __iter__(self) -> Iterator[os.DirEntry[str]]:
+            for entry in self._it:
+                read.append(entry.name)
+                yield entry
+
+    monkeypatch.setattr(backlog.os, "scandir", Counted)
+    assert backlog.occupied(q.path)
+    assert len(read) == 1
+
+
+def test_a_batch_behind_the_backlog_looks_at_the_last_message_it_spilled(
+    store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the message a publisher spilled last is still in its bucket the backlog holds a
+    message: the next batch goes behind it without listing the backlog; once that message is
+    gone (a refill), the backlog is looked at again."""
+    q = store.create_queue("behind")
+    _fill(q, backlog.SPILL_AT + 1)
+    listed: list[str] = []
+    real_listdir, real_scandir = os.listdir, os.scandir
+
+    def listdir(path: str) -> list[str]:
+        listed.append(path)
+        return real_listdir(path)
+
+    def scandir(path: str) -> Iterator[os.DirEntry[str]]:
+        listed.append(path)
+        return real_scandir(path)
+
+    monkeypatch.setattr(backlog.os, "listdir", listdir)
+    monkeypatch.setattr(backlog.os, "scandir", scandir)
+    ids = q.put_many([b"a", b"b"])
+    assert listed == []
+    spilled = {
+        name[: layout.ID_LENGTH]: (relative, name) for relative, name in backlog.names(q.path)
+    }
+    assert set(ids) <= set(spilled)
+    for relative, name in spilled.values():  # a refill takes them all
+        os.rename(os.path.join(q.path, relative, name), os.path.join(q.path, layout.READY, name))
+    listed.clear()
+    q.put(b"c")
+    assert listed, "the backlog was not looked at once the witness had gone"

@@ -78,16 +78,31 @@ def test_a_way_far_dearer_is_tried_less_and_less_often() -> None:
     assert chooser.choose(32) == EACH
 
 
+class ThreadCpu:
+    """A fake CPU clock per thread (`DataFlush`'s `cpu_clock`), advanced by `spend`."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def __call__(self) -> float:
+        return float(getattr(self._local, "seconds", 0.0))
+
+    def spend(self, seconds: float) -> None:
+        self._local.seconds = self() + seconds
+
+
 class Flushes:
     """The store's flushes, really made: counted, timed on a fake clock (a `syncfs` as dear as
-    `syncfs_s`, an fsync `fsync_s`), the inode of each file fsynced noted once its fsync has
-    returned, and the n-th fsync failing with `fail` when set."""
+    `syncfs_s`, an fsync `fsync_s`, and `fsync_cpu_s` of its thread's fake CPU time), the
+    inode of each file fsynced noted once its fsync has returned, and the n-th fsync failing
+    with `fail` when set."""
 
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
+        self.cpu = ThreadCpu()
         self.counts: Counter[str] = Counter()
         self.flushed: set[int] = set()
-        self.syncfs_s, self.fsync_s = 0.010, 0.0001
+        self.syncfs_s, self.fsync_s, self.fsync_cpu_s = 0.010, 0.0001, 0.0
         self.fail: tuple[int, int] | None = None  # (n-th fsync, errno)
         self.lock = threading.Lock()
 
@@ -110,6 +125,7 @@ class Flushes:
                 raise OSError(self.fail[1], os.strerror(self.fail[1]))
             real(fd)
             inode = os.fstat(fd).st_ino
+            self.cpu.spend(self.fsync_cpu_s)
             with self.lock:
                 self.flushed.add(inode)
                 self.clock.now += self.fsync_s
@@ -137,7 +153,7 @@ def _names(q: dirmq.Queue, directory: str) -> list[str]:
 def test_batches_turn_to_flushing_each_file_while_syncfs_is_dear(
     store: dirmq.Store, flushes: Flushes, clock: FakeClock
 ) -> None:
-    store.group_commit.flush_data = DataFlush(clock).flush
+    store.group_commit.flush_data = DataFlush(clock, flushes.cpu).flush
     q = store.create_queue("q")
     for _ in range(EXPLORE_EVERY):  # the last one tries each file's fsync: 10x cheaper here
         q.put_many([b"m"] * 8)
@@ -153,6 +169,32 @@ def test_batches_turn_to_flushing_each_file_while_syncfs_is_dear(
     q.put_many([b"m"] * 8)
     assert flushes.counts == Counter({"syncfs": 1, "fsync": 1})
     assert q.stats().ready == 8 * (EXPLORE_EVERY * 3 + 2)
+
+
+def test_flushing_each_file_loses_when_its_cpu_outweighs_the_time_it_saves(
+    store: dirmq.Store, flushes: Flushes, clock: FakeClock
+) -> None:
+    """Each file's fsync quicker than a syncfs (8 x 0.1 ms against 10 ms), but 2 ms of CPU
+    each on its thread: the batch's cost is its time and its CPU, so syncfs stays."""
+    chooser = DataFlush(clock, flushes.cpu)
+    store.group_commit.flush_data = chooser.flush
+    flushes.fsync_cpu_s = 0.002
+    q = store.create_queue("q")
+    for _ in range(EXPLORE_EVERY * 2):  # each file's fsync tried once in 32
+        q.put_many([b"m"] * 8)
+    costs = chooser.costs()
+    assert costs[size_class(8), EACH] == pytest.approx(8 * (0.0001 + 0.002))
+    assert costs[size_class(8), SYNCFS] == pytest.approx(0.010)
+    flushes.counts.clear()
+    for _ in range(EXPLORE_EVERY - 1):
+        q.put_many([b"m"] * 8)
+    assert flushes.counts["syncfs"] >= EXPLORE_EVERY - 2  # at most one more try of the other
+    flushes.fsync_cpu_s = 0.0  # then its CPU is no more than the time it saves: it wins
+    for _ in range(EXPLORE_EVERY * 2):
+        q.put_many([b"m"] * 8)
+    flushes.counts.clear()
+    q.put_many([b"m"] * 8)
+    assert flushes.counts == Counter({"fsync": 8 + 1})  # each file, then @ready
 
 
 @pytest.mark.parametrize("error", [errno.EIO, errno.ENOSPC], ids=["EIO", "ENOSPC"])

@@ -227,9 +227,22 @@ def occupied(queue_dir: str, level: int = 0, level_count: int = 1) -> bool:
     for epoch in sorted(n for n in _listdir(top) if is_epoch(n)):
         epoch_dir = os.path.join(top, epoch)
         for second in sorted(n for n in _listdir(epoch_dir) if is_second(n)):
-            if any(n[:1] != "." for n in _listdir(os.path.join(epoch_dir, second))):
+            if _holds_message(os.path.join(epoch_dir, second)):
                 return True
     return False
+
+
+def _holds_message(bucket: str) -> bool:
+    """Whether `bucket` holds a message: its listing read only up to the first one (a publish
+    asks this of the oldest bucket per batch, which in a deep queue holds a second's
+    publishes: a whole listing of thousands cost ~13 µs a message of kernel time alone)."""
+    try:
+        with os.scandir(bucket) as entries:
+            return any(entry.name[:1] != "." for entry in entries)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise storage_error(exc, f"listing {bucket}") from exc
 
 
 class PublishRace(Exception):
@@ -249,16 +262,40 @@ class Backlog:
         self._estimate: dict[int, int] = {}
         self._estimated_at = -_ESTIMATE_FOR_S
         self._counted: dict[str, tuple[int, int, str]] = {}  # bucket -> (mtime, count, least)
+        # ((level, the id's first SECOND_DIGITS, durable), bucket path) last made or found
+        self._made: tuple[tuple[int, str, bool], str] | None = None
+        # level -> the path of the message this process spilled last into that level's tree:
+        # while it is there the tree holds a message (`room`: one stat, not a walk)
+        self._witness: dict[int, str] = {}
 
     # -- publishing ---------------------------------------------------------------------------
     def room(self, ready_count: int | None, level: int = 0, level_count: int = 1) -> int:
         """How many of the next messages of priority `level` published may still go into
         @ready (the rest go to the backlog), in a queue of `level_count` levels. `ready_count`:
         @ready's length at that level if the caller's index knows it."""
-        if occupied(self.queue_dir, level, level_count):
+        if self._witnessed(level) or occupied(self.queue_dir, level, level_count):
             return 0
         count = self._estimate_ready(level, level_count) if ready_count is None else ready_count
         return max(0, SPILL_AT - count)
+
+    def spilled(self, level: int, path: str) -> None:
+        """A message of priority `level` was published into the backlog at `path`."""
+        self._witness[level] = path
+
+    def _witnessed(self, level: int) -> bool:
+        """Whether the message this process spilled last into the tree of `level` is still
+        there (a refill takes the oldest first: in a deep queue the newest stays longest). A
+        publish behind the backlog asks this per batch: a stat instead of a stat and four
+        listings (`occupied`)."""
+        path = self._witness.get(level)
+        if path is None:
+            return False
+        try:
+            os.lstat(path)
+        except OSError:  # moved on (refilled), or its bucket removed: the walk decides
+            self._witness.pop(level, None)
+            return False
+        return True
 
     def published_into_ready(self, count: int, level: int = 0) -> None:
         """`count` messages went into @ready since the last estimate (kept without a look)."""
@@ -294,19 +331,27 @@ class Backlog:
         self._estimate = counted
         return counted.get(level, 0)
 
-    def prepare(self, name: str, durable: bool) -> str:
+    def prepare(self, name: str, durable: bool, *, again: bool = False) -> str:
         """The bucket directory a new file named `name` goes into, made if missing (each new
         directory flushed into its parent when `durable`): its path. A refill may empty and
         remove a bucket, its epoch or its tree at any instant, also between two steps here:
-        made again, up to `_PREPARE_ATTEMPTS` times; FileNotFoundError once the queue is gone."""
-        epoch, second = bucket_of(name)
+        made again, up to `_PREPARE_ATTEMPTS` times; FileNotFoundError once the queue is gone.
+
+        The bucket last made or found is taken on trust (a second's publishes share it: no
+        mkdir each): a publish whose rename finds it gone calls this `again`, which looks."""
         level = level_of(name) if "^" in name else 0
+        key = (level, name[:SECOND_DIGITS], durable)  # one made for memory is no durable one's
+        made = self._made
+        if made is not None and made[0] == key and not again:
+            return made[1]
+        epoch, second = bucket_of(name)
         tree = os.path.join(self.queue_dir, level_root(level))
         epoch_dir = os.path.join(tree, epoch)
         bucket = os.path.join(epoch_dir, second)
         for _attempt in range(_PREPARE_ATTEMPTS):
             try:
                 if self._make(bucket, epoch_dir, durable):
+                    self._made = (key, bucket)
                     return bucket
                 self._make(self.dir, self.queue_dir, durable)
                 if level:
@@ -317,6 +362,11 @@ class Backlog:
             if not os.path.isdir(self.queue_dir):
                 break
         raise FileNotFoundError(errno.ENOENT, "the queue or its backlog went away", bucket)
+
+    def remake(self, name: str, durable: bool) -> str:
+        """`prepare` for a publish whose rename found the bucket of `name` gone: made again
+        (PendingFile.make_dir)."""
+        return self.prepare(name, durable, again=True)
 
     def _make(self, path: str, parent: str, durable: bool) -> bool:
         """mkdir with the root's mode (flushed into `parent` when `durable`): True if `path`

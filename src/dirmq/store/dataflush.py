@@ -13,8 +13,17 @@ and 121 ms and 28 ms while a neighbour rewrote a large file (docs/benchmarks.md,
 publishing: the floors beside Redis"). Both make every file durable before its rename,
 so the choice changes no promise and nothing on the disk (docs/FORMAT.md, "Durability").
 
-Each size class (powers of two) keeps the running mean of a batch's flush time by the way taken
-and the last time of the other; a batch takes the cheaper, and every EXPLORE_EVERY-th batch of a
+A batch's cost is its flush's time plus, for flushes from threads, the CPU they took on every
+thread: each file is written back and the device flushed from a thread of its own (a wake-up
+and a hand-off each), which cost a process publishing batches of 16 on this machine 300-330 µs
+of CPU a message against 74-284 by `syncfs` (medians of rounds, the disk shared), CPU that a
+server on two cores shared with its load pays in requests not served. A `syncfs`'s own CPU, one
+call's, is next to nothing beside its wait and is not counted. So flushes from threads win
+only where they save more time than they burn (a neighbour's dirty pages in every `syncfs`:
+121 ms against 28).
+
+Each size class (powers of two) keeps the running mean of a batch's cost by the way taken
+and the last cost of the other; a batch takes the cheaper, and every EXPLORE_EVERY-th batch of a
 class the other, so a neighbour that starts or stops writing is noticed within that many; a try
 that cost over twice the cheaper way doubles that interval (up to MAX_EXPLORE_EVERY), so a way
 far dearer costs little. The first EXPLORE_EVERY - 1 batches of a class take `syncfs` (the way
@@ -49,8 +58,13 @@ class DataFlush:
     """Flushes batches of new files (`flush`) by the way that costs less now. Thread-safe: the
     publishing threads of one Store share it (through its GroupCommit)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] = time.thread_time,
+    ) -> None:
         self._clock = clock
+        self._cpu_clock = cpu_clock  # the calling thread's CPU time
         self._lock = threading.Lock()
         self._cost: dict[tuple[int, str], float] = {}  # (size class, way) -> mean seconds
         self._batches: dict[int, int] = {}  # size class -> batches flushed (chosen)
@@ -70,7 +84,8 @@ class DataFlush:
         return other if explore else better
 
     def record(self, files: int, way: str, seconds: float) -> None:
-        """A batch of `files` flushed by `way` in `seconds`: into that way's running mean."""
+        """A batch of `files` flushed by `way` at a cost of `seconds` (its time plus its CPU):
+        into that way's running mean."""
         cls = size_class(files)
         with self._lock:
             mean = self._cost.get((cls, way))
@@ -96,10 +111,23 @@ class DataFlush:
         first failure (the caller discards the batch: a flush is never retried)."""
         way = self.choose(len(files))
         began = self._clock()
+        cpu = 0.0  # a syncfs's: one call's, next to nothing beside its wait
         if way == SYNCFS:
             fsio.syncfs(files[0].fd)  # by the module: what tests that count flushes wrap
         else:
-            _, error = overlap(PendingFile.flush, files)
+            cpu_clock = self._cpu_clock
+
+            def flush_one(f: PendingFile) -> float:
+                """The file flushed; the CPU it took this thread."""
+                at = cpu_clock()
+                f.flush()
+                return cpu_clock() - at
+
+            mine = cpu_clock()
+            took, error = overlap(flush_one, files)
             if error is not None:
                 raise error
-        self.record(len(files), way, self._clock() - began)
+            # This thread's whole share (its file, handing the others out, collecting them),
+            # and each other file's on its own thread.
+            cpu = cpu_clock() - mine + sum(t for t in took[1:] if t is not None)
+        self.record(len(files), way, self._clock() - began + cpu)

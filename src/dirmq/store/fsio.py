@@ -158,7 +158,8 @@ def overlap(
             return [fn(x) for x in items], None
         except BaseException as exc:
             return [None] * len(items), exc
-    futures = [_executor().submit(fn, x) for x in items[1:]]
+    submit = _executor().submit
+    futures = [submit(fn, x) for x in items[1:]]
     results: list[R | None] = []
     error: BaseException | None = None
     try:
@@ -428,18 +429,26 @@ class GroupCommit:
             flushes = self._syncfs_flushes[directory] = not is_shared(directory)
         return not flushes
 
-    def commit(self, files: list[PendingFile], shared: bool = False) -> None:
+    def commit(
+        self, files: list[PendingFile], shared: bool = False, *, each: bool | None = None
+    ) -> None:
         """Make `files` durable and visible under their final names, or raise and leave nothing.
 
         `shared` (the root's shared-filesystem mode): flush each file, overlapped, as on a
-        filesystem where `syncfs` is no flush. Raises `StorageError` if a flush failed,
-        `QueueNotFound` if the target directory vanished (the queue was deleted meanwhile).
-        Closes every fd either way.
+        filesystem where `syncfs` is no flush. `each`: whether the files' filesystem is one
+        (`flush_each`) when the caller knows; None: asked of the first file's directory.
+        Raises `StorageError` if a flush failed, `QueueNotFound` if the target directory
+        vanished (the queue was deleted meanwhile). Closes every fd either way.
         """
         published: list[str] = []
         try:
             if len(files) > 1 and (
-                shared or self.flush_each(files[0].final_path.rpartition("/")[0])
+                shared
+                or (
+                    self.flush_each(files[0].final_path.rpartition("/")[0])
+                    if each is None
+                    else each
+                )
             ):
                 self._flush_and_publish_overlapped(files, published)
             else:

@@ -243,18 +243,27 @@ class Publisher:
                         os.path.basename(os.path.dirname(f.final_path)),
                         os.path.basename(f.final_path),
                     )
-            if index is not None:  # a tree it may not hear of (backlog.py)
-                for message_id, message, spilled in zip(ids, outgoing, spills, strict=True):
-                    if spilled:
-                        index.backlog.add(
-                            tree_key(layout.ready_name(message_id, 0, None, message.priority))
-                        )
-        into_ready: Counter[int] = Counter()
-        for message, spilled in zip(outgoing, spills, strict=True):
-            if not spilled:
-                into_ready[message.priority] += 1
-        for priority, count in into_ready.items():
-            backlog.published_into_ready(count, priority)
+            if index is not None and any(spills):  # trees it may not hear of (backlog.py)
+                index.backlog.update(
+                    {
+                        tree_key(layout.ready_name(message_id, 0, None, message.priority))
+                        for message_id, message, spilled in zip(ids, outgoing, spills, strict=True)
+                        if spilled
+                    }
+                )
+        if any(spills):  # the last of each level: what the next batch's `room` looks at
+            in_backlog = f"{backlog.dir}/"
+            for f, message, spilled in zip(pending, outgoing, spills, strict=True):
+                if spilled and f.final_path.startswith(in_backlog):  # not a delayed one
+                    backlog.spilled(message.priority, f.final_path)
+        if not all(spills):
+            into_ready = Counter(
+                message.priority
+                for message, spilled in zip(outgoing, spills, strict=True)
+                if not spilled
+            )
+            for priority, count in into_ready.items():
+                backlog.published_into_ready(count, priority)
         return ids, pending
 
     def _spills(self, outgoing: list[OutgoingMessage], config: QueueConfig) -> list[bool]:
@@ -278,6 +287,8 @@ class Publisher:
     def _encode(
         message_id: str, message: OutgoingMessage, slot: str | None, expires_ms: int | None
     ) -> bytes:
+        if slot is None and message.group is None and expires_ms is None:  # most messages
+            return codec.encode(message.body, message.headers, None, message_id=message_id)
         system = {"Slot": slot} if slot else {}
         if message.group is not None:
             system["Group"] = message.group
@@ -330,25 +341,24 @@ class Publisher:
         `spill`: into the backlog's bucket of its id rather than @ready (backlog.py)."""
         delay_s = config.delay_s if message.delay_s is None else message.delay_s
         tag = None if message.group is None else layout.group_tag(message.group)
-        make_dir = None
         level = message.priority
+        files = self._files
         try:
             if delay_s > 0:
                 due_ms = at_ms + round(delay_s * 1000)
                 name = layout.timed_name(message_id, 0, due_ms, tag, None, level)
-                final = f"{self._files.dir[layout.DELAYED]}/{name}"
+                final = f"{files.dir[layout.DELAYED]}/{name}"
             elif spill:
                 name = layout.ready_name(message_id, 0, tag, level)
                 durable = config.durability is not Durability.MEMORY
-                final = f"{self._files.backlog.prepare(name, durable)}/{name}"
-                make_dir = functools.partial(self._files.backlog.prepare, name, durable)
+                final = f"{files.backlog.prepare(name, durable)}/{name}"
             else:
                 name = layout.ready_name(message_id, 0, tag, level)
-                final = f"{self._files.dir[layout.READY]}/{name}"
+                final = f"{files.dir[layout.READY]}/{name}"
             if self._context.shared:
                 return self._write_beside(final, data, keep_open)
-            pool = self._files.pool
-            tmp_dir = self._files.dir[layout.TMP]
+            pool = files.pool
+            tmp_dir = files.dir[layout.TMP]
             pending = pool.overwrite_own(final, data)
             if pending is None:
                 tmp_name = layout.tmp_name(message_id)
@@ -357,8 +367,8 @@ class Publisher:
                     pending = create_pending(tmp_dir, tmp_name, final, data, self._context.access)
             if not keep_open:
                 pending.detach(tmp_dir, layout.tmp_name(message_id))
-            if spill:
-                pending.make_dir = make_dir
+            if spill:  # its bucket made again if a refill removes it before the rename
+                pending.make_dir = functools.partial(files.backlog.remake, name, durable)
             return pending
         except FileNotFoundError:
             if spill:  # its bucket could not be made (a refill removed it, or the queue went)
@@ -382,7 +392,10 @@ class Publisher:
         """Make the written files visible under their final names (the `publish` transition
         of states.py), flushed as `level` says."""
         if level is Durability.WRITETHROUGH:
-            self._context.group_commit.commit(pending, shared=self._context.shared)
+            # `each`: the files of a backlog bucket (a new directory each second) are on
+            # @ready's filesystem, asked once, not of each bucket.
+            context = self._context
+            context.group_commit.commit(pending, shared=context.shared, each=self._overlapped())
             return
         # Writeback on a shared filesystem: each file is flushed by a descriptor of its own,
         # taken before the rename (WritebackFlusher.hold).

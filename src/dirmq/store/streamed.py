@@ -215,7 +215,7 @@ class StreamedFile:
             ):
                 durable = config.durability is not Durability.MEMORY
                 name = os.path.basename(pending.final_path)
-                pending.make_dir = functools.partial(queue._files.backlog.prepare, name, durable)
+                pending.make_dir = functools.partial(queue._files.backlog.remake, name, durable)
             publisher._commit([pending], level, config)
         except BaseException:
             pending.discard()
