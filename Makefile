@@ -30,9 +30,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The whole suite; its 25 slowest tests are listed at the end (what to look at when it grows).
+# The whole suite, on TEST_WORKERS processes (pytest-xdist; most tests wait on fsync, servers and
+# polls more than they compute, so more processes than CI's 2 cores pay); files that share one
+# thing of the machine stay on one worker (tests/support/distribution.py). Failures are printed
+# at the end as usual, then the 25 slowest tests (what to look at when it grows).
+# `make unit TEST_WORKERS=0`: in this process, one test at a time.
+TEST_WORKERS ?= 3
 unit: $(STAMP)
-	$(BIN)/pytest -q --durations=25
+	$(BIN)/pytest -q --durations=25$(if $(filter-out 0,$(TEST_WORKERS)), -n $(TEST_WORKERS) --dist loadfile)
 
 test: lint typecheck unit
 

@@ -32,6 +32,17 @@ from .support.servers import ServerProcess, start_server
 QueueFactory = Callable[..., Any]
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` (`make test`) keeps the files that share one thing of the machine on one
+    worker and starts the longest first (support/distribution.py); other modes are xdist's."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from .support.distribution import SharedResourceScheduling
+
+    return SharedResourceScheduling(config, log)
+
+
 @pytest.fixture(autouse=True)
 def _workers_reaped() -> Iterator[None]:
     """Workers a test spawned (support/procs.py) and left running, killed after it."""

@@ -123,10 +123,14 @@ def test_a_quiet_publish_line_on_a_disk_stores_on_the_event_loop_if_its_disk_is_
     async def main() -> int:
         broker = Broker(store)
         try:
+            longest = 0.0  # of the publishes so far, each of which waited for its store
             for i in range(6):
+                began = time.monotonic()
                 await broker.publish(queue, [OutgoingMessage(f"q{i}".encode())])
-                # A quiet line: the next publish comes after several of its stores' time.
-                await asyncio.sleep(0.05)
+                longest = max(longest, time.monotonic() - began)
+                # A quiet line: the next publish comes after several of its stores' time (the
+                # line's test is a gap over twice their mean; a loaded disk's take long).
+                await asyncio.sleep(max(0.05, 3 * longest))
             return threading.get_ident()
         finally:
             broker.close()

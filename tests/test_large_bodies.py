@@ -5,11 +5,13 @@ with the body's size."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
 import ssl
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -266,6 +268,44 @@ def test_a_large_body_round_trips_through_yaq(server: ServerProcess) -> None:
         wait_until(lambda: http.get("/yaqbig").json()["stats"]["in_flight"] == 0, what="the ack")
         assert http.get("/yaqbig").json()["stats"]["ready"] == 0
     assert not _temps_open(server)
+
+
+def test_a_body_all_in_the_socket_before_a_cancel_counts_as_sent(tmp_path: Path) -> None:
+    """The sending thread put the whole body in the socket and the client read it and hung up
+    before the event loop saw the thread end (a loaded machine): the hang-up's cancel finds
+    the answer out, so the send returns and its follow-up runs (yaq's ack; without it the
+    message the client has stays leased, to be delivered again: the test above waited in vain
+    for its ack in a parallel run)."""
+    from dirmq.server import filesend
+
+    path = tmp_path / "body"
+    body = _body(3 * MIB, seed=7)
+    path.write_bytes(body)
+    closed = threading.Event()
+
+    class File:
+        def __init__(self) -> None:
+            self.fd, self.offset, self.size = os.open(path, os.O_RDONLY), 0, len(body)
+
+        def close(self) -> None:  # by the thread, once it is done
+            os.close(self.fd)
+            closed.set()
+
+    async def main() -> bytes:
+        ours, client = socket.socketpair()
+        with ours, client:
+            ours.setblocking(False)
+            sender = filesend.SocketSender(ours.fileno(), File(), timeout_s=30)
+            sending = asyncio.create_task(sender.send(b"head\n"))
+            await asyncio.sleep(0)  # the task hands the sending to a thread
+            # The loop runs nothing now: the client reads it all, and the thread ends unseen.
+            received = recv_exactly(client, 5 + len(body))
+            assert closed.wait(30), "the thread did not end"
+            sending.cancel()  # as connection_lost does when the client hangs up
+            await sending  # returns: the answer is out
+            return received
+
+    assert asyncio.run(main()) == b"head\n" + body
 
 
 def test_a_request_pipelined_after_an_upload_is_answered_in_order(server: ServerProcess) -> None:

@@ -91,8 +91,15 @@ def ensure_chromium() -> None:
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
 
     def apt_get(*args: str) -> subprocess.CompletedProcess[str]:
+        # Another test process may be installing (make test runs several): wait for its lock.
+        lock = ["-o", "DPkg::Lock::Timeout=600"]
         return subprocess.run(
-            ["apt-get", *args], capture_output=True, text=True, env=env, timeout=900, check=False
+            ["apt-get", *lock, *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=900,
+            check=False,
         )
 
     result = apt_get("install", "-y", "-q", "chromium")

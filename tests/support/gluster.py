@@ -137,7 +137,8 @@ def ensure_installed() -> None:
 
     def install() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["apt-get", "install", "-y", "-q", *PACKAGES],
+            # another test process may hold dpkg's lock (make test runs several): wait for it
+            ["apt-get", "-o", "DPkg::Lock::Timeout=500", "install", "-y", "-q", *PACKAGES],
             capture_output=True,
             text=True,
             env=env,

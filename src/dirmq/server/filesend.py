@@ -107,6 +107,7 @@ class SocketSender:
         self._file = file
         self._timeout_s = timeout_s  # no progress for this long: the client is gone
         self._stopped = False
+        self._sent_all = False  # set by the thread once the body's last byte is in the socket
 
     def stop(self) -> None:
         self._stopped = True
@@ -117,6 +118,11 @@ class SocketSender:
         try:
             await loop.run_in_executor(_executor(), self._send, head)
         except asyncio.CancelledError:
+            # The thread may have sent it all before the loop learnt so, and the client read it
+            # all and left (the cancel's usual cause): then the answer is out, and its follow-up
+            # (yaq's ack) must run, or the message the client has would be delivered again.
+            if self._sent_all:
+                return
             self.stop()
             raise
 
@@ -143,6 +149,7 @@ class SocketSender:
                 if sent == 0:
                     raise ConnectionResetError("the message file ended before its body did")
                 offset += sent
+            self._sent_all = True
         finally:
             os.close(self._fd)
             self._file.close()
