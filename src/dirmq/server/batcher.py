@@ -6,6 +6,7 @@ one store call per batch (gets share one lease of at most `MAX_GET_BATCH`, acks 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from dirmq.server.broker_host import MAX_BATCH_MESSAGES, BrokerHost
@@ -17,6 +18,11 @@ from dirmq.store import Queue
 # answering it "nothing" would tell a consumer that polls without waiting that a deep queue
 # is empty (two Spark lease-ahead threads on one connection each took it for the end).
 MAX_GET_BATCH = 1000
+# A request that comes at least this long after the line's previous one, with no batch under
+# way, is applied at once on the event loop by its caller (`quiet`): at a low rate a batch is
+# one request, and the task, future and loop turn of a batch cost more than the call. Under
+# load requests come closer together and are batched as before.
+QUIET_GAP_S = 0.001
 
 
 class Batcher:
@@ -32,10 +38,20 @@ class Batcher:
         self._pending: list[tuple[Any, asyncio.Future[Any]]] = []
         self._running = False
         self._task: asyncio.Task[None] | None = None  # referenced, so it is not collected
+        self._last = 0.0  # time.monotonic() of the last request (`quiet`)
         # Kept: `get_running_loop()` is a getpid(2) each time, and this is once a request.
         self._loop = asyncio.get_running_loop()
 
+    def quiet(self) -> bool:
+        """Whether a request now may skip the line, applied by its caller at once (no batch
+        under way, none pending, and the previous request `QUIET_GAP_S` ago or more); counts
+        as a request either way."""
+        now = time.monotonic()
+        gap, self._last = now - self._last, now
+        return gap >= QUIET_GAP_S and not self._running
+
     def submit(self, item: Any) -> asyncio.Future[Any]:
+        self._last = time.monotonic()
         loop = self._loop
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((item, future))

@@ -433,14 +433,19 @@ class Broker:
         consumer: str | None,
     ) -> list[Message]:
         """`receive`'s wait in the queue's waiter line (longpolls.py)."""
-        receiver = self._receivers.get(queue.name)
-        if receiver is None or receiver.queue is not queue:
-            receiver = LongPolls(self, queue, self._forget_receiver)
-            self._receivers[queue.name] = receiver
+        receiver = self.waiter_line(queue)
         got = await receiver.wait(max_count, visibility_s, wait_s, max_per_group, consumer)
         if got:
             self.moved(DELIVERED, queue.name, len(got))
         return got
+
+    def waiter_line(self, queue: Queue) -> LongPolls:
+        """The queue's waiter line (longpolls.py), made on first use."""
+        receiver = self._receivers.get(queue.name)
+        if receiver is None or receiver.queue is not queue:
+            receiver = LongPolls(self, queue, self._forget_receiver)
+            self._receivers[queue.name] = receiver
+        return receiver
 
     def waiting_polls(self) -> dict[str, int]:
         """The waiter line of each queue this worker keeps, and how many polls wait in it: a
@@ -463,8 +468,31 @@ class Broker:
     ) -> None:
         """`receive` that does not wait (wait 0), without a coroutine: into the queue's lease
         line, `settle` getting the messages (maybe none) or the error on the event loop."""
-        future = self._getter(queue).submit((max_count, visibility_s, consumer, by_file))
+        getter = self._getter(queue)
+        if getter.quiet() and self.runs_here(queue, max_count):
+            try:
+                got = self._lease_here(queue, max_count, visibility_s, consumer, by_file)
+            except Exception as exc:
+                settle(exc)
+                return
+            if got:
+                self.moved(DELIVERED, queue.name, len(got))
+            settle(got)
+            return
+        future = getter.submit((max_count, visibility_s, consumer, by_file))
         future.add_done_callback(functools.partial(self._received_nowait, queue, settle))
+
+    def _lease_here(
+        self,
+        queue: Queue,
+        max_count: int,
+        visibility_s: float | None,
+        consumer: str | None,
+        by_file: bool,
+    ) -> list[Message]:
+        """A quiet get line's lease (`Batcher.quiet`), here and now (`runs_here` said so)."""
+        get = functools.partial(call_by_file, BODY_FILE_BYTES, queue.get) if by_file else queue.get
+        return self.call_here(get, max_count, visibility_s=visibility_s, consumer=consumer)
 
     def _received_nowait(
         self,
@@ -505,7 +533,20 @@ class Broker:
     ) -> None:
         """`ack` without a coroutine, into the same line: `settle` gets None (acknowledged) or
         the error, on the event loop."""
-        future = self._acker(queue).submit(receipt)
+        acker = self._acker(queue)
+        if acker.quiet() and self.runs_here(queue, 1):
+            # A quiet line (a low rate): the ack here and now, one rename, no batch.
+            try:
+                failures = self.call_here(queue.ack_each, [receipt])
+            except Exception as exc:
+                settle(exc)
+                return
+            failure = failures.get(receipt)
+            if failure is None:
+                self.moved(ACKED, queue.name, 1)
+            settle(failure)
+            return
+        future = acker.submit(receipt)
         future.add_done_callback(functools.partial(_report_ack, settle))
 
     def _acker(self, queue: Queue) -> Batcher:
