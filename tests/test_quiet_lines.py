@@ -161,3 +161,36 @@ def test_a_cancelled_later_receive_leaves_the_line(root: Path) -> None:
         assert [m.receive_count for m in queue.get(1)] == [1]
     finally:
         store.close()
+
+
+def test_a_line_lingers_armed_and_its_next_waiter_gets_a_look(root: Path) -> None:
+    """The last waiter gone, the line stays armed a moment (longpolls.LINGER_S): its next
+    waiter is not armed for again, but gets a look at once, so what came meanwhile is its."""
+    store = dirmq.Store(root)
+    queue = store.create_queue("linger")
+    queue.stats()
+
+    async def main() -> None:
+        broker = Broker(store)
+        try:
+            line = broker.waiter_line(queue)
+            ended = _Settled()
+            line.park(1, 30, 0.01, None, ended)
+            await asyncio.wait_for(ended.event.wait(), 5)
+            assert ended.outcomes == [[]]
+            assert line.lingering() and broker.waiting_polls() == {}
+            assert broker.waiter_line(queue) is line  # kept, armed
+            queue.put(b"meanwhile")
+            got = _Settled()
+            future = line.park(1, 30, 5, None, got)
+            assert future.done() and not line.lingering()  # leased by the look on entering
+            await asyncio.wait_for(got.event.wait(), 5)
+            outcome = got.outcomes[0]
+            assert isinstance(outcome, list) and [m.body for m in outcome] == [b"meanwhile"]
+        finally:
+            broker.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()

@@ -448,7 +448,11 @@ class Broker:
     def waiting_polls(self) -> dict[str, int]:
         """The waiter line of each queue this worker keeps, and how many polls wait in it: a
         line is forgotten once its last poll has left (never a 0 here for long)."""
-        return {name: line.waiting() for name, line in self._receivers.items()}
+        return {
+            name: line.waiting()
+            for name, line in self._receivers.items()
+            if not line.lingering()  # no waiter, kept armed a moment (longpolls.LINGER_S)
+        }
 
     def _forget_receiver(self, receiver: LongPolls) -> None:
         """`receiver`'s last waiter left: a queue polled once is not kept for good."""

@@ -35,6 +35,10 @@ from dirmq.server.broker_host import BrokerHost
 from dirmq.store import Message, Queue
 
 IDLE_RECHECK_S = 30.0
+# An armed line whose last waiter left stays armed (subscribed, its timer kept) this long: a
+# queue polled by one consumer at a time (poll, message, ack, poll again) is not subscribed to,
+# looked at and unsubscribed from again for every message. Its next waiter gets one look.
+LINGER_S = 1.0
 _IDLE, _PENDING, _QUIET, _ARMING, _ARMED = "idle", "pending", "quiet", "arming", "armed"
 
 
@@ -84,10 +88,15 @@ class LongPolls:
         self._dispatch_task: asyncio.Task[None] | None = None
         self._again = False  # woken while a dispatch (or the arming) was under way
         self._wake_pending = False  # a `_woken` is scheduled (set from any thread)
+        self._linger: asyncio.TimerHandle | None = None  # armed, unwaited: see LINGER_S
 
     def waiting(self) -> int:
         """Polls waiting in this line now."""
         return sum(not waiter.future.done() for waiter in self._waiters)
+
+    def lingering(self) -> bool:
+        """Whether the line is only kept armed after its last waiter left (`LINGER_S`)."""
+        return self._linger is not None
 
     async def wait(
         self,
@@ -157,8 +166,14 @@ class LongPolls:
         done(got)
 
     def _enter(self, waiter: _Waiter) -> None:
-        """`waiter` joins the line, arming it if it is the first."""
+        """`waiter` joins the line, arming it if it is the first (a lingering line is armed
+        already: a look, as the arming's, for what came since the caller's own look)."""
         self._waiters.append(waiter)
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+            self._woken()
+            return
         if self._state is _IDLE:
             if self.queue.indexed():  # a few calls on the index: at once, as a lease would be
                 self._arm()
@@ -187,7 +202,7 @@ class LongPolls:
             if not waiter.future.done():
                 waiter.future.set_result([])
         self._waiters.clear()
-        self._retire_if_unwaited()
+        self._retire_if_unwaited(linger=False)
 
     def take_waiter(self, admit: Callable[[_Waiter], bool]) -> _Waiter | None:
         """A waiting poll, out of the line, if `admit` (called on it) says so: a publish is to
@@ -349,6 +364,9 @@ class LongPolls:
         if self._state is not _ARMED or self._dispatch_task is not None:
             self._again = True
             return
+        if not self._live_waiters():  # nobody to lease for (a lingering line): nothing to do
+            self._retire_if_unwaited()
+            return
         if self._looked_here():
             return
         self._dispatch_task = self._loop.create_task(self._dispatch())
@@ -470,14 +488,22 @@ class LongPolls:
             if not waiter.future.done():
                 waiter.future.set_exception(error)
         self._waiters.clear()
-        self._retire_if_unwaited()
+        self._retire_if_unwaited(linger=False)
 
-    def _retire_if_unwaited(self) -> None:
+    def _retire_if_unwaited(self, linger: bool = True) -> None:
         """With no live waiter left: unsubscribe, stop the timer, and let the broker forget this
         line (a dispatch under way finds no waiter and ends; an arming under way undoes itself
-        when it is done)."""
+        when it is done). An armed line (`linger`, the broker not closing) does so only once
+        `LINGER_S` passed without a new waiter."""
         if self._live_waiters():
             return
+        if linger and self._state is _ARMED and not self.broker.closing:
+            if self._linger is None:
+                self._linger = self._loop.call_later(LINGER_S, self._linger_over)
+            return
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -486,6 +512,10 @@ class LongPolls:
             unsubscribe()
         self._state = _IDLE
         self._ended(self)
+
+    def _linger_over(self) -> None:
+        self._linger = None
+        self._retire_if_unwaited(linger=False)
 
 
 def _subscribe_and_look(
