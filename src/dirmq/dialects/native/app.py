@@ -26,6 +26,9 @@ many servers and processes run them), from `start` to `close`.
 
 A route of `handlers.TABLE` without a rule here is refused to every principal (never open):
 a new route must be given its permission (tests/test_browse_permission.py checks they are).
+
+Why it is long: the general dispatch and the fast paths (publish, receive, long poll, ack)
+judge the same routes, parameters and permissions, and must agree on each of them.
 """
 
 from __future__ import annotations
