@@ -1,22 +1,36 @@
 """The get and ack lines of one queue: requests of one kind that arrive together, applied in
 one store call per batch (gets share one lease of at most `MAX_GET_BATCH`, acks one
-`ack_each`).
+`ack_each`). A request that finds its line quiet (a low rate: nothing under way, the previous
+request a while ago) is applied at once by its caller on the event loop where the call may run
+there (`ack_soon`, `get_soon`): a batch of one costs a task, a future and a loop turn more than
+the call itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import time
+from collections.abc import Callable
 from typing import Any
 
-from dirmq.server.broker_host import MAX_BATCH_MESSAGES, BrokerHost
-from dirmq.server.queuecounts import ACKED
-from dirmq.store import Queue
+from dirmq.server.broker_host import BODY_FILE_BYTES, MAX_BATCH_MESSAGES, BrokerHost
+from dirmq.server.queuecounts import ACKED, DELIVERED
+from dirmq.store import Message, Queue
+from dirmq.store.bodyfiles import call_by_file
+
+GetItem = tuple[int, float | None, str | None, bool]  # max_count, visibility, holder, by_file
 
 # Messages one batch of the get line leases for all its requests together (a request's own
 # limit is the API's 1000). A request the cap leaves without a share waits for the next batch:
 # answering it "nothing" would tell a consumer that polls without waiting that a deep queue
 # is empty (two Spark lease-ahead threads on one connection each took it for the end).
 MAX_GET_BATCH = 1000
+# A request that comes at least this long after the line's previous one, with no batch under
+# way, is applied at once on the event loop by its caller (`quiet`): at a low rate a batch is
+# one request, and the task, future and loop turn of a batch cost more than the call. Under
+# load requests come closer together and are batched as before.
+QUIET_GAP_S = 0.001
 
 
 class Batcher:
@@ -32,10 +46,76 @@ class Batcher:
         self._pending: list[tuple[Any, asyncio.Future[Any]]] = []
         self._running = False
         self._task: asyncio.Task[None] | None = None  # referenced, so it is not collected
+        self._last = 0.0  # time.monotonic() of the last request (`quiet`)
         # Kept: `get_running_loop()` is a getpid(2) each time, and this is once a request.
         self._loop = asyncio.get_running_loop()
 
+    def quiet(self) -> bool:
+        """Whether a request now may skip the line, applied by its caller at once (no batch
+        under way, none pending, and the previous request `QUIET_GAP_S` ago or more); counts
+        as a request either way."""
+        now = time.monotonic()
+        gap, self._last = now - self._last, now
+        return gap >= QUIET_GAP_S and not self._running
+
+    def ack_soon(self, receipt: str, settle: Callable[[BaseException | None], None]) -> None:
+        """An ack line's request: `settle` gets None (acknowledged) or the failure, on the
+        event loop; applied at once if the line is quiet and the call runs here (one rename),
+        else in the line's next batch."""
+        broker, queue = self.broker, self.queue
+        if self.quiet() and broker.runs_here(queue, 1):
+            try:
+                failure = broker.call_here(queue.ack_each, [receipt]).get(receipt)
+            except Exception as exc:
+                failure = exc
+            else:
+                if failure is None:
+                    broker.moved(ACKED, queue.name, 1)
+            settle(failure)
+            return
+        self.submit(receipt).add_done_callback(functools.partial(_report_ack, settle))
+
+    def get_soon(
+        self, item: GetItem, settle: Callable[[list[Message] | BaseException], None]
+    ) -> None:
+        """A get line's request: `settle` gets the messages leased (maybe none) or the error,
+        on the event loop; leased at once if the line is quiet and the call runs here, else
+        with the line's next batch."""
+        broker, queue = self.broker, self.queue
+        max_count, visibility_s, consumer, by_file = item
+        if self.quiet() and broker.runs_here(queue, max_count):
+            get = (
+                functools.partial(call_by_file, BODY_FILE_BYTES, queue.get)
+                if by_file
+                else queue.get
+            )
+            try:
+                got = broker.call_here(get, max_count, visibility_s=visibility_s, consumer=consumer)
+            except Exception as exc:
+                settle(exc)
+                return
+            self._got(settle, got)
+            return
+        self.submit(item).add_done_callback(functools.partial(self._got_later, settle))
+
+    def _got_later(
+        self, settle: Callable[[list[Message] | BaseException], None], done: asyncio.Future[Any]
+    ) -> None:
+        error = done.exception()
+        if error is not None:
+            settle(error)
+        else:
+            self._got(settle, done.result())
+
+    def _got(
+        self, settle: Callable[[list[Message] | BaseException], None], got: list[Message]
+    ) -> None:
+        if got:
+            self.broker.moved(DELIVERED, self.queue.name, len(got))
+        settle(got)
+
     def submit(self, item: Any) -> asyncio.Future[Any]:
+        self._last = time.monotonic()
         loop = self._loop
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((item, future))
@@ -100,3 +180,7 @@ class Batcher:
             self._pending[:0] = deferred  # first in the next batch
             # What a caller that gave up while we were leasing would have had.
             self.broker.give_back(self.queue, got)
+
+
+def _report_ack(settle: Callable[[BaseException | None], None], done: asyncio.Future[Any]) -> None:
+    settle(asyncio.CancelledError() if done.cancelled() else done.exception())

@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 
 from dirmq.errors import DirmqError, QueueFull
 from dirmq.server.batcher import Batcher
+from dirmq.server.broker_host import BODY_FILE_BYTES
 from dirmq.server.coldlane import ColdLane
 from dirmq.server.direct import DirectPath
 from dirmq.server.longpolls import LongPolls
@@ -47,9 +48,6 @@ POOL_AFTER_STALL_S = 10.0
 # At most this many messages a store call on the event loop (a few ms of renames): a larger
 # batch runs as several such calls, the loop's other work between them (`settle_chunks`).
 INLINE_MAX_MESSAGES = 256
-# A receive that sends bodies from their files (`by_file`) gets bodies from this size on as
-# `FileBody` (store/bodyfiles.py): the native plain GET's sendfile.
-BODY_FILE_BYTES = 1024 * 1024
 # Every RELEASE_EVERY_S, queues nobody waits on nor used for IDLE_RELEASE_S give back their
 # inotify watches and index (`Store.release_idle`): a server that touched 10,000 queues must not
 # keep 40,000 watches (the user's limit is often 8,192) and their indexes for its lifetime.
@@ -435,19 +433,28 @@ class Broker:
         consumer: str | None,
     ) -> list[Message]:
         """`receive`'s wait in the queue's waiter line (longpolls.py)."""
-        receiver = self._receivers.get(queue.name)
-        if receiver is None or receiver.queue is not queue:
-            receiver = LongPolls(self, queue, self._forget_receiver)
-            self._receivers[queue.name] = receiver
+        receiver = self.waiter_line(queue)
         got = await receiver.wait(max_count, visibility_s, wait_s, max_per_group, consumer)
         if got:
             self.moved(DELIVERED, queue.name, len(got))
         return got
 
+    def waiter_line(self, queue: Queue) -> LongPolls:
+        """The queue's waiter line (longpolls.py), made on first use."""
+        receiver = self._receivers.get(queue.name)
+        if receiver is None or receiver.queue is not queue:
+            receiver = LongPolls(self, queue, self._forget_receiver)
+            self._receivers[queue.name] = receiver
+        return receiver
+
     def waiting_polls(self) -> dict[str, int]:
         """The waiter line of each queue this worker keeps, and how many polls wait in it: a
         line is forgotten once its last poll has left (never a 0 here for long)."""
-        return {name: line.waiting() for name, line in self._receivers.items()}
+        return {
+            name: line.waiting()
+            for name, line in self._receivers.items()
+            if not line.lingering()  # no waiter, kept armed a moment (longpolls.LINGER_S)
+        }
 
     def _forget_receiver(self, receiver: LongPolls) -> None:
         """`receiver`'s last waiter left: a queue polled once is not kept for good."""
@@ -464,24 +471,9 @@ class Broker:
         by_file: bool = False,
     ) -> None:
         """`receive` that does not wait (wait 0), without a coroutine: into the queue's lease
-        line, `settle` getting the messages (maybe none) or the error on the event loop."""
-        future = self._getter(queue).submit((max_count, visibility_s, consumer, by_file))
-        future.add_done_callback(functools.partial(self._received_nowait, queue, settle))
-
-    def _received_nowait(
-        self,
-        queue: Queue,
-        settle: Callable[[list[Message] | BaseException], None],
-        done: asyncio.Future[list[Message]],
-    ) -> None:
-        error = done.exception()
-        if error is not None:
-            settle(error)
-            return
-        got = done.result()
-        if got:
-            self.moved(DELIVERED, queue.name, len(got))
-        settle(got)
+        line (at once, if it is quiet: `Batcher.get_soon`), `settle` getting the messages
+        (maybe none) or the error on the event loop."""
+        self._getter(queue).get_soon((max_count, visibility_s, consumer, by_file), settle)
 
     def _getter(self, queue: Queue) -> Batcher:
         getter = self._getters.get(queue.name)
@@ -505,10 +497,10 @@ class Broker:
     def ack_nowait(
         self, queue: Queue, receipt: str, settle: Callable[[BaseException | None], None]
     ) -> None:
-        """`ack` without a coroutine, into the same line: `settle` gets None (acknowledged) or
-        the error, on the event loop."""
-        future = self._acker(queue).submit(receipt)
-        future.add_done_callback(functools.partial(_report_ack, settle))
+        """`ack` without a coroutine, into the same line (at once, if it is quiet:
+        `Batcher.ack_soon`): `settle` gets None (acknowledged) or the error, on the event
+        loop."""
+        self._acker(queue).ack_soon(receipt, settle)
 
     def _acker(self, queue: Queue) -> Batcher:
         acker = self._ackers.get(queue.name)
@@ -596,10 +588,6 @@ class Broker:
         for receiver in list(self._receivers.values()):  # each forgets itself
             receiver.release_all()
         self._executor.shutdown(wait=False, cancel_futures=False)
-
-
-def _report_ack(settle: Callable[[BaseException | None], None], done: asyncio.Future[Any]) -> None:
-    settle(asyncio.CancelledError() if done.cancelled() else done.exception())
 
 
 def _give_back(queue: Queue, messages: list[Message]) -> None:

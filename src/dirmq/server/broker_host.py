@@ -21,6 +21,9 @@ T = TypeVar("T")
 # The most one batch of an engine takes: messages a group commit of the publish line,
 # requests a batch of a get or ack line.
 MAX_BATCH_MESSAGES = 1024
+# A receive that sends bodies from their files (`by_file`) gets bodies from this size on as
+# `FileBody` (store/bodyfiles.py): the native plain GET's sendfile.
+BODY_FILE_BYTES = 1024 * 1024
 
 
 class BrokerHost(Protocol):

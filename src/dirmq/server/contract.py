@@ -133,8 +133,10 @@ Respond = Callable[[Response | BaseException], bool]
 
 class Later:
     """What a fast handler returns when it will answer through `respond`, and what the
-    connection holds as its `_task` meanwhile. Nothing to cancel: if the client goes away, the
-    work finishes all the same and its answer is dropped."""
+    connection holds as its `_task` meanwhile. `LATER` has nothing to cancel: if the client
+    goes away, the work finishes all the same and its answer is dropped. A handler whose answer
+    may wait (a long poll) returns a Later of its own instead, whose `cancel` (called when the
+    client goes away) ends the wait."""
 
     __slots__ = ()
 

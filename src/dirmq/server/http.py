@@ -840,7 +840,9 @@ class HttpProtocol(asyncio.Protocol):
             except Exception:
                 log.exception("unhandled error answering %s %s", request.method, request.path)
                 result = _internal_error()
-            if result is LATER:
+            if isinstance(result, Later):
+                if result is not LATER and self._task is LATER:
+                    self._task = result  # not answered yet: cancelled if the client leaves
                 return
             if isinstance(result, Response):
                 self._task = None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,10 @@ from dirmq.server.broker_host import BrokerHost
 from dirmq.store import Message, Queue
 
 IDLE_RECHECK_S = 30.0
+# An armed line whose last waiter left stays armed (subscribed, its timer kept) this long: a
+# queue polled by one consumer at a time (poll, message, ack, poll again) is not subscribed to,
+# looked at and unsubscribed from again for every message. Its next waiter gets one look.
+LINGER_S = 1.0
 _IDLE, _PENDING, _QUIET, _ARMING, _ARMED = "idle", "pending", "quiet", "arming", "armed"
 
 
@@ -73,18 +78,25 @@ class LongPolls:
         self.queue = queue
         self._ended = ended
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()  # made on the loop: see `_notice`
         self._waiters: deque[_Waiter] = deque()
         self._state = _IDLE
         self._unsubscribe: Callable[[], None] | None = None
         self._polled = False
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_idle = False  # `_timer` is an idle re-check, not a due time's
         self._dispatch_task: asyncio.Task[None] | None = None
         self._again = False  # woken while a dispatch (or the arming) was under way
         self._wake_pending = False  # a `_woken` is scheduled (set from any thread)
+        self._linger: asyncio.TimerHandle | None = None  # armed, unwaited: see LINGER_S
 
     def waiting(self) -> int:
         """Polls waiting in this line now."""
         return sum(not waiter.future.done() for waiter in self._waiters)
+
+    def lingering(self) -> bool:
+        """Whether the line is only kept armed after its last waiter left (`LINGER_S`)."""
+        return self._linger is not None
 
     async def wait(
         self,
@@ -96,13 +108,7 @@ class LongPolls:
     ) -> list[Message]:
         loop = self._loop
         waiter = _Waiter(max_count, visibility_s, loop.create_future(), max_per_group, consumer)
-        self._waiters.append(waiter)
-        if self._state is _IDLE:
-            if self.queue.indexed():  # a few calls on the index: at once, as a lease would be
-                self._arm()
-            else:  # behind the requests (registrations.py): it waits for a change anyway
-                self._state = _PENDING
-                self.broker.register_later(self._register)
+        self._enter(waiter)
         # A parked poll is just this future and one timer: thousands must stay cheap.
         future = waiter.future
         timer = None if wait_s is None else loop.call_later(wait_s, _expire, future)
@@ -117,6 +123,63 @@ class LongPolls:
         if not got:
             self._forget(waiter)
         return got
+
+    def park(
+        self,
+        max_count: int,
+        visibility_s: float | None,
+        wait_s: float | None,
+        consumer: str | None,
+        done: Callable[[list[Message] | BaseException], None],
+    ) -> asyncio.Future[list[Message]]:
+        """`wait` without a coroutine (later_receive.py): `done` gets the messages (none once
+        `wait_s` is over) or the error, on the event loop. Cancelling the future returned (the
+        client left) takes the wait out of the line, and `done` is not called; once the
+        future is done, what it holds is `done`'s to answer or give back."""
+        loop = self._loop
+        waiter = _Waiter(max_count, visibility_s, loop.create_future(), 1, consumer)
+        self._enter(waiter)
+        future = waiter.future
+        timer = None if wait_s is None else loop.call_later(wait_s, _expire, future)
+        future.add_done_callback(functools.partial(self._parked_done, waiter, timer, done))
+        return future
+
+    def _parked_done(
+        self,
+        waiter: _Waiter,
+        timer: asyncio.TimerHandle | None,
+        done: Callable[[list[Message] | BaseException], None],
+        future: asyncio.Future[list[Message]],
+    ) -> None:
+        if timer is not None:
+            timer.cancel()
+        if future.cancelled():
+            self._forget(waiter)
+            return
+        error = future.exception()
+        if error is not None:  # `_fail` cleared the line
+            done(error)
+            return
+        got = future.result()
+        if not got:
+            self._forget(waiter)
+        done(got)
+
+    def _enter(self, waiter: _Waiter) -> None:
+        """`waiter` joins the line, arming it if it is the first (a lingering line is armed
+        already: a look, as the arming's, for what came since the caller's own look)."""
+        self._waiters.append(waiter)
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+            self._woken()
+            return
+        if self._state is _IDLE:
+            if self.queue.indexed():  # a few calls on the index: at once, as a lease would be
+                self._arm()
+            else:  # behind the requests (registrations.py): it waits for a change anyway
+                self._state = _PENDING
+                self.broker.register_later(self._register)
 
     def _forget(self, waiter: _Waiter) -> None:
         try:
@@ -139,7 +202,7 @@ class LongPolls:
             if not waiter.future.done():
                 waiter.future.set_result([])
         self._waiters.clear()
-        self._retire_if_unwaited()
+        self._retire_if_unwaited(linger=False)
 
     def take_waiter(self, admit: Callable[[_Waiter], bool]) -> _Waiter | None:
         """A waiting poll, out of the line, if `admit` (called on it) says so: a publish is to
@@ -275,6 +338,12 @@ class LongPolls:
         if self._wake_pending:
             return  # a `_woken` is scheduled and has not begun: it will see this change too
         self._wake_pending = True
+        if threading.get_ident() == self._loop_thread:
+            # The usual caller: the loop's own pump of the store's inotify (or a call on the
+            # loop that synced the index). `call_soon_threadsafe` would write the loop's wake-up
+            # descriptor too, and the loop read it: two syscalls for nothing.
+            self._loop.call_soon(self._woken)
+            return
         try:
             self._loop.call_soon_threadsafe(self._woken)
         except RuntimeError:  # the loop is closed: nobody waits any more
@@ -295,14 +364,57 @@ class LongPolls:
         if self._state is not _ARMED or self._dispatch_task is not None:
             self._again = True
             return
+        if not self._live_waiters():  # nobody to lease for (a lingering line): nothing to do
+            self._retire_if_unwaited()
+            return
+        if self._looked_here():
+            return
         self._dispatch_task = self._loop.create_task(self._dispatch())
 
+    def _looked_here(self) -> bool:
+        """A wake-up's first look, on the event loop without a task where a lease would run
+        (most wake-ups are this worker's own renames echoed back: nothing to lease). True if
+        there was nothing: the timer is set again and the wake-up is over; False (something
+        leased and handed out, a failure, or a lease that runs on the pool) leaves the rest to
+        the dispatch task, which looks again for the next waiters (or meets the failure)."""
+        if self._polled or not self._live_waiters():
+            return False
+        head = self._waiters[0]
+        queue, broker = self.queue, self.broker
+        if not broker.runs_here(queue, head.max_count):
+            return False
+        try:
+            got = broker.call_here(
+                queue.get,
+                head.max_count,
+                visibility_s=head.visibility_s,
+                max_per_group=head.max_per_group,
+                consumer=head.consumer,
+            )
+            if got:
+                self._hand_out(head, got)
+                return False
+            due_s = broker.call_here(queue.next_due_s)
+        except Exception:
+            return False
+        self._set_timer(due_s)
+        return True
+
     def _set_timer(self, due_s: float | None) -> None:
+        if due_s is None and self._timer is not None and self._timer_idle:
+            # An idle re-check is set already: kept rather than set again at each look (its
+            # firing sooner than this look's would be costs one look that finds nothing).
+            return
         idle = self.broker.store.poll_interval_s if self._polled else IDLE_RECHECK_S
         timeout = idle if due_s is None else min(due_s + 0.001, idle)
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = self._loop.call_later(timeout, self._woken)
+        self._timer_idle = due_s is None
+        self._timer = self._loop.call_later(timeout, self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self._woken()
 
     async def _dispatch(self) -> None:
         try:
@@ -376,14 +488,22 @@ class LongPolls:
             if not waiter.future.done():
                 waiter.future.set_exception(error)
         self._waiters.clear()
-        self._retire_if_unwaited()
+        self._retire_if_unwaited(linger=False)
 
-    def _retire_if_unwaited(self) -> None:
+    def _retire_if_unwaited(self, linger: bool = True) -> None:
         """With no live waiter left: unsubscribe, stop the timer, and let the broker forget this
         line (a dispatch under way finds no waiter and ends; an arming under way undoes itself
-        when it is done)."""
+        when it is done). An armed line (`linger`, the broker not closing) does so only once
+        `LINGER_S` passed without a new waiter."""
         if self._live_waiters():
             return
+        if linger and self._state is _ARMED and not self.broker.closing:
+            if self._linger is None:
+                self._linger = self._loop.call_later(LINGER_S, self._linger_over)
+            return
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -392,6 +512,10 @@ class LongPolls:
             unsubscribe()
         self._state = _IDLE
         self._ended(self)
+
+    def _linger_over(self) -> None:
+        self._linger = None
+        self._retire_if_unwaited(linger=False)
 
 
 def _subscribe_and_look(

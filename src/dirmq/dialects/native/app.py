@@ -26,6 +26,9 @@ many servers and processes run them), from `start` to `close`.
 
 A route of `handlers.TABLE` without a rule here is refused to every principal (never open):
 a new route must be given its permission (tests/test_browse_permission.py checks they are).
+
+Why it is long: the general dispatch and the fast paths (publish, receive, long poll, ack)
+judge the same routes, parameters and permissions, and must agree on each of them.
 """
 
 from __future__ import annotations
@@ -61,11 +64,13 @@ from dirmq.server.contract import (
 from dirmq.server.credentials import ADMIN, BROWSE, READ, SEE, WRITE
 from dirmq.server.dialect import Dialect
 from dirmq.server.errors import error_response, json_error
+from dirmq.server.later_receive import LaterReceive
 from dirmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dirmq.server.metrics import Metrics
 from dirmq.server.websocket import is_websocket
 from dirmq.store import Message
 from dirmq.store.layout import parse_receipt
+from dirmq.wire.durations import parse_duration
 
 T = TypeVar("T")
 
@@ -212,14 +217,24 @@ class NativeApp(Dialect):
         return LATER
 
     def _fast_get(self, request: Request, respond: Respond) -> Later | None:
-        """`GET /{queue}/messages`, one message without a wait, as `handlers.receive` does it:
-        into the queue's lease line (`Broker.receive_nowait`), answered with the message or
-        204. Any parameter (a wait, a visibility, a batch), a stream's upgrade and every
-        refusal go the general way."""
-        if request.query or "upgrade" in request.headers:
-            return None
+        """`GET /{queue}/messages`, one message, as `handlers.receive` does it: into the
+        queue's lease line (`Broker.receive_nowait`), answered with the message or 204; with
+        `?wait=` (and nothing else), a long poll (later_receive.py). Any other parameter (a
+        visibility, a batch), a stream's upgrade and every refusal go the general way."""
+        query = request.query
+        wait_s = 0.0
+        if query:
+            wait = query.get("wait")
+            if wait is None or len(query) != 1:
+                return None
+            try:
+                wait_s = parse_duration(wait, "wait")
+            except DirmqError:
+                return None
+            if wait_s > native.MAX_WAIT_S:
+                return None
         headers = request.headers
-        if "x-wait" in headers or "x-visibility" in headers:
+        if "upgrade" in headers or "x-wait" in headers or "x-visibility" in headers:
             return None
         route = self._fast_route(request, "messages", READ)
         if route is None:
@@ -234,8 +249,13 @@ class NativeApp(Dialect):
             if not _answer(respond, outcome, _delivery) and isinstance(outcome, list):
                 self.broker.give_back(queue, outcome)  # the client left while it was leased
 
-        self.broker.receive_nowait(queue, 1, None, settle, request.principal or None, by_file=True)
-        return LATER
+        consumer = request.principal or None
+        if wait_s <= 0:
+            self.broker.receive_nowait(queue, 1, None, settle, consumer, by_file=True)
+            return LATER
+        receiving = LaterReceive(self.broker, queue, 1, None, wait_s, consumer, settle)
+        receiving.start(by_file=True)
+        return LATER if receiving.settled else receiving
 
     def body_check(
         self, method: str, path: str, headers: dict[str, str], length: int, principal: str = ""

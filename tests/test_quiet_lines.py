@@ -1,0 +1,196 @@
+"""A message's work at a low rate, without tasks: a quiet get or ack line applied at once on the
+event loop (batcher.py's `quiet`), and a long poll answered through callbacks
+(later_receive.py: the native fast path's `GET ?wait=`), whose cancel leaves the waiter line."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import dirmq
+from dirmq.server.broker import Broker
+from dirmq.server.later_receive import LaterReceive
+from dirmq.store import Message
+
+
+class _Settled:
+    """What a fast path's `settle` was given, and an event the test can await."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[object] = []
+        self.event = asyncio.Event()
+
+    def __call__(self, outcome: object) -> None:
+        self.outcomes.append(outcome)
+        self.event.set()
+
+
+def test_a_quiet_ack_is_applied_before_the_call_returns(root: Path) -> None:
+    store = dirmq.Store(root)
+    queue = store.create_queue("quiet-ack")
+    queue.put_many([b"a", b"b"])
+
+    async def main() -> None:
+        broker = Broker(store)
+        try:
+            first, second = queue.get(2)
+            settled = _Settled()
+            broker.ack_nowait(queue, first.receipt or "", settled)
+            assert settled.outcomes == [None]  # applied here: no batch, no loop turn
+            assert queue.stats().in_flight == 1
+            # Right after it (a burst, or a batch under way), an ack joins the line: it is
+            # applied all the same, by whichever way.
+            later = _Settled()
+            broker.ack_nowait(queue, second.receipt or "", later)
+            await asyncio.wait_for(later.event.wait(), 5)
+            assert later.outcomes == [None]
+            # A receipt acknowledged already fails, whichever way it goes.
+            again = _Settled()
+            broker.ack_nowait(queue, first.receipt or "", again)
+            await asyncio.wait_for(again.event.wait(), 5)
+            assert isinstance(again.outcomes[0], dirmq.errors.DirmqError)
+        finally:
+            broker.close()
+
+    try:
+        asyncio.run(main())
+        assert queue.stats().in_flight == 0 and queue.stats().ready == 0
+    finally:
+        store.close()
+
+
+def test_a_quiet_get_leases_before_the_call_returns(root: Path) -> None:
+    store = dirmq.Store(root)
+    queue = store.create_queue("quiet-get")
+    queue.put(b"x")
+    queue.stats()  # the index, so that a lease may run on the loop
+
+    async def main() -> None:
+        broker = Broker(store)
+        try:
+            settled = _Settled()
+            broker.receive_nowait(queue, 1, 30, settled)
+            assert len(settled.outcomes) == 1
+            got = settled.outcomes[0]
+            assert isinstance(got, list) and [m.body for m in got] == [b"x"]
+        finally:
+            broker.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+
+
+def test_a_later_receive_waits_for_a_publish(root: Path) -> None:
+    store = dirmq.Store(root)
+    queue = store.create_queue("later")
+    queue.stats()
+
+    async def main() -> list[Message]:
+        broker = Broker(store)
+        try:
+            settled = _Settled()
+            receiving = LaterReceive(broker, queue, 1, 30, 10, None, settled)
+            receiving.start(by_file=True)
+            assert not receiving.settled  # nothing there: it waits in the line
+            assert broker.waiting_polls() == {"later": 1}
+            await broker.publish(queue, [dirmq.OutgoingMessage(b"late")])
+            await asyncio.wait_for(settled.event.wait(), 5)
+            got = settled.outcomes[0]
+            assert isinstance(got, list)
+            return got
+        finally:
+            broker.close()
+
+    try:
+        got = asyncio.run(main())
+        assert [m.body for m in got] == [b"late"] and got[0].receive_count == 1
+    finally:
+        store.close()
+
+
+def test_a_later_receive_ends_empty_when_its_wait_is_over(root: Path) -> None:
+    store = dirmq.Store(root)
+    queue = store.create_queue("expired")
+    queue.stats()
+
+    async def main() -> None:
+        broker = Broker(store)
+        try:
+            settled = _Settled()
+            LaterReceive(broker, queue, 1, 30, 0.05, None, settled).start(by_file=False)
+            await asyncio.wait_for(settled.event.wait(), 5)
+            assert settled.outcomes == [[]]
+            assert broker.waiting_polls() == {}  # the line is forgotten
+        finally:
+            broker.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+
+
+def test_a_cancelled_later_receive_leaves_the_line(root: Path) -> None:
+    """The client left: its wait is out of the line, so the next publish stays ready for the
+    next consumer (no lease for nobody), and nothing is answered."""
+    store = dirmq.Store(root)
+    queue = store.create_queue("left")
+    queue.stats()
+
+    async def main() -> None:
+        broker = Broker(store)
+        try:
+            settled = _Settled()
+            receiving = LaterReceive(broker, queue, 1, 30, 30, None, settled)
+            receiving.start(by_file=False)
+            assert broker.waiting_polls() == {"left": 1}
+            receiving.cancel()
+            await asyncio.sleep(0)  # the future's callback
+            assert broker.waiting_polls() == {}
+            await broker.publish(queue, [dirmq.OutgoingMessage(b"kept")])
+            assert settled.outcomes == []
+        finally:
+            broker.close()
+
+    try:
+        asyncio.run(main())
+        stats = queue.stats()
+        assert (stats.ready, stats.in_flight) == (1, 0)
+        assert [m.receive_count for m in queue.get(1)] == [1]
+    finally:
+        store.close()
+
+
+def test_a_line_lingers_armed_and_its_next_waiter_gets_a_look(root: Path) -> None:
+    """The last waiter gone, the line stays armed a moment (longpolls.LINGER_S): its next
+    waiter is not armed for again, but gets a look at once, so what came meanwhile is its."""
+    store = dirmq.Store(root)
+    queue = store.create_queue("linger")
+    queue.stats()
+
+    async def main() -> None:
+        broker = Broker(store)
+        try:
+            line = broker.waiter_line(queue)
+            ended = _Settled()
+            line.park(1, 30, 0.01, None, ended)
+            await asyncio.wait_for(ended.event.wait(), 5)
+            assert ended.outcomes == [[]]
+            assert line.lingering() and broker.waiting_polls() == {}
+            assert broker.waiter_line(queue) is line  # kept, armed
+            queue.put(b"meanwhile")
+            got = _Settled()
+            future = line.park(1, 30, 5, None, got)
+            assert future.done() and not line.lingering()  # leased by the look on entering
+            await asyncio.wait_for(got.event.wait(), 5)
+            outcome = got.outcomes[0]
+            assert isinstance(outcome, list) and [m.body for m in outcome] == [b"meanwhile"]
+        finally:
+            broker.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
