@@ -957,6 +957,9 @@ def child_main(spec_json: str) -> int:
     import uvloop
 
     result = uvloop.run(run_child(json.loads(spec_json)))
+    # Result lines were read cut at exactly 131,072 characters (two pipe buffers, then EAGAIN):
+    # what a stdout left non-blocking by something in the load does. Blocking for this write.
+    os.set_blocking(sys.stdout.fileno(), True)
     print(json.dumps(result), flush=True)
     return 0
 

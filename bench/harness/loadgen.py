@@ -13,6 +13,7 @@ import asyncio
 import collections
 import json
 import math
+import os
 import socket
 import ssl
 import sys
@@ -323,6 +324,7 @@ def child_main(spec_json: str) -> int:
 
     raise_fd_limit()
     result = uvloop.run(_load(json.loads(spec_json)))
+    os.set_blocking(sys.stdout.fileno(), True)  # as bench/peers.py's child_main: one large line
     print(json.dumps(result), flush=True)
     return 0
 
