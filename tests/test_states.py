@@ -61,8 +61,8 @@ NOT_MESSAGE_MOVES = {
 }
 # Functions that rename for a transition function, and are none themselves.
 PRIMITIVES = {
-    "files.QueueFiles.move",
-    "files.QueueFiles._rename",
+    "settling.SettlingFiles.move",
+    "settling.SettlingFiles._rename",
     "deadletters.write_replacing",  # a dead copy's temp and rename, for its row's function
     "deadletters._unlink_quietly",  # that temp, when the write failed
 }
