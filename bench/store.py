@@ -50,7 +50,7 @@ from bench.harness.report import Report, filesystem_of, machine_basics, print_su
 from bench.harness.rounds import rate_text, ratio
 from dirmq import Durability, QueueConfig, Store
 from dirmq.store import fsio
-from dirmq.store.pool import release_own_pool, wait_reaped
+from dirmq.store.ownpool import release_own_pool, wait_reaped
 
 REPEATS = 3
 DEFAULT_JSON = RESULTS / "store.json"

@@ -27,7 +27,7 @@ from dirmq.store import layout
 from dirmq.store import root as root_module
 from dirmq.store.fsck import fsck
 from dirmq.store.ids import new_ids
-from dirmq.store.pool import ORPHAN_POOL_GRACE_S
+from dirmq.store.poolreclaim import ORPHAN_POOL_GRACE_S
 from dirmq.store.recovery import ORPHAN_GRACE_S
 
 from .support.faultfs import READ_ERRORS, FaultyFS

@@ -23,7 +23,7 @@ import pytest
 
 import dirmq
 from dirmq.server.broker import Broker
-from dirmq.store import fsio, layout, pool
+from dirmq.store import fsio, layout, ownpool
 from dirmq.store.fsck import fsck
 
 from .support.faultfs import CALLS, ERRORS, FaultyFS
@@ -234,7 +234,7 @@ def test_enospc_gives_the_recycled_files_back(
         q.put_many([b"x"] * 20)
         got = q.get(20)
         assert not q.ack_many(m.receipt or "" for m in got[:10])  # 10 files kept for reuse
-        assert pool.wait_reaped(5)  # blanked and kept (the reaper makes no call under faults)
+        assert ownpool.wait_reaped(5)  # blanked and kept (the reaper makes no call under faults)
         assert _pooled_files(root / "q") == 10
         fs = FaultyFS(monkeypatch, root)
         if where == "put":
@@ -298,7 +298,7 @@ def test_a_failed_overwrite_of_a_recycled_file_publishes_nothing(
         first = q.get_one()
         assert first is not None and first.receipt is not None
         q.ack(first.receipt)
-        assert pool.wait_reaped(5)
+        assert ownpool.wait_reaped(5)
         assert _pooled_files(fast_root / "q") == 1
         fs = FaultyFS(monkeypatch, fast_root)
         fs.fail(call, ERRORS[error])
@@ -326,7 +326,7 @@ def test_a_rename_that_needs_space_frees_the_recycled_files_first(
         q.put_many([b"x"] * 12)
         got = q.get(11)
         assert not q.ack_many(m.receipt or "" for m in got[:10])  # 10 files kept for reuse
-        assert pool.wait_reaped(5)  # blanked and kept (the reaper makes no call under faults)
+        assert ownpool.wait_reaped(5)  # blanked and kept (the reaper makes no call under faults)
         receipt = got[10].receipt or ""
         fs = FaultyFS(monkeypatch, root)
         fs.fail("rename", errno.ENOSPC, times=1)

@@ -26,7 +26,7 @@ from dirmq.errors import SubscriptionBusy
 from dirmq.pubsub import PubSub
 from dirmq.pubsub.layout import PubSubPaths
 from dirmq.server.multiprocess import MetricsFiles
-from dirmq.store import holds, layout, pool, recovery
+from dirmq.store import holds, layout, poolreclaim, recovery
 from dirmq.store.filemodes import PRIVATE, Access
 from dirmq.store.fsck import fsck
 from dirmq.store.holds import Busy, Hold
@@ -311,7 +311,7 @@ def test_a_live_process_in_another_pid_namespace_is_judged_dead_by_none(tmp_path
             (pool_dir,) = [p for p in Path(queue.path, layout.FREE).iterdir() if p.is_dir()]
             assert parse_token(pool_dir.name.rsplit("-", 1)[0]) == theirs
             assert not recovery.is_orphan(temp, os.path.basename(temp))
-            assert pool.pool_owner(pool_dir.name, str(pool_dir)) is pool.Owner.ALIVE
+            assert poolreclaim.pool_owner(pool_dir.name, str(pool_dir)) is poolreclaim.Owner.ALIVE
             report = queue.sweep()
             assert (report.orphans_removed, report.pools_reclaimed) == (0, 0)
             assert Path(temp).exists() and pool_dir.exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import dirmq
-from dirmq.store import layout, pool
+from dirmq.store import layout, ownpool
 
 from .support.procs import kill, spawn
 
@@ -33,7 +33,7 @@ def test_acked_files_are_recycled_for_later_puts(store: dirmq.Store) -> None:
     (leased,) = os.listdir(os.path.join(q.path, layout.LEASED))
     inode = os.stat(os.path.join(q.path, layout.LEASED, leased)).st_ino
     q.ack(message.receipt or "")
-    assert pool.wait_reaped(5)  # blanked: only then may a put reuse it
+    assert ownpool.wait_reaped(5)  # blanked: only then may a put reuse it
     (own,) = os.listdir(os.path.join(q.path, layout.FREE))  # this process's own pool
     own_pool = os.path.join(q.path, layout.FREE, own)
     assert os.listdir(own_pool) == [message.id]
@@ -54,7 +54,7 @@ def test_large_files_are_not_recycled(store: dirmq.Store) -> None:
     message = q.get_one()
     assert message is not None
     q.ack(message.receipt or "")
-    assert pool.wait_reaped(5)  # the reaper unlinks it
+    assert ownpool.wait_reaped(5)  # the reaper unlinks it
     assert [f for _, _, files in os.walk(os.path.join(q.path, layout.FREE)) for f in files] == []
 
 

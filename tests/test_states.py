@@ -49,6 +49,9 @@ NOT_MESSAGE_MOVES = {
     "fsck_copies": "repair of copies: a duplicate's other copies, a leaked capacity slot",
     "fsio": "the mechanics of a publish, done for `Publisher._commit` (seen at run time)",
     "pool": "`FilePool.retire`/`retire_many` is what RETIRED is; its other moves: @tmp, @free",
+    "ownpool": "retired files inside @free: the own pools' reaper, their hand-off at exit",
+    "poolreclaim": "retired files inside @free: the pools of dead processes",
+    "recycled": "retired files inside @free: an unlink for the pool modules",
     "smallfiles": "configs and the upper layers' records, beside the messages",
     "holds": "hold records (who runs a consumer name or a move task)",
     "claimtokens": "the shared-filesystem mode's claim tokens in @tmp (empty files)",
@@ -58,8 +61,8 @@ NOT_MESSAGE_MOVES = {
 }
 # Functions that rename for a transition function, and are none themselves.
 PRIMITIVES = {
-    "files.QueueFiles.move",
-    "files.QueueFiles._rename",
+    "settling.SettlingFiles.move",
+    "settling.SettlingFiles._rename",
     "deadletters.write_replacing",  # a dead copy's temp and rename, for its row's function
     "deadletters._unlink_quietly",  # that temp, when the write failed
 }

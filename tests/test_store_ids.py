@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dirmq
-from dirmq.store import codec, layout, pool
+from dirmq.store import codec, layout, ownpool
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.ids import new_id
 
@@ -60,7 +60,7 @@ def acked_file_bytes(q: dirmq.Queue) -> tuple[str, bytes]:
     [lease] = [n for n in os.listdir(Path(q.path, layout.LEASED)) if n.startswith(old_id)]
     data = file_of(q, layout.LEASED, lease).read_bytes()
     q.ack(got.receipt)
-    assert pool.wait_reaped(5)
+    assert ownpool.wait_reaped(5)
     assert q._files.pool.own_files() == 1  # retired into this process's pool, to be recycled
     return old_id, data
 

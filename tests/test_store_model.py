@@ -3,7 +3,7 @@ put_many, get, ack, nack, extend, delayed puts, purge, crash-and-reopen (a Store
 closing, and a child process SIGKILLed while it holds leases) and time, with ordinary, extreme and
 hostile values, and checks the queue against a plain in-memory model after every step.
 
-The store reads the time for lease deadlines and due times through `files.now_ms` (imported by
+The store reads the time for lease deadlines and due times through `filebase.now_ms` (imported by
 name by the other store modules too); the test replaces it everywhere with a clock that only its
 `advance` rule moves, so expiry is exact and the run does not depend on the machine being idle.
 Message ids still come from the real clock: they only need to increase.
@@ -46,7 +46,7 @@ from hypothesis.stateful import (
 import dirmq
 from dirmq.client import RemoteStore
 from dirmq.errors import InvalidArgument, MessageNotFound, MessageTooLarge, StaleReceipt
-from dirmq.store import files, layout
+from dirmq.store import filebase, layout
 from dirmq.store.bounds import MAX_DURATION_S
 from dirmq.store.message import OutgoingMessage
 
@@ -80,11 +80,11 @@ CLOCK = Clock()
 
 
 def _clocked_modules() -> list[object]:
-    """The store modules that read the time: each imports `files.now_ms` by name."""
+    """The store modules that read the time: each imports `filebase.now_ms` by name."""
     return [
         module
         for name, module in list(sys.modules.items())
-        if name.startswith("dirmq.store") and getattr(module, "now_ms", None) is files.now_ms
+        if name.startswith("dirmq.store") and getattr(module, "now_ms", None) is filebase.now_ms
     ]
 
 
@@ -638,8 +638,8 @@ class StoreMachine(RuleBasedStateMachine):
         clock = 0 if self.remote else self.now()  # 0: the child keeps the real clock
         script = (
             "import json, os, signal, sys, dirmq\n"
-            "from dirmq.store import files\n"
-            "real = files.now_ms\n"
+            "from dirmq.store import filebase\n"
+            "real = filebase.now_ms\n"
             "if int(sys.argv[4]):\n"
             "    for name, module in list(sys.modules.items()):\n"
             "        if name.startswith('dirmq.store') and getattr(module, 'now_ms', 0) is real:\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import dirmq
-from dirmq.store import layout, pool
+from dirmq.store import layout, ownpool, pool, poolreclaim
 from dirmq.store.filemodes import Access
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.processes import current
@@ -45,7 +45,7 @@ def test_own_pool_recycles_without_a_claim_rename(
     inodes = {inode_of(q, layout.LEASED, n) for n in os.listdir(Path(q.path, layout.LEASED))}
     for message in got:
         q.ack(message.receipt or "")
-    assert pool.wait_reaped(5)  # blanked by the reaper: only now may a put reuse them
+    assert ownpool.wait_reaped(5)  # blanked by the reaper: only now may a put reuse them
     (own,) = pool_dirs(q)
     host, _pid_ns, pid, _rest = own.name.split(".")
     assert (host, pid) == (layout.HOST_TAG, str(os.getpid()))
@@ -74,13 +74,13 @@ def test_own_pool_recycles_without_a_claim_rename(
 def test_own_pool_is_bounded_then_the_shared_pool_takes_over(
     store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pool, "OWN_POOL_FILES", 3)
+    monkeypatch.setattr(ownpool, "OWN_POOL_FILES", 3)
     monkeypatch.setattr(pool, "DRAIN_KEEP_FILES", 0)  # a drain keeps no more than that
     q = store.create_queue("bounded")
     q.put_many([b"%d" % i for i in range(5)])
     for message in q.get(5):
         q.ack(message.receipt or "")
-    assert pool.wait_reaped(5)
+    assert ownpool.wait_reaped(5)
     (own,) = pool_dirs(q)
     assert len(os.listdir(own)) == 3 and len(loose_files(q)) == 2
     q.put_many([b"x"] * 5)  # own files first, then shared ones (claimed through @tmp)
@@ -112,7 +112,7 @@ def test_a_forked_child_never_writes_into_its_parents_pool(store: dirmq.Store) -
     message = q.get_one()
     assert message is not None
     q.ack(message.receipt or "")
-    assert pool.wait_reaped(5)
+    assert ownpool.wait_reaped(5)
     (own,) = pool_dirs(q)
     (recycled,) = os.listdir(own)
     read_end, write_end = os.pipe()
@@ -224,7 +224,7 @@ def test_reclaiming_never_reuses_a_file_with_another_name_nor_one_not_blanked(ro
     os.link(Path(q.path, layout.READY, message_id), dead / "x")
     (dead / "y").write_bytes(bytes(7))  # blanked when it was retired
     (dead / "z").write_bytes(b"an acked body")  # its owner died before blanking it
-    assert pool.reclaim_pools(str(free_dir(q))) == 1
+    assert poolreclaim.reclaim_pools(str(free_dir(q))) == 1
     assert not dead.exists() and loose_files(q) == ["y"]
     assert os.stat(Path(q.path, layout.READY, message_id)).st_nlink == 1
 

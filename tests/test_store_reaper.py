@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import dirmq
-from dirmq.store import layout, pool
+from dirmq.store import layout, ownpool, pool, recycled
 from dirmq.store.fsck import Kind, fsck
 
 from .support.faultfs import FaultyFS
@@ -54,7 +54,7 @@ def test_an_ack_leaves_the_file_in_the_own_pool_and_the_reaper_blanks_it(
     q = store.create_queue("q")
     q.put_many([SECRET + b" %d" % i for i in range(3)])
     got = q.get(3)
-    pool._reaper.stop(timeout_s=5)  # this process's reaper waits: the ack's own work, alone
+    ownpool.reaper.stop(timeout_s=5)  # this process's reaper waits: the ack's own work, alone
     try:
         for m in got:
             q.ack(m.receipt or "")  # one ack at a time: the reaper thread blanks
@@ -62,15 +62,15 @@ def test_an_ack_leaves_the_file_in_the_own_pool_and_the_reaper_blanks_it(
         assert sorted(os.listdir(own)) == sorted(m.id for m in got)
         assert all(SECRET in (own / m.id).read_bytes() for m in got), "not blanked on the ack"
         assert q._files.pool.own_files() == 0
-        assert len(pool._own_pool(q._files.pool.dir).unreaped) == 3
+        assert len(ownpool.own_pool(q._files.pool.dir).unreaped) == 3
         assert q.put(b"new") not in {m.id for m in got}
         assert sorted(os.listdir(own)) == sorted(m.id for m in got), "a put took an unblanked file"
     finally:
-        pool._reaper = pool._Reaper()  # what a fresh process would have
+        ownpool.reaper = ownpool.Reaper()  # what a fresh process would have
     started = time.monotonic()
-    assert pool.wait_reaped(2.0), "the reaper did not blank within 2 s"
+    assert ownpool.wait_reaped(2.0), "the reaper did not blank within 2 s"
     assert time.monotonic() - started < 2.0
-    assert all(pool.is_blank(str(own / m.id), os.stat(own / m.id).st_size) for m in got)
+    assert all(recycled.is_blank(str(own / m.id), os.stat(own / m.id).st_size) for m in got)
     assert files_holding(Path(store.root), SECRET) == []
     assert q._files.pool.own_files() == 3
 
@@ -79,19 +79,19 @@ _ACKS_SCRIPT = textwrap.dedent(
     """
     import os, sys, time
     import dirmq
-    from dirmq.store import pool
+    from dirmq.store import ownpool, pool
     root, n, fill = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     pool.DRAIN_KEEP_FILES = int(sys.argv[4])  # 0: a drain keeps no more than OWN_POOL_FILES
     q = dirmq.Store(root).create_queue("q", dirmq.QueueConfig(durability="memory"))
     q.put_many([b"x" * 200] * (fill + n))
     got = q.get(fill + n)
     q.ack_many([m.receipt for m in got[:fill]])  # fills both pools first (a long drain)
-    assert pool.wait_reaped(30)
+    assert ownpool.wait_reaped(30)
     os.path.exists("/dirmq-mark-start")
     for m in got[fill:]:  # single acks: the reaper thread blanks (ack_many does it inline)
         q.ack(m.receipt)
     os.path.exists("/dirmq-mark-end")
-    assert pool.wait_reaped(30)
+    assert ownpool.wait_reaped(30)
     os.path.exists("/dirmq-mark-done")
     """
 )
@@ -159,7 +159,7 @@ def test_an_ack_makes_one_rename_and_the_reaper_does_the_rest(
     assert sum(caller[c] for c in renames) == n, caller
     others_on_the_path = {c: caller[c] for c in _FILE_CALLS if c not in renames}
     assert others_on_the_path == dict.fromkeys(others_on_the_path, 0), caller
-    if fill > pool.OWN_POOL_FILES and not drain_keep:  # both full: unlinked without a look
+    if fill > ownpool.OWN_POOL_FILES and not drain_keep:  # both full: unlinked without a look
         assert others["unlinkat"] == n and others["pwrite64"] == 0, others
     else:  # room: each file blanked (then kept, or handed to the shared pool)
         assert others["pwrite64"] == n and others["unlinkat"] == 0, others
@@ -169,14 +169,14 @@ def test_ack_many_blanks_its_batch_before_it_returns(store: dirmq.Store) -> None
     q = store.create_queue("inline")
     q.put_many([SECRET + b" %d" % i for i in range(100)])
     got = q.get(100)
-    pool._reaper.stop(timeout_s=5)  # no reaper thread: whatever is blank, the ack did it
+    ownpool.reaper.stop(timeout_s=5)  # no reaper thread: whatever is blank, the ack did it
     try:
         assert q.ack_many([m.receipt or "" for m in got]) == {}
-        assert pool.unreaped_files() == 0
+        assert ownpool.unreaped_files() == 0
         assert files_holding(Path(store.root), SECRET) == []
         assert q._files.pool.own_files() == 100  # kept, blank, for the next puts
     finally:
-        pool._reaper = pool._Reaper()
+        ownpool.reaper = ownpool.Reaper()
 
 
 def test_a_batch_of_acks_wakes_no_reaper_thread(store: dirmq.Store) -> None:
@@ -186,17 +186,17 @@ def test_a_batch_of_acks_wakes_no_reaper_thread(store: dirmq.Store) -> None:
     q.put_many([SECRET + b" %d" % i for i in range(20)])
     got = q.get(10)
     claimed = q.claim_named(q.ready_names(), visibility_s=60)
-    pool._reaper.stop(timeout_s=5)
-    pool._reaper = fresh = pool._Reaper()  # not started: a poke would start its thread
+    ownpool.reaper.stop(timeout_s=5)
+    ownpool.reaper = fresh = ownpool.Reaper()  # not started: a poke would start its thread
     try:
         assert q.ack_each([m.receipt or "" for m in got]) == {}
         assert q.ack_leases([lease for lease, _message in claimed]) == []
         assert fresh.thread is None and not fresh.wake.is_set(), "a batch woke the reaper"
-        assert pool.unreaped_files() == 0
+        assert ownpool.unreaped_files() == 0
         assert files_holding(Path(store.root), SECRET) == []
     finally:
         fresh.stop(timeout_s=5)
-        pool._reaper = pool._Reaper()
+        ownpool.reaper = ownpool.Reaper()
 
 
 def test_a_batch_past_the_deferral_bound_wakes_the_reaper(store: dirmq.Store) -> None:
@@ -207,9 +207,9 @@ def test_a_batch_past_the_deferral_bound_wakes_the_reaper(store: dirmq.Store) ->
     q.put_many([b"x" * 100] * n)
     got = q.get(n)
     assert q.ack_many([m.receipt or "" for m in got]) == {}
-    assert pool._reaper.thread is not None  # woken past the bound
-    assert pool.wait_reaped(10)
-    assert pool.unreaped_files() == 0
+    assert ownpool.reaper.thread is not None  # woken past the bound
+    assert ownpool.wait_reaped(10)
+    assert ownpool.unreaped_files() == 0
 
 
 # -- bounds --------------------------------------------------------------------------------------
@@ -221,20 +221,20 @@ def test_a_drain_keeps_its_files_for_later_puts_then_trims_them_when_idle(
         q.put_many([SECRET] * 500)
     while got := q.get(100):
         assert q.ack_many([m.receipt or "" for m in got]) == {}
-    assert pool.wait_reaped(10)
+    assert ownpool.wait_reaped(10)
     own = os.listdir(own_pool(q))
     assert len(own) == 3000 and shared_files(q) == []  # every freed file kept, blank
     assert files_holding(Path(store.root), SECRET) == []
     q.put_many([b"again"] * 2000)  # overwritten in place: no new inode
     assert len(os.listdir(own_pool(q))) == 1000
     assert sorted(set(own) - set(os.listdir(own_pool(q))))  # taken from the pool
-    monkeypatch.setattr(pool, "TRIM_IDLE_S", 0.2)
-    pool._reaper.poke()
+    monkeypatch.setattr(ownpool, "TRIM_IDLE_S", 0.2)
+    ownpool.reaper.poke()
     deadline = time.monotonic() + 10
-    while len(os.listdir(own_pool(q))) > pool.OWN_POOL_FILES and time.monotonic() < deadline:
+    while len(os.listdir(own_pool(q))) > ownpool.OWN_POOL_FILES and time.monotonic() < deadline:
         time.sleep(0.05)
-        pool._reaper.poke()
-    assert len(os.listdir(own_pool(q))) == pool.OWN_POOL_FILES  # idle: the surplus unlinked
+        ownpool.reaper.poke()
+    assert len(os.listdir(own_pool(q))) == ownpool.OWN_POOL_FILES  # idle: the surplus unlinked
     assert q.stats().ready == 2000
 
 
@@ -249,7 +249,7 @@ def test_a_named_drain_in_chunks_keeps_its_whole_share(store: dirmq.Store) -> No
     for start in range(0, 600, 100):
         got = q.claim_named(names[start : start + 100], visibility_s=60, drain=600)
         assert q.ack_leases([lease for lease, _ in got]) == []
-    assert pool.wait_reaped(10)
+    assert ownpool.wait_reaped(10)
     assert len(os.listdir(own_pool(q))) == 600 and shared_files(q) == []
     assert files_holding(Path(store.root), SECRET) == []
     with pytest.raises(dirmq.InvalidArgument):
@@ -260,7 +260,7 @@ def test_a_named_drain_in_chunks_keeps_its_whole_share(store: dirmq.Store) -> No
     names = other.ready_names()
     leases = [other.lease_named(names[i : i + 100], visibility_s=60) for i in range(0, 600, 100)]
     assert other.ack_leases([lease for chunk in leases for lease in chunk]) == []
-    assert pool.wait_reaped(10)
+    assert ownpool.wait_reaped(10)
     assert len(os.listdir(own_pool(other))) == 600 and shared_files(other) == []
 
     plain = store.create_queue("plain", dirmq.QueueConfig(durability="memory"))
@@ -269,9 +269,9 @@ def test_a_named_drain_in_chunks_keeps_its_whole_share(store: dirmq.Store) -> No
     for start in range(0, 600, 100):
         got = plain.claim_named(names[start : start + 100], visibility_s=60)
         assert plain.ack_leases([lease for lease, _ in got]) == []
-    assert pool.wait_reaped(10)
-    assert len(os.listdir(own_pool(plain))) == pool.OWN_POOL_FILES
-    assert len(shared_files(plain)) == 600 - pool.OWN_POOL_FILES
+    assert ownpool.wait_reaped(10)
+    assert len(os.listdir(own_pool(plain))) == ownpool.OWN_POOL_FILES
+    assert len(shared_files(plain)) == 600 - ownpool.OWN_POOL_FILES
 
 
 def test_the_pools_stay_bounded_through_a_long_drain(
@@ -285,10 +285,10 @@ def test_the_pools_stay_bounded_through_a_long_drain(
     while got := q.get(100):
         assert q.ack_many([m.receipt or "" for m in got]) == {}
         largest = max(largest, len(os.listdir(own_pool(q))))
-    assert largest <= pool.OWN_POOL_FILES + pool.MAX_UNREAPED  # one thread acks: no more
-    assert pool.wait_reaped(10)
-    assert len(os.listdir(own_pool(q))) == pool.OWN_POOL_FILES
-    assert len(shared_files(q)) == pool.DEFAULT_POOL_FILES  # the rest, 3,720, unlinked
+    assert largest <= ownpool.OWN_POOL_FILES + pool.MAX_UNREAPED  # one thread acks: no more
+    assert ownpool.wait_reaped(10)
+    assert len(os.listdir(own_pool(q))) == ownpool.OWN_POOL_FILES
+    assert len(shared_files(q)) == recycled.DEFAULT_POOL_FILES  # the rest, 3,720, unlinked
     assert files_holding(Path(store.root), SECRET) == []
 
 
@@ -299,14 +299,14 @@ def test_retirements_unlink_when_the_reaper_is_too_far_behind(
     q = store.create_queue("behind")
     q.put_many([SECRET] * 8)
     got = q.get(8)
-    pool._reaper.stop(timeout_s=5)
+    ownpool.reaper.stop(timeout_s=5)
     try:
         assert q.ack_many([m.receipt or "" for m in got]) == {}
         assert len(os.listdir(own_pool(q))) == 5  # the 3 acks beyond were unlinked at once
         assert q.stats().total == 0
     finally:
-        pool._reaper = pool._Reaper()
-    assert pool.wait_reaped(5) and files_holding(Path(store.root), SECRET) == []
+        ownpool.reaper = ownpool.Reaper()
+    assert ownpool.wait_reaped(5) and files_holding(Path(store.root), SECRET) == []
 
 
 # -- crashes -------------------------------------------------------------------------------------
@@ -354,7 +354,7 @@ def test_no_acknowledged_message_comes_back_after_kills_mid_drain(root: Path) ->
     repaired = fsck(root, repair=True)
     assert repaired.ok and all(p.kind is Kind.ORPHAN_POOL for p in repaired.problems)
     for free in Path(q.path, layout.FREE).iterdir():
-        assert free.is_file() and pool.is_blank(str(free), free.stat().st_size)
+        assert free.is_file() and recycled.is_blank(str(free), free.stat().st_size)
     time.sleep(1.1)  # the leases the workers held when killed expire
     seen: set[str] = set()
     while got := q.get(100):
@@ -363,7 +363,7 @@ def test_no_acknowledged_message_comes_back_after_kills_mid_drain(root: Path) ->
     assert not seen & acked, "an acknowledged message was delivered again"
     # Acked by a worker that was killed before it could say so: at most one batch per kill.
     assert len(published - seen - acked) <= 20 * len(kills)
-    assert pool.wait_reaped(10)
+    assert ownpool.wait_reaped(10)
     assert files_holding(root, SECRET) == []
     assert fsck(root, repair=False).problems == ()
     store.close()
@@ -374,14 +374,14 @@ def test_a_forked_child_reaps_with_its_own_reaper(store: dirmq.Store) -> None:
     q.put_many([b"parent's", SECRET + b" child's"])
     parent_message, child_message = q.get(2)
     q.ack(parent_message.receipt or "")
-    assert pool.wait_reaped(5)
+    assert ownpool.wait_reaped(5)
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
         code = 1
         try:
             q.ack(child_message.receipt or "")
-            os.write(write_end, b"ok" if pool.wait_reaped(5) else b"not reaped")
+            os.write(write_end, b"ok" if ownpool.wait_reaped(5) else b"not reaped")
             code = 0
         finally:
             os._exit(code)
@@ -400,11 +400,11 @@ def test_a_blanking_that_finds_the_disk_full_still_acks_and_gives_the_space_back
     q.put_many([SECRET] * 6)
     got = q.get(6)
     assert q.ack_many([m.receipt or "" for m in got[:3]]) == {}
-    assert pool.wait_reaped(5) and q._files.pool.own_files() == 3
+    assert ownpool.wait_reaped(5) and q._files.pool.own_files() == 3
     fs = FaultyFS(monkeypatch, store.root)
     fs.fail("pwrite", errno.ENOSPC)
     assert q.ack_many([m.receipt or "" for m in got[3:]]) == {}  # no error for the acks
-    assert pool.wait_reaped(5)
+    assert ownpool.wait_reaped(5)
     assert fs.raised["pwrite"] >= 1
     fs.clear()
     assert q.stats().total == 0

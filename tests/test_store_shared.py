@@ -46,7 +46,7 @@ def test_put_get_ack_in_both_modes(root: Path, shared: bool) -> None:
                 queue.ack(message.receipt)
         assert [m.id for m in got] == ids
         assert queue.stats().total == 0
-        dirmq.store.pool.wait_reaped(5.0)
+        dirmq.store.ownpool.wait_reaped(5.0)
         if shared:
             assert _files(root / "q", layout.FREE) == []  # nothing recycled
             # Every retirement unlinked; what is left are the claim tokens of the last 10 s.

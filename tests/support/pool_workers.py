@@ -13,7 +13,7 @@ import sys
 import time
 
 import dirmq
-from dirmq.store import pool
+from dirmq.store import ownpool
 
 from .procs import spawn
 
@@ -50,11 +50,11 @@ def ack_some(root: str, queue: str, count: int, then: str) -> None:
     the pool, as when a process is killed right after its acks, then it hangs."""
     q = dirmq.Store(root).queue(queue)
     if then == "unreaped":
-        pool._reaper.stop(timeout_s=5.0)
+        ownpool.reaper.stop(timeout_s=5.0)
     for message in q.get(count):  # single acks: with "unreaped" nothing blanks them
         q.ack(message.receipt or "")
     if then != "unreaped":
-        assert pool.wait_reaped(10)
+        assert ownpool.wait_reaped(10)
     print("acked", flush=True)
     if then in ("hang", "unreaped"):
         time.sleep(600)

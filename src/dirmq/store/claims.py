@@ -23,7 +23,7 @@ from dirmq.errors import InvalidArgument, QueueNotFound, storage_error
 from dirmq.store import backlog, expiry, flow, layout
 from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import QueueConfig
-from dirmq.store.files import now_ms
+from dirmq.store.filebase import now_ms
 from dirmq.store.holders import token_of
 from dirmq.store.index import QueueIndex
 from dirmq.store.layout import Entry, parse_entry

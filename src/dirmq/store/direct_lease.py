@@ -34,7 +34,7 @@ from dirmq.store import codec, flow, layout
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.expiry import EXPIRES, deadline_ms
-from dirmq.store.files import now_ms
+from dirmq.store.filebase import now_ms
 from dirmq.store.fsio import PendingFile, create_pending, fsync_dir, syncfs
 from dirmq.store.holders import token_of
 from dirmq.store.ids import id_time_us, new_ids

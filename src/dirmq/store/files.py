@@ -1,4 +1,10 @@
-"""The files of one queue and the transitions between its state directories.
+"""The files of one queue and the transitions between its state directories; this module
+holds the way into a lease: claims (ready -> leased: by age, in batches, by name), a claim
+that gives back what it could not read, and the backlog's moves into and out of @ready.
+
+`QueueFiles` is built in three layers, one concept each: filebase.py (the files at rest:
+directories, the parts beside them, reading), settling.py (what becomes of a leased or due
+message, and the rename primitives), and this module (claims).
 
 Each transition method performs one row of the state table in `states.py` (the table names
 it; tests/test_states.py holds both to it): a rename (or the final retirement of the file),
@@ -7,114 +13,40 @@ reported as False/None, never as an error). Callers pass the process's index so 
 stays in step with what this process itself did, without waiting for watcher events. Not
 thread-safe on its own: callers hold the `QueueView` lock, except around `retire_leases`, which
 touches no index (the pool and the capacity tokens have their own safety).
-
-Why it is long: it holds every row of the state table, each next to what it must keep in step
-with (the index, capacity tokens, the pool), so that one module answers "what happens to a
-message file, and who does it".
 """
 
 from __future__ import annotations
 
-import errno
-import functools
 import logging
 import os
 import time
-from dataclasses import replace
 
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import backlog as backlog_files
 from dirmq.store import deadletters, layout
-from dirmq.store.backlog import REFILL_BELOW, REFILL_CHUNK, SPILL_AT, Backlog
+from dirmq.store.backlog import REFILL_BELOW, REFILL_CHUNK, SPILL_AT
 from dirmq.store.bodyfiles import threshold as bodies_by_file_over
-from dirmq.store.capacity import Slots, read_slot
-from dirmq.store.claimtokens import ClaimTokens
 from dirmq.store.codec import Decoded
-from dirmq.store.config import Durability, QueueConfig
-from dirmq.store.context import QueueContext
-from dirmq.store.dedup import Dedup
-from dirmq.store.events import REASON_MAX_RECEIVES, REASON_REJECTED
+from dirmq.store.config import QueueConfig
 from dirmq.store.expiry import read_deadline_s
+from dirmq.store.filebase import now_ms
 from dirmq.store.ids import id_time_us
 from dirmq.store.index import GroupRuns, QueueIndex
 from dirmq.store.layout import Entry, parse_entry
-from dirmq.store.message import DeadLetter, Message, SweepReport
-from dirmq.store.pool import DRAIN_KEEP_FILES, FilePool
-from dirmq.store.reading import read_message, stored_message
-from dirmq.store.recovery import remove_orphans
+from dirmq.store.message import Message
+from dirmq.store.pool import DRAIN_KEEP_FILES
+from dirmq.store.reading import read_message
+from dirmq.store.settling import SettlingFiles
 
 log = logging.getLogger(__name__)
-_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 # How long a shared-filesystem client may serve old bytes of a file (about 1 s measured on
 # GlusterFS, docs/FORMAT.md), with a margin: a claimed file is re-read that long before it
 # is called corrupt.
 SHARED_REREAD_S = 2.0
-# What a settle did with a lease (`QueueFiles.settle`; `Queue.nack` returns it).
-SETTLED_EXTENDED = "extended"
-SETTLED_RETURNED = "returned"  # ready again, in its FIFO place
-SETTLED_DELAYED = "delayed"  # ready again after the delay given
-SETTLED_DEAD = "dead-lettered"  # past the queue's max receives, or a consumer's verdict
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-class QueueFiles:
-    def __init__(self, context: QueueContext, name: str, path: str) -> None:
-        self.name = name
-        prefix = os.path.join(path, "")  # one join, not one per directory: opened per queue
-        self.dir = {d: prefix + d for d in layout.STATE_DIRS}
-        self.queue_dir = path
-        self._context = context
-        self.access = context.access  # the modes of every file written here
-        self.context = context
-        self.quarantined = 0  # corrupt files this process set aside
-        # The shared-filesystem mode's claim tokens (claimtokens.py); None on a local disk.
-        self.tokens = ClaimTokens(self.dir[layout.TMP], context.access) if context.shared else None
-
-    # The parts below are made at first use: a long poll on each of thousands of idle queues
-    # opens each (on the server's event loop) and uses none of them until a message comes, and
-    # every object a queue keeps is walked by the cyclic GC. (Python 3.12's cached_property
-    # takes no lock: two threads' first uses may each make one, and either is right, as each
-    # part keeps only caches; the process's own pool is shared by directory, pool.py.)
-    @functools.cached_property
-    def backlog(self) -> Backlog:
-        return Backlog(self.queue_dir, self.access)
-
-    @functools.cached_property
-    def pool(self) -> FilePool:
-        return FilePool(
-            self.dir[layout.FREE],
-            self.access,
-            shared=self._context.shared,
-            tmp_dir=self.dir[layout.TMP],
-        )
-
-    @functools.cached_property
-    def slots(self) -> Slots:
-        return Slots(self.name, self.dir[layout.SLOTS])
-
-    @functools.cached_property
-    def dedup(self) -> Dedup:
-        return Dedup(self.dir[layout.DEDUP], self.access)
-
-    def remove_orphans(self) -> int:
-        """Unlink the temps no live writer will publish (recovery.py): in @tmp, and in the
-        shared-filesystem mode also those beside their final names in @ready and @delayed."""
-        removed = remove_orphans(self.dir[layout.TMP])
-        if self._context.shared:
-            for directory in (layout.READY, layout.DELAYED):
-                removed += remove_orphans(self.dir[directory], beside=True)
-            for bucket in backlog_files.bucket_dirs(self.queue_dir):
-                removed += remove_orphans(f"{self.queue_dir}/{bucket}", beside=True)
-        return removed
-
-    def path(self, directory: str, name: str) -> str:
-        """`directory`: a state directory, or a backlog bucket (`@backlog/<epoch>/<second>`,
-        backlog.relative_dir)."""
-        base = self.dir.get(directory) or f"{self.queue_dir}/{directory}"
-        return f"{base}/{name}"  # names hold no "/": no os.path.join needed
+class QueueFiles(SettlingFiles):
+    """One queue's message files and every transition between its states."""
 
     def spill_excess(self, index: QueueIndex) -> int:
         """Move every ready message but the oldest SPILL_AT of each priority level into the
@@ -165,50 +97,6 @@ class QueueFiles:
                 if not moved:
                     break
         return total
-
-    # -- reading ------------------------------------------------------------------------------
-    def read(self, directory: str, name: str, *, corrupt_ok: bool = True) -> Message | None:
-        """The message stored as `directory/name`, without changing its state; None if it is
-        gone, or corrupt (CorruptMessage instead when not `corrupt_ok`: a read by id must not
-        pass a damaged message off as absent). StorageError if it cannot be read."""
-        entry = parse_entry(name)
-        if entry is None:
-            return None
-        try:
-            decoded = read_message(self.path(directory, name), entry.message_id)
-        except FileNotFoundError:
-            return None
-        except CorruptMessage:
-            if corrupt_ok:
-                return None
-            raise
-        except OSError as exc:
-            raise storage_error(exc, f"reading a message of queue {self.name!r}") from exc
-        message = stored_message(entry, directory, decoded)
-        if directory == layout.LEASED and (holders := self._context.holders) is not None:
-            return replace(message, holder=holders.describe(entry.holder))
-        return message
-
-    def locate_listed(self, message_ids: set[str]) -> dict[str, tuple[str, str]]:
-        """(state directory, file name) of each of `message_ids` found by listing the state
-        directories, not through an index."""
-        found: dict[str, tuple[str, str]] = {}
-        for directory in (layout.LEASED, layout.READY, layout.DELAYED, layout.DEAD):
-            try:
-                names = os.listdir(self.dir[directory])
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise storage_error(exc, f"listing {directory} of queue {self.name!r}") from exc
-            for name in names:
-                message_id = name[: layout.ID_LENGTH]
-                if message_id in message_ids and message_id not in found:
-                    entry = parse_entry(name)
-                    if entry is not None and entry.message_id == message_id:
-                        found[message_id] = (directory, name)
-        if missing := message_ids - found.keys():
-            found.update(backlog_files.find(self.queue_dir, missing))
-        return found
 
     # -- transitions --------------------------------------------------------------------------
     def claim(
@@ -485,345 +373,12 @@ class QueueFiles:
                 continue
         return None
 
-    def promote(self, index: QueueIndex, config: QueueConfig, at_ms: int) -> SweepReport:
-        """Deliver due delayed messages and requeue (or dead-letter) expired leases."""
-        if not index.due_by(at_ms):  # every get asks: the usual answer, at the cost of a look
-            return _NOTHING_PROMOTED
-        delivered = self._deliver_due(index, at_ms)
-        requeued, dead = self._requeue_expired(index, config, at_ms)
-        if requeued or dead:
-            log.info(
-                "queue %r: %d expired leases returned to @ready, %d dead-lettered",
-                self.name,
-                requeued,
-                dead,
-                extra={"fields": {"queue": self.name, "requeued": requeued, "dead": dead}},
-            )
-        return SweepReport(
-            leases_requeued=requeued, delayed_delivered=delivered, dead_lettered=dead
-        )
-
-    def _deliver_due(self, index: QueueIndex, at_ms: int) -> int:
-        """Move the delayed messages due by `at_ms` into @ready; how many moved."""
-        delivered = 0
-        due = index.delayed.pop_due(at_ms)
-        for i, name in enumerate(due):
-            entry = parse_entry(name)
-            assert entry is not None
-            target = layout.ready_name(entry.message_id, entry.count, entry.group, entry.level)
-            try:
-                moved = self.move(layout.DELAYED, name, layout.READY, target)
-            except OSError:
-                _keep_due(index, layout.DELAYED, due[i:])
-                raise
-            if moved:
-                index.add(layout.READY, target)
-                delivered += 1
-        return delivered
-
-    def _requeue_expired(
-        self, index: QueueIndex, config: QueueConfig, at_ms: int
-    ) -> tuple[int, int]:
-        """Return the leases expired by `at_ms` to their FIFO place in @ready, or dead-letter
-        those received `receive_limit` times: (how many requeued, how many dead-lettered)."""
-        requeued = dead = 0
-        expired = index.leased.pop_due(at_ms)
-        for i, name in enumerate(expired):
-            entry = parse_entry(name)
-            assert entry is not None
-            try:
-                if entry.count >= config.receive_limit:
-                    dead += self.dead_letter(
-                        index, layout.LEASED, name, config, REASON_MAX_RECEIVES
-                    )
-                    continue
-                target = layout.ready_name(entry.message_id, entry.count, entry.group, entry.level)
-                moved = self.move(layout.LEASED, name, layout.READY, target)
-            except OSError:
-                _keep_due(index, layout.LEASED, expired[i:])
-                raise
-            if moved:
-                index.add(layout.READY, target)
-                requeued += 1
-        if (requeued or dead) and self._context.events.leases_expired is not None:
-            self._context.events.leases_expired(self.name, requeued + dead)
-        return requeued, dead
-
-    def settle(
-        self,
-        index: QueueIndex,
-        config: QueueConfig,
-        action: str,
-        lease: str,
-        delay_s: float,
-        reason: str = REASON_REJECTED,
-        detail: str | None = None,
-    ) -> str:
-        """Apply extend/nack/dead_letter (an ack is `ack`) to the leased file `lease`; what
-        became of it (`SETTLED_*`): a nack past the queue's max receives dead-letters too.
-        `reason` and `detail`: a dead_letter's verdict (deadletters.py).
-
-        Raises FileNotFoundError if the lease vanished meanwhile (the caller re-resolves).
-        """
-        entry = parse_entry(lease)
-        assert entry is not None and entry.at_ms is not None
-        path = self.path(layout.LEASED, lease)
-        if action == "extend":
-            self._lease_until(index, path, entry, delay_s)
-            return SETTLED_EXTENDED
-        if action == "dead_letter" or entry.count >= config.receive_limit:
-            if action != "dead_letter":
-                reason, detail = REASON_MAX_RECEIVES, None
-            if not self.dead_letter(index, layout.LEASED, lease, config, reason, detail):
-                raise FileNotFoundError(path)
-            return SETTLED_DEAD
-        if delay_s > 0 and entry.group is not None:
-            # A group message given back with a delay stays in flight until then, holding its
-            # group (as SQS's ChangeMessageVisibility does): in @delayed, the group's next
-            # message would overtake it. Its receipt stays valid meanwhile.
-            self._lease_until(index, path, entry, delay_s)
-            return SETTLED_DELAYED
-        self._give_back(index, path, lease, entry, delay_s)
-        return SETTLED_DELAYED if delay_s > 0 else SETTLED_RETURNED
-
-    def ack(self, index: QueueIndex, leases: list[str]) -> dict[str, OSError]:
-        """Retire each leased file of `leases` (into the pool of recycled files, or unlinked),
-        freeing its capacity token: the failures by lease name, FileNotFoundError for one that
-        vanished meanwhile (the caller re-resolves it). Nothing is raised. One batch
-        retirement (`FilePool.retire_many`) unless capacity tokens are in use: then each file
-        is read for its token before it goes, and the token freed only once the file is gone
-        (else it would hold none)."""
-        failures: dict[str, OSError] = {}
-        discard, id_length = index.leased.discard, layout.ID_LENGTH
-        if not index.slots_in_use():
-            failures = self.pool.retire_many(self.dir[layout.LEASED], leases)
-            for lease in leases:
-                if lease not in failures:
-                    discard(lease[:id_length], lease)
-            return failures
-        for lease in leases:
-            message_id = lease[:id_length]
-            path = self.path(layout.LEASED, lease)
-            slot = self.slots.slot_of(path, index)
-            try:
-                self.pool.retire(path, message_id)
-            except OSError as exc:
-                failures[lease] = exc
-                continue
-            discard(message_id, lease)
-            if slot is not None:
-                self.slots.release(slot, message_id, index)
-        return failures
-
-    def _give_back(
-        self, index: QueueIndex, path: str, lease: str, entry: Entry, delay_s: float
-    ) -> None:
-        """Return the lease at `path` to @ready (its FIFO place), or to @delayed until
-        `delay_s` from now."""
-        message_id, count = entry.message_id, entry.count
-        if delay_s > 0:
-            directory = layout.DELAYED
-            new = layout.timed_name(
-                message_id, count, now_ms() + round(delay_s * 1000), entry.group, None, entry.level
-            )
-        else:
-            new = layout.ready_name(message_id, count, entry.group, entry.level)
-            directory = layout.READY
-        self._rename(path, self.path(directory, new))
-        index.add(directory, new)
-        index.leased.discard(message_id, lease)
-
-    def retire_leases(self, leases: list[str], tokens: bool) -> dict[str, OSError]:
-        """Acknowledge each @leased file of `leases` by name: the failures by lease name,
-        FileNotFoundError for one that is not there (moved: extended, expired; its token stays
-        with it). Nothing is raised. `tokens`: capacity tokens may be held (each file is read
-        for its slot before it goes, one at a time); else one batch retirement. Needs no lock:
-        the caller updates its index."""
-        if not tokens:
-            return self.pool.retire_many(self.dir[layout.LEASED], leases)
-        failures: dict[str, OSError] = {}
-        for lease in leases:
-            message_id = lease[: layout.ID_LENGTH]
-            path = self.path(layout.LEASED, lease)
-            slot = read_slot(path)  # read before the file goes
-            try:
-                self.pool.retire(path, message_id)
-            except OSError as exc:
-                failures[lease] = exc
-                continue
-            if slot is not None:
-                self.slots.release(slot, message_id, None)
-        return failures
-
-    def _lease_until(self, index: QueueIndex, path: str, entry: Entry, seconds: float) -> None:
-        """The lease at `path` now ends `seconds` from now, held by the same holder."""
-        due_ms = now_ms() + round(seconds * 1000)
-        new = layout.timed_name(
-            entry.message_id, entry.count, due_ms, entry.group, entry.holder, entry.level
-        )
-        self._rename(path, self.path(layout.LEASED, new))
-        index.add(layout.LEASED, new)
-
-    def move(self, src_dir: str, src: str, dst_dir: str, dst: str) -> bool:
-        """One state transition; False if another process got there first."""
-        try:
-            self._rename(self.path(src_dir, src), self.path(dst_dir, dst))
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise storage_error(exc, f"moving a message of queue {self.name!r}") from exc
-        return True
-
-    def _rename(self, src: str, dst: str) -> None:
-        """`os.rename`. A rename needs space only when the target directory must grow: at a
-        full disk, the recycled files this process holds are given back first, then the
-        rename is tried once more."""
-        try:
-            os.rename(src, dst)
-        except OSError as exc:
-            if exc.errno not in _NO_SPACE or not self.pool.release_space():
-                raise
-            os.rename(src, dst)
-
-    def dead_letter(
-        self,
-        index: QueueIndex,
-        src_dir: str,
-        name: str,
-        config: QueueConfig,
-        reason: str,
-        detail: str | None = None,
-    ) -> int:
-        """Move a message to the dead-letter queue (or @dead) with its provenance
-        (deadletters.py: claimed into @dead by a rename, then written anew); 1 if moved, 0 if
-        it was gone."""
-        entry = parse_entry(name)
-        assert entry is not None
-        source = self.path(src_dir, name)
-        slot = self.slots.slot_of(source, index)
-        claimed = self.path(
-            layout.DEAD,
-            layout.dead_name(entry.message_id, entry.count, entry.group, entry.level),
-        )
-        try:
-            self._rename(source, claimed)
-        except FileNotFoundError:
-            return 0
-        except OSError as exc:
-            raise storage_error(exc, f"dead-lettering a message of queue {self.name!r}") from exc
-        index.discard(src_dir, name)
-        if slot is not None:
-            self.slots.release(slot, entry.message_id, index)
-        dead = DeadLetter(reason, self.name, entry.count, time.time(), detail)
-        try:
-            self._write_dead_copy(claimed, entry, config, dead)
-        except CorruptMessage:
-            self.quarantine(claimed, os.path.basename(claimed))
-        except OSError as exc:  # it is dead and safe in @dead, only without its provenance
-            log.warning(
-                "queue %r: message %s is in @dead, without why (%s)",
-                self.name,
-                entry.message_id,
-                exc,
-                extra={"fields": {"queue": self.name, "reason": reason}},
-            )
-        if self._context.events.dead_lettered is not None:
-            self._context.events.dead_lettered(self.name, reason)
-        return 1
-
-    def _write_dead_copy(
-        self, claimed: str, entry: Entry, config: QueueConfig, dead: DeadLetter
-    ) -> None:
-        """The message claimed as `claimed` (in @dead), written anew with `dead`: over itself,
-        or into the dead-letter queue (then the claimed file is retired)."""
-        message_id = entry.message_id
-        data = deadletters.rewritten(read_message(claimed, message_id), message_id, dead)
-        durable = config.durability is not Durability.MEMORY
-        access = self._context.access
-        dlq = config.dead_letter_queue
-        dlq_ready = self._context.dead_letter_dir(dlq) if dlq != self.name else None
-        if dlq_ready is None:
-            deadletters.write_replacing(
-                data, self.dir[layout.TMP], claimed, message_id, access, durable
-            )
-            return
-        target = os.path.join(dlq_ready, layout.ready_name(message_id, 0, entry.group, entry.level))
-        tmp_dir = os.path.join(os.path.dirname(dlq_ready), layout.TMP)
-        deadletters.write_replacing(data, tmp_dir, target, message_id, access, durable)
-        self._retire_claimed(claimed, message_id)
-
-    def _retire_claimed(self, claimed: str, message_id: str) -> None:
-        """The claimed file of a message now in the dead-letter queue goes (its capacity token
-        was freed when it was claimed)."""
-        try:
-            self.pool.retire(claimed, message_id)
-        except FileNotFoundError:
-            pass  # deleted by id (or purged) meanwhile: the copy in the DLQ stands
-
-    def quarantine(self, path: str, name: str) -> None:
-        """Set a file that does not decode aside in @corrupt (never delivered, kept to inspect);
-        logged, counted in `quarantined` and told to the Store's `events.quarantined` (the server's
-        metric)."""
-        try:
-            os.rename(path, self.path(layout.CORRUPT, name))
-        except OSError:
-            return  # gone meanwhile, or the move failed: the next reader meets it again
-        self.quarantined += 1
-        message_id = name[: layout.ID_LENGTH]
-        if self._context.events.quarantined is not None:
-            self._context.events.quarantined(self.name)
-        log.warning(
-            "queue %r: message %s does not decode; set aside in @corrupt/%s",
-            self.name,
-            message_id,
-            name,
-            extra={"fields": {"queue": self.name, "file": f"{layout.CORRUPT}/{name}"}},
-        )
-
-    def remove(self, index: QueueIndex | None, directory: str, name: str, message_id: str) -> bool:
-        """Take a message out of the queue for good (freeing its capacity token); False if it
-        was already gone."""
-        path = self.path(directory, name)
-        slot = self.slots.slot_of(path, index)
-        try:
-            self.pool.retire(path, message_id)
-        except FileNotFoundError:
-            if index is not None:
-                index.discard(directory, name)
-            return False
-        except OSError as exc:  # still there, and still in the index: nothing forgotten
-            raise storage_error(exc, f"removing a message of queue {self.name!r}") from exc
-        if index is not None:
-            index.discard(directory, name)
-        if slot is not None:
-            self.slots.release(slot, message_id, index)
-        return True
-
-    def dead_names(self, message_id: str) -> list[str]:
-        """Names in @dead for `message_id` (a scan of @dead: only for lookups by id that missed)."""
-        try:
-            return [n for n in os.listdir(self.dir[layout.DEAD]) if n.startswith(message_id)]
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise storage_error(exc, f"listing @dead of queue {self.name!r}") from exc
-
-
-_NOTHING_PROMOTED = SweepReport()
-
 
 def _depth(index: QueueIndex) -> int:
     """How deep the queue is, for the pool (`FilePool.note_depth`): @ready, or, while the
     backlog has a bucket, as deep as the pool ever keeps for (counting it would list it; what
     a drain keeps is still bounded by what it frees, and by the pool's byte bounds)."""
     return DRAIN_KEEP_FILES if index.backlog else len(index.ready)
-
-
-def _keep_due(index: QueueIndex, directory: str, names: list[str]) -> None:
-    """Names `pop_due` took out of the index whose move failed: they are still where they
-    were, so the index keeps them (and the next get or sweep tries again)."""
-    for name in names:
-        index.add(directory, name)
 
 
 def expired_by_retention(message_id: str, config: QueueConfig, at_ms: int) -> bool:

@@ -14,9 +14,10 @@ from functools import partial
 from dirmq.store import layout, smallfiles
 from dirmq.store.config import QueueConfig
 from dirmq.store.fsck_findings import Kind, Run, scandir, set_aside, unlinker
-from dirmq.store.pool import DEFAULT_POOL_FILES, Owner, is_blank, pool_owner, reclaim_pool
+from dirmq.store.poolreclaim import Owner, pool_owner, reclaim_pool
 from dirmq.store.processes import Liveness, liveness
 from dirmq.store.recovery import ORPHAN_GRACE_S, is_orphan
+from dirmq.store.recycled import DEFAULT_POOL_FILES, is_blank
 
 # Message states in the order a duplicate is kept (first = kept first), and their name shapes.
 MESSAGE_DIRS = (layout.LEASED, layout.READY, layout.DELAYED, layout.DEAD)

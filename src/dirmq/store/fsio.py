@@ -187,7 +187,7 @@ class DirHandle:
 
     def __init__(self, path: str) -> None:
         self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        # Not at exit: atexit hooks (pool.release_own_pools) may still use it; the OS closes it.
+        # Not at exit: atexit hooks (ownpool.release_own_pools) may still use it; the OS closes it.
         weakref.finalize(self, os.close, self.fd).atexit = False
 
 

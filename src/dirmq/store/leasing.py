@@ -24,11 +24,12 @@ from dirmq.store import expiry, flow
 from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import QueueConfig
 from dirmq.store.events import REASON_REJECTED
-from dirmq.store.files import SETTLED_DEAD, now_ms
+from dirmq.store.filebase import now_ms
 from dirmq.store.holders import token_of
 from dirmq.store.index import GroupRuns, QueueIndex
 from dirmq.store.layout import ID_LENGTH, lease_prefix, parse_receipt
 from dirmq.store.message import Message
+from dirmq.store.settling import SETTLED_DEAD
 from dirmq.store.view import QueueView
 
 SETTLE_ACTIONS = ("ack", "nack", "extend", "dead_letter")
@@ -228,7 +229,7 @@ def settle(
 ) -> str:
     """Apply `action` (one of `SETTLE_ACTIONS`) to the lease behind `receipt`, retrying once if
     it moved meanwhile (another process extended it between our lookup and our rename); what
-    became of it (`files.SETTLED_*`). `index_fresh`: the caller synced the index under the
+    became of it (`settling.SETTLED_*`). `index_fresh`: the caller synced the index under the
     lock it holds, so the first lookup may skip that; `config`: the caller read the
     configuration under that lock too. `reason`, `detail`: a dead_letter's verdict."""
     assert action in SETTLE_ACTIONS

@@ -16,11 +16,13 @@ from collections.abc import Callable
 from dirmq.errors import QueueNotFound, storage_error
 from dirmq.store import backlog, layout, smallfiles
 from dirmq.store.bounds import MAX_PRIORITY_LEVELS
-from dirmq.store.files import expired_by_retention, now_ms
+from dirmq.store.filebase import now_ms
+from dirmq.store.files import expired_by_retention
 from dirmq.store.ids import id_time_us
 from dirmq.store.layout import level_of, parse_entry
 from dirmq.store.message import QueueStats, SweepReport
-from dirmq.store.pool import DEFAULT_POOL_FILES, reclaim_pools
+from dirmq.store.poolreclaim import reclaim_pools
+from dirmq.store.recycled import DEFAULT_POOL_FILES
 from dirmq.store.view import QueueView
 
 ProgressFn = Callable[[int], None]  # called with how many items were just processed

@@ -38,7 +38,7 @@ from dirmq.store.bounds import check_optional_seconds, check_seconds, check_time
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.expiry import EXPIRES, deadline_ms
-from dirmq.store.files import now_ms
+from dirmq.store.filebase import now_ms
 from dirmq.store.fsio import PendingFile, create_pending, overlap
 from dirmq.store.ids import new_ids
 from dirmq.store.message import OutgoingMessage

@@ -74,28 +74,30 @@ TRANSITIONS: tuple[Transition, ...] = (
     _row("lease", {State.READY}, {State.LEASED}, "files.QueueFiles._lease"),
     # A claim that could not read what it leased puts it back in its FIFO place.
     _row("hand_back", {State.LEASED}, {State.READY}, "files.QueueFiles.hand_back"),
-    _row("due", {State.DELAYED}, {State.READY}, "files.QueueFiles._deliver_due"),
+    _row("due", {State.DELAYED}, {State.READY}, "settling.SettlingFiles._deliver_due"),
     # An expired lease returns to its FIFO place (at its receive limit: dead_letter).
-    _row("expire", {State.LEASED}, {State.READY}, "files.QueueFiles._requeue_expired"),
+    _row("expire", {State.LEASED}, {State.READY}, "settling.SettlingFiles._requeue_expired"),
     # A heartbeat; also a group message given back with a delay (it keeps its group).
-    _row("extend", {State.LEASED}, {State.LEASED}, "files.QueueFiles._lease_until"),
+    _row("extend", {State.LEASED}, {State.LEASED}, "settling.SettlingFiles._lease_until"),
     # Given back: to @delayed with a delay, else to its FIFO place in @ready.
-    _row("nack", {State.LEASED}, {State.READY, State.DELAYED}, "files.QueueFiles._give_back"),
-    _row("ack", {State.LEASED}, {State.RETIRED}, "files.QueueFiles.ack"),
+    _row("nack", {State.LEASED}, {State.READY, State.DELAYED}, "settling.SettlingFiles._give_back"),
+    _row("ack", {State.LEASED}, {State.RETIRED}, "settling.SettlingFiles.ack"),
     # An ack by lease name (planned claims), without the index.
-    _row("ack_lease", {State.LEASED}, {State.RETIRED}, "files.QueueFiles.retire_leases"),
+    _row("ack_lease", {State.LEASED}, {State.RETIRED}, "settling.SettlingFiles.retire_leases"),
     # Asked for, or a lease expired or given back at the receive limit: claimed into the
     # queue's own @dead (deadletters.py), then written anew with its provenance: over the
     # claimed file, or into the dead-letter queue when one is set and exists (and the claimed
     # file retired).
-    _row("dead_letter", {State.LEASED}, {State.DEAD}, "files.QueueFiles.dead_letter"),
+    _row("dead_letter", {State.LEASED}, {State.DEAD}, "settling.SettlingFiles.dead_letter"),
     _row(
         "dead_copy",
         {State.WRITING},
         {State.DEAD, State.DEAD_LETTER_QUEUE},
-        "files.QueueFiles._write_dead_copy",
+        "settling.SettlingFiles._write_dead_copy",
     ),
-    _row("dead_claim_gone", {State.DEAD}, {State.RETIRED}, "files.QueueFiles._retire_claimed"),
+    _row(
+        "dead_claim_gone", {State.DEAD}, {State.RETIRED}, "settling.SettlingFiles._retire_claimed"
+    ),
     # A message that died elsewhere (a pub/sub delivery given up on) stored with its provenance.
     _row("dead_arrival", {State.WRITING}, {State.READY}, "deadletters.put"),
     # Redrive: from @dead, or from a dead-letter queue, back to @ready where it died.
@@ -106,13 +108,13 @@ TRANSITIONS: tuple[Transition, ...] = (
         "redrive.move_planned",
     ),
     # A leased file that does not decode.
-    _row("quarantine", {State.LEASED}, {State.CORRUPT}, "files.QueueFiles.quarantine"),
+    _row("quarantine", {State.LEASED}, {State.CORRUPT}, "settling.SettlingFiles.quarantine"),
     # Delete by id, purge, retention, a dedup race's loser withdrawn.
     _row(
         "remove",
         {State.READY, State.BACKLOG, State.LEASED, State.DELAYED, State.DEAD},
         {State.RETIRED},
-        "files.QueueFiles.remove",
+        "settling.SettlingFiles.remove",
     ),
 )
 

@@ -36,7 +36,7 @@ from dirmq.errors import InvalidArgument, MessageTooLarge, QueueNotFound, storag
 from dirmq.store import backlog, codec, layout
 from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import Durability
-from dirmq.store.files import now_ms
+from dirmq.store.filebase import now_ms
 from dirmq.store.fsio import PendingFile, create_pending
 from dirmq.store.ids import new_id
 from dirmq.store.queue import Queue

@@ -32,10 +32,11 @@ from dirmq.store import layout
 from dirmq.store.backlog import MIGRATE_ABOVE
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
-from dirmq.store.files import QueueFiles, now_ms
+from dirmq.store.filebase import now_ms
+from dirmq.store.files import QueueFiles
 from dirmq.store.index import QueueIndex
 from dirmq.store.message import SweepReport
-from dirmq.store.pool import reclaim_pools
+from dirmq.store.poolreclaim import reclaim_pools
 from dirmq.store.watch import RESCAN, Watcher, open_watcher, polls
 
 CONFIG_RECHECK_S = 0.5
