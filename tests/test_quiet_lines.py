@@ -5,12 +5,45 @@ event loop (batcher.py's `quiet`), and a long poll answered through callbacks
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import dirmq
 from dirmq.server.broker import Broker
 from dirmq.server.later_receive import LaterReceive
-from dirmq.store import Message
+from dirmq.store import Message, Queue
+
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def _queue(root: Path, name: str, *bodies: bytes) -> Iterator[tuple[dirmq.Store, Queue]]:
+    """A store and a new queue holding `bodies`, its index built (a lease may then run on the
+    loop); the store closed at the end."""
+    store = dirmq.Store(root)
+    try:
+        queue = store.create_queue(name)
+        if bodies:
+            queue.put_many(list(bodies))
+        queue.stats()
+        yield store, queue
+    finally:
+        store.close()
+
+
+def _run(store: dirmq.Store, scenario: Callable[[Broker], Awaitable[T]]) -> T:
+    """`scenario` on an event loop with a broker of `store`, closed at the end."""
+
+    async def main() -> T:
+        broker = Broker(store)
+        try:
+            return await scenario(broker)
+        finally:
+            broker.close()
+
+    return asyncio.run(main())
 
 
 class _Settled:
@@ -26,13 +59,9 @@ class _Settled:
 
 
 def test_a_quiet_ack_is_applied_before_the_call_returns(root: Path) -> None:
-    store = dirmq.Store(root)
-    queue = store.create_queue("quiet-ack")
-    queue.put_many([b"a", b"b"])
+    with _queue(root, "quiet-ack", b"a", b"b") as (store, queue):
 
-    async def main() -> None:
-        broker = Broker(store)
-        try:
+        async def scenario(broker: Broker) -> None:
             first, second = queue.get(2)
             settled = _Settled()
             broker.ack_nowait(queue, first.receipt or "", settled)
@@ -49,47 +78,28 @@ def test_a_quiet_ack_is_applied_before_the_call_returns(root: Path) -> None:
             broker.ack_nowait(queue, first.receipt or "", again)
             await asyncio.wait_for(again.event.wait(), 5)
             assert isinstance(again.outcomes[0], dirmq.errors.DirmqError)
-        finally:
-            broker.close()
 
-    try:
-        asyncio.run(main())
+        _run(store, scenario)
         assert queue.stats().in_flight == 0 and queue.stats().ready == 0
-    finally:
-        store.close()
 
 
 def test_a_quiet_get_leases_before_the_call_returns(root: Path) -> None:
-    store = dirmq.Store(root)
-    queue = store.create_queue("quiet-get")
-    queue.put(b"x")
-    queue.stats()  # the index, so that a lease may run on the loop
+    with _queue(root, "quiet-get", b"x") as (store, queue):
 
-    async def main() -> None:
-        broker = Broker(store)
-        try:
+        async def scenario(broker: Broker) -> None:
             settled = _Settled()
             broker.receive_nowait(queue, 1, 30, settled)
             assert len(settled.outcomes) == 1
             got = settled.outcomes[0]
             assert isinstance(got, list) and [m.body for m in got] == [b"x"]
-        finally:
-            broker.close()
 
-    try:
-        asyncio.run(main())
-    finally:
-        store.close()
+        _run(store, scenario)
 
 
 def test_a_later_receive_waits_for_a_publish(root: Path) -> None:
-    store = dirmq.Store(root)
-    queue = store.create_queue("later")
-    queue.stats()
+    with _queue(root, "later") as (store, queue):
 
-    async def main() -> list[Message]:
-        broker = Broker(store)
-        try:
+        async def scenario(broker: Broker) -> list[Message]:
             settled = _Settled()
             receiving = LaterReceive(broker, queue, 1, 30, 10, None, settled)
             receiving.start(by_file=True)
@@ -100,48 +110,30 @@ def test_a_later_receive_waits_for_a_publish(root: Path) -> None:
             got = settled.outcomes[0]
             assert isinstance(got, list)
             return got
-        finally:
-            broker.close()
 
-    try:
-        got = asyncio.run(main())
+        got = _run(store, scenario)
         assert [m.body for m in got] == [b"late"] and got[0].receive_count == 1
-    finally:
-        store.close()
 
 
 def test_a_later_receive_ends_empty_when_its_wait_is_over(root: Path) -> None:
-    store = dirmq.Store(root)
-    queue = store.create_queue("expired")
-    queue.stats()
+    with _queue(root, "expired") as (store, queue):
 
-    async def main() -> None:
-        broker = Broker(store)
-        try:
+        async def scenario(broker: Broker) -> None:
             settled = _Settled()
             LaterReceive(broker, queue, 1, 30, 0.05, None, settled).start(by_file=False)
             await asyncio.wait_for(settled.event.wait(), 5)
             assert settled.outcomes == [[]]
             assert broker.waiting_polls() == {}  # the line is forgotten
-        finally:
-            broker.close()
 
-    try:
-        asyncio.run(main())
-    finally:
-        store.close()
+        _run(store, scenario)
 
 
 def test_a_cancelled_later_receive_leaves_the_line(root: Path) -> None:
     """The client left: its wait is out of the line, so the next publish stays ready for the
     next consumer (no lease for nobody), and nothing is answered."""
-    store = dirmq.Store(root)
-    queue = store.create_queue("left")
-    queue.stats()
+    with _queue(root, "left") as (store, queue):
 
-    async def main() -> None:
-        broker = Broker(store)
-        try:
+        async def scenario(broker: Broker) -> None:
             settled = _Settled()
             receiving = LaterReceive(broker, queue, 1, 30, 30, None, settled)
             receiving.start(by_file=False)
@@ -151,28 +143,19 @@ def test_a_cancelled_later_receive_leaves_the_line(root: Path) -> None:
             assert broker.waiting_polls() == {}
             await broker.publish(queue, [dirmq.OutgoingMessage(b"kept")])
             assert settled.outcomes == []
-        finally:
-            broker.close()
 
-    try:
-        asyncio.run(main())
+        _run(store, scenario)
         stats = queue.stats()
         assert (stats.ready, stats.in_flight) == (1, 0)
         assert [m.receive_count for m in queue.get(1)] == [1]
-    finally:
-        store.close()
 
 
 def test_a_line_lingers_armed_and_its_next_waiter_gets_a_look(root: Path) -> None:
     """The last waiter gone, the line stays armed a moment (longpolls.LINGER_S): its next
     waiter is not armed for again, but gets a look at once, so what came meanwhile is its."""
-    store = dirmq.Store(root)
-    queue = store.create_queue("linger")
-    queue.stats()
+    with _queue(root, "linger") as (store, queue):
 
-    async def main() -> None:
-        broker = Broker(store)
-        try:
+        async def scenario(broker: Broker) -> None:
             line = broker.waiter_line(queue)
             ended = _Settled()
             line.park(1, 30, 0.01, None, ended)
@@ -187,10 +170,5 @@ def test_a_line_lingers_armed_and_its_next_waiter_gets_a_look(root: Path) -> Non
             await asyncio.wait_for(got.event.wait(), 5)
             outcome = got.outcomes[0]
             assert isinstance(outcome, list) and [m.body for m in outcome] == [b"meanwhile"]
-        finally:
-            broker.close()
 
-    try:
-        asyncio.run(main())
-    finally:
-        store.close()
+        _run(store, scenario)
