@@ -4,7 +4,6 @@ flat @ready; fsck knows its layout; every count and listing sees what waits in i
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -24,43 +23,11 @@ from dirmq.store.fsck import Kind, fsck
 from dirmq.store.ids import new_ids
 
 from .support.fixtures import http_client, serve
+from .support.open_listing import listed_by_a_first_get
 from .support.procs import REPO
 from .support.waiting import wait_until
 
 MEMORY = dirmq.QueueConfig(durability="memory")
-
-# A fresh process's open and first get+ack, counting every name a directory listing returned.
-COUNT_LISTED = """
-import json, os, sys
-counted = [0]
-real_listdir, real_scandir = os.listdir, os.scandir
-def listdir(path="."):
-    names = real_listdir(path)
-    counted[0] += len(names)
-    return names
-class Scan:
-    def __init__(self, it):
-        self._it = it
-    def __enter__(self):
-        return self
-    def __exit__(self, *exc):
-        self._it.close()
-    def __iter__(self):
-        for entry in self._it:
-            counted[0] += 1
-            yield entry
-    def close(self):
-        self._it.close()
-os.listdir = listdir
-os.scandir = lambda path=".": Scan(real_scandir(path))
-import dirmq
-with dirmq.Store(sys.argv[1]) as store:
-    queue = store.queue(sys.argv[2])
-    message = queue.get_one()
-    assert message is not None
-    queue.ack(message.receipt)
-print(json.dumps({"listed": counted[0]}))
-"""
 
 
 def _python(*args: str) -> subprocess.Popen[str]:
@@ -68,13 +35,6 @@ def _python(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, *args], stdout=subprocess.PIPE, text=True, cwd=REPO, env=env
     )
-
-
-def _listed_by_a_first_get(root: Path, queue: str) -> int:
-    child = _python("-c", COUNT_LISTED, str(root), queue)
-    out, _ = child.communicate(timeout=120)
-    assert child.returncode == 0, out
-    return int(json.loads(out)["listed"])
 
 
 def _fill(queue: dirmq.Queue, count: int) -> list[str]:
@@ -104,8 +64,8 @@ def test_an_open_lists_the_head_not_the_depth(store: dirmq.Store) -> None:
     _fill(deep, 30_000)
     assert len(os.listdir(Path(deep.path) / layout.READY)) == backlog.SPILL_AT
     assert _backlog_count(deep) == 30_000 - backlog.SPILL_AT
-    listed_shallow = _listed_by_a_first_get(Path(store.root), "shallow")
-    listed_deep = _listed_by_a_first_get(Path(store.root), "deep")
+    listed_shallow = sum(listed_by_a_first_get(store.root, "shallow").values())
+    listed_deep = sum(listed_by_a_first_get(store.root, "deep").values())
     assert listed_shallow < 3 * backlog.SPILL_AT
     assert listed_deep <= listed_shallow + 50, (listed_shallow, listed_deep)
 

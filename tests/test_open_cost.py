@@ -5,10 +5,7 @@ O(head) property of tests/test_backlog.py, for the other directories an open use
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,62 +14,7 @@ import dirmq
 from dirmq.errors import CorruptConfig, QueueFull, QueueNotFound
 from dirmq.store import layout
 
-from .support.procs import REPO
-
-# Names listed by a fresh process that opens the queue and takes (and acks) one message, by the
-# name of the directory they were listed from.
-COUNT_LISTED = """
-import collections, json, os, sys
-counted = collections.Counter()
-real_listdir, real_scandir = os.listdir, os.scandir
-def listdir(path="."):
-    names = real_listdir(path)
-    counted[os.path.basename(os.fspath(path))] += len(names)
-    return names
-class Scan:
-    def __init__(self, path):
-        self._it = real_scandir(path)
-        self._name = os.path.basename(os.fspath(path))
-    def __enter__(self):
-        return self
-    def __exit__(self, *exc):
-        self._it.close()
-    def __iter__(self):
-        for entry in self._it:
-            counted[self._name] += 1
-            yield entry
-    def __next__(self):
-        entry = next(self._it)
-        counted[self._name] += 1
-        return entry
-    def close(self):
-        self._it.close()
-os.listdir = listdir
-os.scandir = lambda path=".": Scan(path)
-import dirmq
-with dirmq.Store(sys.argv[1]) as store:
-    queue = store.queue(sys.argv[2])
-    message = queue.get_one()
-    assert message is not None
-    queue.ack(message.receipt)
-print(json.dumps(counted))
-"""
-
-
-def _listed_by_a_first_get(root: str, queue: str) -> dict[str, int]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-    child = subprocess.run(
-        [sys.executable, "-c", COUNT_LISTED, root, queue],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr
-    listed: dict[str, int] = json.loads(child.stdout)
-    return listed
+from .support.open_listing import listed_by_a_first_get
 
 
 def _tokens(queue: dirmq.Queue) -> int:
@@ -89,8 +31,8 @@ def test_an_open_lists_no_capacity_token(store: dirmq.Store) -> None:
     plain.put_many(bodies)
     many.put_many(bodies)
     assert _tokens(many) == 900
-    listed_plain = _listed_by_a_first_get(store.root, "plain")
-    listed_many = _listed_by_a_first_get(store.root, "many")
+    listed_plain = listed_by_a_first_get(store.root, "plain")
+    listed_many = listed_by_a_first_get(store.root, "many")
     assert listed_many.get(layout.SLOTS, 0) <= 1, listed_many
     assert sum(listed_many.values()) <= sum(listed_plain.values()) + 5, (listed_plain, listed_many)
     # The ack still freed its message's token, though this process never listed them.
@@ -130,8 +72,8 @@ def test_an_open_lists_the_delays_head_not_all_of_them(store: dirmq.Store) -> No
         many.put_many([b"d%d" % i for i in range(start, start + 500)])
     few.put(b"now", delay_s=0)
     many.put(b"now", delay_s=0)
-    listed_few = _listed_by_a_first_get(store.root, "few")
-    listed_many = _listed_by_a_first_get(store.root, "many")
+    listed_few = listed_by_a_first_get(store.root, "few")
+    listed_many = listed_by_a_first_get(store.root, "many")
     assert sum(listed_many.values()) <= sum(listed_few.values()) + 50, (listed_few, listed_many)
 
 
