@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -24,6 +22,7 @@ from dirmq.store.fsck import fsck
 
 from .support.fixtures import http_client, serve
 from .support.metrics_helpers import value
+from .support.raw_poll import RawPoll
 from .support.servers import ServerProcess, fresh, start_server
 
 server = serve()
@@ -35,34 +34,12 @@ def _direct(http: httpx.Client) -> float:
     return value(http.get("/metrics").text, "dirmq_direct_deliveries_total") or 0.0
 
 
-def _raw_poll(url: str, path: str) -> Callable[[], httpx.Response]:
-    """A long poll sent now, on a socket of its own (the request is in the server's hands when
-    this returns); the returned function reads its answer."""
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-
-    def answer() -> httpx.Response:
-        data = b""
-        with sock:
-            while chunk := sock.recv(65536):
-                data += chunk
-        if not data:
-            raise ConnectionError("the server closed the connection without an answer")
-        head, _, body = data.partition(b"\r\n\r\n")
-        status_line, *lines = head.decode("latin-1").split("\r\n")
-        headers = dict(line.split(": ", 1) for line in lines)
-        return httpx.Response(int(status_line.split()[1]), headers=headers, content=body)
-
-    return answer
-
-
 def _poll_and_publish(
     server: ServerProcess, http: httpx.Client, queue: str, body: bytes, **publish: str
 ) -> tuple[httpx.Response, httpx.Response]:
-    answer = _raw_poll(server.url, f"/{queue}/messages?wait=10")
+    poll = RawPoll(server.url, f"/{queue}/messages?wait=10")
     published = http.post(f"/{queue}/messages", content=body, params=publish)
-    return published, answer()
+    return published, poll.answer()
 
 
 def _until_direct(
@@ -163,9 +140,9 @@ def test_paused_rate_and_delay_fall_back(
     if setting:
         assert http.put(f"/{queue}", json=setting).status_code == 200
     before = _direct(http)
-    answer = _raw_poll(server.url, f"/{queue}/messages?wait=2")
+    poll = RawPoll(server.url, f"/{queue}/messages?wait=2")
     assert http.post(f"/{queue}/messages", content=b"x", params=publish).status_code == 201
-    got = answer()
+    got = poll.answer()
     if setting.get("paused"):
         assert got.status_code == 204  # nothing delivered while paused
         http.put(f"/{queue}", json={"paused": False})
@@ -220,7 +197,7 @@ def _publish_and_kill_at_the_create(
     killer = threading.Thread(target=kill_if_direct)
     killer.start()
     try:
-        answer = _raw_poll(running.url, "/crash/messages?wait=10")
+        poll = RawPoll(running.url, "/crash/messages?wait=10")
         try:
             http.post("/crash/messages", content=body)
         except httpx.HTTPError:
@@ -229,7 +206,7 @@ def _publish_and_kill_at_the_create(
     finally:
         os.close(fd)
     try:
-        got = answer()
+        got = poll.answer()
     except OSError:
         return True  # killed before it could answer
     if first == [layout.LEASED]:
