@@ -1,13 +1,13 @@
 """The direct path's consumer that has gone by the time its message is linked (server/direct.py,
-`_Line._finish`): its long poll's wait ended, or its client hung up, between the admission and
-the link. The publisher still gets its 201; the lease is given back (a nack without delay), so
-the message is ready again, counted once, for the next consumer, and
+`_Line._finish`): its long poll's wait ended, its client hung up, or its stream closed, between
+the admission and the link. The publisher still gets its 201; the lease is given back (a nack
+without delay), so the message is ready again, counted once, for the next consumer, and
 `dirmq_direct_released_total` counts it, not `dirmq_direct_deliveries_total`.
 
 The server runs under a launcher (`_LAUNCHER`) that holds a direct create of a body starting
 with "hold" before it writes anything, until the test lets it go, and tells the test when a
-waiting poll's client has hung up: each event is a connection to the test's gate (an abstract
-Unix socket), so the test acts on events, not on time."""
+consumer the direct path took has gone without its message: each event is a connection to the
+test's gate (an abstract Unix socket), so the test acts on events, not on time."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from dirmq.client import RemoteStore
 from dirmq.store import layout
 from dirmq.store.fsck import fsck
 
@@ -33,7 +34,7 @@ ATTEMPTS = 20  # a poll must be waiting when the publish comes: tried again unti
 
 _LAUNCHER = """
 import os, runpy, socket, sys
-from dirmq.server import direct, later_receive
+from dirmq.server import direct, longpolls
 from dirmq.store import direct_lease
 
 GATE = "\\0" + os.environ["DIRMQ_TEST_GATE"]  # an abstract name
@@ -56,16 +57,19 @@ def held_put_leased(self, leases, linked=None):
     return put_leased(self, leases, linked)
 
 direct_lease.DirectLeases.put_leased = held_put_leased
-cancel = later_receive.LaterReceive.cancel
+take_waiter = longpolls.LongPolls.take_waiter
 
-def told_cancel(self):
-    waiting = self._parked is not None and not self._parked.done()
-    result = cancel(self)
-    if waiting:
+def told_take_waiter(self, admit):
+    waiter = take_waiter(self, admit)
+    if waiter is not None:  # taken by the direct path: told if it goes without its message
+        waiter.future.add_done_callback(gone)
+    return waiter
+
+def gone(future):
+    if future.cancelled() or not future.result():
         tell(b"gone", wait=False)
-    return result
 
-later_receive.LaterReceive.cancel = told_cancel
+longpolls.LongPolls.take_waiter = told_take_waiter
 sys.argv = ["dirmq", *sys.argv[3:]]  # the launcher's own name, "-m", "dirmq" dropped
 runpy.run_module("dirmq", run_name="__main__", alter_sys=True)
 """
@@ -136,7 +140,6 @@ def _counts(http: httpx.Client) -> tuple[float, float]:
 
 @dataclass
 class Held:
-    poll: RawPoll
     publish: Future[httpx.Response]
     create: socket.socket  # closing it lets the create go on
     body: bytes
@@ -150,69 +153,117 @@ def _publish(url: str, queue: str, body: bytes, gate: Gate) -> httpx.Response:
 
 
 def _until_held(
-    gated: Gated, http: httpx.Client, pool: ThreadPoolExecutor, queue: str, wait_s: int
+    gated: Gated, pool: ThreadPoolExecutor, queue: str, wait: Callable[[], Callable[[bytes], None]]
 ) -> Held:
-    """A long poll (waiting `wait_s`), then a publish: again until the publish found the poll
-    waiting and its create is held (a publish the usual way is delivered and acknowledged)."""
+    """`wait()` (a consumer starts waiting; it returns what takes and acknowledges a message
+    delivered the usual way), then a publish: again until the publish found the consumer
+    waiting and its create is held."""
     for attempt in range(ATTEMPTS):
         body = b"hold %d" % attempt
-        poll = RawPoll(gated.server.url, f"/{queue}/messages?wait={wait_s}")
+        usual = wait()
         publish = pool.submit(_publish, gated.server.url, queue, body, gated.gate)
         word, conn = gated.gate.next()
         if word == b"held":
-            return Held(poll, publish, conn, body)
+            return Held(publish, conn, body)
         conn.close()
         assert word == b"published" and publish.result().status_code == 201
-        got = poll.answer()
-        if got.status_code == 204:  # its wait was over before the publish came
-            got = http.get(f"/{queue}/messages", params={"wait": "5"})
-        assert got.content == body
-        assert http.delete(f"/{queue}/messages/{got.headers['X-Receipt']}").status_code == 204
+        usual(body)
     raise AssertionError(f"no publish of {ATTEMPTS} took the direct path")
 
 
-def _wait_ended(gated: Gated, held: Held) -> None:
-    assert held.poll.answer().status_code == 204  # answered empty: the create is still held
-
-
-def _hung_up(gated: Gated, held: Held) -> None:
-    held.poll.hang_up()
-    word, conn = gated.gate.next()  # the server has cancelled the poll
+def _given_back(
+    gated: Gated, http: httpx.Client, queue: str, held: Held, counts: tuple[float, float]
+) -> None:
+    """The consumer has gone (the server said so): the create goes on, its publisher gets its
+    201, and the message, given back, goes once to the next consumer."""
+    word, conn = gated.gate.next()
     conn.close()
     assert word == b"gone"
-
-
-@pytest.mark.parametrize(
-    ("going", "wait_s"), [(_wait_ended, 1), (_hung_up, 30)], ids=["wait-ended", "hung-up"]
-)
-def test_a_consumer_gone_before_the_link_leaves_the_message_to_the_next(
-    gated: Gated, going: Callable[[Gated, Held], None], wait_s: int
-) -> None:
-    queue = fresh("direct-gone")
+    held.create.close()
+    published = held.publish.result()
+    word, conn = gated.gate.next()
+    conn.close()
+    assert word == b"published"
+    assert published.status_code == 201
+    message_id = published.headers["X-Message-Id"]
+    delivered, released = counts
+    assert _counts(http) == (delivered, released + 1)
+    # Given back as a nack without delay gives it: ready, received once, no lease left.
     ready = gated.server.root / queue / layout.READY
+    [name] = wait_until(lambda: os.listdir(ready), what=f"{message_id} back in @ready")
+    assert name.partition("~")[0].split(".") == [message_id, "1"]
+    assert not os.listdir(ready.parent / layout.LEASED)
+    got = http.get(f"/{queue}/messages", params={"wait": "5"})
+    assert got.status_code == 200 and got.content == held.body
+    assert got.headers["X-Message-Id"] == message_id
+    assert got.headers["X-Receive-Count"] == "2"
+    assert http.delete(f"/{queue}/messages/{got.headers['X-Receipt']}").status_code == 204
+    assert http.get(f"/{queue}/messages", params={"wait": "0"}).status_code == 204
+    assert http.get(f"/{queue}").json()["stats"]["in_flight"] == 0
+    assert _counts(http) == (delivered, released + 1)
+    assert not fsck(gated.server.root, repair=False).problems
+
+
+@pytest.mark.parametrize("hang_up", [False, True], ids=["wait-ended", "hung-up"])
+def test_a_long_poll_gone_before_the_link_leaves_the_message_to_the_next(
+    gated: Gated, hang_up: bool
+) -> None:
+    """The poll's wait ends (it is answered empty), or its client hangs up, while the create
+    meant for it is held."""
+    queue = fresh("direct-gone")
+    wait_s = 30 if hang_up else 1  # a hang-up comes before the wait's end
+    polls: list[RawPoll] = []
     with httpx.Client(base_url=gated.server.url, timeout=30) as http, ThreadPoolExecutor(1) as pool:
         assert http.put(f"/{queue}", json={"visibility_timeout_s": 30}).status_code == 201
-        delivered, released = _counts(http)
-        held = _until_held(gated, http, pool, queue, wait_s)
-        going(gated, held)
-        held.create.close()
-        published = held.publish.result()
-        word, conn = gated.gate.next()
-        conn.close()
-        assert word == b"published"
-        assert published.status_code == 201
-        message_id = published.headers["X-Message-Id"]
-        assert _counts(http) == (delivered, released + 1)
-        # Given back as a nack without delay gives it: ready, received once, no lease left.
-        [name] = wait_until(lambda: os.listdir(ready), what=f"{message_id} back in @ready")
-        assert name.partition("~")[0].split(".") == [message_id, "1"]
-        assert not os.listdir(ready.parent / layout.LEASED)
-        got = http.get(f"/{queue}/messages", params={"wait": "5"})
-        assert got.status_code == 200 and got.content == held.body
-        assert got.headers["X-Message-Id"] == message_id
-        assert got.headers["X-Receive-Count"] == "2"
-        assert http.delete(f"/{queue}/messages/{got.headers['X-Receipt']}").status_code == 204
-        assert http.get(f"/{queue}/messages", params={"wait": "0"}).status_code == 204
-        assert http.get(f"/{queue}").json()["stats"]["in_flight"] == 0
-        assert _counts(http) == (delivered, released + 1)
-    assert not fsck(gated.server.root, repair=False).problems
+
+        def wait() -> Callable[[bytes], None]:
+            poll = RawPoll(gated.server.url, f"/{queue}/messages?wait={wait_s}")
+            polls.append(poll)
+
+            def usual(body: bytes) -> None:
+                got = poll.answer()
+                if got.status_code == 204:  # its wait was over before the publish came
+                    got = http.get(f"/{queue}/messages", params={"wait": "5"})
+                assert got.content == body
+                assert (
+                    http.delete(f"/{queue}/messages/{got.headers['X-Receipt']}").status_code == 204
+                )
+
+            return usual
+
+        counts = _counts(http)
+        held = _until_held(gated, pool, queue, wait)
+        if hang_up:
+            polls[-1].hang_up()
+        else:
+            assert polls[-1].answer().status_code == 204  # before its message was even written
+        _given_back(gated, http, queue, held, counts)
+
+
+def test_a_stream_closed_before_the_link_leaves_the_message_to_the_next(gated: Gated) -> None:
+    """A stream consumer whose credit waited in the line closes while the create is held."""
+    queue = fresh("direct-gone-stream")
+    with (
+        httpx.Client(base_url=gated.server.url, timeout=30) as http,
+        ThreadPoolExecutor(1) as pool,
+        RemoteStore(gated.server.url, timeout_s=10) as store,
+    ):
+        remote = store.create_queue(queue)
+        consumer = remote.consume(prefetch=1)
+
+        def wait() -> Callable[[bytes], None]:
+            assert consumer.get(timeout_s=0.2) is None  # its credit waits in the line
+
+            def usual(body: bytes) -> None:
+                message = consumer.get(timeout_s=5)
+                assert message is not None and message.body == body
+                consumer.ack(message)
+
+            return usual
+
+        counts = _counts(http)
+        try:
+            held = _until_held(gated, pool, queue, wait)
+        finally:
+            consumer.close()
+        _given_back(gated, http, queue, held, counts)
