@@ -167,7 +167,10 @@ class LongPolls:
 
     def _enter(self, waiter: _Waiter) -> None:
         """`waiter` joins the line, arming it if it is the first (a lingering line is armed
-        already: a look, as the arming's, for what came since the caller's own look)."""
+        already: a look, as the arming's, for what came since the caller's own look). Any other
+        armed line needs none: what came since the caller's look made a change, and its
+        wake-up, under way or still to come, leases for each waiter in turn, this one too
+        (tests/test_armed_lines.py)."""
         self._waiters.append(waiter)
         if self._linger is not None:
             self._linger.cancel()
