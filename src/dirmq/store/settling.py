@@ -23,7 +23,9 @@ from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.message import DeadLetter, SweepReport
 from dirmq.store.reading import read_message
 
-log = logging.getLogger(__name__)
+# The logger operators filter by (docs/operations.md), named before this module was split from
+# files.py: kept, so their filters still match.
+log = logging.getLogger("dirmq.store.files")
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 # What a settle did with a lease (`QueueFiles.settle`; `Queue.nack` returns it).
 SETTLED_EXTENDED = "extended"
