@@ -28,22 +28,7 @@ from dirmq.server.broker import Broker
 from dirmq.server.longpolls import LongPolls
 from dirmq.store import Durability, Message, Queue
 
-
-class _Settled:
-    """What a parked poll was given, and an event the test can await."""
-
-    def __init__(self) -> None:
-        self.outcomes: list[object] = []
-        self.event = asyncio.Event()
-
-    def __call__(self, outcome: object) -> None:
-        self.outcomes.append(outcome)
-        self.event.set()
-
-    def bodies(self) -> list[bytes]:
-        (outcome,) = self.outcomes
-        assert isinstance(outcome, list)
-        return [m.body for m in outcome]
+from .support.settled import Settled
 
 
 class _Gate:
@@ -156,10 +141,10 @@ def _run(root: Path, name: str, scenario: Callable[[_GatedBroker, Queue], Any]) 
         store.close()
 
 
-def _first_waiter(broker: _GatedBroker, queue: Queue) -> tuple[_Line, _Settled]:
+def _first_waiter(broker: _GatedBroker, queue: Queue) -> tuple[_Line, Settled]:
     line = broker.waiter_line(queue)
     assert isinstance(line, _Line)
-    settled = _Settled()
+    settled = Settled()
     line.park(1, 30, 60, None, settled)  # armed, looked: nothing
     return line, settled
 
@@ -203,7 +188,7 @@ def test_a_poll_joining_while_a_dispatch_leases_is_leased_for_in_turn(root: Path
 
     async def scenario(broker: _GatedBroker, queue: Queue) -> None:
         line, first = _first_waiter(broker, queue)
-        second = _Settled()
+        second = Settled()
         line.park(1, 30, 60, None, second)
         late = await _late_poll(broker, queue)
         broker.line_leases.shut = True

@@ -15,6 +15,8 @@ from dirmq.server.broker import Broker
 from dirmq.server.later_receive import LaterReceive
 from dirmq.store import Message, Queue
 
+from .support.settled import Settled
+
 T = TypeVar("T")
 
 
@@ -46,35 +48,23 @@ def _run(store: dirmq.Store, scenario: Callable[[Broker], Awaitable[T]]) -> T:
     return asyncio.run(main())
 
 
-class _Settled:
-    """What a fast path's `settle` was given, and an event the test can await."""
-
-    def __init__(self) -> None:
-        self.outcomes: list[object] = []
-        self.event = asyncio.Event()
-
-    def __call__(self, outcome: object) -> None:
-        self.outcomes.append(outcome)
-        self.event.set()
-
-
 def test_a_quiet_ack_is_applied_before_the_call_returns(root: Path) -> None:
     with _queue(root, "quiet-ack", b"a", b"b") as (store, queue):
 
         async def scenario(broker: Broker) -> None:
             first, second = queue.get(2)
-            settled = _Settled()
+            settled = Settled()
             broker.ack_nowait(queue, first.receipt or "", settled)
             assert settled.outcomes == [None]  # applied here: no batch, no loop turn
             assert queue.stats().in_flight == 1
             # Right after it (a burst, or a batch under way), an ack joins the line: it is
             # applied all the same, by whichever way.
-            later = _Settled()
+            later = Settled()
             broker.ack_nowait(queue, second.receipt or "", later)
             await asyncio.wait_for(later.event.wait(), 5)
             assert later.outcomes == [None]
             # A receipt acknowledged already fails, whichever way it goes.
-            again = _Settled()
+            again = Settled()
             broker.ack_nowait(queue, first.receipt or "", again)
             await asyncio.wait_for(again.event.wait(), 5)
             assert isinstance(again.outcomes[0], dirmq.errors.DirmqError)
@@ -87,7 +77,7 @@ def test_a_quiet_get_leases_before_the_call_returns(root: Path) -> None:
     with _queue(root, "quiet-get", b"x") as (store, queue):
 
         async def scenario(broker: Broker) -> None:
-            settled = _Settled()
+            settled = Settled()
             broker.receive_nowait(queue, 1, 30, settled)
             assert len(settled.outcomes) == 1
             got = settled.outcomes[0]
@@ -100,7 +90,7 @@ def test_a_later_receive_waits_for_a_publish(root: Path) -> None:
     with _queue(root, "later") as (store, queue):
 
         async def scenario(broker: Broker) -> list[Message]:
-            settled = _Settled()
+            settled = Settled()
             receiving = LaterReceive(broker, queue, 1, 30, 10, None, settled)
             receiving.start(by_file=True)
             assert not receiving.settled  # nothing there: it waits in the line
@@ -119,7 +109,7 @@ def test_a_later_receive_ends_empty_when_its_wait_is_over(root: Path) -> None:
     with _queue(root, "expired") as (store, queue):
 
         async def scenario(broker: Broker) -> None:
-            settled = _Settled()
+            settled = Settled()
             LaterReceive(broker, queue, 1, 30, 0.05, None, settled).start(by_file=False)
             await asyncio.wait_for(settled.event.wait(), 5)
             assert settled.outcomes == [[]]
@@ -134,7 +124,7 @@ def test_a_cancelled_later_receive_leaves_the_line(root: Path) -> None:
     with _queue(root, "left") as (store, queue):
 
         async def scenario(broker: Broker) -> None:
-            settled = _Settled()
+            settled = Settled()
             receiving = LaterReceive(broker, queue, 1, 30, 30, None, settled)
             receiving.start(by_file=False)
             assert broker.waiting_polls() == {"left": 1}
@@ -157,14 +147,14 @@ def test_a_line_lingers_armed_and_its_next_waiter_gets_a_look(root: Path) -> Non
 
         async def scenario(broker: Broker) -> None:
             line = broker.waiter_line(queue)
-            ended = _Settled()
+            ended = Settled()
             line.park(1, 30, 0.01, None, ended)
             await asyncio.wait_for(ended.event.wait(), 5)
             assert ended.outcomes == [[]]
             assert line.lingering() and broker.waiting_polls() == {}
             assert broker.waiter_line(queue) is line  # kept, armed
             queue.put(b"meanwhile")
-            got = _Settled()
+            got = Settled()
             future = line.park(1, 30, 5, None, got)
             assert future.done() and not line.lingering()  # leased by the look on entering
             await asyncio.wait_for(got.event.wait(), 5)
