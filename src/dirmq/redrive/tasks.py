@@ -127,6 +127,9 @@ class Redrives:
             with self._lock:
                 mine = self._running.get(task.task_id)
             if mine is not None:
+                # A cancel asked through another process shows at once, not only once this
+                # runner's next chunk reads the same `.cancel` file.
+                mine[0].cancel_requested = mine[0].cancel_requested or cancel_requested
                 shown.append(mine[0])
                 continue
             resumable = self._resume and not self._closed and task.status in ACTIVE
