@@ -13,6 +13,10 @@ code from `dirmq.cli.exits` (the table is in docs/cli.md); a traceback is printe
     publish subscribe                               pubsub.py
     token new, token hash                           tokens.py
     schedule put|list|show|pause|resume|delete|run  schedules.py
+
+A CLI call's time is mostly imports, paid by every `dirmq get` in a shell loop: so a module
+imports at its top only what its parser needs, and the rest of a command's machinery (fsck,
+the pub/sub hub, redrive tasks, the credentials) inside the handler that uses it.
 """
 
 from __future__ import annotations

@@ -13,15 +13,17 @@ import json
 import signal
 import threading
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dirmq.cli import exits
 from dirmq.cli.args import open_store, queue_name
 from dirmq.cli.progress import progress_bar
 from dirmq.errors import InvalidArgument
-from dirmq.redrive.model import RedriveTask
-from dirmq.redrive.tasks import Redrives
 from dirmq.store.events import DEAD_REASONS
+
+if TYPE_CHECKING:
+    from dirmq.redrive.model import RedriveTask
+    from dirmq.redrive.tasks import Redrives
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -75,6 +77,9 @@ def cmd_dead_letter(args: argparse.Namespace) -> int:
 
 
 def cmd_redrive(args: argparse.Namespace) -> int:
+    # Imported here: only this command needs the redrive tasks (cli/__init__.py says why).
+    from dirmq.redrive.tasks import Redrives
+
     with open_store(args) as store:
         tasks = Redrives(store, resume=False)
         if args.list:

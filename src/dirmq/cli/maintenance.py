@@ -9,17 +9,18 @@ import os
 import sys
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dirmq.cli import exits
 from dirmq.cli.args import open_store, queue_name
 from dirmq.cli.progress import progress_bar
-from dirmq.pubsub.check import Finding, PubSubReport, check_pubsub
-from dirmq.pubsub.layout import PubSubPaths
-from dirmq.schedules.check import Finding as ScheduleFinding
-from dirmq.schedules.check import SchedulesReport, check_schedules
-from dirmq.store import Store, default_root, fsckrecord, init_root
-from dirmq.store.fsck import FsckReport, Problem, fsck
+from dirmq.store import Store, default_root, init_root
+
+if TYPE_CHECKING:
+    from dirmq.pubsub.check import Finding, PubSubReport
+    from dirmq.schedules.check import Finding as ScheduleFinding
+    from dirmq.schedules.check import SchedulesReport
+    from dirmq.store.fsck import FsckReport, Problem
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -67,9 +68,12 @@ def sweep_pubsub(store: Store) -> str | None:
     given back or given up on, `anyone` messages timed out, broadcast entries pruned, outcomes a
     crash left unreported, half-finished publishes, dead sessions' presence), as a line of
     counts; None for a root that never used pub/sub."""
+    # Imported here, as every command's heavier parts are: a `dirmq get` should not pay for
+    # the modules of the commands it is not (a CLI call's time is mostly imports).
+    from dirmq.pubsub.layout import PubSubPaths
+
     if not os.path.isdir(PubSubPaths.under(store.root).base):
         return None
-    # Imported here: only a root with pub/sub state needs the hub.
     from dirmq.pubsub.hub import PubSub
 
     report = PubSub(store).sweep()
@@ -90,6 +94,11 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
+    from dirmq.pubsub.check import check_pubsub
+    from dirmq.schedules.check import check_schedules
+    from dirmq.store import fsckrecord
+    from dirmq.store.fsck import fsck
+
     root: str = args.root or default_root()
     started_s, started = time.time(), time.monotonic()
     with progress_bar("fsck", unit="files") as advance:

@@ -26,22 +26,27 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dirmq.cli import exits
 from dirmq.cli.args import count, duration, open_store, queue_name
 from dirmq.cli.messages import body_json, header
 from dirmq.cli.throttle import ThrottledWarnings, warn
 from dirmq.errors import DeliveryNotFound, InvalidArgument
-from dirmq.pubsub import Delivery, Mode, Persistence, PubSub, Subscription
 from dirmq.pubsub.model import (
     DEFAULT_ACCEPT_TIMEOUT_S,
     DEFAULT_PROCESS_TIMEOUT_S,
+    Delivery,
+    Mode,
     Outcome,
+    Persistence,
     check_name,
     parse_outcomes,
 )
 from dirmq.pubsub.policy import DEFAULT_BACKOFF_MAX_S, DEFAULT_BACKOFF_S, DEFAULT_MAX_DELIVERIES
+
+if TYPE_CHECKING:
+    from dirmq.pubsub.subscription import Subscription
 
 # Longest wait inside the library before the loop looks at the signal flag again.
 SLICE_S = 0.2
@@ -249,6 +254,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if args.ack and not args.reply_to:
         raise InvalidArgument("--ack needs --reply-to (the queue the outcomes go to)")
     with open_store(args, create=True) as store:
+        from dirmq.pubsub.hub import PubSub  # here: cli/__init__.py says why
+
         hub = PubSub(store)
         # Read only once the arguments and the root are known to be good.
         body = args.body.encode() if args.body is not None else sys.stdin.buffer.read()
@@ -316,6 +323,8 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     if args.dismiss_on_error and args.command is None:
         raise InvalidArgument("--dismiss-on-error only applies with --exec")
     with open_store(args, create=True) as store, stop_on_signals() as stop:
+        from dirmq.pubsub.hub import PubSub  # here: cli/__init__.py says why
+
         hub = PubSub(store)
         subscription = hub.subscribe(
             args.name,

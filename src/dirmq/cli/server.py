@@ -11,7 +11,7 @@ from typing import Any
 
 from dirmq.cli import config
 from dirmq.cli.args import count, duration, listen_address, size
-from dirmq.server.logs import FORMATS, LEVELS
+from dirmq.server.logforms import FORMATS, LEVELS
 from dirmq.sqs.deleted import WINDOW_S
 from dirmq.store.root import DEFAULT_ROOT
 

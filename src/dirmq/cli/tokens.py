@@ -13,7 +13,6 @@ import sys
 from typing import Any
 
 from dirmq.errors import InvalidArgument
-from dirmq.server.credentials import new_token, token_digest
 
 MIN_TOKEN_CHARS = 20  # a token is only hashed once: it must not be guessable
 
@@ -37,6 +36,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_new(args: argparse.Namespace) -> int:
+    from dirmq.server.credentials import new_token  # here: cli/__init__.py says why
+
     token = new_token()
     print("# the token: give it to the client (it is stored nowhere; a lost one is replaced)")
     print(token)
@@ -59,4 +60,6 @@ def cmd_hash(args: argparse.Namespace) -> int:
 
 
 def _line(token: str) -> str:
+    from dirmq.server.credentials import token_digest
+
     return f'token_sha256 = "{token_digest(token)}"'

@@ -29,9 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dirmq.errors import InvalidArgument
-
-LEVELS = ("debug", "info", "warning", "error")
-FORMATS = ("text", "json")
+from dirmq.server.logforms import FORMATS, LEVELS
 
 
 @dataclass(frozen=True, slots=True)
