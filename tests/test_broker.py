@@ -512,6 +512,9 @@ def test_large_leases_and_acks_run_on_the_loop_a_chunk_at_a_time(
 
     monkeypatch.setattr(dirmq.Queue, "get", get)
     monkeypatch.setattr(dirmq.Queue, "ack_each", ack_each)
+    # A chunk slower than INLINE_STALL_S sends the rest to the pool by design: a stalled
+    # machine (CI's, under load) must not decide what this test sees.
+    monkeypatch.setattr(broker_module, "INLINE_STALL_S", 3600.0)
     between: list[int] = []  # how many store calls had been made each time the loop got a turn
 
     async def main() -> tuple[int, list[dirmq.Message], dict[str, Exception]]:
