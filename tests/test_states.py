@@ -42,6 +42,7 @@ NOT_MESSAGE_MOVES = {
     "root": "queue directories and @queue.json",
     "fsck": "repair: it moves what breaks the table's rules",
     "fsck_backlog": "repair of the backlog: a message moved into its own bucket",
+    "fsck_delays": "repair of @delayed: a delay moved into its own bucket",
     "fsck_findings": "repairs several checks make: a file removed, or set aside for a human",
     "fsck_root": "repair of the root's files: @trash emptied",
     "fsck_queue": "repair of a queue's frame: a bad @queue.json set aside (fsck_findings)",
