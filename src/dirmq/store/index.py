@@ -116,7 +116,8 @@ class QueueIndex:
             for directory in (layout.READY, layout.LEASED, layout.DELAYED, layout.BACKLOG)
         }
         slots_held = _occupied(os.path.join(queue_dir, layout.SLOTS))
-        loaded = self.delayed.loaded.copy()  # listed again below, under the watches they have
+        # The delay buckets loaded, listed again under the watches they have (one gone: []).
+        loaded = {m: delays.bucket_names(queue_dir, m) for m in sorted(self.delayed.loaded)}
         self.ready.clear()
         self.leased.clear()
         self.delayed.clear()
@@ -132,10 +133,14 @@ class QueueIndex:
         # of the other name would only fail, but counts would take it twice).
         for message_id in self.leased.names:
             self.ready.pop(message_id, None)
-        for minute in sorted(loaded & set(self.delayed.buckets)):
-            self.delayed.loaded.add(minute)
-            for name in delays.bucket_names(queue_dir, minute):
-                self.delayed.add_name(minute, name)
+        present = set(self.delayed.buckets)
+        for minute, names in loaded.items():
+            if minute in present:
+                self.delayed.loaded.add(minute)
+                for name in names:
+                    self.delayed.add_name(minute, name)
+            elif self.delayed.watch is not None:
+                self.delayed.watch(minute, False)
         self._rebuild_heaps()
 
     def _rebuild_heaps(self) -> None:
