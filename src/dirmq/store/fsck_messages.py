@@ -43,8 +43,8 @@ def check_messages(run: Run, scan: QueueScan, state: str) -> None:
         name = entry.name
         if name in renamed or name.startswith(".nfs") or entry.path in scan.rehomed:
             continue
-        if state == layout.DELAYED and delays.is_bucket(name):
-            continue  # a bucket: checked as a directory of its own
+        if state == layout.DELAYED and entry.is_dir(follow_symlinks=False):
+            continue  # a bucket, checked as a directory of its own; else fsck_delays's stray
         run.tick()
         if not entry.is_file(follow_symlinks=False):
             run.add(scan.name, entry.path, Kind.STRAY, "not a regular file")

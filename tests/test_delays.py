@@ -1,0 +1,291 @@
+"""Delayed messages in buckets of their due minute (store/delays.py, docs/FORMAT.md "Delayed
+messages", root format 5): where a delayed publish and a nack with a delay put a message, due
+messages delivered bucket by bucket (and each bucket removed once emptied), a writer whose
+bucket a consumer removed, another process's delay seen through the bucket's watch, and the
+migration of a root of format 4 (on open, killed half-way, beside a process of version 4)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import dirmq
+from dirmq.store import codec, delays, filebase, layout
+from dirmq.store.fsck import Kind, fsck
+from dirmq.store.ids import new_ids
+
+from .support.procs import kill, spawn
+from .support.waiting import wait_until
+
+MEMORY = dirmq.QueueConfig(durability="memory")
+
+
+def delayed_files(queue_dir: str | Path) -> dict[str, list[str]]:
+    """{entry of @delayed: the names in it} ("" for the flat entries of an earlier format)."""
+    found: dict[str, list[str]] = {}
+    top = Path(queue_dir) / layout.DELAYED
+    for entry in top.iterdir():
+        if entry.is_dir():
+            found[entry.name] = sorted(os.listdir(entry))
+        else:
+            found.setdefault("", []).append(entry.name)
+    return found
+
+
+def _in_own_bucket(found: dict[str, list[str]]) -> bool:
+    return all(
+        bucket == str(delays.due_of(name) // 60_000)  # type: ignore[operator]
+        for bucket, names in found.items()
+        if bucket
+        for name in names
+    )
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.ms = time.time_ns() // 1_000_000
+
+    def now_ms(self) -> int:
+        return self.ms
+
+
+@contextmanager
+def store_clock() -> Iterator[_Clock]:
+    """The store's clock (`filebase.now_ms`, imported by name where it is read), moved by the
+    test: due times minutes apart without waiting minutes."""
+    clock = _Clock()
+    modules = [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith("dirmq.store") and getattr(module, "now_ms", None) is filebase.now_ms
+    ]
+    with pytest.MonkeyPatch.context() as patch:
+        for module in modules:
+            patch.setattr(module, "now_ms", clock.now_ms)
+        yield clock
+
+
+def test_a_delayed_publish_goes_into_the_bucket_of_its_due_minute(store: dirmq.Store) -> None:
+    q = store.create_queue("q", MEMORY)
+    soon = q.put(b"soon", delay_s=0.2)
+    later = q.put(b"later", delay_s=3_600)
+    found = delayed_files(q.path)
+    assert "" not in found and _in_own_bucket(found)
+    assert sorted(n[: layout.ID_LENGTH] for names in found.values() for n in names) == sorted(
+        [soon, later]
+    )
+    assert q.stats().delayed == 2
+    assert q.get_one() is None
+    message = q.get_one(wait_s=10)
+    assert message is not None and message.id == soon
+    assert q.peek(later).state == "delayed"  # found though its bucket was never listed
+    assert [m.id for m in q.browse(None, state="delayed")] == [later]
+
+
+def test_a_nack_with_a_delay_goes_into_the_bucket_of_its_due_minute(store: dirmq.Store) -> None:
+    q = store.create_queue("q", MEMORY)
+    message_id = q.put(b"again later")
+    message = q.get_one()
+    assert message is not None and message.receipt is not None
+    assert q.nack(message.receipt, delay_s=600) == "delayed"
+    found = delayed_files(q.path)
+    [[name]] = found.values()
+    assert name.startswith(f"{message_id}.1.") and _in_own_bucket(found)
+    assert q.stats().delayed == 1 and q.get_one() is None
+    soon = q.put(b"soon")
+    got = q.get_one()
+    assert got is not None and got.receipt is not None and got.id == soon
+    nacked = time.monotonic()
+    assert q.nack(got.receipt, delay_s=0.2) == "delayed"
+    again = q.get_one(wait_s=10)
+    assert again is not None and again.id == soon and again.receive_count == 2
+    assert time.monotonic() - nacked >= 0.2
+
+
+def test_due_messages_are_delivered_bucket_by_bucket_and_emptied_buckets_go(
+    store: dirmq.Store,
+) -> None:
+    """Four delays in three minutes' buckets: each is delivered once due and not before, and a
+    bucket is removed once its minute is over and it is emptied."""
+    with store_clock() as clock:
+        q = store.create_queue("q", MEMORY)
+        clock.ms = (clock.ms // 60_000 + 1) * 60_000 + 1_000  # a second into a minute
+        start = clock.ms
+        first = q.put(b"first", delay_s=30)
+        second = q.put(b"second", delay_s=90)
+        third = q.put(b"third", delay_s=95)
+        fourth = q.put(b"fourth", delay_s=150)
+        assert len(delayed_files(q.path)) == 3
+        assert q.get_one() is None
+        for due_s, message_id in [(30, first), (90, second), (95, third), (150, fourth)]:
+            clock.ms = start + due_s * 1_000 - 1
+            assert q.get_one() is None, f"delivered before its time ({due_s} s)"
+            clock.ms += 1
+            got = q.get_one()
+            assert got is not None and got.id == message_id, (due_s, got)
+            q.ack(got.receipt or "")
+        assert len(delayed_files(q.path)) == 1, "the buckets of past minutes are gone"
+        clock.ms += 120_000
+        assert q.get_one() is None
+        assert q.stats().delayed == 0
+        assert delayed_files(q.path) == {}, "and the last one, once its minute is over"
+
+
+def test_another_process_delay_into_a_begun_bucket_is_seen_at_once(root: Path) -> None:
+    """A process that has listed (loaded) the bucket of this minute hears of another process's
+    delay into it through that bucket's watch, and delivers it when due, not when it next
+    lists the bucket."""
+    with dirmq.Store(root) as mine, dirmq.Store(root) as theirs:
+        q = mine.create_queue("q", MEMORY)
+        q.put(b"now")
+        message = q.get_one()  # opens the index
+        assert message is not None
+        q.ack(message.receipt or "")
+        q.put(b"loads the bucket", delay_s=0.05)
+        got = q.get_one(wait_s=10)
+        assert got is not None
+        q.ack(got.receipt or "")
+        # Now this minute's bucket (or the next one's) is loaded here; another process
+        # delays a message into it.
+        sent = time.monotonic()
+        other = theirs.queue("q").put(b"from another process", delay_s=0.3)
+        got = q.get_one(wait_s=10)
+        assert got is not None and got.id == other
+        assert time.monotonic() - sent < 5, "delivered when due, not at a later listing"
+
+
+def test_a_writer_whose_bucket_went_makes_it_again(store: dirmq.Store) -> None:
+    """A publisher trusts the bucket it made last (no mkdir per message); a consumer that
+    emptied and removed it meanwhile makes its next rename fail: it makes the bucket again."""
+    q = store.create_queue("q")
+    first = q.put(b"makes the bucket", delay_s=600)
+    [(bucket, [name])] = delayed_files(q.path).items()
+    aside = Path(q.path) / name
+    os.rename(Path(q.path) / layout.DELAYED / bucket / name, aside)  # emptied ...
+    os.rmdir(Path(q.path) / layout.DELAYED / bucket)  # ... and removed, as a get would
+    second = q.put(b"same minute", delay_s=600.001)
+    found = delayed_files(q.path)
+    assert [n[: layout.ID_LENGTH] for names in found.values() for n in names] == [second]
+    assert _in_own_bucket(found)
+    os.rename(aside, Path(q.path) / layout.DELAYED / delays.relative_dir(name)[9:] / name)
+    assert {m.id for m in q.browse(None, state="delayed")} == {first, second}
+
+
+def _format4_root(root: Path, count: int, spread_minutes: int = 1) -> tuple[str, list[str]]:
+    """A root of format 4 with queue "q" holding `count` flat delays (one due now, the rest
+    an hour on, spread over `spread_minutes` minutes): what version 4 wrote."""
+    with dirmq.Store(root) as store:
+        q = store.create_queue("q")
+    (root / layout.ROOT_MARKER).write_text(json.dumps({"format": 4, "access": "private"}))
+    now_ms = time.time_ns() // 1_000_000
+    ids = new_ids(count)
+    flat = Path(q.path) / layout.DELAYED
+    for i, message_id in enumerate(ids):
+        due = now_ms - 1 if i == 0 else now_ms + 3_600_000 + (i % spread_minutes) * 60_000
+        data = codec.encode(b"m%d" % i, {}, message_id=message_id)
+        _write(flat / layout.timed_name(message_id, 0, due), data)
+    return q.path, ids
+
+
+def _write(path: Path, data: bytes) -> None:
+    """A file as a process of the root would write it (the root's private access)."""
+    path.write_bytes(data)
+    path.chmod(0o600)
+
+
+def test_a_root_of_format_4_is_migrated_on_open(root: Path) -> None:
+    queue_dir, ids = _format4_root(root, 50, spread_minutes=3)
+    report = fsck(root, repair=False)
+    assert report.ok and {p.kind for p in report.problems} == {Kind.FLAT_DELAY}
+    with dirmq.Store(root) as store:
+        q = store.queue("q")
+        got = q.get_one()
+        assert got is not None and got.id == ids[0]  # the due one, delivered
+        assert q.stats().delayed == 49
+        found = {bucket: names for bucket, names in delayed_files(queue_dir).items() if names}
+        assert "" not in found and len(found) == 3 and _in_own_bucket(found)
+    assert json.loads((root / layout.ROOT_MARKER).read_text())["format"] == 5
+    assert fsck(root, repair=False).problems == ()
+
+
+def test_fsck_repair_moves_flat_and_misplaced_delays_home(root: Path) -> None:
+    queue_dir, _ids = _format4_root(root, 5)
+    # A delay in a bucket other than its due minute's, and a stray directory in @delayed.
+    with dirmq.Store(root) as store:
+        pass
+    wrong = Path(queue_dir) / layout.DELAYED / "12345"
+    wrong.mkdir(mode=0o700)
+    [misplaced_id] = new_ids(1)
+    due = time.time_ns() // 1_000_000 + 600_000
+    name = layout.timed_name(misplaced_id, 0, due)
+    _write(wrong / name, codec.encode(b"misplaced", {}, message_id=misplaced_id))
+    (Path(queue_dir) / layout.DELAYED / "notes").mkdir(mode=0o700)
+    report = fsck(root, repair=False)
+    kinds = Counter(p.kind for p in report.problems)
+    assert kinds == {Kind.FLAT_DELAY: 5, Kind.MISNAMED: 1, Kind.STRAY: 1}, report.problems
+    assert not report.ok
+    repaired = fsck(root, repair=True)
+    assert repaired.ok
+    (Path(queue_dir) / layout.DELAYED / "notes").rmdir()
+    os.rmdir(wrong)
+    again = fsck(root, repair=False)
+    assert again.problems == (), again.problems
+    found = delayed_files(queue_dir)
+    assert "" not in found and _in_own_bucket(found)
+    with dirmq.Store(root) as store:
+        assert store.queue("q").peek(misplaced_id).body == b"misplaced"
+        assert store.queue("q").stats().delayed == 5  # and one due: ready
+
+
+def test_a_migration_killed_half_way_loses_nothing(root: Path) -> None:
+    """SIGKILL a process moving 3,000 flat delays (each in a minute of its own: a bucket made
+    and flushed each) into their buckets: every message is still there exactly once, flat or
+    in its bucket, fsck finds nothing but flat delays, and the next open finishes."""
+    count = 3_000
+    queue_dir, ids = _format4_root(root, count, spread_minutes=count)
+    flat = Path(queue_dir) / layout.DELAYED
+    opener = spawn("open", root, "q")
+    assert opener.stdout is not None and opener.stdout.readline().strip() == "opening"
+
+    def some_moved() -> bool:
+        return any(entry.is_dir() and os.listdir(entry) for entry in flat.iterdir())
+
+    wait_until(some_moved, 60, "the migration to begin")
+    kill(opener)
+    found = delayed_files(queue_dir)
+    assert found.get(""), "the kill came after the migration ended: nothing half-way to test"
+    names = [n for each in found.values() for n in each]
+    assert sorted(n[: layout.ID_LENGTH] for n in names) == sorted(ids), "each message once"
+    assert _in_own_bucket(found)
+    report = fsck(root, repair=False)
+    assert report.ok and {p.kind for p in report.problems} <= {Kind.FLAT_DELAY}
+    with dirmq.Store(root) as store:
+        q = store.queue("q")
+        assert q.stats().delayed + q.stats().ready == count
+        assert delayed_files(queue_dir).get("") is None, "the next open finished it"
+    assert fsck(root, repair=False).problems == ()
+
+
+def test_a_flat_delay_written_beside_a_running_process_is_delivered(root: Path) -> None:
+    """A process of version 4 on the same root writes delays flat into @delayed: a process of
+    version 5 that has the queue open moves each into its bucket and delivers it when due."""
+    with dirmq.Store(root) as store:
+        q = store.create_queue("q", MEMORY)
+        assert q.get_one() is None  # the index is built
+        [message_id] = new_ids(1)
+        due = time.time_ns() // 1_000_000 + 200
+        name = layout.timed_name(message_id, 0, due)
+        tmp = Path(q.path) / layout.TMP / "v4"
+        _write(tmp, codec.encode(b"from version 4", {}, message_id=message_id))
+        os.rename(tmp, Path(q.path) / layout.DELAYED / name)
+        got = q.get_one(wait_s=10)
+        assert got is not None and got.id == message_id
+        assert "" not in delayed_files(q.path)
