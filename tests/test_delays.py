@@ -289,3 +289,16 @@ def test_a_flat_delay_written_beside_a_running_process_is_delivered(root: Path) 
         got = q.get_one(wait_s=10)
         assert got is not None and got.id == message_id
         assert "" not in delayed_files(q.path)
+
+
+def test_delays_take_no_room_of_ready(store: dirmq.Store) -> None:
+    """1,200 delayed publishes (more than @ready's head of 1,000 before the backlog) neither
+    send the next ready message behind @ready nor fail (a delayed message counted as spilled
+    to the backlog once had no durability to make its bucket with)."""
+    q = store.create_queue("q", dirmq.QueueConfig(delay_s=3_600))
+    q.put_many([b"d"] * 600)
+    q.put_many([b"d"] * 600)
+    now = q.put(b"now", delay_s=0)
+    assert os.listdir(Path(q.path) / layout.READY) == [now]
+    assert os.listdir(Path(q.path) / layout.BACKLOG) == []
+    assert q.stats().delayed == 1_200

@@ -257,8 +257,8 @@ class Publisher:
         if not all(spills):
             into_ready = Counter(
                 message.priority
-                for message, spilled in zip(outgoing, spills, strict=True)
-                if not spilled
+                for f, message, spilled in zip(pending, outgoing, spills, strict=True)
+                if not spilled and f.final_path.startswith(f"{self._files.dir[layout.READY]}/")
             )
             for priority, count in into_ready.items():
                 backlog.published_into_ready(count, priority)
@@ -272,6 +272,10 @@ class Publisher:
         rooms: dict[int, int] = {}
         spills: list[bool] = []
         for message in outgoing:
+            delay_s = config.delay_s if message.delay_s is None else message.delay_s
+            if delay_s > 0:  # into @delayed's bucket: no room of @ready taken
+                spills.append(False)
+                continue
             level = message.priority
             room = rooms.get(level)
             if room is None:
