@@ -6,6 +6,7 @@ migration of a root of format 4 (on open, killed half-way, beside a process of v
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import dirmq
-from dirmq.store import codec, delays, filebase, layout
+from dirmq.store import codec, delays, filebase, layout, watch
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.ids import new_ids
 
@@ -302,3 +303,27 @@ def test_delays_take_no_room_of_ready(store: dirmq.Store) -> None:
     assert os.listdir(Path(q.path) / layout.READY) == [now]
     assert os.listdir(Path(q.path) / layout.BACKLOG) == []
     assert q.stats().delayed == 1_200
+
+
+def test_out_of_watches_for_a_bucket_the_queue_is_polled(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bucket whose watch cannot be had (the user's inotify watches spent) is still loaded,
+    and the queue polled from then on: its delays, and another process's, are delivered."""
+    real = watch.add_watch
+
+    def add_watch(fd: int, path: str, mask: int) -> int:
+        if f"/{layout.DELAYED}/" in path:
+            raise OSError(errno.ENOSPC, f"inotify_add_watch {path}: No space left on device")
+        return real(fd, path, mask)
+
+    monkeypatch.setattr(watch, "add_watch", add_watch)
+    with dirmq.Store(root, poll_interval_s=0.05) as mine, dirmq.Store(root) as theirs:
+        q = mine.create_queue("q", MEMORY)
+        first = q.put(b"mine", delay_s=0.05)
+        got = q.get_one(wait_s=10)
+        assert got is not None and got.id == first
+        assert q.polled()
+        other = theirs.queue("q").put(b"theirs", delay_s=0.1)
+        got = q.get_one(wait_s=10)
+        assert got is not None and got.id == other
