@@ -67,7 +67,8 @@ class DelayedSet(TimedSet):
 
     def add_name(self, minute: int, name: str) -> None:
         """A name in the bucket of `minute`: kept if that bucket is loaded and the name's due
-        time is of it (a misplaced one is left to `SettlingFiles`, which moves it)."""
+        time is of it (a misplaced one is delivered once its bucket's minute is over and it is
+        due, or moved to its own bucket by `dirmq fsck --repair`)."""
         self.add_bucket(minute)
         if minute not in self.loaded:
             return

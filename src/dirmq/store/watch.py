@@ -154,19 +154,13 @@ class InotifyHub:
                 watcher.wds.remove(wd)
 
     def _forget_optional(self, wd: int) -> None:
-        """The kernel dropped watch `wd` (its directory went): its optional subscribers forget
-        it (under the lock)."""
-        subscribers = self._subscribers.get(wd, [])
-        for watcher, key in subscribers:
-            if isinstance(watcher, HubWatcher) and watcher.optional.get(key) == wd:
+        """The kernel dropped watch `wd` (its directory went): nobody is subscribed to it any
+        more (a watcher of another directory by that wd was told `lost`; under the lock)."""
+        for watcher, key in self._subscribers.pop(wd, []):
+            if watcher.optional.get(key) == wd:
                 del watcher.optional[key]
-                if wd in watcher.wds:
-                    watcher.wds.remove(wd)
-        kept = [(w, k) for w, k in subscribers if k not in w.optional]
-        if kept:
-            self._subscribers[wd] = kept
-        else:
-            self._subscribers.pop(wd, None)
+            if wd in watcher.wds:
+                watcher.wds.remove(wd)
 
     def unsubscribe(self, watcher: _Subscriber) -> None:
         with self.lock:
