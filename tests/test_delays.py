@@ -176,8 +176,19 @@ def test_a_writer_whose_bucket_went_makes_it_again(store: dirmq.Store) -> None:
     found = delayed_files(q.path)
     assert [n[: layout.ID_LENGTH] for names in found.values() for n in names] == [second]
     assert _in_own_bucket(found)
-    os.rename(aside, Path(q.path) / layout.DELAYED / delays.relative_dir(name)[9:] / name)
+    os.rename(aside, Path(q.path) / delays.relative_dir(name) / name)
     assert {m.id for m in q.browse(None, state="delayed")} == {first, second}
+    # A nack with a delay trusts the same bucket: gone, it is made again too.
+    for bucket, names in delayed_files(q.path).items():
+        for each in names:
+            os.rename(Path(q.path) / layout.DELAYED / bucket / each, Path(q.path) / each)
+        os.rmdir(Path(q.path) / layout.DELAYED / bucket)
+    nacked = q.put(b"nacked", delay_s=0)
+    message = q.get_one()
+    assert message is not None and message.id == nacked and message.receipt is not None
+    assert q.nack(message.receipt, delay_s=600.002) == "delayed"
+    found = delayed_files(q.path)
+    assert [n[: layout.ID_LENGTH] for names in found.values() for n in names] == [nacked]
 
 
 def _format4_root(root: Path, count: int, spread_minutes: int = 1) -> tuple[str, list[str]]:
