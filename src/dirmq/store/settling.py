@@ -80,6 +80,8 @@ class SettlingFiles(QueueFileBase):
         return delivered
 
     def _deliver(self, index: QueueIndex, directory: str, name: str) -> int:
+        """One due delay into @ready (`directory`: its bucket); 1 if it moved, 0 if another
+        process got there first."""
         entry = parse_entry(name)
         assert entry is not None
         target = layout.ready_name(entry.message_id, entry.count, entry.group, entry.level)
