@@ -138,35 +138,6 @@ def find(queue_dir: str, message_ids: set[str]) -> dict[str, tuple[str, str]]:
     return found
 
 
-def count(queue_dir: str, at_ms: int) -> tuple[int, list[str]]:
-    """(delayed messages not due by `at_ms`, the names of those due): a listing of every bucket
-    whose minute has begun, and of flat entries; a bucket still to come counts its names alone
-    (`Census` keeps those by mtime; here, one listing each)."""
-    waiting = 0
-    due: list[str] = []
-    minutes, flat = top(queue_dir)
-    for minute in minutes:
-        listed = bucket_names(queue_dir, minute)
-        if minute * BUCKET_MS > at_ms:
-            waiting += len(listed)
-            continue
-        for name in listed:
-            at = due_of(name)
-            if at is None:
-                continue
-            if at <= at_ms:
-                due.append(name)
-            else:
-                waiting += 1
-    for name in flat:
-        at = due_of(name)
-        if at is not None and at <= at_ms:
-            due.append(name)
-        else:
-            waiting += 1
-    return waiting, due
-
-
 class BucketCounts:
     """Delayed messages counted by bucket, a bucket still to come listed again only once its
     mtime changed (stats of a queue of a million delays cost a stat a bucket, as the
@@ -176,7 +147,9 @@ class BucketCounts:
         self._counted: dict[int, tuple[int, int]] = {}  # minute -> (mtime_ns, names)
 
     def count(self, queue_dir: str, at_ms: int) -> tuple[int, list[str]]:
-        """`count`, the buckets to come counted from the cache."""
+        """(delayed messages not due by `at_ms`, the names of those due): a listing of every
+        bucket whose minute has begun and of flat entries; a bucket still to come counted by
+        its names, listed again only once its mtime changed."""
         waiting = 0
         due: list[str] = []
         minutes, flat = top(queue_dir)

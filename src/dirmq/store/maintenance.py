@@ -74,7 +74,9 @@ def ready_by_level(view: QueueView) -> dict[int, int]:
                 counts[level] = counts.get(level, 0) + behind
         at_ms = now_ms()
         due = (
-            delays.count(view.path, at_ms)[1] if index.delayed.buckets or index.delayed.flat else []
+            view.files.delay_counts.count(view.path, at_ms)[1]
+            if index.delayed.buckets or index.delayed.flat
+            else []
         )
         for timed in (index.leased.names.values(), due):
             for name in timed:
