@@ -338,3 +338,37 @@ def test_out_of_watches_for_a_bucket_the_queue_is_polled(
         other = theirs.queue("q").put(b"theirs", delay_s=0.1)
         got = q.get_one(wait_s=10)
         assert got is not None and got.id == other
+
+
+def test_a_late_writer_into_a_past_bucket_is_not_left_behind(
+    store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer whose rename into a bucket lands after a consumer listed the bucket (its
+    minute over) but before the consumer's rmdir: the rmdir fails, the consumer lists the
+    bucket again and delivers the late message, rather than leaving it until a rescan."""
+    with store_clock() as clock:
+        q = store.create_queue("q", MEMORY)
+        clock.ms = (clock.ms // 60_000 + 1) * 60_000 + 1_000  # a second into a minute
+        first = q.put(b"first", delay_s=30)
+        [(bucket, [name])] = delayed_files(q.path).items()
+        clock.ms += 30_000
+        got = q.get_one()  # the bucket loaded (its minute has begun), its one message due
+        assert got is not None and got.id == first
+        q.ack(got.receipt or "")
+        [late_id] = new_ids(1)
+        late = layout.timed_name(late_id, 0, delays.due_of(name) or 0)
+        real = delays.bucket_names
+        planted: list[str] = []
+
+        def listing_then_a_late_rename(queue_dir: str, minute: int) -> list[str]:
+            names = real(queue_dir, minute)
+            if not planted:
+                planted.append(late)
+                data = codec.encode(b"late", {}, message_id=late_id)
+                _write(Path(q.path) / layout.DELAYED / bucket / late, data)
+            return names
+
+        monkeypatch.setattr(delays, "bucket_names", listing_then_a_late_rename)
+        clock.ms += 60_000  # the bucket's minute is over: listed (empty), then removed
+        assert [m.id for m in q.get(10)] == [late_id]
+        assert delayed_files(q.path) == {}

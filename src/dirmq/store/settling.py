@@ -97,15 +97,22 @@ class SettlingFiles(QueueFileBase):
         at again until a rescan, rather than at every get."""
         delivered = 0
         directory = delays.bucket_dir(minute)
-        for name in delays.bucket_names(self.queue_dir, minute):
-            due = delays.due_of(name)
-            if due is not None and due <= at_ms:
-                delivered += self._deliver(index, directory, name)
-                index.delayed.discard(name[: layout.ID_LENGTH], name)
-        if delays.remove_empty(self.queue_dir, minute):
-            index.delayed.drop_bucket(minute)
-        elif not delivered:
-            index.delayed.stuck.add(minute)
+        for attempt in range(3):
+            moved = 0
+            for name in delays.bucket_names(self.queue_dir, minute):
+                due = delays.due_of(name)
+                if due is not None and due <= at_ms:
+                    moved += self._deliver(index, directory, name)
+                    index.delayed.discard(name[: layout.ID_LENGTH], name)
+            delivered += moved
+            if delays.remove_empty(self.queue_dir, minute):
+                index.delayed.drop_bucket(minute)
+                break
+            # Not empty: a late writer's rename (its minute ran out under it) came after the
+            # listing, and the next listing moves it; listed twice with nothing to move, stuck.
+            if not moved and attempt:
+                index.delayed.stuck.add(minute)
+                break
         return delivered
 
     def migrate_delays(self, index: QueueIndex) -> int:
