@@ -20,6 +20,7 @@ import pytest
 
 import dirmq
 from dirmq.store import codec, delays, filebase, layout, watch
+from dirmq.store.census import Census, queue_depth
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.ids import new_ids
 
@@ -372,3 +373,24 @@ def test_a_late_writer_into_a_past_bucket_is_not_left_behind(
         clock.ms += 60_000  # the bucket's minute is over: listed (empty), then removed
         assert [m.id for m in q.get(10)] == [late_id]
         assert delayed_files(q.path) == {}
+
+
+def test_the_census_counts_delays_in_their_buckets(store: dirmq.Store) -> None:
+    """/metrics' census (no queue opened): a delay to come counts as delayed, a due one as
+    ready, whichever bucket holds it; a kept census counts again what changed."""
+    q = store.create_queue("q", MEMORY)
+    q.put(b"later", delay_s=3_600)
+    q.put(b"due", delay_s=0.01)
+    wait_until(lambda: time.time_ns() // 1_000_000 > _earliest_due(q.path), 5, "the delay due")
+    depth = queue_depth(store.root, "q")
+    assert (depth.ready, depth.delayed) == (1, 1)
+    kept = Census(store.root)
+    assert [(d.stats.ready, d.stats.delayed) for d in kept.depths()] == [(1, 1)]
+    q.put(b"later still", delay_s=7_200)
+    assert [(d.stats.ready, d.stats.delayed) for d in kept.depths()] == [(1, 2)]
+
+
+def _earliest_due(queue_dir: str) -> int:
+    return min(
+        delays.due_of(name) or 0 for names in delayed_files(queue_dir).values() for name in names
+    )
