@@ -250,14 +250,17 @@ class DelayBuckets:
             due = due_of(name)
             if due is None:
                 continue
-            bucket = self.prepare(due, durable)
+            try:
+                bucket = self.prepare(due, durable)
+            except FileNotFoundError:
+                break  # the queue went away meanwhile
             try:
                 os.rename(os.path.join(self.dir, name), os.path.join(bucket, name))
             except FileNotFoundError:
                 if os.path.isdir(bucket):
                     continue  # moved (or delivered) by another process
-                bucket = self.remake(due, durable)
                 try:
+                    bucket = self.remake(due, durable)
                     os.rename(os.path.join(self.dir, name), os.path.join(bucket, name))
                 except FileNotFoundError:
                     continue
@@ -266,10 +269,12 @@ class DelayBuckets:
             touched.add(bucket)
             moved.append(name)
         if durable and touched:
-            for bucket in touched:
-                with contextlib.suppress(FileNotFoundError):
-                    fsync_dir(bucket)
-            fsync_dir(self.dir)
+            try:
+                for path in [*touched, self.dir]:
+                    with contextlib.suppress(FileNotFoundError):  # emptied and removed since
+                        fsync_dir(path)
+            except OSError as exc:
+                raise storage_error(exc, f"flushing {self.dir}") from exc
         return moved
 
 
