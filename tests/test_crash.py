@@ -67,7 +67,8 @@ def test_killed_producer_never_exposes_a_partial_message(root: Path, shared: boo
     with dirmq.Store(root, shared=shared) as store:
         q = store.queue("big")
         q.sweep()
-        for state in (layout.TMP, layout.READY, layout.DELAYED):
+        buckets = [f"{layout.DELAYED}/{b}" for b in os.listdir(Path(q.path) / layout.DELAYED)]
+        for state in (layout.TMP, layout.READY, *buckets):
             temps = [n for n in os.listdir(os.path.join(q.path, state)) if not parse_entry(n)]
             assert not temps, f"orphaned temp files remain in {state}: {temps}"
         time.sleep(0.25)  # the delayed ones come due

@@ -57,6 +57,13 @@ def snapshot(root: Path) -> dict[str, bytes | str]:
     return tree
 
 
+def delay_bucket(queue_dir: Path, due_ms: float) -> Path:
+    """The bucket of @delayed a delay due at `due_ms` goes in (made): @delayed/<minute>."""
+    bucket = queue_dir / layout.DELAYED / str(int(due_ms) // 60_000)
+    bucket.mkdir(exist_ok=True)
+    return bucket
+
+
 def kinds(report: FsckReport) -> list[Kind]:
     return sorted(p.kind for p in report.problems)
 
@@ -109,7 +116,7 @@ def test_every_kind_of_damage_is_found_repaired_and_nothing_good_is_lost(
     (qdir / layout.READY / "garbage.txt").write_bytes(b"not a message")
     os.rename(ready_file(qdir, timed_ready), qdir / layout.READY / f"{timed_ready}.1.12345")
     os.rename(ready_file(qdir, bare_leased), qdir / layout.LEASED / f"{bare_leased}.2")
-    os.rename(ready_file(qdir, bare_delayed), qdir / layout.DELAYED / bare_delayed)
+    os.rename(ready_file(qdir, bare_delayed), delay_bucket(qdir, time.time() * 1000) / bare_delayed)
     os.rename(ready_file(qdir, timed_dead), qdir / layout.DEAD / f"{timed_dead}.3.999")
     # One id in two states: a copy (another inode) in @leased under a live lease.
     future_ms = int(time.time() * 1000) + 600_000
@@ -176,8 +183,10 @@ def test_every_kind_of_damage_is_found_repaired_and_nothing_good_is_lost(
     assert f"{timed_ready}.1" in names[layout.READY]
     [renamed] = [n for n in names[layout.LEASED] if n.startswith(bare_leased)]
     assert layout.parse_entry(renamed) == layout.Entry(bare_leased, 2, int(renamed.split(".")[2]))
-    [renamed] = names[layout.DELAYED]
+    [bucket] = names[layout.DELAYED]  # its canonical name, in the bucket of its due minute
+    [renamed] = os.listdir(qdir / layout.DELAYED / bucket)
     assert renamed.startswith(f"{bare_delayed}.0.")
+    assert bucket == str(int(renamed.split(".")[2]) // 60_000)
     assert os.listdir(qdir / layout.DEAD) == [f"{timed_dead}.3"]
     copies = [n for d in layout.STATE_DIRS for n in os.listdir(qdir / d) if duplicated in n]
     assert copies == [lease.name], "the leased copy is the one kept"
@@ -216,13 +225,13 @@ def test_duplicates_keep_the_most_advanced_copy(store: Store, root: Path) -> Non
     message_id = queue.put(b"many copies")
     qdir = Path(queue.path)
     source = ready_file(qdir, message_id)
-    shutil.copyfile(source, qdir / layout.DELAYED / layout.timed_name(message_id, 0, 1))
+    shutil.copyfile(source, delay_bucket(qdir, 1) / layout.timed_name(message_id, 0, 1))
     shutil.copyfile(source, qdir / layout.DEAD / layout.dead_name(message_id, 4))
     shutil.copyfile(source, qdir / layout.READY / layout.ready_name(message_id, 2))
     store.close()
     report = fsck(root, repair=True)
     assert kinds(report) == [Kind.DUPLICATE] and report.ok
-    remaining = [n for d in layout.STATE_DIRS for n in os.listdir(qdir / d)]
+    remaining = [p.name for d in layout.STATE_DIRS for p in (qdir / d).rglob("*") if p.is_file()]
     assert remaining == [layout.ready_name(message_id, 2)], "ready beats delayed and dead"
 
 
@@ -246,10 +255,10 @@ def test_root_marker_missing_or_broken_is_rewritten(store: Store, root: Path) ->
     assert kinds(report) == [Kind.ROOT_MARKER] and not report.ok
     assert fsck(root, repair=True).ok
     # The access the root directory's mode says (0700: private), as the lost marker did.
-    assert json.loads(marker.read_text()) == {"format": 4, "access": "private"}
+    assert json.loads(marker.read_text()) == {"format": 5, "access": "private"}
     marker.write_text("[1, 2")
     assert kinds(fsck(root, repair=True)) == [Kind.ROOT_MARKER]
-    assert json.loads(marker.read_text()) == {"format": 4, "access": "private"}
+    assert json.loads(marker.read_text()) == {"format": 5, "access": "private"}
     assert fsck(root, repair=False).problems == ()
 
 
@@ -301,7 +310,11 @@ def test_messages_moving_during_the_scan_are_not_damage(
     for slot in (qdir / layout.SLOTS).iterdir():
         os.utime(slot, (HOUR_AGO, HOUR_AGO), follow_symlinks=False)
     [leased_name] = os.listdir(qdir / layout.LEASED)
-    [delayed_name] = os.listdir(qdir / layout.DELAYED)
+    [delayed_name] = [
+        f"{bucket}/{name}"
+        for bucket in os.listdir(qdir / layout.DELAYED)
+        for name in os.listdir(qdir / layout.DELAYED / bucket)
+    ]
     store.close()
     real = fsck_messages.scandir
     moved: set[str] = set()
@@ -407,13 +420,14 @@ def plant_misnamed(queue_dir: Path, queue: Queue) -> dict[str, tuple[str, bytes]
         return message_id
 
     plant(b"leased for 1e12 s", layout.LEASED, lambda i: f"{i}.1.{now_ms + FAR_MS}")
-    plant(b"delayed 1e12 s", layout.DELAYED, lambda i: f"{i}.0.{now_ms + FAR_MS}")
+    bucket = f"{layout.DELAYED}/{delay_bucket(queue_dir, now_ms).name}"  # this minute's
+    plant(b"delayed 1e12 s", bucket, lambda i: f"{i}.0.{now_ms + FAR_MS}")
     plant(b"leased 1e300 s", layout.LEASED, lambda i: f"{i}.2.{'9' * 40}")
     plant(b"15 digits, centuries", layout.LEASED, lambda i: f"{i}.1.{10**15 - 1}")
     plant(b"junk after the id", layout.READY, lambda i: f"{i}.junk")
     plant(b"dead with junk", layout.DEAD, lambda i: f"{i}.3xyz")
     plant(b"renamed by hand", layout.READY, lambda i: "renamed-by-hand.msg")
-    plant(b"delay kept", layout.DELAYED, lambda i: f"{i}.0.{now_ms + 600_000}.bak")
+    plant(b"delay kept", bucket, lambda i: f"{i}.0.{now_ms + 600_000}.bak")
     group = layout.group_tag("g1")
     queue_put_grouped = OutgoingMessage(b"grouped", group="g1")
     [message_id] = queue.put_many([queue_put_grouped])

@@ -57,11 +57,6 @@ def test_unlisted_tokens_still_bound_the_queue(store: dirmq.Store, tmp_path: Pat
         assert queue.stats().ready == 5
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="@delayed is still listed in full on open: its earliest due time needs every name "
-    "until delays are kept in due-time buckets (a layout change; docs/FORMAT.md)",
-)
 def test_an_open_lists_the_delays_head_not_all_of_them(store: dirmq.Store) -> None:
     """A queue holding 3,000 delayed messages (and one ready) costs a fresh consumer what one
     holding 10 does."""

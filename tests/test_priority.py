@@ -87,7 +87,7 @@ def test_nack_expiry_and_delay_keep_the_level(store: dirmq.Store) -> None:
     (m,) = q.get(1, visibility_s=0.05)
     assert m.id == high
     delayed = q.put(b"later", priority=1, delay_s=0.05)
-    names = os.listdir(Path(q.path) / layout.DELAYED)
+    names = [p.name for p in (Path(q.path) / layout.DELAYED).rglob("*") if p.is_file()]
     assert any(n.startswith(delayed) and n.endswith("^1") for n in names)
     # Both the lease and the delay fall due on the clock (not an event): the gets below then
     # find them in @ready at their levels, ahead of the level-0 message.

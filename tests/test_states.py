@@ -42,6 +42,7 @@ NOT_MESSAGE_MOVES = {
     "root": "queue directories and @queue.json",
     "fsck": "repair: it moves what breaks the table's rules",
     "fsck_backlog": "repair of the backlog: a message moved into its own bucket",
+    "fsck_delays": "repair of @delayed: a delay moved into its own bucket",
     "fsck_findings": "repairs several checks make: a file removed, or set aside for a human",
     "fsck_root": "repair of the root's files: @trash emptied",
     "fsck_queue": "repair of a queue's frame: a bad @queue.json set aside (fsck_findings)",
@@ -63,6 +64,7 @@ NOT_MESSAGE_MOVES = {
 PRIMITIVES = {
     "settling.SettlingFiles.move",
     "settling.SettlingFiles._rename",
+    "settling.SettlingFiles._move_delayed",  # into a delay bucket, made again if it went
     "deadletters.write_replacing",  # a dead copy's temp and rename, for its row's function
     "deadletters._unlink_quietly",  # that temp, when the write failed
 }
@@ -170,6 +172,8 @@ class MoveSpy:
         parts = path[len(self.root) + 1 :].split("/")
         if layout.BACKLOG in parts:
             return State.BACKLOG
+        if layout.DELAYED in parts:  # @delayed itself (format 4), or a bucket of it
+            return State.DELAYED
         if layout.FREE in parts:
             return State.RETIRED if target else State.WRITING
         directory = parts[-2] if len(parts) >= 2 else ""
@@ -328,6 +332,14 @@ def test_every_row_happens_as_the_table_says(
         # spill_excess moves 3 on open, and the get refills them
         assert len(reopened.queue("deep").get(max_count=5)) == 5
 
+    # A flat delay of format 4 goes into its bucket when a process opens the queue.
+    [flat_id] = new_ids(1)
+    flat = layout.timed_name(flat_id, 0, int(time.time() * 1000) + 3_600_000)
+    (Path(q.path) / layout.DELAYED / flat).write_bytes(codec.encode(b"f", {}, message_id=flat_id))
+    with dirmq.Store(store.root) as reopened:
+        assert reopened.queue("local").stats().delayed == 1  # migrate_delay
+        assert reopened.queue("local").delete(flat_id)
+
     corrupt_id = new_ids(1)[0]
     (Path(q.path) / layout.READY / corrupt_id).write_bytes(b"not a message")
     assert q.get_one() is None  # lease, then quarantine
@@ -338,5 +350,6 @@ def test_every_row_happens_as_the_table_says(
 
 
 def _only_id(queue: dirmq.Queue, directory: str) -> str:
-    [name] = os.listdir(Path(queue.path) / directory)
+    names = [p.name for p in (Path(queue.path) / directory).rglob("*") if p.is_file()]
+    [name] = names  # a delay is in the bucket of its due minute
     return name[: layout.ID_LENGTH]

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import dirmq
 from dirmq.store import layout
-from dirmq.store.index import _plain_timed
 from dirmq.store.message import OutgoingMessage
+from dirmq.store.timedset import plain_timed as _plain_timed
 from dirmq.store.view import QueueView
 
 from .support.faultfs import FaultyFS

@@ -695,8 +695,12 @@ class StoreMachine(RuleBasedStateMachine):
                 name = layout.timed_name(m.id, m.count, m.at_ms, tag)
                 expected[directory].add(self.file_key(name))
         for directory, names in expected.items():
-            listed = {self.file_key(n) for n in os.listdir(os.path.join(path, directory))}
+            top = Path(path, directory)
+            listed = {self.file_key(p.name) for p in top.rglob("*") if p.is_file()}
             assert listed == names, directory
+        for bucket in Path(path, layout.DELAYED).iterdir():  # each delay in its due minute's
+            for name in os.listdir(bucket):
+                assert bucket.name == str(layout.parse_entry(name).at_ms // 60_000), name
         for directory in (layout.CORRUPT, layout.TMP):
             assert os.listdir(os.path.join(path, directory)) == [], directory
 

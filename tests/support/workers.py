@@ -83,6 +83,16 @@ def ack_loop(root: str, queue: str) -> None:
         print(message.id, flush=True)
 
 
+def open_queue(root: str, queue: str) -> None:
+    """Open a queue (which moves the flat delays of an earlier format into their buckets) and
+    say so; then wait to be killed."""
+    print("opening", flush=True)
+    q = dirmq.Store(root).queue(queue)
+    q.stats()
+    print("opened", flush=True)
+    time.sleep(600)
+
+
 ROLES = {
     "produce": lambda a: produce(a[0], a[1], int(a[2]), int(a[3]), int(a[4])),
     "consume": lambda a: consume(a[0], a[1], float(a[2]), a[3:] == ["announce"]),
@@ -90,6 +100,7 @@ ROLES = {
     "hold-on-go": lambda a: hold_leases_on_go(a[0], a[1], int(a[2]), float(a[3])),
     "write": lambda a: write_forever(a[0], a[1], int(a[2]), True if a[3:] == ["shared"] else None),
     "ack": lambda a: ack_loop(a[0], a[1]),
+    "open": lambda a: open_queue(a[0], a[1]),
 }
 
 if __name__ == "__main__":

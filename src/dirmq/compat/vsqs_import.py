@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import os
 import re
 import zlib
@@ -40,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dirmq.errors import InvalidArgument, MessageTooLarge, storage_error
-from dirmq.store import Store, codec, layout
+from dirmq.store import Store, backlog, codec, delays, layout
 from dirmq.store.filemodes import Access
 from dirmq.store.fsio import PendingFile, create_pending, fsync_dir
 from dirmq.store.names import RESERVED_PREFIX
@@ -202,6 +203,9 @@ def _ids_in_queue(queue_path: str) -> set[str]:
         except OSError as exc:
             raise storage_error(exc, f"listing {queue_path}") from exc
         ids.update(e.message_id for n in names if (e := layout.parse_entry(n)) is not None)
+    # Those in buckets: delays by due minute, and a deep queue's backlog.
+    for _bucket, name in itertools.chain(delays.names(queue_path), backlog.names(queue_path)):
+        ids.add(name[: layout.ID_LENGTH])
     return ids
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from dirmq.store import backlog, layout
+from dirmq.store import backlog, delays, layout
 
 LOW_FRACTION = 0.10  # below this much free space or inodes, the overview warns
 LISTED_UP_TO = 10_000  # a state directory with more entries is counted, not measured
@@ -60,18 +60,25 @@ def disk_of(queue_path: str, ready: int) -> list[StateDir]:
             continue
         files = 0
         total = 0
-        try:
-            with os.scandir(path) as entries:
-                for entry in entries:
-                    files += 1
-                    if files > LISTED_UP_TO:
-                        continue  # counted on, no longer measured
-                    try:
-                        total += entry.stat(follow_symlinks=False).st_size
-                    except FileNotFoundError:
-                        files -= 1
-        except FileNotFoundError:
-            pass
+        # @delayed holds buckets (store/delays.py): their files are what it holds.
+        paths = [path]
+        if name == layout.DELAYED:
+            paths += [os.path.join(path, str(m)) for m in delays.top(queue_path)[0]]
+        for each in paths:
+            try:
+                with os.scandir(each) as entries:
+                    for entry in entries:
+                        if each == path and entry.is_dir(follow_symlinks=False):
+                            continue  # a bucket of @delayed: its files are counted
+                        files += 1
+                        if files > LISTED_UP_TO:
+                            continue  # counted on, no longer measured
+                        try:
+                            total += entry.stat(follow_symlinks=False).st_size
+                        except FileNotFoundError:
+                            files -= 1
+            except FileNotFoundError:
+                pass
         found.append(StateDir(name, files, total if files <= LISTED_UP_TO else None))
     return found
 

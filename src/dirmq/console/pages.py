@@ -26,7 +26,7 @@ from dirmq.errors import InvalidArgument, MessageNotFound
 from dirmq.redrive.tasks import redrives_of
 from dirmq.server.contract import Response
 from dirmq.server.credentials import SEE
-from dirmq.store import layout
+from dirmq.store import delays, layout
 from dirmq.store.ids import is_id
 from dirmq.store.message import Message
 
@@ -213,7 +213,7 @@ def browse(console: Console, call: Call) -> Response:
 
 def _due_times(path: str) -> dict[str, float]:
     found: dict[str, float] = {}
-    for name in _listdir(os.path.join(path, layout.DELAYED)):
+    for _bucket, name in delays.names(path):  # @delayed's buckets (store/delays.py)
         entry = layout.parse_entry(name)
         if entry is not None and entry.at_ms is not None:
             found[entry.message_id] = entry.at_ms / 1000
@@ -287,6 +287,10 @@ def _file_of(queue_path: str, found: Message) -> str | None:
         holder = found.holder.token if found.holder else None
         name = layout.timed_name(found.id, found.receive_count, at_ms, tag, holder, found.priority)
         candidates = [name]
+    elif found.state == "delayed":  # in the bucket of its due minute: found by listing them
+        prefix = layout.lease_prefix(found.id, found.receive_count)
+        places = [(b, n) for b, n in delays.names(queue_path) if n.startswith(prefix)]
+        return next((os.path.join(queue_path, b, n) for b, n in places), None)
     else:
         prefix = layout.lease_prefix(found.id, found.receive_count)
         candidates = [n for n in _listdir(directory) if n.startswith(prefix)]

@@ -34,7 +34,7 @@ from dirmq.spark.connect import local_store, open_queue
 from dirmq.spark.leasing import ROWS_PER_BATCH, split
 from dirmq.spark.options import DEFAULT_STATES, Options
 from dirmq.spark.rows import READ_COLUMNS, Columns, messages_batch
-from dirmq.store import Message, backlog, layout
+from dirmq.store import Message, backlog, delays, layout
 from dirmq.store.layout import parse_entry
 from dirmq.store.names import queue_path
 from dirmq.store.reading import read_at, stored_message
@@ -182,6 +182,10 @@ def list_entries(directory: str, states: tuple[str, ...]) -> list[tuple[str, str
     found: list[tuple[str, str, str]] = []
     for state in states:
         state_dir = _DIRS[state]
+        if state == "delayed":  # in the buckets of their due minutes (and flat, format 4)
+            for bucket, name in delays.names(directory):
+                found.append((name[: layout.ID_LENGTH], bucket, name))
+            continue
         try:
             names = os.listdir(os.path.join(directory, state_dir))
         except FileNotFoundError:

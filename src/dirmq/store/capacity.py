@@ -18,6 +18,7 @@ import random
 import time
 
 from dirmq.errors import QueueNotFound, storage_error
+from dirmq.store import delays
 from dirmq.store.index import QueueIndex
 
 LEAK_GRACE_S = 60.0
@@ -102,6 +103,7 @@ class Slots:
     def release_leaked(self, index: QueueIndex) -> int:
         """Free slots whose message left the queue over a minute ago; returns how many."""
         released = 0
+        leaked: dict[str, str] = {}  # slot -> its message, which the index does not know
         for slot in list(self.listed(index)):
             path = os.path.join(self._dir, slot)
             try:
@@ -110,12 +112,17 @@ class Slots:
             except OSError:
                 continue
             if index.locate(target) is None and age_s > LEAK_GRACE_S:
-                try:
-                    os.unlink(path)
-                    index.slots.discard(slot)
-                    released += 1
-                except FileNotFoundError:
-                    pass
+                leaked[slot] = target
+        if leaked and index.delayed.buckets:  # delays of a minute not begun are not indexed
+            delayed = delays.find(os.path.dirname(self._dir), set(leaked.values()))
+            leaked = {slot: target for slot, target in leaked.items() if target not in delayed}
+        for slot in leaked:
+            try:
+                os.unlink(os.path.join(self._dir, slot))
+                index.slots.discard(slot)
+                released += 1
+            except FileNotFoundError:
+                pass
         return released
 
 

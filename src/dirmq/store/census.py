@@ -15,7 +15,9 @@ by such a caller remembers what a listing of `@ready` and `@dead` said (count, o
 the directory's mtime: a rename in or out changes it, so an unchanged mtime means an unchanged
 listing. An mtime ticks coarsely (a jiffy), so a listing is kept only once the mtime it was
 taken under is over `SETTLED_S` old: a change after the listing then gives a newer mtime.
-`@leased` and `@delayed` are listed each time (small, and what they say depends on the clock).
+`@leased` is listed each time (small, and what it says depends on the clock), and so are the
+buckets of `@delayed` whose minute has begun; a bucket of a minute to come is counted again only
+once its mtime changed (delays.py).
 On a shared filesystem, where another host's renames may not touch our view of an mtime and an
 id may show in two states, nothing is kept.
 """
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 
 from dirmq.errors import QueueNotFound, storage_error
 from dirmq.store import backlog, layout
+from dirmq.store.delays import BucketCounts
 from dirmq.store.filesystems import resolve_shared
 from dirmq.store.ids import id_time_us
 from dirmq.store.layout import ID_LENGTH, parse_entry
@@ -71,6 +74,7 @@ class Census:
         self.keep = keep and not self.dedupe
         self.listings = 0  # directories listed (for tests: a kept listing is not listed again)
         self._kept: dict[str, _Kept] = {}
+        self._delay_counts: dict[str, BucketCounts] = {}  # by queue directory
         self._lock = threading.Lock()
 
     def depths(self) -> Iterator[QueueDepth]:
@@ -89,6 +93,8 @@ class Census:
             with self._lock:  # forget deleted queues' listings
                 for directory in [d for d in self._kept if os.path.dirname(d) not in seen]:
                     del self._kept[directory]
+                for directory in [d for d in self._delay_counts if d not in seen]:
+                    del self._delay_counts[directory]
 
     def depth(self, path: str) -> QueueStats:
         """What `maintenance.stats` counts, from one listing (or a kept one) of each state
@@ -120,15 +126,16 @@ class Census:
                 ready += 1
                 if not oldest or entry.message_id < oldest:
                     oldest = entry.message_id
-        delayed = 0
-        for name in self._list(path, layout.DELAYED):
-            entry = parse_entry(name)
-            if entry is None or entry.at_ms is None:
-                continue
-            if entry.at_ms > now_ms:
-                delayed += 1
-            else:
-                ready += 1
+        # @delayed's buckets (delays.py): those of minutes to come counted by a stat while
+        # their mtime holds (kept), the begun ones listed (what they say depends on the clock).
+        if self.keep:
+            with self._lock:
+                counts = self._delay_counts.setdefault(path, BucketCounts())
+        else:
+            counts = BucketCounts()
+        self.listings += 1
+        delayed, due = counts.count(path, now_ms)
+        ready += len(due)
         dead = self._summary(path, layout.DEAD, set()).count
         age = None if not oldest else max(0.0, time.time() - id_time_us(oldest) / 1e6)
         return QueueStats(ready, in_flight, delayed, dead, age)

@@ -93,15 +93,17 @@ def _priority_order(name: str) -> tuple[int, str]:
 
 
 def _promote_listed(view: QueueView, config: QueueConfig, at_ms: int) -> None:
-    """`promote` from listings of @leased and @delayed instead of the index."""
+    """`promote` from listings of @leased and @delayed (its buckets: those begun are listed
+    by `promote`) instead of the index."""
     files = view.files
     listed = QueueIndex()
-    for directory in (layout.LEASED, layout.DELAYED):
-        for name in os.listdir(files.dir[directory]):
-            entry = parse_entry(name)
-            if entry is not None and entry.at_ms is not None and entry.at_ms <= at_ms:
-                listed.add(directory, name)
-    if not listed.leased.names and not listed.delayed.names:
+    for name in os.listdir(files.dir[layout.LEASED]):
+        entry = parse_entry(name)
+        if entry is not None and entry.at_ms is not None and entry.at_ms <= at_ms:
+            listed.add(layout.LEASED, name)
+    for name in os.listdir(files.dir[layout.DELAYED]):
+        listed.add(layout.DELAYED, name)
+    if not listed.leased.names and not listed.due_by(at_ms):
         return
     if files.slots.any_held():  # a dead-lettered message must free its token
         listed.slots.update(os.listdir(files.dir[layout.SLOTS]))

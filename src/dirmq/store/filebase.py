@@ -13,12 +13,13 @@ from dataclasses import replace
 
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import backlog as backlog_files
-from dirmq.store import layout
+from dirmq.store import delays, layout
 from dirmq.store.backlog import Backlog
 from dirmq.store.capacity import Slots
 from dirmq.store.claimtokens import ClaimTokens
 from dirmq.store.context import QueueContext
 from dirmq.store.dedup import Dedup
+from dirmq.store.delays import BucketCounts, DelayBuckets
 from dirmq.store.layout import parse_entry
 from dirmq.store.message import Message
 from dirmq.store.pool import FilePool
@@ -55,6 +56,14 @@ class QueueFileBase:
         return Backlog(self.queue_dir, self.access)
 
     @functools.cached_property
+    def delay_buckets(self) -> DelayBuckets:
+        return DelayBuckets(self.queue_dir, self.access)
+
+    @functools.cached_property
+    def delay_counts(self) -> BucketCounts:
+        return BucketCounts()
+
+    @functools.cached_property
     def pool(self) -> FilePool:
         return FilePool(
             self.dir[layout.FREE],
@@ -80,11 +89,13 @@ class QueueFileBase:
                 removed += remove_orphans(self.dir[directory], beside=True)
             for bucket in backlog_files.bucket_dirs(self.queue_dir):
                 removed += remove_orphans(f"{self.queue_dir}/{bucket}", beside=True)
+            for minute in delays.top(self.queue_dir)[0]:
+                removed += remove_orphans(self.path(delays.bucket_dir(minute), ""), beside=True)
         return removed
 
     def path(self, directory: str, name: str) -> str:
-        """`directory`: a state directory, or a backlog bucket (`@backlog/<epoch>/<second>`,
-        backlog.relative_dir)."""
+        """`directory`: a state directory, a backlog bucket (`@backlog/<epoch>/<second>`,
+        backlog.relative_dir) or a delay bucket (`@delayed/<minute>`, delays.relative_dir)."""
         base = self.dir.get(directory) or f"{self.queue_dir}/{directory}"
         return f"{base}/{name}"  # names hold no "/": no os.path.join needed
 
@@ -115,7 +126,7 @@ class QueueFileBase:
         """(state directory, file name) of each of `message_ids` found by listing the state
         directories, not through an index."""
         found: dict[str, tuple[str, str]] = {}
-        for directory in (layout.LEASED, layout.READY, layout.DELAYED, layout.DEAD):
+        for directory in (layout.LEASED, layout.READY, layout.DEAD):
             try:
                 names = os.listdir(self.dir[directory])
             except FileNotFoundError:
@@ -130,6 +141,8 @@ class QueueFileBase:
                         found[message_id] = (directory, name)
         if missing := message_ids - found.keys():
             found.update(backlog_files.find(self.queue_dir, missing))
+        if missing := message_ids - found.keys():
+            found.update(delays.find(self.queue_dir, missing))
         return found
 
     def dead_names(self, message_id: str) -> list[str]:

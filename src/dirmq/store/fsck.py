@@ -10,8 +10,8 @@ ids, leaked capacity slots) are confirmed by a second look before anything is re
 
 Invariants, and what `repair=True` does about each (see `Kind`):
 
-    root marker @dirmq.json present, a JSON object with "format": 4   recreate (bad one moved aside)
-    ... or an older one this version reads (1-3); any other format    report; repair nothing at all
+    root marker @dirmq.json present, a JSON object with "format": 5   recreate (bad one moved aside)
+    ... or an older one this version reads (1-4); any other format    report; repair nothing at all
         (a newer version's: its rules may differ)
     @trash empty (an interrupted queue deletion)                      empty it
     @pubsub, @spark, @sqs, @redrive at the root (the upper layers',   known: left to their layers
@@ -26,6 +26,10 @@ Invariants, and what `repair=True` does about each (see `Kind`):
     every message file decodes (Content-Length, Body-CRC32), and its  move to @corrupt
       Dirmq-Id (if any) is the id in its name
     one file per message id across @ready/@leased/@delayed/@dead      keep one copy (see below)
+      (and the buckets of @backlog and @delayed)
+    a delay in the bucket of its due minute, @delayed/<minute>/      move it there (a flat entry
+      (delays.py); nothing else in @delayed or its buckets             of format 4: a notice);
+                                                                      strays: report (a notice)
     no orphaned temp file in @tmp (dead writer, or older than 1 h)     unlink
       nor beside its final name in @ready or @delayed (the
       shared-filesystem mode's temps: layout.temp_beside)
@@ -68,10 +72,11 @@ entries, queue directories and their names, state directories without a configur
 root's own files are fsck_root.py's; a queue's configuration, state directories, temps and
 @free fsck_queue.py's; its message files fsck_messages.py's; duplicates and leaked slots (the
 checks that need the whole queue's listing) fsck_copies.py's. The backlog's shape
-(fsck_backlog.py) and @rate (fsck_rate.py) are queue checks of one form, `(queue directory,
-access) -> Finding`s, listed in `QUEUE_CHECKS`: a new part of a queue's layout gets its check
-there. Every check reports to one `Run` (fsck_findings.py), which also holds the repair rule
-(report only, or repair, and what a failed repair says), so the checks cannot drift apart.
+(fsck_backlog.py), @delayed's buckets (fsck_delays.py) and @rate (fsck_rate.py) are queue
+checks of one form, `(queue directory, access) -> Finding`s, listed in `QUEUE_CHECKS`: a new
+part of a queue's layout gets its check there. Every check reports to one `Run`
+(fsck_findings.py), which also holds the repair rule (report only, or repair, and what a
+failed repair says), so the checks cannot drift apart.
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ import os
 from collections.abc import Callable, Iterator
 
 from dirmq.errors import InvalidArgument, InvalidName, storage_error
-from dirmq.store import backlog, fsck_backlog, fsck_rate, layout, smallfiles
+from dirmq.store import backlog, delays, fsck_backlog, fsck_delays, fsck_rate, layout, smallfiles
 from dirmq.store.filemodes import Access
 from dirmq.store.fsck_copies import check_slots, resolve_duplicates
 from dirmq.store.fsck_findings import NOTICE_KINDS, Finding, FsckReport, Kind, Problem, Run, scandir
@@ -109,6 +114,7 @@ __all__ = ["NOTICE_KINDS", "QUEUE_CHECKS", "FsckReport", "Kind", "Problem", "fsc
 # run in this order after its messages (each finding's kind and repair are its own).
 QUEUE_CHECKS: tuple[Callable[[str, Access], Iterator[Finding]], ...] = (
     fsck_backlog.findings,  # the backlog's shape; its files are checked as @ready's
+    fsck_delays.findings,  # @delayed's buckets: each delay in its due minute's
     fsck_rate.findings,  # delivery slots (flow.py)
 )
 
@@ -242,6 +248,10 @@ def _check_queue(run: Run, path: str, name: str) -> None:
             check_messages(run, scan, state)
     scan.buckets = backlog.bucket_dirs(path)
     for bucket in scan.buckets:  # ready messages behind @ready: checked as @ready's are
+        check_messages(run, scan, bucket)
+    if layout.DELAYED not in scan.missing:  # delays in the buckets of their due minutes
+        scan.delay_buckets = [delays.bucket_dir(m) for m in delays.top(path)[0]]
+    for bucket in scan.delay_buckets:
         check_messages(run, scan, bucket)
     for check in QUEUE_CHECKS:
         for finding in check(path, run.access):

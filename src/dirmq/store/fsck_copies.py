@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from dirmq.errors import CorruptMessage
-from dirmq.store import backlog, layout
+from dirmq.store import backlog, delays, layout
 from dirmq.store.capacity import LEAK_GRACE_S
 from dirmq.store.fsck_findings import Kind, Run, scandir
 from dirmq.store.fsck_messages import canonical_name, read_decoded
@@ -68,8 +68,9 @@ def resolve_duplicates(run: Run, scan: QueueScan) -> None:
 
 
 def _keep_order(copy: _Copy) -> tuple[int, bool, int, int]:
-    fits = copy.name == canonical_name(copy.state, copy.parsed, copy.parsed.at_ms or 0)
     state = layout.READY if backlog.is_bucket_dir(copy.state) else copy.state
+    state = layout.DELAYED if delays.is_bucket_dir(state) else state
+    fits = copy.name == canonical_name(state, copy.parsed, copy.parsed.at_ms or 0)
     return (
         MESSAGE_DIRS.index(state),
         not fits,
@@ -132,7 +133,7 @@ def check_slots(run: Run, scan: QueueScan) -> None:
 
 def _live_ids(scan: QueueScan, wanted: set[str]) -> set[str]:
     present: set[str] = set()
-    live = [layout.READY, layout.LEASED, layout.DELAYED, *scan.buckets]
+    live = [layout.READY, layout.LEASED, layout.DELAYED, *scan.buckets, *scan.delay_buckets]
     for state in live:
         if state in scan.missing:
             continue

@@ -45,12 +45,20 @@ class Kind(StrEnum):
     STRAY = "stray"  # notice: a file or directory dirmq does not know
     ORPHAN_HOLDER = "orphan-holder"  # notice: another host's holder record no lease names
     STALE_RATE_SLOT = "stale-rate-slot"  # notice: a delivery slot of a past second (flow.py)
+    FLAT_DELAY = "flat-delay"  # notice: a delay of format 4 outside its bucket (delays.py)
 
 
 # Notices do not break an invariant the store relies on: they never make a report not `ok`.
 # A dead process's pool is not damage either: the next open of the queue reclaims it.
 NOTICE_KINDS = frozenset(
-    {Kind.STRAY, Kind.MISSING_DLQ, Kind.ORPHAN_POOL, Kind.ORPHAN_HOLDER, Kind.STALE_RATE_SLOT}
+    {
+        Kind.STRAY,
+        Kind.MISSING_DLQ,
+        Kind.ORPHAN_POOL,
+        Kind.ORPHAN_HOLDER,
+        Kind.STALE_RATE_SLOT,
+        Kind.FLAT_DELAY,  # the next open of the queue moves it into its bucket
+    }
 )
 
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from functools import partial
 
 from dirmq.errors import CorruptMessage
-from dirmq.store import codec, layout
+from dirmq.store import codec, delays, layout
 from dirmq.store.bounds import AT_MS_DIGITS, MAX_DURATION_S, MAX_RECEIVE_COUNT
+from dirmq.store.filemodes import Access
 from dirmq.store.fsck_findings import Kind, Run, scandir
 from dirmq.store.fsck_queue import TIMED, QueueScan, check_temp
 from dirmq.store.ids import ID_PATTERN, is_id
@@ -35,11 +36,15 @@ def check_messages(run: Run, scan: QueueScan, state: str) -> None:
     """The files of `state` (a state directory, or a backlog bucket checked as @ready's)."""
     now_ms = time.time_ns() // 1_000_000
     directory = scan.dir(state)
+    # A delay bucket's names are those of @delayed (`shape`); its directory is the bucket.
+    shape = layout.DELAYED if delays.is_bucket_dir(state) else state
     renamed: set[str] = set()  # our own renames may show up again later in this listing
     for entry in scandir(directory):
         name = entry.name
         if name in renamed or name.startswith(".nfs") or entry.path in scan.rehomed:
             continue
+        if state == layout.DELAYED and entry.is_dir(follow_symlinks=False):
+            continue  # a bucket, checked as a directory of its own; else fsck_delays's stray
         run.tick()
         if not entry.is_file(follow_symlinks=False):
             run.add(scan.name, entry.path, Kind.STRAY, "not a regular file")
@@ -55,31 +60,37 @@ def check_messages(run: Run, scan: QueueScan, state: str) -> None:
         run.counts.messages += 1
         if not _decodes(run, scan, entry.path, name, parsed.message_id):
             continue
-        if state in TIMED and parsed.at_ms is not None and parsed.at_ms > now_ms + _LONGEST_MS:
+        if shape in TIMED and parsed.at_ms is not None and parsed.at_ms > now_ms + _LONGEST_MS:
             # Further ahead than any duration the store accepts: a lease or delay made before
             # the store had bounds. It would hold the message for centuries.
             detail = f"{state} time of {name!r} is more than {_LONGEST_DAYS} days ahead"
-            home = _home(state, parsed.message_id, parsed.count, None, parsed.group)
+            home = _home(shape, parsed.message_id, parsed.count, None, parsed.group)
             _rehome(run, scan, state, entry.path, parsed.message_id, detail, home)
             continue
-        canonical = canonical_name(state, parsed, now_ms)
+        canonical = canonical_name(shape, parsed, now_ms)
         if canonical != name:
             detail = f"name {name!r} does not fit {state} (should be like {canonical!r})"
+            # A delay's canonical name goes into the bucket of its due minute (delays.py).
+            target_dir = (
+                os.path.join(scan.path, delays.relative_dir(canonical))
+                if shape == layout.DELAYED
+                else directory
+            )
             run.fix(
                 scan.name,
                 entry.path,
                 Kind.BAD_NAME,
                 detail,
-                partial(_rename_in, directory, name, canonical),
+                partial(_rename_in, directory, name, canonical, target_dir, run.access),
             )
-            if run.repair and not os.path.lexists(entry.path):
+            if run.repair and not os.path.lexists(entry.path) and target_dir == directory:
                 renamed.add(canonical)
                 parsed = parse_entry(canonical) or parsed
         if state == layout.LEASED and parsed.holder is not None:
             run.holders_in_use.add(parsed.holder)
         if state == layout.LEASED and parsed.at_ms is not None and parsed.at_ms <= now_ms:
             run.counts.expired += 1
-        elif state == layout.DELAYED and parsed.at_ms is not None and parsed.at_ms <= now_ms:
+        elif shape == layout.DELAYED and parsed.at_ms is not None and parsed.at_ms <= now_ms:
             run.counts.due += 1
         if parsed.message_id in scan.seen:
             scan.duplicates.add(parsed.message_id)
@@ -115,7 +126,8 @@ def _check_unparsed(
     at_ms = salvaged.at_ms
     if at_ms is not None and at_ms > now_ms + _LONGEST_MS:
         at_ms = None  # a time the store would never have made: not believed
-    home = _home(state, message_id, salvaged.count, at_ms, tag)
+    shape = layout.DELAYED if delays.is_bucket_dir(state) else state
+    home = _home(shape, message_id, salvaged.count, at_ms, tag)
     detail = f"name {name!r} does not parse; the file is intact message {message_id}"
     _rehome(run, scan, state, path, message_id, detail, home)
 
@@ -131,9 +143,16 @@ def _rehome(
 ) -> None:
     """Report (and with repair, rename) an intact message into `home` (state, name)."""
     target_state, new = home
+    if target_state == layout.DELAYED:  # into the bucket of its due minute (delays.py)
+        target_state = delays.relative_dir(new)
     target = os.path.join(scan.dir(target_state), new)
 
     def move() -> str:
+        if target_state != state and delays.is_bucket_dir(target_state):
+            try:
+                run.access.mkdir(scan.dir(target_state))
+            except FileExistsError:
+                pass
         if os.path.lexists(target):
             # Never replace: that file is another copy, left for the duplicate check.
             raise FileExistsError(0, f"{target_state}/{new} already exists")
@@ -234,10 +253,21 @@ def _home(
     return layout.READY, layout.ready_name(message_id, count, tag)
 
 
-def _rename_in(directory: str, name: str, new: str) -> str:
-    target = os.path.join(directory, new)
+def _rename_in(
+    directory: str, name: str, new: str, target_dir: str, access: Access | None = None
+) -> str:
+    """Rename `name` of `directory` to `new` in `target_dir` (a delay's bucket, made if
+    missing; else the same directory)."""
+    if target_dir != directory and access is not None:
+        try:
+            access.mkdir(target_dir)
+        except FileExistsError:
+            pass
+    target = os.path.join(target_dir, new)
     if os.path.lexists(target):
         # Never replace: the other file is a second copy, left for the duplicate check.
         raise FileExistsError(0, f"{new} already exists")
     os.rename(os.path.join(directory, name), target)
+    if target_dir != directory:
+        return f"renamed to {os.path.basename(target_dir)}/{new}"
     return f"renamed to {new}"

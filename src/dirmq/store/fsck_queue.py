@@ -40,13 +40,16 @@ class QueueScan:
     rehomed: set[str] = field(default_factory=set)  # paths of files re-homed by repair
 
     buckets: list[str] = field(default_factory=list)  # the backlog's (queue-relative)
+    delay_buckets: list[str] = field(default_factory=list)  # @delayed's (queue-relative)
 
     def dir(self, state: str) -> str:
         return os.path.join(self.path, state)
 
     def message_dirs(self) -> list[str]:
-        """The state directories that hold messages, then the backlog's buckets."""
-        return [*(d for d in MESSAGE_DIRS if d not in self.missing), *self.buckets]
+        """The state directories that hold messages, then the backlog's and @delayed's
+        buckets."""
+        listed = [d for d in MESSAGE_DIRS if d not in self.missing]
+        return [*listed, *self.buckets, *self.delay_buckets]
 
 
 def check_config(run: Run, scan: QueueScan) -> None:

@@ -18,77 +18,19 @@ import random
 from collections import Counter
 
 from dirmq.errors import storage_error
-from dirmq.store import layout
+from dirmq.store import delays, layout
 from dirmq.store.backlog import is_epoch, is_level_dir, level_dir_level
-from dirmq.store.bounds import AT_MS_DIGITS, COUNT_DIGITS
-from dirmq.store.layout import Entry, level_of, parse_entry
+from dirmq.store.delayedset import DelayedSet
+from dirmq.store.layout import level_of, parse_entry
+from dirmq.store.timedset import TimedSet, group_of, parse_at, plain_timed
 from dirmq.store.watch import Event
+
+__all__ = ["GroupRuns", "QueueIndex", "group_of", "parse_at", "plain_timed"]
 
 _ID_LENGTH = 29  # see ids.py: 16 digits, a dash, 12 hex digits
 
 
-class _TimedSet:
-    """id -> name for @leased or @delayed, with a heap on the time in the name."""
-
-    def __init__(self) -> None:
-        self.names: dict[str, str] = {}
-        self.groups: Counter[str] = Counter()  # group tag -> live entries of that group
-        self._heap: list[tuple[int, str, str]] = []
-
-    def _forget(self, message_id: str) -> None:
-        old = self.names.pop(message_id, None)
-        if old is not None and (tag := group_of(old)) is not None:
-            self.groups[tag] -= 1
-            if not self.groups[tag]:
-                del self.groups[tag]
-
-    def add(self, entry: Entry, name: str) -> None:
-        self._forget(entry.message_id)
-        self.names[entry.message_id] = name
-        if entry.group is not None:
-            self.groups[entry.group] += 1
-        heapq.heappush(self._heap, (entry.at_ms or 0, entry.message_id, name))
-        if len(self._heap) > 2 * len(self.names) + 1024:
-            self._heap = [(parse_at(n), i, n) for i, n in self.names.items()]
-            heapq.heapify(self._heap)
-
-    def add_ungrouped(self, message_id: str, at_ms: int, name: str) -> None:
-        """`add` of a name in no group, from the parts that made it (no `Entry`)."""
-        if message_id in self.names:
-            self._forget(message_id)
-        self.names[message_id] = name
-        heapq.heappush(self._heap, (at_ms, message_id, name))
-        if len(self._heap) > 2 * len(self.names) + 1024:
-            self._heap = [(parse_at(n), i, n) for i, n in self.names.items()]
-            heapq.heapify(self._heap)
-
-    def discard(self, message_id: str, name: str) -> None:
-        if self.names.get(message_id) == name:
-            self._forget(message_id)
-
-    def earliest(self) -> tuple[int, str] | None:
-        """(time_ms, name) of the earliest live entry, or None."""
-        heap = self._heap
-        while heap:
-            at_ms, message_id, name = heap[0]
-            if self.names.get(message_id) == name:
-                return at_ms, name
-            heapq.heappop(heap)
-        return None
-
-    def pop_due(self, now_ms: int) -> list[str]:
-        """Remove and return the names whose time has come, earliest first."""
-        out: list[str] = []
-        while (first := self.earliest()) is not None and first[0] <= now_ms:
-            _at_ms, message_id, name = heapq.heappop(self._heap)
-            self._forget(message_id)
-            out.append(name)
-        return out
-
-    def clear(self) -> None:
-        self.names.clear()
-        self.groups.clear()
-        self._heap.clear()
+_DELAYED_PREFIX = f"{layout.DELAYED}/"
 
 
 class GroupRuns:
@@ -143,45 +85,6 @@ def _occupied(directory: str) -> bool:
         raise storage_error(exc, f"listing {directory}") from exc
 
 
-def group_of(name: str) -> str | None:
-    """The group tag at the end of a state name, if any (cheaper than a full parse)."""
-    _head, sep, tag = name.rpartition("~")
-    return tag if sep else None
-
-
-def _plain_timed(name: str) -> int | None:
-    """The time in `name` when it is a timed name in no group, `<id>.<count>.<at_ms>` (maybe
-    with `+<holder>`) with an id of the usual shape; else None (then `parse_entry` decides)."""
-    id_length = layout.ID_LENGTH
-    if len(name) <= id_length + 4 or name[id_length] != "." or name[16] != "-":
-        return None
-    count, dot, at_ms = name[id_length + 1 :].partition(".")
-    at_ms, plus, holder = at_ms.partition("+")
-    if plus and not _is_holder(holder):
-        return None
-    if (
-        not dot
-        or not count.isdigit()
-        or not at_ms.isdigit()
-        or not count.isascii()
-        or not at_ms.isascii()
-        or len(count) > COUNT_DIGITS
-        or len(at_ms) > AT_MS_DIGITS
-        or not layout.is_bare_id(name[:id_length])
-    ):
-        return None
-    return int(at_ms)
-
-
-def _is_holder(token: str) -> bool:
-    return len(token) == layout.HOLDER_LENGTH and all(c in "0123456789abcdef" for c in token)
-
-
-def parse_at(name: str) -> int:
-    entry = parse_entry(name)
-    return entry.at_ms or 0 if entry else 0
-
-
 class QueueIndex:
     def __init__(self) -> None:
         self.ready: dict[str, str] = {}  # id -> name in @ready
@@ -192,8 +95,8 @@ class QueueIndex:
         self._level_heaps: dict[int, list[str]] = {}
         self._level_counts: Counter[int] = Counter()
         self._levels: list[int] = []
-        self.leased = _TimedSet()
-        self.delayed = _TimedSet()
+        self.leased = TimedSet()
+        self.delayed = DelayedSet()
         # Capacity tokens (@slots): listed only when a publish needs them (capacity.py,
         # `Slots.listed`), not on open, so an open costs the same whatever the capacity; until
         # then `slots` holds those seen come since, and `slots_unlisted` says the open found some.
@@ -213,6 +116,8 @@ class QueueIndex:
             for directory in (layout.READY, layout.LEASED, layout.DELAYED, layout.BACKLOG)
         }
         slots_held = _occupied(os.path.join(queue_dir, layout.SLOTS))
+        # The delay buckets loaded, listed again under the watches they have (one gone: []).
+        loaded = {m: delays.bucket_names(queue_dir, m) for m in sorted(self.delayed.loaded)}
         self.ready.clear()
         self.leased.clear()
         self.delayed.clear()
@@ -228,6 +133,14 @@ class QueueIndex:
         # of the other name would only fail, but counts would take it twice).
         for message_id in self.leased.names:
             self.ready.pop(message_id, None)
+        present = set(self.delayed.buckets)
+        for minute, names in loaded.items():
+            if minute in present:
+                self.delayed.loaded.add(minute)
+                for name in names:
+                    self.delayed.add_name(minute, name)
+            elif self.delayed.watch is not None:
+                self.delayed.watch(minute, False)
         self._rebuild_heaps()
 
     def _rebuild_heaps(self) -> None:
@@ -347,21 +260,20 @@ class QueueIndex:
             return
         if directory == layout.LEASED and self.leased.names.get(name[: layout.ID_LENGTH]) == name:
             return  # known: most often the echo of this process's own claim
-        if (timed := _plain_timed(name)) is not None:
-            # Another process's lease (or a delay) in no group, the usual name: no regex, no
-            # `Entry`, and no entry in parse_entry's cache (each such name is seen once).
-            if directory == layout.LEASED:
-                self.leased.add_ungrouped(name[: layout.ID_LENGTH], timed, name)
-            elif directory == layout.DELAYED:
-                self.delayed.add_ungrouped(name[: layout.ID_LENGTH], timed, name)
+        if directory != layout.LEASED:
+            if directory == layout.DELAYED:
+                self.delayed.top_event(name, True)
+            elif directory.startswith(_DELAYED_PREFIX):
+                self.delayed.bucket_event(directory, name, True)
+            return
+        if (timed := plain_timed(name)) is not None:
+            # Another process's lease in no group, the usual name: no regex, no `Entry`, and
+            # no entry in parse_entry's cache (each such name is seen once).
+            self.leased.add_ungrouped(name[: layout.ID_LENGTH], timed, name)
             return
         entry = parse_entry(name)
-        if entry is None or entry.at_ms is None:
-            return
-        if directory == layout.LEASED:
+        if entry is not None and entry.at_ms is not None:
             self.leased.add(entry, name)
-        elif directory == layout.DELAYED:
-            self.delayed.add(entry, name)
 
     def discard(self, directory: str, name: str) -> None:
         # No parse: only names that parsed are in the index, each under its id, which is the
@@ -380,7 +292,9 @@ class QueueIndex:
         elif directory == layout.LEASED:
             self.leased.discard(message_id, name)
         elif directory == layout.DELAYED:
-            self.delayed.discard(message_id, name)
+            self.delayed.top_event(name, False)
+        elif directory.startswith(_DELAYED_PREFIX):
+            self.delayed.bucket_event(directory, name, False)
 
     # -- queries -----------------------------------------------------------------------------
     def pop_ready(self, peers: int = 0, runs: GroupRuns | None = None) -> str | None:
@@ -496,5 +410,5 @@ class QueueIndex:
         if (name := self.leased.names.get(message_id)) is not None:
             return layout.LEASED, name
         if (name := self.delayed.names.get(message_id)) is not None:
-            return layout.DELAYED, name
+            return delays.relative_dir(name), name
         return None

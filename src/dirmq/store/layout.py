@@ -6,7 +6,8 @@
                                .<final name>.<process, dashes>  being written (shared filesystems)
                                <id>.<count>    received <count> times, then returned
     <queue>/@leased/           <id>.<count>.<deadline_ms>[+<holder token>]
-    <queue>/@delayed/          <id>.<count>.<due_ms>
+    <queue>/@delayed/<minute>/ <id>.<count>.<due_ms>   in the bucket of its due minute,
+                               due_ms // 60,000 (delays.py; flat in @delayed before format 5)
     <queue>/@dead/             <id>.<count>    dead-lettered here (no dead-letter queue set)
     Any of these may end in ^<level> for a message of priority level 1-9 (before a group's
     tag: level 0 names carry none), and in ~<group tag> for a message of a group.

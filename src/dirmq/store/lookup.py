@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 
 from dirmq.errors import InvalidArgument, MessageNotFound
-from dirmq.store import backlog, layout
+from dirmq.store import backlog, delays, layout
 from dirmq.store.ids import is_id
 from dirmq.store.message import Message
 from dirmq.store.view import QueueView
@@ -61,21 +61,27 @@ def browse(
         raise InvalidArgument(f"state must be one of {', '.join(BROWSE_STATES)}, got {state!r}")
     directory = f"@{state}"
     with view.lock:
+        places_by_id: dict[str, tuple[str, str]] | None = None
         if state == "dead":  # not indexed: one listing (an operator's look, never a get's)
             listed = ((layout.parse_entry(n), n) for n in view.files.dead_names(""))
             by_id = {e.message_id: n for e, n in listed if e is not None}
+        elif state == "delayed":  # indexed only from their minute on: every bucket listed
+            places_by_id = {}
+            for relative, name in delays.names(view.path):
+                places_by_id.setdefault(name[: layout.ID_LENGTH], (relative, name))
+            by_id = {i: place[1] for i, place in places_by_id.items()}
         else:
             index = view.synced()
-            by_id = {
-                "ready": index.ready,
-                "leased": index.leased.names,
-                "delayed": index.delayed.names,
-            }[state]
+            by_id = index.ready if state == "ready" else index.leased.names
         ids = sorted(by_id)
         if after is not None:  # a page: the messages after that id
             ids = ids[bisect.bisect_right(ids, after) :]
         names = [by_id[i] for i in ids]
-    places: Iterable[tuple[str, str]] = ((directory, name) for name in names)
+    places: Iterable[tuple[str, str]] = (
+        ((directory, name) for name in names)
+        if places_by_id is None
+        else (places_by_id[i] for i in ids)
+    )
     if state == "ready" and len(backlog.levels(view.path)) > 1:
         # Priority levels' trees (FORMAT.md "Priorities"): a level's backlog is newer than its
         # own messages in @ready only, so the two merge in id order.
@@ -104,7 +110,9 @@ def _locate(view: QueueView, message_id: str) -> tuple[str, str] | None:
     if found is None and (dead := view.files.dead_names(message_id)):
         return layout.DEAD, dead[0]
     if found is None and index.backlog:  # behind @ready: the bucket its id names
-        return backlog.find(view.path, {message_id}).get(message_id)
+        found = backlog.find(view.path, {message_id}).get(message_id)
+    if found is None and index.delayed.buckets:  # a delay of a minute not begun: not indexed
+        found = delays.find(view.path, {message_id}).get(message_id)
     return found
 
 

@@ -8,13 +8,14 @@ message's path. A sweep repeats what opening a queue recovers (see view.py) and 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import time
 from collections.abc import Callable
 
 from dirmq.errors import QueueNotFound, storage_error
-from dirmq.store import backlog, layout, smallfiles
+from dirmq.store import backlog, delays, layout, smallfiles
 from dirmq.store.bounds import MAX_PRIORITY_LEVELS
 from dirmq.store.filebase import now_ms
 from dirmq.store.files import expired_by_retention
@@ -35,7 +36,12 @@ def stats(view: QueueView) -> QueueStats:
         index = view.synced()
         at_ms = now_ms()
         expired = [i for i, n in index.leased.names.items() if _at(n) <= at_ms]
-        due = sum(1 for n in index.delayed.names.values() if _at(n) <= at_ms)
+        waiting, due_names = (
+            view.files.delay_counts.count(view.path, at_ms)
+            if index.delayed.buckets or index.delayed.flat
+            else (0, [])
+        )
+        due = len(due_names)
         oldest = min([*expired, *index.ready], default=None)
         behind, behind_oldest = view.files.backlog.count() if index.backlog else (0, "")
         if oldest is None and behind_oldest:
@@ -50,7 +56,7 @@ def stats(view: QueueView) -> QueueStats:
         return QueueStats(
             ready=len(index.ready) + behind + len(expired) + due,
             in_flight=len(index.leased.names) - len(expired),
-            delayed=len(index.delayed.names) - due,
+            delayed=waiting,
             dead=dead,
             oldest_ready_age_s=age,
         )
@@ -67,7 +73,12 @@ def ready_by_level(view: QueueView) -> dict[int, int]:
             for level, behind in view.files.backlog.count_by_level()[0].items():
                 counts[level] = counts.get(level, 0) + behind
         at_ms = now_ms()
-        for timed in (index.leased.names.values(), index.delayed.names.values()):
+        due = (
+            view.files.delay_counts.count(view.path, at_ms)[1]
+            if index.delayed.buckets or index.delayed.flat
+            else []
+        )
+        for timed in (index.leased.names.values(), due):
             for name in timed:
                 if _at(name) <= at_ms:
                     level = level_of(name) if "^" in name else 0
@@ -87,7 +98,7 @@ def purge(view: QueueView, progress: ProgressFn | None, dead: bool = False) -> i
     removed = 0
     with view.lock:
         index = view.synced()
-        directories = (layout.DEAD,) if dead else (layout.READY, layout.LEASED, layout.DELAYED)
+        directories = (layout.DEAD,) if dead else (layout.READY, layout.LEASED)
         for directory in directories:
             try:
                 names = os.listdir(files.dir[directory])
@@ -99,14 +110,17 @@ def purge(view: QueueView, progress: ProgressFn | None, dead: bool = False) -> i
                     removed += 1
                 if progress:
                     progress(1)
-        if not dead:  # and those behind @ready (backlog.py)
-            for bucket, name in backlog.names(view.path):
+        if not dead:  # and those behind @ready (backlog.py), and the delays' buckets
+            for bucket, name in itertools.chain(backlog.names(view.path), delays.names(view.path)):
                 entry = parse_entry(name)
                 if entry is not None and files.remove(index, bucket, name, entry.message_id):
                     removed += 1
                 if progress:
                     progress(1)
             files.backlog.prune()
+            for minute in delays.top(view.path)[0]:
+                if delays.remove_empty(view.path, minute):
+                    index.delayed.drop_bucket(minute)
     return removed
 
 

@@ -3,9 +3,11 @@
 Format 2 adds lease holders (`+<token>` at the end of a lease name, records in `@holders`:
 docs/FORMAT.md, "Lease holders"); format 3 the backlog (`@backlog/` in a queue: "The
 backlog"); format 4 message priorities (`^<level>` in state names, `@backlog/p<level>/`:
-"Priorities"). A root of format 1 to 3 is read alike, and marked 4 when a Store opens it: the
-`dirmq fsck` of an earlier version repairs nothing in a root of a format it does not know, where
-it would otherwise re-home leases whose names it cannot parse.
+"Priorities"); format 5 delayed messages in buckets of their due minute (`@delayed/<minute>/`:
+"Delayed messages"). A root of format 1 to 4 is read alike (flat entries of @delayed are moved
+into their buckets as a process meets them), and marked 5 when a Store opens it: the `dirmq
+fsck` of an earlier version repairs nothing in a root of a format it does not know, where it
+would otherwise re-home what it cannot parse.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import os
 from dirmq.store import layout, smallfiles
 from dirmq.store.filemodes import Access, read_marker
 
-ROOT_FORMAT = 4
-READABLE_ROOT_FORMATS = (1, 2, 3, 4)
+ROOT_FORMAT = 5
+READABLE_ROOT_FORMATS = (1, 2, 3, 4, 5)
 
 
 def root_marker_bytes(access: Access) -> bytes:
@@ -30,7 +32,7 @@ def mark_current(root: str, access: Access) -> None:
     format only adds what a newer process writes). Left as it is where this user may not write
     it."""
     data = read_marker(root)
-    if not isinstance(data, dict) or data.get("format") not in (1, 2, 3):
+    if not isinstance(data, dict) or data.get("format") not in READABLE_ROOT_FORMATS[:-1]:
         return
     try:
         marker = os.path.join(root, layout.ROOT_MARKER)

@@ -239,10 +239,8 @@ class Publisher:
             index = view.index
             if index is not None and view.polling():
                 for f in pending:
-                    index.add(
-                        os.path.basename(os.path.dirname(f.final_path)),
-                        os.path.basename(f.final_path),
-                    )
+                    directory, _, name = os.path.relpath(f.final_path, view.path).rpartition("/")
+                    index.add(directory, name)
             if index is not None and any(spills):  # trees it may not hear of (backlog.py)
                 index.backlog.update(
                     {
@@ -259,8 +257,8 @@ class Publisher:
         if not all(spills):
             into_ready = Counter(
                 message.priority
-                for message, spilled in zip(outgoing, spills, strict=True)
-                if not spilled
+                for f, message, spilled in zip(pending, outgoing, spills, strict=True)
+                if not spilled and f.final_path.startswith(f"{self._files.dir[layout.READY]}/")
             )
             for priority, count in into_ready.items():
                 backlog.published_into_ready(count, priority)
@@ -274,6 +272,10 @@ class Publisher:
         rooms: dict[int, int] = {}
         spills: list[bool] = []
         for message in outgoing:
+            delay_s = config.delay_s if message.delay_s is None else message.delay_s
+            if delay_s > 0:  # into @delayed's bucket: no room of @ready taken
+                spills.append(False)
+                continue
             level = message.priority
             room = rooms.get(level)
             if room is None:
@@ -344,13 +346,13 @@ class Publisher:
         level = message.priority
         files = self._files
         try:
-            if delay_s > 0:
+            durable = config.durability is not Durability.MEMORY
+            if delay_s > 0:  # into the bucket of its due minute (delays.py)
                 due_ms = at_ms + round(delay_s * 1000)
                 name = layout.timed_name(message_id, 0, due_ms, tag, None, level)
-                final = f"{files.dir[layout.DELAYED]}/{name}"
+                final = f"{files.delay_buckets.prepare(due_ms, durable)}/{name}"
             elif spill:
                 name = layout.ready_name(message_id, 0, tag, level)
-                durable = config.durability is not Durability.MEMORY
                 final = f"{files.backlog.prepare(name, durable)}/{name}"
             else:
                 name = layout.ready_name(message_id, 0, tag, level)
@@ -367,11 +369,13 @@ class Publisher:
                     pending = create_pending(tmp_dir, tmp_name, final, data, self._context.access)
             if not keep_open:
                 pending.detach(tmp_dir, layout.tmp_name(message_id))
-            if spill:  # its bucket made again if a refill removes it before the rename
+            if delay_s > 0:  # its bucket made again if a consumer removes it first
+                pending.make_dir = functools.partial(files.delay_buckets.remake, due_ms, durable)
+            elif spill:  # its bucket made again if a refill removes it before the rename
                 pending.make_dir = functools.partial(files.backlog.remake, name, durable)
             return pending
         except FileNotFoundError:
-            if spill:  # its bucket could not be made (a refill removed it, or the queue went)
+            if spill or delay_s > 0:  # its bucket could not be made (removed, or the queue went)
                 raise _BucketGone from None
             raise QueueNotFound.missing(self.name) from None
         except OSError as exc:

@@ -35,8 +35,11 @@ def stored_message(entry: Entry, directory: str, decoded: codec.Decoded) -> Mess
         receive_count=entry.count,
         published_at_s=id_time_us(entry.message_id) / 1e6,
         lease_deadline_s=deadline,
-        # a backlog bucket (@backlog/<epoch>/<second>) holds ready messages (backlog.py)
-        state="ready" if directory.startswith(layout.BACKLOG) else directory.lstrip("@"),
+        # a backlog bucket (@backlog/<epoch>/<second>) holds ready messages (backlog.py); a
+        # delay bucket (@delayed/<minute>) delayed ones (delays.py)
+        state="ready"
+        if directory.startswith(layout.BACKLOG)
+        else directory.lstrip("@").partition("/")[0],
         group=decoded.system.get("Group"),
         dead=from_system(decoded.system) if len(decoded.system) > 1 else None,
         expires_at_s=read_deadline_s(decoded.system) if len(decoded.system) > 1 else None,

@@ -1,5 +1,6 @@
 """Finding what crashed writers left behind: temps in `@tmp/`, and the shared-filesystem
-mode's temps beside their final names in `@ready/` and `@delayed/` (`layout.temp_beside`).
+mode's temps beside their final names in `@ready/`, `@delayed/` and their buckets
+(`layout.temp_beside`).
 
 A temp file is an orphan when no live writer will ever publish it: its process (the identity in
 its name, judged by `processes.liveness`) is dead, or, when that cannot be told (another host or

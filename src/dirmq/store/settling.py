@@ -13,7 +13,7 @@ import os
 import time
 
 from dirmq.errors import CorruptMessage, storage_error
-from dirmq.store import deadletters, layout
+from dirmq.store import deadletters, delays, layout
 from dirmq.store.capacity import read_slot
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.events import REASON_MAX_RECEIVES, REASON_REJECTED
@@ -56,22 +56,94 @@ class SettlingFiles(QueueFileBase):
         )
 
     def _deliver_due(self, index: QueueIndex, at_ms: int) -> int:
-        """Move the delayed messages due by `at_ms` into @ready; how many moved."""
+        """Move the delayed messages due by `at_ms` into @ready; how many moved. Flat entries
+        (an earlier format's) go into their buckets first; a bucket whose minute has begun is
+        loaded (delays.py), and one whose minute is over is emptied and removed."""
+        delayed = index.delayed
+        if delayed.flat:
+            self.migrate_delays(index)
+        begun = delayed.begun(at_ms)
+        past = [m for m in begun if (m + 1) * delays.BUCKET_MS <= at_ms]
+        for minute in begun:
+            if minute not in delayed.loaded and minute not in past:
+                delayed.load(self.queue_dir, minute)
         delivered = 0
-        due = index.delayed.pop_due(at_ms)
+        due = delayed.pop_due(at_ms)
         for i, name in enumerate(due):
-            entry = parse_entry(name)
-            assert entry is not None
-            target = layout.ready_name(entry.message_id, entry.count, entry.group, entry.level)
             try:
-                moved = self.move(layout.DELAYED, name, layout.READY, target)
+                delivered += self._deliver(index, delays.relative_dir(name), name)
             except OSError:
-                _keep_due(index, layout.DELAYED, due[i:])
+                _keep_due(index, due[i:])
                 raise
-            if moved:
-                index.add(layout.READY, target)
-                delivered += 1
+        for minute in past:
+            delivered += self._empty_past(index, minute, at_ms)
         return delivered
+
+    def _deliver(self, index: QueueIndex, directory: str, name: str) -> int:
+        """One due delay into @ready (`directory`: its bucket); 1 if it moved, 0 if another
+        process got there first."""
+        entry = parse_entry(name)
+        assert entry is not None
+        target = layout.ready_name(entry.message_id, entry.count, entry.group, entry.level)
+        if not self.move(directory, name, layout.READY, target):
+            return 0
+        index.add(layout.READY, target)
+        return 1
+
+    def _empty_past(self, index: QueueIndex, minute: int, at_ms: int) -> int:
+        """Deliver what is left in a bucket whose minute is over (all of it is due), then
+        remove it; how many moved. One that cannot be removed though nothing in it moved (a
+        stray file, or a name of a later minute: `dirmq fsck --repair` moves it) is not looked
+        at again until a rescan, rather than at every get."""
+        delivered = 0
+        directory = delays.bucket_dir(minute)
+        for attempt in range(3):
+            moved = 0
+            for name in delays.bucket_names(self.queue_dir, minute):
+                due = delays.due_of(name)
+                if due is not None and due <= at_ms:
+                    moved += self._deliver(index, directory, name)
+                    index.delayed.discard(name[: layout.ID_LENGTH], name)
+            delivered += moved
+            if delays.remove_empty(self.queue_dir, minute):
+                index.delayed.drop_bucket(minute)
+                break
+            # Not empty: a late writer's rename (its minute ran out under it) came after the
+            # listing, and the next listing moves it; listed twice with nothing to move, stuck.
+            if not moved and attempt:
+                index.delayed.stuck.add(minute)
+                break
+        return delivered
+
+    def migrate_delays(self, index: QueueIndex) -> int:
+        """Move the flat entries of @delayed the index knows into their buckets (delays.py:
+        what a root of format 4 holds); how many moved."""
+        flat = sorted(index.delayed.flat)
+        index.delayed.flat.clear()
+        moved = self.delay_buckets.migrate(flat, durable=True)
+        for name in moved:
+            index.add(delays.relative_dir(name), name)
+        if moved:
+            log.info(
+                "queue %r: %d delayed messages moved into due-time buckets",
+                self.name,
+                len(moved),
+                extra={"fields": {"queue": self.name, "migrated": len(moved)}},
+            )
+        return len(moved)
+
+    def _move_delayed(self, path: str, name: str, due_ms: int, durable: bool) -> None:
+        """Rename the file at `path` to `name` in the bucket of `due_ms`, made if missing (and
+        made again if a consumer removes it before the rename)."""
+        bucket = self.delay_buckets.prepare(due_ms, durable)
+        try:
+            self._rename(path, f"{bucket}/{name}")
+        except FileNotFoundError:
+            if not os.path.isdir(bucket):
+                bucket = self.delay_buckets.remake(due_ms, durable)
+                self._rename(path, f"{bucket}/{name}")
+            else:
+                raise
 
     def _requeue_expired(
         self, index: QueueIndex, config: QueueConfig, at_ms: int
@@ -92,7 +164,8 @@ class SettlingFiles(QueueFileBase):
                 target = layout.ready_name(entry.message_id, entry.count, entry.group, entry.level)
                 moved = self.move(layout.LEASED, name, layout.READY, target)
             except OSError:
-                _keep_due(index, layout.LEASED, expired[i:])
+                for each in expired[i:]:
+                    index.add(layout.LEASED, each)
                 raise
             if moved:
                 index.add(layout.READY, target)
@@ -135,7 +208,9 @@ class SettlingFiles(QueueFileBase):
             # message would overtake it. Its receipt stays valid meanwhile.
             self._lease_until(index, path, entry, delay_s)
             return SETTLED_DELAYED
-        self._give_back(index, path, lease, entry, delay_s)
+        self._give_back(
+            index, path, lease, entry, delay_s, config.durability is not Durability.MEMORY
+        )
         return SETTLED_DELAYED if delay_s > 0 else SETTLED_RETURNED
 
     def ack(self, index: QueueIndex, leases: list[str]) -> dict[str, OSError]:
@@ -168,20 +243,26 @@ class SettlingFiles(QueueFileBase):
         return failures
 
     def _give_back(
-        self, index: QueueIndex, path: str, lease: str, entry: Entry, delay_s: float
+        self,
+        index: QueueIndex,
+        path: str,
+        lease: str,
+        entry: Entry,
+        delay_s: float,
+        durable: bool = True,
     ) -> None:
-        """Return the lease at `path` to @ready (its FIFO place), or to @delayed until
-        `delay_s` from now."""
+        """Return the lease at `path` to @ready (its FIFO place), or to the bucket of its due
+        time in @delayed until `delay_s` from now."""
         message_id, count = entry.message_id, entry.count
         if delay_s > 0:
-            directory = layout.DELAYED
-            new = layout.timed_name(
-                message_id, count, now_ms() + round(delay_s * 1000), entry.group, None, entry.level
-            )
+            due_ms = now_ms() + round(delay_s * 1000)
+            new = layout.timed_name(message_id, count, due_ms, entry.group, None, entry.level)
+            self._move_delayed(path, new, due_ms, durable)
+            directory = delays.bucket_dir(delays.minute_of(due_ms))
         else:
             new = layout.ready_name(message_id, count, entry.group, entry.level)
             directory = layout.READY
-        self._rename(path, self.path(directory, new))
+            self._rename(path, self.path(directory, new))
         index.add(directory, new)
         index.leased.discard(message_id, lease)
 
@@ -355,8 +436,8 @@ class SettlingFiles(QueueFileBase):
 _NOTHING_PROMOTED = SweepReport()
 
 
-def _keep_due(index: QueueIndex, directory: str, names: list[str]) -> None:
-    """Names `pop_due` took out of the index whose move failed: they are still where they
-    were, so the index keeps them (and the next get or sweep tries again)."""
+def _keep_due(index: QueueIndex, names: list[str]) -> None:
+    """Delayed names `pop_due` took out of the index whose move failed: they are still where
+    they were, so the index keeps them (and the next get or sweep tries again)."""
     for name in names:
-        index.add(directory, name)
+        index.add(delays.relative_dir(name), name)

@@ -74,7 +74,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     _row("lease", {State.READY}, {State.LEASED}, "files.QueueFiles._lease"),
     # A claim that could not read what it leased puts it back in its FIFO place.
     _row("hand_back", {State.LEASED}, {State.READY}, "files.QueueFiles.hand_back"),
-    _row("due", {State.DELAYED}, {State.READY}, "settling.SettlingFiles._deliver_due"),
+    _row("due", {State.DELAYED}, {State.READY}, "settling.SettlingFiles._deliver"),
+    # A flat entry of @delayed (format 4 and earlier) into the bucket of its due minute.
+    _row("migrate_delay", {State.DELAYED}, {State.DELAYED}, "delays.DelayBuckets.migrate"),
     # An expired lease returns to its FIFO place (at its receive limit: dead_letter).
     _row("expire", {State.LEASED}, {State.READY}, "settling.SettlingFiles._requeue_expired"),
     # A heartbeat; also a group message given back with a delay (it keeps its group).

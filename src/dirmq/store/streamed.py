@@ -33,7 +33,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 
 from dirmq.errors import InvalidArgument, MessageTooLarge, QueueNotFound, storage_error
-from dirmq.store import backlog, codec, layout
+from dirmq.store import backlog, codec, delays, layout
 from dirmq.store.bounds import check_optional_seconds
 from dirmq.store.config import Durability
 from dirmq.store.filebase import now_ms
@@ -210,12 +210,16 @@ class StreamedFile:
             except OSError as exc:
                 raise storage_error(exc, f"writing a message to queue {queue.name!r}") from exc
             pending.final_path = self._final_path(message_id, delay_s, config.delay_s)
-            if backlog.is_bucket_dir(
-                os.path.relpath(os.path.dirname(pending.final_path), view.path)
-            ):
-                durable = config.durability is not Durability.MEMORY
-                name = os.path.basename(pending.final_path)
+            relative = os.path.relpath(os.path.dirname(pending.final_path), view.path)
+            durable = config.durability is not Durability.MEMORY
+            name = os.path.basename(pending.final_path)
+            if backlog.is_bucket_dir(relative):
                 pending.make_dir = functools.partial(queue._files.backlog.remake, name, durable)
+            elif delays.is_bucket_dir(relative):  # a consumer may remove a bucket of the past
+                due = delays.due_of(name)
+                assert due is not None
+                remake = queue._files.delay_buckets.remake
+                pending.make_dir = functools.partial(remake, due, durable)
             publisher._commit([pending], level, config)
         except BaseException:
             pending.discard()
@@ -224,8 +228,8 @@ class StreamedFile:
             # As `Publisher._publish_files`: a polled index hears nothing of our own rename.
             index = view.index
             if index is not None and view.polling():
-                final_dir, _, name = pending.final_path.rpartition("/")
-                index.add(os.path.basename(final_dir), name)
+                directory, _, name = os.path.relpath(pending.final_path, view.path).rpartition("/")
+                index.add(directory, name)
         return message_id
 
     def _final_path(self, message_id: str, delay_s: float | None, default_delay_s: float) -> str:
@@ -233,9 +237,11 @@ class StreamedFile:
         files = self.queue._files
         delay_s = default_delay_s if delay_s is None else delay_s
         tag = None if self._group is None else layout.group_tag(self._group)
-        if delay_s > 0:
-            name = layout.timed_name(message_id, 0, now_ms() + round(delay_s * 1000), tag)
-            return f"{files.dir[layout.DELAYED]}/{name}"
+        if delay_s > 0:  # into the bucket of its due minute (delays.py)
+            due_ms = now_ms() + round(delay_s * 1000)
+            name = layout.timed_name(message_id, 0, due_ms, tag)
+            durable = self.queue._view.config.durability is not Durability.MEMORY
+            return f"{files.delay_buckets.prepare(due_ms, durable)}/{name}"
         name = layout.ready_name(message_id, 0, tag)
         index = self.queue._view.index
         if files.backlog.room(None if index is None else len(index.ready)) > 0:

@@ -15,6 +15,7 @@ to the allocator, and its next use builds them again, as the first did.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -32,13 +33,23 @@ from dirmq.store import layout
 from dirmq.store.backlog import MIGRATE_ABOVE
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
+from dirmq.store.delays import bucket_dir
 from dirmq.store.filebase import now_ms
 from dirmq.store.files import QueueFiles
 from dirmq.store.index import QueueIndex
 from dirmq.store.message import SweepReport
 from dirmq.store.poolreclaim import reclaim_pools
-from dirmq.store.watch import RESCAN, Watcher, open_watcher, polls
+from dirmq.store.watch import (
+    OUT_OF_INOTIFY,
+    RESCAN,
+    HubWatcher,
+    PollingWatcher,
+    Watcher,
+    open_watcher,
+    polls,
+)
 
+log = logging.getLogger(__name__)
 CONFIG_RECHECK_S = 0.5
 _WATCHED = (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS, layout.BACKLOG)
 # Where anything a get could lease, or a due time, comes from: empty, a queue needs no index
@@ -161,6 +172,7 @@ class QueueView:
             raise storage_error(exc, f"watching queue {self.name!r}") from exc
         self._attach_listeners()
         index = QueueIndex()
+        index.delayed.watch = self._watch_bucket
         try:
             index.rescan(self.path)
         except BaseException:
@@ -189,6 +201,34 @@ class QueueView:
             promoted = SweepReport()
         self.recovered_on_open = replace(promoted, orphans_removed=orphans, pools_reclaimed=pools)
         return index
+
+    def _watch_bucket(self, minute: int, on: bool) -> bool:
+        """Watch a delay bucket the index loads (`on`), or stop (delays.py); False if the
+        bucket is gone. Out of inotify watches, the queue is polled from now (a warning)."""
+        watcher = self._watcher
+        if not isinstance(watcher, HubWatcher):
+            return True  # polled: every rescan lists the loaded buckets again
+        key = bucket_dir(minute)
+        if not on:
+            watcher.unwatch_optional(key)
+            return True
+        try:
+            watcher.watch_optional(key, os.path.join(self.path, key))
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            if exc.errno not in OUT_OF_INOTIFY:
+                raise storage_error(exc, f"watching a delay bucket of queue {self.name!r}") from exc
+            log.warning(
+                "out of inotify watches (%s): queue %r is polled instead; raise "
+                "fs.inotify.max_user_watches",
+                exc.strerror or exc,
+                self.name,
+            )
+            watcher.close()
+            self._watcher = PollingWatcher(self._context.poll_interval_s)
+            self._attach_listeners()
+        return True
 
     def polling(self) -> bool:
         """Whether the index is kept by polling (it hears nothing of this process's changes)."""

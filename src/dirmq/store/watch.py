@@ -128,6 +128,40 @@ class InotifyHub:
             watcher.close()  # the watches it got (and a HubWatcher's eventfd)
             raise
 
+    def add_optional(self, watcher: HubWatcher, key: str, path: str) -> None:
+        """Watch `path` for `watcher` too, as `key`: a directory whose removal is no loss
+        (a delay bucket: delays.py). OSError as `subscribe`'s (FileNotFoundError: gone)."""
+        with self.lock:
+            if key in watcher.optional:
+                return
+            wd = add_watch(self._fd, path, _MASK | IN_ONLYDIR)
+            self._subscribers.setdefault(wd, []).append((watcher, key))
+            watcher.wds.append(wd)
+            watcher.optional[key] = wd
+
+    def remove_optional(self, watcher: HubWatcher, key: str) -> None:
+        with self.lock:
+            wd = watcher.optional.pop(key, None)
+            if wd is None:
+                return
+            remaining = [s for s in self._subscribers.get(wd, []) if s[0] is not watcher]
+            if remaining:
+                self._subscribers[wd] = remaining
+            else:
+                self._subscribers.pop(wd, None)
+                _libc.inotify_rm_watch(self._fd, wd)  # EINVAL once the kernel dropped it
+            if wd in watcher.wds:
+                watcher.wds.remove(wd)
+
+    def _forget_optional(self, wd: int) -> None:
+        """The kernel dropped watch `wd` (its directory went): nobody is subscribed to it any
+        more (a watcher of another directory by that wd was told `lost`; under the lock)."""
+        for watcher, key in self._subscribers.pop(wd, []):
+            if watcher.optional.get(key) == wd:
+                del watcher.optional[key]
+            if wd in watcher.wds:
+                watcher.wds.remove(wd)
+
     def unsubscribe(self, watcher: _Subscriber) -> None:
         with self.lock:
             self._remove(watcher)
@@ -141,6 +175,7 @@ class InotifyHub:
                 self._subscribers.pop(wd, None)
                 _libc.inotify_rm_watch(self._fd, wd)
         watcher.wds.clear()
+        watcher.optional.clear()
 
     def pump(self) -> None:
         """Read every pending event and hand each to the watchers of its directory."""
@@ -180,9 +215,13 @@ class InotifyHub:
             if not subscribers:
                 continue
             if mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED):
-                for watcher, _key in subscribers:
+                for watcher, key in subscribers:
+                    if key in watcher.optional:
+                        continue  # a delay bucket removed: an event of its parent tells
                     watcher.lost = True
                     woken.add(watcher)
+                if mask & IN_IGNORED:
+                    self._forget_optional(wd)
                 continue
             # os.fsdecode's own spelling, without its function calls.
             name = raw.rstrip(b"\0").decode(_FS_ENCODING, "surrogateescape")
@@ -222,6 +261,8 @@ class HubWatcher:
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._finalizer = weakref.finalize(self, _close_quietly, self._efd)
         self.wds: list[int] = []
+        # key -> wd of directories whose removal is no loss (delay buckets: `add_optional`)
+        self.optional: dict[str, int] = {}
         self.listeners: list[Callable[[], None]] = []  # called (any thread) when signalled
         self.pending: list[Event] = []
         self.overflowed = False
@@ -274,6 +315,13 @@ class HubWatcher:
                 pass
         return self._hub.take(self)
 
+    def watch_optional(self, key: str, path: str) -> None:
+        """Watch `path` too, its events keyed `key`, its removal no loss (`add_optional`)."""
+        self._hub.add_optional(self, key, path)
+
+    def unwatch_optional(self, key: str) -> None:
+        self._hub.remove_optional(self, key)
+
     def close(self) -> None:
         if self._efd >= 0:
             self._hub.unsubscribe(self)
@@ -290,6 +338,7 @@ class ChangeSignal:
     def __init__(self, hub: InotifyHub, listener: Callable[[], None]) -> None:
         self._hub = hub
         self.wds: list[int] = []
+        self.optional: dict[str, int] = {}  # never any: see HubWatcher
         self.listeners = [listener]
         self.pending: list[Event] = []  # emptied as soon as it is filled: see `signal`
         self.overflowed = False

@@ -1,0 +1,89 @@
+"""`dirmq fsck` of a queue's @delayed (delays.py): its shape, and each delay in its own bucket.
+
+The message files of @delayed and of its buckets are checked by fsck_messages.py (names, times
+and decoding, as any delayed message's); this module finds what is particular to the buckets:
+entries of @delayed that are neither a bucket nor a message file (stray, a notice), flat
+entries of format 4 (a notice: the next open moves them into their buckets, and so does a
+repair), anything in a bucket that is not a file (stray), and delays in a bucket other than the
+one of their due minute (misnamed: a get would deliver one late, or, in a bucket of the past,
+keep it there until its own time; a repair moves each home). One of fsck.py's `QUEUE_CHECKS`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+
+from dirmq.store import delays, layout
+from dirmq.store.bounds import MAX_DURATION_S
+from dirmq.store.filemodes import Access
+from dirmq.store.fsck_findings import Finding, Kind
+
+# Further ahead than this, a delay's time cannot stand: fsck_messages.py re-homes it.
+_LONGEST_MS = int(MAX_DURATION_S * 1000) + 86_400_000
+
+
+def _standing(name: str) -> bool:
+    """Whether `name` is a delay whose time can stand (the message check judges the rest)."""
+    due = delays.due_of(name)
+    return due is not None and due <= time.time_ns() // 1_000_000 + _LONGEST_MS
+
+
+def findings(queue_dir: str, access: Access) -> Iterator[Finding]:
+    for entry in _entries(os.path.join(queue_dir, layout.DELAYED)):
+        name = entry.name
+        if delays.is_bucket(name) and entry.is_dir(follow_symlinks=False):
+            yield from _bucket(queue_dir, access, entry)
+            continue
+        if name[:1] == "." or entry.is_dir(follow_symlinks=False):
+            if entry.is_dir(follow_symlinks=False):
+                yield Finding(Kind.STRAY, entry.path, "not a delay bucket directory", None)
+            continue  # temps beside their final names: the message check's
+        if not _standing(name):
+            continue  # a bad name or time: the message check re-homes it
+        home = delays.relative_dir(name)
+        detail = f"a delay of format 4, outside its bucket ({home}): the next open moves it"
+        yield Finding(Kind.FLAT_DELAY, entry.path, detail, _mover(access, entry.path, queue_dir))
+
+
+def _bucket(queue_dir: str, access: Access, bucket: os.DirEntry[str]) -> Iterator[Finding]:
+    relative = f"{layout.DELAYED}/{bucket.name}"
+    for entry in _entries(bucket.path):
+        name = entry.name
+        if name[:1] == "." or entry.is_dir(follow_symlinks=False):
+            if entry.is_dir(follow_symlinks=False):
+                yield Finding(Kind.STRAY, entry.path, "a directory in a delay bucket", None)
+            continue
+        if not _standing(name):
+            continue  # a bad name or time: the message check's
+        home = delays.relative_dir(name)
+        if home != relative:
+            detail = f"{name!r} is in bucket {relative}, its due time's is {home}"
+            yield Finding(Kind.MISNAMED, entry.path, detail, _mover(access, entry.path, queue_dir))
+
+
+def _mover(access: Access, path: str, queue_dir: str) -> Callable[[], str]:
+    def move() -> str:
+        name = os.path.basename(path)
+        home = delays.relative_dir(name)
+        bucket = os.path.join(queue_dir, home)
+        try:
+            access.mkdir(bucket)
+        except FileExistsError:
+            pass
+        target = os.path.join(bucket, name)
+        if os.path.lexists(target):
+            raise FileExistsError(0, f"{target} already exists")
+        os.rename(path, target)
+        return f"moved to {home}"
+
+    return move
+
+
+def _entries(path: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as entries:
+            return list(entries)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
