@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 import dirmq
-from dirmq.store import backlog, codec, fsio, layout, publishing
+from dirmq.store import backlog, capacity, codec, fsio, layout, publishing
 from dirmq.store.census import queue_depth
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.ids import new_ids
@@ -94,6 +94,22 @@ def test_purge_and_delete_reach_the_backlog(store: dirmq.Store) -> None:
     q.put(b"after")  # an empty backlog: straight into @ready again
     assert os.listdir(Path(q.path) / layout.READY) != []
     assert q.stats().ready == 1
+
+
+def test_a_sweep_keeps_the_capacity_slots_of_messages_in_the_backlog(
+    store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slot whose message is behind @ready is held, not leaked: a sweep once freed every such
+    slot older than a minute (the index does not know the backlog), and the queue then took
+    more messages than its capacity."""
+    monkeypatch.setattr(capacity, "LEAK_GRACE_S", -1.0)  # every slot old enough to be freed
+    q = store.create_queue("bounded", dirmq.QueueConfig(durability="memory", capacity=2_500))
+    _fill(q, 2_500)
+    assert _backlog_count(q) > 0
+    assert q.sweep().slots_released == 0
+    with pytest.raises(dirmq.QueueFull):
+        q.put(b"one too many", timeout_s=0)
+    assert len(os.listdir(Path(q.path) / layout.SLOTS)) == 2_500
 
 
 def test_concurrent_consumers_take_each_message_once(store: dirmq.Store) -> None:

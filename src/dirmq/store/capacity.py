@@ -18,7 +18,7 @@ import random
 import time
 
 from dirmq.errors import QueueNotFound, storage_error
-from dirmq.store import delays
+from dirmq.store import backlog, delays
 from dirmq.store.index import QueueIndex
 
 LEAK_GRACE_S = 60.0
@@ -113,8 +113,14 @@ class Slots:
                 continue
             if index.locate(target) is None and age_s > LEAK_GRACE_S:
                 leaked[slot] = target
-        if leaked and index.delayed.buckets:  # delays of a minute not begun are not indexed
-            delayed = delays.find(os.path.dirname(self._dir), set(leaked.values()))
+        # The index knows neither the backlog (behind @ready) nor delays of a minute not
+        # begun: a slot whose message is there is held, not leaked.
+        queue_dir = os.path.dirname(self._dir)
+        if leaked:
+            behind = backlog.find(queue_dir, set(leaked.values()))
+            leaked = {slot: target for slot, target in leaked.items() if target not in behind}
+        if leaked and index.delayed.buckets:
+            delayed = delays.find(queue_dir, set(leaked.values()))
             leaked = {slot: target for slot, target in leaked.items() if target not in delayed}
         for slot in leaked:
             try:
