@@ -367,12 +367,17 @@ def polls(mode: str, path: str) -> bool:
 
 
 def open_watcher(
-    directories: dict[str, str], mode: str, poll_interval_s: float, hub: Callable[[], InotifyHub]
+    directories: dict[str, str],
+    mode: str,
+    poll_interval_s: float,
+    hub: Callable[[], InotifyHub],
+    polled: bool | None = None,
 ) -> Watcher:
-    """`mode`: as in `polls`; `hub` gives the Store's shared inotify instance. Out of inotify
-    instances or watches (`OUT_OF_INOTIFY`), the directories are polled: a warning, not an
-    error (under "inotify" too: a queue that answers late beats one that fails)."""
-    if polls(mode, next(iter(directories.values()))):
+    """`mode`: as in `polls`, unless `polled` (known already) says; `hub` gives the Store's
+    shared inotify instance. Out of inotify instances or watches (`OUT_OF_INOTIFY`), the
+    directories are polled: a warning, not an error (under "inotify" too: a queue that
+    answers late beats one that fails)."""
+    if polls(mode, next(iter(directories.values()))) if polled is None else polled:
         return PollingWatcher(poll_interval_s)
     try:
         return hub().subscribe(directories)
