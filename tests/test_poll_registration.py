@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import dirmq
 from dirmq.errors import CorruptConfig
+from dirmq.server import longpolls
 from dirmq.server.broker import Broker
 from dirmq.store import backlog, layout, watch
 
@@ -148,3 +150,57 @@ def test_a_lazily_opened_configuration_is_read_as_it_is_at_first_use(root: Path)
         Path(fresh.path, layout.CONFIG_FILE).write_text('{"visibility_timeout_s": 1e13}')
         with pytest.raises(CorruptConfig, match="visibility_timeout_s"):
             fresh.watch_if_idle(_nothing)
+
+
+def test_a_consumers_next_poll_on_its_idle_queue_is_not_registered_again(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poll on an idle queue new to the worker is registered (only watched: three watches);
+    its client leaves, and the consumer's next poll, within `LINGER_S`, joins the line still
+    watched: no second registration, the same three watches; another process's publish
+    reaches it."""
+    monkeypatch.setattr(longpolls, "LINGER_S", 600.0)  # however slow the machine between polls
+    registered: list[object] = []
+    real = Broker.register_later
+
+    def counted(self: Broker, step: Callable[[], None]) -> None:
+        registered.append(step)
+        real(self, step)
+
+    monkeypatch.setattr(Broker, "register_later", counted)
+    with dirmq.Store(root) as setup:
+        setup.create_queue("again")
+    store = dirmq.Store(root)
+    watched = store.inotify_hub()._subscribers
+
+    async def until(check: Callable[[], bool]) -> None:
+        async with asyncio.timeout(30):
+            while not check():
+                await asyncio.sleep(0.01)
+
+    async def main() -> list[dirmq.Message]:
+        broker = Broker(store)
+        other = dirmq.Store(root)
+        try:
+            queue = store.queue("again", lazy=True)
+            first = asyncio.ensure_future(broker.receive(queue, 1, 30, 30))
+            await until(lambda: not broker.registering() and len(watched) == 3)
+            first.cancel()
+            await until(lambda: broker.waiting_polls() == {})
+            second = asyncio.ensure_future(broker.receive(queue, 1, 30, 30))
+            await until(lambda: broker.waiting_polls() == {"again": 1})
+            assert len(registered) == 1
+            assert len(watched) == 3 and not queue.indexed()
+            other.queue("again").put(b"to the second")
+            async with asyncio.timeout(30):
+                got = await second
+            return got
+        finally:
+            other.close()
+            broker.close()
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        store.close()
+    assert [m.body for m in got] == [b"to the second"]
