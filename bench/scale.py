@@ -24,7 +24,8 @@ the end, also on an error or Ctrl-C; every process it starts is stopped by PID.
   its connection, kept open) as the HTTP floor; a publish sent halfway through the burst to a
   queue already polled, and how long until that poll answers; beside it, how long the client
   took to open every connection, and how many connections the kernel dropped meanwhile for a
-  full accept queue (machine-wide; each such client retries a second later).
+  full accept queue (machine-wide; each such client retries a second later); and the
+  server's resident memory growth over each burst, every poll (connection) still held.
 - bodies: one body of each size POSTed to a queue of a fresh server and then got; each timed
   against `dd bs=1M conv=fsync` of the same size on the same filesystem (the floor, same run),
   with the server's peak RSS growth (VmHWM, reset before each step) during the POST and the GET.
@@ -53,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import BODY, HOST, REPO, RESULTS
-from bench.harness.procs import Processes, cpu_seconds, raise_fd_limit
+from bench.harness.procs import Processes, cpu_seconds, raise_fd_limit, vm_rss_kib
 from bench.harness.report import Report, filesystem_of, machine_basics, write_results
 from bench.harness.roots import fill_ready, make_queues
 from bench.harness.servers import http_call, start_dirmq
@@ -256,12 +257,17 @@ def listen_overflows() -> int:
     return 0
 
 
+def rss_kib(pids: list[int]) -> int:
+    """The resident memory of the server's processes, KiB."""
+    return sum(vm_rss_kib(pid) for pid in pids)
+
+
 async def burst(port: int, pids: list[int], names: list[str], probe: bool) -> dict[str, float]:
     """One long poll per name, each on its own connection, opened one after another; with
     `probe`, a publish to the first name when half are open. The server's CPU from before the
     first to when it is idle again (no 10 ms of CPU in 0.2 s) after the last. An error if any
     other poll was answered meanwhile (refused: its cost would not be a registration's)."""
-    cpu_before, overflows = cpu_seconds(pids), listen_overflows()
+    cpu_before, overflows, rss_before = cpu_seconds(pids), listen_overflows(), rss_kib(pids)
     started = time.perf_counter()
     polls: list[tuple[asyncio.Task[bytes], Any]] = []
     delivery: asyncio.Task[tuple[float, float]] | None = None
@@ -291,6 +297,7 @@ async def burst(port: int, pids: list[int], names: list[str], probe: bool) -> di
             "delivery_s": latency,
             "stored_s": stored,  # to the publish's 201: the server had read it
             "listen_overflows": listen_overflows() - overflows,  # machine-wide, during the burst
+            "rss_growth_mib": (rss_kib(pids) - rss_before) / 1024,  # with every poll held
         }
     finally:
         for task, writer in polls:
@@ -303,7 +310,7 @@ async def floor_burst(port: int, pids: list[int], count: int) -> dict[str, float
     cheapest request on the same path as a poll (`GET /health`: parsed, routed, answered by
     the native dialect) and kept open like a poll; the server's CPU from before the first to
     when it is idle again, as `burst` measures."""
-    cpu_before = cpu_seconds(pids)
+    cpu_before, rss_before = cpu_seconds(pids), rss_kib(pids)
     opened: list[tuple[asyncio.Task[bytes], Any]] = []
     try:
         for _ in range(count):
@@ -321,7 +328,11 @@ async def floor_burst(port: int, pids: list[int], count: int) -> dict[str, float
             if now - last < 0.01:
                 break
             last = now
-        return {"requests": count, "server_cpu_s": cpu_seconds(pids) - cpu_before}
+        return {
+            "requests": count,
+            "server_cpu_s": cpu_seconds(pids) - cpu_before,
+            "rss_growth_mib": (rss_kib(pids) - rss_before) / 1024,  # every connection open
+        }
     finally:
         for task, writer in opened:
             task.cancel()
@@ -388,8 +399,11 @@ def queues(procs: Processes, workdir: Path, counts: list[int], report: Report) -
         rows[-1] += [f"{floor_cpu:.3f}", "-" if ratio is None else f"{ratio:.2f}x", f"{ms:.1f}"]
         rows[-1] += [f"{1000 * d['stored_s']:.1f}", f"{d['sent_s']:.2f}"]
         rows[-1] += [f"{d['listen_overflows']:,}"]
+        rss = (d["rss_growth_mib"], o["rss_growth_mib"], r["floor"]["rss_growth_mib"])
+        rows[-1] += ["{:.1f} / {:.1f} / {:.1f}".format(*rss)]
     header = ["queues", "polls", "CPU s, distinct", "CPU s, one queue", "CPU s, floor"]
     header += ["ratio", "delivery ms", "its 201 ms", "client s", "overflows"]
+    header += ["RSS + MiB: distinct / one / floor"]
     table("queues: long polls, the server's CPU to register them", header, rows)
     top = results[counts[-1]]["distinct"]
     polls = int(top["polls"])

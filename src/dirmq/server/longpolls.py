@@ -37,7 +37,9 @@ from dirmq.store import Message, Queue
 IDLE_RECHECK_S = 30.0
 # An armed line whose last waiter left stays armed (subscribed, its timer kept) this long: a
 # queue polled by one consumer at a time (poll, message, ack, poll again) is not subscribed to,
-# looked at and unsubscribed from again for every message. Its next waiter gets one look.
+# looked at and unsubscribed from again for every message. Its next waiter gets one look. A
+# quiet line (only watched) lingers too: a consumer's next poll on its idle queue, once the
+# last one's wait is over, is not registered again (three watches and looks a poll).
 LINGER_S = 1.0
 _IDLE, _PENDING, _QUIET, _ARMING, _ARMED = "idle", "pending", "quiet", "arming", "armed"
 
@@ -167,15 +169,17 @@ class LongPolls:
 
     def _enter(self, waiter: _Waiter) -> None:
         """`waiter` joins the line, arming it if it is the first (a lingering line is armed
-        already: a look, as the arming's, for what came since the caller's own look). Any other
-        armed line needs none: what came since the caller's look made a change, and its
-        wake-up, under way or still to come, leases for each waiter in turn, this one too
-        (tests/test_armed_lines.py)."""
+        already: a look, as the arming's, for what came since the caller's own look; a
+        lingering quiet one needs none: a change would have ended it, or has its wake-up
+        scheduled, which arms it for this waiter). Any other armed line needs none: what came
+        since the caller's look made a change, and its wake-up, under way or still to come,
+        leases for each waiter in turn, this one too (tests/test_armed_lines.py)."""
         self._waiters.append(waiter)
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
-            self._woken()
+            if self._state is not _QUIET:
+                self._woken()
             return
         if self._state is _IDLE:
             if self.queue.indexed():  # a few calls on the index: at once, as a lease would be
@@ -496,11 +500,11 @@ class LongPolls:
     def _retire_if_unwaited(self, linger: bool = True) -> None:
         """With no live waiter left: unsubscribe, stop the timer, and let the broker forget this
         line (a dispatch under way finds no waiter and ends; an arming under way undoes itself
-        when it is done). An armed line (`linger`, the broker not closing) does so only once
-        `LINGER_S` passed without a new waiter."""
+        when it is done). An armed or quiet line (`linger`, the broker not closing) does so
+        only once `LINGER_S` passed without a new waiter."""
         if self._live_waiters():
             return
-        if linger and self._state is _ARMED and not self.broker.closing:
+        if linger and (self._state is _ARMED or self._state is _QUIET) and not self.broker.closing:
             if self._linger is None:
                 self._linger = self._loop.call_later(LINGER_S, self._linger_over)
             return

@@ -31,13 +31,30 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class _StateDirs(dict[str, str]):
+    """The paths of a queue's state directories by name (`layout.STATE_DIRS`), each joined at
+    its first use: a long poll on each of thousands of idle queues opens each on the server's
+    event loop, and uses four of the ten. `get` tells only those used so far."""
+
+    __slots__ = ("_prefix",)
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self._prefix = prefix
+
+    def __missing__(self, directory: str) -> str:
+        if directory not in layout.STATE_DIRS:
+            raise KeyError(directory)
+        path = self[directory] = self._prefix + directory
+        return path
+
+
 class QueueFileBase:
     """A queue's files at rest (settling.py and files.py add the transitions)."""
 
     def __init__(self, context: QueueContext, name: str, path: str) -> None:
         self.name = name
-        prefix = os.path.join(path, "")  # one join, not one per directory: opened per queue
-        self.dir = {d: prefix + d for d in layout.STATE_DIRS}
+        self.dir = _StateDirs(os.path.join(path, ""))
         self.queue_dir = path
         self._context = context
         self.access = context.access  # the modes of every file written here

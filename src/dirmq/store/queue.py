@@ -53,14 +53,16 @@ class Queue:
         path: str,
         config: QueueConfig | None,
         config_stamp: tuple[int, int] | None = None,
+        polled: bool | None = None,
     ) -> None:
         """`config_stamp`: the (inode, mtime) of the @queue.json `config` was read from, if
         known (`Store.queue`): not read again until it changes. `config` None: read at first
-        use (`Store.queue(lazy=True)`)."""
+        use (`Store.queue(lazy=True)`; a stamp then is its file's at the open). `polled`:
+        whether the queue is watched by polling, if the Store knows (else a statfs tells)."""
         self.name = name
         self.path = path
         self._files = QueueFiles(context, name, path)
-        self._view = QueueView(context, name, path, self._files, config, config_stamp)
+        self._view = QueueView(context, name, path, self._files, config, config_stamp, polled)
         self._context = context
 
     # Made at first use, as QueueFiles' parts are: a queue only waited on needs neither.

@@ -42,7 +42,7 @@ from dirmq.store.holders import Holders
 from dirmq.store.marker import mark_current, root_marker_bytes
 from dirmq.store.names import queue_path
 from dirmq.store.queue import Queue
-from dirmq.store.watch import InotifyHub
+from dirmq.store.watch import InotifyHub, polls
 
 DEFAULT_ROOT = "./dirmq-data"
 EXISTS_RECHECK_S = 0.5
@@ -52,10 +52,10 @@ EXISTS_RECHECK_S = 0.5
 PARSED_CONFIGS = 256
 
 
-def _config_exists(name: str, path: str) -> None:
-    """QueueNotFound unless queue `name`'s @queue.json exists (under `path`)."""
+def _config_stat(name: str, path: str) -> os.stat_result:
+    """The stat of queue `name`'s @queue.json (under `path`); QueueNotFound if there is none."""
     try:
-        os.stat(os.path.join(path, layout.CONFIG_FILE))
+        return os.stat(path + "/" + layout.CONFIG_FILE)
     except (FileNotFoundError, NotADirectoryError):
         raise QueueNotFound.missing(name) from None
     except OSError as exc:
@@ -120,6 +120,7 @@ class Store:
         self._queues: dict[str, Queue] = {}
         self._checked: dict[str, float] = {}  # name -> when its @queue.json was last seen
         self._parsed: dict[bytes, QueueConfig] = {}  # see PARSED_CONFIGS
+        self._polled_devices: dict[int, bool] = {}  # st_dev -> polled under "auto": _polls
         self._lock = threading.Lock()
         self._hub: InotifyHub | None = None
 
@@ -190,21 +191,22 @@ class Store:
                     self._checked[name] = now
                     return cached
             if lazy:
-                config, stamp = None, None
-                _config_exists(name, path)
+                config, st = None, _config_stat(name, path)
             else:
-                config, stamp = self._read_config_stamped(name, path)
+                config, st = self._read_config_stamped(name, path)
             if cached is not None:
                 cached.close()
-            queue = Queue(self.context, name, path, config, config_stamp=stamp)
+            stamp = (st.st_ino, st.st_mtime_ns)
+            polled = self._polls(st.st_dev, path)
+            queue = Queue(self.context, name, path, config, config_stamp=stamp, polled=polled)
             self._queues[name] = queue
             self._checked[name] = now
             return queue
 
-    def _read_config_stamped(self, name: str, path: str) -> tuple[QueueConfig, tuple[int, int]]:
-        """The configuration and its file's (inode, mtime): the queue's first index build
-        then stats the file rather than reading and parsing it again (a long poll on each of
-        thousands of queues opens each once, on the server's event loop)."""
+    def _read_config_stamped(self, name: str, path: str) -> tuple[QueueConfig, os.stat_result]:
+        """The configuration and its file's stat: the queue's first index build then stats
+        the file rather than reading and parsing it again (a long poll on each of thousands
+        of queues opens each once, on the server's event loop)."""
         try:
             fd = os.open(os.path.join(path, layout.CONFIG_FILE), os.O_RDONLY | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
@@ -222,7 +224,19 @@ class Store:
             config = self._parse_config(raw)
         except ConfigError as exc:
             raise CorruptConfig(f"queue {name!r}: stored configuration: {exc}") from exc
-        return config, (st.st_ino, st.st_mtime_ns)
+        return config, st
+
+    def _polls(self, device: int, path: str) -> bool:
+        """Whether a queue at `path`, on `device` (its @queue.json's st_dev), is watched by
+        polling (`watch.polls`): under "auto", a statfs once a device, not once a queue (a
+        long poll on each of thousands of queues opens each on the server's event loop)."""
+        mode = self.context.watch_mode
+        if mode != "auto":
+            return mode == "poll"
+        polled = self._polled_devices.get(device)
+        if polled is None:
+            polled = self._polled_devices[device] = polls(mode, path)
+        return polled
 
     def _parse_config(self, raw: bytes) -> QueueConfig:
         """`QueueConfig.loads(raw)`, shared by queues whose @queue.json has the same bytes

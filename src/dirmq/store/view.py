@@ -57,6 +57,7 @@ _WATCHED = (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS, layout.BA
 # others are empty a lease can only be taken from @ready, whose watch tells of it.
 _IDLE_LOOKED = (layout.READY, layout.BACKLOG, layout.DELAYED, layout.LEASED)
 _IDLE_WATCHED = _IDLE_LOOKED[:3]
+_IDLE_LOOKED_INTO = (layout.READY, layout.DELAYED, layout.LEASED)  # listed; @backlog: _no_bucket
 _NOTHING_RECOVERED = SweepReport()  # frozen: one for every view not yet opened
 
 
@@ -71,6 +72,7 @@ class QueueView:
         files: QueueFiles,
         config: QueueConfig | None,
         config_stamp: tuple[int, int] | None = None,
+        polled: bool | None = None,
     ) -> None:
         self.name = name
         self.path = path
@@ -84,6 +86,7 @@ class QueueView:
         # (inode, mtime) of the @queue.json `_config` was read from: a check is a stat.
         self._config_stamp = config_stamp
         self._config_checked = time.monotonic()
+        self._polled = polled  # watched by polling (watch.polls), if the Store told
         self._watcher: Watcher | None = None
         self._listeners: list[Callable[[], None]] = []
         self._used = 0.0  # time.monotonic() of the last sync of the index
@@ -102,7 +105,12 @@ class QueueView:
         """Re-read @queue.json now if it changed (QueueNotFound if the queue is gone)."""
         config_path = os.path.join(self.path, layout.CONFIG_FILE)
         try:
-            if self._config_stamp is None:  # never read: read it, stamped by its descriptor
+            if self._config is None and self._config_stamp is not None:
+                # Opened lazily: stamped by the open's stat, which came first (a change since
+                # then is read again at the next check).
+                raw = _read_whole(config_path)
+                stamp = self._config_stamp
+            elif self._config_stamp is None:  # never read: read it, stamped by its descriptor
                 fd = os.open(config_path, os.O_RDONLY | os.O_CLOEXEC)
                 try:
                     st = os.fstat(fd)
@@ -164,7 +172,11 @@ class QueueView:
         try:
             # The watcher starts before the scan, so nothing that happens in between is missed.
             self._watcher = open_watcher(
-                directories, context.watch_mode, context.poll_interval_s, context.inotify_hub
+                directories,
+                context.watch_mode,
+                context.poll_interval_s,
+                context.inotify_hub,
+                self._polled,
             )
         except FileNotFoundError:
             raise QueueNotFound.missing(self.name) from None
@@ -289,7 +301,10 @@ class QueueView:
             self.reload_config()
         context = self._context
         directories = self.files.dir
-        if polls(context.watch_mode, directories[layout.READY]):
+        polled = self._polled
+        if polled is None:
+            polled = polls(context.watch_mode, directories[layout.READY])
+        if polled:
             return None
         try:
             signal = context.inotify_hub().listen(
@@ -299,7 +314,9 @@ class QueueView:
             return None
         idle = False
         try:
-            idle = all(_empty(directories[d]) for d in _IDLE_LOOKED)
+            idle = all(_empty(directories[d]) for d in _IDLE_LOOKED_INTO) and _no_bucket(
+                directories[layout.BACKLOG]
+            )
         except OSError:  # a directory gone: the queue deleted, or being
             pass
         finally:
@@ -348,3 +365,25 @@ def _empty(directory: str) -> bool:
     """Whether `directory` has no entry (its first, if any, is all that is read)."""
     with os.scandir(directory) as entries:
         return next(entries, None) is None
+
+
+def _no_bucket(backlog: str) -> bool:
+    """Whether the backlog at `backlog` holds no message: a stat when it has no subdirectory
+    (a link count of 2: a message is only ever in a bucket, two levels down), else its first
+    entry read, as `_empty` (a count of 1, as btrfs gives every directory, tells nothing). An
+    empty directory's listing costs 2-3 times a stat (ext4 reads it as an indexed one)."""
+    if os.stat(backlog).st_nlink == 2:
+        return True
+    return _empty(backlog)
+
+
+def _read_whole(path: str) -> bytes:
+    """A small file's bytes (a configuration: replaced, never rewritten), without an fstat."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = [os.read(fd, 4096)]
+        while len(chunks[-1]) == 4096:  # larger than a configuration is: read on
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

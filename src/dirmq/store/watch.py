@@ -97,7 +97,9 @@ class InotifyHub:
             raise OSError(code, f"inotify_init1: {os.strerror(code)}")
         self._fd = int(fd)
         self.lock = threading.Lock()
-        self._subscribers: dict[int, list[tuple[_Subscriber, str]]] = {}
+        # Each watched directory's subscribers, a tuple (one a directory, nearly always: a
+        # tuple is one object less than a list of them for the collector, per directory).
+        self._subscribers: dict[int, tuple[tuple[_Subscriber, str], ...]] = {}
         # A Store that is dropped without close() must not keep one of the user's 128
         # inotify instances.
         self._finalizer = weakref.finalize(self, _close_quietly, self._fd)
@@ -118,11 +120,12 @@ class InotifyHub:
         return signal
 
     def _add(self, watcher: _Subscriber, directories: dict[str, str]) -> None:
+        subscribers = self._subscribers
         try:
             with self.lock:
                 for key, path in directories.items():
                     wd = add_watch(self._fd, path, _MASK | IN_ONLYDIR)
-                    self._subscribers.setdefault(wd, []).append((watcher, key))
+                    subscribers[wd] = (*subscribers.get(wd, ()), (watcher, key))
                     watcher.wds.append(wd)
         except OSError:
             watcher.close()  # the watches it got (and a HubWatcher's eventfd)
@@ -168,7 +171,7 @@ class InotifyHub:
 
     def _remove(self, watcher: _Subscriber) -> None:
         for wd in watcher.wds:
-            remaining = [s for s in self._subscribers.get(wd, []) if s[0] is not watcher]
+            remaining = tuple([s for s in self._subscribers.get(wd, ()) if s[0] is not watcher])
             if remaining:
                 self._subscribers[wd] = remaining
             else:
@@ -416,12 +419,17 @@ def polls(mode: str, path: str) -> bool:
 
 
 def open_watcher(
-    directories: dict[str, str], mode: str, poll_interval_s: float, hub: Callable[[], InotifyHub]
+    directories: dict[str, str],
+    mode: str,
+    poll_interval_s: float,
+    hub: Callable[[], InotifyHub],
+    polled: bool | None = None,
 ) -> Watcher:
-    """`mode`: as in `polls`; `hub` gives the Store's shared inotify instance. Out of inotify
-    instances or watches (`OUT_OF_INOTIFY`), the directories are polled: a warning, not an
-    error (under "inotify" too: a queue that answers late beats one that fails)."""
-    if polls(mode, next(iter(directories.values()))):
+    """`mode`: as in `polls`, unless `polled` (known already) says; `hub` gives the Store's
+    shared inotify instance. Out of inotify instances or watches (`OUT_OF_INOTIFY`), the
+    directories are polled: a warning, not an error (under "inotify" too: a queue that
+    answers late beats one that fails)."""
+    if polls(mode, next(iter(directories.values()))) if polled is None else polled:
         return PollingWatcher(poll_interval_s)
     try:
         return hub().subscribe(directories)
