@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import backlog as backlog_files
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 # GlusterFS, docs/FORMAT.md), with a margin: a claimed file is re-read that long before it
 # is called corrupt.
 SHARED_REREAD_S = 2.0
+# Ready names a get passes over after it lost a race for the head to another process (which is
+# then leasing its own batch from there): see `claim_many`.
+SKIP_AFTER_LOSS = 64
 
 
 class QueueFiles(SettlingFiles):
@@ -152,6 +156,7 @@ class QueueFiles(SettlingFiles):
         runs: GroupRuns,
         max_count: int,
         holder: str | None = None,
+        resync: Callable[[], object] | None = None,
     ) -> list[Message]:
         """Lease up to `max_count` of the oldest ready messages (a get's leases): `claim` over
         and over, with its usual case in line. A head in no group, on a local filesystem, in
@@ -159,7 +164,16 @@ class QueueFiles(SettlingFiles):
         no `peers`) costs a rename, a read and the index's two entries: no parse of its name,
         no `Entry`. Anything else takes `claim`'s way. A failure after something was leased
         ends the batch and is not raised: what is leased goes to the caller. `holder`: the
-        token every lease name of the batch carries (holders.py), if any."""
+        token every lease name of the batch carries (holders.py), if any.
+
+        A rename that finds the head gone lost it to another process, which is leasing a batch
+        of its own from there, one name after another, as this one does: going on behind it,
+        this get would lose nearly every race (two server workers draining one queue made two
+        failed renames a message). So the usual case then brings the index up to date
+        (`resync`: what the other took so far) and goes on; losing again at once, it passes
+        over the next `SKIP_AFTER_LOSS` names. Those go back into the index, still the oldest,
+        when the get ends (or before the next resync, which then drops those taken
+        meanwhile), and the get takes them itself when nothing else is left."""
         if index.backlog:
             self.refill(index)
         self.pool.note_depth(_depth(index))  # a drain keeps its freed files for later puts
@@ -168,9 +182,15 @@ class QueueFiles(SettlingFiles):
         deadline_ms = at_ms + visibility_ms
         suffix = f"+{holder}" if holder else ""
         id_length, pop_plain = layout.ID_LENGTH, index.pop_plain_head
+        passed: list[str] = []  # ready names passed over after a lost race (see above)
+        behind = False  # the last claim lost its race
         try:
             while len(got) < max_count:
                 name = pop_plain() if plain else None
+                if name is None and passed:  # nothing left but what was passed over: take it
+                    _put_back(index, passed)
+                    resync = None
+                    continue
                 if name is None:  # nothing ready, or not the usual case: `claim` decides
                     message = self.claim(index, config, at_ms, visibility_ms, runs, holder)
                     if message is None:
@@ -195,7 +215,11 @@ class QueueFiles(SettlingFiles):
                     raise
                 if not leased:
                     runs.missed += 1  # another process claimed or deleted it first
+                    if resync is not None:
+                        _pass_over(index, passed, resync, SKIP_AFTER_LOSS if behind else 0)
+                        behind = True
                     continue
+                behind = False
                 try:
                     message = self.open_claimed(lease, message_id, count, deadline_ms)
                 except OSError as exc:
@@ -206,6 +230,8 @@ class QueueFiles(SettlingFiles):
         except OSError:
             if not got:
                 raise
+        finally:
+            _put_back(index, passed)
         return got
 
     def hand_back(self, index: QueueIndex | None, lease: str, name: str) -> None:
@@ -385,3 +411,22 @@ def expired_by_retention(message_id: str, config: QueueConfig, at_ms: int) -> bo
     if config.retention_s is None:
         return False
     return id_time_us(message_id) / 1000 + config.retention_s * 1000 < at_ms
+
+
+def _pass_over(
+    index: QueueIndex, passed: list[str], resync: Callable[[], object], skip: int
+) -> None:
+    """After a lost race: the index brought up to date, and the next `skip` ready names
+    (past those passed over before, if still ready) taken out of it into `passed`."""
+    count = len(passed) + skip
+    _put_back(index, passed)  # first: the resync then drops those another process took
+    resync()
+    while len(passed) < count and (name := index.pop_plain_head()) is not None:
+        passed.append(name)
+
+
+def _put_back(index: QueueIndex, passed: list[str]) -> None:
+    """The names in `passed` back into the index as ready (in their FIFO place); emptied."""
+    for name in passed:
+        index.add(layout.READY, name)
+    passed.clear()
