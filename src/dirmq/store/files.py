@@ -44,9 +44,6 @@ log = logging.getLogger(__name__)
 # GlusterFS, docs/FORMAT.md), with a margin: a claimed file is re-read that long before it
 # is called corrupt.
 SHARED_REREAD_S = 2.0
-# Ready names a get passes over after it lost a race for the head to another process (which is
-# then leasing its own batch from there): see `claim_many`.
-SKIP_AFTER_LOSS = 64
 
 
 class QueueFiles(SettlingFiles):
@@ -167,13 +164,13 @@ class QueueFiles(SettlingFiles):
         token every lease name of the batch carries (holders.py), if any.
 
         A rename that finds the head gone lost it to another process, which is leasing a batch
-        of its own from there, one name after another, as this one does: going on behind it,
-        this get would lose nearly every race (two server workers draining one queue made two
-        failed renames a message). So the usual case then brings the index up to date
-        (`resync`: what the other took so far) and goes on; losing again at once, it passes
-        over the next `SKIP_AFTER_LOSS` names. Those go back into the index, still the oldest,
-        when the get ends (or before the next resync, which then drops those taken
-        meanwhile), and the get takes them itself when nothing else is left."""
+        of its own from there, one name after another, as this one does: going on with the
+        names its index still holds, this get would try each one the other took since its last
+        sync (two server workers draining one queue made two failed renames a message). So the
+        usual case then brings the index up to date (`resync`) before its next claim: a lost
+        race costs one failed rename, not one for every name taken since the last sync, and
+        the next claim is again of the oldest ready message there is (FIFO, as without a race:
+        nothing is passed over)."""
         if index.backlog:
             self.refill(index)
         self.pool.note_depth(_depth(index))  # a drain keeps its freed files for later puts
@@ -182,15 +179,9 @@ class QueueFiles(SettlingFiles):
         deadline_ms = at_ms + visibility_ms
         suffix = f"+{holder}" if holder else ""
         id_length, pop_plain = layout.ID_LENGTH, index.pop_plain_head
-        passed: list[str] = []  # ready names passed over after a lost race (see above)
-        behind = False  # the last claim lost its race
         try:
             while len(got) < max_count:
                 name = pop_plain() if plain else None
-                if name is None and passed:  # nothing left but what was passed over: take it
-                    _put_back(index, passed)
-                    resync = None
-                    continue
                 if name is None:  # nothing ready, or not the usual case: `claim` decides
                     message = self.claim(index, config, at_ms, visibility_ms, runs, holder)
                     if message is None:
@@ -216,10 +207,8 @@ class QueueFiles(SettlingFiles):
                 if not leased:
                     runs.missed += 1  # another process claimed or deleted it first
                     if resync is not None:
-                        _pass_over(index, passed, resync, SKIP_AFTER_LOSS if behind else 0)
-                        behind = True
+                        resync()  # what it took since: not tried one by one
                     continue
-                behind = False
                 try:
                     message = self.open_claimed(lease, message_id, count, deadline_ms)
                 except OSError as exc:
@@ -230,8 +219,6 @@ class QueueFiles(SettlingFiles):
         except OSError:
             if not got:
                 raise
-        finally:
-            _put_back(index, passed)
         return got
 
     def hand_back(self, index: QueueIndex | None, lease: str, name: str) -> None:
@@ -411,22 +398,3 @@ def expired_by_retention(message_id: str, config: QueueConfig, at_ms: int) -> bo
     if config.retention_s is None:
         return False
     return id_time_us(message_id) / 1000 + config.retention_s * 1000 < at_ms
-
-
-def _pass_over(
-    index: QueueIndex, passed: list[str], resync: Callable[[], object], skip: int
-) -> None:
-    """After a lost race: the index brought up to date, and the next `skip` ready names
-    (past those passed over before, if still ready) taken out of it into `passed`."""
-    count = len(passed) + skip
-    _put_back(index, passed)  # first: the resync then drops those another process took
-    resync()
-    while len(passed) < count and (name := index.pop_plain_head()) is not None:
-        passed.append(name)
-
-
-def _put_back(index: QueueIndex, passed: list[str]) -> None:
-    """The names in `passed` back into the index as ready (in their FIFO place); emptied."""
-    for name in passed:
-        index.add(layout.READY, name)
-    passed.clear()
