@@ -412,3 +412,27 @@ def test_a_batch_behind_the_backlog_looks_at_the_last_message_it_spilled(
     listed.clear()
     q.put(b"c")
     assert listed, "the backlog was not looked at once the witness had gone"
+
+
+def test_refills_taking_turns_move_each_name_once_oldest_first(store: dirmq.Store) -> None:
+    """A process keeps the bucket it refills from as it listed it (`Backlog._move_from`):
+    refills of two processes taking turns move every name once, oldest first, skipping what
+    the other moved, and a name that came into the bucket after it was listed moves too."""
+    q = store.create_queue("turns", MEMORY)
+    _fill(q, 5_000)
+    waiting = [name for _relative, name in backlog.names(q.path)]
+    assert len(waiting) == 4_000
+    ours, theirs = (backlog.Backlog(q.path, store.access) for _ in range(2))
+    moved = ours.refill(300)
+    # After our listing: a message into the bucket we refill from (the newest of its second).
+    relative = backlog.relative_dir(moved[0])
+    late = moved[0][:16] + "-ffffffffffff"
+    Path(q.path, relative, late).write_bytes(Path(q.path, "@ready", moved[0]).read_bytes())
+    turns = [ours, theirs, theirs, ours, ours, theirs]
+    while refilled := turns[len(moved) % len(turns)].refill(250):
+        assert refilled == sorted(refilled)
+        moved += refilled
+    assert sorted(moved) == sorted([*waiting, late]) and len(moved) == len(set(moved))
+    moved.remove(late)  # found by the other's listing, or by ours once its names ran out
+    assert moved == waiting
+    assert _backlog_count(q) == 0

@@ -1,13 +1,17 @@
-"""The client's fast split of a server's multipart answer gives what the `email` parser gives,
-and hands anything it was not written for to that parser."""
+"""The server's multipart answer (`multipart_messages`), and the client's fast split of it, which
+gives what the `email` parser gives and hands anything it was not written for to that parser."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 from dirmq.errors import InvalidArgument
 from dirmq.store import Message
+from dirmq.store.message import DeadLetter
 from dirmq.wire import framing
+from dirmq.wire import messages as wire
 from dirmq.wire.messages import multipart_messages
 
 
@@ -53,3 +57,25 @@ def test_what_it_was_not_written_for_goes_to_the_email_parser() -> None:
     assert parts == [({"X-Message-Id": "a"}, b"hello")]
     with pytest.raises(InvalidArgument):
         framing.parse_multipart_fast("multipart/mixed", b"--x\r\n\r\nbody\r\n--x--\r\n")
+
+
+def test_a_batch_answer_is_byte_for_byte_the_parts_it_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`multipart_messages` writes the usual part's head in one format string: the same bytes
+    as `multipart_body` of `delivery_headers`, for that part and every other kind."""
+    plain = replace(_message(2, b"body", {"Content-Type": "text/plain"}), group=None)
+    dead = DeadLetter(reason="expired", source="q", receive_count=3, at_s=1700000000.5)
+    kinds = [
+        plain,
+        replace(plain, headers={}, body=b""),
+        replace(plain, headers={"X-Attr-Who": "caf\u00e9", "Content-Encoding": "gzip"}),
+        _message(3, b"grouped", {}),
+        replace(plain, priority=4),
+        replace(plain, dead=dead),
+        replace(plain, receipt=None, lease_deadline_s=None, state="ready"),
+    ]
+    monkeypatch.setattr(framing, "new_boundary", lambda: "dirmq-0123")
+    _content_type, body = multipart_messages(kinds)
+    parts = ((wire.delivery_headers(m), m.body) for m in kinds)
+    assert body == framing.multipart_body("dirmq-0123", parts)

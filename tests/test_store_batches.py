@@ -105,12 +105,15 @@ def test_a_corrupt_file_in_a_batch_is_set_aside_and_the_rest_delivered(
     assert q.stats().total == 0
 
 
-_PIECES = [".", "1", "0", "42", "9" * 13, "9" * 25, "~abcdefabcdef", "~", "x", "\u0661", "-"]
+_PIECES = [
+    *(".", "1", "0", "42", "9" * 13, "9" * 25, "~abcdefabcdef", "~", "x", "\u0661", "-"),
+    *("+0123456789ab", "+0123456789aB", "+", "+0123"),  # a holder token, and what is none
+]
 
 
 @given(st.lists(st.sampled_from(_PIECES), max_size=6))
 def test_the_index_reads_a_plain_timed_name_as_parse_entry_does(tail: list[str]) -> None:
-    """The index's shortcut for other processes' lease names (no regex, no `Entry`) either
+    """The index's shortcut for other processes' lease names (one match, no `Entry`) either
     declines a name, which `parse_entry` then reads, or reads the same time from it."""
     name = "1795710758441202-bc1b0fc75066" + "".join(tail)
     entry = layout.parse_entry(name)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import backlog as backlog_files
@@ -152,6 +153,7 @@ class QueueFiles(SettlingFiles):
         runs: GroupRuns,
         max_count: int,
         holder: str | None = None,
+        resync: Callable[[], object] | None = None,
     ) -> list[Message]:
         """Lease up to `max_count` of the oldest ready messages (a get's leases): `claim` over
         and over, with its usual case in line. A head in no group, on a local filesystem, in
@@ -159,7 +161,16 @@ class QueueFiles(SettlingFiles):
         no `peers`) costs a rename, a read and the index's two entries: no parse of its name,
         no `Entry`. Anything else takes `claim`'s way. A failure after something was leased
         ends the batch and is not raised: what is leased goes to the caller. `holder`: the
-        token every lease name of the batch carries (holders.py), if any."""
+        token every lease name of the batch carries (holders.py), if any.
+
+        A rename that finds the head gone lost it to another process, which is leasing a batch
+        of its own from there, one name after another, as this one does: going on with the
+        names its index still holds, this get would try each one the other took since its last
+        sync (two server workers draining one queue made two failed renames a message). So the
+        usual case then brings the index up to date (`resync`) before its next claim: a lost
+        race costs one failed rename, not one for every name taken since the last sync, and
+        the next claim is again of the oldest ready message there is (FIFO, as without a race:
+        nothing is passed over)."""
         if index.backlog:
             self.refill(index)
         self.pool.note_depth(_depth(index))  # a drain keeps its freed files for later puts
@@ -195,6 +206,8 @@ class QueueFiles(SettlingFiles):
                     raise
                 if not leased:
                     runs.missed += 1  # another process claimed or deleted it first
+                    if resync is not None:
+                        resync()  # what it took since: not tried one by one
                     continue
                 try:
                     message = self.open_claimed(lease, message_id, count, deadline_ms)

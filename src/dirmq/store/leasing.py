@@ -73,7 +73,16 @@ def get(
             runs = GroupRuns(max_per_group)
             admitted = flow.admit(view, config, index, max_count, at_ms)
             got = (
-                files.claim_many(index, config, at_ms, visibility_ms, runs, admitted.count, holder)
+                files.claim_many(
+                    index,
+                    config,
+                    at_ms,
+                    visibility_ms,
+                    runs,
+                    admitted.count,
+                    holder,
+                    view.synced,
+                )
                 if admitted.count
                 else []
             )

@@ -6,10 +6,12 @@ and the cheap readings of a timed name the index makes per event.
 from __future__ import annotations
 
 import heapq
+import re
 from collections import Counter
 
 from dirmq.store import layout
 from dirmq.store.bounds import AT_MS_DIGITS, COUNT_DIGITS
+from dirmq.store.ids import ID_PATTERN
 from dirmq.store.layout import Entry, parse_entry
 
 
@@ -86,32 +88,20 @@ def group_of(name: str) -> str | None:
     return tag if sep else None
 
 
+# A timed name in no group, `<id>.<count>.<at_ms>`, maybe with `+<holder>`: what `plain_timed`
+# takes without `parse_entry` (one match, not a dozen string calls: every other process's lease
+# comes this way, each consumed message once in every process watching the queue).
+_PLAIN_TIMED_RE = re.compile(
+    rf"{ID_PATTERN}\.[0-9]{{1,{COUNT_DIGITS}}}\.([0-9]{{1,{AT_MS_DIGITS}}})"
+    rf"(?:\+[0-9a-f]{{{layout.HOLDER_LENGTH}}})?"
+)
+
+
 def plain_timed(name: str) -> int | None:
     """The time in `name` when it is a timed name in no group, `<id>.<count>.<at_ms>` (maybe
     with `+<holder>`) with an id of the usual shape; else None (then `parse_entry` decides)."""
-    id_length = layout.ID_LENGTH
-    if len(name) <= id_length + 4 or name[id_length] != "." or name[16] != "-":
-        return None
-    count, dot, at_ms = name[id_length + 1 :].partition(".")
-    at_ms, plus, holder = at_ms.partition("+")
-    if plus and not is_holder(holder):
-        return None
-    if (
-        not dot
-        or not count.isdigit()
-        or not at_ms.isdigit()
-        or not count.isascii()
-        or not at_ms.isascii()
-        or len(count) > COUNT_DIGITS
-        or len(at_ms) > AT_MS_DIGITS
-        or not layout.is_bare_id(name[:id_length])
-    ):
-        return None
-    return int(at_ms)
-
-
-def is_holder(token: str) -> bool:
-    return len(token) == layout.HOLDER_LENGTH and all(c in "0123456789abcdef" for c in token)
+    match = _PLAIN_TIMED_RE.fullmatch(name)
+    return None if match is None else int(match[1])
 
 
 def parse_at(name: str) -> int:

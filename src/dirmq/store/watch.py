@@ -138,7 +138,7 @@ class InotifyHub:
             if key in watcher.optional:
                 return
             wd = add_watch(self._fd, path, _MASK | IN_ONLYDIR)
-            self._subscribers.setdefault(wd, []).append((watcher, key))
+            self._subscribers[wd] = (*self._subscribers.get(wd, ()), (watcher, key))
             watcher.wds.append(wd)
             watcher.optional[key] = wd
 
@@ -147,7 +147,7 @@ class InotifyHub:
             wd = watcher.optional.pop(key, None)
             if wd is None:
                 return
-            remaining = [s for s in self._subscribers.get(wd, []) if s[0] is not watcher]
+            remaining = tuple(s for s in self._subscribers.get(wd, ()) if s[0] is not watcher)
             if remaining:
                 self._subscribers[wd] = remaining
             else:
@@ -159,7 +159,7 @@ class InotifyHub:
     def _forget_optional(self, wd: int) -> None:
         """The kernel dropped watch `wd` (its directory went): nobody is subscribed to it any
         more (a watcher of another directory by that wd was told `lost`; under the lock)."""
-        for watcher, key in self._subscribers.pop(wd, []):
+        for watcher, key in self._subscribers.pop(wd, ()):
             if watcher.optional.get(key) == wd:
                 del watcher.optional[key]
             if wd in watcher.wds:

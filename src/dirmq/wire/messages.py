@@ -181,10 +181,37 @@ def holder_from_json(data: object) -> LeaseHolder | None:
 
 
 def multipart_messages(messages: list[Message]) -> tuple[str, bytes]:
-    """(Content-Type, body) of a multipart/mixed response holding `messages`."""
+    """(Content-Type, body) of a multipart/mixed response holding `messages`: byte for byte
+    `framing.multipart_body` of each one's `delivery_headers` and body. A leased message in no
+    group, of level 0 and no dead letter (a batch receive's every message, as a rule) has its
+    part's head written in one format string, not a list of header pairs joined: a batch of 50
+    is built once, in pieces joined once."""
     boundary = framing.new_boundary()
-    body = framing.multipart_body(boundary, ((delivery_headers(m), m.body) for m in messages))
-    return f'multipart/mixed; boundary="{boundary}"', body
+    delimiter = f"--{boundary}\r\n"
+    pieces: list[bytes] = []
+    append = pieces.append
+    for m in messages:
+        if (
+            m.receipt is not None
+            and m.lease_deadline_s is not None
+            and m.group is None
+            and not m.priority
+            and m.dead is None
+        ):
+            head = (
+                f"{delimiter}X-Message-Id: {m.id}\r\nX-Receive-Count: {m.receive_count}\r\n"
+                f"X-Published-At: {m.published_at_s:.6f}\r\nX-Receipt: {m.receipt}\r\n"
+                f"X-Lease-Deadline: {m.lease_deadline_s:.3f}\r\n"
+            )
+            for name, value in m.headers.items():
+                head += f"{name}: {value}\r\n"
+        else:
+            head = delimiter + "".join(f"{n}: {v}\r\n" for n, v in delivery_headers(m))
+        append(f"{head}\r\n".encode())
+        append(m.body)
+        append(b"\r\n")
+    append(framing.multipart_end(boundary))
+    return f'multipart/mixed; boundary="{boundary}"', b"".join(pieces)
 
 
 def parse_batch(content_type: str, body: bytes) -> list[OutgoingMessage]:
