@@ -16,7 +16,7 @@ import pytest
 import dirmq
 from dirmq.errors import QueueNotFound, StorageError
 from dirmq.server import broker as broker_module
-from dirmq.server import publish_line
+from dirmq.server import publish_line, store_load
 from dirmq.server.broker import Broker
 from dirmq.server.publish_line import on_memory_filesystem
 from dirmq.store import OutgoingMessage
@@ -142,6 +142,62 @@ def test_a_quiet_publish_line_on_a_disk_stores_on_the_event_loop_if_its_disk_is_
     else:
         assert loop_thread not in threads
     assert queue.stats().ready == 6
+
+
+@pytest.mark.parametrize("load", ["light", "heavy"])
+def test_publishes_one_after_another_store_on_the_event_loop_while_the_store_load_is_light(
+    root: Path, monkeypatch: pytest.MonkeyPatch, load: str
+) -> None:
+    """Publishes back to back (each sent once the previous one is answered: gaps shorter than a
+    store) are stored on the event loop while stores fill little of the time, and on the pool
+    once they fill more than `MAX_LOAD` of it (store_load.py). The gap alone once sent them all
+    to the pool. "Light" and "heavy" are set against this disk: a share no load reaches, and
+    one every load does."""
+    if on_memory_filesystem(str(root)):
+        pytest.skip("the temp dir is on a memory filesystem")
+    monkeypatch.setattr(publish_line, "INLINE_BELOW_S", 60.0)
+    monkeypatch.setattr(store_load, "MAX_LOAD", 1e9 if load == "light" else 0.0)
+    store = dirmq.Store(root)
+    queue = store.create_queue("back-to-back")
+    threads = threads_of_puts(monkeypatch)
+
+    async def main() -> int:
+        broker = Broker(store)
+        try:
+            await broker.publish(queue, [OutgoingMessage(b"b0")])
+            # The pool thread that stored it may still be finishing its turn (it would store a
+            # publish that joins the line now, rightly); the case here is a line at rest.
+            line = broker._publishers[queue.name]
+            deadline = time.monotonic() + 30
+            while line._draining and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            for i in range(1, 6):
+                await broker.publish(queue, [OutgoingMessage(f"b{i}".encode())])
+            return threading.get_ident()
+        finally:
+            broker.close()
+
+    loop_thread = run(main())
+    assert threads[0] != loop_thread  # measures the disk
+    if load == "light":
+        assert threads[1:] == [loop_thread] * 5
+    else:
+        assert loop_thread not in threads
+    assert queue.stats().ready == 6
+
+
+def test_the_store_load_is_the_share_of_recent_time_stores_filled() -> None:
+    load = store_load.StoreLoad()
+    now = time.monotonic()
+    load.stored(0.0, now)
+    assert load.load(now) == 0.0 and load.light(now)
+    for _ in range(200):  # 1.5 ms stores every 2 ms: three quarters of the time
+        now += 0.002
+        load.stored(0.0015, now)
+    assert load.load(now) == pytest.approx(0.75, rel=0.05)
+    assert not load.light(now + 0.001)
+    assert load.light(now + 0.05)  # a burst is forgotten within a few windows
+    assert load.load(now + 1.0) < 1e-6
 
 
 def test_a_failed_flush_fails_every_request_of_its_batch(any_root: Path) -> None:

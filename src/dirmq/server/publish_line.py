@@ -7,13 +7,15 @@ ramfs), where no store call waits for a device, the event loop drains the line i
 loop iteration: handing each batch to a thread cost more (GIL hand-offs, futex wake-ups) than
 writing it.
 
-On a disk the line adapts to its load: a publish that finds it quiet (no drain under way, the
-previous publish to any queue of this process longer ago than twice a store takes, and a store
-quicker than INLINE_BELOW_S) is stored on the event loop at once, which waits out its fsyncs: no
-hop to a pool thread and back (about a third of a lone publish's CPU, issue 37). Every publish
-under load goes to the pool, where the next batch gathers while one flushes. So stores hold the
-loop at most about half of its time: always storing there made long polls fall behind at 1,000
-msg/s with 1.75 ms stores (their p50 went from 7 ms to 2 s).
+On a disk the line adapts to its load: a publish that finds it quiet (no drain under way, a
+store quicker than INLINE_BELOW_S, and this process's stores filling less than half of the
+recent time: store_load.py) is stored on the event loop at once, which waits out its fsyncs: no
+hop to a pool thread and back (about a third of a lone publish's CPU, issue 37; the GIL turns
+the loop and the pool thread take at every system call of a commit besides). Under load a pool
+thread stores all the time, and every publish goes to the pool, where the next batch gathers
+while one flushes. So stores hold the loop at most about half of its time: always storing there
+made long polls fall behind at 1,000 msg/s with 1.75 ms stores (their p50 went from 7 ms to
+2 s).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from dirmq.errors import StorageError
 from dirmq.server.broker_host import MAX_BATCH_MESSAGES, BrokerHost
 from dirmq.server.queuecounts import PUBLISHED
+from dirmq.server.store_load import STORES
 from dirmq.store import Durability, OutgoingMessage, Queue
 
 log = logging.getLogger("dirmq.server")
@@ -40,13 +43,6 @@ BATCHES_PER_TURN = 16  # then a drain goes to the back of the pool's line: other
 # on a local disk; a slower disk, or a shared filesystem, always stores in the pool.
 INLINE_BELOW_S = 0.002
 STORE_TIME_WEIGHT = 0.125  # of the newest store in the running mean of a store's time
-
-
-class _LastPublish:
-    """When a publish last joined any line of this process (one event loop a process): the
-    quiet test is the loop's, not one queue's, or many quiet queues would hold it together."""
-
-    at = 0.0
 
 
 # Called on the event loop with a publish's ids, or with the error that failed it.
@@ -92,8 +88,6 @@ class PublishLine:
 
     def enqueue(self, publish: Publish) -> None:
         """Append to the line; start draining it unless a drain is already under way."""
-        now = time.monotonic()
-        gap, _LastPublish.at = now - _LastPublish.at, now
         with self._lock:
             self._pending.append(publish)
             if self._draining:
@@ -103,7 +97,7 @@ class PublishLine:
             self._loop.call_soon(self._drain_here)  # after this iteration's other requests
             return
         store_s = self._store_s
-        if store_s is not None and store_s < INLINE_BELOW_S and gap > 2 * store_s:
+        if store_s is not None and store_s < INLINE_BELOW_S and STORES.light(time.monotonic()):
             self._loop.call_soon(self._drain_once_here)  # after this iteration's other requests
             return
         self._submit_drain()
@@ -158,8 +152,10 @@ class PublishLine:
         """`_store`, its time joining the running mean that decides where a quiet line stores."""
         began = time.monotonic()
         outcome = self._store(batch)
-        took, mean = time.monotonic() - began, self._store_s
+        ended = time.monotonic()
+        took, mean = ended - began, self._store_s
         self._store_s = took if mean is None else mean + (took - mean) * STORE_TIME_WEIGHT
+        STORES.stored(took, ended)
         return outcome
 
     def _drain_once_here(self) -> None:
