@@ -225,7 +225,8 @@ class _Line:
             return not self._draining
 
     def _drain_once_here(self) -> None:
-        """On the event loop, while creates are quick and the store load light: one batch, then the pool."""
+        """On the event loop, while creates are quick and the store load light: one batch,
+        then the pool."""
         batch = self._take()
         if batch is None:
             return
