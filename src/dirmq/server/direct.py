@@ -23,8 +23,9 @@ The creates of a queue go through a line of their own, as publishes do (publish_
 that come while a batch is being made durable are the next batch, one commit for all (one
 `syncfs`, one fsync of @leased); a create a message cost more server CPU than the publish line's
 group commit under load. A batch runs where the publish line runs a quiet line's store: on the
-event loop while creates are quick (the mean create shorter than `INLINE_BELOW_S`) and the
-process's stores fill less than half of the recent time (store_load.py), else on the pool.
+event loop while creates are quick (the mean create shorter than `INLINE_BELOW_S`) and either
+rare (the last direct publish more than twice that ago) or the process's stores fill less than
+half of the recent time (store_load.py), else on the pool.
 
 If the consumer has gone by the time the file is linked (its wait ended, its client hung up),
 the lease is given back once the commit is done (a nack without delay), as any lease nobody
@@ -67,6 +68,7 @@ class DirectPath:
         self.loop = asyncio.get_running_loop()
         self._lines: dict[str, _Line] = {}
         self._store_s: float | None = None  # running mean of a create's time; None: unknown
+        self._last_at = 0.0  # time.monotonic() of the last direct publish
         # In every worker's metrics files (made after `MetricsFiles.create`, when there is one):
         # what proves a delivery took this path, and how often the consumer had gone by then.
         self.delivered = Counter(
@@ -126,8 +128,9 @@ class DirectPath:
 
     def quiet(self) -> bool:
         """Whether a create may run on the event loop now (the module's docstring)."""
-        mean = self._store_s
-        return mean is not None and mean < INLINE_BELOW_S and STORES.light(time.monotonic())
+        now, mean = time.monotonic(), self._store_s
+        gap, self._last_at = now - self._last_at, now
+        return mean is not None and mean < INLINE_BELOW_S and (gap > 2 * mean or STORES.light(now))
 
     def ended(self, line: _Line) -> None:
         """`line` went idle: forgotten unless used again since (a queue used once is not
@@ -225,8 +228,8 @@ class _Line:
             return not self._draining
 
     def _drain_once_here(self) -> None:
-        """On the event loop, while creates are quick and the store load light: one batch,
-        then the pool."""
+        """On the event loop, while creates are quick and rare or the store load light: one
+        batch, then the pool."""
         batch = self._take()
         if batch is None:
             return

@@ -8,14 +8,15 @@ loop iteration: handing each batch to a thread cost more (GIL hand-offs, futex w
 writing it.
 
 On a disk the line adapts to its load: a publish that finds it quiet (no drain under way, a
-store quicker than INLINE_BELOW_S, and this process's stores filling less than half of the
-recent time: store_load.py) is stored on the event loop at once, which waits out its fsyncs: no
-hop to a pool thread and back (about a third of a lone publish's CPU, issue 37; the GIL turns
-the loop and the pool thread take at every system call of a commit besides). Under load a pool
-thread stores all the time, and every publish goes to the pool, where the next batch gathers
-while one flushes. So stores hold the loop at most about half of its time: always storing there
-made long polls fall behind at 1,000 msg/s with 1.75 ms stores (their p50 went from 7 ms to
-2 s).
+store quicker than INLINE_BELOW_S, and either the previous publish to any queue of this process
+longer ago than twice a store or this process's stores filling less than half of the recent
+time: store_load.py) is stored on the event loop at once, which waits out its fsyncs: no hop to
+a pool thread and back (about a third of a lone publish's CPU, issue 37; besides, while a pool
+thread commits, it and the loop trade the GIL at nearly every system call either makes). Under
+load a pool thread stores all the time, and every publish goes to the pool, where the next batch
+gathers while one flushes. So stores hold the loop at most about half of its time: always
+storing there made long polls fall behind at 1,000 msg/s with 1.75 ms stores (their p50 went
+from 7 ms to 2 s).
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ BATCHES_PER_TURN = 16  # then a drain goes to the back of the pool's line: other
 # on a local disk; a slower disk, or a shared filesystem, always stores in the pool.
 INLINE_BELOW_S = 0.002
 STORE_TIME_WEIGHT = 0.125  # of the newest store in the running mean of a store's time
+
+
+class _LastPublish:
+    """When a publish last joined any line of this process (one event loop a process): the
+    quiet test is the loop's, not one queue's, or many quiet queues would hold it together."""
+
+    at = 0.0
 
 
 # Called on the event loop with a publish's ids, or with the error that failed it.
@@ -88,6 +96,8 @@ class PublishLine:
 
     def enqueue(self, publish: Publish) -> None:
         """Append to the line; start draining it unless a drain is already under way."""
+        now = time.monotonic()
+        gap, _LastPublish.at = now - _LastPublish.at, now
         with self._lock:
             self._pending.append(publish)
             if self._draining:
@@ -97,7 +107,11 @@ class PublishLine:
             self._loop.call_soon(self._drain_here)  # after this iteration's other requests
             return
         store_s = self._store_s
-        if store_s is not None and store_s < INLINE_BELOW_S and STORES.light(time.monotonic()):
+        if (
+            store_s is not None
+            and store_s < INLINE_BELOW_S
+            and (gap > 2 * store_s or STORES.light(now))
+        ):
             self._loop.call_soon(self._drain_once_here)  # after this iteration's other requests
             return
         self._submit_drain()
