@@ -5,12 +5,15 @@ A quiet line stores its publish on the event loop (publish_line.py, direct.py): 
 thread and back. The hop is not only the hand-off: while a pool thread commits, the event loop
 and it take turns at the GIL at every system call either makes (each a futex wake-up and often a
 context switch: about 90% of a worker's futex calls at 1,000 msg/s, issue 37). Whether a line is
-quiet was once its gap: the previous publish longer ago than twice a store. At 500 publishes a
-second a worker, with stores of 0.5 to 1 ms, most gaps are shorter than that, so most stores
-hopped, though the stores took only a quarter to a half of the time. The load is the better
-test: the loop may wait out a store while stores fill less than `MAX_LOAD` of the time. Under
-load (64 concurrent publishers) a pool thread is storing all the time, the load is near 1 or
-more, and every store stays on the pool, where the next batch gathers while one flushes.
+quiet was once its gap alone: the previous publish longer ago than twice a store. At 500
+publishes a second a worker, with stores of 0.5 to 1 ms, most gaps are shorter than that, so
+most stores hopped, though the stores took only a quarter to a half of the time. So the loop
+may also wait out a store while stores fill less than `MAX_LOAD` of the time. Not the load
+alone: a pool store's time includes its waits for the GIL, so on a slow disk the load of pool
+stores stayed high and kept more of them on the pool than the gap did. Under load (64
+concurrent publishers) a pool thread is storing all the time, the line is never idle, the load
+is near 1 or more, and every store stays on the pool, where the next batch gathers while one
+flushes.
 """
 
 from __future__ import annotations
