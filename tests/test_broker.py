@@ -196,6 +196,26 @@ def test_the_store_load_is_the_share_of_recent_time_stores_filled() -> None:
     assert load.load(now + 1.0) < 1e-6
 
 
+def test_a_lines_store_time_is_measured_on_the_event_loop() -> None:
+    """A pool store's time counts only until the loop has stored (a pool thread's store waits
+    for the GIL, and took twice as long): a slow mean keeps quiet stores on the pool but every
+    PROBE_EVERY-th, which measures again; a limit of 0 keeps them all there."""
+    times = store_load.StoreTimes()
+    now, gap, limit = time.monotonic(), 10.0, 0.002  # a gap no mean makes short
+    assert not times.on_loop(gap, now, limit)  # nothing measured yet: the pool measures
+    times.timed(0.001, now, here=False)
+    assert times.on_loop(gap, now, limit)
+    times.timed(0.001, now, here=True)
+    for _ in range(20):  # pool stores, slowed by the GIL: no longer counted
+        times.timed(0.050, now, here=False)
+    assert times.mean == pytest.approx(0.001) and times.on_loop(gap, now, limit)
+    for _ in range(40):  # the disk got slow
+        times.timed(0.010, now, here=True)
+    decisions = [times.on_loop(gap, now, limit) for _ in range(2 * store_load.PROBE_EVERY)]
+    assert decisions.count(True) == 2 and decisions[store_load.PROBE_EVERY - 1]
+    assert not any(times.on_loop(gap, now, 0.0) for _ in range(2 * store_load.PROBE_EVERY))
+
+
 def test_a_failed_flush_fails_every_request_of_its_batch(any_root: Path) -> None:
     store = dirmq.Store(any_root)
     queue = store.create_queue("gone")

@@ -49,9 +49,9 @@ from prometheus_client import Counter
 from dirmq.errors import StorageError
 from dirmq.server.broker_host import MAX_BATCH_MESSAGES, BrokerHost
 from dirmq.server.longpolls import LongPolls
-from dirmq.server.publish_line import INLINE_BELOW_S, STORE_TIME_WEIGHT, Settle
+from dirmq.server.publish_line import INLINE_BELOW_S, Settle
 from dirmq.server.queuecounts import PUBLISHED
-from dirmq.server.store_load import STORES
+from dirmq.server.store_load import StoreTimes
 from dirmq.store import Durability, Message, OutgoingMessage, Queue
 from dirmq.store.direct_lease import DirectLease, admissible_config
 
@@ -67,7 +67,7 @@ class DirectPath:
         self._receivers = receivers
         self.loop = asyncio.get_running_loop()
         self._lines: dict[str, _Line] = {}
-        self._store_s: float | None = None  # running mean of a create's time; None: unknown
+        self._times = StoreTimes()  # of the creates: where a quiet line's run (store_load.py)
         self._last_at = 0.0  # time.monotonic() of the last direct publish
         # In every worker's metrics files (made after `MetricsFiles.create`, when there is one):
         # what proves a delivery took this path, and how often the consumer had gone by then.
@@ -119,18 +119,16 @@ class DirectPath:
         line.add(_Direct(message, waiter.visibility_s, waiter.consumer, waiter.future, settle))
         return True
 
-    def timed(self, took_s: float, ended: float) -> None:
-        """A create's time joins the running mean that decides where a quiet line stores, and
-        the process's store load."""
-        mean = self._store_s
-        self._store_s = took_s if mean is None else mean + (took_s - mean) * STORE_TIME_WEIGHT
-        STORES.stored(took_s, ended)
+    def timed(self, took_s: float, ended: float, here: bool) -> None:
+        """A create's time (`here`: on the event loop) joins what decides where a quiet line
+        stores."""
+        self._times.timed(took_s, ended, here)
 
     def quiet(self) -> bool:
         """Whether a create may run on the event loop now (the module's docstring)."""
-        now, mean = time.monotonic(), self._store_s
+        now = time.monotonic()
         gap, self._last_at = now - self._last_at, now
-        return mean is not None and mean < INLINE_BELOW_S and (gap > 2 * mean or STORES.light(now))
+        return self._times.on_loop(gap, now, INLINE_BELOW_S)
 
     def ended(self, line: _Line) -> None:
         """`line` went idle: forgotten unless used again since (a queue used once is not
@@ -208,7 +206,7 @@ class _Line:
             return exc
         finally:
             ended = time.monotonic()
-            self.path.timed(ended - began, ended)
+            self.path.timed(ended - began, ended, here)
 
     def _drain(self) -> None:
         """On a pool thread: batch after batch until none is left."""

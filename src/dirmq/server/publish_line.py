@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from dirmq.errors import StorageError
 from dirmq.server.broker_host import MAX_BATCH_MESSAGES, BrokerHost
 from dirmq.server.queuecounts import PUBLISHED
-from dirmq.server.store_load import STORES
+from dirmq.server.store_load import StoreTimes
 from dirmq.store import Durability, OutgoingMessage, Queue
 
 log = logging.getLogger("dirmq.server")
@@ -43,7 +43,6 @@ BATCHES_PER_TURN = 16  # then a drain goes to the back of the pool's line: other
 # The longest store (fsyncs included) the event loop waits out for a quiet line: about one fsync
 # on a local disk; a slower disk, or a shared filesystem, always stores in the pool.
 INLINE_BELOW_S = 0.002
-STORE_TIME_WEIGHT = 0.125  # of the newest store in the running mean of a store's time
 
 
 class _LastPublish:
@@ -90,9 +89,9 @@ class PublishLine:
         self._lock = threading.Lock()  # the line and `_draining` change together
         self._draining = False  # a drain is under way or scheduled and will see what is appended
         self._inline = on_memory_filesystem(queue.path)  # drained on the event loop
-        # A quiet line on a disk stores on the event loop (see the module's docstring): the
-        # running mean of a store's time, None until the first store (on the pool) measures it.
-        self._store_s: float | None = None
+        # A quiet line on a disk stores on the event loop (see the module's docstring): its
+        # stores' times (store_load.py).
+        self._times = StoreTimes()
 
     def enqueue(self, publish: Publish) -> None:
         """Append to the line; start draining it unless a drain is already under way."""
@@ -106,12 +105,7 @@ class PublishLine:
         if self._inline:
             self._loop.call_soon(self._drain_here)  # after this iteration's other requests
             return
-        store_s = self._store_s
-        if (
-            store_s is not None
-            and store_s < INLINE_BELOW_S
-            and (gap > 2 * store_s or STORES.light(now))
-        ):
+        if self._times.on_loop(gap, now, INLINE_BELOW_S):
             self._loop.call_soon(self._drain_once_here)  # after this iteration's other requests
             return
         self._submit_drain()
@@ -132,7 +126,7 @@ class PublishLine:
                 return
             outcome: list[str] | BaseException
             try:
-                outcome = self._timed_store(batch)
+                outcome = self._timed_store(batch, here=False)
             except BaseException as exc:  # not Exception: still the batch's, not the thread's
                 outcome = exc
             try:
@@ -162,14 +156,13 @@ class PublishLine:
         except Exception as exc:
             return exc
 
-    def _timed_store(self, batch: list[Publish]) -> list[str] | BaseException:
-        """`_store`, its time joining the running mean that decides where a quiet line stores."""
+    def _timed_store(self, batch: list[Publish], here: bool) -> list[str] | BaseException:
+        """`_store`, its time (`here`: on the event loop) joining what decides where a quiet
+        line stores."""
         began = time.monotonic()
         outcome = self._store(batch)
         ended = time.monotonic()
-        took, mean = ended - began, self._store_s
-        self._store_s = took if mean is None else mean + (took - mean) * STORE_TIME_WEIGHT
-        STORES.stored(took, ended)
+        self._times.timed(ended - began, ended, here)
         return outcome
 
     def _drain_once_here(self) -> None:
@@ -178,7 +171,7 @@ class PublishLine:
         batch = self._next_batch()
         if batch is None:
             return
-        self._settle(batch, self._timed_store(batch))
+        self._settle(batch, self._timed_store(batch, here=True))
         with self._lock:
             if not self._pending:
                 self._draining = False
