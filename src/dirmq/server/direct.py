@@ -23,9 +23,9 @@ The creates of a queue go through a line of their own, as publishes do (publish_
 that come while a batch is being made durable are the next batch, one commit for all (one
 `syncfs`, one fsync of @leased); a create a message cost more server CPU than the publish line's
 group commit under load. A batch runs where the publish line runs a quiet line's store: on the
-event loop while creates are quick (the mean create shorter than `INLINE_BELOW_S`) and either
-rare (the last direct publish more than twice that ago) or the process's stores fill less than
-half of the recent time (store_load.py), else on the pool.
+event loop while creates are quick (the mean create on the loop shorter than `INLINE_BELOW_S`)
+and rare (the last direct publish more than twice that ago; or the store load light, off by
+default: store_load.py), else on the pool.
 
 If the consumer has gone by the time the file is linked (its wait ended, its client hung up),
 the lease is given back once the commit is done (a nack without delay), as any lease nobody
@@ -226,8 +226,7 @@ class _Line:
             return not self._draining
 
     def _drain_once_here(self) -> None:
-        """On the event loop, while creates are quick and rare or the store load light: one
-        batch, then the pool."""
+        """On the event loop, while creates are quick and rare: one batch, then the pool."""
         batch = self._take()
         if batch is None:
             return

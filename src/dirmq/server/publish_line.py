@@ -8,9 +8,9 @@ loop iteration: handing each batch to a thread cost more (GIL hand-offs, futex w
 writing it.
 
 On a disk the line adapts to its load: a publish that finds it quiet (no drain under way, a
-store quicker than INLINE_BELOW_S, and either the previous publish to any queue of this process
-longer ago than twice a store or this process's stores filling less than half of the recent
-time: store_load.py) is stored on the event loop at once, which waits out its fsyncs: no hop to
+store quicker than INLINE_BELOW_S as measured on the loop, and the previous publish to any queue
+of this process longer ago than twice a store, or the store load under `MAX_LOAD`, off by
+default: store_load.py) is stored on the event loop at once, which waits out its fsyncs: no hop to
 a pool thread and back (about a third of a lone publish's CPU, issue 37; besides, while a pool
 thread commits, it and the loop trade the GIL at nearly every system call either makes). Under
 load a pool thread stores all the time, and every publish goes to the pool, where the next batch

@@ -5,15 +5,15 @@ A quiet line stores its publish on the event loop (publish_line.py, direct.py): 
 thread and back. The hop is not only the hand-off: while a pool thread commits, the event loop
 and it take turns at the GIL at every system call either makes (each a futex wake-up and often a
 context switch: about 90% of a worker's futex calls at 1,000 msg/s, issue 37). Whether a line is
-quiet was once its gap alone: the previous publish longer ago than twice a store. At 500
-publishes a second a worker, with stores of 0.5 to 1 ms, most gaps are shorter than that, so
-most stores hopped, though the stores took only a quarter to a half of the time. So the loop
-may also wait out a store while stores fill less than `MAX_LOAD` of the time. Not the load
-alone: a pool store's time includes its waits for the GIL, so on a slow disk the load of pool
-stores stayed high and kept more of them on the pool than the gap did. Under load (64
-concurrent publishers) a pool thread is storing all the time, the line is never idle, the load
-is near 1 or more, and every store stays on the pool, where the next batch gathers while one
-flushes.
+quiet is its gap: the previous publish longer ago than twice a store. At 500 publishes a second
+a worker, with stores of 0.5 to 1 ms, most gaps are shorter than that, so most stores hop,
+though the stores take only a quarter to a half of the time. So the loop may also wait out a
+store while stores fill less than `MAX_LOAD` of the time: off for now, as it cut CPU but
+doubled the latency's median. (Not the load alone: a pool store's time includes its waits for
+the GIL, so on a slow disk the load of pool stores stayed high and kept more of them on the
+pool than the gap did.) Under load (64 concurrent publishers) a pool thread is storing all the
+time, the line is never idle, the load is near 1 or more, and every store stays on the pool,
+where the next batch gathers while one flushes.
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ import math
 import time
 
 # Of the last ~WINDOW_S of wall time, the share stores may fill for a quiet line's store to run
-# on the event loop. Above it, the loop would spend much of its time waiting out fsyncs: long
-# polls then fall behind (with 1.75 ms stores at 1,000 msg/s, a p50 of 2 s instead of 7 ms).
-MAX_LOAD = 0.5
+# on the event loop even when publishes come closer than twice a store; 0: never (the gap
+# decides alone). Off, as measured (issue 37, docs/benchmarks.md): at 0.5, the latency workload
+# at 1,000 msg/s cost 10-25% less server CPU a message, but its p50 went from 2.0-2.3 ms to
+# 3.6-8 ms (requests wait while the loop waits out an fsync). Worth trying again with cheaper
+# commits. Above ~0.5 long polls fall behind (1.75 ms stores at 1,000 msg/s: a p50 of 2 s).
+MAX_LOAD = 0.0
 WINDOW_S = 0.05  # the time constant of the load's decay: a burst is forgotten within ~0.2 s
 
 
