@@ -24,9 +24,9 @@ import time
 # Of the last ~WINDOW_S of wall time, the share stores may fill for a quiet line's store to run
 # on the event loop even when publishes come closer than twice a store; 0: never (the gap
 # decides alone). Off, as measured (issue 37, docs/benchmarks.md): at 0.5, the latency workload
-# at 1,000 msg/s cost 10-25% less server CPU a message, but its p50 went from 2.0-2.3 ms to
-# 3.6-8 ms (requests wait while the loop waits out an fsync). Worth trying again with cheaper
-# commits. Above ~0.5 long polls fall behind (1.75 ms stores at 1,000 msg/s: a p50 of 2 s).
+# at 1,000 msg/s cost up to a quarter less server CPU a message, but its p50 went from 2.0-2.9
+# ms to 3.6-8 ms (requests wait while the loop waits out an fsync). Worth trying again with
+# cheaper commits. Above ~0.5 long polls fall behind (1.75 ms stores at 1,000 msg/s: p50 2 s).
 MAX_LOAD = 0.0
 WINDOW_S = 0.05  # the time constant of the load's decay: a burst is forgotten within ~0.2 s
 
