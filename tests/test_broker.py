@@ -144,79 +144,24 @@ def test_a_quiet_publish_line_on_a_disk_stores_on_the_event_loop_if_its_disk_is_
     assert queue.stats().ready == 6
 
 
-def test_publishes_one_after_another_store_on_the_event_loop_while_the_store_load_is_light(
-    root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Publishes back to back (each sent once the previous one is answered: gaps about one
-    store long, too short for the gap test alone) are stored on the event loop while stores
-    fill little of the time (store_load.py; "little" set here against this disk: a share no
-    load reaches). Under load the line is never idle and the pool stores everything:
-    test_concurrent_publishes_share_flushes."""
-    if on_memory_filesystem(str(root)):
-        pytest.skip("the temp dir is on a memory filesystem")
-    monkeypatch.setattr(publish_line, "INLINE_BELOW_S", 60.0)
-    monkeypatch.setattr(store_load, "MAX_LOAD", 1e9)
-    store = dirmq.Store(root)
-    queue = store.create_queue("back-to-back")
-    threads = threads_of_puts(monkeypatch)
-
-    async def main() -> int:
-        broker = Broker(store)
-        try:
-            await broker.publish(queue, [OutgoingMessage(b"b0")])
-            # The pool thread that stored it may still be finishing its turn (it would store a
-            # publish that joins the line now, rightly); the case here is a line at rest.
-            line = broker._publishers[queue.name]
-            deadline = time.monotonic() + 30
-            while line._draining and time.monotonic() < deadline:
-                await asyncio.sleep(0.001)
-            for i in range(1, 6):
-                await broker.publish(queue, [OutgoingMessage(f"b{i}".encode())])
-            return threading.get_ident()
-        finally:
-            broker.close()
-
-    loop_thread = run(main())
-    assert threads[0] != loop_thread  # measures the disk
-    assert threads[1:] == [loop_thread] * 5
-    assert queue.stats().ready == 6
-
-
-def test_the_store_load_is_the_share_of_recent_time_stores_filled(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(store_load, "MAX_LOAD", 0.5)  # what was measured (off by default)
-    load = store_load.StoreLoad()
-    now = time.monotonic()
-    load.stored(0.0, now)
-    assert load.load(now) == 0.0 and load.light(now)
-    for _ in range(200):  # 1.5 ms stores every 2 ms: three quarters of the time
-        now += 0.002
-        load.stored(0.0015, now)
-    assert load.load(now) == pytest.approx(0.75, rel=0.05)
-    assert not load.light(now + 0.001)
-    assert load.light(now + 0.05)  # a burst is forgotten within a few windows
-    assert load.load(now + 1.0) < 1e-6
-
-
 def test_a_lines_store_time_is_measured_on_the_event_loop() -> None:
     """A pool store's time counts only until the loop has stored (a pool thread's store waits
     for the GIL, and took twice as long): a slow mean keeps quiet stores on the pool but every
     PROBE_EVERY-th, which measures again; a limit of 0 keeps them all there."""
     times = store_load.StoreTimes()
-    now, gap, limit = time.monotonic(), 10.0, 0.002  # a gap no mean makes short
-    assert not times.on_loop(gap, now, limit)  # nothing measured yet: the pool measures
-    times.timed(0.001, now, here=False)
-    assert times.on_loop(gap, now, limit)
-    times.timed(0.001, now, here=True)
+    gap, limit = 10.0, 0.002  # a gap no mean makes short
+    assert not times.on_loop(gap, limit)  # nothing measured yet: the pool measures
+    times.timed(0.001, here=False)
+    assert times.on_loop(gap, limit)
+    times.timed(0.001, here=True)
     for _ in range(20):  # pool stores, slowed by the GIL: no longer counted
-        times.timed(0.050, now, here=False)
-    assert times.mean == pytest.approx(0.001) and times.on_loop(gap, now, limit)
+        times.timed(0.050, here=False)
+    assert times.mean == pytest.approx(0.001) and times.on_loop(gap, limit)
     for _ in range(40):  # the disk got slow
-        times.timed(0.010, now, here=True)
-    decisions = [times.on_loop(gap, now, limit) for _ in range(2 * store_load.PROBE_EVERY)]
+        times.timed(0.010, here=True)
+    decisions = [times.on_loop(gap, limit) for _ in range(2 * store_load.PROBE_EVERY)]
     assert decisions.count(True) == 2 and decisions[store_load.PROBE_EVERY - 1]
-    assert not any(times.on_loop(gap, now, 0.0) for _ in range(2 * store_load.PROBE_EVERY))
+    assert not any(times.on_loop(gap, 0.0) for _ in range(2 * store_load.PROBE_EVERY))
 
 
 def test_a_failed_flush_fails_every_request_of_its_batch(any_root: Path) -> None:

@@ -24,8 +24,8 @@ that come while a batch is being made durable are the next batch, one commit for
 `syncfs`, one fsync of @leased); a create a message cost more server CPU than the publish line's
 group commit under load. A batch runs where the publish line runs a quiet line's store: on the
 event loop while creates are quick (the mean create on the loop shorter than `INLINE_BELOW_S`)
-and rare (the last direct publish more than twice that ago; or the store load light, off by
-default: store_load.py), else on the pool.
+and rare (the last direct publish more than twice that ago: store_load.py), else on the
+pool.
 
 If the consumer has gone by the time the file is linked (its wait ended, its client hung up),
 the lease is given back once the commit is done (a nack without delay), as any lease nobody
@@ -119,16 +119,16 @@ class DirectPath:
         line.add(_Direct(message, waiter.visibility_s, waiter.consumer, waiter.future, settle))
         return True
 
-    def timed(self, took_s: float, ended: float, here: bool) -> None:
+    def timed(self, took_s: float, here: bool) -> None:
         """A create's time (`here`: on the event loop) joins what decides where a quiet line
         stores."""
-        self._times.timed(took_s, ended, here)
+        self._times.timed(took_s, here)
 
     def quiet(self) -> bool:
         """Whether a create may run on the event loop now (the module's docstring)."""
         now = time.monotonic()
         gap, self._last_at = now - self._last_at, now
-        return self._times.on_loop(gap, now, INLINE_BELOW_S)
+        return self._times.on_loop(gap, INLINE_BELOW_S)
 
     def ended(self, line: _Line) -> None:
         """`line` went idle: forgotten unless used again since (a queue used once is not
@@ -205,8 +205,7 @@ class _Line:
         except Exception as exc:
             return exc
         finally:
-            ended = time.monotonic()
-            self.path.timed(ended - began, ended, here)
+            self.path.timed(time.monotonic() - began, here)
 
     def _drain(self) -> None:
         """On a pool thread: batch after batch until none is left."""

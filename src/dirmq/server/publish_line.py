@@ -9,10 +9,10 @@ writing it.
 
 On a disk the line adapts to its load: a publish that finds it quiet (no drain under way, a
 store quicker than INLINE_BELOW_S as measured on the loop, and the previous publish to any queue
-of this process longer ago than twice a store, or the store load under `MAX_LOAD`, off by
-default: store_load.py) is stored on the event loop at once, which waits out its fsyncs: no hop to
-a pool thread and back (about a third of a lone publish's CPU, issue 37; besides, while a pool
-thread commits, it and the loop trade the GIL at nearly every system call either makes). Under
+of this process longer ago than twice a store: store_load.py) is stored on the event loop at
+once, which waits out its fsyncs: no hop to a pool thread and back (about a third of a lone
+publish's CPU, issue 37; besides, while a pool thread commits, it and the loop trade the GIL at
+nearly every system call either makes). Under
 load a pool thread stores all the time, and every publish goes to the pool, where the next batch
 gathers while one flushes. So stores hold the loop at most about half of its time: always
 storing there made long polls fall behind at 1,000 msg/s with 1.75 ms stores (their p50 went
@@ -105,7 +105,7 @@ class PublishLine:
         if self._inline:
             self._loop.call_soon(self._drain_here)  # after this iteration's other requests
             return
-        if self._times.on_loop(gap, now, INLINE_BELOW_S):
+        if self._times.on_loop(gap, INLINE_BELOW_S):
             self._loop.call_soon(self._drain_once_here)  # after this iteration's other requests
             return
         self._submit_drain()
@@ -161,8 +161,7 @@ class PublishLine:
         line stores."""
         began = time.monotonic()
         outcome = self._store(batch)
-        ended = time.monotonic()
-        self._times.timed(ended - began, ended, here)
+        self._times.timed(time.monotonic() - began, here)
         return outcome
 
     def _drain_once_here(self) -> None:
