@@ -74,7 +74,7 @@ from bench.harness import HOST, REPO, RESULTS
 from bench.harness.charts import draw_chart
 from bench.harness.floors import consume_floor, publish_floor
 from bench.harness.install import apt_install, ensure_debian_tool, ensure_pip, ensure_redis_server
-from bench.harness.load import LoadChild, Trial, split
+from bench.harness.load import LoadChild, Trial, split, write_result
 from bench.harness.peers import RABBIT_SERVER, Peer, start_nats, start_rabbitmq, start_redis
 from bench.harness.procs import Processes, cpu_seconds, process_tree, raise_fd_limit
 from bench.harness.report import filesystem_of, source_revision
@@ -957,10 +957,7 @@ def child_main(spec_json: str) -> int:
     import uvloop
 
     result = uvloop.run(run_child(json.loads(spec_json)))
-    # Result lines were read cut at exactly 131,072 characters (two pipe buffers, then EAGAIN):
-    # what a stdout left non-blocking by something in the load does. Blocking for this write.
-    os.set_blocking(sys.stdout.fileno(), True)
-    print(json.dumps(result), flush=True)
+    write_result(result)
     return 0
 
 

@@ -16,7 +16,7 @@ import pytest
 import dirmq
 from dirmq.errors import QueueNotFound, StorageError
 from dirmq.server import broker as broker_module
-from dirmq.server import publish_line
+from dirmq.server import publish_line, store_load
 from dirmq.server.broker import Broker
 from dirmq.server.publish_line import on_memory_filesystem
 from dirmq.store import OutgoingMessage
@@ -142,6 +142,26 @@ def test_a_quiet_publish_line_on_a_disk_stores_on_the_event_loop_if_its_disk_is_
     else:
         assert loop_thread not in threads
     assert queue.stats().ready == 6
+
+
+def test_a_lines_store_time_is_measured_on_the_event_loop() -> None:
+    """A pool store's time counts only until the loop has stored (a pool thread's store waits
+    for the GIL, and took twice as long): a slow mean keeps quiet stores on the pool but every
+    PROBE_EVERY-th, which measures again; a limit of 0 keeps them all there."""
+    times = store_load.StoreTimes()
+    gap, limit = 10.0, 0.002  # a gap no mean makes short
+    assert not times.on_loop(gap, limit)  # nothing measured yet: the pool measures
+    times.timed(0.001, here=False)
+    assert times.on_loop(gap, limit)
+    times.timed(0.001, here=True)
+    for _ in range(20):  # pool stores, slowed by the GIL: no longer counted
+        times.timed(0.050, here=False)
+    assert times.mean == pytest.approx(0.001) and times.on_loop(gap, limit)
+    for _ in range(40):  # the disk got slow
+        times.timed(0.010, here=True)
+    decisions = [times.on_loop(gap, limit) for _ in range(2 * store_load.PROBE_EVERY)]
+    assert decisions.count(True) == 2 and decisions[store_load.PROBE_EVERY - 1]
+    assert not any(times.on_loop(gap, 0.0) for _ in range(2 * store_load.PROBE_EVERY))
 
 
 def test_a_failed_flush_fails_every_request_of_its_batch(any_root: Path) -> None:

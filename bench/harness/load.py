@@ -5,7 +5,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import os
 import queue
+import select
 import subprocess
 import sys
 import threading
@@ -65,6 +67,23 @@ class LoadChild:
     def result(self, timeout_s: float) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(self.line(timeout_s))
         return data
+
+
+def write_result(result: dict[str, Any]) -> None:
+    """A load child's result, one JSON line on its stdout, every byte of it. The line (with its
+    latency samples) is hundreds of KiB, and was read cut at exactly 65,536 or 131,072
+    characters even with stdout set blocking first: a pipe left non-blocking by the load's event
+    loop. A write that meets a full pipe waits here until it drains."""
+    sys.stdout.flush()
+    data = memoryview((json.dumps(result) + "\n").encode())
+    fd = sys.stdout.fileno()
+    while data:
+        try:
+            written = os.write(fd, data)
+        except BlockingIOError:
+            select.select([], [fd], [])
+            continue
+        data = data[written:]
 
 
 def split(total: int, parts: int) -> list[int]:

@@ -13,7 +13,6 @@ import asyncio
 import collections
 import json
 import math
-import os
 import socket
 import ssl
 import sys
@@ -22,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.harness import BODY, HOST
+from bench.harness.load import write_result
 from bench.harness.procs import raise_fd_limit
 from bench.harness.wire import (
     RESP_ARRAY,
@@ -324,8 +324,7 @@ def child_main(spec_json: str) -> int:
 
     raise_fd_limit()
     result = uvloop.run(_load(json.loads(spec_json)))
-    os.set_blocking(sys.stdout.fileno(), True)  # as bench/peers.py's child_main: one large line
-    print(json.dumps(result), flush=True)
+    write_result(result)
     return 0
 
 

@@ -23,8 +23,9 @@ The creates of a queue go through a line of their own, as publishes do (publish_
 that come while a batch is being made durable are the next batch, one commit for all (one
 `syncfs`, one fsync of @leased); a create a message cost more server CPU than the publish line's
 group commit under load. A batch runs where the publish line runs a quiet line's store: on the
-event loop while creates are quick and rare (the mean create shorter than `INLINE_BELOW_S`, the
-last direct publish more than twice that ago), else on the pool.
+event loop while creates are quick (the mean create on the loop shorter than `INLINE_BELOW_S`)
+and rare (the last direct publish more than twice that ago: store_load.py), else on the
+pool.
 
 If the consumer has gone by the time the file is linked (its wait ended, its client hung up),
 the lease is given back once the commit is done (a nack without delay), as any lease nobody
@@ -48,8 +49,9 @@ from prometheus_client import Counter
 from dirmq.errors import StorageError
 from dirmq.server.broker_host import MAX_BATCH_MESSAGES, BrokerHost
 from dirmq.server.longpolls import LongPolls
-from dirmq.server.publish_line import INLINE_BELOW_S, STORE_TIME_WEIGHT, Settle
+from dirmq.server.publish_line import INLINE_BELOW_S, Settle
 from dirmq.server.queuecounts import PUBLISHED
+from dirmq.server.store_load import StoreTimes
 from dirmq.store import Durability, Message, OutgoingMessage, Queue
 from dirmq.store.direct_lease import DirectLease, admissible_config
 
@@ -65,7 +67,7 @@ class DirectPath:
         self._receivers = receivers
         self.loop = asyncio.get_running_loop()
         self._lines: dict[str, _Line] = {}
-        self._store_s: float | None = None  # running mean of a create's time; None: unknown
+        self._times = StoreTimes()  # of the creates: where a quiet line's run (store_load.py)
         self._last_at = 0.0  # time.monotonic() of the last direct publish
         # In every worker's metrics files (made after `MetricsFiles.create`, when there is one):
         # what proves a delivery took this path, and how often the consumer had gone by then.
@@ -117,16 +119,16 @@ class DirectPath:
         line.add(_Direct(message, waiter.visibility_s, waiter.consumer, waiter.future, settle))
         return True
 
-    def timed(self, took_s: float) -> None:
-        """A create's time joins the running mean that decides where a quiet line stores."""
-        mean = self._store_s
-        self._store_s = took_s if mean is None else mean + (took_s - mean) * STORE_TIME_WEIGHT
+    def timed(self, took_s: float, here: bool) -> None:
+        """A create's time (`here`: on the event loop) joins what decides where a quiet line
+        stores."""
+        self._times.timed(took_s, here)
 
     def quiet(self) -> bool:
         """Whether a create may run on the event loop now (the module's docstring)."""
-        now, mean = time.monotonic(), self._store_s
+        now = time.monotonic()
         gap, self._last_at = now - self._last_at, now
-        return mean is not None and mean < INLINE_BELOW_S and gap > 2 * mean
+        return self._times.on_loop(gap, INLINE_BELOW_S)
 
     def ended(self, line: _Line) -> None:
         """`line` went idle: forgotten unless used again since (a queue used once is not
@@ -203,7 +205,7 @@ class _Line:
         except Exception as exc:
             return exc
         finally:
-            self.path.timed(time.monotonic() - began)
+            self.path.timed(time.monotonic() - began, here)
 
     def _drain(self) -> None:
         """On a pool thread: batch after batch until none is left."""

@@ -7,13 +7,16 @@ ramfs), where no store call waits for a device, the event loop drains the line i
 loop iteration: handing each batch to a thread cost more (GIL hand-offs, futex wake-ups) than
 writing it.
 
-On a disk the line adapts to its load: a publish that finds it quiet (no drain under way, the
-previous publish to any queue of this process longer ago than twice a store takes, and a store
-quicker than INLINE_BELOW_S) is stored on the event loop at once, which waits out its fsyncs: no
-hop to a pool thread and back (about a third of a lone publish's CPU, issue 37). Every publish
-under load goes to the pool, where the next batch gathers while one flushes. So stores hold the
-loop at most about half of its time: always storing there made long polls fall behind at 1,000
-msg/s with 1.75 ms stores (their p50 went from 7 ms to 2 s).
+On a disk the line adapts to its load: a publish that finds it quiet (no drain under way, a
+store quicker than INLINE_BELOW_S as measured on the loop, and the previous publish to any queue
+of this process longer ago than twice a store: store_load.py) is stored on the event loop at
+once, which waits out its fsyncs: no hop to a pool thread and back (about a third of a lone
+publish's CPU, issue 37; besides, while a pool thread commits, it and the loop trade the GIL at
+nearly every system call either makes). Under
+load a pool thread stores all the time, and every publish goes to the pool, where the next batch
+gathers while one flushes. So stores hold the loop at most about half of its time: always
+storing there made long polls fall behind at 1,000 msg/s with 1.75 ms stores (their p50 went
+from 7 ms to 2 s).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from dirmq.errors import StorageError
 from dirmq.server.broker_host import MAX_BATCH_MESSAGES, BrokerHost
 from dirmq.server.queuecounts import PUBLISHED
+from dirmq.server.store_load import StoreTimes
 from dirmq.store import Durability, OutgoingMessage, Queue
 
 log = logging.getLogger("dirmq.server")
@@ -39,7 +43,6 @@ BATCHES_PER_TURN = 16  # then a drain goes to the back of the pool's line: other
 # The longest store (fsyncs included) the event loop waits out for a quiet line: about one fsync
 # on a local disk; a slower disk, or a shared filesystem, always stores in the pool.
 INLINE_BELOW_S = 0.002
-STORE_TIME_WEIGHT = 0.125  # of the newest store in the running mean of a store's time
 
 
 class _LastPublish:
@@ -86,9 +89,9 @@ class PublishLine:
         self._lock = threading.Lock()  # the line and `_draining` change together
         self._draining = False  # a drain is under way or scheduled and will see what is appended
         self._inline = on_memory_filesystem(queue.path)  # drained on the event loop
-        # A quiet line on a disk stores on the event loop (see the module's docstring): the
-        # running mean of a store's time, None until the first store (on the pool) measures it.
-        self._store_s: float | None = None
+        # A quiet line on a disk stores on the event loop (see the module's docstring): its
+        # stores' times (store_load.py).
+        self._times = StoreTimes()
 
     def enqueue(self, publish: Publish) -> None:
         """Append to the line; start draining it unless a drain is already under way."""
@@ -102,8 +105,7 @@ class PublishLine:
         if self._inline:
             self._loop.call_soon(self._drain_here)  # after this iteration's other requests
             return
-        store_s = self._store_s
-        if store_s is not None and store_s < INLINE_BELOW_S and gap > 2 * store_s:
+        if self._times.on_loop(gap, INLINE_BELOW_S):
             self._loop.call_soon(self._drain_once_here)  # after this iteration's other requests
             return
         self._submit_drain()
@@ -124,7 +126,7 @@ class PublishLine:
                 return
             outcome: list[str] | BaseException
             try:
-                outcome = self._timed_store(batch)
+                outcome = self._timed_store(batch, here=False)
             except BaseException as exc:  # not Exception: still the batch's, not the thread's
                 outcome = exc
             try:
@@ -154,12 +156,12 @@ class PublishLine:
         except Exception as exc:
             return exc
 
-    def _timed_store(self, batch: list[Publish]) -> list[str] | BaseException:
-        """`_store`, its time joining the running mean that decides where a quiet line stores."""
+    def _timed_store(self, batch: list[Publish], here: bool) -> list[str] | BaseException:
+        """`_store`, its time (`here`: on the event loop) joining what decides where a quiet
+        line stores."""
         began = time.monotonic()
         outcome = self._store(batch)
-        took, mean = time.monotonic() - began, self._store_s
-        self._store_s = took if mean is None else mean + (took - mean) * STORE_TIME_WEIGHT
+        self._times.timed(time.monotonic() - began, here)
         return outcome
 
     def _drain_once_here(self) -> None:
@@ -168,7 +170,7 @@ class PublishLine:
         batch = self._next_batch()
         if batch is None:
             return
-        self._settle(batch, self._timed_store(batch))
+        self._settle(batch, self._timed_store(batch, here=True))
         with self._lock:
             if not self._pending:
                 self._draining = False
