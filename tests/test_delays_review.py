@@ -1,0 +1,176 @@
+"""Delays in their due minute's buckets (store/delays.py), the cases a review found not yet
+covered by tests/test_delays.py: a waiting get woken when a bucket's minute begins with no event,
+priorities through a bucket, a delayed message's time to live, a delayed nack at max receives,
+delete and purge of delays in buckets never loaded, capacity slots of such delays kept by a
+sweep, and fsck's repair of a bucket whose name is not a minute."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import dirmq
+from dirmq.store import codec, delays, filebase, layout
+from dirmq.store.fsck import fsck
+from dirmq.store.ids import new_ids
+
+MEMORY = dirmq.QueueConfig(durability="memory")
+
+
+class _RunningClock:
+    """The store's clock running at the real pace from an offset the test sets."""
+
+    def __init__(self) -> None:
+        self.offset_ms = 0
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000 + self.offset_ms
+
+
+@contextmanager
+def store_clock() -> Iterator[_RunningClock]:
+    """`filebase.now_ms`, imported by name where it is read, replaced by a running clock."""
+    clock = _RunningClock()
+    modules = [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith("dirmq.store") and getattr(module, "now_ms", None) is filebase.now_ms
+    ]
+    with pytest.MonkeyPatch.context() as patch:
+        for module in modules:
+            patch.setattr(module, "now_ms", clock.now_ms)
+        yield clock
+
+
+def _delayed_names(queue_dir: str) -> list[str]:
+    return [name for _bucket, name in delays.names(queue_dir)]
+
+
+def test_a_waiting_get_is_woken_when_a_bucket_minute_begins_without_any_event(
+    root: Path,
+) -> None:
+    """A bucket of the next minute, made before the consumer opened the queue, is not loaded
+    (its minute has not begun): nothing will tell the waiting get of it, so the get's timer
+    must end at the bucket's start, load it, and wait on for the message's own due time."""
+    with store_clock() as clock:
+        now = clock.now_ms()
+        next_minute = (now // 60_000 + 1) * 60_000
+        clock.offset_ms = next_minute - 400 - now  # 0.4 s before a minute begins
+        with dirmq.Store(root) as theirs:
+            q = theirs.create_queue("q", MEMORY)
+            due = next_minute + 200
+            message_id = q.put(
+                b"due just into the next minute", delay_s=(due - clock.now_ms()) / 1000
+            )
+            assert list(delays.top(q.path)[0]) == [delays.minute_of(due)]
+        with dirmq.Store(root) as mine:
+            mine_q = mine.queue("q")
+            assert mine_q.get_one() is None  # opened: the bucket known, not loaded
+            got = mine_q.get_one(wait_s=20)
+            assert got is not None and got.id == message_id
+            assert clock.now_ms() >= due
+
+
+def test_delays_keep_their_priority_through_their_bucket(root: Path) -> None:
+    """Delayed messages of several levels, due together, are delivered highest level first
+    by a process that never loaded their bucket before it was past."""
+    with store_clock() as clock, dirmq.Store(root) as store:
+        q = store.create_queue("q", dirmq.QueueConfig(durability="memory", priority_levels=3))
+        low = q.put(b"low", delay_s=90, priority=0)
+        high = q.put(b"high", delay_s=90, priority=2)
+        mid = q.put(b"mid", delay_s=90, priority=1)
+        assert all("^" in n for n in _delayed_names(q.path) if not n.startswith(low))
+        clock.offset_ms += 200_000  # the bucket's minute is over
+        with dirmq.Store(root) as other:
+            got = [m.id for m in other.queue("q").get(10)]
+        assert got == [high, mid, low]
+
+
+def test_a_delayed_message_past_its_time_to_live_is_never_delivered(root: Path) -> None:
+    with store_clock() as clock, dirmq.Store(root) as store:
+        q = store.create_queue("q", dirmq.QueueConfig(durability="memory"))
+        late = q.put(b"too late", delay_s=120, ttl_s=60)
+        kept = q.put(b"in time", delay_s=120, ttl_s=600)
+        clock.offset_ms += 200_000
+        assert [m.id for m in q.get(10)] == [kept]
+        assert [m.id for m in q.browse(None, state="dead")] == [late]
+        assert _delayed_names(q.path) == []
+
+
+def test_a_delayed_nack_at_max_receives_is_dead_lettered_not_delayed(store: dirmq.Store) -> None:
+    q = store.create_queue("q", dirmq.QueueConfig(durability="memory", max_receives=1))
+    message_id = q.put(b"once")
+    got = q.get_one()
+    assert got is not None and got.receipt is not None
+    assert q.nack(got.receipt, delay_s=600) == "dead-lettered"
+    assert _delayed_names(q.path) == []
+    assert [m.id for m in q.browse(None, state="dead")] == [message_id]
+
+
+def test_delete_and_purge_reach_delays_in_buckets_never_loaded(root: Path) -> None:
+    with dirmq.Store(root) as writer:
+        q = writer.create_queue("q")
+        ids = [q.put(b"later", delay_s=600 * (i + 1)) for i in range(3)]
+        assert len(delays.top(q.path)[0]) == 3
+    with dirmq.Store(root) as other:
+        q = other.queue("q")
+        assert q.get_one() is None  # the index opened: no bucket loaded
+        assert q.peek(ids[1]).state == "delayed"
+        assert q.delete(ids[1]) and not q.delete(ids[1])
+        assert sorted(n[: layout.ID_LENGTH] for n in _delayed_names(q.path)) == sorted(
+            [ids[0], ids[2]]
+        )
+        assert q.purge() == 2
+        assert os.listdir(Path(q.path) / layout.DELAYED) == []
+        assert q.stats().delayed == 0
+
+
+def test_a_sweep_keeps_the_capacity_slots_of_delays_in_buckets_not_loaded(root: Path) -> None:
+    """Slots over a minute old whose messages wait in buckets of minutes to come are held,
+    not leaked: a sweep by a process that never listed those buckets frees none."""
+    with dirmq.Store(root) as writer:
+        q = writer.create_queue("q", dirmq.QueueConfig(capacity=2))
+        q.put(b"a", delay_s=3_600)
+        q.put(b"b", delay_s=7_200)
+    slots = Path(q.path) / layout.SLOTS
+    old = time.time() - 600
+    for slot in os.listdir(slots):
+        os.utime(slots / slot, (old, old), follow_symlinks=False)
+    with dirmq.Store(root) as other:
+        q = other.queue("q")
+        q.sweep()
+        assert len(os.listdir(slots)) == 2
+        with pytest.raises(dirmq.QueueFull):
+            q.put(b"over capacity", timeout_s=0)
+
+
+@pytest.mark.parametrize("bucket", ["0{minute}", "{minute}x", "x"])
+def test_fsck_repair_moves_delays_out_of_a_bucket_whose_name_is_not_a_minute(
+    root: Path, bucket: str
+) -> None:
+    """A directory of @delayed whose name no process reads as a minute hides its messages
+    from every process: a repair moves each home and removes the directory."""
+    with dirmq.Store(root) as store:
+        q = store.create_queue("q", MEMORY)
+    [message_id] = new_ids(1)
+    due = time.time_ns() // 1_000_000 - 1_000
+    name = layout.timed_name(message_id, 0, due)
+    odd = Path(q.path) / layout.DELAYED / bucket.format(minute=delays.minute_of(due))
+    odd.mkdir()
+    (odd / name).write_bytes(codec.encode(b"hidden", {}, message_id=message_id))
+    report = fsck(root, repair=False)
+    assert any(p.path.startswith(str(odd)) for p in report.problems), report.problems
+    fsck(root, repair=True)
+    assert not odd.exists()
+    assert _delayed_names(q.path) == [name]
+    with dirmq.Store(root) as store:
+        got = store.queue("q").get_one(wait_s=10)
+        assert got is not None and got.id == message_id
+    assert fsck(root, repair=False).problems == ()
+
