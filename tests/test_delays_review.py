@@ -174,3 +174,23 @@ def test_fsck_repair_moves_delays_out_of_a_bucket_whose_name_is_not_a_minute(
         assert got is not None and got.id == message_id
     assert fsck(root, repair=False).problems == ()
 
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_writer_whose_trusted_bucket_went_publishes_into_it_again(
+    root: Path, shared: bool
+) -> None:
+    """A publisher trusts the bucket it made last; another host's consumer (its clock a little
+    ahead) removed it as past. In the shared-filesystem mode the new file is written beside
+    its final name, in that bucket: its creation, not only its rename, finds the bucket gone,
+    and the publish must make it again rather than fail."""
+    with dirmq.Store(root, shared=shared) as store:
+        q = store.create_queue("q", MEMORY)
+        first = q.put(b"makes the bucket", delay_s=600)
+        [(bucket, name)] = list(delays.names(q.path))
+        aside = Path(q.path) / name
+        os.rename(Path(q.path) / bucket / name, aside)  # emptied and removed by a consumer
+        os.rmdir(Path(q.path) / bucket)
+        second = q.put(b"the same minute", delay_s=600.001)
+        assert [n[: layout.ID_LENGTH] for n in _delayed_names(q.path)] == [second]
+        os.rename(aside, Path(q.path) / bucket / name)
+        assert {m.id for m in q.browse(None, state="delayed")} == {first, second}

@@ -227,6 +227,11 @@ class DelayBuckets:
         """`prepare` for a publish whose rename found the bucket gone (PendingFile.make_dir)."""
         return self.prepare(due_ms, durable, again=True)
 
+    def forget(self) -> None:
+        """Trust no bucket: the next `prepare` looks (a file written beside its final name,
+        in the shared-filesystem mode, found its bucket gone before any rename)."""
+        self._made = None
+
     def _make(self, path: str, parent: str, durable: bool) -> bool:
         try:
             self._access.mkdir(path)
