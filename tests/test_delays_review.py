@@ -194,3 +194,29 @@ def test_a_writer_whose_trusted_bucket_went_publishes_into_it_again(
         assert [n[: layout.ID_LENGTH] for n in _delayed_names(q.path)] == [second]
         os.rename(aside, Path(q.path) / bucket / name)
         assert {m.id for m in q.browse(None, state="delayed")} == {first, second}
+
+
+def test_a_delay_left_in_a_past_bucket_of_an_earlier_minute_is_delivered_once_due(
+    root: Path,
+) -> None:
+    """A delay in the bucket of a minute before its own (misnamed: put there by hand, or by a
+    restore) keeps that bucket from being removed once its minute is over; it is still
+    delivered when its own time comes, by a process that has not rescanned meanwhile (a
+    server never does on its own under inotify), not only after `dirmq fsck --repair`."""
+    with store_clock() as clock, dirmq.Store(root) as store:
+        now = clock.now_ms()
+        clock.offset_ms = (now // 60_000 + 1) * 60_000 + 1_000 - now  # a second into a minute
+        q = store.create_queue("q", MEMORY)
+        first = q.put(b"first", delay_s=30)
+        [(bucket, name)] = list(delays.names(q.path))
+        [late_id] = new_ids(1)
+        late_due = (delays.due_of(name) or 0) + 90_000  # a minute or two later than its bucket
+        late = layout.timed_name(late_id, 0, late_due)
+        (Path(q.path) / bucket / late).write_bytes(codec.encode(b"late", {}, message_id=late_id))
+        clock.offset_ms += 61_000  # the bucket's minute is over
+        got = q.get(10)
+        assert [m.id for m in got] == [first]
+        q.ack(got[0].receipt or "")
+        assert q.get_one() is None  # the misnamed one is not due yet
+        clock.offset_ms += 90_000
+        assert [m.id for m in q.get(10)] == [late_id]

@@ -94,24 +94,29 @@ class SettlingFiles(QueueFileBase):
         """Deliver what is left in a bucket whose minute is over (all of it is due), then
         remove it; how many moved. One that cannot be removed though nothing in it moved (a
         stray file, or a name of a later minute: `dirmq fsck --repair` moves it) is not looked
-        at again until a rescan, rather than at every get."""
+        at again, rather than at every get, until the earliest delay left in it falls due (a
+        stray alone: until a rescan)."""
         delivered = 0
         directory = delays.bucket_dir(minute)
         for attempt in range(3):
             moved = 0
+            later: int | None = None  # the earliest due time of a delay left (misnamed)
             for name in delays.bucket_names(self.queue_dir, minute):
                 due = delays.due_of(name)
                 if due is not None and due <= at_ms:
                     moved += self._deliver(index, directory, name)
                     index.delayed.discard(name[: layout.ID_LENGTH], name)
+                elif due is not None and (later is None or due < later):
+                    later = due
             delivered += moved
             if delays.remove_empty(self.queue_dir, minute):
                 index.delayed.drop_bucket(minute)
                 break
             # Not empty: a late writer's rename (its minute ran out under it) came after the
-            # listing, and the next listing moves it; listed twice with nothing to move, stuck.
+            # listing, and the next listing moves it; listed twice with nothing to move, stuck
+            # until the earliest delay left in it falls due.
             if not moved and attempt:
-                index.delayed.stuck.add(minute)
+                index.delayed.stuck[minute] = later
                 break
         return delivered
 
