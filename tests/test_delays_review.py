@@ -6,6 +6,7 @@ sweep, and fsck's repair of a bucket whose name is not a minute."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import dirmq
+from dirmq.server.broker import Broker
 from dirmq.store import codec, delays, filebase, layout
 from dirmq.store.fsck import fsck
 from dirmq.store.ids import new_ids
@@ -77,6 +79,35 @@ def test_a_waiting_get_is_woken_when_a_bucket_minute_begins_without_any_event(
             assert clock.now_ms() >= due
 
 
+def test_the_server_long_poll_is_woken_when_a_bucket_minute_begins_without_any_event(
+    root: Path,
+) -> None:
+    """The server's long poll (broker.py's waiter line and its timer), as the library's get
+    above: a bucket of the next minute, made before the server's first look, is due no
+    earlier than its start; the timer ends there, then at the message's own due time."""
+    with store_clock() as clock:
+        now = clock.now_ms()
+        next_minute = (now // 60_000 + 1) * 60_000
+        clock.offset_ms = next_minute - 400 - now
+        due = next_minute + 200
+        with dirmq.Store(root) as theirs:
+            q = theirs.create_queue("q", MEMORY)
+            message_id = q.put(b"due", delay_s=(due - clock.now_ms()) / 1000)
+        with dirmq.Store(root) as store:
+            queue = store.queue("q")
+
+            async def main() -> list[dirmq.Message]:
+                broker = Broker(store)
+                try:
+                    return await broker.receive(queue, 1, 30, 20)
+                finally:
+                    broker.close()
+
+            got = asyncio.run(main())
+            assert [m.id for m in got] == [message_id]
+            assert clock.now_ms() >= due
+
+
 def test_delays_keep_their_priority_through_their_bucket(root: Path) -> None:
     """Delayed messages of several levels, due together, are delivered highest level first
     by a process that never loaded their bucket before it was past."""
@@ -133,10 +164,11 @@ def test_delete_and_purge_reach_delays_in_buckets_never_loaded(root: Path) -> No
 
 def test_a_sweep_keeps_the_capacity_slots_of_delays_in_buckets_not_loaded(root: Path) -> None:
     """Slots over a minute old whose messages wait in buckets of minutes to come are held,
-    not leaked: a sweep by a process that never listed those buckets frees none."""
+    not leaked: a sweep by a process that never listed those buckets frees none; a delete of
+    one of those delays frees its slot."""
     with dirmq.Store(root) as writer:
         q = writer.create_queue("q", dirmq.QueueConfig(capacity=2))
-        q.put(b"a", delay_s=3_600)
+        first = q.put(b"a", delay_s=3_600)
         q.put(b"b", delay_s=7_200)
     slots = Path(q.path) / layout.SLOTS
     old = time.time() - 600
@@ -148,6 +180,9 @@ def test_a_sweep_keeps_the_capacity_slots_of_delays_in_buckets_not_loaded(root: 
         assert len(os.listdir(slots)) == 2
         with pytest.raises(dirmq.QueueFull):
             q.put(b"over capacity", timeout_s=0)
+        assert q.delete(first)  # its slot freed with it
+        assert len(os.listdir(slots)) == 1
+        q.put(b"in its place", timeout_s=0)
 
 
 @pytest.mark.parametrize("bucket", ["0{minute}", "{minute}x", "x"])
@@ -220,3 +255,31 @@ def test_a_delay_left_in_a_past_bucket_of_an_earlier_minute_is_delivered_once_du
         assert q.get_one() is None  # the misnamed one is not due yet
         clock.offset_ms += 90_000
         assert [m.id for m in q.get(10)] == [late_id]
+
+
+@pytest.mark.parametrize("heard_between", [True, False])
+def test_a_loaded_bucket_removed_and_made_again_is_watched_again(
+    root: Path, heard_between: bool
+) -> None:
+    """The bucket of this minute, loaded here, is removed by another process (a consumer whose
+    clock runs ahead took its minute for over) and made again by a writer: this process loads
+    the new directory, watched, and hears of the writer's delay into it when it is due, not
+    when the minute is over."""
+    with store_clock() as clock, dirmq.Store(root) as mine, dirmq.Store(root) as theirs:
+        now = clock.now_ms()
+        clock.offset_ms = (now // 60_000 + 1) * 60_000 + 1_000 - now  # a second into a minute
+        q = mine.create_queue("q", MEMORY)
+        q.put(b"loads the bucket", delay_s=0.05)
+        got = q.get_one(wait_s=10)
+        assert got is not None
+        q.ack(got.receipt or "")
+        [minute] = delays.top(q.path)[0]
+        assert minute == delays.minute_of(clock.now_ms())
+        os.rmdir(Path(q.path) / delays.bucket_dir(minute))
+        if heard_between:  # else the removal and the making are heard in one drain
+            assert q.get_one() is None
+        other = theirs.queue("q").put(b"into the bucket made again", delay_s=0.2)
+        assert delays.top(q.path)[0] == [minute]
+        end = (minute + 1) * 60_000
+        got = q.get_one(wait_s=(end - clock.now_ms()) / 1000 - 5)
+        assert got is not None and got.id == other, "not heard of before the minute's end"
