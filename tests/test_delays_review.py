@@ -22,6 +22,9 @@ from dirmq.store import codec, delays, filebase, layout
 from dirmq.store.fsck import fsck
 from dirmq.store.ids import new_ids
 
+from .support.procs import kill, spawn
+from .support.waiting import wait_until
+
 MEMORY = dirmq.QueueConfig(durability="memory")
 
 
@@ -283,3 +286,66 @@ def test_a_loaded_bucket_removed_and_made_again_is_watched_again(
         end = (minute + 1) * 60_000
         got = q.get_one(wait_s=(end - clock.now_ms()) / 1000 - 5)
         assert got is not None and got.id == other, "not heard of before the minute's end"
+
+
+@pytest.mark.parametrize("loaded", [True, False])
+def test_grouped_delays_are_delivered_in_order_one_at_a_time(root: Path, loaded: bool) -> None:
+    """Delays of one group (`~<tag>` in their names) in one bucket: delivered in id order, one
+    in flight at a time, whether the bucket was loaded (its minute begun here) or only found
+    past by a process that opened the queue after its minute."""
+    with store_clock() as clock, dirmq.Store(root) as store, dirmq.Store(root) as later:
+        now = clock.now_ms()
+        clock.offset_ms = (now // 60_000 + 1) * 60_000 + 1_000 - now
+        q = store.create_queue("q", MEMORY)
+        ids = q.put_many(
+            [dirmq.OutgoingMessage(b"%d" % i, group="g", delay_s=30) for i in range(3)]
+        )
+        assert all("~" in name for name in _delayed_names(q.path))
+        if loaded:
+            assert q.get_one() is None  # the bucket's minute has begun: loaded
+            clock.offset_ms += 30_000
+        else:
+            clock.offset_ms += 90_000
+            q = later.queue("q")  # opened now, its minute over
+        got_ids = []
+        for _ in ids:
+            got = q.get(10)
+            assert len(got) == 1, got
+            got_ids.append(got[0].id)
+            q.ack(got[0].receipt or "")
+        assert got_ids == ids and q.get_one() is None
+
+
+def test_a_consumer_killed_while_emptying_a_past_bucket_loses_nothing(root: Path) -> None:
+    """SIGKILL a process moving a past bucket of 10,000 due delays into @ready: each message
+    is still there exactly once, in the bucket or in @ready, fsck finds nothing, and the next
+    process delivers the rest and removes the bucket."""
+    count = 10_000
+    with dirmq.Store(root) as store:
+        q = store.create_queue("q", MEMORY)
+    due = time.time_ns() // 1_000_000 - 120_000  # a minute or two ago: its bucket is past
+    bucket = Path(q.path) / delays.bucket_dir(delays.minute_of(due))
+    bucket.mkdir(mode=0o700)
+    ids = new_ids(count)
+    for message_id in ids:
+        data = codec.encode(b"due", {}, message_id=message_id)
+        fd = os.open(
+            bucket / layout.timed_name(message_id, 0, due), os.O_WRONLY | os.O_CREAT, 0o600
+        )
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    ready = Path(q.path) / layout.READY
+    promoter = spawn("promote", root, "q", module="tests.support.delay_workers")
+    assert promoter.stdout is not None and promoter.stdout.readline().strip() == "promoting"
+    wait_until(lambda: bool(os.listdir(ready)), 60, "the first delivery")
+    kill(promoter)
+    left = os.listdir(bucket)
+    assert left, "the kill came after the bucket was emptied: nothing half-way to test"
+    names = left + os.listdir(ready)
+    assert sorted(n[: layout.ID_LENGTH] for n in names) == sorted(ids), "each message once"
+    assert fsck(root, repair=False).problems == ()
+    with dirmq.Store(root) as store:
+        got = store.queue("q").get(1_000)
+        assert len(got) == 1_000
+        assert not bucket.exists()
+        assert store.queue("q").stats().ready == count - 1_000
