@@ -94,8 +94,8 @@ class SettlingFiles(QueueFileBase):
         """Deliver what is left in a bucket whose minute is over (all of it is due), then
         remove it; how many moved. One that cannot be removed though nothing in it moved (a
         stray file, or a name of a later minute: `dirmq fsck --repair` moves it) is not looked
-        at again, rather than at every get, until the earliest delay left in it falls due (a
-        stray alone: until a rescan)."""
+        at again, rather than at every get, until the earliest delay left in it falls due;
+        it is watched meanwhile, so that a late writer's delay into it is delivered."""
         delivered = 0
         directory = delays.bucket_dir(minute)
         for attempt in range(3):
@@ -114,9 +114,12 @@ class SettlingFiles(QueueFileBase):
                 break
             # Not empty: a late writer's rename (its minute ran out under it) came after the
             # listing, and the next listing moves it; listed twice with nothing to move, stuck
-            # until the earliest delay left in it falls due.
+            # until the earliest delay left in it falls due, and watched (loaded): a writer
+            # later still is heard of, and its delay delivered, without a listing each get.
             if not moved and attempt:
                 index.delayed.stuck[minute] = later
+                if minute not in index.delayed.loaded:
+                    index.delayed.load(self.queue_dir, minute)
                 break
         return delivered
 
