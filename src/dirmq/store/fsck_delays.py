@@ -6,7 +6,9 @@ entries of @delayed that are neither a bucket nor a message file (stray, a notic
 entries of format 4 (a notice: the next open moves them into their buckets, and so does a
 repair), anything in a bucket that is not a file (stray), and delays in a bucket other than the
 one of their due minute (misnamed: a get would deliver one late, or, in a bucket of the past,
-keep it there until its own time; a repair moves each home). One of fsck.py's `QUEUE_CHECKS`.
+keep it there until its own time; a repair moves each home), and delays in a directory whose
+name is not a minute (misnamed: no process lists it; moved home, the directory removed). One
+of fsck.py's `QUEUE_CHECKS`.
 """
 
 from __future__ import annotations
