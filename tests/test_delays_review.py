@@ -18,7 +18,7 @@ import pytest
 
 import dirmq
 from dirmq.server.broker import Broker
-from dirmq.store import codec, delays, filebase, layout
+from dirmq.store import backlog, codec, delays, filebase, layout
 from dirmq.store.fsck import fsck
 from dirmq.store.ids import new_ids
 
@@ -370,3 +370,22 @@ def test_a_late_writer_into_a_past_bucket_kept_by_a_stray_is_heard(root: Path) -
         os.rename(tmp, bucket / layout.timed_name(late_id, 0, due))
         got = q.get_one(wait_s=10)
         assert got is not None and got.id == late_id
+
+
+def test_a_shared_mode_spill_whose_trusted_backlog_bucket_went_is_published(root: Path) -> None:
+    """The same trust in the backlog (backlog.py): in the shared-filesystem mode a publish
+    behind a full @ready whose bucket of this second a refill emptied and removed is written
+    into the bucket made again, not refused with QueueNotFound."""
+    with dirmq.Store(root, shared=True) as store:
+        q = store.create_queue("q", MEMORY)
+        q.put_many([b"ready"] * 1_000)
+        first = q.put_many([b"behind"] * 5)
+        spilled = list(backlog.names(q.path))
+        assert len(spilled) == 5
+        [directory] = {d for d, _n in spilled}
+        for _d, name in spilled:  # emptied and removed, as a refill does
+            os.rename(Path(q.path) / directory / name, Path(q.path) / layout.READY / name)
+        os.rmdir(Path(q.path) / directory)
+        again = q.put(b"behind, the same second")
+        assert [n[: layout.ID_LENGTH] for _d, n in backlog.names(q.path)] == [again]
+        assert not set(first) & {n[: layout.ID_LENGTH] for _d, n in backlog.names(q.path)}
