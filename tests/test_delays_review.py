@@ -167,8 +167,8 @@ def test_delete_and_purge_reach_delays_in_buckets_never_loaded(root: Path) -> No
 
 def test_a_sweep_keeps_the_capacity_slots_of_delays_in_buckets_not_loaded(root: Path) -> None:
     """Slots over a minute old whose messages wait in buckets of minutes to come are held,
-    not leaked: a sweep by a process that never listed those buckets frees none; a delete of
-    one of those delays frees its slot."""
+    not leaked: a sweep by a process that never listed those buckets frees none, nor does
+    `dirmq fsck --repair`; a delete of one of those delays frees its slot."""
     with dirmq.Store(root) as writer:
         q = writer.create_queue("q", dirmq.QueueConfig(capacity=2))
         first = q.put(b"a", delay_s=3_600)
@@ -183,6 +183,8 @@ def test_a_sweep_keeps_the_capacity_slots_of_delays_in_buckets_not_loaded(root: 
         assert len(os.listdir(slots)) == 2
         with pytest.raises(dirmq.QueueFull):
             q.put(b"over capacity", timeout_s=0)
+        report = fsck(root, repair=True)  # fsck's leaked-slot check sees the buckets too
+        assert report.problems == () and len(os.listdir(slots)) == 2
         assert q.delete(first)  # its slot freed with it
         assert len(os.listdir(slots)) == 1
         q.put(b"in its place", timeout_s=0)
