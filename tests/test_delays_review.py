@@ -7,6 +7,7 @@ sweep, and fsck's repair of a bucket whose name is not a minute."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import sys
 import time
@@ -22,6 +23,7 @@ from dirmq.store import backlog, codec, delays, filebase, layout
 from dirmq.store.fsck import fsck
 from dirmq.store.ids import new_ids
 
+from .support.faultfs import FaultyFS
 from .support.procs import kill, spawn
 from .support.waiting import wait_until
 
@@ -391,3 +393,27 @@ def test_a_shared_mode_spill_whose_trusted_backlog_bucket_went_is_published(root
         again = q.put(b"behind, the same second")
         assert [n[: layout.ID_LENGTH] for _d, n in backlog.names(q.path)] == [again]
         assert not set(first) & {n[: layout.ID_LENGTH] for _d, n in backlog.names(q.path)}
+
+
+def test_a_migration_that_fails_leaves_its_flat_delays_to_the_next_try(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flat delay of a process of version 4, heard of by a running process whose bucket for
+    it cannot be made (the disk full): the get fails, and once the disk has room the next get
+    moves the delay into its bucket and delivers it (the process does not rescan on its own:
+    a delay it forgot would wait for a restart)."""
+    with dirmq.Store(root) as store:
+        q = store.create_queue("q", MEMORY)
+        assert q.get_one() is None  # the index is built
+        [message_id] = new_ids(1)
+        name = layout.timed_name(message_id, 0, time.time_ns() // 1_000_000 - 1_000)
+        tmp = Path(q.path) / layout.TMP / "v4"
+        tmp.write_bytes(codec.encode(b"from version 4", {}, message_id=message_id))
+        fs = FaultyFS(monkeypatch, Path(q.path) / layout.DELAYED)
+        fs.fail("mkdir", errno.ENOSPC)
+        os.rename(tmp, Path(q.path) / layout.DELAYED / name)  # flat, as version 4 writes
+        with pytest.raises(dirmq.StorageError):
+            q.get_one()
+        fs.clear()
+        got = q.get_one(wait_s=10)
+        assert got is not None and got.id == message_id

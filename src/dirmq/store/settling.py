@@ -128,7 +128,13 @@ class SettlingFiles(QueueFileBase):
         what a root of format 4 holds); how many moved."""
         flat = sorted(index.delayed.flat)
         index.delayed.flat.clear()
-        moved = self.delay_buckets.migrate(flat, durable=True)
+        try:
+            moved = self.delay_buckets.migrate(flat, durable=True)
+        except BaseException:
+            # Kept for the next try, as `_keep_due` keeps due names (one moved already is
+            # skipped then): forgotten, it would wait for a rescan.
+            index.delayed.flat.update(flat)
+            raise
         for name in moved:
             index.add(delays.relative_dir(name), name)
         if moved:
