@@ -417,3 +417,25 @@ def test_a_migration_that_fails_leaves_its_flat_delays_to_the_next_try(
         fs.clear()
         got = q.get_one(wait_s=10)
         assert got is not None and got.id == message_id
+
+
+def test_a_bucket_whose_listing_fails_as_it_is_loaded_is_loaded_again(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bucket of this minute, listed as its minute begins (loaded), cannot be listed (an
+    I/O error): the get fails, and the next one lists it again and delivers its delay when
+    due, not once the minute is over."""
+    with store_clock() as clock, dirmq.Store(root) as store, dirmq.Store(root) as theirs:
+        now = clock.now_ms()
+        clock.offset_ms = (now // 60_000 + 1) * 60_000 + 1_000 - now  # a second into a minute
+        q = store.create_queue("q", MEMORY)
+        assert q.get_one() is None  # the index is built
+        message_id = theirs.queue("q").put(b"due soon", delay_s=0.2)
+        [minute] = delays.top(q.path)[0]
+        fs = FaultyFS(monkeypatch, Path(q.path) / delays.bucket_dir(minute))
+        fs.fail("listdir", errno.EIO)
+        with pytest.raises(dirmq.StorageError):
+            q.get_one()
+        fs.clear()
+        got = q.get_one(wait_s=20)
+        assert got is not None and got.id == message_id

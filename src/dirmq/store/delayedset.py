@@ -62,8 +62,9 @@ class DelayedSet(TimedSet):
         if self.watch is not None and not self.watch(minute, True):
             self.drop_bucket(minute)  # gone meanwhile
             return
+        names = delays.bucket_names(queue_dir, minute)  # failing, not loaded: tried again
         self.loaded.add(minute)
-        for name in delays.bucket_names(queue_dir, minute):
+        for name in names:
             self.add_name(minute, name)
 
     def add_name(self, minute: int, name: str) -> None:
