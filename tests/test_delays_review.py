@@ -439,3 +439,19 @@ def test_a_bucket_whose_listing_fails_as_it_is_loaded_is_loaded_again(
         fs.clear()
         got = q.get_one(wait_s=20)
         assert got is not None and got.id == message_id
+
+
+def test_a_flat_delay_of_version_4_is_found_by_id_before_it_is_migrated(root: Path) -> None:
+    """A process of version 4 beside this one writes a delay flat into @delayed (no bucket
+    exists): a peek or a delete by id finds it before any get moved it into its bucket."""
+    with dirmq.Store(root) as store:
+        q = store.create_queue("q", MEMORY)
+        assert q.stats().delayed == 0  # the queue opened
+        [message_id] = new_ids(1)
+        name = layout.timed_name(message_id, 0, time.time_ns() // 1_000_000 + 3_600_000)
+        tmp = Path(q.path) / layout.TMP / "v4"
+        tmp.write_bytes(codec.encode(b"from version 4", {}, message_id=message_id))
+        os.rename(tmp, Path(q.path) / layout.DELAYED / name)
+        assert q.peek(message_id).state == "delayed"
+        assert q.delete(message_id)
+        assert _delayed_names(q.path) == []
