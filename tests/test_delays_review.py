@@ -20,7 +20,7 @@ import pytest
 import dirmq
 from dirmq.server.broker import Broker
 from dirmq.store import backlog, codec, delays, filebase, layout
-from dirmq.store.fsck import fsck
+from dirmq.store.fsck import Kind, fsck
 from dirmq.store.ids import new_ids
 
 from .support.faultfs import FaultyFS
@@ -455,3 +455,23 @@ def test_a_flat_delay_of_version_4_is_found_by_id_before_it_is_migrated(root: Pa
         assert q.peek(message_id).state == "delayed"
         assert q.delete(message_id)
         assert _delayed_names(q.path) == []
+
+
+@pytest.mark.parametrize("minutes_ago", [3, 0])
+def test_a_file_named_as_a_bucket_fails_no_get(store: dirmq.Store, minutes_ago: int) -> None:
+    """A file (not a directory) in @delayed whose name is a minute, past or this one: no get
+    fails on it (its watch cannot be had: ENOTDIR) and the queue goes on; fsck judges it as
+    any bad name (it stopped at it: "Not a directory")."""
+    q = store.create_queue("q", MEMORY)
+    assert q.get_one() is None  # the index is built
+    minute = delays.minute_of(time.time_ns() // 1_000_000) - minutes_ago
+    odd = Path(q.path) / layout.DELAYED / str(minute)
+    odd.write_bytes(b"not a bucket")
+    odd.chmod(0o600)
+    for _ in range(3):
+        assert q.get_one() is None
+    message_id = q.put(b"goes on")
+    got = q.get_one()
+    assert got is not None and got.id == message_id
+    assert [p.kind for p in fsck(store.root, repair=True).problems] == [Kind.BAD_NAME]
+    assert not odd.exists() and fsck(store.root, repair=False).problems == ()

@@ -7,6 +7,7 @@ bucket's own watch.
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Callable
 
 from dirmq.store import delays, layout
@@ -59,8 +60,10 @@ class DelayedSet(TimedSet):
     def load(self, queue_dir: str, minute: int) -> None:
         """List a bucket whose minute has begun into the index, watched from before the
         listing (nothing arriving in between is missed)."""
-        if self.watch is not None and not self.watch(minute, True):
-            self.drop_bucket(minute)  # gone meanwhile
+        if not os.path.isdir(os.path.join(queue_dir, delays.bucket_dir(minute))) or (
+            self.watch is not None and not self.watch(minute, True)
+        ):
+            self.drop_bucket(minute)  # gone meanwhile, or a file of a bucket's name (fsck's)
             return
         names = delays.bucket_names(queue_dir, minute)  # failing, not loaded: tried again
         self.loaded.add(minute)
