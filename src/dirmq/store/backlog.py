@@ -371,6 +371,11 @@ class Backlog:
         (PendingFile.make_dir)."""
         return self.prepare(name, durable, again=True)
 
+    def forget(self) -> None:
+        """Trust no bucket: the next `prepare` looks (a file written beside its final name,
+        in the shared-filesystem mode, found its bucket gone before any rename)."""
+        self._made = None
+
     def _make(self, path: str, parent: str, durable: bool) -> bool:
         """mkdir with the root's mode (flushed into `parent` when `durable`): True if `path`
         is there now, made or found; False if a directory above it is missing."""

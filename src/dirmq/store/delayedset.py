@@ -7,6 +7,7 @@ bucket's own watch.
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Callable
 
 from dirmq.store import delays, layout
@@ -26,9 +27,10 @@ class DelayedSet(TimedSet):
         self.buckets: list[int] = []  # sorted
         self.loaded: set[int] = set()
         self.flat: set[str] = set()
-        # Past buckets found holding no message but not removable (a stray file): not looked
-        # at again until a rescan.
-        self.stuck: set[int] = set()
+        # Past buckets found holding nothing due but not removable: minute -> when to look
+        # again, the earliest due time of a delay left in it (one of a later minute, misnamed),
+        # or None (a stray file alone: not until a rescan).
+        self.stuck: dict[int, int | None] = {}
         # Called with (minute, True) before a bucket is listed to be loaded, (minute, False)
         # once it is gone (the view's watch of it); False from the first: the bucket is gone.
         self.watch: Callable[[int, bool], bool] | None = None
@@ -46,7 +48,7 @@ class DelayedSet(TimedSet):
         at = bisect.bisect_left(buckets, minute)
         if at < len(buckets) and buckets[at] == minute:
             del buckets[at]
-        self.stuck.discard(minute)
+        self.stuck.pop(minute, None)
         if minute in self.loaded:
             self.loaded.discard(minute)
             for message_id, name in list(self.names.items()):
@@ -58,11 +60,14 @@ class DelayedSet(TimedSet):
     def load(self, queue_dir: str, minute: int) -> None:
         """List a bucket whose minute has begun into the index, watched from before the
         listing (nothing arriving in between is missed)."""
-        if self.watch is not None and not self.watch(minute, True):
-            self.drop_bucket(minute)  # gone meanwhile
+        if not os.path.isdir(os.path.join(queue_dir, delays.bucket_dir(minute))) or (
+            self.watch is not None and not self.watch(minute, True)
+        ):
+            self.drop_bucket(minute)  # gone meanwhile, or a file of a bucket's name (fsck's)
             return
+        names = delays.bucket_names(queue_dir, minute)  # failing, not loaded: tried again
         self.loaded.add(minute)
-        for name in delays.bucket_names(queue_dir, minute):
+        for name in names:
             self.add_name(minute, name)
 
     def add_name(self, minute: int, name: str) -> None:
@@ -85,9 +90,11 @@ class DelayedSet(TimedSet):
             self.add(entry, name)
 
     def begun(self, at_ms: int) -> list[int]:
-        """The buckets whose minute has begun by `at_ms` (stuck ones left out), oldest first."""
+        """The buckets whose minute has begun by `at_ms`, oldest first (stuck ones left out
+        until their time to look again)."""
         end = bisect.bisect_right(self.buckets, at_ms // delays.BUCKET_MS)
-        return [m for m in self.buckets[:end] if m not in self.stuck]
+        stuck = self.stuck
+        return [m for m in self.buckets[:end] if m not in stuck or _due(stuck[m], at_ms)]
 
     def earliest(self) -> tuple[int, str] | None:
         first = self._first()
@@ -95,6 +102,9 @@ class DelayedSet(TimedSet):
             return 0, ""  # to migrate now
         for minute in self.buckets:
             if minute in self.stuck:
+                again = self.stuck[minute]
+                if again is not None and (first is None or again < first[0]):
+                    first = again, ""
                 continue
             if minute in self.loaded:  # its end: then it is emptied and removed
                 at = (minute + 1) * delays.BUCKET_MS
@@ -136,3 +146,7 @@ class DelayedSet(TimedSet):
             self.add_name(minute, name)
         else:
             self.discard(name[: layout.ID_LENGTH], name)
+
+
+def _due(again: int | None, at_ms: int) -> bool:
+    return again is not None and again <= at_ms

@@ -97,14 +97,24 @@ def _listdir(path: str) -> list[str]:
 
 def top(queue_dir: str) -> tuple[list[int], list[str]]:
     """One listing of @delayed: (its buckets' minutes, oldest first; its flat entries: names of
-    an earlier format, to migrate). Other entries (temps, strays) are in neither."""
+    an earlier format, to migrate). Other entries (temps, strays, a file of a bucket's name:
+    fsck's) are in neither."""
     minutes: list[int] = []
     flat: list[str] = []
-    for name in _listdir(os.path.join(queue_dir, DELAYED)):
-        if is_bucket(name):
-            minutes.append(int(name))
-        elif name[:1] != "." and due_of(name) is not None:
-            flat.append(name)
+    path = os.path.join(queue_dir, DELAYED)
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                name = entry.name
+                if is_bucket(name):
+                    if entry.is_dir(follow_symlinks=False):
+                        minutes.append(int(name))
+                elif name[:1] != "." and due_of(name) is not None:
+                    flat.append(name)
+    except (FileNotFoundError, NotADirectoryError):
+        return [], []
+    except OSError as exc:
+        raise storage_error(exc, f"listing {path}") from exc
     minutes.sort()
     return minutes, flat
 
@@ -226,6 +236,11 @@ class DelayBuckets:
     def remake(self, due_ms: int, durable: bool) -> str:
         """`prepare` for a publish whose rename found the bucket gone (PendingFile.make_dir)."""
         return self.prepare(due_ms, durable, again=True)
+
+    def forget(self) -> None:
+        """Trust no bucket: the next `prepare` looks (a file written beside its final name,
+        in the shared-filesystem mode, found its bucket gone before any rename)."""
+        self._made = None
 
     def _make(self, path: str, parent: str, durable: bool) -> bool:
         try:

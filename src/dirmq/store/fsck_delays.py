@@ -6,7 +6,9 @@ entries of @delayed that are neither a bucket nor a message file (stray, a notic
 entries of format 4 (a notice: the next open moves them into their buckets, and so does a
 repair), anything in a bucket that is not a file (stray), and delays in a bucket other than the
 one of their due minute (misnamed: a get would deliver one late, or, in a bucket of the past,
-keep it there until its own time; a repair moves each home). One of fsck.py's `QUEUE_CHECKS`.
+keep it there until its own time; a repair moves each home), and delays in a directory whose
+name is not a minute (misnamed: no process lists it; moved home, the directory removed). One
+of fsck.py's `QUEUE_CHECKS`.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ def findings(queue_dir: str, access: Access) -> Iterator[Finding]:
         if delays.is_bucket(name) and entry.is_dir(follow_symlinks=False):
             yield from _bucket(queue_dir, access, entry)
             continue
-        if name[:1] == "." or entry.is_dir(follow_symlinks=False):
-            if entry.is_dir(follow_symlinks=False):
-                yield Finding(Kind.STRAY, entry.path, "not a delay bucket directory", None)
+        if entry.is_dir(follow_symlinks=False):
+            yield from _not_a_bucket(queue_dir, access, entry)
+            continue
+        if name[:1] == ".":
             continue  # temps beside their final names: the message check's
         if not _standing(name):
             continue  # a bad name or time: the message check re-homes it
@@ -61,6 +64,34 @@ def _bucket(queue_dir: str, access: Access, bucket: os.DirEntry[str]) -> Iterato
         if home != relative:
             detail = f"{name!r} is in bucket {relative}, its due time's is {home}"
             yield Finding(Kind.MISNAMED, entry.path, detail, _mover(access, entry.path, queue_dir))
+
+
+def _not_a_bucket(queue_dir: str, access: Access, directory: os.DirEntry[str]) -> Iterator[Finding]:
+    """A directory of @delayed whose name is not a minute (`0123`, `12x`): no process lists it,
+    so delays in it would never be delivered. Each is moved home (misnamed), then the
+    directory removed if that emptied it; without delays it is a stray (a notice)."""
+    homed = False
+    for entry in _entries(directory.path):
+        name = entry.name
+        if name[:1] == "." or not entry.is_file(follow_symlinks=False) or not _standing(name):
+            continue
+        homed = True
+        home = delays.relative_dir(name)
+        detail = f"{name!r} is in {directory.name!r}, not a delay bucket; its bucket is {home}"
+        yield Finding(Kind.MISNAMED, entry.path, detail, _mover(access, entry.path, queue_dir))
+    detail = "not a delay bucket directory"
+    yield Finding(Kind.STRAY, directory.path, detail, _remover(directory.path) if homed else None)
+
+
+def _remover(path: str) -> Callable[[], str]:
+    def remove() -> str:
+        try:
+            os.rmdir(path)
+        except OSError:
+            return "kept: it holds other entries"
+        return "removed once its delays were moved home"
+
+    return remove
 
 
 def _mover(access: Access, path: str, queue_dir: str) -> Callable[[], str]:

@@ -111,7 +111,8 @@ def _locate(view: QueueView, message_id: str) -> tuple[str, str] | None:
         return layout.DEAD, dead[0]
     if found is None and index.backlog:  # behind @ready: the bucket its id names
         found = backlog.find(view.path, {message_id}).get(message_id)
-    if found is None and index.delayed.buckets:  # a delay of a minute not begun: not indexed
+    # A delay not indexed: of a minute not begun, or flat (of version 4) and not moved yet.
+    if found is None and (index.delayed.buckets or index.delayed.flat):
         found = delays.find(view.path, {message_id}).get(message_id)
     return found
 

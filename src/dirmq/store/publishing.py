@@ -376,6 +376,8 @@ class Publisher:
             return pending
         except FileNotFoundError:
             if spill or delay_s > 0:  # its bucket could not be made (removed, or the queue went)
+                # Or it was trusted and removed since: looked at on the retry.
+                (files.delay_buckets if delay_s > 0 else files.backlog).forget()
                 raise _BucketGone from None
             raise QueueNotFound.missing(self.name) from None
         except OSError as exc:

@@ -94,24 +94,32 @@ class SettlingFiles(QueueFileBase):
         """Deliver what is left in a bucket whose minute is over (all of it is due), then
         remove it; how many moved. One that cannot be removed though nothing in it moved (a
         stray file, or a name of a later minute: `dirmq fsck --repair` moves it) is not looked
-        at again until a rescan, rather than at every get."""
+        at again, rather than at every get, until the earliest delay left in it falls due;
+        it is watched meanwhile, so that a late writer's delay into it is delivered."""
         delivered = 0
         directory = delays.bucket_dir(minute)
         for attempt in range(3):
             moved = 0
+            later: int | None = None  # the earliest due time of a delay left (misnamed)
             for name in delays.bucket_names(self.queue_dir, minute):
                 due = delays.due_of(name)
                 if due is not None and due <= at_ms:
                     moved += self._deliver(index, directory, name)
                     index.delayed.discard(name[: layout.ID_LENGTH], name)
+                elif due is not None and (later is None or due < later):
+                    later = due
             delivered += moved
             if delays.remove_empty(self.queue_dir, minute):
                 index.delayed.drop_bucket(minute)
                 break
             # Not empty: a late writer's rename (its minute ran out under it) came after the
-            # listing, and the next listing moves it; listed twice with nothing to move, stuck.
+            # listing, and the next listing moves it; listed twice with nothing to move, stuck
+            # until the earliest delay left in it falls due, and watched (loaded): a writer
+            # later still is heard of, and its delay delivered, without a listing each get.
             if not moved and attempt:
-                index.delayed.stuck.add(minute)
+                index.delayed.stuck[minute] = later
+                if minute not in index.delayed.loaded:
+                    index.delayed.load(self.queue_dir, minute)
                 break
         return delivered
 
@@ -120,7 +128,13 @@ class SettlingFiles(QueueFileBase):
         what a root of format 4 holds); how many moved."""
         flat = sorted(index.delayed.flat)
         index.delayed.flat.clear()
-        moved = self.delay_buckets.migrate(flat, durable=True)
+        try:
+            moved = self.delay_buckets.migrate(flat, durable=True)
+        except BaseException:
+            # Kept for the next try, as `_keep_due` keeps due names (one moved already is
+            # skipped then): forgotten, it would wait for a rescan.
+            index.delayed.flat.update(flat)
+            raise
         for name in moved:
             index.add(delays.relative_dir(name), name)
         if moved:
