@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 import dirmq
-from dirmq.store import backlog, capacity, codec, fsio, layout, publishing
+from dirmq.store import backlog, bucketdir, capacity, codec, delays, fsio, layout, publishing
 from dirmq.store.census import queue_depth
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.ids import new_ids
@@ -436,3 +436,33 @@ def test_refills_taking_turns_move_each_name_once_oldest_first(store: dirmq.Stor
     moved.remove(late)  # found by the other's listing, or by ours once its names ran out
     assert moved == waiting
     assert _backlog_count(q) == 0
+
+
+def test_a_bucket_another_process_made_is_flushed_into_its_parent_before_use(
+    store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A durable publish into a bucket (the backlog's second, a delay's minute) that another
+    process made flushes the bucket's entry into its parent all the same: the maker may not
+    have flushed it yet, and the message renamed into it must not lose its directory at a
+    crash."""
+    q = store.create_queue("made-by-another")
+    flushed: list[str] = []
+    real_fsync_dir = bucketdir.fsync_dir
+
+    def fsync_dir(path: str) -> None:
+        flushed.append(os.path.realpath(path))
+        real_fsync_dir(path)
+
+    monkeypatch.setattr(bucketdir, "fsync_dir", fsync_dir)
+    name = new_ids(1)[0]
+    theirs, ours = (backlog.Backlog(q.path, store.access) for _ in range(2))
+    bucket = theirs.prepare(name, durable=False)  # made, not flushed (a memory queue's way)
+    assert flushed == []
+    assert ours.prepare(name, durable=True) == bucket
+    assert flushed == [os.path.realpath(os.path.dirname(bucket))]
+    flushed.clear()
+    due_ms = int(time.time() * 1000) + 3_600_000
+    their_delays, our_delays = (delays.DelayBuckets(q.path, store.access) for _ in range(2))
+    minute = their_delays.prepare(due_ms, durable=False)
+    assert our_delays.prepare(due_ms, durable=True) == minute
+    assert flushed == [os.path.realpath(os.path.dirname(minute))]

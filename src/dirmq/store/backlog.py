@@ -44,8 +44,8 @@ from collections.abc import Iterator
 
 from dirmq.errors import storage_error
 from dirmq.store import layout
+from dirmq.store.bucketdir import make_bucket_dir
 from dirmq.store.filemodes import Access
-from dirmq.store.fsio import fsync_dir
 from dirmq.store.layout import level_of
 
 BACKLOG = layout.BACKLOG
@@ -377,19 +377,7 @@ class Backlog:
         self._made = None
 
     def _make(self, path: str, parent: str, durable: bool) -> bool:
-        """mkdir with the root's mode (flushed into `parent` when `durable`): True if `path`
-        is there now, made or found; False if a directory above it is missing."""
-        try:
-            self._access.mkdir(path)
-        except FileExistsError:
-            return True
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise storage_error(exc, f"making backlog directory {path}") from exc
-        if durable:
-            fsync_dir(parent)  # FileNotFoundError if a refill removed it meanwhile: again
-        return True
+        return make_bucket_dir(self._access, path, parent, durable, "backlog directory")
 
     # -- counting -----------------------------------------------------------------------------
     def count(self) -> tuple[int, str]:

@@ -34,6 +34,7 @@ from collections.abc import Iterator
 
 from dirmq.errors import storage_error
 from dirmq.store import layout
+from dirmq.store.bucketdir import make_bucket_dir
 from dirmq.store.filemodes import Access
 from dirmq.store.fsio import fsync_dir
 from dirmq.store.layout import parse_entry
@@ -243,17 +244,7 @@ class DelayBuckets:
         self._made = None
 
     def _make(self, path: str, parent: str, durable: bool) -> bool:
-        try:
-            self._access.mkdir(path)
-        except FileExistsError:
-            return True
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise storage_error(exc, f"making delay bucket {path}") from exc
-        if durable:
-            fsync_dir(parent)
-        return True
+        return make_bucket_dir(self._access, path, parent, durable, "delay bucket")
 
     def migrate(self, flat: list[str], durable: bool) -> list[str]:
         """Move flat entries of @delayed (an earlier format's) into their buckets, one rename

@@ -3,6 +3,10 @@
 quarantine, and the rename primitives every transition uses (`move`, `_rename`).
 
 Each transition method performs one row of the state table in `states.py` (files.py says how).
+
+Why it is long: every way out of @leased and @delayed is here, beside the rename primitives they
+share; the delays' part grew with their buckets (format 5: past buckets emptied, flat entries
+migrated). It is the next to split: the delays falling due could stand alone.
 """
 
 from __future__ import annotations
