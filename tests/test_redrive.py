@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,9 @@ import httpx
 import pytest
 
 import dirmq
+from dirmq.redrive import model
+from dirmq.redrive.records import TaskFiles
+from dirmq.redrive.tasks import Redrives
 
 from .support.servers import ServerProcess, fresh, start_server
 
@@ -280,3 +284,31 @@ def test_dirmq_redrive_says_busy_and_unknown_task_by_exit_code(
     assert unknown.stderr == f"dirmq: error: no redrive task {'f' * 32!r} of queue {jobs!r}\n"
     module_http.delete(f"/{jobs}/redrive/{slow['task_id']}").raise_for_status()
     wait_task(module_http, f"/{jobs}/redrive/{slow['task_id']}", finished)
+
+
+def test_a_cancel_answers_cancelling_though_the_runner_stops_before_the_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task a cancel answers is the task as it was asked, CANCELLING: this process's
+    runner may read the cancel and stop it, CANCELLED, before the answer is written (it
+    answered `cancelled` then; the docs' example flaked on it under load)."""
+    store = dirmq.Store(tmp_path / "root")
+    try:
+        jobs = store.create_queue("jobs", dirmq.QueueConfig(max_receives=1))
+        kill(jobs, 3)
+        tasks = Redrives(store, resume=False)
+        running = tasks.start("jobs", rate_per_s=1, background=False)
+        real_request = TaskFiles.request_cancel
+
+        def request_then_stop(files: TaskFiles, task: model.RedriveTask) -> None:
+            real_request(files, task)
+            running.status = model.CANCELLED  # the runner got there first
+
+        monkeypatch.setattr(TaskFiles, "request_cancel", request_then_stop)
+        with tasks._lock:
+            tasks._running[running.task_id] = (running, threading.Event())
+        answered = tasks.cancel("jobs", running.task_id)
+        assert answered.to_json()["status"] == "cancelling"
+        assert running.status == model.CANCELLED and answered is not running
+    finally:
+        store.close()

@@ -21,6 +21,7 @@ event loop never waits on it) and `dirmq redrive` (in the foreground).
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import threading
 import time
@@ -146,12 +147,15 @@ class Redrives:
         raise errors.TaskNotFound(f"no redrive task {task_id[:40]!r} of queue {source!r}")
 
     def cancel(self, source: str, task_id: str) -> RedriveTask:
-        """Ask the task to stop after its chunk in progress (any process runs it)."""
+        """Ask the task to stop after its chunk in progress (any process runs it); the task as
+        it was when asked (CANCELLING if it was running), a copy: this process's runner may
+        stop, and mark it CANCELLED, before the answer is written."""
         task = self.get(source, task_id)
+        asked = copy.deepcopy(task)
         if task.status in ACTIVE:
             self.files.request_cancel(task)
-            task.cancel_requested = True
-        return task
+            task.cancel_requested = asked.cancel_requested = True
+        return asked
 
     def resume_all(self) -> None:
         """At start-up: take over the tasks whose process died (a crash, a restart)."""
