@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -19,12 +18,13 @@ from pathlib import Path
 import pytest
 
 import dirmq
-from dirmq.store import codec, delays, filebase, layout, watch
+from dirmq.store import codec, delays, layout, watch
 from dirmq.store.census import Census, queue_depth
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.ids import new_ids
 
 from .support.procs import kill, spawn
+from .support.store_now import store_now
 from .support.waiting import wait_until
 
 MEMORY = dirmq.QueueConfig(durability="memory")
@@ -64,14 +64,7 @@ def store_clock() -> Iterator[_Clock]:
     """The store's clock (`filebase.now_ms`, imported by name where it is read), moved by the
     test: due times minutes apart without waiting minutes."""
     clock = _Clock()
-    modules = [
-        module
-        for name, module in list(sys.modules.items())
-        if name.startswith("dirmq.store") and getattr(module, "now_ms", None) is filebase.now_ms
-    ]
-    with pytest.MonkeyPatch.context() as patch:
-        for module in modules:
-            patch.setattr(module, "now_ms", clock.now_ms)
+    with store_now(clock.now_ms):
         yield clock
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,12 +18,13 @@ import pytest
 
 import dirmq
 from dirmq.server.broker import Broker
-from dirmq.store import backlog, codec, delays, filebase, layout
+from dirmq.store import backlog, codec, delays, layout
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.ids import new_ids
 
 from .support.faultfs import FaultyFS
 from .support.procs import kill, spawn
+from .support.store_now import store_now
 from .support.waiting import wait_until
 
 MEMORY = dirmq.QueueConfig(durability="memory")
@@ -44,14 +44,7 @@ class _RunningClock:
 def store_clock() -> Iterator[_RunningClock]:
     """`filebase.now_ms`, imported by name where it is read, replaced by a running clock."""
     clock = _RunningClock()
-    modules = [
-        module
-        for name, module in list(sys.modules.items())
-        if name.startswith("dirmq.store") and getattr(module, "now_ms", None) is filebase.now_ms
-    ]
-    with pytest.MonkeyPatch.context() as patch:
-        for module in modules:
-            patch.setattr(module, "now_ms", clock.now_ms)
+    with store_now(clock.now_ms):
         yield clock
 
 

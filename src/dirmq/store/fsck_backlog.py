@@ -10,21 +10,21 @@ place: misnamed, and a repair moves each home). One of fsck.py's `QUEUE_CHECKS`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from dirmq.store import backlog, layout
 from dirmq.store.filemodes import Access
-from dirmq.store.fsck_findings import Finding, Kind
+from dirmq.store.fsck_findings import Finding, Kind, entries, mover
 
 
 def findings(queue_dir: str, access: Access) -> Iterator[Finding]:
     top = os.path.join(queue_dir, layout.BACKLOG)
-    for epoch in _entries(top):
+    for epoch in entries(top):
         if backlog.is_level_dir(epoch.name) and epoch.is_dir(follow_symlinks=False):
             # A priority level's tree (FORMAT.md "Priorities"): epochs only, and messages of
             # its own level only (a message of another level is moved to its level's tree).
             level_root = backlog.level_root(backlog.level_dir_level(epoch.name))
-            for inner in _entries(epoch.path):
+            for inner in entries(epoch.path):
                 if not (backlog.is_epoch(inner.name) and inner.is_dir(follow_symlinks=False)):
                     yield Finding(Kind.STRAY, inner.path, "not a backlog epoch directory", None)
                     continue
@@ -38,38 +38,17 @@ def findings(queue_dir: str, access: Access) -> Iterator[Finding]:
 
 
 def _epoch(queue_dir: str, access: Access, root: str, epoch: os.DirEntry[str]) -> Iterator[Finding]:
-    for second in _entries(epoch.path):
+    for second in entries(epoch.path):
         if not (backlog.is_second(second.name) and second.is_dir(follow_symlinks=False)):
             yield Finding(Kind.STRAY, second.path, "not a backlog bucket directory", None)
             continue
         relative = f"{root}/{epoch.name}/{second.name}"
-        for entry in _entries(second.path):
+        for entry in entries(second.path):
             name = entry.name
             if name[:1] == "." or layout.parse_entry(name) is None:
                 continue  # temps and bad names: the message check's
             home = backlog.relative_dir(name)
             if home != relative:
                 detail = f"{name!r} is in bucket {relative}, its id's and level's is {home}"
-                move = _mover(access, entry.path, queue_dir, name)
+                move = mover(access, entry.path, queue_dir, home)
                 yield Finding(Kind.MISNAMED, entry.path, detail, move)
-
-
-def _mover(access: Access, path: str, queue_dir: str, name: str) -> Callable[[], str]:
-    def move() -> str:
-        home = backlog.relative_dir(name)
-        access.makedirs(os.path.join(queue_dir, home))
-        target = os.path.join(queue_dir, home, name)
-        if os.path.lexists(target):
-            raise FileExistsError(0, f"{target} already exists")
-        os.rename(path, target)
-        return f"moved to {home}"
-
-    return move
-
-
-def _entries(path: str) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(path) as entries:
-            return list(entries)
-    except (FileNotFoundError, NotADirectoryError):
-        return []

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dirmq.store import delays, layout
 from dirmq.store.bounds import MAX_DURATION_S
 from dirmq.store.filemodes import Access
-from dirmq.store.fsck_findings import Finding, Kind
+from dirmq.store.fsck_findings import Finding, Kind, entries, mover
 
 # Further ahead than this, a delay's time cannot stand: fsck_messages.py re-homes it.
 _LONGEST_MS = int(MAX_DURATION_S * 1000) + 86_400_000
@@ -33,7 +33,7 @@ def _standing(name: str) -> bool:
 
 
 def findings(queue_dir: str, access: Access) -> Iterator[Finding]:
-    for entry in _entries(os.path.join(queue_dir, layout.DELAYED)):
+    for entry in entries(os.path.join(queue_dir, layout.DELAYED)):
         name = entry.name
         if delays.is_bucket(name) and entry.is_dir(follow_symlinks=False):
             yield from _bucket(queue_dir, access, entry)
@@ -47,12 +47,14 @@ def findings(queue_dir: str, access: Access) -> Iterator[Finding]:
             continue  # a bad name or time: the message check re-homes it
         home = delays.relative_dir(name)
         detail = f"a delay of format 4, outside its bucket ({home}): the next open moves it"
-        yield Finding(Kind.FLAT_DELAY, entry.path, detail, _mover(access, entry.path, queue_dir))
+        yield Finding(
+            Kind.FLAT_DELAY, entry.path, detail, mover(access, entry.path, queue_dir, home)
+        )
 
 
 def _bucket(queue_dir: str, access: Access, bucket: os.DirEntry[str]) -> Iterator[Finding]:
     relative = f"{layout.DELAYED}/{bucket.name}"
-    for entry in _entries(bucket.path):
+    for entry in entries(bucket.path):
         name = entry.name
         if name[:1] == "." or entry.is_dir(follow_symlinks=False):
             if entry.is_dir(follow_symlinks=False):
@@ -63,7 +65,9 @@ def _bucket(queue_dir: str, access: Access, bucket: os.DirEntry[str]) -> Iterato
         home = delays.relative_dir(name)
         if home != relative:
             detail = f"{name!r} is in bucket {relative}, its due time's is {home}"
-            yield Finding(Kind.MISNAMED, entry.path, detail, _mover(access, entry.path, queue_dir))
+            yield Finding(
+                Kind.MISNAMED, entry.path, detail, mover(access, entry.path, queue_dir, home)
+            )
 
 
 def _not_a_bucket(queue_dir: str, access: Access, directory: os.DirEntry[str]) -> Iterator[Finding]:
@@ -71,14 +75,14 @@ def _not_a_bucket(queue_dir: str, access: Access, directory: os.DirEntry[str]) -
     so delays in it would never be delivered. Each is moved home (misnamed), then the
     directory removed if that emptied it; without delays it is a stray (a notice)."""
     homed = False
-    for entry in _entries(directory.path):
+    for entry in entries(directory.path):
         name = entry.name
         if name[:1] == "." or not entry.is_file(follow_symlinks=False) or not _standing(name):
             continue
         homed = True
         home = delays.relative_dir(name)
         detail = f"{name!r} is in {directory.name!r}, not a delay bucket; its bucket is {home}"
-        yield Finding(Kind.MISNAMED, entry.path, detail, _mover(access, entry.path, queue_dir))
+        yield Finding(Kind.MISNAMED, entry.path, detail, mover(access, entry.path, queue_dir, home))
     detail = "not a delay bucket directory"
     yield Finding(Kind.STRAY, directory.path, detail, _remover(directory.path) if homed else None)
 
@@ -92,29 +96,3 @@ def _remover(path: str) -> Callable[[], str]:
         return "removed once its delays were moved home"
 
     return remove
-
-
-def _mover(access: Access, path: str, queue_dir: str) -> Callable[[], str]:
-    def move() -> str:
-        name = os.path.basename(path)
-        home = delays.relative_dir(name)
-        bucket = os.path.join(queue_dir, home)
-        try:
-            access.mkdir(bucket)
-        except FileExistsError:
-            pass
-        target = os.path.join(bucket, name)
-        if os.path.lexists(target):
-            raise FileExistsError(0, f"{target} already exists")
-        os.rename(path, target)
-        return f"moved to {home}"
-
-    return move
-
-
-def _entries(path: str) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(path) as entries:
-            return list(entries)
-    except (FileNotFoundError, NotADirectoryError):
-        return []

@@ -198,7 +198,31 @@ def scandir(path: str) -> Iterator[os.DirEntry[str]]:
         return
 
 
+def entries(path: str) -> list[os.DirEntry[str]]:
+    """Entries of a bucket tree's directory, as a list (none if absent or not a directory)."""
+    try:
+        with os.scandir(path) as found:
+            return list(found)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 # -- repairs more than one check makes -----------------------------------------------------------
+def mover(access: Access, path: str, queue_dir: str, home: str) -> Callable[[], str]:
+    """The repair that renames the message at `path` into its bucket `home` (queue-relative,
+    made if missing); never over a file of that name."""
+
+    def move() -> str:
+        access.makedirs(os.path.join(queue_dir, home))
+        target = os.path.join(queue_dir, home, os.path.basename(path))
+        if os.path.lexists(target):
+            raise FileExistsError(0, f"{target} already exists")
+        os.rename(path, target)
+        return f"moved to {home}"
+
+    return move
+
+
 def unlinker(path: str) -> Callable[[], str]:
     """The repair that removes `path` (already gone is as good)."""
 
