@@ -352,3 +352,53 @@ def test_a_ring_answers_missing_old_and_half_written_points_as_null(tmp_path: Pa
     assert series["oldest_ready_age_s"][-1] is None
     assert series["ready"][:-3] == [None] * (slots(interval) - 3)  # the hour-old one included
     assert files.read_series("never", interval, end)["ready"] == [None] * slots(interval)
+
+
+def test_a_sample_written_while_an_answer_is_built_is_named_by_its_own_tag(
+    tmp_path: Path,
+) -> None:
+    """A new sample replacing the last one between the tag's stat and the read: the answer
+    carries the tag of the sample it holds (one tag, one body, whichever worker answers)."""
+    import asyncio
+
+    import dirmq
+    from dirmq.console.samples_api import SamplesApi
+    from dirmq.server.broker import Broker
+    from dirmq.server.contract import Request
+
+    def sample(t: int) -> dict[str, Any]:
+        total = {"ready": t}
+        return {"interval_s": 1, "t": t, "queues": {"q": total}, "total": total,
+                "queue_count": 1, "omitted": 0}  # fmt: skip
+
+    written: list[str] = []  # the tag of each sample written just before a read
+
+    async def main() -> list[tuple[str, dict[str, Any]]]:
+        store = dirmq.Store(tmp_path / "root")
+        store.create_queue("q")
+        broker = Broker(store)
+        api = SamplesApi(broker, str(tmp_path / "run"), interval_s=1, max_queues=10)
+        files = api.files
+        files.write_latest(sample(100))
+        read_latest = files.read_latest
+
+        def replaced_first() -> Any:
+            files.write_latest(sample(101 + len(written)))  # the next sample lands just now
+            version = files.latest_version()
+            assert version is not None
+            written.append(f'"{version[0]:x}-{version[1]:x}"')
+            return read_latest()
+
+        files.read_latest = replaced_first  # type: ignore[method-assign]
+        answers = []
+        for path, query in (("/ui/api/rates", {}), ("/ui/api/samples", {"queue": "q"})):
+            response = await api(Request("GET", path, query, {}, b"", True))
+            assert response.status == 200, response.body
+            answers.append((dict(response.headers)["ETag"], json.loads(response.body)))
+        broker.close()
+        store.close()
+        return answers
+
+    (rates_tag, rates), (samples_tag, samples) = asyncio.run(main())
+    assert (rates["t"], samples["t"][-1]) == (101, 102)
+    assert [rates_tag, samples_tag] == written

@@ -100,11 +100,11 @@ class SamplesApi(Dialect):
         if queue is not None:
             queue_path(self.root, queue)  # InvalidName for what is no queue's name
             self.access.require(request.principal, SEE, queue)
-        etag = self._etag(request)
+        etag = self._etag(request, self.files.latest_version())
         if etag is not None and _matches(request, etag):
             return _not_modified(etag)
-        body = await self.broker.call(self._series, queue)
-        return _json(body, etag)
+        version, body = await self.broker.call(self._series, queue)
+        return _json(body, self._etag(request, version))
 
     async def rates_response(self, request: Request) -> Response:
         """`GET /ui/api/rates`: {"interval_s", "t", "queues": {name: {depth, oldest ready age,
@@ -113,10 +113,13 @@ class SamplesApi(Dialect):
         with it: an overview's page)."""
         _only(request, {"prefix"})
         prefix = request.query.get("prefix", "")
-        etag = self._etag(request)
+        etag = self._etag(request, self.files.latest_version())
         if etag is not None and _matches(request, etag):
             return _not_modified(etag)
         latest = await self.broker.call(self.files.read_latest)
+        # The tag names the sample read, not the one stat'ed above: a newer sample may have
+        # replaced it meanwhile, and one tag must always name one body.
+        etag = None if latest is None else self._etag(request, latest[0])
         if latest is None:
             body: dict[str, Any] = {
                 "interval_s": self.sampler.interval_s,
@@ -141,7 +144,8 @@ class SamplesApi(Dialect):
             }
         return _json(body, etag)
 
-    def _series(self, queue: str | None) -> dict[str, Any]:
+    def _series(self, queue: str | None) -> tuple[tuple[int, int] | None, dict[str, Any]]:
+        """(the version of the last sample the series ends at, the series)."""
         interval = self.sampler.interval_s
         latest = self.files.read_latest()
         body: dict[str, Any] = {"interval_s": interval, "queue": queue}
@@ -149,22 +153,21 @@ class SamplesApi(Dialect):
             if queue is not None:
                 self._require_queue(queue)
             body.update((name, []) for name in SERIES)
-            return body
+            return None, body
         end_t = int(latest[1]["t"])
         ring = queue if queue is not None else TOTAL
         if queue is not None and not os.path.exists(self.files.ring_path(queue)):
             self._require_queue(queue)  # a queue not sampled (yet) answers nulls, none a 404
         body.update(self.files.read_series(ring, interval, end_t))
-        return body
+        return latest[0], body
 
     def _require_queue(self, queue: str) -> None:
         if not os.path.exists(os.path.join(queue_path(self.root, queue), layout.CONFIG_FILE)):
             raise QueueNotFound.missing(queue)
 
-    def _etag(self, request: Request) -> str | None:
-        """What names the answer: the last sample's file (each sample is a new one), and with
+    def _etag(self, request: Request, version: tuple[int, int] | None) -> str | None:
+        """What names the answer: the sample's file (each sample is a new one), and with
         credentials who asks (what it may see differs); None before the first sample."""
-        version = self.files.latest_version()
         if version is None:
             return None
         principal = ""
