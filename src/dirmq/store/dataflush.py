@@ -9,8 +9,8 @@ per-file flushes write only the batch's files, but on a disk without a journal t
 (this project's ext4) each waits for its own device flush. Which costs less changes with the
 neighbours: on this machine, shared with other processes, a batch of 32 new 1 KiB files took
 9.1 ms by `syncfs` and 6.3 ms by flushes from threads one minute, 5.9 ms and 14.1 ms another,
-and 121 ms and 28 ms while a neighbour rewrote a large file (docs/benchmarks.md, "Durable
-publishing: the floors beside Redis"). Both make every file durable before its rename,
+and 121 ms and 28 ms while a neighbour rewrote a large file (docs/benchmarks.md, "What
+was learned"). Both make every file durable before its rename,
 so the choice changes no promise and nothing on the disk (docs/FORMAT.md, "Durability").
 
 A batch's cost is its flush's time plus, for flushes from threads, the CPU they took on every
