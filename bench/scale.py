@@ -339,6 +339,37 @@ async def floor_burst(port: int, pids: list[int], count: int) -> dict[str, float
             writer.close()
 
 
+def registration_floor(root: Path, names: list[str]) -> float:
+    """CPU seconds of the syscalls a poll's registration on an idle queue new to the process
+    needs, in a bare loop over `names` (this process, one fresh inotify instance): its
+    configuration read, a watch on @ready, @delayed and @backlog (watch before look), a look
+    into @ready, @delayed and @leased (the first entry), a stat of @backlog. What no server of
+    this design can spend less on; the HTTP floor is on top."""
+    from dirmq.store import layout
+    from dirmq.store.watch import _MASK, IN_CLOEXEC, IN_NONBLOCK, IN_ONLYDIR, _libc, add_watch
+
+    fd = int(_libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC))
+    if fd < 0:
+        raise OSError("inotify_init1 failed")
+    mask = _MASK | IN_ONLYDIR  # as the store's watches
+    started = time.process_time()
+    try:
+        for name in names:
+            queue = f"{root}/{name}/"
+            config = os.open(queue + layout.CONFIG_FILE, os.O_RDONLY | os.O_CLOEXEC)
+            os.read(config, 4096)
+            os.close(config)
+            for watched in (layout.READY, layout.DELAYED, layout.BACKLOG):
+                add_watch(fd, queue + watched, mask)
+            for looked in (layout.READY, layout.DELAYED, layout.LEASED):
+                with os.scandir(queue + looked) as entries:
+                    next(entries, None)
+            os.stat(queue + layout.BACKLOG)
+        return time.process_time() - started
+    finally:
+        os.close(fd)
+
+
 def queues(procs: Processes, workdir: Path, counts: list[int], report: Report) -> dict[int, Any]:
     raise_fd_limit()  # the server (started after) inherits it
     results: dict[int, Any] = {}
@@ -362,8 +393,10 @@ def queues(procs: Processes, workdir: Path, counts: list[int], report: Report) -
             floor = asyncio.run(floor_burst(server.port, server.pids, len(polled)))
         finally:
             procs.stop(server.proc)
+        syscalls_s = registration_floor(root, polled)
         shutil.rmtree(root)
         results[count] = {"distinct": distinct, "one_queue": one, "floor": floor}
+        results[count]["registration_syscalls_s"] = syscalls_s
         each = f"{1000 * distinct['server_cpu_s'] / len(polled):.2f} ms each"
         report.row(
             f"queues: {count:,}",
@@ -380,6 +413,12 @@ def queues(procs: Processes, workdir: Path, counts: list[int], report: Report) -
             f"queues: {count:,}",
             f"{len(polled):,} GET /health, the HTTP floor",
             f"{floor['server_cpu_s']:.3f} s CPU",
+        )
+        report.row(
+            f"queues: {count:,}",
+            f"{len(polled):,} registrations' syscalls in a bare loop",
+            f"{syscalls_s:.3f} s CPU",
+            f"HTTP floor + these: {floor['server_cpu_s'] + syscalls_s:.3f} s",
         )
         report.row(
             f"queues: {count:,}",

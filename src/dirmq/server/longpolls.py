@@ -44,7 +44,7 @@ LINGER_S = 1.0
 _IDLE, _PENDING, _QUIET, _ARMING, _ARMED = "idle", "pending", "quiet", "arming", "armed"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # one waiter is itself only: removed by identity, not fields
 class _Waiter:
     max_count: int
     visibility_s: float | None
