@@ -589,3 +589,23 @@ def test_refills_of_another_process_beside_straight_leases(store: dirmq.Store) -
         got += [m.id for m in batch]
         assert q.ack_many([m.receipt or "" for m in batch]) == {}
     assert got == ids
+
+
+def test_a_message_past_its_ttl_leased_from_the_backlog_is_never_delivered(
+    store: dirmq.Store,
+) -> None:
+    """A get leasing from the backlog checks each message's time to live as a claim from
+    @ready does: one past it is dead-lettered (`ttl-expired`), never delivered."""
+    store.create_queue("ttl-dlq")
+    q = store.create_queue(
+        "ttl", dirmq.QueueConfig(durability="memory", dead_letter_queue="ttl-dlq")
+    )
+    ids = _fill(q, backlog.SPILL_AT)
+    late = q.put(b"late", ttl_s=0.2)
+    kept = q.put(b"kept")
+    assert _backlog_count(q) == 2
+    assert _drain_ready(q) == ids
+    wait_until(lambda: time.time() > int(late[:16]) / 1e6 + 0.25, what="the TTL to run out")
+    assert [m.id for m in q.get(10)] == [kept]
+    (dead,) = store.queue("ttl-dlq").get(10)
+    assert dead.body == b"late" and dead.dead is not None and dead.dead.reason == "ttl-expired"
