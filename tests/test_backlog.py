@@ -4,6 +4,7 @@ flat @ready; fsck knows its layout; every count and listing sees what waits in i
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import subprocess
@@ -12,12 +13,23 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 import dirmq
-from dirmq.store import backlog, bucketdir, capacity, codec, delays, fsio, layout, publishing
+from dirmq.store import (
+    backlog,
+    bucketdir,
+    capacity,
+    codec,
+    delays,
+    files,
+    fsio,
+    layout,
+    publishing,
+)
 from dirmq.store.census import queue_depth
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.ids import new_ids
@@ -466,3 +478,134 @@ def test_a_bucket_another_process_made_is_flushed_into_its_parent_before_use(
     minute = their_delays.prepare(due_ms, durable=False)
     assert our_delays.prepare(due_ms, durable=True) == minute
     assert flushed == [os.path.realpath(os.path.dirname(minute))]
+
+
+def _drain_ready(queue: dirmq.Queue) -> list[str]:
+    """Lease and ack the messages of @ready alone (a deep queue's head): their ids."""
+    got: list[str] = []
+    while len(got) < backlog.SPILL_AT:
+        batch = queue.get(min(100, backlog.SPILL_AT - len(got)))
+        got += [m.id for m in batch]
+        assert queue.ack_many([m.receipt or "" for m in batch]) == {}
+    assert os.listdir(Path(queue.path) / layout.READY) == []
+    return got
+
+
+def _renames(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Every rename by path from now on (until `monkeypatch.undo()`), as (source directory,
+    target directory), the last directory of each (a bucket's as `@backlog`)."""
+    seen: list[tuple[str, str]] = []
+    real = os.rename
+
+    def where(path: Any) -> str:
+        parts = os.fsdecode(path).split("/")
+        return layout.BACKLOG if layout.BACKLOG in parts else parts[-2]
+
+    def rename(src: Any, dst: Any, **kwargs: Any) -> None:
+        real(src, dst, **kwargs)
+        seen.append((where(src), where(dst)))
+
+    monkeypatch.setattr(os, "rename", rename)
+    return seen
+
+
+def test_a_get_that_finds_ready_empty_leases_the_backlog_straight(
+    store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With @ready empty, a get leases the backlog's oldest from their buckets: one rename a
+    message, none into @ready (a refill there and a claim from there cost two, and four
+    events a message in every process watching). A message given back goes to @ready, older
+    than the backlog, and is the next one; FIFO holds throughout."""
+    q = store.create_queue("straight", MEMORY)
+    ids = _fill(q, 2_500)
+    assert _drain_ready(q) == ids[: backlog.SPILL_AT]
+    renames = _renames(monkeypatch)
+    batch = q.get(50)
+    monkeypatch.undo()
+    assert [m.id for m in batch] == ids[1_000:1_050]
+    assert renames == [(layout.BACKLOG, layout.LEASED)] * 50
+    assert os.listdir(Path(q.path) / layout.READY) == []
+    assert q.stats().in_flight == 50
+    assert q.nack(batch[10].receipt or "") == "returned"  # into @ready: older than the backlog
+    assert q.ack_many([m.receipt or "" for m in batch if m is not batch[10]]) == {}
+    again = q.get(3)
+    assert [m.id for m in again] == [ids[1_010], ids[1_050], ids[1_051]]
+    assert again[0].receive_count == 2 and again[1].receive_count == 1
+    assert q.ack_many([m.receipt or "" for m in again]) == {}
+    assert _drain(q) == ids[1_052:]
+    assert fsck(store.root, repair=False).ok
+
+
+def test_a_group_at_the_backlog_head_is_refilled_not_leased_straight(store: dirmq.Store) -> None:
+    """A group's message is not leased from its bucket: @ready is refilled and the group's
+    turn decided there (one message of a group in flight at a time)."""
+    q = store.create_queue("grouped", MEMORY)
+    ids = _fill(q, backlog.SPILL_AT)
+    grouped = q.put_many([dirmq.OutgoingMessage(b"g", group="g") for _ in range(2)])
+    plain = q.put_many([b"p%d" % i for i in range(3)])
+    assert _backlog_count(q) == 5
+    assert _drain_ready(q) == ids
+    batch = q.get(10)
+    assert [m.id for m in batch] == [grouped[0], *plain]  # the group's second waits its turn
+    assert sorted(os.listdir(Path(q.path) / layout.READY))[0].startswith(grouped[1])
+    assert q.ack_many([m.receipt or "" for m in batch]) == {}
+    assert _drain(q) == [grouped[1]]
+
+
+def test_a_backlog_message_that_cannot_be_read_is_handed_back_to_ready(
+    store: dirmq.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A get that leased from the backlog and could not read the file gives it back to
+    @ready, in its FIFO place (older than the backlog: the next one), not left leased."""
+    q = store.create_queue("unreadable", MEMORY)
+    ids = _fill(q, backlog.SPILL_AT + 10)
+    _drain_ready(q)
+
+    def read_fails(path: str, message_id: str, body_file_over: int | None = None) -> Any:
+        raise OSError(errno.EIO, "injected")
+
+    monkeypatch.setattr(files, "read_message", read_fails)
+    with pytest.raises(dirmq.StorageError):
+        q.get(5)
+    monkeypatch.undo()
+    assert os.listdir(Path(q.path) / layout.LEASED) == []
+    assert sorted(os.listdir(Path(q.path) / layout.READY)) == ids[1_000:1_005]
+    assert _drain(q) == ids[1_000:]
+
+
+def test_refills_of_another_process_beside_straight_leases(store: dirmq.Store) -> None:
+    """A process that refills @ready (an earlier version, or a get of another kind) beside
+    gets that lease from the backlog straight: every message once, in order (what a refill
+    brought to @ready is older than what stays in the backlog, and a get takes @ready first)."""
+    q = store.create_queue("mixed", MEMORY)
+    ids = _fill(q, 6_000)
+    theirs = backlog.Backlog(q.path, store.access)
+    got = _drain_ready(q)
+    while True:
+        theirs.refill(120)
+        batch = q.get(50)
+        if not batch:
+            break
+        got += [m.id for m in batch]
+        assert q.ack_many([m.receipt or "" for m in batch]) == {}
+    assert got == ids
+
+
+def test_a_message_past_its_ttl_leased_from_the_backlog_is_never_delivered(
+    store: dirmq.Store,
+) -> None:
+    """A get leasing from the backlog checks each message's time to live as a claim from
+    @ready does: one past it is dead-lettered (`ttl-expired`), never delivered."""
+    store.create_queue("ttl-dlq")
+    q = store.create_queue(
+        "ttl", dirmq.QueueConfig(durability="memory", dead_letter_queue="ttl-dlq")
+    )
+    ids = _fill(q, backlog.SPILL_AT)
+    late = q.put(b"late", ttl_s=0.2)
+    kept = q.put(b"kept")
+    assert _backlog_count(q) == 2
+    assert _drain_ready(q) == ids
+    wait_until(lambda: time.time() > int(late[:16]) / 1e6 + 0.25, what="the TTL to run out")
+    assert [m.id for m in q.get(10)] == [kept]
+    (dead,) = store.queue("ttl-dlq").get(10)
+    assert dead.body == b"late" and dead.dead is not None and dead.dead.reason == "ttl-expired"

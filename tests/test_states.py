@@ -312,8 +312,9 @@ def test_every_row_happens_as_the_table_says(
     monkeypatch.setattr(files, "read_message", real_read)
     q.ack(_leased(q))
 
-    # A deep queue (the thresholds made small): publish into the backlog, refill, remove from
-    # it, and a long flat @ready cut down on open (spill_excess).
+    # A deep queue (the thresholds made small): publish into the backlog, lease from it
+    # straight (@ready empty), remove from it, and a long flat @ready cut down on open
+    # (spill_excess); a queue whose gets spread over the head (`peers`) refills @ready.
     monkeypatch.setattr(backlog, "SPILL_AT", 2)
     monkeypatch.setattr(files, "SPILL_AT", 2)
     monkeypatch.setattr(view, "MIGRATE_ABOVE", 3)
@@ -323,13 +324,17 @@ def test_every_row_happens_as_the_table_says(
     assert len(in_backlog) == 2
     assert deep.delete(in_backlog[-1][: layout.ID_LENGTH])  # remove from the backlog
     for _ in range(3):
-        deep.ack(_leased(deep))  # the third get refills @ready from the backlog
+        deep.ack(_leased(deep))  # the third get finds @ready empty: lease_backlog
+    spread = store.create_queue("spread", dirmq.QueueConfig(peers=1))
+    spread.put_many([b"1", b"2", b"3"])
+    for _ in range(3):
+        spread.ack(_leased(spread))  # the third get refills @ready from the backlog
     for message_id in new_ids(5):
         (Path(deep.path) / layout.READY / message_id).write_bytes(
             codec.encode(b"flat", {}, message_id=message_id)
         )
     with dirmq.Store(store.root) as reopened:
-        # spill_excess moves 3 on open, and the get refills them
+        # spill_excess moves 3 on open, and the get leases them from the backlog
         assert len(reopened.queue("deep").get(max_count=5)) == 5
 
     # A flat delay of format 4 goes into its bucket when a process opens the queue.

@@ -8,7 +8,9 @@ every get, costs what a short queue's does.
 A message is published into @ready while @ready holds fewer than `SPILL_AT` messages and the
 backlog is empty; otherwise into the bucket of its id's second (`spill`). A consumer whose
 @ready runs below `REFILL_BELOW` moves the oldest `REFILL_CHUNK` messages of the backlog into
-@ready, in id order, one rename each (`refill`), and removes the buckets it empties. So @ready
+@ready, in id order, one rename each (`refill`), and removes the buckets it empties; a get in
+no group, with nothing ready at all, leases the oldest straight from their bucket (`claim`:
+one rename a message, not two, and no event of @ready in any process). So @ready
 stays about `SPILL_AT` long whatever the depth, and a process that opens a queue lists @ready
 and the backlog's epochs: O(head), not O(depth). ext4 never shrinks a directory, so a flat
 @ready that once held a million names would scan slowly for ever; buckets are removed instead.
@@ -40,7 +42,7 @@ import errno
 import heapq
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from dirmq.errors import storage_error
 from dirmq.store import layout
@@ -67,6 +69,10 @@ SETTLE_S = 1.0  # an emptied epoch or level tree stays this long after its last 
 
 
 LEVEL_PREFIX = "p"  # @backlog/p<level>: the tree of a priority level above 0
+# A move of one backlog message out of its bucket, `(bucket path, name)`: renames it (or
+# raises: FileNotFoundError if another process moved it first) and says its new name, or
+# refuses it (None: it stays).
+Mover = Callable[[str, str], str | None]
 
 
 def bucket_of(name: str) -> tuple[str, str]:
@@ -430,13 +436,34 @@ class Backlog:
         (one rename each, in id order); the names moved. Buckets emptied are removed (a
         publisher that was about to fill one makes it again), and a level's tree with its last
         epoch. Several processes may refill at once: each file moves once."""
+        return self._take_oldest(limit, level, self._into_ready)
+
+    def _into_ready(self, bucket: str, name: str) -> str:
+        """A refill's move of `bucket`/`name` into @ready, under the same name."""
+        os.rename(f"{bucket}/{name}", f"{self.ready_dir}/{name}")
+        return name
+
+    def claim(self, limit: int, lease: Mover) -> list[str]:
+        """Lease up to `limit` of the oldest messages of level 0's tree straight from their
+        buckets, in id order, as `refill` would move them into @ready: `lease` renames one
+        into @leased (files.py) and says its lease name, or refuses it (None: a group's,
+        which `refill` brings to @ready, where its group's turn is decided), which ends the
+        claim there. The lease names taken. For a get that finds @ready empty: the oldest
+        message there is then is the backlog's oldest (docs/FORMAT.md, "The backlog")."""
+        return self._take_oldest(limit, 0, lease)
+
+    def _take_oldest(self, limit: int, level: int, move: Mover) -> list[str]:
+        """Move up to `limit` of the oldest messages of `level`'s tree by `move`, one at a
+        time, oldest first, until it refuses one; their new names. Emptied buckets, epochs and
+        level trees removed as `refill` says."""
         moved: list[str] = []
         tree = os.path.join(self.queue_dir, level_root(level))
         for epoch in sorted(n for n in _listdir(tree) if is_epoch(n)):
             epoch_dir = os.path.join(tree, epoch)
             for second in sorted(n for n in _listdir(epoch_dir) if is_second(n)):
                 bucket = os.path.join(epoch_dir, second)
-                self._move_from(bucket, level, limit, moved)
+                if not self._move_from(bucket, level, limit, moved, move):
+                    return moved  # refused: the oldest stays, and what follows it
                 if len(moved) >= limit:
                     return moved
                 if int(epoch + second) + 1 + SETTLE_S < time.time():
@@ -446,9 +473,12 @@ class Backlog:
             _remove_settled(tree)  # the level's last epoch went: its tree goes too
         return moved
 
-    def _move_from(self, bucket: str, level: int, limit: int, moved: list[str]) -> None:
-        """Rename the oldest names of `bucket` into @ready, appending them to `moved`, until
-        it holds `limit` or the bucket is empty.
+    def _move_from(
+        self, bucket: str, level: int, limit: int, moved: list[str], move: Mover
+    ) -> bool:
+        """Move the oldest names of `bucket` by `move`, appending their new names to `moved`,
+        until it holds `limit` or the bucket is empty; False if `move` refused a name (it
+        stays, the oldest, and nothing after it moves) or failed after a move.
 
         A bucket holds a second's publishes (tens of thousands when a backlog was loaded
         fast) and a refill takes a thousand: it is listed once and its names kept, oldest
@@ -463,7 +493,6 @@ class Backlog:
             names, at, listed = cursor[1], cursor[2], False
         else:
             names, at, listed = sorted(n for n in _listdir(bucket) if n[:1] != "."), 0, True
-        ready = self.ready_dir
         try:
             while len(moved) < limit:
                 if at >= len(names):
@@ -471,20 +500,22 @@ class Backlog:
                         break
                     names, at, listed = sorted(n for n in _listdir(bucket) if n[:1] != "."), 0, True
                     continue
-                name = names[at]
                 try:
-                    os.rename(f"{bucket}/{name}", f"{ready}/{name}")
+                    new = move(bucket, names[at])
                 except FileNotFoundError:
-                    at = _first_present(bucket, names, at + 1)  # another process's refill
+                    at = _first_present(bucket, names, at + 1)  # another process's move
                     continue
                 except OSError as exc:
                     if moved:
-                        return  # what moved is in @ready: the caller indexes it
-                    raise storage_error(exc, f"refilling {ready}") from exc
+                        return False  # what moved is in place: the caller indexes it
+                    raise storage_error(exc, f"moving messages out of {bucket}") from exc
+                if new is None:
+                    return False
                 at += 1
-                moved.append(name)
+                moved.append(new)
         finally:
             self._cursors[level] = (bucket, names, at)
+        return True
 
 
 def _first_present(bucket: str, names: list[str], start: int) -> int:

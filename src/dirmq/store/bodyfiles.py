@@ -29,14 +29,22 @@ from dirmq.store import codec
 CHECK_CHUNK_BYTES = 1024 * 1024  # read this much at a time to check a body left in its file
 
 T = TypeVar("T")
-_local = threading.local()
+
+
+class _Local(threading.local):
+    # A class default: a thread that never set it reads None without the AttributeError
+    # a bare `threading.local` raises and `getattr` catches (a get reads it per message).
+    over: int | None = None
+
+
+_local = _Local()
 
 
 @contextlib.contextmanager
 def bodies_by_file(over_bytes: int) -> Iterator[None]:
     """Gets made in this thread within the block leave bodies of `over_bytes` or more in their
     files (`FileBody`)."""
-    before = getattr(_local, "over", None)
+    before = _local.over
     _local.over = over_bytes
     try:
         yield
@@ -47,7 +55,7 @@ def bodies_by_file(over_bytes: int) -> Iterator[None]:
 def call_by_file(over_bytes: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)` inside `bodies_by_file(over_bytes)`, without a generator's cost
     (the server's every plain GET comes this way)."""
-    before = getattr(_local, "over", None)
+    before = _local.over
     _local.over = over_bytes
     try:
         return fn(*args, **kwargs)
@@ -57,8 +65,7 @@ def call_by_file(over_bytes: int, fn: Callable[..., T], *args: Any, **kwargs: An
 
 def threshold() -> int | None:
     """The size from which bodies stay in their files in this thread now (None: never)."""
-    over: int | None = getattr(_local, "over", None)
-    return over
+    return _local.over
 
 
 class FileBody(bytes):

@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import backlog as backlog_files
@@ -170,12 +171,16 @@ class QueueFiles(SettlingFiles):
         usual case then brings the index up to date (`resync`) before its next claim: a lost
         race costs one failed rename, not one for every name taken since the last sync, and
         the next claim is again of the oldest ready message there is (FIFO, as without a race:
-        nothing is passed over)."""
-        if index.backlog:
+        nothing is passed over).
+
+        With nothing ready at all and a backlog of level 0 alone, the usual case leases the
+        backlog's oldest straight from their bucket (`_claim_backlog`): @ready is not refilled
+        for it first."""
+        plain = not config.peers and self.tokens is None and config.retention_s is None
+        if index.backlog and not (plain and _direct_backlog(index)):
             self.refill(index)
         self.pool.note_depth(_depth(index))  # a drain keeps its freed files for later puts
         got: list[Message] = []
-        plain = not config.peers and self.tokens is None and config.retention_s is None
         deadline_ms = at_ms + visibility_ms
         suffix = f"+{holder}" if holder else ""
         id_length, pop_plain = layout.ID_LENGTH, index.pop_plain_head
@@ -183,6 +188,13 @@ class QueueFiles(SettlingFiles):
             while len(got) < max_count:
                 name = pop_plain() if plain else None
                 if name is None:  # nothing ready, or not the usual case: `claim` decides
+                    if plain and index.backlog and not index.ready and _direct_backlog(index):
+                        taken = self._claim_backlog(
+                            index, max_count - len(got), deadline_ms, holder
+                        )
+                        if taken:
+                            got.extend(taken)
+                            continue
                     message = self.claim(index, config, at_ms, visibility_ms, runs, holder)
                     if message is None:
                         break
@@ -220,6 +232,63 @@ class QueueFiles(SettlingFiles):
             if not got:
                 raise
         return got
+
+    def _claim_backlog(
+        self, index: QueueIndex, max_count: int, deadline_ms: int, holder: str | None
+    ) -> list[Message]:
+        """Lease up to `max_count` of the backlog's oldest (level 0, in no group) straight
+        from their buckets into @leased (`Backlog.claim`), for a get that finds nothing in
+        @ready: what it read ([] if the backlog's oldest is a group's, or there is nothing).
+        A message that cannot be read goes back to @ready (`hand_back`): older than the
+        backlog, it is the next one."""
+        suffix = f"+{holder}" if holder else ""
+        id_length = layout.ID_LENGTH
+        sources: dict[str, tuple[str, int]] = {}  # lease name -> (backlog name, count)
+
+        def lease_of(name: str) -> str | None:
+            if len(name) == id_length:
+                count = 1  # never received: most of a backlog
+                lease = f"{name}.1.{deadline_ms}{suffix}"
+            else:
+                entry = parse_entry(name)
+                if entry is None or entry.group is not None or entry.at_ms is not None:
+                    return None  # a group's (or a name fsck re-homes): refilled, not claimed
+                count = entry.count + 1
+                lease = layout.timed_name(
+                    entry.message_id, count, deadline_ms, None, holder, entry.level
+                )
+            sources[lease] = (name, count)
+            return lease
+
+        leases = self.backlog.claim(max_count, partial(self._lease_from_backlog, lease_of))
+        add = index.leased.add_ungrouped
+        for lease in leases:
+            add(lease[:id_length], deadline_ms, lease)
+        got: list[Message] = []
+        for at, lease in enumerate(leases):
+            message_id = lease[:id_length]
+            count = sources[lease][1]
+            try:
+                message = self.open_claimed(lease, message_id, count, deadline_ms)
+            except OSError as exc:
+                for rest in leases[at:]:
+                    self.hand_back(index, rest, sources[rest][0])
+                if got:
+                    return got
+                raise storage_error(exc, f"reading a message of queue {self.name!r}") from exc
+            if message is not None:
+                got.append(message)
+        return got
+
+    def _lease_from_backlog(
+        self, lease_of: Callable[[str], str | None], bucket: str, name: str
+    ) -> str | None:
+        """Rename `bucket`/`name` into @leased under `lease_of(name)` (None: not taken so);
+        the lease name. FileNotFoundError if another process moved it first."""
+        lease = lease_of(name)
+        if lease is not None:
+            os.rename(f"{bucket}/{name}", f"{self.dir[layout.LEASED]}/{lease}")
+        return lease
 
     def hand_back(self, index: QueueIndex | None, lease: str, name: str) -> None:
         """Put back a message leased by a claim that could not read it: under its ready name
@@ -385,6 +454,12 @@ class QueueFiles(SettlingFiles):
             except CorruptMessage:
                 continue
         return None
+
+
+def _direct_backlog(index: QueueIndex) -> bool:
+    """Whether the backlog holds level 0's tree alone (epochs, no `p<level>`): then a get that
+    finds @ready empty may lease from it straight (`QueueFiles._claim_backlog`)."""
+    return not any(backlog_files.is_level_dir(n) for n in index.backlog)
 
 
 def _depth(index: QueueIndex) -> int:

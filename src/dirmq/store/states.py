@@ -67,7 +67,9 @@ TRANSITIONS: tuple[Transition, ...] = (
         "direct_lease.DirectLeases._link",
     ),
     # A get that finds @ready short moves the backlog's oldest messages into it.
-    _row("refill", {State.BACKLOG}, {State.READY}, "backlog.Backlog._move_from"),
+    _row("refill", {State.BACKLOG}, {State.READY}, "backlog.Backlog._into_ready"),
+    # A get in no group that finds @ready empty leases the backlog's oldest from its bucket.
+    _row("lease_backlog", {State.BACKLOG}, {State.LEASED}, "files.QueueFiles._lease_from_backlog"),
     # An open that finds @ready too long (an earlier version's root) moves all but its head.
     _row("spill_excess", {State.READY}, {State.BACKLOG}, "files.QueueFiles.spill_excess"),
     # A get or a planned claim leases it (a message past retention is removed instead).
