@@ -13,6 +13,10 @@ reported as False/None, never as an error). Callers pass the process's index so 
 stays in step with what this process itself did, without waiting for watcher events. Not
 thread-safe on its own: callers hold the `QueueView` lock, except around `retire_leases`, which
 touches no index (the pool and the capacity tokens have their own safety).
+
+Why it is long: every way into a lease (from @ready, straight from a backlog bucket, by name)
+keeps the index, the capacity tokens and the group turns in step the same way; the backlog's
+own moves and listings are in backlog.py.
 """
 
 from __future__ import annotations
