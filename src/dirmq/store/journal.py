@@ -11,7 +11,9 @@ after a machine crash, whatever a lost page cache took is in a journal, which th
 replays (journal_replay.py). A checkpoint thread, about once a second with anything appended
 (at once past `CHECKPOINT_BYTES`), switches to a new journal file, waits for the groups still
 publishing from the old one, `syncfs`es the root, and removes the old file: what it covered
-is on the disk itself now. `close` does a last checkpoint and removes the journal.
+is on the disk itself now. A second without a publish closes and removes the journal (an idle
+process holds no file open for writing: the filesystem can be remounted read-only), and so
+does `close`.
 
 Where it applies (`commit` returns False otherwise, and the caller takes the usual group
 commit): a local filesystem (never the shared mode: another host's kernel could not flush our
@@ -252,14 +254,16 @@ class Journal:
                     self._cond.wait(remaining)
                 if self._stopping:
                     return
-                idle = (
-                    self._current is None or self._current.appended == self._current.empty_at
-                ) and not self._retired
-            if not idle:
-                try:
+                current = self._current
+                empty = current is not None and current.appended == current.empty_at
+                idle = (current is None or empty) and not self._retired
+            try:
+                if not idle:
                     self.checkpoint()
-                except OSError as exc:  # the journal stays: the next checkpoint tries again
-                    self.last_error = exc
+                elif empty:  # a second without a publish: no journal kept open (the next
+                    self.checkpoint(last=True)  # publish makes one), nothing to recover
+            except OSError as exc:  # the journal stays: the next checkpoint tries again
+                self.last_error = exc
 
     def checkpoint(self, *, last: bool = False) -> None:
         """Switch to a new file (none if `last`), wait for the groups publishing from the old

@@ -152,22 +152,34 @@ def recover_journals(root: str, access: Access) -> int:
     judged = [j for j in judge_all(root) if j.verdict in (Verdict.DEAD, Verdict.CRASHED)]
     if not judged:
         return 0
-    directory = os.path.join(root, layout.JOURNAL_DIR)
     replayed = 0
-    dead = [j for j in judged if j.verdict is Verdict.DEAD]
-    if dead:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            syncfs(fd)  # their files are in this kernel's page cache: now on the disk
-        finally:
-            os.close(fd)
-        for j in dead:
-            _unlink(os.path.join(directory, j.name))
+    if any(j.verdict is Verdict.DEAD for j in judged):
+        _syncfs(root)  # their files are in this kernel's page cache: now on the disk
     for j in judged:
-        if j.verdict is Verdict.CRASHED:
-            replayed += replay(root, j.name, access)
-    fsync_dir(directory)
+        replayed += recover(root, j, access, flushed=True)
+    fsync_dir(os.path.join(root, layout.JOURNAL_DIR))
     return replayed
+
+
+def recover(root: str, judged: Judged, access: Access, *, flushed: bool = False) -> int:
+    """Recover one journal `judge` found dead or crashed (`flushed`: the caller `syncfs`ed the
+    root since); the number of messages written back."""
+    path = os.path.join(root, layout.JOURNAL_DIR, judged.name)
+    if judged.verdict is Verdict.CRASHED:
+        return replay(root, judged.name, access)
+    if judged.verdict is Verdict.DEAD:
+        if not flushed:
+            _syncfs(root)
+        _unlink(path)
+    return 0
+
+
+def _syncfs(root: str) -> None:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        syncfs(fd)
+    finally:
+        os.close(fd)
 
 
 def replay(root: str, name: str, access: Access) -> int:

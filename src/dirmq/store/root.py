@@ -14,6 +14,7 @@ is created, shared and closed together here.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import threading
@@ -112,7 +113,10 @@ class Store:
         try:
             recover_journals(self.root, self.access)
         except OSError as exc:
-            raise storage_error(exc, f"recovering the commit journals of {self.root}") from exc
+            # A reader that may not write (a read-only mount, another user's root) leaves the
+            # journals to the next process that may: they lose nothing meanwhile.
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise storage_error(exc, f"recovering the commit journals of {self.root}") from exc
         shared = resolve_shared(shared, self.root)
         self.journal = Journal(self.root, self.access, enabled=journal and not shared)
         self.group_commit = GroupCommit(DataFlush().flush)
