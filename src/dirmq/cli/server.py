@@ -87,8 +87,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "--no-journal",
         action="store_true",
         help="flush each durable publish's files and directories instead of committing it "
-        "through the commit journal (one fdatasync a group; docs/FORMAT.md, \"The commit "
-        "journal\"); the root then stays readable by dirmq versions of format 5",
+        'through the commit journal (one fdatasync a group; docs/FORMAT.md, "The commit '
+        'journal"); the root then stays readable by dirmq versions of format 5',
     )
     p.add_argument(
         "--workers",
