@@ -110,6 +110,16 @@ def test_a_groups_record_is_flushed_before_its_files_are_named(
     assert _journals(root) == [], "close checkpoints and removes the journal"
 
 
+def test_a_group_of_thousands_is_one_journal_append(root: Path) -> None:
+    with dirmq.Store(root) as store:
+        q = store.create_queue("q")
+        ids = q.put_many([b"%d" % i for i in range(2000)])  # 6,000 pieces: past IOV_MAX
+        [journal] = _journals(root)
+        records = list(read_records(str(root / layout.JOURNAL_DIR / journal)))
+        assert [r.name.rpartition("/")[2] for r in records] == ids
+        assert {r.name.split("/")[0] for r in records} == {"@ready", "@backlog"}  # past 1,000
+
+
 def test_a_checkpoint_removes_the_journal_once_the_files_are_flushed(root: Path) -> None:
     store = dirmq.Store(root)
     q = store.create_queue("q")
