@@ -28,11 +28,13 @@ Either way the group's files are discarded: nothing half-visible, nothing counte
 
 from __future__ import annotations
 
+import atexit
 import errno
 import itertools
 import os
 import threading
 import time
+import weakref
 import zlib
 from dataclasses import dataclass, field
 
@@ -226,6 +228,8 @@ class Journal:
             except OSError:
                 pass
             raise
+        if first:
+            _open_journals.add(self)
         if first and self._thread is None:
             self._thread = threading.Thread(
                 target=self._run, name="dirmq-journal-checkpoint", daemon=True
@@ -296,19 +300,31 @@ class Journal:
 
     def close(self) -> None:
         """A last checkpoint: every journal of this Store flushed and removed (kept, for the next
-        opener to flush, if that fails)."""
+        opener to flush, if that fails). Nothing in a forked child: the journal is its parent's
+        (and a lock a parent's thread held at the fork stays held)."""
+        if os.getpid() != self._pid:
+            return
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
-        if os.getpid() != self._pid:
-            return
         try:
             self.checkpoint(last=True)
         except OSError as exc:
             self.last_error = exc
+
+
+_open_journals: weakref.WeakSet[Journal] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """A process that exits without closing its Store leaves no journal for others to flush
+    (a crash or SIGKILL does: the next opener's, journal_replay.py)."""
+    for journal in list(_open_journals):
+        journal.close()
 
 
 def _write_all(fd: int, pieces: list[bytes]) -> None:
