@@ -262,6 +262,9 @@ class Journal:
                 current = self._current
                 empty = current is not None and current.appended == current.empty_at
                 idle = (current is None or empty) and not self._retired
+                if idle and current is None:  # no journal: the thread ends (the next
+                    self._thread = None  # journal file starts another), so a Store left
+                    return  # unclosed costs no thread waking each second
             try:
                 if not idle:
                     self.checkpoint()
