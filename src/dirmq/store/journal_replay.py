@@ -33,9 +33,17 @@ from enum import Enum
 from dirmq.errors import CorruptMessage
 from dirmq.store import backlog, delays, layout
 from dirmq.store.filemodes import Access
+from dirmq.store.filesystems import is_shared
 from dirmq.store.fsio import create_pending, fsync_dir, syncfs
 from dirmq.store.journal import MAGIC, boot_id
-from dirmq.store.processes import Liveness, ProcessIdentity, current, liveness, parse_token
+from dirmq.store.processes import (
+    HOST_TAG,
+    Liveness,
+    ProcessIdentity,
+    current,
+    liveness,
+    parse_token,
+)
 from dirmq.store.reading import read_message
 
 CLAIMED = "replaying"  # a claimed journal: replaying.<claimer token>.<its own name>
@@ -120,12 +128,16 @@ def read_records(path: str) -> Iterator[Record]:
         at = end + 1 + length
 
 
-def judge(directory: str, name: str, boot: str) -> Judged:
-    """What the journal `name` needs (the module's docstring)."""
+def judge(directory: str, name: str, boot: str, shared: bool = False) -> Judged:
+    """What the journal `name` needs (the module's docstring). `shared`: the root is on a
+    shared filesystem, where another host's journal is of another kernel, not of an earlier
+    boot (no process writes one there, but one that was told the filesystem is local might)."""
     parsed = parse_name(name)
     if parsed is None:
         return Judged(name, Verdict.UNKNOWN, None)
     owner, claimer, claim_boot = parsed
+    if shared and (claimer or owner).host != HOST_TAG:
+        return Judged(name, Verdict.IN_USE, owner)
     if claimer is not None and claim_boot == boot and liveness(claimer) is not Liveness.DEAD:
         return Judged(name, Verdict.IN_USE, owner)  # being replayed
     written_in = read_header(os.path.join(directory, name))
@@ -143,8 +155,10 @@ def judge_all(root: str) -> list[Judged]:
         names = sorted(os.listdir(directory))
     except FileNotFoundError:
         return []
-    boot = boot_id()
-    return [judge(directory, name, boot) for name in names if not name.startswith(".")]
+    if not names:
+        return []
+    boot, shared = boot_id(), is_shared(root)
+    return [judge(directory, name, boot, shared) for name in names if not name.startswith(".")]
 
 
 def recover_journals(root: str, access: Access) -> int:
