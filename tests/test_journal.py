@@ -286,6 +286,22 @@ def test_a_crash_journal_writes_back_exactly_what_is_missing_or_torn(
     assert report.ok, report.problems
 
 
+def test_a_replay_cut_short_by_its_claimers_death_is_claimed_and_done_again(
+    crashed: tuple[Path, dict[str, str]],
+) -> None:
+    root, fates = crashed
+    [name] = _journals(root)
+    claimed = f"replaying.{ANOTHER_BOOT}.{_dead_owner()}.{name}"
+    os.rename(root / layout.JOURNAL_DIR / name, root / layout.JOURNAL_DIR / claimed)
+    [judged] = judge_all(str(root))
+    assert judged.verdict is Verdict.CRASHED
+    with dirmq.Store(root) as store:
+        assert _journals(root) == []
+        q = store.queue("q")
+        for fate in ("lost", "torn", "direct", "intact", "leased"):
+            assert len(_copies(q, fates[fate])) == 1, fate
+
+
 def test_two_processes_recovering_one_crash_journal_write_each_message_once(
     crashed: tuple[Path, dict[str, str]],
 ) -> None:
