@@ -212,7 +212,9 @@ class Journal:
         root format 6 first (an older process then refuses the root) and starts the checkpoints."""
         if first:
             marker.mark_journaled(self.root, self._access)
-            self._access.makedirs(self.dir)
+            if not os.path.isdir(self.dir):
+                self._access.makedirs(self.dir)
+                fsync_dir(self.root)  # its name durable, as every journal's in it will be
         token = current().token()
         path = os.path.join(self.dir, file_name(token, next(_numbers)))
         fd = self._access.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
