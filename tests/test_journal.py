@@ -302,6 +302,24 @@ def test_a_replay_cut_short_by_its_claimers_death_is_claimed_and_done_again(
             assert len(_copies(q, fates[fate])) == 1, fate
 
 
+def test_a_replay_writes_nothing_outside_its_queues(root: Path) -> None:
+    with dirmq.Store(root, journal=False) as store:
+        q = store.create_queue("q")
+    message_id = "1" * 16 + "-" + "e" * 12
+    data = codec.encode(b"escape", {}, None, message_id=message_id)
+    records = [
+        ("q", f"{layout.READY}/../../{message_id}", data),
+        ("../outside", f"{layout.READY}/{message_id}", data),
+        ("q", f"not-a-state/{message_id}", data),
+    ]
+    _write_journal(root, records, boot=ANOTHER_BOOT)
+    before = sorted(p.name for p in root.parent.iterdir())
+    with dirmq.Store(root):
+        assert _journals(root) == []
+    assert sorted(p.name for p in root.parent.iterdir()) == before
+    assert not list(root.glob(f"**/{message_id}*")) and q.path
+
+
 def test_two_processes_recovering_one_crash_journal_write_each_message_once(
     crashed: tuple[Path, dict[str, str]],
 ) -> None:

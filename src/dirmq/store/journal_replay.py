@@ -30,12 +30,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 
-from dirmq.errors import CorruptMessage
+from dirmq.errors import CorruptMessage, InvalidName
 from dirmq.store import backlog, delays, layout
 from dirmq.store.filemodes import Access
 from dirmq.store.filesystems import is_shared
 from dirmq.store.fsio import create_pending, fsync_dir, syncfs
 from dirmq.store.journal import MAGIC, boot_id
+from dirmq.store.names import validate_queue_name
 from dirmq.store.processes import (
     HOST_TAG,
     Liveness,
@@ -123,8 +124,12 @@ def read_records(path: str) -> Iterator[Record]:
         body = data[end + 1 : end + 1 + length]
         if len(body) != length or zlib.crc32(body) != crc:
             return
-        queue, name, payload = body.split(b"\0", 2)
-        yield Record(queue.decode(), name.decode(), payload)
+        try:
+            queue, name, payload = body.split(b"\0", 2)
+            record = Record(queue.decode(), name.decode(), payload)
+        except ValueError:  # not what a writer wrote (UnicodeDecodeError is one)
+            return
+        yield record
         at = end + 1 + length
 
 
@@ -209,12 +214,24 @@ def replay(root: str, name: str, access: Access) -> int:
         return 0  # another process claimed it
     by_queue: dict[str, list[Record]] = {}
     for record in read_records(claimed):
-        by_queue.setdefault(record.queue, []).append(record)
+        if _sound(record):
+            by_queue.setdefault(record.queue, []).append(record)
     written = 0
     for queue, records in by_queue.items():
         written += _replay_queue(os.path.join(root, queue), records, access)
     _unlink(claimed)
     return written
+
+
+def _sound(record: Record) -> bool:
+    """Whether a record names a place inside its queue, as a writer would (a file edited by
+    hand may name anything: nothing outside the root is ever written)."""
+    try:
+        validate_queue_name(record.queue)
+    except InvalidName:
+        return False
+    parts = record.name.split("/")
+    return parts[0] in layout.STATE_DIRS and all(p and p not in (".", "..") for p in parts)
 
 
 def _replay_queue(queue_dir: str, records: list[Record], access: Access) -> int:
