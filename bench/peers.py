@@ -109,7 +109,8 @@ PIP_NEEDS = (  # (import name, distribution, requirement)
     ("uvloop", "uvloop", "uvloop>=0.19"),
 )
 FSYNC = {
-    "dirmq": "writethrough (default): message file and directory fsynced before the 201",
+    "dirmq": "writethrough (default): the group's commit-journal record fdatasynced, then its "
+    "files named, before the 201 (--no-journal: each file and its directory fsynced)",
     "rabbitmq": "durable classic queue, persistent messages: the confirm follows the message "
     "store's fsync",
     "redis": "appendonly yes, appendfsync always: the reply follows the AOF write and fsync",

@@ -233,7 +233,7 @@ def test_a_new_root_is_private_and_keeps_no_acknowledged_body(tmp_path: Path) ->
 
     assert modes(root) == {"file": {"0600"}, "dir": {"0700"}}
     assert json.loads((root / layout.ROOT_MARKER).read_text()) == {
-        "format": 5,
+        "format": 6,  # a journal was written (FORMAT.md, "The commit journal")
         "access": "private",
     }
     assert holding(root, kept) == ["lib/keep/@ready/" + os.listdir(root / "lib/keep/@ready")[0]]

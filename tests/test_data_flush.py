@@ -1,7 +1,7 @@
 """How a writethrough batch's data is flushed on a local disk (store/dataflush.py): one `syncfs`
 or each file's fsync on several threads, whichever has cost less lately; either way every file
 durable before any is visible, all or nothing on a failed flush, and nothing partial after a
-SIGKILL."""
+SIGKILL. The group commit's, with the commit journal off (its own: tests/test_journal.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +31,12 @@ from dirmq.store.layout import parse_entry
 
 from .support.flush_workers import each_first
 from .support.procs import kill, spawn
+
+
+@pytest.fixture
+def store(root: Path) -> Iterator[dirmq.Store]:
+    with dirmq.Store(root, journal=False) as s:
+        yield s
 
 
 class FakeClock:

@@ -1,10 +1,13 @@
-"""Durability levels and group commit, observed through the flush calls the store makes."""
+"""Durability levels and group commit, observed through the flush calls the store makes: the
+group commit of format 5, with the commit journal off (tests/test_journal.py tests it on)."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +15,12 @@ import dirmq
 from dirmq.store import fsio
 
 from .support.threads import run_together
+
+
+@pytest.fixture
+def store(root: Path) -> Iterator[dirmq.Store]:
+    with dirmq.Store(root, journal=False) as s:
+        yield s
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """Injected faults: a really full disk (a small tmpfs) and EIO from fsync.
 
 A failed put raises a clear StorageError, leaves no partial file anywhere, and the queue keeps
-working once the fault is gone.
+working once the fault is gone. The flush faults are of the group commit (the commit journal
+off); the journal's own are in tests/test_journal.py.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ import dirmq
 from dirmq.store import fsio, layout
 
 from .support.disks import small_tmpfs
+
+
+@pytest.fixture
+def store(root: Path) -> Iterator[dirmq.Store]:
+    with dirmq.Store(root, journal=False) as s:
+        yield s
 
 
 @pytest.fixture

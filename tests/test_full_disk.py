@@ -25,6 +25,14 @@ from dirmq.store.fsck import fsck
 
 from .support.disks import ext4_loop, free_bytes, read_only, small_tmpfs
 from .support.servers import start_server
+from .support.waiting import wait_until
+
+
+def _journal_closed(root: Path) -> None:
+    """Wait until the writers' commit journals are closed (a second after their last
+    publish): a file open for writing keeps a remount read-only busy."""
+    journals = root / layout.JOURNAL_DIR
+    wait_until(lambda: not journals.exists() or not os.listdir(journals), 10, "the journal closed")
 
 
 @pytest.fixture
@@ -87,6 +95,7 @@ def test_a_lease_that_fails_on_a_read_only_disk_is_delivered_after(tmp_path: Pat
         store = dirmq.Store(mount_point / "root")
         q = store.create_queue("q")
         q.put_many([b"one", b"two", b"three"])
+        _journal_closed(mount_point / "root")
         with read_only(mount_point):
             for _ in range(3):
                 with pytest.raises(dirmq.StorageError, match="Read-only"):
@@ -106,6 +115,7 @@ def test_settles_that_fail_on_a_read_only_disk_work_after(tmp_path: Path) -> Non
         q = store.create_queue("q")
         q.put_many([b"one", b"two", b"three"])
         first, second = q.get(2)
+        _journal_closed(mount_point / "root")
         with read_only(mount_point):
             with pytest.raises(dirmq.StorageError):
                 q.ack(first.receipt or "")
@@ -137,6 +147,7 @@ def test_server_delivers_what_a_read_only_disk_refused_in_order(tmp_path: Path) 
                     assert client.post("/q/messages", content=body).status_code in (200, 201)
                 first = client.get("/q/messages")
                 assert first.content == b"zero"
+                _journal_closed(root)
                 with read_only(mount_point):
                     for _ in range(3):
                         answer = client.get("/q/messages")

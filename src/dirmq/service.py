@@ -65,6 +65,7 @@ class ServeOptions:
     yaq_listen: str | None = None
     sqs_listen: str | None = None
     workers: int = 1
+    journal: bool = True  # writethrough publishes through the commit journal (store/journal.py)
     drain_timeout_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
     credentials: str | None = None  # TOML file of principals (docs/security.md)
@@ -177,6 +178,7 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> int
         root=options.root,
         listeners=tuple(listeners),
         workers=options.workers,
+        journal=options.journal,
         drain_timeout_s=options.drain_timeout_s,
         limits=options.limits,
         tls=tls,

@@ -33,6 +33,8 @@ CALLS = (*PATH_CALLS, *FD_CALLS, *STORE_CALLS)
 # Made by the pool's reaper thread only (blanking a retired file), never on a caller's path:
 # failable, but not in every transition's matrix.
 REAPER_CALLS = ("pwrite",)
+# The commit journal's append and flush (store/journal.py): failable, not in every matrix.
+JOURNAL_CALLS = ("writev", "fdatasync")
 READ_PATH_CALLS = ("listdir", "scandir", "stat", "lstat", "readlink")
 READ_FD_CALLS = ("read", "pread", "fstat")
 READ_CALLS = (*READ_PATH_CALLS, *READ_FD_CALLS)
@@ -74,7 +76,7 @@ class FaultyFS:
         self._left: dict[str, int | None] = {}  # call name -> faults still to inject
         for name in (*PATH_CALLS, *READ_PATH_CALLS):
             monkeypatch.setattr(os, name, self._path_call(name, getattr(os, name)))
-        for name in (*FD_CALLS, *READ_FD_CALLS, *REAPER_CALLS):
+        for name in (*FD_CALLS, *READ_FD_CALLS, *REAPER_CALLS, *JOURNAL_CALLS):
             monkeypatch.setattr(os, name, self._fd_call(name, getattr(os, name)))
         monkeypatch.setattr(fsio, "syncfs", self._fd_call("syncfs", fsio.syncfs))
         monkeypatch.setattr(fsio, "_link_fd", self._link_fd_call(fsio._link_fd))
@@ -82,7 +84,7 @@ class FaultyFS:
     def fail(self, call: str, error: int, after: int = 0, times: int | None = None) -> None:
         """From now on (after `after` more such calls have worked), `call` on anything under
         the root raises OSError(`error`), `times` times (None: until `clear`)."""
-        assert call in CALLS or call in READ_CALLS or call in REAPER_CALLS, call
+        assert call in (*CALLS, *READ_CALLS, *REAPER_CALLS, *JOURNAL_CALLS), call
         self.failing[call] = error
         self._grace[call] = after
         self._left[call] = times

@@ -25,7 +25,7 @@ def each_first() -> DataFlush:
 def write_batches(root: str, queue: str, size: int) -> None:
     """Publish batches of 2 to 40 messages of `size` bytes until killed, flushing each file
     (`each_first`), printing each batch's ids once `put_many` has returned."""
-    store = dirmq.Store(root)
+    store = dirmq.Store(root, journal=False)  # the group commit's flush, not the journal's
     store.group_commit.flush_data = each_first().flush
     q = store.queue(queue)
     for n in range(100_000):

@@ -84,6 +84,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "(QueueDeletedRecently), as AWS does; default: allow it at once",
     )
     p.add_argument(
+        "--no-journal",
+        action="store_true",
+        help="flush each durable publish's files and directories instead of committing it "
+        'through the commit journal (one fdatasync a group; docs/FORMAT.md, "The commit '
+        'journal"); the root then stays readable by dirmq versions of format 5',
+    )
+    p.add_argument(
         "--workers",
         type=count,
         default=1,
@@ -234,6 +241,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         allow_anonymous=args.allow_anonymous,
         sqs_deleted_wait_s=WINDOW_S if args.sqs_delay_recently_deleted else None,
         workers=args.workers,
+        journal=not args.no_journal,
         drain_timeout_s=args.drain_timeout,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,

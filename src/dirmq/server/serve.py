@@ -92,6 +92,7 @@ class RuntimeOptions:
     root: str
     listeners: tuple[Listener, ...]
     workers: int = 1
+    journal: bool = True  # the Store's commit journal (store/journal.py; `--no-journal`)
     drain_timeout_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
     tls: TlsFiles | None = None  # HTTPS on every listener
@@ -192,7 +193,9 @@ async def run_worker(
     )
     queue_counts = QueueCounts()  # by queue: the console's samples read them
     holders.set_program(f"dirmq serve worker {worker}")  # who holds its leases (FORMAT.md)
-    store = Store(options.root, events=queue_counts.events(metrics.events()))
+    store = Store(
+        options.root, events=queue_counts.events(metrics.events()), journal=options.journal
+    )
     broker = Broker(store, counts=metrics, queue_counts=queue_counts, census=census)
     routers = compose(Worker(store, broker, metrics, metrics_files.path))
     dialects = unique_dialects(list(routers.values()))

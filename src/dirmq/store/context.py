@@ -16,6 +16,7 @@ from dirmq.store.events import NO_EVENTS, StoreEvents
 from dirmq.store.filemodes import Access
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
 from dirmq.store.holders import Holders
+from dirmq.store.journal import Journal
 from dirmq.store.watch import InotifyHub
 
 
@@ -32,6 +33,8 @@ class QueueContext:
     # The shared-filesystem mode (filesystems.py): other hosts act on the same names through
     # their own caches, so no transition may count on this kernel seeing every change.
     shared: bool = False
+    # The Store's commit journal (journal.py); None: every writethrough group is flushed itself.
+    journal: Journal | None = None
     # What the Store's owner is told as it happens (events.py: the server's metrics).
     events: StoreEvents = NO_EVENTS
     # Who holds leases: this process's holder tokens and every process's records (holders.py);

@@ -5,9 +5,10 @@ Theory of operation. A message for a waiting consumer would normally be written,
 renamed into @ready (its directory flushed too), then noticed through inotify and leased by a
 second rename. Here its file is created once, durably, under its lease name in @leased
 (`<id>.1.<deadline>[+<holder>][^<level>]`, as a get would have named it): one write, one fsync,
-one link or rename, one directory fsync, and the consumer holds it. Other processes see an
-ordinary lease (an expiry returns it to @ready, an ack retires it); `dirmq fsck` checks it as
-any lease.
+one link or rename, one directory fsync (or, through the commit journal, one append and
+`fdatasync` of the journal instead of both fsyncs: journal.py), and the consumer holds it.
+Other processes see an ordinary lease (an expiry returns it to @ready, an ack retires it);
+`dirmq fsck` checks it as any lease.
 
 Only when that keeps every promise the two-step path keeps (`admits`, under the queue's lock):
 a writethrough publish on a local filesystem, the queue neither paused nor rate-limited nor
@@ -122,7 +123,7 @@ class DirectLeases:
                 pending.append(self._write(message_id, f"{leased_dir}/{lease}", data))
                 names.append(lease)
                 messages.append(_delivered(message_id, message, lease_deadline_ms, expires_ms))
-            self._link(pending)
+            journaled = self._link(pending)
         except BaseException as exc:
             for f in pending:
                 f.discard()
@@ -138,15 +139,27 @@ class DirectLeases:
                     view.index.leased.add_ungrouped(delivered.id, deadline, lease)
         if linked is not None:
             linked(messages)
+        if journaled:  # durable by its journal record already
+            return messages
         try:
             fsync_dir(leased_dir)
         except OSError as exc:
             raise storage_error(exc, f"storing new messages in queue {view.name!r}") from exc
         return messages
 
-    def _link(self, pending: list[PendingFile]) -> None:
+    def _link(self, pending: list[PendingFile]) -> bool:
         """Flush `pending` and link each into place: all or none (a failure unlinks those
-        linked already, and raises)."""
+        linked already, and raises). True if they were committed through the journal
+        (journal.py: one append and fdatasync, no directory fsync to follow)."""
+        journal = self._context.journal
+        if journal is not None and not self._context.group_commit.flush_each(
+            pending[0].final_path.rpartition("/")[0]
+        ):
+            try:
+                if journal.commit(pending):
+                    return True
+            except QueueNotFound as exc:
+                raise QueueNotFound.missing(self._view.name) from exc
         done: list[str] = []
         try:
             if len(pending) == 1:
@@ -156,6 +169,7 @@ class DirectLeases:
             for f in pending:
                 f.publish()
                 done.append(f.final_path)
+            return False
         except OSError as exc:
             for path in done:  # all or nothing: no consumer has any of them yet
                 with contextlib.suppress(OSError):

@@ -89,6 +89,7 @@ from dirmq.store import backlog, delays, fsck_backlog, fsck_delays, fsck_rate, l
 from dirmq.store.filemodes import Access
 from dirmq.store.fsck_copies import check_slots, resolve_duplicates
 from dirmq.store.fsck_findings import NOTICE_KINDS, Finding, FsckReport, Kind, Problem, Run, scandir
+from dirmq.store.fsck_journal import check_journals
 from dirmq.store.fsck_messages import check_messages
 from dirmq.store.fsck_queue import (
     MESSAGE_DIRS,
@@ -139,6 +140,7 @@ def fsck(
     run = Run(root, repair, progress)
     try:
         check_format(run)
+        check_journals(run)  # first: what a repair writes back is then checked as any message
         _walk(run, root, "")
         check_holders(run)
         check_root(run)
@@ -186,6 +188,8 @@ def _check_reserved(run: Run, name: str, entry: os.DirEntry[str]) -> None:
         if child == layout.ROOT_TRASH:
             check_trash(run, entry.path)
             return
+        if child == layout.JOURNAL_DIR:
+            return  # before the walk (check_journals)
         if child == layout.HOLDERS_DIR:
             return  # after the walk, once every lease's holder is known (check_holders)
         if child in layout.ROOT_UPPER_DIRS:

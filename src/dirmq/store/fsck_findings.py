@@ -45,6 +45,7 @@ class Kind(StrEnum):
     STRAY = "stray"  # notice: a file or directory dirmq does not know
     ORPHAN_HOLDER = "orphan-holder"  # notice: another host's holder record no lease names
     STALE_RATE_SLOT = "stale-rate-slot"  # notice: a delivery slot of a past second (flow.py)
+    JOURNAL = "journal"  # notice: a commit journal of a dead process or an earlier boot
     FLAT_DELAY = "flat-delay"  # notice: a delay of format 4 outside its bucket (delays.py)
 
 
@@ -57,6 +58,7 @@ NOTICE_KINDS = frozenset(
         Kind.ORPHAN_POOL,
         Kind.ORPHAN_HOLDER,
         Kind.STALE_RATE_SLOT,
+        Kind.JOURNAL,  # the next open of the root recovers it
         Kind.FLAT_DELAY,  # the next open of the queue moves it into its bucket
     }
 )

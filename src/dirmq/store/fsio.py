@@ -208,6 +208,9 @@ class PendingFile:
     # Makes the final directory again when the rename finds it gone (a backlog bucket a
     # refill emptied and removed between its making and this rename: backlog.py).
     make_dir: Callable[[], object] | None = None
+    # The file's whole content as written, for the commit journal (journal.py); None where the
+    # file is written otherwise (a streamed body).
+    data: bytes | None = None
 
     @property
     def message_id(self) -> str:
@@ -356,9 +359,9 @@ def create_pending(
             except BaseException:
                 os.close(fd)
                 raise
-            return PendingFile(fd, None, final_path)
+            return PendingFile(fd, None, final_path, data=data)
     tmp_path = os.path.join(tmp_dir, tmp_name)
-    return PendingFile(write_new_file(tmp_path, data, access), tmp_path, final_path)
+    return PendingFile(write_new_file(tmp_path, data, access), tmp_path, final_path, data=data)
 
 
 def overwrite_pending(
@@ -386,7 +389,7 @@ def overwrite_pending(
         os.close(fd)
         _unlink_quietly(path, directory)
         raise
-    return PendingFile(fd, path, final_path, tmp_dir=directory)
+    return PendingFile(fd, path, final_path, tmp_dir=directory, data=data)
 
 
 def _write_all(fd: int, data: bytes) -> None:

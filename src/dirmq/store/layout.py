@@ -60,6 +60,7 @@ REDRIVE_DIR = "@redrive"  # redrive tasks (dirmq/redrive/records.py)
 FSCK_DIR = "@fsck"  # the record of the last check (fsckrecord.py), the console's check's hold
 SCHEDULES_DIR = "@schedules"  # recurring schedules and their ticks (dirmq/schedules/)
 ROOT_UPPER_DIRS = frozenset({PUBSUB_DIR, SPARK_DIR, SQS_DIR, REDRIVE_DIR, FSCK_DIR, SCHEDULES_DIR})
+JOURNAL_DIR = "@journal"  # the commit journals of writing processes (journal.py; format 6)
 HOLDERS_DIR = "@holders"  # who holds leases: one record per process and label (holders.py)
 GROUP_TAG_LENGTH = 12
 HOLDER_LENGTH = 12  # a holder token: 12 hex digits, random per process and label

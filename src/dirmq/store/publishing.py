@@ -401,7 +401,12 @@ class Publisher:
             # `each`: the files of a backlog bucket (a new directory each second) are on
             # @ready's filesystem, asked once, not of each bucket.
             context = self._context
-            context.group_commit.commit(pending, shared=context.shared, each=self._overlapped())
+            each = self._overlapped()
+            journal = context.journal
+            # One append and fdatasync of the journal for the group, on a local disk (journal.py).
+            if journal is not None and not each and journal.commit(pending):
+                return
+            context.group_commit.commit(pending, shared=context.shared, each=each)
             return
         # Writeback on a shared filesystem: each file is flushed by a descriptor of its own,
         # taken before the rename (WritebackFlusher.hold).

@@ -14,6 +14,7 @@ is created, shared and closed together here.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import threading
@@ -39,7 +40,9 @@ from dirmq.store.filemodes import GROUP, PRIVATE, Access, conform, group_id, mis
 from dirmq.store.filesystems import resolve_shared
 from dirmq.store.fsio import GroupCommit, WritebackFlusher
 from dirmq.store.holders import Holders
-from dirmq.store.marker import mark_current, root_marker_bytes
+from dirmq.store.journal import Journal
+from dirmq.store.journal_replay import recover_journals
+from dirmq.store.marker import check_readable, format_to_write, mark_current, root_marker_bytes
 from dirmq.store.names import queue_path
 from dirmq.store.queue import Queue
 from dirmq.store.watch import InotifyHub, polls
@@ -85,9 +88,14 @@ class Store:
         on_quarantine: Callable[[str], None] | None = None,
         events: StoreEvents | None = None,
         shared: bool | None = None,
+        journal: bool = True,
     ) -> None:
         """`shared`: the shared-filesystem mode (docs/FORMAT.md, "Filesystems") on or off;
-        None chooses it from the filesystem the root is on (`filesystems.is_shared`)."""
+        None chooses it from the filesystem the root is on (`filesystems.is_shared`).
+        `journal`: writethrough publishes on a local filesystem committed through the commit
+        journal (journal.py: one `fdatasync` a group; the root becomes format 6 at its first
+        use); False flushes each group's files and directories as format 5 did. Either way,
+        opening recovers the journals other processes left (journal_replay.py)."""
         self.root = os.path.abspath(os.fspath(root if root is not None else default_root()))
         marker = os.path.join(self.root, layout.ROOT_MARKER)
         if not _exists(marker):
@@ -100,7 +108,17 @@ class Store:
             self.access = root_access(self.root)
         except OSError as exc:
             raise storage_error(exc, f"reading {marker}") from exc
+        check_readable(self.root)
         mark_current(self.root, self.access)
+        try:
+            recover_journals(self.root, self.access)
+        except OSError as exc:
+            # A reader that may not write (a read-only mount, another user's root) leaves the
+            # journals to the next process that may: they lose nothing meanwhile.
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise storage_error(exc, f"recovering the commit journals of {self.root}") from exc
+        shared = resolve_shared(shared, self.root)
+        self.journal = Journal(self.root, self.access, enabled=journal and not shared)
         self.group_commit = GroupCommit(DataFlush().flush)
         self.writeback = WritebackFlusher(self.root)
         # What each queue is given of this Store (queues never see the Store itself).
@@ -113,7 +131,8 @@ class Store:
             dead_letter_dir=self.dead_letter_dir,
             events=with_quarantined(events, on_quarantine),
             access=self.access,
-            shared=resolve_shared(shared, self.root),
+            shared=shared,
+            journal=self.journal,
             holders=Holders(self.root, self.access),
             parse_config=self._parse_config,
         )
@@ -384,6 +403,7 @@ class Store:
 
     def close(self) -> None:
         self.writeback.flush_now()
+        self.journal.close()  # a last checkpoint: nothing of this Store left to recover
         with self._lock:
             for queue in self._queues.values():
                 queue.close()
@@ -418,7 +438,7 @@ def _init_root(root: str, access: Access, *, replace_marker: bool = False) -> No
     when its marker is made here (where this user may change it): the root is new, whoever
     made its directory."""
     marker = os.path.join(root, layout.ROOT_MARKER)
-    data = root_marker_bytes(access)
+    data = root_marker_bytes(access, format_to_write(root))
     try:
         os.makedirs(os.path.dirname(root), exist_ok=True)
         try:

@@ -154,6 +154,7 @@ class StreamedFile:
         try:
             # The final name is not known yet (the id is minted at publish): set then.
             pending = create_pending(tmp_dir, layout.tmp_name(new_id()), "", head, files.access)
+            pending.data = None  # its body is written later: no journal record (journal.py)
         except FileNotFoundError:
             raise QueueNotFound.missing(queue.name) from None
         except OSError as exc:

@@ -1,0 +1,344 @@
+"""The commit journal (root format 6): a writethrough publish made durable by one append and one
+`fdatasync` of this process's journal, instead of a flush of its files and their directories
+(issue 37; docs/FORMAT.md, "The commit journal").
+
+Theory of operation. A group of new message files (written, not flushed) is appended to this
+Store's journal, `@journal/<process token>.<n>`, as one record a file (its queue, its name in
+the queue, its bytes, a CRC), and the journal is `fdatasync`ed once for every group appended
+meanwhile (the first waiter flushes what all have appended). Only then are the files given
+their final names, with no flush of the files or their directories, and the publish answered:
+after a machine crash, whatever a lost page cache took is in a journal, which the next opener
+replays (journal_replay.py). A checkpoint thread, about once a second with anything appended
+(at once past `CHECKPOINT_BYTES`), switches to a new journal file, waits for the groups still
+publishing from the old one, `syncfs`es the root, and removes the old file: what it covered
+is on the disk itself now. A second without a publish closes and removes the journal (an idle
+process holds no file open for writing: the filesystem can be remounted read-only), and so
+does `close`.
+
+Where it applies (`commit` returns False otherwise, and the caller takes the usual group
+commit): a local filesystem (never the shared mode: another host's kernel could not flush our
+pages), every file of the group with its bytes known (`PendingFile.data`: not a streamed body)
+and at most `MAX_RECORD_DATA`, under this Store's root, in this process (not a forked child).
+
+Errors: a failed append is truncated back (a failure of that too leaves a torn record, which
+replay stops at, and the journal moves on to a new file); a failed `fdatasync` fails every
+group not yet flushed in that file, and the file is truncated to what was flushed and left.
+Either way the group's files are discarded: nothing half-visible, nothing counted.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import itertools
+import os
+import threading
+import time
+import weakref
+import zlib
+from dataclasses import dataclass, field
+
+from dirmq.errors import QueueNotFound, storage_error
+from dirmq.store import layout, marker
+from dirmq.store.filemodes import Access
+from dirmq.store.fsio import PendingFile, fsync_dir, syncfs
+from dirmq.store.processes import current
+
+MAGIC = b"dirmq-journal 1"
+CHECKPOINT_S = 1.0  # a crash's replay covers about this much, and a checkpoint costs a syncfs
+CHECKPOINT_BYTES = 64 << 20  # a journal this large is checkpointed at once
+# A larger body keeps its own file's flush: copied into the journal it would be written twice.
+MAX_RECORD_DATA = 1 << 20
+_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+_numbers = itertools.count(1)  # journal files of this process, across its Stores
+_IOV_MAX = 1024  # the pieces one writev takes (Linux's UIO_MAXIOV)
+
+
+def boot_id() -> str:
+    """The running kernel's boot id ("" where unknown: no journal is written then, since
+    nobody could tell a crash's journal from a live one)."""
+    try:
+        with open(_BOOT_ID_PATH) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def header(boot: str, owner: str) -> bytes:
+    """A journal file's first line: what it is, the boot it was written in, its owner."""
+    return b"%s boot=%s owner=%s\n" % (MAGIC, boot.encode(), owner.encode())
+
+
+def record_pieces(queue: str, name: str, data: bytes) -> list[bytes]:
+    """One record: `@<crc32 of the rest, 8 hex> <length of the rest>\\n<queue>\\0<name>\\0
+    <data>`, as pieces for one `writev` (the data not copied)."""
+    prefix = f"{queue}\0{name}\0".encode()
+    crc = zlib.crc32(data, zlib.crc32(prefix))
+    return [b"@%08x %d\n" % (crc, len(prefix) + len(data)), prefix, data]
+
+
+def file_name(token: str, number: int) -> str:
+    return f"{token}.{number}"
+
+
+@dataclass(eq=False)
+class _File:
+    """One journal file of this Store, open for appends until a checkpoint switches away."""
+
+    path: str
+    fd: int
+    appended: int  # bytes written (the header's at first)
+    empty_at: int  # `appended` with no record in it
+    durable: int = 0  # bytes known flushed
+    inflight: int = 0  # groups appended and not yet published (or failed)
+    error: OSError | None = None  # a failed flush: every record past `durable` failed with it
+    sync_lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Journal:
+    """The commit journal of one Store (one file at a time, `@journal/<token>.<n>`). Thread-safe.
+
+    `enabled` False (`Store(journal=False)`, `dirmq serve --no-journal`): `commit` always
+    declines, and the caller flushes each group as before."""
+
+    def __init__(self, root: str, access: Access, *, enabled: bool = True) -> None:
+        self.root = root
+        self.dir = os.path.join(root, layout.JOURNAL_DIR)
+        self._prefix = root + "/"
+        self._access = access
+        self._boot = boot_id()
+        self._pid = os.getpid()
+        self.enabled = enabled and bool(self._boot)
+        self._cond = threading.Condition(threading.Lock())
+        self._current: _File | None = None
+        self._retired: list[_File] = []  # switched away from, removed by the next checkpoint
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.last_error: OSError | None = None  # of a checkpoint (its journal is kept)
+        self.checkpoints = 0
+
+    # -- the writer -------------------------------------------------------------------------
+    def commit(self, files: list[PendingFile]) -> bool:
+        """Make `files` durable by a journal record each, then give them their final names: True.
+        False, touching nothing, where the journal does not apply (the module's docstring).
+        Raises as `GroupCommit.commit` does (`StorageError`, `QueueNotFound`), leaving nothing."""
+        if not self.enabled or not files or os.getpid() != self._pid:
+            return False
+        pieces: list[bytes] = []
+        prefix, skip = self._prefix, len(self._prefix)
+        for f in files:
+            data, final = f.data, f.final_path
+            if data is None or len(data) > MAX_RECORD_DATA or not final.startswith(prefix):
+                return False
+            queue, sep, name = final[skip:].partition("/@")
+            if not sep:
+                return False
+            pieces += record_pieces(queue, "@" + name, data)
+        published: list[str] = []
+        try:
+            journal, end = self._append(pieces)
+            try:
+                self._flush(journal, end)
+                for f in files:
+                    f.publish()
+                    published.append(f.final_path)
+            finally:
+                with self._cond:
+                    journal.inflight -= 1
+                    if not journal.inflight:
+                        self._cond.notify_all()
+        except OSError as exc:
+            for f in files:
+                f.discard()
+            for path in published:  # all or nothing, as GroupCommit.commit
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            if exc.errno == errno.ENOENT:
+                raise QueueNotFound(
+                    "the queue was deleted while messages were being stored"
+                ) from exc
+            raise storage_error(exc, "storing new messages") from exc
+        return True
+
+    def _append(self, pieces: list[bytes]) -> tuple[_File, int]:
+        """Append `pieces` to the current file (made at first use): the file and its end after
+        them, counted in flight. On failure the file is truncated back (or, if that fails too,
+        left for a new one) and the error raised."""
+        with self._cond:
+            journal = self._current
+            if journal is None:
+                journal = self._current = self._open_file(first=True)
+            start = journal.appended
+            try:
+                _write_all(journal.fd, pieces)
+            except OSError:
+                try:
+                    os.ftruncate(journal.fd, start)
+                except OSError:  # a torn record stays: replay stops there, so start afresh
+                    self._retire_current()
+                raise
+            journal.appended = end = start + sum(map(len, pieces))
+            journal.inflight += 1
+            if end >= CHECKPOINT_BYTES:
+                self._cond.notify_all()
+            return journal, end
+
+    def _flush(self, journal: _File, end: int) -> None:
+        """`fdatasync` `journal` up to at least `end`, once for every group appended meanwhile."""
+        with journal.sync_lock:
+            if journal.durable >= end:
+                return
+            if journal.error is not None:
+                raise OSError(journal.error.errno, journal.error.strerror)
+            target = journal.appended  # what is written now: every waiter's up to here
+            try:
+                os.fdatasync(journal.fd)
+            except OSError as exc:
+                with self._cond:
+                    journal.error = exc
+                    try:  # the records that failed are not counted: gone from the file
+                        os.ftruncate(journal.fd, journal.durable)
+                    except OSError:
+                        pass
+                    if journal is self._current:
+                        self._retire_current()
+                raise
+            journal.durable = max(journal.durable, target)
+
+    def _open_file(self, *, first: bool = False) -> _File:
+        """A new journal file, its header and its name durable. The first of a Store marks the
+        root format 6 first (an older process then refuses the root) and starts the checkpoints."""
+        if first:
+            marker.mark_journaled(self.root, self._access)
+            if not os.path.isdir(self.dir):
+                self._access.makedirs(self.dir)
+                fsync_dir(self.root)  # its name durable, as every journal's in it will be
+        token = current().token()
+        path = os.path.join(self.dir, file_name(token, next(_numbers)))
+        fd = self._access.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
+        try:
+            head = header(self._boot, token)
+            _write_all(fd, [head])
+            os.fdatasync(fd)
+            fsync_dir(self.dir)
+        except BaseException:
+            os.close(fd)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            raise
+        if first:
+            _open_journals.add(self)
+        if first and self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="dirmq-journal-checkpoint", daemon=True
+            )
+            self._thread.start()
+        return _File(path, fd, len(head), len(head), durable=len(head))
+
+    def _retire_current(self) -> None:
+        """(Under the lock.) Leave the current file to the next checkpoint; appends go to a new
+        one, made at the next append."""
+        if self._current is not None:
+            self._retired.append(self._current)
+            self._current = None
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                deadline = time.monotonic() + CHECKPOINT_S
+                while not self._stopping:
+                    current = self._current
+                    if current is not None and current.appended >= CHECKPOINT_BYTES:
+                        break
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                if self._stopping:
+                    return
+                current = self._current
+                empty = current is not None and current.appended == current.empty_at
+                idle = (current is None or empty) and not self._retired
+                if idle and current is None:  # no journal: the thread ends (the next
+                    self._thread = None  # journal file starts another), so a Store left
+                    return  # unclosed costs no thread waking each second
+            try:
+                if not idle:
+                    self.checkpoint()
+                elif empty:  # a second without a publish: no journal kept open (the next
+                    self.checkpoint(last=True)  # publish makes one), nothing to recover
+            except OSError as exc:  # the journal stays: the next checkpoint tries again
+                self.last_error = exc
+
+    def checkpoint(self, *, last: bool = False) -> None:
+        """Switch to a new file (none if `last`), wait for the groups publishing from the old
+        ones, `syncfs` the root, remove the old files. Raises OSError (files kept) on failure."""
+        fresh = None if last else self._open_file()
+        with self._cond:
+            self._retire_current()
+            self._current = fresh
+            while any(j.inflight for j in self._retired):
+                self._cond.wait()
+            covered = list(self._retired)
+        if not covered:
+            return
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            syncfs(fd)
+        finally:
+            os.close(fd)
+        for journal in covered:
+            os.close(journal.fd)
+            try:
+                os.unlink(journal.path)
+            except FileNotFoundError:
+                pass
+        with self._cond:
+            self._retired = [j for j in self._retired if j not in covered]
+        fsync_dir(self.dir)  # a removal lost to a crash would replay acknowledged consumption
+        self.checkpoints += 1
+
+    def close(self) -> None:
+        """A last checkpoint: every journal of this Store flushed and removed (kept, for the next
+        opener to flush, if that fails). Nothing in a forked child: the journal is its parent's
+        (and a lock a parent's thread held at the fork stays held)."""
+        if os.getpid() != self._pid:
+            return
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        try:
+            self.checkpoint(last=True)
+        except OSError as exc:
+            self.last_error = exc
+
+
+_open_journals: weakref.WeakSet[Journal] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """A process that exits without closing its Store leaves no journal for others to flush
+    (a crash or SIGKILL does: the next opener's, journal_replay.py)."""
+    for journal in list(_open_journals):
+        journal.close()
+
+
+def _write_all(fd: int, pieces: list[bytes]) -> None:
+    """`writev` of every piece, IOV_MAX at a time (a group of 400 messages is 1,200 pieces)."""
+    for start in range(0, len(pieces), _IOV_MAX):
+        chunk = pieces[start : start + _IOV_MAX]
+        written = os.writev(fd, chunk)
+        total = sum(map(len, chunk))
+        if written < total:  # rare (a signal, a full disk): the rest as one buffer
+            rest = memoryview(b"".join(chunk))[written:]
+            while rest:
+                rest = rest[os.write(fd, rest) :]

@@ -1,0 +1,317 @@
+"""Recovering the commit journals other processes left (journal.py; docs/FORMAT.md, "The commit
+journal"): by every Store that opens the root (one listing of `@journal/`) and by `dirmq fsck
+--repair`.
+
+What a journal needs depends on who wrote it and when (`judge`):
+- its owner runs (or cannot be seen from here: another pid namespace), in this boot: it is in
+  use; left alone;
+- its owner is dead, in this boot: every file its records name was given its name by this
+  kernel, so it is in the page cache and reaches the disk with a `syncfs`; the journal is then
+  removed. Replaying it would bring back messages consumed and acknowledged since;
+- it was written in an earlier boot (its header's boot id is not this kernel's): a machine
+  crash may have lost any file or name it covers. It is claimed by a rename (of two recovering
+  processes one wins, the other finds it gone), then each record whose message is in its queue
+  in no state (same id: @ready, the backlog, @leased, @delayed, @dead), or only in a file that
+  fails its checksum, is written durably where it was meant to go (a lease's into @ready, the
+  consumer being gone; a backlog or delay bucket no longer there: @ready, or @delayed flat),
+  and the journal is removed. A torn record (a crash mid-append) ends the journal: its publish
+  was never answered, nor was any after it. A journal claimed by a process that died (or by an
+  earlier boot) is claimed again and replayed again: a replay only writes what is missing.
+
+A consumer's ack is no more durable than before: after a machine crash an acknowledged message
+may come back from a journal, as an ack whose rename was lost may (at-least-once).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+
+from dirmq.errors import CorruptMessage, InvalidName
+from dirmq.store import backlog, delays, layout
+from dirmq.store.filemodes import Access
+from dirmq.store.filesystems import is_shared
+from dirmq.store.fsio import create_pending, fsync_dir, syncfs
+from dirmq.store.journal import MAGIC, boot_id
+from dirmq.store.names import validate_queue_name
+from dirmq.store.processes import (
+    HOST_TAG,
+    Liveness,
+    ProcessIdentity,
+    current,
+    liveness,
+    parse_token,
+)
+from dirmq.store.reading import read_message
+
+CLAIMED = "replaying"  # a claimed journal: replaying.<claimer token>.<its own name>
+HEADER_MAX = 512
+
+
+class Verdict(Enum):
+    IN_USE = "in use"  # its owner (or claimer) runs, or cannot be seen from here
+    DEAD = "dead"  # its owner died in this boot: flush and remove
+    CRASHED = "crashed"  # written in an earlier boot: replay
+    UNKNOWN = "unknown"  # not a journal's name
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    name: str
+    verdict: Verdict
+    owner: ProcessIdentity | None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    queue: str
+    name: str  # in the queue's directory: "@ready/<name>", "@backlog/<e>/<s>/<name>", ...
+    data: bytes
+
+
+def parse_name(name: str) -> tuple[ProcessIdentity, ProcessIdentity | None, str] | None:
+    """(owner, claimer or None, the boot of the claim or "") of a journal's file name, or None
+    for another name. A claimed journal is `replaying.<boot id>.<claimer token>.<its name>`."""
+    claimer, claim_boot = None, ""
+    if name.startswith(CLAIMED + "."):
+        parts = name.split(".")
+        if len(parts) != 11:
+            return None
+        claim_boot = parts[1]
+        claimer = parse_token(".".join(parts[2:6]))
+        if claimer is None:
+            return None
+        name = ".".join(parts[6:])
+    token, _, number = name.rpartition(".")
+    owner = parse_token(token)
+    if owner is None or not number.isdigit():
+        return None
+    return owner, claimer, claim_boot
+
+
+def read_header(path: str) -> str | None:
+    """The boot id in a journal's header; None if it has none (torn: no record follows)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_MAX).split(b"\n", 1)[0]
+    except FileNotFoundError:
+        return None
+    fields = head.split(b" ")
+    if b" ".join(fields[:2]) != MAGIC or len(fields) < 3 or not fields[2].startswith(b"boot="):
+        return None
+    return fields[2][5:].decode(errors="replace")
+
+
+def read_records(path: str) -> Iterator[Record]:
+    """The records of a journal, up to its end or its first torn record."""
+    with open(path, "rb") as f:
+        data = f.read()
+    at = data.find(b"\n") + 1
+    if not at:
+        return
+    while at < len(data):
+        end = data.find(b"\n", at, at + 32)
+        if end < 0 or data[at : at + 1] != b"@":
+            return
+        try:
+            crc_text, length_text = data[at + 1 : end].split(b" ")
+            crc, length = int(crc_text, 16), int(length_text)
+        except ValueError:
+            return
+        body = data[end + 1 : end + 1 + length]
+        if len(body) != length or zlib.crc32(body) != crc:
+            return
+        try:
+            queue, name, payload = body.split(b"\0", 2)
+            record = Record(queue.decode(), name.decode(), payload)
+        except ValueError:  # not what a writer wrote (UnicodeDecodeError is one)
+            return
+        yield record
+        at = end + 1 + length
+
+
+def judge(directory: str, name: str, boot: str, shared: bool = False) -> Judged:
+    """What the journal `name` needs (the module's docstring). `shared`: the root is on a
+    shared filesystem, where another host's journal is of another kernel, not of an earlier
+    boot (no process writes one there, but one that was told the filesystem is local might)."""
+    parsed = parse_name(name)
+    if parsed is None:
+        return Judged(name, Verdict.UNKNOWN, None)
+    owner, claimer, claim_boot = parsed
+    if shared and (claimer or owner).host != HOST_TAG:
+        return Judged(name, Verdict.IN_USE, owner)
+    if claimer is not None and claim_boot == boot and liveness(claimer) is not Liveness.DEAD:
+        return Judged(name, Verdict.IN_USE, owner)  # being replayed
+    written_in = read_header(os.path.join(directory, name))
+    if written_in is not None and written_in != boot:
+        return Judged(name, Verdict.CRASHED, owner)
+    # This boot's (or torn before its header was durable: then it holds no record).
+    if claimer is None and liveness(owner) is not Liveness.DEAD:
+        return Judged(name, Verdict.IN_USE, owner)
+    return Judged(name, Verdict.DEAD, owner)
+
+
+def judge_all(root: str) -> list[Judged]:
+    directory = os.path.join(root, layout.JOURNAL_DIR)
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    if not names:
+        return []
+    boot, shared = boot_id(), is_shared(root)
+    return [judge(directory, name, boot, shared) for name in names if not name.startswith(".")]
+
+
+def recover_journals(root: str, access: Access) -> int:
+    """Recover every journal of `root` that needs it; the number of messages written back."""
+    judged = [j for j in judge_all(root) if j.verdict in (Verdict.DEAD, Verdict.CRASHED)]
+    if not judged:
+        return 0
+    replayed = 0
+    if any(j.verdict is Verdict.DEAD for j in judged):
+        _syncfs(root)  # their files are in this kernel's page cache: now on the disk
+    for j in judged:
+        replayed += recover(root, j, access, flushed=True)
+    fsync_dir(os.path.join(root, layout.JOURNAL_DIR))
+    return replayed
+
+
+def recover(root: str, judged: Judged, access: Access, *, flushed: bool = False) -> int:
+    """Recover one journal `judge` found dead or crashed (`flushed`: the caller `syncfs`ed the
+    root since); the number of messages written back."""
+    path = os.path.join(root, layout.JOURNAL_DIR, judged.name)
+    if judged.verdict is Verdict.CRASHED:
+        return replay(root, judged.name, access)
+    if judged.verdict is Verdict.DEAD:
+        if not flushed:
+            _syncfs(root)
+        _unlink(path)
+    return 0
+
+
+def _syncfs(root: str) -> None:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        syncfs(fd)
+    finally:
+        os.close(fd)
+
+
+def replay(root: str, name: str, access: Access) -> int:
+    """Claim the journal `name` of an earlier boot and write back what its records hold and
+    the queues miss; the number written (0 if another process claimed it first)."""
+    directory = os.path.join(root, layout.JOURNAL_DIR)
+    original = ".".join(name.split(".")[6:]) if name.startswith(CLAIMED + ".") else name
+    claim = f"{CLAIMED}.{boot_id()}.{current().token()}.{original}"
+    claimed = os.path.join(directory, claim)
+    try:
+        os.rename(os.path.join(directory, name), claimed)
+    except FileNotFoundError:
+        return 0  # another process claimed it
+    by_queue: dict[str, list[Record]] = {}
+    for record in read_records(claimed):
+        if _sound(record):
+            by_queue.setdefault(record.queue, []).append(record)
+    written = 0
+    for queue, records in by_queue.items():
+        written += _replay_queue(os.path.join(root, queue), records, access)
+    _unlink(claimed)
+    return written
+
+
+def _sound(record: Record) -> bool:
+    """Whether a record names a place inside its queue, as a writer would (a file edited by
+    hand may name anything: nothing outside the root is ever written)."""
+    try:
+        validate_queue_name(record.queue)
+    except InvalidName:
+        return False
+    parts = record.name.split("/")
+    return parts[0] in layout.STATE_DIRS and all(p and p not in (".", "..") for p in parts)
+
+
+def _replay_queue(queue_dir: str, records: list[Record], access: Access) -> int:
+    if not os.path.exists(os.path.join(queue_dir, layout.CONFIG_FILE)):
+        return 0  # the queue was deleted since: its messages with it
+    ids = {os.path.basename(r.name)[: layout.ID_LENGTH] for r in records}
+    found = _locate(queue_dir, ids)
+    written = 0
+    for record in records:
+        message_id = os.path.basename(record.name)[: layout.ID_LENGTH]
+        place = found.get(message_id)
+        if place is not None:
+            path = f"{queue_dir}/{place[0]}/{place[1]}"
+            try:
+                read_message(path, message_id)
+                continue  # there, intact: whatever became of it since stands
+            except CorruptMessage:
+                _unlink(path)  # torn by the crash: written anew below
+            except FileNotFoundError:
+                pass
+        if _write_back(queue_dir, record, message_id, access):
+            written += 1
+    return written
+
+
+def _locate(queue_dir: str, ids: set[str]) -> dict[str, tuple[str, str]]:
+    """(queue-relative directory, name) of each of `ids` found in the queue, in any state."""
+    found: dict[str, tuple[str, str]] = {}
+    for directory in (layout.READY, layout.LEASED, layout.DEAD):
+        try:
+            names = os.listdir(os.path.join(queue_dir, directory))
+        except FileNotFoundError:
+            continue
+        for name in names:
+            message_id = name[: layout.ID_LENGTH]
+            if message_id in ids and message_id not in found:
+                found[message_id] = (directory, name)
+    if missing := ids - found.keys():
+        found.update(backlog.find(queue_dir, missing))
+    if missing := ids - found.keys():
+        found.update(delays.find(queue_dir, missing))
+    return found
+
+
+def _write_back(queue_dir: str, record: Record, message_id: str, access: Access) -> bool:
+    """Write the record's message durably where it was meant to go (see the module's
+    docstring); False if a file of that name appeared meanwhile."""
+    directory, _, name = record.name.rpartition("/")
+    entry = layout.parse_entry(name)
+    if entry is None:
+        return False
+    target_dir = f"{queue_dir}/{directory}"
+    if directory == layout.LEASED:
+        target_dir = f"{queue_dir}/{layout.READY}"
+        name = layout.ready_name(message_id, entry.count, entry.group, entry.level)
+    elif not os.path.isdir(target_dir):
+        home = layout.DELAYED if entry.at_ms is not None else layout.READY
+        target_dir = f"{queue_dir}/{home}"
+    pending = create_pending(
+        f"{queue_dir}/{layout.TMP}",
+        layout.tmp_name(message_id),
+        f"{target_dir}/{name}",
+        record.data,
+        access,
+    )
+    try:
+        os.fsync(pending.fd)
+        pending.publish()
+    except FileExistsError:
+        pending.discard()
+        return False
+    except BaseException:
+        pending.discard()
+        raise
+    fsync_dir(target_dir)
+    return True
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

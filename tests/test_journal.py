@@ -1,0 +1,396 @@
+"""The commit journal (store/journal.py, store/journal_replay.py; docs/FORMAT.md, "The commit
+journal"): a writethrough group's record made durable before its files are named, its
+checkpoints, the recovery of a dead process's journal (this boot: flushed, never replayed) and
+of a machine crash's (an earlier boot: what is missing written back, nothing else), its errors,
+fsck, the root's format, and the server with the journal on and off."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import dirmq
+from dirmq.errors import ConfigError
+from dirmq.store import codec, fsio, layout
+from dirmq.store.fsck import Kind, fsck
+from dirmq.store.journal import header, record_pieces
+from dirmq.store.journal_replay import Verdict, judge_all, read_records
+from dirmq.store.marker import BASE_FORMAT, ROOT_FORMAT
+from dirmq.store.processes import HOST_TAG, ProcessIdentity, current
+
+from .support.faultfs import FaultyFS
+from .support.procs import dead_pid, kill, spawn
+from .support.servers import start_server
+from .support.waiting import wait_until
+
+ANOTHER_BOOT = "00000000-0000-4000-8000-000000000000"  # a boot id this kernel never had
+
+
+def _journals(root: Path) -> list[str]:
+    directory = root / layout.JOURNAL_DIR
+    return sorted(os.listdir(directory)) if directory.exists() else []
+
+
+def _format(root: Path) -> int:
+    return int(json.loads((root / layout.ROOT_MARKER).read_text())["format"])
+
+
+def _dead_owner() -> str:
+    """The token of a process of this host and namespace that has exited."""
+    return ProcessIdentity(HOST_TAG, current().pid_ns, dead_pid(), 1).token()
+
+
+def _write_journal(
+    root: Path, records: list[tuple[str, str, bytes]], *, boot: str, tail: bytes = b""
+) -> Path:
+    """A journal of a dead process written in `boot` holding `records` (queue, name in the
+    queue, bytes), and `tail` after them (a torn record)."""
+    owner = _dead_owner()
+    path = root / layout.JOURNAL_DIR / f"{owner}.1"
+    path.parent.mkdir(mode=0o700, exist_ok=True)  # the modes of a private root's (as written)
+    pieces = [header(boot, owner)]
+    for queue, name, data in records:
+        pieces += record_pieces(queue, name, data)
+    path.write_bytes(b"".join(pieces) + tail)
+    path.chmod(0o600)
+    return path
+
+
+def _file_of(q: dirmq.Queue, message_id: str) -> tuple[str, bytes]:
+    """(name in the queue's directory, bytes) of a message's file, in whatever state."""
+    for directory in (layout.READY, layout.LEASED, layout.DEAD):
+        for name in os.listdir(os.path.join(q.path, directory)):
+            if name.startswith(message_id):
+                with open(os.path.join(q.path, directory, name), "rb") as f:
+                    return f"{directory}/{name}", f.read()
+    raise AssertionError(f"{message_id} has no file")
+
+
+def _copies(q: dirmq.Queue, message_id: str) -> list[str]:
+    return [
+        f"{directory}/{name}"
+        for directory in (layout.READY, layout.LEASED, layout.DEAD, layout.CORRUPT)
+        for name in os.listdir(os.path.join(q.path, directory))
+        if name.startswith(message_id)
+    ]
+
+
+# -- the writer ---------------------------------------------------------------------------------
+def test_a_groups_record_is_flushed_before_its_files_are_named(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    assert _format(root) == BASE_FORMAT, "no journal yet: the root stays readable by format 5"
+    ready_at_flush: list[list[str]] = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:  # what is visible when the journal is flushed
+        ready_at_flush.append(os.listdir(os.path.join(q.path, layout.READY)))
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    ids = q.put_many([b"one", b"two", b"three"])
+    monkeypatch.setattr(os, "fdatasync", real_fdatasync)
+    assert ready_at_flush[-1] == [], "a file was named before its record was durable"
+    assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted(ids)
+    assert _format(root) == ROOT_FORMAT, "the first journal marks the root format 6"
+    [journal] = _journals(root)
+    records = list(read_records(str(root / layout.JOURNAL_DIR / journal)))
+    assert [(r.queue, r.name) for r in records] == [("q", f"@ready/{i}") for i in ids]
+    assert [r.data for r in records] == [_file_of(q, i)[1] for i in ids]
+    store.close()
+    assert _journals(root) == [], "close checkpoints and removes the journal"
+
+
+def test_a_group_of_thousands_is_one_journal_append(root: Path) -> None:
+    with dirmq.Store(root) as store:
+        q = store.create_queue("q")
+        ids = q.put_many([b"%d" % i for i in range(2000)])  # 6,000 pieces: past IOV_MAX
+        [journal] = _journals(root)
+        records = list(read_records(str(root / layout.JOURNAL_DIR / journal)))
+        assert [r.name.rpartition("/")[2] for r in records] == ids
+        assert {r.name.split("/")[0] for r in records} == {"@ready", "@backlog"}  # past 1,000
+
+
+def test_a_checkpoint_removes_the_journal_once_the_files_are_flushed(root: Path) -> None:
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    q.put(b"x")
+    first = _journals(root)
+    assert len(first) == 1
+    wait_until(lambda: first[0] not in _journals(root), 10, "a checkpoint")
+    q.put(b"y")  # a new journal file, since the last one was dropped
+    assert _journals(root) and _journals(root) != first
+    wait_until(lambda: not _journals(root), 10, "an idle journal closed")
+    assert store.journal.checkpoints >= 2
+    assert q.stats().ready == 2
+    store.close()
+
+
+def test_the_direct_path_commits_through_the_journal(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dirmq.store.direct_lease import DirectLease
+
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    flushed_dirs: list[str] = []
+    real_fsync_dir = fsio.fsync_dir
+    monkeypatch.setattr(
+        "dirmq.store.direct_lease.fsync_dir", lambda p: flushed_dirs.append(p) or real_fsync_dir(p)
+    )
+    message = dirmq.OutgoingMessage(b"straight")
+    q.validate(message)
+    assert q.direct.admits(message, None)
+    [leased] = q.direct.put_leased([DirectLease(message, 30.0, None)])
+    assert flushed_dirs == [], "no directory fsync: the journal's record made it durable"
+    [journal] = _journals(root)
+    [record] = read_records(str(root / layout.JOURNAL_DIR / journal))
+    assert record.name.startswith(f"{layout.LEASED}/{leased.id}.1.")
+    q.ack(leased.receipt or "")
+    store.close()
+
+
+def test_the_journal_off_leaves_the_root_at_format_5(root: Path) -> None:
+    with dirmq.Store(root, journal=False) as store:
+        store.create_queue("q").put_many([b"a", b"b"])
+        assert _journals(root) == [] and _format(root) == BASE_FORMAT
+
+
+# -- errors -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("call", "error"), [("writev", errno.ENOSPC), ("fdatasync", errno.EIO)])
+def test_a_failed_append_or_flush_fails_the_group_and_counts_no_record(
+    root: Path, monkeypatch: pytest.MonkeyPatch, call: str, error: int
+) -> None:
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    kept = q.put(b"before")
+    [journal] = _journals(root)
+    path = root / layout.JOURNAL_DIR / journal
+    size = path.stat().st_size
+    faults = FaultyFS(monkeypatch, root)
+    faults.fail(call, error)
+    expected = dirmq.DiskFull if error == errno.ENOSPC else dirmq.StorageError
+    with pytest.raises(expected):
+        q.put_many([b"lost", b"too"])
+    faults.clear()
+    assert os.listdir(os.path.join(q.path, layout.READY)) == [kept], "nothing half-visible"
+    assert os.listdir(os.path.join(q.path, layout.TMP)) == []
+    assert path.stat().st_size == size, "the failed group's records were truncated away"
+    later = q.put(b"after")  # the journal goes on (a new file after a failed flush)
+    names = [r.name for j in _journals(root) for r in read_records(str(root / "@journal" / j))]
+    assert f"@ready/{later}" in names and not any("lost" in n for n in names)
+    assert sorted(m.body for m in q.get(5)) == [b"after", b"before"]
+    store.close()
+
+
+# -- recovery: a dead process of this boot ------------------------------------------------------
+def test_a_killed_publishers_journal_is_flushed_and_removed_never_replayed(root: Path) -> None:
+    with dirmq.Store(root) as setup:
+        setup.create_queue("q")
+    publisher = spawn("publish", root, "q", module="tests.support.journal_workers")
+    assert publisher.stdout is not None
+    acknowledged: list[str] = []
+    while len(acknowledged) < 200:
+        acknowledged += publisher.stdout.readline().split()
+    acknowledged += kill(publisher).split()
+    journals = _journals(root)
+    assert journals, "the publisher was killed with its journal open"
+    # A message consumed meanwhile (its file gone, as an ack retires it): a replay would bring
+    # it back, a flush does not.
+    consumed = acknowledged[0]
+    os.unlink(os.path.join(root, "q", layout.READY, consumed))
+    report = fsck(root, repair=False)
+    assert {p.kind for p in report.problems} == {Kind.JOURNAL}
+    assert report.ok, "a dead process's journal is a notice"
+    with dirmq.Store(root) as store:
+        assert _journals(root) == []
+        q = store.queue("q")
+        ready = os.listdir(os.path.join(q.path, layout.READY))
+        assert consumed not in ready
+        assert sorted(set(acknowledged) - {consumed}) == sorted(
+            n for n in ready if n in set(acknowledged)
+        ), "every acknowledged message present, once"
+
+
+# -- recovery: a machine crash (an earlier boot) ------------------------------------------------
+FATES = ("intact", "lost", "torn", "leased", "dead", "tail")
+
+
+@pytest.fixture
+def crashed(root: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A root whose queue `q` holds messages in every fate a machine crash can leave, and a
+    journal of an earlier boot recording all of them: the messages' names by fate."""
+    store = dirmq.Store(root, journal=False)
+    q = store.create_queue("q")
+    gone_q = store.create_queue("deleted")
+    fates = dict(zip(FATES, q.put_many([f.encode() for f in FATES]), strict=True))
+    data = {fate: _file_of(q, message_id)[1] for fate, message_id in fates.items()}
+    # Recorded as their publish named them (in @ready, never received).
+    records = [("q", f"{layout.READY}/{fates[f]}", data[f]) for f in FATES if f != "tail"]
+    for message in q.get(len(FATES), visibility_s=600):
+        if message.id == fates["dead"]:
+            q.dead_letter(message.receipt or "")
+        elif message.id != fates["leased"]:  # that one stays leased
+            q.nack(message.receipt or "")  # now @ready/<id>.1
+    # A direct lease whose file the crash lost: written back into @ready.
+    direct_id = "1" * 16 + "-" + "d" * 12
+    lost_lease = f"{layout.LEASED}/{layout.timed_name(direct_id, 1, 1, None)}"
+    records.append(("q", lost_lease, codec.encode(b"direct", {}, None, message_id=direct_id)))
+    fates["direct"] = direct_id
+    gone_id = gone_q.put(b"gone")
+    records.append(("deleted", *_file_of(gone_q, gone_id)))
+    store.close()
+    shutil.rmtree(os.path.join(root, "deleted"))  # its queue deleted since
+    ready = os.path.join(q.path, layout.READY)
+    os.unlink(os.path.join(ready, f"{fates['lost']}.1"))
+    with open(os.path.join(ready, f"{fates['torn']}.1"), "r+b") as f:
+        f.truncate(10)
+    os.unlink(os.path.join(ready, f"{fates['tail']}.1"))
+    tail = b"".join(record_pieces("q", f"{layout.READY}/{fates['tail']}", data["tail"]))
+    _write_journal(root, records, boot=ANOTHER_BOOT, tail=tail[:-3])
+    yield root, fates
+
+
+def test_a_crash_journal_writes_back_exactly_what_is_missing_or_torn(
+    crashed: tuple[Path, dict[str, str]],
+) -> None:
+    root, fates = crashed
+    [judged] = judge_all(str(root))
+    assert judged.verdict is Verdict.CRASHED
+    with dirmq.Store(root) as store:
+        assert _journals(root) == []
+        q = store.queue("q")
+        ready = os.listdir(os.path.join(q.path, layout.READY))
+        assert fates["lost"] in ready and q.peek(fates["lost"]).body == b"lost"
+        assert fates["torn"] in ready and q.peek(fates["torn"]).body == b"torn"
+        assert _copies(q, fates["torn"]) == [f"{layout.READY}/{fates['torn']}"], "torn: anew"
+        for fate in ("intact", "leased", "dead"):  # there, in any state: left as it is
+            assert len(_copies(q, fates[fate])) == 1, fate
+        assert _copies(q, fates["leased"])[0].startswith(layout.LEASED)
+        assert _copies(q, fates["dead"])[0].startswith(layout.DEAD)
+        assert _copies(q, fates["tail"]) == [], "a torn tail record was never acknowledged"
+        assert _copies(q, fates["direct"]) == [f"{layout.READY}/{fates['direct']}.1"]
+        assert _copies(q, fates["intact"]) == [f"{layout.READY}/{fates['intact']}.1"]
+        assert q.peek(fates["direct"]).body == b"direct"
+        assert not os.path.exists(os.path.join(root, "deleted"))
+    report = fsck(root, repair=False)
+    assert report.ok, report.problems
+
+
+def test_a_replay_cut_short_by_its_claimers_death_is_claimed_and_done_again(
+    crashed: tuple[Path, dict[str, str]],
+) -> None:
+    root, fates = crashed
+    [name] = _journals(root)
+    claimed = f"replaying.{ANOTHER_BOOT}.{_dead_owner()}.{name}"
+    os.rename(root / layout.JOURNAL_DIR / name, root / layout.JOURNAL_DIR / claimed)
+    [judged] = judge_all(str(root))
+    assert judged.verdict is Verdict.CRASHED
+    with dirmq.Store(root) as store:
+        assert _journals(root) == []
+        q = store.queue("q")
+        for fate in ("lost", "torn", "direct", "intact", "leased"):
+            assert len(_copies(q, fates[fate])) == 1, fate
+
+
+def test_a_replay_writes_nothing_outside_its_queues(root: Path) -> None:
+    with dirmq.Store(root, journal=False) as store:
+        store.create_queue("q")
+    message_id = "1" * 16 + "-" + "e" * 12
+    data = codec.encode(b"escape", {}, None, message_id=message_id)
+    records = [
+        ("q", f"{layout.READY}/../../{message_id}", data),
+        ("../outside", f"{layout.READY}/{message_id}", data),
+        ("q", f"not-a-state/{message_id}", data),
+    ]
+    _write_journal(root, records, boot=ANOTHER_BOOT)
+    before = sorted(p.name for p in root.parent.iterdir())
+    with dirmq.Store(root):
+        assert _journals(root) == []
+    assert sorted(p.name for p in root.parent.iterdir()) == before
+    assert not list(root.glob(f"**/{message_id}*"))
+
+
+def test_two_processes_recovering_one_crash_journal_write_each_message_once(
+    crashed: tuple[Path, dict[str, str]],
+) -> None:
+    root, fates = crashed
+    workers = [
+        spawn("recover", root, module="tests.support.journal_workers", stdin=True) for _ in range(2)
+    ]
+    for worker in workers:
+        assert worker.stdin is not None
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+    counts = sorted(int(worker.communicate(timeout=60)[0]) for worker in workers)
+    assert counts == [0, 3], "one claimed it (lost, torn, direct), the other found it gone"
+    with dirmq.Store(root) as store:
+        q = store.queue("q")
+        for fate in ("lost", "torn", "direct", "intact"):
+            assert len(_copies(q, fates[fate])) == 1, fate
+
+
+def test_fsck_reports_a_crash_journal_and_repair_replays_it(
+    crashed: tuple[Path, dict[str, str]],
+) -> None:
+    root, fates = crashed
+    report = fsck(root, repair=False)
+    [problem] = [p for p in report.problems if p.kind.value == "journal"]
+    assert "earlier boot" in problem.detail and not problem.repaired
+    assert _journals(root), "a check alone changes nothing"
+    repaired = fsck(root, repair=True)
+    [fixed] = [p for p in repaired.problems if p.kind.value == "journal"]
+    assert fixed.repaired and "3 missing message(s) written back" in fixed.detail
+    assert _journals(root) == []
+    assert os.path.exists(os.path.join(root, "q", layout.READY, fates["lost"]))
+
+
+def test_a_journal_of_a_live_process_is_left_alone(root: Path) -> None:
+    with dirmq.Store(root) as store:
+        q = store.create_queue("q")
+        q.put(b"x")
+        [journal] = _journals(root)
+        with dirmq.Store(root) as other:  # another opener: the owner (this process) runs
+            assert other.queue("q").stats().ready == 1
+        assert _journals(root) == [journal]
+        assert [j.verdict for j in judge_all(str(root))] == [Verdict.IN_USE]
+        assert not [p for p in fsck(root, repair=False).problems if p.kind.value == "journal"]
+
+
+# -- the format ---------------------------------------------------------------------------------
+def test_a_root_of_a_newer_format_is_refused(root: Path) -> None:
+    root.mkdir()
+    (root / layout.ROOT_MARKER).write_text('{"format": 7, "access": "private"}\n')
+    with pytest.raises(ConfigError, match="format 7, newer than this dirmq reads"):
+        dirmq.Store(root)
+    report = fsck(root, repair=True)
+    assert any("unsupported root format 7" in p.detail for p in report.problems)
+
+
+# -- the server ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("journal", [True, False])
+def test_the_servers_publish_with_the_journal_on_and_off(tmp_path: Path, journal: bool) -> None:
+    root = tmp_path / "root"
+    server = start_server(root, *([] if journal else ["--no-journal"]))
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            assert client.put("/q").status_code in (200, 201)
+            answer = client.post("/q/messages", content=b"hello")
+            assert answer.status_code == 201, answer.text
+            message_id = answer.json()["id"]
+            assert os.listdir(root / "q" / layout.READY) == [message_id]
+            assert bool(_journals(root)) is journal
+            assert _format(root) == (ROOT_FORMAT if journal else BASE_FORMAT)
+            assert client.get("/q/messages").content == b"hello"
+    finally:
+        server.stop()
+    assert _journals(root) == [], "a server that stops leaves no journal"
