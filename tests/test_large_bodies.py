@@ -1,7 +1,7 @@
 """Large message bodies go to their file as they arrive and leave it by `sendfile` (issue 35):
 a streamed file is byte for byte what the codec writes, a large body round-trips over plain TCP
 and TLS, an upload that does not finish leaves nothing, and the server's memory does not grow
-with the body's size."""
+with the body's size (with a priority and a time to live: test_large_bodies_ranked.py)."""
 
 from __future__ import annotations
 
@@ -219,31 +219,6 @@ def test_a_body_just_under_the_threshold_and_one_over_it_round_trip(
     _queue(server.url, "edges")
     for size in (MIB - 1, MIB, MIB + 1):
         _round_trip(server.url, "edges", _body(size, seed=size % 251 + 1))
-
-
-def test_a_large_body_keeps_its_priority_and_its_time_to_live(server: ServerProcess) -> None:
-    """A body over the streaming threshold with a priority or a time to live (its own or its
-    queue's) is published with them: the streamed file's head and name carry neither, so it
-    goes the usual way (it was delivered at level 0, and never expired)."""
-    large = _body(2 * MIB, seed=5)
-    _queue(server.url, "ranked", priority_levels=3)
-    with httpx.Client(base_url=server.url, timeout=60) as http:
-        assert http.post("/ranked/messages", content=b"low").status_code == 201
-        posted = http.post("/ranked/messages", content=large, params={"priority": "2"})
-        assert posted.status_code == 201, posted.text
-        got = http.get("/ranked/messages")
-        assert got.headers["x-message-id"] == posted.json()["id"] and got.content == large
-        assert got.headers["x-priority"] == "2"
-    for name, params, config in (
-        ("own-ttl", {"ttl": "100ms"}, {}),
-        ("queue-ttl", {}, {"message_ttl_s": 0.1}),
-    ):
-        _queue(server.url, name, **config)
-        with httpx.Client(base_url=server.url, timeout=60) as http:
-            posted = http.post(f"/{name}/messages", content=large, params=params)
-            assert posted.status_code == 201, posted.text
-            time.sleep(0.3)  # past its deadline: a time to live is measured by the clock
-            assert http.get(f"/{name}/messages").status_code == 204, name
 
 
 def test_large_bodies_in_a_multipart_receive_and_a_long_poll_are_whole(

@@ -3,19 +3,27 @@
 Theory of operation. `StreamedFile.create` makes the message's file in @tmp (an unnamed
 O_TMPFILE inode where the filesystem has them, so a crash leaves nothing; else a named temp that
 recovery.py removes once its writer is dead) and writes its head at once: the header lines
-`codec.encode` writes, in its order, with the two values known only at the end, `Body-CRC32` and
-`Dirmq-Id`, as placeholders of their fixed widths. `write` appends body bytes and folds them into
-the CRC, so nothing but the pieces being written is held; for a `writethrough` publish it asks
-the kernel to start writing them to the disk (`sync_file_range`, every `WRITEBACK_BYTES`): the
-final fsync then waits for the last few megabytes rather than the whole body, so the disk works
-while the body still arrives (a file written whole and then fsynced, as `dd conv=fsync` does,
-leaves it idle until the end).
-`publish` checks that exactly
-`Content-Length` bytes came, mints the id (now: FIFO is publish order, as for every message),
-writes it and the CRC over their placeholders (`pwrite`), and hands the file to the queue's own
-commit (`Publisher._commit`: fsync, rename into @ready or @delayed, directory fsync, as the
-durability says). The file is then byte for byte what `codec.encode` makes of the same message;
-`discard` leaves nothing behind.
+`codec.encode` writes, in its order, with the values known only at the end, `Body-CRC32`,
+`Dirmq-Id` and a time to live's `Dirmq-Expires`, as placeholders of their fixed widths. `write`
+appends body bytes and folds them into the CRC, so nothing but the pieces being written is
+held; for a `writethrough` publish it asks the kernel to start writing them to the disk
+(`sync_file_range`, every `WRITEBACK_BYTES`): the final fsync then waits for the last few
+megabytes rather than the whole body, so the disk works while the body still arrives (a file
+written whole and then fsynced, as `dd conv=fsync` does, leaves it idle until the end).
+`publish` checks that exactly `Content-Length` bytes came, mints the id (now: FIFO is publish
+order, as for every message), writes it, the CRC and the deadline over their placeholders
+(`pwrite`), and hands the file to the queue's own commit (`Publisher._commit`: fsync, rename
+into @ready, its level's backlog bucket or @delayed, directory fsync, as the durability says).
+The file is then byte for byte what `codec.encode` makes of the same message; `discard` leaves
+nothing behind.
+
+A priority is the `^<level>` of the name, chosen at publish like the rest of the name. A time to
+live (the publish's own, else the queue's `message_ttl_s` when the upload begins: the head needs
+its line then) counts from the publish, as every message's does (expiry.py): its deadline is
+written at publish, not when the upload began, so a slow upload does not eat into it. The
+placeholder is as wide as the deadline would be at the start; the one written at publish is
+zero-padded to it (only a clock set back across a power of ten makes it narrower; one past
+10^13 ms, in the year 2286, is needed to make it wider, then it is the largest that fits).
 
 Not for every publish: the caller streams only a message with no dedup id into a queue without
 a capacity (a capacity token is taken with the id and named in the file's head), on a local
@@ -31,14 +39,17 @@ import os
 import threading
 import zlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from dirmq.errors import InvalidArgument, MessageTooLarge, QueueNotFound, storage_error
-from dirmq.store import backlog, codec, delays, layout
-from dirmq.store.bounds import check_optional_seconds
-from dirmq.store.config import Durability
+from dirmq.store import backlog, codec, layout
+from dirmq.store.bounds import check_optional_seconds, check_seconds
+from dirmq.store.config import Durability, QueueConfig
+from dirmq.store.expiry import EXPIRES
 from dirmq.store.filebase import now_ms
 from dirmq.store.fsio import PendingFile, create_pending
 from dirmq.store.ids import new_id
+from dirmq.store.priorities import check_priority
 from dirmq.store.queue import Queue
 
 _ID_PLACEHOLDER = "0" * 16 + "-" + "0" * 12  # an id's width (ids.py), overwritten at publish
@@ -78,26 +89,56 @@ def streamable(queue: Queue) -> bool:
     return queue.config.capacity is None and not files.context.shared
 
 
-def head_of(length: int, headers: Mapping[str, str], group: str | None) -> tuple[bytes, int, int]:
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A streamed file's head (`head_of`): its bytes, and where the values written at publish
+    go (offsets into it; `expires_at` None: no time to live, `expires_width` digits else)."""
+
+    data: bytes
+    crc_at: int
+    id_at: int
+    expires_at: int | None = None
+    expires_width: int = 0
+
+
+def head_of(
+    length: int, headers: Mapping[str, str], group: str | None, expires_width: int = 0
+) -> Head:
     """The head `codec.encode` writes for a body of `length` bytes, with placeholders for the
-    CRC and the id: (head, offset of the CRC's 8 hex digits, offset of the id)."""
+    CRC, the id and (`expires_width` > 0) a deadline of that many digits."""
     lines = [
         f"Dirmq-Format: {codec.FORMAT_VERSION}",
         f"Content-Length: {length}",
         f"Body-CRC32: {_CRC_PLACEHOLDER}",
         f"Dirmq-{codec.ID}: {_ID_PLACEHOLDER}",
     ]
-    if group is not None:
+    if group is not None:  # system headers in `Publisher._encode`'s order
         lines.append(f"Dirmq-Group: {group}")
+    expires_label = f"Dirmq-{EXPIRES}: "
+    if expires_width:
+        lines.append(expires_label + "0" * expires_width)
     lines.extend(f"{name}: {value}" for name, value in headers.items())
     text = "\n".join(lines) + "\n\n"
-    head = text.encode("utf-8")
-    if len(head) > codec.MAX_HEADER_BYTES:
+    data = text.encode("utf-8")
+    if len(data) > codec.MAX_HEADER_BYTES:
         limit = codec.MAX_HEADER_BYTES
-        raise InvalidArgument(f"headers take {len(head)} bytes; the limit is {limit}")
-    crc_at = head.index(b"Body-CRC32: ") + len(b"Body-CRC32: ")
-    id_at = head.index(b"Dirmq-Id: ") + len(b"Dirmq-Id: ")
-    return head, crc_at, id_at
+        raise InvalidArgument(f"headers take {len(data)} bytes; the limit is {limit}")
+    expires_at = None
+    if expires_width:
+        expires_at = data.index(b"\n" + expires_label.encode()) + 1 + len(expires_label)
+    return Head(
+        data,
+        data.index(b"Body-CRC32: ") + len(b"Body-CRC32: "),
+        data.index(b"Dirmq-Id: ") + len(b"Dirmq-Id: "),
+        expires_at,
+        expires_width,
+    )
+
+
+def _deadline_text(deadline_ms: int, width: int) -> bytes:
+    """`deadline_ms` in exactly `width` digits (zero-padded; the largest that fits if wider,
+    which no clock before the year 2286 makes: see the module docstring)."""
+    return b"%0*d" % (width, min(deadline_ms, 10**width - 1))
 
 
 class StreamedFile:
@@ -111,15 +152,18 @@ class StreamedFile:
         pending: PendingFile,
         length: int,
         group: str | None,
-        offsets: tuple[int, int],
-        head_size: int,
+        head: Head,
         durability: Durability | None,
+        priority: int = 0,
+        ttl_ms: int | None = None,
     ) -> None:
         self.queue = queue
         self.durability = durability  # None: the queue's, when it is published
         self.length = length  # the body's, from the request's Content-Length
+        self.priority = priority
         self.written = 0
-        self._head_size = head_size
+        self._head = head
+        self._ttl_ms = ttl_ms  # the deadline is the publish's time plus this
         self._flushed = 0  # the file's bytes up to here are handed to the disk
         # Early writeback only where the publish will wait for the disk anyway.
         level = durability or queue.config.durability
@@ -128,7 +172,6 @@ class StreamedFile:
         self._taking = threading.Lock()
         self._group = group
         self._crc = 0
-        self._crc_at, self._id_at = offsets
 
     @classmethod
     def create(
@@ -138,28 +181,43 @@ class StreamedFile:
         headers: Mapping[str, str],
         group: str | None = None,
         durability: Durability | str | None = None,
+        *,
+        priority: int = 0,
+        ttl_s: float | None = None,
     ) -> StreamedFile:
         """The file of a message of `length` body bytes, its head written, to be published as
-        `durability` says (None: the queue's). Raises what a publish of the same message would
-        (`MessageTooLarge`, `InvalidArgument`, a missing queue), before anything is written."""
+        `durability` says (None: the queue's), at `priority`, with a time to live of `ttl_s`
+        (None: the queue's `message_ttl_s` now). Raises what a publish of the same message
+        would (`MessageTooLarge`, `InvalidArgument`, a missing queue), before anything is
+        written."""
         level = None if durability is None else Durability(durability)
         config = queue.config
         if length > config.max_message_bytes:
             raise MessageTooLarge.for_queue(queue.name, length, config.max_message_bytes)
         codec.check_headers(headers)
         codec.check_label("group", group)
-        head, crc_at, id_at = head_of(length, headers, group)
+        if priority:
+            check_priority(queue.name, priority, config)
+        if ttl_s is not None:
+            check_seconds("ttl_s", ttl_s, minimum=0.001)
+        else:
+            ttl_s = config.message_ttl_s
+        ttl_ms = None if ttl_s is None else round(ttl_s * 1000)
+        width = 0 if ttl_ms is None else len(str(now_ms() + ttl_ms))
+        head = head_of(length, headers, group, width)
         files = queue._files
         tmp_dir = files.dir[layout.TMP]
         try:
             # The final name is not known yet (the id is minted at publish): set then.
-            pending = create_pending(tmp_dir, layout.tmp_name(new_id()), "", head, files.access)
+            pending = create_pending(
+                tmp_dir, layout.tmp_name(new_id()), "", head.data, files.access
+            )
             pending.data = None  # its body is written later: no journal record (journal.py)
         except FileNotFoundError:
             raise QueueNotFound.missing(queue.name) from None
         except OSError as exc:
             raise storage_error(exc, f"writing a message to queue {queue.name!r}") from exc
-        return cls(queue, pending, length, group, (crc_at, id_at), len(head), level)
+        return cls(queue, pending, length, group, head, level, priority, ttl_ms)
 
     def write(self, pieces: Sequence[bytes | memoryview]) -> None:
         """Append body bytes, the pieces in order (blocking: call it off an event loop). More
@@ -177,7 +235,7 @@ class StreamedFile:
         try:
             _write_pieces(pending.fd, pieces)
             self.written += size
-            end = self._head_size + self.written
+            end = len(self._head.data) + self.written
             if self._write_back and end - self._flushed >= WRITEBACK_BYTES:
                 _start_writeback(pending.fd, self._flushed, end - self._flushed)
                 self._flushed = end
@@ -187,9 +245,9 @@ class StreamedFile:
         self._crc = crc
 
     def publish(self, delay_s: float | None = None) -> str:
-        """Seal the file (its CRC and a fresh id written in place) and publish it as
-        `Queue.put` would (`delay_s` None: the queue's default delay); its id. On any failure
-        the file is discarded and nothing is published."""
+        """Seal the file (its CRC, a fresh id and its deadline written in place) and publish
+        it as `Queue.put` would (`delay_s` None: the queue's default delay); its id. On any
+        failure the file is discarded and nothing is published."""
         pending = self._take()
         if pending is None:
             raise InvalidArgument("this message's file was published or discarded already")
@@ -200,57 +258,83 @@ class StreamedFile:
                     f"the body ended after {self.written} of its {self.length} bytes"
                 )
             check_optional_seconds("delay_s", delay_s)
-            publisher = queue._publisher
             view = queue._view
             config = view.config
-            level = self.durability or config.durability
+            if self.priority:  # the queue's levels may have changed during the upload
+                check_priority(queue.name, self.priority, config)
             message_id = new_id()
-            try:
-                os.pwrite(pending.fd, b"%08x" % self._crc, self._crc_at)
-                os.pwrite(pending.fd, message_id.encode("ascii"), self._id_at)
-            except OSError as exc:
-                raise storage_error(exc, f"writing a message to queue {queue.name!r}") from exc
-            pending.final_path = self._final_path(message_id, delay_s, config.delay_s)
-            relative = os.path.relpath(os.path.dirname(pending.final_path), view.path)
-            durable = config.durability is not Durability.MEMORY
-            name = os.path.basename(pending.final_path)
-            if backlog.is_bucket_dir(relative):
-                pending.make_dir = functools.partial(queue._files.backlog.remake, name, durable)
-            elif delays.is_bucket_dir(relative):  # a consumer may remove a bucket of the past
-                due = delays.due_of(name)
-                assert due is not None
-                remake = queue._files.delay_buckets.remake
-                pending.make_dir = functools.partial(remake, due, durable)
-            publisher._commit([pending], level, config)
+            at_ms = now_ms()
+            self._seal(pending, message_id, at_ms)
+            spilled = self._place(pending, message_id, at_ms, delay_s, config)
+            queue._publisher._commit([pending], self.durability or config.durability, config)
         except BaseException:
             pending.discard()
             raise
+        self._published(pending, spilled)
+        return message_id
+
+    def _seal(self, pending: PendingFile, message_id: str, at_ms: int) -> None:
+        """The values known only now, written over their placeholders."""
+        head = self._head
+        try:
+            os.pwrite(pending.fd, b"%08x" % self._crc, head.crc_at)
+            os.pwrite(pending.fd, message_id.encode("ascii"), head.id_at)
+            if head.expires_at is not None and self._ttl_ms is not None:
+                deadline = _deadline_text(at_ms + self._ttl_ms, head.expires_width)
+                os.pwrite(pending.fd, deadline, head.expires_at)
+        except OSError as exc:
+            raise storage_error(exc, f"writing a message to queue {self.queue.name!r}") from exc
+
+    def _place(
+        self,
+        pending: PendingFile,
+        message_id: str,
+        at_ms: int,
+        delay_s: float | None,
+        config: QueueConfig,
+    ) -> bool:
+        """Set where `Publisher._write_tmp` puts the same message (@delayed's bucket when it is
+        delayed; @ready, or its level's backlog bucket behind a long @ready) and how its
+        directory is made again if a consumer removes it first; whether it goes to the
+        backlog."""
+        files = self.queue._files
+        delay_s = config.delay_s if delay_s is None else delay_s
+        tag = None if self._group is None else layout.group_tag(self._group)
+        level = self.priority
+        durable = config.durability is not Durability.MEMORY
+        if delay_s > 0:  # into the bucket of its due minute (delays.py)
+            due_ms = at_ms + round(delay_s * 1000)
+            name = layout.timed_name(message_id, 0, due_ms, tag, None, level)
+            pending.final_path = f"{files.delay_buckets.prepare(due_ms, durable)}/{name}"
+            pending.make_dir = functools.partial(files.delay_buckets.remake, due_ms, durable)
+            return False
+        name = layout.ready_name(message_id, 0, tag, level)
+        index = self.queue._view.index
+        count = None if index is None else index.ready_count(level)
+        if files.backlog.room(count, level, config.priority_levels) > 0:
+            pending.final_path = f"{files.dir[layout.READY]}/{name}"
+            return False
+        pending.final_path = f"{files.backlog.prepare(name, durable)}/{name}"
+        pending.make_dir = functools.partial(files.backlog.remake, name, durable)
+        return True
+
+    def _published(self, pending: PendingFile, spilled: bool) -> None:
+        """What `Publisher._publish_once` keeps once a file is published, for this one."""
+        view = self.queue._view
         with view.lock:
-            # As `Publisher._publish_files`: a polled index hears nothing of our own rename.
             index = view.index
+            # As `Publisher._publish_once`: a polled index hears nothing of our own rename,
+            # and the index may not hear of a backlog tree made now.
             if index is not None and view.polling():
                 directory, _, name = os.path.relpath(pending.final_path, view.path).rpartition("/")
                 index.add(directory, name)
-        return message_id
-
-    def _final_path(self, message_id: str, delay_s: float | None, default_delay_s: float) -> str:
-        """Where `Publisher._write_tmp` puts the same message: @delayed when it is delayed."""
+            if index is not None and spilled:
+                index.backlog.add(backlog.tree_key(os.path.basename(pending.final_path)))
         files = self.queue._files
-        delay_s = default_delay_s if delay_s is None else delay_s
-        tag = None if self._group is None else layout.group_tag(self._group)
-        if delay_s > 0:  # into the bucket of its due minute (delays.py)
-            due_ms = now_ms() + round(delay_s * 1000)
-            name = layout.timed_name(message_id, 0, due_ms, tag)
-            durable = self.queue._view.config.durability is not Durability.MEMORY
-            return f"{files.delay_buckets.prepare(due_ms, durable)}/{name}"
-        name = layout.ready_name(message_id, 0, tag)
-        index = self.queue._view.index
-        if files.backlog.room(None if index is None else len(index.ready)) > 0:
-            files.backlog.published_into_ready(1)
-            return f"{files.dir[layout.READY]}/{name}"
-        # behind a long @ready, as every publish (backlog.py)
-        durable = self.queue._view.config.durability is not Durability.MEMORY
-        return f"{files.backlog.prepare(name, durable)}/{name}"
+        if spilled:
+            files.backlog.spilled(self.priority, pending.final_path)
+        elif pending.final_path.startswith(f"{files.dir[layout.READY]}/"):
+            files.backlog.published_into_ready(1, self.priority)
 
     def discard(self) -> None:
         """Remove the unpublished file (idempotent; a published one stays)."""
@@ -264,4 +348,4 @@ class StreamedFile:
         return pending
 
 
-__all__ = ["StreamedFile", "head_of", "streamable"]
+__all__ = ["Head", "StreamedFile", "head_of", "streamable"]

@@ -165,21 +165,22 @@ async def publish(broker: Broker, request: Request, route: Route) -> Response:
 
 def streamed_file(read: Publish, length: int) -> StreamedFile | None:
     """The file a publish's body of `length` bytes is written to as it arrives (its head
-    written), when it is one message with no dedup id, no priority and no time to live (its
-    own or its queue's) for a queue that takes one (`streamed.streamable`); None: the body is
-    read into memory (within the server's body budget) and published the usual way, which
-    gives it those (a streamed file's head and name carry neither a deadline nor a level)."""
+    written), when it is one message with no dedup id for a queue that takes one
+    (`streamed.streamable`), at its priority and with its time to live (its own or its
+    queue's); None: the body is read into memory (within the server's body budget) and
+    published the usual way."""
     message = read.messages[0]
-    if (
-        read.batch
-        or message.dedup_id is not None
-        or message.priority
-        or message.ttl_s is not None
-        or read.queue.config.message_ttl_s is not None
-        or not streamable(read.queue)
-    ):
+    if read.batch or message.dedup_id is not None or not streamable(read.queue):
         return None
-    return StreamedFile.create(read.queue, length, message.headers, message.group, read.durability)
+    return StreamedFile.create(
+        read.queue,
+        length,
+        message.headers,
+        message.group,
+        read.durability,
+        priority=message.priority,
+        ttl_s=message.ttl_s,
+    )
 
 
 async def _publish_streamed(broker: Broker, request: Request, read: Publish) -> Response:
