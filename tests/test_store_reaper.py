@@ -24,6 +24,7 @@ from dirmq.store.fsck import Kind, fsck
 from .support.faultfs import FaultyFS
 from .support.pool_workers import kill_reading_all, spawn_worker
 from .support.procs import REPO
+from .support.waiting import wait_until
 
 SECRET = b"acked-secret"
 
@@ -38,8 +39,13 @@ def shared_files(q: dirmq.Queue) -> list[Path]:
 
 
 def files_holding(root: Path, token: bytes) -> list[str]:
+    """The files under `root` holding `token`, but the commit journals: what they hold is gone
+    with their checkpoint, a second after the publish (test_a_journals_copy_goes_with_its_
+    checkpoint), not with the ack's blanking, which is what these tests look at."""
     found = []
-    for directory, _dirs, names in os.walk(root):
+    for directory, dirs, names in os.walk(root):
+        if directory == str(root):
+            dirs[:] = [d for d in dirs if d != layout.JOURNAL_DIR]
         for name in names:
             path = os.path.join(directory, name)
             if os.path.isfile(path) and token in Path(path).read_bytes():
@@ -73,6 +79,28 @@ def test_an_ack_leaves_the_file_in_the_own_pool_and_the_reaper_blanks_it(
     assert all(recycled.is_blank(str(own / m.id), os.stat(own / m.id).st_size) for m in got)
     assert files_holding(Path(store.root), SECRET) == []
     assert q._files.pool.own_files() == 3
+
+
+def test_a_journals_copy_goes_with_its_checkpoint(store: dirmq.Store) -> None:
+    """The commit journal holds a published body (its record) only until the checkpoint that
+    follows: a second or so after the publish no file of the root holds an acknowledged body,
+    the journal's included."""
+    q = store.create_queue("q")
+    q.put_many([SECRET + b" %d" % i for i in range(3)])
+    journals = Path(store.root) / layout.JOURNAL_DIR
+    assert any(SECRET in p.read_bytes() for p in journals.iterdir()), "no journal: nothing tested"
+    for m in q.get(3):
+        q.ack(m.receipt or "")
+    assert ownpool.wait_reaped(5.0)
+
+    def journals_clean() -> bool:
+        try:
+            return not any(SECRET in p.read_bytes() for p in journals.iterdir())
+        except FileNotFoundError:  # a journal removed between the listing and the read
+            return False
+
+    wait_until(timeout_s=10.0, what="the journal's checkpoint", check=journals_clean)
+    assert files_holding(Path(store.root), SECRET) == []
 
 
 _ACKS_SCRIPT = textwrap.dedent(
