@@ -164,6 +164,20 @@ def test_a_lines_store_time_is_measured_on_the_event_loop() -> None:
     assert not any(times.on_loop(gap, 0.0) for _ in range(2 * store_load.PROBE_EVERY))
 
 
+def test_the_loops_first_store_time_replaces_the_pools() -> None:
+    """Pool stores (slowed by the GIL) over the limit keep quiet stores on the pool but for a
+    probe; the probe's store on the loop is the mean from then on, not blended into theirs
+    (which kept the mean over the limit for many probes)."""
+    times = store_load.StoreTimes()
+    gap, limit = 10.0, 0.002
+    times.timed(0.004, here=False)
+    decisions = [times.on_loop(gap, limit) for _ in range(store_load.PROBE_EVERY)]
+    assert decisions == [False] * (store_load.PROBE_EVERY - 1) + [True]  # the probe
+    times.timed(0.0004, here=True)
+    assert times.mean == pytest.approx(0.0004)
+    assert times.on_loop(gap, limit)
+
+
 def test_a_failed_flush_fails_every_request_of_its_batch(any_root: Path) -> None:
     store = dirmq.Store(any_root)
     queue = store.create_queue("gone")
