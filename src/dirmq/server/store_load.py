@@ -59,9 +59,14 @@ class StoreTimes:
     def on_loop(self, gap_s: float, below_s: float) -> bool:
         """Whether a store of a line found idle runs on the event loop: stores quicker than
         `below_s` (0: never), and the line quiet (the previous publish over twice a store
-        ago); now and then one of a slow mean, to measure again."""
+        ago); now and then one of a slow mean, to measure again; the next one at once, gap or
+        not, of a mean the pool's stores alone fed (they wait for the GIL: it says little)."""
         mean = self._mean
-        if mean is None or below_s <= 0 or gap_s <= 2 * mean:
+        if mean is None or below_s <= 0:
+            return False
+        if not self._here:  # measured on the pool only (GIL-slowed): measure on the loop now
+            return True
+        if gap_s <= 2 * mean:
             return False
         if mean < below_s:
             return True
