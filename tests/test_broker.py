@@ -164,6 +164,20 @@ def test_a_lines_store_time_is_measured_on_the_event_loop() -> None:
     assert not any(times.on_loop(gap, 0.0) for _ in range(2 * store_load.PROBE_EVERY))
 
 
+def test_the_loops_first_store_time_replaces_the_pools() -> None:
+    """A line whose stores were measured on the pool only (slowed by the GIL) stores its next
+    one on the loop, whatever the gap, and that store's time is the mean from then on, not
+    blended into theirs (which kept the mean over the limit, and probes need a long gap:
+    at 1,000 msg/s the direct path stored on the pool for good)."""
+    times = store_load.StoreTimes()
+    gap, limit = 10.0, 0.002
+    times.timed(0.004, here=False)
+    assert times.on_loop(0.0, limit)  # measured on the pool only: the loop measures at once
+    times.timed(0.0004, here=True)
+    assert times.mean == pytest.approx(0.0004)
+    assert times.on_loop(gap, limit)
+
+
 def test_a_failed_flush_fails_every_request_of_its_batch(any_root: Path) -> None:
     store = dirmq.Store(any_root)
     queue = store.create_queue("gone")

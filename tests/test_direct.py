@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -103,6 +104,71 @@ def test_a_stream_consumer_gets_a_publish_through_the_direct_path(
                     break
     assert received == [b"m%d" % i for i in range(len(received))]
     assert _direct(http) > before, f"no publish of {ATTEMPTS} took the direct path"
+
+
+def test_a_stream_with_credit_takes_a_burst_of_publishes_directly(
+    server: ServerProcess, http: httpx.Client
+) -> None:
+    """A stream's wait stays in the line while it has credit (longpolls.SideDelivery): every
+    publish of a burst is leased straight for it, not only the first while the stream waits
+    again. Its credit over what one lease call on the event loop takes (256) too: a wake-up's
+    look for it runs there, not on a pool thread, during which the path could not take it."""
+    queue = fresh("direct-burst")
+    burst = 8
+    with RemoteStore(server.url, timeout_s=10) as store:
+        remote = store.create_queue(queue)
+        with remote.consume(prefetch=300) as consumer:
+            assert consumer.get(timeout_s=0.3) is None  # its credit waits in the line
+            before = _direct(http)
+            start = threading.Barrier(burst)
+
+            def publish(i: int) -> int:
+                with httpx.Client(base_url=server.url, timeout=10) as client:
+                    client.get("/health")  # connected before the burst
+                    start.wait()
+                    return client.post(f"/{queue}/messages", content=b"b%d" % i).status_code
+
+            with ThreadPoolExecutor(burst) as pool:
+                assert list(pool.map(publish, range(burst))) == [201] * burst
+            got = [consumer.get(timeout_s=5) for _ in range(burst)]
+            assert sorted(m.body for m in got if m is not None) == sorted(
+                b"b%d" % i for i in range(burst)
+            )
+            assert _direct(http) == before + burst
+            for message in got:
+                assert message is not None
+                consumer.ack(message)
+
+
+def test_two_streams_with_credit_take_publishes_in_turn(
+    server: ServerProcess, http: httpx.Client
+) -> None:
+    """A stream that stays in the line once served goes to its back: a second stream of the
+    queue gets its turn, as when each waited again after its delivery."""
+    queue = fresh("direct-turns")
+    with RemoteStore(server.url, timeout_s=10) as store:
+        remote = store.create_queue(queue)
+        with remote.consume(prefetch=20) as first, remote.consume(prefetch=20) as second:
+            assert first.get(timeout_s=0.3) is None and second.get(timeout_s=0.3) is None
+            for i in range(10):
+                remote.put(b"t%d" % i)
+            taken: list[list[bytes]] = [[], []]
+            for _ in range(10):
+                for n, consumer in enumerate((first, second)):
+                    message = consumer.get(timeout_s=0.05)
+                    if message is not None:
+                        taken[n].append(message.body)
+                        consumer.ack(message)
+            for _ in range(10):  # the rest, if any came late
+                if sum(map(len, taken)) == 10:
+                    break
+                for n, consumer in enumerate((first, second)):
+                    message = consumer.get(timeout_s=1)
+                    if message is not None:
+                        taken[n].append(message.body)
+                        consumer.ack(message)
+    assert sorted(taken[0] + taken[1]) == sorted(b"t%d" % i for i in range(10))
+    assert len(taken[0]) >= 3 and len(taken[1]) >= 3, taken
 
 
 def test_fifo_kept_when_something_is_ready(server: ServerProcess, http: httpx.Client) -> None:

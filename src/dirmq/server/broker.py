@@ -26,10 +26,10 @@ from typing import Any, Protocol, TypeVar
 
 from dirmq.errors import DirmqError, QueueFull
 from dirmq.server.batcher import Batcher
-from dirmq.server.broker_host import BODY_FILE_BYTES
+from dirmq.server.broker_host import BODY_FILE_BYTES, INLINE_MAX_MESSAGES
 from dirmq.server.coldlane import ColdLane
 from dirmq.server.direct import DirectPath
-from dirmq.server.longpolls import LongPolls
+from dirmq.server.longpolls import LongPolls, SideDelivery
 from dirmq.server.publish_line import Publish, PublishLine, Settle, resolve
 from dirmq.server.queuecounts import ACKED, DELIVERED, KINDS, NACKED, PUBLISHED, QueueCounts
 from dirmq.server.registrations import Registrations
@@ -45,9 +45,6 @@ log = logging.getLogger("dirmq.server")
 # time on the pool for nothing (6.5k GET + DELETE a second at 100 ms, 5.5k at 20 ms).
 INLINE_STALL_S = 0.1
 POOL_AFTER_STALL_S = 10.0
-# At most this many messages a store call on the event loop (a few ms of renames): a larger
-# batch runs as several such calls, the loop's other work between them (`settle_chunks`).
-INLINE_MAX_MESSAGES = 256
 # Every RELEASE_EVERY_S, queues nobody waits on nor used for IDLE_RELEASE_S give back their
 # inotify watches and index (`Store.release_idle`): a server that touched 10,000 queues must not
 # keep 40,000 watches (the user's limit is often 8,192) and their indexes for its lifetime.
@@ -384,6 +381,7 @@ class Broker:
         max_per_group: int | None = 1,
         consumer: str | None = None,
         by_file: bool = False,
+        side: SideDelivery | None = None,
     ) -> list[Message]:
         """Lease up to `max_count` messages, waiting up to `wait_s` (None: forever) for the
         first; the leases name this worker, labelled `consumer` (the request's principal), as
@@ -392,12 +390,16 @@ class Broker:
         merging the gets of concurrent requests and splitting the result could hand one group's
         run to two consumers; the wait is the same. `by_file`: a large body may come as a
         `FileBody` (`lease`), which the caller sends and closes (not from a long poll's
-        wait: those bodies are read)."""
+        wait: those bodies are read). `side`: while it waits, the direct path may lease
+        publishes for it one at a time besides its answer (longpolls.py's `SideDelivery`)."""
+        wait = functools.partial(
+            self._wait, queue, max_count, visibility_s, wait_s, max_per_group, consumer, side
+        )
         if (wait_s is None or wait_s > 0) and not queue.indexed() and not self.closing:
             # A queue this worker has no index of (the thousands a restart's consumers poll
             # at once): the waiter line's first look is its get, made in one call on the cold
             # lane with the line's subscription, rather than a get of its own and then that.
-            return await self._wait(queue, max_count, visibility_s, wait_s, max_per_group, consumer)
+            return await wait()
         first: asyncio.Future[list[Message]]
         if max_per_group == 1:
             first = self._getter(queue).submit((max_count, visibility_s, consumer, by_file))
@@ -421,7 +423,7 @@ class Broker:
             if got:
                 self.moved(DELIVERED, queue.name, len(got))
             return got
-        return await self._wait(queue, max_count, visibility_s, wait_s, max_per_group, consumer)
+        return await wait()
 
     async def _wait(
         self,
@@ -431,10 +433,11 @@ class Broker:
         wait_s: float | None,
         max_per_group: int | None,
         consumer: str | None,
+        side: SideDelivery | None,
     ) -> list[Message]:
         """`receive`'s wait in the queue's waiter line (longpolls.py)."""
         receiver = self.waiter_line(queue)
-        got = await receiver.wait(max_count, visibility_s, wait_s, max_per_group, consumer)
+        got = await receiver.wait(max_count, visibility_s, wait_s, max_per_group, consumer, side)
         if got:
             self.moved(DELIVERED, queue.name, len(got))
         return got

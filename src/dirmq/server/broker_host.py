@@ -21,6 +21,10 @@ T = TypeVar("T")
 # The most one batch of an engine takes: messages a group commit of the publish line,
 # requests a batch of a get or ack line.
 MAX_BATCH_MESSAGES = 1024
+# At most this many messages a store call on the event loop (a few ms of renames): a larger
+# batch runs as several such calls, the loop's other work between them (`Broker.settle_chunks`);
+# a waiter line's look on the loop leases no more (longpolls.py).
+INLINE_MAX_MESSAGES = 256
 # A receive that sends bodies from their files (`by_file`) gets bodies from this size on as
 # `FileBody` (store/bodyfiles.py): the native plain GET's sendfile.
 BODY_FILE_BYTES = 1024 * 1024

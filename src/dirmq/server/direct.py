@@ -124,10 +124,15 @@ class DirectPath:
         stores."""
         self._times.timed(took_s, here)
 
-    def quiet(self) -> bool:
-        """Whether a create may run on the event loop now (the module's docstring)."""
+    def gap(self) -> float:
+        """Seconds since the previous direct publish (this one's time kept for the next)."""
         now = time.monotonic()
         gap, self._last_at = now - self._last_at, now
+        return gap
+
+    def quiet(self, gap: float) -> bool:
+        """Whether an idle line's create may run on the event loop now (the module's
+        docstring)."""
         return self._times.on_loop(gap, INLINE_BELOW_S)
 
     def ended(self, line: _Line) -> None:
@@ -162,13 +167,13 @@ class _Line:
         self._draining = False
 
     def add(self, direct: _Direct) -> None:
-        quiet = self.path.quiet()
+        gap = self.path.gap()
         with self._lock:
             self._pending.append(direct)
             if self._draining:
                 return
             self._draining = True
-        if quiet:
+        if self.path.quiet(gap):  # asked only of an idle line: a probe is not wasted
             self._loop.call_soon(self._drain_once_here)  # after this iteration's requests
             return
         try:

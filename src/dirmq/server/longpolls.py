@@ -30,8 +30,10 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from dirmq.server.broker_host import BrokerHost
+from dirmq.server.broker_host import INLINE_MAX_MESSAGES, BrokerHost
+from dirmq.server.queuecounts import DELIVERED
 from dirmq.store import Message, Queue
 
 IDLE_RECHECK_S = 30.0
@@ -44,6 +46,19 @@ LINGER_S = 1.0
 _IDLE, _PENDING, _QUIET, _ARMING, _ARMED = "idle", "pending", "quiet", "arming", "armed"
 
 
+class SideDelivery(Protocol):
+    """A waiter that takes messages one at a time besides its own answer (a stream with credit,
+    dialects/native/stream.py): the direct path leases a publish for it while it stays in the
+    line, its `max_count` one less (`LongPolls.take_waiter`)."""
+
+    def taken(self) -> None:
+        """One message is on its way to `arrived` (count it against the credit now)."""
+
+    def arrived(self, messages: list[Message]) -> bool:
+        """What was on its way (maybe nothing: the publish failed); False: the consumer has
+        gone, and the line gives the messages back."""
+
+
 @dataclass(slots=True, eq=False)  # one waiter is itself only: removed by identity, not fields
 class _Waiter:
     max_count: int
@@ -51,6 +66,7 @@ class _Waiter:
     future: asyncio.Future[list[Message]] = field(repr=False)
     max_per_group: int | None = 1
     consumer: str | None = None  # whom the leases name as their holder (`Queue.get`)
+    side: SideDelivery | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +123,13 @@ class LongPolls:
         wait_s: float | None,
         max_per_group: int | None = 1,
         consumer: str | None = None,
+        side: SideDelivery | None = None,
     ) -> list[Message]:
         loop = self._loop
-        waiter = _Waiter(max_count, visibility_s, loop.create_future(), max_per_group, consumer)
+        future: asyncio.Future[list[Message]] = loop.create_future()
+        waiter = _Waiter(max_count, visibility_s, future, max_per_group, consumer, side)
         self._enter(waiter)
         # A parked poll is just this future and one timer: thousands must stay cheap.
-        future = waiter.future
         timer = None if wait_s is None else loop.call_later(wait_s, _expire, future)
         try:
             got = await future  # cancelling the request cancels the future: see _give_up
@@ -215,7 +232,9 @@ class LongPolls:
         """A waiting poll, out of the line, if `admit` (called on it) says so: a publish is to
         be leased straight for it (server/direct.py), which then answers its future. The first
         one; while a dispatch is under way (it leases for the first), the last, if another.
-        None while the line is arming (its first look leases for the first)."""
+        None while the line is arming (its first look leases for the first). A waiter with a
+        side delivery that wants more than one stays in the line, wanting one less: what is
+        returned is a waiter of one for it, whose message goes to `side.arrived`."""
         if self._state is not _ARMED or not self._live_waiters():
             return None
         waiters = self._waiters
@@ -224,8 +243,28 @@ class LongPolls:
             return None
         if not admit(waiter):
             return None
-        waiters.remove(waiter)
-        return waiter
+        side = waiter.side
+        if side is None or waiter.max_count <= 1:
+            waiters.remove(waiter)
+            return waiter
+        waiter.max_count -= 1
+        side.taken()
+        waiters.remove(waiter)  # to the back, as a stream that waits again: the others' turn
+        waiters.append(waiter)
+        one = _Waiter(1, waiter.visibility_s, self._loop.create_future(), 1, waiter.consumer)
+        one.future.add_done_callback(functools.partial(self._arrived, side))
+        return one
+
+    def _arrived(self, side: SideDelivery, future: asyncio.Future[list[Message]]) -> None:
+        """A side delivery's message (`take_waiter`) is there: to its consumer, or back."""
+        got = [] if future.cancelled() or future.exception() is not None else future.result()
+        self._arrived_side(side, got)
+
+    def _arrived_side(self, side: SideDelivery, got: list[Message]) -> None:
+        if not side.arrived(got):
+            self.broker.give_back(self.queue, got)
+        elif got:
+            self.broker.moved(DELIVERED, self.queue.name, len(got))
 
     # -- arming: subscribed, due time known, a first look ---------------------------------------
     def _register(self) -> None:
@@ -383,24 +422,29 @@ class LongPolls:
         (most wake-ups are this worker's own renames echoed back: nothing to lease). True if
         there was nothing: the timer is set again and the wake-up is over; False (something
         leased and handed out, a failure, or a lease that runs on the pool) leaves the rest to
-        the dispatch task, which looks again for the next waiters (or meets the failure)."""
+        the dispatch task, which looks again for the next waiters (or meets the failure). A
+        waiter that wants more than `INLINE_MAX_MESSAGES` (a stream's credit) is leased that
+        many at most here, as one lease call on the loop: else every echo of a stream's queue
+        went to the pool, and the direct path could not take the stream while it was there."""
         if self._polled or not self._live_waiters():
             return False
         head = self._waiters[0]
         queue, broker = self.queue, self.broker
-        if not broker.runs_here(queue, head.max_count):
+        ask = min(head.max_count, INLINE_MAX_MESSAGES)
+        if not broker.runs_here(queue, ask):
             return False
         try:
             got = broker.call_here(
                 queue.get,
-                head.max_count,
+                ask,
                 visibility_s=head.visibility_s,
                 max_per_group=head.max_per_group,
                 consumer=head.consumer,
             )
             if got:
                 self._hand_out(head, got)
-                return False
+                if len(got) == ask or head.side is None:
+                    return False  # more may be ready, for it or the next waiters
             due_s = broker.call_here(queue.next_due_s)
         except Exception:
             return False
@@ -472,6 +516,7 @@ class LongPolls:
         next waiters that lease alike take the messages (a poll's deadline must not cost a
         parked stream its turn); only what none of them takes is given back."""
         rest = got
+        served: list[_Waiter] = []  # streams that stay in the line: to its back
         # (A poll whose wait ended has already left the line: `wait` forgets it.)
         for other in itertools.chain((waiter,), self._waiters):
             if not rest:
@@ -484,8 +529,21 @@ class LongPolls:
                 continue
             if len(rest) > other.max_count and other.max_per_group != 1:
                 continue  # a group's run (SQS FIFO) goes to one consumer whole, or back
-            other.future.set_result(rest[: other.max_count])
-            rest = rest[other.max_count :]
+            share, rest = rest[: other.max_count], rest[other.max_count :]
+            side = other.side
+            if side is not None and len(share) < other.max_count:
+                # A stream with credit left stays in the line (SideDelivery): no new wait
+                # between one delivery and the next, in which publishes could not take it.
+                other.max_count -= len(share)
+                side.taken()
+                self._arrived_side(side, share)
+                served.append(other)
+            else:
+                other.future.set_result(share)
+        for other in served:
+            if other in self._waiters:
+                self._waiters.remove(other)
+                self._waiters.append(other)
         self._live_waiters()
         self.broker.give_back(self.queue, rest)
 

@@ -31,7 +31,11 @@ class StoreTimes:
     issue 37's latency workload on a busy disk: the pool thread waits for the GIL after each
     syscall while the loop is busy), so a mean that pool stores fed stayed over the limit and
     kept every store on the pool. A pool store's time counts only until the loop has stored
-    once (the first store of a line goes to the pool and measures the disk)."""
+    once (the first store of a line goes to the pool and measures the disk), and the loop's
+    first store replaces what the pool's fed: blended in, it left a mean of pool stores over
+    the limit, and the loop's stores were every PROBE_EVERY-th (issue 37: with the commit
+    journal a store on the loop took 0.3-0.6 ms, and the direct path still stored 97% of its
+    batches on the pool)."""
 
     __slots__ = ("_here", "_mean", "_slow")
 
@@ -46,17 +50,23 @@ class StoreTimes:
 
     def timed(self, took_s: float, here: bool) -> None:
         """A store (`here`: on the event loop) took `took_s`."""
-        if here or not self._here:
+        if here and not self._here:  # the first measure on the loop: the pool's are gone
+            self._mean, self._here = took_s, True
+        elif here or not self._here:
             mean = self._mean
             self._mean = took_s if mean is None else mean + (took_s - mean) * STORE_TIME_WEIGHT
-            self._here = self._here or here
 
     def on_loop(self, gap_s: float, below_s: float) -> bool:
         """Whether a store of a line found idle runs on the event loop: stores quicker than
         `below_s` (0: never), and the line quiet (the previous publish over twice a store
-        ago); now and then one of a slow mean, to measure again."""
+        ago); now and then one of a slow mean, to measure again; the next one at once, gap or
+        not, of a mean the pool's stores alone fed (they wait for the GIL: it says little)."""
         mean = self._mean
-        if mean is None or below_s <= 0 or gap_s <= 2 * mean:
+        if mean is None or below_s <= 0:
+            return False
+        if not self._here:  # measured on the pool only (GIL-slowed): measure on the loop now
+            return True
+        if gap_s <= 2 * mean:
             return False
         if mean < below_s:
             return True

@@ -124,6 +124,7 @@ class Session:
 
     __slots__ = (
         "_by_receipt",
+        "_incoming",
         "_order",
         "_pump",
         "_room",
@@ -154,6 +155,7 @@ class Session:
         self._tags: dict[int, str] = {}  # unacknowledged: delivery tag -> receipt
         self._by_receipt: dict[str, int] = {}
         self._order: deque[int] = deque()  # tags in delivery order (settled ones dropped lazily)
+        self._incoming = 0  # direct deliveries on their way (`taken`, `arrived`)
         self._room = asyncio.Event()
         self._socket: WebSocket | None = None
         self._pump: asyncio.Task[None] | None = None
@@ -194,6 +196,21 @@ class Session:
     def shutdown(self) -> None:
         if self._socket is not None:
             self._socket.shutdown()
+
+    # -- longpolls.SideDelivery: while the push waits, the direct path's publishes ----------------
+    def taken(self) -> None:
+        self._incoming += 1
+
+    def arrived(self, messages: list[Message]) -> bool:
+        """A publish leased straight for this stream while it waited (the waiter stays in the
+        line: a stream with credit takes every publish of this worker, not one a wait)."""
+        self._incoming -= 1
+        socket = self._socket
+        if socket is None or not socket.open:  # closed: what it held went back already
+            return not messages
+        if messages:
+            self._push_now(socket, messages, wire.encode_delivery)
+        return True
 
     # -- inside -----------------------------------------------------------------------------------
     def _close(self, code: int, reason: str) -> None:
@@ -307,7 +324,7 @@ class Session:
         encode = wire.encode_delivery
         try:
             while socket.open:
-                room = self.window - len(self._tags)
+                room = self.window - len(self._tags) - self._incoming
                 if room <= 0:
                     self._room.clear()
                     await self._room.wait()
@@ -321,6 +338,7 @@ class Session:
                     self.visibility_s,
                     None,
                     consumer=self.consumer,
+                    side=self,
                 )
                 if not socket.open:
                     self.sessions.give_back(self.queue, [m.receipt or "" for m in got])
