@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -133,6 +134,30 @@ def test_a_checkpoint_removes_the_journal_once_the_files_are_flushed(root: Path)
     assert store.journal.checkpoints >= 2
     assert q.stats().ready == 2
     store.close()
+
+
+def test_publishing_while_and_after_the_store_closes_leaves_no_journal(root: Path) -> None:
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    acknowledged: list[str] = []
+    closed = threading.Event()
+
+    def publish() -> None:  # a server's last requests, racing its store's close
+        while not closed.is_set():
+            acknowledged.extend(q.put_many([b"a", b"b"]))
+        acknowledged.extend(q.put_many([b"after", b"close"]))
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    wait_until(lambda: len(acknowledged) >= 20, 10, "publishes")
+    store.close()
+    closed.set()
+    publisher.join()
+    # A journal made after the close would have no checkpoint to flush and remove it: never
+    # removed while the process lives, replayed whole after a machine crash.
+    assert _journals(root) == []
+    ready = os.listdir(os.path.join(q.path, layout.READY))
+    assert sorted(ready) == sorted(acknowledged), "every publish stored, once"
 
 
 def test_the_direct_path_commits_through_the_journal(

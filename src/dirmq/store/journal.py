@@ -136,7 +136,10 @@ class Journal:
             pieces += record_pieces(queue, "@" + name, data)
         published: list[str] = []
         try:
-            journal, end = self._append(pieces)
+            appended = self._append(pieces)
+            if appended is None:
+                return False  # closed: the caller's own flush (no journal left behind)
+            journal, end = appended
             try:
                 self._flush(journal, end)
                 for f in files:
@@ -162,11 +165,14 @@ class Journal:
             raise storage_error(exc, "storing new messages") from exc
         return True
 
-    def _append(self, pieces: list[bytes]) -> tuple[_File, int]:
+    def _append(self, pieces: list[bytes]) -> tuple[_File, int] | None:
         """Append `pieces` to the current file (made at first use): the file and its end after
-        them, counted in flight. On failure the file is truncated back (or, if that fails too,
+        them, counted in flight; None once `close` began (a file made then would have no
+        checkpoint to remove it). On failure the file is truncated back (or, if that fails too,
         left for a new one) and the error raised."""
         with self._cond:
+            if self._stopping:
+                return None
             journal = self._current
             if journal is None:
                 journal = self._current = self._open_file(first=True)
@@ -305,7 +311,8 @@ class Journal:
 
     def close(self) -> None:
         """A last checkpoint: every journal of this Store flushed and removed (kept, for the next
-        opener to flush, if that fails). Nothing in a forked child: the journal is its parent's
+        opener to flush, if that fails); a group committed after it is flushed by the caller
+        (`commit` declines). Nothing in a forked child: the journal is its parent's
         (and a lock a parent's thread held at the fork stays held)."""
         if os.getpid() != self._pid:
             return
