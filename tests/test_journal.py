@@ -246,6 +246,25 @@ def test_a_killed_publishers_journal_is_flushed_and_removed_never_replayed(root:
         ), "every acknowledged message present, once"
 
 
+def test_a_killed_publishers_journal_is_flushed_and_removed_by_a_running_publisher(
+    root: Path,
+) -> None:
+    """Left until the next open, a dead process's journal outlives the acks of what it covers,
+    and a machine crash, however much later, replays them all."""
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    publisher = spawn("publish", root, "q", module="tests.support.journal_workers")
+    assert publisher.stdout is not None
+    acknowledged = publisher.stdout.readline().split()
+    acknowledged += kill(publisher).split()
+    [dead] = _journals(root)
+    for message in q.get(10, visibility_s=60):  # consumed and acknowledged
+        q.ack(message.receipt or "")
+    q.put(b"mine")  # this process's journal: its checkpoints run
+    wait_until(lambda: dead not in _journals(root), 30, "the dead journal flushed and removed")
+    store.close()
+
+
 # -- recovery: a machine crash (an earlier boot) ------------------------------------------------
 FATES = ("intact", "lost", "torn", "leased", "dead", "tail")
 

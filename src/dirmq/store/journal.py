@@ -11,9 +11,10 @@ after a machine crash, whatever a lost page cache took is in a journal, which th
 replays (journal_replay.py). A checkpoint thread, about once a second with anything appended
 (at once past `CHECKPOINT_BYTES`), switches to a new journal file, waits for the groups still
 publishing from the old one, `syncfs`es the root, and removes the old file: what it covered
-is on the disk itself now. A second without a publish closes and removes the journal (an idle
-process holds no file open for writing: the filesystem can be remounted read-only), and so
-does `close`.
+is on the disk itself now (and, every 10 s, so is what a journal of a process that died
+meanwhile covers: that journal goes too). A second without a publish closes and removes the
+journal (an idle process holds no file open for writing: the filesystem can be remounted
+read-only), and so does `close`.
 
 Where it applies (`commit` returns False otherwise, and the caller takes the usual group
 commit): a local filesystem (never the shared mode: another host's kernel could not flush our
@@ -47,6 +48,7 @@ from dirmq.store.processes import current
 MAGIC = b"dirmq-journal 1"
 CHECKPOINT_S = 1.0  # a crash's replay covers about this much, and a checkpoint costs a syncfs
 CHECKPOINT_BYTES = 64 << 20  # a journal this large is checkpointed at once
+OTHERS_S = 10.0  # how often a checkpoint looks for the journals of dead processes
 # A larger body keeps its own file's flush: copied into the journal it would be written twice.
 MAX_RECORD_DATA = 1 << 20
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -116,6 +118,7 @@ class Journal:
         self._stopping = False
         self.last_error: OSError | None = None  # of a checkpoint (its journal is kept)
         self.checkpoints = 0
+        self._others_at = 0.0  # when the next checkpoint looks for dead processes' journals
 
     # -- the writer -------------------------------------------------------------------------
     def commit(self, files: list[PendingFile]) -> bool:
@@ -293,6 +296,7 @@ class Journal:
             covered = list(self._retired)
         if not covered:
             return
+        dead = self._dead_journals()  # judged before the syncfs, which then covers them too
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             syncfs(fd)
@@ -304,10 +308,29 @@ class Journal:
                 os.unlink(journal.path)
             except FileNotFoundError:
                 pass
+        for path in dead:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass  # another process recovered it
         with self._cond:
             self._retired = [j for j in self._retired if j not in covered]
         fsync_dir(self.dir)  # a removal lost to a crash would replay acknowledged consumption
         self.checkpoints += 1
+
+    def _dead_journals(self) -> list[str]:
+        """The journals of other processes that died in this boot, every `OTHERS_S` (else
+        none): this checkpoint's `syncfs` flushes what they cover, so they go with its own.
+        Left until the next opener, a dead publisher's journal would outlive every ack it
+        covers, and a machine crash later replay all of them (not the last second's)."""
+        now = time.monotonic()
+        if now < self._others_at:
+            return []
+        self._others_at = now + OTHERS_S
+        from dirmq.store.journal_replay import Verdict, judge_all  # it imports this module
+
+        judged = judge_all(self.root)
+        return [os.path.join(self.dir, j.name) for j in judged if j.verdict is Verdict.DEAD]
 
     def close(self) -> None:
         """A last checkpoint: every journal of this Store flushed and removed (kept, for the next
