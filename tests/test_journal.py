@@ -355,6 +355,13 @@ def test_a_replay_writes_nothing_outside_its_queues(root: Path) -> None:
         ("q", f"{layout.READY}/../../{message_id}", data),
         ("../outside", f"{layout.READY}/{message_id}", data),
         ("q", f"not-a-state/{message_id}", data),
+        # A state no publish names: a message file among the capacity or dedup symlinks, the
+        # pool's free files, the dead letters or the temps would be a queue no one wrote.
+        *[
+            ("q", f"{state}/{message_id}", data)
+            for state in (layout.SLOTS, layout.DEDUP, layout.FREE, layout.DEAD, layout.TMP)
+        ],
+        ("q", f"{layout.CORRUPT}/{message_id}", data),
     ]
     _write_journal(root, records, boot=ANOTHER_BOOT)
     before = sorted(p.name for p in root.parent.iterdir())

@@ -49,6 +49,10 @@ from dirmq.store.reading import read_message
 
 CLAIMED = "replaying"  # a claimed journal: replaying.<claimer token>.<its own name>
 HEADER_MAX = 512
+# The states a publish names a new file in (FORMAT.md's record `<name>`), the only ones a record
+# may name: a message file among @slots' or @dedup's symlinks, @free's or @tmp's files, or the
+# dead letters would be one no writer made.
+_PUBLISHED_INTO = (layout.READY, layout.BACKLOG, layout.DELAYED, layout.LEASED)
 
 
 class Verdict(Enum):
@@ -231,7 +235,7 @@ def _sound(record: Record) -> bool:
     except InvalidName:
         return False
     parts = record.name.split("/")
-    return parts[0] in layout.STATE_DIRS and all(p and p not in (".", "..") for p in parts)
+    return parts[0] in _PUBLISHED_INTO and all(p and p not in (".", "..") for p in parts)
 
 
 def _replay_queue(queue_dir: str, records: list[Record], access: Access) -> int:
