@@ -427,6 +427,22 @@ def test_a_root_of_a_newer_format_is_refused(root: Path) -> None:
     assert any("unsupported root format 7" in p.detail for p in report.problems)
 
 
+def test_a_journal_whose_header_this_version_does_not_write_is_left_alone(root: Path) -> None:
+    """A newer journal format (or a garbled header): its records cannot be read here, and
+    removing it (as a dead process's, or an empty replay's) could lose what they hold."""
+    with dirmq.Store(root, journal=False) as store:
+        store.create_queue("q")
+    path = _write_journal(root, [], boot=ANOTHER_BOOT)
+    owner = path.name.rpartition(".")[0]
+    path.write_bytes(f"dirmq-journal 2 boot={ANOTHER_BOOT} owner={owner}\n@...".encode())
+    assert [j.verdict for j in judge_all(str(root))] == [Verdict.FOREIGN]
+    with dirmq.Store(root):
+        assert _journals(root) == [path.name]
+    report = fsck(root, repair=True)
+    assert [p.kind for p in report.problems] == [Kind.STRAY]
+    assert _journals(root) == [path.name]
+
+
 # -- the server ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("journal", [True, False])
 def test_the_servers_publish_with_the_journal_on_and_off(tmp_path: Path, journal: bool) -> None:

@@ -8,6 +8,8 @@ What a journal needs depends on who wrote it and when (`judge`):
 - its owner is dead, in this boot: every file its records name was given its name by this
   kernel, so it is in the page cache and reaches the disk with a `syncfs`; the journal is then
   removed. Replaying it would bring back messages consumed and acknowledged since;
+- its header is whole but not one this version writes (a newer journal format): left alone,
+  for the dirmq that wrote it (removed, what it holds could be lost);
 - it was written in an earlier boot (its header's boot id is not this kernel's): a machine
   crash may have lost any file or name it covers. It is claimed by a rename (of two recovering
   processes one wins, the other finds it gone), then each record whose message is in its queue
@@ -49,6 +51,7 @@ from dirmq.store.reading import read_message
 
 CLAIMED = "replaying"  # a claimed journal: replaying.<claimer token>.<its own name>
 HEADER_MAX = 512
+FOREIGN = "?"  # read_header's answer for a header it cannot read (no boot id holds a "?")
 # The states a publish names a new file in (FORMAT.md's record `<name>`), the only ones a record
 # may name: a message file among @slots' or @dedup's symlinks, @free's or @tmp's files, or the
 # dead letters would be one no writer made.
@@ -60,6 +63,7 @@ class Verdict(Enum):
     DEAD = "dead"  # its owner died in this boot: flush and remove
     CRASHED = "crashed"  # written in an earlier boot: replay
     UNKNOWN = "unknown"  # not a journal's name
+    FOREIGN = "foreign"  # a header this version does not write (a newer format's): left alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,15 +101,20 @@ def parse_name(name: str) -> tuple[ProcessIdentity, ProcessIdentity | None, str]
 
 
 def read_header(path: str) -> str | None:
-    """The boot id in a journal's header; None if it has none (torn: no record follows)."""
+    """The boot id in a journal's header; None if it has none (torn: no record follows);
+    `FOREIGN` for a whole first line that is not a header this version writes (a newer
+    journal format, or a file edited by hand): no record of it can be read, so none may be
+    dropped with it."""
     try:
         with open(path, "rb") as f:
-            head = f.read(HEADER_MAX).split(b"\n", 1)[0]
+            head, newline, _ = f.read(HEADER_MAX).partition(b"\n")
     except FileNotFoundError:
+        return None
+    if not newline:  # a header is one write flushed before any record: this one was cut short
         return None
     fields = head.split(b" ")
     if b" ".join(fields[:2]) != MAGIC or len(fields) < 3 or not fields[2].startswith(b"boot="):
-        return None
+        return FOREIGN
     return fields[2][5:].decode(errors="replace")
 
 
@@ -150,6 +159,8 @@ def judge(directory: str, name: str, boot: str, shared: bool = False) -> Judged:
     if claimer is not None and claim_boot == boot and liveness(claimer) is not Liveness.DEAD:
         return Judged(name, Verdict.IN_USE, owner)  # being replayed
     written_in = read_header(os.path.join(directory, name))
+    if written_in == FOREIGN:
+        return Judged(name, Verdict.FOREIGN, owner)
     if written_in is not None and written_in != boot:
         return Judged(name, Verdict.CRASHED, owner)
     # This boot's (or torn before its header was durable: then it holds no record).
