@@ -311,8 +311,8 @@ class Journal:
         for path in dead:
             try:
                 os.unlink(path)
-            except FileNotFoundError:
-                pass  # another process recovered it
+            except OSError:
+                pass  # another process recovered it, or may (its own checkpoint goes on)
         with self._cond:
             self._retired = [j for j in self._retired if j not in covered]
         fsync_dir(self.dir)  # a removal lost to a crash would replay acknowledged consumption
@@ -329,7 +329,10 @@ class Journal:
         self._others_at = now + OTHERS_S
         from dirmq.store.journal_replay import Verdict, judge_all  # it imports this module
 
-        judged = judge_all(self.root)
+        try:
+            judged = judge_all(self.root)
+        except OSError:  # another user's journal: its recovery is its user's, not a failure
+            return []  # of this checkpoint, which must remove this Store's own journals
         return [os.path.join(self.dir, j.name) for j in judged if j.verdict is Verdict.DEAD]
 
     def close(self) -> None:
