@@ -20,6 +20,7 @@ import pytest
 import dirmq
 from dirmq.errors import ConfigError
 from dirmq.store import codec, fsio, layout
+from dirmq.store.config import QueueConfig
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.journal import header, record_pieces
 from dirmq.store.journal_replay import Verdict, judge_all, read_records
@@ -328,6 +329,28 @@ def test_a_crash_journal_writes_back_exactly_what_is_missing_or_torn(
         assert not os.path.exists(os.path.join(root, "deleted"))
     report = fsck(root, repair=False)
     assert report.ok, report.problems
+
+
+def test_a_replayed_message_holds_its_capacity_slot_again(root: Path) -> None:
+    """A slot's symlink is made with no flush of its own (a writethrough publish's directory
+    fsync used to carry it): a machine crash loses it with the file, and the message written
+    back without it would let the queue hold more than its capacity."""
+    with dirmq.Store(root, journal=False) as store:
+        q = store.create_queue("q", QueueConfig(capacity=2))
+        ids = q.put_many([b"one", b"two"])
+        records = [("q", f"{layout.READY}/{i}", _file_of(q, i)[1]) for i in ids]
+    for message_id in ids:  # lost to the crash: the files and their slots
+        os.unlink(os.path.join(q.path, layout.READY, message_id))
+    for slot in os.listdir(os.path.join(q.path, layout.SLOTS)):
+        os.unlink(os.path.join(q.path, layout.SLOTS, slot))
+    _write_journal(root, records, boot=ANOTHER_BOOT)
+    with dirmq.Store(root) as store:
+        q = store.queue("q")
+        assert q.stats().ready == 2
+        slots = os.path.join(q.path, layout.SLOTS)
+        assert sorted(os.readlink(os.path.join(slots, s)) for s in os.listdir(slots)) == sorted(ids)
+        with pytest.raises(dirmq.QueueFull):
+            q.put(b"three", timeout_s=0)
 
 
 def test_a_replay_cut_short_by_its_claimers_death_is_claimed_and_done_again(

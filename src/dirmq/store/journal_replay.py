@@ -14,7 +14,8 @@ What a journal needs depends on who wrote it and when (`judge`):
   crash may have lost any file or name it covers. It is claimed by a rename (of two recovering
   processes one wins, the other finds it gone), then each record whose message is in its queue
   in no state (same id: @ready, the backlog, @leased, @delayed, @dead), or only in a file that
-  fails its checksum, is written durably where it was meant to go (a lease's into @ready, the
+  fails its checksum, is written durably (its capacity slot taken again first) where it was
+  meant to go (a lease's into @ready, the
   consumer being gone; a backlog or delay bucket no longer there: @ready, or @delayed flat),
   and the journal is removed. A torn record (a crash mid-append) ends the journal: its publish
   was never answered, nor was any after it. A journal claimed by a process that died (or by an
@@ -34,6 +35,7 @@ from enum import Enum
 
 from dirmq.errors import CorruptMessage, InvalidName
 from dirmq.store import backlog, delays, layout
+from dirmq.store.capacity import slot_in
 from dirmq.store.filemodes import Access
 from dirmq.store.filesystems import is_shared
 from dirmq.store.fsio import create_pending, fsync_dir, syncfs
@@ -305,6 +307,9 @@ def _write_back(queue_dir: str, record: Record, message_id: str, access: Access)
     elif not os.path.isdir(target_dir):
         home = layout.DELAYED if entry.at_ms is not None else layout.READY
         target_dir = f"{queue_dir}/{home}"
+    slot = slot_in(record.data)
+    if slot is not None and slot.isdigit():
+        _hold_slot(f"{queue_dir}/{layout.SLOTS}", slot, message_id)
     pending = create_pending(
         f"{queue_dir}/{layout.TMP}",
         layout.tmp_name(message_id),
@@ -323,6 +328,20 @@ def _write_back(queue_dir: str, record: Record, message_id: str, access: Access)
         raise
     fsync_dir(target_dir)
     return True
+
+
+def _hold_slot(slots_dir: str, slot: str, message_id: str) -> None:
+    """Take the capacity slot the message names again, first (as its publish did): a crash
+    that lost the message lost its slot's symlink too, never flushed by itself. A slot taken
+    by another message since stays its (the queue holds one more than its capacity until one
+    of them goes)."""
+    try:
+        os.symlink(message_id, f"{slots_dir}/{slot}")
+    except FileExistsError:
+        return
+    except FileNotFoundError:  # no @slots: the queue has no capacity any more
+        return
+    fsync_dir(slots_dir)
 
 
 def _unlink(path: str) -> None:
