@@ -27,6 +27,7 @@ from dirmq.store.journal_replay import Verdict, judge_all, read_records
 from dirmq.store.marker import BASE_FORMAT, ROOT_FORMAT
 from dirmq.store.processes import HOST_TAG, ProcessIdentity, current
 
+from .support.disks import small_tmpfs
 from .support.faultfs import FaultyFS
 from .support.procs import dead_pid, kill, spawn
 from .support.servers import start_server
@@ -189,6 +190,22 @@ def test_the_journal_off_leaves_the_root_at_format_5(root: Path) -> None:
     with dirmq.Store(root, journal=False) as store:
         store.create_queue("q").put_many([b"a", b"b"])
         assert _journals(root) == [] and _format(root) == BASE_FORMAT
+
+
+def test_a_queue_on_another_filesystem_is_not_committed_through_the_journal(root: Path) -> None:
+    """A checkpoint flushes the root's filesystem only (`syncfs`): the journal of a file on
+    another would be removed with the file still in the page cache."""
+    with dirmq.Store(root, journal=False):
+        pass
+    with small_tmpfs(root, "4m") as mount_point, dirmq.Store(root) as store:
+        elsewhere = store.create_queue(mount_point.name)
+        elsewhere.put_many([b"a", b"b"])
+        assert _journals(root) == [], "committed by its own flush"
+        here = store.create_queue("q").put(b"c")
+        [journal] = _journals(root)
+        [record] = read_records(str(root / layout.JOURNAL_DIR / journal))
+        assert record.name == f"{layout.READY}/{here}"
+        assert elsewhere.stats().ready == 2
 
 
 # -- errors -------------------------------------------------------------------------------------

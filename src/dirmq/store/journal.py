@@ -19,7 +19,8 @@ read-only), and so does `close`.
 Where it applies (`commit` returns False otherwise, and the caller takes the usual group
 commit): a local filesystem (never the shared mode: another host's kernel could not flush our
 pages), every file of the group with its bytes known (`PendingFile.data`: not a streamed body)
-and at most `MAX_RECORD_DATA`, under this Store's root, in this process (not a forked child).
+and at most `MAX_RECORD_DATA`, in a queue on the root's filesystem (the one a checkpoint's
+`syncfs` flushes: not a queue mounted from another disk), in this process (not a forked child).
 
 Errors: a failed append is truncated back (a failure of that too leaves a torn record, which
 replay stops at, and the journal moves on to a new file); a failed `fdatasync` fails every
@@ -119,6 +120,9 @@ class Journal:
         self.last_error: OSError | None = None  # of a checkpoint (its journal is kept)
         self.checkpoints = 0
         self._others_at = 0.0  # when the next checkpoint looks for dead processes' journals
+        # The root's filesystem, which a checkpoint flushes, and whether each queue is on it.
+        self._device = os.stat(root).st_dev
+        self._devices: dict[str, bool] = {}
 
     # -- the writer -------------------------------------------------------------------------
     def commit(self, files: list[PendingFile]) -> bool:
@@ -134,7 +138,7 @@ class Journal:
             if data is None or len(data) > MAX_RECORD_DATA or not final.startswith(prefix):
                 return False
             queue, sep, name = final[skip:].partition("/@")
-            if not sep:
+            if not sep or not self._on_root_device(queue):
                 return False
             pieces += record_pieces(queue, "@" + name, data)
         published: list[str] = []
@@ -167,6 +171,18 @@ class Journal:
                 ) from exc
             raise storage_error(exc, "storing new messages") from exc
         return True
+
+    def _on_root_device(self, queue: str) -> bool:
+        """Whether `queue`'s directory is on the root's filesystem, the one a checkpoint's
+        `syncfs` flushes (a queue may be a mount point of another disk): asked once a queue."""
+        known = self._devices.get(queue)
+        if known is None:
+            try:
+                device = os.stat(self._prefix + queue).st_dev
+            except OSError:
+                return False  # the caller's own commit says what is wrong
+            known = self._devices[queue] = device == self._device
+        return known
 
     def _append(self, pieces: list[bytes]) -> tuple[_File, int] | None:
         """Append `pieces` to the current file (made at first use): the file and its end after
