@@ -235,6 +235,30 @@ def test_a_failed_append_or_flush_fails_the_group_and_counts_no_record(
     store.close()
 
 
+def test_a_journal_file_that_cannot_be_made_leaves_publishes_to_their_own_flush(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of descriptors (or inodes), a checkpoint that could not switch to a new file never
+    removed the one it had: a journal growing for as long as that lasts."""
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    ids = [q.put(b"first")]
+    [first] = _journals(root)
+    faults = FaultyFS(monkeypatch, root / layout.JOURNAL_DIR)
+    faults.fail("open", errno.EMFILE)
+
+    def checkpointed() -> bool:
+        ids.append(q.put(b"more"))
+        return first not in _journals(root)
+
+    wait_until(checkpointed, 10, "the journal checkpointed and removed")
+    ids.append(q.put(b"after"))  # no journal to be had: flushed itself
+    faults.clear()
+    assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted(ids)
+    store.close()
+    assert _journals(root) == []
+
+
 # -- recovery: a dead process of this boot ------------------------------------------------------
 def test_a_killed_publishers_journal_is_flushed_and_removed_never_replayed(root: Path) -> None:
     with dirmq.Store(root) as setup:

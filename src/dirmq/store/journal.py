@@ -25,7 +25,9 @@ and at most `MAX_RECORD_DATA`, in a queue on the root's filesystem (the one a ch
 Errors: a failed append is truncated back (a failure of that too leaves a torn record, which
 replay stops at, and the journal moves on to a new file); a failed `fdatasync` fails every
 group not yet flushed in that file, and the file is truncated to what was flushed and left.
-Either way the group's files are discarded: nothing half-visible, nothing counted.
+Either way the group's files are discarded: nothing half-visible, nothing counted. A journal
+file that cannot be made (EMFILE, a full disk) is no error of the group's: it takes its own
+flush; a checkpoint that cannot make the next file checkpoints all the same, with none.
 """
 
 from __future__ import annotations
@@ -194,7 +196,10 @@ class Journal:
                 return None
             journal = self._current
             if journal is None:
-                journal = self._current = self._open_file(first=True)
+                try:
+                    journal = self._current = self._open_file(first=True)
+                except OSError:  # no journal to be had (EMFILE, a full disk): the caller's
+                    return None  # own flush, which meets what is wrong itself if it lasts
             start = journal.appended
             try:
                 _write_all(journal.fd, pieces)
@@ -303,7 +308,13 @@ class Journal:
     def checkpoint(self, *, last: bool = False) -> None:
         """Switch to a new file (none if `last`), wait for the groups publishing from the old
         ones, `syncfs` the root, remove the old files. Raises OSError (files kept) on failure."""
-        fresh = None if last else self._open_file()
+        fresh = None
+        if not last:
+            try:
+                fresh = self._open_file()
+            except OSError as exc:  # checkpointed all the same (a journal left to grow,
+                self.last_error = exc  # never switched away from, is never removed): the
+                # next append makes a file, or takes its own flush
         with self._cond:
             self._retire_current()
             self._current = fresh
