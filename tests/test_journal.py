@@ -20,6 +20,7 @@ import pytest
 import dirmq
 from dirmq.errors import ConfigError
 from dirmq.store import codec, fsio, layout
+from dirmq.store import journal as journal_module
 from dirmq.store.config import QueueConfig
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.journal import header, record_pieces
@@ -257,6 +258,25 @@ def test_a_journal_file_that_cannot_be_made_leaves_publishes_to_their_own_flush(
     assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted(ids)
     store.close()
     assert _journals(root) == []
+
+
+def test_a_failed_checkpoint_keeps_the_journal_and_makes_no_file_a_second(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    faults = FaultyFS(monkeypatch, root)
+    monkeypatch.setattr(journal_module, "syncfs", fsio.syncfs)  # the faulty one
+    faults.fail("syncfs", errno.EIO)
+    kept = q.put(b"kept")
+    [journal] = _journals(root)
+    wait_until(lambda: faults.raised["syncfs"] >= 3, 30, "three failed checkpoints")
+    assert journal in _journals(root), "its files may not be on the disk: the journal stays"
+    assert len(_journals(root)) <= 2, "an idle journal's failed checkpoints made a file each"
+    faults.clear()
+    wait_until(lambda: not _journals(root), 30, "a checkpoint once the disk recovered")
+    assert os.listdir(os.path.join(q.path, layout.READY)) == [kept]
+    store.close()
 
 
 # -- recovery: a dead process of this boot ------------------------------------------------------

@@ -308,16 +308,22 @@ class Journal:
     def checkpoint(self, *, last: bool = False) -> None:
         """Switch to a new file (none if `last`), wait for the groups publishing from the old
         ones, `syncfs` the root, remove the old files. Raises OSError (files kept) on failure."""
+        # A current file with no record is kept, not switched for another: a checkpoint
+        # retrying a failed syncfs each second would otherwise leave a file each time.
+        with self._cond:
+            current = self._current
+            keep = not last and current is not None and current.appended == current.empty_at
         fresh = None
-        if not last:
+        if not last and not keep:
             try:
                 fresh = self._open_file()
             except OSError as exc:  # checkpointed all the same (a journal left to grow,
                 self.last_error = exc  # never switched away from, is never removed): the
                 # next append makes a file, or takes its own flush
         with self._cond:
-            self._retire_current()
-            self._current = fresh
+            if not keep:
+                self._retire_current()
+                self._current = fresh
             while any(j.inflight for j in self._retired):
                 self._cond.wait()
             covered = list(self._retired)
