@@ -230,7 +230,8 @@ class Journal:
                     journal.error = exc
                     try:  # the records that failed are not counted: gone from the file
                         os.ftruncate(journal.fd, journal.durable)
-                    except OSError:
+                        os.fdatasync(journal.fd)  # and from the disk, which may hold part
+                    except OSError:  # of them (a replay after a crash would bring them back)
                         pass
                     if journal is self._current:
                         self._retire_current()
