@@ -163,6 +163,29 @@ def test_publishing_while_and_after_the_store_closes_leaves_no_journal(root: Pat
     assert sorted(ready) == sorted(acknowledged), "every publish stored, once"
 
 
+def test_a_forked_child_never_writes_into_its_parents_journal(root: Path) -> None:
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    mine = q.put(b"parent")
+    [journal] = _journals(root)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the parent's Store, used in the child: its own flush
+        try:
+            os.write(write, q.put(b"child").encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = os.read(read, 100).decode()
+    os.close(read)
+    assert os.waitpid(pid, 0)[1] == 0 and child
+    records = read_records(str(root / layout.JOURNAL_DIR / journal))
+    assert [r.name for r in records] == [f"{layout.READY}/{mine}"]
+    assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted([mine, child])
+    store.close()
+    assert _journals(root) == []
+
+
 def test_the_direct_path_commits_through_the_journal(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
