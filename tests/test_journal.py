@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,12 +20,15 @@ import pytest
 import dirmq
 from dirmq.errors import ConfigError
 from dirmq.store import codec, fsio, layout
+from dirmq.store import journal as journal_module
+from dirmq.store.config import QueueConfig
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.journal import header, record_pieces
 from dirmq.store.journal_replay import Verdict, judge_all, read_records
 from dirmq.store.marker import BASE_FORMAT, ROOT_FORMAT
 from dirmq.store.processes import HOST_TAG, ProcessIdentity, current
 
+from .support.disks import small_tmpfs
 from .support.faultfs import FaultyFS
 from .support.procs import dead_pid, kill, spawn
 from .support.servers import start_server
@@ -135,6 +139,53 @@ def test_a_checkpoint_removes_the_journal_once_the_files_are_flushed(root: Path)
     store.close()
 
 
+def test_publishing_while_and_after_the_store_closes_leaves_no_journal(root: Path) -> None:
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    acknowledged: list[str] = []
+    closed = threading.Event()
+
+    def publish() -> None:  # a server's last requests, racing its store's close
+        while not closed.is_set():
+            acknowledged.extend(q.put_many([b"a", b"b"]))
+        acknowledged.extend(q.put_many([b"after", b"close"]))
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    wait_until(lambda: len(acknowledged) >= 20, 10, "publishes")
+    store.close()
+    closed.set()
+    publisher.join()
+    # A journal made after the close would have no checkpoint to flush and remove it: never
+    # removed while the process lives, replayed whole after a machine crash.
+    assert _journals(root) == []
+    ready = os.listdir(os.path.join(q.path, layout.READY))
+    assert sorted(ready) == sorted(acknowledged), "every publish stored, once"
+
+
+def test_a_forked_child_never_writes_into_its_parents_journal(root: Path) -> None:
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    mine = q.put(b"parent")
+    [journal] = _journals(root)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the parent's Store, used in the child: its own flush
+        try:
+            os.write(write, q.put(b"child").encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = os.read(read, 100).decode()
+    os.close(read)
+    assert os.waitpid(pid, 0)[1] == 0 and child
+    records = read_records(str(root / layout.JOURNAL_DIR / journal))
+    assert [r.name for r in records] == [f"{layout.READY}/{mine}"]
+    assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted([mine, child])
+    store.close()
+    assert _journals(root) == []
+
+
 def test_the_direct_path_commits_through_the_journal(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -165,6 +216,22 @@ def test_the_journal_off_leaves_the_root_at_format_5(root: Path) -> None:
         assert _journals(root) == [] and _format(root) == BASE_FORMAT
 
 
+def test_a_queue_on_another_filesystem_is_not_committed_through_the_journal(root: Path) -> None:
+    """A checkpoint flushes the root's filesystem only (`syncfs`): the journal of a file on
+    another would be removed with the file still in the page cache."""
+    with dirmq.Store(root, journal=False):
+        pass
+    with small_tmpfs(root, "4m") as mount_point, dirmq.Store(root) as store:
+        elsewhere = store.create_queue(mount_point.name)
+        elsewhere.put_many([b"a", b"b"])
+        assert _journals(root) == [], "committed by its own flush"
+        here = store.create_queue("q").put(b"c")
+        [journal] = _journals(root)
+        [record] = read_records(str(root / layout.JOURNAL_DIR / journal))
+        assert record.name == f"{layout.READY}/{here}"
+        assert elsewhere.stats().ready == 2
+
+
 # -- errors -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("call", "error"), [("writev", errno.ENOSPC), ("fdatasync", errno.EIO)])
 def test_a_failed_append_or_flush_fails_the_group_and_counts_no_record(
@@ -189,6 +256,49 @@ def test_a_failed_append_or_flush_fails_the_group_and_counts_no_record(
     names = [r.name for j in _journals(root) for r in read_records(str(root / "@journal" / j))]
     assert f"@ready/{later}" in names and not any("lost" in n for n in names)
     assert sorted(m.body for m in q.get(5)) == [b"after", b"before"]
+    store.close()
+
+
+def test_a_journal_file_that_cannot_be_made_leaves_publishes_to_their_own_flush(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of descriptors (or inodes), a checkpoint that could not switch to a new file never
+    removed the one it had: a journal growing for as long as that lasts."""
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    ids = [q.put(b"first")]
+    [first] = _journals(root)
+    faults = FaultyFS(monkeypatch, root / layout.JOURNAL_DIR)
+    faults.fail("open", errno.EMFILE)
+
+    def checkpointed() -> bool:
+        ids.append(q.put(b"more"))
+        return first not in _journals(root)
+
+    wait_until(checkpointed, 10, "the journal checkpointed and removed")
+    ids.append(q.put(b"after"))  # no journal to be had: flushed itself
+    faults.clear()
+    assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted(ids)
+    store.close()
+    assert _journals(root) == []
+
+
+def test_a_failed_checkpoint_keeps_the_journal_and_makes_no_file_a_second(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    faults = FaultyFS(monkeypatch, root)
+    monkeypatch.setattr(journal_module, "syncfs", fsio.syncfs)  # the faulty one
+    faults.fail("syncfs", errno.EIO)
+    kept = q.put(b"kept")
+    [journal] = _journals(root)
+    wait_until(lambda: faults.raised["syncfs"] >= 3, 30, "three failed checkpoints")
+    assert journal in _journals(root), "its files may not be on the disk: the journal stays"
+    assert len(_journals(root)) <= 2, "an idle journal's failed checkpoints made a file each"
+    faults.clear()
+    wait_until(lambda: not _journals(root), 30, "a checkpoint once the disk recovered")
+    assert os.listdir(os.path.join(q.path, layout.READY)) == [kept]
     store.close()
 
 
@@ -219,6 +329,25 @@ def test_a_killed_publishers_journal_is_flushed_and_removed_never_replayed(root:
         assert sorted(set(acknowledged) - {consumed}) == sorted(
             n for n in ready if n in set(acknowledged)
         ), "every acknowledged message present, once"
+
+
+def test_a_killed_publishers_journal_is_flushed_and_removed_by_a_running_publisher(
+    root: Path,
+) -> None:
+    """Left until the next open, a dead process's journal outlives the acks of what it covers,
+    and a machine crash, however much later, replays them all."""
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    publisher = spawn("publish", root, "q", module="tests.support.journal_workers")
+    assert publisher.stdout is not None
+    acknowledged = publisher.stdout.readline().split()
+    acknowledged += kill(publisher).split()
+    [dead] = _journals(root)
+    for message in q.get(10, visibility_s=60):  # consumed and acknowledged
+        q.ack(message.receipt or "")
+    q.put(b"mine")  # this process's journal: its checkpoints run
+    wait_until(lambda: dead not in _journals(root), 30, "the dead journal flushed and removed")
+    store.close()
 
 
 # -- recovery: a machine crash (an earlier boot) ------------------------------------------------
@@ -286,6 +415,28 @@ def test_a_crash_journal_writes_back_exactly_what_is_missing_or_torn(
     assert report.ok, report.problems
 
 
+def test_a_replayed_message_holds_its_capacity_slot_again(root: Path) -> None:
+    """A slot's symlink is made with no flush of its own (a writethrough publish's directory
+    fsync used to carry it): a machine crash loses it with the file, and the message written
+    back without it would let the queue hold more than its capacity."""
+    with dirmq.Store(root, journal=False) as store:
+        q = store.create_queue("q", QueueConfig(capacity=2))
+        ids = q.put_many([b"one", b"two"])
+        records = [("q", f"{layout.READY}/{i}", _file_of(q, i)[1]) for i in ids]
+    for message_id in ids:  # lost to the crash: the files and their slots
+        os.unlink(os.path.join(q.path, layout.READY, message_id))
+    for slot in os.listdir(os.path.join(q.path, layout.SLOTS)):
+        os.unlink(os.path.join(q.path, layout.SLOTS, slot))
+    _write_journal(root, records, boot=ANOTHER_BOOT)
+    with dirmq.Store(root) as store:
+        q = store.queue("q")
+        assert q.stats().ready == 2
+        slots = os.path.join(q.path, layout.SLOTS)
+        assert sorted(os.readlink(os.path.join(slots, s)) for s in os.listdir(slots)) == sorted(ids)
+        with pytest.raises(dirmq.QueueFull):
+            q.put(b"three", timeout_s=0)
+
+
 def test_a_replay_cut_short_by_its_claimers_death_is_claimed_and_done_again(
     crashed: tuple[Path, dict[str, str]],
 ) -> None:
@@ -311,6 +462,13 @@ def test_a_replay_writes_nothing_outside_its_queues(root: Path) -> None:
         ("q", f"{layout.READY}/../../{message_id}", data),
         ("../outside", f"{layout.READY}/{message_id}", data),
         ("q", f"not-a-state/{message_id}", data),
+        # A state no publish names: a message file among the capacity or dedup symlinks, the
+        # pool's free files, the dead letters or the temps would be a queue no one wrote.
+        *[
+            ("q", f"{state}/{message_id}", data)
+            for state in (layout.SLOTS, layout.DEDUP, layout.FREE, layout.DEAD, layout.TMP)
+        ],
+        ("q", f"{layout.CORRUPT}/{message_id}", data),
     ]
     _write_journal(root, records, boot=ANOTHER_BOOT)
     before = sorted(p.name for p in root.parent.iterdir())
@@ -374,6 +532,22 @@ def test_a_root_of_a_newer_format_is_refused(root: Path) -> None:
         dirmq.Store(root)
     report = fsck(root, repair=True)
     assert any("unsupported root format 7" in p.detail for p in report.problems)
+
+
+def test_a_journal_whose_header_this_version_does_not_write_is_left_alone(root: Path) -> None:
+    """A newer journal format (or a garbled header): its records cannot be read here, and
+    removing it (as a dead process's, or an empty replay's) could lose what they hold."""
+    with dirmq.Store(root, journal=False) as store:
+        store.create_queue("q")
+    path = _write_journal(root, [], boot=ANOTHER_BOOT)
+    owner = path.name.rpartition(".")[0]
+    path.write_bytes(f"dirmq-journal 2 boot={ANOTHER_BOOT} owner={owner}\n@...".encode())
+    assert [j.verdict for j in judge_all(str(root))] == [Verdict.FOREIGN]
+    with dirmq.Store(root):
+        assert _journals(root) == [path.name]
+    report = fsck(root, repair=True)
+    assert [p.kind for p in report.problems] == [Kind.STRAY]
+    assert _journals(root) == [path.name]
 
 
 # -- the server ---------------------------------------------------------------------------------

@@ -139,7 +139,12 @@ def read_slot(path: str) -> str | None:
             head = f.read(4096)
     except OSError:
         return None
-    marker = head.find(_SLOT_MARKER)
+    return slot_in(head)
+
+
+def slot_in(head: bytes) -> str | None:
+    """The `Dirmq-Slot` header in the first bytes of a message file."""
+    marker = head.find(_SLOT_MARKER, 0, 4096)
     if marker < 0:
         return None
     end = head.find(b"\n", marker + 1)

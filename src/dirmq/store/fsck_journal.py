@@ -27,6 +27,12 @@ def check_journals(run: Run) -> None:
         owner = judged.owner
         if judged.verdict is Verdict.UNKNOWN:
             run.add("", path, Kind.STRAY, "unknown file (not a commit journal's name)")
+        elif judged.verdict is Verdict.FOREIGN:
+            detail = (
+                f"a commit journal of {owner} whose header this dirmq does not read (a newer "
+                "format?): left alone; recover it with the dirmq that wrote it"
+            )
+            run.add("", path, Kind.STRAY, detail)
         elif judged.verdict is Verdict.DEAD:
             detail = f"the commit journal of {owner}, which is gone (this boot)"
             run.fix("", path, Kind.JOURNAL, detail, partial(_recover, run, judged))

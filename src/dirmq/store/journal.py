@@ -11,19 +11,23 @@ after a machine crash, whatever a lost page cache took is in a journal, which th
 replays (journal_replay.py). A checkpoint thread, about once a second with anything appended
 (at once past `CHECKPOINT_BYTES`), switches to a new journal file, waits for the groups still
 publishing from the old one, `syncfs`es the root, and removes the old file: what it covered
-is on the disk itself now. A second without a publish closes and removes the journal (an idle
-process holds no file open for writing: the filesystem can be remounted read-only), and so
-does `close`.
+is on the disk itself now (and, every 10 s, so is what a journal of a process that died
+meanwhile covers: that journal goes too). A second without a publish closes and removes the
+journal (an idle process holds no file open for writing: the filesystem can be remounted
+read-only), and so does `close`.
 
 Where it applies (`commit` returns False otherwise, and the caller takes the usual group
 commit): a local filesystem (never the shared mode: another host's kernel could not flush our
 pages), every file of the group with its bytes known (`PendingFile.data`: not a streamed body)
-and at most `MAX_RECORD_DATA`, under this Store's root, in this process (not a forked child).
+and at most `MAX_RECORD_DATA`, in a queue on the root's filesystem (the one a checkpoint's
+`syncfs` flushes: not a queue mounted from another disk), in this process (not a forked child).
 
 Errors: a failed append is truncated back (a failure of that too leaves a torn record, which
 replay stops at, and the journal moves on to a new file); a failed `fdatasync` fails every
 group not yet flushed in that file, and the file is truncated to what was flushed and left.
-Either way the group's files are discarded: nothing half-visible, nothing counted.
+Either way the group's files are discarded: nothing half-visible, nothing counted. A journal
+file that cannot be made (EMFILE, a full disk) is no error of the group's: it takes its own
+flush; a checkpoint that cannot make the next file checkpoints all the same, with none.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from dirmq.store.processes import current
 MAGIC = b"dirmq-journal 1"
 CHECKPOINT_S = 1.0  # a crash's replay covers about this much, and a checkpoint costs a syncfs
 CHECKPOINT_BYTES = 64 << 20  # a journal this large is checkpointed at once
+OTHERS_S = 10.0  # how often a checkpoint looks for the journals of dead processes
 # A larger body keeps its own file's flush: copied into the journal it would be written twice.
 MAX_RECORD_DATA = 1 << 20
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -116,6 +121,10 @@ class Journal:
         self._stopping = False
         self.last_error: OSError | None = None  # of a checkpoint (its journal is kept)
         self.checkpoints = 0
+        self._others_at = 0.0  # when the next checkpoint looks for dead processes' journals
+        # The root's filesystem, which a checkpoint flushes, and whether each queue is on it.
+        self._device = os.stat(root).st_dev
+        self._devices: dict[str, bool] = {}
 
     # -- the writer -------------------------------------------------------------------------
     def commit(self, files: list[PendingFile]) -> bool:
@@ -131,12 +140,15 @@ class Journal:
             if data is None or len(data) > MAX_RECORD_DATA or not final.startswith(prefix):
                 return False
             queue, sep, name = final[skip:].partition("/@")
-            if not sep:
+            if not sep or not self._on_root_device(queue):
                 return False
             pieces += record_pieces(queue, "@" + name, data)
         published: list[str] = []
         try:
-            journal, end = self._append(pieces)
+            appended = self._append(pieces)
+            if appended is None:
+                return False  # closed: the caller's own flush (no journal left behind)
+            journal, end = appended
             try:
                 self._flush(journal, end)
                 for f in files:
@@ -162,14 +174,32 @@ class Journal:
             raise storage_error(exc, "storing new messages") from exc
         return True
 
-    def _append(self, pieces: list[bytes]) -> tuple[_File, int]:
+    def _on_root_device(self, queue: str) -> bool:
+        """Whether `queue`'s directory is on the root's filesystem, the one a checkpoint's
+        `syncfs` flushes (a queue may be a mount point of another disk): asked once a queue."""
+        known = self._devices.get(queue)
+        if known is None:
+            try:
+                device = os.stat(self._prefix + queue).st_dev
+            except OSError:
+                return False  # the caller's own commit says what is wrong
+            known = self._devices[queue] = device == self._device
+        return known
+
+    def _append(self, pieces: list[bytes]) -> tuple[_File, int] | None:
         """Append `pieces` to the current file (made at first use): the file and its end after
-        them, counted in flight. On failure the file is truncated back (or, if that fails too,
+        them, counted in flight; None once `close` began (a file made then would have no
+        checkpoint to remove it). On failure the file is truncated back (or, if that fails too,
         left for a new one) and the error raised."""
         with self._cond:
+            if self._stopping:
+                return None
             journal = self._current
             if journal is None:
-                journal = self._current = self._open_file(first=True)
+                try:
+                    journal = self._current = self._open_file(first=True)
+                except OSError:  # no journal to be had (EMFILE, a full disk): the caller's
+                    return None  # own flush, which meets what is wrong itself if it lasts
             start = journal.appended
             try:
                 _write_all(journal.fd, pieces)
@@ -200,7 +230,8 @@ class Journal:
                     journal.error = exc
                     try:  # the records that failed are not counted: gone from the file
                         os.ftruncate(journal.fd, journal.durable)
-                    except OSError:
+                        os.fdatasync(journal.fd)  # and from the disk, which may hold part
+                    except OSError:  # of them (a replay after a crash would bring them back)
                         pass
                     if journal is self._current:
                         self._retire_current()
@@ -278,15 +309,28 @@ class Journal:
     def checkpoint(self, *, last: bool = False) -> None:
         """Switch to a new file (none if `last`), wait for the groups publishing from the old
         ones, `syncfs` the root, remove the old files. Raises OSError (files kept) on failure."""
-        fresh = None if last else self._open_file()
+        # A current file with no record is kept, not switched for another: a checkpoint
+        # retrying a failed syncfs each second would otherwise leave a file each time.
         with self._cond:
-            self._retire_current()
-            self._current = fresh
+            current = self._current
+            keep = not last and current is not None and current.appended == current.empty_at
+        fresh = None
+        if not last and not keep:
+            try:
+                fresh = self._open_file()
+            except OSError as exc:  # checkpointed all the same (a journal left to grow,
+                self.last_error = exc  # never switched away from, is never removed): the
+                # next append makes a file, or takes its own flush
+        with self._cond:
+            if not keep:
+                self._retire_current()
+                self._current = fresh
             while any(j.inflight for j in self._retired):
                 self._cond.wait()
             covered = list(self._retired)
         if not covered:
             return
+        dead = self._dead_journals()  # judged before the syncfs, which then covers them too
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             syncfs(fd)
@@ -298,14 +342,37 @@ class Journal:
                 os.unlink(journal.path)
             except FileNotFoundError:
                 pass
+        for path in dead:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass  # another process recovered it, or may (its own checkpoint goes on)
         with self._cond:
             self._retired = [j for j in self._retired if j not in covered]
         fsync_dir(self.dir)  # a removal lost to a crash would replay acknowledged consumption
         self.checkpoints += 1
 
+    def _dead_journals(self) -> list[str]:
+        """The journals of other processes that died in this boot, every `OTHERS_S` (else
+        none): this checkpoint's `syncfs` flushes what they cover, so they go with its own.
+        Left until the next opener, a dead publisher's journal would outlive every ack it
+        covers, and a machine crash later replay all of them (not the last second's)."""
+        now = time.monotonic()
+        if now < self._others_at:
+            return []
+        self._others_at = now + OTHERS_S
+        from dirmq.store.journal_replay import Verdict, judge_all  # it imports this module
+
+        try:
+            judged = judge_all(self.root)
+        except OSError:  # another user's journal: its recovery is its user's, not a failure
+            return []  # of this checkpoint, which must remove this Store's own journals
+        return [os.path.join(self.dir, j.name) for j in judged if j.verdict is Verdict.DEAD]
+
     def close(self) -> None:
         """A last checkpoint: every journal of this Store flushed and removed (kept, for the next
-        opener to flush, if that fails). Nothing in a forked child: the journal is its parent's
+        opener to flush, if that fails); a group committed after it is flushed by the caller
+        (`commit` declines). Nothing in a forked child: the journal is its parent's
         (and a lock a parent's thread held at the fork stays held)."""
         if os.getpid() != self._pid:
             return

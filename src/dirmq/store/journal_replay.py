@@ -8,11 +8,14 @@ What a journal needs depends on who wrote it and when (`judge`):
 - its owner is dead, in this boot: every file its records name was given its name by this
   kernel, so it is in the page cache and reaches the disk with a `syncfs`; the journal is then
   removed. Replaying it would bring back messages consumed and acknowledged since;
+- its header is whole but not one this version writes (a newer journal format): left alone,
+  for the dirmq that wrote it (removed, what it holds could be lost);
 - it was written in an earlier boot (its header's boot id is not this kernel's): a machine
   crash may have lost any file or name it covers. It is claimed by a rename (of two recovering
   processes one wins, the other finds it gone), then each record whose message is in its queue
   in no state (same id: @ready, the backlog, @leased, @delayed, @dead), or only in a file that
-  fails its checksum, is written durably where it was meant to go (a lease's into @ready, the
+  fails its checksum, is written durably (its capacity slot taken again first) where it was
+  meant to go (a lease's into @ready, the
   consumer being gone; a backlog or delay bucket no longer there: @ready, or @delayed flat),
   and the journal is removed. A torn record (a crash mid-append) ends the journal: its publish
   was never answered, nor was any after it. A journal claimed by a process that died (or by an
@@ -32,6 +35,7 @@ from enum import Enum
 
 from dirmq.errors import CorruptMessage, InvalidName
 from dirmq.store import backlog, delays, layout
+from dirmq.store.capacity import slot_in
 from dirmq.store.filemodes import Access
 from dirmq.store.filesystems import is_shared
 from dirmq.store.fsio import create_pending, fsync_dir, syncfs
@@ -49,6 +53,11 @@ from dirmq.store.reading import read_message
 
 CLAIMED = "replaying"  # a claimed journal: replaying.<claimer token>.<its own name>
 HEADER_MAX = 512
+FOREIGN = "?"  # read_header's answer for a header it cannot read (no boot id holds a "?")
+# The states a publish names a new file in (FORMAT.md's record `<name>`), the only ones a record
+# may name: a message file among @slots' or @dedup's symlinks, @free's or @tmp's files, or the
+# dead letters would be one no writer made.
+_PUBLISHED_INTO = (layout.READY, layout.BACKLOG, layout.DELAYED, layout.LEASED)
 
 
 class Verdict(Enum):
@@ -56,6 +65,7 @@ class Verdict(Enum):
     DEAD = "dead"  # its owner died in this boot: flush and remove
     CRASHED = "crashed"  # written in an earlier boot: replay
     UNKNOWN = "unknown"  # not a journal's name
+    FOREIGN = "foreign"  # a header this version does not write (a newer format's): left alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,15 +103,20 @@ def parse_name(name: str) -> tuple[ProcessIdentity, ProcessIdentity | None, str]
 
 
 def read_header(path: str) -> str | None:
-    """The boot id in a journal's header; None if it has none (torn: no record follows)."""
+    """The boot id in a journal's header; None if it has none (torn: no record follows);
+    `FOREIGN` for a whole first line that is not a header this version writes (a newer
+    journal format, or a file edited by hand): no record of it can be read, so none may be
+    dropped with it."""
     try:
         with open(path, "rb") as f:
-            head = f.read(HEADER_MAX).split(b"\n", 1)[0]
+            head, newline, _ = f.read(HEADER_MAX).partition(b"\n")
     except FileNotFoundError:
+        return None
+    if not newline:  # a header is one write flushed before any record: this one was cut short
         return None
     fields = head.split(b" ")
     if b" ".join(fields[:2]) != MAGIC or len(fields) < 3 or not fields[2].startswith(b"boot="):
-        return None
+        return FOREIGN
     return fields[2][5:].decode(errors="replace")
 
 
@@ -146,6 +161,8 @@ def judge(directory: str, name: str, boot: str, shared: bool = False) -> Judged:
     if claimer is not None and claim_boot == boot and liveness(claimer) is not Liveness.DEAD:
         return Judged(name, Verdict.IN_USE, owner)  # being replayed
     written_in = read_header(os.path.join(directory, name))
+    if written_in == FOREIGN:
+        return Judged(name, Verdict.FOREIGN, owner)
     if written_in is not None and written_in != boot:
         return Judged(name, Verdict.CRASHED, owner)
     # This boot's (or torn before its header was durable: then it holds no record).
@@ -231,7 +248,7 @@ def _sound(record: Record) -> bool:
     except InvalidName:
         return False
     parts = record.name.split("/")
-    return parts[0] in layout.STATE_DIRS and all(p and p not in (".", "..") for p in parts)
+    return parts[0] in _PUBLISHED_INTO and all(p and p not in (".", "..") for p in parts)
 
 
 def _replay_queue(queue_dir: str, records: list[Record], access: Access) -> int:
@@ -290,6 +307,9 @@ def _write_back(queue_dir: str, record: Record, message_id: str, access: Access)
     elif not os.path.isdir(target_dir):
         home = layout.DELAYED if entry.at_ms is not None else layout.READY
         target_dir = f"{queue_dir}/{home}"
+    slot = slot_in(record.data)
+    if slot is not None and slot.isdigit():
+        _hold_slot(f"{queue_dir}/{layout.SLOTS}", slot, message_id)
     pending = create_pending(
         f"{queue_dir}/{layout.TMP}",
         layout.tmp_name(message_id),
@@ -308,6 +328,20 @@ def _write_back(queue_dir: str, record: Record, message_id: str, access: Access)
         raise
     fsync_dir(target_dir)
     return True
+
+
+def _hold_slot(slots_dir: str, slot: str, message_id: str) -> None:
+    """Take the capacity slot the message names again, first (as its publish did): a crash
+    that lost the message lost its slot's symlink too, never flushed by itself. A slot taken
+    by another message since stays its (the queue holds one more than its capacity until one
+    of them goes)."""
+    try:
+        os.symlink(message_id, f"{slots_dir}/{slot}")
+    except FileExistsError:
+        return
+    except FileNotFoundError:  # no @slots: the queue has no capacity any more
+        return
+    fsync_dir(slots_dir)
 
 
 def _unlink(path: str) -> None:
