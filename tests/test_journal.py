@@ -23,7 +23,7 @@ from dirmq.store import codec, fsio, layout
 from dirmq.store import journal as journal_module
 from dirmq.store.config import QueueConfig
 from dirmq.store.fsck import Kind, fsck
-from dirmq.store.journal import header, record_pieces
+from dirmq.store.journal_format import header, record_pieces
 from dirmq.store.journal_replay import Verdict, judge_all, read_records
 from dirmq.store.marker import BASE_FORMAT, ROOT_FORMAT
 from dirmq.store.processes import HOST_TAG, ProcessIdentity, current

@@ -39,47 +39,23 @@ import os
 import threading
 import time
 import weakref
-import zlib
 from dataclasses import dataclass, field
 
 from dirmq.errors import QueueNotFound, storage_error
 from dirmq.store import layout, marker
 from dirmq.store.filemodes import Access
 from dirmq.store.fsio import PendingFile, fsync_dir, syncfs
+from dirmq.store.journal_format import boot_id, header, record_pieces
+from dirmq.store.journal_replay import Verdict, judge_all
 from dirmq.store.processes import current
 
-MAGIC = b"dirmq-journal 1"
 CHECKPOINT_S = 1.0  # a crash's replay covers about this much, and a checkpoint costs a syncfs
 CHECKPOINT_BYTES = 64 << 20  # a journal this large is checkpointed at once
 OTHERS_S = 10.0  # how often a checkpoint looks for the journals of dead processes
 # A larger body keeps its own file's flush: copied into the journal it would be written twice.
 MAX_RECORD_DATA = 1 << 20
-_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 _numbers = itertools.count(1)  # journal files of this process, across its Stores
 _IOV_MAX = 1024  # the pieces one writev takes (Linux's UIO_MAXIOV)
-
-
-def boot_id() -> str:
-    """The running kernel's boot id ("" where unknown: no journal is written then, since
-    nobody could tell a crash's journal from a live one)."""
-    try:
-        with open(_BOOT_ID_PATH) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def header(boot: str, owner: str) -> bytes:
-    """A journal file's first line: what it is, the boot it was written in, its owner."""
-    return b"%s boot=%s owner=%s\n" % (MAGIC, boot.encode(), owner.encode())
-
-
-def record_pieces(queue: str, name: str, data: bytes) -> list[bytes]:
-    """One record: `@<crc32 of the rest, 8 hex> <length of the rest>\\n<queue>\\0<name>\\0
-    <data>`, as pieces for one `writev` (the data not copied)."""
-    prefix = f"{queue}\0{name}\0".encode()
-    crc = zlib.crc32(data, zlib.crc32(prefix))
-    return [b"@%08x %d\n" % (crc, len(prefix) + len(data)), prefix, data]
 
 
 def file_name(token: str, number: int) -> str:
@@ -361,7 +337,6 @@ class Journal:
         if now < self._others_at:
             return []
         self._others_at = now + OTHERS_S
-        from dirmq.store.journal_replay import Verdict, judge_all  # it imports this module
 
         try:
             judged = judge_all(self.root)

@@ -39,7 +39,7 @@ from dirmq.store.capacity import slot_in
 from dirmq.store.filemodes import Access
 from dirmq.store.filesystems import is_shared
 from dirmq.store.fsio import create_pending, fsync_dir, syncfs
-from dirmq.store.journal import MAGIC, boot_id
+from dirmq.store.journal_format import MAGIC, boot_id
 from dirmq.store.names import validate_queue_name
 from dirmq.store.processes import (
     HOST_TAG,
