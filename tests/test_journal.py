@@ -23,7 +23,7 @@ from dirmq.store import codec, fsio, layout
 from dirmq.store import journal as journal_module
 from dirmq.store.config import QueueConfig
 from dirmq.store.fsck import Kind, fsck
-from dirmq.store.journal_format import header, record_pieces
+from dirmq.store.journal_format import boot_id, header, record_pieces
 from dirmq.store.journal_replay import Verdict, judge_all, read_records
 from dirmq.store.marker import BASE_FORMAT, ROOT_FORMAT
 from dirmq.store.processes import HOST_TAG, ProcessIdentity, current
@@ -283,9 +283,14 @@ def test_a_journal_file_that_cannot_be_made_leaves_publishes_to_their_own_flush(
     assert _journals(root) == []
 
 
-def test_a_failed_checkpoint_keeps_the_journal_and_makes_no_file_a_second(
+def test_a_failed_checkpoint_keeps_the_journal_until_a_reboot_replays_it(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A checkpoint's `syncfs` that fails (EIO): the kernel reports a writeback error once, so a
+    retry that succeeds proves nothing of the files the journal covers. The journal is kept as
+    `unflushed.<name>` (no checkpoint, close or same-boot opener removes it), the Store's later
+    publishes take their own flush, fsck reports it (an error, no repair), and after a reboot
+    it is replayed: what the disk lost is written back."""
     store = dirmq.Store(root)
     q = store.create_queue("q")
     faults = FaultyFS(monkeypatch, root)
@@ -293,13 +298,25 @@ def test_a_failed_checkpoint_keeps_the_journal_and_makes_no_file_a_second(
     faults.fail("syncfs", errno.EIO)
     kept = q.put(b"kept")
     [journal] = _journals(root)
-    wait_until(lambda: faults.raised["syncfs"] >= 3, 30, "three failed checkpoints")
-    assert journal in _journals(root), "its files may not be on the disk: the journal stays"
-    assert len(_journals(root)) <= 2, "an idle journal's failed checkpoints made a file each"
+    wait_until(lambda: faults.raised["syncfs"] >= 1, 30, "a failed checkpoint")
     faults.clear()
-    wait_until(lambda: not _journals(root), 30, "a checkpoint once the disk recovered")
-    assert os.listdir(os.path.join(q.path, layout.READY)) == [kept]
+    wait_until(lambda: _journals(root) == [f"unflushed.{journal}"], 30, "the journal kept")
+    later = q.put(b"later")  # its own flush: no journal
+    assert _journals(root) == [f"unflushed.{journal}"]
     store.close()
+    with dirmq.Store(root):  # a same-boot opener leaves it: the page cache proves nothing
+        assert _journals(root) == [f"unflushed.{journal}"]
+    report = fsck(root, repair=True)
+    assert [p.kind for p in report.problems] == [Kind.UNFLUSHED_JOURNAL]
+    assert not report.ok and _journals(root) == [f"unflushed.{journal}"]
+    # The reboot: its header names an earlier boot, and the disk lost the file.
+    path = root / layout.JOURNAL_DIR / f"unflushed.{journal}"
+    this_boot, earlier = f"boot={boot_id()}".encode(), f"boot={ANOTHER_BOOT}".encode()
+    path.write_bytes(path.read_bytes().replace(this_boot, earlier, 1))
+    os.unlink(os.path.join(q.path, layout.READY, kept))
+    with dirmq.Store(root):
+        assert _journals(root) == []
+        assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted([kept, later])
 
 
 # -- recovery: a dead process of this boot ------------------------------------------------------

@@ -47,6 +47,7 @@ class Kind(StrEnum):
     STALE_RATE_SLOT = "stale-rate-slot"  # notice: a delivery slot of a past second (flow.py)
     JOURNAL = "journal"  # notice: a commit journal of a dead process or an earlier boot
     FLAT_DELAY = "flat-delay"  # notice: a delay of format 4 outside its bucket (delays.py)
+    UNFLUSHED_JOURNAL = "unflushed-journal"  # a journal whose checkpoint's syncfs failed
 
 
 # Notices do not break an invariant the store relies on: they never make a report not `ok`.

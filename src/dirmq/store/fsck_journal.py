@@ -4,7 +4,8 @@ A journal whose owner runs is in use: nothing to say. One of a process that died
 or of an earlier boot (a machine crash), is a notice: the next process to open the root
 recovers it, and so does a repair (this boot's: the filesystem flushed and the journal removed;
 an earlier boot's: claimed, its missing messages written back, removed). Anything else there
-is stray (left alone).
+is stray (left alone). One whose checkpoint failed to flush the filesystem is an error with no
+repair: kept until a reboot, when it is replayed.
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ def check_journals(run: Run) -> None:
         elif judged.verdict is Verdict.DEAD:
             detail = f"the commit journal of {owner}, which is gone (this boot)"
             run.fix("", path, Kind.JOURNAL, detail, partial(_recover, run, judged))
+        elif judged.verdict is Verdict.UNFLUSHED:
+            detail = (
+                f"the commit journal of {owner}, whose checkpoint could not flush the "
+                "filesystem (a disk error): messages it covers may not be on the disk; kept, "
+                "and replayed after the next reboot: check the disk (its log, SMART), and "
+                "keep this file until then"
+            )
+            run.add("", path, Kind.UNFLUSHED_JOURNAL, detail)
         elif judged.verdict is Verdict.CRASHED:
             detail = f"the commit journal of {owner}, of an earlier boot (a machine crash)"
             run.fix("", path, Kind.JOURNAL, detail, partial(_recover, run, judged))

@@ -27,7 +27,14 @@ replay stops at, and the journal moves on to a new file); a failed `fdatasync` f
 group not yet flushed in that file, and the file is truncated to what was flushed and left.
 Either way the group's files are discarded: nothing half-visible, nothing counted. A journal
 file that cannot be made (EMFILE, a full disk) is no error of the group's: it takes its own
-flush; a checkpoint that cannot make the next file checkpoints all the same, with none.
+flush; a checkpoint that cannot make the next file checkpoints all the same, with none. A
+checkpoint whose `syncfs` fails keeps every journal of the Store (`unflushed.<name>`, replayed
+after a reboot: journal_replay.py) and turns the journal off for the Store.
+
+Why it is long: the writer and its checkpoint share one invariant (a journal file is removed
+only once every group appended to it is named and `syncfs`ed without error), kept across
+appends, flushes, file switches and the failures of each; the file format is
+journal_format.py, recovery journal_replay.py.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from dirmq.errors import QueueNotFound, storage_error
 from dirmq.store import layout, marker
 from dirmq.store.filemodes import Access
 from dirmq.store.fsio import PendingFile, fsync_dir, syncfs
-from dirmq.store.journal_format import boot_id, header, record_pieces
+from dirmq.store.journal_format import UNFLUSHED, boot_id, header, record_pieces
 from dirmq.store.journal_replay import Verdict, judge_all
 from dirmq.store.processes import current
 
@@ -98,6 +105,10 @@ class Journal:
         self.last_error: OSError | None = None  # of a checkpoint (its journal is kept)
         self.checkpoints = 0
         self._others_at = 0.0  # when the next checkpoint looks for dead processes' journals
+        # The root, open from before the first record a checkpoint covers: `syncfs` reports a
+        # writeback error to each descriptor open when it happened (once), so one opened for
+        # each checkpoint would miss an error another process's flush saw first.
+        self._root_fd: int | None = None
         # The root's filesystem, which a checkpoint flushes, and whether each queue is on it.
         self._device = os.stat(root).st_dev
         self._devices: dict[str, bool] = {}
@@ -168,7 +179,7 @@ class Journal:
         checkpoint to remove it). On failure the file is truncated back (or, if that fails too,
         left for a new one) and the error raised."""
         with self._cond:
-            if self._stopping:
+            if self._stopping or not self.enabled:  # closing, or a checkpoint failed
                 return None
             journal = self._current
             if journal is None:
@@ -222,6 +233,8 @@ class Journal:
             if not os.path.isdir(self.dir):
                 self._access.makedirs(self.dir)
                 fsync_dir(self.root)  # its name durable, as every journal's in it will be
+        if self._root_fd is None:
+            self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         token = current().token()
         path = os.path.join(self.dir, file_name(token, next(_numbers)))
         fd = self._access.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
@@ -307,11 +320,13 @@ class Journal:
         if not covered:
             return
         dead = self._dead_journals()  # judged before the syncfs, which then covers them too
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        if self._root_fd is None:  # (a file is made only once it is open)
+            self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            syncfs(fd)
-        finally:
-            os.close(fd)
+            syncfs(self._root_fd)
+        except OSError:
+            self._keep_unflushed()
+            raise
         for journal in covered:
             os.close(journal.fd)
             try:
@@ -327,6 +342,30 @@ class Journal:
             self._retired = [j for j in self._retired if j not in covered]
         fsync_dir(self.dir)  # a removal lost to a crash would replay acknowledged consumption
         self.checkpoints += 1
+
+    def _keep_unflushed(self) -> None:
+        """A checkpoint's `syncfs` failed: some file a journal covers may never reach the disk,
+        and the kernel reports that error once (a retry would succeed). So every journal file
+        of this Store is kept, renamed `unflushed.<name>` (never removed by a checkpoint or a
+        same-boot recovery; replayed after a reboot: FORMAT.md), and the journal is off for
+        this Store from now on: each group takes its own flush, whose errors are its own."""
+        with self._cond:
+            self.enabled = False
+            self._retire_current()
+            while any(j.inflight for j in self._retired):
+                self._cond.wait()
+            kept, self._retired = self._retired, []
+        for journal in kept:
+            os.close(journal.fd)
+            name = os.path.basename(journal.path)
+            try:
+                if journal.appended == journal.empty_at:  # no record: nothing it could lose
+                    os.unlink(journal.path)
+                else:
+                    os.rename(journal.path, os.path.join(self.dir, f"{UNFLUSHED}.{name}"))
+            except FileNotFoundError:
+                pass
+        fsync_dir(self.dir)
 
     def _dead_journals(self) -> list[str]:
         """The journals of other processes that died in this boot, every `OTHERS_S` (else
@@ -361,6 +400,10 @@ class Journal:
             self.checkpoint(last=True)
         except OSError as exc:
             self.last_error = exc
+        with self._cond:
+            fd, self._root_fd = self._root_fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 _open_journals: weakref.WeakSet[Journal] = weakref.WeakSet()

@@ -6,6 +6,9 @@ from __future__ import annotations
 import zlib
 
 MAGIC = b"dirmq-journal 1"
+# A journal whose checkpoint's syncfs failed: `unflushed.<its name>`, kept until a replay
+# after a reboot (journal.py `_keep_unflushed`).
+UNFLUSHED = "unflushed"
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
 

@@ -8,6 +8,10 @@ What a journal needs depends on who wrote it and when (`judge`):
 - its owner is dead, in this boot: every file its records name was given its name by this
   kernel, so it is in the page cache and reaches the disk with a `syncfs`; the journal is then
   removed. Replaying it would bring back messages consumed and acknowledged since;
+- its checkpoint's `syncfs` failed (`unflushed.<name>`, journal.py), in this boot: a file it
+  covers may not be on the disk though the page cache shows it whole, and the kernel reported
+  that once; kept, neither removed nor replayed, until a reboot makes it an earlier boot's
+  (below); fsck reports it;
 - its header is whole but not one this version writes (a newer journal format): left alone,
   for the dirmq that wrote it (removed, what it holds could be lost);
 - it was written in an earlier boot (its header's boot id is not this kernel's): a machine
@@ -39,7 +43,7 @@ from dirmq.store.capacity import slot_in
 from dirmq.store.filemodes import Access
 from dirmq.store.filesystems import is_shared
 from dirmq.store.fsio import create_pending, fsync_dir, syncfs
-from dirmq.store.journal_format import MAGIC, boot_id
+from dirmq.store.journal_format import MAGIC, UNFLUSHED, boot_id
 from dirmq.store.names import validate_queue_name
 from dirmq.store.processes import (
     HOST_TAG,
@@ -66,6 +70,7 @@ class Verdict(Enum):
     CRASHED = "crashed"  # written in an earlier boot: replay
     UNKNOWN = "unknown"  # not a journal's name
     FOREIGN = "foreign"  # a header this version does not write (a newer format's): left alone
+    UNFLUSHED = "unflushed"  # its checkpoint's syncfs failed, this boot: kept until a reboot
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +157,8 @@ def judge(directory: str, name: str, boot: str, shared: bool = False) -> Judged:
     """What the journal `name` needs (the module's docstring). `shared`: the root is on a
     shared filesystem, where another host's journal is of another kernel, not of an earlier
     boot (no process writes one there, but one that was told the filesystem is local might)."""
-    parsed = parse_name(name)
+    unflushed = name.startswith(UNFLUSHED + ".")
+    parsed = parse_name(name.removeprefix(UNFLUSHED + "."))
     if parsed is None:
         return Judged(name, Verdict.UNKNOWN, None)
     owner, claimer, claim_boot = parsed
@@ -165,6 +171,8 @@ def judge(directory: str, name: str, boot: str, shared: bool = False) -> Judged:
         return Judged(name, Verdict.FOREIGN, owner)
     if written_in is not None and written_in != boot:
         return Judged(name, Verdict.CRASHED, owner)
+    if unflushed:  # what its files hold in this kernel's page cache may not be on the disk:
+        return Judged(name, Verdict.UNFLUSHED, owner)  # neither removed nor replayed from it
     # This boot's (or torn before its header was durable: then it holds no record).
     if claimer is None and liveness(owner) is not Liveness.DEAD:
         return Judged(name, Verdict.IN_USE, owner)
@@ -222,7 +230,11 @@ def replay(root: str, name: str, access: Access) -> int:
     """Claim the journal `name` of an earlier boot and write back what its records hold and
     the queues miss; the number written (0 if another process claimed it first)."""
     directory = os.path.join(root, layout.JOURNAL_DIR)
-    original = ".".join(name.split(".")[6:]) if name.startswith(CLAIMED + ".") else name
+    original = (
+        ".".join(name.split(".")[6:])
+        if name.startswith(CLAIMED + ".")
+        else name.removeprefix(UNFLUSHED + ".")
+    )
     claim = f"{CLAIMED}.{boot_id()}.{current().token()}.{original}"
     claimed = os.path.join(directory, claim)
     try:
