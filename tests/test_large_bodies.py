@@ -167,6 +167,16 @@ def _queue(url: str, name: str, verify: ssl.SSLContext | bool = True, **config: 
         assert http.put(f"/{name}", json=config).status_code == 201
 
 
+def assert_cut_upload_left_nothing(server: ServerProcess, queue: str) -> None:
+    """After a client left mid-body: its temp file goes, no message is there, fsck is clean."""
+    wait_until(lambda: not _temps_open(server), what="the temp file's removal")
+    assert not list((server.root / queue / "@tmp").iterdir())
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.get(f"/{queue}").json()["stats"]["ready"] == 0
+        assert http.get(f"/{queue}/messages").status_code == 204
+    assert fsck(server.root, repair=False).ok
+
+
 def _temps_open(server: ServerProcess) -> list[str]:
     """What the server holds open in some @tmp (an O_TMPFILE inode shows as @tmp/#N)."""
     found = []
@@ -400,12 +410,7 @@ def test_an_upload_cut_short_leaves_no_message_and_no_temp_file(
         else:
             # Closed with a reset (SO_LINGER on, 0 s): the client is gone mid-body.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    wait_until(lambda: not _temps_open(server), what="the temp file's removal")
-    assert not list((server.root / queue / "@tmp").iterdir())
-    with httpx.Client(base_url=server.url, timeout=30) as http:
-        assert http.get(f"/{queue}").json()["stats"]["ready"] == 0
-        assert http.get(f"/{queue}/messages").status_code == 204
-    assert fsck(server.root, repair=False).ok
+    assert_cut_upload_left_nothing(server, queue)
 
 
 def test_a_server_killed_mid_upload_leaves_no_message_and_a_clean_root(tmp_path: Path) -> None:
