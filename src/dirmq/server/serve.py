@@ -253,6 +253,12 @@ async def run_worker(
     stop = asyncio.Event()
     for signum in _STOP_SIGNALS:
         loop.add_signal_handler(signum, stop.set)
+    # A forked worker holds the stop signals back from its fork until here (`spawn`): one that
+    # came while the handlers changed hands was run by whichever Python handler was in place
+    # when Python got to it, and uvloop's no-op one (it hears signals through its wakeup fd)
+    # dropped it: the worker served on, never stopped (a stop right after READY hung 1 time
+    # in ~40). Held back, it waits in the kernel and reaches the loop now.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     if _stop_requested:
         stop.set()
     # Everything imported and built so far lives as long as the process: out of the collector's
@@ -383,9 +389,12 @@ def _supervise(
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         try:
             pid = os.fork()
-            if pid == 0:
-                _catch_stop_early()
-        finally:
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            raise
+        if pid == 0:  # the child keeps them blocked (its threads too) until its loop listens
+            _catch_stop_early()
+        else:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if pid == 0:  # the worker
             forget_notify_socket()  # systemd hears its main process only
