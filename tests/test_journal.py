@@ -139,6 +139,26 @@ def test_a_checkpoint_removes_the_journal_once_the_files_are_flushed(root: Path)
     store.close()
 
 
+
+def test_publishing_does_not_wake_the_checkpoint_thread(root: Path) -> None:
+    """The checkpoint thread sleeps about a second between checkpoints whatever the publish
+    rate: a wake-up a group would cost each message a context switch and a GIL handoff."""
+
+    def switches(thread: threading.Thread) -> int:
+        status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+        return sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches" in line)
+
+    with dirmq.Store(root) as store:
+        q = store.create_queue("q")
+        q.put(b"first")  # the journal's first file starts its checkpoint thread
+        thread = store.journal._thread
+        assert thread is not None
+        before = switches(thread)
+        for i in range(300):
+            q.put(b"%d" % i)
+        woken = switches(thread) - before
+        assert thread.is_alive()
+    assert woken < 20, f"the checkpoint thread was woken {woken} times by 300 publishes"
 def test_publishing_while_and_after_the_store_closes_leaves_no_journal(root: Path) -> None:
     store = dirmq.Store(root)
     q = store.create_queue("q")
