@@ -95,7 +95,8 @@ class Journal:
         self._prefix = root + "/"
         self._access = access
         self._boot = boot_id()
-        self._pid = os.getpid()
+        self._forked = False  # set in a forked child (`_after_fork`): the journal is its parent's
+        _every_journal.add(self)
         self.enabled = enabled and bool(self._boot)
         # One lock, two conditions: `_cond` for groups still naming their files (a checkpoint
         # waits for them to drain), `_wake` for the checkpoint thread's sleep. One condition for
@@ -123,7 +124,7 @@ class Journal:
         """Make `files` durable by a journal record each, then give them their final names: True.
         False, touching nothing, where the journal does not apply (the module's docstring).
         Raises as `GroupCommit.commit` does (`StorageError`, `QueueNotFound`), leaving nothing."""
-        if not self.enabled or not files or os.getpid() != self._pid:
+        if not self.enabled or not files or self._forked:
             return False
         pieces: list[bytes] = []
         prefix, skip = self._prefix, len(self._prefix)
@@ -393,7 +394,7 @@ class Journal:
         opener to flush, if that fails); a group committed after it is flushed by the caller
         (`commit` declines). Nothing in a forked child: the journal is its parent's
         (and a lock a parent's thread held at the fork stays held)."""
-        if os.getpid() != self._pid:
+        if self._forked:
             return
         with self._cond:
             self._stopping = True
@@ -413,6 +414,17 @@ class Journal:
 
 
 _open_journals: weakref.WeakSet[Journal] = weakref.WeakSet()
+_every_journal: weakref.WeakSet[Journal] = weakref.WeakSet()  # open or not: for `_after_fork`
+
+
+def _after_fork() -> None:
+    """In a forked child every journal made before the fork is its parent's: no append, no
+    checkpoint (a flag, not a getpid(2) at every commit)."""
+    for journal in list(_every_journal):
+        journal._forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 @atexit.register
