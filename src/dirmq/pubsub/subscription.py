@@ -49,6 +49,7 @@ from dirmq.pubsub.layout import (
     RETAINED,
     EntryName,
     entry_name,
+    listed,
     log_key,
     split_entry,
     split_log_key,
@@ -226,7 +227,7 @@ class Subscription:
 
     # -- indexing --------------------------------------------------------------------------------
     def _rescan(self) -> None:
-        names = set(_listdir(self._paths.anyone))
+        names = set(listed(self._paths.anyone))
         self._pool_envelopes = {n: e for n, e in self._pool_envelopes.items() if n in names}
         self._pool, self._pool_later = [], []
         for name in self._pool_envelopes:
@@ -638,10 +639,3 @@ class Subscription:
 
     def __repr__(self) -> str:
         return f"Subscription({self.name!r}, {self.filter})"
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except FileNotFoundError:
-        return []
