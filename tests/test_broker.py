@@ -21,6 +21,8 @@ from dirmq.server.broker import Broker
 from dirmq.server.publish_line import on_memory_filesystem
 from dirmq.store import OutgoingMessage
 
+from .support.spies import spy
+
 
 def run(coro: object) -> object:
     return asyncio.run(coro)  # type: ignore[arg-type]
@@ -60,16 +62,12 @@ def test_concurrent_publishes_share_flushes(
 ) -> None:
     store = dirmq.Store(any_root)
     queue = store.create_queue("g")
-    calls: list[int] = []
-    threads: set[int] = set()
-    real = dirmq.Queue.put_many
-
-    def counting(self: dirmq.Queue, messages: list[OutgoingMessage], **kw: object) -> list[str]:
-        calls.append(len(messages))
-        threads.add(threading.get_ident())
-        return real(self, messages, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(dirmq.Queue, "put_many", counting)
+    calls = spy(  # a flush's messages, and its thread
+        monkeypatch,
+        dirmq.Queue,
+        "put_many",
+        lambda _, messages, **__: (len(messages), threading.get_ident()),
+    )
 
     async def main() -> list[list[str]]:
         broker = Broker(store)
@@ -84,24 +82,17 @@ def test_concurrent_publishes_share_flushes(
     assert isinstance(results, list)
     ids = [r[0] for r in results]
     assert len(set(ids)) == 200
-    assert sum(calls) == 200
+    assert sum(size for size, _ in calls) == 200
     assert len(calls) < 50, f"200 concurrent publishes took {len(calls)} flushes"
     assert queue.stats().ready == 200
+    threads = {thread for _, thread in calls}
     on_loop = threads == {threading.get_ident()}  # asyncio.run ran the loop in this thread
     assert on_loop == on_memory_filesystem(str(any_root))
 
 
-def threads_of_puts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The thread each `Queue.put_many` runs on from now on, in order."""
-    threads: list[int] = []
-    real = dirmq.Queue.put_many
-
-    def recording(self: dirmq.Queue, *args: object, **kwargs: object) -> list[str]:
-        threads.append(threading.get_ident())
-        return real(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(dirmq.Queue, "put_many", recording)
-    return threads
+def threads_of(monkeypatch: pytest.MonkeyPatch, method: str) -> list[int]:
+    """The thread each call of `Queue.<method>` runs on from now on, in order."""
+    return spy(monkeypatch, dirmq.Queue, method, lambda *_, **__: threading.get_ident())
 
 
 @pytest.mark.parametrize("disk_is_quick", [True, False])
@@ -118,7 +109,7 @@ def test_a_quiet_publish_line_on_a_disk_stores_on_the_event_loop_if_its_disk_is_
     monkeypatch.setattr(publish_line, "INLINE_BELOW_S", 60.0 if disk_is_quick else 0.0)
     store = dirmq.Store(root)
     queue = store.create_queue("quiet")
-    threads = threads_of_puts(monkeypatch)
+    threads = threads_of(monkeypatch, "put_many")
 
     async def main() -> int:
         broker = Broker(store)
@@ -456,19 +447,6 @@ def test_leases_and_acks_run_on_the_loop_until_one_stalls(
     assert threads[2] != loop_thread  # then the line moved to the pool
 
 
-def threads_of_gets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The thread each `Queue.get` runs on from now on, in order."""
-    threads: list[int] = []
-    real = dirmq.Queue.get
-
-    def recording(self: dirmq.Queue, *args: object, **kwargs: object) -> list[dirmq.Message]:
-        threads.append(threading.get_ident())
-        return real(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(dirmq.Queue, "get", recording)
-    return threads
-
-
 def test_the_first_lease_of_a_queue_builds_its_index_on_the_pool(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -479,7 +457,7 @@ def test_the_first_lease_of_a_queue_builds_its_index_on_the_pool(
     store = dirmq.Store(root)
     queue = store.queue("deep")
     assert not queue.indexed()
-    threads = threads_of_gets(monkeypatch)
+    threads = threads_of(monkeypatch, "get")
 
     async def main() -> int:
         broker = Broker(store)
@@ -505,7 +483,7 @@ def test_leases_on_a_shared_filesystem_run_on_the_pool(
     store = dirmq.Store(root, shared=True)
     queue = store.create_queue("pooled")
     queue.put(b"m")
-    threads = threads_of_gets(monkeypatch)
+    threads = threads_of(monkeypatch, "get")
 
     async def main() -> int:
         broker = Broker(store)

@@ -19,9 +19,10 @@ import pytest
 
 import dirmq
 from dirmq.errors import ConfigError
-from dirmq.store import codec, fsio, layout
+from dirmq.store import codec, direct_lease, fsio, layout
 from dirmq.store import journal as journal_module
 from dirmq.store.config import QueueConfig
+from dirmq.store.direct_lease import DirectLease
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.journal_format import boot_id, header, record_pieces
 from dirmq.store.journal_replay import Verdict, judge_all, read_records
@@ -32,6 +33,7 @@ from .support.disks import small_tmpfs
 from .support.faultfs import FaultyFS
 from .support.procs import dead_pid, kill, spawn
 from .support.servers import start_server
+from .support.spies import spy
 from .support.waiting import wait_until
 
 ANOTHER_BOOT = "00000000-0000-4000-8000-000000000000"  # a boot id this kernel never had
@@ -139,7 +141,6 @@ def test_a_checkpoint_removes_the_journal_once_the_files_are_flushed(root: Path)
     store.close()
 
 
-
 def test_publishing_does_not_wake_the_checkpoint_thread(root: Path) -> None:
     """The checkpoint thread sleeps about a second between checkpoints whatever the publish
     rate: a wake-up a group would cost each message a context switch and a GIL handoff."""
@@ -159,6 +160,8 @@ def test_publishing_does_not_wake_the_checkpoint_thread(root: Path) -> None:
         woken = switches(thread) - before
         assert thread.is_alive()
     assert woken < 20, f"the checkpoint thread was woken {woken} times by 300 publishes"
+
+
 def test_publishing_while_and_after_the_store_closes_leaves_no_journal(root: Path) -> None:
     store = dirmq.Store(root)
     q = store.create_queue("q")
@@ -209,15 +212,9 @@ def test_a_forked_child_never_writes_into_its_parents_journal(root: Path) -> Non
 def test_the_direct_path_commits_through_the_journal(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dirmq.store.direct_lease import DirectLease
-
     store = dirmq.Store(root)
     q = store.create_queue("q")
-    flushed_dirs: list[str] = []
-    real_fsync_dir = fsio.fsync_dir
-    monkeypatch.setattr(
-        "dirmq.store.direct_lease.fsync_dir", lambda p: flushed_dirs.append(p) or real_fsync_dir(p)
-    )
+    flushed_dirs = spy(monkeypatch, direct_lease, "fsync_dir", lambda path: path)
     message = dirmq.OutgoingMessage(b"straight")
     q.validate(message)
     assert q.direct.admits(message, None)

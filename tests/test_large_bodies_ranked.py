@@ -21,18 +21,17 @@ from dirmq.store.fsck import fsck
 from dirmq.store.streamed import StreamedFile
 
 from .support.fixtures import serve
-from .support.servers import ServerProcess, start_server
+from .support.servers import ServerProcess
 from .support.store_now import store_now
 from .support.waiting import wait_until
 from .test_large_bodies import (
     MIB,
     _body,
     _queue,
-    _reset_peak,
-    _temps_open,
     assert_cut_upload_left_nothing,
+    round_trip_peak_growth,
+    upload_under_way,
 )
-from .test_server_limits import status_field
 
 server = serve("--max-body-bytes", "80MiB", yaq=True)
 
@@ -246,15 +245,7 @@ def test_a_ranked_upload_cut_short_leaves_no_message_and_no_temp_file(
     arrives (the temp file shows it), and a client gone mid-body leaves nothing."""
     queue = f"cut-ranked-{door}"
     _queue(server.url, queue, priority_levels=3, message_ttl_s=3600)
-    url = server.url if door == "native" else server.yaq_url
-    assert url is not None
-    host, port = url.removeprefix("http://").split(":")
-    path = f"/{queue}/messages?priority=2&ttl=1h" if door == "native" else f"/{queue}"
-    size = 20 * MIB
-    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode()
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(head + _body(5 * MIB))
-        wait_until(lambda: _temps_open(server), what="the upload's temp file")
+    with upload_under_way(server, queue, door, "?priority=2&ttl=1h") as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     assert_cut_upload_left_nothing(server, queue)
 
@@ -264,23 +255,8 @@ def test_the_servers_memory_does_not_grow_with_a_ranked_body(tmp_path: Path) -> 
     grows by a window, not by the body (it grew by twice the body when such a publish was
     read into memory)."""
     size = 48 * MIB
-    running = start_server(tmp_path / "root", "--max-body-bytes", "80MiB")
-    try:
-        _queue(running.url, "big", priority_levels=2, message_ttl_s=3600)
-        body = _body(size)
-        with httpx.Client(base_url=running.url, timeout=120) as http:
-            assert http.post("/big/messages", content=b"warm-up").status_code == 201
-            assert http.get("/big/messages").status_code == 200
-            pid = running.proc.pid
-            _reset_peak(pid)
-            before = status_field(pid, "VmHWM")
-            posted = http.post("/big/messages", content=body, params={"priority": "1"})
-            assert posted.status_code == 201, posted.text
-            got = http.get("/big/messages")
-            assert got.status_code == 200 and got.content == body
-            assert got.headers["x-priority"] == "1"
-            grown = status_field(pid, "VmHWM") - before
-        assert grown < 24, f"the server's peak RSS grew by {grown} MiB for a {size // MIB} MiB body"
-        assert fsck(running.root, repair=False).ok
-    finally:
-        assert running.stop() == 0
+    grown, got = round_trip_peak_growth(
+        tmp_path / "root", _body(size), {"priority": "1"}, priority_levels=2, message_ttl_s=3600
+    )
+    assert got.headers["x-priority"] == "1"
+    assert grown < 24, f"the server's peak RSS grew by {grown} MiB for a {size // MIB} MiB body"

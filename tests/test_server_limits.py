@@ -25,21 +25,13 @@ import dirmq
 from dirmq.store.reading import read_message
 
 from .support.fixtures import serve
+from .support.memory import peak_growth, status_field
 from .support.servers import ServerProcess, start_server
 
 MIB = 1024 * 1024
 GROWTH_BOUND_MIB = 200  # what a few buffers may cost; the defect cost gigabytes
 PATIENCE_S = 30.0  # a generous deadline for anything a busy machine may delay
 PROMPT_S = 10.0  # "promptly" for another client, on a busy machine (a stuck server: never)
-
-
-def status_field(pid: int, name: str) -> int:
-    """A /proc/PID/status memory field (VmRSS, VmHWM), in MiB."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith(f"{name}:"):
-                return int(line.split()[1]) // 1024
-    raise AssertionError(f"no {name} in /proc/{pid}/status")
 
 
 def connect(server: ServerProcess, timeout_s: float = PATIENCE_S) -> socket.socket:
@@ -234,11 +226,10 @@ def test_a_big_message_costs_about_its_size_to_deliver(tmp_path: Path) -> None:
     try:
         with httpx.Client(base_url=server.url, timeout=120) as http:
             assert http.get("/health").status_code == 200
-            before = status_field(server.proc.pid, "VmRSS")
-            assert len(http.get(f"/big/messages/{message_id}").content) == size
-            assert len(http.get("/big/messages").content) == size
-            growth = status_field(server.proc.pid, "VmHWM") - before
-        assert growth < 1.5 * size / MIB, f"{growth} MiB to deliver {size // MIB} MiB"
+            with peak_growth(server.proc.pid) as growth:
+                assert len(http.get(f"/big/messages/{message_id}").content) == size
+                assert len(http.get("/big/messages").content) == size
+        assert growth.mib < 1.5 * size / MIB, f"{growth.mib} MiB to deliver {size // MIB} MiB"
     finally:
         server.stop()
 

@@ -156,3 +156,11 @@ def load_state(path: str) -> tuple[dict[str, Any], int | None]:
     if isinstance(data, int):  # format of the first release: the retained position only
         return {"retained": {"next": data, "pending": []}}, saved_us
     return (data if isinstance(data, dict) else {}), saved_us
+
+
+def saved_position(state: dict[str, Any], log_name: str) -> int | None:
+    """The next sequence number of log `log_name` in saved positions (`load_state`), if any."""
+    found = state.get(log_name)
+    if isinstance(found, dict) and isinstance(found.get("next"), int):
+        return int(found["next"])
+    return None

@@ -9,7 +9,7 @@ one, finishes what a dead one left half done (`sweep`).
 
 Why it is long: publishing, routing and the sweep's recovery steps act on the same directories and
 must agree with one another; what can live apart already does (`subscription.py`, `transitions.py`,
-`outcomes.py`, `seqlogs.py`, `presence.py`).
+`outcomes.py`, `seqlogs.py`, `presence.py`, the broadcast log's pruning in `pruning.py`).
 """
 
 from __future__ import annotations
@@ -34,11 +34,10 @@ from dirmq.errors import (
     SubscriptionBusy,
     storage_error,
 )
-from dirmq.pubsub.feed import load_state
+from dirmq.pubsub.feed import load_state, saved_position
 from dirmq.pubsub.layout import (
-    BROADCAST,
     PubSubPaths,
-    log_key,
+    listed,
     split_entry,
     split_outbox,
     split_timed,
@@ -65,6 +64,7 @@ from dirmq.pubsub.policy import (
     read_policy,
 )
 from dirmq.pubsub.presence import PresenceIndex, read_subscription
+from dirmq.pubsub.pruning import BroadcastPruner
 from dirmq.pubsub.seqlogs import SeqLog, is_tombstone
 from dirmq.pubsub.subscription import Subscription
 from dirmq.pubsub.transitions import Transitions, now_ms, read_entry
@@ -119,12 +119,12 @@ class PubSub:
         self.reporter = OutcomeReporter(store)
         self.transitions = Transitions(self.paths, self.reporter, store)
         self.presence = PresenceIndex(self.paths, presence_timeout_s)
+        self.pruner = BroadcastPruner(self.paths, self.broadcast, self.transitions)
         self.sweep_interval_s = sweep_interval_s
         self.dedup_window_s = dedup_window_s
         self.recover_after_s = RECOVER_AFTER_S
         self.outbox_grace_s = OUTBOX_GRACE_S
         self.prune_grace_ms = PRUNE_GRACE_MS
-        self._head_reported = 0  # the newest broadcast entry, once its timeouts are reported
         self._sweep_lock = threading.Lock()
         self._next_sweep = 0.0
         self._next_messages_sweep = 0.0
@@ -299,7 +299,7 @@ class PubSub:
 
     def subscriptions(self) -> list[dict[str, object]]:
         result: list[dict[str, object]] = []
-        for name in sorted(_listdir(self.paths.subs)):
+        for name in sorted(listed(self.paths.subs)):
             found = read_subscription(self.paths, name)
             if found is None:
                 continue
@@ -309,8 +309,8 @@ class PubSub:
                     "name": name,
                     "filter": found[0].to_json(),
                     "attached": self.presence.is_fresh(name),
-                    "retained_next": _position(state, "retained"),
-                    "broadcast_next": _position(state, "broadcast"),
+                    "retained_next": saved_position(state, "retained"),
+                    "broadcast_next": saved_position(state, "broadcast"),
                     "taken": _count(self.paths.taken(name)),
                     "delivery": read_policy(self.paths.subscription_file(name)).to_json(),
                 }
@@ -323,7 +323,7 @@ class PubSub:
         if self.presence.is_fresh(name):
             raise SubscriptionBusy(f"subscription {name!r} is attached; detach it first")
         taken = self.paths.taken(name)
-        for entry in _listdir(taken):
+        for entry in listed(taken):
             self.abort_entry(os.path.join(taken, entry), name, "its subscription was deleted")
         shutil.rmtree(self.paths.sub(name), ignore_errors=True)
 
@@ -369,15 +369,15 @@ class PubSub:
     def _sweep_locked(self, now: float, *, messages: bool = False) -> SweepReport:
         report = SweepReport()
         at_ms = now_ms()
-        for entry in _listdir(self.paths.anyone):
+        for entry in listed(self.paths.anyone):
             timed = split_timed(entry)
             if timed is not None and 0 < timed[1] < at_ms:
                 report.timed_out += self._expire(
                     os.path.join(self.paths.anyone, entry), "", Outcome.TIMEOUT
                 )
-        for name in _listdir(self.paths.subs):
+        for name in listed(self.paths.subs):
             taken = self.paths.taken(name)
-            for entry in _listdir(taken):
+            for entry in listed(taken):
                 timed = split_timed(entry)
                 if timed is not None and timed[1] < at_ms:
                     why = "no result within its process timeout"
@@ -385,13 +385,13 @@ class PubSub:
                     report.aborted += outcome is Outcome.ABORTED
                     report.dismissed += outcome is Outcome.DISMISSED
         wall = time.time()
-        for entry in _listdir(self.paths.present):
+        for entry in listed(self.paths.present):
             if not self.presence.is_fresh(entry):
                 # Its session died: it no longer gets `everyone` messages. Not a plain unlink:
                 # a fresh session may replace the stale file meanwhile.
                 report.detached += self.presence.remove_stale(entry)
                 self.presence.invalidate()
-        report.removed += self._prune_broadcast(at_ms)
+        report.removed += self.pruner.prune(at_ms, self.prune_grace_ms)
         report.reported += self._replay_outbox(wall)
         if messages or now >= self._next_messages_sweep:
             self._next_messages_sweep = now + MESSAGES_SWEEP_EVERY_S
@@ -405,100 +405,8 @@ class PubSub:
     def _remove_stale_temps(self) -> None:
         """What crashed writes of the small files left: cursors, records, the broadcast floor."""
         smallfiles.remove_stale_temps(self.paths.base)
-        for name in _listdir(self.paths.subs):
+        for name in listed(self.paths.subs):
             smallfiles.remove_stale_temps(self.paths.sub(name))
-
-    def _prune_broadcast(self, at_ms: int) -> int:
-        """Remove the prefix of the broadcast log nobody may accept any more (the newest entry
-        is buried instead: its name stays, for the numbering), reporting `timeout` for the
-        subscriptions that were attached and never read it."""
-        log_ = self.broadcast
-        head = log_.refresh_head()
-        floor = seq = log_.floor()
-        positions: list[tuple[str, Filter, int, int, int | None]] | None = None
-        doomed: list[tuple[str, str]] = []  # (path, message id)
-        while seq < head:
-            path = log_.path(seq)
-            try:
-                envelope = read_entry(path).envelope
-            except FileNotFoundError:
-                seq += 1
-                continue
-            except CorruptMessage as exc:
-                if not is_tombstone(path):
-                    log.error("removing damaged broadcast entry %s: %s", path, exc)
-                envelope = None
-            if envelope is not None:
-                if envelope.accept_deadline_ms + self.prune_grace_ms > at_ms:
-                    break
-                if envelope.wants(Outcome.TIMEOUT):
-                    if positions is None:
-                        positions = self._broadcast_positions()
-                    self._report_unread(path, seq, envelope, positions)
-            doomed.append((path, "" if envelope is None else envelope.id))
-            seq += 1
-        removed = 0
-        if seq != floor:
-            log_.set_floor(seq)  # first: a reader that finds an entry gone looks here
-            for path, message_id in doomed:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                    removed += 1
-                if message_id:
-                    self.transitions.finish(message_id)  # its body is not left readable
-        if seq == head and head != self._head_reported:
-            # The newest entry stays (it keeps the numbering), but its timeouts are due too.
-            try:
-                envelope = read_entry(log_.path(head)).envelope
-            except (FileNotFoundError, CorruptMessage):
-                return removed
-            if envelope.accept_deadline_ms + self.prune_grace_ms <= at_ms:
-                self._head_reported = head
-                if envelope.wants(Outcome.TIMEOUT):
-                    positions = positions or self._broadcast_positions()
-                    self._report_unread(log_.path(head), head, envelope, positions)
-                if log_.bury(head, self.paths.tmp):
-                    self.transitions.finish(envelope.id)  # its body is not left readable
-        return removed
-
-    def _broadcast_positions(self) -> list[tuple[str, Filter, int, int, int | None]]:
-        """(name, filter, attached ms, next broadcast seq, detached µs) of every subscription."""
-        found = []
-        for name in _listdir(self.paths.subs):
-            record = read_subscription(self.paths, name)
-            state, _saved = load_state(self.paths.cursor(name))
-            position = _position(state, "broadcast")
-            if record is None or position is None:
-                continue
-            detached = state.get("detached_us")
-            found.append(
-                (
-                    name,
-                    record[0],
-                    record[1],
-                    position,
-                    detached if isinstance(detached, int) else None,
-                )
-            )
-        return found
-
-    def _report_unread(
-        self,
-        path: str,
-        seq: int,
-        envelope: Envelope,
-        positions: list[tuple[str, Filter, int, int, int | None]],
-    ) -> None:
-        published_ms = envelope.published_us // 1000
-        key = log_key(envelope.key, BROADCAST, seq)
-        for name, filter_, attached_ms, next_seq, detached_us in positions:
-            if (
-                next_seq <= seq
-                and attached_ms <= published_ms
-                and (detached_us is None or detached_us >= envelope.published_us)
-                and filter_.matches(envelope.channel, envelope.subject)
-            ):
-                self.transitions.report_linked(path, key, envelope, name, Outcome.TIMEOUT, 0)
 
     def _expire(self, path: str, subscriber: str, outcome: Outcome) -> int:
         envelope = _envelope_or_discard(path)
@@ -527,7 +435,7 @@ class PubSub:
 
     def _replay_outbox(self, wall: float) -> int:
         reported = 0
-        for name in _listdir(self.paths.outbox):
+        for name in listed(self.paths.outbox):
             parsed = split_outbox(name)
             path = os.path.join(self.paths.outbox, name)
             try:
@@ -553,7 +461,7 @@ class PubSub:
         return reported
 
     def _sweep_messages(self, wall: float, report: SweepReport) -> None:
-        for name in _listdir(self.paths.messages):
+        for name in listed(self.paths.messages):
             path = os.path.join(self.paths.messages, name)
             try:
                 st = os.stat(path)
@@ -608,19 +516,5 @@ def _envelope_or_discard(path: str) -> Envelope | None:
         return None
 
 
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except FileNotFoundError:
-        return []
-
-
-def _position(state: dict[str, object], log_name: str) -> int | None:
-    found = state.get(log_name)
-    if isinstance(found, dict) and isinstance(found.get("next"), int):
-        return int(found["next"])
-    return None
-
-
 def _count(path: str) -> int:
-    return len(_listdir(path))
+    return len(listed(path))

@@ -106,6 +106,14 @@ class PubSubPaths:
         return os.path.join(self.messages, message_id + (f".{state}" if state else ""))
 
 
+def listed(directory: str) -> list[str]:
+    """The names in a pub/sub directory; none for one not made yet (or removed)."""
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []
+
+
 def seq_name(seq: int) -> str:
     return f"{seq:0{SEQ_DIGITS}d}"
 

@@ -3,7 +3,7 @@
 Three sources feed it, oldest publish time first: the shared `anyone` pool (the first
 subscription to rename an entry into its `taken/` wins) and two logs read from its own
 positions: `broadcast/` (`everyone`) and `retained/` (`future`). Each process keeps an index of
-the pool fed by inotify (or polling), so taking a message never lists a directory.
+the pool fed by inotify (or polling), so taking a message never lists a directory (poolindex.py).
 
 A delivery from a log changes no file at all: what the subscription holds, and what it gave
 back (aborted), lives in memory; its positions (next sequence number, and the held/returned ones
@@ -55,6 +55,7 @@ from dirmq.pubsub.layout import (
 )
 from dirmq.pubsub.model import Delivery, Envelope, Filter, Outcome, check_timeout
 from dirmq.pubsub.policy import DeliveryPolicy
+from dirmq.pubsub.poolindex import PoolIndex
 from dirmq.pubsub.presence import new_session
 from dirmq.pubsub.transitions import Entry, now_ms, read_entry
 from dirmq.store import smallfiles
@@ -89,11 +90,7 @@ class Subscription:
         self._lock = threading.RLock()
         self._closed = False
         self._held: dict[str, Held] = {}
-        self._pool: list[str] = []  # heap of matching pool names
-        self._pool_envelopes: dict[str, Envelope] = {}  # matching pool names that exist
-        self._pool_unread: set[str] = set()  # pool names not examined yet
-        self._pool_skipped: set[str] = set()  # examined, not for us
-        self._pool_later: list[tuple[int, str]] = []  # heap of matching names not due yet
+        self._pool = PoolIndex(self._paths.anyone, filter)
         self._session = new_session()
         self._saved_state: dict[str, Any] | None = None
         if replay_from is not None and replay_from < 1:
@@ -226,14 +223,7 @@ class Subscription:
 
     # -- indexing --------------------------------------------------------------------------------
     def _rescan(self) -> None:
-        names = set(_listdir(self._paths.anyone))
-        self._pool_envelopes = {n: e for n, e in self._pool_envelopes.items() if n in names}
-        self._pool, self._pool_later = [], []
-        for name in self._pool_envelopes:
-            self._pool_push(name)
-        heapq.heapify(self._pool)
-        self._pool_skipped &= names
-        self._pool_unread = names - self._pool_skipped - set(self._pool_envelopes)
+        self._pool.rescan()
         self._broadcast.maybe_pruned = True
         self._retained.dirty = self._broadcast.dirty = True
 
@@ -247,11 +237,9 @@ class Subscription:
                 continue
             if event.directory == "anyone":
                 if event.added:
-                    self._pool_unread.add(event.name)
+                    self._pool.added(event.name)
                 else:
-                    self._pool_unread.discard(event.name)
-                    self._pool_skipped.discard(event.name)
-                    self._pool_envelopes.pop(event.name, None)
+                    self._pool.removed(event.name)
             elif event.directory == "retained":
                 self._retained.dirty = True
             elif event.directory == "broadcast":
@@ -259,37 +247,8 @@ class Subscription:
                 if not event.added:
                     self._broadcast.maybe_pruned = True
 
-    def _examine_pool(self) -> None:
-        for name in self._pool_unread:
-            try:
-                entry = read_entry(os.path.join(self._paths.anyone, name))
-            except FileNotFoundError:
-                continue
-            except CorruptMessage:
-                self._pool_skipped.add(name)
-                continue
-            envelope = entry.envelope
-            if self.filter.matches(envelope.channel, envelope.subject):
-                self._pool_envelopes[name] = envelope
-                self._pool_push(name)
-            else:
-                self._pool_skipped.add(name)
-        self._pool_unread.clear()
-
-    def _pool_push(self, name: str) -> None:
-        """Index a matching pool name: deliverable now, or once its backoff is over."""
-        parsed = split_entry(name)
-        if parsed is not None and parsed.due_ms > now_ms():
-            heapq.heappush(self._pool_later, (parsed.due_ms, name))
-        else:
-            heapq.heappush(self._pool, name)
-
     def _release_due(self) -> None:
         at_ms = now_ms()
-        while self._pool_later and self._pool_later[0][0] <= at_ms:
-            name = heapq.heappop(self._pool_later)[1]
-            if name in self._pool_envelopes:
-                heapq.heappush(self._pool, name)
         for feed in (self._retained, self._broadcast):
             feed.release_due(at_ms)
 
@@ -354,13 +313,11 @@ class Subscription:
 
     def _take_next(self) -> Delivery | None:
         while True:
-            self._examine_pool()
             self._release_due()
-            while self._pool and self._pool[0] not in self._pool_envelopes:
-                heapq.heappop(self._pool)
             choices: list[tuple[str, Feed | None]] = []
-            if self._pool:
-                choices.append((self._pool[0], None))
+            pooled = self._pool.head()
+            if pooled is not None:
+                choices.append((pooled, None))
             for feed in (self._retained, self._broadcast):
                 head = self._feed_head(feed)
                 if head is not None:
@@ -373,8 +330,7 @@ class Subscription:
                 return delivery
 
     def _take_pool(self, name: str) -> Delivery | None:
-        heapq.heappop(self._pool)
-        envelope = self._pool_envelopes.pop(name)
+        envelope = self._pool.pop(name)
         pooled = split_entry(name)
         path = os.path.join(self._paths.anyone, name)
         if pooled is None:
@@ -474,8 +430,9 @@ class Subscription:
     def _next_deadline_s(self) -> float:
         """Seconds until something held expires or something given back is due again."""
         times = [held.deadline for held in self._held.values()]
-        if self._pool_later:
-            times.append(self._pool_later[0][0])
+        pool_due = self._pool.next_due_ms()
+        if pool_due is not None:
+            times.append(pool_due)
         times += [feed.waiting[0][0] for feed in (self._retained, self._broadcast) if feed.waiting]
         if not times:
             return 3600.0
@@ -638,10 +595,3 @@ class Subscription:
 
     def __repr__(self) -> str:
         return f"Subscription({self.name!r}, {self.filter})"
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except FileNotFoundError:
-        return []

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from dirmq.store.config import QueueConfig
 from dirmq.store.events import NO_EVENTS, StoreEvents
 from dirmq.store.filemodes import Access
-from dirmq.store.fsio import GroupCommit, WritebackFlusher
+from dirmq.store.fsio import GroupCommit
 from dirmq.store.holders import Holders
 from dirmq.store.journal import Journal
 from dirmq.store.watch import InotifyHub
+from dirmq.store.writeback import WritebackFlusher
 
 
 @dataclass(frozen=True, slots=True)

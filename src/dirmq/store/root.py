@@ -38,7 +38,7 @@ from dirmq.store.dataflush import DataFlush
 from dirmq.store.events import StoreEvents, with_quarantined
 from dirmq.store.filemodes import GROUP, PRIVATE, Access, conform, group_id, mismatches, root_access
 from dirmq.store.filesystems import resolve_shared
-from dirmq.store.fsio import GroupCommit, WritebackFlusher
+from dirmq.store.fsio import GroupCommit
 from dirmq.store.holders import Holders
 from dirmq.store.journal import Journal
 from dirmq.store.journal_replay import recover_journals
@@ -46,6 +46,7 @@ from dirmq.store.marker import check_readable, format_to_write, mark_current, ro
 from dirmq.store.names import queue_path
 from dirmq.store.queue import Queue
 from dirmq.store.watch import InotifyHub, polls
+from dirmq.store.writeback import WritebackFlusher
 
 DEFAULT_ROOT = "./dirmq-data"
 EXISTS_RECHECK_S = 0.5
