@@ -29,7 +29,8 @@ Either way the group's files are discarded: nothing half-visible, nothing counte
 file that cannot be made (EMFILE, a full disk) is no error of the group's: it takes its own
 flush; a checkpoint that cannot make the next file checkpoints all the same, with none. A
 checkpoint whose `syncfs` fails keeps every journal of the Store (`unflushed.<name>`, replayed
-after a reboot: journal_replay.py) and turns the journal off for the Store.
+after a reboot: journal_replay.py), and every dead process's it was to remove, and turns the
+journal off for the Store. A forked child closes its copies of the descriptors at once.
 
 Why it is long: the writer and its checkpoint share one invariant (a journal file is removed
 only once every group appended to it is named and `syncfs`ed without error), kept across
@@ -53,7 +54,7 @@ from dirmq.store import layout, marker
 from dirmq.store.filemodes import Access
 from dirmq.store.fsio import PendingFile, fsync_dir, syncfs
 from dirmq.store.journal_format import UNFLUSHED, boot_id, header, record_pieces
-from dirmq.store.journal_replay import Verdict, judge_all
+from dirmq.store.journal_replay import Verdict, judge_all, keep_dead_unflushed
 from dirmq.store.processes import current
 
 CHECKPOINT_S = 1.0  # a crash's replay covers about this much, and a checkpoint costs a syncfs
@@ -240,6 +241,7 @@ class Journal:
                 fsync_dir(self.root)  # its name durable, as every journal's in it will be
         if self._root_fd is None:
             self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            _open_journals.add(self)  # its descriptors closed at exit, and in a forked child
         token = current().token()
         path = os.path.join(self.dir, file_name(token, next(_numbers)))
         fd = self._access.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
@@ -255,8 +257,6 @@ class Journal:
             except OSError:
                 pass
             raise
-        if first:
-            _open_journals.add(self)
         if first and self._thread is None:
             self._thread = threading.Thread(
                 target=self._run, name="dirmq-journal-checkpoint", daemon=True
@@ -333,7 +333,8 @@ class Journal:
             self._keep_unflushed()
             raise
         for journal in covered:
-            os.close(journal.fd)
+            fd, journal.fd = journal.fd, -1  # (-1 first: a fork never closes it twice)
+            os.close(fd)
             try:
                 os.unlink(journal.path)
             except FileNotFoundError:
@@ -361,7 +362,8 @@ class Journal:
                 self._cond.wait()
             kept, self._retired = self._retired, []
         for journal in kept:
-            os.close(journal.fd)
+            fd, journal.fd = journal.fd, -1  # (-1 first: a fork never closes it twice)
+            os.close(fd)
             name = os.path.basename(journal.path)
             try:
                 if journal.appended == journal.empty_at:  # no record: nothing it could lose
@@ -371,6 +373,7 @@ class Journal:
             except FileNotFoundError:
                 pass
         fsync_dir(self.dir)
+        keep_dead_unflushed(self.root)  # what dead processes' journals cover is as unsure
 
     def _dead_journals(self) -> list[str]:
         """The journals of other processes that died in this boot, every `OTHERS_S` (else
@@ -411,8 +414,34 @@ class Journal:
         if fd is not None:
             os.close(fd)
 
+    def _drop_in_child(self) -> None:
+        """In a forked child, at once: close the parent's descriptors it copied (the child
+        never uses them: `commit` declines there). Held open, a journal file the parent's
+        checkpoint removes kept its blocks on the disk for the child's life, and stayed open
+        for writing (no read-only remount). Takes no lock: a parent's thread may have held it
+        at the fork."""
+        files = [*self._retired, *([self._current] if self._current is not None else [])]
+        fds = [f.fd for f in files if f.fd >= 0]
+        if self._root_fd is not None:
+            fds.append(self._root_fd)
+        self._current, self._retired, self._root_fd, self._thread = None, [], None, None
+        self.enabled = False
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
 
 _open_journals: weakref.WeakSet[Journal] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for journal in list(_open_journals):
+        journal._drop_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register
