@@ -375,6 +375,28 @@ def test_a_failed_checkpoint_keeps_the_journal_until_a_reboot_replays_it(
         assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted([kept, later])
 
 
+def test_a_journal_whose_removal_failed_is_removed_later_its_descriptor_closed_once(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint whose unlink of a flushed journal fails (EIO) tries again at the next one.
+    Its descriptor was closed already: closed again, its number was the next journal file's
+    by then, and the publishes after it failed (EBADF) or wrote into whatever held it."""
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    faults = FaultyFS(monkeypatch, root)
+    faults.fail("unlink", errno.EIO, times=1)
+    q.put(b"first")
+    wait_until(lambda: faults.raised["unlink"] == 1, 30, "a failed removal")
+    journal = store.journal
+    for n in range(3):  # each in a journal file of its own: the checkpoints switch files
+        done = journal.checkpoints
+        q.put(b"%d" % n)
+        wait_until(lambda done=done: journal.checkpoints > done, 30, "a checkpoint")
+    wait_until(lambda: _journals(root) == [], 30, "every journal removed")
+    assert len(q.get(10, visibility_s=60)) == 4
+    store.close()
+
+
 def test_a_failed_checkpoint_keeps_the_dead_processes_journals_it_was_to_remove(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -332,20 +332,23 @@ class Journal:
         except OSError:
             self._keep_unflushed()
             raise
-        for journal in covered:
-            fd, journal.fd = journal.fd, -1  # (-1 first: a fork never closes it twice)
-            os.close(fd)
-            try:
-                os.unlink(journal.path)
-            except FileNotFoundError:
-                pass
+        removed: list[_File] = []
+        try:
+            for journal in covered:
+                _close(journal)
+                try:
+                    os.unlink(journal.path)
+                except FileNotFoundError:
+                    pass
+                removed.append(journal)  # (one whose unlink failed stays: the next tries)
+        finally:
+            with self._cond:
+                self._retired = [j for j in self._retired if j not in removed]
         for path in dead:
             try:
                 os.unlink(path)
             except OSError:
                 pass  # another process recovered it, or may (its own checkpoint goes on)
-        with self._cond:
-            self._retired = [j for j in self._retired if j not in covered]
         fsync_dir(self.dir)  # a removal lost to a crash would replay acknowledged consumption
         self.checkpoints += 1
 
@@ -362,8 +365,7 @@ class Journal:
                 self._cond.wait()
             kept, self._retired = self._retired, []
         for journal in kept:
-            fd, journal.fd = journal.fd, -1  # (-1 first: a fork never closes it twice)
-            os.close(fd)
+            _close(journal)
             name = os.path.basename(journal.path)
             try:
                 if journal.appended == journal.empty_at:  # no record: nothing it could lose
@@ -450,6 +452,15 @@ def _close_at_exit() -> None:
     (a crash or SIGKILL does: the next opener's, journal_replay.py)."""
     for journal in list(_open_journals):
         journal.close()
+
+
+def _close(journal: _File) -> None:
+    """Close a journal file's descriptor, once: a checkpoint whose unlink of it failed tries
+    again later, and a fork meanwhile closes what is still open (`_drop_in_child`), so its
+    number, free then and soon another file's, is forgotten before it is closed."""
+    fd, journal.fd = journal.fd, -1
+    if fd >= 0:
+        os.close(fd)
 
 
 def _write_all(fd: int, pieces: list[bytes]) -> None:
