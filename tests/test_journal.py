@@ -184,6 +184,25 @@ def test_publishing_while_and_after_the_store_closes_leaves_no_journal(root: Pat
     assert sorted(ready) == sorted(acknowledged), "every publish stored, once"
 
 
+def test_a_store_left_unclosed_holds_no_descriptor_once_its_journal_is_idle(root: Path) -> None:
+    """A library user that opens a Store for each publish and never closes it: each kept the
+    root open for the process's life (EMFILE in the end), where without the journal nothing
+    was left."""
+    store = dirmq.Store(root)
+    store.create_queue("q").put(b"x")
+    journal = store.journal
+    wait_until(lambda: journal._thread is None, 30, "the checkpoint thread ended (idle)")
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:
+            pass  # listdir's own
+    assert str(root) not in held
+    assert _journals(root) == []
+    store.close()
+
+
 def test_a_forked_child_never_writes_into_its_parents_journal(root: Path) -> None:
     store = dirmq.Store(root)
     q = store.create_queue("q")

@@ -111,9 +111,10 @@ class Journal:
         self.last_error: OSError | None = None  # of a checkpoint (its journal is kept)
         self.checkpoints = 0
         self._others_at = 0.0  # when the next checkpoint looks for dead processes' journals
-        # The root, open from before the first record a checkpoint covers: `syncfs` reports a
-        # writeback error to each descriptor open when it happened (once), so one opened for
-        # each checkpoint would miss an error another process's flush saw first.
+        # The root, open from before the first record a checkpoint covers until none is left
+        # (the thread ends): `syncfs` reports a writeback error to each descriptor open when
+        # it happened (once), so one opened for each checkpoint would miss an error another
+        # process's flush saw first.
         self._root_fd: int | None = None
         # The root's filesystem, which a checkpoint flushes, and whether each queue is on it.
         self._device = os.stat(root).st_dev
@@ -291,7 +292,12 @@ class Journal:
                 idle = (current is None or empty) and not self._retired
                 if idle and current is None:  # no journal: the thread ends (the next
                     self._thread = None  # journal file starts another), so a Store left
-                    return  # unclosed costs no thread waking each second
+                    # unclosed costs no thread waking each second, nor a descriptor (every
+                    # record is flushed: the next first file opens the root again)
+                    fd, self._root_fd = self._root_fd, None
+                    if fd is not None:
+                        os.close(fd)
+                    return
             try:
                 if not idle:
                     self.checkpoint()
