@@ -416,6 +416,33 @@ def test_a_journal_whose_removal_failed_is_removed_later_its_descriptor_closed_o
     store.close()
 
 
+def test_a_failed_checkpoint_that_cannot_rename_a_journal_still_closes_every_one(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failing disk fails more than the syncfs: a journal it cannot rename `unflushed.` stays
+    as it is, and the others are still renamed (or removed, with no record) and closed."""
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    q.put(b"kept")
+    [first] = _journals(root)
+    faults = FaultyFS(monkeypatch, root)
+    monkeypatch.setattr(journal_module, "syncfs", fsio.syncfs)  # the faulty one
+    faults.fail("syncfs", errno.EIO)
+    faults.fail("rename", errno.EIO, times=1)
+    wait_until(lambda: faults.raised["rename"] == 1, 30, "a failed checkpoint's rename")
+    wait_until(lambda: store.journal._thread is None, 30, "the journal off")
+    faults.clear()
+    assert _journals(root) == [first]  # the checkpoint's next file, empty, removed
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:
+            pass
+    assert not [path for path in held if layout.JOURNAL_DIR in path]
+    store.close()
+
+
 def test_a_failed_checkpoint_keeps_the_dead_processes_journals_it_was_to_remove(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -370,6 +370,8 @@ class Journal:
             while any(j.inflight for j in self._retired):
                 self._cond.wait()
             kept, self._retired = self._retired, []
+        # Every file, whatever fails on this disk meanwhile (the caller raises the syncfs's
+        # error): one error here left the rest open, under the names of a live process.
         for journal in kept:
             _close(journal)
             name = os.path.basename(journal.path)
@@ -380,7 +382,12 @@ class Journal:
                     os.rename(journal.path, os.path.join(self.dir, f"{UNFLUSHED}.{name}"))
             except FileNotFoundError:
                 pass
-        fsync_dir(self.dir)
+            except OSError:  # left as it is: judged dead once this process is (not replayed)
+                pass
+        try:
+            fsync_dir(self.dir)
+        except OSError:
+            pass
         keep_dead_unflushed(self.root)  # what dead processes' journals cover is as unsure
 
     def _dead_journals(self) -> list[str]:
