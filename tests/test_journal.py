@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 import dirmq
-from dirmq.errors import ConfigError
-from dirmq.store import codec, direct_lease, fsio, layout
+from dirmq.errors import ConfigError, StorageError
+from dirmq.store import codec, direct_lease, fsio, journal_replay, layout
 from dirmq.store import journal as journal_module
 from dirmq.store.config import QueueConfig
 from dirmq.store.direct_lease import DirectLease
@@ -186,6 +186,25 @@ def test_publishing_while_and_after_the_store_closes_leaves_no_journal(root: Pat
     assert sorted(ready) == sorted(acknowledged), "every publish stored, once"
 
 
+def test_a_store_left_unclosed_holds_no_descriptor_once_its_journal_is_idle(root: Path) -> None:
+    """A library user that opens a Store for each publish and never closes it: each kept the
+    root open for the process's life (EMFILE in the end), where without the journal nothing
+    was left."""
+    store = dirmq.Store(root)
+    store.create_queue("q").put(b"x")
+    journal = store.journal
+    wait_until(lambda: journal._thread is None, 30, "the checkpoint thread ended (idle)")
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:
+            pass  # listdir's own
+    assert str(root) not in held
+    assert _journals(root) == []
+    store.close()
+
+
 def test_a_forked_child_never_writes_into_its_parents_journal(root: Path) -> None:
     store = dirmq.Store(root)
     q = store.create_queue("q")
@@ -206,6 +225,41 @@ def test_a_forked_child_never_writes_into_its_parents_journal(root: Path) -> Non
     assert [r.name for r in records] == [f"{layout.READY}/{mine}"]
     assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted([mine, child])
     store.close()
+    assert _journals(root) == []
+
+
+def test_a_forked_child_holds_none_of_its_parents_journal_descriptors(root: Path) -> None:
+    """A fork copies every descriptor: held by the child, a journal its parent's checkpoint
+    removes keeps its blocks for the child's life (and stays open for writing)."""
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    q.put(b"parent")
+    [journal] = _journals(root)
+    forked, go = os.pipe()
+    hold, release = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(go, b".")
+            os.read(hold, 1)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(forked, 1) == b"."  # the child runs (its fork handlers are done)
+        held = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except FileNotFoundError:
+                pass
+        assert str(root / layout.JOURNAL_DIR / journal) not in held
+        assert str(root) not in held
+    finally:
+        os.write(release, b".")
+        assert os.waitpid(pid, 0)[1] == 0
+        for fd in (forked, go, hold, release):
+            os.close(fd)
+        store.close()
     assert _journals(root) == []
 
 
@@ -334,6 +388,108 @@ def test_a_failed_checkpoint_keeps_the_journal_until_a_reboot_replays_it(
     with dirmq.Store(root):
         assert _journals(root) == []
         assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted([kept, later])
+
+
+def test_a_journal_whose_removal_failed_is_removed_later_its_descriptor_closed_once(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint whose unlink of a flushed journal fails (EIO) tries again at the next one.
+    Its descriptor was closed already: closed again, its number was the next journal file's
+    by then, and the publishes after it failed (EBADF) or wrote into whatever held it."""
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    faults = FaultyFS(monkeypatch, root)
+    faults.fail("unlink", errno.EIO, times=1)
+    q.put(b"first")
+    wait_until(lambda: faults.raised["unlink"] == 1, 30, "a failed removal")
+    journal = store.journal
+    for n in range(3):  # each in a journal file of its own: the checkpoints switch files
+        done = journal.checkpoints
+        q.put(b"%d" % n)
+        wait_until(lambda done=done: journal.checkpoints > done, 30, "a checkpoint")
+    wait_until(lambda: _journals(root) == [], 30, "every journal removed")
+    assert len(q.get(10, visibility_s=60)) == 4
+    store.close()
+
+
+def test_a_failed_checkpoint_that_cannot_rename_a_journal_still_closes_every_one(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failing disk fails more than the syncfs: a journal it cannot rename `unflushed.` stays
+    as it is, and the others are still renamed (or removed, with no record) and closed."""
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    q.put(b"kept")
+    [first] = _journals(root)
+    faults = FaultyFS(monkeypatch, root)
+    monkeypatch.setattr(journal_module, "syncfs", fsio.syncfs)  # the faulty one
+    faults.fail("syncfs", errno.EIO)
+    faults.fail("rename", errno.EIO, times=1)
+    wait_until(lambda: faults.raised["rename"] == 1, 30, "a failed checkpoint's rename")
+    wait_until(lambda: store.journal._thread is None, 30, "the journal off")
+    faults.clear()
+    assert _journals(root) == [first]  # the checkpoint's next file, empty, removed
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:
+            pass
+    assert not [path for path in held if layout.JOURNAL_DIR in path]
+    store.close()
+
+
+def test_a_failed_checkpoint_keeps_the_dead_processes_journals_it_was_to_remove(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files a dead publisher's journal covers are as unsure as this Store's once a
+    `syncfs` failed: the error was this process's to see, and a later opener's flush, through
+    a descriptor opened after it, succeeds and would remove that journal."""
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    [dead] = _killed_publishers_journals(root)
+    faults = FaultyFS(monkeypatch, root)
+    monkeypatch.setattr(journal_module, "syncfs", fsio.syncfs)  # the faulty one
+    faults.fail("syncfs", errno.EIO)
+    q.put(b"mine")
+    [mine] = [j for j in _journals(root) if j != dead]
+    wait_until(lambda: faults.raised["syncfs"] >= 1, 30, "a failed checkpoint")
+    faults.clear()
+    kept = sorted([f"unflushed.{dead}", f"unflushed.{mine}"])
+    wait_until(lambda: _journals(root) == kept, 30, "both journals kept")
+    store.close()
+    with dirmq.Store(root):  # a same-boot opener leaves them
+        assert _journals(root) == kept
+    assert {p.kind for p in fsck(root, repair=False).problems} == {Kind.UNFLUSHED_JOURNAL}
+
+
+def test_a_failed_recovery_flush_keeps_the_dead_processes_journals(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An opener whose `syncfs` fails has seen the error: the next opener's succeeds and would
+    remove the journal of files that may not be on the disk."""
+    with dirmq.Store(root) as setup:
+        setup.create_queue("q")
+    [dead] = _killed_publishers_journals(root)
+    faults = FaultyFS(monkeypatch, root)
+    monkeypatch.setattr(journal_replay, "syncfs", fsio.syncfs)  # the faulty one
+    faults.fail("syncfs", errno.EIO)
+    with pytest.raises(StorageError):
+        dirmq.Store(root)
+    faults.clear()
+    assert _journals(root) == [f"unflushed.{dead}"]
+    with dirmq.Store(root):
+        assert _journals(root) == [f"unflushed.{dead}"]
+
+
+def _killed_publishers_journals(root: Path) -> list[str]:
+    """The journals a publisher left, SIGKILLed while publishing into `root`'s queue `q`."""
+    before = set(_journals(root))
+    publisher = spawn("publish", root, "q", module="tests.support.journal_workers")
+    assert publisher.stdout is not None
+    publisher.stdout.readline()
+    kill(publisher)
+    return sorted(set(_journals(root)) - before)
 
 
 # -- recovery: a dead process of this boot ------------------------------------------------------

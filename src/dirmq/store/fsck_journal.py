@@ -4,8 +4,8 @@ A journal whose owner runs is in use: nothing to say. One of a process that died
 or of an earlier boot (a machine crash), is a notice: the next process to open the root
 recovers it, and so does a repair (this boot's: the filesystem flushed and the journal removed;
 an earlier boot's: claimed, its missing messages written back, removed). Anything else there
-is stray (left alone). One whose checkpoint failed to flush the filesystem is an error with no
-repair: kept until a reboot, when it is replayed.
+is stray (left alone). One kept when a flush of the filesystem that was to clear it failed
+(`unflushed.<name>`) is an error with no repair: kept until a reboot, when it is replayed.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ def check_journals(run: Run) -> None:
             run.fix("", path, Kind.JOURNAL, detail, partial(_recover, run, judged))
         elif judged.verdict is Verdict.UNFLUSHED:
             detail = (
-                f"the commit journal of {owner}, whose checkpoint could not flush the "
-                "filesystem (a disk error): messages it covers may not be on the disk; kept, "
+                f"the commit journal of {owner}, kept when a flush of the filesystem that "
+                "was to clear it failed (a disk error): messages it covers may not be on the "
+                "disk; kept, "
                 "and replayed after the next reboot: check the disk (its log, SMART), and "
                 "keep this file until then"
             )

@@ -29,7 +29,8 @@ Either way the group's files are discarded: nothing half-visible, nothing counte
 file that cannot be made (EMFILE, a full disk) is no error of the group's: it takes its own
 flush; a checkpoint that cannot make the next file checkpoints all the same, with none. A
 checkpoint whose `syncfs` fails keeps every journal of the Store (`unflushed.<name>`, replayed
-after a reboot: journal_replay.py) and turns the journal off for the Store.
+after a reboot: journal_replay.py), and every dead process's it was to remove, and turns the
+journal off for the Store. A forked child closes its copies of the descriptors at once.
 
 Why it is long: the writer and its checkpoint share one invariant (a journal file is removed
 only once every group appended to it is named and `syncfs`ed without error), kept across
@@ -53,7 +54,7 @@ from dirmq.store import layout, marker
 from dirmq.store.filemodes import Access
 from dirmq.store.fsio import PendingFile, fsync_dir, syncfs
 from dirmq.store.journal_format import UNFLUSHED, boot_id, header, record_pieces
-from dirmq.store.journal_replay import Verdict, judge_all
+from dirmq.store.journal_replay import Verdict, judge_all, keep_dead_unflushed
 from dirmq.store.processes import current
 
 CHECKPOINT_S = 1.0  # a crash's replay covers about this much, and a checkpoint costs a syncfs
@@ -111,9 +112,10 @@ class Journal:
         self.last_error: OSError | None = None  # of a checkpoint (its journal is kept)
         self.checkpoints = 0
         self._others_at = 0.0  # when the next checkpoint looks for dead processes' journals
-        # The root, open from before the first record a checkpoint covers: `syncfs` reports a
-        # writeback error to each descriptor open when it happened (once), so one opened for
-        # each checkpoint would miss an error another process's flush saw first.
+        # The root, open from before the first record a checkpoint covers until none is left
+        # (the thread ends): `syncfs` reports a writeback error to each descriptor open when
+        # it happened (once), so one opened for each checkpoint would miss an error another
+        # process's flush saw first.
         self._root_fd: int | None = None
         # The root's filesystem, which a checkpoint flushes, and whether each queue is on it.
         self._device = os.stat(root).st_dev
@@ -241,6 +243,7 @@ class Journal:
                 fsync_dir(self.root)  # its name durable, as every journal's in it will be
         if self._root_fd is None:
             self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            _open_journals.add(self)  # its descriptors closed at exit, and in a forked child
         token = current().token()
         path = os.path.join(self.dir, file_name(token, next(_numbers)))
         fd = self._access.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
@@ -256,8 +259,6 @@ class Journal:
             except OSError:
                 pass
             raise
-        if first:
-            _open_journals.add(self)
         if first and self._thread is None:
             self._thread = threading.Thread(
                 target=self._run, name="dirmq-journal-checkpoint", daemon=True
@@ -292,7 +293,12 @@ class Journal:
                 idle = (current is None or empty) and not self._retired
                 if idle and current is None:  # no journal: the thread ends (the next
                     self._thread = None  # journal file starts another), so a Store left
-                    return  # unclosed costs no thread waking each second
+                    # unclosed costs no thread waking each second, nor a descriptor (every
+                    # record is flushed: the next first file opens the root again)
+                    fd, self._root_fd = self._root_fd, None
+                    if fd is not None:
+                        os.close(fd)
+                    return
             try:
                 if not idle:
                     self.checkpoint()
@@ -333,19 +339,23 @@ class Journal:
         except OSError:
             self._keep_unflushed()
             raise
-        for journal in covered:
-            os.close(journal.fd)
-            try:
-                os.unlink(journal.path)
-            except FileNotFoundError:
-                pass
+        removed: list[_File] = []
+        try:
+            for journal in covered:
+                _close(journal)
+                try:
+                    os.unlink(journal.path)
+                except FileNotFoundError:
+                    pass
+                removed.append(journal)  # (one whose unlink failed stays: the next tries)
+        finally:
+            with self._cond:
+                self._retired = [j for j in self._retired if j not in removed]
         for path in dead:
             try:
                 os.unlink(path)
             except OSError:
                 pass  # another process recovered it, or may (its own checkpoint goes on)
-        with self._cond:
-            self._retired = [j for j in self._retired if j not in covered]
         fsync_dir(self.dir)  # a removal lost to a crash would replay acknowledged consumption
         self.checkpoints += 1
 
@@ -361,8 +371,10 @@ class Journal:
             while any(j.inflight for j in self._retired):
                 self._cond.wait()
             kept, self._retired = self._retired, []
+        # Every file, whatever fails on this disk meanwhile (the caller raises the syncfs's
+        # error): one error here left the rest open, under the names of a live process.
         for journal in kept:
-            os.close(journal.fd)
+            _close(journal)
             name = os.path.basename(journal.path)
             try:
                 if journal.appended == journal.empty_at:  # no record: nothing it could lose
@@ -371,7 +383,13 @@ class Journal:
                     os.rename(journal.path, os.path.join(self.dir, f"{UNFLUSHED}.{name}"))
             except FileNotFoundError:
                 pass
-        fsync_dir(self.dir)
+            except OSError:  # left as it is: judged dead once this process is (not replayed)
+                pass
+        try:
+            fsync_dir(self.dir)
+        except OSError:
+            pass
+        keep_dead_unflushed(self.root)  # what dead processes' journals cover is as unsure
 
     def _dead_journals(self) -> list[str]:
         """The journals of other processes that died in this boot, every `OTHERS_S` (else
@@ -412,6 +430,24 @@ class Journal:
         if fd is not None:
             os.close(fd)
 
+    def _drop_in_child(self) -> None:
+        """In a forked child, at once: close the parent's descriptors it copied (the child
+        never uses them: `commit` declines there). Held open, a journal file the parent's
+        checkpoint removes kept its blocks on the disk for the child's life, and stayed open
+        for writing (no read-only remount). Takes no lock: a parent's thread may have held it
+        at the fork."""
+        files = [*self._retired, *([self._current] if self._current is not None else [])]
+        fds = [f.fd for f in files if f.fd >= 0]
+        if self._root_fd is not None:
+            fds.append(self._root_fd)
+        self._current, self._retired, self._root_fd, self._thread = None, [], None, None
+        self.enabled = False
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
 
 _open_journals: weakref.WeakSet[Journal] = weakref.WeakSet()
 _every_journal: weakref.WeakSet[Journal] = weakref.WeakSet()  # open or not: for `_after_fork`
@@ -419,9 +455,11 @@ _every_journal: weakref.WeakSet[Journal] = weakref.WeakSet()  # open or not: for
 
 def _after_fork() -> None:
     """In a forked child every journal made before the fork is its parent's: no append, no
-    checkpoint (a flag, not a getpid(2) at every commit)."""
+    checkpoint (a flag, not a getpid(2) at every commit), and no descriptor of it kept."""
     for journal in list(_every_journal):
         journal._forked = True
+    for journal in list(_open_journals):
+        journal._drop_in_child()
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -433,6 +471,15 @@ def _close_at_exit() -> None:
     (a crash or SIGKILL does: the next opener's, journal_replay.py)."""
     for journal in list(_open_journals):
         journal.close()
+
+
+def _close(journal: _File) -> None:
+    """Close a journal file's descriptor, once: a checkpoint whose unlink of it failed tries
+    again later, and a fork meanwhile closes what is still open (`_drop_in_child`), so its
+    number, free then and soon another file's, is forgotten before it is closed."""
+    fd, journal.fd = journal.fd, -1
+    if fd >= 0:
+        os.close(fd)
 
 
 def _write_all(fd: int, pieces: list[bytes]) -> None:

@@ -8,7 +8,8 @@ What a journal needs depends on who wrote it and when (`judge`):
 - its owner is dead, in this boot: every file its records name was given its name by this
   kernel, so it is in the page cache and reaches the disk with a `syncfs`; the journal is then
   removed. Replaying it would bring back messages consumed and acknowledged since;
-- its checkpoint's `syncfs` failed (`unflushed.<name>`, journal.py), in this boot: a file it
+- a `syncfs` that was to clear it failed (`unflushed.<name>`: its owner's checkpoint,
+  journal.py; or, a dead process's, any checkpoint's or recovery's), in this boot: a file it
   covers may not be on the disk though the page cache shows it whole, and the kernel reported
   that once; kept, neither removed nor replayed, until a reboot makes it an earlier boot's
   (below); fsck reports it;
@@ -222,8 +223,34 @@ def _syncfs(root: str) -> None:
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         syncfs(fd)
+    except OSError:
+        keep_dead_unflushed(root)
+        raise
     finally:
         os.close(fd)
+
+
+def keep_dead_unflushed(root: str) -> None:
+    """A `syncfs` of the root failed (a recovery's, or a checkpoint's: journal.py): the files
+    the journals of dead processes cover may not be on the disk, and the kernel reports that
+    error once, to the descriptors open when it happened: a later opener's flush would
+    succeed and remove them. So each is kept as `unflushed.<name>`, as the failing process's
+    own are (replayed after a reboot). One whose header is torn holds no record: left as it
+    is. Best effort: the caller raises the flush's error whatever happens here."""
+    directory = os.path.join(root, layout.JOURNAL_DIR)
+    boot = boot_id()
+    try:
+        for judged in judge_all(root):
+            path = os.path.join(directory, judged.name)
+            claimed = judged.name.startswith(CLAIMED + ".")  # (only an earlier boot's is)
+            if judged.verdict is Verdict.DEAD and not claimed and read_header(path) == boot:
+                try:
+                    os.rename(path, os.path.join(directory, f"{UNFLUSHED}.{judged.name}"))
+                except FileNotFoundError:
+                    pass  # another process recovered it first
+        fsync_dir(directory)
+    except OSError:
+        pass
 
 
 def replay(root: str, name: str, access: Access) -> int:
