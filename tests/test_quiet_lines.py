@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import dirmq
+from dirmq.server.batcher import RequestGaps
 from dirmq.server.broker import Broker
 from dirmq.server.later_receive import LaterReceive
 from dirmq.store import Message, Queue
@@ -162,3 +163,30 @@ def test_a_line_lingers_armed_and_its_next_waiter_gets_a_look(root: Path) -> Non
             assert isinstance(outcome, list) and [m.body for m in outcome] == [b"meanwhile"]
 
         _run(store, scenario)
+
+
+def test_a_lull_in_a_busy_line_is_not_quiet_and_an_idle_line_is_at_once() -> None:
+    """The gaps decide, not the last one alone: a lull between bursts (clients reading their
+    answers) left a busy line batching; after an idle spell the first request is quiet."""
+    gaps = RequestGaps()
+    now = 100.0
+    assert gaps.quiet(now)  # a new line is idle
+    for _ in range(200):  # 5,000 requests a second
+        now += 0.0002
+        gaps.quiet(now)
+    now += 0.003  # a 3 ms lull: the last gap alone would call it quiet
+    assert not gaps.quiet(now)
+    for _ in range(50):
+        now += 0.0002
+        assert not gaps.quiet(now)
+    now += 5.0  # idle: the next request is applied at once
+    assert gaps.quiet(now)
+    quiet = 0
+    for _ in range(10):  # 500 a second: quiet all along
+        now += 0.002
+        quiet += gaps.quiet(now)
+    assert quiet == 10
+    for _ in range(40):  # busy again: batched within a few dozen requests
+        now += 0.0001
+        gaps.quiet(now)
+    assert not gaps.quiet(now + 0.0001)
