@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -190,3 +191,27 @@ def test_a_lull_in_a_busy_line_is_not_quiet_and_an_idle_line_is_at_once() -> Non
         now += 0.0001
         gaps.quiet(now)
     assert not gaps.quiet(now + 0.0001)
+
+
+def test_a_due_sooner_than_the_lines_timer_still_wakes_its_waiter_in_time(root: Path) -> None:
+    """A line keeps its timer when it fires soon enough (a look a message made and cancelled
+    one each); a change that falls due sooner, from another process, sets it again."""
+    with _queue(root, "due-sooner", b"held") as (store, queue):
+        held = queue.get(1, visibility_s=30)  # the line's timer: this lease's expiry, 30 s
+        assert len(held) == 1
+
+        async def scenario(broker: Broker) -> float:
+            settled = Settled()
+            receiving = LaterReceive(broker, queue, 1, 30, 10, None, settled)
+            receiving.start(by_file=True)
+            assert not receiving.settled
+            began = time.monotonic()
+            with dirmq.Store(root) as other:  # another process's delayed publish: an event
+                other.queue("due-sooner").put(b"soon", delay_s=0.3)
+            await asyncio.wait_for(settled.event.wait(), 10)
+            got = settled.outcomes[0]
+            assert isinstance(got, list) and [m.body for m in got] == [b"soon"]
+            return time.monotonic() - began
+
+        waited = _run(store, scenario)
+        assert 0.29 <= waited < 5  # its due, not the held lease's 30 s

@@ -458,8 +458,14 @@ class LongPolls:
             return
         idle = self.broker.store.poll_interval_s if self._polled else IDLE_RECHECK_S
         timeout = idle if due_s is None else min(due_s + 0.001, idle)
-        if self._timer is not None:
-            self._timer.cancel()
+        timer = self._timer
+        if timer is not None:
+            if not self._timer_idle and timer.when() <= self._loop.time() + timeout:
+                # Kept: it fires no later than this look wants (sooner costs one look that
+                # finds nothing), and a look a message (each ack moves the earliest lease
+                # on by a little) no longer makes and cancels a timer each.
+                return
+            timer.cancel()
         self._timer_idle = due_s is None
         self._timer = self._loop.call_later(timeout, self._timer_fired)
 
