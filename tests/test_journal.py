@@ -6,6 +6,7 @@ fsck, the root's format, and the server with the journal on and off."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
@@ -19,6 +20,8 @@ import pytest
 
 import dirmq
 from dirmq.errors import ConfigError, StorageError
+from dirmq.server import broker as broker_module
+from dirmq.server.broker import Broker
 from dirmq.store import codec, direct_lease, fsio, journal_replay, layout
 from dirmq.store import journal as journal_module
 from dirmq.store.config import QueueConfig
@@ -537,6 +540,39 @@ def test_a_killed_publishers_journal_is_flushed_and_removed_by_a_running_publish
         q.ack(message.receipt or "")
     q.put(b"mine")  # this process's journal: its checkpoints run
     wait_until(lambda: dead not in _journals(root), 30, "the dead journal flushed and removed")
+    store.close()
+
+
+def test_a_killed_publishers_journal_is_removed_by_a_server_that_only_consumes(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that publishes nothing runs no checkpoint: the server sweeps dead publishers'
+    journals now and then itself (here every 50 ms), as it releases idle queues."""
+    monkeypatch.setattr(broker_module, "RELEASE_EVERY_S", 0.05)
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    publisher = spawn("publish", root, "q", module="tests.support.journal_workers")
+    assert publisher.stdout is not None
+    publisher.stdout.readline()
+    kill(publisher)
+    [dead] = _journals(root)
+
+    async def consume_only() -> None:
+        broker = Broker(store)
+        broker.start()
+        try:
+            got = await broker.receive(q, 10, 60, 0)
+            assert got
+            for message in got:
+                await broker.ack(q, message.receipt or "")
+            async with asyncio.timeout(30):
+                while dead in _journals(root):
+                    await asyncio.sleep(0.02)
+        finally:
+            broker.close()
+
+    asyncio.run(consume_only())
+    assert store.journal.checkpoints == 0  # no journal of its own swept it
     store.close()
 
 

@@ -46,8 +46,8 @@ log = logging.getLogger("dirmq.server")
 INLINE_STALL_S = 0.1
 POOL_AFTER_STALL_S = 10.0
 # Every RELEASE_EVERY_S, queues nobody waits on nor used for IDLE_RELEASE_S give back their
-# inotify watches and index (`Store.release_idle`): a server that touched 10,000 queues must not
-# keep 40,000 watches (the user's limit is often 8,192) and their indexes for its lifetime.
+# inotify watches and index (`Store.release_idle`: 10,000 queues touched must not keep 40,000
+# watches, the user's limit often 8,192), and dead publishers' journals go (`sweep_journals`).
 RELEASE_EVERY_S = 15.0
 IDLE_RELEASE_S = 60.0
 
@@ -119,6 +119,7 @@ class Broker:
             return
         try:
             self._executor.submit(self.store.release_idle, IDLE_RELEASE_S)
+            self._executor.submit(self.store.sweep_journals)  # a dead publisher's journals
         except RuntimeError:  # the pool is shut down
             return
         self._release_timer = asyncio.get_running_loop().call_later(

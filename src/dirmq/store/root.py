@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import shutil
 import threading
@@ -47,6 +48,8 @@ from dirmq.store.names import queue_path
 from dirmq.store.queue import Queue
 from dirmq.store.watch import InotifyHub, polls
 from dirmq.store.writeback import WritebackFlusher
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ROOT = "./dirmq-data"
 EXISTS_RECHECK_S = 0.5
@@ -373,6 +376,20 @@ class Store:
         if not os.path.exists(os.path.join(path, layout.CONFIG_FILE)):
             return None
         return os.path.join(path, layout.READY)
+
+    def sweep_journals(self) -> int:
+        """Flush and remove the commit journals of processes of this boot that died (and replay
+        an earlier boot's), as an open does; the number of messages written back. A process
+        that publishes runs this every 10 s in its checkpoints; a long-lived one that may only
+        consume (the server) calls it now and then, or a dead publisher's journal would outlive
+        the acks of what it covers, and a machine crash later bring all of those back. A
+        failure is logged (the journals are kept: journal_replay.py), never raised."""
+        try:
+            return recover_journals(self.root, self.access)
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                log.warning("recovering the commit journals of %s: %s", self.root, exc)
+            return 0
 
     def release_idle(self, idle_s: float) -> int:
         """Stop watching every open queue that nobody waits on (no long poll, no blocked get,
