@@ -102,7 +102,32 @@ def test_a_nack_with_a_delay_goes_into_the_bucket_of_its_due_minute(store: dirmq
     assert q.nack(got.receipt, delay_s=0.2) == "delayed"
     again = q.get_one(wait_s=10)
     assert again is not None and again.id == soon and again.receive_count == 2
-    assert time.monotonic() - nacked >= 0.2 - 0.001  # due times are whole milliseconds
+    assert time.monotonic() - nacked >= 0.2 - 0.001  # the clocks differ (below: the store's)
+
+
+def test_a_due_time_is_never_early(store: dirmq.Store) -> None:
+    """A due time is whole milliseconds of the wall clock, reached when the clock's millisecond
+    (rounded down) gets to it: rounded up, so neither a publish's delay nor a nack's falls due
+    before its seconds are over (rounded down, a 0.2 s delay came up to 1 ms early)."""
+    q = store.create_queue("never-early", MEMORY)
+
+    def due_ns() -> int:
+        [[name]] = delayed_files(q.path).values()
+        entry = layout.parse_entry(name)
+        assert entry is not None and entry.at_ms is not None
+        return entry.at_ms * 1_000_000
+
+    for delay_s in (0.2, 0.0005, 1.2345678):
+        before = time.time_ns()
+        message_id = q.put(b"later", delay_s=delay_s)
+        assert due_ns() >= before + round(delay_s * 1e9)
+        q.delete(message_id)
+    q.put(b"now")
+    got = q.get_one()
+    assert got is not None and got.receipt is not None
+    before = time.time_ns()
+    assert q.nack(got.receipt, delay_s=0.2) == "delayed"
+    assert due_ns() >= before + 200_000_000
 
 
 def test_due_messages_are_delivered_bucket_by_bucket_and_emptied_buckets_go(

@@ -23,4 +23,6 @@ def store_now(now_ms: Callable[[], int]) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         for module in modules:
             patch.setattr(module, "now_ms", now_ms)
+        # Due times are reckoned from it (`filebase.due_after_ms`): the same clock, whole ms.
+        patch.setattr(filebase, "now_ns", lambda: now_ms() * 1_000_000)
         yield

@@ -31,6 +31,17 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def due_after_ms(seconds: float) -> int:
+    """The due time `seconds` from now, in whole milliseconds of the wall clock, rounded up: a
+    due time is reached when `now_ms()` (rounded down) gets to it, so it is never early (added
+    to `now_ms()`, a 0.2 s delay fell due up to 1 ms short of 0.2 s)."""
+    return -(-(now_ns() + round(seconds * 1e9)) // 1_000_000)
+
+
 class _StateDirs(dict[str, str]):
     """The paths of a queue's state directories by name (`layout.STATE_DIRS`), each joined at
     its first use: a long poll on each of thousands of idle queues opens each on the server's

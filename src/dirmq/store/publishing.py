@@ -38,7 +38,7 @@ from dirmq.store.bounds import check_optional_seconds, check_seconds, check_time
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.expiry import EXPIRES, deadline_ms
-from dirmq.store.filebase import now_ms
+from dirmq.store.filebase import due_after_ms, now_ms
 from dirmq.store.fsio import PendingFile, create_pending, overlap
 from dirmq.store.ids import new_ids
 from dirmq.store.message import OutgoingMessage
@@ -218,9 +218,7 @@ class Publisher:
                     data = self._encode(message_id, message, slot, expires)
                     keep_open = len(pending) < OPEN_FILES_PER_BATCH
                     pending.append(
-                        self._write_tmp(
-                            message_id, data, message, config, at_ms, keep_open, spills[i]
-                        )
+                        self._write_tmp(message_id, data, message, config, keep_open, spills[i])
                     )
             self._commit(pending, level, config)
         except BaseException as exc:
@@ -322,7 +320,7 @@ class Publisher:
             expires = deadline_ms(outgoing[i], config, at_ms)
             data = self._encode(ids[i], outgoing[i], slots[i], expires)
             keep_open = i < OPEN_FILES_PER_BATCH
-            return self._write_tmp(ids[i], data, outgoing[i], config, at_ms, keep_open, spills[i])
+            return self._write_tmp(ids[i], data, outgoing[i], config, keep_open, spills[i])
 
         written, error = overlap(write, range(len(ids)))
         pending.extend(f for f in written if f is not None)
@@ -335,7 +333,6 @@ class Publisher:
         data: bytes,
         message: OutgoingMessage,
         config: QueueConfig,
-        at_ms: int,
         keep_open: bool = True,
         spill: bool = False,
     ) -> PendingFile:
@@ -348,7 +345,7 @@ class Publisher:
         try:
             durable = config.durability is not Durability.MEMORY
             if delay_s > 0:  # into the bucket of its due minute (delays.py)
-                due_ms = at_ms + round(delay_s * 1000)
+                due_ms = due_after_ms(delay_s)
                 name = layout.timed_name(message_id, 0, due_ms, tag, None, level)
                 final = f"{files.delay_buckets.prepare(due_ms, durable)}/{name}"
             elif spill:

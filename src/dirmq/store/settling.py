@@ -21,7 +21,7 @@ from dirmq.store import deadletters, delays, layout
 from dirmq.store.capacity import read_slot
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.events import REASON_MAX_RECEIVES, REASON_REJECTED
-from dirmq.store.filebase import QueueFileBase, now_ms
+from dirmq.store.filebase import QueueFileBase, due_after_ms
 from dirmq.store.index import QueueIndex
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.message import DeadLetter, SweepReport
@@ -273,7 +273,7 @@ class SettlingFiles(QueueFileBase):
         time in @delayed until `delay_s` from now."""
         message_id, count = entry.message_id, entry.count
         if delay_s > 0:
-            due_ms = now_ms() + round(delay_s * 1000)
+            due_ms = due_after_ms(delay_s)
             new = layout.timed_name(message_id, count, due_ms, entry.group, None, entry.level)
             self._move_delayed(path, new, due_ms, durable)
             directory = delays.bucket_dir(delays.minute_of(due_ms))
@@ -308,7 +308,7 @@ class SettlingFiles(QueueFileBase):
 
     def _lease_until(self, index: QueueIndex, path: str, entry: Entry, seconds: float) -> None:
         """The lease at `path` now ends `seconds` from now, held by the same holder."""
-        due_ms = now_ms() + round(seconds * 1000)
+        due_ms = due_after_ms(seconds)
         new = layout.timed_name(
             entry.message_id, entry.count, due_ms, entry.group, entry.holder, entry.level
         )

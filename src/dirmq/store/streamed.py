@@ -46,7 +46,7 @@ from dirmq.store import backlog, codec, layout
 from dirmq.store.bounds import check_optional_seconds, check_seconds
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.expiry import EXPIRES
-from dirmq.store.filebase import now_ms
+from dirmq.store.filebase import due_after_ms, now_ms
 from dirmq.store.fsio import PendingFile, create_pending
 from dirmq.store.ids import new_id
 from dirmq.store.priorities import check_priority
@@ -265,7 +265,7 @@ class StreamedFile:
             message_id = new_id()
             at_ms = now_ms()
             self._seal(pending, message_id, at_ms)
-            spilled = self._place(pending, message_id, at_ms, delay_s, config)
+            spilled = self._place(pending, message_id, delay_s, config)
             queue._publisher._commit([pending], self.durability or config.durability, config)
         except BaseException:
             pending.discard()
@@ -289,7 +289,6 @@ class StreamedFile:
         self,
         pending: PendingFile,
         message_id: str,
-        at_ms: int,
         delay_s: float | None,
         config: QueueConfig,
     ) -> bool:
@@ -303,7 +302,7 @@ class StreamedFile:
         level = self.priority
         durable = config.durability is not Durability.MEMORY
         if delay_s > 0:  # into the bucket of its due minute (delays.py)
-            due_ms = at_ms + round(delay_s * 1000)
+            due_ms = due_after_ms(delay_s)
             name = layout.timed_name(message_id, 0, due_ms, tag, None, level)
             pending.final_path = f"{files.delay_buckets.prepare(due_ms, durable)}/{name}"
             pending.make_dir = functools.partial(files.delay_buckets.remake, due_ms, durable)
