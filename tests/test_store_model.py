@@ -93,6 +93,7 @@ def controlled_clock() -> Iterator[Clock]:
     with pytest.MonkeyPatch.context() as patch:
         for module in _clocked_modules():
             patch.setattr(module, "now_ms", CLOCK.now_ms)
+        patch.setattr(filebase, "now_ns", lambda: CLOCK.now_ms() * 1_000_000)  # due times
         yield CLOCK
 
 
@@ -197,7 +198,13 @@ def valid_seconds(value: object) -> bool:
 
 
 def duration_ms(seconds: float) -> int:
-    return round(seconds * 1000)  # as the store rounds
+    return round(seconds * 1000)  # as the store rounds a get's lease
+
+
+def due_in_ms(seconds: float) -> int:
+    """A delay's due time or an extended lease's deadline, from a whole-ms clock: rounded up,
+    as the store does (`filebase.due_after_ms`: never early)."""
+    return -(-round(seconds * 1e9) // 1_000_000)
 
 
 _durations = [0, 0.0, 0.0004, 0.0005, 0.001, 0.25, 1, 2.5, 30, 3600, 364 * 86400, MAX_DURATION_S]
@@ -421,7 +428,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert isinstance(delay_s, int | float)
             m = ModelMessage(message_id, draft.body, dict(draft.headers), draft.group)  # type: ignore[arg-type]
             if delay_s > 0:
-                m.state, m.at_ms = "delayed", now + duration_ms(delay_s)
+                m.state, m.at_ms = "delayed", now + due_in_ms(delay_s)
             self.model.messages[message_id] = m
             if isinstance(key, str):
                 owners[key] = message_id
@@ -537,9 +544,9 @@ class StoreMachine(RuleBasedStateMachine):
         if self.model.spent(m):
             m.state, m.at_ms = "dead", None
         elif delay_s > 0 and m.group is not None:  # stays in flight, holding its group
-            m.at_ms = self.now() + duration_ms(delay_s)
+            m.at_ms = self.now() + due_in_ms(delay_s)
         elif delay_s > 0:
-            m.state, m.at_ms = "delayed", self.now() + duration_ms(delay_s)
+            m.state, m.at_ms = "delayed", self.now() + due_in_ms(delay_s)
         else:
             m.state, m.at_ms = "ready", None
 
@@ -580,7 +587,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
         m = self._settle_outcome(receipt, lambda: self.queue.extend(receipt, visibility_s))
         if m is not None:
-            m.at_ms = self.now() + duration_ms(visibility_s)
+            m.at_ms = self.now() + due_in_ms(visibility_s)
 
     @rule(
         receipt=st.sampled_from(
