@@ -52,15 +52,16 @@ class RequestGaps:
 
     def quiet(self, now: float) -> bool:
         """A request at `now`: whether its line is quiet (the class's docstring)."""
+        gap = self.busy(now)
+        return gap >= QUIET_GAP_S and self._mean >= QUIET_GAP_S
+
+    def busy(self, now: float) -> float:
+        """A request at `now` (one that went into a batch without asking: `Batcher.submit`),
+        counted in the mean; its gap."""
         gap = min(now - self._last, GAP_CAP_S)
         self._last = now
         self._mean += (gap - self._mean) * GAP_WEIGHT
-        return gap >= QUIET_GAP_S and self._mean >= QUIET_GAP_S
-
-    def busy(self, now: float) -> None:
-        """A request at `now` that went into a batch without asking (`Batcher.submit`)."""
-        self._mean += (min(now - self._last, GAP_CAP_S) - self._mean) * GAP_WEIGHT
-        self._last = now
+        return gap
 
 
 class Batcher:
