@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 import pytest
+import uvloop
+from hypothesis import given
+from hypothesis import strategies as st
 
 import dirmq
 from dirmq.server.contract import LATER, Later, Request, Respond, Response, StreamResponse
-from dirmq.server.http import HttpServer, Limits, _Clock, _response_head
+from dirmq.server.http import HttpServer, Limits, _Clock, _first_values, _response_head
 from dirmq.server.metrics import Metrics
 from dirmq.server.multiprocess import MetricsFiles
 from dirmq.wire import framing
@@ -106,6 +111,56 @@ def test_a_slow_request_head_gets_408() -> None:
 
     written = asyncio.run(main())
     assert re.match(rb"HTTP/1\.1 408 ", written), written
+
+
+# -- query strings and sockets ------------------------------------------------------------------
+@given(st.text(alphabet="ab=&%+;2F\u00e9 ", max_size=24))
+def test_a_query_reads_as_parse_qsl_reads_it(query: str) -> None:
+    """The split that skips parse_qsl for a query with nothing to decode (`?wait=20s`) reads
+    every query as parse_qsl does: first value of each name, blanks kept, empty fields
+    skipped, `%xx` and `+` decoded."""
+    expected: dict[str, str] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True, errors="surrogateescape"):
+        expected.setdefault(name, value)
+    assert _first_values(query) == expected
+
+
+def test_every_connection_is_served_without_nagle_delays() -> None:
+    """uvloop sets TCP_NODELAY on each TCP transport, accepted or passed in by another worker
+    (`connect_accepted_socket`): the server no longer sets it (an answer written in two
+    pieces would otherwise wait for the client's delayed ACK, 40 ms)."""
+
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        server = HttpServer(_ok)
+        listener = await loop.create_server(server.protocol, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        _, accepted_writer = await asyncio.open_connection("127.0.0.1", port)
+        spare = socket.socket()
+        spare.bind(("127.0.0.1", 0))
+        spare.listen()
+        _, passed_writer = await asyncio.open_connection(*spare.getsockname())
+        passed, _ = spare.accept()
+        await loop.connect_accepted_socket(server.protocol, passed)
+        for _ in range(100):
+            if len(server.connections) == 2:
+                break
+            await asyncio.sleep(0.01)
+        options = [
+            c._transport.get_extra_info("socket").getsockopt(
+                socket.IPPROTO_TCP, socket.TCP_NODELAY
+            )
+            for c in server.connections
+            if c._transport is not None
+        ]
+        for writer in (accepted_writer, passed_writer):
+            writer.close()
+        listener.close()
+        spare.close()
+        return options
+
+    options = uvloop.run(main())
+    assert len(options) == 2 and all(options), options
 
 
 # -- the fast path (answers without a Task) ---------------------------------------------------

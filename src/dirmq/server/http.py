@@ -24,7 +24,6 @@ import functools
 import io
 import json
 import logging
-import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -383,9 +382,8 @@ class HttpProtocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
             self._peer = str(peer[0])
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # No TCP_NODELAY here: uvloop sets it on every TCP transport, accepted or passed
+        # (`get_extra_info("socket")` alone cost three getsockname(2) and a socket object).
         self._arm(self._limits.idle_timeout_s)
         if self._received:  # before the transport reads anything more: in order
             received, self._received = self._received, b""
@@ -1228,6 +1226,12 @@ def _first_values(query: str) -> dict[str, str]:
     """Percent-decoded as UTF-8; bytes that are not UTF-8 are kept as lone surrogates (not
     U+FFFD, which would pass for a real value), so each dialect can refuse them its own way."""
     values: dict[str, str] = {}
+    if "%" not in query and "+" not in query:  # nothing to decode (`?wait=20s`): as parse_qsl
+        for field in query.split("&"):
+            if field:
+                name, _, value = field.partition("=")
+                values.setdefault(name, value)
+        return values
     for name, value in parse_qsl(query, keep_blank_values=True, errors="surrogateescape"):
         values.setdefault(name, value)
     return values
