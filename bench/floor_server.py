@@ -17,7 +17,8 @@ The wire, as dirmq's (what `bench.peers`'s `DirmqLoad` reads):
 - `GET /{q}/messages`: 200 with the body and `X-Receipt`, or 204 when the queue is drained;
 - `GET /{q}/messages?max=N`: 200 multipart/mixed, a part per message with its `X-Receipt`;
 - `DELETE /{q}/messages/{receipt}`: 204;
-- `POST /{q}/messages/ack` with `{"receipts": [...]}`: 200 `{"settled": n, "failed": []}`.
+- `POST /{q}/messages/ack` with `{"receipts": [...]}`: 200 `{"settled": n, "failed": []}`;
+- `GET /health`: 200, nothing looked at (`bench.scale`'s floor of a connection and a request).
 
 Worker n of W takes the messages n, n+W, n+2W, ... first, then the others' from the end, so
 the workers race for a name only near the end of a drain (a lost race is one ENOENT).
@@ -131,7 +132,9 @@ class FloorProtocol(asyncio.Protocol):
         self.url, self.body = b"", []
         path, _, query = url.decode().partition("?")
         parts = path.strip("/").split("/")
-        if len(parts) < 2 or parts[1] != "messages":
+        if method == b"GET" and parts == ["health"]:  # a connection's floor (bench.scale)
+            self._answer(200, b"ok\n")
+        elif len(parts) < 2 or parts[1] != "messages":
             self._answer(404, b"not a floor route")
         elif method == b"GET" and len(parts) == 2:
             wanted = int(query[4:]) if query.startswith("max=") else 0

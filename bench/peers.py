@@ -60,7 +60,6 @@ import resource
 import shutil
 import signal
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -70,7 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import HOST, REPO, RESULTS
+from bench.harness import HOST, RESULTS
 from bench.harness.charts import draw_chart
 from bench.harness.floors import consume_floor, publish_floor
 from bench.harness.install import apt_install, ensure_debian_tool, ensure_pip, ensure_redis_server
@@ -79,7 +78,13 @@ from bench.harness.peers import RABBIT_SERVER, Peer, start_nats, start_rabbitmq,
 from bench.harness.procs import Processes, cpu_seconds, process_tree, raise_fd_limit
 from bench.harness.report import filesystem_of, source_revision
 from bench.harness.rounds import median, percentile, ratio
-from bench.harness.servers import create_queue, http_call, queue_stats, start_dirmq
+from bench.harness.servers import (
+    create_queue,
+    http_call,
+    queue_stats,
+    start_dirmq,
+    start_floor_server,
+)
 from bench.harness.wire import header_value, http_request
 
 CHILD = ("-m", "bench.peers", "--child")  # the load generator: this module in child processes
@@ -969,18 +974,14 @@ def redis_peer(procs: Processes, directory: str, version: str) -> Peer:
 
 def floor_peer(procs: Processes, directory: str) -> Peer:
     """`bench.floor_server` with 2 worker processes, its queues under `directory`."""
-    os.makedirs(directory, exist_ok=True)
-    args = [sys.executable, "-m", "bench.floor_server", "--root", directory, "--workers", "2"]
-    proc = procs.start(args, stdout=subprocess.PIPE, text=True, cwd=REPO)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        raise RuntimeError(f"floor_server.py did not start: {line!r}")
-    port = int(line.split()[-1])
-    for pid in process_tree(proc.pid)[1:]:
-        procs.adopt(pid)
+    floor = start_floor_server(procs, directory, 2)
     return Peer(
-        "floor", port, "-", lambda: process_tree(proc.pid), handle=directory, detail="2 workers"
+        "floor",
+        floor.port,
+        "-",
+        lambda: process_tree(floor.proc.pid),
+        handle=directory,
+        detail="2 workers",
     )
 
 

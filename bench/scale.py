@@ -21,7 +21,9 @@ the end, also on an error or Ctrl-C; every process it starts is stopped by PID.
 - queues: a root of N empty queues and one `dirmq serve` (1 worker). The server's CPU
   (utime+stime, /proc) to register one long poll on each of min(N, 5,000) distinct queues, and
   the same number of polls on one queue as the yardstick, and as many `GET /health` (each on
-  its connection, kept open) as the HTTP floor; a publish sent halfway through the burst to a
+  its connection, kept open) through dirmq and through `bench.floor_server` (bare uvloop +
+  httptools: the HTTP floor, to which the registrations' own syscalls in a bare loop add up to
+  the design's floor); a publish sent halfway through the burst to a
   queue already polled, and how long until that poll answers; beside it, how long the client
   took to open every connection, and how many connections the kernel dropped meanwhile for a
   full accept queue (machine-wide; each such client retries a second later); and the
@@ -57,7 +59,7 @@ from bench.harness import BODY, HOST, REPO, RESULTS
 from bench.harness.procs import Processes, cpu_seconds, raise_fd_limit, vm_rss_kib
 from bench.harness.report import Report, filesystem_of, machine_basics, write_results
 from bench.harness.roots import fill_ready, make_queues
-from bench.harness.servers import http_call, start_dirmq
+from bench.harness.servers import http_call, start_dirmq, start_floor_server
 
 DEFAULT_JSON = RESULTS / "scale.json"
 PARTS = ("deep", "queues", "bodies")
@@ -393,10 +395,17 @@ def queues(procs: Processes, workdir: Path, counts: list[int], report: Report) -
             floor = asyncio.run(floor_burst(server.port, server.pids, len(polled)))
         finally:
             procs.stop(server.proc)
+        bare_server = start_floor_server(procs, str(workdir / "bare-http"), 1)
+        try:
+            bare = asyncio.run(floor_burst(bare_server.port, bare_server.workers, len(polled)))
+        finally:
+            procs.stop(bare_server.proc)
         syscalls_s = registration_floor(root, polled)
         shutil.rmtree(root)
-        results[count] = {"distinct": distinct, "one_queue": one, "floor": floor}
+        results[count] = {"distinct": distinct, "one_queue": one, "floor": floor, "bare": bare}
         results[count]["registration_syscalls_s"] = syscalls_s
+        design_floor_s = bare["server_cpu_s"] + syscalls_s
+        results[count]["design_floor_s"] = design_floor_s
         each = f"{1000 * distinct['server_cpu_s'] / len(polled):.2f} ms each"
         report.row(
             f"queues: {count:,}",
@@ -411,14 +420,24 @@ def queues(procs: Processes, workdir: Path, counts: list[int], report: Report) -
         )
         report.row(
             f"queues: {count:,}",
-            f"{len(polled):,} GET /health, the HTTP floor",
+            f"{len(polled):,} GET /health through dirmq",
             f"{floor['server_cpu_s']:.3f} s CPU",
+        )
+        report.row(
+            f"queues: {count:,}",
+            f"{len(polled):,} GET /health, bare uvloop + httptools (bench.floor_server)",
+            f"{bare['server_cpu_s']:.3f} s CPU",
         )
         report.row(
             f"queues: {count:,}",
             f"{len(polled):,} registrations' syscalls in a bare loop",
             f"{syscalls_s:.3f} s CPU",
-            f"HTTP floor + these: {floor['server_cpu_s'] + syscalls_s:.3f} s",
+            f"the design's floor (bare HTTP + these): {design_floor_s:.3f} s"
+            + (
+                f", dirmq {distinct['server_cpu_s'] / design_floor_s:.2f}x it"
+                if design_floor_s
+                else ""
+            ),
         )
         report.row(
             f"queues: {count:,}",
@@ -435,12 +454,14 @@ def queues(procs: Processes, workdir: Path, counts: list[int], report: Report) -
         cpu, one_cpu, ms = d["server_cpu_s"], o["server_cpu_s"], 1000 * d["delivery_s"]
         floor_cpu = r["floor"]["server_cpu_s"]
         rows.append([f"{count:,}", f"{d['polls']:,}", f"{cpu:.3f}", f"{one_cpu:.3f}"])
-        rows[-1] += [f"{floor_cpu:.3f}", "-" if ratio is None else f"{ratio:.2f}x", f"{ms:.1f}"]
+        rows[-1] += [f"{floor_cpu:.3f}", f"{r['design_floor_s']:.3f}"]
+        rows[-1] += ["-" if ratio is None else f"{ratio:.2f}x", f"{ms:.1f}"]
         rows[-1] += [f"{1000 * d['stored_s']:.1f}", f"{d['sent_s']:.2f}"]
         rows[-1] += [f"{d['listen_overflows']:,}"]
         rss = (d["rss_growth_mib"], o["rss_growth_mib"], r["floor"]["rss_growth_mib"])
         rows[-1] += ["{:.1f} / {:.1f} / {:.1f}".format(*rss)]
-    header = ["queues", "polls", "CPU s, distinct", "CPU s, one queue", "CPU s, floor"]
+    header = ["queues", "polls", "CPU s, distinct", "CPU s, one queue", "CPU s, /health"]
+    header += ["CPU s, design floor"]
     header += ["ratio", "delivery ms", "its 201 ms", "client s", "overflows"]
     header += ["RSS + MiB: distinct / one / floor"]
     table("queues: long polls, the server's CPU to register them", header, rows)

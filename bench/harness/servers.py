@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.harness import BODY, HOST, REPO
-from bench.harness.procs import Processes, child_pids
+from bench.harness.procs import Processes, child_pids, process_tree
 
 
 def _drain_output(stream: Any, tail: collections.deque[str]) -> None:
@@ -193,3 +193,30 @@ def delete_queue(port: int, name: str) -> None:
     status, _, body = http_call(port, "DELETE", f"/{name}", timeout_s=600)
     if status != 204:
         raise RuntimeError(f"DELETE /{name}: {status} {body[:200]!r}")
+
+
+@dataclass
+class FloorServer:
+    """A running `bench.floor_server`: its supervisor, port and worker PIDs."""
+
+    proc: subprocess.Popen[str]
+    port: int
+    workers: list[int]
+
+
+def start_floor_server(procs: Processes, root: str, workers: int) -> FloorServer:
+    """`bench.floor_server --workers N` on 127.0.0.1:0, its queues under `root`: the least a
+    server on dirmq's stack (uvloop + httptools) does for an answer (its docstring)."""
+    os.makedirs(root, exist_ok=True)
+    args = [sys.executable, "-m", "bench.floor_server", "--root", root]
+    proc = procs.start(
+        [*args, "--workers", str(workers)], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("listening on "):
+        raise RuntimeError(f"floor_server.py did not start: {line!r}")
+    children = process_tree(proc.pid)[1:]
+    for pid in children:
+        procs.adopt(pid)
+    return FloorServer(proc, int(line.split()[-1]), children)
