@@ -532,3 +532,48 @@ def test_a_poll_on_a_queue_with_a_bad_configuration_is_told_so(server: ServerPro
     assert "visibility_timeout_s" in polled.text
     assert published.status_code == 500, published.text
     assert missing.status_code == 404, missing.text
+
+
+def test_thousands_of_polls_ending_together_leave_the_line_swept_and_in_order(
+    root: Path,
+) -> None:
+    """3,000 polls on one queue; all but the first and the last leave (their clients gone, as
+    when a fleet of consumers restarts). The line keeps no trace of them beyond half its
+    length (ended waiters leave it in sweeps, not each by a scan of the line: that was
+    O(n^2) on the event loop), and the two left get the next two messages in their order."""
+    with dirmq.Store(root) as setup:
+        setup.create_queue("crowd")
+    store = dirmq.Store(root)
+    count = 3_000
+
+    async def main() -> tuple[int, list[list[bytes]]]:
+        broker = Broker(store)
+        try:
+            queue = store.queue("crowd")
+            polls = []
+            for _ in range(count):
+                polls.append(asyncio.ensure_future(broker.receive(queue, 1, 30, 60)))
+                await asyncio.sleep(0)  # each joins the line in turn: FIFO is theirs
+            async with asyncio.timeout(30):
+                while broker.waiting_polls().get("crowd", 0) < count:
+                    await asyncio.sleep(0.01)
+            for poll in reversed(polls[1:-1]):  # the worst order for a scan from the head
+                poll.cancel()
+            await asyncio.gather(*polls[1:-1], return_exceptions=True)
+            line = broker.waiter_line(queue)
+            kept = len(line._waiters)
+            assert line.waiting() == 2
+            for body in (b"first", b"second"):
+                await broker.publish(queue, [dirmq.OutgoingMessage(body, {})])
+            async with asyncio.timeout(30):
+                got = [await polls[0], await polls[-1]]
+            return kept, [[m.body for m in messages] for messages in got]
+        finally:
+            broker.close()
+
+    try:
+        kept, got = asyncio.run(main())
+    finally:
+        store.close()
+    assert kept <= 4, kept  # the two live ones, and what ended after the last sweep
+    assert got == [[b"first"], [b"second"]]

@@ -98,6 +98,7 @@ class LongPolls:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()  # made on the loop: see `_notice`
         self._waiters: deque[_Waiter] = deque()
+        self._forgotten = 0  # waiters that ended since the line was last swept (`_forget`)
         self._state = _IDLE
         self._unsubscribe: Callable[[], None] | None = None
         self._polled = False
@@ -206,10 +207,14 @@ class LongPolls:
                 self.broker.register_later(self._register)
 
     def _forget(self, waiter: _Waiter) -> None:
-        try:
-            self._waiters.remove(waiter)
-        except ValueError:
-            pass
+        """`waiter` has ended (its future is done). It leaves the line as it reaches the head
+        (`_live_waiters`), or when ended ones are half the line, which is swept then: removing
+        each from the middle cost a scan of the line, O(n^2) when thousands of polls on one
+        queue end together (their wait over, their clients gone)."""
+        self._forgotten += 1
+        if self._forgotten * 2 > len(self._waiters):
+            self._waiters = deque(w for w in self._waiters if not w.future.done())
+            self._forgotten = 0
         self._retire_if_unwaited()
 
     def _give_up(self, waiter: _Waiter) -> None:
@@ -244,13 +249,15 @@ class LongPolls:
         if not admit(waiter):
             return None
         side = waiter.side
+        if waiter is waiters[0]:  # out of the line from its end (no scan of it)
+            waiters.popleft()
+        else:
+            waiters.pop()
         if side is None or waiter.max_count <= 1:
-            waiters.remove(waiter)
             return waiter
         waiter.max_count -= 1
         side.taken()
-        waiters.remove(waiter)  # to the back, as a stream that waits again: the others' turn
-        waiters.append(waiter)
+        waiters.append(waiter)  # to the back, as a stream that waits again: the others' turn
         one = _Waiter(1, waiter.visibility_s, self._loop.create_future(), 1, waiter.consumer)
         one.future.add_done_callback(functools.partial(self._arrived, side))
         return one
