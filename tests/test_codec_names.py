@@ -167,3 +167,24 @@ def test_ids_are_unique_and_ordered_under_threads() -> None:
     assert len(set(every)) == len(every)
     for slot in out:
         assert slot == sorted(slot)
+
+
+@given(st.text(alphabet="ab/.@\\\x00é", max_size=12))
+def test_a_remembered_verdict_on_a_name_is_the_verdict_again(name: str) -> None:
+    """Names that pass are remembered (every request checks its queue's name twice): a name
+    gets the same verdict and the same message each time, remembered or not, and a str
+    subclass is judged as its text."""
+
+    def verdict(candidate: str) -> str:
+        try:
+            validate_queue_name(candidate)
+        except dirmq.InvalidName as exc:
+            return str(exc)
+        return "valid"
+
+    class Named(str):
+        __hash__ = str.__hash__
+
+    first = verdict(name)
+    assert verdict(name) == first
+    assert verdict(Named(name)) == first

@@ -9,6 +9,7 @@ bytes. A name that passes can never resolve outside the root. Names every door c
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import unicodedata
@@ -24,6 +25,14 @@ def validate_queue_name(name: str) -> str:
     """Return `name` unchanged if it is a valid queue name, else raise `InvalidName` saying why."""
     if not isinstance(name, str) or not name:
         raise InvalidName("queue name is empty")
+    _check_name(str(name))  # a str subclass's own hash or equality must not reach the cache
+    return name
+
+
+# The names in use pass again and again: every request's route and its queue's open check
+# one (a few µs each, twice a request). A refused name is not remembered: it raises each time.
+@functools.lru_cache(maxsize=8192)
+def _check_name(name: str) -> None:
     encoded = name.encode("utf-8", "surrogatepass")
     if len(encoded) > MAX_NAME_BYTES:
         raise InvalidName(f"queue name is {len(encoded)} bytes; the limit is {MAX_NAME_BYTES}")
@@ -33,7 +42,6 @@ def validate_queue_name(name: str) -> str:
     for segment in segments:
         _validate_segment(name, segment)
     _refuse_reserved(name, segments)
-    return name
 
 
 # Names one door cannot reach are refused on every door (docs/http-api.md "Queue names"): the
@@ -102,8 +110,14 @@ def queue_path(root: str, name: str) -> str:
     path = (root if root.endswith(os.sep) else root + os.sep) + name
     # Belt and braces: validation already excludes every escape, this re-checks the result
     # (one normpath, not commonpath's).
-    real_root = os.path.abspath(root)
-    resolved = os.path.normpath(real_root.rstrip(os.sep) + os.sep + name)
-    if not resolved.startswith(real_root.rstrip(os.sep) + os.sep):
+    real_root = _real_root(root)
+    if not os.path.normpath(real_root + name).startswith(real_root):
         raise InvalidName(f"queue name {name!r} resolves outside the root")
     return path
+
+
+@functools.lru_cache(maxsize=64)
+def _real_root(root: str) -> str:
+    """`root` made absolute and normal, with one trailing separator (a process has few roots;
+    a relative one is taken from the working directory at its first use, as a Store takes it)."""
+    return os.path.abspath(root).rstrip(os.sep) + os.sep
