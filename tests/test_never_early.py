@@ -1,5 +1,6 @@
 """A time from now is never early (store/clock.py): a lease taken by any way into one, or
-extended, does not end before its visibility timeout is over.
+extended, does not end before its visibility timeout is over, and pub/sub's deadlines (process,
+heartbeat, accept) and backoffs do not pass before their seconds are over.
 
 Times in names are whole milliseconds, reached when the clock's millisecond, rounded down, gets
 to them; so each test reads the clock 0.7 ms into a millisecond (tests/support/store_now.py),
@@ -9,12 +10,18 @@ the last nanosecond before the time is over (nothing happens), then past it.
 
 from __future__ import annotations
 
+import os
+import random
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 import dirmq
+from dirmq.pubsub import PubSub
+from dirmq.pubsub import policy as pubsub_policy
+from dirmq.pubsub.layout import PubSubPaths, split_entry
 from dirmq.store.direct_lease import DirectLease
 from dirmq.store.message import Message
 
@@ -134,3 +141,82 @@ def test_a_visibility_of_zero_leaves_the_message_to_the_next_get_at_once(
     assert again.receipt is not None
     q.extend(again.receipt, 0)
     assert q.get_one() is not None
+
+
+# -- pub/sub -------------------------------------------------------------------------------------
+class _NoJitter(random.Random):
+    def random(self) -> float:
+        return 0.0  # the backoff in full: its end is known to the nanosecond
+
+
+@pytest.fixture
+def hub(store: dirmq.Store, monkeypatch: pytest.MonkeyPatch) -> PubSub:
+    monkeypatch.setattr(pubsub_policy, "random", _NoJitter())
+    return PubSub(store)
+
+
+@pytest.mark.parametrize("mode", ["anyone", "future"])
+@pytest.mark.parametrize("backoff_s", SECONDS)
+def test_a_backoff_never_redelivers_early(
+    hub: PubSub, clock: Clock, mode: str, backoff_s: float
+) -> None:
+    """A pool entry given back (its due time in its name) and a log delivery given back (in
+    the subscription's memory) alike."""
+    hub.publish("c", b"poison", mode=mode)
+    with hub.subscribe("s", backoff_s=backoff_s, backoff_max_s=10) as sub:
+        first = sub.receive(wait_s=1)
+        assert first is not None
+        aborted_at = clock.ns
+        sub.abort(first)
+        over_ns = aborted_at + round(backoff_s * 1e9)
+        clock.ns = over_ns - 1
+        assert sub.receive() is None
+        clock.ns = over_ns + 1_000_000
+        again = sub.receive(wait_s=1)
+        assert again is not None and again.id == first.id
+        sub.done(again)
+
+
+@pytest.mark.parametrize("mode", ["anyone", "future"])
+def test_a_process_deadline_never_passes_early(hub: PubSub, clock: Clock, mode: str) -> None:
+    """1.001 s: `int(1.001 * 1000)` is 1000 (the timeout was stored and reckoned 1 ms short)."""
+    hub.publish("c", b"slow", mode=mode, process_timeout_s=1.001)
+    with hub.subscribe("s") as sub:
+        received_at = clock.ns
+        delivery = sub.receive(wait_s=1)
+        assert delivery is not None
+        over_ns = received_at + 1_001_000_000
+        clock.ns = over_ns - 1
+        assert sub.expire() == {}
+        clock.ns = over_ns + 2_000_000  # past its last millisecond
+        assert list(sub.expire()) == [delivery.key]
+
+
+@pytest.mark.parametrize("extend_s", SECONDS)
+def test_a_heartbeat_never_ends_early(hub: PubSub, clock: Clock, extend_s: float) -> None:
+    hub.publish("c", b"long", process_timeout_s=30)
+    with hub.subscribe("s") as sub:
+        delivery = sub.receive(wait_s=1)
+        assert delivery is not None
+        beaten_at = clock.ns
+        deadline_ms = sub.heartbeat(delivery, extend_s)
+        assert deadline_ms == delivery.deadline_ms
+        over_ns = beaten_at + round(extend_s * 1e9)
+        clock.ns = over_ns - 1
+        assert sub.expire() == {}
+        clock.ns = over_ns + 2_000_000
+        assert list(sub.expire()) == [delivery.key]
+
+
+def test_an_accept_deadline_never_passes_early(hub: PubSub, clock: Clock, root: Path) -> None:
+    """Timed out only once its accept timeout is over (`int(1.001 * 1000)` was 1000)."""
+    published = hub.publish("c", b"x", accept_timeout_s=1.001)
+    [name] = os.listdir(PubSubPaths.under(str(root)).anyone)
+    pooled = split_entry(name)
+    assert pooled is not None
+    published_ns = int(pooled.key[:16]) * 1000  # <publish time, us>_<id>
+    clock.ns = published_ns + 1_001_000_000 - 1
+    assert hub.sweep().timed_out == 0
+    with hub.subscribe("s") as sub:
+        delivery = sub.receive(wait_s=1)
+        assert delivery is not None and delivery.id == published.id
