@@ -61,7 +61,7 @@ class _Clock:
 
 @contextmanager
 def store_clock() -> Iterator[_Clock]:
-    """The store's clock (`filebase.now_ms`, imported by name where it is read), moved by the
+    """The store's clock (`clock.now_ms`, imported by name where it is read), moved by the
     test: due times minutes apart without waiting minutes."""
     clock = _Clock()
     with store_now(clock.now_ms):

@@ -42,7 +42,7 @@ class _RunningClock:
 
 @contextmanager
 def store_clock() -> Iterator[_RunningClock]:
-    """`filebase.now_ms`, imported by name where it is read, replaced by a running clock."""
+    """`clock.now_ms`, imported by name where it is read, replaced by a running clock."""
     clock = _RunningClock()
     with store_now(clock.now_ms):
         yield clock

@@ -3,9 +3,10 @@ put_many, get, ack, nack, extend, delayed puts, purge, crash-and-reopen (a Store
 closing, and a child process SIGKILLed while it holds leases) and time, with ordinary, extreme and
 hostile values, and checks the queue against a plain in-memory model after every step.
 
-The store reads the time for lease deadlines and due times through `filebase.now_ms` (imported by
-name by the other store modules too); the test replaces it everywhere with a clock that only its
-`advance` rule moves, so expiry is exact and the run does not depend on the machine being idle.
+The store reads the time for lease deadlines and due times through `clock.now_ms` and
+`clock.now_ns` (imported by name by the other store modules); the test replaces them everywhere
+with a clock that only its `advance` rule moves (tests/support/store_now.py), so expiry is exact
+and the run does not depend on the machine being idle.
 Message ids still come from the real clock: they only need to increase.
 
 `make test` runs a bounded number of examples; `make fuzz` (DIRMQ_FUZZ_SECONDS) runs batches of
@@ -46,11 +47,12 @@ from hypothesis.stateful import (
 import dirmq
 from dirmq.client import RemoteStore
 from dirmq.errors import InvalidArgument, MessageNotFound, MessageTooLarge, StaleReceipt
-from dirmq.store import filebase, layout
+from dirmq.store import layout
 from dirmq.store.bounds import MAX_DURATION_S
 from dirmq.store.message import OutgoingMessage
 
 from .support.servers import ServerProcess, start_server
+from .support.store_now import store_now
 
 pytestmark = pytest.mark.fuzz
 
@@ -79,21 +81,9 @@ class Clock:
 CLOCK = Clock()
 
 
-def _clocked_modules() -> list[object]:
-    """The store modules that read the time: each imports `filebase.now_ms` by name."""
-    return [
-        module
-        for name, module in list(sys.modules.items())
-        if name.startswith("dirmq.store") and getattr(module, "now_ms", None) is filebase.now_ms
-    ]
-
-
 @contextmanager
 def controlled_clock() -> Iterator[Clock]:
-    with pytest.MonkeyPatch.context() as patch:
-        for module in _clocked_modules():
-            patch.setattr(module, "now_ms", CLOCK.now_ms)
-        patch.setattr(filebase, "now_ns", lambda: CLOCK.now_ms() * 1_000_000)  # due times
+    with store_now(CLOCK.now_ms):
         yield CLOCK
 
 
@@ -197,13 +187,9 @@ def valid_seconds(value: object) -> bool:
     return math.isfinite(value) and 0 <= value <= MAX_DURATION_S
 
 
-def duration_ms(seconds: float) -> int:
-    return round(seconds * 1000)  # as the store rounds a get's lease
-
-
 def due_in_ms(seconds: float) -> int:
-    """A delay's due time or an extended lease's deadline, from a whole-ms clock: rounded up,
-    as the store does (`filebase.due_after_ms`: never early)."""
+    """A lease's deadline or a delay's due time, from a whole-ms clock: rounded up, as the
+    store does (`clock.due_ms`: never early)."""
     return -(-round(seconds * 1e9) // 1_000_000)
 
 
@@ -494,7 +480,7 @@ class StoreMachine(RuleBasedStateMachine):
         now = self.now()
         self.model.opened(now)
         visibility = self.config.visibility_timeout_s if visibility_s is None else visibility_s
-        expected = self.model.expected_get(max_count, duration_ms(visibility), max_per_group, now)
+        expected = self.model.expected_get(max_count, due_in_ms(visibility), max_per_group, now)
         assert [m.id for m in got] == [m.id for m in expected], "wrong messages or order"
         for message, m in zip(got, expected, strict=True):
             assert message.body == m.body
@@ -645,12 +631,15 @@ class StoreMachine(RuleBasedStateMachine):
         clock = 0 if self.remote else self.now()  # 0: the child keeps the real clock
         script = (
             "import json, os, signal, sys, dirmq\n"
-            "from dirmq.store import filebase\n"
-            "real = filebase.now_ms\n"
-            "if int(sys.argv[4]):\n"
-            "    for name, module in list(sys.modules.items()):\n"
-            "        if name.startswith('dirmq.store') and getattr(module, 'now_ms', 0) is real:\n"
-            "            module.now_ms = lambda: int(sys.argv[4])\n"
+            "from dirmq.store import clock\n"
+            "real = {'now_ms': clock.now_ms, 'now_ns': clock.now_ns}\n"
+            "at_ms = int(sys.argv[4])\n"
+            "fake = {'now_ms': lambda: at_ms, 'now_ns': lambda: at_ms * 10**6}\n"
+            "if at_ms:\n"
+            "    for module in list(sys.modules.values()):\n"
+            "        for read, fn in real.items():\n"
+            "            if getattr(module, read, None) is fn:\n"
+            "                setattr(module, read, fake[read])\n"
             "q = dirmq.Store(sys.argv[1], create=False).queue(sys.argv[2])\n"
             "got = q.get(int(sys.argv[3]), visibility_s=float(sys.argv[5]))\n"
             "print(json.dumps([m.id for m in got]), flush=True)\n"
@@ -669,7 +658,7 @@ class StoreMachine(RuleBasedStateMachine):
         got = json.loads(done.stdout)
         # The child builds its own index: it promotes everything due, like any get.
         expected = self.model.expected_get(
-            max_count, duration_ms(float(repr(visibility_s))), 1, self.now()
+            max_count, due_in_ms(float(repr(visibility_s))), 1, self.now()
         )
         assert got == [m.id for m in expected]
 

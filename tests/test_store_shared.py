@@ -221,7 +221,7 @@ def test_a_claim_onto_a_name_that_is_already_the_same_file_is_not_won(
     from dirmq.store import leasing
 
     fixed_ms = int(time.time() * 1000)
-    monkeypatch.setattr(leasing, "now_ms", lambda: fixed_ms)
+    monkeypatch.setattr(leasing, "now_ns", lambda: fixed_ms * 1_000_000)  # a get's clock
     # Polled once a minute: the index (built by stats) still has it ready, as a stale
     # listing would.
     with dirmq.Store(root, shared=shared, watch_mode="poll", poll_interval_s=60) as store:

@@ -67,8 +67,9 @@ from dirmq.pubsub.presence import PresenceIndex, read_subscription
 from dirmq.pubsub.pruning import BroadcastPruner
 from dirmq.pubsub.seqlogs import SeqLog, is_tombstone
 from dirmq.pubsub.subscription import Subscription
-from dirmq.pubsub.transitions import Transitions, now_ms, read_entry
+from dirmq.pubsub.transitions import Transitions, read_entry
 from dirmq.store import smallfiles
+from dirmq.store.clock import now_ms
 from dirmq.store.codec import check_headers, encode
 from dirmq.store.fsio import create_pending
 from dirmq.store.ids import new_id

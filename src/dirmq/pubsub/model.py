@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from dirmq.errors import CorruptMessage, InvalidArgument
+from dirmq.store.clock import due_ms, duration_ms
 
 MAX_NAME_CHARS = 128
 # Message ids and subscriber names end up in file names next to `.`, `+`, `~` separators.
@@ -132,7 +133,7 @@ class Envelope:
 
     @property
     def accept_deadline_ms(self) -> int:
-        return self.published_us // 1000 + int(self.accept_timeout_s * 1000)
+        return due_ms(self.published_us * 1000, self.accept_timeout_s)
 
     def wants(self, outcome: Outcome) -> bool:
         return outcome in self.acks and self.reply_to is not None
@@ -144,8 +145,8 @@ class Envelope:
             "Pubsub-Subject": self.subject,
             "Pubsub-Mode": self.mode.value,
             "Pubsub-Published-Us": str(self.published_us),
-            "Pubsub-Accept-Timeout-Ms": str(int(self.accept_timeout_s * 1000)),
-            "Pubsub-Process-Timeout-Ms": str(int(self.process_timeout_s * 1000)),
+            "Pubsub-Accept-Timeout-Ms": str(duration_ms(self.accept_timeout_s)),
+            "Pubsub-Process-Timeout-Ms": str(duration_ms(self.process_timeout_s)),
             "Pubsub-Persistence": self.persistence.value,
         }
         if self.acks:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from dirmq.errors import InvalidArgument
 from dirmq.store.bounds import MAX_DURATION_S
+from dirmq.store.clock import duration_ms
 
 DEFAULT_MAX_DELIVERIES = 5
 DEFAULT_BACKOFF_S = 1.0
@@ -69,13 +70,13 @@ class DeliveryPolicy:
             return 0
         doublings = min(max(deliveries - 1, 0), 62)
         full = min(self.backoff_max_s, self.backoff_s * 2.0**doublings)
-        return int(full * (1 - JITTER * random.random()) * 1000)
+        return duration_ms(full * (1 - JITTER * random.random()))
 
     def to_json(self) -> dict[str, object]:
         return {
             "max_deliveries": self.max_deliveries,
-            "backoff_ms": int(self.backoff_s * 1000),
-            "backoff_max_ms": int(self.backoff_max_s * 1000),
+            "backoff_ms": duration_ms(self.backoff_s),
+            "backoff_max_ms": duration_ms(self.backoff_max_s),
             "dead_letter": self.dead_letter,
         }
 

@@ -15,7 +15,8 @@ import os
 from dirmq.errors import CorruptMessage
 from dirmq.pubsub.layout import listed, split_entry
 from dirmq.pubsub.model import Envelope, Filter
-from dirmq.pubsub.transitions import now_ms, read_entry
+from dirmq.pubsub.transitions import read_entry
+from dirmq.store.clock import now_ms
 
 
 class PoolIndex:

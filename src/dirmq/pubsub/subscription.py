@@ -57,8 +57,9 @@ from dirmq.pubsub.model import Delivery, Envelope, Filter, Outcome, check_timeou
 from dirmq.pubsub.policy import DeliveryPolicy
 from dirmq.pubsub.poolindex import PoolIndex
 from dirmq.pubsub.presence import new_session
-from dirmq.pubsub.transitions import Entry, now_ms, read_entry
+from dirmq.pubsub.transitions import Entry, read_entry
 from dirmq.store import smallfiles
+from dirmq.store.clock import due_after_ms, due_ms, now_ms, now_ns
 from dirmq.store.watch import RESCAN, PollingWatcher, Watcher, open_watcher
 
 log = logging.getLogger("dirmq.pubsub")
@@ -289,7 +290,7 @@ class Subscription:
     def _retry_accept_ms(self, feed: Feed, envelope: Envelope) -> int:
         if feed.letter == RETAINED:
             return 0  # retained messages never time out
-        return now_ms() + int(envelope.accept_timeout_s * 1000)
+        return due_after_ms(envelope.accept_timeout_s)
 
     # -- taking ----------------------------------------------------------------------------------
     def receive(self, wait_s: float = 0.0) -> Delivery | None:
@@ -352,7 +353,8 @@ class Subscription:
         return Delivery(key, envelope, entry.body, entry.headers, deadline, None)
 
     def _take_feed(self, feed: Feed) -> Delivery | None:
-        at_ms = now_ms()
+        at_ns = now_ns()
+        at_ms = at_ns // 1_000_000
         if feed.retry:
             seq = heapq.heappop(feed.retry)
             entry, accept_ms = feed.returned.pop(seq)
@@ -372,7 +374,7 @@ class Subscription:
             feed.deliveries.pop(seq, None)
             transitions.report_linked(path, key, envelope, self.name, Outcome.TIMEOUT, 0)
             return None
-        deadline = at_ms + int(envelope.process_timeout_s * 1000)
+        deadline = due_ms(at_ns, envelope.process_timeout_s)
         feed.held.add(seq)
         feed.deliveries[seq] = deliveries
         self._held[key] = Held(deadline, envelope, path, feed, seq, entry, deliveries)
@@ -400,8 +402,8 @@ class Subscription:
             return Outcome.DISMISSED
         backoff_ms = self.policy.backoff_ms(held.deliveries)
         accept_ms = self._retry_accept_ms(feed, held.envelope)
-        due_ms = now_ms() + backoff_ms if backoff_ms > 0 else 0
-        feed.give_back(held.seq, held.entry, accept_ms + backoff_ms if accept_ms else 0, due_ms)
+        due = due_after_ms(backoff_ms / 1000) if backoff_ms > 0 else 0
+        feed.give_back(held.seq, held.entry, accept_ms + backoff_ms if accept_ms else 0, due)
         transitions.report_linked(
             held.path, key, held.envelope, self.name, Outcome.ABORTED, held.deadline
         )
@@ -475,7 +477,7 @@ class Subscription:
         with self._lock:
             held = self._find_held(key)
             seconds = held.envelope.process_timeout_s if extend_s is None else extend_s
-            deadline = now_ms() + int(check_timeout("extension", seconds) * 1000)
+            deadline = due_after_ms(check_timeout("extension", seconds))
             if held.feed is None:  # the deadline is in the taken/ entry's name
                 new_name = entry_name(key, deadline, held.deliveries)
                 new_path = os.path.join(os.path.dirname(held.path), new_name)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from dataclasses import dataclass
 
 from dirmq.errors import DirmqError
@@ -37,6 +36,7 @@ from dirmq.pubsub.layout import EntryName, PubSubPaths, entry_name, outbox_name
 from dirmq.pubsub.model import Envelope, Outcome
 from dirmq.pubsub.outcomes import OutcomeReporter
 from dirmq.pubsub.policy import DeliveryPolicy
+from dirmq.store.clock import due_after_ms, due_ms, now_ns
 from dirmq.store.codec import decode
 from dirmq.store.events import REASON_MAX_RECEIVES
 from dirmq.store.root import Store
@@ -60,10 +60,6 @@ def read_entry(path: str) -> Entry:
     with open(path, "rb") as f:
         decoded = decode(f.read())
     return Entry(Envelope.from_system(decoded.system), decoded.body, decoded.headers)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _unlink_quietly(path: str) -> None:
@@ -162,9 +158,10 @@ class Transitions:
         """Return a taken `anyone` delivery to the pool (aborted), due again after `backoff_ms`
         and with a fresh accept window from then, its name counting `deliveries`; False if it
         was settled meanwhile."""
-        due_ms = now_ms() + backoff_ms if backoff_ms > 0 else 0
-        accept_ms = (due_ms or now_ms()) + int(envelope.accept_timeout_s * 1000)
-        target = os.path.join(self.paths.anyone, entry_name(key, accept_ms, deliveries, due_ms))
+        at_ns, backoff_s = now_ns(), backoff_ms / 1000
+        due = due_ms(at_ns, backoff_s) if backoff_ms > 0 else 0
+        accept_ms = due_ms(at_ns, backoff_s + envelope.accept_timeout_s)
+        target = os.path.join(self.paths.anyone, entry_name(key, accept_ms, deliveries, due))
         box = None
         if envelope.wants(Outcome.ABORTED):
             box = self._outbox(key, subscriber, Outcome.ABORTED, attempt)
@@ -235,7 +232,7 @@ class Transitions:
             # First claimed, by a rename to a deadline a minute away: of a subscriber and a
             # sweeper giving it up at once only one puts a copy in the dead-letter queue, and
             # after a crash mid-way the sweeper does it again once that deadline passed.
-            claim_ms = now_ms() + GIVE_UP_CLAIM_MS
+            claim_ms = due_after_ms(GIVE_UP_CLAIM_MS / 1000)
             claimed = os.path.join(
                 os.path.dirname(path), entry_name(key, claim_ms, max(deliveries, 1))
             )
@@ -333,7 +330,7 @@ class Transitions:
         """Take pool entry `source` (named `pooled`) into the subscriber's `taken/`; returns
         (path, deadline ms, deliveries so far with this one), or None if another subscriber
         took it first."""
-        deadline = now_ms() + int(envelope.process_timeout_s * 1000)
+        deadline = due_after_ms(envelope.process_timeout_s)
         deliveries = pooled.deliveries + 1
         taken = os.path.join(
             self.paths.taken(subscriber), entry_name(pooled.key, deadline, deliveries)

@@ -22,8 +22,8 @@ from dataclasses import replace
 from dirmq.errors import InvalidArgument, QueueNotFound, storage_error
 from dirmq.store import backlog, expiry, flow, layout
 from dirmq.store.bounds import check_optional_seconds
+from dirmq.store.clock import due_ms, now_ms, now_ns
 from dirmq.store.config import QueueConfig
-from dirmq.store.filebase import now_ms
 from dirmq.store.holders import token_of
 from dirmq.store.index import QueueIndex
 from dirmq.store.layout import Entry, parse_entry
@@ -179,17 +179,18 @@ def _take_named(
         with view.lock:
             config = flow.current_config(view)
             visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
-            at_ms, visibility_ms = now_ms(), round(visibility * 1000)
+            at_ns = now_ns()
+            at_ms, deadline_ms = at_ns // 1_000_000, due_ms(at_ns, visibility)
             # Paused: none; under a rate limit, as many as this second's slots allow (flow.py).
             admitted = flow.admit_named(view, config, len(entries), at_ms)
             allowed = entries[: admitted.count]
-            taken = view.files.take_named(view.index, config, allowed, at_ms, visibility_ms, holder)
+            taken = view.files.take_named(view.index, config, allowed, at_ms, deadline_ms, holder)
             flow.settle(view, admitted, len(taken))
     except OSError as exc:
         raise storage_error(exc, f"leasing messages of queue {view.name!r}") from exc
     if allowed and not taken:
         view.reload_config()  # every name gone: QueueNotFound if the queue is
-    return taken, at_ms + visibility_ms
+    return taken, deadline_ms
 
 
 def _ready_entries(names: list[str]) -> list[tuple[str, Entry]]:

@@ -32,10 +32,10 @@ from typing import NamedTuple
 
 from dirmq.errors import DiskFull, QueueNotFound, storage_error
 from dirmq.store import codec, flow, layout
+from dirmq.store.clock import due_ms, now_ms, now_ns
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.expiry import EXPIRES, deadline_ms
-from dirmq.store.filebase import now_ms
 from dirmq.store.fsio import PendingFile, create_pending, fsync_dir, syncfs
 from dirmq.store.holders import token_of
 from dirmq.store.ids import id_time_us, new_ids
@@ -104,7 +104,8 @@ class DirectLeases:
         view, files = self._view, self._view.files
         config = view.config
         ids = new_ids(len(leases))
-        at_ms = now_ms()
+        at_ns = now_ns()
+        at_ms = at_ns // 1_000_000
         leased_dir = files.dir[layout.LEASED]
         pending: list[PendingFile] = []
         messages: list[Message] = []
@@ -112,7 +113,7 @@ class DirectLeases:
         try:
             for message_id, (message, visibility_s, consumer) in zip(ids, leases, strict=True):
                 visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
-                lease_deadline_ms = at_ms + round(visibility * 1000)
+                lease_deadline_ms = due_ms(at_ns, visibility)
                 holder = token_of(files.context.holders, consumer)
                 lease = layout.timed_name(
                     message_id, 1, lease_deadline_ms, None, holder, message.priority

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import time
 from dataclasses import replace
 
 from dirmq.errors import CorruptMessage, storage_error
@@ -25,21 +24,6 @@ from dirmq.store.message import Message
 from dirmq.store.pool import FilePool
 from dirmq.store.reading import read_message, stored_message
 from dirmq.store.recovery import remove_orphans
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def now_ns() -> int:
-    return time.time_ns()
-
-
-def due_after_ms(seconds: float) -> int:
-    """The due time `seconds` from now, in whole milliseconds of the wall clock, rounded up: a
-    due time is reached when `now_ms()` (rounded down) gets to it, so it is never early (added
-    to `now_ms()`, a 0.2 s delay fell due up to 1 ms short of 0.2 s)."""
-    return -(-(now_ns() + round(seconds * 1e9)) // 1_000_000)
 
 
 class _StateDirs(dict[str, str]):

@@ -32,10 +32,10 @@ from dirmq.store import backlog as backlog_files
 from dirmq.store import deadletters, layout
 from dirmq.store.backlog import REFILL_BELOW, REFILL_CHUNK, SPILL_AT
 from dirmq.store.bodyfiles import threshold as bodies_by_file_over
+from dirmq.store.clock import now_ms
 from dirmq.store.codec import Decoded
 from dirmq.store.config import QueueConfig
 from dirmq.store.expiry import read_deadline_s
-from dirmq.store.filebase import now_ms
 from dirmq.store.ids import id_time_us
 from dirmq.store.index import GroupRuns, QueueIndex
 from dirmq.store.layout import Entry, parse_entry
@@ -110,11 +110,12 @@ class QueueFiles(SettlingFiles):
         index: QueueIndex,
         config: QueueConfig,
         at_ms: int,
-        visibility_ms: int,
+        deadline_ms: int,
         runs: GroupRuns | None = None,
         holder: str | None = None,
     ) -> Message | None:
-        """Lease the oldest ready message (ready -> leased); None when nothing is ready.
+        """Lease the oldest ready message (ready -> leased) until `deadline_ms`; None when
+        nothing is ready. `at_ms` is the clock's millisecond now.
 
         `runs` is the state of the get this claim is part of (which groups it holds);
         `holder` the token its lease name carries (holders.py), if any."""
@@ -126,7 +127,7 @@ class QueueFiles(SettlingFiles):
             entry = parse_entry(name)
             assert entry is not None
             try:
-                lease = self._take(index, config, name, entry, at_ms, visibility_ms, holder)
+                lease = self._take(index, config, name, entry, at_ms, deadline_ms, holder)
             except OSError:
                 index.add(layout.READY, name)  # still in @ready: in its FIFO place next time
                 raise
@@ -139,7 +140,6 @@ class QueueFiles(SettlingFiles):
                 continue
             if entry.group is not None:
                 runs.taken[entry.group] += 1
-            deadline_ms = at_ms + visibility_ms
             try:
                 message = self.open_claimed(lease, entry.message_id, entry.count + 1, deadline_ms)
             except OSError as exc:
@@ -154,19 +154,19 @@ class QueueFiles(SettlingFiles):
         index: QueueIndex,
         config: QueueConfig,
         at_ms: int,
-        visibility_ms: int,
+        deadline_ms: int,
         runs: GroupRuns,
         max_count: int,
         holder: str | None = None,
         resync: Callable[[], object] | None = None,
     ) -> list[Message]:
-        """Lease up to `max_count` of the oldest ready messages (a get's leases): `claim` over
-        and over, with its usual case in line. A head in no group, on a local filesystem, in
-        a queue that keeps messages for ever and spreads nothing over its head (no retention,
-        no `peers`) costs a rename, a read and the index's two entries: no parse of its name,
-        no `Entry`. Anything else takes `claim`'s way. A failure after something was leased
-        ends the batch and is not raised: what is leased goes to the caller. `holder`: the
-        token every lease name of the batch carries (holders.py), if any.
+        """Lease up to `max_count` of the oldest ready messages until `deadline_ms` (a get's
+        leases): `claim` over and over, with its usual case in line. A head in no group, on a
+        local filesystem, in a queue that keeps messages for ever and spreads nothing over its
+        head (no retention, no `peers`) costs a rename, a read and the index's two entries: no
+        parse of its name, no `Entry`. Anything else takes `claim`'s way. A failure after
+        something was leased ends the batch and is not raised: what is leased goes to the
+        caller. `holder`: the token every lease name of the batch carries (holders.py), if any.
 
         A rename that finds the head gone lost it to another process, which is leasing a batch
         of its own from there, one name after another, as this one does: going on with the
@@ -185,7 +185,6 @@ class QueueFiles(SettlingFiles):
             self.refill(index)
         self.pool.note_depth(_depth(index))  # a drain keeps its freed files for later puts
         got: list[Message] = []
-        deadline_ms = at_ms + visibility_ms
         suffix = f"+{holder}" if holder else ""
         id_length, pop_plain = layout.ID_LENGTH, index.pop_plain_head
         try:
@@ -199,7 +198,7 @@ class QueueFiles(SettlingFiles):
                         if taken:
                             got.extend(taken)
                             continue
-                    message = self.claim(index, config, at_ms, visibility_ms, runs, holder)
+                    message = self.claim(index, config, at_ms, deadline_ms, runs, holder)
                     if message is None:
                         break
                     got.append(message)
@@ -312,7 +311,7 @@ class QueueFiles(SettlingFiles):
         config: QueueConfig,
         entries: list[tuple[str, Entry]],
         at_ms: int,
-        visibility_ms: int,
+        deadline_ms: int,
         holder: str | None = None,
     ) -> list[tuple[str, str, Entry]]:
         """Lease exactly the @ready files named in `entries` (name, parsed name) that are still
@@ -323,7 +322,7 @@ class QueueFiles(SettlingFiles):
         taken: list[tuple[str, str, Entry]] = []
         for name, entry in entries:
             try:
-                lease = self._take(index, config, name, entry, at_ms, visibility_ms, holder)
+                lease = self._take(index, config, name, entry, at_ms, deadline_ms, holder)
             except OSError:
                 if taken:  # what is leased already goes to the caller, not to waste
                     break
@@ -339,18 +338,18 @@ class QueueFiles(SettlingFiles):
         name: str,
         entry: Entry,
         at_ms: int,
-        visibility_ms: int,
+        deadline_ms: int,
         holder: str | None = None,
     ) -> str | None:
-        """Rename @ready/`name` into @leased; its lease name, or None when it was gone (or past
-        the queue's retention, and removed now)."""
+        """Rename @ready/`name` into @leased until `deadline_ms`; its lease name, or None when
+        it was gone (or past the queue's retention at `at_ms`, and removed now)."""
         if expired_by_retention(entry.message_id, config, at_ms):
             self.remove(index, layout.READY, name, entry.message_id)
             return None
         lease = layout.timed_name(
             entry.message_id,
             entry.count + 1,
-            at_ms + visibility_ms,
+            deadline_ms,
             entry.group,
             holder,
             entry.level,
@@ -368,7 +367,7 @@ class QueueFiles(SettlingFiles):
             if token is None:
                 return None  # another host's claim of this very lease name
         try:
-            moved = self._lease(index, name, lease, entry.message_id, at_ms + visibility_ms)
+            moved = self._lease(index, name, lease, entry.message_id, deadline_ms)
         except BaseException:
             if tokens is not None and token is not None:
                 tokens.drop(token)

@@ -22,9 +22,9 @@ from collections.abc import Iterable
 from dirmq.errors import InvalidArgument, QueueNotFound, StaleReceipt, StorageError, storage_error
 from dirmq.store import expiry, flow
 from dirmq.store.bounds import check_optional_seconds
+from dirmq.store.clock import due_ms, now_ms, now_ns
 from dirmq.store.config import QueueConfig
 from dirmq.store.events import REASON_REJECTED
-from dirmq.store.filebase import now_ms
 from dirmq.store.holders import token_of
 from dirmq.store.index import GroupRuns, QueueIndex
 from dirmq.store.layout import ID_LENGTH, lease_prefix, parse_receipt
@@ -66,10 +66,11 @@ def get(
         with view.lock:
             config = flow.current_config(view)
             index = view.synced()
-            at_ms = now_ms()
+            at_ns = now_ns()  # one reading: what is due now, and this get's lease deadline
+            at_ms = at_ns // 1_000_000
             files.promote(index, config, at_ms)
             visibility = config.visibility_timeout_s if visibility_s is None else visibility_s
-            visibility_ms = round(visibility * 1000)
+            deadline_ms = due_ms(at_ns, visibility)
             runs = GroupRuns(max_per_group)
             admitted = flow.admit(view, config, index, max_count, at_ms)
             got = (
@@ -77,7 +78,7 @@ def get(
                     index,
                     config,
                     at_ms,
-                    visibility_ms,
+                    deadline_ms,
                     runs,
                     admitted.count,
                     holder,

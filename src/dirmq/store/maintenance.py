@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dirmq.errors import QueueNotFound, storage_error
 from dirmq.store import backlog, delays, layout, smallfiles
 from dirmq.store.bounds import MAX_PRIORITY_LEVELS
-from dirmq.store.filebase import now_ms
+from dirmq.store.clock import now_ms
 from dirmq.store.files import expired_by_retention
 from dirmq.store.ids import id_time_us
 from dirmq.store.layout import level_of, parse_entry

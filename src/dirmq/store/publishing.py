@@ -35,10 +35,10 @@ from dirmq.errors import (
 from dirmq.store import codec, layout
 from dirmq.store.backlog import tree_key
 from dirmq.store.bounds import check_optional_seconds, check_seconds, check_timeout
+from dirmq.store.clock import due_after_ms, now_ms
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.expiry import EXPIRES, deadline_ms
-from dirmq.store.filebase import due_after_ms, now_ms
 from dirmq.store.fsio import PendingFile, create_pending, overlap
 from dirmq.store.ids import new_ids
 from dirmq.store.message import OutgoingMessage

@@ -19,9 +19,10 @@ import time
 from dirmq.errors import CorruptMessage, storage_error
 from dirmq.store import deadletters, delays, layout
 from dirmq.store.capacity import read_slot
+from dirmq.store.clock import due_after_ms
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.events import REASON_MAX_RECEIVES, REASON_REJECTED
-from dirmq.store.filebase import QueueFileBase, due_after_ms
+from dirmq.store.filebase import QueueFileBase
 from dirmq.store.index import QueueIndex
 from dirmq.store.layout import Entry, parse_entry
 from dirmq.store.message import DeadLetter, SweepReport

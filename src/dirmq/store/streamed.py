@@ -44,9 +44,9 @@ from dataclasses import dataclass
 from dirmq.errors import InvalidArgument, MessageTooLarge, QueueNotFound, storage_error
 from dirmq.store import backlog, codec, layout
 from dirmq.store.bounds import check_optional_seconds, check_seconds
+from dirmq.store.clock import due_after_ms, now_ms
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.expiry import EXPIRES
-from dirmq.store.filebase import due_after_ms, now_ms
 from dirmq.store.fsio import PendingFile, create_pending
 from dirmq.store.ids import new_id
 from dirmq.store.priorities import check_priority

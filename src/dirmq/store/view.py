@@ -31,10 +31,10 @@ from dirmq.errors import (
 )
 from dirmq.store import layout
 from dirmq.store.backlog import MIGRATE_ABOVE
+from dirmq.store.clock import now_ms
 from dirmq.store.config import QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.delays import bucket_dir
-from dirmq.store.filebase import now_ms
 from dirmq.store.files import QueueFiles
 from dirmq.store.index import QueueIndex
 from dirmq.store.message import SweepReport
