@@ -15,6 +15,7 @@ it, it counts as ready in `stats`. A dead-lettered copy no longer carries the de
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -49,9 +50,11 @@ DROP = "drop"
 
 
 def deadline_ms(message: OutgoingMessage, config: QueueConfig, at_ms: int) -> int | None:
-    """The deadline of a message published at `at_ms`, or None (it lives until delivered)."""
+    """The deadline of a message published at `at_ms`, or None (it lives until delivered).
+    Rounded down: a message is never delivered past its time to live (rounded to the nearest
+    millisecond it could be, by up to half of one)."""
     ttl_s = message.ttl_s if message.ttl_s is not None else config.message_ttl_s
-    return None if ttl_s is None else at_ms + round(ttl_s * 1000)
+    return None if ttl_s is None else at_ms + math.floor(ttl_s * 1000)
 
 
 def read_deadline_s(system: Mapping[str, str]) -> float | None:
