@@ -224,3 +224,18 @@ def test_an_accept_deadline_never_passes_early(hub: PubSub, clock: Clock, root: 
     with hub.subscribe("s") as sub:
         delivery = sub.receive(wait_s=1)
         assert delivery is not None and delivery.id == published.id
+
+
+@pytest.mark.parametrize("ttl_s", [0.0016, 0.2006, 1.2345678])
+def test_a_message_is_never_delivered_past_its_time_to_live(
+    store: dirmq.Store, clock: Clock, ttl_s: float
+) -> None:
+    """The other way round: a time to live is a time by which the message must be gone, so its
+    deadline rounds down. Published at the start of a millisecond, the message is delivered
+    until its deadline and never at the first nanosecond past its time to live."""
+    clock.ns = clock.ns // 1_000_000 * 1_000_000  # the publish at a millisecond's start
+    published_ns = clock.ns
+    q = store.create_queue("q", MEMORY)
+    q.put_many([dirmq.OutgoingMessage(b"x", ttl_s=ttl_s)])
+    clock.ns = published_ns + round(ttl_s * 1e9)  # its time to live is over
+    assert q.get(1) == []
