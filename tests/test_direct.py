@@ -109,7 +109,7 @@ def test_a_stream_consumer_gets_a_publish_through_the_direct_path(
 def test_a_stream_with_credit_takes_a_burst_of_publishes_directly(
     server: ServerProcess, http: httpx.Client
 ) -> None:
-    """A stream's wait stays in the line while it has credit (longpolls.SideDelivery): every
+    """A stream's wait stays in the line while it has credit (waiter.SideDelivery): every
     publish of a burst is leased straight for it, not only the first while the stream waits
     again. Its credit over what one lease call on the event loop takes (256) too: a wake-up's
     look for it runs there, not on a pool thread, during which the path could not take it."""

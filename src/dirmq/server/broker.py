@@ -29,10 +29,11 @@ from dirmq.server.batcher import Batcher
 from dirmq.server.broker_host import BODY_FILE_BYTES, INLINE_MAX_MESSAGES
 from dirmq.server.coldlane import ColdLane
 from dirmq.server.direct import DirectPath
-from dirmq.server.longpolls import LongPolls, SideDelivery
+from dirmq.server.longpolls import LongPolls
 from dirmq.server.publish_line import Publish, PublishLine, Settle, resolve
 from dirmq.server.queuecounts import ACKED, DELIVERED, KINDS, NACKED, PUBLISHED, QueueCounts
 from dirmq.server.registrations import Registrations
+from dirmq.server.waiter import SideDelivery
 from dirmq.store import Durability, Message, OutgoingMessage, Queue, Store
 from dirmq.store.bodyfiles import call_by_file
 from dirmq.store.census import Census
@@ -392,7 +393,7 @@ class Broker:
         run to two consumers; the wait is the same. `by_file`: a large body may come as a
         `FileBody` (`lease`), which the caller sends and closes (not from a long poll's
         wait: those bodies are read). `side`: while it waits, the direct path may lease
-        publishes for it one at a time besides its answer (longpolls.py's `SideDelivery`)."""
+        publishes for it one at a time besides its answer (waiter.py's `SideDelivery`)."""
         wait = functools.partial(
             self._wait, queue, max_count, visibility_s, wait_s, max_per_group, consumer, side
         )

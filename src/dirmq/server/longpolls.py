@@ -29,11 +29,11 @@ import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 from dirmq.server.broker_host import INLINE_MAX_MESSAGES, BrokerHost
 from dirmq.server.queuecounts import DELIVERED
+from dirmq.server.waiter import SideDelivery, Waiter, expire
 from dirmq.store import Message, Queue
 
 IDLE_RECHECK_S = 30.0
@@ -46,29 +46,6 @@ LINGER_S = 1.0
 _IDLE, _PENDING, _QUIET, _ARMING, _ARMED = "idle", "pending", "quiet", "arming", "armed"
 
 
-class SideDelivery(Protocol):
-    """A waiter that takes messages one at a time besides its own answer (a stream with credit,
-    dialects/native/stream.py): the direct path leases a publish for it while it stays in the
-    line, its `max_count` one less (`LongPolls.take_waiter`)."""
-
-    def taken(self) -> None:
-        """One message is on its way to `arrived` (count it against the credit now)."""
-
-    def arrived(self, messages: list[Message]) -> bool:
-        """What was on its way (maybe nothing: the publish failed); False: the consumer has
-        gone, and the line gives the messages back."""
-
-
-@dataclass(slots=True, eq=False)  # one waiter is itself only: removed by identity, not fields
-class _Waiter:
-    max_count: int
-    visibility_s: float | None
-    future: asyncio.Future[list[Message]] = field(repr=False)
-    max_per_group: int | None = 1
-    consumer: str | None = None  # whom the leases name as their holder (`Queue.get`)
-    side: SideDelivery | None = None
-
-
 @dataclass(frozen=True, slots=True)
 class _Armed:
     """What arming a line found out (`_subscribe_and_look`)."""
@@ -77,12 +54,6 @@ class _Armed:
     polled: bool
     due_s: float | None
     got: list[Message]
-
-
-def _expire(future: asyncio.Future[list[Message]]) -> None:
-    """A long poll's wait is over: it answers empty (unless messages got there first)."""
-    if not future.done():
-        future.set_result([])
 
 
 class LongPolls:
@@ -97,7 +68,7 @@ class LongPolls:
         self._ended = ended
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()  # made on the loop: see `_notice`
-        self._waiters: deque[_Waiter] = deque()
+        self._waiters: deque[Waiter] = deque()
         self._forgotten = 0  # waiters that ended since the line was last swept (`_forget`)
         self._state = _IDLE
         self._unsubscribe: Callable[[], None] | None = None
@@ -128,10 +99,10 @@ class LongPolls:
     ) -> list[Message]:
         loop = self._loop
         future: asyncio.Future[list[Message]] = loop.create_future()
-        waiter = _Waiter(max_count, visibility_s, future, max_per_group, consumer, side)
+        waiter = Waiter(max_count, visibility_s, future, max_per_group, consumer, side)
         self._enter(waiter)
         # A parked poll is just this future and one timer: thousands must stay cheap.
-        timer = None if wait_s is None else loop.call_later(wait_s, _expire, future)
+        timer = None if wait_s is None else loop.call_later(wait_s, expire, future)
         try:
             got = await future  # cancelling the request cancels the future: see _give_up
         except asyncio.CancelledError:
@@ -157,16 +128,16 @@ class LongPolls:
         client left) takes the wait out of the line, and `done` is not called; once the
         future is done, what it holds is `done`'s to answer or give back."""
         loop = self._loop
-        waiter = _Waiter(max_count, visibility_s, loop.create_future(), 1, consumer)
+        waiter = Waiter(max_count, visibility_s, loop.create_future(), 1, consumer)
         self._enter(waiter)
         future = waiter.future
-        timer = None if wait_s is None else loop.call_later(wait_s, _expire, future)
+        timer = None if wait_s is None else loop.call_later(wait_s, expire, future)
         future.add_done_callback(functools.partial(self._parked_done, waiter, timer, done))
         return future
 
     def _parked_done(
         self,
-        waiter: _Waiter,
+        waiter: Waiter,
         timer: asyncio.TimerHandle | None,
         done: Callable[[list[Message] | BaseException], None],
         future: asyncio.Future[list[Message]],
@@ -185,7 +156,7 @@ class LongPolls:
             self._forget(waiter)
         done(got)
 
-    def _enter(self, waiter: _Waiter) -> None:
+    def _enter(self, waiter: Waiter) -> None:
         """`waiter` joins the line, arming it if it is the first (a lingering line is armed
         already: a look, as the arming's, for what came since the caller's own look; a
         lingering quiet one needs none: a change would have ended it, or has its wake-up
@@ -206,7 +177,7 @@ class LongPolls:
                 self._state = _PENDING
                 self.broker.register_later(self._register)
 
-    def _forget(self, waiter: _Waiter) -> None:
+    def _forget(self, waiter: Waiter) -> None:
         """`waiter` has ended (its future is done). It leaves the line as it reaches the head
         (`_live_waiters`), or when ended ones are half the line, which is swept then: removing
         each from the middle cost a scan of the line, O(n^2) when thousands of polls on one
@@ -217,7 +188,7 @@ class LongPolls:
             self._forgotten = 0
         self._retire_if_unwaited()
 
-    def _give_up(self, waiter: _Waiter) -> None:
+    def _give_up(self, waiter: Waiter) -> None:
         if waiter.future.done() and not waiter.future.cancelled():
             if waiter.future.exception() is None:
                 self.broker.give_back(self.queue, waiter.future.result())
@@ -233,7 +204,7 @@ class LongPolls:
         self._waiters.clear()
         self._retire_if_unwaited(linger=False)
 
-    def take_waiter(self, admit: Callable[[_Waiter], bool]) -> _Waiter | None:
+    def take_waiter(self, admit: Callable[[Waiter], bool]) -> Waiter | None:
         """A waiting poll, out of the line, if `admit` (called on it) says so: a publish is to
         be leased straight for it (server/direct.py), which then answers its future. The first
         one; while a dispatch is under way (it leases for the first), the last, if another.
@@ -258,7 +229,7 @@ class LongPolls:
         waiter.max_count -= 1
         side.taken()
         waiters.append(waiter)  # to the back, as a stream that waits again: the others' turn
-        one = _Waiter(1, waiter.visibility_s, self._loop.create_future(), 1, waiter.consumer)
+        one = Waiter(1, waiter.visibility_s, self._loop.create_future(), 1, waiter.consumer)
         one.future.add_done_callback(functools.partial(self._arrived, side))
         return one
 
@@ -363,7 +334,7 @@ class LongPolls:
         if self._again:  # a change came while the watch was being set up: look now
             self._woken()
 
-    def _armed(self, head: _Waiter, armed: _Armed | None, error: BaseException | None) -> None:
+    def _armed(self, head: Waiter, armed: _Armed | None, error: BaseException | None) -> None:
         if error is not None or armed is None:
             self._state = _IDLE
             self._fail(error or RuntimeError("arming a long poll line returned nothing"))
@@ -506,7 +477,7 @@ class LongPolls:
         finally:
             self._dispatch_task = None
 
-    async def _lease(self, waiter: _Waiter) -> list[Message]:
+    async def _lease(self, waiter: Waiter) -> list[Message]:
         args = (waiter.max_count,)
         kwargs: dict[str, object] = {
             "visibility_s": waiter.visibility_s,
@@ -524,12 +495,12 @@ class LongPolls:
             self._waiters.popleft()
         return bool(self._waiters)
 
-    def _hand_out(self, waiter: _Waiter, got: list[Message]) -> None:
+    def _hand_out(self, waiter: Waiter, got: list[Message]) -> None:
         """`got` was leased for `waiter`. If its wait ended while the lease was under way, the
         next waiters that lease alike take the messages (a poll's deadline must not cost a
         parked stream its turn); only what none of them takes is given back."""
         rest = got
-        served: list[_Waiter] = []  # streams that stay in the line: to its back
+        served: list[Waiter] = []  # streams that stay in the line: to its back
         # (A poll whose wait ended has already left the line: `wait` forgets it.)
         for other in itertools.chain((waiter,), self._waiters):
             if not rest:

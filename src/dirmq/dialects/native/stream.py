@@ -197,7 +197,7 @@ class Session:
         if self._socket is not None:
             self._socket.shutdown()
 
-    # -- longpolls.SideDelivery: while the push waits, the direct path's publishes ----------------
+    # -- waiter.SideDelivery: while the push waits, the direct path's publishes -------------------
     def taken(self) -> None:
         self._incoming += 1
 
