@@ -3,11 +3,20 @@ ROLE ...`. Each role prints one line per event to stdout (flushed)."""
 
 from __future__ import annotations
 
+import errno
 import sys
+import threading
+
+import pytest
 
 import dirmq
+from dirmq.store import fsio
+from dirmq.store import journal as journal_module
 from dirmq.store.filemodes import root_access
 from dirmq.store.journal_replay import recover_journals
+
+from .faultfs import FaultyFS
+from .waiting import wait_until
 
 
 def publish(root: str, queue: str) -> None:
@@ -30,7 +39,29 @@ def recover(root: str) -> None:
     print(recover_journals(root, access), flush=True)
 
 
-ROLES = {"publish": lambda a: publish(a[0], a[1]), "recover": lambda a: recover(a[0])}
+def publish_unflushed(root: str, queue: str) -> None:
+    """Publish one message on a failing disk: its checkpoint's `syncfs` fails (EIO), and so
+    does every rename (the journal cannot be renamed `unflushed.`). Print its id once the
+    journal was given up (the Store's journal off), then wait to be killed."""
+    store = dirmq.Store(root)
+    q = store.queue(queue)
+    patches = pytest.MonkeyPatch()
+    faults = FaultyFS(patches, root)
+    patches.setattr(journal_module, "syncfs", fsio.syncfs)  # the faulty one
+    faults.fail("syncfs", errno.EIO)
+    message_id = q.put(b"unflushed")
+    faults.fail("rename", errno.EIO)
+    journal = store.journal
+    wait_until(lambda: faults.raised["rename"] and journal._thread is None, 30, "given up")
+    print(message_id, flush=True)
+    threading.Event().wait()
+
+
+ROLES = {
+    "publish": lambda a: publish(a[0], a[1]),
+    "recover": lambda a: recover(a[0]),
+    "publish_unflushed": lambda a: publish_unflushed(a[0], a[1]),
+}
 
 if __name__ == "__main__":
     ROLES[sys.argv[1]](sys.argv[2:])

@@ -28,9 +28,10 @@ group not yet flushed in that file, and the file is truncated to what was flushe
 Either way the group's files are discarded: nothing half-visible, nothing counted. A journal
 file that cannot be made (EMFILE, a full disk) is no error of the group's: it takes its own
 flush; a checkpoint that cannot make the next file checkpoints all the same, with none. A
-checkpoint whose `syncfs` fails keeps every journal of the Store (`unflushed.<name>`, replayed
-after a reboot: journal_replay.py), and every dead process's it was to remove, and turns the
-journal off for the Store. A forked child closes its copies of the descriptors at once.
+checkpoint whose `syncfs` fails keeps every journal of the Store (`unflushed.<name>`, or, where
+that rename fails too, its write permission taken away; replayed after a reboot:
+journal_replay.py), and every dead process's it was to remove, and turns the journal off for
+the Store. A forked child closes its copies of the descriptors at once.
 
 Why it is long: the writer and its checkpoint share one invariant (a journal file is removed
 only once every group appended to it is named and `syncfs`ed without error), kept across
@@ -54,7 +55,7 @@ from dirmq.store import layout, marker
 from dirmq.store.filemodes import Access
 from dirmq.store.fsio import PendingFile, fsync_dir, syncfs
 from dirmq.store.journal_format import UNFLUSHED, boot_id, header, record_pieces
-from dirmq.store.journal_replay import Verdict, judge_all, keep_dead_unflushed
+from dirmq.store.journal_replay import Verdict, judge_all, keep_dead_unflushed, mark_unflushed
 from dirmq.store.processes import current
 
 CHECKPOINT_S = 1.0  # a crash's replay covers about this much, and a checkpoint costs a syncfs
@@ -376,15 +377,17 @@ class Journal:
         for journal in kept:
             _close(journal)
             name = os.path.basename(journal.path)
+            empty = journal.appended == journal.empty_at  # no record: nothing it could lose
             try:
-                if journal.appended == journal.empty_at:  # no record: nothing it could lose
+                if empty:
                     os.unlink(journal.path)
                 else:
                     os.rename(journal.path, os.path.join(self.dir, f"{UNFLUSHED}.{name}"))
             except FileNotFoundError:
                 pass
-            except OSError:  # left as it is: judged dead once this process is (not replayed)
-                pass
+            except OSError:  # under this process's name, it would be judged a dead process's
+                if not empty:  # once this one is (flushed and removed): marked kept instead
+                    mark_unflushed(journal.path)
         try:
             fsync_dir(self.dir)
         except OSError:

@@ -12,7 +12,8 @@ What a journal needs depends on who wrote it and when (`judge`):
   journal.py; or, a dead process's, any checkpoint's or recovery's), in this boot: a file it
   covers may not be on the disk though the page cache shows it whole, and the kernel reported
   that once; kept, neither removed nor replayed, until a reboot makes it an earlier boot's
-  (below); fsck reports it;
+  (below); fsck reports it. So is one that could not be renamed so, its write permission
+  taken away instead (`mark_unflushed`);
 - its header is whole but not one this version writes (a newer journal format): left alone,
   for the dirmq that wrote it (removed, what it holds could be lost);
 - it was written in an earlier boot (its header's boot id is not this kernel's): a machine
@@ -33,6 +34,7 @@ may come back from a journal, as an ack whose rename was lost may (at-least-once
 from __future__ import annotations
 
 import os
+import stat
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -172,8 +174,9 @@ def judge(directory: str, name: str, boot: str, shared: bool = False) -> Judged:
         return Judged(name, Verdict.FOREIGN, owner)
     if written_in is not None and written_in != boot:
         return Judged(name, Verdict.CRASHED, owner)
-    if unflushed:  # what its files hold in this kernel's page cache may not be on the disk:
-        return Judged(name, Verdict.UNFLUSHED, owner)  # neither removed nor replayed from it
+    if unflushed or marked_unflushed(os.path.join(directory, name)):  # what its files hold
+        # in this kernel's page cache may not be on the disk: neither removed nor replayed
+        return Judged(name, Verdict.UNFLUSHED, owner)
     # This boot's (or torn before its header was durable: then it holds no record).
     if claimer is None and liveness(owner) is not Liveness.DEAD:
         return Judged(name, Verdict.IN_USE, owner)
@@ -240,17 +243,45 @@ def keep_dead_unflushed(root: str) -> None:
     directory = os.path.join(root, layout.JOURNAL_DIR)
     boot = boot_id()
     try:
-        for judged in judge_all(root):
-            path = os.path.join(directory, judged.name)
-            claimed = judged.name.startswith(CLAIMED + ".")  # (only an earlier boot's is)
-            if judged.verdict is Verdict.DEAD and not claimed and read_header(path) == boot:
-                try:
-                    os.rename(path, os.path.join(directory, f"{UNFLUSHED}.{judged.name}"))
-                except FileNotFoundError:
-                    pass  # another process recovered it first
+        judged_all = judge_all(root)
+    except OSError:
+        return
+    for judged in judged_all:  # each, whatever fails for another
+        path = os.path.join(directory, judged.name)
+        claimed = judged.name.startswith(CLAIMED + ".")  # (only an earlier boot's is)
+        if judged.verdict is Verdict.DEAD and not claimed and read_header(path) == boot:
+            try:
+                os.rename(path, os.path.join(directory, f"{UNFLUSHED}.{judged.name}"))
+            except FileNotFoundError:
+                pass  # another process recovered it first
+            except OSError:
+                mark_unflushed(path)
+    try:
         fsync_dir(directory)
     except OSError:
         pass
+
+
+def mark_unflushed(path: str) -> None:
+    """Keep the journal at `path`, which a failed `syncfs` was to clear, where it could not be
+    renamed `unflushed.<name>` (a failing disk refuses a directory's write first): its write
+    permission taken away, a change of its inode alone. Under its owner's name it would
+    otherwise be judged the journal of a process that merely died, and removed. Best effort:
+    a disk that refuses this too refuses the removal as well."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        os.chmod(path, mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    except OSError:
+        pass
+
+
+def marked_unflushed(path: str) -> bool:
+    """Whether `mark_unflushed` kept the journal at `path` (every writer makes it writable;
+    fsck leaves its mode as it is)."""
+    try:
+        return not os.stat(path).st_mode & stat.S_IWUSR
+    except FileNotFoundError:
+        return False
 
 
 def replay(root: str, name: str, access: Access) -> int:
