@@ -101,3 +101,65 @@ def test_a_failed_recovery_flush_that_cannot_rename_a_dead_journal_still_keeps_i
         store.sweep_journals()
         assert len(_journals(root)) == 2, "both kept"
     assert [j.verdict for j in judge_all(str(root))] == [Verdict.UNFLUSHED] * 2
+
+
+# -- 2. the root's format never marked backwards ------------------------------------------------
+def test_marking_an_earlier_root_5_never_writes_over_a_journal_writers_6(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that marks a root of format 4 as 5 (any open) read the marker before a
+    publisher of another process marked it 6 for its journal, and wrote after: 5 over 6,
+    with a journal in the root that a format-5 process would not replay after a crash."""
+    with dirmq.Store(root, journal=False) as setup:
+        setup.create_queue("q")
+    marker = str(root / layout.ROOT_MARKER)
+    (root / layout.ROOT_MARKER).write_text('{"format": 4, "access": "private"}\n')
+    publishers = []
+
+    def another_process_publishes() -> None:  # between this process's read and its write
+        if not publishers:
+            publisher = spawn("publish", root, "q", module="tests.support.journal_workers")
+            publishers.append(publisher)
+            assert publisher.stdout is not None and publisher.stdout.readline()
+            assert _format(root) == 6 and _journals(root)
+
+    def fd_target(fd: int) -> str:
+        try:
+            return os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return ""
+
+    def by_name(real):  # type: ignore[no-untyped-def]
+        def call(src, dst, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if os.fspath(dst) == marker:
+                another_process_publishes()
+            return real(src, dst, *args, **kwargs)
+
+        return call
+
+    def by_descriptor(real):  # type: ignore[no-untyped-def]
+        def call(fd, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if fd_target(fd) == marker:
+                another_process_publishes()
+            return real(fd, *args, **kwargs)
+
+        return call
+
+    for name in ("replace", "rename", "link"):
+        monkeypatch.setattr(os, name, by_name(getattr(os, name)))
+    for name in ("write", "pwrite", "writev"):
+        monkeypatch.setattr(os, name, by_descriptor(getattr(os, name)))
+    with dirmq.Store(root, journal=False):
+        assert publishers, "this process wrote the marker"
+        assert _format(root) == 6, "marked backwards"
+    kill(publishers[0])
+
+
+def test_an_earlier_roots_marker_is_marked_5_in_place_the_rest_as_it_was(root: Path) -> None:
+    with dirmq.Store(root, journal=False):
+        pass
+    written = '{"access": "private",\n "format" :3, "note": "format: 4"}\n'
+    (root / layout.ROOT_MARKER).write_text(written)
+    with dirmq.Store(root, journal=False):
+        pass
+    assert (root / layout.ROOT_MARKER).read_text() == written.replace(":3", ":5")

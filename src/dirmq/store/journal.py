@@ -253,6 +253,9 @@ class Journal:
             _write_all(fd, [head])
             os.fdatasync(fd)
             fsync_dir(self.dir)
+            if first:  # marked again before any record: a process that rewrites the marker
+                # whole (`dirmq init`, an earlier version) may have read it before our mark
+                marker.mark_journaled(self.root, self._access)
         except BaseException:
             os.close(fd)
             try:

@@ -113,7 +113,7 @@ class Store:
         except OSError as exc:
             raise storage_error(exc, f"reading {marker}") from exc
         check_readable(self.root)
-        mark_current(self.root, self.access)
+        mark_current(self.root)
         try:
             recover_journals(self.root, self.access)
         except OSError as exc:
