@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,11 @@ import pytest
 import dirmq
 from dirmq.errors import StorageError
 from dirmq.store import fsio, journal_replay, layout
+from dirmq.store import journal as journal_module
 from dirmq.store.fsck import Kind, fsck
+from dirmq.store.incarnation import incarnation
 from dirmq.store.journal_format import boot_id
-from dirmq.store.journal_replay import Verdict, judge_all
+from dirmq.store.journal_replay import Verdict, judge_all, read_records
 
 from .support.faultfs import FaultyFS
 from .support.procs import kill, spawn
@@ -163,3 +166,114 @@ def test_an_earlier_roots_marker_is_marked_5_in_place_the_rest_as_it_was(root: P
     with dirmq.Store(root, journal=False):
         pass
     assert (root / layout.ROOT_MARKER).read_text() == written.replace(":3", ":5")
+
+
+# -- 3. a queue deleted and created again before a crash ----------------------------------------
+def test_a_replay_never_brings_a_deleted_queues_messages_into_the_queue_made_after_it(
+    root: Path,
+) -> None:
+    """The journal named a queue by name only: a machine crash within a second of deleting a
+    queue and creating it again replayed the deleted one's messages into the new one."""
+    with dirmq.Store(root) as setup:
+        q = setup.create_queue("q")
+    worker = spawn("publish_recreate", root, "q", module="tests.support.journal_workers")
+    assert worker.stdout is not None
+    old, new = worker.stdout.readline().split()
+    kill(worker)
+    [journal] = _journals(root)
+    path = root / layout.JOURNAL_DIR / journal
+    names = [r.name for r in read_records(str(path))]
+    assert names == [f"{layout.READY}/{old}", f"{layout.READY}/{new}"], "both in the journal"
+    _as_if_rebooted(path)
+    os.unlink(os.path.join(q.path, layout.READY, new))  # lost to the crash
+    with dirmq.Store(root) as store:
+        assert _journals(root) == []
+        assert os.listdir(os.path.join(q.path, layout.READY)) == [new]
+        assert store.queue("q").peek(new).body == b"new"
+
+
+def test_a_publish_its_queue_is_deleted_and_created_again_under_flushes_its_files_itself(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's records name the creation of its queue known before they were appended; its
+    files, named by path once they are flushed, land in the queue created again meanwhile,
+    whose replay would skip them: the publisher flushes them itself before it answers."""
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    q.put(b"first")  # the journal's file, made
+    other = dirmq.Store(root, journal=False)  # as another process would
+    real_fdatasync, real_syncfs = os.fdatasync, journal_module.syncfs
+    straddled, flushed = [], []
+
+    def fdatasync(fd: int) -> None:  # the record is durable: "q" is made anew
+        real_fdatasync(fd)
+        if not straddled and os.readlink(f"/proc/self/fd/{fd}").startswith(str(root / "@journal")):
+            straddled.append(fd)
+            other.delete_queue("q")
+            other.create_queue("q")
+
+    def syncfs(fd: int) -> None:
+        flushed.append(threading.current_thread())
+        real_syncfs(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(journal_module, "syncfs", syncfs)
+    message_id = q.put(b"straddles")
+    assert straddled and threading.main_thread() in flushed, "flushed before it was answered"
+    assert os.listdir(os.path.join(q.path, layout.READY)) == [message_id]
+    [journal] = _journals(root)
+    [_, record] = read_records(str(root / layout.JOURNAL_DIR / journal))
+    assert record.incarnation != incarnation(q.path), "named the creation it was appended for"
+    other.close()
+    store.close()
+
+
+def test_a_publish_into_a_queue_created_again_since_is_recorded_as_the_new_one(
+    root: Path,
+) -> None:
+    """A Store knows each queue's incarnation from its last publish: the first after the queue
+    was made anew elsewhere flushes its files itself, and the next ones' records name the new
+    queue (a replay restores them)."""
+    store = dirmq.Store(root)
+    q = store.create_queue("q")
+    q.put(b"old")
+    with dirmq.Store(root, journal=False) as other:
+        other.delete_queue("q")
+        other.create_queue("q")
+    first = q.put(b"first after")
+    then = q.put(b"then")
+    journal = root / layout.JOURNAL_DIR / _journals(root)[-1]
+    [record] = [r for r in read_records(str(journal)) if r.name.endswith(then)]
+    assert record.incarnation == incarnation(q.path)
+    saved = journal.read_bytes()
+    store.close()
+    # A machine crash: the journal kept, as if rebooted, and the message lost.
+    journal.write_bytes(saved)
+    _as_if_rebooted(journal)
+    os.unlink(os.path.join(q.path, layout.READY, then))
+    with dirmq.Store(root) as reopened:
+        assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted([first, then])
+        assert reopened.queue("q").peek(then).body == b"then"
+
+
+# -- 4. a process that re-executes itself -------------------------------------------------------
+def test_a_process_that_re_executes_itself_takes_new_journal_names_and_drops_its_old_images(
+    root: Path,
+) -> None:
+    """Same pid, same start time: the new image took its old image's journal names (its first
+    journal file collided: that publish took its own flush), and the old image's journal,
+    under the name of a process that runs, was never removed while the new image lived (a
+    machine crash would replay every message it covers, acknowledged or not)."""
+    with dirmq.Store(root) as setup:
+        q = setup.create_queue("q")
+    worker = spawn("publish_then_exec", root, "q", module="tests.support.journal_workers")
+    assert worker.stdout is not None
+    before, *old_journals = worker.stdout.readline().split()
+    after, *journals = worker.stdout.readline().split()
+    assert len(old_journals) == 1
+    assert old_journals[0] not in journals, "the old image's journal flushed and removed"
+    [journal] = journals
+    records = read_records(str(root / layout.JOURNAL_DIR / journal))
+    assert [r.name for r in records] == [f"{layout.READY}/{after}"], "through the journal"
+    kill(worker)
+    assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted([before, after])

@@ -54,7 +54,8 @@ from dirmq.errors import QueueNotFound, storage_error
 from dirmq.store import layout, marker
 from dirmq.store.filemodes import Access
 from dirmq.store.fsio import PendingFile, fsync_dir, syncfs
-from dirmq.store.journal_format import UNFLUSHED, boot_id, header, record_pieces
+from dirmq.store.incarnation import incarnation
+from dirmq.store.journal_format import UNFLUSHED, boot_id, file_name, header, image, record_pieces
 from dirmq.store.journal_replay import Verdict, judge_all, keep_dead_unflushed, mark_unflushed
 from dirmq.store.processes import current
 
@@ -65,10 +66,6 @@ OTHERS_S = 10.0  # how often a checkpoint looks for the journals of dead process
 MAX_RECORD_DATA = 1 << 20
 _numbers = itertools.count(1)  # journal files of this process, across its Stores
 _IOV_MAX = 1024  # the pieces one writev takes (Linux's UIO_MAXIOV)
-
-
-def file_name(token: str, number: int) -> str:
-    return f"{token}.{number}"
 
 
 @dataclass(eq=False)
@@ -121,6 +118,9 @@ class Journal:
         # The root's filesystem, which a checkpoint flushes, and whether each queue is on it.
         self._device = os.stat(root).st_dev
         self._devices: dict[str, bool] = {}
+        # Each queue's incarnation as last seen: a record names it; checked after its files
+        # are named (`_check_incarnations`), so one statx a queue and group.
+        self._incarnations: dict[str, str] = {}
 
     # -- the writer -------------------------------------------------------------------------
     def commit(self, files: list[PendingFile]) -> bool:
@@ -131,6 +131,7 @@ class Journal:
             return False
         pieces: list[bytes] = []
         prefix, skip = self._prefix, len(self._prefix)
+        queues: dict[str, str] = {}  # each queue's incarnation, in every record of it
         for f in files:
             data, final = f.data, f.final_path
             if data is None or len(data) > MAX_RECORD_DATA or not final.startswith(prefix):
@@ -138,7 +139,16 @@ class Journal:
             queue, sep, name = final[skip:].partition("/@")
             if not sep or not self._on_root_device(queue):
                 return False
-            pieces += record_pieces(queue, "@" + name, data)
+            born = queues.get(queue)
+            if born is None:
+                born = self._incarnations.get(queue)
+                if born is None:
+                    try:
+                        born = self._incarnations[queue] = incarnation(prefix + queue)
+                    except OSError:
+                        return False  # the caller's own commit says what is wrong
+                queues[queue] = born
+            pieces += record_pieces(queue, "@" + name, data, born)
         published: list[str] = []
         try:
             appended = self._append(pieces)
@@ -150,6 +160,7 @@ class Journal:
                 for f in files:
                     f.publish()
                     published.append(f.final_path)
+                self._check_incarnations(queues)
             finally:
                 with self._cond:
                     journal.inflight -= 1
@@ -169,6 +180,30 @@ class Journal:
                 ) from exc
             raise storage_error(exc, "storing new messages") from exc
         return True
+
+    def _check_incarnations(self, queues: dict[str, str]) -> None:
+        """After a group's files are named: each queue is still the creation its records name
+        (incarnation.py), known since before they were appended, so the files are in it. One
+        that is not (deleted and created again since this Store last published into it, or
+        while the files were named, by path: into either creation) has its files flushed
+        here, with the whole filesystem: a replay skips records of another creation than the
+        queue's. FileNotFoundError if a queue is gone (deleted meanwhile)."""
+        stale = False
+        for queue, born in queues.items():
+            try:
+                now = incarnation(self._prefix + queue)
+            except FileNotFoundError:
+                self._incarnations.pop(queue, None)
+                raise
+            if now != born:
+                self._incarnations[queue] = now
+                stale = True
+        if stale:
+            _flush_root(self.root)
+
+    def forget(self, queue: str) -> None:
+        """`queue` was deleted through this Store: its next creation is another incarnation."""
+        self._incarnations.pop(queue, None)
 
     def _on_root_device(self, queue: str) -> bool:
         """Whether `queue`'s directory is on the root's filesystem, the one a checkpoint's
@@ -249,7 +284,7 @@ class Journal:
         path = os.path.join(self.dir, file_name(token, next(_numbers)))
         fd = self._access.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
         try:
-            head = header(self._boot, token)
+            head = header(self._boot, f"{token}.{image()}")
             _write_all(fd, [head])
             os.fdatasync(fd)
             fsync_dir(self.dir)
@@ -477,6 +512,16 @@ def _close_at_exit() -> None:
     (a crash or SIGKILL does: the next opener's, journal_replay.py)."""
     for journal in list(_open_journals):
         journal.close()
+
+
+def _flush_root(root: str) -> None:
+    """`syncfs` through a descriptor of its own: an error it sees is still reported to the
+    checkpoint's (each descriptor is told of an error once, from its open on)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        syncfs(fd)
+    finally:
+        os.close(fd)
 
 
 def _close(journal: _File) -> None:

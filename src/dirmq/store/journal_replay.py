@@ -46,19 +46,20 @@ from dirmq.store.capacity import slot_in
 from dirmq.store.filemodes import Access
 from dirmq.store.filesystems import is_shared
 from dirmq.store.fsio import create_pending, fsync_dir, syncfs
-from dirmq.store.journal_format import MAGIC, UNFLUSHED, boot_id
-from dirmq.store.names import validate_queue_name
-from dirmq.store.processes import (
-    HOST_TAG,
-    Liveness,
-    ProcessIdentity,
-    current,
-    liveness,
-    parse_token,
+from dirmq.store.incarnation import incarnation
+from dirmq.store.journal_format import (
+    CLAIMED,
+    UNFLUSHED,
+    boot_id,
+    claim_name,
+    header_version,
+    image,
+    parse_name,
 )
+from dirmq.store.names import validate_queue_name
+from dirmq.store.processes import HOST_TAG, Liveness, ProcessIdentity, current, liveness
 from dirmq.store.reading import read_message
 
-CLAIMED = "replaying"  # a claimed journal: replaying.<claimer token>.<its own name>
 HEADER_MAX = 512
 FOREIGN = "?"  # read_header's answer for a header it cannot read (no boot id holds a "?")
 # The states a publish names a new file in (FORMAT.md's record `<name>`), the only ones a record
@@ -88,26 +89,7 @@ class Record:
     queue: str
     name: str  # in the queue's directory: "@ready/<name>", "@backlog/<e>/<s>/<name>", ...
     data: bytes
-
-
-def parse_name(name: str) -> tuple[ProcessIdentity, ProcessIdentity | None, str] | None:
-    """(owner, claimer or None, the boot of the claim or "") of a journal's file name, or None
-    for another name. A claimed journal is `replaying.<boot id>.<claimer token>.<its name>`."""
-    claimer, claim_boot = None, ""
-    if name.startswith(CLAIMED + "."):
-        parts = name.split(".")
-        if len(parts) != 11:
-            return None
-        claim_boot = parts[1]
-        claimer = parse_token(".".join(parts[2:6]))
-        if claimer is None:
-            return None
-        name = ".".join(parts[6:])
-    token, _, number = name.rpartition(".")
-    owner = parse_token(token)
-    if owner is None or not number.isdigit():
-        return None
-    return owner, claimer, claim_boot
+    incarnation: str | None = None  # of the queue it was published in (None: journal 1)
 
 
 def read_header(path: str) -> str | None:
@@ -122,10 +104,9 @@ def read_header(path: str) -> str | None:
         return None
     if not newline:  # a header is one write flushed before any record: this one was cut short
         return None
-    fields = head.split(b" ")
-    if b" ".join(fields[:2]) != MAGIC or len(fields) < 3 or not fields[2].startswith(b"boot="):
+    if header_version(head) is None:
         return FOREIGN
-    return fields[2][5:].decode(errors="replace")
+    return head.split(b" ")[2][5:].decode(errors="replace")
 
 
 def read_records(path: str) -> Iterator[Record]:
@@ -133,8 +114,10 @@ def read_records(path: str) -> Iterator[Record]:
     with open(path, "rb") as f:
         data = f.read()
     at = data.find(b"\n") + 1
-    if not at:
+    version = header_version(data[: at - 1])
+    if not at or version is None:
         return
+    fields = 3 if version == 1 else 4
     while at < len(data):
         end = data.find(b"\n", at, at + 32)
         if end < 0 or data[at : at + 1] != b"@":
@@ -148,9 +131,11 @@ def read_records(path: str) -> Iterator[Record]:
         if len(body) != length or zlib.crc32(body) != crc:
             return
         try:
-            queue, name, payload = body.split(b"\0", 2)
-            record = Record(queue.decode(), name.decode(), payload)
-        except ValueError:  # not what a writer wrote (UnicodeDecodeError is one)
+            parts = body.split(b"\0", fields - 1)
+            queue, name, payload = parts[0], parts[-2], parts[-1]
+            born = parts[1].decode() if fields == 4 else None
+            record = Record(queue.decode(), name.decode(), payload, born)
+        except (ValueError, IndexError):  # not what a writer wrote (UnicodeDecodeError is one)
             return
         yield record
         at = end + 1 + length
@@ -164,10 +149,14 @@ def judge(directory: str, name: str, boot: str, shared: bool = False) -> Judged:
     parsed = parse_name(name.removeprefix(UNFLUSHED + "."))
     if parsed is None:
         return Judged(name, Verdict.UNKNOWN, None)
-    owner, claimer, claim_boot = parsed
+    owner, claimer = parsed.owner, parsed.claimer
     if shared and (claimer or owner).host != HOST_TAG:
         return Judged(name, Verdict.IN_USE, owner)
-    if claimer is not None and claim_boot == boot and liveness(claimer) is not Liveness.DEAD:
+    if (
+        claimer is not None
+        and parsed.claim_boot == boot
+        and not _gone(claimer, parsed.claimer_image)
+    ):
         return Judged(name, Verdict.IN_USE, owner)  # being replayed
     written_in = read_header(os.path.join(directory, name))
     if written_in == FOREIGN:
@@ -178,9 +167,18 @@ def judge(directory: str, name: str, boot: str, shared: bool = False) -> Judged:
         # in this kernel's page cache may not be on the disk: neither removed nor replayed
         return Judged(name, Verdict.UNFLUSHED, owner)
     # This boot's (or torn before its header was durable: then it holds no record).
-    if claimer is None and liveness(owner) is not Liveness.DEAD:
+    if claimer is None and not _gone(owner, parsed.image):
         return Judged(name, Verdict.IN_USE, owner)
     return Judged(name, Verdict.DEAD, owner)
+
+
+def _gone(process: ProcessIdentity, process_image: str | None) -> bool:
+    """Whether the process image that named a journal is gone: its process is dead, or it is
+    this process and another image of it (one that re-executed itself: one image at a time
+    runs a pid; a journal 1's name, which has no image, is never this image's)."""
+    if process == current():
+        return process_image != image()
+    return liveness(process) is Liveness.DEAD
 
 
 def judge_all(root: str) -> list[Judged]:
@@ -288,13 +286,10 @@ def replay(root: str, name: str, access: Access) -> int:
     """Claim the journal `name` of an earlier boot and write back what its records hold and
     the queues miss; the number written (0 if another process claimed it first)."""
     directory = os.path.join(root, layout.JOURNAL_DIR)
-    original = (
-        ".".join(name.split(".")[6:])
-        if name.startswith(CLAIMED + ".")
-        else name.removeprefix(UNFLUSHED + ".")
-    )
-    claim = f"{CLAIMED}.{boot_id()}.{current().token()}.{original}"
-    claimed = os.path.join(directory, claim)
+    parsed = parse_name(name.removeprefix(UNFLUSHED + "."))
+    if parsed is None:
+        return 0
+    claimed = os.path.join(directory, claim_name(boot_id(), current().token(), parsed.original))
     try:
         os.rename(os.path.join(directory, name), claimed)
     except FileNotFoundError:
@@ -324,6 +319,14 @@ def _sound(record: Record) -> bool:
 def _replay_queue(queue_dir: str, records: list[Record], access: Access) -> int:
     if not os.path.exists(os.path.join(queue_dir, layout.CONFIG_FILE)):
         return 0  # the queue was deleted since: its messages with it
+    try:
+        now = incarnation(queue_dir)
+    except OSError:
+        now = None
+    # Another creation of the queue (deleted and created again since): not its messages.
+    records = [r for r in records if r.incarnation is None or r.incarnation == now]
+    if not records:
+        return 0
     ids = {os.path.basename(r.name)[: layout.ID_LENGTH] for r in records}
     found = _locate(queue_dir, ids)
     written = 0

@@ -344,6 +344,7 @@ class Store:
             raise QueueNotFound.missing(name) from None
         except OSError as exc:
             raise storage_error(exc, f"deleting queue {name!r}") from exc
+        self.journal.forget(name)
         trash = os.path.join(self.root, layout.ROOT_TRASH)
         self.access.makedirs(trash)
         for directory in layout.STATE_DIRS:
