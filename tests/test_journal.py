@@ -28,7 +28,8 @@ from dirmq.store.config import QueueConfig
 from dirmq.store.direct_lease import DirectLease
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.journal_format import boot_id, header, record_pieces
-from dirmq.store.journal_replay import Verdict, judge_all, read_records
+from dirmq.store.journal_judge import Verdict, judge_all
+from dirmq.store.journal_replay import read_records
 from dirmq.store.marker import BASE_FORMAT, ROOT_FORMAT
 from dirmq.store.processes import HOST_TAG, ProcessIdentity, current
 

@@ -20,7 +20,8 @@ from dirmq.store import journal as journal_module
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.incarnation import incarnation
 from dirmq.store.journal_format import boot_id
-from dirmq.store.journal_replay import Verdict, judge_all, read_records
+from dirmq.store.journal_judge import Verdict, judge_all
+from dirmq.store.journal_replay import read_records
 
 from .support.faultfs import FaultyFS
 from .support.procs import kill, spawn

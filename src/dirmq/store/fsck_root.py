@@ -18,7 +18,7 @@ from dirmq.store import layout, smallfiles
 from dirmq.store.filemodes import GROUP, Access, conform, inferred_access, mismatches
 from dirmq.store.fsck_findings import Kind, Run, scandir, set_aside, unlinker
 from dirmq.store.holders import is_record_name, orphan_record
-from dirmq.store.journal_replay import marked_unflushed
+from dirmq.store.journal_judge import marked_unflushed
 from dirmq.store.marker import READABLE_ROOT_FORMATS, format_to_write, root_marker_bytes
 from dirmq.store.recovery import older_than
 

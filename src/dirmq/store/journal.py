@@ -56,7 +56,7 @@ from dirmq.store.filemodes import Access
 from dirmq.store.fsio import PendingFile, fsync_dir, syncfs
 from dirmq.store.incarnation import incarnation
 from dirmq.store.journal_format import UNFLUSHED, boot_id, file_name, header, image, record_pieces
-from dirmq.store.journal_replay import Verdict, judge_all, keep_dead_unflushed, mark_unflushed
+from dirmq.store.journal_judge import Verdict, judge_all, keep_dead_unflushed, mark_unflushed
 from dirmq.store.processes import current
 
 CHECKPOINT_S = 1.0  # a crash's replay covers about this much, and a checkpoint costs a syncfs

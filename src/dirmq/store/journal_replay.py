@@ -1,31 +1,21 @@
 """Recovering the commit journals other processes left (journal.py; docs/FORMAT.md, "The commit
-journal"): by every Store that opens the root (one listing of `@journal/`) and by `dirmq fsck
---repair`.
-
-What a journal needs depends on who wrote it and when (`judge`):
-- its owner runs (or cannot be seen from here: another pid namespace), in this boot: it is in
-  use; left alone;
-- its owner is dead, in this boot: every file its records name was given its name by this
+journal"): by every Store that opens the root (one listing of `@journal/`), every 15 s in the
+server (`Store.sweep_journals`) and by `dirmq fsck --repair`, as each journal's verdict says
+(journal_judge.py):
+- a dead process's of this boot: every file its records name was given its name by this
   kernel, so it is in the page cache and reaches the disk with a `syncfs`; the journal is then
   removed. Replaying it would bring back messages consumed and acknowledged since;
-- a `syncfs` that was to clear it failed (`unflushed.<name>`: its owner's checkpoint,
-  journal.py; or, a dead process's, any checkpoint's or recovery's), in this boot: a file it
-  covers may not be on the disk though the page cache shows it whole, and the kernel reported
-  that once; kept, neither removed nor replayed, until a reboot makes it an earlier boot's
-  (below); fsck reports it. So is one that could not be renamed so, its write permission
-  taken away instead (`mark_unflushed`);
-- its header is whole but not one this version writes (a newer journal format): left alone,
-  for the dirmq that wrote it (removed, what it holds could be lost);
-- it was written in an earlier boot (its header's boot id is not this kernel's): a machine
-  crash may have lost any file or name it covers. It is claimed by a rename (of two recovering
-  processes one wins, the other finds it gone), then each record whose message is in its queue
-  in no state (same id: @ready, the backlog, @leased, @delayed, @dead), or only in a file that
-  fails its checksum, is written durably (its capacity slot taken again first) where it was
-  meant to go (a lease's into @ready, the
+- one written in an earlier boot (a machine crash may have lost any file or name it covers):
+  claimed by a rename (of two recovering processes one wins, the other finds it gone), then
+  each record whose message is in its queue in no state (same id: @ready, the backlog,
+  @leased, @delayed, @dead), or only in a file that fails its checksum, is written durably
+  (its capacity slot taken again first) where it was meant to go (a lease's into @ready, the
   consumer being gone; a backlog or delay bucket no longer there: @ready, or @delayed flat),
-  and the journal is removed. A torn record (a crash mid-append) ends the journal: its publish
-  was never answered, nor was any after it. A journal claimed by a process that died (or by an
-  earlier boot) is claimed again and replayed again: a replay only writes what is missing.
+  and the journal is removed. A record of a queue deleted since, or of another incarnation of
+  it (deleted and created again: incarnation.py), is skipped. A torn record (a crash
+  mid-append) ends the journal: its publish was never answered, nor was any after it. A
+  journal claimed by a process that died (or by an earlier boot) is claimed again and
+  replayed again: a replay only writes what is missing.
 
 A consumer's ack is no more durable than before: after a machine crash an acknowledged message
 may come back from a journal, as an ack whose rename was lost may (at-least-once).
@@ -34,54 +24,26 @@ may come back from a journal, as an ack whose rename was lost may (at-least-once
 from __future__ import annotations
 
 import os
-import stat
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import Enum
 
 from dirmq.errors import CorruptMessage, InvalidName
 from dirmq.store import backlog, delays, layout
 from dirmq.store.capacity import slot_in
 from dirmq.store.filemodes import Access
-from dirmq.store.filesystems import is_shared
 from dirmq.store.fsio import create_pending, fsync_dir, syncfs
 from dirmq.store.incarnation import incarnation
-from dirmq.store.journal_format import (
-    CLAIMED,
-    UNFLUSHED,
-    boot_id,
-    claim_name,
-    header_version,
-    image,
-    parse_name,
-)
+from dirmq.store.journal_format import UNFLUSHED, boot_id, claim_name, header_version, parse_name
+from dirmq.store.journal_judge import Judged, Verdict, judge_all, keep_dead_unflushed
 from dirmq.store.names import validate_queue_name
-from dirmq.store.processes import HOST_TAG, Liveness, ProcessIdentity, current, liveness
+from dirmq.store.processes import current
 from dirmq.store.reading import read_message
 
-HEADER_MAX = 512
-FOREIGN = "?"  # read_header's answer for a header it cannot read (no boot id holds a "?")
 # The states a publish names a new file in (FORMAT.md's record `<name>`), the only ones a record
 # may name: a message file among @slots' or @dedup's symlinks, @free's or @tmp's files, or the
 # dead letters would be one no writer made.
 _PUBLISHED_INTO = (layout.READY, layout.BACKLOG, layout.DELAYED, layout.LEASED)
-
-
-class Verdict(Enum):
-    IN_USE = "in use"  # its owner (or claimer) runs, or cannot be seen from here
-    DEAD = "dead"  # its owner died in this boot: flush and remove
-    CRASHED = "crashed"  # written in an earlier boot: replay
-    UNKNOWN = "unknown"  # not a journal's name
-    FOREIGN = "foreign"  # a header this version does not write (a newer format's): left alone
-    UNFLUSHED = "unflushed"  # its checkpoint's syncfs failed, this boot: kept until a reboot
-
-
-@dataclass(frozen=True, slots=True)
-class Judged:
-    name: str
-    verdict: Verdict
-    owner: ProcessIdentity | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,23 +52,6 @@ class Record:
     name: str  # in the queue's directory: "@ready/<name>", "@backlog/<e>/<s>/<name>", ...
     data: bytes
     incarnation: str | None = None  # of the queue it was published in (None: journal 1)
-
-
-def read_header(path: str) -> str | None:
-    """The boot id in a journal's header; None if it has none (torn: no record follows);
-    `FOREIGN` for a whole first line that is not a header this version writes (a newer
-    journal format, or a file edited by hand): no record of it can be read, so none may be
-    dropped with it."""
-    try:
-        with open(path, "rb") as f:
-            head, newline, _ = f.read(HEADER_MAX).partition(b"\n")
-    except FileNotFoundError:
-        return None
-    if not newline:  # a header is one write flushed before any record: this one was cut short
-        return None
-    if header_version(head) is None:
-        return FOREIGN
-    return head.split(b" ")[2][5:].decode(errors="replace")
 
 
 def read_records(path: str) -> Iterator[Record]:
@@ -139,58 +84,6 @@ def read_records(path: str) -> Iterator[Record]:
             return
         yield record
         at = end + 1 + length
-
-
-def judge(directory: str, name: str, boot: str, shared: bool = False) -> Judged:
-    """What the journal `name` needs (the module's docstring). `shared`: the root is on a
-    shared filesystem, where another host's journal is of another kernel, not of an earlier
-    boot (no process writes one there, but one that was told the filesystem is local might)."""
-    unflushed = name.startswith(UNFLUSHED + ".")
-    parsed = parse_name(name.removeprefix(UNFLUSHED + "."))
-    if parsed is None:
-        return Judged(name, Verdict.UNKNOWN, None)
-    owner, claimer = parsed.owner, parsed.claimer
-    if shared and (claimer or owner).host != HOST_TAG:
-        return Judged(name, Verdict.IN_USE, owner)
-    if (
-        claimer is not None
-        and parsed.claim_boot == boot
-        and not _gone(claimer, parsed.claimer_image)
-    ):
-        return Judged(name, Verdict.IN_USE, owner)  # being replayed
-    written_in = read_header(os.path.join(directory, name))
-    if written_in == FOREIGN:
-        return Judged(name, Verdict.FOREIGN, owner)
-    if written_in is not None and written_in != boot:
-        return Judged(name, Verdict.CRASHED, owner)
-    if unflushed or marked_unflushed(os.path.join(directory, name)):  # what its files hold
-        # in this kernel's page cache may not be on the disk: neither removed nor replayed
-        return Judged(name, Verdict.UNFLUSHED, owner)
-    # This boot's (or torn before its header was durable: then it holds no record).
-    if claimer is None and not _gone(owner, parsed.image):
-        return Judged(name, Verdict.IN_USE, owner)
-    return Judged(name, Verdict.DEAD, owner)
-
-
-def _gone(process: ProcessIdentity, process_image: str | None) -> bool:
-    """Whether the process image that named a journal is gone: its process is dead, or it is
-    this process and another image of it (one that re-executed itself: one image at a time
-    runs a pid; a journal 1's name, which has no image, is never this image's)."""
-    if process == current():
-        return process_image != image()
-    return liveness(process) is Liveness.DEAD
-
-
-def judge_all(root: str) -> list[Judged]:
-    directory = os.path.join(root, layout.JOURNAL_DIR)
-    try:
-        names = sorted(os.listdir(directory))
-    except FileNotFoundError:
-        return []
-    if not names:
-        return []
-    boot, shared = boot_id(), is_shared(root)
-    return [judge(directory, name, boot, shared) for name in names if not name.startswith(".")]
 
 
 def recover_journals(root: str, access: Access) -> int:
@@ -229,57 +122,6 @@ def _syncfs(root: str) -> None:
         raise
     finally:
         os.close(fd)
-
-
-def keep_dead_unflushed(root: str) -> None:
-    """A `syncfs` of the root failed (a recovery's, or a checkpoint's: journal.py): the files
-    the journals of dead processes cover may not be on the disk, and the kernel reports that
-    error once, to the descriptors open when it happened: a later opener's flush would
-    succeed and remove them. So each is kept as `unflushed.<name>`, as the failing process's
-    own are (replayed after a reboot). One whose header is torn holds no record: left as it
-    is. Best effort: the caller raises the flush's error whatever happens here."""
-    directory = os.path.join(root, layout.JOURNAL_DIR)
-    boot = boot_id()
-    try:
-        judged_all = judge_all(root)
-    except OSError:
-        return
-    for judged in judged_all:  # each, whatever fails for another
-        path = os.path.join(directory, judged.name)
-        claimed = judged.name.startswith(CLAIMED + ".")  # (only an earlier boot's is)
-        if judged.verdict is Verdict.DEAD and not claimed and read_header(path) == boot:
-            try:
-                os.rename(path, os.path.join(directory, f"{UNFLUSHED}.{judged.name}"))
-            except FileNotFoundError:
-                pass  # another process recovered it first
-            except OSError:
-                mark_unflushed(path)
-    try:
-        fsync_dir(directory)
-    except OSError:
-        pass
-
-
-def mark_unflushed(path: str) -> None:
-    """Keep the journal at `path`, which a failed `syncfs` was to clear, where it could not be
-    renamed `unflushed.<name>` (a failing disk refuses a directory's write first): its write
-    permission taken away, a change of its inode alone. Under its owner's name it would
-    otherwise be judged the journal of a process that merely died, and removed. Best effort:
-    a disk that refuses this too refuses the removal as well."""
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-        os.chmod(path, mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
-    except OSError:
-        pass
-
-
-def marked_unflushed(path: str) -> bool:
-    """Whether `mark_unflushed` kept the journal at `path` (every writer makes it writable;
-    fsck leaves its mode as it is)."""
-    try:
-        return not os.stat(path).st_mode & stat.S_IWUSR
-    except FileNotFoundError:
-        return False
 
 
 def replay(root: str, name: str, access: Access) -> int:
