@@ -15,7 +15,7 @@ import pytest
 
 import dirmq
 from dirmq.errors import StorageError
-from dirmq.store import fsio, journal_replay, layout
+from dirmq.store import fsio, init_root, journal_replay, layout
 from dirmq.store import journal as journal_module
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.incarnation import incarnation
@@ -66,6 +66,8 @@ def test_a_journal_its_failed_checkpoint_could_not_rename_is_kept_once_its_owner
     assert [j.verdict for j in judge_all(str(root))] == [Verdict.UNFLUSHED]
     report = fsck(root, repair=True)
     assert [p.kind for p in report.problems] == [Kind.UNFLUSHED_JOURNAL]
+    init_root(root)  # `dirmq init` gives every entry the root's modes: not this one
+    assert [j.verdict for j in judge_all(str(root))] == [Verdict.UNFLUSHED]
     assert _journals(root) == [journal]
     # The reboot, and the disk lost the file: the journal brings it back.
     _as_if_rebooted(root / layout.JOURNAL_DIR / journal)
