@@ -7,9 +7,9 @@ Store's journal, `@journal/<process token>.<image>.<n>` (journal_format.py), as 
 file (its queue and the queue's incarnation, its name in the queue, its bytes, a CRC), and
 the journal is `fdatasync`ed once for every group appended meanwhile (the first waiter
 flushes what all have appended). Only then are the files given their final names, with no
-flush of the files or their directories, and, once each queue is
-found still the incarnation its records name (incarnation.py: else the files are flushed by a
-`syncfs` here, since a replay skips records of another incarnation), the publish answered:
+flush of the files or their directories, and, once each queue is found still the incarnation
+its records name (incarnation.py: else the files are flushed by a `syncfs` here, since a
+replay skips records of another incarnation), the publish answered:
 after a machine crash, whatever a lost page cache took is in a journal, which the next opener
 replays (journal_replay.py). A checkpoint thread, about once a second with anything appended
 (at once past `CHECKPOINT_BYTES`), switches to a new journal file, waits for the groups still

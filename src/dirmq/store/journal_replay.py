@@ -59,8 +59,8 @@ def read_records(path: str) -> Iterator[Record]:
     with open(path, "rb") as f:
         data = f.read()
     at = data.find(b"\n") + 1
-    version = header_version(data[: at - 1])
-    if not at or version is None:
+    version = header_version(data[: at - 1]) if at else None
+    if version is None:
         return
     fields = 3 if version == 1 else 4
     while at < len(data):
