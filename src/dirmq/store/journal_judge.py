@@ -46,7 +46,7 @@ class Verdict(Enum):
     DEAD = "dead"  # its owner died in this boot: flush and remove
     CRASHED = "crashed"  # written in an earlier boot: replay
     UNKNOWN = "unknown"  # not a journal's name
-    FOREIGN = "foreign"  # a header this version does not write (a newer format's): left alone
+    FOREIGN = "foreign"  # a header this version does not read (a newer format's): left alone
     UNFLUSHED = "unflushed"  # its checkpoint's syncfs failed, this boot: kept until a reboot
 
 
@@ -59,7 +59,7 @@ class Judged:
 
 def read_header(path: str) -> str | None:
     """The boot id in a journal's header; None if it has none (torn: no record follows);
-    `FOREIGN` for a whole first line that is not a header this version writes (a newer
+    `FOREIGN` for a whole first line that is not a header this version reads (a newer
     journal format, or a file edited by hand): no record of it can be read, so none may be
     dropped with it."""
     try:
