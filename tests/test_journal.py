@@ -28,7 +28,8 @@ from dirmq.store.config import QueueConfig
 from dirmq.store.direct_lease import DirectLease
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.journal_format import boot_id, header, record_pieces
-from dirmq.store.journal_replay import Verdict, judge_all, read_records
+from dirmq.store.journal_judge import Verdict, judge_all
+from dirmq.store.journal_replay import read_records
 from dirmq.store.marker import BASE_FORMAT, ROOT_FORMAT
 from dirmq.store.processes import HOST_TAG, ProcessIdentity, current
 
@@ -60,11 +61,12 @@ def _write_journal(
     root: Path, records: list[tuple[str, str, bytes]], *, boot: str, tail: bytes = b""
 ) -> Path:
     """A journal of a dead process written in `boot` holding `records` (queue, name in the
-    queue, bytes), and `tail` after them (a torn record)."""
+    queue, bytes), and `tail` after them (a torn record): a journal 1, as the previous
+    version wrote (its records name their queue by name alone)."""
     owner = _dead_owner()
     path = root / layout.JOURNAL_DIR / f"{owner}.1"
     path.parent.mkdir(mode=0o700, exist_ok=True)  # the modes of a private root's (as written)
-    pieces = [header(boot, owner)]
+    pieces = [header(boot, owner, version=1)]
     for queue, name, data in records:
         pieces += record_pieces(queue, name, data)
     path.write_bytes(b"".join(pieces) + tail)
@@ -767,7 +769,7 @@ def test_a_journal_whose_header_this_version_does_not_write_is_left_alone(root: 
         store.create_queue("q")
     path = _write_journal(root, [], boot=ANOTHER_BOOT)
     owner = path.name.rpartition(".")[0]
-    path.write_bytes(f"dirmq-journal 2 boot={ANOTHER_BOOT} owner={owner}\n@...".encode())
+    path.write_bytes(f"dirmq-journal 3 boot={ANOTHER_BOOT} owner={owner}\n@...".encode())
     assert [j.verdict for j in judge_all(str(root))] == [Verdict.FOREIGN]
     with dirmq.Store(root):
         assert _journals(root) == [path.name]

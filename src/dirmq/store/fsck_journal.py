@@ -16,7 +16,8 @@ from functools import partial
 from dirmq.store import layout
 from dirmq.store.fsck_findings import Kind, Run
 from dirmq.store.fsio import fsync_dir
-from dirmq.store.journal_replay import Judged, Verdict, judge_all, recover
+from dirmq.store.journal_judge import Judged, Verdict, judge_all
+from dirmq.store.journal_replay import recover
 
 
 def check_journals(run: Run) -> None:

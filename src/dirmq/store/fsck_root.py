@@ -18,6 +18,7 @@ from dirmq.store import layout, smallfiles
 from dirmq.store.filemodes import GROUP, Access, conform, inferred_access, mismatches
 from dirmq.store.fsck_findings import Kind, Run, scandir, set_aside, unlinker
 from dirmq.store.holders import is_record_name, orphan_record
+from dirmq.store.journal_judge import marked_unflushed
 from dirmq.store.marker import READABLE_ROOT_FORMATS, format_to_write, root_marker_bytes
 from dirmq.store.recovery import older_than
 
@@ -81,8 +82,11 @@ def check_access(run: Run) -> None:
         return
     access = run.access
     gid = os.stat(run.root).st_gid if access.name == GROUP else None
+    journals = os.path.join(run.root, layout.JOURNAL_DIR) + "/"
     for path, st, problem in mismatches(run.root, access, gid):
         run.tick()
+        if path.startswith(journals) and marked_unflushed(path):
+            continue  # its mode keeps it until a reboot replays it
         run.fix("", path, Kind.ACCESS, problem, partial(_conform, path, st, access, gid))
 
 

@@ -3,10 +3,13 @@
 (issue 37; docs/FORMAT.md, "The commit journal").
 
 Theory of operation. A group of new message files (written, not flushed) is appended to this
-Store's journal, `@journal/<process token>.<n>`, as one record a file (its queue, its name in
-the queue, its bytes, a CRC), and the journal is `fdatasync`ed once for every group appended
-meanwhile (the first waiter flushes what all have appended). Only then are the files given
-their final names, with no flush of the files or their directories, and the publish answered:
+Store's journal, `@journal/<process token>.<image>.<n>` (journal_format.py), as one record a
+file (its queue and the queue's incarnation, its name in the queue, its bytes, a CRC), and
+the journal is `fdatasync`ed once for every group appended meanwhile (the first waiter
+flushes what all have appended). Only then are the files given their final names, with no
+flush of the files or their directories, and, once each queue is found still the incarnation
+its records name (incarnation.py: else the files are flushed by a `syncfs` here, since a
+replay skips records of another incarnation), the publish answered:
 after a machine crash, whatever a lost page cache took is in a journal, which the next opener
 replays (journal_replay.py). A checkpoint thread, about once a second with anything appended
 (at once past `CHECKPOINT_BYTES`), switches to a new journal file, waits for the groups still
@@ -28,9 +31,10 @@ group not yet flushed in that file, and the file is truncated to what was flushe
 Either way the group's files are discarded: nothing half-visible, nothing counted. A journal
 file that cannot be made (EMFILE, a full disk) is no error of the group's: it takes its own
 flush; a checkpoint that cannot make the next file checkpoints all the same, with none. A
-checkpoint whose `syncfs` fails keeps every journal of the Store (`unflushed.<name>`, replayed
-after a reboot: journal_replay.py), and every dead process's it was to remove, and turns the
-journal off for the Store. A forked child closes its copies of the descriptors at once.
+checkpoint whose `syncfs` fails keeps every journal of the Store (`unflushed.<name>`, or, where
+that rename fails too, its write permission taken away; replayed after a reboot:
+journal_replay.py), and every dead process's it was to remove, and turns the journal off for
+the Store. A forked child closes its copies of the descriptors at once.
 
 Why it is long: the writer and its checkpoint share one invariant (a journal file is removed
 only once every group appended to it is named and `syncfs`ed without error), kept across
@@ -53,8 +57,9 @@ from dirmq.errors import QueueNotFound, storage_error
 from dirmq.store import layout, marker
 from dirmq.store.filemodes import Access
 from dirmq.store.fsio import PendingFile, fsync_dir, syncfs
-from dirmq.store.journal_format import UNFLUSHED, boot_id, header, record_pieces
-from dirmq.store.journal_replay import Verdict, judge_all, keep_dead_unflushed
+from dirmq.store.incarnation import incarnation
+from dirmq.store.journal_format import UNFLUSHED, boot_id, file_name, header, image, record_pieces
+from dirmq.store.journal_judge import Verdict, judge_all, keep_dead_unflushed, mark_unflushed
 from dirmq.store.processes import current
 
 CHECKPOINT_S = 1.0  # a crash's replay covers about this much, and a checkpoint costs a syncfs
@@ -64,10 +69,6 @@ OTHERS_S = 10.0  # how often a checkpoint looks for the journals of dead process
 MAX_RECORD_DATA = 1 << 20
 _numbers = itertools.count(1)  # journal files of this process, across its Stores
 _IOV_MAX = 1024  # the pieces one writev takes (Linux's UIO_MAXIOV)
-
-
-def file_name(token: str, number: int) -> str:
-    return f"{token}.{number}"
 
 
 @dataclass(eq=False)
@@ -120,6 +121,9 @@ class Journal:
         # The root's filesystem, which a checkpoint flushes, and whether each queue is on it.
         self._device = os.stat(root).st_dev
         self._devices: dict[str, bool] = {}
+        # Each queue's incarnation as last seen: a record names it; checked after its files
+        # are named (`_check_incarnations`), so one statx a queue and group.
+        self._incarnations: dict[str, str] = {}
 
     # -- the writer -------------------------------------------------------------------------
     def commit(self, files: list[PendingFile]) -> bool:
@@ -130,6 +134,7 @@ class Journal:
             return False
         pieces: list[bytes] = []
         prefix, skip = self._prefix, len(self._prefix)
+        queues: dict[str, str] = {}  # each queue's incarnation, in every record of it
         for f in files:
             data, final = f.data, f.final_path
             if data is None or len(data) > MAX_RECORD_DATA or not final.startswith(prefix):
@@ -137,7 +142,16 @@ class Journal:
             queue, sep, name = final[skip:].partition("/@")
             if not sep or not self._on_root_device(queue):
                 return False
-            pieces += record_pieces(queue, "@" + name, data)
+            born = queues.get(queue)
+            if born is None:
+                born = self._incarnations.get(queue)
+                if born is None:
+                    try:
+                        born = self._incarnations[queue] = incarnation(prefix + queue)
+                    except OSError:
+                        return False  # the caller's own commit says what is wrong
+                queues[queue] = born
+            pieces += record_pieces(queue, "@" + name, data, born)
         published: list[str] = []
         try:
             appended = self._append(pieces)
@@ -149,6 +163,7 @@ class Journal:
                 for f in files:
                     f.publish()
                     published.append(f.final_path)
+                self._check_incarnations(queues)
             finally:
                 with self._cond:
                     journal.inflight -= 1
@@ -168,6 +183,30 @@ class Journal:
                 ) from exc
             raise storage_error(exc, "storing new messages") from exc
         return True
+
+    def _check_incarnations(self, queues: dict[str, str]) -> None:
+        """After a group's files are named: each queue is still the creation its records name
+        (incarnation.py), known since before they were appended, so the files are in it. One
+        that is not (deleted and created again since this Store last published into it, or
+        while the files were named, by path: into either creation) has its files flushed
+        here, with the whole filesystem: a replay skips records of another creation than the
+        queue's. FileNotFoundError if a queue is gone (deleted meanwhile)."""
+        stale = False
+        for queue, born in queues.items():
+            try:
+                now = incarnation(self._prefix + queue)
+            except FileNotFoundError:
+                self._incarnations.pop(queue, None)
+                raise
+            if now != born:
+                self._incarnations[queue] = now
+                stale = True
+        if stale:
+            _flush_root(self.root)
+
+    def forget(self, queue: str) -> None:
+        """`queue` was deleted through this Store: its next creation is another incarnation."""
+        self._incarnations.pop(queue, None)
 
     def _on_root_device(self, queue: str) -> bool:
         """Whether `queue`'s directory is on the root's filesystem, the one a checkpoint's
@@ -248,10 +287,13 @@ class Journal:
         path = os.path.join(self.dir, file_name(token, next(_numbers)))
         fd = self._access.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
         try:
-            head = header(self._boot, token)
+            head = header(self._boot, f"{token}.{image()}")
             _write_all(fd, [head])
             os.fdatasync(fd)
             fsync_dir(self.dir)
+            if first:  # marked again before any record: a process that rewrites the marker
+                # whole (`dirmq init`, an earlier version) may have read it before our mark
+                marker.mark_journaled(self.root, self._access)
         except BaseException:
             os.close(fd)
             try:
@@ -376,15 +418,17 @@ class Journal:
         for journal in kept:
             _close(journal)
             name = os.path.basename(journal.path)
+            empty = journal.appended == journal.empty_at  # no record: nothing it could lose
             try:
-                if journal.appended == journal.empty_at:  # no record: nothing it could lose
+                if empty:
                     os.unlink(journal.path)
                 else:
                     os.rename(journal.path, os.path.join(self.dir, f"{UNFLUSHED}.{name}"))
             except FileNotFoundError:
                 pass
-            except OSError:  # left as it is: judged dead once this process is (not replayed)
-                pass
+            except OSError:  # under this process's name, it would be judged a dead process's
+                if not empty:  # once this one is (flushed and removed): marked kept instead
+                    mark_unflushed(journal.path)
         try:
             fsync_dir(self.dir)
         except OSError:
@@ -471,6 +515,16 @@ def _close_at_exit() -> None:
     (a crash or SIGKILL does: the next opener's, journal_replay.py)."""
     for journal in list(_open_journals):
         journal.close()
+
+
+def _flush_root(root: str) -> None:
+    """`syncfs` through a descriptor of its own: an error it sees is still reported to the
+    checkpoint's (each descriptor is told of an error once, from its open on)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        syncfs(fd)
+    finally:
+        os.close(fd)
 
 
 def _close(journal: _File) -> None:

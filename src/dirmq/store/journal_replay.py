@@ -1,30 +1,21 @@
 """Recovering the commit journals other processes left (journal.py; docs/FORMAT.md, "The commit
-journal"): by every Store that opens the root (one listing of `@journal/`) and by `dirmq fsck
---repair`.
-
-What a journal needs depends on who wrote it and when (`judge`):
-- its owner runs (or cannot be seen from here: another pid namespace), in this boot: it is in
-  use; left alone;
-- its owner is dead, in this boot: every file its records name was given its name by this
+journal"): by every Store that opens the root (one listing of `@journal/`), every 15 s in the
+server (`Store.sweep_journals`) and by `dirmq fsck --repair`, as each journal's verdict says
+(journal_judge.py):
+- a dead process's of this boot: every file its records name was given its name by this
   kernel, so it is in the page cache and reaches the disk with a `syncfs`; the journal is then
   removed. Replaying it would bring back messages consumed and acknowledged since;
-- a `syncfs` that was to clear it failed (`unflushed.<name>`: its owner's checkpoint,
-  journal.py; or, a dead process's, any checkpoint's or recovery's), in this boot: a file it
-  covers may not be on the disk though the page cache shows it whole, and the kernel reported
-  that once; kept, neither removed nor replayed, until a reboot makes it an earlier boot's
-  (below); fsck reports it;
-- its header is whole but not one this version writes (a newer journal format): left alone,
-  for the dirmq that wrote it (removed, what it holds could be lost);
-- it was written in an earlier boot (its header's boot id is not this kernel's): a machine
-  crash may have lost any file or name it covers. It is claimed by a rename (of two recovering
-  processes one wins, the other finds it gone), then each record whose message is in its queue
-  in no state (same id: @ready, the backlog, @leased, @delayed, @dead), or only in a file that
-  fails its checksum, is written durably (its capacity slot taken again first) where it was
-  meant to go (a lease's into @ready, the
+- one written in an earlier boot (a machine crash may have lost any file or name it covers):
+  claimed by a rename (of two recovering processes one wins, the other finds it gone), then
+  each record whose message is in its queue in no state (same id: @ready, the backlog,
+  @leased, @delayed, @dead), or only in a file that fails its checksum, is written durably
+  (its capacity slot taken again first) where it was meant to go (a lease's into @ready, the
   consumer being gone; a backlog or delay bucket no longer there: @ready, or @delayed flat),
-  and the journal is removed. A torn record (a crash mid-append) ends the journal: its publish
-  was never answered, nor was any after it. A journal claimed by a process that died (or by an
-  earlier boot) is claimed again and replayed again: a replay only writes what is missing.
+  and the journal is removed. A record of a queue deleted since, or of another incarnation of
+  it (deleted and created again: incarnation.py), is skipped. A torn record (a crash
+  mid-append) ends the journal: its publish was never answered, nor was any after it. A
+  journal claimed by a process that died (or by an earlier boot) is claimed again and
+  replayed again: a replay only writes what is missing.
 
 A consumer's ack is no more durable than before: after a machine crash an acknowledged message
 may come back from a journal, as an ack whose rename was lost may (at-least-once).
@@ -36,49 +27,23 @@ import os
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import Enum
 
 from dirmq.errors import CorruptMessage, InvalidName
 from dirmq.store import backlog, delays, layout
 from dirmq.store.capacity import slot_in
 from dirmq.store.filemodes import Access
-from dirmq.store.filesystems import is_shared
 from dirmq.store.fsio import create_pending, fsync_dir, syncfs
-from dirmq.store.journal_format import MAGIC, UNFLUSHED, boot_id
+from dirmq.store.incarnation import incarnation
+from dirmq.store.journal_format import UNFLUSHED, boot_id, claim_name, header_version, parse_name
+from dirmq.store.journal_judge import Judged, Verdict, judge_all, keep_dead_unflushed
 from dirmq.store.names import validate_queue_name
-from dirmq.store.processes import (
-    HOST_TAG,
-    Liveness,
-    ProcessIdentity,
-    current,
-    liveness,
-    parse_token,
-)
+from dirmq.store.processes import current
 from dirmq.store.reading import read_message
 
-CLAIMED = "replaying"  # a claimed journal: replaying.<claimer token>.<its own name>
-HEADER_MAX = 512
-FOREIGN = "?"  # read_header's answer for a header it cannot read (no boot id holds a "?")
 # The states a publish names a new file in (FORMAT.md's record `<name>`), the only ones a record
 # may name: a message file among @slots' or @dedup's symlinks, @free's or @tmp's files, or the
 # dead letters would be one no writer made.
 _PUBLISHED_INTO = (layout.READY, layout.BACKLOG, layout.DELAYED, layout.LEASED)
-
-
-class Verdict(Enum):
-    IN_USE = "in use"  # its owner (or claimer) runs, or cannot be seen from here
-    DEAD = "dead"  # its owner died in this boot: flush and remove
-    CRASHED = "crashed"  # written in an earlier boot: replay
-    UNKNOWN = "unknown"  # not a journal's name
-    FOREIGN = "foreign"  # a header this version does not write (a newer format's): left alone
-    UNFLUSHED = "unflushed"  # its checkpoint's syncfs failed, this boot: kept until a reboot
-
-
-@dataclass(frozen=True, slots=True)
-class Judged:
-    name: str
-    verdict: Verdict
-    owner: ProcessIdentity | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,44 +51,7 @@ class Record:
     queue: str
     name: str  # in the queue's directory: "@ready/<name>", "@backlog/<e>/<s>/<name>", ...
     data: bytes
-
-
-def parse_name(name: str) -> tuple[ProcessIdentity, ProcessIdentity | None, str] | None:
-    """(owner, claimer or None, the boot of the claim or "") of a journal's file name, or None
-    for another name. A claimed journal is `replaying.<boot id>.<claimer token>.<its name>`."""
-    claimer, claim_boot = None, ""
-    if name.startswith(CLAIMED + "."):
-        parts = name.split(".")
-        if len(parts) != 11:
-            return None
-        claim_boot = parts[1]
-        claimer = parse_token(".".join(parts[2:6]))
-        if claimer is None:
-            return None
-        name = ".".join(parts[6:])
-    token, _, number = name.rpartition(".")
-    owner = parse_token(token)
-    if owner is None or not number.isdigit():
-        return None
-    return owner, claimer, claim_boot
-
-
-def read_header(path: str) -> str | None:
-    """The boot id in a journal's header; None if it has none (torn: no record follows);
-    `FOREIGN` for a whole first line that is not a header this version writes (a newer
-    journal format, or a file edited by hand): no record of it can be read, so none may be
-    dropped with it."""
-    try:
-        with open(path, "rb") as f:
-            head, newline, _ = f.read(HEADER_MAX).partition(b"\n")
-    except FileNotFoundError:
-        return None
-    if not newline:  # a header is one write flushed before any record: this one was cut short
-        return None
-    fields = head.split(b" ")
-    if b" ".join(fields[:2]) != MAGIC or len(fields) < 3 or not fields[2].startswith(b"boot="):
-        return FOREIGN
-    return fields[2][5:].decode(errors="replace")
+    incarnation: str | None = None  # of the queue it was published in (None: journal 1)
 
 
 def read_records(path: str) -> Iterator[Record]:
@@ -131,8 +59,10 @@ def read_records(path: str) -> Iterator[Record]:
     with open(path, "rb") as f:
         data = f.read()
     at = data.find(b"\n") + 1
-    if not at:
+    version = header_version(data[: at - 1]) if at else None
+    if version is None:
         return
+    fields = 3 if version == 1 else 4
     while at < len(data):
         end = data.find(b"\n", at, at + 32)
         if end < 0 or data[at : at + 1] != b"@":
@@ -146,50 +76,14 @@ def read_records(path: str) -> Iterator[Record]:
         if len(body) != length or zlib.crc32(body) != crc:
             return
         try:
-            queue, name, payload = body.split(b"\0", 2)
-            record = Record(queue.decode(), name.decode(), payload)
-        except ValueError:  # not what a writer wrote (UnicodeDecodeError is one)
+            parts = body.split(b"\0", fields - 1)
+            queue, name, payload = parts[0], parts[-2], parts[-1]
+            born = parts[1].decode() if fields == 4 else None
+            record = Record(queue.decode(), name.decode(), payload, born)
+        except (ValueError, IndexError):  # not what a writer wrote (UnicodeDecodeError is one)
             return
         yield record
         at = end + 1 + length
-
-
-def judge(directory: str, name: str, boot: str, shared: bool = False) -> Judged:
-    """What the journal `name` needs (the module's docstring). `shared`: the root is on a
-    shared filesystem, where another host's journal is of another kernel, not of an earlier
-    boot (no process writes one there, but one that was told the filesystem is local might)."""
-    unflushed = name.startswith(UNFLUSHED + ".")
-    parsed = parse_name(name.removeprefix(UNFLUSHED + "."))
-    if parsed is None:
-        return Judged(name, Verdict.UNKNOWN, None)
-    owner, claimer, claim_boot = parsed
-    if shared and (claimer or owner).host != HOST_TAG:
-        return Judged(name, Verdict.IN_USE, owner)
-    if claimer is not None and claim_boot == boot and liveness(claimer) is not Liveness.DEAD:
-        return Judged(name, Verdict.IN_USE, owner)  # being replayed
-    written_in = read_header(os.path.join(directory, name))
-    if written_in == FOREIGN:
-        return Judged(name, Verdict.FOREIGN, owner)
-    if written_in is not None and written_in != boot:
-        return Judged(name, Verdict.CRASHED, owner)
-    if unflushed:  # what its files hold in this kernel's page cache may not be on the disk:
-        return Judged(name, Verdict.UNFLUSHED, owner)  # neither removed nor replayed from it
-    # This boot's (or torn before its header was durable: then it holds no record).
-    if claimer is None and liveness(owner) is not Liveness.DEAD:
-        return Judged(name, Verdict.IN_USE, owner)
-    return Judged(name, Verdict.DEAD, owner)
-
-
-def judge_all(root: str) -> list[Judged]:
-    directory = os.path.join(root, layout.JOURNAL_DIR)
-    try:
-        names = sorted(os.listdir(directory))
-    except FileNotFoundError:
-        return []
-    if not names:
-        return []
-    boot, shared = boot_id(), is_shared(root)
-    return [judge(directory, name, boot, shared) for name in names if not name.startswith(".")]
 
 
 def recover_journals(root: str, access: Access) -> int:
@@ -230,40 +124,14 @@ def _syncfs(root: str) -> None:
         os.close(fd)
 
 
-def keep_dead_unflushed(root: str) -> None:
-    """A `syncfs` of the root failed (a recovery's, or a checkpoint's: journal.py): the files
-    the journals of dead processes cover may not be on the disk, and the kernel reports that
-    error once, to the descriptors open when it happened: a later opener's flush would
-    succeed and remove them. So each is kept as `unflushed.<name>`, as the failing process's
-    own are (replayed after a reboot). One whose header is torn holds no record: left as it
-    is. Best effort: the caller raises the flush's error whatever happens here."""
-    directory = os.path.join(root, layout.JOURNAL_DIR)
-    boot = boot_id()
-    try:
-        for judged in judge_all(root):
-            path = os.path.join(directory, judged.name)
-            claimed = judged.name.startswith(CLAIMED + ".")  # (only an earlier boot's is)
-            if judged.verdict is Verdict.DEAD and not claimed and read_header(path) == boot:
-                try:
-                    os.rename(path, os.path.join(directory, f"{UNFLUSHED}.{judged.name}"))
-                except FileNotFoundError:
-                    pass  # another process recovered it first
-        fsync_dir(directory)
-    except OSError:
-        pass
-
-
 def replay(root: str, name: str, access: Access) -> int:
     """Claim the journal `name` of an earlier boot and write back what its records hold and
     the queues miss; the number written (0 if another process claimed it first)."""
     directory = os.path.join(root, layout.JOURNAL_DIR)
-    original = (
-        ".".join(name.split(".")[6:])
-        if name.startswith(CLAIMED + ".")
-        else name.removeprefix(UNFLUSHED + ".")
-    )
-    claim = f"{CLAIMED}.{boot_id()}.{current().token()}.{original}"
-    claimed = os.path.join(directory, claim)
+    parsed = parse_name(name.removeprefix(UNFLUSHED + "."))
+    if parsed is None:
+        return 0
+    claimed = os.path.join(directory, claim_name(boot_id(), current().token(), parsed.original))
     try:
         os.rename(os.path.join(directory, name), claimed)
     except FileNotFoundError:
@@ -293,6 +161,14 @@ def _sound(record: Record) -> bool:
 def _replay_queue(queue_dir: str, records: list[Record], access: Access) -> int:
     if not os.path.exists(os.path.join(queue_dir, layout.CONFIG_FILE)):
         return 0  # the queue was deleted since: its messages with it
+    try:
+        now = incarnation(queue_dir)
+    except OSError:
+        now = None
+    # Another creation of the queue (deleted and created again since): not its messages.
+    records = [r for r in records if r.incarnation is None or r.incarnation == now]
+    if not records:
+        return 0
     ids = {os.path.basename(r.name)[: layout.ID_LENGTH] for r in records}
     found = _locate(queue_dir, ids)
     written = 0

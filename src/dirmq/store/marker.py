@@ -10,13 +10,16 @@ the first process that writes one. A root of format 1 to 4 is read alike (flat e
 it: the `dirmq fsck` of an earlier version repairs nothing in a root of a format it does not
 know, where it would otherwise re-home what it cannot parse. A root of a format this version
 does not know is refused (`check_readable`): it may hold what this version cannot recover (a
-format-6 root, a journal a format-5 process would not replay after a machine crash).
+format-6 root, a journal a format-5 process would not replay after a machine crash). A format
+is never marked backwards: the mark of 5 edits the file it read (`mark_current`), and a
+journal's first file marks 6 again once it exists (journal.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 
 from dirmq.errors import ConfigError
 from dirmq.store import layout, smallfiles
@@ -25,6 +28,8 @@ from dirmq.store.filemodes import Access, read_marker
 ROOT_FORMAT = 6  # the newest this version reads and writes
 BASE_FORMAT = 5  # what a root is marked until a journal is written in it
 READABLE_ROOT_FORMATS = (1, 2, 3, 4, 5, 6)
+MARKER_MAX = 1 << 16  # a marker is tens of bytes: more is no marker this version wrote
+_FORMAT_VALUE = re.compile(rb'"format"\s*:\s*([1-4])(?![0-9])')
 
 
 def root_marker_bytes(access: Access, root_format: int = ROOT_FORMAT) -> bytes:
@@ -62,17 +67,49 @@ def mark_journaled(root: str, access: Access) -> None:
     smallfiles.replace_file(marker, root_marker_bytes(access), durable=True, access=access)
 
 
-def mark_current(root: str, access: Access) -> None:
+def mark_current(root: str) -> None:
     """Mark a root of an earlier format with the current one (what it holds is unchanged: each
     format only adds what a newer process writes). Left as it is where this user may not write
-    it."""
-    data = read_marker(root)
-    if not isinstance(data, dict) or data.get("format") not in READABLE_ROOT_FORMATS[:4]:
+    it.
+
+    The one marker edited in place: its format digit overwritten (one byte, which no reader
+    sees torn) in the file this call read, never a new file renamed over the name. Another
+    process may mark the root 6 (its first journal: `mark_journaled`) between this read and
+    this write; a rename would then put 5 over that 6 (an older process would take the root
+    for its own and never replay the journal), where this write goes into the file the 6
+    replaced, no longer the marker."""
+    path = os.path.join(root, layout.ROOT_MARKER)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
         return
     try:
-        marker = os.path.join(root, layout.ROOT_MARKER)
-        smallfiles.replace_file(
-            marker, root_marker_bytes(access, BASE_FORMAT), durable=True, access=access
-        )
+        data = os.read(fd, MARKER_MAX)
+        at = _format_digit(data)
+        if at is not None:
+            os.pwrite(fd, str(BASE_FORMAT).encode(), at)
+            os.fsync(fd)
     except OSError:
         pass
+    finally:
+        os.close(fd)
+
+
+def _format_digit(data: bytes) -> int | None:
+    """Where in marker `data` its format digit is, if it is an earlier one (1 to 4) and
+    overwriting it with 5 changes nothing else; None otherwise."""
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict) or parsed.get("format") not in READABLE_ROOT_FORMATS[:4]:
+        return None
+    for match in _FORMAT_VALUE.finditer(data):
+        at = match.start(1)
+        edited = data[:at] + str(BASE_FORMAT).encode() + data[at + 1 :]
+        try:
+            if json.loads(edited) == {**parsed, "format": BASE_FORMAT}:
+                return at
+        except ValueError:
+            continue
+    return None

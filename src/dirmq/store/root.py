@@ -42,6 +42,7 @@ from dirmq.store.filesystems import resolve_shared
 from dirmq.store.fsio import GroupCommit
 from dirmq.store.holders import Holders
 from dirmq.store.journal import Journal
+from dirmq.store.journal_judge import marked_unflushed
 from dirmq.store.journal_replay import recover_journals
 from dirmq.store.marker import check_readable, format_to_write, mark_current, root_marker_bytes
 from dirmq.store.names import queue_path
@@ -113,7 +114,7 @@ class Store:
         except OSError as exc:
             raise storage_error(exc, f"reading {marker}") from exc
         check_readable(self.root)
-        mark_current(self.root, self.access)
+        mark_current(self.root)
         try:
             recover_journals(self.root, self.access)
         except OSError as exc:
@@ -344,6 +345,7 @@ class Store:
             raise QueueNotFound.missing(name) from None
         except OSError as exc:
             raise storage_error(exc, f"deleting queue {name!r}") from exc
+        self.journal.forget(name)
         trash = os.path.join(self.root, layout.ROOT_TRASH)
         self.access.makedirs(trash)
         for directory in layout.STATE_DIRS:
@@ -486,7 +488,10 @@ def init_root(root: str | os.PathLike[str], *, group: str | int | None = None) -
     _init_root(path, access, replace_marker=True)  # then the walk gives the root its modes
     changed = 0
     try:
+        journals = os.path.join(path, layout.JOURNAL_DIR) + "/"
         for entry, st, _problem in list(mismatches(path, access, gid)):
+            if entry.startswith(journals) and marked_unflushed(entry):
+                continue  # its mode keeps it until a reboot replays it
             try:
                 conform(entry, st, access, gid)
             except FileNotFoundError:

@@ -1,0 +1,58 @@
+"""Which creation of a queue a directory is: its incarnation, named in each commit journal record
+(journal 2; docs/FORMAT.md, "The commit journal").
+
+A queue deleted and created again has the same name and new directories. A record named its
+queue by name only, so a replay after a machine crash wrote the deleted queue's messages into
+its successor. The incarnation is its `@ready/` directory's inode number and birth time
+(`statx`): made when the queue is created, renamed away when it is deleted, never replaced in
+between. The inode number alone does not do: ext4 gives a directory made just after another
+was removed the same number. Where the filesystem keeps no birth time it is 0, and a queue
+created again whose `@ready/` got its predecessor's inode number is taken for it.
+
+Read by `statx(2)` through ctypes (Python 3.11 has no birth time on Linux): about 2 µs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import struct
+import threading
+
+from dirmq.store import layout
+
+# PyDLL: the GIL kept for a call that takes a microsecond (released, a publisher's other
+# threads would take it over at each).
+_libc = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_statx = getattr(_libc, "statx", None)  # glibc 2.28 and later
+if _statx is not None:
+    _statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+    _statx.restype = ctypes.c_int
+_AT_FDCWD = -100
+_STATX_WANTED = 0x100 | 0x800  # STATX_INO | STATX_BTIME
+_STATX_BTIME = 0x800
+# struct statx (linux/stat.h): stx_mask at 0, stx_ino at 32, stx_btime (a 64-bit tv_sec, a
+# 32-bit tv_nsec) at 80; 256 bytes in all.
+_FIELDS = struct.Struct("=I28xQ40xqI")
+_buffers = threading.local()  # one struct statx a thread
+
+
+def incarnation(queue_dir: str) -> str:
+    """`<inode>.<birth time, ns>` of the queue at `queue_dir` (birth time 0 where unknown).
+    Raises OSError (FileNotFoundError: the queue has no `@ready/`, deleted or being made)."""
+    path = os.fsencode(queue_dir + "/" + layout.READY)
+    if _statx is None:
+        return f"{os.stat(path).st_ino}.0"
+    buffer = getattr(_buffers, "statx", None)
+    if buffer is None:
+        buffer = _buffers.statx = ctypes.create_string_buffer(256)
+    if _statx(_AT_FDCWD, path, 0, _STATX_WANTED, buffer) != 0:
+        code = ctypes.get_errno()
+        if code == errno.ENOSYS:  # a kernel before 4.11
+            return f"{os.stat(path).st_ino}.0"
+        raise OSError(code, os.strerror(code), os.fsdecode(path))
+    mask, inode, seconds, nanoseconds = _FIELDS.unpack_from(buffer)
+    born = seconds * 1_000_000_000 + nanoseconds if mask & _STATX_BTIME else 0
+    return f"{inode}.{born}"
