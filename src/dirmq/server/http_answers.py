@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 
 from dirmq.server import filesend
 from dirmq.server.contract import (
@@ -23,9 +24,11 @@ from dirmq.server.contract import (
     StreamResponse,
     SwitchProtocols,
 )
-from dirmq.server.http_connection import HttpConnection, log
+from dirmq.server.http_connection import HttpConnection
 from dirmq.server.http_wire import NO_BODY, PREALLOCATE_BYTES, error_body, response_head
 from dirmq.wire import framing
+
+log = logging.getLogger("dirmq.server")
 
 
 class Answers(HttpConnection):

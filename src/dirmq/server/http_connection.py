@@ -2,12 +2,13 @@
 turned away at once), watched for its deadline, paused and resumed for back-pressure, closed;
 and the memory budget it is charged, each charge given back exactly once.
 
-`HttpConnection` holds every field of a connection, in slots (thousands sit parked in long
-polls: each must stay small), and the methods that all of its parts use. Three parts complete
-it, each a class over it in a module of its own: `Intake` (`http_intake.py`: the bytes read,
-parsed into requests), `Answers` (`http_answers.py`: the requests answered in order) and
-`Refusals` (`http_refusals.py`: a request refused, then the connection closed); `HttpProtocol`
-(`http.py`) is all of them in one object, so a call between parts is a plain method call.
+`HttpConnection` holds every field of a connection and the methods that all of its parts use.
+Three parts complete it, each a class over it in a module of its own: `Intake`
+(`http_intake.py`: the bytes read, parsed into requests), `Answers` (`http_answers.py`: the
+requests answered in order) and `Refusals` (`http_refusals.py`: a request refused, then the
+connection closed). `HttpProtocol` (`http.py`) is all of them in one object: a call from one
+part to another is a plain method call, and what this class calls of the parts is declared
+below for the type checker.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ _METHOD_NAMES = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE",
 
 
 class HttpConnection(asyncio.Protocol):
+    """A connection's fields and its life; `HttpProtocol` (`http.py`) completes it."""
+
     # Slots: thousands of connections sit parked in long polls; each must stay small. The parts
     # (and HttpProtocol) add none.
     __slots__ = (
@@ -145,7 +148,7 @@ class HttpConnection(asyncio.Protocol):
         self._in_message = False
         self._upload: Upload | None = None  # the body going to its sink (bodies.py)
 
-    if TYPE_CHECKING:  # what the parts define and the others call (each is one of them)
+    if TYPE_CHECKING:  # defined by the part named, called from this class or another part
 
         def _feed_unparsed(self) -> None: ...  # Intake
 
@@ -165,7 +168,7 @@ class HttpConnection(asyncio.Protocol):
             self, status: int, message: str, extra: tuple[tuple[str, str], ...] = ()
         ) -> None: ...
 
-    # -- connection lifecycle -------------------------------------------------------------------
+    # -- connection lifecycle ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
@@ -252,7 +255,7 @@ class HttpConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
-    # -- back-pressure: nothing more is read while answers are unsent ---------------------------
+    # -- back-pressure: nothing more is read while answers are unsent ------------------------------
     def pause_writing(self) -> None:
         if self._upgraded is not None:
             self._upgraded.writable(False)
@@ -303,7 +306,7 @@ class HttpConnection(asyncio.Protocol):
             or (self._pending is not None and len(self._pending) > MAX_PIPELINED)
         )
 
-    # -- the memory budget: what this connection holds is given back once -----------------------
+    # -- the memory budget: what this connection holds is given back once --------------------------
     def _charge_response(self, size: int) -> None:
         """A response body left in the write buffer (a slow reader) counts against the budget
         until the buffer drains below its low-water mark."""
@@ -344,7 +347,7 @@ class HttpConnection(asyncio.Protocol):
             self._server.budget.give(request.held_bytes)
             request.held_bytes = 0
 
-    # -- timers (Listener._sweep checks every connection's deadline) -----------------------------
+    # -- timers (Listener._sweep checks every connection's deadline) -------------------------------
     def _arm(self, seconds: float) -> None:
         self.deadline = self._loop.time() + seconds
 
@@ -361,7 +364,7 @@ class HttpConnection(asyncio.Protocol):
         elif self._task is None and self._transport is not None:
             self._transport.close()  # idle keep-alive connection
 
-    # -- used by several parts ------------------------------------------------------------------
+    # -- used by several parts ---------------------------------------------------------------------
     def _method(self) -> str:
         method = self._parser.get_method()
         return _METHOD_NAMES.get(method) or method.decode("ascii", "replace")

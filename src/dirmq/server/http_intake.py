@@ -6,14 +6,15 @@ server's limit, the application's early check and the memory budget (reserved fr
 Content-Length before a byte of it is read, a chunked one as it arrives); reads a large body
 into one buffer, or hands it to the sink the application gives for it (`bodies.py`) as it
 arrives; answers `Expect: 100-continue`; and hands each complete `Request` to be answered
-(`http_answers.py`), in order. A limit broken inside a callback is raised as `_Reject` and
-refused by `_feed_piece` (`http_refusals.py`). Its first read may send a streaming consumer's
-connection to another worker (`balance.py`).
+(`http_answers.py`), in order. A limit broken inside a callback is raised as `_Reject`, which
+`_feed_piece` turns into a refusal (`http_refusals.py`). A connection's first read may send a
+streaming consumer to another worker (`balance.py`).
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import time
 from collections import deque
 
@@ -21,7 +22,7 @@ import httptools
 
 from dirmq.server.bodies import STREAM_BODY_BYTES, Upload, window_for
 from dirmq.server.contract import Request, Response
-from dirmq.server.http_connection import HttpConnection, log
+from dirmq.server.http_connection import HttpConnection
 from dirmq.server.http_wire import (
     PREALLOCATE_BYTES,
     content_length,
@@ -29,6 +30,8 @@ from dirmq.server.http_wire import (
     header_text,
     split_url,
 )
+
+log = logging.getLogger("dirmq.server")
 
 # What one read brings is parsed this much at a time, so that parsing stops (keeping the rest)
 # as soon as the connection must not be read: 256 KiB of pipelined requests would otherwise
@@ -47,6 +50,8 @@ def _over_the_limit(limit_bytes: int) -> str:
 
 
 class _Reject(Exception):
+    """A request refused from inside a parser callback (httptools wraps it: `_feed_piece`)."""
+
     def __init__(
         self,
         status: int,
@@ -66,7 +71,7 @@ class Intake(HttpConnection):
 
     __slots__ = ()
 
-    # -- reading ----------------------------------------------------------------------------------
+    # -- reading -----------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         if self._upgraded is not None:
             self._upgraded.data_received(data)
@@ -163,7 +168,7 @@ class Intake(HttpConnection):
                 self._fail(400, f"malformed HTTP request: {exc}")
         return False
 
-    # -- parsing (httptools callbacks) ----------------------------------------------------------
+    # -- parsing (httptools callbacks) -------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._drop_upload()
         self._reset_message()
