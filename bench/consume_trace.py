@@ -62,8 +62,9 @@ QUEUE = "q"
 LOOP_CALLS = {"epoll_wait", "epoll_pwait", "epoll_ctl", "futex", "getpid", "clock_gettime"}
 # py-spy self time by layer, from the innermost frame's file as py-spy prints it (relative to
 # sys.path: "dirmq/store/pool.py"; the server's modules and the standard library's by base name).
+HTTP_PARTS = ("", "_listener", "_connection", "_intake", "_answers", "_refusals", "_wire")
 LAYERS = {
-    "http.py": "HTTP parsing and responses (server/http.py)",
+    **{f"http{part}.py": "HTTP parsing and responses (server/http.py)" for part in HTTP_PARTS},
     "broker.py": "broker (server/broker.py)",
     "runners.py": "event loop (uvloop's C: sockets, epoll, callbacks)",
 }

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 
 import dirmq
 from dirmq.server.contract import LATER, Later, Request, Respond, Response, StreamResponse
-from dirmq.server.http import HttpServer, Limits, _Clock, _first_values, _response_head
+from dirmq.server.http import HttpServer
+from dirmq.server.http_listener import Limits
+from dirmq.server.http_wire import Clock, first_values, response_head
 from dirmq.server.metrics import Metrics
 from dirmq.server.multiprocess import MetricsFiles
 from dirmq.wire import framing
@@ -27,11 +29,11 @@ from dirmq.wire import framing
 @pytest.mark.parametrize("status", [200, 201, 204, 304, 404, 503])
 @pytest.mark.parametrize("keep_alive", [True, False])
 def test_response_heads_are_framings_bytes(status: int, keep_alive: bool) -> None:
-    clock = _Clock()
+    clock = Clock()
     headers = [("Content-Type", "application/json"), ("X-Attr-Name", "é ü"), ("X-Empty", "")]
     while True:  # the Date is the clock's second: built again if it turned meanwhile
         date = clock.date()
-        got = _response_head(clock.prefix(status), headers, status, 17, keep_alive)
+        got = response_head(clock.prefix(status), headers, status, 17, keep_alive)
         if clock.date() == date:
             break
     expected = framing.response_head(
@@ -46,7 +48,7 @@ def test_response_heads_are_framings_bytes(status: int, keep_alive: bool) -> Non
 @pytest.mark.parametrize("value", ["a\r\nInjected: 1", "a\nb", "a\rb"])
 def test_response_heads_refuse_line_breaks(value: str) -> None:
     with pytest.raises(ValueError, match="CR/LF"):
-        _response_head(_Clock().prefix(200), [("X-Attr-A", value)], 200, 0, True)
+        response_head(Clock().prefix(200), [("X-Attr-A", value)], 200, 0, True)
 
 
 class _Transport(asyncio.Transport):
@@ -122,7 +124,7 @@ def test_a_query_reads_as_parse_qsl_reads_it(query: str) -> None:
     expected: dict[str, str] = {}
     for name, value in parse_qsl(query, keep_blank_values=True, errors="surrogateescape"):
         expected.setdefault(name, value)
-    assert _first_values(query) == expected
+    assert first_values(query) == expected
 
 
 def test_every_connection_is_served_without_nagle_delays() -> None:
@@ -147,9 +149,7 @@ def test_every_connection_is_served_without_nagle_delays() -> None:
                 break
             await asyncio.sleep(0.01)
         options = [
-            c._transport.get_extra_info("socket").getsockopt(
-                socket.IPPROTO_TCP, socket.TCP_NODELAY
-            )
+            c._transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
             for c in server.connections
             if c._transport is not None
         ]

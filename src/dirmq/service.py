@@ -48,7 +48,7 @@ from dirmq.server.addresses import is_loopback_host, parse_address
 from dirmq.server.contract import Observe
 from dirmq.server.credentials import exposure_warning, legacy_credentials, load_credentials
 from dirmq.server.dialect import Router, observe_all
-from dirmq.server.http import Limits
+from dirmq.server.http_listener import Limits
 from dirmq.server.logs import LogSettings
 from dirmq.server.metrics import DEFAULT_MAX_QUEUES
 from dirmq.server.tls import tls_files

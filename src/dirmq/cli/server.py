@@ -222,7 +222,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from dirmq.console.samples import DEFAULT_INTERVAL_S
     from dirmq.server.budget import default_body_memory_bytes
-    from dirmq.server.http import Limits
+    from dirmq.server.http_listener import Limits
     from dirmq.server.logs import LogSettings
     from dirmq.server.metrics import DEFAULT_MAX_QUEUES
     from dirmq.service import ServeOptions, serve

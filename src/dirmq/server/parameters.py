@@ -13,7 +13,7 @@ from dirmq.errors import InvalidArgument
 
 def check_parameters(query: Mapping[str, str], accepted: frozenset[str], where: str) -> None:
     """InvalidArgument if a name in `query` is not in `accepted`, saying which are, or if a
-    name or value is not UTF-8 once percent-decoded (see `http._first_values`)."""
+    name or value is not UTF-8 once percent-decoded (see `http_wire.first_values`)."""
     for name, value in query.items():
         if not _is_text(name) or not _is_text(value):
             raise InvalidArgument(

@@ -52,7 +52,9 @@ from dirmq.server.balance import ConnectionBalance
 from dirmq.server.broker import Broker
 from dirmq.server.budget import MemoryBudget, WorkerSlots, shared_slots
 from dirmq.server.dialect import Router, unique_dialects
-from dirmq.server.http import LINGER_S, HttpServer, Limits
+from dirmq.server.http import HttpServer
+from dirmq.server.http_listener import Limits
+from dirmq.server.http_refusals import LINGER_S
 from dirmq.server.logs import fields
 from dirmq.server.metrics import DEFAULT_MAX_QUEUES, Metrics, worker_restarts
 from dirmq.server.multiprocess import MetricsFiles
