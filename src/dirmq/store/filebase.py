@@ -49,7 +49,7 @@ class QueueFileBase:
 
     def __init__(self, context: QueueContext, name: str, path: str) -> None:
         self.name = name
-        self.dir = _StateDirs(os.path.join(path, ""))
+        self.dir = _StateDirs(path if path.endswith(os.sep) else path + os.sep)
         self.queue_dir = path
         self._context = context
         self.access = context.access  # the modes of every file written here

@@ -57,7 +57,6 @@ _WATCHED = (layout.READY, layout.LEASED, layout.DELAYED, layout.SLOTS, layout.BA
 # others are empty a lease can only be taken from @ready, whose watch tells of it.
 _IDLE_LOOKED = (layout.READY, layout.BACKLOG, layout.DELAYED, layout.LEASED)
 _IDLE_WATCHED = _IDLE_LOOKED[:3]
-_IDLE_LOOKED_INTO = (layout.READY, layout.DELAYED, layout.LEASED)  # listed; @backlog: _no_bucket
 _NOTHING_RECOVERED = SweepReport()  # frozen: one for every view not yet opened
 
 
@@ -103,7 +102,7 @@ class QueueView:
 
     def reload_config(self) -> None:
         """Re-read @queue.json now if it changed (QueueNotFound if the queue is gone)."""
-        config_path = os.path.join(self.path, layout.CONFIG_FILE)
+        config_path = self.path + os.sep + layout.CONFIG_FILE  # a queue's path ends in no /
         try:
             if self._config is None and self._config_stamp is not None:
                 # Opened lazily: stamped by the open's stat, which came first (a change since
@@ -290,9 +289,10 @@ class QueueView:
 
     def watch_if_idle(self, listener: Callable[[], None]) -> Callable[[], None] | None:
         """`Queue.watch_if_idle`: watch the directories of `_IDLE_WATCHED`, then look into
-        those of `_IDLE_LOOKED` (so nothing arriving in between is missed); the unsubscribe if
-        all four were empty, else None (also with an index already, a polled queue, no watch to
-        be had, or a directory missing: the index's way of waiting handles each). A queue
+        those of `_IDLE_LOOKED` (listed; @backlog: `_no_bucket`), so nothing arriving in
+        between is missed; the unsubscribe if all four were empty, else None (also with an
+        index already, a polled queue, no watch to be had, or a directory missing: the index's
+        way of waiting handles each). A queue
         opened lazily has its configuration read first: what is wrong with it (CorruptConfig,
         QueueNotFound) is raised now, not at the first change."""
         if self.index is not None:
@@ -314,8 +314,11 @@ class QueueView:
             return None
         idle = False
         try:
-            idle = all(_empty(directories[d]) for d in _IDLE_LOOKED_INTO) and _no_bucket(
-                directories[layout.BACKLOG]
+            idle = (
+                _empty(directories[layout.READY])
+                and _empty(directories[layout.DELAYED])
+                and _empty(directories[layout.LEASED])
+                and _no_bucket(directories[layout.BACKLOG])
             )
         except OSError:  # a directory gone: the queue deleted, or being
             pass
