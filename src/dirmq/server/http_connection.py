@@ -197,15 +197,13 @@ class HttpConnection(asyncio.Protocol):
             self._transport.close()
             self._closed = True
             return
-        if self._server.loopback_only and not is_loopback_peer(
-            transport.get_extra_info("peername")
-        ):
+        peer = transport.get_extra_info("peername")
+        if self._server.loopback_only and not is_loopback_peer(peer):
             self._write_error(403, PROTECTED_MODE)
             self._transport.close()
             self._closed = True
             return
         self._server.watch(self)
-        peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
             self._peer = str(peer[0])
         # No TCP_NODELAY here: uvloop sets it on every TCP transport, accepted or passed
