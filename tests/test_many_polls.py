@@ -577,3 +577,37 @@ def test_thousands_of_polls_ending_together_leave_the_line_swept_and_in_order(
         store.close()
     assert kept <= 4, kept  # the two live ones, and what ended after the last sweep
     assert got == [[b"first"], [b"second"]]
+
+
+def test_streams_served_by_a_dispatch_go_to_the_back_in_the_order_last_served(
+    root: Path,
+) -> None:
+    """A dispatch moves the streams it served (still in the line, credit left) to the line's
+    back, in one pass: the others keep their order, a stream served twice takes its place by
+    its last serving, and one no longer in the line is not put back."""
+    from dirmq.server.waiter import Waiter
+
+    with dirmq.Store(root) as setup:
+        setup.create_queue("streams")
+    store = dirmq.Store(root)
+
+    async def main() -> list[int]:
+        broker = Broker(store)
+        try:
+            line = broker.waiter_line(store.queue("streams"))
+            loop = asyncio.get_running_loop()
+            waiters = [Waiter(n + 1, None, loop.create_future()) for n in range(6)]
+            line._waiters.extend(waiters[:5])  # the sixth has left the line
+            _a, b, _c, d, _e, gone = waiters
+            line._to_the_back([b, d, gone, b])  # b served twice: its last serving counts
+            order = [w.max_count for w in line._waiters]
+            line._waiters.clear()
+            return order
+        finally:
+            broker.close()
+
+    try:
+        order = asyncio.run(main())
+    finally:
+        store.close()
+    assert order == [1, 3, 5, 4, 2]  # a, c, e stay in order; then d, then b

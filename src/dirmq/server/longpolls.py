@@ -29,8 +29,8 @@ import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from dirmq.server.arming import Armed, subscribe_and_look
 from dirmq.server.broker_host import INLINE_MAX_MESSAGES, BrokerHost
 from dirmq.server.queuecounts import DELIVERED
 from dirmq.server.waiter import SideDelivery, Waiter, expire
@@ -44,16 +44,6 @@ IDLE_RECHECK_S = 30.0
 # last one's wait is over, is not registered again (three watches and looks a poll).
 LINGER_S = 1.0
 _IDLE, _PENDING, _QUIET, _ARMING, _ARMED = "idle", "pending", "quiet", "arming", "armed"
-
-
-@dataclass(frozen=True, slots=True)
-class _Armed:
-    """What arming a line found out (`_subscribe_and_look`)."""
-
-    unsubscribe: Callable[[], None]
-    polled: bool
-    due_s: float | None
-    got: list[Message]
 
 
 class LongPolls:
@@ -269,7 +259,7 @@ class LongPolls:
         self._again = False
         head = self._waiters[0]
         look = functools.partial(
-            _subscribe_and_look,
+            subscribe_and_look,
             self.queue,
             self._notice,
             head.max_count,
@@ -334,7 +324,7 @@ class LongPolls:
         if self._again:  # a change came while the watch was being set up: look now
             self._woken()
 
-    def _armed(self, head: Waiter, armed: _Armed | None, error: BaseException | None) -> None:
+    def _armed(self, head: Waiter, armed: Armed | None, error: BaseException | None) -> None:
         if error is not None or armed is None:
             self._state = _IDLE
             self._fail(error or RuntimeError("arming a long poll line returned nothing"))
@@ -524,12 +514,28 @@ class LongPolls:
                 served.append(other)
             else:
                 other.future.set_result(share)
-        for other in served:
-            if other in self._waiters:
-                self._waiters.remove(other)
-                self._waiters.append(other)
+        if served:
+            self._to_the_back(served)
         self._live_waiters()
         self.broker.give_back(self.queue, rest)
+
+    def _to_the_back(self, served: list[Waiter]) -> None:
+        """The streams of `served` still in the line go to its back, in the order they were
+        last served: one pass over the line (a scan and a removal each cost the line's length
+        a stream, with many streams on a queue)."""
+        last: dict[int, Waiter] = {}
+        for waiter in served:
+            last.pop(id(waiter), None)  # served again: its place is its last serving's
+            last[id(waiter)] = waiter
+        staying: deque[Waiter] = deque()
+        moving: set[int] = set()
+        for waiter in self._waiters:
+            if id(waiter) in last:
+                moving.add(id(waiter))
+            else:
+                staying.append(waiter)
+        staying.extend(w for key, w in last.items() if key in moving)
+        self._waiters = staying
 
     # -- ending ----------------------------------------------------------------------------------
     def _fail(self, error: BaseException) -> None:
@@ -565,26 +571,3 @@ class LongPolls:
     def _linger_over(self) -> None:
         self._linger = None
         self._retire_if_unwaited(linger=False)
-
-
-def _subscribe_and_look(
-    queue: Queue,
-    listener: Callable[[], None],
-    max_count: int,
-    visibility_s: float | None,
-    max_per_group: int | None,
-    consumer: str | None,
-) -> _Armed:
-    """Arm a line (on the loop or the cold lane): subscribe first, then look, so that nothing
-    published in between goes unnoticed."""
-    unsubscribe = queue.subscribe(listener)
-    try:
-        polled = queue.polled()
-        due_s = queue.next_due_s()
-        got = queue.get(
-            max_count, visibility_s=visibility_s, max_per_group=max_per_group, consumer=consumer
-        )
-    except BaseException:
-        unsubscribe()
-        raise
-    return _Armed(unsubscribe, polled, due_s, got)
