@@ -161,6 +161,46 @@ def test_marking_an_earlier_root_5_never_writes_over_a_journal_writers_6(
     kill(publishers[0])
 
 
+@pytest.mark.parametrize("rewrite", ["dirmq init", "fsck"])
+def test_a_marker_written_anew_never_leaves_5_over_a_journal_writers_6(
+    root: Path, monkeypatch: pytest.MonkeyPatch, rewrite: str
+) -> None:
+    """`dirmq init` (a root's access set again) and fsck (a broken marker repaired) write the
+    marker anew: they read the format to write (5: no journal yet), and another process
+    writes its first journal, marking 6, before their rename. The root must end marked 6."""
+    with dirmq.Store(root, journal=False) as setup:
+        setup.create_queue("q")
+    assert _format(root) == 5
+    if rewrite == "fsck":
+        (root / layout.ROOT_MARKER).write_text("not a marker\n")
+    marker = str(root / layout.ROOT_MARKER)
+    publishers = []
+
+    def by_name(real):  # type: ignore[no-untyped-def]
+        def call(src, dst, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if os.fspath(dst) == marker and not publishers:  # between the read and the rename
+                publisher = spawn("publish", root, "q", module="tests.support.journal_workers")
+                publishers.append(publisher)
+                assert publisher.stdout is not None and publisher.stdout.readline()
+                assert _format(root) == 6 and _journals(root)
+            return real(src, dst, *args, **kwargs)
+
+        return call
+
+    for name in ("replace", "rename", "link"):
+        monkeypatch.setattr(os, name, by_name(getattr(os, name)))
+    try:
+        if rewrite == "fsck":
+            fsck(root, repair=True)
+        else:
+            init_root(root)
+        assert publishers, "the marker was not written anew"
+        assert _format(root) == 6, "marked backwards"
+    finally:
+        for publisher in publishers:
+            kill(publisher)
+
+
 def test_an_earlier_roots_marker_is_marked_5_in_place_the_rest_as_it_was(root: Path) -> None:
     with dirmq.Store(root, journal=False):
         pass

@@ -19,7 +19,7 @@ from dirmq.store.filemodes import GROUP, Access, conform, inferred_access, misma
 from dirmq.store.fsck_findings import Kind, Run, scandir, set_aside, unlinker
 from dirmq.store.holders import is_record_name, orphan_record
 from dirmq.store.journal_judge import marked_unflushed
-from dirmq.store.marker import READABLE_ROOT_FORMATS, format_to_write, root_marker_bytes
+from dirmq.store.marker import READABLE_ROOT_FORMATS, write_marker
 from dirmq.store.recovery import older_than
 
 _MISSING = object()
@@ -68,9 +68,7 @@ def check_root(run: Run) -> None:
 
 
 def _write_marker(run: Run) -> str:
-    marker = os.path.join(run.root, layout.ROOT_MARKER)
-    data = root_marker_bytes(run.access, format_to_write(run.root))
-    smallfiles.replace_file(marker, data, durable=True, access=run.access)
+    write_marker(run.root, run.access)
     return f"wrote a fresh {layout.ROOT_MARKER} ({run.access.name} access)"
 
 

@@ -46,6 +46,21 @@ def format_to_write(root: str) -> int:
     return ROOT_FORMAT if os.path.isdir(os.path.join(root, layout.JOURNAL_DIR)) else BASE_FORMAT
 
 
+def write_marker(root: str, access: Access) -> None:
+    """Write `@dirmq.json` anew (durably) for `access`, in the format `format_to_write` says.
+    That read and this rename are not one step: a process that writes its first journal
+    between them marks 6, which the rename would put 5 over. So a 5 written where journals
+    exist now is marked 6 again (the journal's own re-mark, once its first file exists, covers
+    a rename that comes before that file)."""
+    root_format = format_to_write(root)
+    marker = os.path.join(root, layout.ROOT_MARKER)
+    smallfiles.replace_file(
+        marker, root_marker_bytes(access, root_format), durable=True, access=access
+    )
+    if root_format != ROOT_FORMAT and os.path.isdir(os.path.join(root, layout.JOURNAL_DIR)):
+        mark_journaled(root, access)
+
+
 def check_readable(root: str) -> None:
     """Refuse a root marked with a format this version does not know (a newer one)."""
     data = read_marker(root)

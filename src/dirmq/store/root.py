@@ -44,7 +44,13 @@ from dirmq.store.holders import Holders
 from dirmq.store.journal import Journal
 from dirmq.store.journal_judge import marked_unflushed
 from dirmq.store.journal_replay import recover_journals
-from dirmq.store.marker import check_readable, format_to_write, mark_current, root_marker_bytes
+from dirmq.store.marker import (
+    check_readable,
+    format_to_write,
+    mark_current,
+    root_marker_bytes,
+    write_marker,
+)
 from dirmq.store.names import queue_path
 from dirmq.store.queue import Queue
 from dirmq.store.watch import InotifyHub, polls
@@ -458,7 +464,6 @@ def _init_root(root: str, access: Access, *, replace_marker: bool = False) -> No
     when its marker is made here (where this user may change it): the root is new, whoever
     made its directory."""
     marker = os.path.join(root, layout.ROOT_MARKER)
-    data = root_marker_bytes(access, format_to_write(root))
     try:
         os.makedirs(os.path.dirname(root), exist_ok=True)
         try:
@@ -467,8 +472,16 @@ def _init_root(root: str, access: Access, *, replace_marker: bool = False) -> No
         except FileExistsError:
             existed = True
         if replace_marker:
-            smallfiles.replace_file(marker, data, durable=True, access=access)
-        elif smallfiles.create_file(marker, data, durable=True, access=access) and existed:
+            write_marker(root, access)
+        elif (
+            smallfiles.create_file(
+                marker,
+                root_marker_bytes(access, format_to_write(root)),
+                durable=True,
+                access=access,
+            )
+            and existed
+        ):
             with contextlib.suppress(PermissionError):
                 os.chmod(root, access.dir_mode)
     except OSError as exc:
