@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import os
 import shutil
 import threading
@@ -27,7 +26,7 @@ from dirmq.store import journal as journal_module
 from dirmq.store.config import QueueConfig
 from dirmq.store.direct_lease import DirectLease
 from dirmq.store.fsck import Kind, fsck
-from dirmq.store.journal_format import boot_id, header, record_pieces
+from dirmq.store.journal_format import header, record_pieces
 from dirmq.store.journal_judge import Verdict, judge_all
 from dirmq.store.journal_replay import read_records
 from dirmq.store.marker import BASE_FORMAT, ROOT_FORMAT
@@ -35,21 +34,11 @@ from dirmq.store.processes import HOST_TAG, ProcessIdentity, current
 
 from .support.disks import small_tmpfs
 from .support.faultfs import FaultyFS
+from .support.journal_roots import ANOTHER_BOOT, as_if_rebooted, journals, root_format
 from .support.procs import dead_pid, kill, spawn
 from .support.servers import start_server
 from .support.spies import spy
 from .support.waiting import wait_until
-
-ANOTHER_BOOT = "00000000-0000-4000-8000-000000000000"  # a boot id this kernel never had
-
-
-def _journals(root: Path) -> list[str]:
-    directory = root / layout.JOURNAL_DIR
-    return sorted(os.listdir(directory)) if directory.exists() else []
-
-
-def _format(root: Path) -> int:
-    return int(json.loads((root / layout.ROOT_MARKER).read_text())["format"])
 
 
 def _dead_owner() -> str:
@@ -99,7 +88,7 @@ def test_a_groups_record_is_flushed_before_its_files_are_named(
 ) -> None:
     store = dirmq.Store(root)
     q = store.create_queue("q")
-    assert _format(root) == BASE_FORMAT, "no journal yet: the root stays readable by format 5"
+    assert root_format(root) == BASE_FORMAT, "no journal yet: the root stays readable by format 5"
     ready_at_flush: list[list[str]] = []
     real_fdatasync = os.fdatasync
 
@@ -112,20 +101,20 @@ def test_a_groups_record_is_flushed_before_its_files_are_named(
     monkeypatch.setattr(os, "fdatasync", real_fdatasync)
     assert ready_at_flush[-1] == [], "a file was named before its record was durable"
     assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted(ids)
-    assert _format(root) == ROOT_FORMAT, "the first journal marks the root format 6"
-    [journal] = _journals(root)
+    assert root_format(root) == ROOT_FORMAT, "the first journal marks the root format 6"
+    [journal] = journals(root)
     records = list(read_records(str(root / layout.JOURNAL_DIR / journal)))
     assert [(r.queue, r.name) for r in records] == [("q", f"@ready/{i}") for i in ids]
     assert [r.data for r in records] == [_file_of(q, i)[1] for i in ids]
     store.close()
-    assert _journals(root) == [], "close checkpoints and removes the journal"
+    assert journals(root) == [], "close checkpoints and removes the journal"
 
 
 def test_a_group_of_thousands_is_one_journal_append(root: Path) -> None:
     with dirmq.Store(root) as store:
         q = store.create_queue("q")
         ids = q.put_many([b"%d" % i for i in range(2000)])  # 6,000 pieces: past IOV_MAX
-        [journal] = _journals(root)
+        [journal] = journals(root)
         records = list(read_records(str(root / layout.JOURNAL_DIR / journal)))
         assert [r.name.rpartition("/")[2] for r in records] == ids
         assert {r.name.split("/")[0] for r in records} == {"@ready", "@backlog"}  # past 1,000
@@ -135,12 +124,12 @@ def test_a_checkpoint_removes_the_journal_once_the_files_are_flushed(root: Path)
     store = dirmq.Store(root)
     q = store.create_queue("q")
     q.put(b"x")
-    first = _journals(root)
+    first = journals(root)
     assert len(first) == 1
-    wait_until(lambda: first[0] not in _journals(root), 10, "a checkpoint")
+    wait_until(lambda: first[0] not in journals(root), 10, "a checkpoint")
     q.put(b"y")  # a new journal file, since the last one was dropped
-    assert _journals(root) and _journals(root) != first
-    wait_until(lambda: not _journals(root), 10, "an idle journal closed")
+    assert journals(root) and journals(root) != first
+    wait_until(lambda: not journals(root), 10, "an idle journal closed")
     assert store.journal.checkpoints >= 2
     assert q.stats().ready == 2
     store.close()
@@ -186,7 +175,7 @@ def test_publishing_while_and_after_the_store_closes_leaves_no_journal(root: Pat
     publisher.join()
     # A journal made after the close would have no checkpoint to flush and remove it: never
     # removed while the process lives, replayed whole after a machine crash.
-    assert _journals(root) == []
+    assert journals(root) == []
     ready = os.listdir(os.path.join(q.path, layout.READY))
     assert sorted(ready) == sorted(acknowledged), "every publish stored, once"
 
@@ -206,7 +195,7 @@ def test_a_store_left_unclosed_holds_no_descriptor_once_its_journal_is_idle(root
         except FileNotFoundError:
             pass  # listdir's own
     assert str(root) not in held
-    assert _journals(root) == []
+    assert journals(root) == []
     store.close()
 
 
@@ -214,7 +203,7 @@ def test_a_forked_child_never_writes_into_its_parents_journal(root: Path) -> Non
     store = dirmq.Store(root)
     q = store.create_queue("q")
     mine = q.put(b"parent")
-    [journal] = _journals(root)
+    [journal] = journals(root)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the parent's Store, used in the child: its own flush
@@ -230,7 +219,7 @@ def test_a_forked_child_never_writes_into_its_parents_journal(root: Path) -> Non
     assert [r.name for r in records] == [f"{layout.READY}/{mine}"]
     assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted([mine, child])
     store.close()
-    assert _journals(root) == []
+    assert journals(root) == []
 
 
 def test_a_forked_child_holds_none_of_its_parents_journal_descriptors(root: Path) -> None:
@@ -239,7 +228,7 @@ def test_a_forked_child_holds_none_of_its_parents_journal_descriptors(root: Path
     store = dirmq.Store(root)
     q = store.create_queue("q")
     q.put(b"parent")
-    [journal] = _journals(root)
+    [journal] = journals(root)
     forked, go = os.pipe()
     hold, release = os.pipe()
     pid = os.fork()
@@ -265,7 +254,7 @@ def test_a_forked_child_holds_none_of_its_parents_journal_descriptors(root: Path
         for fd in (forked, go, hold, release):
             os.close(fd)
         store.close()
-    assert _journals(root) == []
+    assert journals(root) == []
 
 
 def test_the_direct_path_commits_through_the_journal(
@@ -279,7 +268,7 @@ def test_the_direct_path_commits_through_the_journal(
     assert q.direct.admits(message, None)
     [leased] = q.direct.put_leased([DirectLease(message, 30.0, None)])
     assert flushed_dirs == [], "no directory fsync: the journal's record made it durable"
-    [journal] = _journals(root)
+    [journal] = journals(root)
     [record] = read_records(str(root / layout.JOURNAL_DIR / journal))
     assert record.name.startswith(f"{layout.LEASED}/{leased.id}.1.")
     q.ack(leased.receipt or "")
@@ -289,7 +278,7 @@ def test_the_direct_path_commits_through_the_journal(
 def test_the_journal_off_leaves_the_root_at_format_5(root: Path) -> None:
     with dirmq.Store(root, journal=False) as store:
         store.create_queue("q").put_many([b"a", b"b"])
-        assert _journals(root) == [] and _format(root) == BASE_FORMAT
+        assert journals(root) == [] and root_format(root) == BASE_FORMAT
 
 
 def test_a_queue_on_another_filesystem_is_not_committed_through_the_journal(root: Path) -> None:
@@ -300,9 +289,9 @@ def test_a_queue_on_another_filesystem_is_not_committed_through_the_journal(root
     with small_tmpfs(root, "4m") as mount_point, dirmq.Store(root) as store:
         elsewhere = store.create_queue(mount_point.name)
         elsewhere.put_many([b"a", b"b"])
-        assert _journals(root) == [], "committed by its own flush"
+        assert journals(root) == [], "committed by its own flush"
         here = store.create_queue("q").put(b"c")
-        [journal] = _journals(root)
+        [journal] = journals(root)
         [record] = read_records(str(root / layout.JOURNAL_DIR / journal))
         assert record.name == f"{layout.READY}/{here}"
         assert elsewhere.stats().ready == 2
@@ -316,7 +305,7 @@ def test_a_failed_append_or_flush_fails_the_group_and_counts_no_record(
     store = dirmq.Store(root)
     q = store.create_queue("q")
     kept = q.put(b"before")
-    [journal] = _journals(root)
+    [journal] = journals(root)
     path = root / layout.JOURNAL_DIR / journal
     size = path.stat().st_size
     faults = FaultyFS(monkeypatch, root)
@@ -329,7 +318,7 @@ def test_a_failed_append_or_flush_fails_the_group_and_counts_no_record(
     assert os.listdir(os.path.join(q.path, layout.TMP)) == []
     assert path.stat().st_size == size, "the failed group's records were truncated away"
     later = q.put(b"after")  # the journal goes on (a new file after a failed flush)
-    names = [r.name for j in _journals(root) for r in read_records(str(root / "@journal" / j))]
+    names = [r.name for j in journals(root) for r in read_records(str(root / "@journal" / j))]
     assert f"@ready/{later}" in names and not any("lost" in n for n in names)
     assert sorted(m.body for m in q.get(5)) == [b"after", b"before"]
     store.close()
@@ -343,20 +332,20 @@ def test_a_journal_file_that_cannot_be_made_leaves_publishes_to_their_own_flush(
     store = dirmq.Store(root)
     q = store.create_queue("q")
     ids = [q.put(b"first")]
-    [first] = _journals(root)
+    [first] = journals(root)
     faults = FaultyFS(monkeypatch, root / layout.JOURNAL_DIR)
     faults.fail("open", errno.EMFILE)
 
     def checkpointed() -> bool:
         ids.append(q.put(b"more"))
-        return first not in _journals(root)
+        return first not in journals(root)
 
     wait_until(checkpointed, 10, "the journal checkpointed and removed")
     ids.append(q.put(b"after"))  # no journal to be had: flushed itself
     faults.clear()
     assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted(ids)
     store.close()
-    assert _journals(root) == []
+    assert journals(root) == []
 
 
 def test_a_failed_checkpoint_keeps_the_journal_until_a_reboot_replays_it(
@@ -373,25 +362,24 @@ def test_a_failed_checkpoint_keeps_the_journal_until_a_reboot_replays_it(
     monkeypatch.setattr(journal_module, "syncfs", fsio.syncfs)  # the faulty one
     faults.fail("syncfs", errno.EIO)
     kept = q.put(b"kept")
-    [journal] = _journals(root)
+    [journal] = journals(root)
     wait_until(lambda: faults.raised["syncfs"] >= 1, 30, "a failed checkpoint")
     faults.clear()
-    wait_until(lambda: _journals(root) == [f"unflushed.{journal}"], 30, "the journal kept")
+    wait_until(lambda: journals(root) == [f"unflushed.{journal}"], 30, "the journal kept")
     later = q.put(b"later")  # its own flush: no journal
-    assert _journals(root) == [f"unflushed.{journal}"]
+    assert journals(root) == [f"unflushed.{journal}"]
     store.close()
     with dirmq.Store(root):  # a same-boot opener leaves it: the page cache proves nothing
-        assert _journals(root) == [f"unflushed.{journal}"]
+        assert journals(root) == [f"unflushed.{journal}"]
     report = fsck(root, repair=True)
     assert [p.kind for p in report.problems] == [Kind.UNFLUSHED_JOURNAL]
-    assert not report.ok and _journals(root) == [f"unflushed.{journal}"]
+    assert not report.ok and journals(root) == [f"unflushed.{journal}"]
     # The reboot: its header names an earlier boot, and the disk lost the file.
     path = root / layout.JOURNAL_DIR / f"unflushed.{journal}"
-    this_boot, earlier = f"boot={boot_id()}".encode(), f"boot={ANOTHER_BOOT}".encode()
-    path.write_bytes(path.read_bytes().replace(this_boot, earlier, 1))
+    as_if_rebooted(path)
     os.unlink(os.path.join(q.path, layout.READY, kept))
     with dirmq.Store(root):
-        assert _journals(root) == []
+        assert journals(root) == []
         assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted([kept, later])
 
 
@@ -412,7 +400,7 @@ def test_a_journal_whose_removal_failed_is_removed_later_its_descriptor_closed_o
         done = journal.checkpoints
         q.put(b"%d" % n)
         wait_until(lambda done=done: journal.checkpoints > done, 30, "a checkpoint")
-    wait_until(lambda: _journals(root) == [], 30, "every journal removed")
+    wait_until(lambda: journals(root) == [], 30, "every journal removed")
     assert len(q.get(10, visibility_s=60)) == 4
     store.close()
 
@@ -425,7 +413,7 @@ def test_a_failed_checkpoint_that_cannot_rename_a_journal_still_closes_every_one
     store = dirmq.Store(root)
     q = store.create_queue("q")
     q.put(b"kept")
-    [first] = _journals(root)
+    [first] = journals(root)
     faults = FaultyFS(monkeypatch, root)
     monkeypatch.setattr(journal_module, "syncfs", fsio.syncfs)  # the faulty one
     faults.fail("syncfs", errno.EIO)
@@ -433,7 +421,7 @@ def test_a_failed_checkpoint_that_cannot_rename_a_journal_still_closes_every_one
     wait_until(lambda: faults.raised["rename"] == 1, 30, "a failed checkpoint's rename")
     wait_until(lambda: store.journal._thread is None, 30, "the journal off")
     faults.clear()
-    assert _journals(root) == [first]  # the checkpoint's next file, empty, removed
+    assert journals(root) == [first]  # the checkpoint's next file, empty, removed
     held = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -457,14 +445,14 @@ def test_a_failed_checkpoint_keeps_the_dead_processes_journals_it_was_to_remove(
     monkeypatch.setattr(journal_module, "syncfs", fsio.syncfs)  # the faulty one
     faults.fail("syncfs", errno.EIO)
     q.put(b"mine")
-    [mine] = [j for j in _journals(root) if j != dead]
+    [mine] = [j for j in journals(root) if j != dead]
     wait_until(lambda: faults.raised["syncfs"] >= 1, 30, "a failed checkpoint")
     faults.clear()
     kept = sorted([f"unflushed.{dead}", f"unflushed.{mine}"])
-    wait_until(lambda: _journals(root) == kept, 30, "both journals kept")
+    wait_until(lambda: journals(root) == kept, 30, "both journals kept")
     store.close()
     with dirmq.Store(root):  # a same-boot opener leaves them
-        assert _journals(root) == kept
+        assert journals(root) == kept
     assert {p.kind for p in fsck(root, repair=False).problems} == {Kind.UNFLUSHED_JOURNAL}
 
 
@@ -482,19 +470,19 @@ def test_a_failed_recovery_flush_keeps_the_dead_processes_journals(
     with pytest.raises(StorageError):
         dirmq.Store(root)
     faults.clear()
-    assert _journals(root) == [f"unflushed.{dead}"]
+    assert journals(root) == [f"unflushed.{dead}"]
     with dirmq.Store(root):
-        assert _journals(root) == [f"unflushed.{dead}"]
+        assert journals(root) == [f"unflushed.{dead}"]
 
 
 def _killed_publishers_journals(root: Path) -> list[str]:
     """The journals a publisher left, SIGKILLed while publishing into `root`'s queue `q`."""
-    before = set(_journals(root))
+    before = set(journals(root))
     publisher = spawn("publish", root, "q", module="tests.support.journal_workers")
     assert publisher.stdout is not None
     publisher.stdout.readline()
     kill(publisher)
-    return sorted(set(_journals(root)) - before)
+    return sorted(set(journals(root)) - before)
 
 
 # -- recovery: a dead process of this boot ------------------------------------------------------
@@ -507,8 +495,7 @@ def test_a_killed_publishers_journal_is_flushed_and_removed_never_replayed(root:
     while len(acknowledged) < 200:
         acknowledged += publisher.stdout.readline().split()
     acknowledged += kill(publisher).split()
-    journals = _journals(root)
-    assert journals, "the publisher was killed with its journal open"
+    assert journals(root), "the publisher was killed with its journal open"
     # A message consumed meanwhile (its file gone, as an ack retires it): a replay would bring
     # it back, a flush does not.
     consumed = acknowledged[0]
@@ -517,7 +504,7 @@ def test_a_killed_publishers_journal_is_flushed_and_removed_never_replayed(root:
     assert {p.kind for p in report.problems} == {Kind.JOURNAL}
     assert report.ok, "a dead process's journal is a notice"
     with dirmq.Store(root) as store:
-        assert _journals(root) == []
+        assert journals(root) == []
         q = store.queue("q")
         ready = os.listdir(os.path.join(q.path, layout.READY))
         assert consumed not in ready
@@ -537,11 +524,11 @@ def test_a_killed_publishers_journal_is_flushed_and_removed_by_a_running_publish
     assert publisher.stdout is not None
     acknowledged = publisher.stdout.readline().split()
     acknowledged += kill(publisher).split()
-    [dead] = _journals(root)
+    [dead] = journals(root)
     for message in q.get(10, visibility_s=60):  # consumed and acknowledged
         q.ack(message.receipt or "")
     q.put(b"mine")  # this process's journal: its checkpoints run
-    wait_until(lambda: dead not in _journals(root), 30, "the dead journal flushed and removed")
+    wait_until(lambda: dead not in journals(root), 30, "the dead journal flushed and removed")
     store.close()
 
 
@@ -557,7 +544,7 @@ def test_a_killed_publishers_journal_is_removed_by_a_server_that_only_consumes(
     assert publisher.stdout is not None
     publisher.stdout.readline()
     kill(publisher)
-    [dead] = _journals(root)
+    [dead] = journals(root)
 
     async def consume_only() -> None:
         broker = Broker(store)
@@ -568,7 +555,7 @@ def test_a_killed_publishers_journal_is_removed_by_a_server_that_only_consumes(
             for message in got:
                 await broker.ack(q, message.receipt or "")
             async with asyncio.timeout(30):
-                while dead in _journals(root):
+                while dead in journals(root):
                     await asyncio.sleep(0.02)
         finally:
             broker.close()
@@ -624,7 +611,7 @@ def test_a_crash_journal_writes_back_exactly_what_is_missing_or_torn(
     [judged] = judge_all(str(root))
     assert judged.verdict is Verdict.CRASHED
     with dirmq.Store(root) as store:
-        assert _journals(root) == []
+        assert journals(root) == []
         q = store.queue("q")
         ready = os.listdir(os.path.join(q.path, layout.READY))
         assert fates["lost"] in ready and q.peek(fates["lost"]).body == b"lost"
@@ -669,13 +656,13 @@ def test_a_replay_cut_short_by_its_claimers_death_is_claimed_and_done_again(
     crashed: tuple[Path, dict[str, str]],
 ) -> None:
     root, fates = crashed
-    [name] = _journals(root)
+    [name] = journals(root)
     claimed = f"replaying.{ANOTHER_BOOT}.{_dead_owner()}.{name}"
     os.rename(root / layout.JOURNAL_DIR / name, root / layout.JOURNAL_DIR / claimed)
     [judged] = judge_all(str(root))
     assert judged.verdict is Verdict.CRASHED
     with dirmq.Store(root) as store:
-        assert _journals(root) == []
+        assert journals(root) == []
         q = store.queue("q")
         for fate in ("lost", "torn", "direct", "intact", "leased"):
             assert len(_copies(q, fates[fate])) == 1, fate
@@ -701,7 +688,7 @@ def test_a_replay_writes_nothing_outside_its_queues(root: Path) -> None:
     _write_journal(root, records, boot=ANOTHER_BOOT)
     before = sorted(p.name for p in root.parent.iterdir())
     with dirmq.Store(root):
-        assert _journals(root) == []
+        assert journals(root) == []
     assert sorted(p.name for p in root.parent.iterdir()) == before
     assert not list(root.glob(f"**/{message_id}*"))
 
@@ -732,11 +719,11 @@ def test_fsck_reports_a_crash_journal_and_repair_replays_it(
     report = fsck(root, repair=False)
     [problem] = [p for p in report.problems if p.kind.value == "journal"]
     assert "earlier boot" in problem.detail and not problem.repaired
-    assert _journals(root), "a check alone changes nothing"
+    assert journals(root), "a check alone changes nothing"
     repaired = fsck(root, repair=True)
     [fixed] = [p for p in repaired.problems if p.kind.value == "journal"]
     assert fixed.repaired and "3 missing message(s) written back" in fixed.detail
-    assert _journals(root) == []
+    assert journals(root) == []
     assert os.path.exists(os.path.join(root, "q", layout.READY, fates["lost"]))
 
 
@@ -744,10 +731,10 @@ def test_a_journal_of_a_live_process_is_left_alone(root: Path) -> None:
     with dirmq.Store(root) as store:
         q = store.create_queue("q")
         q.put(b"x")
-        [journal] = _journals(root)
+        [journal] = journals(root)
         with dirmq.Store(root) as other:  # another opener: the owner (this process) runs
             assert other.queue("q").stats().ready == 1
-        assert _journals(root) == [journal]
+        assert journals(root) == [journal]
         assert [j.verdict for j in judge_all(str(root))] == [Verdict.IN_USE]
         assert not [p for p in fsck(root, repair=False).problems if p.kind.value == "journal"]
 
@@ -772,10 +759,10 @@ def test_a_journal_whose_header_this_version_does_not_write_is_left_alone(root: 
     path.write_bytes(f"dirmq-journal 3 boot={ANOTHER_BOOT} owner={owner}\n@...".encode())
     assert [j.verdict for j in judge_all(str(root))] == [Verdict.FOREIGN]
     with dirmq.Store(root):
-        assert _journals(root) == [path.name]
+        assert journals(root) == [path.name]
     report = fsck(root, repair=True)
     assert [p.kind for p in report.problems] == [Kind.STRAY]
-    assert _journals(root) == [path.name]
+    assert journals(root) == [path.name]
 
 
 # -- the server ---------------------------------------------------------------------------------
@@ -790,9 +777,9 @@ def test_the_servers_publish_with_the_journal_on_and_off(tmp_path: Path, journal
             assert answer.status_code == 201, answer.text
             message_id = answer.json()["id"]
             assert os.listdir(root / "q" / layout.READY) == [message_id]
-            assert bool(_journals(root)) is journal
-            assert _format(root) == (ROOT_FORMAT if journal else BASE_FORMAT)
+            assert bool(journals(root)) is journal
+            assert root_format(root) == (ROOT_FORMAT if journal else BASE_FORMAT)
             assert client.get("/q/messages").content == b"hello"
     finally:
         server.stop()
-    assert _journals(root) == [], "a server that stops leaves no journal"
+    assert journals(root) == [], "a server that stops leaves no journal"

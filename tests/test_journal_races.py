@@ -6,7 +6,6 @@ and a process that re-executes itself."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 import threading
 from pathlib import Path
@@ -19,29 +18,12 @@ from dirmq.store import fsio, init_root, journal_replay, layout
 from dirmq.store import journal as journal_module
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.incarnation import incarnation
-from dirmq.store.journal_format import boot_id
 from dirmq.store.journal_judge import Verdict, judge_all
 from dirmq.store.journal_replay import read_records
 
 from .support.faultfs import FaultyFS
+from .support.journal_roots import as_if_rebooted, journals, root_format
 from .support.procs import kill, spawn
-
-ANOTHER_BOOT = "00000000-0000-4000-8000-000000000000"  # a boot id this kernel never had
-
-
-def _journals(root: Path) -> list[str]:
-    directory = root / layout.JOURNAL_DIR
-    return sorted(os.listdir(directory)) if directory.exists() else []
-
-
-def _format(root: Path) -> int:
-    return int(json.loads((root / layout.ROOT_MARKER).read_text())["format"])
-
-
-def _as_if_rebooted(path: Path) -> None:
-    """Make the journal at `path` one of an earlier boot (what a machine crash leaves)."""
-    this_boot, earlier = f"boot={boot_id()}".encode(), f"boot={ANOTHER_BOOT}".encode()
-    path.write_bytes(path.read_bytes().replace(this_boot, earlier, 1))
 
 
 # -- 1. a journal kept unflushed whose rename failed --------------------------------------------
@@ -59,21 +41,21 @@ def test_a_journal_its_failed_checkpoint_could_not_rename_is_kept_once_its_owner
     message_id = publisher.stdout.readline().strip()
     assert message_id, "the publisher gave its journal up"
     kill(publisher)
-    [journal] = _journals(root)
+    [journal] = journals(root)
     with dirmq.Store(root) as store:  # a same-boot opener, and its sweep
         store.sweep_journals()
-        assert _journals(root) == [journal], "kept: neither removed nor replayed"
+        assert journals(root) == [journal], "kept: neither removed nor replayed"
     assert [j.verdict for j in judge_all(str(root))] == [Verdict.UNFLUSHED]
     report = fsck(root, repair=True)
     assert [p.kind for p in report.problems] == [Kind.UNFLUSHED_JOURNAL]
     init_root(root)  # `dirmq init` gives every entry the root's modes: not this one
     assert [j.verdict for j in judge_all(str(root))] == [Verdict.UNFLUSHED]
-    assert _journals(root) == [journal]
+    assert journals(root) == [journal]
     # The reboot, and the disk lost the file: the journal brings it back.
-    _as_if_rebooted(root / layout.JOURNAL_DIR / journal)
+    as_if_rebooted(root / layout.JOURNAL_DIR / journal)
     os.unlink(os.path.join(q.path, layout.READY, message_id))
     with dirmq.Store(root) as store:
-        assert _journals(root) == []
+        assert journals(root) == []
         assert os.listdir(os.path.join(q.path, layout.READY)) == [message_id]
         assert store.queue("q").peek(message_id).body == b"unflushed"
 
@@ -93,7 +75,7 @@ def test_a_failed_recovery_flush_that_cannot_rename_a_dead_journal_still_keeps_i
         publisher.stdout.readline()
     for publisher in publishers:
         kill(publisher)
-    dead = _journals(root)
+    dead = journals(root)
     assert len(dead) == 2
     faults = FaultyFS(monkeypatch, root)
     monkeypatch.setattr(journal_replay, "syncfs", fsio.syncfs)  # the faulty one
@@ -105,7 +87,7 @@ def test_a_failed_recovery_flush_that_cannot_rename_a_dead_journal_still_keeps_i
     assert faults.raised["rename"] == 1
     with dirmq.Store(root) as store:  # a same-boot opener whose flush succeeds
         store.sweep_journals()
-        assert len(_journals(root)) == 2, "both kept"
+        assert len(journals(root)) == 2, "both kept"
     assert [j.verdict for j in judge_all(str(root))] == [Verdict.UNFLUSHED] * 2
 
 
@@ -127,7 +109,7 @@ def test_marking_an_earlier_root_5_never_writes_over_a_journal_writers_6(
             publisher = spawn("publish", root, "q", module="tests.support.journal_workers")
             publishers.append(publisher)
             assert publisher.stdout is not None and publisher.stdout.readline()
-            assert _format(root) == 6 and _journals(root)
+            assert root_format(root) == 6 and journals(root)
 
     def fd_target(fd: int) -> str:
         try:
@@ -157,7 +139,7 @@ def test_marking_an_earlier_root_5_never_writes_over_a_journal_writers_6(
         monkeypatch.setattr(os, name, by_descriptor(getattr(os, name)))
     with dirmq.Store(root, journal=False):
         assert publishers, "this process wrote the marker"
-        assert _format(root) == 6, "marked backwards"
+        assert root_format(root) == 6, "marked backwards"
     kill(publishers[0])
 
 
@@ -170,7 +152,7 @@ def test_a_marker_written_anew_never_leaves_5_over_a_journal_writers_6(
     writes its first journal, marking 6, before their rename. The root must end marked 6."""
     with dirmq.Store(root, journal=False) as setup:
         setup.create_queue("q")
-    assert _format(root) == 5
+    assert root_format(root) == 5
     if rewrite == "fsck":
         (root / layout.ROOT_MARKER).write_text("not a marker\n")
     marker = str(root / layout.ROOT_MARKER)
@@ -182,7 +164,7 @@ def test_a_marker_written_anew_never_leaves_5_over_a_journal_writers_6(
                 publisher = spawn("publish", root, "q", module="tests.support.journal_workers")
                 publishers.append(publisher)
                 assert publisher.stdout is not None and publisher.stdout.readline()
-                assert _format(root) == 6 and _journals(root)
+                assert root_format(root) == 6 and journals(root)
             return real(src, dst, *args, **kwargs)
 
         return call
@@ -195,7 +177,7 @@ def test_a_marker_written_anew_never_leaves_5_over_a_journal_writers_6(
         else:
             init_root(root)
         assert publishers, "the marker was not written anew"
-        assert _format(root) == 6, "marked backwards"
+        assert root_format(root) == 6, "marked backwards"
     finally:
         for publisher in publishers:
             kill(publisher)
@@ -223,14 +205,14 @@ def test_a_replay_never_brings_a_deleted_queues_messages_into_the_queue_made_aft
     assert worker.stdout is not None
     old, new = worker.stdout.readline().split()
     kill(worker)
-    [journal] = _journals(root)
+    [journal] = journals(root)
     path = root / layout.JOURNAL_DIR / journal
     names = [r.name for r in read_records(str(path))]
     assert names == [f"{layout.READY}/{old}", f"{layout.READY}/{new}"], "both in the journal"
-    _as_if_rebooted(path)
+    as_if_rebooted(path)
     os.unlink(os.path.join(q.path, layout.READY, new))  # lost to the crash
     with dirmq.Store(root) as store:
-        assert _journals(root) == []
+        assert journals(root) == []
         assert os.listdir(os.path.join(q.path, layout.READY)) == [new]
         assert store.queue("q").peek(new).body == b"new"
 
@@ -264,7 +246,7 @@ def test_a_publish_its_queue_is_deleted_and_created_again_under_flushes_its_file
     message_id = q.put(b"straddles")
     assert straddled and threading.main_thread() in flushed, "flushed before it was answered"
     assert os.listdir(os.path.join(q.path, layout.READY)) == [message_id]
-    [journal] = _journals(root)
+    [journal] = journals(root)
     [_, record] = read_records(str(root / layout.JOURNAL_DIR / journal))
     assert record.incarnation != incarnation(q.path), "named the creation it was appended for"
     other.close()
@@ -285,14 +267,14 @@ def test_a_publish_into_a_queue_created_again_since_is_recorded_as_the_new_one(
         other.create_queue("q")
     first = q.put(b"first after")
     then = q.put(b"then")
-    journal = root / layout.JOURNAL_DIR / _journals(root)[-1]
+    journal = root / layout.JOURNAL_DIR / journals(root)[-1]
     [record] = [r for r in read_records(str(journal)) if r.name.endswith(then)]
     assert record.incarnation == incarnation(q.path)
     saved = journal.read_bytes()
     store.close()
     # A machine crash: the journal kept, as if rebooted, and the message lost.
     journal.write_bytes(saved)
-    _as_if_rebooted(journal)
+    as_if_rebooted(journal)
     os.unlink(os.path.join(q.path, layout.READY, then))
     with dirmq.Store(root) as reopened:
         assert sorted(os.listdir(os.path.join(q.path, layout.READY))) == sorted([first, then])
