@@ -50,6 +50,7 @@ NOT_MESSAGE_MOVES = {
     "fsck_copies": "repair of copies: a duplicate's other copies, a leaked capacity slot",
     "journal": "the commit journal's files, and a publish done for `Publisher._commit`",
     "journal_replay": "a machine crash's lost publishes written again (the publish row)",
+    "journal_judge": "the commit journal's files: a dead process's kept unflushed",
     "fsio": "the mechanics of a publish, done for `Publisher._commit` (seen at run time)",
     "pool": "`FilePool.retire`/`retire_many` is what RETIRED is; its other moves: @tmp, @free",
     "ownpool": "retired files inside @free: the own pools' reaper, their hand-off at exit",
