@@ -51,8 +51,8 @@ DROP = "drop"
 
 def deadline_ms(message: OutgoingMessage, config: QueueConfig, at_ms: int) -> int | None:
     """The deadline of a message published at `at_ms`, or None (it lives until delivered).
-    Rounded down: a message is never delivered past its time to live (rounded to the nearest
-    millisecond it could be, by up to half of one)."""
+    Rounded down, so that a message is never delivered past its time to live (rounded to the
+    nearest millisecond, the deadline could fall up to half a millisecond after it)."""
     ttl_s = message.ttl_s if message.ttl_s is not None else config.message_ttl_s
     return None if ttl_s is None else at_ms + math.floor(ttl_s * 1000)
 

@@ -25,7 +25,9 @@ def validate_queue_name(name: str) -> str:
     """Return `name` unchanged if it is a valid queue name, else raise `InvalidName` saying why."""
     if not isinstance(name, str) or not name:
         raise InvalidName("queue name is empty")
-    _check_name(str(name))  # a str subclass's own hash or equality must not reach the cache
+    # A str subclass is judged as its text: its own hash, equality or __str__ must not reach
+    # the cache (str.__str__ gives the text itself, whatever the subclass says).
+    _check_name(name if type(name) is str else str.__str__(name))
     return name
 
 
