@@ -204,6 +204,9 @@ class LongPolls:
         if self._state is not _ARMED or not self._live_waiters():
             return None
         waiters = self._waiters
+        if self._dispatch_task is not None:
+            while waiters[-1].future.done():  # ended, not swept yet (`_forget`); the head lives
+                waiters.pop()
         waiter = waiters[0] if self._dispatch_task is None else waiters[-1]
         if waiter.future.done() or (self._dispatch_task is not None and waiter is waiters[0]):
             return None
