@@ -9,6 +9,11 @@ between. The inode number alone does not do: ext4 gives a directory made just af
 was removed the same number. Where the filesystem keeps no birth time it is 0, and a queue
 created again whose `@ready/` got its predecessor's inode number is taken for it.
 
+A birth time of 0 is unknown, not another: a process with no `statx` (glibc before 2.28:
+CentOS 7, Amazon Linux 2) names the inode alone for a queue whose birth time another reads,
+and so may a kernel booted after a crash that reports birth times where its predecessor did
+not. `same` matches such a record by its inode.
+
 Read by `statx(2)` through ctypes (Python 3.11 has no birth time on Linux): about 2 µs.
 """
 
@@ -56,3 +61,13 @@ def incarnation(queue_dir: str) -> str:
     mask, inode, seconds, nanoseconds = _FIELDS.unpack_from(buffer)
     born = seconds * 1_000_000_000 + nanoseconds if mask & _STATX_BTIME else 0
     return f"{inode}.{born}"
+
+
+def same(recorded: str, now: str) -> bool:
+    """Whether a record's incarnation `recorded` is the queue's `now`: the same inode, and the
+    same birth time where both know one (the module's docstring)."""
+    if recorded == now:
+        return True
+    inode, _, born = recorded.partition(".")
+    inode_now, _, born_now = now.partition(".")
+    return inode == inode_now and (born == "0" or born_now == "0")
