@@ -239,3 +239,22 @@ def test_a_message_is_never_delivered_past_its_time_to_live(
     q.put_many([dirmq.OutgoingMessage(b"x", ttl_s=ttl_s)])
     clock.ns = published_ns + round(ttl_s * 1e9)  # its time to live is over
     assert q.get(1) == []
+
+
+@pytest.mark.parametrize("ttl_s", [1.001, 0.0016, 1.2345678])
+@pytest.mark.parametrize("way", ["put", "direct"])
+def test_a_message_lives_until_less_than_a_millisecond_before_its_time_to_live(
+    store: dirmq.Store, clock: Clock, ttl_s: float, way: str
+) -> None:
+    """Rounded down, a deadline is early by less than a millisecond: not by the publish's
+    part of a millisecond plus the time to live's (1.001 * 1000 is 1000.99...: floored, 1000),
+    which made a message dead up to 2 ms before its time to live was over."""
+    published_ns = clock.ns  # 0.7 ms into a millisecond
+    q = store.create_queue("q", MEMORY)
+    if way == "put":
+        q.put_many([dirmq.OutgoingMessage(b"x", ttl_s=ttl_s)])
+    else:
+        outgoing = dirmq.OutgoingMessage(b"x", ttl_s=ttl_s)
+        q.direct.put_leased([DirectLease(outgoing, 0, None)])  # redelivered at once
+    clock.ns = published_ns + round(ttl_s * 1e9) - 1_000_000  # 1 ms before its time is over
+    assert q.get_one() is not None, "dead more than a millisecond early"
