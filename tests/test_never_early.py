@@ -192,7 +192,7 @@ def test_a_process_deadline_never_passes_early(hub: PubSub, clock: Clock, mode: 
         over_ns = received_at + 1_001_000_000
         clock.ns = over_ns - 1
         assert sub.expire() == {}
-        clock.ns = over_ns + 2_000_000  # past its last millisecond
+        clock.ns = over_ns + 1_000_000  # past its last millisecond, not 2 ms late
         assert list(sub.expire()) == [delivery.key]
 
 
@@ -208,7 +208,7 @@ def test_a_heartbeat_never_ends_early(hub: PubSub, clock: Clock, extend_s: float
         over_ns = beaten_at + round(extend_s * 1e9)
         clock.ns = over_ns - 1
         assert sub.expire() == {}
-        clock.ns = over_ns + 2_000_000
+        clock.ns = over_ns + 1_000_000  # not 2 ms late
         assert list(sub.expire()) == [delivery.key]
 
 
@@ -258,3 +258,17 @@ def test_a_message_lives_until_less_than_a_millisecond_before_its_time_to_live(
         q.direct.put_leased([DirectLease(outgoing, 0, None)])  # redelivered at once
     clock.ns = published_ns + round(ttl_s * 1e9) - 1_000_000  # 1 ms before its time is over
     assert q.get_one() is not None, "dead more than a millisecond early"
+
+
+def test_an_accept_deadline_passes_within_a_millisecond(
+    hub: PubSub, clock: Clock, root: Path
+) -> None:
+    """Its last millisecond is the one before its time is over: rounded up, a deadline passed
+    only once the clock's millisecond is beyond it timed out up to 2 ms late."""
+    hub.publish("c", b"x", accept_timeout_s=1.001)
+    [name] = os.listdir(PubSubPaths.under(str(root)).anyone)
+    pooled = split_entry(name)
+    assert pooled is not None
+    published_ns = int(pooled.key[:16]) * 1000  # <publish time, us>_<id>
+    clock.ns = published_ns + 1_001_000_000 + 1_000_000
+    assert hub.sweep().timed_out == 1
