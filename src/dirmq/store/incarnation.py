@@ -7,7 +7,11 @@ its successor. The incarnation is its `@ready/` directory's inode number and bir
 (`statx`): made when the queue is created, renamed away when it is deleted, never replaced in
 between. The inode number alone does not do: ext4 gives a directory made just after another
 was removed the same number. Where the filesystem keeps no birth time it is 0, and a queue
-created again whose `@ready/` got its predecessor's inode number is taken for it.
+created again whose `@ready/` got its predecessor's inode number is taken for it. So is one
+whose predecessor was created in the same clock tick: a birth time is the kernel's coarse
+clock (a tick of 1-4 ms: a directory made, removed and made again at once gets the same
+inode and birth time three times in four on ext4), so a queue created, deleted and created
+again within a few milliseconds is one incarnation.
 
 A birth time of 0 is unknown, not another: a process with no `statx` (glibc before 2.28:
 CentOS 7, Amazon Linux 2) names the inode alone for a queue whose birth time another reads,
