@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import errno
 import os
 import struct
 import threading
@@ -58,10 +57,10 @@ def incarnation(queue_dir: str) -> str:
     if buffer is None:
         buffer = _buffers.statx = ctypes.create_string_buffer(256)
     if _statx(_AT_FDCWD, path, 0, _STATX_WANTED, buffer) != 0:
-        code = ctypes.get_errno()
-        if code == errno.ENOSYS:  # a kernel before 4.11
-            return f"{os.stat(path).st_ino}.0"
-        raise OSError(code, os.strerror(code), os.fsdecode(path))
+        # A kernel before 4.11 (ENOSYS), or a seccomp filter that refuses statx (EPERM:
+        # Docker's default profile before 18.04), which the C library does not emulate: the
+        # inode alone, as a process with no statx names it. stat raises what is really wrong.
+        return f"{os.stat(path).st_ino}.0"
     mask, inode, seconds, nanoseconds = _FIELDS.unpack_from(buffer)
     born = seconds * 1_000_000_000 + nanoseconds if mask & _STATX_BTIME else 0
     return f"{inode}.{born}"
