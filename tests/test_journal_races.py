@@ -5,6 +5,7 @@ and a process that re-executes itself."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import threading
@@ -15,6 +16,7 @@ import pytest
 import dirmq
 from dirmq.errors import StorageError
 from dirmq.store import fsio, init_root, journal_replay, layout
+from dirmq.store import incarnation as incarnation_module
 from dirmq.store import journal as journal_module
 from dirmq.store.fsck import Kind, fsck
 from dirmq.store.incarnation import incarnation
@@ -215,6 +217,57 @@ def test_a_replay_never_brings_a_deleted_queues_messages_into_the_queue_made_aft
         assert journals(root) == []
         assert os.listdir(os.path.join(q.path, layout.READY)) == [new]
         assert store.queue("q").peek(new).body == b"new"
+
+
+def test_a_record_of_a_publisher_without_statx_is_replayed_by_one_with_it(root: Path) -> None:
+    """A publisher whose C library has no `statx` names a queue's inode alone (birth 0); a
+    recovering process that reads the birth time took that record for another creation of the
+    queue and skipped it: an acknowledged message lost to the crash never came back."""
+    with dirmq.Store(root) as setup:
+        q = setup.create_queue("q")
+    if incarnation(q.path).endswith(".0"):
+        pytest.skip("this filesystem keeps no birth time: both name the inode alone")
+    worker = spawn("publish_without_statx", root, "q", module="tests.support.journal_workers")
+    assert worker.stdout is not None
+    message_id = worker.stdout.readline().strip()
+    kill(worker)
+    [journal] = journals(root)
+    path = root / layout.JOURNAL_DIR / journal
+    [record] = read_records(str(path))
+    assert record.incarnation == f"{os.stat(q.path + '/' + layout.READY).st_ino}.0"
+    as_if_rebooted(path)
+    os.unlink(os.path.join(q.path, layout.READY, message_id))  # lost to the crash
+    with dirmq.Store(root) as store:
+        assert journals(root) == []
+        assert store.queue("q").peek(message_id).body == b"no statx"
+
+
+def test_a_recovery_whose_statx_is_refused_replays_by_the_inode(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container's seccomp filter may refuse `statx` (EPERM: Docker's default profile before
+    18.04), which the C library does not emulate as it does ENOSYS: the recovering process
+    knew no incarnation of the queue and skipped every journal 2 record of it."""
+    with dirmq.Store(root) as setup:
+        q = setup.create_queue("q")
+    worker = spawn(
+        "publish_without_statx", root, "q", "real", module="tests.support.journal_workers"
+    )
+    assert worker.stdout is not None
+    message_id = worker.stdout.readline().strip()
+    kill(worker)
+    [journal] = journals(root)
+    as_if_rebooted(root / layout.JOURNAL_DIR / journal)
+    os.unlink(os.path.join(q.path, layout.READY, message_id))  # lost to the crash
+
+    def refused(*_args: object) -> int:  # as a seccomp filter answers
+        ctypes.set_errno(errno.EPERM)
+        return -1
+
+    monkeypatch.setattr(incarnation_module, "_statx", refused)
+    with dirmq.Store(root) as store:
+        assert journals(root) == []
+        assert store.queue("q").peek(message_id).body == b"no statx"
 
 
 def test_a_publish_its_queue_is_deleted_and_created_again_under_flushes_its_files_itself(

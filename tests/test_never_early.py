@@ -24,6 +24,7 @@ from dirmq.pubsub import policy as pubsub_policy
 from dirmq.pubsub.layout import PubSubPaths, split_entry
 from dirmq.store.direct_lease import DirectLease
 from dirmq.store.message import Message
+from dirmq.store.streamed import StreamedFile
 
 from .support.store_now import store_now_ns
 
@@ -192,7 +193,7 @@ def test_a_process_deadline_never_passes_early(hub: PubSub, clock: Clock, mode: 
         over_ns = received_at + 1_001_000_000
         clock.ns = over_ns - 1
         assert sub.expire() == {}
-        clock.ns = over_ns + 2_000_000  # past its last millisecond
+        clock.ns = over_ns + 1_000_000  # past its last millisecond, not 2 ms late
         assert list(sub.expire()) == [delivery.key]
 
 
@@ -208,7 +209,7 @@ def test_a_heartbeat_never_ends_early(hub: PubSub, clock: Clock, extend_s: float
         over_ns = beaten_at + round(extend_s * 1e9)
         clock.ns = over_ns - 1
         assert sub.expire() == {}
-        clock.ns = over_ns + 2_000_000
+        clock.ns = over_ns + 1_000_000  # not 2 ms late
         assert list(sub.expire()) == [delivery.key]
 
 
@@ -239,3 +240,58 @@ def test_a_message_is_never_delivered_past_its_time_to_live(
     q.put_many([dirmq.OutgoingMessage(b"x", ttl_s=ttl_s)])
     clock.ns = published_ns + round(ttl_s * 1e9)  # its time to live is over
     assert q.get(1) == []
+
+
+@pytest.mark.parametrize("ttl_s", [1.001, 0.0016, 1.2345678])
+@pytest.mark.parametrize("way", ["put", "direct", "streamed"])
+def test_a_message_lives_until_less_than_a_millisecond_before_its_time_to_live(
+    store: dirmq.Store, clock: Clock, ttl_s: float, way: str
+) -> None:
+    """Rounded down, a deadline is early by less than a millisecond: not by the publish's
+    part of a millisecond plus the time to live's (1.001 * 1000 is 1000.99...: floored, 1000),
+    which made a message dead up to 2 ms before its time to live was over."""
+    published_ns = clock.ns  # 0.7 ms into a millisecond
+    q = store.create_queue("q", MEMORY if way != "streamed" else None)
+    if way == "put":
+        q.put_many([dirmq.OutgoingMessage(b"x", ttl_s=ttl_s)])
+    elif way == "direct":
+        outgoing = dirmq.OutgoingMessage(b"x", ttl_s=ttl_s)
+        q.direct.put_leased([DirectLease(outgoing, 0, None)])  # redelivered at once
+    else:
+        _streamed(q, ttl_s)
+    clock.ns = published_ns + round(ttl_s * 1e9) - 1_000_000  # 1 ms before its time is over
+    assert q.get_one() is not None, "dead more than a millisecond early"
+
+
+def _streamed(q: dirmq.Queue, ttl_s: float) -> None:
+    """A body streamed into its file (a large HTTP publish's way), then published."""
+    streamed = StreamedFile.create(q, 1, {}, ttl_s=ttl_s)
+    streamed.write([b"x"])
+    streamed.publish()
+
+
+@pytest.mark.parametrize("ttl_s", [0.0016, 0.2006, 1.2345678])
+def test_a_streamed_message_is_never_delivered_past_its_time_to_live(
+    store: dirmq.Store, clock: Clock, ttl_s: float
+) -> None:
+    """As `put`'s: its deadline rounded to the nearest millisecond was up to half of one late."""
+    clock.ns = clock.ns // 1_000_000 * 1_000_000  # the publish at a millisecond's start
+    published_ns = clock.ns
+    q = store.create_queue("q")
+    _streamed(q, ttl_s)
+    clock.ns = published_ns + round(ttl_s * 1e9)  # its time to live is over
+    assert q.get(1) == []
+
+
+def test_an_accept_deadline_passes_within_a_millisecond(
+    hub: PubSub, clock: Clock, root: Path
+) -> None:
+    """Its last millisecond is the one before its time is over: rounded up, a deadline passed
+    only once the clock's millisecond is beyond it timed out up to 2 ms late."""
+    hub.publish("c", b"x", accept_timeout_s=1.001)
+    [name] = os.listdir(PubSubPaths.under(str(root)).anyone)
+    pooled = split_entry(name)
+    assert pooled is not None
+    published_ns = int(pooled.key[:16]) * 1000  # <publish time, us>_<id>
+    clock.ns = published_ns + 1_001_000_000 + 1_000_000
+    assert hub.sweep().timed_out == 1

@@ -71,6 +71,21 @@ def publish_recreate(root: str, queue: str) -> None:
     threading.Event().wait()
 
 
+def publish_without_statx(root: str, queue: str, statx: str = "none") -> None:
+    """Publish once as a process whose C library has no `statx` (glibc before 2.28: CentOS 7,
+    Amazon Linux 2) does, its records naming their queue's inode alone (birth 0), or (`statx`
+    "real") as any other; print the id, then wait to be killed (a crash: the record kept)."""
+    from dirmq.store import incarnation
+
+    patches = pytest.MonkeyPatch()
+    if statx == "none":
+        patches.setattr(incarnation, "_statx", None)
+    patches.setattr(journal_module, "CHECKPOINT_S", 3600.0)  # no checkpoint clears the record
+    store = dirmq.Store(root)
+    print(store.queue(queue).put(b"no statx"), flush=True)
+    threading.Event().wait()
+
+
 def publish_then_exec(root: str, queue: str) -> None:
     """Publish once (its journal left open), print the id and the journals, then re-execute
     this process (same pid, same start time) as `publish_after_exec`."""
@@ -95,6 +110,7 @@ ROLES = {
     "recover": lambda a: recover(a[0]),
     "publish_unflushed": lambda a: publish_unflushed(a[0], a[1]),
     "publish_recreate": lambda a: publish_recreate(a[0], a[1]),
+    "publish_without_statx": lambda a: publish_without_statx(*a),
     "publish_then_exec": lambda a: publish_then_exec(a[0], a[1]),
     "publish_after_exec": lambda a: publish_after_exec(a[0], a[1]),
 }

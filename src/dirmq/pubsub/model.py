@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from dirmq.errors import CorruptMessage, InvalidArgument
-from dirmq.store.clock import due_ms, duration_ms
+from dirmq.store.clock import duration_ms, last_ms
 
 MAX_NAME_CHARS = 128
 # Message ids and subscriber names end up in file names next to `.`, `+`, `~` separators.
@@ -133,7 +133,7 @@ class Envelope:
 
     @property
     def accept_deadline_ms(self) -> int:
-        return due_ms(self.published_us * 1000, self.accept_timeout_s)
+        return last_ms(self.published_us * 1000, self.accept_timeout_s)
 
     def wants(self, outcome: Outcome) -> bool:
         return outcome in self.acks and self.reply_to is not None

@@ -59,7 +59,7 @@ from dirmq.pubsub.poolindex import PoolIndex
 from dirmq.pubsub.presence import new_session
 from dirmq.pubsub.transitions import Entry, read_entry
 from dirmq.store import smallfiles
-from dirmq.store.clock import due_after_ms, due_ms, now_ms, now_ns
+from dirmq.store.clock import due_after_ms, last_ms, last_ms_after, now_ms, now_ns
 from dirmq.store.watch import RESCAN, PollingWatcher, Watcher, open_watcher
 
 log = logging.getLogger("dirmq.pubsub")
@@ -290,7 +290,7 @@ class Subscription:
     def _retry_accept_ms(self, feed: Feed, envelope: Envelope) -> int:
         if feed.letter == RETAINED:
             return 0  # retained messages never time out
-        return due_after_ms(envelope.accept_timeout_s)
+        return last_ms_after(envelope.accept_timeout_s)
 
     # -- taking ----------------------------------------------------------------------------------
     def receive(self, wait_s: float = 0.0) -> Delivery | None:
@@ -374,7 +374,7 @@ class Subscription:
             feed.deliveries.pop(seq, None)
             transitions.report_linked(path, key, envelope, self.name, Outcome.TIMEOUT, 0)
             return None
-        deadline = due_ms(at_ns, envelope.process_timeout_s)
+        deadline = last_ms(at_ns, envelope.process_timeout_s)
         feed.held.add(seq)
         feed.deliveries[seq] = deliveries
         self._held[key] = Held(deadline, envelope, path, feed, seq, entry, deliveries)
@@ -477,7 +477,7 @@ class Subscription:
         with self._lock:
             held = self._find_held(key)
             seconds = held.envelope.process_timeout_s if extend_s is None else extend_s
-            deadline = due_after_ms(check_timeout("extension", seconds))
+            deadline = last_ms_after(check_timeout("extension", seconds))
             if held.feed is None:  # the deadline is in the taken/ entry's name
                 new_name = entry_name(key, deadline, held.deliveries)
                 new_path = os.path.join(os.path.dirname(held.path), new_name)

@@ -36,7 +36,7 @@ from dirmq.pubsub.layout import EntryName, PubSubPaths, entry_name, outbox_name
 from dirmq.pubsub.model import Envelope, Outcome
 from dirmq.pubsub.outcomes import OutcomeReporter
 from dirmq.pubsub.policy import DeliveryPolicy
-from dirmq.store.clock import due_after_ms, due_ms, now_ns
+from dirmq.store.clock import due_ms, last_ms, last_ms_after, now_ns
 from dirmq.store.codec import decode
 from dirmq.store.events import REASON_MAX_RECEIVES
 from dirmq.store.root import Store
@@ -160,7 +160,7 @@ class Transitions:
         was settled meanwhile."""
         at_ns, backoff_s = now_ns(), backoff_ms / 1000
         due = due_ms(at_ns, backoff_s) if backoff_ms > 0 else 0
-        accept_ms = due_ms(at_ns, backoff_s + envelope.accept_timeout_s)
+        accept_ms = last_ms(at_ns, backoff_s + envelope.accept_timeout_s)
         target = os.path.join(self.paths.anyone, entry_name(key, accept_ms, deliveries, due))
         box = None
         if envelope.wants(Outcome.ABORTED):
@@ -232,7 +232,7 @@ class Transitions:
             # First claimed, by a rename to a deadline a minute away: of a subscriber and a
             # sweeper giving it up at once only one puts a copy in the dead-letter queue, and
             # after a crash mid-way the sweeper does it again once that deadline passed.
-            claim_ms = due_after_ms(GIVE_UP_CLAIM_MS / 1000)
+            claim_ms = last_ms_after(GIVE_UP_CLAIM_MS / 1000)
             claimed = os.path.join(
                 os.path.dirname(path), entry_name(key, claim_ms, max(deliveries, 1))
             )
@@ -330,7 +330,7 @@ class Transitions:
         """Take pool entry `source` (named `pooled`) into the subscriber's `taken/`; returns
         (path, deadline ms, deliveries so far with this one), or None if another subscriber
         took it first."""
-        deadline = due_after_ms(envelope.process_timeout_s)
+        deadline = last_ms_after(envelope.process_timeout_s)
         deliveries = pooled.deliveries + 1
         taken = os.path.join(
             self.paths.taken(subscriber), entry_name(pooled.key, deadline, deliveries)

@@ -4,8 +4,10 @@ A time in a name (a lease's deadline, a delay's due time, pub/sub's deadlines an
 whole milliseconds of the wall clock since the Unix epoch, reached when the clock's millisecond,
 rounded down (`now_ms`), gets to it. A time `seconds` from now is therefore rounded up
 (`due_ms`): added to `now_ms()`, it fell due up to 1 ms before its seconds were over (CI saw a
-0.2 s nack delay delivered 0.18 ms short). A duration of 0 is due at once (a get with a
-visibility of 0 leaves the message to the very next get).
+0.2 s nack delay delivered 0.18 ms short). A deadline passed only once that millisecond is
+beyond it (pub/sub's accept windows and process deadlines) is the millisecond before
+(`last_ms`). A duration of 0 is due at once (a get with a visibility of 0 leaves the message
+to the very next get).
 
 Every reader imports these names (`now_ms`, `now_ns`) by name, so a test replaces the clock in
 each module that reads it (tests/support/store_now.py). A call that needs both the current
@@ -38,6 +40,19 @@ def due_ms(at_ns: int, seconds: float) -> int:
 def due_after_ms(seconds: float) -> int:
     """`due_ms` from now."""
     return due_ms(now_ns(), seconds)
+
+
+def last_ms(at_ns: int, seconds: float) -> int:
+    """The last millisecond before `seconds` after `at_ns` are over: a deadline that is passed
+    once the clock's millisecond is beyond it (pub/sub's accept windows and process
+    deadlines), so passed no sooner than its seconds are over and less than a millisecond
+    after (`due_ms` there was passed up to 2 ms late)."""
+    return -(-(at_ns + round(seconds * 1e9)) // 1_000_000) - 1
+
+
+def last_ms_after(seconds: float) -> int:
+    """`last_ms` from now."""
+    return last_ms(now_ns(), seconds)
 
 
 def duration_ms(seconds: float) -> int:

@@ -105,7 +105,6 @@ class DirectLeases:
         config = view.config
         ids = new_ids(len(leases))
         at_ns = now_ns()
-        at_ms = at_ns // 1_000_000
         leased_dir = files.dir[layout.LEASED]
         pending: list[PendingFile] = []
         messages: list[Message] = []
@@ -118,7 +117,7 @@ class DirectLeases:
                 lease = layout.timed_name(
                     message_id, 1, lease_deadline_ms, None, holder, message.priority
                 )
-                expires_ms = deadline_ms(message, config, at_ms)
+                expires_ms = deadline_ms(message, config, at_ns)
                 system = {} if expires_ms is None else {EXPIRES: str(expires_ms)}
                 data = codec.encode(message.body, message.headers, system, message_id=message_id)
                 pending.append(self._write(message_id, f"{leased_dir}/{lease}", data))

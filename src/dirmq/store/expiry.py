@@ -15,7 +15,6 @@ it, it counts as ready in `stats`. A dead-lettered copy no longer carries the de
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -49,12 +48,15 @@ EXPIRES = "Expires"  # the system header (Dirmq-Expires): epoch milliseconds
 DROP = "drop"
 
 
-def deadline_ms(message: OutgoingMessage, config: QueueConfig, at_ms: int) -> int | None:
-    """The deadline of a message published at `at_ms`, or None (it lives until delivered).
-    Rounded down, so that a message is never delivered past its time to live (rounded to the
-    nearest millisecond, the deadline could fall up to half a millisecond after it)."""
+def deadline_ms(message: OutgoingMessage, config: QueueConfig, at_ns: int) -> int | None:
+    """The deadline of a message published at `at_ns` (a reading of `clock.now_ns`), or None
+    (it lives until delivered). The publish plus the time to live, rounded down once: a message
+    is never delivered past its time to live (rounded to the nearest millisecond it could be,
+    by up to half of one), and is dead less than a millisecond before it (the publish's
+    millisecond and the time to live each rounded down, by up to two: `1.001 * 1000` is
+    1000.99...)."""
     ttl_s = message.ttl_s if message.ttl_s is not None else config.message_ttl_s
-    return None if ttl_s is None else at_ms + math.floor(ttl_s * 1000)
+    return None if ttl_s is None else (at_ns + round(ttl_s * 1e9)) // 1_000_000
 
 
 def read_deadline_s(system: Mapping[str, str]) -> float | None:

@@ -7,7 +7,16 @@ its successor. The incarnation is its `@ready/` directory's inode number and bir
 (`statx`): made when the queue is created, renamed away when it is deleted, never replaced in
 between. The inode number alone does not do: ext4 gives a directory made just after another
 was removed the same number. Where the filesystem keeps no birth time it is 0, and a queue
-created again whose `@ready/` got its predecessor's inode number is taken for it.
+created again whose `@ready/` got its predecessor's inode number is taken for it. So is one
+whose predecessor was created in the same clock tick: a birth time is the kernel's coarse
+clock (a tick of 1-4 ms: a directory made, removed and made again at once gets the same
+inode and birth time three times in four on ext4), so a queue created, deleted and created
+again within a few milliseconds is one incarnation.
+
+A birth time of 0 is unknown, not another: a process with no `statx` (glibc before 2.28:
+CentOS 7, Amazon Linux 2) names the inode alone for a queue whose birth time another reads,
+and so may a kernel booted after a crash that reports birth times where its predecessor did
+not. `same` matches such a record by its inode.
 
 Read by `statx(2)` through ctypes (Python 3.11 has no birth time on Linux): about 2 µs.
 """
@@ -16,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import errno
 import os
 import struct
 import threading
@@ -49,10 +57,20 @@ def incarnation(queue_dir: str) -> str:
     if buffer is None:
         buffer = _buffers.statx = ctypes.create_string_buffer(256)
     if _statx(_AT_FDCWD, path, 0, _STATX_WANTED, buffer) != 0:
-        code = ctypes.get_errno()
-        if code == errno.ENOSYS:  # a kernel before 4.11
-            return f"{os.stat(path).st_ino}.0"
-        raise OSError(code, os.strerror(code), os.fsdecode(path))
+        # A kernel before 4.11 (ENOSYS), or a seccomp filter that refuses statx (EPERM:
+        # Docker's default profile before 18.04), which the C library does not emulate: the
+        # inode alone, as a process with no statx names it. stat raises what is really wrong.
+        return f"{os.stat(path).st_ino}.0"
     mask, inode, seconds, nanoseconds = _FIELDS.unpack_from(buffer)
     born = seconds * 1_000_000_000 + nanoseconds if mask & _STATX_BTIME else 0
     return f"{inode}.{born}"
+
+
+def same(recorded: str, now: str) -> bool:
+    """Whether a record's incarnation `recorded` is the queue's `now`: the same inode, and the
+    same birth time where both know one (the module's docstring)."""
+    if recorded == now:
+        return True
+    inode, _, born = recorded.partition(".")
+    inode_now, _, born_now = now.partition(".")
+    return inode == inode_now and (born == "0" or born_now == "0")

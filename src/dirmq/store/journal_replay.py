@@ -33,7 +33,7 @@ from dirmq.store import backlog, delays, layout
 from dirmq.store.capacity import slot_in
 from dirmq.store.filemodes import Access
 from dirmq.store.fsio import create_pending, fsync_dir, syncfs
-from dirmq.store.incarnation import incarnation
+from dirmq.store.incarnation import incarnation, same
 from dirmq.store.journal_format import UNFLUSHED, boot_id, claim_name, header_version, parse_name
 from dirmq.store.journal_judge import Judged, Verdict, judge_all, keep_dead_unflushed
 from dirmq.store.names import validate_queue_name
@@ -162,11 +162,15 @@ def _replay_queue(queue_dir: str, records: list[Record], access: Access) -> int:
     if not os.path.exists(os.path.join(queue_dir, layout.CONFIG_FILE)):
         return 0  # the queue was deleted since: its messages with it
     try:
-        now = incarnation(queue_dir)
+        now: str | None = incarnation(queue_dir)
     except OSError:
         now = None
     # Another creation of the queue (deleted and created again since): not its messages.
-    records = [r for r in records if r.incarnation is None or r.incarnation == now]
+    records = [
+        r
+        for r in records
+        if r.incarnation is None or (now is not None and same(r.incarnation, now))
+    ]
     if not records:
         return 0
     ids = {os.path.basename(r.name)[: layout.ID_LENGTH] for r in records}

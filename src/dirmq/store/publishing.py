@@ -35,7 +35,7 @@ from dirmq.errors import (
 from dirmq.store import codec, layout
 from dirmq.store.backlog import tree_key
 from dirmq.store.bounds import check_optional_seconds, check_seconds, check_timeout
-from dirmq.store.clock import due_after_ms, now_ms
+from dirmq.store.clock import due_after_ms, now_ns
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.context import QueueContext
 from dirmq.store.expiry import EXPIRES, deadline_ms
@@ -207,14 +207,14 @@ class Publisher:
             slots = list(self._acquire_slots(ids, config.capacity, deadline))
         pending: list[PendingFile] = []
         try:
-            at_ms = now_ms()
+            at_ns = now_ns()
             if len(ids) > 1 and self._overlapped():
-                self._write_overlapped(ids, outgoing, slots, config, at_ms, pending, spills)
+                self._write_overlapped(ids, outgoing, slots, config, at_ns, pending, spills)
             else:
                 for i, (message_id, message, slot) in enumerate(
                     zip(ids, outgoing, slots, strict=True)
                 ):
-                    expires = deadline_ms(message, config, at_ms)
+                    expires = deadline_ms(message, config, at_ns)
                     data = self._encode(message_id, message, slot, expires)
                     keep_open = len(pending) < OPEN_FILES_PER_BATCH
                     pending.append(
@@ -308,7 +308,7 @@ class Publisher:
         outgoing: list[OutgoingMessage],
         slots: list[str | None],
         config: QueueConfig,
-        at_ms: int,
+        at_ns: int,
         pending: list[PendingFile],
         spills: list[bool],
     ) -> None:
@@ -317,7 +317,7 @@ class Publisher:
         `spills` says which go to the backlog."""
 
         def write(i: int) -> PendingFile:
-            expires = deadline_ms(outgoing[i], config, at_ms)
+            expires = deadline_ms(outgoing[i], config, at_ns)
             data = self._encode(ids[i], outgoing[i], slots[i], expires)
             keep_open = i < OPEN_FILES_PER_BATCH
             return self._write_tmp(ids[i], data, outgoing[i], config, keep_open, spills[i])

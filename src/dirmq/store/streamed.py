@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from dirmq.errors import InvalidArgument, MessageTooLarge, QueueNotFound, storage_error
 from dirmq.store import backlog, codec, layout
 from dirmq.store.bounds import check_optional_seconds, check_seconds
-from dirmq.store.clock import due_after_ms, now_ms
+from dirmq.store.clock import due_after_ms, now_ns
 from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.expiry import EXPIRES
 from dirmq.store.fsio import PendingFile, create_pending
@@ -135,6 +135,11 @@ def head_of(
     )
 
 
+def _deadline_ms(at_ns: int, ttl_ns: int) -> int:
+    """A time to live's deadline, as expiry.deadline_ms reckons it: rounded down once."""
+    return (at_ns + ttl_ns) // 1_000_000
+
+
 def _deadline_text(deadline_ms: int, width: int) -> bytes:
     """`deadline_ms` in exactly `width` digits (zero-padded; the largest that fits if wider,
     which no clock before the year 2286 makes: see the module docstring)."""
@@ -155,7 +160,7 @@ class StreamedFile:
         head: Head,
         durability: Durability | None,
         priority: int = 0,
-        ttl_ms: int | None = None,
+        ttl_ns: int | None = None,
     ) -> None:
         self.queue = queue
         self.durability = durability  # None: the queue's, when it is published
@@ -163,7 +168,7 @@ class StreamedFile:
         self.priority = priority
         self.written = 0
         self._head = head
-        self._ttl_ms = ttl_ms  # the deadline is the publish's time plus this
+        self._ttl_ns = ttl_ns  # the deadline is the publish's time plus this
         self._flushed = 0  # the file's bytes up to here are handed to the disk
         # Early writeback only where the publish will wait for the disk anyway.
         level = durability or queue.config.durability
@@ -202,8 +207,8 @@ class StreamedFile:
             check_seconds("ttl_s", ttl_s, minimum=0.001)
         else:
             ttl_s = config.message_ttl_s
-        ttl_ms = None if ttl_s is None else round(ttl_s * 1000)
-        width = 0 if ttl_ms is None else len(str(now_ms() + ttl_ms))
+        ttl_ns = None if ttl_s is None else round(ttl_s * 1e9)
+        width = 0 if ttl_ns is None else len(str(_deadline_ms(now_ns(), ttl_ns)))
         head = head_of(length, headers, group, width)
         files = queue._files
         tmp_dir = files.dir[layout.TMP]
@@ -217,7 +222,7 @@ class StreamedFile:
             raise QueueNotFound.missing(queue.name) from None
         except OSError as exc:
             raise storage_error(exc, f"writing a message to queue {queue.name!r}") from exc
-        return cls(queue, pending, length, group, head, level, priority, ttl_ms)
+        return cls(queue, pending, length, group, head, level, priority, ttl_ns)
 
     def write(self, pieces: Sequence[bytes | memoryview]) -> None:
         """Append body bytes, the pieces in order (blocking: call it off an event loop). More
@@ -263,8 +268,7 @@ class StreamedFile:
             if self.priority:  # the queue's levels may have changed during the upload
                 check_priority(queue.name, self.priority, config)
             message_id = new_id()
-            at_ms = now_ms()
-            self._seal(pending, message_id, at_ms)
+            self._seal(pending, message_id, now_ns())
             spilled = self._place(pending, message_id, delay_s, config)
             queue._publisher._commit([pending], self.durability or config.durability, config)
         except BaseException:
@@ -273,14 +277,15 @@ class StreamedFile:
         self._published(pending, spilled)
         return message_id
 
-    def _seal(self, pending: PendingFile, message_id: str, at_ms: int) -> None:
+    def _seal(self, pending: PendingFile, message_id: str, at_ns: int) -> None:
         """The values known only now, written over their placeholders."""
         head = self._head
         try:
             os.pwrite(pending.fd, b"%08x" % self._crc, head.crc_at)
             os.pwrite(pending.fd, message_id.encode("ascii"), head.id_at)
-            if head.expires_at is not None and self._ttl_ms is not None:
-                deadline = _deadline_text(at_ms + self._ttl_ms, head.expires_width)
+            if head.expires_at is not None and self._ttl_ns is not None:
+                deadline_ms = _deadline_ms(at_ns, self._ttl_ns)
+                deadline = _deadline_text(deadline_ms, head.expires_width)
                 os.pwrite(pending.fd, deadline, head.expires_at)
         except OSError as exc:
             raise storage_error(exc, f"writing a message to queue {self.queue.name!r}") from exc
