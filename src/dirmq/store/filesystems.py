@@ -10,9 +10,10 @@ runs behind it: a local FUSE filesystem only pays for the caution.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import struct
+
+from dirmq.store.libc import LIBC_PATH
 
 # statfs(2) f_type values of filesystems that other hosts (or other kernels' caches) share.
 SHARED_MAGIC: dict[int, str] = {
@@ -29,7 +30,7 @@ SHARED_MAGIC: dict[int, str] = {
     0x6B414653: "afs",
 }
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc = ctypes.CDLL(LIBC_PATH, use_errno=True)
 
 
 def filesystem_type(path: str) -> int | None:

@@ -46,7 +46,6 @@ the ordering that durability rests on can be read in one place.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import threading
@@ -59,6 +58,7 @@ from typing import TypeVar
 from dirmq.errors import QueueNotFound, storage_error
 from dirmq.store.filemodes import Access
 from dirmq.store.filesystems import is_shared
+from dirmq.store.libc import LIBC_PATH
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -68,7 +68,7 @@ R = TypeVar("R")
 # to overlap.
 OVERLAP_THREADS = 16
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc = ctypes.CDLL(LIBC_PATH, use_errno=True)
 _syncfs = getattr(_libc, "syncfs", None)
 
 

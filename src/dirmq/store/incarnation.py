@@ -24,16 +24,16 @@ Read by `statx(2)` through ctypes (Python 3.11 has no birth time on Linux): abou
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import struct
 import threading
 
 from dirmq.store import layout
+from dirmq.store.libc import LIBC_PATH
 
 # PyDLL: the GIL kept for a call that takes a microsecond (released, a publisher's other
 # threads would take it over at each).
-_libc = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc = ctypes.PyDLL(LIBC_PATH, use_errno=True)
 _statx = getattr(_libc, "statx", None)  # glibc 2.28 and later
 if _statx is not None:
     _statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]

@@ -33,7 +33,6 @@ filesystem (the shared mode writes beside the final name, which is not known unt
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import os
 import threading
@@ -49,6 +48,7 @@ from dirmq.store.config import Durability, QueueConfig
 from dirmq.store.expiry import EXPIRES
 from dirmq.store.fsio import PendingFile, create_pending
 from dirmq.store.ids import new_id
+from dirmq.store.libc import LIBC_PATH
 from dirmq.store.priorities import check_priority
 from dirmq.store.queue import Queue
 
@@ -58,7 +58,7 @@ WRITEBACK_BYTES = 4 * 1024 * 1024  # written bytes handed to the disk at a time
 _IOV_MAX = 1024  # pieces one writev takes (Linux)
 _SYNC_FILE_RANGE_WRITE = 2  # start writeback of dirty pages, without waiting
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc = ctypes.CDLL(LIBC_PATH, use_errno=True)
 _sync_file_range = getattr(_libc, "sync_file_range", None)
 if _sync_file_range is not None:
     _sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)

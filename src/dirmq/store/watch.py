@@ -20,7 +20,6 @@ are one mechanism with one budget, and the fallbacks between them must agree.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -34,8 +33,9 @@ from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from dirmq.store.filesystems import is_shared
+from dirmq.store.libc import LIBC_PATH
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc = ctypes.CDLL(LIBC_PATH, use_errno=True)
 log = logging.getLogger(__name__)
 # What inotify_init1 and inotify_add_watch fail with once the user's inotify budget is spent.
 OUT_OF_INOTIFY = frozenset({errno.ENOSPC, errno.EMFILE, errno.ENOMEM})
